@@ -1,0 +1,94 @@
+# glm5-shard build. `make` builds everything into build/ (binaries in build/bin/);
+# `make test` runs the CPU suite; `make check` runs it under ASan+UBSan; `make fuzz` runs the
+# libFuzzer targets for FUZZ_SECONDS each. No GPU is needed for any of these.
+
+CC       ?= gcc
+BUILD    ?= build
+OPT      ?= -O2
+CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread -I. -MMD -MP $(EXTRA_CFLAGS)
+LDFLAGS  := -pthread $(EXTRA_LDFLAGS)
+LDLIBS   := -lxxhash -lzstd -lpcre2-8 -ljansson -lm
+
+# Sanitizer build used by `make check`.
+ifeq ($(SAN),1)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+FORMAT_SRC  := $(wildcard format/*.c)
+CONVERT_SRC := $(filter-out convert/main_%.c,$(wildcard convert/*.c))
+RUNTIME_SRC := $(filter-out runtime/main_%.c,$(wildcard runtime/*.c))
+TEST_SRC    := $(wildcard tests/test_*.c)
+FUZZ_SRC    := $(wildcard fuzz/fuzz_*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+LIB_FORMAT  := $(BUILD)/lib/libg5format.a
+LIB_CONVERT := $(BUILD)/lib/libg5convert.a
+LIB_RUNTIME := $(BUILD)/lib/libg5runtime.a
+LIBS        := $(LIB_RUNTIME) $(LIB_CONVERT) $(LIB_FORMAT)
+
+BINS  := $(BUILD)/bin/glm5-shard
+ifneq ($(wildcard runtime/main_run.c),)
+BINS  += $(BUILD)/bin/glm5-run
+endif
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+.PHONY: all test check fuzz demo clean deps
+all: $(BINS) $(TESTS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB_FORMAT): $(call obj,$(FORMAT_SRC))
+$(LIB_CONVERT): $(call obj,$(CONVERT_SRC))
+$(LIB_RUNTIME): $(call obj,$(RUNTIME_SRC))
+$(LIBS):
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/glm5-shard: $(call obj,convert/main_shard.c) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/bin/glm5-run: $(call obj,runtime/main_run.c) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+test: all
+	@BUILD=$(BUILD) bash scripts/run_tests.sh $(TESTS)
+
+check:
+	$(MAKE) BUILD=build/asan SAN=1 OPT=-O1 test
+
+# libFuzzer targets: each links the library sources compiled by clang with the fuzzer runtime.
+FUZZ_SECONDS ?= 30
+FUZZ_BINS := $(patsubst fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
+build/fuzz/%: fuzz/%.c $(FORMAT_SRC) $(CONVERT_SRC) $(RUNTIME_SRC)
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -O1 -g -I. -fsanitize=fuzzer,address,undefined $^ $(LDLIBS) -pthread -o $@
+fuzz: $(FUZZ_BINS)
+	@set -e; for f in $(FUZZ_BINS); do \
+	  name=$$(basename $$f); mkdir -p build/fuzz/corpus-$$name; \
+	  seeds=""; [ -d fuzz/seeds/$$name ] && seeds=fuzz/seeds/$$name; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=0 \
+	      build/fuzz/corpus-$$name $$seeds 2>build/fuzz/$$name.log || { tail -40 build/fuzz/$$name.log; exit 1; }; \
+	  grep -E "Done [0-9]+ runs" build/fuzz/$$name.log || true; \
+	done
+
+deps:
+	bash scripts/deps.sh
+
+demo:
+	bash scripts/demo.sh
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

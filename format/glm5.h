@@ -1,0 +1,138 @@
+/* GLM-5 (GGUF arch "glm-dsa") model facts shared by the converter, the auditor and the runtime:
+ * hyperparameters from metadata, the expected tensor set with roles and shapes, and the kv_b
+ * rebuild from attn_k_b / attn_v_b. No sharding policy here (that is convert/'s). */
+#ifndef G5_GLM5_H
+#define G5_GLM5_H
+
+#include <stdint.h>
+
+#include "gguf.h"
+#include "status.h"
+
+#define GLM5_ARCH "glm-dsa"
+#define GLM5_MAX_LAYERS 512
+
+typedef struct glm5_hparams {
+    uint32_t n_layer;          /* block_count, including the NextN/MTP layers */
+    uint32_t n_nextn;          /* nextn_predict_layers: the last n_nextn blocks are MTP */
+    uint32_t n_layer_main;     /* n_layer - n_nextn */
+    uint32_t n_embd;           /* hidden size */
+    uint32_t n_vocab;
+    uint32_t n_ctx_train;
+    uint32_t n_ff;             /* dense FFN width */
+    uint32_t n_ff_exp;         /* routed expert width */
+    uint32_t n_head;
+    uint32_t n_head_kv;        /* 1 in the GGUF (MLA stores one latent "kv head") */
+    uint32_t q_lora;           /* q_lora_rank */
+    uint32_t kv_lora;          /* kv_lora_rank */
+    uint32_t qk_nope;          /* key_length_mla - rope dims */
+    uint32_t qk_rope;          /* rope.dimension_count */
+    uint32_t v_head;           /* value_length_mla */
+    uint32_t n_expert;
+    uint32_t n_expert_used;
+    uint32_t n_expert_shared;
+    uint32_t n_group;          /* expert_group_count (1 if absent) */
+    uint32_t topk_group;       /* expert_group_used_count (1 if absent) */
+    uint32_t n_leading_dense;  /* leading_dense_block_count */
+    float expert_weights_scale;
+    int expert_weights_norm;
+    uint32_t expert_gating_func; /* 1 softmax, 2 sigmoid; absent means sigmoid for glm-dsa */
+    float rope_theta;
+    float rms_eps;
+    uint32_t idx_n_head;       /* attention.indexer.head_count */
+    uint32_t idx_head_dim;     /* attention.indexer.key_length */
+    uint32_t idx_top_k;        /* attention.indexer.top_k */
+    /* Per main layer: 1 if the layer runs its own indexer ("full"), 0 if it reuses the previous
+     * full layer's top-k choice ("shared"). All 1 when the key is absent. */
+    uint8_t idx_full[GLM5_MAX_LAYERS];
+} glm5_hparams;
+
+/* Reads and validates the hyperparameters (general.architecture must be glm-dsa). Every missing
+ * or inconsistent key is named in the error. */
+g5_status glm5_hparams_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err);
+
+/* Whether block il is dense-FFN (leading dense), MoE, and/or a NextN/MTP block. */
+static inline int glm5_layer_is_dense(const glm5_hparams *hp, uint32_t il) {
+    return il < hp->n_leading_dense;
+}
+static inline int glm5_layer_is_nextn(const glm5_hparams *hp, uint32_t il) {
+    return il >= hp->n_layer_main;
+}
+
+typedef enum glm5_role {
+    GLM5_ROLE_UNKNOWN = 0,
+    GLM5_ROLE_TOKEN_EMBD,
+    GLM5_ROLE_OUTPUT_NORM,
+    GLM5_ROLE_OUTPUT,          /* lm_head [n_embd, n_vocab] */
+    GLM5_ROLE_ATTN_NORM,
+    GLM5_ROLE_ATTN_Q_A,
+    GLM5_ROLE_ATTN_Q_A_NORM,
+    GLM5_ROLE_ATTN_Q_B,
+    GLM5_ROLE_ATTN_KV_A,       /* attn_kv_a_mqa */
+    GLM5_ROLE_ATTN_KV_A_NORM,
+    GLM5_ROLE_ATTN_K_B,
+    GLM5_ROLE_ATTN_V_B,
+    GLM5_ROLE_ATTN_KV_B,       /* optional in a GGUF; always present in blobs (rebuilt) */
+    GLM5_ROLE_ATTN_OUT,
+    GLM5_ROLE_IDX_Q_B,
+    GLM5_ROLE_IDX_K,
+    GLM5_ROLE_IDX_K_NORM,
+    GLM5_ROLE_IDX_K_NORM_BIAS,
+    GLM5_ROLE_IDX_PROJ,
+    GLM5_ROLE_FFN_NORM,
+    GLM5_ROLE_FFN_GATE,
+    GLM5_ROLE_FFN_UP,
+    GLM5_ROLE_FFN_DOWN,
+    GLM5_ROLE_ROUTER,          /* ffn_gate_inp */
+    GLM5_ROLE_ROUTER_BIAS,     /* exp_probs_b.bias */
+    GLM5_ROLE_EXP_GATE,
+    GLM5_ROLE_EXP_UP,
+    GLM5_ROLE_EXP_DOWN,
+    GLM5_ROLE_SHEXP_GATE,
+    GLM5_ROLE_SHEXP_UP,
+    GLM5_ROLE_SHEXP_DOWN,
+    GLM5_ROLE_NEXTN_EH_PROJ,
+    GLM5_ROLE_NEXTN_ENORM,
+    GLM5_ROLE_NEXTN_HNORM,
+    GLM5_ROLE_NEXTN_SHARED_HEAD_NORM,
+    GLM5_ROLE_NEXTN_EMBED,     /* optional nextn.embed_tokens */
+    GLM5_ROLE_NEXTN_HEAD,      /* optional nextn.shared_head_head */
+    GLM5_ROLE_COUNT
+} glm5_role;
+
+const char *glm5_role_name(glm5_role r);  /* "attn_q_b" */
+/* The audit's coarse group: "attention", "indexer", "dense FFN", "experts", "shared expert",
+ * "router", "NextN block", "norms", "embedding/output". */
+const char *glm5_role_group(glm5_role r);
+
+typedef struct glm5_tensor_spec {
+    char name[96];
+    glm5_role role;
+    int32_t layer;             /* -1 for global tensors */
+    uint32_t n_dims;
+    uint64_t ne[4];
+    int optional;              /* may be absent from a GGUF */
+} glm5_tensor_spec;
+
+/* Number of expected tensors (optional ones included) and the i-th one, in a fixed order:
+ * globals, then layer by layer. Out of range -> G5_ERR_INVALID_ARG. */
+uint64_t glm5_n_expected(const glm5_hparams *hp);
+g5_status glm5_expected_tensor(const glm5_hparams *hp, uint64_t i, glm5_tensor_spec *out);
+/* Classifies a tensor name; *layer = -1 for globals. GLM5_ROLE_UNKNOWN if it matches nothing. */
+glm5_role glm5_classify(const char *name, int32_t *layer);
+/* The expected spec for a name (role, shape). G5_ERR_NOT_FOUND if not part of the model. */
+g5_status glm5_spec_for(const glm5_hparams *hp, const char *name, glm5_tensor_spec *out);
+
+/* Rebuilds HF's kv_b_proj for heads [h0, h1) of one layer, as float32 rows:
+ *   out: [(h1-h0) * (qk_nope + v_head), kv_lora] row-major, i.e. in ggml order
+ *   ne = {kv_lora, (h1-h0)*(qk_nope+v_head)}. Per head: qk_nope rows of W_UK, then v_head rows
+ *   of W_UV, where
+ *   W_UK[h][d][c] = attn_k_b[h][c][d]  (attn_k_b ne = {qk_nope, kv_lora, n_head}, transposed)
+ *   W_UV[h][j][c] = attn_v_b[h][j][c]  (attn_v_b ne = {kv_lora, v_head, n_head})
+ * Both inputs are dequantized exactly (quant.h), so the result is lossless w.r.t. the source.
+ * `scratch` must hold max(qk_nope*kv_lora, v_head*kv_lora) floats. */
+g5_status glm5_rebuild_kv_b(const glm5_hparams *hp, const gguf_tensor *k_b,
+                            const gguf_tensor *v_b, uint32_t h0, uint32_t h1, float *out,
+                            float *scratch, g5_error *err);
+
+#endif
