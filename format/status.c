@@ -81,7 +81,14 @@ void g5_error_prefix(g5_error *err, const char *fmt, ...) {
     va_end(ap);
     char old[sizeof err->msg];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", pre, old);
+    /* The combined message may be cut at the buffer's end; the prefix (file name) is kept. */
+    size_t n = strnlen(pre, sizeof err->msg - 3);
+    memcpy(err->msg, pre, n);
+    memcpy(err->msg + n, ": ", 2);
+    size_t room = sizeof err->msg - n - 3;
+    size_t m = strnlen(old, room);
+    memcpy(err->msg + n + 2, old, m);
+    err->msg[n + 2 + m] = 0;
 }
 
 void g5_error_clear(g5_error *err) {
