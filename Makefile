@@ -92,3 +92,7 @@ clean:
 	rm -rf build
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# CUDA targets (`make gpu`, `make test-gpu`) live in cuda/cuda.mk; they need nvcc and are never
+# part of `make`/`make test`, so CI runs without a GPU.
+-include cuda/cuda.mk
