@@ -59,7 +59,9 @@ g5_status gguf_parse_buffer(const void *buf, size_t len, const char *name, gguf_
 
 /* Opens a file; if its name matches NAME-%05d-of-%05d.gguf (or it carries split.count > 1) all
  * siblings are opened and checked (split.count, split.no, split.tensors.count). Metadata comes
- * from split 0; tensors are gathered from every split in split order. */
+ * from split 0; tensors are gathered from every split in split order.
+ * A file with split.count > 1 whose name does not follow the pattern is G5_ERR_SPLIT (its
+ * siblings cannot be located); an absent sibling is G5_ERR_MISSING_SPLIT naming its path. */
 g5_status gguf_open(const char *path, gguf_ctx **out, g5_error *err);
 
 void gguf_free(gguf_ctx *ctx); /* accepts NULL */
@@ -72,7 +74,8 @@ const char *gguf_get_split_path(const gguf_ctx *ctx, uint32_t split); /* name fo
 uint64_t gguf_get_split_size(const gguf_ctx *ctx, uint32_t split);     /* file size in bytes */
 const uint8_t *gguf_get_split_bytes(const gguf_ctx *ctx, uint32_t split); /* whole mapped file */
 /* Byte offset where the split's data section starts (end of header + padding): the "header
- * region" [0, data_offset) is what identifies a source file cheaply. */
+ * region" [0, data_offset) is what identifies a source file cheaply. Never past the end of the
+ * file (a tensor-less image without its final padding has data_offset == its size). */
 uint64_t gguf_get_split_data_offset(const gguf_ctx *ctx, uint32_t split);
 
 /* ---- metadata (of split 0) ---- */
@@ -84,7 +87,9 @@ int64_t gguf_find_key(const gguf_ctx *ctx, const char *key); /* -1 if absent */
 /* Typed getters by key. Missing key -> G5_ERR_NOT_FOUND; a value of another type ->
  * G5_ERR_WRONG_TYPE with a message naming the key, the expected and the actual type.
  * gguf_get_int accepts any integer type (and bool) whose value fits in int64_t;
- * gguf_get_uint any integer type with a non-negative value; gguf_get_float F32 or F64. */
+ * gguf_get_uint any integer type with a non-negative value; gguf_get_float F32 or F64.
+ * An integer of the right kind whose value does not fit the requested type is G5_ERR_OVERFLOW;
+ * gguf_get_arr_str with idx >= n is G5_ERR_BOUNDS. */
 g5_status gguf_get_int(const gguf_ctx *ctx, const char *key, int64_t *out, g5_error *err);
 g5_status gguf_get_uint(const gguf_ctx *ctx, const char *key, uint64_t *out, g5_error *err);
 g5_status gguf_get_u32(const gguf_ctx *ctx, const char *key, uint32_t *out, g5_error *err);
@@ -116,8 +121,14 @@ typedef struct gguf_value {
     } v;
 } gguf_value;
 g5_status gguf_get_value(const gguf_ctx *ctx, int64_t i, gguf_value *out);
+/* G5_ERR_INVALID_ARG (bad i), G5_ERR_WRONG_TYPE (not a string array), G5_ERR_BOUNDS (idx). */
 g5_status gguf_get_arr_str_at(const gguf_ctx *ctx, int64_t i, uint64_t idx, const char **s,
                               uint64_t *len);
+
+/* Raw bytes of kv pair i's value exactly as stored, after its type field (for a string: the u64
+ * length and the bytes; for an array: element type, count and elements). G5_ERR_INVALID_ARG if
+ * i is out of range. Used to copy a pair verbatim (gguf_writer_copy_kv). */
+g5_status gguf_get_kv_raw(const gguf_ctx *ctx, int64_t i, const uint8_t **val, uint64_t *len);
 
 /* Raw bytes of the metadata section of split 0 (the kv pairs exactly as stored, after the
  * header's counts), so a blob can carry all metadata verbatim. */

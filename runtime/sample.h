@@ -1,0 +1,83 @@
+/* Token sampling and stop conditions.
+ *
+ * The chain follows llama.cpp's default order and semantics:
+ *   repetition / frequency / presence penalties over the last repeat_last_n accepted tokens
+ *   -> top-k -> top-p -> min-p -> temperature -> softmax -> one draw.
+ * temperature <= 0 means greedy: the largest logit after the penalties (lowest id on ties).
+ * Penalties (llama.cpp): a token seen in the window has its logit divided by repeat_penalty if
+ * positive, multiplied by it if not; then count * frequency_penalty + presence_penalty is
+ * subtracted.
+ * top-p keeps the most probable tokens until their cumulative probability reaches top_p (the
+ * token that crosses it included); min-p keeps tokens whose probability is at least
+ * min_p * the largest probability. At least one token always survives.
+ *
+ * Randomness comes from our own xoshiro256** seeded through splitmix64, and the draw uses only
+ * float comparisons on normalized probabilities, so a seed gives the same tokens on every
+ * platform and build for the same logits. */
+#ifndef G5_SAMPLE_H
+#define G5_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/status.h"
+
+typedef struct samp_params {
+    float temperature;        /* <= 0: greedy */
+    int32_t top_k;            /* <= 0: off */
+    float top_p;              /* >= 1: off */
+    float min_p;              /* <= 0: off */
+    float repeat_penalty;     /* 1: off */
+    float frequency_penalty;  /* 0: off */
+    float presence_penalty;   /* 0: off */
+    int32_t repeat_last_n;    /* window of accepted tokens the penalties look at; 0: off */
+    uint64_t seed;
+} samp_params;
+
+/* temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, repeat_last_n 64, seed 0
+ * (llama.cpp's defaults, except the seed). */
+void samp_params_default(samp_params *p);
+
+typedef struct samp_ctx samp_ctx;
+
+g5_status samp_create(const samp_params *p, uint32_t n_vocab, samp_ctx **out, g5_error *err);
+void samp_free(samp_ctx *s); /* accepts NULL */
+
+/* Records a token as part of the history the penalties see (prompt tokens too, if wanted). */
+void samp_accept(samp_ctx *s, int32_t id);
+/* Forgets the history and restarts the random stream from the seed. */
+void samp_reset(samp_ctx *s);
+
+/* One candidate after the chain: its id, the logit it ended with, its probability. */
+typedef struct samp_cand {
+    int32_t id;
+    float logit;
+    float p;
+} samp_cand;
+
+/* Runs the chain on logits[n_vocab] (not modified) without drawing: writes the surviving
+ * candidates, most probable first (ties: lower id first), at most cap of them; *n receives how
+ * many survived. G5_ERR_BOUNDS if cap was too small; G5_ERR_INVALID_ARG if every logit is NaN or
+ * -inf. Greedy mode yields the single argmax with p = 1. */
+g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size_t cap, size_t *n,
+                          g5_error *err);
+
+/* Runs the chain and draws one token. Does not call samp_accept. */
+g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err);
+
+/* The next raw random number in [0, 1) (53 bits), for tests and callers that need one. */
+double samp_rand(samp_ctx *s);
+
+/* ---- stop strings ----
+ * The caller keeps the generated text; after appending a token's bytes (new_len of them) it
+ * asks whether a stop string now occurs. Only the region a new match can touch is searched (the
+ * new bytes plus the longest stop's length - 1 before them), so stops that span several tokens
+ * are found. Returns the index of the stop found (the earliest occurrence; at equal positions
+ * the lower index) and its byte offset in *pos, or -1. Empty stop strings are ignored. */
+int samp_stop_find(const char *text, size_t len, size_t new_len, const char *const *stops,
+                   size_t n_stops, size_t *pos);
+/* Length of the longest suffix of text that is a proper prefix of some stop string: bytes a
+ * streaming printer should hold back because they may still turn into a stop. */
+size_t samp_stop_holdback(const char *text, size_t len, const char *const *stops, size_t n_stops);
+
+#endif

@@ -1,0 +1,363 @@
+/* Sampler: each filter is checked on small hand-made logit vectors whose surviving set and
+ * probabilities are worked out here independently (softmax written out in the test), plus
+ * reproducibility, the draw's distribution, penalties and stop strings. */
+#include "tests/test_util.h"
+
+#include "runtime/sample.h"
+
+#include <math.h>
+#include <stdint.h>
+
+static uint64_t rng_state = 42;
+static double urand(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static samp_params base(void) {
+    samp_params p;
+    samp_params_default(&p);
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 0;
+    p.seed = 1;
+    return p;
+}
+
+/* Runs samp_candidates and returns the surviving ids in order (n_out of them). */
+static size_t cands(const samp_params *p, const float *logits, uint32_t n, samp_cand *out,
+                    const int32_t *hist, size_t n_hist) {
+    samp_ctx *s = NULL;
+    size_t m = 0;
+    if (samp_create(p, n, &s, NULL) != G5_OK) return (size_t)-1;
+    for (size_t i = 0; i < n_hist; i++) samp_accept(s, hist[i]);
+    g5_status st = samp_candidates(s, logits, out, 64, &m, NULL);
+    samp_free(s);
+    return st == G5_OK ? m : (size_t)-1;
+}
+
+static int ids_are(const samp_cand *c, size_t n, const int32_t *want, size_t nw) {
+    if (n != nw) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].id != want[i]) return 0;
+    return 1;
+}
+
+static void test_greedy(void) {
+    float l[6] = {0.5f, 3.0f, -1.0f, 3.0f, NAN, 2.9f};
+    samp_params p = base();
+    p.temperature = 0.0f;
+    p.top_k = 3;
+    p.top_p = 0.5f;
+    samp_ctx *s = NULL;
+    T_CHECK(samp_create(&p, 6, &s, NULL) == G5_OK, "create");
+    int32_t id = -1;
+    T_CHECK(samp_sample(s, l, &id, NULL) == G5_OK && id == 1, "greedy tie -> lower id, got %d", id);
+    samp_free(s);
+
+    /* Random vectors: greedy, and top_k = 1 at any temperature, both pick the argmax. */
+    int bad_greedy = 0, bad_topk1 = 0;
+    float v[300];
+    for (int iter = 0; iter < 200; iter++) {
+        int32_t arg = 0;
+        for (int i = 0; i < 300; i++) {
+            v[i] = (float)(urand() * 20 - 10);
+            if (v[i] > v[arg]) arg = i;
+        }
+        samp_params g = base();
+        g.temperature = 0;
+        g.seed = (uint64_t)iter;
+        samp_params k1 = base();
+        k1.top_k = 1;
+        k1.temperature = 1.5f;
+        k1.seed = (uint64_t)iter;
+        samp_ctx *a = NULL, *b = NULL;
+        int32_t ia = -1, ib = -1;
+        samp_create(&g, 300, &a, NULL);
+        samp_create(&k1, 300, &b, NULL);
+        if (!a || samp_sample(a, v, &ia, NULL) != G5_OK || ia != arg) bad_greedy++;
+        if (!b || samp_sample(b, v, &ib, NULL) != G5_OK || ib != arg) bad_topk1++;
+        samp_free(a);
+        samp_free(b);
+    }
+    T_CHECK(bad_greedy == 0, "greedy missed the argmax %d times", bad_greedy);
+    T_CHECK(bad_topk1 == 0, "top_k=1 missed the argmax %d times", bad_topk1);
+
+    float dead[3] = {-INFINITY, NAN, -INFINITY};
+    T_CHECK(samp_create(&p, 3, &s, NULL) == G5_OK, "create");
+    g5_error err = {0};
+    T_CHECK(samp_sample(s, dead, &id, &err) == G5_ERR_INVALID_ARG && err.msg[0], "all -inf");
+    samp_free(s);
+}
+
+static void test_reproducible(void) {
+    enum { V = 1000, STEPS = 300 };
+    static float logits[STEPS][V];
+    for (int t = 0; t < STEPS; t++)
+        for (int i = 0; i < V; i++) logits[t][i] = (float)(urand() * 6);
+    samp_params p;
+    samp_params_default(&p);
+    p.seed = 1234;
+    p.repeat_penalty = 1.1f;
+    int32_t a[STEPS], b[STEPS], c[STEPS], d[STEPS];
+    samp_ctx *s1 = NULL, *s2 = NULL, *s3 = NULL;
+    samp_create(&p, V, &s1, NULL);
+    samp_create(&p, V, &s2, NULL);
+    p.seed = 1235;
+    samp_create(&p, V, &s3, NULL);
+    T_CHECK(s1 && s2 && s3, "create");
+    if (!s1 || !s2 || !s3) return;
+    for (int t = 0; t < STEPS; t++) {
+        samp_sample(s1, logits[t], &a[t], NULL);
+        samp_accept(s1, a[t]);
+        samp_sample(s2, logits[t], &b[t], NULL);
+        samp_accept(s2, b[t]);
+        samp_sample(s3, logits[t], &c[t], NULL);
+        samp_accept(s3, c[t]);
+    }
+    T_CHECK(memcmp(a, b, sizeof a) == 0, "same seed, different tokens");
+    T_CHECK(memcmp(a, c, sizeof a) != 0, "different seeds, same 300 tokens");
+    samp_reset(s1);
+    for (int t = 0; t < STEPS; t++) {
+        samp_sample(s1, logits[t], &d[t], NULL);
+        samp_accept(s1, d[t]);
+    }
+    T_CHECK(memcmp(a, d, sizeof a) == 0, "reset does not restart the sequence");
+    samp_free(s1);
+    samp_free(s2);
+    samp_free(s3);
+
+    /* The random stream is xoshiro256** seeded by splitmix64: values lie in [0, 1) and the same
+     * seed gives the same stream. */
+    samp_params q = base();
+    q.seed = 99;
+    samp_ctx *r1 = NULL, *r2 = NULL;
+    samp_create(&q, 4, &r1, NULL);
+    samp_create(&q, 4, &r2, NULL);
+    int ok = 1;
+    double mean = 0;
+    for (int i = 0; i < 10000; i++) {
+        double x = samp_rand(r1), y = samp_rand(r2);
+        ok &= x == y && x >= 0 && x < 1;
+        mean += x;
+    }
+    T_CHECK(ok && fabs(mean / 10000 - 0.5) < 0.02, "random stream (mean %.4f)", mean / 10000);
+    samp_free(r1);
+    samp_free(r2);
+}
+
+static void test_filters(void) {
+    samp_cand c[64];
+    size_t n;
+    /* top-k */
+    float l5[5] = {1, 5, 3, 4, 2};
+    samp_params p = base();
+    p.top_k = 2;
+    p.temperature = 0.5f;
+    n = cands(&p, l5, 5, c, NULL, 0);
+    int32_t want_k[] = {1, 3};
+    T_CHECK(ids_are(c, n, want_k, 2), "top_k=2 keeps ids 1, 3 (got %zu)", n);
+    /* softmax of [5, 4] / 0.5 = [10, 8]: p0 = 1 / (1 + e^-2) */
+    double p0 = 1.0 / (1.0 + exp(-2.0));
+    T_CHECK(n == 2 && fabs(c[0].p - p0) < 1e-6 && fabs(c[1].p - (1 - p0)) < 1e-6,
+            "top_k probabilities %g %g, want %g", n ? c[0].p : 0, n > 1 ? c[1].p : 0, p0);
+    p.top_k = 7; /* larger than the vocabulary: no-op */
+    n = cands(&p, l5, 5, c, NULL, 0);
+    int32_t all5[] = {1, 3, 2, 4, 0};
+    T_CHECK(ids_are(c, n, all5, 5), "top_k past the vocabulary keeps everything, sorted");
+
+    /* Probabilities 0.5, 0.25, 0.15, 0.1 given as logits in a shuffled order. */
+    float lp[4] = {logf(0.15f), logf(0.5f), logf(0.1f), logf(0.25f)};
+    p = base();
+    p.top_p = 0.70f;
+    n = cands(&p, lp, 4, c, NULL, 0);
+    int32_t w2[] = {1, 3}, w3[] = {1, 3, 0}, w4[] = {1, 3, 0, 2};
+    T_CHECK(ids_are(c, n, w2, 2), "top_p 0.70 keeps 0.5 + 0.25 (got %zu)", n);
+    T_CHECK(n == 2 && fabs(c[0].p - 0.5 / 0.75) < 1e-5, "top_p renormalizes: %g", c[0].p);
+    p.top_p = 0.80f;
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(ids_are(c, n, w3, 3), "top_p 0.80 keeps three (got %zu)", n);
+    p.top_p = 0.30f;
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(n == 1 && c[0].id == 1, "top_p 0.30 keeps the top token only");
+    p.top_p = 0.95f;
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(ids_are(c, n, w4, 4), "top_p 0.95 keeps all four");
+
+    p = base();
+    p.min_p = 0.4f; /* threshold 0.2: keeps 0.5, 0.25 */
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(ids_are(c, n, w2, 2), "min_p 0.4 (got %zu)", n);
+    p.min_p = 0.25f; /* threshold 0.125: keeps 0.5, 0.25, 0.15 */
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(ids_are(c, n, w3, 3), "min_p 0.25 (got %zu)", n);
+    p.min_p = 1.0f;
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(n == 1 && c[0].id == 1, "min_p 1 keeps the top token");
+
+    /* Chained: top_k 3 leaves 0.5, 0.25, 0.15 (renormalized over 0.9); top_p 0.8 measured there
+     * needs 0.5/0.9 + 0.25/0.9 = 0.833 -> two survive; min_p 0.45 would keep only p >= 0.225. */
+    p = base();
+    p.top_k = 3;
+    p.top_p = 0.8f;
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(ids_are(c, n, w2, 2), "top_k then top_p (got %zu)", n);
+    p.top_p = 0.5f; /* 0.5/0.9 = 0.556 >= 0.5 -> one */
+    n = cands(&p, lp, 4, c, NULL, 0);
+    T_CHECK(n == 1 && c[0].id == 1, "top_p measured after top_k (got %zu)", n);
+
+    /* Temperature: probabilities are softmax(l / T), computed here directly. */
+    float lt[3] = {2.0f, 1.0f, 0.0f};
+    p = base();
+    p.temperature = 0.7f;
+    n = cands(&p, lt, 3, c, NULL, 0);
+    double e0 = exp(2 / 0.7), e1 = exp(1 / 0.7), e2 = 1, z = e0 + e1 + e2;
+    T_CHECK(n == 3 && fabs(c[0].p - e0 / z) < 1e-6 && fabs(c[1].p - e1 / z) < 1e-6 &&
+            fabs(c[2].p - e2 / z) < 1e-6, "temperature 0.7 probabilities");
+    p.temperature = 0.0f;
+    n = cands(&p, lt, 3, c, NULL, 0);
+    T_CHECK(n == 1 && c[0].id == 0 && c[0].p == 1.0f, "temperature 0 is greedy");
+
+    /* The draw follows the probabilities: 0.5 / 0.3 / 0.2. */
+    float ld[3] = {logf(0.3f), logf(0.5f), logf(0.2f)};
+    p = base();
+    p.seed = 7;
+    samp_ctx *s = NULL;
+    samp_create(&p, 3, &s, NULL);
+    int count[3] = {0};
+    for (int i = 0; i < 20000; i++) {
+        int32_t id = -1;
+        if (samp_sample(s, ld, &id, NULL) == G5_OK && id >= 0 && id < 3) count[id]++;
+    }
+    samp_free(s);
+    T_CHECK(fabs(count[1] / 20000.0 - 0.5) < 0.015 && fabs(count[0] / 20000.0 - 0.3) < 0.015 &&
+            fabs(count[2] / 20000.0 - 0.2) < 0.015, "draw frequencies %d %d %d", count[0],
+            count[1], count[2]);
+
+    /* A filtered-out token is never drawn. */
+    p = base();
+    p.top_k = 2;
+    samp_create(&p, 4, &s, NULL);
+    int outside = 0;
+    for (int i = 0; i < 2000; i++) {
+        int32_t id = -1;
+        samp_sample(s, lp, &id, NULL);
+        outside += id != 1 && id != 3;
+    }
+    samp_free(s);
+    T_CHECK(outside == 0, "drew %d tokens outside top-k", outside);
+
+    samp_cand one[1];
+    size_t m = 0;
+    p = base();
+    samp_create(&p, 4, &s, NULL);
+    T_CHECK(samp_candidates(s, lp, one, 1, &m, NULL) == G5_ERR_BOUNDS && m == 4 && one[0].id == 1,
+            "small candidate buffer");
+    samp_free(s);
+}
+
+static void test_penalties(void) {
+    samp_cand c[64];
+    float l[5] = {2.0f, -2.0f, 1.0f, 0.5f, 0.0f};
+    samp_params p = base();
+    p.repeat_penalty = 2.0f;
+    p.repeat_last_n = 8;
+    int32_t hist[] = {0, 1, 0, 4};
+    size_t n = cands(&p, l, 5, c, hist, 4);
+    /* positive divided, negative multiplied, zero multiplied (stays 0), others untouched */
+    float want[5] = {1.0f, -4.0f, 1.0f, 0.5f, 0.0f};
+    int ok = n == 5;
+    for (size_t i = 0; ok && i < n; i++) ok = c[i].logit == want[c[i].id];
+    T_CHECK(ok, "repeat penalty logits");
+    /* ties 0 and 2 at 1.0 sort by id */
+    T_CHECK(n == 5 && c[0].id == 0 && c[1].id == 2 && c[2].id == 3 && c[3].id == 4 && c[4].id == 1,
+            "order after penalty");
+
+    /* Only the last repeat_last_n accepted tokens count. */
+    p.repeat_last_n = 2;
+    n = cands(&p, l, 5, c, hist, 4); /* window {0, 4} */
+    float want2[5] = {1.0f, -2.0f, 1.0f, 0.5f, 0.0f};
+    ok = n == 5;
+    for (size_t i = 0; ok && i < n; i++) ok = c[i].logit == want2[c[i].id];
+    T_CHECK(ok, "penalty window");
+
+    /* Frequency and presence: id 0 seen twice, 1 and 4 once. */
+    p = base();
+    p.repeat_last_n = 8;
+    p.frequency_penalty = 0.25f;
+    p.presence_penalty = 0.125f;
+    n = cands(&p, l, 5, c, hist, 4);
+    float want3[5] = {2.0f - 0.5f - 0.125f, -2.0f - 0.25f - 0.125f, 1.0f, 0.5f, -0.375f};
+    ok = n == 5;
+    for (size_t i = 0; ok && i < n; i++) ok = fabsf(c[i].logit - want3[c[i].id]) < 1e-6f;
+    T_CHECK(ok, "frequency / presence penalties");
+
+    /* The penalty can change the greedy choice. */
+    float g[3] = {3.0f, 2.0f, 1.0f};
+    p = base();
+    p.temperature = 0;
+    p.repeat_penalty = 2.0f;
+    p.repeat_last_n = 4;
+    int32_t h0[] = {0};
+    n = cands(&p, g, 3, c, h0, 1);
+    T_CHECK(n == 1 && c[0].id == 1, "penalized argmax moves to id 1");
+
+    samp_ctx *s = NULL;
+    p.repeat_penalty = 0.0f;
+    T_CHECK(samp_create(&p, 3, &s, NULL) == G5_ERR_INVALID_ARG && !s, "repeat_penalty 0 refused");
+    p.repeat_penalty = 1.0f;
+    p.top_p = NAN;
+    T_CHECK(samp_create(&p, 3, &s, NULL) == G5_ERR_INVALID_ARG, "NaN refused");
+    samp_free(NULL);
+}
+
+static void test_stops(void) {
+    const char *stops[] = {"<|user|>", "", "STOP", NULL, "\n\n"};
+    const size_t ns = 5;
+    const char *pieces[] = {"Hel", "lo <|", "us", "er|> more"};
+    char text[128];
+    size_t len = 0, pos = 99;
+    int found = -1, at_piece = -1;
+    size_t hold[4];
+    for (int i = 0; i < 4 && found < 0; i++) {
+        size_t l = strlen(pieces[i]);
+        memcpy(text + len, pieces[i], l);
+        len += l;
+        found = samp_stop_find(text, len, l, stops, ns, &pos);
+        hold[i] = samp_stop_holdback(text, len, stops, ns);
+        if (found >= 0) at_piece = i;
+    }
+    T_CHECK(found == 0 && at_piece == 3 && pos == 6, "stop across three tokens: %d at piece %d pos %zu",
+            found, at_piece, pos);
+    T_CHECK(hold[0] == 0 && hold[1] == 2 && hold[2] == 4, "hold back %zu %zu %zu", hold[0], hold[1],
+            hold[2]);
+
+    /* Earliest occurrence wins; a match wholly inside already-checked text is not new. */
+    const char *t2 = "aSTOP b\n\n";
+    size_t l2 = strlen(t2);
+    T_CHECK(samp_stop_find(t2, l2, l2, stops, ns, &pos) == 2 && pos == 1, "earliest stop");
+    T_CHECK(samp_stop_find(t2, l2, 2, stops, ns, &pos) == 4 && pos == 7, "only new matches");
+    T_CHECK(samp_stop_find(t2, l2, 0, stops, ns, &pos) == -1, "nothing new");
+    T_CHECK(samp_stop_find("STO", 3, 3, stops, ns, &pos) == -1, "partial is not a stop");
+    T_CHECK(samp_stop_holdback("xxSTO", 5, stops, ns) == 3, "hold back STO");
+    T_CHECK(samp_stop_holdback("xx\n", 3, stops, ns) == 1, "hold back newline");
+    T_CHECK(samp_stop_holdback("xyz", 3, stops, ns) == 0, "nothing to hold");
+    T_CHECK(samp_stop_holdback("STOP", 4, stops, ns) == 0, "a whole stop is not a proper prefix");
+    const char *empty[] = {""};
+    T_CHECK(samp_stop_find("abc", 3, 3, empty, 1, &pos) == -1, "empty stops never match");
+}
+
+int main(void) {
+    test_greedy();
+    test_reproducible();
+    test_filters();
+    test_penalties();
+    test_stops();
+    return t_report("test_sample");
+}
