@@ -71,7 +71,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_BINS := $(patsubst fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
 build/fuzz/%: fuzz/%.c $(FORMAT_SRC) $(CONVERT_SRC) $(RUNTIME_SRC)
 	@mkdir -p $(dir $@)
-	clang -std=c11 -D_GNU_SOURCE -O1 -g -I. -fsanitize=fuzzer,address,undefined $^ $(LDLIBS) -pthread -o $@
+	clang -std=c11 -D_GNU_SOURCE -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $^ $(LDLIBS) -pthread -o $@
 fuzz: $(FUZZ_BINS)
 	@set -e; for f in $(FUZZ_BINS); do \
 	  name=$$(basename $$f); mkdir -p build/fuzz/corpus-$$name; \
