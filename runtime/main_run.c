@@ -1,0 +1,425 @@
+/* glm5-run: runs GLM-5 from a blob set (any TP degree) or a GGUF (TP = 1) on the CPU.
+ *
+ *   glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]
+ *
+ * Streams the generated text to stdout (or the ids with --ids); timing goes to stderr.
+ * --dump-logits FILE writes the logits of every prompt position as little-endian float32
+ * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1 a
+ * runtime failure (its message on stderr), 2 a usage error. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "format/glm5.h"
+#include "runtime/chat.h"
+#include "runtime/model.h"
+#include "runtime/sample.h"
+#include "runtime/tokenizer.h"
+#include "runtime/weights.h"
+
+#define MAX_STOPS 16
+
+typedef struct args {
+    const char *model;
+    const char *device;
+    const char *prompt;
+    const char *tokens;
+    const char *system;
+    const char *dump_logits;
+    long n_predict;
+    int chat, think, ids, quiet;
+    uint32_t threads;
+    rt_mla_mode mla;
+    samp_params sp;
+    const char *stops[MAX_STOPS];
+    size_t n_stops;
+} args;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]\n"
+            "  -m PATH              a blob set directory (glm5-shard convert) or a GGUF (TP 1)\n"
+            "  --device cpu         where to run (only cpu in this build)\n"
+            "  -p, --prompt TEXT    prompt text (special tokens such as [gMASK] are recognized)\n"
+            "  --tokens IDS         prompt token ids, comma-separated\n"
+            "  --chat               wrap the prompt as a user message in GLM's chat format\n"
+            "  --system TEXT        system message (with --chat)\n"
+            "  --no-think           chat: thinking off\n"
+            "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt)\n"
+            "  --temp T             temperature (default 0.8; 0 = greedy)\n"
+            "  --top-k K            (default 40; 0 = off)\n"
+            "  --top-p P            (default 0.95; 1 = off)\n"
+            "  --min-p P            (default 0.05; 0 = off)\n"
+            "  --repeat-penalty R   (default 1 = off)\n"
+            "  --repeat-last-n N    penalty window (default 64)\n"
+            "  --seed S             random seed (default 0)\n"
+            "  --stop TEXT          stop when the output contains TEXT (repeatable)\n"
+            "  --ids                print generated token ids (space-separated) instead of text\n"
+            "  --dump-logits FILE   write float32 LE [n_prompt, n_vocab] logits of the prompt\n"
+            "  --threads N          CPU threads in all (default: online cores)\n"
+            "  --mla absorbed|expanded  attention formulation (default absorbed)\n"
+            "  -q, --quiet          no timing on stderr\n");
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_args(int argc, char **argv, args *a) {
+    memset(a, 0, sizeof *a);
+    a->n_predict = 64;
+    a->think = 1;
+    a->device = "cpu";
+    a->mla = RT_MLA_ABSORBED;
+    samp_params_default(&a->sp);
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long lv;
+#define NEED() do { if (!v) { fprintf(stderr, "glm5-run: %s needs a value\n", o); return 0; } i++; } while (0)
+#define BAD() do { fprintf(stderr, "glm5-run: bad value for %s: '%s'\n", o, v); return 0; } while (0)
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
+            NEED(); a->model = v;
+        } else if (!strcmp(o, "--device")) {
+            NEED(); a->device = v;
+        } else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
+            NEED(); a->prompt = v;
+        } else if (!strcmp(o, "--tokens")) {
+            NEED(); a->tokens = v;
+        } else if (!strcmp(o, "--system")) {
+            NEED(); a->system = v;
+        } else if (!strcmp(o, "--chat")) {
+            a->chat = 1;
+        } else if (!strcmp(o, "--no-think")) {
+            a->think = 0;
+        } else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict")) {
+            NEED(); if (!parse_long(v, 0, INT32_MAX, &a->n_predict)) BAD();
+        } else if (!strcmp(o, "--temp")) {
+            NEED(); if (!parse_float(v, &a->sp.temperature)) BAD();
+        } else if (!strcmp(o, "--top-k")) {
+            NEED(); if (!parse_long(v, 0, INT32_MAX, &lv)) BAD(); a->sp.top_k = (int32_t)lv;
+        } else if (!strcmp(o, "--top-p")) {
+            NEED(); if (!parse_float(v, &a->sp.top_p)) BAD();
+        } else if (!strcmp(o, "--min-p")) {
+            NEED(); if (!parse_float(v, &a->sp.min_p)) BAD();
+        } else if (!strcmp(o, "--repeat-penalty")) {
+            NEED(); if (!parse_float(v, &a->sp.repeat_penalty) || a->sp.repeat_penalty <= 0) BAD();
+        } else if (!strcmp(o, "--repeat-last-n")) {
+            NEED(); if (!parse_long(v, 0, INT32_MAX, &lv)) BAD(); a->sp.repeat_last_n = (int32_t)lv;
+        } else if (!strcmp(o, "--seed")) {
+            NEED();
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end) BAD();
+            a->sp.seed = s;
+        } else if (!strcmp(o, "--stop")) {
+            NEED();
+            if (a->n_stops == MAX_STOPS) { fprintf(stderr, "glm5-run: at most %d --stop\n", MAX_STOPS); return 0; }
+            a->stops[a->n_stops++] = v;
+        } else if (!strcmp(o, "--ids")) {
+            a->ids = 1;
+        } else if (!strcmp(o, "--dump-logits")) {
+            NEED(); a->dump_logits = v;
+        } else if (!strcmp(o, "--threads") || !strcmp(o, "-t")) {
+            NEED(); if (!parse_long(v, 1, 1024, &lv)) BAD(); a->threads = (uint32_t)lv;
+        } else if (!strcmp(o, "--mla")) {
+            NEED();
+            if (!strcmp(v, "absorbed")) a->mla = RT_MLA_ABSORBED;
+            else if (!strcmp(v, "expanded")) a->mla = RT_MLA_EXPANDED;
+            else BAD();
+        } else if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) {
+            a->quiet = 1;
+        } else {
+            fprintf(stderr, "glm5-run: unknown option '%s'\n", o);
+            return 0;
+        }
+#undef NEED
+#undef BAD
+    }
+    if (!a->model) { fprintf(stderr, "glm5-run: -m is required\n"); return 0; }
+    if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p and --tokens\n"); return 0; }
+    if (a->chat && !a->prompt) { fprintf(stderr, "glm5-run: --chat needs -p\n"); return 0; }
+    if (strcmp(a->device, "cpu") != 0) {
+        fprintf(stderr, "glm5-run: device '%s' is not available in this build (cpu only)\n", a->device);
+        return 0;
+    }
+    return 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const g5_error *e, g5_status st, const char *what) {
+    fprintf(stderr, "glm5-run: %s: %s (%s)\n", what, e->msg[0] ? e->msg : g5_strerror(st), g5_strerror(st));
+    return 1;
+}
+
+/* "12,34, 56" -> ids (malloc'ed). 0 on a malformed list. */
+static int parse_ids(const char *s, int32_t **out, size_t *n) {
+    size_t cap = 16, cnt = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    const char *p = s;
+    while (ids) {
+        while (*p == ' ') p++;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX) break;
+        if (cnt == cap) {
+            int32_t *q = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!q) break;
+            ids = q;
+        }
+        ids[cnt++] = (int32_t)v;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == '\0') {
+            *out = ids;
+            *n = cnt;
+            return 1;
+        }
+        if (*p != ',') break;
+        p++;
+    }
+    free(ids);
+    return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return 0;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 1;
+}
+
+/* float32 little-endian, through a temporary name, fsync'ed, renamed into place. */
+static int dump_logits(const char *path, const float *logits, size_t count) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "glm5-run: %s: %s\n", tmp, strerror(errno));
+        return 0;
+    }
+    uint8_t buf[1 << 16];
+    size_t fill = 0;
+    int ok = 1;
+    for (size_t i = 0; i < count && ok; i++) {
+        uint32_t u;
+        memcpy(&u, &logits[i], 4);
+        g5_wr_u32(buf + fill, u);
+        fill += 4;
+        if (fill == sizeof buf || i + 1 == count) {
+            ok = write_all(fd, buf, fill);
+            fill = 0;
+        }
+    }
+    if (ok) ok = fsync(fd) == 0;
+    if (close(fd) != 0) ok = 0;
+    if (ok) ok = rename(tmp, path) == 0;
+    if (!ok) {
+        fprintf(stderr, "glm5-run: writing %s: %s\n", path, strerror(errno));
+        unlink(tmp);
+    }
+    return ok;
+}
+
+int main(int argc, char **argv) {
+    args a;
+    if (!parse_args(argc, argv, &a)) {
+        usage(stderr);
+        return 2;
+    }
+    g5_error e = {0};
+    g5_status st;
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    rt_state *s = NULL;
+    tok_ctx *tok = NULL;
+    tok_stream *stream = NULL;
+    samp_ctx *samp = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    float *logits = NULL;
+    char *text = NULL, *gen = NULL;
+    int rc = 1;
+
+    double t0 = now_s();
+    if ((st = rt_wset_open(a.model, &ws, &e))) { rc = fail(&e, st, a.model); goto out; }
+    rt_model_opts mo = {.n_threads = a.threads, .mla = a.mla};
+    if ((st = rt_model_create(ws, &mo, &m, &e))) { rc = fail(&e, st, "model"); goto out; }
+    if ((st = tok_create(rt_wset_meta(ws), &tok, &e))) { rc = fail(&e, st, "tokenizer"); goto out; }
+    const glm5_hparams *hp = rt_model_hparams(m);
+    double t_load = now_s() - t0;
+
+    if (a.tokens) {
+        if (!parse_ids(a.tokens, &ids, &n_ids)) {
+            fprintf(stderr, "glm5-run: --tokens: expected comma-separated non-negative ids\n");
+            rc = 2;
+            goto out;
+        }
+    } else {
+        const char *src = a.prompt;
+        size_t len = strlen(src);
+        if (a.chat) {
+            chat_message msgs[2];
+            size_t nm = 0;
+            if (a.system) msgs[nm++] = (chat_message){"system", a.system};
+            msgs[nm++] = (chat_message){"user", a.prompt};
+            chat_options co;
+            chat_options_default(&co);
+            co.enable_thinking = a.think;
+            size_t cap = strlen(a.prompt) + (a.system ? strlen(a.system) : 0) + 256, need = 0;
+            for (int tries = 0; tries < 2; tries++) {
+                free(text);
+                text = malloc(cap);
+                if (!text) { fprintf(stderr, "glm5-run: out of memory\n"); goto out; }
+                st = chat_build_prompt(msgs, nm, &co, text, cap, &need, &e);
+                if (st != G5_ERR_BOUNDS) break;
+                cap = need;
+            }
+            if (st) { rc = fail(&e, st, "chat prompt"); goto out; }
+            src = text;
+            len = need;
+        }
+        ids = malloc((len ? len : 1) * sizeof *ids);
+        if (!ids) { fprintf(stderr, "glm5-run: out of memory\n"); goto out; }
+        if ((st = tok_encode(tok, src, len, 1, ids, len, &n_ids, &e))) { rc = fail(&e, st, "tokenize"); goto out; }
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "glm5-run: the prompt is empty\n");
+        rc = 2;
+        goto out;
+    }
+    for (size_t i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= hp->n_vocab) {
+            fprintf(stderr, "glm5-run: token id %d is outside the vocabulary (%u)\n", ids[i], hp->n_vocab);
+            rc = 2;
+            goto out;
+        }
+    if (n_ids > UINT32_MAX / 2) { fprintf(stderr, "glm5-run: prompt too long\n"); rc = 2; goto out; }
+
+    const size_t V = hp->n_vocab;
+    logits = malloc((a.dump_logits ? n_ids : 1) * V * sizeof(float));
+    if (!logits) { fprintf(stderr, "glm5-run: out of memory for %zu x %zu logits\n", n_ids, V); goto out; }
+    if ((st = rt_state_create(m, &s, &e))) { rc = fail(&e, st, "state"); goto out; }
+    if ((st = samp_create(&a.sp, hp->n_vocab, &samp, &e))) { rc = fail(&e, st, "sampler"); goto out; }
+    if ((st = tok_stream_create(tok, 0, &stream, &e))) { rc = fail(&e, st, "decoder"); goto out; }
+
+    double t1 = now_s();
+    rt_outputs ro = {.logits = logits, .all_logits = a.dump_logits != NULL};
+    if ((st = rt_model_forward(m, s, ids, (uint32_t)n_ids, &ro, &e))) { rc = fail(&e, st, "prompt"); goto out; }
+    double t_prompt = now_s() - t1;
+    if (a.dump_logits && !dump_logits(a.dump_logits, logits, n_ids * V)) goto out;
+    for (size_t i = 0; i < n_ids; i++) samp_accept(samp, ids[i]);
+    const float *last = logits + (a.dump_logits ? (n_ids - 1) * V : 0);
+
+    size_t gen_len = 0, gen_cap = 4096, printed = 0;
+    gen = malloc(gen_cap);
+    if (!gen) goto out;
+    long n_gen = 0;
+    int stopped = 0;
+    double t2 = now_s();
+    while (n_gen < a.n_predict && !stopped) {
+        int32_t id;
+        if ((st = samp_sample(samp, last, &id, &e))) { rc = fail(&e, st, "sampling"); goto out; }
+        if (tok_is_eog(tok, id)) break;
+        samp_accept(samp, id);
+        n_gen++;
+        if (a.ids) {
+            printf(n_gen > 1 ? " %d" : "%d", id);
+            fflush(stdout);
+        }
+        const char *bytes;
+        size_t nb;
+        if ((st = tok_stream_push(stream, id, &bytes, &nb, &e))) { rc = fail(&e, st, "decode"); goto out; }
+        if (gen_len + nb > gen_cap) {
+            while (gen_len + nb > gen_cap) gen_cap *= 2;
+            char *q = realloc(gen, gen_cap);
+            if (!q) goto out;
+            gen = q;
+        }
+        memcpy(gen + gen_len, bytes, nb);
+        gen_len += nb;
+        size_t pos;
+        if (a.n_stops && samp_stop_find(gen, gen_len, nb, a.stops, a.n_stops, &pos) >= 0) {
+            gen_len = pos;
+            stopped = 1;
+        }
+        size_t safe = gen_len - (stopped || !a.n_stops ? 0 : samp_stop_holdback(gen, gen_len, a.stops, a.n_stops));
+        if (!a.ids && safe > printed) {
+            fwrite(gen + printed, 1, safe - printed, stdout);
+            fflush(stdout);
+            printed = safe;
+        }
+        if (stopped || n_gen == a.n_predict) break;
+        rt_outputs so = {.logits = logits};
+        if ((st = rt_model_forward(m, s, &id, 1, &so, &e))) { rc = fail(&e, st, "decode step"); goto out; }
+        last = logits;
+    }
+    if (!stopped) {
+        const char *bytes;
+        size_t nb;
+        tok_stream_flush(stream, &bytes, &nb);
+        if (!a.ids) {
+            fwrite(gen + printed, 1, gen_len - printed, stdout);
+            fwrite(bytes, 1, nb, stdout);
+        }
+    }
+    if (a.ids || n_gen) fputc('\n', stdout);
+    fflush(stdout);
+    double t_gen = now_s() - t2;
+    if (!a.quiet)
+        fprintf(stderr,
+                "glm5-run: %s, %u rank%s, %u threads; load %.2f s; prompt %zu tokens in %.2f s "
+                "(%.1f tok/s); generated %ld tokens in %.2f s (%.2f tok/s)\n",
+                rt_wset_source(ws), rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
+                rt_model_n_threads(m), t_load, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
+                n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9));
+    rc = 0;
+out:
+    free(gen);
+    free(text);
+    free(logits);
+    free(ids);
+    tok_stream_free(stream);
+    samp_free(samp);
+    tok_free(tok);
+    rt_state_free(s);
+    rt_model_free(m);
+    rt_wset_free(ws);
+    return rc;
+}

@@ -1,0 +1,102 @@
+/* The GLM-5 (glm-dsa) forward pass on the CPU, in float32: the project's numerical reference.
+ *
+ * Per main layer: RMSNorm -> MLA attention with the DSA lightning indexer's top-k key selection
+ * -> residual -> RMSNorm -> dense SwiGLU FFN (leading layers) or sigmoid-routed MoE with a shared
+ * expert -> residual. Then the final RMSNorm and lm_head. The NextN/MTP block turns the final
+ * hidden state and the next token into draft logits.
+ *
+ * Tensor parallelism: a weight set of T ranks runs as T rank workers (threads), each reading only
+ * its own shard. The replicated parts (norms, q_a, kv_a, the indexer and its top-k, the router)
+ * are divided among the ranks by token rows, each rank using its own copy of those weights, and
+ * the rows are exchanged (an all-gather): every token's arithmetic is the same whichever rank
+ * does it, so this equals each rank computing everything, without paying for it T times. Each
+ * rank keeps its own copy of the latent and indexer-key caches. Partial outputs of the attention
+ * output projection and of the FFN/MoE down projections are summed in rank order (the CPU
+ * stand-in for an all-reduce), and every rank adds the same sum, so all ranks carry identical
+ * hidden states. lm_head rows (the vocabulary) are split: each rank writes its own columns of the
+ * logits (an all-gather). nextn.eh_proj may be whole, or split by rows or by columns.
+ *
+ * Threads: opts.n_threads CPU threads in all, split evenly over the ranks (at least one each);
+ * matrix products are parallel over output rows. Results do not depend on the thread count, and
+ * feeding tokens one at a time gives bit-identical results to feeding them together.
+ *
+ * A model is used by one caller at a time (forward calls on one model must not overlap). */
+#ifndef G5_RT_MODEL_H
+#define G5_RT_MODEL_H
+
+#include <stdint.h>
+
+#include "format/glm5.h"
+#include "format/status.h"
+#include "weights.h"
+
+typedef struct rt_model rt_model;
+typedef struct rt_state rt_state;
+
+typedef enum rt_mla_mode {
+    /* q_nope goes through W_UK into the latent space; attention runs over the 576-wide latent
+     * cache; the output goes through W_UV. What a decoder does. */
+    RT_MLA_ABSORBED = 0,
+    /* K and V are expanded from the latent cache through kv_b for every attended position, as
+     * in transformers. The check for the absorbed form. */
+    RT_MLA_EXPANDED = 1,
+} rt_mla_mode;
+
+typedef struct rt_model_opts {
+    uint32_t n_threads;   /* CPU threads in all; 0 = the number of online cores */
+    rt_mla_mode mla;
+} rt_model_opts;
+
+/* Reads the hyperparameters from the set's metadata, finds and checks every tensor of every rank
+ * (names, shapes against the shard layout, types dequantizable), and starts the threads. The set
+ * must outlive the model. */
+g5_status rt_model_create(const rt_wset *ws, const rt_model_opts *opts, rt_model **out,
+                          g5_error *err);
+void rt_model_free(rt_model *m); /* accepts NULL */
+
+const glm5_hparams *rt_model_hparams(const rt_model *m);
+uint32_t rt_model_n_ranks(const rt_model *m);
+uint32_t rt_model_n_threads(const rt_model *m);
+void rt_model_set_mla(rt_model *m, rt_mla_mode mode);
+int rt_model_has_mtp(const rt_model *m); /* a NextN block is present */
+
+/* Decoding state: per rank and layer the latent cache (kv_lora normalized latent + qk_rope
+ * roped key per position) and the indexer key cache (idx_head_dim per position); the MTP block
+ * has its own. Caches grow as needed. */
+g5_status rt_state_create(const rt_model *m, rt_state **out, g5_error *err);
+void rt_state_free(rt_state *s); /* accepts NULL */
+void rt_state_reset(rt_state *s);
+uint32_t rt_state_n_past(const rt_state *s);
+uint32_t rt_state_mtp_n_past(const rt_state *s);
+/* Forgets positions >= n_past (e.g. rejected draft tokens). n_past must not exceed the current
+ * count; likewise for the MTP block. */
+g5_status rt_state_truncate(rt_state *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
+
+/* What a forward call writes (any pointer may be NULL). */
+typedef struct rt_outputs {
+    float *logits;         /* all_logits ? [n][n_vocab] : [n_vocab] (last token only) */
+    int all_logits;
+    float *hidden;         /* [n][n_embd]: final-normed hidden states (the MTP block's input) */
+    /* Debugging and tests (written by rank 0): */
+    float *layer_hidden;   /* [n_layer_main + 1][n][n_embd]: the embeddings, then each main
+                              layer's output (before the final norm) */
+    int32_t *topk;         /* [n_layer_main][n][idx_top_k]: key positions each query attended,
+                              ascending, -1 padded (all visible ones when <= top_k are) */
+} rt_outputs;
+
+/* Runs n tokens at positions n_past .. n_past + n - 1 and appends them to the caches.
+ * Token ids must be < n_vocab. */
+g5_status rt_model_forward(rt_model *m, rt_state *s, const int32_t *tokens, uint32_t n,
+                           const rt_outputs *out, g5_error *err);
+
+/* The first NextN/MTP block at MTP positions mtp_n_past .. + n - 1: for each i, from the main
+ * model's final-normed hidden state hidden[i] (position p) and the token that follows it,
+ * next_tokens[i] (position p + 1), the draft logits for the token after that.
+ * draft_logits: all_logits ? [n][n_vocab] : [n_vocab] (last only). G5_ERR_UNSUPPORTED if the
+ * model has no NextN block. The hidden input is the final-normed state (rt_outputs.hidden), as
+ * vLLM and SGLang feed their MTP modules; enorm/hnorm are applied on top. With several NextN
+ * blocks only the first is run. */
+g5_status rt_model_mtp(rt_model *m, rt_state *s, const float *hidden, const int32_t *next_tokens,
+                       uint32_t n, float *draft_logits, int all_logits, g5_error *err);
+
+#endif

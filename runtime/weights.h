@@ -1,0 +1,54 @@
+/* Weight sources: what the forward pass sees of the model's weights, whatever their origin.
+ *
+ * A weight set (rt_wset) is n_ranks tensor-parallel ranks. Each rank (rt_weights) maps tensor
+ * names to {type, local shape, data}: only its own shard. The model's metadata (hyperparameters,
+ * tokenizer) is one gguf_ctx shared by all ranks. Two sources implement it:
+ *  - a GGUF file (TP = 1): tensors point into the mmap'ed file, and every layer's
+ *    `blk.N.attn_kv_b.weight` is rebuilt in float32 from attn_k_b / attn_v_b (glm5_rebuild_kv_b),
+ *    so the model always finds HF's kv_b layout, exactly as in blobs;
+ *  - a blob set written by `glm5-shard convert` (TP = N, one blob per rank).
+ * Shards are contiguous and even: rank r of T holds heads [r*H/T, (r+1)*H/T), vocabulary rows
+ * [r*V/T, ...), and (expert placement) experts [r*E/T, ...); the model relies on that. */
+#ifndef G5_RT_WEIGHTS_H
+#define G5_RT_WEIGHTS_H
+
+#include <stdint.h>
+
+#include "format/gguf.h"
+#include "format/status.h"
+
+typedef struct rt_tensor {
+    const char *name;
+    uint32_t type;         /* ggml type id */
+    uint32_t n_dims;
+    uint64_t ne[4];        /* this rank's shape, ggml order (ne[0] contiguous); unused dims 1 */
+    uint64_t nbytes;
+    const void *data;      /* nbytes, valid while the set is open */
+} rt_tensor;
+
+typedef struct rt_weights rt_weights; /* one rank */
+typedef struct rt_wset rt_wset;       /* all ranks */
+
+/* A directory is opened as a blob set, anything else as a GGUF (split sets included). */
+g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err);
+g5_status rt_wset_open_gguf(const char *path, rt_wset **out, g5_error *err);
+g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err);
+/* A set from caller-built tensor tables (tests, synthetic models): rank r has counts[r] tensors
+ * tables[r][0 ..]. The tables are copied; names, data and meta must outlive the set. */
+g5_status rt_wset_from_tables(const gguf_ctx *meta, uint32_t n_ranks, int expert_placement,
+                              const rt_tensor *const *tables, const uint64_t *counts,
+                              rt_wset **out, g5_error *err);
+void rt_wset_free(rt_wset *ws); /* accepts NULL */
+
+uint32_t rt_wset_n_ranks(const rt_wset *ws);
+int rt_wset_expert_placement(const rt_wset *ws); /* 1 if experts are distributed whole (--ep) */
+const gguf_ctx *rt_wset_meta(const rt_wset *ws);
+const rt_weights *rt_wset_rank(const rt_wset *ws, uint32_t rank);
+const char *rt_wset_source(const rt_wset *ws); /* "gguf", "blobs" or "tables" */
+
+/* NULL if this rank has no tensor of that name. */
+const rt_tensor *rt_weights_find(const rt_weights *w, const char *name);
+uint64_t rt_weights_n_tensors(const rt_weights *w);
+const rt_tensor *rt_weights_tensor(const rt_weights *w, uint64_t i);
+
+#endif
