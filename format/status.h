@@ -9,6 +9,10 @@
 #include <stdint.h>
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum g5_status {
     G5_OK = 0,
     G5_ERR_INVALID_ARG,     /* caller passed something impossible */
@@ -84,5 +88,9 @@ static inline void g5_wr_u32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
 static inline void g5_wr_u64(uint8_t *p, uint64_t v) { g5_wr_u32(p, (uint32_t)v); g5_wr_u32(p + 4, (uint32_t)(v >> 32)); }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,59 @@
+# CUDA targets, included by the top Makefile. Never part of `all`/`test`: CI has no GPU.
+#   make gpu        builds $(BUILD)/gpu/libg5cuda.a and the GPU test/bench programs
+#   make test-gpu   runs the GPU tests (tests/gpu/test_*.c), `N passed, N failed` last
+# CUDA_ARCH picks the target (90 = Hopper); NVCC and CUDA_HOME may be overridden.
+
+NVCC      ?= nvcc
+CUDA_ARCH ?= 90
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -I. \
+             -Xcompiler -Wall,-Wextra,-Wno-unknown-pragmas -Werror all-warnings -MMD -MP $(EXTRA_NVCCFLAGS)
+
+GPU_DIR        := $(BUILD)/gpu
+GPU_LIB        := $(GPU_DIR)/libg5cuda.a
+CUDA_SRC       := $(wildcard cuda/*.cu)
+CUDA_OBJ       := $(patsubst %.cu,$(GPU_DIR)/obj/%.o,$(CUDA_SRC))
+GPU_TEST_SRC   := $(wildcard tests/gpu/test_*.c)
+GPU_TEST_CU    := $(wildcard tests/gpu/test_*.cu)
+GPU_BENCH_SRC  := $(wildcard tests/gpu/bench_*.c)
+GPU_TESTS      := $(patsubst tests/gpu/%.c,$(GPU_DIR)/tests/%,$(GPU_TEST_SRC)) \
+                  $(patsubst tests/gpu/%.cu,$(GPU_DIR)/tests/%,$(GPU_TEST_CU))
+GPU_BENCHES    := $(patsubst tests/gpu/%.c,$(GPU_DIR)/tests/%,$(GPU_BENCH_SRC))
+
+.PHONY: gpu test-gpu bench-gpu
+gpu: $(GPU_LIB) $(GPU_TESTS) $(GPU_BENCHES)
+
+$(GPU_DIR)/obj/cuda/%.o: cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(GPU_LIB): $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+# Host test programs are C11, compiled like the rest of the tree, linked by nvcc (cudart).
+$(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
+
+# Test programs in CUDA C++ (they include kernel headers to check device code on the host).
+$(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# Only the format/ objects cuda/ and the tests use (no xxhash/zstd/jansson needed on a GPU box).
+GPU_FORMAT_OBJ := $(BUILD)/obj/format/quant.o $(BUILD)/obj/format/status.o
+
+$(GPU_DIR)/tests/%: $(GPU_DIR)/obj/tests/gpu/%.o $(GPU_LIB) $(GPU_FORMAT_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) $^ -lm -lpthread -o $@
+
+# Per-case lines of the GPU tests also go to $(GPU_DIR)/test-gpu-detail.log.
+test-gpu: gpu
+	@rm -f $(GPU_DIR)/test-gpu-detail.log
+	@G5_TEST_DETAIL=$(abspath $(GPU_DIR))/test-gpu-detail.log BUILD=$(BUILD) bash scripts/run_tests.sh $(GPU_TESTS)
+
+bench-gpu: gpu
+	@for b in $(GPU_BENCHES); do $$b || exit 1; done
+
+-include $(wildcard $(GPU_DIR)/obj/cuda/*.d $(GPU_DIR)/obj/tests/gpu/*.d)

@@ -1,0 +1,140 @@
+/* CUDA kernels for the GPU runtime: launchers with C linkage, callable from C11.
+ *
+ * cuda/ knows nothing about files or models: every launcher takes device pointers, shapes and a
+ * stream, checks every shape on the host before touching the GPU (G5_ERR_INVALID_ARG with a
+ * message naming the bad argument), enqueues its kernel(s) on the stream and returns without
+ * synchronizing. A CUDA error (launch failure, or one left behind by an earlier asynchronous
+ * failure) comes back as G5_ERR_INTERNAL naming the call. Nothing is allocated per call.
+ *
+ * Weights are in ggml layout: a matrix of m rows of k elements (ggml ne[0] = k contiguous) stores
+ * row i at w + i * row_bytes with row_bytes = k / block_elems * block_bytes; an expert tensor
+ * stores n_expert such matrices back to back. Weight pointers must be 16-byte aligned. All
+ * accumulation is float32 (norm statistics in float64). */
+#ifndef G5_CUK_H
+#define G5_CUK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* format/ headers have no C++ guards of their own. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "format/status.h"
+
+/* Same type as cudaStream_t; NULL is the legacy default stream. Declared here so that C code
+ * can call the launchers without the CUDA headers. */
+typedef struct CUstream_st *cuk_stream;
+
+/* Activation (input vector) element types for the GEMV kernels. */
+enum { CUK_ACT_F32 = 0, CUK_ACT_BF16 = 1 };
+
+#define CUK_GEMV_MAX_N 16
+
+/* 1 if the dequantizing GEMV kernels handle ggml type `type` (F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS). */
+int cuk_gemv_supported(uint32_t type);
+
+/* y[v][i] = sum_j W[i][j] * x[v][j] for v < n, i < m, j < k. */
+typedef struct cuk_gemv_args {
+    uint32_t w_type;   /* ggml type id of W */
+    const void *w;     /* [m][row_bytes], 16-byte aligned */
+    int64_t k;         /* elements per row; a multiple of the type's block (and of 8) */
+    int64_t m;         /* rows */
+    const void *x;     /* [n][ldx] of x_type; 16-byte aligned (8 for bf16) */
+    uint32_t x_type;   /* CUK_ACT_F32 or CUK_ACT_BF16 */
+    int64_t ldx;       /* elements between input vectors; >= k, a multiple of 4 */
+    int32_t n;         /* input vectors, 1..CUK_GEMV_MAX_N; all share one pass over W */
+    float *y;          /* [n][ldy] */
+    int64_t ldy;       /* >= m */
+} cuk_gemv_args;
+
+g5_status cuk_gemv(const cuk_gemv_args *a, cuk_stream stream, g5_error *err);
+
+/* Routed experts, gate and up fused: for token t < n_tok and slot s < top_k, with
+ * e = ids[t * ld_ids + s] (device memory, 0 <= e < n_expert),
+ *   out[(t * top_k + s) * ldo + i] = silu(Wg[e] x_t)[i] * (Wu[e] x_t)[i]   for i < m,
+ * silu(g) = g / (1 + exp(-g)). Wg and Wu are [n_expert][m][row_bytes] of the same type.
+ * An id outside [0, n_expert) cannot be checked on the host: its output row is written as NaN. */
+typedef struct cuk_moe_gate_up_args {
+    uint32_t w_type;
+    const void *w_gate;  /* [n_expert][m][row_bytes] */
+    const void *w_up;    /* [n_expert][m][row_bytes] */
+    int64_t k;           /* input width (n_embd) */
+    int64_t m;           /* expert width (n_ff_exp, per rank) */
+    int32_t n_expert;
+    const int32_t *ids;  /* [n_tok][ld_ids], device */
+    int32_t top_k;
+    int64_t ld_ids;      /* >= top_k */
+    const void *x;       /* [n_tok][ldx] of x_type */
+    uint32_t x_type;
+    int64_t ldx;         /* >= k, a multiple of 4 */
+    int32_t n_tok;
+    float *out;          /* [n_tok * top_k][ldo] */
+    int64_t ldo;         /* >= m */
+} cuk_moe_gate_up_args;
+
+g5_status cuk_moe_gate_up(const cuk_moe_gate_up_args *a, cuk_stream stream, g5_error *err);
+
+/* Routed experts, down projection with the routing weights applied and the experts summed:
+ *   y[t * ldy + i] = sum_{s < top_k} wts[t * ld_wts + s] * (Wd[e_s] h_{t,s})[i]   for i < m,
+ * with e_s = ids[t * ld_ids + s] and h_{t,s} = h + (t * top_k + s) * ldh (the layout
+ * cuk_moe_gate_up writes). The sum over s runs in a fixed order: results are deterministic.
+ * An out-of-range id makes the token's output row NaN. */
+typedef struct cuk_moe_down_args {
+    uint32_t w_type;
+    const void *w;       /* [n_expert][m][row_bytes] */
+    int64_t k;           /* expert width (n_ff_exp, per rank) */
+    int64_t m;           /* output width (n_embd) */
+    int32_t n_expert;
+    const int32_t *ids;  /* [n_tok][ld_ids], device */
+    const float *wts;    /* [n_tok][ld_wts], device: routing weights (already normalized/scaled) */
+    int32_t top_k;
+    int64_t ld_ids;      /* >= top_k */
+    int64_t ld_wts;      /* >= top_k */
+    const void *h;       /* [n_tok * top_k][ldh] of h_type */
+    uint32_t h_type;
+    int64_t ldh;         /* >= k, a multiple of 4 */
+    int32_t n_tok;
+    float *y;            /* [n_tok][ldy] */
+    int64_t ldy;         /* >= m */
+} cuk_moe_down_args;
+
+g5_status cuk_moe_down(const cuk_moe_down_args *a, cuk_stream stream, g5_error *err);
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, row by row (sum of squares in float64, as the
+ * CPU reference). x: [n_rows][ldx], y: [n_rows][ldy] (y may equal x), w: [dim]. */
+g5_status cuk_rms_norm(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy,
+                       int64_t n_rows, int64_t dim, float eps, cuk_stream stream, g5_error *err);
+
+/* y[r] = (x[r] - mean) / sqrt(var + eps) * w + b (biased variance; mean and variance in
+ * float64, two passes). y may equal x. */
+g5_status cuk_layer_norm(const float *x, int64_t ldx, const float *w, const float *b, float *y,
+                         int64_t ldy, int64_t n_rows, int64_t dim, float eps, cuk_stream stream,
+                         g5_error *err);
+
+/* Interleaved rotary embedding in place ("NORM" mode: adjacent pairs). For token t, head h and
+ * pair i < n_rot / 2, with p = x + t * tok_stride + h * head_stride + rot_off:
+ *   (p[2i], p[2i+1]) rotated by angle pos[t] * inv_i, inv_i = 1 / theta^(2i / n_rot),
+ * with inv_i and the angle formed in float32 exactly as the CPU reference does (inv_i computed
+ * on the host with powf, passed by value), cos/sin taken in float64 of the float angle.
+ * pos: [n_tok] int32, device. n_rot even, 2..256. */
+g5_status cuk_rope(float *x, int64_t n_tok, int64_t tok_stride, int64_t n_head,
+                   int64_t head_stride, int64_t rot_off, int64_t n_rot, float theta,
+                   const int32_t *pos, cuk_stream stream, g5_error *err);
+
+/* y[i] = a[i] + b[i] for i < n (y may equal a or b). */
+g5_status cuk_add(const float *a, const float *b, float *y, int64_t n, cuk_stream stream,
+                  g5_error *err);
+
+/* out[r] = index of the largest x[r][i], i < n (lowest index on ties, NaN never chosen; -1 if
+ * the whole row is NaN). x: [n_rows][ldx]; out: [n_rows] int32, device. */
+g5_status cuk_argmax(const float *x, int64_t ldx, int64_t n_rows, int64_t n, int32_t *out,
+                     cuk_stream stream, g5_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,202 @@
+/* GEMV bandwidth at batch 1 on GLM-5's large per-rank (TP8) shapes, against a device-to-device
+ * cudaMemcpy measured in the same run. Weights rotate over copies filling >= 1 GiB so that L2
+ * (50-60 MB) holds none of them between launches. Prints one line per case:
+ * bytes of weights read per launch, time per launch, GB/s, and the ratio to the copy rate
+ * counted as bytes read + bytes written (both are DRAM traffic per second).
+ * Usage: bench_gemv [iters]  (default 50) */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuk.h"
+#include "format/quant.h"
+
+#define CK(call)                                                                           \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+#define GK(call)                                                                           \
+    do {                                                                                   \
+        g5_error err_ = {0};                                                               \
+        g5_status s_ = (call);                                                             \
+        (void)err_;                                                                        \
+        if (s_ != G5_OK) {                                                                 \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, g5_strerror(s_)); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+#define POOL_BYTES (1ull << 30)
+
+static int iters = 50;
+static double copy_rw_gbs; /* bytes read + written per second, GB/s */
+
+static uint8_t *pool;      /* device, POOL_BYTES */
+static uint64_t pool_copy; /* bytes per weight copy (256-aligned), copies = POOL_BYTES / pool_copy */
+
+/* Puts n_copies of one random weight buffer of `bytes` into the pool. */
+static int fill_pool(uint32_t type, uint64_t bytes) {
+    const quant_type_info *ti = quant_type_get(type);
+    uint8_t *h = malloc(bytes);
+    if (!h) exit(2);
+    uint64_t st = 12345;
+    if (quant_fill_random(type, h, bytes / ti->block_bytes, &st) != G5_OK) exit(3);
+    pool_copy = (bytes + 255) & ~255ull;
+    const int copies = (int)(POOL_BYTES / pool_copy);
+    CK(cudaMemcpy(pool, h, bytes, cudaMemcpyHostToDevice));
+    for (int i = 1; i < copies; i++)
+        CK(cudaMemcpy(pool + i * pool_copy, pool, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaDeviceSynchronize());
+    free(h);
+    return copies;
+}
+
+static float time_ms(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+static void report(const char *what, double bytes, double ms_per) {
+    const double gbs = bytes / (ms_per * 1e-3) / 1e9;
+    printf("%-44s %8.1f MB %8.2f us %7.0f GB/s  ratio %.3f\n", what, bytes / 1e6, ms_per * 1e3, gbs,
+           gbs / copy_rw_gbs);
+}
+
+static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_type, float *x, float *y) {
+    uint64_t rb = 0;
+    quant_row_bytes(type, (uint64_t)k, &rb);
+    const uint64_t bytes = rb * (uint64_t)m;
+    const int copies = fill_pool(type, bytes);
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    cuk_gemv_args g = {.w_type = type, .w = pool, .k = k, .m = m, .x = x, .x_type = x_type,
+                       .ldx = k, .n = n, .y = y, .ldy = m};
+    for (int i = 0; i < 3; i++) GK(cuk_gemv(&g, NULL, &err_));
+    CK(cudaEventRecord(a, NULL));
+    for (int i = 0; i < iters; i++) {
+        g.w = pool + (uint64_t)(i % copies) * pool_copy;
+        GK(cuk_gemv(&g, NULL, &err_));
+    }
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    char what[128];
+    snprintf(what, sizeof what, "gemv %s m=%lld k=%lld n=%d x=%s", quant_type_name(type),
+             (long long)m, (long long)k, n, x_type == CUK_ACT_BF16 ? "bf16" : "f32");
+    report(what, (double)bytes, time_ms(a, b) / iters);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+}
+
+/* Experts of one rank: 32 local, 8 chosen; gate+up 256 x 6144 each, down 6144 x 256. */
+static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids, float *wts) {
+    const int E = 32, K = 8, FF = 256, EMBD = 6144;
+    uint64_t rb_up = 0, rb_dn = 0;
+    quant_row_bytes(type, EMBD, &rb_up);
+    quant_row_bytes(type, FF, &rb_dn);
+    const uint64_t set = rb_up * FF * E; /* one expert tensor; gate and up are two of them */
+    const int copies = fill_pool(type, set);
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    cuk_moe_gate_up_args g = {.w_type = type, .k = EMBD, .m = FF, .n_expert = E, .ids = ids,
+                              .top_k = K, .ld_ids = K, .x = x, .x_type = CUK_ACT_F32, .ldx = EMBD,
+                              .n_tok = 1, .out = h, .ldo = FF};
+    const int pairs = copies / 2;
+    for (int i = 0; i < iters + 3; i++) {
+        if (i == 3) CK(cudaEventRecord(a, NULL));
+        const int c = i % pairs;
+        g.w_gate = pool + (uint64_t)(2 * c) * pool_copy;
+        g.w_up = pool + (uint64_t)(2 * c + 1) * pool_copy;
+        GK(cuk_moe_gate_up(&g, NULL, &err_));
+    }
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    char what[128];
+    snprintf(what, sizeof what, "moe_gate_up %s 8 of 32, 2x %dx%d", quant_type_name(type), FF, EMBD);
+    report(what, (double)(2 * K * FF) * rb_up, time_ms(a, b) / iters);
+
+    cuk_moe_down_args d = {.w_type = type, .k = FF, .m = EMBD, .n_expert = E, .ids = ids,
+                           .wts = wts, .top_k = K, .ld_ids = K, .ld_wts = K, .h = h,
+                           .h_type = CUK_ACT_F32, .ldh = FF, .n_tok = 1, .y = y, .ldy = EMBD};
+    for (int i = 0; i < iters + 3; i++) {
+        if (i == 3) CK(cudaEventRecord(a, NULL));
+        d.w = pool + (uint64_t)(i % copies) * pool_copy;
+        GK(cuk_moe_down(&d, NULL, &err_));
+    }
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    snprintf(what, sizeof what, "moe_down %s 8 of 32, %dx%d", quant_type_name(type), EMBD, FF);
+    report(what, (double)K * EMBD * rb_dn, time_ms(a, b) / iters);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) iters = atoi(argv[1]);
+    if (iters < 1) iters = 1;
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    CK(cudaMalloc((void **)&pool, POOL_BYTES));
+
+    /* Copy rate: 512 MiB halves of the pool, device to device. */
+    {
+        const size_t half = POOL_BYTES / 2;
+        CK(cudaMemset(pool, 1, POOL_BYTES));
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        CK(cudaMemcpy(pool + half, pool, half, cudaMemcpyDeviceToDevice));
+        const int reps = 10;
+        CK(cudaEventRecord(a, NULL));
+        for (int i = 0; i < reps; i++)
+            CK(cudaMemcpyAsync(pool + (i & 1 ? 0 : half), pool + (i & 1 ? half : 0), half,
+                               cudaMemcpyDeviceToDevice, NULL));
+        CK(cudaEventRecord(b, NULL));
+        CK(cudaEventSynchronize(b));
+        const double ms = time_ms(a, b) / reps;
+        const double one_way = (double)half / (ms * 1e-3) / 1e9;
+        copy_rw_gbs = 2 * one_way;
+        printf("cudaMemcpy D2D %zu MiB: %.1f us, %.0f GB/s copied = %.0f GB/s read+written\n",
+               half >> 20, ms * 1e3, one_way, copy_rw_gbs);
+        CK(cudaEventDestroy(a));
+        CK(cudaEventDestroy(b));
+    }
+
+    float *x, *y, *h, *wts;
+    int32_t *ids;
+    CK(cudaMalloc((void **)&x, sizeof(float) * 16 * 6144));
+    CK(cudaMalloc((void **)&y, sizeof(float) * 16 * 19360));
+    CK(cudaMalloc((void **)&h, sizeof(float) * 8 * 256));
+    CK(cudaMalloc((void **)&wts, sizeof(float) * 8));
+    CK(cudaMalloc((void **)&ids, sizeof(int32_t) * 8));
+    CK(cudaMemset(x, 0, sizeof(float) * 16 * 6144));
+    CK(cudaMemset(h, 0, sizeof(float) * 8 * 256));
+    CK(cudaMemset(wts, 0, sizeof(float) * 8));
+    const int32_t hid[8] = {3, 30, 7, 12, 19, 0, 25, 9};
+    CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
+
+    const uint32_t types[] = {QT_Q4_K, QT_Q8_0};
+    for (int t = 0; t < 2; t++) {
+        bench_gemv(types[t], 19360, 6144, 1, CUK_ACT_F32, x, y); /* lm_head */
+        bench_gemv(types[t], 6144, 2048, 1, CUK_ACT_F32, x, y);  /* attn o */
+        bench_gemv(types[t], 1536, 6144, 1, CUK_ACT_F32, x, y);  /* dense up */
+        bench_gemv(types[t], 19360, 6144, 1, CUK_ACT_BF16, x, y);
+        bench_gemv(types[t], 19360, 6144, 4, CUK_ACT_F32, x, y);
+        bench_gemv(types[t], 19360, 6144, 16, CUK_ACT_F32, x, y);
+        bench_moe(types[t], x, y, h, ids, wts);
+    }
+    const uint32_t more[] = {QT_Q6_K, QT_Q5_K, QT_IQ4_XS, QT_BF16};
+    for (int t = 0; t < 4; t++) bench_gemv(more[t], 19360, 6144, 1, CUK_ACT_F32, x, y);
+    CK(cudaFree(pool));
+    CK(cudaFree(x)); CK(cudaFree(y)); CK(cudaFree(h)); CK(cudaFree(wts)); CK(cudaFree(ids));
+    return 0;
+}

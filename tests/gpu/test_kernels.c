@@ -1,0 +1,708 @@
+/* GPU kernels (cuda/) against the CPU: every kernel on fresh random inputs, outputs poisoned
+ * (NaN) before each run, GLM-5's per-rank (TP8) shapes among the cases.
+ *
+ * Weights come from quant_fill_random (valid random blocks of every type); the reference
+ * dequantizes them with quant_dequantize (exact vs ggml, tested in tests/test_quant*.c) and
+ * accumulates in double. GEMV tolerance: float32 accumulation-order differences only, measured
+ * relative to the output's magnitude: ||y - ref||_2 <= 1e-4 ||ref||_2 and
+ * max|y - ref| <= 1e-4 max|ref|. Padding past each output row must stay poisoned.
+ * Runs on the device only (`make test-gpu`); needs no reference data files. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuk.h"
+#include "format/quant.h"
+#include "tests/test_util.h"
+
+#define TOL 1e-4
+
+#define CK(call)                                                                           \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            t_failed++;                                                                    \
+            exit(t_report("test_kernels"));                                                \
+        }                                                                                  \
+    } while (0)
+
+static uint64_t g_rng = 0x5eed1234abcdull;
+
+/* Per-case detail lines: stdout, and the file named by $G5_TEST_DETAIL if set (run_tests.sh
+ * keeps only the summary and FAIL lines). */
+static FILE *g_detail;
+static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    if (g_detail) {
+        va_start(ap, fmt);
+        vfprintf(g_detail, fmt, ap);
+        va_end(ap);
+        fflush(g_detail);
+    }
+}
+
+static uint64_t rnd(void) { /* splitmix64 */
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float unif(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        printf("FAIL: out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+static void *dalloc(size_t n) {
+    void *p = NULL;
+    CK(cudaMalloc(&p, n ? n : 16));
+    return p;
+}
+
+static void poison(void *d, size_t bytes) { CK(cudaMemset(d, 0xFF, bytes)); }
+
+static int is_poison(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u == 0xFFFFFFFFu;
+}
+
+/* Compares got[n] to ref[n]; returns 1 if within TOL (see the file comment). */
+static int compare(const float *got, const double *ref, size_t n, double *rel_l2, double *rel_max) {
+    double e2 = 0, r2 = 0, emax = 0, rmax = 0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) finite = 0;
+        const double e = fabs((double)got[i] - ref[i]);
+        e2 += e * e;
+        r2 += ref[i] * ref[i];
+        if (e > emax) emax = e;
+        if (fabs(ref[i]) > rmax) rmax = fabs(ref[i]);
+    }
+    *rel_l2 = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+    *rel_max = rmax > 0 ? emax / rmax : emax;
+    return finite && *rel_l2 <= TOL && *rel_max <= TOL;
+}
+
+static float bf16_round(float f) { return quant_bf16_to_f32(quant_f32_to_bf16(f)); }
+
+/* ---------------- GEMV ---------------- */
+
+typedef struct shape {
+    const char *name;
+    int64_t m, k;
+    int ns[8]; /* vector counts to try, 0-terminated */
+    int bf16;  /* also run with bf16 activations */
+} shape;
+
+static const shape SHAPES[] = {
+    {"lm_head", 19360, 6144, {1}, 0},
+    {"dense_up", 1536, 6144, {1, 3}, 0},
+    {"dense_down", 6144, 1536, {1, 16}, 0},
+    {"q_b", 2048, 2048, {1, 2, 4, 5, 8, 16}, 1},
+    {"o", 6144, 2048, {1}, 0},
+    {"odd", 37, 512, {1, 7, 13}, 1},
+    {"one_block", 5, 256, {1, 16}, 0},
+    {"tail", 3, 1280, {1}, 0},
+};
+#define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
+
+static const uint32_t TYPES[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0,
+                                 QT_Q5_1, QT_IQ4_NL, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS};
+#define N_TYPES (sizeof TYPES / sizeof TYPES[0])
+
+static uint64_t row_bytes(uint32_t type, int64_t k) {
+    uint64_t rb = 0;
+    if (quant_row_bytes(type, (uint64_t)k, &rb) != G5_OK) {
+        printf("FAIL: quant_row_bytes(%u, %lld)\n", type, (long long)k);
+        exit(2);
+    }
+    return rb;
+}
+
+/* Fills `bytes` (a multiple of the block size) of random valid blocks of type. */
+static void fill_weights(uint32_t type, uint8_t *w, uint64_t bytes) {
+    const quant_type_info *ti = quant_type_get(type);
+    uint64_t st = rnd();
+    if (quant_fill_random(type, w, bytes / ti->block_bytes, &st) != G5_OK) {
+        printf("FAIL: quant_fill_random(%s)\n", ti->name);
+        exit(2);
+    }
+}
+
+/* One GEMV case on weights already on the device (dw, host copy hw). */
+static void gemv_case(uint32_t type, const uint8_t *hw, const void *dw, const shape *sh, int n,
+                      uint32_t x_type, float *rowbuf) {
+    const int64_t m = sh->m, k = sh->k;
+    const int64_t ldx = k + (sh->m < 100 ? 4 : 0), ldy = m + 3;
+    const uint64_t rb = row_bytes(type, k);
+    float *hx = xmalloc(sizeof(float) * (size_t)(n * ldx));
+    uint16_t *hxb = xmalloc(sizeof(uint16_t) * (size_t)(n * ldx));
+    for (int64_t i = 0; i < n * ldx; i++) {
+        hx[i] = unif(-1.0f, 1.0f);
+        if (x_type == CUK_ACT_BF16) {
+            hxb[i] = quant_f32_to_bf16(hx[i]);
+            hx[i] = quant_bf16_to_f32(hxb[i]);
+        }
+    }
+    const size_t xbytes = (size_t)(n * ldx) * (x_type == CUK_ACT_BF16 ? 2 : 4);
+    void *dx = dalloc(xbytes);
+    float *dy = dalloc(sizeof(float) * (size_t)(n * ldy));
+    CK(cudaMemcpy(dx, x_type == CUK_ACT_BF16 ? (void *)hxb : (void *)hx, xbytes, cudaMemcpyHostToDevice));
+    poison(dy, sizeof(float) * (size_t)(n * ldy));
+    cuk_gemv_args a = {.w_type = type, .w = dw, .k = k, .m = m, .x = dx, .x_type = x_type,
+                       .ldx = ldx, .n = n, .y = dy, .ldy = ldy};
+    g5_error err = {0};
+    g5_status st = cuk_gemv(&a, NULL, &err);
+    T_CHECK(st == G5_OK, "%s %s: cuk_gemv: %s", quant_type_name(type), sh->name, err.msg);
+    CK(cudaDeviceSynchronize());
+    float *hy = xmalloc(sizeof(float) * (size_t)(n * ldy));
+    CK(cudaMemcpy(hy, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
+
+    double *ref = xmalloc(sizeof(double) * (size_t)(n * m));
+    float *got = xmalloc(sizeof(float) * (size_t)(n * m));
+    for (int64_t i = 0; i < m; i++) {
+        quant_dequantize(type, hw + (uint64_t)i * rb, (uint64_t)k, rowbuf);
+        for (int v = 0; v < n; v++) {
+            double s = 0;
+            const float *xv = hx + v * ldx;
+            for (int64_t j = 0; j < k; j++) s += (double)rowbuf[j] * xv[j];
+            ref[v * m + i] = s;
+            got[v * m + i] = hy[v * ldy + i];
+        }
+    }
+    int pad_ok = 1;
+    for (int v = 0; v < n; v++)
+        for (int64_t i = m; i < ldy; i++) pad_ok &= is_poison(hy[v * ldy + i]);
+    double l2, mx;
+    const int ok = compare(got, ref, (size_t)(n * m), &l2, &mx);
+    T_CHECK(ok, "gemv %s %s m=%lld k=%lld n=%d x=%s: relL2 %.3e relmax %.3e", quant_type_name(type),
+            sh->name, (long long)m, (long long)k, n, x_type == CUK_ACT_BF16 ? "bf16" : "f32", l2, mx);
+    T_CHECK(pad_ok, "gemv %s %s n=%d: wrote past m into the row padding", quant_type_name(type),
+            sh->name, n);
+    note("  gemv %-6s %-10s m=%-5lld k=%-5lld n=%-2d x=%s relL2 %.2e relmax %.2e\n",
+           quant_type_name(type), sh->name, (long long)m, (long long)k, n,
+           x_type == CUK_ACT_BF16 ? "bf16" : "f32 ", l2, mx);
+    free(hx), free(hxb), free(hy), free(ref), free(got);
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+}
+
+/* $G5_TEST_QUICK=1: only the small shapes and one MoE type (for runs under compute-sanitizer). */
+static int quick(void) {
+    const char *q = getenv("G5_TEST_QUICK");
+    return q && *q == '1';
+}
+
+static void test_gemv(void) {
+    uint64_t max_bytes = 0;
+    int64_t max_k = 0;
+    for (size_t t = 0; t < N_TYPES; t++)
+        for (size_t s = 0; s < N_SHAPES; s++) {
+            const uint64_t b = row_bytes(TYPES[t], SHAPES[s].k) * (uint64_t)SHAPES[s].m;
+            if (b > max_bytes) max_bytes = b;
+            if (SHAPES[s].k > max_k) max_k = SHAPES[s].k;
+        }
+    uint8_t *hw = xmalloc(max_bytes);
+    float *rowbuf = xmalloc(sizeof(float) * (size_t)max_k);
+    void *dw = dalloc(max_bytes);
+    for (size_t t = 0; t < N_TYPES; t++) {
+        const uint32_t type = TYPES[t];
+        uint64_t bytes = 0;
+        for (size_t s = 0; s < N_SHAPES; s++) {
+            const uint64_t b = row_bytes(type, SHAPES[s].k) * (uint64_t)SHAPES[s].m;
+            if (b > bytes) bytes = b;
+        }
+        fill_weights(type, hw, bytes);
+        CK(cudaMemcpy(dw, hw, bytes, cudaMemcpyHostToDevice));
+        for (size_t s = 0; s < N_SHAPES; s++) {
+            if (quick() && SHAPES[s].m * SHAPES[s].k > 1000000) continue;
+            for (int i = 0; i < 8 && SHAPES[s].ns[i]; i++)
+                gemv_case(type, hw, dw, &SHAPES[s], SHAPES[s].ns[i], CUK_ACT_F32, rowbuf);
+            if (SHAPES[s].bf16) {
+                gemv_case(type, hw, dw, &SHAPES[s], 1, CUK_ACT_BF16, rowbuf);
+                gemv_case(type, hw, dw, &SHAPES[s], SHAPES[s].ns[2] ? SHAPES[s].ns[2] : 4,
+                          CUK_ACT_BF16, rowbuf);
+            }
+        }
+    }
+    free(hw), free(rowbuf);
+    CK(cudaFree(dw));
+}
+
+/* ---------------- MoE ---------------- */
+
+enum { E_LOCAL = 32, TOP_K = 8, N_TOK = 3, FF = 256, EMBD = 6144 };
+
+/* Distinct random expert ids per token. */
+static void pick_ids(int32_t *ids) {
+    for (int t = 0; t < N_TOK; t++)
+        for (int s = 0; s < TOP_K; s++) {
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)(rnd() % E_LOCAL);
+                dup = 0;
+                for (int j = 0; j < s; j++) dup |= ids[t * TOP_K + j] == e;
+            } while (dup);
+            ids[t * TOP_K + s] = e;
+        }
+}
+
+static double dot_row(uint32_t type, const uint8_t *row, int64_t k, const float *x, float *buf) {
+    quant_dequantize(type, row, (uint64_t)k, buf);
+    double s = 0;
+    for (int64_t j = 0; j < k; j++) s += (double)buf[j] * x[j];
+    return s;
+}
+
+static void test_moe_type(uint32_t type, int bad_id) {
+    const char *tn = quant_type_name(type);
+    const uint64_t rb_up = row_bytes(type, EMBD), rb_dn = row_bytes(type, FF);
+    const uint64_t mat_up = rb_up * FF, mat_dn = rb_dn * EMBD;
+    uint8_t *hg = xmalloc(mat_up * E_LOCAL), *hu = xmalloc(mat_up * E_LOCAL);
+    uint8_t *hd = xmalloc(mat_dn * E_LOCAL);
+    fill_weights(type, hg, mat_up * E_LOCAL);
+    fill_weights(type, hu, mat_up * E_LOCAL);
+    fill_weights(type, hd, mat_dn * E_LOCAL);
+    void *dg = dalloc(mat_up * E_LOCAL), *du = dalloc(mat_up * E_LOCAL), *dd = dalloc(mat_dn * E_LOCAL);
+    CK(cudaMemcpy(dg, hg, mat_up * E_LOCAL, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(du, hu, mat_up * E_LOCAL, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dd, hd, mat_dn * E_LOCAL, cudaMemcpyHostToDevice));
+
+    int32_t ids[N_TOK * TOP_K];
+    float wts[N_TOK * TOP_K];
+    pick_ids(ids);
+    for (int i = 0; i < N_TOK * TOP_K; i++) wts[i] = unif(0.05f, 0.5f);
+    const int bad_t = 1, bad_s = 5;
+    if (bad_id) ids[bad_t * TOP_K + bad_s] = E_LOCAL + 7;
+    float *hx = xmalloc(sizeof(float) * N_TOK * EMBD);
+    for (int i = 0; i < N_TOK * EMBD; i++) hx[i] = unif(-1.0f, 1.0f);
+    const int64_t ldo = FF + 4, ldy = EMBD + 4;
+    int32_t *did = dalloc(sizeof ids);
+    float *dwts = dalloc(sizeof wts), *dx = dalloc(sizeof(float) * N_TOK * EMBD);
+    float *dout = dalloc(sizeof(float) * N_TOK * TOP_K * ldo), *dy = dalloc(sizeof(float) * N_TOK * ldy);
+    CK(cudaMemcpy(did, ids, sizeof ids, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dwts, wts, sizeof wts, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dx, hx, sizeof(float) * N_TOK * EMBD, cudaMemcpyHostToDevice));
+    poison(dout, sizeof(float) * N_TOK * TOP_K * ldo);
+
+    g5_error err = {0};
+    cuk_moe_gate_up_args gu = {.w_type = type, .w_gate = dg, .w_up = du, .k = EMBD, .m = FF,
+                               .n_expert = E_LOCAL, .ids = did, .top_k = TOP_K, .ld_ids = TOP_K,
+                               .x = dx, .x_type = CUK_ACT_F32, .ldx = EMBD, .n_tok = N_TOK,
+                               .out = dout, .ldo = ldo};
+    g5_status st = cuk_moe_gate_up(&gu, NULL, &err);
+    T_CHECK(st == G5_OK, "moe_gate_up %s: %s", tn, err.msg);
+    CK(cudaDeviceSynchronize());
+    float *hout = xmalloc(sizeof(float) * N_TOK * TOP_K * ldo);
+    CK(cudaMemcpy(hout, dout, sizeof(float) * N_TOK * TOP_K * ldo, cudaMemcpyDeviceToHost));
+
+    /* Reference gate/up (the GPU's own output feeds the down test, so each is checked alone). */
+    float *buf = xmalloc(sizeof(float) * EMBD);
+    double *ref = xmalloc(sizeof(double) * N_TOK * TOP_K * FF);
+    float *got = xmalloc(sizeof(float) * N_TOK * TOP_K * FF);
+    size_t nref = 0;
+    int pad_ok = 1, bad_ok = 1;
+    for (int t = 0; t < N_TOK; t++)
+        for (int s = 0; s < TOP_K; s++) {
+            const float *o = hout + (t * TOP_K + s) * ldo;
+            for (int64_t i = FF; i < ldo; i++) pad_ok &= is_poison(o[i]);
+            if (bad_id && t == bad_t && s == bad_s) {
+                for (int i = 0; i < FF; i++) bad_ok &= isnan(o[i]) && !is_poison(o[i]);
+                continue;
+            }
+            const int e = ids[t * TOP_K + s];
+            for (int i = 0; i < FF; i++) {
+                const double g = dot_row(type, hg + (uint64_t)e * mat_up + i * rb_up, EMBD, hx + t * EMBD, buf);
+                const double u = dot_row(type, hu + (uint64_t)e * mat_up + i * rb_up, EMBD, hx + t * EMBD, buf);
+                ref[nref] = g / (1.0 + exp(-g)) * u;
+                got[nref++] = o[i];
+            }
+        }
+    double l2, mx;
+    int ok = compare(got, ref, nref, &l2, &mx);
+    T_CHECK(ok, "moe_gate_up %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e", tn,
+            E_LOCAL, TOP_K, FF, EMBD, N_TOK, l2, mx);
+    T_CHECK(pad_ok, "moe_gate_up %s: wrote into the row padding", tn);
+    if (bad_id) T_CHECK(bad_ok, "moe_gate_up %s: out-of-range id's row is not NaN", tn);
+    note("  moe_gate_up %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n", tn, FF,
+           EMBD, E_LOCAL, TOP_K, N_TOK, l2, mx);
+
+    /* Down: h random (independent of the gate/up output). */
+    float *hh = xmalloc(sizeof(float) * N_TOK * TOP_K * FF);
+    for (int i = 0; i < N_TOK * TOP_K * FF; i++) hh[i] = unif(-1.0f, 1.0f);
+    float *dh = dalloc(sizeof(float) * N_TOK * TOP_K * FF);
+    CK(cudaMemcpy(dh, hh, sizeof(float) * N_TOK * TOP_K * FF, cudaMemcpyHostToDevice));
+    poison(dy, sizeof(float) * N_TOK * ldy);
+    cuk_moe_down_args dn = {.w_type = type, .w = dd, .k = FF, .m = EMBD, .n_expert = E_LOCAL,
+                            .ids = did, .wts = dwts, .top_k = TOP_K, .ld_ids = TOP_K,
+                            .ld_wts = TOP_K, .h = dh, .h_type = CUK_ACT_F32, .ldh = FF,
+                            .n_tok = N_TOK, .y = dy, .ldy = ldy};
+    st = cuk_moe_down(&dn, NULL, &err);
+    T_CHECK(st == G5_OK, "moe_down %s: %s", tn, err.msg);
+    CK(cudaDeviceSynchronize());
+    float *hy = xmalloc(sizeof(float) * N_TOK * ldy);
+    CK(cudaMemcpy(hy, dy, sizeof(float) * N_TOK * ldy, cudaMemcpyDeviceToHost));
+    double *ref2 = xmalloc(sizeof(double) * N_TOK * EMBD);
+    float *got2 = xmalloc(sizeof(float) * N_TOK * EMBD);
+    nref = 0;
+    pad_ok = 1, bad_ok = 1;
+    for (int t = 0; t < N_TOK; t++) {
+        for (int64_t i = EMBD; i < ldy; i++) pad_ok &= is_poison(hy[t * ldy + i]);
+        if (bad_id && t == bad_t) {
+            for (int i = 0; i < EMBD; i++) bad_ok &= isnan(hy[t * ldy + i]) && !is_poison(hy[t * ldy + i]);
+            continue;
+        }
+        for (int i = 0; i < EMBD; i++) {
+            double s = 0;
+            for (int j = 0; j < TOP_K; j++) {
+                const int e = ids[t * TOP_K + j];
+                s += (double)wts[t * TOP_K + j] *
+                     dot_row(type, hd + (uint64_t)e * mat_dn + (uint64_t)i * rb_dn, FF,
+                             hh + (t * TOP_K + j) * FF, buf);
+            }
+            ref2[nref] = s;
+            got2[nref++] = hy[t * ldy + i];
+        }
+    }
+    ok = compare(got2, ref2, nref, &l2, &mx);
+    T_CHECK(ok, "moe_down %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e", tn, E_LOCAL,
+            TOP_K, EMBD, FF, N_TOK, l2, mx);
+    T_CHECK(pad_ok, "moe_down %s: wrote into the row padding", tn);
+    if (bad_id) T_CHECK(bad_ok, "moe_down %s: token with an out-of-range id is not NaN", tn);
+    note("  moe_down    %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n", tn,
+           EMBD, FF, E_LOCAL, TOP_K, N_TOK, l2, mx);
+
+    /* bf16 activations, token 0 only (ids of token 0 are valid). */
+    if (!bad_id) {
+        uint16_t *hxb = xmalloc(sizeof(uint16_t) * EMBD);
+        float *xr = xmalloc(sizeof(float) * EMBD);
+        for (int i = 0; i < EMBD; i++) hxb[i] = quant_f32_to_bf16(hx[i]), xr[i] = bf16_round(hx[i]);
+        uint16_t *dxb = dalloc(sizeof(uint16_t) * EMBD);
+        CK(cudaMemcpy(dxb, hxb, sizeof(uint16_t) * EMBD, cudaMemcpyHostToDevice));
+        poison(dout, sizeof(float) * N_TOK * TOP_K * ldo);
+        gu.x = dxb, gu.x_type = CUK_ACT_BF16, gu.n_tok = 1;
+        st = cuk_moe_gate_up(&gu, NULL, &err);
+        T_CHECK(st == G5_OK, "moe_gate_up bf16 %s: %s", tn, err.msg);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hout, dout, sizeof(float) * TOP_K * ldo, cudaMemcpyDeviceToHost));
+        nref = 0;
+        for (int s = 0; s < TOP_K; s++) {
+            const int e = ids[s];
+            for (int i = 0; i < FF; i++) {
+                const double g = dot_row(type, hg + (uint64_t)e * mat_up + i * rb_up, EMBD, xr, buf);
+                const double u = dot_row(type, hu + (uint64_t)e * mat_up + i * rb_up, EMBD, xr, buf);
+                ref[nref] = g / (1.0 + exp(-g)) * u;
+                got[nref++] = hout[s * ldo + i];
+            }
+        }
+        ok = compare(got, ref, nref, &l2, &mx);
+        T_CHECK(ok, "moe_gate_up %s x=bf16: relL2 %.3e relmax %.3e", tn, l2, mx);
+        free(hxb), free(xr);
+        CK(cudaFree(dxb));
+    }
+
+    free(hg), free(hu), free(hd), free(hx), free(hout), free(buf), free(ref), free(got);
+    free(hh), free(hy), free(ref2), free(got2);
+    CK(cudaFree(dg)); CK(cudaFree(du)); CK(cudaFree(dd)); CK(cudaFree(did)); CK(cudaFree(dwts));
+    CK(cudaFree(dx)); CK(cudaFree(dout)); CK(cudaFree(dy)); CK(cudaFree(dh));
+}
+
+static void test_moe(void) {
+    if (quick()) {
+        test_moe_type(QT_Q6_K, 0);
+        return;
+    }
+    for (size_t t = 0; t < N_TYPES; t++) test_moe_type(TYPES[t], 0);
+    test_moe_type(QT_Q4_K, 1);
+}
+
+/* ---------------- norms, rope, add, argmax ---------------- */
+
+static void test_norms(void) {
+    const int64_t dims[] = {6144, 576, 7};
+    for (int di = 0; di < 3; di++) {
+        const int64_t dim = dims[di], rows = 4, ldx = dim + 5, ldy = dim + 3;
+        float *hx = xmalloc(sizeof(float) * rows * ldx), *hw = xmalloc(sizeof(float) * dim);
+        float *hb = xmalloc(sizeof(float) * dim), *hy = xmalloc(sizeof(float) * rows * ldy);
+        for (int64_t i = 0; i < rows * ldx; i++) hx[i] = unif(-3.0f, 3.0f) + (i % 3 == 0 ? 2.0f : 0.0f);
+        for (int64_t i = 0; i < dim; i++) hw[i] = unif(0.5f, 1.5f), hb[i] = unif(-0.5f, 0.5f);
+        float *dx = dalloc(sizeof(float) * rows * ldx), *dw = dalloc(sizeof(float) * dim);
+        float *db = dalloc(sizeof(float) * dim), *dy = dalloc(sizeof(float) * rows * ldy);
+        CK(cudaMemcpy(dx, hx, sizeof(float) * rows * ldx, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, hw, sizeof(float) * dim, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(db, hb, sizeof(float) * dim, cudaMemcpyHostToDevice));
+        const float eps = 1e-5f;
+        double *ref = xmalloc(sizeof(double) * rows * dim);
+        float *got = xmalloc(sizeof(float) * rows * dim);
+        g5_error err = {0};
+        for (int kind = 0; kind < 2; kind++) {
+            poison(dy, sizeof(float) * rows * ldy);
+            g5_status st = kind == 0 ? cuk_rms_norm(dx, ldx, dw, dy, ldy, rows, dim, eps, NULL, &err)
+                                     : cuk_layer_norm(dx, ldx, dw, db, dy, ldy, rows, dim, eps, NULL, &err);
+            T_CHECK(st == G5_OK, "%s: %s", kind ? "layer_norm" : "rms_norm", err.msg);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hy, dy, sizeof(float) * rows * ldy, cudaMemcpyDeviceToHost));
+            int pad_ok = 1;
+            for (int64_t r = 0; r < rows; r++) {
+                const float *xr = hx + r * ldx;
+                double mean = 0, ss = 0;
+                for (int64_t i = 0; i < dim; i++) mean += xr[i], ss += (double)xr[i] * xr[i];
+                mean /= (double)dim;
+                double var = 0;
+                for (int64_t i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
+                var /= (double)dim;
+                for (int64_t i = 0; i < dim; i++) {
+                    ref[r * dim + i] = kind == 0 ? xr[i] / sqrt(ss / (double)dim + eps) * hw[i]
+                                                 : (xr[i] - mean) / sqrt(var + eps) * hw[i] + hb[i];
+                    got[r * dim + i] = hy[r * ldy + i];
+                }
+                for (int64_t i = dim; i < ldy; i++) pad_ok &= is_poison(hy[r * ldy + i]);
+            }
+            double l2, mx;
+            const int ok = compare(got, ref, (size_t)(rows * dim), &l2, &mx);
+            T_CHECK(ok && l2 < 1e-6 && mx < 1e-6, "%s dim=%lld: relL2 %.3e relmax %.3e",
+                    kind ? "layer_norm" : "rms_norm", (long long)dim, l2, mx);
+            T_CHECK(pad_ok, "%s dim=%lld: wrote into the padding", kind ? "layer_norm" : "rms_norm",
+                    (long long)dim);
+        }
+        /* In place (y == x), RMSNorm: same result as out of place. */
+        float *hy2 = xmalloc(sizeof(float) * rows * ldx);
+        float *dxy = dalloc(sizeof(float) * rows * ldx);
+        CK(cudaMemcpy(dxy, hx, sizeof(float) * rows * ldx, cudaMemcpyHostToDevice));
+        g5_status st = cuk_rms_norm(dxy, ldx, dw, dxy, ldx, rows, dim, eps, NULL, &err);
+        T_CHECK(st == G5_OK, "rms_norm in place: %s", err.msg);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hy2, dxy, sizeof(float) * rows * ldx, cudaMemcpyDeviceToHost));
+        CK(cudaFree(dxy));
+        double l2, mx;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = hx + r * ldx;
+            double ss = 0;
+            for (int64_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+            for (int64_t i = 0; i < dim; i++) {
+                ref[r * dim + i] = xr[i] / sqrt(ss / (double)dim + eps) * hw[i];
+                got[r * dim + i] = hy2[r * ldx + i];
+            }
+        }
+        T_CHECK(compare(got, ref, (size_t)(rows * dim), &l2, &mx) && l2 < 1e-6,
+                "rms_norm in place dim=%lld: relL2 %.3e", (long long)dim, l2);
+        free(hx), free(hw), free(hb), free(hy), free(hy2), free(ref), free(got);
+        CK(cudaFree(dx)); CK(cudaFree(dw)); CK(cudaFree(db)); CK(cudaFree(dy));
+    }
+}
+
+static void test_rope(void) {
+    /* q heads of 256 (192 nope + 64 rope) and the 576-wide latent k row (512 + 64 rope). */
+    const struct { int64_t n_head, head_dim, rot_off, n_rot; float theta; } cases[] = {
+        {8, 256, 192, 64, 1000000.0f}, {1, 576, 512, 64, 10000.0f}, {3, 10, 2, 8, 500.0f}};
+    const int32_t pos[] = {0, 1, 17, 4095, 100000, 202751};
+    const int64_t n_tok = 6;
+    for (int c = 0; c < 3; c++) {
+        const int64_t nh = cases[c].n_head, hd = cases[c].head_dim, tok_stride = nh * hd + 2;
+        const int64_t n = n_tok * tok_stride;
+        float *hx = xmalloc(sizeof(float) * n), *hy = xmalloc(sizeof(float) * n);
+        for (int64_t i = 0; i < n; i++) hx[i] = unif(-2.0f, 2.0f);
+        float *dx = dalloc(sizeof(float) * n);
+        int32_t *dp = dalloc(sizeof pos);
+        CK(cudaMemcpy(dx, hx, sizeof(float) * n, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dp, pos, sizeof pos, cudaMemcpyHostToDevice));
+        g5_error err = {0};
+        g5_status st = cuk_rope(dx, n_tok, tok_stride, nh, hd, cases[c].rot_off, cases[c].n_rot,
+                                cases[c].theta, dp, NULL, &err);
+        T_CHECK(st == G5_OK, "rope: %s", err.msg);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hy, dx, sizeof(float) * n, cudaMemcpyDeviceToHost));
+        /* Reference: the documented angle (float32 inv and product), rotation in double. */
+        double emax = 0, rmax = 0;
+        int untouched = 1;
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t h = 0; h < nh; h++) {
+                const int64_t base = t * tok_stride + h * hd;
+                for (int64_t d = 0; d < hd; d++) {
+                    const int64_t j = d - cases[c].rot_off;
+                    const int64_t idx = base + d;
+                    if (j < 0 || j >= cases[c].n_rot) {
+                        untouched &= memcmp(&hx[idx], &hy[idx], 4) == 0;
+                        continue;
+                    }
+                    const int64_t i = j / 2;
+                    const float inv = 1.0f / powf(cases[c].theta, (float)(2 * i) / (float)cases[c].n_rot);
+                    const float ang = (float)pos[t] * inv;
+                    const double a = hx[base + cases[c].rot_off + 2 * i], b = hx[base + cases[c].rot_off + 2 * i + 1];
+                    const double r = (j % 2 == 0) ? a * cos((double)ang) - b * sin((double)ang)
+                                                  : a * sin((double)ang) + b * cos((double)ang);
+                    if (fabs(hy[idx] - r) > emax || !isfinite(hy[idx])) emax = isfinite(hy[idx]) ? fabs(hy[idx] - r) : 1e30;
+                    if (fabs(r) > rmax) rmax = fabs(r);
+                }
+            }
+        T_CHECK(emax <= 1e-6 * rmax, "rope case %d: max err %.3e (max |y| %.3e)", c, emax, rmax);
+        T_CHECK(untouched, "rope case %d: changed dims outside the rotated range", c);
+        free(hx), free(hy);
+        CK(cudaFree(dx)); CK(cudaFree(dp));
+    }
+}
+
+static void test_add_argmax(void) {
+    const int64_t n = 6144 * 3 + 1;
+    float *ha = xmalloc(sizeof(float) * n), *hb = xmalloc(sizeof(float) * n), *hy = xmalloc(sizeof(float) * n);
+    for (int64_t i = 0; i < n; i++) ha[i] = unif(-10, 10), hb[i] = unif(-10, 10);
+    float *da = dalloc(sizeof(float) * n), *db = dalloc(sizeof(float) * n), *dy = dalloc(sizeof(float) * (n + 1));
+    CK(cudaMemcpy(da, ha, sizeof(float) * n, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(db, hb, sizeof(float) * n, cudaMemcpyHostToDevice));
+    poison(dy, sizeof(float) * (n + 1));
+    g5_error err = {0};
+    T_CHECK(cuk_add(da, db, dy, n, NULL, &err) == G5_OK, "add: %s", err.msg);
+    CK(cudaDeviceSynchronize());
+    float *hy1 = xmalloc(sizeof(float) * (n + 1));
+    CK(cudaMemcpy(hy1, dy, sizeof(float) * (n + 1), cudaMemcpyDeviceToHost));
+    int ok = is_poison(hy1[n]);
+    for (int64_t i = 0; i < n; i++) ok &= hy1[i] == ha[i] + hb[i];
+    T_CHECK(ok, "add: result differs from a + b (or wrote past n)");
+    /* in place: a += b */
+    T_CHECK(cuk_add(da, db, da, n, NULL, &err) == G5_OK, "add in place: %s", err.msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hy, da, sizeof(float) * n, cudaMemcpyDeviceToHost));
+    ok = 1;
+    for (int64_t i = 0; i < n; i++) ok &= hy[i] == ha[i] + hb[i];
+    T_CHECK(ok, "add in place: result differs from a + b");
+    free(ha), free(hb), free(hy), free(hy1);
+    CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dy));
+
+    /* argmax over 6 rows of a vocabulary-sized row. */
+    const int64_t V = 154880, ldx = V + 3, rows = 6;
+    float *hx = xmalloc(sizeof(float) * rows * ldx);
+    for (int64_t i = 0; i < rows * ldx; i++) hx[i] = unif(-20, 20);
+    int32_t want[6];
+    /* row 0: random; row 1: tie at 777 and 150000 (777 wins); row 2: NaNs incl. index 0 and a
+     * NaN beyond the max; row 3: all NaN -> -1; row 4: all -inf -> 0; row 5: max at the last
+     * element, larger values in the padding (must be ignored). */
+    hx[1 * ldx + 777] = 50.0f, hx[1 * ldx + 150000] = 50.0f;
+    hx[2 * ldx + 0] = NAN, hx[2 * ldx + 5] = NAN, hx[2 * ldx + 99] = 40.0f, hx[2 * ldx + 100] = NAN;
+    for (int64_t i = 0; i < V; i++) hx[3 * ldx + i] = NAN, hx[4 * ldx + i] = -INFINITY;
+    hx[5 * ldx + V - 1] = 30.0f, hx[5 * ldx + V] = 99.0f, hx[5 * ldx + V + 1] = 98.0f;
+    for (int r = 0; r < 6; r++) {
+        int32_t best = -1;
+        for (int64_t i = 0; i < V; i++) {
+            const float v = hx[r * ldx + i];
+            if (v != v) continue;
+            if (best < 0 || v > hx[r * ldx + best]) best = (int32_t)i;
+        }
+        want[r] = best;
+    }
+    T_CHECK(want[1] == 777 && want[2] == 99 && want[3] == -1 && want[4] == 0 && want[5] == V - 1,
+            "argmax: the test's own expectations are wrong");
+    float *dx = dalloc(sizeof(float) * rows * ldx);
+    int32_t *dout = dalloc(sizeof(int32_t) * rows);
+    CK(cudaMemcpy(dx, hx, sizeof(float) * rows * ldx, cudaMemcpyHostToDevice));
+    poison(dout, sizeof(int32_t) * rows);
+    T_CHECK(cuk_argmax(dx, ldx, rows, V, dout, NULL, &err) == G5_OK, "argmax: %s", err.msg);
+    CK(cudaDeviceSynchronize());
+    int32_t got[6];
+    CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < 6; r++) T_CHECK(got[r] == want[r], "argmax row %d: got %d want %d", r, got[r], want[r]);
+    free(hx);
+    CK(cudaFree(dx)); CK(cudaFree(dout));
+}
+
+/* ---------------- host-side validation (no kernel runs) ---------------- */
+
+static void expect_bad(g5_status st, const g5_error *err, g5_status want, const char *needle,
+                       const char *what) {
+    T_CHECK(st == want, "%s: status %s, want %s (%s)", what, g5_strerror(st), g5_strerror(want), err->msg);
+    T_CHECK(strstr(err->msg, needle) != NULL, "%s: message '%s' does not name '%s'", what, err->msg, needle);
+}
+
+static void test_validation(void) {
+    void *w = dalloc(1 << 20), *x = dalloc(1 << 20), *y = dalloc(1 << 20);
+    g5_error err = {0};
+    cuk_gemv_args ok = {.w_type = QT_Q4_K, .w = w, .k = 512, .m = 16, .x = x,
+                        .x_type = CUK_ACT_F32, .ldx = 512, .n = 1, .y = y, .ldy = 16};
+    cuk_gemv_args a = ok;
+    a.k = 100;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "k=100", "gemv k");
+    a = ok, a.m = 0;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "m=0", "gemv m");
+    a = ok, a.n = 17;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "n=17", "gemv n");
+    a = ok, a.ldx = 256;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldx=256", "gemv ldx");
+    a = ok, a.ldx = 514;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldx=514", "gemv ldx%4");
+    a = ok, a.ldy = 15;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldy=15", "gemv ldy");
+    a = ok, a.w = (uint8_t *)w + 2;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "w is not 16-byte aligned", "gemv w align");
+    a = ok, a.x = (uint8_t *)x + 4;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "x is not 16-byte aligned", "gemv x align");
+    a = ok, a.w_type = QT_Q2_K;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_UNSUPPORTED, "Q2_K", "gemv type");
+    a = ok, a.x_type = 7;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "type 7", "gemv x_type");
+    a = ok, a.w_type = QT_Q8_0, a.k = 48;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "k=48", "gemv q8_0 k");
+
+    cuk_moe_gate_up_args g = {.w_type = QT_Q4_K, .w_gate = w, .w_up = w, .k = 256, .m = 8,
+                              .n_expert = 4, .ids = x, .top_k = 5, .ld_ids = 5, .x = x,
+                              .x_type = CUK_ACT_F32, .ldx = 256, .n_tok = 1, .out = y, .ldo = 8};
+    expect_bad(cuk_moe_gate_up(&g, NULL, &err), &err, G5_ERR_INVALID_ARG, "top_k=5", "gate_up top_k");
+    g.top_k = 2, g.ld_ids = 1;
+    expect_bad(cuk_moe_gate_up(&g, NULL, &err), &err, G5_ERR_INVALID_ARG, "ld_ids=1", "gate_up ld_ids");
+    g.ld_ids = 2, g.ldo = 7;
+    expect_bad(cuk_moe_gate_up(&g, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldo=7", "gate_up ldo");
+    cuk_moe_down_args d = {.w_type = QT_Q6_K, .w = w, .k = 256, .m = 8, .n_expert = 4,
+                           .ids = x, .wts = NULL, .top_k = 2, .ld_ids = 2, .ld_wts = 2,
+                           .h = x, .h_type = CUK_ACT_F32, .ldh = 256, .n_tok = 1, .y = y, .ldy = 8};
+    expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "wts is NULL", "down wts");
+    d.wts = y, d.n_tok = 0;
+    expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "n_tok=0", "down n_tok");
+
+    expect_bad(cuk_rms_norm(x, 8, y, y, 8, 1, 0, 1e-5f, NULL, &err), &err, G5_ERR_INVALID_ARG,
+               "dim=0", "rms_norm dim");
+    expect_bad(cuk_layer_norm(x, 4, y, y, y, 8, 1, 8, 1e-5f, NULL, &err), &err, G5_ERR_INVALID_ARG,
+               "ldx=4", "layer_norm ldx");
+    expect_bad(cuk_rope(x, 1, 64, 1, 64, 0, 63, 1e4f, x, NULL, &err), &err, G5_ERR_INVALID_ARG,
+               "n_rot=63", "rope n_rot");
+    expect_bad(cuk_rope(x, 2, 60, 1, 64, 0, 64, 1e4f, x, NULL, &err), &err, G5_ERR_INVALID_ARG,
+               "tok_stride=60", "rope tok_stride");
+    expect_bad(cuk_add(x, NULL, y, 4, NULL, &err), &err, G5_ERR_INVALID_ARG, "b is NULL", "add b");
+    expect_bad(cuk_argmax(x, 4, 1, 8, y, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldx=4", "argmax ldx");
+    CK(cudaFree(w)); CK(cudaFree(x)); CK(cudaFree(y));
+}
+
+int main(void) {
+    const char *dp = getenv("G5_TEST_DETAIL");
+    if (dp && *dp) g_detail = fopen(dp, "a");
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("FAIL: no CUDA device\n");
+        t_failed++;
+        return t_report("test_kernels");
+    }
+    test_validation();
+    test_norms();
+    test_rope();
+    test_add_argmax();
+    test_gemv();
+    test_moe();
+    if (g_detail) {
+        fprintf(g_detail, "test_kernels: %d passed, %d failed\n", t_passed, t_failed);
+        fclose(g_detail);
+    }
+    return t_report("test_kernels");
+}
