@@ -32,6 +32,14 @@ BINS  := $(BUILD)/bin/glm5-shard
 ifneq ($(wildcard runtime/main_run.c),)
 BINS  += $(BUILD)/bin/glm5-run
 endif
+# glm5-serve (runtime/serve*.c) uses libmicrohttpd; every link gets it because the fuzz targets
+# and tests link the runtime sources/archive as a whole.
+ifneq ($(wildcard runtime/serve*.c),)
+LDLIBS += -lmicrohttpd
+endif
+ifneq ($(wildcard runtime/main_serve.c),)
+BINS  += $(BUILD)/bin/glm5-serve
+endif
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 .PHONY: all test check fuzz demo clean deps
@@ -53,6 +61,10 @@ $(BUILD)/bin/glm5-shard: $(call obj,convert/main_shard.c) $(LIBS)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/bin/glm5-run: $(call obj,runtime/main_run.c) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/bin/glm5-serve: $(call obj,runtime/main_serve.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 

@@ -1,0 +1,141 @@
+/* glm5-serve: an OpenAI-compatible HTTP server over the runtime.
+ *
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events
+ * ending in `data: [DONE]`, or one JSON response), GET /v1/models, GET /health (503 until the
+ * model is loaded, then 200), GET /metrics (Prometheus text format).
+ *
+ * Threads: libmicrohttpd runs one thread per connection; a loader thread opens the weights after
+ * the socket is listening; one engine thread owns the model and runs decode steps over every
+ * active sequence (continuous batching: requests join and leave between steps). Each sequence
+ * has its own rt_state; its latent/indexer cache is accounted in fixed-size token blocks by a
+ * block allocator (srv_blocks) that bounds the tokens held by all sequences together to
+ * ctx_size. A sequence that needs a block when none is free preempts the most recently admitted
+ * one, which is recomputed later from its prompt and the tokens it already produced (results
+ * are unchanged: the model gives bit-identical results whether tokens are fed together or one
+ * at a time, and the sampler keeps its state).
+ *
+ * A client that goes away (its socket reads EOF/hangs up while it waits, or a write fails) has
+ * its request cancelled; the engine drops the sequence and frees its blocks before its next step.
+ *
+ * API notes (where OpenAI leaves room):
+ *  - prompt: a string (special-token texts such as "[gMASK]" become those tokens, as in
+ *    glm5-run), an array of token ids, or a one-element array of either; no BOS is added.
+ *    messages: roles system/developer/user/assistant/tool, content a string or text parts.
+ *    chat_template_kwargs.enable_thinking (default true) as in vLLM.
+ *  - Defaults: temperature 1, top_p 1, top_k off, min_p off, max_tokens 16 for completions and
+ *    the rest of the context for chat; seed random unless given. Penalties: frequency_penalty,
+ *    presence_penalty, repetition_penalty (llama.cpp semantics, sample.h), over the prompt too.
+ *  - An end-of-generation token ends the output with finish_reason "stop" and is not part of
+ *    the text, token_ids, logprobs or usage.completion_tokens (glm5-run does the same).
+ *  - logprobs are the log-softmax of the raw logits (before penalties and temperature).
+ *  - Extension: "return_token_ids": true adds "token_ids" to each choice (or chunk).
+ *  - Text that is not valid UTF-8 (a random model can emit any byte) is sent with U+FFFD in
+ *    place of each bad byte.
+ *
+ * Library code: nothing is printed; log lines go to the caller's callback. */
+#ifndef G5_SERVE_H
+#define G5_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/status.h"
+
+typedef struct srv_server srv_server;
+
+/* One line without a trailing newline. Called from any thread; must be thread-safe. */
+typedef void (*srv_log_fn)(void *user, const char *line);
+
+typedef struct srv_config {
+    const char *model_path;  /* blob set directory or GGUF (TP 1) */
+    const char *model_name;  /* id in /v1/models and responses; NULL: the path's base name */
+    const char *host;        /* address to bind; NULL: "127.0.0.1" */
+    uint16_t port;           /* 0: any free port (srv_port() says which) */
+    const char *api_key;     /* NULL or "": no authentication; else "Authorization: Bearer KEY"
+                                is required on everything but /health */
+    uint32_t max_batch;      /* sequences decoded together (default 8) */
+    uint32_t max_queue;      /* requests waiting for a batch slot before 429 (default 64) */
+    uint32_t ctx_size;       /* cache tokens for all sequences together, and the longest
+                                prompt + max_tokens of one request (default 4096; capped at
+                                the model's training context) */
+    uint32_t block_tokens;   /* tokens per cache block (default 16) */
+    uint32_t n_threads;      /* model threads (0: online cores) */
+    uint32_t prefill_chunk;  /* most prompt tokens one sequence runs per step (default 256) */
+    uint64_t max_body;       /* request body limit in bytes (default 1 MiB); larger: 413 */
+    uint32_t max_connections;/* simultaneous connections (default max_batch + max_queue + 32) */
+    int prefault;            /* touch every weight page at load (default 1): measures the read
+                                rate and keeps first requests from paying for page faults */
+    srv_log_fn log;          /* may be NULL */
+    void *log_user;
+} srv_config;
+
+void srv_config_default(srv_config *c);
+
+/* Validates the configuration, binds and listens, then starts the loader and the engine; returns
+ * as soon as the socket is listening (the model loads in the background). */
+g5_status srv_create(const srv_config *c, srv_server **out, g5_error *err);
+/* Stops accepting, ends every request (waiting clients get an error or their stream ends),
+ * joins all threads and frees everything. Accepts NULL. */
+void srv_free(srv_server *s);
+
+uint16_t srv_port(const srv_server *s);
+
+typedef enum srv_load_state { SRV_LOADING = 0, SRV_READY = 1, SRV_FAILED = 2 } srv_load_state;
+/* The load's state; on SRV_FAILED err (may be NULL) receives the load error. */
+srv_load_state srv_get_load_state(const srv_server *s, g5_error *err);
+
+typedef struct srv_stats {
+    uint32_t running;          /* sequences in the batch now */
+    uint32_t waiting;          /* queued requests */
+    uint32_t peak_running;     /* largest batch seen */
+    uint32_t blocks_total, blocks_in_use, block_tokens;
+    uint64_t requests;         /* HTTP requests answered */
+    uint64_t completions;      /* generation requests finished (any reason) */
+    uint64_t cancelled;        /* generation requests cancelled (client gone, shutdown) */
+    uint64_t preemptions;
+    uint64_t prompt_tokens, generated_tokens;
+    double load_seconds;
+    uint64_t load_bytes;
+} srv_stats;
+void srv_get_stats(srv_server *s, srv_stats *out);
+
+/* ---- the cache block allocator (not thread-safe; the server holds its lock) ---- */
+typedef struct srv_blocks srv_blocks;
+
+/* A sequence's block table: the ids of its blocks in token order. Zero-initialize. */
+typedef struct srv_btable {
+    uint32_t *ids;
+    uint32_t n, cap;
+} srv_btable;
+
+g5_status srv_blocks_create(uint32_t n_blocks, uint32_t block_tokens, srv_blocks **out,
+                            g5_error *err);
+void srv_blocks_free(srv_blocks *b); /* accepts NULL */
+uint32_t srv_blocks_n_total(const srv_blocks *b);
+uint32_t srv_blocks_n_free(const srv_blocks *b);
+uint32_t srv_blocks_block_tokens(const srv_blocks *b);
+/* Blocks needed to hold n_tokens. */
+uint32_t srv_blocks_needed(const srv_blocks *b, uint64_t n_tokens);
+/* Grows t so that it covers n_tokens, all or nothing: G5_ERR_BOUNDS (t unchanged) when too few
+ * blocks are free, G5_ERR_NOMEM if the table cannot grow. Never shrinks t. */
+g5_status srv_blocks_reserve(srv_blocks *b, srv_btable *t, uint64_t n_tokens, g5_error *err);
+/* Returns all of t's blocks and frees its table (t is left empty). */
+void srv_blocks_release(srv_blocks *b, srv_btable *t);
+
+/* ---- helpers shared with the tests ---- */
+/* What a tokenizer.chat_template (Jinja, not interpreted) looks like, by its literal markers:
+ * GLM role tokens and "[gMASK]<sop>" without "/nothink" = the GLM-5 (and GLM-4.7) format that
+ * chat.h builds; with "/nothink" = GLM-4.5/4.6; anything else = another format. */
+typedef enum srv_template_kind {
+    SRV_TEMPLATE_GLM5 = 0,
+    SRV_TEMPLATE_GLM45 = 1,
+    SRV_TEMPLATE_OTHER = 2,
+} srv_template_kind;
+srv_template_kind srv_chat_template_kind(const char *tmpl, size_t len);
+
+/* Copies len bytes into a NUL-terminated malloc'ed string that is valid UTF-8: each byte that
+ * does not start a complete, well-formed sequence becomes U+FFFD. *out_len (may be NULL)
+ * receives the length. NULL on allocation failure. */
+char *srv_utf8_clean(const char *s, size_t len, size_t *out_len);
+
+#endif

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Client for glm5-serve used by tests/test_serve.c: greedy completions and chat completions,
+streaming and not, through the `openai` package when it is installed, otherwise plain HTTP
+(urllib). Prints one JSON object with the four texts and which client produced them."""
+import argparse
+import json
+import sys
+import urllib.request
+
+
+def with_openai(a):
+    import openai  # noqa: F401  (ImportError selects the urllib path)
+
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{a.port}/v1", api_key=a.api_key or "none")
+    msgs = [{"role": "user", "content": a.prompt}]
+    kw = dict(model="glm5", max_tokens=a.max_tokens, temperature=0)
+    out = {"client": "openai"}
+    out["completions"] = c.completions.create(prompt=a.prompt, **kw).choices[0].text
+    out["completions_stream"] = "".join(
+        ch.choices[0].text for ch in c.completions.create(prompt=a.prompt, stream=True, **kw) if ch.choices)
+    out["chat"] = c.chat.completions.create(messages=msgs, **kw).choices[0].message.content
+    out["chat_stream"] = "".join(
+        (ch.choices[0].delta.content or "")
+        for ch in c.chat.completions.create(messages=msgs, stream=True, **kw) if ch.choices)
+    return out
+
+
+def post(a, path, body):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{a.port}{path}", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {a.api_key}"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.read().decode()
+
+
+def events(text):
+    out = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[6:]
+            if data == "[DONE]":
+                out.append(None)
+            else:
+                out.append(json.loads(data))
+    if not out or out[-1] is not None:
+        raise SystemExit("stream did not end with data: [DONE]")
+    return [e for e in out if e is not None]
+
+
+def with_urllib(a):
+    base = dict(model="glm5", max_tokens=a.max_tokens, temperature=0)
+    msgs = [{"role": "user", "content": a.prompt}]
+    out = {"client": "urllib"}
+    out["completions"] = json.loads(post(a, "/v1/completions", dict(base, prompt=a.prompt)))["choices"][0]["text"]
+    evs = events(post(a, "/v1/completions", dict(base, prompt=a.prompt, stream=True)))
+    out["completions_stream"] = "".join(e["choices"][0]["text"] for e in evs if e["choices"])
+    out["chat"] = json.loads(post(a, "/v1/chat/completions", dict(base, messages=msgs)))["choices"][0]["message"]["content"]
+    evs = events(post(a, "/v1/chat/completions", dict(base, messages=msgs, stream=True)))
+    out["chat_stream"] = "".join(e["choices"][0]["delta"].get("content") or "" for e in evs if e["choices"])
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--api-key", default="")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=10)
+    a = p.parse_args()
+    try:
+        out = with_openai(a)
+    except ImportError:
+        out = with_urllib(a)
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
