@@ -27,22 +27,6 @@ static uint64_t next_rand(void) {
     return rng;
 }
 
-static uint8_t *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 static int exists(const char *p) { return access(p, F_OK) == 0; }
 
 /* ---- test content ---- */
@@ -167,7 +151,7 @@ static void test_roundtrip(const char *dir) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     T_CHECK(!exists(tmp), "temporary file left behind");
     size_t len;
-    uint8_t *img = read_file(path, &len);
+    uint8_t *img = t_read_file(path, &len);
     T_CHECK(img != NULL, "read back");
     if (!img) return;
     /* Header layout as the spec states it. */
@@ -475,7 +459,7 @@ static void test_sets(const char *dir) {
     }
     /* Record: layout and every byte protected. */
     size_t rl;
-    uint8_t *ri = read_file(pr, &rl);
+    uint8_t *ri = t_read_file(pr, &rl);
     T_CHECK(ri && rl == 64 + 2 * 64 && memcmp(ri, "G5BLOBST", 8) == 0, "record size/magic");
     uint64_t det = 0;
     for (size_t i = 0; ri && i < rl; i++) {

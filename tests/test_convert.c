@@ -25,42 +25,17 @@ static void canon(const void *p, size_t n, uint8_t out[16]) {
     memcpy(out, c.digest, 16);
 }
 
-static uint8_t *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    *len = 0;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-static int write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t w = fwrite(p, 1, n, f);
-    fclose(f);
-    return w == n ? 0 : -1;
-}
-
 static void file_hash(const char *path, uint8_t out[16]) {
     size_t n;
-    uint8_t *b = read_file(path, &n);
+    uint8_t *b = t_read_file(path, &n);
     canon(b ? b : (const uint8_t *)"", b ? n : 0, out);
     free(b);
 }
 
 static int copy_file(const char *from, const char *to) {
     size_t n;
-    uint8_t *b = read_file(from, &n);
-    int r = b ? write_file(to, b, n) : -1;
+    uint8_t *b = t_read_file(from, &n);
+    int r = b ? t_write_file(to, b, n) : -1;
     free(b);
     return r;
 }
@@ -96,7 +71,7 @@ static int dirs_equal(const char *a, const char *b, uint32_t tp) {
         const char *fa = r < tp ? rank_file(a, r, tp) : path2(a, BLOB_SET_RECORD);
         const char *fb = r < tp ? rank_file(b, r, tp) : path2(b, BLOB_SET_RECORD);
         size_t na, nb;
-        uint8_t *x = read_file(fa, &na), *y = read_file(fb, &nb);
+        uint8_t *x = t_read_file(fa, &na), *y = t_read_file(fb, &nb);
         int eq = x && y && na == nb && memcmp(x, y, na) == 0;
         free(x);
         free(y);
@@ -243,7 +218,7 @@ static double check_set(const char *model, const char *dir, uint32_t tp, int ep,
     T_CHECK(blob_n_sources(b0) == gguf_get_n_splits(src), "source count");
     for (uint32_t s = 0; s < blob_n_sources(b0) && s < gguf_get_n_splits(src); s++) {
         size_t n;
-        uint8_t *f = read_file(gguf_get_split_path(src, s), &n), h[16];
+        uint8_t *f = t_read_file(gguf_get_split_path(src, s), &n), h[16];
         const blob_source *bs = blob_get_source(b0, s);
         const uint64_t hs = gguf_get_split_data_offset(src, s);
         canon(f, hs, h);
@@ -571,7 +546,7 @@ static void test_corruption(void) {
         char rfn[64];
         blob_rank_filename(r, 2, rfn, sizeof rfn);
         size_t len;
-        uint8_t *img = read_file(rf, &len);
+        uint8_t *img = t_read_file(rf, &len);
         blob *pristine = NULL;
         T_CHECK(img && blob_parse_buffer(img, len, "pristine", 0, &pristine, &e) == G5_OK, "pristine");
         if (!pristine) {
@@ -587,7 +562,7 @@ static void test_corruption(void) {
             const uint64_t pos = positions[k];
             const char *want = region_word(img, pos, pristine);
             img[pos] ^= 0x40;
-            write_file(rf, img, len);
+            t_write_file(rf, img, len);
             img[pos] ^= 0x40;
             g5_status st = verify(dir, NULL, &vr, &e);
             n_flips++;
@@ -603,7 +578,7 @@ static void test_corruption(void) {
             convert_verify_result_free(vr);
             vr = NULL;
         }
-        write_file(rf, img, len);
+        t_write_file(rf, img, len);
         blob_free(pristine);
         free(img);
     }
@@ -613,11 +588,11 @@ static void test_corruption(void) {
 
     /* Truncated rank. */
     size_t len;
-    uint8_t *img = read_file(rank_file(dir, 1, 2), &len);
-    write_file(rank_file(dir, 1, 2), img, len - 1);
+    uint8_t *img = t_read_file(rank_file(dir, 1, 2), &len);
+    t_write_file(rank_file(dir, 1, 2), img, len - 1);
     g5_status st = verify(dir, NULL, NULL, &e);
     T_CHECK(st == G5_ERR_TRUNCATED && strstr(e.msg, "truncated"), "truncated: %s", e.msg);
-    write_file(rank_file(dir, 1, 2), img, len / 2);
+    t_write_file(rank_file(dir, 1, 2), img, len / 2);
     st = verify(dir, NULL, NULL, &e);
     T_CHECK(st == G5_ERR_TRUNCATED, "half file: %s", e.msg);
     /* Rank 0's file in rank 1's place. */
@@ -628,7 +603,7 @@ static void test_corruption(void) {
     copy_file(rank_file(dir2, 1, 2), rank_file(dir, 1, 2));
     st = verify(dir, NULL, NULL, &e);
     T_CHECK(st == G5_ERR_MISMATCH && strstr(e.msg, "belongs to set"), "other source: %s", e.msg);
-    write_file(rank_file(dir, 1, 2), img, len);
+    t_write_file(rank_file(dir, 1, 2), img, len);
     free(img);
     T_CHECK(verify(dir, NULL, NULL, &e) == G5_OK, "restored: %s", e.msg);
     /* --deep against the wrong source. */
@@ -714,9 +689,9 @@ static void test_interruption(void) {
     convert_result_free(res);
     T_CHECK(dirs_equal(dir2, ref, 2), "equal after partial resume");
     size_t len;
-    uint8_t *img = read_file(rank_file(dir2, 0, 2), &len);
+    uint8_t *img = t_read_file(rank_file(dir2, 0, 2), &len);
     img[len - 100] ^= 1;
-    write_file(rank_file(dir2, 0, 2), img, len);
+    t_write_file(rank_file(dir2, 0, 2), img, len);
     free(img);
     res = NULL;
     st = convert_run(model, dir2, &o, &res, &e);

@@ -22,29 +22,6 @@ static const char *g_dir;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
-static uint8_t *slurp(const char *path, uint64_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
-    if (b && n > 0 && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (uint64_t)(n > 0 ? n : 0);
-    return b;
-}
-
-static int spit(const char *path, const void *b, uint64_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    int ok = n == 0 || fwrite(b, 1, (size_t)n, f) == (size_t)n;
-    return (fclose(f) == 0 && ok) ? 0 : -1;
-}
-
 static int exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -792,7 +769,7 @@ static void test_corrupt_table(void) {
                     cc->must_name, e.msg);
         /* the same through a file */
         const char *p = path_in(name);
-        spit(p, b, n);
+        t_write_file(p, b, n);
         g5_error e2;
         st = gguf_open(p, &c, &e2);
         T_CHECK(st == cc->want && msg_has(&e2, p) && c == NULL, "%s (file): got %s: %s", cc->label,
@@ -930,9 +907,9 @@ static void write_split_set(const char *prefix, int variant) {
         if (variant == SV_MISSING && s == 1) unlink(path);
         if (variant == SV_SIBLING_CORRUPT && s == 2) {
             uint64_t n;
-            uint8_t *b = slurp(path, &n);
+            uint8_t *b = t_read_file(path, &n);
             b[0] = 'X';
-            spit(path, b, n);
+            t_write_file(path, b, n);
             free(b);
         }
     }
@@ -1022,8 +999,8 @@ static void test_split_set(void) {
     char single[4300];
     snprintf(single, sizeof single, "%s/plain.gguf", g_dir);
     uint64_t n;
-    uint8_t *b = slurp(p[0], &n);
-    spit(single, b, n);
+    uint8_t *b = t_read_file(p[0], &n);
+    t_write_file(single, b, n);
     free(b);
     gguf_ctx *c = NULL;
     g5_error e;

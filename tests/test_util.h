@@ -3,6 +3,7 @@
 #ifndef G5_TEST_UTIL_H
 #define G5_TEST_UTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,32 @@ static inline void t_rmtree(const char *dir) {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* Whole file into a malloc'ed buffer (NULL if it cannot be read); *len = its size. */
+static inline uint8_t *t_read_file(const char *path, size_t *len) {
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
+    if (b && n > 0 && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) *len = (size_t)(n > 0 ? n : 0);
+    return b;
+}
+
+/* Writes n bytes to path (plainly: tests build corrupt inputs with it). 0 on success. */
+static inline int t_write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = n == 0 || fwrite(p, 1, n, f) == n;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
 }
 
 #endif
