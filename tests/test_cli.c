@@ -35,40 +35,10 @@ static int sh(char **out, const char *fmt, ...) {
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", g_bin, args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while (buf && (r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 2) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf) buf[n] = 0;
-    int st = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return t_run_capture(cmd, out);
 }
 
 static int has(const char *out, const char *needle) { return out && strstr(out, needle); }
-
-static int file_equal(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int eq = fa && fb;
-    while (eq) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        if (ca != cb) eq = 0;
-        if (ca == EOF || cb == EOF) break;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return eq;
-}
 
 static const char *path_in(const char *name) {
     static char buf[8][4300];
@@ -121,7 +91,7 @@ static void test_synth_inspect(void) {
             out ? out : "");
     free(out);
     rc = sh(NULL, "synth --preset=tiny --seed=5 --output='%s'", b);
-    T_CHECK(rc == 0 && file_equal(a, b), "same seed through the CLI: same bytes");
+    T_CHECK(rc == 0 && t_file_equal(a, b), "same seed through the CLI: same bytes");
 
     rc = sh(&out, "inspect '%s'", a);
     T_CHECK(rc == 0 && has(out, "audit: PASSED") && has(out, "blk.3.nextn.eh_proj.weight") &&

@@ -17,42 +17,6 @@
 #include "format/quant.h"
 #include "test_util.h"
 
-static const char *bin_path(void) {
-    static char buf[4096];
-    const char *dir = getenv("G5_BIN_DIR");
-    if (dir && *dir) {
-        snprintf(buf, sizeof buf, "%s/glm5-shard", dir);
-    } else {
-        const char *b = getenv("BUILD");
-        snprintf(buf, sizeof buf, "%s/bin/glm5-shard", b && *b ? b : "build");
-    }
-    return buf;
-}
-
-/* Runs a shell command, captures stdout+stderr (malloc'ed into *out) and returns the exit code
- * (-1 if it did not exit normally). */
-static int run_cmd(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while (buf && (r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 2) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf) buf[n] = 0;
-    int st = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static json_t *load_json(const char *path) {
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
@@ -191,8 +155,8 @@ static void test_oracle_report(const json_t *ref) {
 
 static void test_cli_json(const json_t *ref) {
     char cmd[8192], *out = NULL;
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --json 2>/dev/null", bin_path(), T_ORACLE_GGUF);
-    int rc = run_cmd(cmd, &out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --json 2>/dev/null", t_bin("glm5-shard"), T_ORACLE_GGUF);
+    int rc = t_run_capture(cmd, &out);
     T_CHECK(rc == 0, "inspect --json exit %d", rc);
     json_error_t je;
     json_t *j = out ? json_loads(out, 0, &je) : NULL;
@@ -226,9 +190,9 @@ static void test_dump(const char *dir, const json_t *ref) {
             T_CHECK(inspect_dump_tensor(ctx, names[k], out, &e) == G5_OK, "dump %s: %s",
                     names[k], e.msg);
         } else {
-            snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --dump %s -o '%s' 2>&1", bin_path(),
+            snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --dump %s -o '%s' 2>&1", t_bin("glm5-shard"),
                      T_ORACLE_GGUF, names[k], out);
-            T_CHECK(run_cmd(cmd, NULL) == 0, "CLI dump %s", names[k]);
+            T_CHECK(t_run_capture(cmd, NULL) == 0, "CLI dump %s", names[k]);
         }
         struct stat sb;
         T_CHECK(stat(out, &sb) == 0 && (uint64_t)sb.st_size == t->n_elems * 4,
@@ -385,8 +349,8 @@ static void expect_audit_failure(const char *dir, const char *tag, const doctor 
     json_decref(rep);
     /* the CLI: exit 1 and the offender named */
     char *out = NULL;
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' 2>&1", bin_path(), dst);
-    int rc = run_cmd(cmd, &out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' 2>&1", t_bin("glm5-shard"), dst);
+    int rc = t_run_capture(cmd, &out);
     T_CHECK(rc == 1, "%s: CLI exit %d, want 1", tag, rc);
     T_CHECK(out && strstr(out, offender) && strstr(out, "audit: FAILED"), "%s: CLI names '%s'",
             tag, offender);
@@ -492,8 +456,8 @@ static void test_corrupt(const char *dir) {
         fclose(o);
         if (cases[k].poke_at >= 0) img[cases[k].poke_at] = saved;
         char *out = NULL;
-        snprintf(cmd, sizeof cmd, "'%s' inspect '%s' 2>&1", bin_path(), path);
-        int rc = run_cmd(cmd, &out);
+        snprintf(cmd, sizeof cmd, "'%s' inspect '%s' 2>&1", t_bin("glm5-shard"), path);
+        int rc = t_run_capture(cmd, &out);
         T_CHECK(rc != 0 && rc != 1 && rc != -1, "%s: exit %d (want the error code)", cases[k].tag,
                 rc);
         T_CHECK(out && strstr(out, "at byte "), "%s: message has a byte offset: %s", cases[k].tag,

@@ -14,19 +14,6 @@
 #include "format/quant.h"
 #include "test_util.h"
 
-static int file_equal(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int eq = fa && fb;
-    while (eq) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        if (ca != cb) eq = 0;
-        if (ca == EOF || cb == EOF) break;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return eq;
-}
-
 static int str_eq(const char *s, uint64_t len, const char *want) {
     return len == strlen(want) && memcmp(s, want, len) == 0;
 }
@@ -445,10 +432,10 @@ int main(void) {
 
     /* deterministic by seed */
     T_CHECK(synth_write(&o, b, NULL, &e) == G5_OK, "synth again");
-    T_CHECK(file_equal(a, b), "same seed, same bytes");
+    T_CHECK(t_file_equal(a, b), "same seed, same bytes");
     o.seed = 8;
     T_CHECK(synth_write(&o, c, NULL, &e) == G5_OK, "synth seed 8");
-    T_CHECK(!file_equal(a, c), "another seed, other bytes");
+    T_CHECK(!t_file_equal(a, c), "another seed, other bytes");
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp", a);
     T_CHECK(access(tmp, F_OK) != 0, "no temporary file left");

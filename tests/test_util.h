@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int t_passed, t_failed;
@@ -79,6 +80,59 @@ static inline int t_write_file(const char *path, const void *p, size_t n) {
     if (!f) return -1;
     int ok = n == 0 || fwrite(p, 1, n, f) == n;
     return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+/* Runs a shell command, captures stdout+stderr into *out (malloc'ed, NUL-terminated; out may be
+ * NULL) and returns the exit code (-1 if it did not exit normally). */
+static inline int t_run_capture(const char *cmd, char **out) {
+    if (out) *out = NULL;
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = malloc(cap);
+    while (buf && (r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (cap - n < 2) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf) buf[n] = 0;
+    int st = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* 1 if both files exist and hold the same bytes. */
+static inline int t_file_equal(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int eq = fa && fb;
+    while (eq) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        if (ca != cb) eq = 0;
+        if (ca == EOF || cb == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return eq;
+}
+
+/* Path of a built program: $G5_BIN_DIR/NAME, else $BUILD/bin/NAME (BUILD default "build"). */
+static inline const char *t_bin(const char *name) {
+    static char buf[4][4096];
+    static int slot;
+    char *b = buf[slot++ & 3];
+    const char *dir = getenv("G5_BIN_DIR");
+    if (dir && *dir) {
+        snprintf(b, sizeof buf[0], "%s/%s", dir, name);
+    } else {
+        const char *bd = getenv("BUILD");
+        snprintf(b, sizeof buf[0], "%s/bin/%s", bd && *bd ? bd : "build", name);
+    }
+    return b;
 }
 
 #endif
