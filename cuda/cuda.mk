@@ -57,3 +57,6 @@ bench-gpu: gpu
 	@for b in $(GPU_BENCHES); do $$b || exit 1; done
 
 -include $(wildcard $(GPU_DIR)/obj/cuda/*.d $(GPU_DIR)/obj/tests/gpu/*.d)
+
+# The GPU forward pass (runtime/gpu_*.c, glm5-run --device cuda, tests/gpu/test_gpu_model).
+-include cuda/model.mk

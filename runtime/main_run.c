@@ -5,7 +5,11 @@
  * Streams the generated text to stdout (or the ids with --ids); timing goes to stderr.
  * --dump-logits FILE writes the logits of every prompt position as little-endian float32
  * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1 a
- * runtime failure (its message on stderr), 2 a usage error. */
+ * runtime failure (its message on stderr), 2 a usage error, 3 --check found a difference past
+ * tolerance.
+ *
+ * --device cuda needs the CUDA build (build/gpu/bin/glm5-run, `make gpu`, which defines
+ * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -21,6 +25,9 @@
 #include "runtime/sample.h"
 #include "runtime/tokenizer.h"
 #include "runtime/weights.h"
+#ifdef G5_WITH_CUDA
+#include "runtime/gpu_model.h"
+#endif
 
 #define MAX_STOPS 16
 
@@ -33,6 +40,8 @@ typedef struct args {
     const char *dump_logits;
     long n_predict;
     int chat, think, ids, quiet;
+    int cuda, fast, no_verify, kv_cache;
+    long check;
     uint32_t threads;
     rt_mla_mode mla;
     samp_params sp;
@@ -44,7 +53,12 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]\n"
             "  -m PATH              a blob set directory (glm5-shard convert) or a GGUF (TP 1)\n"
-            "  --device cpu         where to run (only cpu in this build)\n"
+            "  --device cpu|cuda    where to run (cuda: the CUDA build, build/gpu/bin/glm5-run)\n"
+            "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache)\n"
+            "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
+            "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
+            "                       print per layer/stage differences; exit 3 past tolerance\n"
+            "  --no-verify          GPU: skip the blob checksums while loading"
             "  -p, --prompt TEXT    prompt text (special tokens such as [gMASK] are recognized)\n"
             "  --tokens IDS         prompt token ids, comma-separated\n"
             "  --chat               wrap the prompt as a user message in GLM's chat format\n"
@@ -104,6 +118,21 @@ static int parse_args(int argc, char **argv, args *a) {
             NEED(); a->model = v;
         } else if (!strcmp(o, "--device")) {
             NEED(); a->device = v;
+        } else if (!strcmp(o, "--precision")) {
+            NEED();
+            if (!strcmp(v, "precise")) a->fast = 0;
+            else if (!strcmp(v, "fast")) a->fast = 1;
+            else BAD();
+        } else if (!strcmp(o, "--kv-cache")) {
+            NEED();
+            if (!strcmp(v, "f32")) a->kv_cache = 1;
+            else if (!strcmp(v, "bf16")) a->kv_cache = 2;
+            else if (!strcmp(v, "f16")) a->kv_cache = 3;
+            else BAD();
+        } else if (!strcmp(o, "--check")) {
+            NEED(); if (!parse_long(v, 0, INT32_MAX, &a->check)) BAD();
+        } else if (!strcmp(o, "--no-verify")) {
+            a->no_verify = 1;
         } else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
             NEED(); a->prompt = v;
         } else if (!strcmp(o, "--tokens")) {
@@ -162,11 +191,41 @@ static int parse_args(int argc, char **argv, args *a) {
     if (!a->model) { fprintf(stderr, "glm5-run: -m is required\n"); return 0; }
     if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p and --tokens\n"); return 0; }
     if (a->chat && !a->prompt) { fprintf(stderr, "glm5-run: --chat needs -p\n"); return 0; }
-    if (strcmp(a->device, "cpu") != 0) {
-        fprintf(stderr, "glm5-run: device '%s' is not available in this build (cpu only)\n", a->device);
+    a->cuda = !strcmp(a->device, "cuda");
+    if (strcmp(a->device, "cpu") != 0 && !a->cuda) {
+        fprintf(stderr, "glm5-run: unknown device '%s' (cpu or cuda)\n", a->device);
         return 0;
     }
+#ifndef G5_WITH_CUDA
+    if (a->cuda) {
+        fprintf(stderr, "glm5-run: this build has no CUDA; use build/gpu/bin/glm5-run (make gpu)\n");
+        return 0;
+    }
+#endif
+    if (a->check && !a->cuda) { fprintf(stderr, "glm5-run: --check compares the GPU with the CPU: needs --device cuda\n"); return 0; }
     return 1;
+}
+
+/* Where forward passes run: the CPU model, or the GPU (with the CPU beside it under --check). */
+typedef struct engine {
+    rt_model *m;
+    rt_state *s;
+#ifdef G5_WITH_CUDA
+    rt_gpu_model *g;
+    rt_gpu_check *chk;
+#endif
+} engine;
+
+static g5_status eng_forward(engine *en, const int32_t *ids, uint32_t n, float *logits, int all,
+                             g5_error *e) {
+#ifdef G5_WITH_CUDA
+    if (en->g) {
+        rt_gpu_outputs go = {.logits = logits, .all_logits = all};
+        return en->chk ? rt_gpu_check_forward(en->chk, ids, n, &go, e) : rt_gpu_forward(en->g, ids, n, &go, e);
+    }
+#endif
+    rt_outputs ro = {.logits = logits, .all_logits = all};
+    return rt_model_forward(en->m, en->s, ids, n, &ro, e);
 }
 
 static double now_s(void) {
@@ -276,6 +335,7 @@ int main(int argc, char **argv) {
     float *logits = NULL;
     char *text = NULL, *gen = NULL;
     int rc = 1;
+    engine en = {0};
 
     double t0 = now_s();
     if ((st = rt_wset_open(a.model, &ws, &e))) { rc = fail(&e, st, a.model); goto out; }
@@ -283,6 +343,36 @@ int main(int argc, char **argv) {
     if ((st = rt_model_create(ws, &mo, &m, &e))) { rc = fail(&e, st, "model"); goto out; }
     if ((st = tok_create(rt_wset_meta(ws), &tok, &e))) { rc = fail(&e, st, "tokenizer"); goto out; }
     const glm5_hparams *hp = rt_model_hparams(m);
+#ifdef G5_WITH_CUDA
+    if (a.cuda) {
+        rt_gpu_opts go;
+        rt_gpu_opts_default(&go);
+        go.precision = a.fast ? RT_GPU_FAST : RT_GPU_PRECISE;
+        go.cache = (rt_gpu_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
+        go.load.verify = !a.no_verify;
+        if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = a.model;
+        if ((st = rt_gpu_model_create(m, &go, &en.g, &e))) { rc = fail(&e, st, "GPU"); goto out; }
+        const rt_gpu_info *gi = rt_gpu_model_info(en.g);
+        if (!a.quiet)
+            fprintf(stderr, "glm5-run: GPU %s: %u rank%s on %u device%s (collective %s), %s, %s latent cache; weights "
+                    "%.3f GB in %.3f s (%.2f GB/s, %u reader threads, checksums %s, %llu O_DIRECT / %llu buffered reads)\n",
+                    gi->device_name, gi->n_ranks, gi->n_ranks > 1 ? "s" : "", gi->n_devices, gi->n_devices > 1 ? "s" : "",
+                    gi->collective, gi->precision, gi->cache, gi->load.bytes / 1e9, gi->load.seconds, gi->load.gb_per_s, gi->load.n_threads,
+                    go.blob_dir ? (gi->load.verified ? "verified" : "skipped") : "n/a (not a blob set)",
+                    (unsigned long long)gi->load.direct_reads, (unsigned long long)gi->load.buffered_reads);
+        if (a.check) {
+            rt_gpu_check_opts co;
+            rt_gpu_check_opts_default(&co);
+            co.n_tokens = (uint32_t)a.check;
+            if (a.fast || a.kv_cache > 1) { /* bf16/f16 rounding: the float32 tolerances would not hold */
+                co.tol_stage = 5e-2;
+                co.tol_logits = 5e-2;
+                co.min_overlap = 0.9;
+            }
+            if ((st = rt_gpu_check_create(m, en.g, &co, &en.chk, &e))) { rc = fail(&e, st, "check"); goto out; }
+        }
+    }
+#endif
     double t_load = now_s() - t0;
 
     if (a.tokens) {
@@ -336,12 +426,13 @@ int main(int argc, char **argv) {
     logits = malloc((a.dump_logits ? n_ids : 1) * V * sizeof(float));
     if (!logits) { fprintf(stderr, "glm5-run: out of memory for %zu x %zu logits\n", n_ids, V); goto out; }
     if ((st = rt_state_create(m, &s, &e))) { rc = fail(&e, st, "state"); goto out; }
+    en.m = m;
+    en.s = s;
     if ((st = samp_create(&a.sp, hp->n_vocab, &samp, &e))) { rc = fail(&e, st, "sampler"); goto out; }
     if ((st = tok_stream_create(tok, 0, &stream, &e))) { rc = fail(&e, st, "decoder"); goto out; }
 
     double t1 = now_s();
-    rt_outputs ro = {.logits = logits, .all_logits = a.dump_logits != NULL};
-    if ((st = rt_model_forward(m, s, ids, (uint32_t)n_ids, &ro, &e))) { rc = fail(&e, st, "prompt"); goto out; }
+    if ((st = eng_forward(&en, ids, (uint32_t)n_ids, logits, a.dump_logits != NULL, &e))) { rc = fail(&e, st, "prompt"); goto out; }
     double t_prompt = now_s() - t1;
     if (a.dump_logits && !dump_logits(a.dump_logits, logits, n_ids * V)) goto out;
     for (size_t i = 0; i < n_ids; i++) samp_accept(samp, ids[i]);
@@ -386,8 +477,7 @@ int main(int argc, char **argv) {
             printed = safe;
         }
         if (stopped || n_gen == a.n_predict) break;
-        rt_outputs so = {.logits = logits};
-        if ((st = rt_model_forward(m, s, &id, 1, &so, &e))) { rc = fail(&e, st, "decode step"); goto out; }
+        if ((st = eng_forward(&en, &id, 1, logits, 0, &e))) { rc = fail(&e, st, "decode step"); goto out; }
         last = logits;
     }
     if (!stopped) {
@@ -404,13 +494,27 @@ int main(int argc, char **argv) {
     double t_gen = now_s() - t2;
     if (!a.quiet)
         fprintf(stderr,
-                "glm5-run: %s, %u rank%s, %u threads; load %.2f s; prompt %zu tokens in %.2f s "
+                "glm5-run: %s on %s, %u rank%s, %u threads; load %.2f s; prompt %zu tokens in %.2f s "
                 "(%.1f tok/s); generated %ld tokens in %.2f s (%.2f tok/s)\n",
-                rt_wset_source(ws), rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
+                rt_wset_source(ws), a.cuda ? "cuda" : "cpu", rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
                 rt_model_n_threads(m), t_load, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
                 n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9));
     rc = 0;
+#ifdef G5_WITH_CUDA
+    if (en.chk) {
+        rt_gpu_check_summary cs;
+        rt_gpu_check_get_summary(en.chk, &cs);
+        fprintf(stderr, "glm5-run: check %s over %u tokens: stage max rel diff attn %.3e moe %.3e, layer %.3e, "
+                "logits rel L2 %.3e, top-k overlap >= %.4f\n", cs.ok ? "PASSED" : "FAILED", cs.n_tokens,
+                cs.max_stage_attn, cs.max_stage_ffn, cs.max_layer, cs.logits_rel_l2, cs.min_overlap_mean);
+        if (!cs.ok) rc = 3;
+    }
+#endif
 out:
+#ifdef G5_WITH_CUDA
+    rt_gpu_check_free(en.chk);
+    rt_gpu_model_free(en.g);
+#endif
     free(gen);
     free(text);
     free(logits);

@@ -64,7 +64,7 @@ static inline uint8_t *t_read_file(const char *path, size_t *len) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
+    uint8_t *b = (uint8_t *)malloc(n > 0 ? (size_t)n : 1);
     if (b && n > 0 && fread(b, 1, (size_t)n, f) != (size_t)n) {
         free(b);
         b = NULL;
@@ -89,11 +89,11 @@ static inline int t_run_capture(const char *cmd, char **out) {
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
+    char *buf = (char *)malloc(cap);
     while (buf && (r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
         n += r;
         if (cap - n < 2) {
-            char *nb = realloc(buf, cap * 2);
+            char *nb = (char *)realloc(buf, cap * 2);
             if (!nb) break;
             buf = nb;
             cap *= 2;

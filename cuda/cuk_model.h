@@ -1,0 +1,141 @@
+/* CUDA kernels of the GLM-5 forward pass beyond cuk.h's GEMV/norm/RoPE set: row dequantization
+ * (embedding lookup, kv_b to float32), SwiGLU, the MoE router, MLA absorbed attention over the
+ * latent cache, and the DSA lightning indexer (scores, top-k).
+ *
+ * Same conventions as cuk.h: C-linkage launchers that validate every shape on the host
+ * (G5_ERR_INVALID_ARG naming the argument), enqueue on `stream`, never synchronize, never
+ * allocate, and report a CUDA error as G5_ERR_INTERNAL naming the call. Indices that live in
+ * device memory (token ids, expert ids, selected key positions) cannot be checked on the host:
+ * an out-of-range one turns the affected output row into NaN rather than reading out of bounds.
+ *
+ * The arithmetic mirrors the CPU reference (runtime/cpu_ops.c, attn.c, model.c) operation for
+ * operation where that is cheap (separately rounded multiplies and adds, the same summation
+ * order along the reduced axis, double-precision softmax sums), so the GPU's precise mode differs
+ * from the CPU only by the GEMV kernels' accumulation order and by the device's expf. */
+#ifndef G5_CUK_MODEL_H
+#define G5_CUK_MODEL_H
+
+#include <stdint.h>
+
+#include "cuda/cuk.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- dequantization ---- */
+
+/* out[i][0..k) = row rows[i] of W dequantized to float32, for i < n (rows == NULL: row i).
+ * W: [n_rows_w][row_bytes] of w_type (any type cuk_gemv_supported accepts), k elements per row
+ * (a multiple of the type's block). The results equal format/quant.c's quant_dequantize bit for
+ * bit (same float operations, no fused multiply-add). A row id outside [0, n_rows_w) gives a
+ * NaN row. out: [n][ldo], ldo >= k. */
+g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w,
+                           const int32_t *rows, int64_t n, float *out, int64_t ldo,
+                           cuk_stream stream, g5_error *err);
+
+/* ---- elementwise ---- */
+
+/* Storage types of the latent cache (and of converted activations). */
+enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
+
+/* y[r][i] = x[r][i] rounded to y_type (round to nearest even; CUK_F32 copies), for r < n_rows,
+ * i < dim. y: [n_rows][ldy] of y_type, 4-byte aligned. */
+g5_status cuk_convert(const float *x, int64_t ldx, void *y, uint32_t y_type, int64_t ldy,
+                      int64_t n_rows, int64_t dim, cuk_stream stream, g5_error *err);
+
+/* y[r][i] = silu(g[r][i]) * u[r][i], silu(v) = v / (1 + exp(-v)); y may equal g or u. */
+g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, int64_t ldu, float *y,
+                       int64_t ldy, int64_t n_rows, int64_t dim, cuk_stream stream,
+                       g5_error *err);
+
+/* x[i] *= s for i < n. */
+g5_status cuk_scale(float *x, int64_t n, float s, cuk_stream stream, g5_error *err);
+
+/* ---- MoE routing ---- */
+
+typedef struct cuk_route_args {
+    float *logits;          /* [n_tok][ld_logits], device; overwritten with the gating scores */
+    int64_t ld_logits;      /* >= n_expert */
+    const float *bias;      /* [n_expert] selection bias (exp_probs_b), or NULL */
+    int32_t n_tok;
+    int32_t n_expert;       /* 1..1024 */
+    int32_t n_used;         /* experts per token, 1..min(n_expert, 64) */
+    int32_t n_group;        /* expert groups (n_expert % n_group == 0) */
+    int32_t topk_group;     /* groups kept, 1..n_group */
+    int32_t gating;         /* 1: softmax, otherwise sigmoid */
+    int32_t norm;           /* normalize the chosen weights to sum 1 */
+    float scale;            /* routed scaling factor, applied last */
+    int32_t *ids;           /* [n_tok][n_used] chosen experts, ascending */
+    float *wts;             /* [n_tok][n_used] their weights */
+} cuk_route_args;
+
+/* For each token, runtime/model.c's rt_moe_route: scores = sigmoid (or softmax) of the logits;
+ * choice = score + bias; the topk_group best groups (a group scores the sum of its two best
+ * choices, ties to the lower index) are eligible; the n_used best eligible experts by choice
+ * (ties to the lower index), in ascending order; weights = unbiased scores, normalized (sum in
+ * double) if norm, times scale. */
+g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g5_error *err);
+
+/* Expert placement (whole experts per rank): ids_out = ids - exp0 where exp0 <= ids <
+ * exp0 + n_local, with the weight kept; elsewhere id 0 with weight 0 (the expert is another
+ * rank's). cnt = n_tok * n_used elements. */
+g5_status cuk_moe_localize(const int32_t *ids, const float *wts, int64_t cnt, int32_t exp0,
+                           int32_t n_local, int32_t *ids_out, float *wts_out, cuk_stream stream,
+                           g5_error *err);
+
+/* ---- MLA (absorbed) ---- */
+
+/* Geometry shared by the MLA launchers. Per token t and head h:
+ *   q    [n_tok][n_head][nope + rope]: q_nope then the roped q_pe
+ *   qlat [n_tok][n_head][kv_lora]:     absorbed queries
+ *   lat  [n_pos][kv_lora + rope]:      the latent cache (normalized latent, roped k_pe)
+ *   out  [n_tok][n_head][kv_lora]:     attention output in the latent space */
+typedef struct cuk_mla_dims {
+    int32_t n_tok, n_head;
+    int32_t nope, rope, kv_lora;
+} cuk_mla_dims;
+
+/* qlat[t][h][c] = sum over d < nope, in order, of q_nope[t][h][d] * W_UK[h][d][c], with
+ * W_UK[h][d] = row h * head_rows + d of kvb ([n_head * head_rows][kv_lora] float32, the kv_b
+ * layout: nope W_UK rows then v_head W_UV rows per head). */
+g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const float *kvb,
+                         int32_t head_rows, float *qlat, cuk_stream stream, g5_error *err);
+
+/* For each token and head, over the n_sel[t] key positions sel[t][0..] (ascending):
+ *   score_j = (qlat . lat[s_j][0..kv_lora) + q_pe . lat[s_j][kv_lora..]) * scale,
+ * with the cache elements of lat_type (CUK_F32, CUK_BF16, CUK_F16) read as float32,
+ *   p = softmax(score) (max-subtracted, sum in double),
+ *   out = sum_j p_j lat[s_j][0..kv_lora), j ascending.
+ * sel: [n_tok][ld_sel] (ld_sel >= 1, at most max_sel <= ld_sel read per token), n_sel: [n_tok]
+ * (device). A position outside [0, n_pos) or a count outside [1, max_sel] gives a NaN row. */
+g5_status cuk_mla_attend(const cuk_mla_dims *d, const float *q, const float *qlat,
+                         const void *lat, uint32_t lat_type, int64_t n_pos, const int32_t *sel,
+                         int64_t ld_sel,
+                         const int32_t *n_sel, int32_t max_sel, float scale, float *out,
+                         cuk_stream stream, g5_error *err);
+
+/* ---- DSA lightning indexer ---- */
+
+/* For token t (position pos0 + t) and every key position s <= pos0 + t:
+ *   sc[t][s] = sum over h < n_head, in order, of w[t][h] * max(0, q[t][h] . k[s])
+ * (the relu as the CPU's `if (d > 0) acc += w * d`). q: [n_tok][n_head][dim], w:
+ * [n_tok][n_head], k: [>= pos0 + n_tok][dim], sc: [n_tok][ld_sc] with ld_sc >= pos0 + n_tok;
+ * entries past pos0 + t are left untouched. */
+g5_status cuk_idx_scores(const float *q, const float *w, const float *k, int32_t n_tok,
+                         int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc,
+                         cuk_stream stream, g5_error *err);
+
+/* Top-k key selection from the scores: token t sees positions 0 .. p = pos0 + t. If p + 1 <= k
+ * it attends all of them: sel[t] = 0 .. p, then -1 padding, n_sel[t] = p + 1. Otherwise the k
+ * best positions by score (ties to the lower position; -0 equals +0), ascending, n_sel[t] = k.
+ * sel: [n_tok][ld_sel], ld_sel >= k. Exact: no tolerance involved. */
+g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0, int32_t k,
+                       int32_t *sel, int64_t ld_sel, int32_t *n_sel, cuk_stream stream,
+                       g5_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,183 @@
+/* DSA lightning indexer (cuda/cuk_model.h): per-query key scores and the exact top-k selection.
+ *
+ * Top-k is a radix select per query: the scores become order-preserving 32-bit keys, four 8-bit
+ * histogram passes find the k-th largest key (thr) and how many keys equal to it are still
+ * needed; a final ordered pass keeps every key above thr and the lowest positions among those
+ * equal to it. O(positions) work per query, the result independent of thread timing. */
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_model.h"
+
+#define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
+
+namespace {
+
+constexpr int SC_WARPS = 8;
+constexpr int TK_THREADS = 512;
+constexpr int TK_WARPS = TK_THREADS / 32;
+
+/* grid (ceil((pos0 + n_tok) / SC_WARPS), n_tok): a warp per (query, key). Shared: q, w. */
+__global__ void k_scores(const float *__restrict__ q, const float *__restrict__ w,
+                         const float *__restrict__ k, int32_t n_head, int32_t dim, int64_t pos0,
+                         float *__restrict__ sc, int64_t ld_sc) {
+    extern __shared__ float sm[];
+    float *qs = sm;                        /* [n_head * dim] */
+    float *ws = sm + (int64_t)n_head * dim; /* [n_head] */
+    const int t = blockIdx.y;
+    for (int i = threadIdx.x; i < n_head * dim; i += blockDim.x) qs[i] = q[(int64_t)t * n_head * dim + i];
+    for (int i = threadIdx.x; i < n_head; i += blockDim.x) ws[i] = w[(int64_t)t * n_head + i];
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t s = (int64_t)blockIdx.x * SC_WARPS + warp;
+    if (s > pos0 + t) return;
+    const float *kr = k + s * dim;
+    float acc = 0.0f;
+    for (int h = 0; h < n_head; h++) {
+        float d = 0.0f;
+        for (int i = lane; i < dim; i += 32) d += qs[h * dim + i] * kr[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (d > 0.0f) acc = __fadd_rn(acc, __fmul_rn(ws[h], d));
+    }
+    if (lane == 0) sc[(int64_t)t * ld_sc + s] = acc;
+}
+
+/* Larger float, larger key; -0 and +0 map to the same key. */
+__device__ __forceinline__ uint32_t key_of(float f) {
+    uint32_t u = f == 0.0f ? 0u : __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Exclusive prefix sum of v over the block (blockDim.x == TK_THREADS); *total gets the sum.
+ * Uses ws [TK_WARPS + 1]; ends with a barrier, so it may be called again at once. */
+__device__ int block_scan(int v, int *ws, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) ws[warp] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int i = 0; i < TK_WARPS; i++) {
+            const int c = ws[i];
+            ws[i] = run;
+            run += c;
+        }
+        ws[TK_WARPS] = run;
+    }
+    __syncthreads();
+    const int r = ws[warp] + x - v;
+    *total = ws[TK_WARPS];
+    __syncthreads();
+    return r;
+}
+
+/* one block per query token */
+__global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0, int32_t K,
+                       int32_t *__restrict__ sel, int64_t ld_sel, int32_t *__restrict__ n_sel) {
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_remaining;
+    __shared__ int ws[TK_WARPS + 1];
+    const int t = blockIdx.x;
+    const int64_t cnt = pos0 + t + 1;
+    int32_t *out = sel + (int64_t)t * ld_sel;
+    if (cnt <= K) {
+        for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[i] = i < cnt ? (int32_t)i : -1;
+        if (threadIdx.x == 0) n_sel[t] = (int32_t)cnt;
+        return;
+    }
+    const float *row = sc + (int64_t)t * ld_sc;
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_remaining = K;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        const uint32_t prefix = s_prefix;
+        const uint32_t hi = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+        for (int64_t s = threadIdx.x; s < cnt; s += blockDim.x) {
+            const uint32_t key = key_of(row[s]);
+            if ((key & hi) == (prefix & hi)) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int rem = s_remaining;
+            uint32_t above = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (above + hist[b] >= (uint32_t)rem) break;
+                above += hist[b];
+            }
+            s_remaining = rem - (int)above;
+            s_prefix = prefix | ((uint32_t)b << shift);
+        }
+        __syncthreads();
+    }
+    const uint32_t thr = s_prefix;
+    const int need_eq = s_remaining; /* keys equal to thr still to take, lowest positions first */
+    int taken = 0, eq_seen = 0;
+    for (int64_t base = 0; base < cnt; base += blockDim.x) {
+        const int64_t s = base + threadIdx.x;
+        uint32_t key = 0;
+        if (s < cnt) key = key_of(row[s]);
+        const int gt = s < cnt && key > thr;
+        const int eq = s < cnt && key == thr;
+        int eq_tot, take_tot;
+        const int eq_before = block_scan(eq, ws, &eq_tot);
+        const int take = gt || (eq && eq_seen + eq_before < need_eq);
+        const int pos = block_scan(take, ws, &take_tot);
+        if (take) out[taken + pos] = (int32_t)s;
+        taken += take_tot;
+        eq_seen += eq_tot;
+    }
+    if (threadIdx.x == 0) n_sel[t] = K;
+}
+
+} // namespace
+
+#define LAUNCH_CHECK(what)                                                                    \
+    do {                                                                                      \
+        cudaError_t e_ = cudaGetLastError();                                                  \
+        if (e_ != cudaSuccess)                                                                \
+            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
+    } while (0)
+
+extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float *k,
+                                    int32_t n_tok, int32_t n_head, int32_t dim, int64_t pos0,
+                                    float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err) {
+    if (!q || !w || !k || !sc) return BAD("idx_scores: NULL pointer");
+    if (n_tok < 1 || n_tok > 65535) return BAD("idx_scores: n_tok=%d outside 1..65535", n_tok);
+    if (n_head < 1 || dim < 1 || (int64_t)n_head * dim > 12288)
+        return BAD("idx_scores: n_head=%d x dim=%d must be positive and at most 12288", n_head, dim);
+    if (pos0 < 0) return BAD("idx_scores: pos0=%lld is negative", (long long)pos0);
+    if (ld_sc < pos0 + n_tok) return BAD("idx_scores: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
+    const int64_t P = pos0 + n_tok;
+    if ((P + SC_WARPS - 1) / SC_WARPS > 2147483647) return BAD("idx_scores: too many positions");
+    const size_t smem = ((size_t)n_head * dim + n_head) * sizeof(float);
+    dim3 grid((unsigned)((P + SC_WARPS - 1) / SC_WARPS), (unsigned)n_tok);
+    k_scores<<<grid, SC_WARPS * 32, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, sc, ld_sc);
+    LAUNCH_CHECK("idx_scores");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0,
+                                  int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
+                                  cuk_stream stream, g5_error *err) {
+    if (!sc || !sel || !n_sel) return BAD("idx_topk: NULL pointer");
+    if (n_tok < 1) return BAD("idx_topk: n_tok=%d must be positive", n_tok);
+    if (k < 1) return BAD("idx_topk: k=%d must be positive", k);
+    if (pos0 < 0 || pos0 > 2147483647 - (int64_t)n_tok) return BAD("idx_topk: pos0=%lld out of range", (long long)pos0);
+    if (ld_sel < k) return BAD("idx_topk: ld_sel=%lld < k=%d", (long long)ld_sel, k);
+    if (ld_sc < pos0 + n_tok) return BAD("idx_topk: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
+    k_topk<<<(unsigned)n_tok, TK_THREADS, 0, (cudaStream_t)stream>>>(sc, ld_sc, pos0, k, sel, ld_sel, n_sel);
+    LAUNCH_CHECK("idx_topk");
+    return G5_OK;
+}

@@ -1,0 +1,401 @@
+/* Row dequantization, SwiGLU, scaling and the MoE router (cuda/cuk_model.h). */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_model.h"
+
+#define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
+
+namespace {
+
+/* ---- dequantization: format/quant.c's block decoders, operation for operation ---- */
+
+__device__ __forceinline__ uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
+__device__ __forceinline__ uint32_t rd32(const uint8_t *p) {
+    return rd16(p) | (rd16(p + 2) << 16);
+}
+__device__ __forceinline__ float rdh(const uint8_t *p) {
+    return __half2float(__ushort_as_half((unsigned short)rd16(p)));
+}
+/* float * float and float - float, never contracted into an fma (the CPU rounds each). */
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+
+__constant__ int8_t c_kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                    1,    13,   25,  38,  53,  69,  89,  113};
+
+__device__ void deq_block(uint32_t type, const uint8_t *b, float *y) {
+    switch (type) {
+    case QT_Q4_0: {
+        const float d = rdh(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = mul((float)((b[2 + j] & 0x0f) - 8), d);
+            y[j + 16] = mul((float)((b[2 + j] >> 4) - 8), d);
+        }
+        break;
+    }
+    case QT_Q4_1: {
+        const float d = rdh(b), m = rdh(b + 2);
+        for (int j = 0; j < 16; j++) {
+            y[j] = add(mul((float)(b[4 + j] & 0x0f), d), m);
+            y[j + 16] = add(mul((float)(b[4 + j] >> 4), d), m);
+        }
+        break;
+    }
+    case QT_Q5_0: {
+        const float d = rdh(b);
+        const uint32_t qh = rd32(b + 2);
+        const uint8_t *qs = b + 6;
+        for (int j = 0; j < 16; j++) {
+            const int x0 = (int)((qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16;
+            const int x1 = (int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+            y[j] = mul((float)x0, d);
+            y[j + 16] = mul((float)x1, d);
+        }
+        break;
+    }
+    case QT_Q5_1: {
+        const float d = rdh(b), m = rdh(b + 2);
+        const uint32_t qh = rd32(b + 4);
+        const uint8_t *qs = b + 8;
+        for (int j = 0; j < 16; j++) {
+            const int x0 = (int)((qs[j] & 0x0f) | (((qh >> j) & 1) << 4));
+            const int x1 = (int)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+            y[j] = add(mul((float)x0, d), m);
+            y[j + 16] = add(mul((float)x1, d), m);
+        }
+        break;
+    }
+    case QT_Q8_0: {
+        const float d = rdh(b);
+        for (int j = 0; j < 32; j++) y[j] = mul((float)(int8_t)b[2 + j], d);
+        break;
+    }
+    case QT_Q4_K:
+    case QT_Q5_K: {
+        const bool q5 = type == QT_Q5_K;
+        const float d = rdh(b), mn = rdh(b + 2);
+        const uint8_t *sc = b + 4;
+        const uint8_t *qh = b + 16;
+        const uint8_t *q = b + (q5 ? 48 : 16);
+        uint8_t u1 = 1, u2 = 2;
+        for (int is = 0; is < 8; is += 2) {
+            float dd[2], mm[2];
+            for (int h = 0; h < 2; h++) {
+                const int j = is + h;
+                uint8_t s, m;
+                if (j < 4) {
+                    s = sc[j] & 63;
+                    m = sc[j + 4] & 63;
+                } else {
+                    s = (uint8_t)((sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4));
+                    m = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+                }
+                dd[h] = mul(d, (float)s);
+                mm[h] = mul(mn, (float)m);
+            }
+            for (int l = 0; l < 32; l++) {
+                const int v = (q[l] & 0xf) + (q5 && (qh[l] & u1) ? 16 : 0);
+                *y++ = sub(mul(dd[0], (float)v), mm[0]);
+            }
+            for (int l = 0; l < 32; l++) {
+                const int v = (q[l] >> 4) + (q5 && (qh[l] & u2) ? 16 : 0);
+                *y++ = sub(mul(dd[1], (float)v), mm[1]);
+            }
+            q += 32;
+            u1 = (uint8_t)(u1 << 2);
+            u2 = (uint8_t)(u2 << 2);
+        }
+        break;
+    }
+    case QT_Q6_K: {
+        const float d = rdh(b + 208);
+        const uint8_t *ql = b;
+        const uint8_t *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int n = 0; n < 256; n += 128) {
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = (int)((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = (int)((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l + 0] = mul(mul(d, (float)sc[is + 0]), (float)q1);
+                y[l + 32] = mul(mul(d, (float)sc[is + 2]), (float)q2);
+                y[l + 64] = mul(mul(d, (float)sc[is + 4]), (float)q3);
+                y[l + 96] = mul(mul(d, (float)sc[is + 6]), (float)q4);
+            }
+            y += 128;
+            ql += 64;
+            qh += 32;
+            sc += 8;
+        }
+        break;
+    }
+    case QT_IQ4_NL: {
+        const float d = rdh(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = mul(d, (float)c_kv_iq4[b[2 + j] & 0xf]);
+            y[j + 16] = mul(d, (float)c_kv_iq4[b[2 + j] >> 4]);
+        }
+        break;
+    }
+    case QT_IQ4_XS: {
+        const float d = rdh(b);
+        const uint32_t sh = rd16(b + 2);
+        const uint8_t *sl = b + 4;
+        const uint8_t *qs = b + 8;
+        for (int ib = 0; ib < 8; ib++) {
+            const int ls = ((sl[ib / 2] >> 4 * (ib % 2)) & 0xf) | (int)(((sh >> 2 * ib) & 3) << 4);
+            const float dl = mul(d, (float)(ls - 32));
+            for (int j = 0; j < 16; j++) {
+                y[j] = mul(dl, (float)c_kv_iq4[qs[j] & 0xf]);
+                y[j + 16] = mul(dl, (float)c_kv_iq4[qs[j] >> 4]);
+            }
+            y += 32;
+            qs += 16;
+        }
+        break;
+    }
+    default: /* F32/F16/BF16 are handled by the caller */
+        break;
+    }
+}
+
+/* One thread per (row, block). Float types use pseudo-blocks of 8 elements. */
+__global__ void k_dequant_rows(uint32_t type, const uint8_t *__restrict__ w, int64_t row_bytes,
+                               int64_t n_rows_w, const int32_t *__restrict__ rows, int64_t n,
+                               int64_t nblk, int blk, int bb, float *__restrict__ out, int64_t ldo) {
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n * nblk) return;
+    const int64_t i = g / nblk, bi = g % nblk;
+    const int64_t r = rows ? (int64_t)rows[i] : i;
+    float *y = out + i * ldo + bi * blk;
+    if (r < 0 || r >= n_rows_w) {
+        for (int j = 0; j < blk; j++) y[j] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const uint8_t *b = w + r * row_bytes + bi * (int64_t)bb;
+    if (type == QT_F32) {
+        for (int j = 0; j < blk; j++) y[j] = __uint_as_float(rd32(b + 4 * j));
+    } else if (type == QT_F16) {
+        for (int j = 0; j < blk; j++) y[j] = rdh(b + 2 * j);
+    } else if (type == QT_BF16) {
+        for (int j = 0; j < blk; j++) y[j] = __uint_as_float(rd16(b + 2 * j) << 16);
+    } else {
+        float tmp[256];
+        deq_block(type, b, tmp);
+        for (int j = 0; j < blk; j++) y[j] = tmp[j];
+    }
+}
+
+/* ---- elementwise ---- */
+
+__global__ void k_silu_mul(const float *g, int64_t ldg, const float *u, int64_t ldu, float *y,
+                           int64_t ldy, int64_t n_rows, int64_t dim) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_rows * dim) return;
+    const int64_t r = i / dim, c = i % dim;
+    const float v = g[r * ldg + c];
+    const float s = v / (1.0f + expf(-v));
+    y[r * ldy + c] = __fmul_rn(s, u[r * ldu + c]);
+}
+
+__global__ void k_convert(const float *x, int64_t ldx, void *y, uint32_t y_type, int64_t ldy,
+                          int64_t n_rows, int64_t dim) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_rows * dim) return;
+    const int64_t r = i / dim, c = i % dim;
+    const float v = x[r * ldx + c];
+    if (y_type == CUK_BF16) ((__nv_bfloat16 *)y)[r * ldy + c] = __float2bfloat16_rn(v);
+    else if (y_type == CUK_F16) ((__half *)y)[r * ldy + c] = __float2half_rn(v);
+    else ((float *)y)[r * ldy + c] = v;
+}
+
+__global__ void k_scale(float *x, int64_t n, float s) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fmul_rn(x[i], s);
+}
+
+/* ---- router: one block per token, thread 0 does the (short, sequential) choice ---- */
+
+__device__ __forceinline__ bool better(const float *v, int a, int b) {
+    return v[a] > v[b] || (v[a] == v[b] && a < b);
+}
+
+__global__ void k_route(cuk_route_args a) {
+    extern __shared__ float sh[];
+    const int NE = a.n_expert, U = a.n_used, G = a.n_group;
+    float *choice = sh;                          /* [NE] */
+    float *gscore = sh + NE;                     /* [G] */
+    uint8_t *allowed = (uint8_t *)(gscore + G);  /* [NE] */
+    const int t = blockIdx.x;
+    float *lg = a.logits + (int64_t)t * a.ld_logits;
+    if (threadIdx.x != 0) return;
+    if (a.gating == 1) {
+        float mx = -INFINITY;
+        for (int e = 0; e < NE; e++) mx = lg[e] > mx ? lg[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < NE; e++) sum += (lg[e] = expf(lg[e] - mx));
+        for (int e = 0; e < NE; e++) lg[e] = (float)(lg[e] / sum);
+    } else {
+        for (int e = 0; e < NE; e++) lg[e] = 1.0f / (1.0f + expf(-lg[e]));
+    }
+    for (int e = 0; e < NE; e++) choice[e] = __fadd_rn(lg[e], a.bias ? a.bias[e] : 0.0f);
+    for (int e = 0; e < NE; e++) allowed[e] = 1;
+    const int gs = NE / G;
+    if (G > 1 && a.topk_group < G) {
+        for (int g = 0; g < G; g++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = g * gs; e < (g + 1) * gs; e++) {
+                if (choice[e] > b1) {
+                    b2 = b1;
+                    b1 = choice[e];
+                } else if (choice[e] > b2) {
+                    b2 = choice[e];
+                }
+            }
+            gscore[g] = gs >= 2 ? __fadd_rn(b1, b2) : b1;
+        }
+        for (int e = 0; e < NE; e++) allowed[e] = 0;
+        for (int k = 0; k < a.topk_group; k++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!allowed[g * gs] && (best < 0 || better(gscore, g, best))) best = g;
+            for (int e = best * gs; e < (best + 1) * gs; e++) allowed[e] = 1;
+        }
+    }
+    int32_t *ch = a.ids + (int64_t)t * U;
+    float *cw = a.wts + (int64_t)t * U;
+    for (int k = 0; k < U; k++) {
+        int best = -1;
+        for (int e = 0; e < NE; e++) {
+            if (!allowed[e]) continue;
+            if (best < 0 || better(choice, e, best)) best = e;
+        }
+        if (best < 0) best = 0; /* cannot happen: n_used <= eligible experts (checked) */
+        ch[k] = best;
+        allowed[best] = 0;
+    }
+    for (int i = 1; i < U; i++)
+        for (int j = i; j > 0 && ch[j - 1] > ch[j]; j--) {
+            const int32_t tmp = ch[j];
+            ch[j] = ch[j - 1];
+            ch[j - 1] = tmp;
+        }
+    double sum = 0;
+    for (int k = 0; k < U; k++) sum += (cw[k] = lg[ch[k]]);
+    for (int k = 0; k < U; k++) {
+        float v = cw[k];
+        if (a.norm) v = (float)(v / (sum + 1e-20));
+        cw[k] = __fmul_rn(v, a.scale);
+    }
+}
+
+__global__ void k_localize(const int32_t *ids, const float *wts, int64_t cnt, int32_t exp0,
+                           int32_t n_local, int32_t *ids_out, float *wts_out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cnt) return;
+    const int32_t e = ids[i] - exp0;
+    const bool mine = e >= 0 && e < n_local;
+    const float w = wts[i];
+    ids_out[i] = mine ? e : 0;
+    wts_out[i] = mine ? w : 0.0f;
+}
+
+unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+} // namespace
+
+#define LAUNCH_CHECK(what)                                                                    \
+    do {                                                                                      \
+        cudaError_t e_ = cudaGetLastError();                                                  \
+        if (e_ != cudaSuccess)                                                                \
+            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
+    } while (0)
+
+extern "C" g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k,
+                                      int64_t n_rows_w, const int32_t *rows, int64_t n,
+                                      float *out, int64_t ldo, cuk_stream stream,
+                                      g5_error *err) {
+    if (!cuk_gemv_supported(w_type)) return BAD("dequant_rows: type %u (%s) not supported", w_type, quant_type_name(w_type));
+    if (!w || !out) return BAD("dequant_rows: NULL pointer");
+    if (n < 1 || k < 1 || n_rows_w < 1) return BAD("dequant_rows: n=%lld k=%lld n_rows_w=%lld must be positive", (long long)n, (long long)k, (long long)n_rows_w);
+    if (ldo < k) return BAD("dequant_rows: ldo=%lld < k=%lld", (long long)ldo, (long long)k);
+    const quant_type_info *ti = quant_type_get(w_type);
+    int blk = (int)ti->block_elems, bb = (int)ti->block_bytes;
+    if (blk == 1) { /* float types: pseudo-blocks of 8 elements */
+        blk = 8;
+        bb = 8 * (int)ti->block_bytes;
+    }
+    if (k % blk) return BAD("dequant_rows: k=%lld is not a multiple of %d", (long long)k, blk);
+    uint64_t row_bytes;
+    if (quant_row_bytes(w_type, (uint64_t)k, &row_bytes)) return BAD("dequant_rows: row bytes of k=%lld", (long long)k);
+    const int64_t nblk = k / blk;
+    if (n > INT64_MAX / nblk) return BAD("dequant_rows: n * blocks overflows");
+    k_dequant_rows<<<grid_for(n * nblk, 128), 128, 0, (cudaStream_t)stream>>>(
+        w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
+    LAUNCH_CHECK("dequant_rows");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, int64_t ldu,
+                                  float *y, int64_t ldy, int64_t n_rows, int64_t dim,
+                                  cuk_stream stream, g5_error *err) {
+    if (!g || !u || !y) return BAD("silu_mul: NULL pointer");
+    if (n_rows < 1 || dim < 1) return BAD("silu_mul: n_rows=%lld dim=%lld must be positive", (long long)n_rows, (long long)dim);
+    if (ldg < dim || ldu < dim || ldy < dim) return BAD("silu_mul: leading dimension below dim=%lld", (long long)dim);
+    k_silu_mul<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(g, ldg, u, ldu, y, ldy, n_rows, dim);
+    LAUNCH_CHECK("silu_mul");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_convert(const float *x, int64_t ldx, void *y, uint32_t y_type, int64_t ldy,
+                                 int64_t n_rows, int64_t dim, cuk_stream stream, g5_error *err) {
+    if (!x || !y) return BAD("convert: NULL pointer");
+    if (y_type != CUK_F32 && y_type != CUK_BF16 && y_type != CUK_F16) return BAD("convert: y_type %u", y_type);
+    if (n_rows < 1 || dim < 1) return BAD("convert: n_rows=%lld dim=%lld must be positive", (long long)n_rows, (long long)dim);
+    if (ldx < dim || ldy < dim) return BAD("convert: leading dimension below dim=%lld", (long long)dim);
+    if ((uintptr_t)y % 4) return BAD("convert: y is not 4-byte aligned");
+    k_convert<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, y, y_type, ldy, n_rows, dim);
+    LAUNCH_CHECK("convert");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_scale(float *x, int64_t n, float s, cuk_stream stream, g5_error *err) {
+    if (!x) return BAD("scale: NULL pointer");
+    if (n < 1) return BAD("scale: n=%lld must be positive", (long long)n);
+    k_scale<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, n, s);
+    LAUNCH_CHECK("scale");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g5_error *err) {
+    if (!a || !a->logits || !a->ids || !a->wts) return BAD("moe_route: NULL pointer");
+    if (a->n_tok < 1 || a->n_tok > 2147483647) return BAD("moe_route: n_tok=%d must be positive", a->n_tok);
+    if (a->n_expert < 1 || a->n_expert > 1024) return BAD("moe_route: n_expert=%d outside 1..1024", a->n_expert);
+    if (a->ld_logits < a->n_expert) return BAD("moe_route: ld_logits=%lld < n_expert=%d", (long long)a->ld_logits, a->n_expert);
+    if (a->n_group < 1 || a->n_expert % a->n_group) return BAD("moe_route: n_group=%d does not divide n_expert=%d", a->n_group, a->n_expert);
+    if (a->topk_group < 1 || a->topk_group > a->n_group) return BAD("moe_route: topk_group=%d outside 1..%d", a->topk_group, a->n_group);
+    const int eligible = a->n_group > 1 && a->topk_group < a->n_group ? a->topk_group * (a->n_expert / a->n_group) : a->n_expert;
+    if (a->n_used < 1 || a->n_used > 64 || a->n_used > eligible)
+        return BAD("moe_route: n_used=%d outside 1..min(64, %d eligible experts)", a->n_used, eligible);
+    const size_t smem = (size_t)(a->n_expert + a->n_group) * sizeof(float) + (size_t)a->n_expert + 16;
+    k_route<<<(unsigned)a->n_tok, 32, smem, (cudaStream_t)stream>>>(*a);
+    LAUNCH_CHECK("moe_route");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_moe_localize(const int32_t *ids, const float *wts, int64_t cnt,
+                                      int32_t exp0, int32_t n_local, int32_t *ids_out,
+                                      float *wts_out, cuk_stream stream, g5_error *err) {
+    if (!ids || !wts || !ids_out || !wts_out) return BAD("moe_localize: NULL pointer");
+    if (cnt < 1 || n_local < 1 || exp0 < 0) return BAD("moe_localize: cnt=%lld n_local=%d exp0=%d", (long long)cnt, n_local, exp0);
+    k_localize<<<grid_for(cnt, 256), 256, 0, (cudaStream_t)stream>>>(ids, wts, cnt, exp0, n_local, ids_out, wts_out);
+    LAUNCH_CHECK("moe_localize");
+    return G5_OK;
+}

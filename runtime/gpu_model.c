@@ -1,0 +1,948 @@
+/* GLM-5 forward pass on CUDA GPUs (gpu_model.h): setup from the CPU model, weights on the
+ * devices, the per-rank stages and the collectives. Compiled to nothing unless G5_WITH_CUDA.
+ *
+ * The stage code below follows runtime/attn.c and runtime/model.c line by line; comments there
+ * explain the math. */
+#ifdef G5_WITH_CUDA
+
+#include "gpu_model.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "format/blob.h"
+#include "format/quant.h"
+#include "model_impl.h"
+
+#if defined(__has_include)
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#define G5_HAVE_NCCL 1
+#endif
+#endif
+
+enum { COLL_NONE = 0, COLL_DEVICE = 1, COLL_NCCL = 2 };
+
+/* A weight matrix on the device: m rows of k elements of `type`. */
+typedef struct dmat {
+    uint32_t type;
+    const void *w;
+    int64_t k, m;
+} dmat;
+
+typedef struct gl_layer {
+    int dense, has_idx;
+    const float *attn_norm, *q_a_norm, *kv_a_norm;   /* [E] [QL] [KL] */
+    const float *idx_k_norm, *idx_k_norm_b;          /* [ID] */
+    const float *ffn_norm, *router_b;                /* [E] [NE] (router_b may be NULL) */
+    dmat q_a, q_b, kv_a, o;
+    const float *kvb;                                /* [H_l * (NOPE + V)][KL] float32 */
+    dmat idx_q_b, idx_k, idx_proj;
+    dmat ffn_gate, ffn_up, ffn_down, router;
+    uint32_t exp_type, exp_down_type;
+    const void *exp_gate, *exp_up, *exp_down;        /* [n_exp_l][ffe_l or E][row] */
+    dmat sh_gate, sh_up, sh_down;
+    int sh_contrib;
+    uint32_t sh_l;
+} gl_layer;
+
+/* Host range [h, h + n) of the weight set is at d on the device. */
+typedef struct seg {
+    const uint8_t *h;
+    uint64_t n;
+    uint8_t *d;
+} seg;
+
+typedef struct gl_rank {
+    uint32_t r;
+    int dev;
+    cudaStream_t st;
+    int own_stream;
+    const rt_rank *c;                /* the CPU model's rank */
+    void *wmem;                      /* all tensor data, one allocation */
+    uint64_t wbytes;
+    uint8_t *xmem;                   /* float32 extras */
+    uint64_t xcap, xoff;
+    seg *segs;
+    uint64_t n_segs;
+    gl_layer *L;                     /* [n_layer_main] */
+    dmat tok_embd, head;
+    uint32_t head_col0;
+    int head_write;
+    const float *out_norm;
+    int fast;                        /* bf16 inputs to the weight products */
+    void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
+    float *idxk;                     /* [Lm][cap][ID] indexer keys */
+    /* work buffers for up to ncap tokens */
+    void *work;
+    uint32_t ncap;
+    float *x, *h, *part, *red, *qr, *kv, *q, *qlat, *olat, *ao, *iq, *iw;
+    float *ga, *gb, *gu, *moe, *rl, *wts, *wts_l, *lg;
+    float *latf;                     /* [n][KVW] new latents before conversion (non-f32 cache) */
+    void *xb;                        /* bf16 copies of product inputs (fast mode) */
+    int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
+    float *sc;                       /* [n][P] indexer scores */
+    uint64_t sc_cap;
+#ifdef G5_HAVE_NCCL
+    ncclComm_t comm;
+#endif
+} gl_rank;
+
+#ifdef G5_HAVE_NCCL
+typedef struct nccl_api {
+    void *lib;
+    ncclResult_t (*comm_init_all)(ncclComm_t *, int, const int *);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                               cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
+    ncclResult_t (*comm_destroy)(ncclComm_t);
+    const char *(*error_string)(ncclResult_t);
+} nccl_api;
+#endif
+
+struct rt_gpu_model {
+    const rt_model *cpu;
+    glm5_hparams hp;
+    uint32_t T;
+    gl_rank *rk;
+    int coll;
+    uint32_t lat_type;               /* CUK_F32, CUK_BF16, CUK_F16 */
+    uint32_t lat_es;                 /* its element size */
+    uint32_t n_past, cap;
+    rt_gpu_info info;
+#ifdef G5_HAVE_NCCL
+    nccl_api nccl;
+#endif
+};
+
+#define CU(call)                                                                              \
+    do {                                                                                      \
+        cudaError_t ce_ = (call);                                                             \
+        if (ce_ != cudaSuccess)                                                               \
+            return g5_fail(err, G5_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,  \
+                           cudaGetErrorString(ce_));                                          \
+    } while (0)
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        g5_status st_ = (call);                                                               \
+        if (st_) return st_;                                                                  \
+    } while (0)
+
+void rt_gpu_opts_default(rt_gpu_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->precision = RT_GPU_PRECISE;
+    rt_gpu_load_opts_default(&o->load);
+}
+
+const rt_gpu_info *rt_gpu_model_info(const rt_gpu_model *g) { return &g->info; }
+void rt_gpu_reset(rt_gpu_model *g) { g->n_past = 0; }
+uint32_t rt_gpu_n_past(const rt_gpu_model *g) { return g->n_past; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- weights: host ranges to device addresses ---- */
+
+static int cmp_seg(const void *a, const void *b) {
+    const uint8_t *x = ((const seg *)a)->h, *y = ((const seg *)b)->h;
+    return (x > y) - (x < y);
+}
+
+/* Device address of host bytes [p, p + len) of the rank's weight set; NULL if not uploaded. */
+static const void *dptr(const gl_rank *rk, const void *p, uint64_t len) {
+    const uint8_t *q = p;
+    uint64_t lo = 0, hi = rk->n_segs;
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        if (rk->segs[mid].h <= q) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return NULL;
+    const seg *s = &rk->segs[lo - 1];
+    const uint64_t off = (uint64_t)(q - s->h);
+    if (off > s->n || len > s->n - off) return NULL;
+    return s->d + off;
+}
+
+static g5_status dmat_of(const gl_rank *rk, const rt_mat *m, const char *what, uint32_t il,
+                         dmat *out, g5_error *err) {
+    const void *d = dptr(rk, m->data, m->nrows * m->row_bytes);
+    if (!d)
+        return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: %s is not in the uploaded weights", rk->r, il, what);
+    if (!cuk_gemv_supported(m->type))
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: %s is %s, which the GPU kernels do not handle",
+                       rk->r, il, what, quant_type_name(m->type));
+    out->type = m->type;
+    out->w = d;
+    out->k = (int64_t)m->ncols;
+    out->m = (int64_t)m->nrows;
+    return G5_OK;
+}
+
+/* A float32 copy in the extras arena. */
+static g5_status put_f32(gl_rank *rk, const float *host, uint64_t n, const float **out, g5_error *err) {
+    const uint64_t bytes = (n * sizeof(float) + 255) & ~(uint64_t)255;
+    if (rk->xoff + bytes > rk->xcap)
+        return g5_fail(err, G5_ERR_INTERNAL, "rank %u: extras arena too small", rk->r);
+    float *d = (float *)(void *)(rk->xmem + rk->xoff);
+    rk->xoff += bytes;
+    if (host) CU(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    *out = d;
+    return G5_OK;
+}
+
+static uint64_t up256(uint64_t b) { return (b + 255) & ~(uint64_t)255; }
+
+/* Weight tensors of rank r: from the blob file (checksummed reader threads) or copied. */
+static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
+                                   const rt_gpu_opts *o, rt_gpu_load_stats *ls, g5_error *err) {
+    const rt_weights *w = rk->c->w;
+    const uint64_t nt = rt_weights_n_tensors(w);
+    rk->segs = calloc(nt ? nt : 1, sizeof *rk->segs);
+    if (!rk->segs) return g5_fail(err, G5_ERR_NOMEM, "rank %u: tensor table", rk->r);
+    CU(cudaSetDevice(rk->dev));
+    if (b) {
+        CK(rt_gpu_load_blob(b, rk->dev, &o->load, &rk->wmem, ls, err));
+        const blob_info *in = blob_get_info(b);
+        rk->wbytes = in->data_size;
+        for (uint64_t i = 0; i < nt; i++) {
+            const rt_tensor *t = rt_weights_tensor(w, i);
+            const blob_tensor *bt = blob_find_tensor(b, t->name);
+            if (!bt || bt->size != t->nbytes)
+                return g5_fail(err, G5_ERR_MISMATCH, "rank %u: tensor '%s' of the weight set is not in %s as such",
+                               rk->r, t->name, blob_get_path(b));
+            rk->segs[i] = (seg){(const uint8_t *)t->data, t->nbytes, (uint8_t *)rk->wmem + (bt->offset - in->data_offset)};
+        }
+    } else {
+        uint64_t total = 0;
+        for (uint64_t i = 0; i < nt; i++) total += up256(rt_weights_tensor(w, i)->nbytes);
+        const double t0 = now_s();
+        CU(cudaMalloc(&rk->wmem, total ? total : 256));
+        rk->wbytes = total;
+        uint64_t off = 0;
+        for (uint64_t i = 0; i < nt; i++) {
+            const rt_tensor *t = rt_weights_tensor(w, i);
+            uint8_t *d = (uint8_t *)rk->wmem + off;
+            if (t->nbytes) CU(cudaMemcpy(d, t->data, t->nbytes, cudaMemcpyHostToDevice));
+            rk->segs[i] = (seg){(const uint8_t *)t->data, t->nbytes, d};
+            off += up256(t->nbytes);
+        }
+        if (ls) {
+            memset(ls, 0, sizeof *ls);
+            ls->bytes = total;
+            ls->seconds = now_s() - t0;
+            ls->gb_per_s = ls->seconds > 0 ? (double)total / ls->seconds / 1e9 : 0;
+            ls->n_threads = 1;
+        }
+    }
+    rk->n_segs = nt;
+    qsort(rk->segs, nt, sizeof *rk->segs, cmp_seg);
+    (void)g;
+    return G5_OK;
+}
+
+static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const rt_rank *c = rk->c;
+    const uint64_t E = hp->n_embd, KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
+    const uint64_t kvb_rows = (uint64_t)c->H_l * (NOPE + V);
+    /* extras arena: every vector and a float32 kv_b per layer, each 256-byte aligned */
+    uint64_t cap = up256(E * 4) + 256;
+    for (uint32_t il = 0; il < hp->n_layer_main; il++)
+        cap += up256(E * 4) * 2 + up256(hp->q_lora * 4) + up256(KL * 4) + up256(hp->idx_head_dim * 4) * 2 +
+               up256((uint64_t)hp->n_expert * 4) + up256(kvb_rows * KL * 4);
+    CU(cudaSetDevice(rk->dev));
+    CU(cudaMalloc((void **)&rk->xmem, cap));
+    rk->xcap = cap;
+    rk->L = calloc(hp->n_layer_main, sizeof *rk->L);
+    if (!rk->L) return g5_fail(err, G5_ERR_NOMEM, "layers");
+    CK(dmat_of(rk, &c->tok_embd, "token_embd", 0, &rk->tok_embd, err));
+    CK(dmat_of(rk, &c->output.mat, "output", 0, &rk->head, err));
+    rk->head_col0 = c->output.col0;
+    rk->head_write = c->output.write;
+    CK(put_f32(rk, c->output_norm, E, &rk->out_norm, err));
+    for (uint32_t il = 0; il < hp->n_layer_main; il++) {
+        const rt_layer *cl = &c->layers[il];
+        gl_layer *L = &rk->L[il];
+        if (!cl->present) return g5_fail(err, G5_ERR_MODEL, "rank %u: layer %u missing", rk->r, il);
+        L->dense = cl->dense;
+        L->has_idx = cl->has_indexer;
+        if (il == 0 && !L->has_idx)
+            return g5_fail(err, G5_ERR_MODEL, "layer 0 has no indexer of its own (nothing to share)");
+        CK(put_f32(rk, cl->attn_norm, E, &L->attn_norm, err));
+        CK(put_f32(rk, cl->q_a_norm, hp->q_lora, &L->q_a_norm, err));
+        CK(put_f32(rk, cl->kv_a_norm, KL, &L->kv_a_norm, err));
+        CK(put_f32(rk, cl->ffn_norm, E, &L->ffn_norm, err));
+        CK(dmat_of(rk, &cl->q_a, "attn_q_a", il, &L->q_a, err));
+        CK(dmat_of(rk, &cl->q_b, "attn_q_b", il, &L->q_b, err));
+        CK(dmat_of(rk, &cl->kv_a, "attn_kv_a_mqa", il, &L->kv_a, err));
+        CK(dmat_of(rk, &cl->o, "attn_output", il, &L->o, err));
+        /* kv_b as float32: the absorption reads W_UK columns, the W_UV GEMV reads rows */
+        const void *kvq = dptr(rk, cl->kv_b.data, kvb_rows * cl->kv_b.row_bytes);
+        if (!kvq || cl->kv_b.nrows != kvb_rows)
+            return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: attn_kv_b not uploaded", rk->r, il);
+        if (cl->kv_b.type == QT_F32) {
+            L->kvb = kvq;
+        } else {
+            const float *d = NULL;
+            CK(put_f32(rk, NULL, kvb_rows * KL, &d, err));
+            CK(cuk_dequant_rows(cl->kv_b.type, kvq, (int64_t)KL, (int64_t)kvb_rows, NULL, (int64_t)kvb_rows,
+                                (float *)d, (int64_t)KL, NULL, err));
+            L->kvb = d;
+        }
+        if (L->has_idx) {
+            CK(dmat_of(rk, &cl->idx_q_b, "indexer.attn_q_b", il, &L->idx_q_b, err));
+            CK(dmat_of(rk, &cl->idx_k, "indexer.attn_k", il, &L->idx_k, err));
+            CK(dmat_of(rk, &cl->idx_proj, "indexer.proj", il, &L->idx_proj, err));
+            CK(put_f32(rk, cl->idx_k_norm, hp->idx_head_dim, &L->idx_k_norm, err));
+            CK(put_f32(rk, cl->idx_k_norm_b, hp->idx_head_dim, &L->idx_k_norm_b, err));
+        }
+        if (L->dense) {
+            CK(dmat_of(rk, &cl->ffn_gate, "ffn_gate", il, &L->ffn_gate, err));
+            CK(dmat_of(rk, &cl->ffn_up, "ffn_up", il, &L->ffn_up, err));
+            CK(dmat_of(rk, &cl->ffn_down, "ffn_down", il, &L->ffn_down, err));
+        } else {
+            CK(dmat_of(rk, &cl->router, "ffn_gate_inp", il, &L->router, err));
+            if (cl->router_b) CK(put_f32(rk, cl->router_b, hp->n_expert, &L->router_b, err));
+            const rt_tensor *tg = cl->exp_gate, *tu = cl->exp_up, *td = cl->exp_down;
+            if (tg->type != tu->type)
+                return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: ffn_gate_exps is %s but ffn_up_exps is %s: "
+                               "the fused expert kernel needs one type", rk->r, il, quant_type_name(tg->type), quant_type_name(tu->type));
+            if (!cuk_gemv_supported(tg->type) || !cuk_gemv_supported(td->type))
+                return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: expert types %s/%s not handled by the GPU kernels",
+                               rk->r, il, quant_type_name(tg->type), quant_type_name(td->type));
+            L->exp_type = tg->type;
+            L->exp_down_type = td->type;
+            L->exp_gate = dptr(rk, tg->data, tg->nbytes);
+            L->exp_up = dptr(rk, tu->data, tu->nbytes);
+            L->exp_down = dptr(rk, td->data, td->nbytes);
+            if (!L->exp_gate || !L->exp_up || !L->exp_down)
+                return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: expert tensors not uploaded", rk->r, il);
+            L->sh_contrib = hp->n_expert_shared && cl->sh_contrib;
+            L->sh_l = cl->sh_l;
+            if (L->sh_contrib) {
+                CK(dmat_of(rk, &cl->sh_gate, "ffn_gate_shexp", il, &L->sh_gate, err));
+                CK(dmat_of(rk, &cl->sh_up, "ffn_up_shexp", il, &L->sh_up, err));
+                CK(dmat_of(rk, &cl->sh_down, "ffn_down_shexp", il, &L->sh_down, err));
+            }
+        }
+    }
+    CU(cudaDeviceSynchronize()); /* kv_b dequantization */
+    return G5_OK;
+}
+
+/* ---- NCCL (loaded at run time: a one-device run never needs the library) ---- */
+
+#ifdef G5_HAVE_NCCL
+static g5_status nccl_open(rt_gpu_model *g, g5_error *err) {
+    nccl_api *a = &g->nccl;
+    a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib) a->lib = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "%u ranks on %u devices need NCCL: libnccl.so.2 not found (%s)",
+                       g->T, g->info.n_devices, dlerror());
+#define SYM(field, name)                                                                      \
+    do {                                                                                      \
+        *(void **)(&a->field) = dlsym(a->lib, name);                                          \
+        if (!a->field) return g5_fail(err, G5_ERR_UNSUPPORTED, "NCCL: no symbol %s", name);   \
+    } while (0)
+    SYM(comm_init_all, "ncclCommInitAll");
+    SYM(all_reduce, "ncclAllReduce");
+    SYM(group_start, "ncclGroupStart");
+    SYM(group_end, "ncclGroupEnd");
+    SYM(comm_destroy, "ncclCommDestroy");
+    SYM(error_string, "ncclGetErrorString");
+#undef SYM
+    ncclComm_t *comms = calloc(g->T, sizeof *comms);
+    int *devs = calloc(g->T, sizeof *devs);
+    if (!comms || !devs) {
+        free(comms);
+        free(devs);
+        return g5_fail(err, G5_ERR_NOMEM, "NCCL communicators");
+    }
+    for (uint32_t r = 0; r < g->T; r++) devs[r] = g->rk[r].dev;
+    ncclResult_t nr = a->comm_init_all(comms, (int)g->T, devs);
+    if (nr == ncclSuccess)
+        for (uint32_t r = 0; r < g->T; r++) g->rk[r].comm = comms[r];
+    free(comms);
+    free(devs);
+    if (nr != ncclSuccess) return g5_fail(err, G5_ERR_INTERNAL, "ncclCommInitAll: %s", a->error_string(nr));
+    return G5_OK;
+}
+#endif
+
+/* ---- creation ---- */
+
+g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_gpu_model **out,
+                              g5_error *err) {
+    *out = NULL;
+    rt_gpu_opts def;
+    if (!opts) {
+        rt_gpu_opts_default(&def);
+        opts = &def;
+    }
+    if (opts->precision != RT_GPU_PRECISE && opts->precision != RT_GPU_FAST)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "precision %d", (int)opts->precision);
+    int ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev < 1)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "no CUDA device (%s)", ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
+    if (opts->device0 < 0 || opts->device0 >= ndev)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "device %d of %d", opts->device0, ndev);
+    rt_gpu_model *g = calloc(1, sizeof *g);
+    if (!g) return g5_fail(err, G5_ERR_NOMEM, "GPU model");
+    g->cpu = cpu;
+    g->hp = cpu->hp;
+    g->T = cpu->n_ranks;
+    const int fast = opts->precision == RT_GPU_FAST;
+    rt_gpu_cache ct = opts->cache ? opts->cache : fast ? RT_GPU_CACHE_BF16 : RT_GPU_CACHE_F32;
+    g->lat_type = ct == RT_GPU_CACHE_BF16 ? CUK_BF16 : ct == RT_GPU_CACHE_F16 ? CUK_F16 : CUK_F32;
+    g->lat_es = g->lat_type == CUK_F32 ? 4 : 2;
+    g->info.precision = fast ? "fast" : "precise";
+    g->info.cache = g->lat_type == CUK_BF16 ? "bf16" : g->lat_type == CUK_F16 ? "f16" : "f32";
+    g->rk = calloc(g->T, sizeof *g->rk);
+    blob_set *set = NULL;
+    g5_status st = G5_OK;
+    if (!g->rk) {
+        st = g5_fail(err, G5_ERR_NOMEM, "GPU ranks");
+        goto fail;
+    }
+    const uint32_t used = g->T < (uint32_t)ndev ? g->T : (uint32_t)ndev;
+    g->info.n_ranks = g->T;
+    g->info.n_devices = used;
+    if (g->T == 1) {
+        g->coll = COLL_NONE;
+    } else if (used == 1) {
+        g->coll = COLL_DEVICE;
+    } else if (g->T <= (uint32_t)ndev) {
+        g->coll = COLL_NCCL;
+    } else {
+        st = g5_fail(err, G5_ERR_UNSUPPORTED, "%u ranks on %d devices: give one device per rank, or a single device for all",
+                     g->T, ndev);
+        goto fail;
+    }
+#ifndef G5_HAVE_NCCL
+    if (g->coll == COLL_NCCL) {
+        st = g5_fail(err, G5_ERR_UNSUPPORTED, "%u ranks on %u devices need NCCL, and this build has no nccl.h", g->T, used);
+        goto fail;
+    }
+#endif
+    g->info.collective = g->coll == COLL_NONE ? "none" : g->coll == COLL_DEVICE ? "device-sum" : "nccl";
+    if (opts->blob_dir) {
+        if ((st = blob_set_open(opts->blob_dir, &set, err))) goto fail;
+        if (blob_set_tp(set) != g->T) {
+            st = g5_fail(err, G5_ERR_MISMATCH, "%s holds %u ranks, the model %u", opts->blob_dir, blob_set_tp(set), g->T);
+            goto fail;
+        }
+    }
+    const double t0 = now_s();
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        rk->r = r;
+        rk->c = &cpu->ranks[r];
+        rk->fast = fast;
+        rk->dev = (opts->device0 + (int)r) % ndev;
+        if (g->coll == COLL_DEVICE) rk->dev = opts->device0;
+        if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(ce));
+            goto fail;
+        }
+        if (r == 0 || g->coll != COLL_DEVICE) {
+            if ((ce = cudaStreamCreateWithFlags(&rk->st, cudaStreamNonBlocking)) != cudaSuccess) {
+                st = g5_fail(err, G5_ERR_INTERNAL, "stream: %s", cudaGetErrorString(ce));
+                goto fail;
+            }
+            rk->own_stream = 1;
+        } else {
+            rk->st = g->rk[0].st; /* ranks sharing a device share one stream: stage order is kept */
+        }
+        rt_gpu_load_stats ls;
+        memset(&ls, 0, sizeof ls);
+        if ((st = load_rank_weights(g, rk, set ? blob_set_rank(set, r) : NULL, opts, &ls, err))) goto fail;
+        g->info.load.bytes += ls.bytes;
+        g->info.load.n_threads = ls.n_threads;
+        g->info.load.direct_reads += ls.direct_reads;
+        g->info.load.buffered_reads += ls.buffered_reads;
+        g->info.load.verified = ls.verified;
+        g->info.weight_bytes += rk->wbytes;
+        if ((st = setup_rank(g, rk, err))) {
+            g5_error_prefix(err, "GPU setup");
+            goto fail;
+        }
+        g->info.extra_bytes += rk->xoff;
+    }
+    g->info.load.seconds = now_s() - t0;
+    g->info.load.gb_per_s = g->info.load.seconds > 0 ? (double)g->info.load.bytes / g->info.load.seconds / 1e9 : 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, g->rk[0].dev) == cudaSuccess)
+        snprintf(g->info.device_name, sizeof g->info.device_name, "%s", prop.name);
+#ifdef G5_HAVE_NCCL
+    if (g->coll == COLL_NCCL && (st = nccl_open(g, err))) goto fail;
+#endif
+    blob_set_free(set);
+    *out = g;
+    return G5_OK;
+fail:
+    blob_set_free(set);
+    rt_gpu_model_free(g);
+    return st;
+}
+
+static void free_work(gl_rank *rk) {
+    if (rk->work) cudaFree(rk->work);
+    if (rk->sc) cudaFree(rk->sc);
+    rk->work = NULL;
+    rk->sc = NULL;
+    rk->ncap = 0;
+    rk->sc_cap = 0;
+}
+
+void rt_gpu_model_free(rt_gpu_model *g) {
+    if (!g) return;
+    /* ranks sharing a device share rank 0's stream: only owners touch (and destroy) a stream */
+    for (uint32_t r = 0; g->rk && r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        cudaSetDevice(rk->dev);
+        if (rk->own_stream) cudaStreamSynchronize(rk->st);
+    }
+    for (uint32_t r = 0; g->rk && r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        cudaSetDevice(rk->dev);
+#ifdef G5_HAVE_NCCL
+        if (rk->comm && g->nccl.comm_destroy) g->nccl.comm_destroy(rk->comm);
+#endif
+        free_work(rk);
+        if (rk->lat) cudaFree(rk->lat);
+        if (rk->idxk) cudaFree(rk->idxk);
+        if (rk->wmem) cudaFree(rk->wmem);
+        if (rk->xmem) cudaFree(rk->xmem);
+        free(rk->segs);
+        free(rk->L);
+    }
+    for (uint32_t r = 0; g->rk && r < g->T; r++)
+        if (g->rk[r].own_stream) {
+            cudaSetDevice(g->rk[r].dev);
+            cudaStreamDestroy(g->rk[r].st);
+        }
+#ifdef G5_HAVE_NCCL
+    if (g->nccl.lib) dlclose(g->nccl.lib);
+#endif
+    free(g->rk);
+    free(g);
+}
+
+/* ---- state and work buffers ---- */
+
+static uint64_t lat_w(const glm5_hparams *hp) { return (uint64_t)hp->kv_lora + hp->qk_rope; }
+
+static uint8_t *lat_of(const rt_gpu_model *g, const gl_rank *rk, uint32_t il) {
+    return (uint8_t *)rk->lat + (uint64_t)il * g->cap * lat_w(&g->hp) * g->lat_es;
+}
+static float *idxk_of(const rt_gpu_model *g, const gl_rank *rk, uint32_t il) {
+    return rk->idxk + (uint64_t)il * g->cap * g->hp.idx_head_dim;
+}
+
+/* Caches for `need` positions, keeping the first n_past of each layer. */
+static g5_status cache_reserve(rt_gpu_model *g, uint32_t need, g5_error *err) {
+    if (need <= g->cap) return G5_OK;
+    uint32_t nc = g->cap ? g->cap : 256;
+    while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t LW = lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main;
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        CU(cudaSetDevice(rk->dev));
+        const uint64_t es = g->lat_es;
+        uint8_t *nl = NULL;
+        float *nk = NULL;
+        CU(cudaMalloc((void **)&nl, (size_t)Lm * nc * LW * es));
+        if (cudaMalloc((void **)&nk, (size_t)Lm * nc * ID * sizeof(float)) != cudaSuccess) {
+            cudaFree(nl);
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: indexer key cache for %u positions", rk->r, nc);
+        }
+        if (rk->lat && g->n_past) {
+            for (uint32_t il = 0; il < Lm; il++) {
+                CU(cudaMemcpyAsync(nl + (uint64_t)il * nc * LW * es, lat_of(g, rk, il), (size_t)g->n_past * LW * es,
+                                   cudaMemcpyDeviceToDevice, rk->st));
+                CU(cudaMemcpyAsync(nk + (uint64_t)il * nc * ID, idxk_of(g, rk, il), (size_t)g->n_past * ID * 4,
+                                   cudaMemcpyDeviceToDevice, rk->st));
+            }
+            CU(cudaStreamSynchronize(rk->st));
+        }
+        if (rk->lat) cudaFree(rk->lat);
+        if (rk->idxk) cudaFree(rk->idxk);
+        rk->lat = nl;
+        rk->idxk = nk;
+    }
+    g->cap = nc;
+    return G5_OK;
+}
+
+typedef struct carve {
+    uint8_t *base;
+    uint64_t off;
+} carve;
+
+static void *take(carve *c, uint64_t bytes) {
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += up256(bytes);
+    return p;
+}
+
+static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint8_t *base) {
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t E = hp->n_embd, H = rk->c->H_l, F = 4, U = hp->n_expert_used;
+    const uint64_t FR = rk->c->max_rows ? rk->c->max_rows : 1;
+    carve c = {base, 0};
+    rk->x = take(&c, N * E * F);
+    rk->h = take(&c, N * E * F);
+    rk->part = take(&c, N * E * F);
+    rk->red = take(&c, N * E * F);
+    rk->qr = take(&c, N * hp->q_lora * F);
+    rk->kv = take(&c, N * lat_w(hp) * F);
+    rk->q = take(&c, N * H * (hp->qk_nope + hp->qk_rope) * F);
+    rk->qlat = take(&c, N * H * hp->kv_lora * F);
+    rk->olat = take(&c, N * H * hp->kv_lora * F);
+    rk->ao = take(&c, N * H * hp->v_head * F);
+    rk->iq = take(&c, N * hp->idx_n_head * hp->idx_head_dim * F);
+    rk->iw = take(&c, N * hp->idx_n_head * F);
+    rk->ga = take(&c, N * FR * F);
+    rk->gb = take(&c, N * FR * F);
+    rk->gu = take(&c, N * U * (rk->c->ffe_l ? rk->c->ffe_l : 1) * F);
+    rk->moe = take(&c, N * E * F);
+    rk->rl = take(&c, N * hp->n_expert * F);
+    rk->wts = take(&c, N * U * F);
+    rk->wts_l = take(&c, N * U * F);
+    rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * (uint64_t)rk->head.m * F);
+    rk->latf = take(&c, N * lat_w(hp) * F);
+    uint64_t xbn = N * (rk->c->max_ncols > E ? rk->c->max_ncols : E);
+    if (N * U * rk->c->ffe_l > xbn) xbn = N * U * rk->c->ffe_l;
+    rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
+    rk->ids = take(&c, N * U * 4);
+    rk->ids_l = take(&c, N * U * 4);
+    rk->sel = take(&c, N * hp->idx_top_k * 4);
+    rk->n_sel = take(&c, N * 4);
+    rk->tok = take(&c, N * 4);
+    rk->pos = take(&c, N * 4);
+    return c.off;
+}
+
+static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint32_t P, g5_error *err) {
+    CU(cudaSetDevice(rk->dev));
+    if (n > rk->ncap) {
+        if (rk->work) {
+            CU(cudaStreamSynchronize(rk->st));
+            cudaFree(rk->work);
+            rk->work = NULL;
+            rk->ncap = 0;
+        }
+        uint32_t nc = n < 16 ? 16 : n;
+        const uint64_t bytes = work_layout(g, rk, nc, NULL);
+        void *p = NULL;
+        if (cudaMalloc(&p, bytes) != cudaSuccess)
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu bytes of GPU work buffers for %u tokens", rk->r,
+                           (unsigned long long)bytes, nc);
+        rk->work = p;
+        rk->ncap = nc;
+        work_layout(g, rk, nc, p);
+    }
+    const uint64_t need = (uint64_t)n * P;
+    if (need > rk->sc_cap) {
+        if (rk->sc) {
+            CU(cudaStreamSynchronize(rk->st));
+            cudaFree(rk->sc);
+            rk->sc = NULL;
+        }
+        uint64_t nc = need < 4096 ? 4096 : need + need / 2;
+        if (cudaMalloc((void **)&rk->sc, nc * sizeof(float)) != cudaSuccess)
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: indexer scores for %u x %u", rk->r, n, P);
+        rk->sc_cap = nc;
+    }
+    return G5_OK;
+}
+
+/* ---- stages ---- */
+
+/* The product input of a fast-mode rank: x [n][ldx] rounded to bf16 in rk->xb [n][k]. */
+static const void *act_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int64_t *ld,
+                          uint32_t *type, int keep_f32, g5_status *st, g5_error *err) {
+    *st = G5_OK;
+    if (!rk->fast || keep_f32) {
+        *ld = ldx;
+        *type = CUK_ACT_F32;
+        return x;
+    }
+    *st = cuk_convert(x, ldx, rk->xb, CUK_BF16, k, n, k, (cuk_stream)rk->st, err);
+    *ld = k;
+    *type = CUK_ACT_BF16;
+    return rk->xb;
+}
+
+/* y[t] = W x[t] for t < n, in batches of CUK_GEMV_MAX_N. keep_f32: float32 input in fast mode
+ * too (the router and the indexer: their choices flip on bf16 rounding, and their weights are
+ * small). */
+static g5_status gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                        int64_t ldy, int keep_f32, g5_error *err) {
+    g5_status st;
+    int64_t ld;
+    uint32_t xt;
+    const uint8_t *xx = act_in(rk, x, ldx, n, W->k, &ld, &xt, keep_f32, &st, err);
+    if (st) return st;
+    const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+    for (uint32_t t0 = 0; t0 < n; t0 += CUK_GEMV_MAX_N) {
+        const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
+        cuk_gemv_args a = {W->type, W->w, W->k, W->m, xx + (int64_t)t0 * ld * es, xt, ld, (int32_t)c,
+                           y + (int64_t)t0 * ldy, ldy};
+        CK(cuk_gemv(&a, (cuk_stream)rk->st, err));
+    }
+    return G5_OK;
+}
+
+static g5_status gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                      int64_t ldy, g5_error *err) {
+    return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+}
+
+static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, uint32_t pos0,
+                            g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, QL = hp->q_lora, KL = hp->kv_lora, R = hp->qk_rope, NOPE = hp->qk_nope;
+    const int64_t V = hp->v_head, H = rk->c->H_l, KVW = KL + R, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const int64_t K = hp->idx_top_k, P = (int64_t)pos0 + n;
+    const float eps = hp->rms_eps, theta = hp->rope_theta;
+    CU(cudaSetDevice(rk->dev));
+    CK(cuk_rms_norm(rk->x, E, L->attn_norm, rk->h, E, n, E, eps, cs, err));
+    CK(gemv(rk, &L->q_a, rk->h, E, n, rk->qr, QL, err));
+    CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
+    CK(gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    uint8_t *lat = lat_of(g, rk, il);
+    /* the new latents in float32: straight into an f32 cache, else staged and converted */
+    float *lat_new = g->lat_type == CUK_F32 ? (float *)(void *)(lat + (int64_t)pos0 * KVW * 4) : rk->latf;
+    CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
+    CU(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
+    CK(cuk_rope(lat_new, n, KVW, 1, KVW, KL, R, theta, rk->pos, cs, err));
+    if (g->lat_type != CUK_F32)
+        CK(cuk_convert(lat_new, KVW, lat + (int64_t)pos0 * KVW * g->lat_es, g->lat_type, KVW, n, KVW, cs, err));
+    if (L->has_idx) {
+        float *kc = idxk_of(g, rk, il);
+        float *ik = kc + (int64_t)pos0 * ID;
+        CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, 1, err));
+        CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, 1, err));
+        CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, 1, err));
+        CK(cuk_rope(rk->iq, n, IH * ID, IH, ID, 0, R, theta, rk->pos, cs, err));
+        CK(cuk_layer_norm(ik, ID, L->idx_k_norm, L->idx_k_norm_b, ik, ID, n, ID, RT_IDX_NORM_EPS, cs, err));
+        CK(cuk_rope(ik, n, ID, 1, ID, 0, R, theta, rk->pos, cs, err));
+        CK(cuk_scale(rk->iw, (int64_t)n * IH, (float)(1.0 / sqrt((double)ID * (double)IH)), cs, err));
+        CK(cuk_idx_scores(rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, pos0, rk->sc, P, cs, err));
+        CK(cuk_idx_topk(rk->sc, P, (int32_t)n, pos0, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
+    }
+    CK(gemv(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
+    CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
+    const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+    CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
+    CK(cuk_mla_attend(&d, rk->q, rk->qlat, lat, g->lat_type, P, rk->sel, K, rk->n_sel, (int32_t)K,
+                      (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
+    for (int64_t h = 0; h < H; h++) {
+        const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+        CK(gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
+    }
+    CK(gemv(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
+    return G5_OK;
+}
+
+static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const rt_rank *c = rk->c;
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
+    CU(cudaSetDevice(rk->dev));
+    CK(cuk_rms_norm(rk->x, E, L->ffn_norm, rk->h, E, n, E, hp->rms_eps, cs, err));
+    if (L->dense) {
+        const int64_t F = c->ff_l;
+        CK(gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
+        CK(gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
+        CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
+        CK(gemv(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
+        return G5_OK;
+    }
+    CK(gemv_k(rk, &L->router, rk->h, E, n, rk->rl, NE, 1, err));
+    cuk_route_args ra = {rk->rl, NE, L->router_b, (int32_t)n, (int32_t)NE, (int32_t)U, (int32_t)hp->n_group,
+                         (int32_t)hp->topk_group, (int32_t)hp->expert_gating_func, hp->expert_weights_norm,
+                         hp->expert_weights_scale, rk->ids, rk->wts};
+    CK(cuk_moe_route(&ra, cs, err));
+    const int32_t *ids = rk->ids;
+    const float *wts = rk->wts;
+    if (c->n_exp_l != hp->n_expert) {
+        CK(cuk_moe_localize(rk->ids, rk->wts, (int64_t)n * U, (int32_t)c->exp0, (int32_t)c->n_exp_l, rk->ids_l,
+                            rk->wts_l, cs, err));
+        ids = rk->ids_l;
+        wts = rk->wts_l;
+    }
+    const int64_t FE = c->ffe_l;
+    g5_status st;
+    int64_t ld;
+    uint32_t xt;
+    const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
+    if (st) return st;
+    cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids, (int32_t)U, U,
+                               xin, xt, ld, (int32_t)n, rk->gu, FE};
+    CK(cuk_moe_gate_up(&gu, cs, err));
+    const void *hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
+    if (st) return st;
+    cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l, ids, wts, (int32_t)U, U, U,
+                            hin, xt, ld, (int32_t)n, rk->moe, E};
+    CK(cuk_moe_down(&dn, cs, err));
+    if (L->sh_contrib) {
+        const int64_t S = L->sh_l;
+        CK(gemv(rk, &L->sh_gate, rk->h, E, n, rk->ga, S, err));
+        CK(gemv(rk, &L->sh_up, rk->h, E, n, rk->gb, S, err));
+        CK(cuk_silu_mul(rk->ga, S, rk->gb, S, rk->ga, S, n, S, cs, err));
+        CK(gemv(rk, &L->sh_down, rk->ga, S, n, rk->part, E, err));
+        CK(cuk_add(rk->moe, rk->part, rk->part, (int64_t)n * E, cs, err));
+    } else {
+        CU(cudaMemcpyAsync(rk->part, rk->moe, (size_t)n * E * 4, cudaMemcpyDeviceToDevice, rk->st));
+    }
+    return G5_OK;
+}
+
+static g5_status d2h(const gl_rank *rk, void *dst, const void *src, size_t bytes, g5_error *err) {
+    CU(cudaSetDevice(rk->dev));
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, rk->st));
+    CU(cudaStreamSynchronize(rk->st));
+    return G5_OK;
+}
+
+/* x += sum over ranks (rank order) of part, on every rank; dbg (host) gets the sum. */
+static g5_status collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) {
+    const int64_t cnt = (int64_t)n * g->hp.n_embd;
+    gl_rank *r0 = &g->rk[0];
+    const float *sum = r0->part;
+    if (g->coll == COLL_NONE) {
+        CU(cudaSetDevice(r0->dev));
+        CK(cuk_add(r0->x, r0->part, r0->x, cnt, (cuk_stream)r0->st, err));
+    } else if (g->coll == COLL_DEVICE) {
+        CU(cudaSetDevice(r0->dev));
+        CU(cudaMemcpyAsync(r0->red, r0->part, (size_t)cnt * 4, cudaMemcpyDeviceToDevice, r0->st));
+        for (uint32_t r = 1; r < g->T; r++) CK(cuk_add(r0->red, g->rk[r].part, r0->red, cnt, (cuk_stream)r0->st, err));
+        for (uint32_t r = 0; r < g->T; r++) CK(cuk_add(g->rk[r].x, r0->red, g->rk[r].x, cnt, (cuk_stream)r0->st, err));
+        sum = r0->red;
+    } else {
+#ifdef G5_HAVE_NCCL
+        nccl_api *a = &g->nccl;
+        ncclResult_t nr = a->group_start();
+        for (uint32_t r = 0; r < g->T && nr == ncclSuccess; r++) {
+            gl_rank *rk = &g->rk[r];
+            CU(cudaSetDevice(rk->dev));
+            nr = a->all_reduce(rk->part, rk->part, (size_t)cnt, ncclFloat32, ncclSum, rk->comm, rk->st);
+        }
+        ncclResult_t ne = a->group_end();
+        if (nr != ncclSuccess || ne != ncclSuccess)
+            return g5_fail(err, G5_ERR_INTERNAL, "ncclAllReduce: %s", a->error_string(nr != ncclSuccess ? nr : ne));
+        for (uint32_t r = 0; r < g->T; r++) {
+            gl_rank *rk = &g->rk[r];
+            CU(cudaSetDevice(rk->dev));
+            CK(cuk_add(rk->x, rk->part, rk->x, cnt, (cuk_stream)rk->st, err));
+        }
+#else
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "no NCCL in this build");
+#endif
+    }
+    if (dbg) CK(d2h(r0, dbg, sum, (size_t)cnt * 4, err));
+    return G5_OK;
+}
+
+g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
+                         const rt_gpu_outputs *out, g5_error *err) {
+    if (n == 0) return G5_OK;
+    const glm5_hparams *hp = &g->hp;
+    for (uint32_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= hp->n_vocab)
+            return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)", tokens[t],
+                           t, hp->n_vocab);
+    if (g->n_past > INT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+    const uint32_t pos0 = g->n_past, P = pos0 + n;
+    const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
+    CK(cache_reserve(g, P, err));
+    int32_t *pos = malloc(n * sizeof *pos);
+    if (!pos) return g5_fail(err, G5_ERR_NOMEM, "positions");
+    for (uint32_t t = 0; t < n; t++) pos[t] = (int32_t)(pos0 + t);
+    g5_status st = G5_OK;
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        st = work_reserve(g, rk, n, P, err);
+        cudaError_t ce = cudaSuccess;
+        if (!st) ce = cudaMemcpyAsync(rk->tok, tokens, n * 4, cudaMemcpyHostToDevice, rk->st);
+        if (!st && ce == cudaSuccess) ce = cudaMemcpyAsync(rk->pos, pos, n * 4, cudaMemcpyHostToDevice, rk->st);
+        if (!st && ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st); /* pos is freed below */
+        if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "token upload: %s", cudaGetErrorString(ce));
+        if (!st)
+            st = cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
+                                  (int64_t)E, (cuk_stream)rk->st, err);
+    }
+    free(pos);
+    if (st) return st;
+    gl_rank *r0 = &g->rk[0];
+    const uint64_t nE = (uint64_t)n * E;
+    if (out && out->layer_hidden) CK(d2h(r0, out->layer_hidden, r0->x, nE * 4, err));
+    for (uint32_t il = 0; il < Lm; il++) {
+        for (uint32_t r = 0; r < g->T; r++) CK(attn_stage(g, &g->rk[r], il, n, pos0, err));
+        CK(collective(g, n, out && out->attn_out ? out->attn_out + il * nE : NULL, err));
+        for (uint32_t r = 0; r < g->T; r++) CK(ffn_stage(g, &g->rk[r], il, n, err));
+        CK(collective(g, n, out && out->ffn_out ? out->ffn_out + il * nE : NULL, err));
+        if (out && out->layer_hidden) CK(d2h(r0, out->layer_hidden + (il + 1) * nE, r0->x, nE * 4, err));
+        if (out && out->topk) CK(d2h(r0, out->topk + il * n * K, r0->sel, (size_t)n * K * 4, err));
+        if (out && out->experts) {
+            int32_t *ex = out->experts + il * n * hp->n_expert_used;
+            if (r0->L[il].dense) {
+                for (uint64_t i = 0; i < (uint64_t)n * hp->n_expert_used; i++) ex[i] = -1;
+            } else {
+                CK(d2h(r0, ex, r0->ids, (size_t)n * hp->n_expert_used * 4, err));
+            }
+        }
+    }
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        CU(cudaSetDevice(rk->dev));
+        CK(cuk_rms_norm(rk->x, (int64_t)E, rk->out_norm, rk->h, (int64_t)E, n, (int64_t)E, hp->rms_eps,
+                        (cuk_stream)rk->st, err));
+    }
+    if (out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
+    if (out && out->logits) {
+        const uint32_t first = out->all_logits ? 0 : n - 1;
+        for (uint32_t r = 0; r < g->T; r++) {
+            gl_rank *rk = &g->rk[r];
+            if (!rk->head_write) continue;
+            CU(cudaSetDevice(rk->dev));
+            const int64_t VL = rk->head.m;
+            for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
+                const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
+                CK(gemv(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
+                CU(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg, VL * 4,
+                                     VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
+            }
+        }
+    }
+    for (uint32_t r = 0; r < g->T; r++) {
+        CU(cudaSetDevice(g->rk[r].dev));
+        CU(cudaStreamSynchronize(g->rk[r].st));
+    }
+    g->n_past = P;
+    return G5_OK;
+}
+
+#else
+typedef int rt_gpu_model_unused_;
+#endif

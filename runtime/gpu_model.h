@@ -1,0 +1,135 @@
+/* The GLM-5 forward pass on CUDA GPUs, mirroring the CPU reference (model.h) stage for stage.
+ *
+ * A GPU model is built from a CPU model (rt_model): that one already found and checked every
+ * tensor of every rank against the hyperparameters and the shard layout, and it stays the
+ * numerical reference (rt_gpu_check, `glm5-run --check`). The weights go to the GPU once per
+ * rank: from the blob files by the checksumming reader threads (gpu_load.h), or, for a GGUF or
+ * tables source, copied from the weight set's host memory. Norm weights and the router bias
+ * (dequantized by the CPU model) and attn_kv_b as float32 (for the query absorption) are small
+ * extra copies beside them.
+ *
+ * Tensor parallelism: rank r runs on device (device0 + r) % n_devices. Each rank computes the
+ * replicated parts (norms, q_a, kv_a, the indexer, the router) itself, its own heads of the
+ * attention and its share of the FFN/experts; the partial outputs of the attention output
+ * projection and of the FFN/MoE down projections are summed over the ranks (NCCL all-reduce
+ * when the ranks have devices of their own; a sum in rank order on the device when they share
+ * one, which is what lets a TP set run, and be tested, on a single GPU) and added to every
+ * rank's residual stream. The vocabulary-split lm_head is gathered on the host.
+ *
+ * Precision: RT_GPU_PRECISE keeps activations and the latent/indexer caches in float32
+ * (weights are dequantized inside the GEMV kernels, float32 accumulation). RT_GPU_FAST rounds
+ * the input vectors of the large weight products (attention, experts, dense FFN, lm_head) to
+ * bf16 and stores the latent cache in bf16 (float32 accumulation everywhere; the residual stream,
+ * norms, softmax, the indexer's keys and the inputs of the router and indexer products stay
+ * float32: their choices flip on bf16 rounding, and their weights are small). The latent cache type can be chosen apart from that (f32, bf16, f16).
+ *
+ * Everything here is built only with CUDA (cuda/model.mk defines G5_WITH_CUDA). One caller at a
+ * time; a model holds one sequence (its caches). The NextN/MTP block is not run on the GPU. */
+#ifndef G5_RT_GPU_MODEL_H
+#define G5_RT_GPU_MODEL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gpu_load.h"
+#include "model.h"
+
+typedef struct rt_gpu_model rt_gpu_model;
+
+typedef enum rt_gpu_precision { RT_GPU_PRECISE = 0, RT_GPU_FAST = 1 } rt_gpu_precision;
+
+/* Latent cache storage; DEFAULT: f32 when precise, bf16 when fast. */
+typedef enum rt_gpu_cache {
+    RT_GPU_CACHE_DEFAULT = 0, RT_GPU_CACHE_F32, RT_GPU_CACHE_BF16, RT_GPU_CACHE_F16
+} rt_gpu_cache;
+
+typedef struct rt_gpu_opts {
+    int device0;                 /* first CUDA device */
+    rt_gpu_precision precision;
+    rt_gpu_cache cache;
+    const char *blob_dir;        /* the blob set the CPU model's weight set was opened from:
+                                    loaded by the reader threads (checksums per opts.load);
+                                    NULL: copy from the weight set's host memory */
+    rt_gpu_load_opts load;
+} rt_gpu_opts;
+
+void rt_gpu_opts_default(rt_gpu_opts *o);
+
+typedef struct rt_gpu_info {
+    uint32_t n_ranks, n_devices;
+    const char *collective;      /* "none", "device-sum" (ranks share a device) or "nccl" */
+    const char *precision;       /* "precise" or "fast" */
+    const char *cache;           /* latent cache type: "f32", "bf16", "f16" */
+    char device_name[256];
+    uint64_t weight_bytes;       /* all ranks, the loaded tensor data */
+    uint64_t extra_bytes;        /* float32 copies (norms, biases, kv_b) */
+    rt_gpu_load_stats load;      /* summed over ranks (seconds: wall time of all loads) */
+} rt_gpu_info;
+
+g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_gpu_model **out,
+                              g5_error *err);
+void rt_gpu_model_free(rt_gpu_model *g); /* accepts NULL */
+const rt_gpu_info *rt_gpu_model_info(const rt_gpu_model *g);
+
+void rt_gpu_reset(rt_gpu_model *g);
+uint32_t rt_gpu_n_past(const rt_gpu_model *g);
+
+/* What a forward call writes (any pointer may be NULL); host memory. */
+typedef struct rt_gpu_outputs {
+    float *logits;               /* all_logits ? [n][n_vocab] : [n_vocab] (last token) */
+    int all_logits;
+    float *hidden;               /* [n][n_embd] final-normed hidden states */
+    /* Debugging and --check (rank 0's view; all ranks hold the same after each all-reduce): */
+    float *layer_hidden;         /* [n_layer_main + 1][n][n_embd], as rt_outputs.layer_hidden */
+    float *attn_out;             /* [n_layer_main][n][n_embd]: attention output summed over ranks */
+    float *ffn_out;              /* [n_layer_main][n][n_embd]: FFN/MoE output summed over ranks */
+    int32_t *topk;               /* [n_layer_main][n][idx_top_k], as rt_outputs.topk */
+    int32_t *experts;            /* [n_layer_main][n][n_expert_used]: routed experts (global ids,
+                                    ascending; -1 for dense layers) */
+} rt_gpu_outputs;
+
+/* Runs n tokens at positions n_past .. n_past + n - 1 and appends them to the caches. */
+g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
+                         const rt_gpu_outputs *out, g5_error *err);
+
+/* ---- --check: the CPU reference beside the GPU (gpu_check.c) ---- */
+
+typedef struct rt_gpu_check rt_gpu_check;
+
+typedef struct rt_gpu_check_opts {
+    uint32_t n_tokens;           /* check forward calls until this many tokens were checked */
+    double tol_stage;            /* max relative difference per stage (default 1e-3) */
+    double tol_logits;           /* logits relative L2 (default 1e-3) */
+    double min_overlap;          /* indexer top-k overlap, mean per layer (default 0.95) */
+    FILE *report;                /* where the per-layer table goes (stderr if NULL) */
+} rt_gpu_check_opts;
+
+void rt_gpu_check_opts_default(rt_gpu_check_opts *o);
+
+/* The CPU model (its own decoding states are created here) checks the GPU model. Both must
+ * come from the same weights. Stage-level comparisons (attention out, MoE out: the CPU stage
+ * fed the GPU's stage input, so each number is that stage's own error) need a one-rank model;
+ * with more ranks only whole layers, the top-k sets and the logits are compared. */
+g5_status rt_gpu_check_create(rt_model *cpu, rt_gpu_model *gpu, const rt_gpu_check_opts *o,
+                              rt_gpu_check **out, g5_error *err);
+void rt_gpu_check_free(rt_gpu_check *c); /* accepts NULL */
+
+/* rt_gpu_forward, plus (while fewer than n_tokens were checked) the CPU reference on the same
+ * tokens and the per-layer, per-stage report. The verdict accumulates: see rt_gpu_check_ok.
+ * A near-tie can make the GPU and the CPU pick a different key set (indexer) or expert set
+ * (router) for a token; such tokens are counted and reported by the overlap columns, and left out
+ * of that stage's difference (which would otherwise measure the choice, not the arithmetic). */
+g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t n,
+                               const rt_gpu_outputs *out, g5_error *err);
+/* 1 while every checked value was within tolerance. */
+int rt_gpu_check_ok(const rt_gpu_check *c);
+uint32_t rt_gpu_check_n_checked(const rt_gpu_check *c);
+/* Largest differences seen (for summaries). */
+typedef struct rt_gpu_check_summary {
+    uint32_t n_tokens;
+    double max_stage_attn, max_stage_ffn, max_layer, logits_rel_l2, min_overlap_mean;
+    int ok;
+} rt_gpu_check_summary;
+void rt_gpu_check_get_summary(const rt_gpu_check *c, rt_gpu_check_summary *s);
+
+#endif

