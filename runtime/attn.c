@@ -27,14 +27,56 @@ size_t rt_attn_scratch(const glm5_hparams *hp, uint32_t P) {
     return ((size_t)P + hp->idx_top_k + 64) * sizeof(float) * 2;
 }
 
+/* ---- cache rows ----
+ * Where one row's cache lives: a contiguous rt_layer_cache (one "block" as long as any
+ * position), or its state's block table. Only addresses differ; the arithmetic on the rows is
+ * the same, so paged and contiguous caches give the same bits. */
+
+typedef struct kv_view {
+    float *const *lat_blk;
+    float *const *idx_blk;
+    size_t lat_off, idx_off;
+    uint32_t bt, kvw, idw;
+} kv_view;
+
+static inline float *kv_lat(const kv_view *v, uint32_t pos) {
+    return v->lat_blk[pos / v->bt] + v->lat_off + (size_t)(pos % v->bt) * v->kvw;
+}
+static inline float *kv_idx(const kv_view *v, uint32_t pos) {
+    return v->idx_blk[pos / v->bt] + v->idx_off + (size_t)(pos % v->bt) * v->idw;
+}
+
+static void kv_view_of(const rt_fwd *f, uint32_t r, uint32_t il, const rt_layer_cache *C, uint32_t t,
+                       kv_view *v) {
+    const glm5_hparams *hp = &f->m->hp;
+    v->kvw = hp->kv_lora + hp->qk_rope;
+    v->idw = hp->idx_head_dim;
+    if (C) {
+        v->lat_blk = &C->lat;
+        v->idx_blk = &C->idxk;
+        v->lat_off = v->idx_off = 0;
+        v->bt = UINT32_MAX;
+        return;
+    }
+    const rt_state *st = rt_fwd_state(f, t);
+    const rt_kvtab *tab = il >= hp->n_layer_main ? &st->mtp : &st->main;
+    const rt_kvpool *p = tab->pool;
+    const size_t i = (size_t)r * p->nl + (il - p->il0);
+    v->lat_blk = v->idx_blk = tab->ptr;
+    v->lat_off = p->lat_off[i];
+    v->idx_off = p->idx_off[i];
+    v->bt = p->bt;
+}
+
 /* ---- indexer ---- */
 
 typedef struct idx_ctx {
     const glm5_hparams *hp;
     rt_pool *pool;
+    const rt_fwd *f;
+    uint32_t r, il;
     const rt_layer_cache *C;
     rt_work *w;
-    uint32_t pos0;
 } idx_ctx;
 
 /* a is a better key than b */
@@ -66,7 +108,7 @@ static void idx_task(void *vc, uint64_t t, uint32_t worker) {
     const glm5_hparams *hp = c->hp;
     rt_work *w = c->w;
     const uint32_t K = hp->idx_top_k, IH = hp->idx_n_head, ID = hp->idx_head_dim;
-    const uint32_t p = c->pos0 + (uint32_t)t;
+    const uint32_t p = rt_fwd_pos(c->f, (uint32_t)t);
     int32_t *sel = w->sel + t * K;
     if (p + 1 <= K) {
         for (uint32_t s = 0; s <= p; s++) sel[s] = (int32_t)s;
@@ -78,8 +120,10 @@ static void idx_task(void *vc, uint64_t t, uint32_t worker) {
     int32_t *heap = (int32_t *)(void *)(sc + p + 1);        /* [K] */
     const float *iq = w->iq + t * (size_t)IH * ID;          /* [IH][ID] */
     const float *iw = w->iw + t * (size_t)IH;
+    kv_view v;
+    kv_view_of(c->f, c->r, c->il, c->C, (uint32_t)t, &v);
     for (uint32_t s = 0; s <= p; s++) {
-        const float *k = c->C->idxk + (size_t)s * ID;
+        const float *k = kv_idx(&v, s);
         float acc = 0.0f;
         for (uint32_t h = 0; h < IH; h++) {
             float d = rt_dot(iq + (size_t)h * ID, k, ID);
@@ -111,9 +155,9 @@ static void idx_task(void *vc, uint64_t t, uint32_t worker) {
     w->n_sel[t] = K;
 }
 
-/* Indexer projections for tokens [a, b): queries and weights stay local, keys go to the cache. */
-static void indexer_project(rt_model *m, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_work *w,
-                            uint32_t a, uint32_t b, uint32_t pos0) {
+/* Indexer projections for tokens [a, b): queries, weights and the keys (w->ik, for the cache). */
+static void indexer_project(rt_model *m, rt_rank *rk, rt_layer *L, rt_work *w, uint32_t a,
+                            uint32_t b) {
     const glm5_hparams *hp = &m->hp;
     const uint32_t E = hp->n_embd, IH = hp->idx_n_head, ID = hp->idx_head_dim, R = hp->qk_rope;
     const size_t QW = (size_t)IH * ID;
@@ -127,7 +171,6 @@ static void indexer_project(rt_model *m, rt_rank *rk, rt_layer *L, rt_layer_cach
         float *k = w->ik + (size_t)t * ID;
         rt_layernorm(k, L->idx_k_norm, L->idx_k_norm_b, ID, RT_IDX_NORM_EPS, k);
         rt_rope_apply(k, R, cs);
-        memcpy(C->idxk + (size_t)(pos0 + t) * ID, k, ID * sizeof(float));
         for (uint32_t h = 0; h < IH; h++) w->iw[(size_t)t * IH + h] *= wscale;
     }
 }
@@ -147,6 +190,8 @@ static void idx_range_task(void *vc, uint64_t t, uint32_t worker) {
 typedef struct att_ctx {
     const glm5_hparams *hp;
     rt_pool *pool;
+    const rt_fwd *f;
+    uint32_t r, il;
     const rt_layer_cache *C;
     rt_work *w;
     uint32_t H_l;
@@ -172,7 +217,6 @@ static void att_absorbed_task(void *vc, uint64_t task, uint32_t worker) {
     const glm5_hparams *hp = c->hp;
     rt_work *w = c->w;
     const uint32_t H_l = c->H_l, KL = hp->kv_lora, NOPE = hp->qk_nope, R = hp->qk_rope;
-    const uint32_t KVW = KL + R;
     const uint64_t t = task / H_l, h = task % H_l;
     const uint32_t K = hp->idx_top_k;
     const int32_t *sel = w->sel + t * K;
@@ -180,14 +224,16 @@ static void att_absorbed_task(void *vc, uint64_t task, uint32_t worker) {
     const float *ql = w->qlat + (t * H_l + h) * KL;
     const float *qpe = w->q + (t * H_l + h) * (NOPE + R) + NOPE;
     float *sc = rt_pool_scratch(c->pool, worker);
+    kv_view v;
+    kv_view_of(c->f, c->r, c->il, c->C, (uint32_t)t, &v);
     for (uint32_t j = 0; j < ns; j++) {
-        const float *row = c->C->lat + (size_t)sel[j] * KVW;
+        const float *row = kv_lat(&v, (uint32_t)sel[j]);
         sc[j] = (rt_dot(ql, row, KL) + rt_dot(qpe, row + KL, R)) * c->scale;
     }
     softmax_inplace(sc, ns);
     float *out = w->olat + (t * H_l + h) * KL;
     memset(out, 0, KL * sizeof(float));
-    for (uint32_t j = 0; j < ns; j++) rt_axpy(sc[j], c->C->lat + (size_t)sel[j] * KVW, out, KL);
+    for (uint32_t j = 0; j < ns; j++) rt_axpy(sc[j], kv_lat(&v, (uint32_t)sel[j]), out, KL);
 }
 
 typedef struct absorb_ctx {
@@ -217,8 +263,9 @@ static void absorb_task(void *vc, uint64_t task, uint32_t worker) {
     }
 }
 
-static void attn_absorbed(rt_model *m, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_work *w,
-                          uint32_t n) {
+static void attn_absorbed(rt_fwd *f, rt_rank *rk, rt_layer *L, uint32_t il, rt_layer_cache *C,
+                          rt_work *w, uint32_t n) {
+    rt_model *m = f->m;
     const glm5_hparams *hp = &m->hp;
     const uint32_t H_l = rk->H_l, KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
     for (uint32_t h = 0; h < H_l; h++) {
@@ -233,7 +280,7 @@ static void attn_absorbed(rt_model *m, rt_rank *rk, rt_layer *L, rt_layer_cache 
         absorb_ctx ac = {hp, w, H_l, h, n, wuk};
         rt_pool_run(rk->pool, (n + ABSORB_TOKENS - 1) / ABSORB_TOKENS, absorb_task, &ac);
     }
-    att_ctx c = {hp, rk->pool, C, w, H_l, (float)(1.0 / sqrt((double)(NOPE + hp->qk_rope)))};
+    att_ctx c = {hp, rk->pool, f, rk->r, il, C, w, H_l, (float)(1.0 / sqrt((double)(NOPE + hp->qk_rope)))};
     rt_pool_run(rk->pool, (uint64_t)n * H_l, att_absorbed_task, &c);
     for (uint32_t h = 0; h < H_l; h++) {
         rt_mat wuv = L->kv_b;
@@ -250,7 +297,6 @@ static void att_expanded_task(void *vc, uint64_t task, uint32_t worker) {
     const glm5_hparams *hp = c->hp;
     rt_work *w = c->w;
     const uint32_t H_l = c->H_l, KL = hp->kv_lora, NOPE = hp->qk_nope, R = hp->qk_rope, V = hp->v_head;
-    const uint32_t KVW = KL + R;
     const size_t XW = (size_t)H_l * (NOPE + V);
     const uint64_t t = task / H_l, h = task % H_l;
     const uint32_t K = hp->idx_top_k;
@@ -259,9 +305,11 @@ static void att_expanded_task(void *vc, uint64_t task, uint32_t worker) {
     const float *qn = w->q + (t * H_l + h) * (NOPE + R);
     const float *qpe = qn + NOPE;
     float *sc = rt_pool_scratch(c->pool, worker);
+    kv_view v;
+    kv_view_of(c->f, c->r, c->il, c->C, (uint32_t)t, &v);
     for (uint32_t j = 0; j < ns; j++) {
         const float *kx = w->kvx + (size_t)w->row_of[sel[j]] * XW + h * (NOPE + V);
-        const float *kpe = c->C->lat + (size_t)sel[j] * KVW + KL;
+        const float *kpe = kv_lat(&v, (uint32_t)sel[j]) + KL;
         sc[j] = (rt_dot(qn, kx, NOPE) + rt_dot(qpe, kpe, R)) * c->scale;
     }
     softmax_inplace(sc, ns);
@@ -273,9 +321,13 @@ static void att_expanded_task(void *vc, uint64_t task, uint32_t worker) {
     }
 }
 
-static void attn_expanded(rt_model *m, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_work *w,
-                          uint32_t n, uint32_t P) {
+/* All rows in one sequence (row_of is by position). */
+static void attn_expanded(rt_fwd *f, rt_rank *rk, rt_layer *L, uint32_t il, rt_layer_cache *C,
+                          rt_work *w, uint32_t n, uint32_t P) {
+    rt_model *m = f->m;
     const glm5_hparams *hp = &m->hp;
+    kv_view v;
+    kv_view_of(f, rk->r, il, C, 0, &v);
     const uint32_t H_l = rk->H_l, KL = hp->kv_lora, R = hp->qk_rope, K = hp->idx_top_k;
     for (uint32_t s = 0; s < P; s++) w->row_of[s] = -1;
     for (uint32_t t = 0; t < n; t++)
@@ -283,11 +335,11 @@ static void attn_expanded(rt_model *m, rt_rank *rk, rt_layer *L, rt_layer_cache 
     uint32_t np = 0;
     for (uint32_t s = 0; s < P; s++) {
         if (w->row_of[s] < 0) continue;
-        memcpy(w->latg + (size_t)np * KL, C->lat + (size_t)s * (KL + R), KL * sizeof(float));
+        memcpy(w->latg + (size_t)np * KL, kv_lat(&v, s), KL * sizeof(float));
         w->row_of[s] = (int32_t)np++;
     }
     rt_matmul(rk->pool, &L->kv_b, w->latg, KL, np, w->kvx, (size_t)H_l * (hp->qk_nope + hp->v_head));
-    att_ctx c = {hp, rk->pool, C, w, H_l, (float)(1.0 / sqrt((double)(hp->qk_nope + R)))};
+    att_ctx c = {hp, rk->pool, f, rk->r, il, C, w, H_l, (float)(1.0 / sqrt((double)(hp->qk_nope + R)))};
     rt_pool_run(rk->pool, (uint64_t)n * H_l, att_expanded_task, &c);
 }
 
@@ -296,9 +348,9 @@ static void attn_expanded(rt_model *m, rt_rank *rk, rt_layer *L, rt_layer_cache 
 void rt_attn_layer(rt_fwd *f, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_work *w) {
     rt_model *m = f->m;
     const glm5_hparams *hp = &m->hp;
-    const uint32_t n = f->n, pos0 = f->pos0;
+    const uint32_t n = f->n, il = (uint32_t)(L - rk->layers);
     const uint32_t E = hp->n_embd, QL = hp->q_lora, KL = hp->kv_lora, R = hp->qk_rope;
-    const uint32_t NOPE = hp->qk_nope, H_l = rk->H_l, K = hp->idx_top_k;
+    const uint32_t NOPE = hp->qk_nope, H_l = rk->H_l, K = hp->idx_top_k, ID = hp->idx_head_dim;
     const uint32_t KVW = KL + R;
     uint32_t a, b;
     rt_token_range(n, m->n_ranks, rk->r, &a, &b);
@@ -311,20 +363,25 @@ void rt_attn_layer(rt_fwd *f, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_wo
         rt_rmsnorm(w->qr + (size_t)t * QL, L->q_a_norm, QL, hp->rms_eps, w->qr + (size_t)t * QL);
     rt_matmul(rk->pool, &L->kv_a, w->h + (size_t)a * E, E, b - a, w->kv + (size_t)a * KVW, KVW);
     for (uint32_t t = a; t < b; t++) {
-        const float *src = w->kv + (size_t)t * KVW;
-        float *dst = C->lat + (size_t)(pos0 + t) * KVW;
-        rt_rmsnorm(src, L->kv_a_norm, KL, hp->rms_eps, dst);
-        memcpy(dst + KL, src + KL, R * sizeof(float));
-        rt_rope_apply(dst + KL, R, w->rope + (size_t)t * R);
+        float *row = w->kv + (size_t)t * KVW; /* becomes the cache row: [normed latent | roped k_pe] */
+        rt_rmsnorm(row, L->kv_a_norm, KL, hp->rms_eps, row);
+        rt_rope_apply(row + KL, R, w->rope + (size_t)t * R);
     }
-    if (L->has_indexer) indexer_project(m, rk, L, C, w, a, b, pos0);
+    if (L->has_indexer) indexer_project(m, rk, L, w, a, b);
     rt_allgather_rows(f, rk->r, w->qr, QL * sizeof(float), QL * sizeof(float));
-    rt_allgather_rows(f, rk->r, C->lat + (size_t)pos0 * KVW, KVW * sizeof(float), KVW * sizeof(float));
+    rt_allgather_rows(f, rk->r, w->kv, KVW * sizeof(float), KVW * sizeof(float));
+    if (L->has_indexer) rt_allgather_rows(f, rk->r, w->ik, ID * sizeof(float), ID * sizeof(float));
+    /* every rank keeps its own copy of the caches */
+    for (uint32_t t = 0; t < n; t++) {
+        kv_view v;
+        kv_view_of(f, rk->r, il, C, t, &v);
+        const uint32_t p = rt_fwd_pos(f, t);
+        memcpy(kv_lat(&v, p), w->kv + (size_t)t * KVW, KVW * sizeof(float));
+        if (L->has_indexer) memcpy(kv_idx(&v, p), w->ik + (size_t)t * ID, ID * sizeof(float));
+    }
     if (L->has_indexer) {
-        const uint32_t ID = hp->idx_head_dim;
-        rt_allgather_rows(f, rk->r, C->idxk + (size_t)pos0 * ID, ID * sizeof(float), ID * sizeof(float));
         /* top-k for this rank's queries, then everyone's */
-        idx_range_ctx c = {{hp, rk->pool, C, w, pos0}, a};
+        idx_range_ctx c = {{hp, rk->pool, f, rk->r, il, C, w}, a};
         rt_pool_run(rk->pool, b - a, idx_range_task, &c);
         rt_allgather_rows(f, rk->r, w->sel, K * sizeof(int32_t), K * sizeof(int32_t));
         rt_allgather_rows(f, rk->r, w->n_sel, sizeof(uint32_t), sizeof(uint32_t));
@@ -337,9 +394,9 @@ void rt_attn_layer(rt_fwd *f, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_wo
             rt_rope_apply(w->q + ((size_t)t * H_l + h) * (NOPE + R) + NOPE, R, w->rope + (size_t)t * R);
 
     if (m->mla == RT_MLA_EXPANDED)
-        attn_expanded(m, rk, L, C, w, n, pos0 + n);
+        attn_expanded(f, rk, L, il, C, w, n, rt_fwd_pos(f, n - 1) + 1);
     else
-        attn_absorbed(m, rk, L, C, w, n);
+        attn_absorbed(f, rk, L, il, C, w, n);
 
     rt_matmul(rk->pool, &L->o, w->ao, (size_t)H_l * hp->v_head, n, w->part, E);
 }

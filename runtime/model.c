@@ -330,33 +330,84 @@ int rt_model_has_mtp(const rt_model *m) { return m->has_mtp; }
 
 /* ---- state ---- */
 
-g5_status rt_state_create(const rt_model *m, rt_state **out, g5_error *err) {
+/* Tokens per block of the private pools of rt_state_create. */
+#define RT_PRIVATE_BLOCK_TOKENS 64
+
+g5_status rt_kvpool_for_layers(const rt_model *m, uint32_t il0, uint32_t il1, uint32_t n_blocks,
+                               uint32_t block_tokens, rt_kvpool **out, g5_error *err) {
+    const glm5_hparams *hp = &m->hp;
+    uint8_t has_idx[GLM5_MAX_LAYERS];
+    for (uint32_t il = il0; il < il1; il++) has_idx[il - il0] = (uint8_t)m->ranks[0].layers[il].has_indexer;
+    rt_kvlayout lay = {.n_ranks = m->n_ranks, .il0 = il0, .n_layers = il1 - il0,
+                       .kv_width = hp->kv_lora + hp->qk_rope, .idx_width = hp->idx_head_dim,
+                       .has_idx = has_idx};
+    g5_status st = rt_kvpool_create_layout(&lay, n_blocks, block_tokens, out, err);
+    if (!st) (*out)->owner = m;
+    return st;
+}
+
+g5_status rt_kvpool_create(const rt_model *m, uint32_t n_blocks, uint32_t block_tokens,
+                           rt_kvpool **out, g5_error *err) {
     *out = NULL;
+    if (n_blocks == 0 || block_tokens == 0)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "kv pool of %u blocks of %u tokens", n_blocks, block_tokens);
+    return rt_kvpool_for_layers(m, 0, m->hp.n_layer_main, n_blocks, block_tokens, out, err);
+}
+
+static g5_status state_new(const rt_model *m, rt_kvpool *pool, rt_state **out, g5_error *err) {
+    *out = NULL;
+    if (pool && (pool->owner != m || pool->il0 != 0 || pool->nl != m->hp.n_layer_main))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "kv pool made for another model");
     rt_state *s = calloc(1, sizeof *s);
     if (!s) return g5_fail(err, G5_ERR_NOMEM, "decoding state");
     s->m = m;
-    s->c = calloc((size_t)m->n_ranks * m->hp.n_layer, sizeof *s->c);
-    if (!s->c) {
-        free(s);
-        return g5_fail(err, G5_ERR_NOMEM, "decoding state");
+    g5_status st = G5_OK;
+    if (pool) {
+        s->main.pool = pool;
+    } else if (!(st = rt_kvpool_for_layers(m, 0, m->hp.n_layer_main, 0, RT_PRIVATE_BLOCK_TOKENS,
+                                           &s->main.pool, err))) {
+        s->main.own = 1;
+    }
+    if (!st && m->has_mtp &&
+        !(st = rt_kvpool_for_layers(m, m->hp.n_layer_main, m->hp.n_layer_main + 1, 0,
+                                    RT_PRIVATE_BLOCK_TOKENS, &s->mtp.pool, err)))
+        s->mtp.own = 1;
+    if (st) {
+        rt_state_free(s);
+        return st;
     }
     *out = s;
     return G5_OK;
 }
 
+g5_status rt_state_create(const rt_model *m, rt_state **out, g5_error *err) {
+    return state_new(m, NULL, out, err);
+}
+
+g5_status rt_state_create_paged(const rt_model *m, rt_kvpool *pool, rt_state **out, g5_error *err) {
+    if (!pool) {
+        *out = NULL;
+        return g5_fail(err, G5_ERR_INVALID_ARG, "paged state without a pool");
+    }
+    return state_new(m, pool, out, err);
+}
+
 void rt_state_free(rt_state *s) {
     if (!s) return;
-    for (size_t i = 0; i < (size_t)s->m->n_ranks * s->m->hp.n_layer; i++) {
-        free(s->c[i].lat);
-        free(s->c[i].idxk);
-    }
-    free(s->c);
+    rt_kvtab_release(&s->main);
+    rt_kvtab_release(&s->mtp);
     free(s);
 }
 
-void rt_state_reset(rt_state *s) { s->n_past = s->mtp_n_past = 0; }
+void rt_state_reset(rt_state *s) {
+    s->n_past = s->mtp_n_past = 0;
+    rt_kvtab_shrink_blocks(&s->main, 0);
+    if (s->mtp.pool) rt_kvtab_shrink_blocks(&s->mtp, 0);
+}
+
 uint32_t rt_state_n_past(const rt_state *s) { return s->n_past; }
 uint32_t rt_state_mtp_n_past(const rt_state *s) { return s->mtp_n_past; }
+uint32_t rt_state_n_blocks(const rt_state *s) { return s->main.n; }
 
 g5_status rt_state_truncate(rt_state *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err) {
     if (n_past > s->n_past || mtp_n_past > s->mtp_n_past)
@@ -364,33 +415,13 @@ g5_status rt_state_truncate(rt_state *s, uint32_t n_past, uint32_t mtp_n_past, g
                        n_past, mtp_n_past, s->n_past, s->mtp_n_past);
     s->n_past = n_past;
     s->mtp_n_past = mtp_n_past;
+    rt_kvtab_shrink_blocks(&s->main, rt_kvtab_blocks_for(&s->main, n_past));
+    if (s->mtp.pool) rt_kvtab_shrink_blocks(&s->mtp, rt_kvtab_blocks_for(&s->mtp, mtp_n_past));
     return G5_OK;
 }
 
-static rt_layer_cache *cache_of(rt_state *s, uint32_t r, uint32_t il) {
-    return &s->c[(size_t)r * s->m->hp.n_layer + il];
-}
-
-/* Grows the caches of layers [il0, il1) to hold `need` positions (copying `keep`). */
-static g5_status cache_reserve(rt_state *s, uint32_t il0, uint32_t il1, uint32_t *cap,
-                               uint32_t need, g5_error *err) {
-    if (need <= *cap) return G5_OK;
-    const glm5_hparams *hp = &s->m->hp;
-    uint32_t nc = *cap ? *cap : 64;
-    while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
-    const size_t lw = (size_t)hp->kv_lora + hp->qk_rope, iw = hp->idx_head_dim;
-    for (uint32_t r = 0; r < s->m->n_ranks; r++)
-        for (uint32_t il = il0; il < il1; il++) {
-            rt_layer_cache *c = cache_of(s, r, il);
-            float *a = realloc(c->lat, (size_t)nc * lw * sizeof(float));
-            if (!a) return g5_fail(err, G5_ERR_NOMEM, "latent cache for %u positions", nc);
-            c->lat = a;
-            float *b = realloc(c->idxk, (size_t)nc * iw * sizeof(float));
-            if (!b) return g5_fail(err, G5_ERR_NOMEM, "indexer key cache for %u positions", nc);
-            c->idxk = b;
-        }
-    *cap = nc;
-    return G5_OK;
+g5_status rt_state_reserve(rt_state *s, uint32_t n_tokens, g5_error *err) {
+    return rt_kvtab_reserve(&s->main, n_tokens, err);
 }
 
 /* ---- per-call work buffers ---- */
@@ -698,7 +729,7 @@ static void layer_forward(rt_fwd *f, rt_rank *rk, rt_work *w, uint32_t il) {
     rt_model *m = f->m;
     const uint32_t E = m->hp.n_embd;
     rt_layer *L = &rk->layers[il];
-    rt_attn_layer(f, rk, L, cache_of(f->s, rk->r, il), w);
+    rt_attn_layer(f, rk, L, NULL, w);
     allreduce_add(f, rk, w, n);
     for (uint32_t t = 0; t < n; t++)
         rt_rmsnorm(w->x + (size_t)t * E, L->ffn_norm, E, m->hp.rms_eps, w->h + (size_t)t * E);
@@ -739,7 +770,7 @@ static void *rank_main(void *arg) {
     rt_model *m = f->m;
     rt_rank *rk = j->rk;
     const glm5_hparams *hp = &m->hp;
-    const uint32_t n = f->n, E = hp->n_embd, pos0 = f->pos0;
+    const uint32_t n = f->n, E = hp->n_embd;
     uint8_t *mem = NULL;
     rt_work w;
     j->st = work_alloc(m, rk, n, j->P, &mem, &w, &j->err);
@@ -749,7 +780,8 @@ static void *rank_main(void *arg) {
         free(mem);
         return NULL;
     }
-    for (uint32_t t = 0; t < n; t++) rt_rope_table(pos0 + t, hp->qk_rope, hp->rope_theta, w.rope + (size_t)t * hp->qk_rope);
+    for (uint32_t t = 0; t < n; t++)
+        rt_rope_table(rt_fwd_pos(f, t), hp->qk_rope, hp->rope_theta, w.rope + (size_t)t * hp->qk_rope);
 
     if (!j->mtp) {
         const rt_outputs *o = j->out;
@@ -848,40 +880,116 @@ static g5_status run_ranks(rt_fwd *f, rank_job *proto, g5_error *err) {
     return st;
 }
 
-g5_status rt_model_forward(rt_model *m, rt_state *s, const int32_t *tokens, uint32_t n,
-                           const rt_outputs *out, g5_error *err) {
-    if (n == 0) return G5_OK;
+static g5_status check_tokens(const rt_model *m, const int32_t *tokens, uint32_t n, g5_error *err) {
     for (uint32_t t = 0; t < n; t++)
         if (tokens[t] < 0 || (uint32_t)tokens[t] >= m->hp.n_vocab)
             return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)",
                            tokens[t], t, m->hp.n_vocab);
-    if (s->n_past > UINT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
-    const uint32_t P = s->n_past + n;
-    g5_status st = cache_reserve(s, 0, m->hp.n_layer_main, &s->cap, P, err);
+    return G5_OK;
+}
+
+g5_status rt_model_forward(rt_model *m, rt_state *s, const int32_t *tokens, uint32_t n,
+                           const rt_outputs *out, g5_error *err) {
+    if (n == 0) return G5_OK;
+    g5_status st = check_tokens(m, tokens, n, err);
     if (st) return st;
+    if (s->m != m) return g5_fail(err, G5_ERR_INVALID_ARG, "state made for another model");
+    if (s->n_past > UINT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+    const uint32_t P = s->n_past + n, had = s->main.n;
+    if ((st = rt_kvtab_reserve(&s->main, P, err))) return st;
     rt_fwd f = {.m = m, .s = s, .n = n, .pos0 = s->n_past};
     rank_job proto = {.mtp = 0, .tokens = tokens, .out = out, .P = P};
-    if ((st = run_ranks(&f, &proto, err))) return st;
+    if ((st = run_ranks(&f, &proto, err))) {
+        rt_kvtab_shrink_blocks(&s->main, had);
+        return st;
+    }
     s->n_past = P;
     return G5_OK;
+}
+
+g5_status rt_model_forward_batch(rt_model *m, rt_state *const *states, const int32_t *tokens,
+                                 uint32_t n_seq, float *logits, g5_error *err) {
+    if (n_seq == 0) return G5_OK;
+    g5_status st = check_tokens(m, tokens, n_seq, err);
+    if (st) return st;
+    uint32_t P = 0;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        const rt_state *s = states[i];
+        if (!s || s->m != m) return g5_fail(err, G5_ERR_INVALID_ARG, "batch row %u: no state, or one of another model", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (states[j] == s) return g5_fail(err, G5_ERR_INVALID_ARG, "batch rows %u and %u share a state", j, i);
+        if (s->n_past == UINT32_MAX) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+        if (s->n_past + 1 > P) P = s->n_past + 1;
+    }
+    const uint32_t V = m->hp.n_vocab;
+    if (m->mla == RT_MLA_EXPANDED) {
+        /* the expanded form gathers keys by position within one sequence: one call each (the
+         * same arithmetic per row, so the same bits) */
+        uint32_t *had = malloc((size_t)n_seq * sizeof *had);
+        if (!had) return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
+        uint32_t done = 0;
+        for (; done < n_seq && !st; done++) {
+            rt_outputs o = {.logits = logits ? logits + (size_t)done * V : NULL};
+            had[done] = states[done]->main.n;
+            st = rt_model_forward(m, states[done], tokens + done, 1, &o, err);
+        }
+        if (st) /* all or nothing: undo the rows that ran */
+            for (uint32_t i = 0; i + 1 < done; i++) {
+                states[i]->n_past--;
+                rt_kvtab_shrink_blocks(&states[i]->main, had[i]);
+            }
+        free(had);
+        return st;
+    }
+    uint32_t *had = malloc((size_t)n_seq * sizeof *had), *pos = malloc((size_t)n_seq * sizeof *pos);
+    if (!had || !pos) {
+        free(had);
+        free(pos);
+        return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
+    }
+    uint32_t nres = 0;
+    for (; nres < n_seq; nres++) {
+        rt_state *s = states[nres];
+        had[nres] = s->main.n;
+        pos[nres] = s->n_past;
+        if ((st = rt_kvtab_reserve(&s->main, (uint64_t)s->n_past + 1, err))) {
+            g5_error_prefix(err, "batch row %u", nres);
+            break;
+        }
+    }
+    if (!st) {
+        rt_fwd f = {.m = m, .s = NULL, .n = n_seq, .pos0 = 0, .ss = states, .pos = pos};
+        rt_outputs o = {.logits = logits, .all_logits = 1};
+        rank_job proto = {.mtp = 0, .tokens = tokens, .out = &o, .P = P};
+        st = run_ranks(&f, &proto, err);
+    }
+    if (st) {
+        for (uint32_t i = 0; i < nres; i++) rt_kvtab_shrink_blocks(&states[i]->main, had[i]);
+    } else {
+        for (uint32_t i = 0; i < n_seq; i++) states[i]->n_past++;
+    }
+    free(had);
+    free(pos);
+    return st;
 }
 
 g5_status rt_model_mtp(rt_model *m, rt_state *s, const float *hidden, const int32_t *next_tokens,
                        uint32_t n, float *draft_logits, int all_logits, g5_error *err) {
     if (!m->has_mtp) return g5_fail(err, G5_ERR_UNSUPPORTED, "the model has no NextN/MTP block");
     if (n == 0) return G5_OK;
-    for (uint32_t t = 0; t < n; t++)
-        if (next_tokens[t] < 0 || (uint32_t)next_tokens[t] >= m->hp.n_vocab)
-            return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)",
-                           next_tokens[t], t, m->hp.n_vocab);
-    if (s->mtp_n_past > UINT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
-    const uint32_t P = s->mtp_n_past + n, il = m->hp.n_layer_main;
-    g5_status st = cache_reserve(s, il, il + 1, &s->mtp_cap, P, err);
+    g5_status st = check_tokens(m, next_tokens, n, err);
     if (st) return st;
+    if (s->m != m) return g5_fail(err, G5_ERR_INVALID_ARG, "state made for another model");
+    if (s->mtp_n_past > UINT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+    const uint32_t P = s->mtp_n_past + n, had = s->mtp.n;
+    if ((st = rt_kvtab_reserve(&s->mtp, P, err))) return st;
     rt_fwd f = {.m = m, .s = s, .n = n, .pos0 = s->mtp_n_past};
     rank_job proto = {.mtp = 1, .tokens = next_tokens, .hidden_in = hidden, .draft = draft_logits,
                       .all = all_logits, .P = P};
-    if ((st = run_ranks(&f, &proto, err))) return st;
+    if ((st = run_ranks(&f, &proto, err))) {
+        rt_kvtab_shrink_blocks(&s->mtp, had);
+        return st;
+    }
     s->mtp_n_past = P;
     return G5_OK;
 }

@@ -20,6 +20,9 @@
  * matrix products are parallel over output rows. Results do not depend on the thread count, and
  * feeding tokens one at a time gives bit-identical results to feeding them together.
  *
+ * Caches are paged (rt_kvpool: fixed-size token blocks); rt_model_forward_batch runs one decode
+ * token for each of several sequences with the weight products shared by all rows.
+ *
  * A model is used by one caller at a time (forward calls on one model must not overlap). */
 #ifndef G5_RT_MODEL_H
 #define G5_RT_MODEL_H
@@ -62,15 +65,40 @@ int rt_model_has_mtp(const rt_model *m); /* a NextN block is present */
 
 /* Decoding state: per rank and layer the latent cache (kv_lora normalized latent + qk_rope
  * roped key per position) and the indexer key cache (idx_head_dim per position); the MTP block
- * has its own. Caches grow as needed. */
+ * has its own. The caches are paged (fixed-size token blocks, see rt_kvpool below); a state
+ * from rt_state_create draws its blocks from a private pool that grows as needed. */
 g5_status rt_state_create(const rt_model *m, rt_state **out, g5_error *err);
 void rt_state_free(rt_state *s); /* accepts NULL */
 void rt_state_reset(rt_state *s);
 uint32_t rt_state_n_past(const rt_state *s);
 uint32_t rt_state_mtp_n_past(const rt_state *s);
 /* Forgets positions >= n_past (e.g. rejected draft tokens). n_past must not exceed the current
- * count; likewise for the MTP block. */
+ * count; likewise for the MTP block. Blocks no longer needed go back to the pool (as they do on
+ * rt_state_reset and rt_state_free). */
 g5_status rt_state_truncate(rt_state *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
+
+/* ---- paged caches ----
+ * A pool of n_blocks blocks of block_tokens positions each; a block holds those positions'
+ * latent and indexer-key caches for every main layer and rank of the model (all allocated and
+ * freed together). States made with rt_state_create_paged take their main-layer blocks from it
+ * (position p in the state's block p / block_tokens); the MTP block's cache stays private to
+ * the state. A forward call that needs a block when none is free fails with G5_ERR_NOMEM
+ * ("kv pool exhausted: N blocks ...") and leaves the state as it was. Results are bit-identical
+ * whatever the block size, pool, or unpaged state. The pool is thread-safe; it must outlive its
+ * states (free them first). */
+typedef struct rt_kvpool rt_kvpool;
+g5_status rt_kvpool_create(const rt_model *m, uint32_t n_blocks, uint32_t block_tokens,
+                           rt_kvpool **out, g5_error *err);
+void rt_kvpool_free(rt_kvpool *p); /* accepts NULL */
+uint32_t rt_kvpool_n_blocks(const rt_kvpool *p);
+uint32_t rt_kvpool_n_free(const rt_kvpool *p);
+uint32_t rt_kvpool_block_tokens(const rt_kvpool *p);
+uint64_t rt_kvpool_block_bytes(const rt_kvpool *p);
+g5_status rt_state_create_paged(const rt_model *m, rt_kvpool *pool, rt_state **out, g5_error *err);
+/* Makes the state hold blocks for positions [0, n_tokens) now (all or nothing), so that forward
+ * calls up to that length cannot run out. Never gives blocks back. */
+g5_status rt_state_reserve(rt_state *s, uint32_t n_tokens, g5_error *err);
+uint32_t rt_state_n_blocks(const rt_state *s); /* main-cache blocks held */
 
 /* What a forward call writes (any pointer may be NULL). */
 typedef struct rt_outputs {
@@ -88,6 +116,14 @@ typedef struct rt_outputs {
  * Token ids must be < n_vocab. */
 g5_status rt_model_forward(rt_model *m, rt_state *s, const int32_t *tokens, uint32_t n,
                            const rt_outputs *out, g5_error *err);
+
+/* Batched decode: one token per sequence, tokens[i] at position rt_state_n_past(states[i]),
+ * appended to states[i] (distinct states of this model). The weight-reading products run once
+ * over all n_seq rows; attention and the indexer run per sequence over its own cache.
+ * logits: [n_seq][n_vocab] (may be NULL). Bit-identical to rt_model_forward of each sequence
+ * alone. On failure (bad token, pool exhausted, ...) no state has changed. */
+g5_status rt_model_forward_batch(rt_model *m, rt_state *const *states, const int32_t *tokens,
+                                 uint32_t n_seq, float *logits, g5_error *err);
 
 /* The first NextN/MTP block at MTP positions mtp_n_past .. + n - 1: for each i, from the main
  * model's final-normed hidden state hidden[i] (position p) and the token that follows it,

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "cpu_ops.h"
+#include "kvcache.h"
 #include "model.h"
 
 /* transformers' GlmMoeDsaIndexer uses nn.LayerNorm(index_head_dim, eps=1e-6) for k_norm; the
@@ -85,7 +86,8 @@ struct rt_model {
     uint64_t n_owned, cap_owned;
 };
 
-/* One rank's caches for one layer. */
+/* One rank's caches for one layer, contiguous: what rt_attn_layer reads and writes when given
+ * one (a caller's own caches, e.g. --check's stage run); states use paged caches instead. */
 typedef struct rt_layer_cache {
     float *lat;                  /* [cap][kv_lora + qk_rope]: normalized latent, roped k_pe */
     float *idxk;                 /* [cap][idx_head_dim]: indexer keys (normed, roped) */
@@ -94,9 +96,13 @@ typedef struct rt_layer_cache {
 struct rt_state {
     const rt_model *m;
     uint32_t n_past, mtp_n_past;
-    uint32_t cap, mtp_cap;       /* positions allocated */
-    rt_layer_cache *c;           /* [n_ranks][n_layer] */
+    rt_kvtab main;               /* main layers' blocks (shared pool, or a private one) */
+    rt_kvtab mtp;                /* the NextN block's (private pool); pool NULL without MTP */
 };
+
+/* The layout of a pool for layers [il0, il1) of m (kvcache.h). */
+g5_status rt_kvpool_for_layers(const rt_model *m, uint32_t il0, uint32_t il1, uint32_t n_blocks,
+                               uint32_t block_tokens, rt_kvpool **out, g5_error *err);
 
 /* A barrier whose party count can shrink (when a rank worker cannot be started). */
 typedef struct rt_barrier {
@@ -106,12 +112,16 @@ typedef struct rt_barrier {
     uint64_t gen;
 } rt_barrier;
 
-/* A forward call shared by the rank workers. */
+/* A forward call shared by the rank workers. Row t of the call is token t of state s at
+ * position pos0 + t, or, when ss is set (batched decode), a token of state ss[t] at position
+ * pos[t]. */
 typedef struct rt_fwd {
     rt_model *m;
     rt_state *s;
     uint32_t n;                  /* tokens in this call */
     uint32_t pos0;               /* position of the first */
+    rt_state *const *ss;         /* [n] or NULL */
+    const uint32_t *pos;         /* [n] or NULL */
     rt_barrier bar;
     void **pub;                  /* [n_ranks] buffers each rank publishes for a collective */
     atomic_int failed;
@@ -154,6 +164,9 @@ typedef struct rt_work {
     float *gath;                 /* [n][n_embd] all-gather target (MTP eh_proj split by rows) */
 } rt_work;
 
+static inline rt_state *rt_fwd_state(const rt_fwd *f, uint32_t t) { return f->ss ? f->ss[t] : f->s; }
+static inline uint32_t rt_fwd_pos(const rt_fwd *f, uint32_t t) { return f->pos ? f->pos[t] : f->pos0 + t; }
+
 /* The replicated per-token work (norms, q_a, kv_a, the indexer, the router) is divided among the
  * ranks by token rows, each rank using its own copy of the weights, and the rows are then
  * exchanged (an all-gather). Each token's arithmetic is the same whichever rank does it, so this
@@ -170,8 +183,10 @@ static inline void rt_token_range(uint32_t n, uint32_t T, uint32_t r, uint32_t *
 void rt_allgather_rows(rt_fwd *f, uint32_t rank, void *base, size_t stride, size_t row_bytes);
 
 /* attn.c: one layer's attention for one rank: reads w->x, leaves the rank's partial output in
- * w->part (o_proj of its heads). Updates the caches at positions pos0 .. pos0 + n - 1.
- * When the layer shares the previous full layer's choice (no indexer), w->sel already holds it. */
+ * w->part (o_proj of its heads). Writes each row's latent and indexer key to the caches at the
+ * row's position: C's contiguous ones when C is given (rows at pos0 + t), otherwise each row's
+ * state's (paged; blocks already reserved). When the layer shares the previous full layer's
+ * choice (no indexer), w->sel already holds it. Expanded MLA needs all rows in one state. */
 void rt_attn_layer(rt_fwd *f, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_work *w);
 
 /* model.c: chooses one token's experts. logits [n_expert] become the gating scores (sigmoid, or

@@ -6,10 +6,11 @@
  *
  * Threads: libmicrohttpd runs one thread per connection; a loader thread opens the weights after
  * the socket is listening; one engine thread owns the model and runs decode steps over every
- * active sequence (continuous batching: requests join and leave between steps). Each sequence
- * has its own rt_state; its latent/indexer cache is accounted in fixed-size token blocks by a
- * block allocator (srv_blocks) that bounds the tokens held by all sequences together to
- * ctx_size. A sequence that needs a block when none is free preempts the most recently admitted
+ * active sequence (continuous batching: requests join and leave between steps; every decoding
+ * sequence advances in one rt_model_forward_batch call, so the weights are read once per step).
+ * Each sequence has its own rt_state whose latent/indexer cache lives in fixed-size token blocks
+ * of one shared rt_kvpool, sized to ctx_size tokens for all sequences together; srv_blocks is a
+ * view of that pool, so the metrics count the blocks that really hold caches. A sequence that needs a block when none is free preempts the most recently admitted
  * one, which is recomputed later from its prompt and the tokens it already produced (results
  * are unchanged: the model gives bit-identical results whether tokens are fed together or one
  * at a time, and the sampler keeps its state).

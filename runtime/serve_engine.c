@@ -1,5 +1,12 @@
 /* glm5-serve engine: model loading, the request queue, continuous batching over per-sequence
- * rt_states, and the cache block allocator. */
+ * rt_states, and the cache block allocator.
+ *
+ * The cache blocks are real: one rt_kvpool (--ctx-size / block_tokens blocks) holds every
+ * sequence's paged latent and indexer-key caches, and the srv_blocks the metrics read is a view
+ * of that pool, so a sequence's blocks are in use exactly while its rt_state holds them.
+ * Each engine iteration runs every sequence that is decoding (one token to feed) in one
+ * rt_model_forward_batch call, and every sequence with prompt left to prefill one chunk on its
+ * own. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,7 +57,23 @@ struct srv_blocks {
     uint32_t n_total, block_tokens, n_free;
     uint32_t *free_ids; /* stack of free block ids */
     uint8_t *used;      /* [n_total]: catches a block returned twice */
+    rt_kvpool *pool;    /* set: the counts are the pool's (owned); the tables are not used */
 };
+
+g5_status srv_blocks_create_pool(const rt_model *m, uint32_t n_blocks, uint32_t block_tokens,
+                                 srv_blocks **out, g5_error *err) {
+    g5_status st = srv_blocks_create(1, block_tokens, out, err);
+    if (st) return st;
+    if ((st = rt_kvpool_create(m, n_blocks, block_tokens, &(*out)->pool, err))) {
+        srv_blocks_free(*out);
+        *out = NULL;
+        return st;
+    }
+    (*out)->n_total = n_blocks;
+    return G5_OK;
+}
+
+rt_kvpool *srv_blocks_pool(const srv_blocks *b) { return b->pool; }
 
 g5_status srv_blocks_create(uint32_t n_blocks, uint32_t block_tokens, srv_blocks **out,
                             g5_error *err) {
@@ -77,13 +100,14 @@ g5_status srv_blocks_create(uint32_t n_blocks, uint32_t block_tokens, srv_blocks
 
 void srv_blocks_free(srv_blocks *b) {
     if (!b) return;
+    rt_kvpool_free(b->pool);
     free(b->free_ids);
     free(b->used);
     free(b);
 }
 
 uint32_t srv_blocks_n_total(const srv_blocks *b) { return b->n_total; }
-uint32_t srv_blocks_n_free(const srv_blocks *b) { return b->n_free; }
+uint32_t srv_blocks_n_free(const srv_blocks *b) { return b->pool ? rt_kvpool_n_free(b->pool) : b->n_free; }
 uint32_t srv_blocks_block_tokens(const srv_blocks *b) { return b->block_tokens; }
 
 uint32_t srv_blocks_needed(const srv_blocks *b, uint64_t n_tokens) {
@@ -92,6 +116,7 @@ uint32_t srv_blocks_needed(const srv_blocks *b, uint64_t n_tokens) {
 }
 
 g5_status srv_blocks_reserve(srv_blocks *b, srv_btable *t, uint64_t n_tokens, g5_error *err) {
+    if (b->pool) return g5_fail(err, G5_ERR_INVALID_ARG, "cache blocks: tables of a pool-backed allocator");
     uint32_t need = srv_blocks_needed(b, n_tokens);
     if (need <= t->n) return G5_OK;
     uint32_t add = need - t->n;
@@ -159,9 +184,9 @@ srv_req *srv_req_new(srv_server *s, srv_params *p) {
     return r;
 }
 
-/* Frees the engine's resources of r; returns its blocks (under mu). */
+/* Frees the engine's resources of r; its state returns its blocks to the pool (under mu). */
 static void req_drop_engine_locked(srv_server *s, srv_req *r) {
-    if (s->blocks) srv_blocks_release(s->blocks, &r->bt);
+    (void)s;
     rt_state_free(r->st);
     r->st = NULL;
     r->n_past = 0;
@@ -171,7 +196,6 @@ static void req_destroy(srv_req *r) {
     rt_state_free(r->st);
     samp_free(r->samp);
     tok_stream_free(r->ts);
-    free(r->bt.ids);
     free(r->feed);
     free(r->out_ids);
     free(r->out_lp);
@@ -341,10 +365,10 @@ static void *loader_main(void *arg) {
         max_ctx = s->cfg.ctx_size;
         if (hp->n_ctx_train && hp->n_ctx_train < max_ctx) max_ctx = hp->n_ctx_train;
         uint32_t nb = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
-        st = srv_blocks_create(nb, s->cfg.block_tokens, &blocks, &e);
+        st = srv_blocks_create_pool(m, nb, s->cfg.block_tokens, &blocks, &e);
     }
     if (st == G5_OK) {
-        logits = malloc((size_t)rt_model_hparams(m)->n_vocab * sizeof *logits);
+        logits = malloc((size_t)s->cfg.max_batch * rt_model_hparams(m)->n_vocab * sizeof *logits);
         if (!logits) st = g5_fail(&e, G5_ERR_NOMEM, "logits");
     }
     if (st == G5_OK) check_chat_template(s, rt_wset_meta(ws));
@@ -469,14 +493,14 @@ static void admit_locked(srv_server *s) {
         waiting_remove_at(s, 0);
         g5_error e = {0};
         g5_status st = G5_OK;
-        if (!r->st) st = rt_state_create(s->m, &r->st, &e);
+        if (!r->st) st = rt_state_create_paged(s->m, srv_blocks_pool(s->blocks), &r->st, &e);
         if (st == G5_OK && !r->samp) {
             st = samp_create(&r->p.sp, rt_model_hparams(s->m)->n_vocab, &r->samp, &e);
             if (st == G5_OK)
                 for (uint32_t i = 0; i < r->p.n_prompt; i++) samp_accept(r->samp, r->p.prompt[i]);
         }
         if (st == G5_OK && !r->ts) st = tok_stream_create(s->tok, 0, &r->ts, &e);
-        if (st == G5_OK) st = srv_blocks_reserve(s->blocks, &r->bt, pending, &e);
+        if (st == G5_OK) st = rt_state_reserve(r->st, r->n_past + pending, &e);
         r->state = SRV_R_RUNNING;
         r->admit_no = ++s->admit_counter;
         s->running[s->n_running++] = r;
@@ -555,55 +579,42 @@ static void flush_text_locked(srv_req *r) {
     if (r->n_out) r->out_text_end[r->n_out - 1] = (uint32_t)r->text_len;
 }
 
-/* One step of one sequence: a prompt chunk, or the last drawn token; draws the next token when
- * the feed is used up. */
-static void step(srv_server *s, srv_req *r) {
-    g5_error e = {0};
-    pthread_mutex_lock(&s->mu);
-    if (r->state != SRV_R_RUNNING || r->cancelled) {
-        pthread_mutex_unlock(&s->mu);
-        return;
-    }
-    uint32_t rem = r->n_feed - r->feed_off;
-    uint32_t chunk = rem < s->cfg.prefill_chunk ? rem : s->cfg.prefill_chunk;
-    while (srv_blocks_reserve(s->blocks, &r->bt, (uint64_t)r->n_past + chunk, NULL) != G5_OK) {
+/* Makes r's state hold blocks for n_tokens positions, preempting the most recently admitted
+ * sequences while the pool is short (under mu). Returns 0 if r itself was preempted or retired. */
+static int reserve_locked(srv_server *s, srv_req *r, uint32_t n_tokens) {
+    for (;;) {
+        g5_error e = {0};
+        if (rt_state_reserve(r->st, n_tokens, &e) == G5_OK) return 1;
+        const uint32_t bt = srv_blocks_block_tokens(s->blocks);
+        const uint32_t need = (n_tokens + bt - 1) / bt - rt_state_n_blocks(r->st);
+        if (need <= srv_blocks_n_free(s->blocks)) { /* not the pool: out of memory */
+            retire_locked(s, r, NULL, 500, e.msg);
+            return 0;
+        }
         srv_req *victim = NULL;
         for (uint32_t i = 0; i < s->n_running; i++)
             if (!victim || s->running[i]->admit_no > victim->admit_no) victim = s->running[i];
         if (!victim || (victim == r && s->n_running == 1)) {
             retire_locked(s, r, NULL, 500, "the cache is exhausted");
-            pthread_mutex_unlock(&s->mu);
-            return;
+            return 0;
         }
         preempt_locked(s, victim);
-        if (victim == r) {
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
+        if (victim == r) return 0;
     }
-    pthread_mutex_unlock(&s->mu);
+}
 
-    int last = chunk == rem;
-    rt_outputs out = {.logits = last ? s->logits : NULL};
-    g5_status st = rt_model_forward(s->m, r->st, r->feed + r->feed_off, chunk, &out, &e);
-    if (st != G5_OK) {
-        pthread_mutex_lock(&s->mu);
-        retire_locked(s, r, NULL, 500, e.msg);
-        pthread_mutex_unlock(&s->mu);
-        return;
-    }
-    r->n_past += chunk;
-    r->feed_off += chunk;
-    if (!last) return;
-
+/* r has run its feed up to the end and logits (its row) holds the next token's: draws it and
+ * publishes it, or finishes r. */
+static void draw(srv_server *s, srv_req *r, const float *logits) {
+    g5_error e = {0};
     const uint32_t V = rt_model_hparams(s->m)->n_vocab;
     int32_t id = -1;
     float lp = 0;
     srv_top top[SRV_MAX_TOP_LOGPROBS];
-    st = samp_sample(r->samp, s->logits, &id, &e);
+    g5_status st = samp_sample(r->samp, logits, &id, &e);
     if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
         st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);
-    if (st == G5_OK && r->p.logprobs) logprobs_of(s->logits, V, id, r->p.top_logprobs, &lp, top);
+    if (st == G5_OK && r->p.logprobs) logprobs_of(logits, V, id, r->p.top_logprobs, &lp, top);
     const char *bytes = NULL;
     size_t nb = 0;
     int eog = st == G5_OK && tok_is_eog(s->tok, id);
@@ -668,12 +679,79 @@ static void step(srv_server *s, srv_req *r) {
     pthread_mutex_unlock(&s->mu);
 }
 
+static int is_live_locked(const srv_req *r) { return r->state == SRV_R_RUNNING && !r->cancelled && r->st; }
+
+/* One prompt chunk of one sequence; draws the next token when the feed is used up. */
+static void prefill_step(srv_server *s, srv_req *r) {
+    g5_error e = {0};
+    pthread_mutex_lock(&s->mu);
+    if (!is_live_locked(r)) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    uint32_t rem = r->n_feed - r->feed_off;
+    uint32_t chunk = rem < s->cfg.prefill_chunk ? rem : s->cfg.prefill_chunk;
+    if (!reserve_locked(s, r, r->n_past + chunk)) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    pthread_mutex_unlock(&s->mu);
+
+    int last = chunk == rem;
+    rt_outputs out = {.logits = last ? s->logits : NULL};
+    g5_status st = rt_model_forward(s->m, r->st, r->feed + r->feed_off, chunk, &out, &e);
+    if (st != G5_OK) {
+        pthread_mutex_lock(&s->mu);
+        retire_locked(s, r, NULL, 500, e.msg);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    r->n_past += chunk;
+    r->feed_off += chunk;
+    if (last) draw(s, r, s->logits);
+}
+
+/* One token for each of the n decoding sequences in dec, in one batched forward call. */
+static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_state **sts, int32_t *toks) {
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < n; i++)
+        if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1);
+    /* a reservation may have preempted or retired sequences reserved before it */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (is_live_locked(dec[i])) dec[k++] = dec[i];
+    pthread_mutex_unlock(&s->mu);
+    if (!k) return;
+    for (uint32_t i = 0; i < k; i++) {
+        sts[i] = dec[i]->st;
+        toks[i] = dec[i]->feed[dec[i]->feed_off];
+    }
+    g5_error e = {0};
+    const uint32_t V = rt_model_hparams(s->m)->n_vocab;
+    g5_status st = rt_model_forward_batch(s->m, sts, toks, k, s->logits, &e);
+    if (st != G5_OK) {
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, 500, e.msg);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        dec[i]->n_past++;
+        dec[i]->feed_off++;
+        draw(s, dec[i], s->logits + (size_t)i * V);
+    }
+}
+
 static void *engine_main(void *arg) {
     srv_server *s = arg;
-    srv_req **batch = malloc((size_t)s->cfg.max_batch * sizeof *batch);
+    const size_t mb = s->cfg.max_batch;
+    srv_req **batch = malloc(mb * sizeof *batch), **dec = malloc(mb * sizeof *dec);
+    rt_state **sts = malloc(mb * sizeof *sts);
+    int32_t *toks = malloc(mb * sizeof *toks);
+    const int ok = batch && dec && sts && toks;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
-        if (s->load != SRV_READY || !batch) {
+        if (s->load != SRV_READY || !ok) {
             pthread_cond_wait(&s->engine_cv, &s->mu);
             continue;
         }
@@ -683,12 +761,17 @@ static void *engine_main(void *arg) {
             pthread_cond_wait(&s->engine_cv, &s->mu);
             continue;
         }
-        uint32_t n = s->n_running;
+        uint32_t n = s->n_running, nd = 0;
         memcpy(batch, s->running, n * sizeof *batch);
         /* The step loop holds a reference to each: a step may retire or preempt another. */
-        for (uint32_t i = 0; i < n; i++) batch[i]->refs++;
+        for (uint32_t i = 0; i < n; i++) {
+            batch[i]->refs++;
+            if (batch[i]->n_feed - batch[i]->feed_off == 1) dec[nd++] = batch[i];
+        }
         pthread_mutex_unlock(&s->mu);
-        for (uint32_t i = 0; i < n; i++) step(s, batch[i]);
+        if (nd) decode_step(s, dec, nd, sts, toks);
+        for (uint32_t i = 0; i < n; i++)
+            if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
         pthread_mutex_lock(&s->mu);
         for (uint32_t i = 0; i < n; i++)
             if (req_unref_locked(batch[i])) req_destroy(batch[i]);
@@ -704,6 +787,9 @@ static void *engine_main(void *arg) {
     }
     pthread_mutex_unlock(&s->mu);
     free(batch);
+    free(dec);
+    free(sts);
+    free(toks);
     return NULL;
 }
 

@@ -63,10 +63,9 @@ typedef struct srv_req {
     uint64_t admit_no;         /* order of (latest) admission; preemption takes the largest */
 
     /* engine-private */
-    rt_state *st;
+    rt_state *st;              /* paged caches from the server's pool; held only while RUNNING */
     samp_ctx *samp;
     tok_stream *ts;
-    srv_btable bt;             /* cache blocks: held only while RUNNING */
     uint32_t n_past;           /* tokens in st's caches */
     int32_t *feed;             /* tokens to run before the next draw: the prompt, then each
                                   drawn token; after a preemption the prompt and all output */
@@ -142,8 +141,8 @@ struct srv_server {
     uint32_t n_vocab;
     uint32_t max_ctx;          /* longest sequence (prompt + output) */
     chat_format chat_fmt;
-    srv_blocks *blocks;
-    float *logits;             /* [n_vocab] engine scratch */
+    srv_blocks *blocks;        /* a view of the kv pool (srv_blocks_create_pool) */
+    float *logits;             /* [max_batch][n_vocab] engine scratch */
 
     srv_req **waiting;         /* FIFO; preempted requests go back to the front */
     uint32_t n_waiting, cap_waiting;
@@ -162,6 +161,11 @@ struct srv_server {
 };
 
 /* serve_engine.c */
+/* A block allocator whose counts are those of a real rt_kvpool of n_blocks blocks for m (the
+ * pool is owned and freed by srv_blocks_free; srv_blocks_reserve is not used with it). */
+g5_status srv_blocks_create_pool(const rt_model *m, uint32_t n_blocks, uint32_t block_tokens,
+                                 srv_blocks **out, g5_error *err);
+rt_kvpool *srv_blocks_pool(const srv_blocks *b);
 g5_status srv_engine_start(srv_server *s, g5_error *err);
 void srv_engine_stop(srv_server *s);         /* after the HTTP daemon has stopped */
 srv_req *srv_req_new(srv_server *s, srv_params *p); /* takes over p's contents; refs = 1 */

@@ -290,6 +290,208 @@ static int run_full(rt_model *m, const int32_t *toks, run_result *r, int32_t *to
     return ok;
 }
 
+/* ---- paged caches and batched decode ---- */
+
+/* Runs a prompt then single-token decode steps on s; logits/hidden of every position. */
+static int run_steps(rt_model *m, rt_state *s, const int32_t *toks, uint32_t n_prompt, uint32_t n_total,
+                     float *logits, float *hidden, g5_error *e) {
+    const glm5_hparams *hp = rt_model_hparams(m);
+    const size_t V = hp->n_vocab, E = hp->n_embd;
+    if (n_prompt) {
+        rt_outputs o = {.logits = logits, .all_logits = 1, .hidden = hidden};
+        if (rt_model_forward(m, s, toks, n_prompt, &o, e)) return 0;
+    }
+    for (uint32_t t = n_prompt; t < n_total; t++) {
+        rt_outputs o = {.logits = logits + t * V, .hidden = hidden ? hidden + t * E : NULL};
+        if (rt_model_forward(m, s, toks + t, 1, &o, e)) return 0;
+    }
+    return 1;
+}
+
+enum { NSEQ = 5, BSTEPS = 5 };
+static const uint32_t seq_len[NSEQ] = {40, 0, 17, 33, 5}; /* prompt lengths */
+
+/* Sequence i's tokens: a rotation of the test tokens. */
+static int32_t seq_tok(const int32_t *toks, uint32_t i, uint32_t j) { return toks[(i * 7 + j) % NTOK]; }
+
+/* Paged == unpaged bit for bit (prompt past top_k, then decode steps across block boundaries);
+ * batched decode of NSEQ sequences at different lengths == each alone; pool exhaustion. */
+static void test_paged_batch(rt_model *m, const int32_t *toks, const char *label, int full) {
+    const glm5_hparams *hp = rt_model_hparams(m);
+    const size_t V = hp->n_vocab, E = hp->n_embd;
+    const uint32_t NP = 36; /* > top_k: the sparse path runs from position top_k on */
+    g5_error e = {0};
+    T_CHECK(NP > hp->idx_top_k, "%s: the paged prompt exceeds top_k", label);
+    float *lu = malloc(NTOK * V * sizeof(float)), *hu = malloc(NTOK * E * sizeof(float));
+    float *lp = malloc(NTOK * V * sizeof(float)), *hpg = malloc(NTOK * E * sizeof(float));
+    rt_state *su = NULL;
+    T_CHECK(rt_state_create(m, &su, &e) == G5_OK && run_steps(m, su, toks, NP, NTOK, lu, hu, &e),
+            "%s: unpaged run: %s", label, e.msg);
+    rt_state_free(su);
+    static const uint32_t bts[] = {5, 16, 1};
+    for (size_t k = 0; k < (full ? sizeof bts / sizeof bts[0] : 1); k++) {
+        rt_kvpool *pool = NULL;
+        rt_state *sp = NULL;
+        const uint32_t nb = (NTOK + bts[k] - 1) / bts[k];
+        T_CHECK(rt_kvpool_create(m, nb, bts[k], &pool, &e) == G5_OK, "%s: pool: %s", label, e.msg);
+        if (!pool) continue;
+        T_CHECK(rt_state_create_paged(m, pool, &sp, &e) == G5_OK, "%s: paged state", label);
+        memset(lp, 0, NTOK * V * sizeof(float));
+        int ok = sp && run_steps(m, sp, toks, NP, NTOK, lp, hpg, &e);
+        T_CHECK(ok, "%s: paged run (%u-token blocks): %s", label, bts[k], e.msg);
+        T_CHECK(ok && memcmp(lp, lu, NTOK * V * sizeof(float)) == 0 && memcmp(hpg, hu, NTOK * E * sizeof(float)) == 0,
+                "%s: paged (%u-token blocks) == unpaged, bit for bit", label, bts[k]);
+        T_CHECK(rt_state_n_blocks(sp) == nb && rt_kvpool_n_free(pool) == 0, "%s: %u blocks held (%u)", label, nb,
+                rt_state_n_blocks(sp));
+        /* the whole pool is in use: one more position does not fit, and the state is intact */
+        rt_outputs o1 = {.logits = lp};
+        g5_status st = rt_model_forward(m, sp, toks, 1, &o1, &e);
+        if (NTOK % bts[k] == 0)
+            T_CHECK(st == G5_ERR_NOMEM && strstr(e.msg, "kv pool exhausted") && rt_state_n_past(sp) == NTOK &&
+                        rt_state_n_blocks(sp) == nb,
+                    "%s: full pool refused: %s", label, e.msg);
+        else /* the last block has room */
+            T_CHECK(st == G5_OK && rt_state_n_past(sp) == NTOK + 1, "%s: room in the last block", label);
+        /* truncation returns blocks; re-running the dropped positions gives the same bits */
+        const uint32_t keep = NTOK - 11;
+        T_CHECK(rt_state_truncate(sp, keep, 0, &e) == G5_OK &&
+                    rt_state_n_blocks(sp) == (keep + bts[k] - 1) / bts[k] &&
+                    rt_kvpool_n_free(pool) == nb - rt_state_n_blocks(sp),
+                "%s: truncate returns blocks (%u free)", label, rt_kvpool_n_free(pool));
+        ok = run_steps(m, sp, toks + keep, 0, NTOK - keep, lp, NULL, &e);
+        T_CHECK(ok && memcmp(lp, lu + keep * V, (NTOK - keep) * V * sizeof(float)) == 0,
+                "%s: truncate + re-run (%u-token blocks) bit-identical", label, bts[k]);
+        rt_state_reset(sp);
+        T_CHECK(rt_state_n_blocks(sp) == 0 && rt_kvpool_n_free(pool) == nb, "%s: reset returns every block", label);
+        rt_state_free(sp);
+        rt_kvpool_free(pool);
+    }
+
+    /* batched decode: NSEQ sequences, each prefilled alone, then BSTEPS batched tokens */
+    float *alone = malloc((size_t)NSEQ * BSTEPS * V * sizeof(float));
+    float *bl = malloc((size_t)NSEQ * BSTEPS * V * sizeof(float)), *row = malloc(V * sizeof(float));
+    int32_t seq[NSEQ][NTOK];
+    int ok = 1;
+    for (uint32_t i = 0; i < NSEQ; i++) {
+        for (uint32_t j = 0; j < NTOK; j++) seq[i][j] = seq_tok(toks, i, j);
+        rt_state *s = NULL;
+        ok &= rt_state_create(m, &s, &e) == G5_OK;
+        if (ok && seq_len[i]) {
+            rt_outputs o = {.logits = row};
+            ok &= rt_model_forward(m, s, seq[i], seq_len[i], &o, &e) == G5_OK;
+        }
+        for (uint32_t j = 0; ok && j < BSTEPS; j++) {
+            rt_outputs o = {.logits = alone + ((size_t)j * NSEQ + i) * V};
+            ok &= rt_model_forward(m, s, seq[i] + seq_len[i] + j, 1, &o, &e) == G5_OK;
+        }
+        rt_state_free(s);
+    }
+    T_CHECK(ok, "%s: each sequence alone: %s", label, e.msg);
+    rt_kvpool *pool = NULL;
+    rt_state *ss[NSEQ] = {0};
+    T_CHECK(rt_kvpool_create(m, 64, 8, &pool, &e) == G5_OK, "%s: batch pool", label);
+    for (uint32_t i = 0; pool && i < NSEQ; i++) {
+        ok &= rt_state_create_paged(m, pool, &ss[i], &e) == G5_OK;
+        if (ok && seq_len[i]) {
+            rt_outputs o = {.logits = row};
+            ok &= rt_model_forward(m, ss[i], seq[i], seq_len[i], &o, &e) == G5_OK;
+        }
+    }
+    T_CHECK(ok && pool, "%s: paged prefill: %s", label, e.msg);
+    for (uint32_t j = 0; ok && pool && j < BSTEPS; j++) {
+        int32_t bt[NSEQ];
+        for (uint32_t i = 0; i < NSEQ; i++) bt[i] = seq[i][seq_len[i] + j];
+        ok &= rt_model_forward_batch(m, ss, bt, NSEQ, bl + (size_t)j * NSEQ * V, &e) == G5_OK;
+    }
+    T_CHECK(ok, "%s: batched decode ran: %s", label, e.msg);
+    int same = ok && memcmp(bl, alone, (size_t)NSEQ * BSTEPS * V * sizeof(float)) == 0;
+    printf("%s: batched decode of %u sequences (prompts 40/0/17/33/5), %u steps: %s\n", label, NSEQ, BSTEPS,
+           same ? "bit-identical to each alone" : "DIFFERS");
+    T_CHECK(same, "%s: batched decode == each sequence alone, bit for bit (rel L2 %.3e)", label,
+            rel_l2(bl, alone, (size_t)NSEQ * BSTEPS * V));
+    for (uint32_t i = 0; ok && i < NSEQ; i++)
+        T_CHECK(rt_state_n_past(ss[i]) == seq_len[i] + BSTEPS, "%s: row %u advanced", label, i);
+    /* a state twice in one batch, or a bad token: refused, nothing changes */
+    rt_state *dup[2] = {ss[0], ss[0]};
+    int32_t two[2] = {1, 2}, badt[2] = {1, (int32_t)V};
+    T_CHECK(rt_model_forward_batch(m, dup, two, 2, bl, &e) == G5_ERR_INVALID_ARG, "%s: duplicate state refused", label);
+    T_CHECK(rt_model_forward_batch(m, ss, badt, 2, bl, &e) == G5_ERR_INVALID_ARG &&
+                rt_state_n_past(ss[0]) == seq_len[0] + BSTEPS,
+            "%s: bad token refused", label);
+    for (uint32_t i = 0; i < NSEQ; i++) rt_state_free(ss[i]);
+    T_CHECK(!pool || rt_kvpool_n_free(pool) == 64, "%s: every block back after the states are freed", label);
+    rt_kvpool_free(pool);
+
+    if (full) {
+        /* pool of 6 blocks of 8: A holds 40 positions (5 blocks); B's 16-token prompt needs 2 */
+        pool = NULL;
+        rt_state *A = NULL, *B = NULL, *C = NULL;
+        T_CHECK(rt_kvpool_create(m, 6, 8, &pool, &e) == G5_OK, "small pool");
+        ok = pool && rt_state_create_paged(m, pool, &A, &e) == G5_OK &&
+             rt_state_create_paged(m, pool, &B, &e) == G5_OK && rt_state_create_paged(m, pool, &C, &e) == G5_OK;
+        rt_outputs o = {.logits = row};
+        ok = ok && rt_model_forward(m, A, seq[0], 40, &o, &e) == G5_OK;
+        T_CHECK(ok && rt_kvpool_n_free(pool) == 1, "A holds 5 of 6 blocks");
+        g5_status st = ok ? rt_model_forward(m, B, seq[2], 16, &o, &e) : G5_ERR_INTERNAL;
+        T_CHECK(st == G5_ERR_NOMEM && strstr(e.msg, "kv pool exhausted: 6 blocks"), "exhausted: %s", e.msg);
+        T_CHECK(ok && rt_state_n_past(B) == 0 && rt_state_n_blocks(B) == 0 && rt_kvpool_n_free(pool) == 1,
+                "the refused state holds nothing, the pool is unchanged");
+        /* C takes the last block (8 positions); a batch where A and C both need a new block fails
+         * as a whole: neither advances, no block is taken */
+        ok = ok && rt_model_forward(m, C, seq[3], 8, &o, &e) == G5_OK;
+        rt_state *ac[2] = {A, C};
+        int32_t t2[2] = {seq[0][40], seq[3][8]};
+        st = ok ? rt_model_forward_batch(m, ac, t2, 2, bl, &e) : G5_ERR_INTERNAL;
+        T_CHECK(st == G5_ERR_NOMEM && rt_state_n_past(A) == 40 && rt_state_n_past(C) == 8 &&
+                    rt_state_n_blocks(A) == 5 && rt_state_n_blocks(C) == 1 && rt_kvpool_n_free(pool) == 0,
+                "batch over a full pool refused, states unchanged: %s", e.msg);
+        /* freeing C makes room: B then runs and gives the same bits as an unpaged state */
+        rt_state_free(C);
+        C = NULL;
+        float *rb = malloc(16 * V * sizeof(float)), *ru = malloc(16 * V * sizeof(float));
+        rt_outputs ob = {.logits = rb, .all_logits = 1}, ou = {.logits = ru, .all_logits = 1};
+        rt_state_truncate(A, 32, 0, &e); /* and truncating A frees another block */
+        T_CHECK(rt_kvpool_n_free(pool) == 2, "C's and one of A's blocks are back (%u)", rt_kvpool_n_free(pool));
+        st = rt_model_forward(m, B, seq[2], 16, &ob, &e);
+        rt_state *U = NULL;
+        T_CHECK(st == G5_OK && rt_state_create(m, &U, &e) == G5_OK && rt_model_forward(m, U, seq[2], 16, &ou, &e) == G5_OK &&
+                    memcmp(rb, ru, 16 * V * sizeof(float)) == 0,
+                "after freeing, the refused state runs, bit-identical to unpaged");
+        /* and A, truncated, decodes on in a batch with B */
+        rt_state *ab[2] = {A, B};
+        int32_t t3[2] = {seq[0][32], seq[2][16]};
+        T_CHECK(rt_model_forward_batch(m, ab, t3, 2, bl, &e) == G5_ERR_NOMEM, "A and B need 2 blocks, none free");
+        rt_state_truncate(A, 31, 0, &e);
+        T_CHECK(rt_model_forward_batch(m, ab, t3, 2, bl, &e) == G5_ERR_NOMEM, "still none: truncating within a block frees nothing");
+        T_CHECK(rt_model_forward_batch(m, ab + 1, t3 + 1, 1, bl, &e) == G5_ERR_NOMEM, "B alone needs one");
+        rt_state_truncate(A, 16, 0, &e);
+        t3[0] = seq[0][16];
+        T_CHECK(rt_model_forward_batch(m, ab, t3, 2, bl, &e) == G5_OK, "after truncating A to 16: %s", e.msg);
+        float *ra = malloc(V * sizeof(float));
+        rt_outputs oa = {.logits = ra};
+        rt_state_reset(U);
+        int good = rt_model_forward(m, U, seq[0], 17, &oa, &e) == G5_OK && memcmp(ra, bl, V * sizeof(float)) == 0;
+        rt_state_reset(U);
+        good = good && rt_model_forward(m, U, seq[2], 17, &oa, &e) == G5_OK && memcmp(ra, bl + V, V * sizeof(float)) == 0;
+        T_CHECK(good, "the batch after exhaustion equals unpaged runs");
+        rt_state_free(U);
+        rt_state_free(A);
+        rt_state_free(B);
+        T_CHECK(!pool || rt_kvpool_n_free(pool) == 6, "all blocks back");
+        rt_kvpool_free(pool);
+        free(rb);
+        free(ru);
+        free(ra);
+    }
+    free(alone);
+    free(bl);
+    free(row);
+    free(lu);
+    free(hu);
+    free(lp);
+    free(hpg);
+}
+
 static void test_model_properties(rt_wset *ws, const int32_t *toks, run_result *ref) {
     g5_error e = {0};
     rt_model *m = NULL;
@@ -378,6 +580,8 @@ static void test_model_properties(rt_wset *ws, const int32_t *toks, run_result *
     T_CHECK(rt_model_forward(m, s, &bad, 1, &last, &e) == G5_ERR_INVALID_ARG, "token outside the vocabulary refused");
     rt_state_free(s);
 
+    test_paged_batch(m, toks, "TP=1", 1);
+
     /* absorbed vs expanded MLA, full and incremental */
     run_result ex = {0};
     rt_model_set_mla(m, RT_MLA_EXPANDED);
@@ -395,6 +599,7 @@ static void test_model_properties(rt_wset *ws, const int32_t *toks, run_result *
     }
     T_CHECK(ok && rel_l2(step, ex.logits, (size_t)NTOK * V) <= 1e-6, "expanded: incremental vs full");
     rt_state_free(s);
+    test_paged_batch(m, toks, "TP=1 expanded MLA", 0);
     free_run(&ex);
     rt_model_free(m);
 
@@ -577,6 +782,7 @@ static void test_tensor_parallel(rt_wset *ws, const int32_t *toks, const run_res
                 free_run(&ex);
             }
             free_run(&rr);
+            if (c < 2) test_paged_batch(m, toks, cfg[c].ep ? "TP=2 whole experts" : "TP=2", 0);
         }
         rt_model_free(m);
         rt_wset_free(tw);
