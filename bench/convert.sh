@@ -34,6 +34,15 @@ MODEL="$WORK/glm5-synth-l${LAYERS}-e${EXPERTS}.gguf"
 OUT="$WORK/out"
 
 now() { date +%s.%N; }
+# Arithmetic through bc where installed, else awk (bare machines lack bc): reads "scale=N; expr".
+if ! command -v bc >/dev/null 2>&1; then
+  bc() {
+    local e s=6
+    e=$(cat)
+    if [[ $e =~ ^scale=([0-9]+)\;(.*)$ ]]; then s=${BASH_REMATCH[1]}; e=${BASH_REMATCH[2]}; fi
+    awk "BEGIN { printf \"%.${s}f\\n\", ($e) }"
+  }
+fi
 drop() {
   if [ "$DROP_CACHES" = 1 ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
 }

@@ -72,7 +72,8 @@ __device__ __forceinline__ float ldf(const __half *p) { return __half2float(*p);
  * pos [max_sel]. */
 template <typename T>
 __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const float *__restrict__ qlat,
-                         const T *__restrict__ lat, int64_t n_pos, const int32_t *__restrict__ sel,
+                         const T *__restrict__ lat, const float *__restrict__ fresh, int64_t fresh0,
+                         int64_t n_pos, const int32_t *__restrict__ sel,
                          int64_t ld_sel, const int32_t *__restrict__ n_sel, int32_t max_sel,
                          float scale, float *__restrict__ out) {
     extern __shared__ float sm[];
@@ -110,10 +111,16 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
     }
     /* scores: a warp per key */
     for (int j = warp; j < ns; j += ATT_WARPS) {
-        const T *kr = lat + (int64_t)ps[j] * KVW;
         float a = 0.0f, b = 0.0f;
-        for (int c = lane; c < KL; c += 32) a += qv[c] * ldf(kr + c);
-        for (int i = lane; i < R; i += 32) b += qv[KL + i] * ldf(kr + KL + i);
+        if (fresh && ps[j] >= fresh0) {
+            const float *kr = fresh + (int64_t)(ps[j] - fresh0) * KVW;
+            for (int c = lane; c < KL; c += 32) a += qv[c] * kr[c];
+            for (int i = lane; i < R; i += 32) b += qv[KL + i] * kr[KL + i];
+        } else {
+            const T *kr = lat + (int64_t)ps[j] * KVW;
+            for (int c = lane; c < KL; c += 32) a += qv[c] * ldf(kr + c);
+            for (int i = lane; i < R; i += 32) b += qv[KL + i] * ldf(kr + KL + i);
+        }
         a = warp_sum(a);
         b = warp_sum(b);
         if (lane == 0) p[j] = __fmul_rn(__fadd_rn(a, b), scale);
@@ -142,8 +149,11 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
     /* output: each thread its latent columns, keys in ascending order */
     for (int c = threadIdx.x; c < KL; c += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < ns; j++)
-            acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(p[j], inv), ldf(lat + (int64_t)ps[j] * KVW + c)));
+        for (int j = 0; j < ns; j++) {
+            const float v = fresh && ps[j] >= fresh0 ? fresh[(int64_t)(ps[j] - fresh0) * KVW + c]
+                                                     : ldf(lat + (int64_t)ps[j] * KVW + c);
+            acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(p[j], inv), v));
+        }
         o[c] = acc;
     }
 }
@@ -183,7 +193,7 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
 
 template <typename T>
 static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
-                          int64_t n_pos, const int32_t *sel, int64_t ld_sel, const int32_t *n_sel,
+                          const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *sel, int64_t ld_sel, const int32_t *n_sel,
                           int32_t max_sel, float scale, float *out, size_t smem, cudaStream_t st,
                           g5_error *err) {
     if (smem > 48 * 1024) {
@@ -191,7 +201,7 @@ static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *ql
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "mla_attend: %zu bytes of shared memory: %s", smem, cudaGetErrorString(e));
     }
     dim3 grid((unsigned)d->n_head, (unsigned)d->n_tok);
-    k_attend<T><<<grid, ATT_THREADS, smem, st>>>(*d, q, qlat, lat, n_pos, sel, ld_sel, n_sel, max_sel, scale, out);
+    k_attend<T><<<grid, ATT_THREADS, smem, st>>>(*d, q, qlat, lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out);
     LAUNCH_CHECK("mla_attend");
     return G5_OK;
 }
@@ -201,19 +211,31 @@ extern "C" g5_status cuk_mla_attend(const cuk_mla_dims *d, const float *q, const
                                     const int32_t *sel, int64_t ld_sel, const int32_t *n_sel,
                                     int32_t max_sel, float scale, float *out, cuk_stream stream,
                                     g5_error *err) {
+    return cuk_mla_attend_fresh(d, q, qlat, lat, lat_type, NULL, n_pos, n_pos, sel, ld_sel, n_sel, max_sel, scale,
+                                out, stream, err);
+}
+
+extern "C" g5_status cuk_mla_attend_fresh(const cuk_mla_dims *d, const float *q, const float *qlat,
+                                          const void *lat, uint32_t lat_type, const float *fresh,
+                                          int64_t fresh0, int64_t n_pos, const int32_t *sel,
+                                          int64_t ld_sel, const int32_t *n_sel, int32_t max_sel,
+                                          float scale, float *out, cuk_stream stream, g5_error *err) {
     g5_status st = check_dims("mla_attend", d, err);
     if (st) return st;
     if (!q || !qlat || !lat || !sel || !n_sel || !out) return BAD("mla_attend: NULL pointer");
     if (n_pos < 1) return BAD("mla_attend: n_pos=%lld must be positive", (long long)n_pos);
+    if (fresh && (fresh0 < 0 || fresh0 >= n_pos))
+        return BAD("mla_attend: fresh0=%lld outside 0..n_pos-1 (%lld)", (long long)fresh0, (long long)n_pos - 1);
+    if (!fresh) fresh0 = n_pos;
     if (max_sel < 1 || max_sel > 16384 || ld_sel < max_sel)
         return BAD("mla_attend: max_sel=%d outside 1..16384 or above ld_sel=%lld", max_sel, (long long)ld_sel);
     if (d->n_tok > 65535) return BAD("mla_attend: n_tok=%d above 65535", d->n_tok);
     const size_t smem = (size_t)(d->kv_lora + d->rope) * sizeof(float) + (size_t)max_sel * (sizeof(float) + sizeof(int32_t));
     const cudaStream_t cs = (cudaStream_t)stream;
     switch (lat_type) {
-    case CUK_F32: return attend_t(d, q, qlat, (const float *)lat, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
-    case CUK_BF16: return attend_t(d, q, qlat, (const __nv_bfloat16 *)lat, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
-    case CUK_F16: return attend_t(d, q, qlat, (const __half *)lat, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
+    case CUK_F32: return attend_t(d, q, qlat, (const float *)lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
+    case CUK_BF16: return attend_t(d, q, qlat, (const __nv_bfloat16 *)lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
+    case CUK_F16: return attend_t(d, q, qlat, (const __half *)lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
     default: return BAD("mla_attend: lat_type %u is none of CUK_F32, CUK_BF16, CUK_F16", lat_type);
     }
 }

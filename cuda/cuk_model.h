@@ -115,6 +115,17 @@ g5_status cuk_mla_attend(const cuk_mla_dims *d, const float *q, const float *qla
                          const int32_t *n_sel, int32_t max_sel, float scale, float *out,
                          cuk_stream stream, g5_error *err);
 
+/* cuk_mla_attend with two key sources: positions < fresh0 are read from the cache lat
+ * (lat_type), positions fresh0 .. n_pos - 1 from fresh, float32 [n_pos - fresh0][kv_lora + rope]
+ * (the latents a forward call has just computed, before they were rounded into the cache).
+ * fresh NULL: lat alone (fresh0 ignored). Within one call attention thus sees its own tokens at
+ * full precision whatever the cache type; only later calls read them back rounded. */
+g5_status cuk_mla_attend_fresh(const cuk_mla_dims *d, const float *q, const float *qlat,
+                               const void *lat, uint32_t lat_type, const float *fresh,
+                               int64_t fresh0, int64_t n_pos, const int32_t *sel, int64_t ld_sel,
+                               const int32_t *n_sel, int32_t max_sel, float scale, float *out,
+                               cuk_stream stream, g5_error *err);
+
 /* ---- DSA lightning indexer ---- */
 
 /* For token t (position pos0 + t) and every key position s <= pos0 + t:

@@ -76,7 +76,7 @@ typedef struct gl_rank {
     uint32_t head_col0;
     int head_write;
     const float *out_norm;
-    int fast;                        /* bf16 inputs to the weight products */
+    int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
     void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
     float *idxk;                     /* [Lm][cap][ID] indexer keys */
     /* work buffers for up to ncap tokens */
@@ -391,7 +391,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         rt_gpu_opts_default(&def);
         opts = &def;
     }
-    if (opts->precision != RT_GPU_PRECISE && opts->precision != RT_GPU_FAST)
+    if (opts->precision != RT_GPU_PRECISE && opts->precision != RT_GPU_FAST && opts->precision != RT_GPU_BF16ACT)
         return g5_fail(err, G5_ERR_INVALID_ARG, "precision %d", (int)opts->precision);
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
@@ -404,11 +404,12 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     g->cpu = cpu;
     g->hp = cpu->hp;
     g->T = cpu->n_ranks;
-    const int fast = opts->precision == RT_GPU_FAST;
+    const int fast = opts->precision != RT_GPU_PRECISE;
+    const int bf16act = opts->precision == RT_GPU_BF16ACT;
     rt_gpu_cache ct = opts->cache ? opts->cache : fast ? RT_GPU_CACHE_BF16 : RT_GPU_CACHE_F32;
     g->lat_type = ct == RT_GPU_CACHE_BF16 ? CUK_BF16 : ct == RT_GPU_CACHE_F16 ? CUK_F16 : CUK_F32;
     g->lat_es = g->lat_type == CUK_F32 ? 4 : 2;
-    g->info.precision = fast ? "fast" : "precise";
+    g->info.precision = bf16act ? "bf16act" : fast ? "fast" : "precise";
     g->info.cache = g->lat_type == CUK_BF16 ? "bf16" : g->lat_type == CUK_F16 ? "f16" : "f32";
     g->rk = calloc(g->T, sizeof *g->rk);
     blob_set *set = NULL;
@@ -450,7 +451,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         gl_rank *rk = &g->rk[r];
         rk->r = r;
         rk->c = &cpu->ranks[r];
-        rk->fast = fast;
+        rk->fast = bf16act;
         rk->dev = (opts->device0 + (int)r) % ndev;
         if (g->coll == COLL_DEVICE) rk->dev = opts->device0;
         if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
@@ -724,7 +725,7 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t 
     const float eps = hp->rms_eps, theta = hp->rope_theta;
     CU(cudaSetDevice(rk->dev));
     CK(cuk_rms_norm(rk->x, E, L->attn_norm, rk->h, E, n, E, eps, cs, err));
-    CK(gemv(rk, &L->q_a, rk->h, E, n, rk->qr, QL, err));
+    CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx, err)); /* qr feeds the indexer */
     CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
     CK(gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
     uint8_t *lat = lat_of(g, rk, il);
@@ -752,8 +753,10 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t 
     CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
-    CK(cuk_mla_attend(&d, rk->q, rk->qlat, lat, g->lat_type, P, rk->sel, K, rk->n_sel, (int32_t)K,
-                      (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
+    /* this call's own tokens from their float32 latents (rk->latf), earlier ones from the cache */
+    CK(cuk_mla_attend_fresh(&d, rk->q, rk->qlat, lat, g->lat_type, g->lat_type == CUK_F32 ? NULL : rk->latf,
+                            (int64_t)pos0, P, rk->sel, K, rk->n_sel, (int32_t)K,
+                            (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
     for (int64_t h = 0; h < H; h++) {
         const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
         CK(gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));

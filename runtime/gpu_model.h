@@ -16,12 +16,26 @@
  * one, which is what lets a TP set run, and be tested, on a single GPU) and added to every
  * rank's residual stream. The vocabulary-split lm_head is gathered on the host.
  *
- * Precision: RT_GPU_PRECISE keeps activations and the latent/indexer caches in float32
- * (weights are dequantized inside the GEMV kernels, float32 accumulation). RT_GPU_FAST rounds
- * the input vectors of the large weight products (attention, experts, dense FFN, lm_head) to
- * bf16 and stores the latent cache in bf16 (float32 accumulation everywhere; the residual stream,
- * norms, softmax, the indexer's keys and the inputs of the router and indexer products stay
- * float32: their choices flip on bf16 rounding, and their weights are small). The latent cache type can be chosen apart from that (f32, bf16, f16).
+ * Precision policy (specs/numerics.md has the reasoning and the measurements). Every mode
+ * accumulates in float32 (softmax sums in double) and keeps the residual stream, the norms, the
+ * router and the DSA indexer (its q/k/weight projections, the k LayerNorm, its key cache, the
+ * scores and the top-k) in float32; weights are dequantized inside the kernels.
+ *   RT_GPU_PRECISE  float32 inputs to every weight product, float32 latent cache.
+ *   RT_GPU_FAST     the same arithmetic, latent cache in bf16 by default (f16 or f32 on request:
+ *                   half the cache bytes read per decoded token). Within one forward call the
+ *                   attention reads the call's own tokens from their float32 latents and only
+ *                   earlier calls' tokens from the cache, so a prompt's prefill is the precise
+ *                   result whatever the cache type; each later call reads them rounded. The
+ *                   product inputs stay float32 because the decode GEMVs are bound by weight
+ *                   bytes, not by the input vector (a few KB against megabytes of weights), while
+ *                   rounding it to bf16 cost 3e-3 relative per stage, enough on the oracle's
+ *                   random model to flip near-tied indexer/router choices (argmax 0.89-0.98
+ *                   instead of >= 0.99 on prompt 1).
+ *   RT_GPU_BF16ACT  that former fast mode, kept for measurement: product inputs rounded to bf16
+ *                   (attention, experts, dense FFN, lm_head; not q_a of indexer layers, whose
+ *                   output qr feeds the indexer), cache as RT_GPU_FAST. Not reachable from the CLI.
+ * A bf16 input path belongs with a tensor-core prefill GEMM, where it pays; that GEMM has to keep
+ * the indexer and router inputs float32 too.
  *
  * Everything here is built only with CUDA (cuda/model.mk defines G5_WITH_CUDA). One caller at a
  * time; a model holds one sequence (its caches). The NextN/MTP block is not run on the GPU. */
@@ -36,7 +50,7 @@
 
 typedef struct rt_gpu_model rt_gpu_model;
 
-typedef enum rt_gpu_precision { RT_GPU_PRECISE = 0, RT_GPU_FAST = 1 } rt_gpu_precision;
+typedef enum rt_gpu_precision { RT_GPU_PRECISE = 0, RT_GPU_FAST = 1, RT_GPU_BF16ACT = 2 } rt_gpu_precision;
 
 /* Latent cache storage; DEFAULT: f32 when precise, bf16 when fast. */
 typedef enum rt_gpu_cache {
@@ -58,7 +72,7 @@ void rt_gpu_opts_default(rt_gpu_opts *o);
 typedef struct rt_gpu_info {
     uint32_t n_ranks, n_devices;
     const char *collective;      /* "none", "device-sum" (ranks share a device) or "nccl" */
-    const char *precision;       /* "precise" or "fast" */
+    const char *precision;       /* "precise", "fast" or "bf16act" */
     const char *cache;           /* latent cache type: "f32", "bf16", "f16" */
     char device_name[256];
     uint64_t weight_bytes;       /* all ranks, the loaded tensor data */

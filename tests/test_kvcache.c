@@ -141,7 +141,10 @@ static void *thr_main(void *va) {
     a->ok = 1;
     for (int it = 0; it < 300; it++) {
         rt_kvtab t = {.pool = a->p};
-        if (rt_kvtab_reserve(&t, (uint64_t)(1 + (it + a->id) % 3) * BT, NULL) != G5_OK) continue; /* pool busy */
+        if (rt_kvtab_reserve(&t, (uint64_t)(1 + (it + a->id) % 3) * BT, NULL) != G5_OK) {
+            rt_kvtab_release(&t); /* pool busy: the table's arrays may have grown */
+            continue;
+        }
         for (uint32_t i = 0; i < t.n; i++)
             for (uint32_t j = 0; j < (uint32_t)(t.pool->block_floats); j++) t.ptr[i][j] = (float)a->id;
         for (uint32_t i = 0; i < t.n; i++)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build the GPU tree, run every GPU test, then glm5-run --device cuda
-# on the oracle (with --check). Everything goes to $OUT (log, build.log, test_gpu_model.log).
+# on the oracle (with --check), then the converter benchmark (bench/convert.sh, TP=8, on the
+# device's disk; CONVERT_BENCH=0 skips it, EXPERTS=64 makes it smaller, BENCH_LIMIT caps it in
+# seconds). Everything goes to $OUT (log, build.log, test_gpu_model.log, convert_bench.log).
 #
 #   GLM5_SHARED=... OUT=... bash tests/gpu/run_device.sh
 #
@@ -80,4 +82,12 @@ for kc in bf16 f16 f32; do
   echo "rc=$?"; grep -E "^glm5-run|logits rel" "$OUT/check_fast_$kc.txt" | tail -4
   [ "$ids" = "$GREEDY" ] && echo "fast/$kc greedy EQUALS the oracle's" || echo "fast/$kc greedy: $ids"
 done
+if [ "${CONVERT_BENCH:-1}" = 1 ]; then
+  echo "== converter benchmark (bench/convert.sh on the device's disk, EXPERTS=${EXPERTS:-160})"
+  rm -rf /tmp/g5bench
+  BIN=$B/bin/glm5-shard WORK=/tmp/g5bench TP=8 timeout "${BENCH_LIMIT:-240}" bash bench/convert.sh 2>&1 | tee "$OUT/convert_bench.log"
+  echo "bench rc=${PIPESTATUS[0]}"
+  df -h /tmp | tail -1; nproc
+  rm -rf /tmp/g5bench
+fi
 } 2>&1 | tee "$OUT/log"

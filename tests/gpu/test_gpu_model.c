@@ -13,9 +13,11 @@
  *    the indexer's top-k on prompt 2, the greedy continuation with the cache; for TP=1 blobs.
  *    TP=2, TP=2 --ep, TP=4 --ep (all ranks on one GPU, device-side sum) and the GGUF source:
  *    prompts 0 and 1 against the oracle and against TP=1 (rel L2 <= 1e-4).
- * 4. Fast mode (bf16 product inputs) with f32/bf16/f16 latent caches and precise mode with
- *    bf16/f16 caches: argmax agreement with the oracle on prompts 0 and 1 (printed; checked in the
- *    dense regime where the reference's top-2 gap > 0.01).
+ * 4. Fast mode with f32/bf16/f16 latent caches and precise mode with bf16/f16 caches: argmax
+ *    agreement with the oracle on prompts 0 and 1 >= 0.99 (the issue's target) and in the dense
+ *    regime where the reference's top-2 gap > 0.01; fast mode also with the cache read back
+ *    (prompt 1 decoded one token per call; checked for the f32 cache, printed for bf16/f16).
+ *    The bf16-product-input mode (RT_GPU_BF16ACT) is printed only.
  * 5. --check's machinery (rt_gpu_check) on prompt 1 plus decode steps: every stage within 1e-4
  *    of the CPU stage fed the same input.
  * Also row conversion to bf16/f16 (bit-exact vs format/quant.c). Runs on the device only
@@ -453,17 +455,35 @@ static void test_mla(void) {
                 latq[i] = lt == CUK_BF16 ? quant_bf16_to_f32(raw[i]) : quant_f16_to_f32(raw[i]);
             }
             void *dlt = dup_d(raw, (size_t)P * KVW * 2);
+            /* fr = 1: positions from fresh0 on come from float32 rows beside the cache
+             * (cuk_mla_attend_fresh: a forward call's own tokens), the rest from the cache */
+            for (int fr = 0; fr < 2; fr++) {
+            /* from 2/3 of the positions on, or from the last selected key if it lies before */
+            int64_t fresh0 = P;
+            if (fr) {
+                int64_t last = 0;
+                for (int t = 0; t < n; t++)
+                    if (sel[(int64_t)t * K + ns[t] - 1] > last) last = sel[(int64_t)t * K + ns[t] - 1];
+                fresh0 = P - P / 3 < last ? P - P / 3 : last;
+            }
             CK(cudaMemset(dout, 0xFF, (size_t)n * H * KL * 4));
-            T_CHECK(cuk_mla_attend(&d, dq, dql, dlt, lt, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
+            if (fr)
+                T_CHECK(cuk_mla_attend_fresh(&d, dq, dql, dlt, lt, dlat + fresh0 * KVW, fresh0, P, dsel, K, dns, K, scale,
+                                             dout, NULL, &e) == G5_OK, "attend_fresh: %s", e.msg);
+            else
+                T_CHECK(cuk_mla_attend(&d, dq, dql, dlt, lt, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
             get(out, dout, (size_t)n * H * KL * 4);
             double terr = 0, tmax = 0;
+            int64_t n_fresh = 0;
             for (int t = 0; t < n; t++)
                 for (int h = 0; h < H; h++) {
                     const float *qn = q + ((int64_t)t * H + h) * QW, *g = ql + ((int64_t)t * H + h) * KL;
                     const int m = ns[t];
                     double mx = -INFINITY, sum = 0;
                     for (int j = 0; j < m; j++) {
-                        const float *row = latq + (int64_t)sel[(int64_t)t * K + j] * KVW;
+                        const int64_t sp = sel[(int64_t)t * K + j];
+                        const float *row = (sp >= fresh0 ? lat : latq) + sp * KVW;
+                        n_fresh += sp >= fresh0;
                         double sv = 0;
                         for (int cc = 0; cc < KL; cc++) sv += (double)g[cc] * row[cc];
                         for (int i = 0; i < R; i++) sv += (double)qn[NOPE + i] * row[KL + i];
@@ -473,7 +493,8 @@ static void test_mla(void) {
                     for (int j = 0; j < m; j++) sum += (sc[j] = exp(sc[j] - mx));
                     for (int cc = 0; cc < KL; cc++) o[cc] = 0;
                     for (int j = 0; j < m; j++) {
-                        const float *row = latq + (int64_t)sel[(int64_t)t * K + j] * KVW;
+                        const int64_t sp = sel[(int64_t)t * K + j];
+                        const float *row = (sp >= fresh0 ? lat : latq) + sp * KVW;
                         for (int cc = 0; cc < KL; cc++) o[cc] += sc[j] / sum * row[cc];
                     }
                     const float *go = out + ((int64_t)t * H + h) * KL;
@@ -483,9 +504,16 @@ static void test_mla(void) {
                         if (fabs(o[cc]) > tmax) tmax = fabs(o[cc]);
                     }
                 }
-            printf("mla n=%d heads=%d P=%lld: %s latent cache: attend max err %.2e of max %.2e\n", n, H, (long long)P,
-                   lt == CUK_BF16 ? "bf16" : "f16", terr, tmax);
-            T_CHECK(terr <= 2e-5 * tmax, "mla config %zu cache type %u: err %.2e", c, lt, terr);
+            char frs[64] = "";
+            if (fr) snprintf(frs, sizeof frs, " + float32 rows from %lld", (long long)fresh0);
+            printf("mla n=%d heads=%d P=%lld: %s latent cache%s: attend max err %.2e of max %.2e\n", n, H, (long long)P,
+                   lt == CUK_BF16 ? "bf16" : "f16", frs, terr, tmax);
+            T_CHECK(terr <= 2e-5 * tmax, "mla config %zu cache type %u fresh %d: err %.2e", c, lt, fr, terr);
+            if (fr) T_CHECK(n_fresh > 0, "mla config %zu: no selected key among the float32 rows", c);
+            }
+            /* a fresh0 outside the positions is refused */
+            T_CHECK(cuk_mla_attend_fresh(&d, dq, dql, dlt, lt, dlat, P, P, dsel, K, dns, K, scale, dout, NULL, &e) ==
+                        G5_ERR_INVALID_ARG, "fresh0 = n_pos accepted");
             free(raw);
             free(latq);
             cudaFree(dlt);
@@ -1064,8 +1092,45 @@ static void close_gpu(rt_gpu_model *g, rt_model *m, rt_wset *ws) {
     rt_wset_free(ws);
 }
 
-/* Fast mode (bf16 product inputs) and the latent cache types: argmax agreement with the oracle on
- * prompts 0 and 1 (see the check below for what is checked and what is only printed). */
+/* The cache read back: prompt 1 as a 32-token prefill, then one token per call (each call
+ * attends the earlier tokens through the latent cache, in its storage type). With an f32
+ * cache that is the precise arithmetic in another order: held to the precise tolerance. The
+ * bf16/f16 numbers are measured and printed (what a rounded cache costs at decode). */
+static void decode_path(rt_gpu_model *g, const oracle *o, uint32_t V, const char *name, int f32_cache) {
+    const prompt *p = &o->p[1];
+    const uint32_t first = p->n < 32 ? p->n : 32;
+    float *lg = xmalloc((size_t)p->n * V * 4);
+    g5_error e = {0};
+    rt_gpu_reset(g);
+    rt_gpu_outputs out = {.logits = lg, .all_logits = 1};
+    g5_status st = rt_gpu_forward(g, p->ids, first, &out, &e);
+    for (uint32_t t = first; t < p->n && !st; t++) {
+        rt_gpu_outputs o1 = {.logits = lg + (size_t)t * V};
+        st = rt_gpu_forward(g, p->ids + t, 1, &o1, &e);
+    }
+    T_CHECK(st == G5_OK, "%s decode path: %s", name, e.msg);
+    if (!st) {
+        uint32_t agree = 0;
+        char miss[512] = "";
+        int mo = 0;
+        for (uint32_t t = 0; t < p->n; t++) {
+            const int a = argmax(lg + (size_t)t * V, V) == (uint32_t)p->argmax[t];
+            agree += a;
+            if (!a && mo < 400)
+                mo += snprintf(miss + mo, sizeof miss - (size_t)mo, " %u(gap %.3f)", t,
+                               (double)top2_gap(p->ref + (size_t)t * V, V));
+        }
+        const double rel = rel_l2(lg, p->ref, (size_t)p->n * V);
+        printf("mode %s: prompt 1 as prefill 0..%u + %u single-token calls (cache read back): argmax agreement "
+               "%.4f (%u/%u), logits rel L2 %.3e; misses at%s\n", name, first - 1, p->n - first,
+               (double)agree / p->n, agree, p->n, rel, mo ? miss : " none");
+        if (f32_cache) T_CHECK(rel <= k_tol_logits[1], "%s decode path: logits rel L2 %.3e", name, rel);
+    }
+    free(lg);
+}
+
+/* The precisions (runtime/gpu_model.h) and the latent cache types: argmax agreement with the
+ * oracle on prompts 0 and 1 (see the check below for what is checked and what is only printed). */
 static void test_modes(const char *dir, const oracle *o) {
     static const struct { rt_gpu_precision prec; rt_gpu_cache cache; const char *name; } cfg[] = {
         {RT_GPU_PRECISE, RT_GPU_CACHE_BF16, "precise, bf16 cache"},
@@ -1073,6 +1138,9 @@ static void test_modes(const char *dir, const oracle *o) {
         {RT_GPU_FAST, RT_GPU_CACHE_F32, "fast, f32 cache"},
         {RT_GPU_FAST, RT_GPU_CACHE_BF16, "fast, bf16 cache"},
         {RT_GPU_FAST, RT_GPU_CACHE_F16, "fast, f16 cache"},
+        {RT_GPU_BF16ACT, RT_GPU_CACHE_F32, "bf16act, f32 cache"},
+        {RT_GPU_BF16ACT, RT_GPU_CACHE_BF16, "bf16act, bf16 cache"},
+        {RT_GPU_BF16ACT, RT_GPU_CACHE_F16, "bf16act, f16 cache"},
     };
     g5_error e = {0};
     rt_wset *ws = NULL;
@@ -1122,16 +1190,21 @@ static void test_modes(const char *dir, const oracle *o) {
                        "oracle's top-2 gap > 0.01), logits rel L2 %.3e; misses at%s\n",
                        cfg[c].name, i, (double)agree / p->n, agree, p->n, dense, dense_n, sure, sure_n, rel,
                        mo ? miss : " none");
-                /* Checked: the dense regime (positions < 32 = top_k; past it, rounding flips the
-                 * indexer's near-tied choices on this random model, and the comparison measures
-                 * the flips: the oracle's README), at positions whose reference top-2 gap exceeds
-                 * 0.01 (the float32 paths' criterion, test_oracle_logits). The issue's target,
-                 * >= 0.99 over the whole prompts, is printed above, not checked. */
-                T_CHECK(sure == sure_n, "%s: prompt %d argmax up to position 31 where the gap > 0.01: %u/%u",
-                        cfg[c].name, i, sure, sure_n);
+                /* Checked for precise and fast: the issue's target, >= 0.99 over the whole prompt,
+                 * and the dense regime (positions < 32 = top_k) at positions whose reference top-2
+                 * gap exceeds 0.01 (the float32 paths' criterion, test_oracle_logits). The
+                 * bf16-input mode is only measured: its 3e-3 per-stage rounding flips near-tied
+                 * indexer/router choices on this random model (the oracle's README). */
+                if (cfg[c].prec != RT_GPU_BF16ACT) {
+                    T_CHECK(sure == sure_n, "%s: prompt %d argmax up to position 31 where the gap > 0.01: %u/%u",
+                            cfg[c].name, i, sure, sure_n);
+                    T_CHECK(agree >= 0.99 * p->n, "%s: prompt %d argmax agreement %u/%u below 0.99", cfg[c].name, i,
+                            agree, p->n);
+                }
             }
             free(lg);
         }
+        if (cfg[c].prec == RT_GPU_FAST) decode_path(g, o, V, cfg[c].name, cfg[c].cache == RT_GPU_CACHE_F32);
         rt_gpu_model_free(g);
     }
     rt_model_free(m);
