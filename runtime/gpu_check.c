@@ -217,63 +217,19 @@ static g5_status tf_reserve(rt_gpu_check *c, uint32_t need, g5_error *err) {
     return G5_OK;
 }
 
-static void swiglu(float *g, const float *u, size_t cnt) {
-    for (size_t i = 0; i < cnt; i++) g[i] = rt_silu(g[i]) * u[i];
-}
-
-/* model.c's ffn_dense / ffn_moe at T = 1: w->h holds the normed input; output in w->part. */
+/* model.c's FFN stages at T = 1: w->h holds the normed input; output in w->part. */
 static void tf_ffn(rt_model *m, rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n) {
     const glm5_hparams *hp = &m->hp;
     const uint32_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
     if (L->dense) {
-        rt_matmul(rk->pool, &L->ffn_gate, w->h, E, n, w->ga, rk->ff_l);
-        rt_matmul(rk->pool, &L->ffn_up, w->h, E, n, w->gb, rk->ff_l);
-        swiglu(w->ga, w->gb, (size_t)n * rk->ff_l);
-        rt_matmul(rk->pool, &L->ffn_down, w->ga, rk->ff_l, n, w->part, E);
+        rt_ffn_dense(rk, L, w, n, E);
         return;
     }
     rt_matmul(rk->pool, &L->router, w->h, E, n, w->rl, NE);
     for (uint32_t t = 0; t < n; t++)
         rt_moe_route(hp, w->rl + (size_t)t * NE, L->router_b, w->choice, w->allowed, w->gscore,
                      w->ch_e + (size_t)t * U, w->ch_w + (size_t)t * U);
-    memset(w->moe, 0, (size_t)n * E * sizeof(float));
-    for (uint32_t el = 0; el < rk->n_exp_l; el++) {
-        const int32_t e = (int32_t)(rk->exp0 + el);
-        uint32_t cnt = 0;
-        for (uint32_t t = 0; t < n; t++)
-            for (uint32_t k = 0; k < U; k++)
-                if (w->ch_e[(size_t)t * U + k] == e) {
-                    w->tok_list[cnt] = (int32_t)t;
-                    w->slot_list[cnt++] = (int32_t)k;
-                }
-        if (!cnt) continue;
-        for (uint32_t i = 0; i < cnt; i++)
-            memcpy(w->xe + (size_t)i * E, w->h + (size_t)w->tok_list[i] * E, E * sizeof(float));
-        rt_mat g, u, d;
-        (void)rt_mat_view(L->exp_gate->type, L->exp_gate->data, E, (uint64_t)el * L->exp_gate->ne[1],
-                          L->exp_gate->ne[1], &g, NULL);
-        (void)rt_mat_view(L->exp_up->type, L->exp_up->data, E, (uint64_t)el * L->exp_up->ne[1],
-                          L->exp_up->ne[1], &u, NULL);
-        (void)rt_mat_view(L->exp_down->type, L->exp_down->data, rk->ffe_l, (uint64_t)el * L->exp_down->ne[1],
-                          L->exp_down->ne[1], &d, NULL);
-        rt_matmul(rk->pool, &g, w->xe, E, cnt, w->ga, rk->ffe_l);
-        rt_matmul(rk->pool, &u, w->xe, E, cnt, w->gb, rk->ffe_l);
-        swiglu(w->ga, w->gb, (size_t)cnt * rk->ffe_l);
-        rt_matmul(rk->pool, &d, w->ga, rk->ffe_l, cnt, w->ye, E);
-        for (uint32_t i = 0; i < cnt; i++) {
-            const size_t t = (size_t)w->tok_list[i];
-            rt_axpy(w->ch_w[t * U + (size_t)w->slot_list[i]], w->ye + (size_t)i * E, w->moe + t * E, E);
-        }
-    }
-    if (hp->n_expert_shared && L->sh_contrib) {
-        rt_matmul(rk->pool, &L->sh_gate, w->h, E, n, w->ga, L->sh_l);
-        rt_matmul(rk->pool, &L->sh_up, w->h, E, n, w->gb, L->sh_l);
-        swiglu(w->ga, w->gb, (size_t)n * L->sh_l);
-        rt_matmul(rk->pool, &L->sh_down, w->ga, L->sh_l, n, w->part, E);
-        for (size_t i = 0; i < (size_t)n * E; i++) w->part[i] = w->moe[i] + w->part[i];
-    } else {
-        memcpy(w->part, w->moe, (size_t)n * E * sizeof(float));
-    }
+    rt_ffn_experts(rk, L, w, n, hp);
 }
 
 /* ---- the checked call ---- */

@@ -594,7 +594,7 @@ static void swiglu(float *g, const float *u, size_t cnt) {
     for (size_t i = 0; i < cnt; i++) g[i] = rt_silu(g[i]) * u[i];
 }
 
-static void ffn_dense(rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n, uint32_t E) {
+void rt_ffn_dense(rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n, uint32_t E) {
     rt_matmul(rk->pool, &L->ffn_gate, w->h, E, n, w->ga, rk->ff_l);
     rt_matmul(rk->pool, &L->ffn_up, w->h, E, n, w->gb, rk->ff_l);
     swiglu(w->ga, w->gb, (size_t)n * rk->ff_l);
@@ -685,6 +685,11 @@ static void ffn_moe(rt_fwd *f, rt_rank *rk, const rt_layer *L, rt_work *w, uint3
                      w->ch_e + (size_t)t * U, w->ch_w + (size_t)t * U);
     rt_allgather_rows(f, rk->r, w->ch_e, U * sizeof(int32_t), U * sizeof(int32_t));
     rt_allgather_rows(f, rk->r, w->ch_w, U * sizeof(float), U * sizeof(float));
+    rt_ffn_experts(rk, L, w, n, hp);
+}
+
+void rt_ffn_experts(rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n, const glm5_hparams *hp) {
+    const uint32_t E = hp->n_embd, U = hp->n_expert_used;
     memset(w->moe, 0, (size_t)n * E * sizeof(float));
     for (uint32_t el = 0; el < rk->n_exp_l; el++) {
         const int32_t e = (int32_t)(rk->exp0 + el);
@@ -734,7 +739,7 @@ static void layer_forward(rt_fwd *f, rt_rank *rk, rt_work *w, uint32_t il) {
     for (uint32_t t = 0; t < n; t++)
         rt_rmsnorm(w->x + (size_t)t * E, L->ffn_norm, E, m->hp.rms_eps, w->h + (size_t)t * E);
     if (L->dense)
-        ffn_dense(rk, L, w, n, E);
+        rt_ffn_dense(rk, L, w, n, E);
     else
         ffn_moe(f, rk, L, w, n);
     allreduce_add(f, rk, w, n);

@@ -196,6 +196,11 @@ void rt_attn_layer(rt_fwd *f, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_wo
  * expert_weights_scale. ch/cw [n_expert_used] come out in ascending expert order (the order the
  * experts' outputs are summed in). Ties go to the lower index. Scratch: choice [n_expert],
  * allowed [n_expert], gscore [n_group]. */
+/* The FFN stages on one rank (w->h holds the normed input; the output lands in w->part):
+ * the dense SwiGLU FFN, and the routed experts (choices already in w->ch_e / w->ch_w for all
+ * n tokens) plus the shared expert. Shared with the GPU --check, which recomputes each stage. */
+void rt_ffn_dense(rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n, uint32_t E);
+void rt_ffn_experts(rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n, const glm5_hparams *hp);
 void rt_moe_route(const glm5_hparams *hp, float *logits, const float *bias, float *choice,
                   uint8_t *allowed, float *gscore, int32_t *ch, float *cw);
 
