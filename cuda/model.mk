@@ -38,3 +38,10 @@ $(GPU_MODEL_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o $(GPU_RT_OBJ) $(LIB
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
 
 -include $(wildcard $(GPU_DIR)/obj/runtime/*.d)
+
+# tests/gpu/bench_load (bench/load.sh): the blob loader against read and H2D ceilings. Linked
+# like glm5-run (it needs runtime/gpu_load.c and format/), not through the generic bench rule.
+GPU_LOAD_BENCH := $(GPU_DIR)/tests/bench_load
+$(GPU_LOAD_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_load.o $(GPU_DIR)/obj/runtime/gpu_load.o $(LIB_FORMAT)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@

@@ -23,7 +23,7 @@ void rt_gpu_load_opts_default(rt_gpu_load_opts *o) {
     o->buf_bytes = 16u << 20;
     o->bufs_per_thread = 2;
     o->verify = 1;
-    o->direct = 1;
+    o->direct = 0;
 }
 
 static double now_s(void) {

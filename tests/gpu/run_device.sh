@@ -6,7 +6,7 @@
 #
 #   GLM5_SHARED=... OUT=... bash tests/gpu/run_device.sh
 #
-# Expects h9-deps/ (static xxhash, zstd, pcre2, jansson, microhttpd and their headers: the GPU
+# Expects gpu-deps/ (scripts/gpu-deps.sh makes it: static xxhash, zstd, pcre2, jansson, microhttpd and their headers: the GPU
 # machine has no such packages) and the oracle under $GLM5_SHARED. CC defaults to /opt/gcc/bin/gcc
 # when present. Warnings do not fail this build (another compiler than CI's may warn differently;
 # they are listed at the top of the log).
@@ -35,7 +35,7 @@ echo "== build"
 rm -f $B/gpu/obj/tests/gpu/test_gpu_model.*  # an older build compiled it from test_gpu_model.c.wip
 SECONDS=0
 make -k -j"$(nproc)" CC="$CC" BUILD=$B \
-  EXTRA_CFLAGS="-isystem h9-deps/include -Wno-error" EXTRA_LDFLAGS="-Lh9-deps/lib" \
+  EXTRA_CFLAGS="-isystem gpu-deps/include -Wno-error" EXTRA_LDFLAGS="-Lgpu-deps/lib" \
   gpu gpu-model $B/bin/glm5-shard >"$OUT/build.log" 2>&1
 echo "build rc=$? in ${SECONDS}s"
 grep -E "warning|error" "$OUT/build.log" | grep -v "Werror\|Wno-error" | head -20
