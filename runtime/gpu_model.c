@@ -116,6 +116,7 @@ struct rt_gpu_model {
     uint32_t lat_type;               /* CUK_F32, CUK_BF16, CUK_F16 */
     uint32_t lat_es;                 /* its element size */
     uint32_t n_past, cap;
+    cudaGraphExec_t gexec;           /* the decode step's executable graph (opts.cuda_graph) */
     rt_gpu_info info;
 #ifdef G5_HAVE_NCCL
     nccl_api nccl;
@@ -439,6 +440,8 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     }
 #endif
     g->info.collective = g->coll == COLL_NONE ? "none" : g->coll == COLL_DEVICE ? "device-sum" : "nccl";
+    /* without NCCL every rank works on rank 0's device and stream: one capture holds the step */
+    g->info.cuda_graph = opts->cuda_graph && g->coll != COLL_NCCL;
     if (opts->blob_dir) {
         if ((st = blob_set_open(opts->blob_dir, &set, err))) goto fail;
         if (blob_set_tp(set) != g->T) {
@@ -515,6 +518,10 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         gl_rank *rk = &g->rk[r];
         cudaSetDevice(rk->dev);
         if (rk->own_stream) cudaStreamSynchronize(rk->st);
+    }
+    if (g->gexec) {
+        cudaSetDevice(g->rk[0].dev);
+        cudaGraphExecDestroy(g->gexec);
     }
     for (uint32_t r = 0; g->rk && r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
@@ -867,36 +874,20 @@ static g5_status collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *e
     return G5_OK;
 }
 
-g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
-                         const rt_gpu_outputs *out, g5_error *err) {
-    if (n == 0) return G5_OK;
+/* The device work of one forward call after the token and position upload: embedding, layers,
+ * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
+ * `graph` (one token, no debugging outputs) every call below only enqueues on rank 0's stream,
+ * which is being captured. */
+static g5_status forward_device(rt_gpu_model *g, uint32_t n, uint32_t pos0, const rt_gpu_outputs *out, int graph,
+                                g5_error *err) {
     const glm5_hparams *hp = &g->hp;
-    for (uint32_t t = 0; t < n; t++)
-        if (tokens[t] < 0 || (uint32_t)tokens[t] >= hp->n_vocab)
-            return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)", tokens[t],
-                           t, hp->n_vocab);
-    if (g->n_past > INT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
-    const uint32_t pos0 = g->n_past, P = pos0 + n;
     const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
-    CK(cache_reserve(g, P, err));
-    int32_t *pos = malloc(n * sizeof *pos);
-    if (!pos) return g5_fail(err, G5_ERR_NOMEM, "positions");
-    for (uint32_t t = 0; t < n; t++) pos[t] = (int32_t)(pos0 + t);
-    g5_status st = G5_OK;
-    for (uint32_t r = 0; r < g->T && !st; r++) {
+    for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
-        st = work_reserve(g, rk, n, P, err);
-        cudaError_t ce = cudaSuccess;
-        if (!st) ce = cudaMemcpyAsync(rk->tok, tokens, n * 4, cudaMemcpyHostToDevice, rk->st);
-        if (!st && ce == cudaSuccess) ce = cudaMemcpyAsync(rk->pos, pos, n * 4, cudaMemcpyHostToDevice, rk->st);
-        if (!st && ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st); /* pos is freed below */
-        if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "token upload: %s", cudaGetErrorString(ce));
-        if (!st)
-            st = cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
-                                  (int64_t)E, (cuk_stream)rk->st, err);
+        CU(cudaSetDevice(rk->dev));
+        CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
+                            (int64_t)E, (cuk_stream)rk->st, err));
     }
-    free(pos);
-    if (st) return st;
     gl_rank *r0 = &g->rk[0];
     const uint64_t nE = (uint64_t)n * E;
     if (out && out->layer_hidden) CK(d2h(r0, out->layer_hidden, r0->x, nE * 4, err));
@@ -922,7 +913,7 @@ g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
         CK(cuk_rms_norm(rk->x, (int64_t)E, rk->out_norm, rk->h, (int64_t)E, n, (int64_t)E, hp->rms_eps,
                         (cuk_stream)rk->st, err));
     }
-    if (out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
+    if (!graph && out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
     if (out && out->logits) {
         const uint32_t first = out->all_logits ? 0 : n - 1;
         for (uint32_t r = 0; r < g->T; r++) {
@@ -932,12 +923,95 @@ g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
             const int64_t VL = rk->head.m;
             for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
                 const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
+                /* ranks sharing a device share rk->lg's stream but not rk->lg: a graph keeps each
+                 * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
                 CK(gemv(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
-                CU(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg, VL * 4,
-                                     VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
+                if (!graph)
+                    CU(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
+                                         VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
             }
         }
     }
+    return G5_OK;
+}
+
+/* forward_device recorded on rank 0's stream, then launched as one graph: the recording updates
+ * g->gexec in place (instantiated on first use, or again when an update is refused). */
+static g5_status forward_graph(rt_gpu_model *g, uint32_t pos0, const rt_gpu_outputs *out, g5_error *err) {
+    gl_rank *r0 = &g->rk[0];
+    CU(cudaSetDevice(r0->dev));
+    CU(cudaStreamBeginCapture(r0->st, cudaStreamCaptureModeThreadLocal));
+    g5_status st = forward_device(g, 1, pos0, out, 1, err);
+    cudaGraph_t graph = NULL;
+    const cudaError_t ce = cudaStreamEndCapture(r0->st, &graph);
+    if (!st && ce != cudaSuccess)
+        st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step: %s", cudaGetErrorString(ce));
+    if (st) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+    }
+    cudaError_t ge = cudaSuccess;
+    if (g->gexec) {
+        cudaGraphExecUpdateResultInfo ui;
+        if (cudaGraphExecUpdate(g->gexec, graph, &ui) != cudaSuccess) {
+            (void)cudaGetLastError(); /* a refused update is not an error: instantiate anew */
+            cudaGraphExecDestroy(g->gexec);
+            g->gexec = NULL;
+        }
+    }
+    if (!g->gexec) {
+        ge = cudaGraphInstantiate(&g->gexec, graph, 0);
+        if (ge == cudaSuccess) g->info.graph_instantiations++;
+        else g->gexec = NULL;
+    }
+    cudaGraphDestroy(graph);
+    if (ge != cudaSuccess)
+        return g5_fail(err, G5_ERR_INTERNAL, "cudaGraphInstantiate (decode step): %s", cudaGetErrorString(ge));
+    CU(cudaGraphLaunch(g->gexec, r0->st));
+    g->info.graph_steps++;
+    const uint64_t E = g->hp.n_embd;
+    if (out && out->hidden) CU(cudaMemcpyAsync(out->hidden, r0->h, E * 4, cudaMemcpyDeviceToHost, r0->st));
+    if (out && out->logits)
+        for (uint32_t r = 0; r < g->T; r++) {
+            gl_rank *rk = &g->rk[r];
+            if (rk->head_write)
+                CU(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
+                                   rk->st));
+        }
+    return G5_OK;
+}
+
+g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
+                         const rt_gpu_outputs *out, g5_error *err) {
+    if (n == 0) return G5_OK;
+    const glm5_hparams *hp = &g->hp;
+    for (uint32_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= hp->n_vocab)
+            return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)", tokens[t],
+                           t, hp->n_vocab);
+    if (g->n_past > INT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+    const uint32_t pos0 = g->n_past, P = pos0 + n;
+    CK(cache_reserve(g, P, err));
+    int32_t *pos = malloc(n * sizeof *pos);
+    if (!pos) return g5_fail(err, G5_ERR_NOMEM, "positions");
+    for (uint32_t t = 0; t < n; t++) pos[t] = (int32_t)(pos0 + t);
+    g5_status st = G5_OK;
+    /* allocation (cache_reserve, work_reserve) and the uploads stay outside any capture */
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        st = work_reserve(g, rk, n, P, err);
+        cudaError_t ce = cudaSuccess;
+        if (!st) ce = cudaSetDevice(rk->dev);
+        if (!st && ce == cudaSuccess) ce = cudaMemcpyAsync(rk->tok, tokens, n * 4, cudaMemcpyHostToDevice, rk->st);
+        if (!st && ce == cudaSuccess) ce = cudaMemcpyAsync(rk->pos, pos, n * 4, cudaMemcpyHostToDevice, rk->st);
+        if (!st && ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st); /* pos is freed below */
+        if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "token upload: %s", cudaGetErrorString(ce));
+    }
+    free(pos);
+    if (st) return st;
+    const int graph = g->info.cuda_graph && n == 1 &&
+                      !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
+    CK(graph ? forward_graph(g, pos0, out, err) : forward_device(g, n, pos0, out, 0, err));
     for (uint32_t r = 0; r < g->T; r++) {
         CU(cudaSetDevice(g->rk[r].dev));
         CU(cudaStreamSynchronize(g->rk[r].st));

@@ -65,6 +65,8 @@ typedef struct rt_gpu_opts {
                                     loaded by the reader threads (checksums per opts.load);
                                     NULL: copy from the weight set's host memory */
     rt_gpu_load_opts load;
+    int cuda_graph;              /* 1: single-token calls (decode steps) run as one CUDA graph
+                                    launch (see rt_gpu_forward); 0 (default): plain launches */
 } rt_gpu_opts;
 
 void rt_gpu_opts_default(rt_gpu_opts *o);
@@ -74,6 +76,11 @@ typedef struct rt_gpu_info {
     const char *collective;      /* "none", "device-sum" (ranks share a device) or "nccl" */
     const char *precision;       /* "precise", "fast" or "bf16act" */
     const char *cache;           /* latent cache type: "f32", "bf16", "f16" */
+    int cuda_graph;              /* decode steps replayed as CUDA graphs (opts.cuda_graph, and the
+                                    collective is not NCCL) */
+    uint64_t graph_steps;        /* forward calls that ran as a graph launch */
+    uint64_t graph_instantiations; /* of those, how many had to instantiate a new executable graph
+                                    (an update in place was refused) */
     char device_name[256];
     uint64_t weight_bytes;       /* all ranks, the loaded tensor data */
     uint64_t extra_bytes;        /* float32 copies (norms, biases, kv_b) */
@@ -102,7 +109,14 @@ typedef struct rt_gpu_outputs {
                                     ascending; -1 for dense layers) */
 } rt_gpu_outputs;
 
-/* Runs n tokens at positions n_past .. n_past + n - 1 and appends them to the caches. */
+/* Runs n tokens at positions n_past .. n_past + n - 1 and appends them to the caches.
+ * With opts.cuda_graph, a call of one token that asks for no debugging outputs (logits and
+ * hidden are fine) is recorded by stream capture instead of launched kernel by kernel, and the
+ * recording updates one executable graph in place (cudaGraphExecUpdate: same topology, new
+ * kernel arguments: position, key count, cache write offsets) that is then launched once. The
+ * kernels and their arguments are exactly those of the plain path, so the results are
+ * bit-identical. The kernels take positions as host arguments (cuk_model.h), which is why each
+ * step is re-recorded rather than replayed with device-side parameters. */
 g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
                          const rt_gpu_outputs *out, g5_error *err);
 

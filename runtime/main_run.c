@@ -40,7 +40,7 @@ typedef struct args {
     const char *dump_logits;
     long n_predict;
     int chat, think, ids, quiet;
-    int cuda, fast, no_verify, kv_cache;
+    int cuda, fast, no_verify, kv_cache, cuda_graph;
     long check;
     uint32_t threads;
     rt_mla_mode mla;
@@ -57,6 +57,7 @@ static void usage(FILE *f) {
             "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache;\n"
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
+            "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default off)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
             "                       print per layer/stage differences; exit 3 past tolerance\n"
             "  --no-verify          GPU: skip the blob checksums while loading\n"
@@ -123,6 +124,11 @@ static int parse_args(int argc, char **argv, args *a) {
             NEED();
             if (!strcmp(v, "precise")) a->fast = 0;
             else if (!strcmp(v, "fast")) a->fast = 1;
+            else BAD();
+        } else if (!strcmp(o, "--cuda-graph")) {
+            NEED();
+            if (!strcmp(v, "on")) a->cuda_graph = 1;
+            else if (!strcmp(v, "off")) a->cuda_graph = 0;
             else BAD();
         } else if (!strcmp(o, "--kv-cache")) {
             NEED();
@@ -351,6 +357,7 @@ int main(int argc, char **argv) {
         go.precision = a.fast ? RT_GPU_FAST : RT_GPU_PRECISE;
         go.cache = (rt_gpu_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
         go.load.verify = !a.no_verify;
+        go.cuda_graph = a.cuda_graph;
         if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = a.model;
         if ((st = rt_gpu_model_create(m, &go, &en.g, &e))) { rc = fail(&e, st, "GPU"); goto out; }
         const rt_gpu_info *gi = rt_gpu_model_info(en.g);

@@ -44,7 +44,7 @@ echo "== GPU tests"
 SECONDS=0
 $B/gpu/tests/test_gpu_model >"$OUT/test_gpu_model.log" 2>&1
 echo "test_gpu_model rc=$? in ${SECONDS}s"
-grep -E "FAIL|logits rel|greedy|loader|rt_gpu_model_create|check over|top-k:|hidden|mla |route |idx_|dequant|silu|GPU blobs|GPU gguf" "$OUT/test_gpu_model.log" | head -120
+grep -E "FAIL|graph|logits rel|greedy|loader|rt_gpu_model_create|check over|top-k:|hidden|mla |route |idx_|dequant|silu|GPU blobs|GPU gguf" "$OUT/test_gpu_model.log" | head -120
 tail -1 "$OUT/test_gpu_model.log"
 others=""
 for t in $B/gpu/tests/test_*; do case $t in *test_gpu_model) ;; *) others="$others $t";; esac; done
@@ -61,6 +61,12 @@ rc=$?
 cat "$OUT/check_tp1.txt"
 echo "rc=$rc ids: $ids"
 [ "$ids" = "$GREEDY" ] && echo "greedy continuation EQUALS the oracle's" || echo "greedy continuation DIFFERS from the oracle's: $GREEDY"
+echo "-- TP=1 blobs, prompt 1, 24 greedy tokens, --cuda-graph on (precise, then fast)"
+for pr in precise fast; do
+  ids=$($B/gpu/bin/glm5-run -m $W/tp1 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q --precision $pr --cuda-graph on)
+  echo "rc=$?"
+  [ "$ids" = "$GREEDY" ] && echo "$pr --cuda-graph on greedy EQUALS the oracle's" || echo "$pr --cuda-graph on greedy: $ids"
+done
 echo "-- TP=2 blobs on one GPU (device-side sum), --check 100"
 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids --check 100 2>&1 >/dev/null | tail -8
 echo "rc=${PIPESTATUS[0]}"

@@ -20,6 +20,8 @@
  *    The bf16-product-input mode (RT_GPU_BF16ACT) is printed only.
  * 5. --check's machinery (rt_gpu_check) on prompt 1 plus decode steps: every stage within 1e-4
  *    of the CPU stage fed the same input.
+ * 6. CUDA graphs (opts.cuda_graph): prompt 1 plus 65 greedy decode steps, tokens and logits
+ *    bit-identical to plain launches (TP=1 precise and fast, TP=2 on one device); both timed.
  * Also row conversion to bf16/f16 (bit-exact vs format/quant.c). Runs on the device only
  * (`make test-gpu`, GLM5_SHARED as for the CPU tests). */
 #include <cuda_runtime_api.h>
@@ -1061,6 +1063,113 @@ static void test_loader_chunks(const char *tmp) {
     blob_free(b);
 }
 
+/* ---- 6. CUDA graphs for the decode step ---- */
+
+/* Prompt 1, then 64 greedy decode steps, each choosing its token from its own logits: with
+ * opts.cuda_graph the steps are graph launches running the same kernels with the same arguments,
+ * so the tokens and every step's logits must be bit-identical to the plain run's. Timed both ways
+ * (printed, not asserted). */
+enum { GRAPH_STEPS = 64 };
+static int graph_run(rt_model *m, const char *dir, rt_gpu_precision prec, int use_graph, const oracle *o,
+                     uint32_t V, int32_t *toks, float *lg, double *secs, const char *name) {
+    g5_error e = {0};
+    rt_gpu_opts go;
+    rt_gpu_opts_default(&go);
+    go.precision = prec;
+    go.blob_dir = dir;
+    go.cuda_graph = use_graph;
+    rt_gpu_model *g = NULL;
+    T_CHECK(rt_gpu_model_create(m, &go, &g, &e) == G5_OK, "%s graph=%d: %s", name, use_graph, e.msg);
+    if (!g) return 0;
+    T_CHECK(rt_gpu_model_info(g)->cuda_graph == use_graph, "%s: info.cuda_graph = %d", name, use_graph);
+    const prompt *p = &o->p[1];
+    float *last = xmalloc((size_t)V * 4);
+    rt_gpu_outputs out = {.logits = last};
+    int ok = rt_gpu_forward(g, p->ids, p->n, &out, &e) == G5_OK;
+    /* one untimed step first: the graph's instantiation and the kernels' first-launch costs */
+    int32_t tok = (int32_t)argmax(last, V);
+    toks[0] = tok;
+    memcpy(lg, last, (size_t)V * 4);
+    ok = ok && rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
+    const double t0 = now_s();
+    for (uint32_t i = 1; ok && i <= GRAPH_STEPS; i++) {
+        tok = (int32_t)argmax(last, V);
+        toks[i] = tok;
+        memcpy(lg + (size_t)i * V, last, (size_t)V * 4);
+        ok = rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
+    }
+    *secs = now_s() - t0;
+    T_CHECK(ok, "%s graph=%d: decode: %s", name, use_graph, e.msg);
+    if (ok) {
+        toks[GRAPH_STEPS + 1] = (int32_t)argmax(last, V);
+        memcpy(lg + (size_t)(GRAPH_STEPS + 1) * V, last, (size_t)V * 4);
+    }
+    const rt_gpu_info *gi = rt_gpu_model_info(g);
+    if (use_graph) {
+        printf("%s: %llu graph steps, %llu instantiation(s)\n", name, (unsigned long long)gi->graph_steps,
+               (unsigned long long)gi->graph_instantiations);
+        T_CHECK(gi->graph_steps == GRAPH_STEPS + 1, "%s: every decode step ran as a graph (%llu)", name,
+                (unsigned long long)gi->graph_steps);
+    } else {
+        T_CHECK(gi->graph_steps == 0, "%s: no graph steps when off", name);
+    }
+    rt_gpu_model_free(g);
+    free(last);
+    return ok;
+}
+
+static void test_graphs(const char *dir, const char *dir_tp2, const oracle *o) {
+    static const struct { int tp2; rt_gpu_precision prec; const char *name; } cfg[] = {
+        {0, RT_GPU_PRECISE, "graph TP=1 precise"}, {0, RT_GPU_FAST, "graph TP=1 fast"},
+        {1, RT_GPU_PRECISE, "graph TP=2 (device-sum) precise"}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const char *d = cfg[c].tp2 ? dir_tp2 : dir;
+        g5_error e = {0};
+        rt_wset *ws = NULL;
+        rt_model *m = NULL;
+        T_CHECK(rt_wset_open_blobs(d, &ws, &e) == G5_OK, "%s: open: %s", cfg[c].name, e.msg);
+        rt_model_opts mo = {.n_threads = 1, .mla = RT_MLA_ABSORBED};
+        if (ws) T_CHECK(rt_model_create(ws, &mo, &m, &e) == G5_OK, "%s: model: %s", cfg[c].name, e.msg);
+        if (m) {
+            const uint32_t V = rt_model_hparams(m)->n_vocab;
+            int32_t ta[GRAPH_STEPS + 2], tb[GRAPH_STEPS + 2];
+            float *la = xmalloc((size_t)(GRAPH_STEPS + 2) * V * 4), *lb = xmalloc((size_t)(GRAPH_STEPS + 2) * V * 4);
+            double sa = 0, sb = 0;
+            const int oka = graph_run(m, d, cfg[c].prec, 0, o, V, ta, la, &sa, cfg[c].name);
+            const int okb = graph_run(m, d, cfg[c].prec, 1, o, V, tb, lb, &sb, cfg[c].name);
+            if (oka && okb) {
+                uint32_t same_tok = 0, same_lg = 0, first_diff = GRAPH_STEPS + 2;
+                double maxrel = 0;
+                for (uint32_t i = 0; i < GRAPH_STEPS + 2; i++) {
+                    same_tok += ta[i] == tb[i];
+                    const int eq = !memcmp(la + (size_t)i * V, lb + (size_t)i * V, (size_t)V * 4);
+                    same_lg += eq;
+                    if (!eq && first_diff == GRAPH_STEPS + 2) first_diff = i;
+                    const double r = rel_l2(lb + (size_t)i * V, la + (size_t)i * V, V);
+                    if (r > maxrel) maxrel = r;
+                }
+                uint32_t oracle_eq = 0;
+                while (oracle_eq < o->n_greedy && o->greedy_prompt == 1 && tb[oracle_eq] == o->greedy[oracle_eq]) oracle_eq++;
+                printf("%s: %u/%u tokens and %u/%u logit vectors bit-identical to the plain run (max rel L2 %.3g%s); "
+                       "first %u tokens equal the oracle's greedy\n",
+                       cfg[c].name, same_tok, GRAPH_STEPS + 2, same_lg, GRAPH_STEPS + 2, maxrel,
+                       first_diff < GRAPH_STEPS + 2 ? ", differences from step shown below" : "", oracle_eq);
+                if (first_diff < GRAPH_STEPS + 2) printf("%s: first differing step %u\n", cfg[c].name, first_diff);
+                printf("%s: %d decode steps: plain %.3f ms (%.1f us/step), graph %.3f ms (%.1f us/step), speedup %.2fx\n",
+                       cfg[c].name, GRAPH_STEPS, sa * 1e3, sa * 1e6 / GRAPH_STEPS, sb * 1e3, sb * 1e6 / GRAPH_STEPS,
+                       sb > 0 ? sa / sb : 0);
+                T_CHECK(same_tok == GRAPH_STEPS + 2, "%s: greedy tokens with graphs equal the plain run's", cfg[c].name);
+                T_CHECK(same_lg == GRAPH_STEPS + 2, "%s: logits with graphs bit-identical to the plain run's",
+                        cfg[c].name);
+            }
+            free(la);
+            free(lb);
+        }
+        rt_model_free(m);
+        rt_wset_free(ws);
+    }
+}
+
 /* ---- configurations ---- */
 
 static rt_gpu_model *open_gpu(const char *path, int blobs, rt_wset **ws, rt_model **m, const char *label) {
@@ -1311,6 +1420,7 @@ int main(void) {
     }
     test_modes(dirs[0], &o);
     test_check_tool(dirs[0], &o);
+    test_graphs(dirs[0], dirs[1], &o);
     for (int i = 0; i < N_PROMPTS; i++) free(cross[i]);
     free_oracle(&o);
     t_rmtree(tmp);
