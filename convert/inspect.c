@@ -198,8 +198,9 @@ static void add_group(json_t *groups, const char *group, uint64_t bytes) {
 }
 
 static void problem(json_t *audit, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends a formatted line to the "problems" array of a GGUF audit or a blob-set report. */
 static void problem(json_t *audit, const char *fmt, ...) {
-    char buf[1024];
+    char buf[1400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
@@ -636,16 +637,6 @@ static uint32_t guess_tp(const char *dir) {
     return tp;
 }
 
-static void blob_problem(json_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void blob_problem(json_t *r, const char *fmt, ...) {
-    char buf[1400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    json_array_append_new(json_object_get(r, "problems"), jstr(buf, strlen(buf)));
-}
-
 static void blobset_model(json_t *r, const blob *b0) {
     const gguf_ctx *meta = blob_get_meta(b0);
     json_t *m = json_object();
@@ -752,7 +743,7 @@ g5_status inspect_blobset(const char *dir, const inspect_opts *o, json_t **repor
         tp = rec.tp;
     } else {
         json_object_set_new(r, "record", json_null());
-        blob_problem(r, "set record: %s", e.msg);
+        problem(r, "set record: %s", e.msg);
         tp = guess_tp(dir);
     }
 
@@ -775,7 +766,7 @@ g5_status inspect_blobset(const char *dir, const inspect_opts *o, json_t **repor
         if (blob_open(path, &bl[k], &e) != G5_OK) {
             json_object_set_new(j, "opened", json_false());
             json_object_set_new(j, "error", jstr(e.msg, strlen(e.msg)));
-            blob_problem(r, "rank %u: %s", k, e.msg);
+            problem(r, "rank %u: %s", k, e.msg);
             json_array_append_new(ranks, j);
             continue;
         }
@@ -783,10 +774,10 @@ g5_status inspect_blobset(const char *dir, const inspect_opts *o, json_t **repor
         json_object_set_new(j, "opened", json_true());
         if (have_rec && blob_check_rank(bl[k], &rec, k, &e) != G5_OK) {
             json_object_set_new(j, "error", jstr(e.msg, strlen(e.msg)));
-            blob_problem(r, "rank %u: %s", k, e.msg);
+            problem(r, "rank %u: %s", k, e.msg);
         } else if (k > 0 && bl[0] && blob_check_compatible(bl[0], bl[k], &e) != G5_OK) {
             json_object_set_new(j, "error", jstr(e.msg, strlen(e.msg)));
-            blob_problem(r, "rank %u: %s", k, e.msg);
+            problem(r, "rank %u: %s", k, e.msg);
         } else {
             json_object_set_new(j, "error", json_null());
         }
@@ -803,7 +794,7 @@ g5_status inspect_blobset(const char *dir, const inspect_opts *o, json_t **repor
     }
     json_object_set_new(r, "tp", json_integer(tp));
     json_object_set_new(r, "ranks", ranks);
-    if (tp == 0) blob_problem(r, "%s: no rank files (rank-NNNNN-of-NNNNN.g5b)", dir);
+    if (tp == 0) problem(r, "%s: no rank files (rank-NNNNN-of-NNNNN.g5b)", dir);
 
     const blob *b0 = NULL;
     for (uint32_t k = 0; k < tp && !b0; k++) b0 = bl[k];
