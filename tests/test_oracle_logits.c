@@ -27,14 +27,6 @@
 #define LIGHT 0
 #endif
 
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -54,9 +46,9 @@ static float *run_prompt(rt_model *m, const prompt *p, float *layer_hidden, floa
     }
     rt_outputs out = {.logits = logits, .all_logits = 1, .hidden = hidden,
                       .layer_hidden = layer_hidden, .topk = topk};
-    double t0 = now_s();
+    double t0 = t_now_s();
     g5_status st = rt_model_forward(m, s, p->ids, p->n, &out, &e);
-    *secs = now_s() - t0;
+    *secs = t_now_s() - t0;
     rt_state_free(s);
     if (st) {
         printf("forward: %s\n", e.msg);

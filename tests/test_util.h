@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -133,6 +134,13 @@ static inline const char *t_bin(const char *name) {
         snprintf(b, sizeof buf[0], "%s/bin/%s", bd && *bd ? bd : "build", name);
     }
     return b;
+}
+
+/* Monotonic seconds, for the timings tests print (never assert on). */
+static inline double t_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 #endif

@@ -48,44 +48,10 @@
 #include "runtime/weights.h"
 #include "tests/test_util.h"
 
-#define CK(call)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));   \
-            t_failed++;                                                                          \
-            exit(t_report("test_gpu_model"));                                                    \
-        }                                                                                        \
-    } while (0)
+#define G5_TEST_NAME "test_gpu_model"
+#define G5_TEST_SEED 0x9e1e5eedull
+#include "tests/gpu/gpu_test_util.h"
 
-static uint64_t g_rng = 0x9e1e5eedull;
-static uint64_t rnd(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float unif(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        printf("FAIL: out of host memory\n");
-        exit(2);
-    }
-    return p;
-}
-static void *dalloc(size_t n) {
-    void *p = NULL;
-    CK(cudaMalloc(&p, n ? n : 16));
-    return p;
-}
 static void *dup_d(const void *h, size_t n) {
     void *d = dalloc(n);
     CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
@@ -636,9 +602,9 @@ static void check_gpu(rt_gpu_model *g, const glm5_hparams *hp, const oracle *o, 
         int32_t *tk = i == 2 ? xmalloc((size_t)NL * p->n * K * 4) : NULL;
         rt_gpu_reset(g);
         rt_gpu_outputs out = {.logits = lg, .all_logits = 1, .hidden = hid, .layer_hidden = lh, .topk = tk};
-        const double t0 = now_s();
+        const double t0 = t_now_s();
         g5_status st = rt_gpu_forward(g, p->ids, p->n, &out, &e);
-        const double secs = now_s() - t0;
+        const double secs = t_now_s() - t0;
         T_CHECK(st == G5_OK, "%s: prompt %d: %s", label, i, e.msg);
         if (!st) {
             const double rel = rel_l2(lg, p->ref, (size_t)p->n * V);
@@ -713,14 +679,14 @@ static void check_gpu(rt_gpu_model *g, const glm5_hparams *hp, const oracle *o, 
     rt_gpu_outputs out = {.logits = last};
     int ok = rt_gpu_forward(g, p->ids, p->n, &out, &e) == G5_OK;
     uint32_t match = 0;
-    const double t0 = now_s();
+    const double t0 = t_now_s();
     for (uint32_t i = 0; ok && i < o->n_greedy; i++) {
         int32_t tok = (int32_t)argmax(last, V);
         if (tok != o->greedy[i]) break;
         match++;
         ok = rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
     }
-    const double secs = now_s() - t0;
+    const double secs = t_now_s() - t0;
     T_CHECK(ok, "%s: greedy decode ran: %s", label, e.msg);
     printf("%s: greedy continuation of prompt %u: %u/%u tokens equal the oracle's (%u decode steps in %.3f s)\n", label,
            o->greedy_prompt, match, o->n_greedy, match, secs);
@@ -951,14 +917,14 @@ static int graph_run(rt_model *m, const char *dir, rt_gpu_precision prec, int us
     toks[0] = tok;
     memcpy(lg, last, (size_t)V * 4);
     ok = ok && rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
-    const double t0 = now_s();
+    const double t0 = t_now_s();
     for (uint32_t i = 1; ok && i <= GRAPH_STEPS; i++) {
         tok = (int32_t)argmax(last, V);
         toks[i] = tok;
         memcpy(lg + (size_t)i * V, last, (size_t)V * 4);
         ok = rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
     }
-    *secs = now_s() - t0;
+    *secs = t_now_s() - t0;
     T_CHECK(ok, "%s graph=%d: decode: %s", name, use_graph, e.msg);
     if (ok) {
         toks[GRAPH_STEPS + 1] = (int32_t)argmax(last, V);

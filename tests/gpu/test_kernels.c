@@ -19,19 +19,11 @@
 #include "format/quant.h"
 #include "tests/test_util.h"
 
+#define G5_TEST_NAME "test_kernels"
+#define G5_TEST_SEED 0x5eed1234abcdull
+#include "tests/gpu/gpu_test_util.h"
+
 #define TOL 1e-4
-
-#define CK(call)                                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            t_failed++;                                                                    \
-            exit(t_report("test_kernels"));                                                \
-        }                                                                                  \
-    } while (0)
-
-static uint64_t g_rng = 0x5eed1234abcdull;
 
 /* Per-case detail lines: stdout, and the file named by $G5_TEST_DETAIL if set (run_tests.sh
  * keeps only the summary and FAIL lines). */
@@ -48,29 +40,6 @@ static void note(const char *fmt, ...) {
         va_end(ap);
         fflush(g_detail);
     }
-}
-
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float unif(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        printf("FAIL: out of host memory (%zu bytes)\n", n);
-        exit(2);
-    }
-    return p;
-}
-
-static void *dalloc(size_t n) {
-    void *p = NULL;
-    CK(cudaMalloc(&p, n ? n : 16));
-    return p;
 }
 
 static void poison(void *d, size_t bytes) { CK(cudaMemset(d, 0xFF, bytes)); }

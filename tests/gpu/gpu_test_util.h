@@ -1,0 +1,51 @@
+/* Helpers shared by the GPU test programs (tests/gpu/test_*.c). Define G5_TEST_NAME (the name
+ * t_report prints) and G5_TEST_SEED before including; include tests/test_util.h first. */
+#ifndef G5_GPU_TEST_UTIL_H
+#define G5_GPU_TEST_UTIL_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* A failed CUDA call ends the program with the report so far: later checks would only repeat it. */
+#define CK(call)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));   \
+            t_failed++;                                                                          \
+            exit(t_report(G5_TEST_NAME));                                                        \
+        }                                                                                        \
+    } while (0)
+
+static uint64_t g_rng = G5_TEST_SEED;
+
+static inline uint64_t rnd(void) { /* splitmix64 */
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline float unif(float lo, float hi) {
+    return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0));
+}
+
+static inline void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        printf("FAIL: out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* Device memory (at least 16 bytes, so a zero-sized buffer still has an address). */
+static inline void *dalloc(size_t n) {
+    void *p = NULL;
+    CK(cudaMalloc(&p, n ? n : 16));
+    return p;
+}
+
+#endif
