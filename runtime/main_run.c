@@ -41,7 +41,7 @@ typedef struct args {
     long n_predict;
     int chat, think, ids, quiet;
     int cuda, fast, no_verify, kv_cache, cuda_graph;
-    long check;
+    long check, tp, gpu0;
     uint32_t threads;
     rt_mla_mode mla;
     samp_params sp;
@@ -54,6 +54,11 @@ static void usage(FILE *f) {
             "usage: glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]\n"
             "  -m PATH              a blob set directory (glm5-shard convert) or a GGUF (TP 1)\n"
             "  --device cpu|cuda    where to run (cuda: the CUDA build, build/gpu/bin/glm5-run)\n"
+            "  --tp N               tensor-parallel ranks: must equal the blob set's (a GGUF is\n"
+            "                       TP 1: `glm5-shard convert --tp N` first). With --device cuda\n"
+            "                       rank r runs on GPU (gpu0 + r) %% n_gpus, all ranks started by\n"
+            "                       this process, NCCL between distinct GPUs\n"
+            "  --gpu0 K             first CUDA device (default 0)\n"
             "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache;\n"
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
@@ -120,6 +125,10 @@ static int parse_args(int argc, char **argv, args *a) {
             NEED(); a->model = v;
         } else if (!strcmp(o, "--device")) {
             NEED(); a->device = v;
+        } else if (!strcmp(o, "--tp")) {
+            NEED(); if (!parse_long(v, 1, 4096, &a->tp)) BAD();
+        } else if (!strcmp(o, "--gpu0")) {
+            NEED(); if (!parse_long(v, 0, 4095, &a->gpu0)) BAD();
         } else if (!strcmp(o, "--precision")) {
             NEED();
             if (!strcmp(v, "precise")) a->fast = 0;
@@ -346,6 +355,13 @@ int main(int argc, char **argv) {
 
     double t0 = now_s();
     if ((st = rt_wset_open(a.model, &ws, &e))) { rc = fail(&e, st, a.model); goto out; }
+    if (a.tp && (uint32_t)a.tp != rt_wset_n_ranks(ws)) {
+        fprintf(stderr, "glm5-run: --tp %ld: %s holds %u rank%s (%s); write a TP %ld set with "
+                "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", a.tp, a.model, rt_wset_n_ranks(ws),
+                rt_wset_n_ranks(ws) > 1 ? "s" : "", rt_wset_source(ws), a.tp, a.tp);
+        rc = 2;
+        goto out;
+    }
     rt_model_opts mo = {.n_threads = a.threads, .mla = a.mla};
     if ((st = rt_model_create(ws, &mo, &m, &e))) { rc = fail(&e, st, "model"); goto out; }
     if ((st = tok_create(rt_wset_meta(ws), &tok, &e))) { rc = fail(&e, st, "tokenizer"); goto out; }
@@ -354,6 +370,7 @@ int main(int argc, char **argv) {
     if (a.cuda) {
         rt_gpu_opts go;
         rt_gpu_opts_default(&go);
+        go.device0 = (int)a.gpu0;
         go.precision = a.fast ? RT_GPU_FAST : RT_GPU_PRECISE;
         go.cache = (rt_gpu_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
         go.load.verify = !a.no_verify;

@@ -230,6 +230,18 @@ int main(void) {
     T_CHECK(run(bad5, NULL) == 1, "absent model: exit 1");
     char *bad6[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--device", "cuda", NULL};
     T_CHECK(run(bad6, NULL) == 2, "unavailable device: exit 2");
+    char *bad7[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--tp", "2", NULL};
+    T_CHECK(run(bad7, NULL) == 2, "--tp 2 on a GGUF (TP 1): exit 2");
+    char *bad8[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--tp", "0", NULL};
+    T_CHECK(run(bad8, NULL) == 2, "--tp 0: exit 2");
+    char *ok0[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--tp", "1", "-n", "1", "-q", NULL};
+    T_CHECK(run(ok0, NULL) == 0, "--tp 1 on a GGUF runs");
+    if (cst == G5_OK) {
+        char *bad9[] = {g_bin, "-m", blobs, "--tokens", "1", "--tp", "4", NULL};
+        T_CHECK(run(bad9, NULL) == 2, "--tp 4 on a TP 2 set: exit 2");
+        char *ok2[] = {g_bin, "-m", blobs, "--tokens", "1", "--tp", "2", "-n", "1", "-q", NULL};
+        T_CHECK(run(ok2, NULL) == 0, "--tp 2 on a TP 2 set runs");
+    }
     char *ok1[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "-p", "Hello", "--chat", "-n", "4", "--seed", "7", NULL};
     T_CHECK(run(ok1, NULL) == 0, "chat prompt with sampling runs");
 
