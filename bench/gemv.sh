@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
 # GEMV bandwidth on the GPU at GLM-5's per-rank shapes, against a cudaMemcpy D2D measured in the
-# same run (tests/gpu/bench_gemv.c). Needs nvcc and a GPU. Usage: bench/gemv.sh [iters]
+# same run (tests/gpu/bench_gemv.c), every kernel family (simt, tc, tc_sub) side by side.
+# First runs tests/gpu/test_kernels (TEST=0 skips it) and prints its Q4_K/Q8_0 lines and
+# failures, so one device call answers both "correct?" and "how fast?".
+# Needs nvcc and a GPU. Usage: [BUILD=build/dev] [TEST=0] bench/gemv.sh [iters]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-make -s gpu
-exec "${BUILD:-build}/gpu/tests/bench_gemv" "$@"
+B=${BUILD:-build}
+CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
+make -s -j"$(nproc)" CC="$CC" BUILD="$B" EXTRA_CFLAGS="-Wno-error" gpu
+if [ "${TEST:-1}" = 1 ]; then
+  echo "== test_kernels (Q4_K / Q8_0 lines, failures, summary)"
+  "$B/gpu/tests/test_kernels" >/tmp/gemv_test_kernels.log 2>&1 || true
+  grep -E "FAIL|passed|Q4_K|Q8_0" /tmp/gemv_test_kernels.log | head -200
+fi
+echo "== bench_gemv"
+exec "$B/gpu/tests/bench_gemv" "$@"

@@ -6,6 +6,9 @@
 NVCC      ?= nvcc
 CUDA_ARCH ?= 90
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+# cuBLAS (cuda/gemm.cu) by its unversioned name where a development link exists, else the
+# runtime's soname (a machine with only libcublas.so.13 installed)
+CUBLAS_LINK ?= $(if $(wildcard $(CUDA_HOME)/lib64/libcublas.so /usr/lib/x86_64-linux-gnu/libcublas.so /usr/lib64/libcublas.so),-lcublas,-l:libcublas.so.13)
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -I. \
              -Xcompiler -Wall,-Wextra,-Wno-unknown-pragmas -Werror all-warnings -MMD -MP $(EXTRA_NVCCFLAGS)
 
@@ -46,7 +49,7 @@ GPU_FORMAT_OBJ := $(BUILD)/obj/format/quant.o $(BUILD)/obj/format/status.o
 
 $(GPU_DIR)/tests/%: $(GPU_DIR)/obj/tests/gpu/%.o $(GPU_LIB) $(GPU_FORMAT_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) $^ -lm -lpthread -o $@
+	$(NVCC) -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) $^ $(CUBLAS_LINK) -lm -lpthread -o $@
 
 # Per-case lines of the GPU tests also go to $(GPU_DIR)/test-gpu-detail.log.
 test-gpu: gpu

@@ -2,14 +2,63 @@
  * ggml type to the per-type instantiations (cuda/gemv_<type>.cu, kernels in gemv_impl.cuh). */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuk_internal.cuh"
+#include "cuda/gemv_tc.cuh" /* tc::applies; the kernels are instantiated per type */
 
 namespace cuk {
 template <int T> g5_status gemv_run(const cuk_gemv_args *, cudaStream_t, g5_error *);
 template <int T> g5_status gate_up_run(const cuk_moe_gate_up_args *, cudaStream_t, g5_error *);
 template <int T> g5_status down_run(const cuk_moe_down_args *, cudaStream_t, g5_error *);
 } // namespace cuk
+CUK_GEMV_TC_EXTERN(QT_Q4_K)
+CUK_GEMV_TC_EXTERN(QT_Q8_0)
+
+/* ---- kernel family selection (cuk_gemv_set_impl) ---- */
+
+static int g_impl = -1; /* -1: not read from the environment yet */
+
+static int impl_now(void) {
+    if (g_impl < 0) {
+        const char *e = getenv("CUK_GEMV_IMPL");
+        g_impl = !e ? CUK_GEMV_AUTO
+                 : !strcmp(e, "simt") ? CUK_GEMV_SIMT
+                 : !strcmp(e, "tc_sub") ? CUK_GEMV_TC_SUB
+                                         : CUK_GEMV_AUTO;
+    }
+    return g_impl;
+}
+
+extern "C" void cuk_gemv_set_impl(int impl) {
+    g_impl = impl == CUK_GEMV_SIMT || impl == CUK_GEMV_TC_SUB ? impl : CUK_GEMV_AUTO;
+}
+extern "C" int cuk_gemv_get_impl(void) { return impl_now(); }
+
+extern "C" int cuk_gemv_tc_applies(uint32_t type, int64_t k, int32_t n) {
+    if (k <= 0 || k > (1LL << 20) || n < 1 || n > CUK_GEMV_MAX_N) return 0;
+    if (type == QT_Q4_K) return cuk::tc::max_nv<QT_Q4_K>(k) > 0;
+    if (type == QT_Q8_0) return cuk::tc::max_nv<QT_Q8_0>(k) > 0;
+    return 0;
+}
+
+/* Runs the tensor-core kernel of fn for Q4_K/Q8_0 unless CUK_GEMV_SIMT; *done = 0: not taken. */
+#define TRY_TC(fn, type, a, s, done, err)                                                       \
+    do {                                                                                        \
+        const int impl_ = impl_now();                                                           \
+        *(done) = 0;                                                                            \
+        if (impl_ != CUK_GEMV_SIMT) {                                                           \
+            const bool sub_ = impl_ == CUK_GEMV_TC_SUB;                                         \
+            if ((type) == QT_Q4_K) {                                                            \
+                g5_status st_ = cuk::tc::fn<QT_Q4_K>(a, sub_, done, s, err);                    \
+                if (st_ != G5_OK || *(done)) return st_;                                        \
+            } else if ((type) == QT_Q8_0) {                                                     \
+                g5_status st_ = cuk::tc::fn<QT_Q8_0>(a, sub_, done, s, err);                    \
+                if (st_ != G5_OK || *(done)) return st_;                                        \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
 
 /* Elements per block of the GPU kernels' types (0: no GPU kernel). */
 static int gpu_block(uint32_t type) {
@@ -91,6 +140,8 @@ extern "C" g5_status cuk_gemv(const cuk_gemv_args *a, cuk_stream stream, g5_erro
     if (st != G5_OK) return st;
     if (!a->y) return BAD("gemv: y is NULL");
     if (a->ldy < a->m) return BAD("gemv: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+    int done = 0;
+    TRY_TC(gemv_run, a->w_type, a, (cudaStream_t)stream, &done, err);
     DISPATCH(gemv_run, a->w_type, a, (cudaStream_t)stream, err)
 }
 
@@ -122,6 +173,8 @@ extern "C" g5_status cuk_moe_gate_up(const cuk_moe_gate_up_args *a, cuk_stream s
     if (st != G5_OK) return st;
     if (!a->out) return BAD("moe_gate_up: out is NULL");
     if (a->ldo < a->m) return BAD("moe_gate_up: ldo=%lld < m=%lld", (long long)a->ldo, (long long)a->m);
+    int done = 0;
+    TRY_TC(gate_up_run, a->w_type, a, (cudaStream_t)stream, &done, err);
     DISPATCH(gate_up_run, a->w_type, a, (cudaStream_t)stream, err)
 }
 
@@ -139,5 +192,7 @@ extern "C" g5_status cuk_moe_down(const cuk_moe_down_args *a, cuk_stream stream,
     if (st != G5_OK) return st;
     if (!a->y) return BAD("moe_down: y is NULL");
     if (a->ldy < a->m) return BAD("moe_down: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+    int done = 0;
+    TRY_TC(down_run, a->w_type, a, (cudaStream_t)stream, &done, err);
     DISPATCH(down_run, a->w_type, a, (cudaStream_t)stream, err)
 }

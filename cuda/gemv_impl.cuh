@@ -846,7 +846,10 @@ static g5_status launch_gemv(const cuk_gemv_args *a, cudaStream_t st, g5_error *
     const int64_t rb = (int64_t)nblk_row * Q::BB;
     const int nchunks = (nblk_row + Q::NB - 1) / Q::NB;
     const int64_t tiles = (a->m + R - 1) / R;
-    const int ks = pick_ks(tiles, nchunks);
+    /* split-K from the weight shape alone (the tile count at R = 4, whatever R and n are): a
+     * row's summation order then never depends on how many vectors share the launch, so a
+     * batched decode step (rt_gpu_forward_batch) reproduces one-vector launches bit for bit */
+    const int ks = pick_ks((a->m + 3) / 4, nchunks);
     const int tpc = WARPS / ks;
     const int64_t grid = (tiles + tpc - 1) / tpc;
     if (grid > 0x7fffffff) return g5_fail(err, G5_ERR_INVALID_ARG, "gemv: m=%lld too large", (long long)a->m);
@@ -876,7 +879,7 @@ static g5_status launch_gate_up(const cuk_moe_gate_up_args *a, cudaStream_t st, 
     const int64_t rb = (int64_t)nblk_row * Q::BB;
     const int nchunks = (nblk_row + Q::NB - 1) / Q::NB;
     const int64_t tiles_e = (a->m + 1) / 2;
-    const int ks = pick_ks(tiles_e * a->top_k * a->n_tok, nchunks);
+    const int ks = pick_ks(tiles_e * a->top_k, nchunks); /* not n_tok: see launch_gemv */
     const int tpc = WARPS / ks;
     const int64_t gx = (tiles_e + tpc - 1) / tpc;
     if (gx > 0x7fffffff) return g5_fail(err, G5_ERR_INVALID_ARG, "moe_gate_up: m=%lld too large", (long long)a->m);

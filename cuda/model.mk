@@ -13,7 +13,9 @@ GPU_RT_SRC      := $(wildcard runtime/gpu_*.c)
 GPU_RT_OBJ      := $(patsubst %.c,$(GPU_DIR)/obj/%.o,$(GPU_RT_SRC))
 GPU_CFLAGS       = $(CFLAGS) -DG5_WITH_CUDA -isystem $(CUDA_HOME)/include
 GPU_STATIC_LIBS := -Wl,-Bstatic -ljansson -lpcre2-8 -lzstd -lxxhash -Wl,-Bdynamic
-GPU_SYS_LIBS    := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt -lm -lpthread
+# cuBLAS (the prefill GEMM path, cuda/gemm.cu) is linked dynamically (CUBLAS_LINK, cuda.mk): the
+# toolkit here ships no static one, and the GPU machines have libcublas.so.13 in the system path.
+GPU_SYS_LIBS    := -L$(CUDA_HOME)/lib64 $(CUBLAS_LINK) -lcudart_static -lstdc++ -ldl -lrt -lm -lpthread
 GPU_MODEL_TEST  := $(GPU_DIR)/tests/test_gpu_model
 GPU_MODEL_TEST_SRC := $(firstword $(wildcard tests/gpu/test_gpu_model.c tests/gpu/test_gpu_model.c.wip))
 
@@ -26,6 +28,23 @@ $(GPU_DIR)/obj/runtime/%.o: runtime/%.c
 	$(CC) $(GPU_CFLAGS) -c $< -o $@
 
 $(GPU_DIR)/bin/glm5-run: $(GPU_DIR)/obj/runtime/main_run.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+
+# glm5-serve --device cuda: serve_gpu.c (the backend) and serve_notls.c (GnuTLS stubs for the
+# static libmicrohttpd, which the GPU machine has no GnuTLS for) built with G5_WITH_CUDA ahead of
+# the CPU archive; tests/gpu/test_gpu_serve checks batched against one-at-a-time decoding and is
+# the concurrent client of tests/gpu/serve_gpu.sh.
+GPU_SERVE_OBJ  := $(GPU_DIR)/obj/runtime/serve_gpu.o $(GPU_DIR)/obj/runtime/serve_notls.o
+GPU_SERVE_TEST := $(GPU_DIR)/tests/test_gpu_serve
+gpu: $(GPU_DIR)/bin/glm5-serve
+gpu-model: $(GPU_DIR)/bin/glm5-serve $(GPU_SERVE_TEST)
+
+$(GPU_DIR)/bin/glm5-serve: $(GPU_DIR)/obj/runtime/main_serve.o $(GPU_SERVE_OBJ) $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic -lmicrohttpd -Wl,-Bdynamic $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+
+$(GPU_SERVE_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_serve.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
 
@@ -43,5 +62,17 @@ $(GPU_MODEL_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o $(GPU_RT_OBJ) $(LIB
 # like glm5-run (it needs runtime/gpu_load.c and format/), not through the generic bench rule.
 GPU_LOAD_BENCH := $(GPU_DIR)/tests/bench_load
 $(GPU_LOAD_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_load.o $(GPU_DIR)/obj/runtime/gpu_load.o $(LIB_FORMAT)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+
+# tests/gpu/bench_decode (bench/decode.sh, bench/prefill.sh): a GLM-5 TP8 rank's decode and
+# prefill, built in memory from synthetic data (it needs the whole runtime, convert/'s synth and
+# shard plan, and cuBLAS for its ceilings). Linked like glm5-run, not through the generic rule.
+GPU_DECODE_BENCH := $(GPU_DIR)/tests/bench_decode
+gpu-model: $(GPU_DECODE_BENCH)
+$(GPU_DIR)/obj/tests/gpu/bench_decode.o: tests/gpu/bench_decode.c
+	@mkdir -p $(dir $@)
+	$(CC) $(GPU_CFLAGS) -c $< -o $@
+$(GPU_DECODE_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_decode.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@

@@ -18,6 +18,7 @@
 #include "cuda/cuk_model.h"
 #include "format/blob.h"
 #include "format/quant.h"
+#include "gpu_linear.h"
 #include "model_impl.h"
 
 #if defined(__has_include)
@@ -77,15 +78,18 @@ typedef struct gl_rank {
     int head_write;
     const float *out_norm;
     int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
-    void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
-    float *idxk;                     /* [Lm][cap][ID] indexer keys */
     /* work buffers for up to ncap tokens */
     void *work;
     uint32_t ncap;
     float *x, *h, *part, *red, *qr, *kv, *q, *qlat, *olat, *ao, *iq, *iw;
     float *ga, *gb, *gu, *moe, *rl, *wts, *wts_l, *lg;
-    float *latf;                     /* [n][KVW] new latents before conversion (non-f32 cache) */
+    float *latf;                     /* [n][KVW] new latents before conversion (non-f32 cache) or
+                                        before the copy into each sequence's cache (batches) */
+    float *ikf;                      /* [n][ID] new indexer keys of a batch, before the copies */
+    int batch_rows;                  /* a batched decode step is running: GEMV launches use only
+                                        widths whose kernel family is that of one row (gemv_k) */
     void *xb;                        /* bf16 copies of product inputs (fast mode) */
+    gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
     float *sc;                       /* [n][P] indexer scores */
     uint64_t sc_cap;
@@ -115,12 +119,24 @@ struct rt_gpu_model {
     int coll;
     uint32_t lat_type;               /* CUK_F32, CUK_BF16, CUK_F16 */
     uint32_t lat_es;                 /* its element size */
-    uint32_t n_past, cap;
+    rt_gpu_seq *def;                 /* rt_gpu_forward's sequence */
     cudaGraphExec_t gexec;           /* the decode step's executable graph (opts.cuda_graph) */
     rt_gpu_info info;
 #ifdef G5_HAVE_NCCL
     nccl_api nccl;
 #endif
+};
+
+/* One rank's caches of a sequence. */
+typedef struct seq_rank {
+    void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
+    float *idxk;                     /* [Lm][cap][ID] indexer keys */
+} seq_rank;
+
+struct rt_gpu_seq {
+    rt_gpu_model *g;
+    uint32_t n_past, cap;
+    seq_rank *rk;                    /* [T] */
 };
 
 #define CU(call)                                                                              \
@@ -143,8 +159,12 @@ void rt_gpu_opts_default(rt_gpu_opts *o) {
 }
 
 const rt_gpu_info *rt_gpu_model_info(const rt_gpu_model *g) { return &g->info; }
-void rt_gpu_reset(rt_gpu_model *g) { g->n_past = 0; }
-uint32_t rt_gpu_n_past(const rt_gpu_model *g) { return g->n_past; }
+void rt_gpu_reset(rt_gpu_model *g) { g->def->n_past = 0; }
+uint32_t rt_gpu_n_past(const rt_gpu_model *g) { return g->def->n_past; }
+rt_gpu_seq *rt_gpu_default_seq(rt_gpu_model *g) { return g->def; }
+void rt_gpu_seq_reset(rt_gpu_seq *s) { s->n_past = 0; }
+uint32_t rt_gpu_seq_n_past(const rt_gpu_seq *s) { return s->n_past; }
+uint32_t rt_gpu_seq_capacity(const rt_gpu_seq *s) { return s->cap; }
 
 static double now_s(void) {
     struct timespec ts;
@@ -442,6 +462,11 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     g->info.collective = g->coll == COLL_NONE ? "none" : g->coll == COLL_DEVICE ? "device-sum" : "nccl";
     /* without NCCL every rank works on rank 0's device and stream: one capture holds the step */
     g->info.cuda_graph = opts->cuda_graph && g->coll != COLL_NCCL;
+    gl_lin_cfg lcfg;
+    if ((st = gl_lin_cfg_resolve(opts, &lcfg, err))) goto fail;
+    g->info.gemm = gl_lin_mode_name(lcfg.mode);
+    g->info.gemm_min = (int)lcfg.min_tokens;
+    g->info.gemm_min_expert = (int)lcfg.min_rows_expert;
     if (opts->blob_dir) {
         if ((st = blob_set_open(opts->blob_dir, &set, err))) goto fail;
         if (blob_set_tp(set) != g->T) {
@@ -484,7 +509,9 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
             goto fail;
         }
         g->info.extra_bytes += rk->xoff;
+        if ((st = gl_lin_create(&lcfg, (cuk_stream)rk->st, &g->info, &rk->lin, err))) goto fail;
     }
+    rt_gpu_load_release(); /* the loader's pinned ring, kept across the ranks, is not needed after */
     g->info.load.seconds = now_s() - t0;
     g->info.load.gb_per_s = g->info.load.seconds > 0 ? (double)g->info.load.bytes / g->info.load.seconds / 1e9 : 0;
     struct cudaDeviceProp prop;
@@ -493,6 +520,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
 #ifdef G5_HAVE_NCCL
     if (g->coll == COLL_NCCL && (st = nccl_open(g, err))) goto fail;
 #endif
+    if ((st = rt_gpu_seq_create(g, 0, &g->def, err))) goto fail;
     blob_set_free(set);
     *out = g;
     return G5_OK;
@@ -523,6 +551,7 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         cudaSetDevice(g->rk[0].dev);
         cudaGraphExecDestroy(g->gexec);
     }
+    rt_gpu_seq_free(g->def);
     for (uint32_t r = 0; g->rk && r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
         cudaSetDevice(rk->dev);
@@ -530,8 +559,7 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         if (rk->comm && g->nccl.comm_destroy) g->nccl.comm_destroy(rk->comm);
 #endif
         free_work(rk);
-        if (rk->lat) cudaFree(rk->lat);
-        if (rk->idxk) cudaFree(rk->idxk);
+        gl_lin_free(rk->lin);
         if (rk->wmem) cudaFree(rk->wmem);
         if (rk->xmem) cudaFree(rk->xmem);
         free(rk->segs);
@@ -553,47 +581,112 @@ void rt_gpu_model_free(rt_gpu_model *g) {
 
 static uint64_t lat_w(const glm5_hparams *hp) { return (uint64_t)hp->kv_lora + hp->qk_rope; }
 
-static uint8_t *lat_of(const rt_gpu_model *g, const gl_rank *rk, uint32_t il) {
-    return (uint8_t *)rk->lat + (uint64_t)il * g->cap * lat_w(&g->hp) * g->lat_es;
+/* Layer il of sequence s's caches on rank r. */
+static uint8_t *seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+    return (uint8_t *)s->rk[r].lat + (uint64_t)il * s->cap * lat_w(&g->hp) * g->lat_es;
 }
-static float *idxk_of(const rt_gpu_model *g, const gl_rank *rk, uint32_t il) {
-    return rk->idxk + (uint64_t)il * g->cap * g->hp.idx_head_dim;
+static float *seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+    return s->rk[r].idxk + (uint64_t)il * s->cap * g->hp.idx_head_dim;
 }
 
-/* Caches for `need` positions, keeping the first n_past of each layer. */
-static g5_status cache_reserve(rt_gpu_model *g, uint32_t need, g5_error *err) {
-    if (need <= g->cap) return G5_OK;
-    uint32_t nc = g->cap ? g->cap : 256;
-    while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
+uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions) {
     const glm5_hparams *hp = &g->hp;
-    const uint64_t LW = lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main;
-    for (uint32_t r = 0; r < g->T; r++) {
-        gl_rank *rk = &g->rk[r];
-        CU(cudaSetDevice(rk->dev));
-        const uint64_t es = g->lat_es;
-        uint8_t *nl = NULL;
-        float *nk = NULL;
-        CU(cudaMalloc((void **)&nl, (size_t)Lm * nc * LW * es));
-        if (cudaMalloc((void **)&nk, (size_t)Lm * nc * ID * sizeof(float)) != cudaSuccess) {
-            cudaFree(nl);
-            return g5_fail(err, G5_ERR_NOMEM, "rank %u: indexer key cache for %u positions", rk->r, nc);
+    const uint64_t per = (uint64_t)hp->n_layer_main * (lat_w(hp) * g->lat_es + (uint64_t)hp->idx_head_dim * 4);
+    return per * positions * g->T;
+}
+
+/* Caches of exactly nc >= s->n_past positions on every rank, keeping the first n_past of each
+ * layer: all new buffers are allocated before any old one is given up, so a failure (NOMEM)
+ * leaves s as it was. */
+static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
+    rt_gpu_model *g = s->g;
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t LW = lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main, es = g->lat_es;
+    seq_rank *nr = calloc(g->T, sizeof *nr);
+    if (!nr) return g5_fail(err, G5_ERR_NOMEM, "sequence caches");
+    g5_status st = G5_OK;
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        cudaError_t ce = cudaSetDevice(g->rk[r].dev);
+        if (ce == cudaSuccess) ce = cudaMalloc(&nr[r].lat, (size_t)(Lm * nc * LW * es));
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&nr[r].idxk, (size_t)(Lm * nc * ID * sizeof(float)));
+        if (ce != cudaSuccess) {
+            (void)cudaGetLastError(); /* an allocation failure must not surface at a later launch check */
+            st = g5_fail(err, ce == cudaErrorMemoryAllocation ? G5_ERR_NOMEM : G5_ERR_INTERNAL,
+                         "rank %u: GPU caches for %u positions (%.1f MB): %s", r, nc,
+                         (double)rt_gpu_seq_bytes(g, nc) / g->T / 1e6, cudaGetErrorString(ce));
         }
-        if (rk->lat && g->n_past) {
-            for (uint32_t il = 0; il < Lm; il++) {
-                CU(cudaMemcpyAsync(nl + (uint64_t)il * nc * LW * es, lat_of(g, rk, il), (size_t)g->n_past * LW * es,
-                                   cudaMemcpyDeviceToDevice, rk->st));
-                CU(cudaMemcpyAsync(nk + (uint64_t)il * nc * ID, idxk_of(g, rk, il), (size_t)g->n_past * ID * 4,
-                                   cudaMemcpyDeviceToDevice, rk->st));
-            }
-            CU(cudaStreamSynchronize(rk->st));
-        }
-        if (rk->lat) cudaFree(rk->lat);
-        if (rk->idxk) cudaFree(rk->idxk);
-        rk->lat = nl;
-        rk->idxk = nk;
     }
-    g->cap = nc;
+    for (uint32_t r = 0; r < g->T && !st && s->n_past; r++) {
+        gl_rank *rk = &g->rk[r];
+        cudaError_t ce = cudaSetDevice(rk->dev);
+        for (uint32_t il = 0; il < Lm && ce == cudaSuccess; il++) {
+            ce = cudaMemcpyAsync((uint8_t *)nr[r].lat + (uint64_t)il * nc * LW * es, seq_lat(g, s, r, il),
+                                 (size_t)s->n_past * LW * es, cudaMemcpyDeviceToDevice, rk->st);
+            if (ce == cudaSuccess)
+                ce = cudaMemcpyAsync(nr[r].idxk + (uint64_t)il * nc * ID, seq_idxk(g, s, r, il),
+                                     (size_t)s->n_past * ID * 4, cudaMemcpyDeviceToDevice, rk->st);
+        }
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
+        if (ce != cudaSuccess)
+            st = g5_fail(err, G5_ERR_INTERNAL, "rank %u: cache copy: %s", r, cudaGetErrorString(ce));
+    }
+    seq_rank *old = st ? nr : s->rk;
+    for (uint32_t r = 0; r < g->T; r++) {
+        if (!old[r].lat && !old[r].idxk) continue;
+        cudaSetDevice(g->rk[r].dev);
+        if (old[r].lat) cudaFree(old[r].lat);
+        if (old[r].idxk) cudaFree(old[r].idxk);
+    }
+    free(old);
+    if (st) return st;
+    s->rk = nr;
+    s->cap = nc;
     return G5_OK;
+}
+
+/* Caches for `need` positions: grown by doubling from 256 (rt_gpu_forward's policy). */
+static g5_status seq_need(rt_gpu_seq *s, uint32_t need, g5_error *err) {
+    if (need <= s->cap) return G5_OK;
+    uint32_t nc = s->cap ? s->cap : 256;
+    while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
+    return seq_resize(s, nc, err);
+}
+
+g5_status rt_gpu_seq_create(rt_gpu_model *g, uint32_t reserve, rt_gpu_seq **out, g5_error *err) {
+    *out = NULL;
+    rt_gpu_seq *s = calloc(1, sizeof *s);
+    if (s) s->rk = calloc(g->T, sizeof *s->rk);
+    if (!s || !s->rk) {
+        if (s) free(s->rk);
+        free(s);
+        return g5_fail(err, G5_ERR_NOMEM, "GPU sequence");
+    }
+    s->g = g;
+    if (reserve) {
+        g5_status st = seq_resize(s, reserve, err);
+        if (st) {
+            rt_gpu_seq_free(s);
+            return st;
+        }
+    }
+    *out = s;
+    return G5_OK;
+}
+
+g5_status rt_gpu_seq_reserve(rt_gpu_seq *s, uint32_t positions, g5_error *err) {
+    return positions <= s->cap ? G5_OK : seq_resize(s, positions, err);
+}
+
+void rt_gpu_seq_free(rt_gpu_seq *s) {
+    if (!s) return;
+    for (uint32_t r = 0; s->rk && r < s->g->T; r++) {
+        if (!s->rk[r].lat && !s->rk[r].idxk) continue;
+        cudaSetDevice(s->g->rk[r].dev);
+        if (s->rk[r].lat) cudaFree(s->rk[r].lat);
+        if (s->rk[r].idxk) cudaFree(s->rk[r].idxk);
+    }
+    free(s->rk);
+    free(s);
 }
 
 typedef struct carve {
@@ -633,6 +726,7 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->wts_l = take(&c, N * U * F);
     rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * (uint64_t)rk->head.m * F);
     rk->latf = take(&c, N * lat_w(hp) * F);
+    rk->ikf = take(&c, N * hp->idx_head_dim * F);
     uint64_t xbn = N * (rk->c->max_ncols > E ? rk->c->max_ncols : E);
     if (N * U * rk->c->ffe_l > xbn) xbn = N * U * rk->c->ffe_l;
     rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
@@ -645,7 +739,9 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     return c.off;
 }
 
-static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint32_t P, g5_error *err) {
+/* Work buffers for n rows and sc_need indexer scores (the largest tokens x positions of one
+ * sequence in the call). */
+static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t sc_need, g5_error *err) {
     CU(cudaSetDevice(rk->dev));
     if (n > rk->ncap) {
         if (rk->work) {
@@ -657,23 +753,29 @@ static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint32_t
         uint32_t nc = n < 16 ? 16 : n;
         const uint64_t bytes = work_layout(g, rk, nc, NULL);
         void *p = NULL;
-        if (cudaMalloc(&p, bytes) != cudaSuccess)
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* not to be reported by a later launch check */
             return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu bytes of GPU work buffers for %u tokens", rk->r,
                            (unsigned long long)bytes, nc);
+        }
         rk->work = p;
         rk->ncap = nc;
         work_layout(g, rk, nc, p);
     }
-    const uint64_t need = (uint64_t)n * P;
+    const uint64_t need = sc_need;
     if (need > rk->sc_cap) {
         if (rk->sc) {
             CU(cudaStreamSynchronize(rk->st));
             cudaFree(rk->sc);
             rk->sc = NULL;
+            rk->sc_cap = 0;
         }
         uint64_t nc = need < 4096 ? 4096 : need + need / 2;
-        if (cudaMalloc((void **)&rk->sc, nc * sizeof(float)) != cudaSuccess)
-            return g5_fail(err, G5_ERR_NOMEM, "rank %u: indexer scores for %u x %u", rk->r, n, P);
+        if (cudaMalloc((void **)&rk->sc, nc * sizeof(float)) != cudaSuccess) {
+            (void)cudaGetLastError();
+            rk->sc = NULL;
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu indexer scores", rk->r, (unsigned long long)need);
+        }
         rk->sc_cap = nc;
     }
     return G5_OK;
@@ -701,14 +803,24 @@ static const void *act_in(const gl_rank *rk, const float *x, int64_t ldx, int64_
  * small). */
 static g5_status gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                         int64_t ldy, int keep_f32, g5_error *err) {
+    if (gl_lin_use(rk->lin, n)) { /* prefill: dequantize + cuBLAS GEMM (gpu_linear.h) */
+        const gl_wmat wm = {W->type, W->w, W->k, W->m};
+        return gl_lin_matmul(rk->lin, &wm, x, ldx, n, y, ldy, keep_f32, err);
+    }
     g5_status st;
     int64_t ld;
     uint32_t xt;
     const uint8_t *xx = act_in(rk, x, ldx, n, W->k, &ld, &xt, keep_f32, &st, err);
     if (st) return st;
     const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
-    for (uint32_t t0 = 0; t0 < n; t0 += CUK_GEMV_MAX_N) {
-        const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
+    /* A batched decode step must give each row the bits of a one-row launch: the split-K choice
+     * of the CUDA-core kernels ignores the width, but the tensor-core kernels take only up to 4
+     * rows (and fewer for a wide k), so where they run one row they get launches they take. */
+    uint32_t cw = CUK_GEMV_MAX_N;
+    if (rk->batch_rows && cuk_gemv_get_impl() != CUK_GEMV_SIMT && cuk_gemv_tc_applies(W->type, W->k, 1))
+        for (cw = 4; cw > 1 && !cuk_gemv_tc_applies(W->type, W->k, (int32_t)cw);) cw /= 2;
+    for (uint32_t t0 = 0; t0 < n; t0 += cw) {
+        const uint32_t c = n - t0 < cw ? n - t0 : cw;
         cuk_gemv_args a = {W->type, W->w, W->k, W->m, xx + (int64_t)t0 * ld * es, xt, ld, (int32_t)c,
                            y + (int64_t)t0 * ldy, ldy};
         CK(cuk_gemv(&a, (cuk_stream)rk->st, err));
@@ -721,31 +833,51 @@ static g5_status gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t 
     return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
 }
 
-static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, uint32_t pos0,
-                            g5_error *err) {
+/* The rows of one forward call: segment i is sequence seq[i]'s tokens at positions pos0[i] ..
+ * pos0[i] + len[i] - 1, held in rows row0[i] .. row0[i] + len[i] - 1 of the work buffers. A
+ * single-sequence call is one segment; a batched decode step one segment of one row per
+ * sequence. Everything but the cache writes, the indexer scores/top-k and the attention is
+ * per row, so it runs once over all n rows. */
+typedef struct fplan {
+    uint32_t n, n_seg;
+    rt_gpu_seq *const *seq;
+    const uint32_t *pos0, *len, *row0;
+} fplan;
+
+static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t E = hp->n_embd, QL = hp->q_lora, KL = hp->kv_lora, R = hp->qk_rope, NOPE = hp->qk_nope;
     const int64_t V = hp->v_head, H = rk->c->H_l, KVW = KL + R, IH = hp->idx_n_head, ID = hp->idx_head_dim;
-    const int64_t K = hp->idx_top_k, P = (int64_t)pos0 + n;
+    const int64_t K = hp->idx_top_k;
+    const uint32_t n = pl->n;
+    const int one = pl->n_seg == 1;
     const float eps = hp->rms_eps, theta = hp->rope_theta;
     CU(cudaSetDevice(rk->dev));
     CK(cuk_rms_norm(rk->x, E, L->attn_norm, rk->h, E, n, E, eps, cs, err));
     CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx, err)); /* qr feeds the indexer */
     CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
     CK(gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
-    uint8_t *lat = lat_of(g, rk, il);
-    /* the new latents in float32: straight into an f32 cache, else staged and converted */
-    float *lat_new = g->lat_type == CUK_F32 ? (float *)(void *)(lat + (int64_t)pos0 * KVW * 4) : rk->latf;
+    /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
+     * in rk->latf and copied (f32) or converted into each sequence's cache */
+    const int direct = one && g->lat_type == CUK_F32;
+    float *lat_new = direct ? (float *)(void *)(seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
+                            : rk->latf;
     CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
     CU(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
     CK(cuk_rope(lat_new, n, KVW, 1, KVW, KL, R, theta, rk->pos, cs, err));
-    if (g->lat_type != CUK_F32)
-        CK(cuk_convert(lat_new, KVW, lat + (int64_t)pos0 * KVW * g->lat_es, g->lat_type, KVW, n, KVW, cs, err));
+    for (uint32_t i = 0; i < pl->n_seg && !direct; i++) {
+        uint8_t *dst = seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
+        const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
+        if (g->lat_type == CUK_F32)
+            CU(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
+        else
+            CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
+    }
     if (L->has_idx) {
-        float *kc = idxk_of(g, rk, il);
-        float *ik = kc + (int64_t)pos0 * ID;
+        /* new keys straight into a single sequence's cache, else staged in rk->ikf */
+        float *ik = one ? seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
         CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, 1, err));
         CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, 1, err));
         CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, 1, err));
@@ -753,17 +885,34 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t 
         CK(cuk_layer_norm(ik, ID, L->idx_k_norm, L->idx_k_norm_b, ik, ID, n, ID, RT_IDX_NORM_EPS, cs, err));
         CK(cuk_rope(ik, n, ID, 1, ID, 0, R, theta, rk->pos, cs, err));
         CK(cuk_scale(rk->iw, (int64_t)n * IH, (float)(1.0 / sqrt((double)ID * (double)IH)), cs, err));
-        CK(cuk_idx_scores(rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, pos0, rk->sc, P, cs, err));
-        CK(cuk_idx_topk(rk->sc, P, (int32_t)n, pos0, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
+        /* per sequence, in stream order: the score buffer is reused by each */
+        for (uint32_t i = 0; i < pl->n_seg; i++) {
+            float *kc = seq_idxk(g, pl->seq[i], rk->r, il);
+            const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
+            if (!one)
+                CU(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
+                                   cudaMemcpyDeviceToDevice, rk->st));
+            CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
+                              (int32_t)ID, p0, rk->sc, P, cs, err));
+            CK(cuk_idx_topk(rk->sc, P, (int32_t)pl->len[i], p0, (int32_t)K, rk->sel + t0 * K, K, rk->n_sel + t0,
+                            cs, err));
+        }
     }
     CK(gemv(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
-    /* this call's own tokens from their float32 latents (rk->latf), earlier ones from the cache */
-    CK(cuk_mla_attend_fresh(&d, rk->q, rk->qlat, lat, g->lat_type, g->lat_type == CUK_F32 ? NULL : rk->latf,
-                            (int64_t)pos0, P, rk->sel, K, rk->n_sel, (int32_t)K,
-                            (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
+    /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
+     * from the sequence's cache */
+    for (uint32_t i = 0; i < pl->n_seg; i++) {
+        const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
+        const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+        CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
+                                seq_lat(g, pl->seq[i], rk->r, il), g->lat_type,
+                                g->lat_type == CUK_F32 ? NULL : rk->latf + t0 * KVW, p0, P, rk->sel + t0 * K, K,
+                                rk->n_sel + t0, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))),
+                                rk->olat + t0 * H * KL, cs, err));
+    }
     for (int64_t h = 0; h < H; h++) {
         const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
         CK(gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
@@ -802,19 +951,26 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
         wts = rk->wts_l;
     }
     const int64_t FE = c->ffe_l;
-    g5_status st;
-    int64_t ld;
-    uint32_t xt;
-    const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
-    if (st) return st;
-    cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids, (int32_t)U, U,
-                               xin, xt, ld, (int32_t)n, rk->gu, FE};
-    CK(cuk_moe_gate_up(&gu, cs, err));
-    const void *hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
-    if (st) return st;
-    cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l, ids, wts, (int32_t)U, U, U,
-                            hin, xt, ld, (int32_t)n, rk->moe, E};
-    CK(cuk_moe_down(&dn, cs, err));
+    if (gl_lin_use(rk->lin, n)) { /* prefill: tokens grouped by expert, GEMMs (gpu_linear.h) */
+        const gl_moe_args ma = {L->exp_type, L->exp_down_type, L->exp_gate, L->exp_up, L->exp_down, E, FE,
+                                (int32_t)NE, (int32_t)c->exp0, (int32_t)c->n_exp_l, rk->ids, rk->wts, (int32_t)U,
+                                rk->h, E, n, rk->moe, E};
+        CK(gl_lin_moe(rk->lin, &ma, err));
+    } else {
+        g5_status st;
+        int64_t ld;
+        uint32_t xt;
+        const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids, (int32_t)U,
+                                   U, xin, xt, ld, (int32_t)n, rk->gu, FE};
+        CK(cuk_moe_gate_up(&gu, cs, err));
+        const void *hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l, ids, wts, (int32_t)U, U,
+                                U, hin, xt, ld, (int32_t)n, rk->moe, E};
+        CK(cuk_moe_down(&dn, cs, err));
+    }
     if (L->sh_contrib) {
         const int64_t S = L->sh_l;
         CK(gemv(rk, &L->sh_gate, rk->h, E, n, rk->ga, S, err));
@@ -878,9 +1034,10 @@ static g5_status collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *e
  * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
  * `graph` (one token, no debugging outputs) every call below only enqueues on rank 0's stream,
  * which is being captured. */
-static g5_status forward_device(rt_gpu_model *g, uint32_t n, uint32_t pos0, const rt_gpu_outputs *out, int graph,
+static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
                                 g5_error *err) {
     const glm5_hparams *hp = &g->hp;
+    const uint32_t n = pl->n;
     const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
@@ -892,7 +1049,7 @@ static g5_status forward_device(rt_gpu_model *g, uint32_t n, uint32_t pos0, cons
     const uint64_t nE = (uint64_t)n * E;
     if (out && out->layer_hidden) CK(d2h(r0, out->layer_hidden, r0->x, nE * 4, err));
     for (uint32_t il = 0; il < Lm; il++) {
-        for (uint32_t r = 0; r < g->T; r++) CK(attn_stage(g, &g->rk[r], il, n, pos0, err));
+        for (uint32_t r = 0; r < g->T; r++) CK(attn_stage(g, &g->rk[r], il, pl, err));
         CK(collective(g, n, out && out->attn_out ? out->attn_out + il * nE : NULL, err));
         for (uint32_t r = 0; r < g->T; r++) CK(ffn_stage(g, &g->rk[r], il, n, err));
         CK(collective(g, n, out && out->ffn_out ? out->ffn_out + il * nE : NULL, err));
@@ -937,11 +1094,11 @@ static g5_status forward_device(rt_gpu_model *g, uint32_t n, uint32_t pos0, cons
 
 /* forward_device recorded on rank 0's stream, then launched as one graph: the recording updates
  * g->gexec in place (instantiated on first use, or again when an update is refused). */
-static g5_status forward_graph(rt_gpu_model *g, uint32_t pos0, const rt_gpu_outputs *out, g5_error *err) {
+static g5_status forward_graph(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, g5_error *err) {
     gl_rank *r0 = &g->rk[0];
     CU(cudaSetDevice(r0->dev));
     CU(cudaStreamBeginCapture(r0->st, cudaStreamCaptureModeThreadLocal));
-    g5_status st = forward_device(g, 1, pos0, out, 1, err);
+    g5_status st = forward_device(g, pl, out, 1, err);
     cudaGraph_t graph = NULL;
     const cudaError_t ce = cudaStreamEndCapture(r0->st, &graph);
     if (!st && ce != cudaSuccess)
@@ -981,25 +1138,33 @@ static g5_status forward_graph(rt_gpu_model *g, uint32_t pos0, const rt_gpu_outp
     return G5_OK;
 }
 
-g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
-                         const rt_gpu_outputs *out, g5_error *err) {
-    if (n == 0) return G5_OK;
+/* One forward call over the plan's rows (tokens [pl->n]): caches and work buffers reserved, tokens
+ * and positions uploaded, the device work (a graph launch for a single one-token sequence
+ * under opts.cuda_graph), then every sequence advanced. */
+static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *tokens, const rt_gpu_outputs *out,
+                              g5_error *err) {
     const glm5_hparams *hp = &g->hp;
+    const uint32_t n = pl->n;
     for (uint32_t t = 0; t < n; t++)
         if (tokens[t] < 0 || (uint32_t)tokens[t] >= hp->n_vocab)
             return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)", tokens[t],
                            t, hp->n_vocab);
-    if (g->n_past > INT32_MAX - n) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
-    const uint32_t pos0 = g->n_past, P = pos0 + n;
-    CK(cache_reserve(g, P, err));
+    uint64_t sc_need = 0;
+    for (uint32_t i = 0; i < pl->n_seg; i++) {
+        if (pl->pos0[i] > INT32_MAX - pl->len[i]) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+        const uint32_t P = pl->pos0[i] + pl->len[i];
+        CK(seq_need(pl->seq[i], P, err));
+        if ((uint64_t)pl->len[i] * P > sc_need) sc_need = (uint64_t)pl->len[i] * P;
+    }
     int32_t *pos = malloc(n * sizeof *pos);
     if (!pos) return g5_fail(err, G5_ERR_NOMEM, "positions");
-    for (uint32_t t = 0; t < n; t++) pos[t] = (int32_t)(pos0 + t);
+    for (uint32_t i = 0; i < pl->n_seg; i++)
+        for (uint32_t t = 0; t < pl->len[i]; t++) pos[pl->row0[i] + t] = (int32_t)(pl->pos0[i] + t);
     g5_status st = G5_OK;
-    /* allocation (cache_reserve, work_reserve) and the uploads stay outside any capture */
+    /* allocation (seq_need, work_reserve) and the uploads stay outside any capture */
     for (uint32_t r = 0; r < g->T && !st; r++) {
         gl_rank *rk = &g->rk[r];
-        st = work_reserve(g, rk, n, P, err);
+        st = work_reserve(g, rk, n, sc_need, err);
         cudaError_t ce = cudaSuccess;
         if (!st) ce = cudaSetDevice(rk->dev);
         if (!st && ce == cudaSuccess) ce = cudaMemcpyAsync(rk->tok, tokens, n * 4, cudaMemcpyHostToDevice, rk->st);
@@ -1009,15 +1174,195 @@ g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
     }
     free(pos);
     if (st) return st;
-    const int graph = g->info.cuda_graph && n == 1 &&
-                      !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
-    CK(graph ? forward_graph(g, pos0, out, err) : forward_device(g, n, pos0, out, 0, err));
+    /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
+     * to one-token calls (its GEMV kernels sum each row alike) */
     for (uint32_t r = 0; r < g->T; r++) {
+        gl_lin_arm(g->rk[r].lin, pl->n_seg == 1);
+        g->rk[r].batch_rows = pl->n_seg > 1;
+    }
+    const int graph = g->info.cuda_graph && n == 1 && pl->n_seg == 1 &&
+                      !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
+    CK(graph ? forward_graph(g, pl, out, err) : forward_device(g, pl, out, 0, err));
+    for (uint32_t r = 0; r < g->T; r++) {
+        g->rk[r].batch_rows = 0;
         CU(cudaSetDevice(g->rk[r].dev));
         CU(cudaStreamSynchronize(g->rk[r].st));
     }
-    g->n_past = P;
+    for (uint32_t i = 0; i < pl->n_seg; i++) pl->seq[i]->n_past = pl->pos0[i] + pl->len[i];
     return G5_OK;
+}
+
+g5_status rt_gpu_forward_seq(rt_gpu_model *g, rt_gpu_seq *s, const int32_t *tokens, uint32_t n,
+                             const rt_gpu_outputs *out, g5_error *err) {
+    if (n == 0) return G5_OK;
+    if (!s || s->g != g) return g5_fail(err, G5_ERR_INVALID_ARG, "the sequence belongs to another GPU model");
+    rt_gpu_seq *const seqs[1] = {s};
+    const uint32_t pos0 = s->n_past, len = n, row0 = 0;
+    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
+    return forward_plan(g, &pl, tokens, out, err);
+}
+
+g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
+                         const rt_gpu_outputs *out, g5_error *err) {
+    return rt_gpu_forward_seq(g, g->def, tokens, n, out, err);
+}
+
+g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
+                               uint32_t n_seq, float *logits, g5_error *err) {
+    if (n_seq == 0) return G5_OK;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        if (!seqs[i] || seqs[i]->g != g)
+            return g5_fail(err, G5_ERR_INVALID_ARG, "batch entry %u: not a sequence of this GPU model", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return g5_fail(err, G5_ERR_INVALID_ARG, "batch entries %u and %u are the same sequence", j, i);
+    }
+    uint32_t *a = malloc((size_t)n_seq * 3 * sizeof *a);
+    if (!a) return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
+    uint32_t *pos0 = a, *len = a + n_seq, *row0 = a + 2 * (size_t)n_seq;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        pos0[i] = seqs[i]->n_past;
+        len[i] = 1;
+        row0[i] = i;
+    }
+    const fplan pl = {n_seq, n_seq, seqs, pos0, len, row0};
+    const rt_gpu_outputs out = {.logits = logits, .all_logits = 1};
+    g5_status st = forward_plan(g, &pl, tokens, logits ? &out : NULL, err);
+    free(a);
+    return st;
+}
+
+/* ---- benchmark hooks (tests/gpu/bench_decode.c) ---- */
+
+g5_status rt_gpu_debug_set_context(rt_gpu_model *g, uint32_t n_past, uint64_t seed, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t LW = lat_w(hp), ID = hp->idx_head_dim, W = LW + ID;
+    rt_gpu_seq *s = g->def;
+    if (n_past > INT32_MAX - 4096) return g5_fail(err, G5_ERR_INVALID_ARG, "context %u", n_past);
+    CK(seq_need(s, n_past + 256, err)); /* room for the steps that follow */
+    if (n_past) {
+        /* one random [n_past][latent | indexer key] block, uploaded once per rank; each layer
+         * gets it converted to the cache types, then it is scaled so the next layer differs */
+        const uint64_t cnt = (uint64_t)n_past * W;
+        float *h = malloc(cnt * sizeof *h);
+        if (!h) return g5_fail(err, G5_ERR_NOMEM, "context fill of %u positions", n_past);
+        uint64_t z = seed;
+        for (uint64_t i = 0; i < cnt; i++) {
+            z += 0x9E3779B97F4A7C15ull;
+            uint64_t v = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+            h[i] = (float)((double)((v ^ (v >> 31)) >> 11) / (double)(1ull << 52) - 1.0);
+        }
+        g5_status st = G5_OK;
+        for (uint32_t r = 0; r < g->T && !st; r++) {
+            gl_rank *rk = &g->rk[r];
+            const cuk_stream cs = (cuk_stream)rk->st;
+            float *d = NULL;
+            cudaError_t ce = cudaSetDevice(rk->dev);
+            if (ce == cudaSuccess) ce = cudaMalloc((void **)&d, cnt * sizeof *d);
+            if (ce == cudaSuccess) ce = cudaMemcpy(d, h, cnt * sizeof *d, cudaMemcpyHostToDevice);
+            if (ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "context fill: %s", cudaGetErrorString(ce));
+            for (uint32_t il = 0; il < hp->n_layer_main && !st; il++) {
+                st = cuk_convert(d, (int64_t)W, seq_lat(g, s, r, il), g->lat_type, (int64_t)LW, n_past, (int64_t)LW,
+                                 cs, err);
+                if (!st)
+                    st = cuk_convert(d + LW, (int64_t)W, seq_idxk(g, s, r, il), CUK_F32, (int64_t)ID, n_past,
+                                     (int64_t)ID, cs, err);
+                if (!st) st = cuk_scale(d, (int64_t)cnt, -0.999f, cs, err);
+            }
+            if (d) {
+                ce = cudaStreamSynchronize(rk->st);
+                if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "context fill: %s", cudaGetErrorString(ce));
+                cudaFree(d);
+            }
+        }
+        free(h);
+        if (st) return st;
+    }
+    s->n_past = n_past;
+    return G5_OK;
+}
+
+g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_times *out, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    rt_gpu_seq *s = g->def;
+    gl_rank *r0 = &g->rk[0];
+    memset(out, 0, sizeof *out);
+    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "stage times: ranks on several devices");
+    if (n == 0 || n > s->n_past || n > r0->ncap)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "stage times: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
+                       r0->ncap);
+    const uint64_t E = hp->n_embd, Lm = hp->n_layer_main;
+    rt_gpu_seq *const seqs[1] = {s};
+    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
+    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
+    /* events on rank 0's stream, which every rank shares here: ev[0] before the embedding, then
+     * one after each stage, which kind[] names */
+    enum { K_EMBD, K_ATTN, K_ADD, K_DENSE, K_MOE, K_HEAD };
+    CU(cudaSetDevice(r0->dev));
+    const uint32_t n_ev = (uint32_t)(4 * Lm + 3);
+    cudaEvent_t *ev = calloc(n_ev, sizeof *ev);
+    uint8_t *kind = calloc(n_ev, 1);
+    if (!ev || !kind) {
+        free(ev);
+        free(kind);
+        return g5_fail(err, G5_ERR_NOMEM, "stage events");
+    }
+    g5_status st = G5_OK;
+    uint32_t ne = 0;
+    for (uint32_t i = 0; i < n_ev && !st; i++)
+        if (cudaEventCreate(&ev[i]) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventCreate");
+        else ne++;
+#define MARK(k)                                                                                \
+    do {                                                                                       \
+        if (!st && cudaEventRecord(ev[m], r0->st) != cudaSuccess)                              \
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventRecord");                             \
+        kind[m++] = (k);                                                                       \
+    } while (0)
+    uint32_t m = 0;
+    for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, 1);
+    MARK(K_EMBD);
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        st = cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
+                              (int64_t)E, (cuk_stream)rk->st, err);
+    }
+    MARK(K_EMBD);
+    for (uint32_t il = 0; il < Lm && !st; il++) {
+        for (uint32_t r = 0; r < g->T && !st; r++) st = attn_stage(g, &g->rk[r], il, &pl, err);
+        MARK(K_ATTN);
+        if (!st) st = collective(g, n, NULL, err);
+        MARK(K_ADD);
+        for (uint32_t r = 0; r < g->T && !st; r++) st = ffn_stage(g, &g->rk[r], il, n, err);
+        MARK(r0->L[il].dense ? K_DENSE : K_MOE);
+        if (!st) st = collective(g, n, NULL, err);
+        MARK(K_ADD);
+    }
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        st = cuk_rms_norm(rk->x, (int64_t)E, rk->out_norm, rk->h, (int64_t)E, n, (int64_t)E, hp->rms_eps,
+                          (cuk_stream)rk->st, err);
+        if (!st && rk->head_write) st = gemv(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg,
+                                             rk->head.m, err);
+    }
+    MARK(K_HEAD);
+#undef MARK
+    if (!st && cudaStreamSynchronize(r0->st) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "stage times: sync");
+    double *acc[] = {&out->embd_ms, &out->attn_ms, &out->add_ms, &out->dense_ms, &out->moe_ms, &out->head_ms};
+    for (uint32_t i = 1; i < m && !st; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, ev[i - 1], ev[i]) != cudaSuccess) {
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventElapsedTime");
+            break;
+        }
+        *acc[kind[i]] += ms;
+        out->total_ms += ms;
+    }
+    out->n_tok = n;
+    for (uint32_t i = 0; i < ne; i++) cudaEventDestroy(ev[i]);
+    free(ev);
+    free(kind);
+    return st;
 }
 
 #else

@@ -34,11 +34,20 @@
  *   RT_GPU_BF16ACT  that former fast mode, kept for measurement: product inputs rounded to bf16
  *                   (attention, experts, dense FFN, lm_head; not q_a of indexer layers, whose
  *                   output qr feeds the indexer), cache as RT_GPU_FAST. Not reachable from the CLI.
- * A bf16 input path belongs with a tensor-core prefill GEMM, where it pays; that GEMM has to keep
- * the indexer and router inputs float32 too.
+ * Prefill GEMM path (opts.gemm_min, opts.gemm; runtime/gpu_linear.h): a single-sequence call of
+ * at least gemm_min tokens (default 32) dequantizes each weight in row chunks into a scratch
+ * tile and multiplies with cuBLAS, the routed experts grouped by expert. Precise mode: float32
+ * weights and inputs, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32), so it differs from the GEMV path
+ * only by summation order. Fast mode picks the compute (opts.gemm or G5_PREFILL_GEMM): f32 (the
+ * default until measured otherwise), tf32 (tensor cores; inputs and weights rounded to 10-bit
+ * mantissas) or bf16 (both rounded to bf16, the bf16 input path measured above); bf16act defaults
+ * to bf16. The router and the indexer products run in float32 (pedantic) in every mode. Decode
+ * steps, CUDA-graph captures and batched decode (rt_gpu_forward_batch) keep the GEMV kernels.
  *
  * Everything here is built only with CUDA (cuda/model.mk defines G5_WITH_CUDA). One caller at a
- * time; a model holds one sequence (its caches). The NextN/MTP block is not run on the GPU. */
+ * time. A sequence's state (its caches, its position) is an rt_gpu_seq; the model holds a
+ * built-in default one for rt_gpu_forward, and more can be created for batched decoding
+ * (rt_gpu_forward_batch). The NextN/MTP block is not run on the GPU. */
 #ifndef G5_RT_GPU_MODEL_H
 #define G5_RT_GPU_MODEL_H
 
@@ -57,10 +66,31 @@ typedef enum rt_gpu_cache {
     RT_GPU_CACHE_DEFAULT = 0, RT_GPU_CACHE_F32, RT_GPU_CACHE_BF16, RT_GPU_CACHE_F16
 } rt_gpu_cache;
 
+/* Compute of the prefill GEMM path's weight products (specs/numerics.md "Prefill GEMM"):
+ * F32 float32 (cuBLAS pedantic), TF32 tensor cores on float32 data (inputs rounded to 10-bit
+ * mantissas), BF16 weights and inputs rounded to bf16; float32 accumulation in all three. */
+typedef enum rt_gpu_gemm {
+    RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_TF32, RT_GPU_GEMM_BF16
+} rt_gpu_gemm;
+
 typedef struct rt_gpu_opts {
     int device0;                 /* first CUDA device */
     rt_gpu_precision precision;
     rt_gpu_cache cache;
+    /* The prefill GEMM path: a forward call of one sequence with at least gemm_min tokens runs
+     * its weight products as dequantize-to-scratch + cuBLAS GEMM, the routed experts grouped
+     * by expert; decode steps (and batched decode) keep the GEMV kernels. */
+    int gemm_min;                /* tokens from which a call uses it; 0: default (32, or the
+                                    environment's G5_PREFILL_GEMM_MIN); < 0: never */
+    int gemm_min_expert;         /* within the grouped experts, an expert with fewer rows than
+                                    this runs the GEMV kernels on its gathered rows; 0: default
+                                    (32, or G5_PREFILL_GEMM_MIN_EXPERT); < 0: every expert so */
+    rt_gpu_gemm gemm;            /* fast and bf16act modes; precise is always F32. DEFAULT: the
+                                    environment's G5_PREFILL_GEMM=f32|tf32|bf16, else F32 for
+                                    fast and BF16 for bf16act. The router and the indexer
+                                    products are F32 in every mode. */
+    uint32_t gemm_tile_kb;       /* bound of the dequantized weight tile per rank (weights
+                                    are dequantized in row chunks that fit); 0: 262144 (256 MB) */
     const char *blob_dir;        /* the blob set the CPU model's weight set was opened from:
                                     loaded by the reader threads (checksums per opts.load);
                                     NULL: copy from the weight set's host memory */
@@ -81,6 +111,10 @@ typedef struct rt_gpu_info {
     uint64_t graph_steps;        /* forward calls that ran as a graph launch */
     uint64_t graph_instantiations; /* of those, how many had to instantiate a new executable graph
                                     (an update in place was refused) */
+    const char *gemm;            /* the prefill GEMM path's compute: "f32", "tf32", "bf16" */
+    int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
+    uint64_t gemm_calls;         /* cuBLAS GEMMs run so far (all ranks) */
+    uint64_t gemm_expert_gemv;   /* grouped experts run by GEMV (fewer rows than gemm_min_expert) */
     char device_name[256];
     uint64_t weight_bytes;       /* all ranks, the loaded tensor data */
     uint64_t extra_bytes;        /* float32 copies (norms, biases, kv_b) */
@@ -119,6 +153,41 @@ typedef struct rt_gpu_outputs {
  * step is re-recorded rather than replayed with device-side parameters. */
 g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
                          const rt_gpu_outputs *out, g5_error *err);
+
+/* ---- sequences: per-sequence GPU state, and decode steps over several at once ---- */
+
+typedef struct rt_gpu_seq rt_gpu_seq;
+
+/* A sequence of g (used only with g, freed before it) with caches for `reserve` positions
+ * allocated now (0: none yet). Caches grow on demand (doubling, the content copied) unless a
+ * limit is set; a server reserves the whole context up front so that no step allocates. */
+g5_status rt_gpu_seq_create(rt_gpu_model *g, uint32_t reserve, rt_gpu_seq **out, g5_error *err);
+void rt_gpu_seq_free(rt_gpu_seq *s); /* accepts NULL */
+/* Makes the caches hold `positions` positions (keeping the cached ones). */
+g5_status rt_gpu_seq_reserve(rt_gpu_seq *s, uint32_t positions, g5_error *err);
+/* Forgets the cached tokens (the memory stays reserved). */
+void rt_gpu_seq_reset(rt_gpu_seq *s);
+uint32_t rt_gpu_seq_n_past(const rt_gpu_seq *s);
+uint32_t rt_gpu_seq_capacity(const rt_gpu_seq *s);
+/* GPU memory of the caches of one sequence for `positions` positions, all ranks. */
+uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions);
+/* The default sequence that rt_gpu_forward and rt_gpu_reset work on. */
+rt_gpu_seq *rt_gpu_default_seq(rt_gpu_model *g);
+
+/* rt_gpu_forward on sequence s (prefill or decode of one sequence); same outputs and the same
+ * CUDA-graph rule. rt_gpu_forward(g, ...) is rt_gpu_forward_seq(g, rt_gpu_default_seq(g), ...). */
+g5_status rt_gpu_forward_seq(rt_gpu_model *g, rt_gpu_seq *s, const int32_t *tokens, uint32_t n,
+                             const rt_gpu_outputs *out, g5_error *err);
+
+/* One decode step: token tokens[i] for sequence seqs[i] (at its own position) for i < n_seq
+ * (distinct sequences of g), logits [n_seq][n_vocab] (host). Every weight product runs once for
+ * all n_seq rows (GEMV launches of up to CUK_GEMV_MAX_N rows); the indexer and the attention
+ * run per sequence against its own caches. The rows are computed by the same kernels with the
+ * same per-row summation order as n_seq separate one-token rt_gpu_forward_seq calls, so each
+ * row's logits equal those bit for bit (tests/gpu/test_gpu_serve.c checks it). On error no
+ * sequence advances. */
+g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
+                               uint32_t n_seq, float *logits, g5_error *err);
 
 /* ---- --check: the CPU reference beside the GPU (gpu_check.c) ---- */
 
@@ -159,5 +228,32 @@ typedef struct rt_gpu_check_summary {
     int ok;
 } rt_gpu_check_summary;
 void rt_gpu_check_get_summary(const rt_gpu_check *c, rt_gpu_check_summary *s);
+
+/* ---- benchmark hooks (tests/gpu/bench_decode.c; not for serving) ---- */
+
+/* Makes the default sequence look as if n_past tokens had been decoded, without running them:
+ * its caches are reserved for n_past + 256 positions and every layer's latent and indexer-key
+ * cache rows [0, n_past) are filled with finite random values (from seed; each layer its own),
+ * then n_past is set. What decode steps at a long context cost can then be timed without a
+ * prefill of that length. */
+g5_status rt_gpu_debug_set_context(rt_gpu_model *g, uint32_t n_past, uint64_t seed, g5_error *err);
+
+/* Where the device time of one forward call goes: the last forward call of the default sequence
+ * (n tokens, at positions n_past - n ..; it must have been a single-sequence call of n tokens)
+ * is run again stage by stage with CUDA events between the stages (no graph), on a model whose
+ * ranks share one device. The re-run rewrites those positions' cache entries with the same
+ * values and leaves n_past as it is. Times in milliseconds, summed over the layers. */
+typedef struct rt_gpu_stage_times {
+    uint32_t n_tok;
+    double embd_ms;              /* embedding rows */
+    double attn_ms;              /* attention with the indexer, every layer */
+    double dense_ms, moe_ms;     /* the FFN of the dense layers; the MoE (router, experts, shared
+                                    expert) of the others */
+    double add_ms;               /* the residual adds (and, with ranks sharing a device, the
+                                    device-side sum standing in for the all-reduce) */
+    double head_ms;              /* final norm and lm_head of the last token */
+    double total_ms;
+} rt_gpu_stage_times;
+g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_times *out, g5_error *err);
 
 #endif

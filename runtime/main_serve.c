@@ -23,8 +23,14 @@ static void usage(FILE *f) {
             "  --api-key K          require 'Authorization: Bearer K' (default: $GLM5_API_KEY if set)\n"
             "  --max-batch N        sequences decoded together (default 8)\n"
             "  --max-queue N        requests waiting for a slot before 429 (default 64)\n"
-            "  --ctx-size N         cache tokens for all sequences together; also the longest\n"
-            "                       prompt + max_tokens of one request (default 4096)\n"
+            "  --ctx-size N         cache tokens for all sequences together (cuda: per sequence);\n"
+            "                       also the longest prompt + max_tokens of one request (default 4096)\n"
+            "  --device cpu|cuda    where the model runs (cuda: the CUDA build, build/gpu/bin/glm5-serve;\n"
+            "                       caches for --max-batch x --ctx-size positions are reserved at load)\n"
+            "  --gpu0 K             first CUDA device (default 0)\n"
+            "  --precision precise|fast  GPU arithmetic, as glm5-run (default precise)\n"
+            "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
+            "  --no-verify          GPU: skip the blob checksums while loading\n"
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
             "  --max-body BYTES     request body limit (default 1048576)\n"
@@ -115,6 +121,36 @@ int main(int argc, char **argv) {
             c.model_name = v;
         } else if (!strcmp(o, "--no-prefault")) {
             c.prefault = 0;
+        } else if (!strcmp(o, "--device")) {
+            NEED();
+            if (!strcmp(v, "cpu")) c.device = SRV_DEVICE_CPU;
+            else if (!strcmp(v, "cuda")) c.device = SRV_DEVICE_CUDA;
+            else {
+                fprintf(stderr, "glm5-serve: unknown device '%s' (cpu or cuda)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(o, "--gpu0")) {
+            NUM(0, 4095);
+            c.gpu0 = (int)u;
+        } else if (!strcmp(o, "--precision")) {
+            NEED();
+            if (!strcmp(v, "precise")) c.gpu_fast = 0;
+            else if (!strcmp(v, "fast")) c.gpu_fast = 1;
+            else {
+                fprintf(stderr, "glm5-serve: bad value for --precision: '%s' (precise or fast)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(o, "--kv-cache")) {
+            NEED();
+            if (!strcmp(v, "f32")) c.gpu_kv_cache = 1; /* rt_gpu_cache: 1 f32, 2 bf16, 3 f16 */
+            else if (!strcmp(v, "bf16")) c.gpu_kv_cache = 2;
+            else if (!strcmp(v, "f16")) c.gpu_kv_cache = 3;
+            else {
+                fprintf(stderr, "glm5-serve: bad value for --kv-cache: '%s' (f32, bf16 or f16)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(o, "--no-verify")) {
+            c.gpu_no_verify = 1;
         } else {
             fprintf(stderr, "glm5-serve: unknown option '%s'\n", o);
             usage(stderr);
@@ -126,6 +162,10 @@ int main(int argc, char **argv) {
     if (!c.model_path) {
         fprintf(stderr, "glm5-serve: -m is required\n");
         usage(stderr);
+        return 2;
+    }
+    if (c.device == SRV_DEVICE_CUDA && !srv_cuda_available()) {
+        fprintf(stderr, "glm5-serve: this build has no CUDA; use build/gpu/bin/glm5-serve (make gpu-model)\n");
         return 2;
     }
 
@@ -145,8 +185,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     char line[512];
-    snprintf(line, sizeof line, "listening on http://%s:%u (max batch %u, queue %u, context %u%s)",
-             c.host, srv_port(s), c.max_batch, c.max_queue, c.ctx_size,
+    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s)",
+             c.host, srv_port(s), c.device == SRV_DEVICE_CUDA ? "cuda" : "cpu", c.max_batch, c.max_queue, c.ctx_size,
              c.api_key && *c.api_key ? ", API key required" : "");
     log_line(NULL, line);
 

@@ -44,6 +44,17 @@
 
 typedef struct srv_server srv_server;
 
+/* Where the model runs. CUDA needs the CUDA build (build/gpu/bin/glm5-serve, `make gpu-model`):
+ * there every sequence gets its own GPU caches (rt_gpu_seq), each prompt is prefilled in one
+ * call on its own, and every decoding sequence advances in one rt_gpu_forward_batch call per
+ * step; sampling stays on the host. The caches of max_batch sequences of ctx_size positions
+ * each are allocated when the model loads (so no step allocates and none is preempted); the
+ * block metrics count the blocks of those that hold cached tokens. */
+typedef enum srv_device { SRV_DEVICE_CPU = 0, SRV_DEVICE_CUDA = 1 } srv_device;
+
+/* 1 in a build with the CUDA backend. */
+int srv_cuda_available(void);
+
 /* One line without a trailing newline. Called from any thread; must be thread-safe. */
 typedef void (*srv_log_fn)(void *user, const char *line);
 
@@ -56,16 +67,23 @@ typedef struct srv_config {
                                 is required on everything but /health */
     uint32_t max_batch;      /* sequences decoded together (default 8) */
     uint32_t max_queue;      /* requests waiting for a batch slot before 429 (default 64) */
-    uint32_t ctx_size;       /* cache tokens for all sequences together, and the longest
-                                prompt + max_tokens of one request (default 4096; capped at
-                                the model's training context) */
+    uint32_t ctx_size;       /* cache tokens for all sequences together (CUDA: for each of
+                                max_batch sequences), and the longest prompt + max_tokens of
+                                one request (default 4096; capped at the model's training
+                                context) */
     uint32_t block_tokens;   /* tokens per cache block (default 16) */
     uint32_t n_threads;      /* model threads (0: online cores) */
     uint32_t prefill_chunk;  /* most prompt tokens one sequence runs per step (default 256) */
     uint64_t max_body;       /* request body limit in bytes (default 1 MiB); larger: 413 */
     uint32_t max_connections;/* simultaneous connections (default max_batch + max_queue + 32) */
     int prefault;            /* touch every weight page at load (default 1): measures the read
-                                rate and keeps first requests from paying for page faults */
+                                rate and keeps first requests from paying for page faults
+                                (CPU only: the CUDA loader reads the blob files itself) */
+    srv_device device;       /* default SRV_DEVICE_CPU */
+    int gpu0;                /* CUDA: first device; rank r on (gpu0 + r) % n_devices */
+    int gpu_fast;            /* CUDA: --precision fast (default precise) */
+    int gpu_kv_cache;        /* CUDA: latent cache type, rt_gpu_cache (0: precision's default) */
+    int gpu_no_verify;       /* CUDA: skip the blob checksums while loading */
     srv_log_fn log;          /* may be NULL */
     void *log_user;
 } srv_config;

@@ -1,12 +1,16 @@
 /* glm5-serve engine: model loading, the request queue, continuous batching over per-sequence
- * rt_states, and the cache block allocator.
+ * rt_states (CPU) or GPU sequences (CUDA, serve_gpu.c), and the cache block allocator.
  *
  * The cache blocks are real: one rt_kvpool (--ctx-size / block_tokens blocks) holds every
  * sequence's paged latent and indexer-key caches, and the srv_blocks the metrics read is a view
  * of that pool, so a sequence's blocks are in use exactly while its rt_state holds them.
  * Each engine iteration runs every sequence that is decoding (one token to feed) in one
  * rt_model_forward_batch call, and every sequence with prompt left to prefill one chunk on its
- * own. */
+ * own. On CUDA the same loop runs the decoding sequences in one rt_gpu_forward_batch call and
+ * prefills a sequence's whole pending prompt in one call (as glm5-run does, so that a greedy
+ * request gives glm5-run's tokens whatever the cache type); the GPU caches are reserved at load
+ * (max_batch x ctx_size positions), so nothing is preempted there, and the block allocator
+ * counts the blocks of those caches that hold tokens. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -172,6 +176,7 @@ srv_req *srv_req_new(srv_server *s, srv_params *p) {
         return NULL;
     }
     r->refs = 1;
+    r->gslot = -1;
     r->p = *p;
     memset(p, 0, sizeof *p);
     r->created = (long)time(NULL);
@@ -186,14 +191,17 @@ srv_req *srv_req_new(srv_server *s, srv_params *p) {
 
 /* Frees the engine's resources of r; its state returns its blocks to the pool (under mu). */
 static void req_drop_engine_locked(srv_server *s, srv_req *r) {
-    (void)s;
     rt_state_free(r->st);
     r->st = NULL;
+    if (r->gslot >= 0) srv_gpu_slot_put(s->gpu, r->gslot);
+    r->gslot = -1;
+    if (r->gblocks.ids) srv_blocks_release(s->blocks, &r->gblocks);
     r->n_past = 0;
 }
 
 static void req_destroy(srv_req *r) {
     rt_state_free(r->st);
+    free(r->gblocks.ids);
     samp_free(r->samp);
     tok_stream_free(r->ts);
     free(r->feed);
@@ -346,12 +354,14 @@ static void *loader_main(void *arg) {
     rt_model *m = NULL;
     tok_ctx *tok = NULL;
     srv_blocks *blocks = NULL;
+    srv_gpu *gpu = NULL;
     float *logits = NULL;
     uint64_t bytes = 0;
-    srv_log(s, "loading %s", s->model_path);
+    const int cuda = s->cfg.device == SRV_DEVICE_CUDA;
+    srv_log(s, "loading %s%s", s->model_path, cuda ? " for CUDA" : "");
     g5_status st = rt_wset_open(s->model_path, &ws, &e);
     if (st == G5_OK) {
-        volatile uint64_t sink = prefault(ws, s->cfg.prefault, &bytes);
+        volatile uint64_t sink = prefault(ws, s->cfg.prefault && !cuda, &bytes);
         (void)sink;
     }
     rt_model_opts mo = {.n_threads = s->cfg.n_threads, .mla = RT_MLA_ABSORBED};
@@ -365,7 +375,17 @@ static void *loader_main(void *arg) {
         max_ctx = s->cfg.ctx_size;
         if (hp->n_ctx_train && hp->n_ctx_train < max_ctx) max_ctx = hp->n_ctx_train;
         uint32_t nb = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
-        st = srv_blocks_create_pool(m, nb, s->cfg.block_tokens, &blocks, &e);
+        if (!cuda) {
+            st = srv_blocks_create_pool(m, nb, s->cfg.block_tokens, &blocks, &e);
+        } else {
+            const char *blob_dir = strcmp(rt_wset_source(ws), "blobs") == 0 ? s->model_path : NULL;
+            const uint64_t per = max_ctx / s->cfg.block_tokens + (max_ctx % s->cfg.block_tokens != 0);
+            st = srv_gpu_create(s, m, blob_dir, s->cfg.max_batch, max_ctx, &gpu, &e);
+            if (st == G5_OK && per * s->cfg.max_batch > UINT32_MAX)
+                st = g5_fail(&e, G5_ERR_INVALID_ARG, "%u sequences x %llu cache blocks", s->cfg.max_batch,
+                             (unsigned long long)per);
+            if (st == G5_OK) st = srv_blocks_create((uint32_t)(per * s->cfg.max_batch), s->cfg.block_tokens, &blocks, &e);
+        }
     }
     if (st == G5_OK) {
         logits = malloc((size_t)s->cfg.max_batch * rt_model_hparams(m)->n_vocab * sizeof *logits);
@@ -379,6 +399,7 @@ static void *loader_main(void *arg) {
         s->m = m;
         s->tok = tok;
         s->blocks = blocks;
+        s->gpu = gpu;
         s->logits = logits;
         s->n_vocab = n_vocab;
         s->max_ctx = max_ctx;
@@ -402,9 +423,15 @@ static void *loader_main(void *arg) {
                 rt_model_n_threads(m), hp->n_vocab, hp->n_layer_main, bytes / 1e9, dt,
                 dt > 0 ? bytes / 1e9 / dt : 0.0, max_ctx, srv_blocks_n_total(blocks),
                 srv_blocks_block_tokens(blocks));
+        if (gpu) {
+            char line[1024];
+            srv_gpu_describe(gpu, line, sizeof line);
+            srv_log(s, "%s", line);
+        }
     } else {
         srv_log(s, "model load failed: %s (%s)", e.msg, g5_strerror(st));
         free(logits);
+        srv_gpu_free(gpu);
         srv_blocks_free(blocks);
         tok_free(tok);
         rt_model_free(m);
@@ -489,18 +516,24 @@ static void admit_locked(srv_server *s) {
     while (s->n_running < s->cfg.max_batch && s->n_waiting > 0) {
         srv_req *r = s->waiting[0];
         uint32_t pending = r->n_feed - r->feed_off;
-        if (srv_blocks_needed(s->blocks, (uint64_t)pending + 1) > srv_blocks_n_free(s->blocks)) break;
+        /* CUDA: a batch place is a GPU sequence with room for the whole context */
+        if (!s->gpu && srv_blocks_needed(s->blocks, (uint64_t)pending + 1) > srv_blocks_n_free(s->blocks)) break;
         waiting_remove_at(s, 0);
         g5_error e = {0};
         g5_status st = G5_OK;
-        if (!r->st) st = rt_state_create_paged(s->m, srv_blocks_pool(s->blocks), &r->st, &e);
+        if (s->gpu) {
+            if (r->gslot < 0 && (r->gslot = srv_gpu_slot_take(s->gpu)) < 0)
+                st = g5_fail(&e, G5_ERR_INTERNAL, "no free GPU sequence with %u running", s->n_running);
+        } else if (!r->st) {
+            st = rt_state_create_paged(s->m, srv_blocks_pool(s->blocks), &r->st, &e);
+        }
         if (st == G5_OK && !r->samp) {
             st = samp_create(&r->p.sp, rt_model_hparams(s->m)->n_vocab, &r->samp, &e);
             if (st == G5_OK)
                 for (uint32_t i = 0; i < r->p.n_prompt; i++) samp_accept(r->samp, r->p.prompt[i]);
         }
         if (st == G5_OK && !r->ts) st = tok_stream_create(s->tok, 0, &r->ts, &e);
-        if (st == G5_OK) st = rt_state_reserve(r->st, r->n_past + pending, &e);
+        if (st == G5_OK && !s->gpu) st = rt_state_reserve(r->st, r->n_past + pending, &e);
         r->state = SRV_R_RUNNING;
         r->admit_no = ++s->admit_counter;
         s->running[s->n_running++] = r;
@@ -582,6 +615,12 @@ static void flush_text_locked(srv_req *r) {
 /* Makes r's state hold blocks for n_tokens positions, preempting the most recently admitted
  * sequences while the pool is short (under mu). Returns 0 if r itself was preempted or retired. */
 static int reserve_locked(srv_server *s, srv_req *r, uint32_t n_tokens) {
+    if (s->gpu) { /* accounting only: the GPU sequence has room for max_ctx, and so has the pool */
+        g5_error e = {0};
+        if (srv_blocks_reserve(s->blocks, &r->gblocks, n_tokens, &e) == G5_OK) return 1;
+        retire_locked(s, r, NULL, 500, e.msg);
+        return 0;
+    }
     for (;;) {
         g5_error e = {0};
         if (rt_state_reserve(r->st, n_tokens, &e) == G5_OK) return 1;
@@ -679,7 +718,9 @@ static void draw(srv_server *s, srv_req *r, const float *logits) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static int is_live_locked(const srv_req *r) { return r->state == SRV_R_RUNNING && !r->cancelled && r->st; }
+static int is_live_locked(const srv_req *r) {
+    return r->state == SRV_R_RUNNING && !r->cancelled && (r->st || r->gslot >= 0);
+}
 
 /* One prompt chunk of one sequence; draws the next token when the feed is used up. */
 static void prefill_step(srv_server *s, srv_req *r) {
@@ -690,7 +731,7 @@ static void prefill_step(srv_server *s, srv_req *r) {
         return;
     }
     uint32_t rem = r->n_feed - r->feed_off;
-    uint32_t chunk = rem < s->cfg.prefill_chunk ? rem : s->cfg.prefill_chunk;
+    uint32_t chunk = rem < s->cfg.prefill_chunk || s->gpu ? rem : s->cfg.prefill_chunk;
     if (!reserve_locked(s, r, r->n_past + chunk)) {
         pthread_mutex_unlock(&s->mu);
         return;
@@ -698,11 +739,17 @@ static void prefill_step(srv_server *s, srv_req *r) {
     pthread_mutex_unlock(&s->mu);
 
     int last = chunk == rem;
-    rt_outputs out = {.logits = last ? s->logits : NULL};
-    g5_status st = rt_model_forward(s->m, r->st, r->feed + r->feed_off, chunk, &out, &e);
+    g5_status st;
+    if (s->gpu) {
+        st = srv_gpu_prefill(s->gpu, r->gslot, r->feed + r->feed_off, chunk, last ? s->logits : NULL, &e);
+    } else {
+        rt_outputs out = {.logits = last ? s->logits : NULL};
+        st = rt_model_forward(s->m, r->st, r->feed + r->feed_off, chunk, &out, &e);
+    }
     if (st != G5_OK) {
         pthread_mutex_lock(&s->mu);
-        retire_locked(s, r, NULL, 500, e.msg);
+        /* CUDA: work buffers for a long prompt may not fit next to the reserved caches */
+        retire_locked(s, r, NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
         pthread_mutex_unlock(&s->mu);
         return;
     }
@@ -712,7 +759,7 @@ static void prefill_step(srv_server *s, srv_req *r) {
 }
 
 /* One token for each of the n decoding sequences in dec, in one batched forward call. */
-static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_state **sts, int32_t *toks) {
+static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_state **sts, int *slots, int32_t *toks) {
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++)
         if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1);
@@ -724,14 +771,16 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_state **sts
     if (!k) return;
     for (uint32_t i = 0; i < k; i++) {
         sts[i] = dec[i]->st;
+        slots[i] = dec[i]->gslot;
         toks[i] = dec[i]->feed[dec[i]->feed_off];
     }
     g5_error e = {0};
     const uint32_t V = rt_model_hparams(s->m)->n_vocab;
-    g5_status st = rt_model_forward_batch(s->m, sts, toks, k, s->logits, &e);
+    g5_status st = s->gpu ? srv_gpu_decode(s->gpu, slots, toks, k, s->logits, &e)
+                          : rt_model_forward_batch(s->m, sts, toks, k, s->logits, &e);
     if (st != G5_OK) {
         pthread_mutex_lock(&s->mu);
-        for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, 500, e.msg);
+        for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
         pthread_mutex_unlock(&s->mu);
         return;
     }
@@ -747,8 +796,9 @@ static void *engine_main(void *arg) {
     const size_t mb = s->cfg.max_batch;
     srv_req **batch = malloc(mb * sizeof *batch), **dec = malloc(mb * sizeof *dec);
     rt_state **sts = malloc(mb * sizeof *sts);
+    int *slots = malloc(mb * sizeof *slots);
     int32_t *toks = malloc(mb * sizeof *toks);
-    const int ok = batch && dec && sts && toks;
+    const int ok = batch && dec && sts && slots && toks;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         if (s->load != SRV_READY || !ok) {
@@ -769,7 +819,7 @@ static void *engine_main(void *arg) {
             if (batch[i]->n_feed - batch[i]->feed_off == 1) dec[nd++] = batch[i];
         }
         pthread_mutex_unlock(&s->mu);
-        if (nd) decode_step(s, dec, nd, sts, toks);
+        if (nd) decode_step(s, dec, nd, sts, slots, toks);
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
         pthread_mutex_lock(&s->mu);
@@ -789,6 +839,7 @@ static void *engine_main(void *arg) {
     free(batch);
     free(dec);
     free(sts);
+    free(slots);
     free(toks);
     return NULL;
 }

@@ -206,11 +206,15 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_queue_length %u\n", s->n_waiting);
     sb_metric(&b, "glm5_running_sequences", "gauge", "sequences in the decode batch");
     sb_printf(&b, "glm5_running_sequences %u\n", s->n_running);
+    sb_metric(&b, "glm5_running_sequences_peak", "gauge", "largest decode batch since the start");
+    sb_printf(&b, "glm5_running_sequences_peak %u\n", s->peak_running);
     uint32_t total = s->blocks ? srv_blocks_n_total(s->blocks) : 0;
     uint32_t used = s->blocks ? total - srv_blocks_n_free(s->blocks) : 0;
     sb_metric(&b, "glm5_cache_blocks_in_use", "gauge", "latent/indexer cache blocks held by sequences");
     sb_printf(&b, "glm5_cache_blocks_in_use %u\n", used);
-    sb_metric(&b, "glm5_cache_blocks_total", "gauge", "cache blocks in the pool (--ctx-size / block tokens)");
+    sb_metric(&b, "glm5_cache_blocks_total", "gauge",
+              s->gpu ? "cache blocks of the GPU caches reserved at load (--max-batch x --ctx-size / block tokens)"
+                     : "cache blocks in the pool (--ctx-size / block tokens)");
     sb_printf(&b, "glm5_cache_blocks_total %u\n", total);
     sb_metric(&b, "glm5_cache_block_tokens", "gauge", "tokens per cache block");
     sb_printf(&b, "glm5_cache_block_tokens %u\n", s->cfg.block_tokens);
@@ -621,6 +625,11 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
         return g5_fail(err, G5_ERR_INVALID_ARG, "--ctx-size %u: must be 2..2^30", cfg->ctx_size);
     if (cfg->prefill_chunk < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "prefill chunk must be >= 1");
     if (cfg->max_body < 1024) return g5_fail(err, G5_ERR_INVALID_ARG, "max body must be >= 1024 bytes");
+    if (cfg->device != SRV_DEVICE_CPU && cfg->device != SRV_DEVICE_CUDA)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "device %d", (int)cfg->device);
+    if (cfg->device == SRV_DEVICE_CUDA && !srv_cuda_available())
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "--device cuda: this build has no CUDA backend; use "
+                       "build/gpu/bin/glm5-serve (make gpu-model)");
 
     srv_server *s = calloc(1, sizeof *s);
     if (!s) return g5_fail(err, G5_ERR_NOMEM, "server");
@@ -684,6 +693,7 @@ void srv_free(srv_server *s) {
     s->daemon = NULL;
     free(s->logits);
     srv_blocks_free(s->blocks);
+    srv_gpu_free(s->gpu); /* its GPU model refers to the CPU model */
     tok_free(s->tok);
     rt_model_free(s->m);
     rt_wset_free(s->ws);

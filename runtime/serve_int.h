@@ -63,7 +63,9 @@ typedef struct srv_req {
     uint64_t admit_no;         /* order of (latest) admission; preemption takes the largest */
 
     /* engine-private */
-    rt_state *st;              /* paged caches from the server's pool; held only while RUNNING */
+    rt_state *st;              /* CPU: paged caches from the server's pool; held only while RUNNING */
+    int gslot;                 /* CUDA: its GPU sequence (srv_gpu slot) while RUNNING, else -1 */
+    srv_btable gblocks;        /* CUDA: the blocks (accounting only) covering its cached tokens */
     samp_ctx *samp;
     tok_stream *ts;
     uint32_t n_past;           /* tokens in st's caches */
@@ -141,7 +143,10 @@ struct srv_server {
     uint32_t n_vocab;
     uint32_t max_ctx;          /* longest sequence (prompt + output) */
     chat_format chat_fmt;
-    srv_blocks *blocks;        /* a view of the kv pool (srv_blocks_create_pool) */
+    srv_blocks *blocks;        /* CPU: a view of the kv pool (srv_blocks_create_pool); CUDA: a
+                                  plain allocator of max_batch x ctx_size tokens, the GPU caches
+                                  reserved at load, whose blocks sequences hold as they fill */
+    struct srv_gpu *gpu;       /* CUDA backend (NULL on the CPU) */
     float *logits;             /* [max_batch][n_vocab] engine scratch */
 
     srv_req **waiting;         /* FIFO; preempted requests go back to the front */
@@ -177,6 +182,26 @@ void srv_cancel(srv_server *s, srv_req *r);  /* idempotent; takes mu */
 void srv_cancel_locked(srv_server *s, srv_req *r);
 void srv_log(srv_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double srv_now(void);
+
+/* serve_gpu.c: the CUDA backend (a build without CUDA has stubs that fail). Engine thread only,
+ * except create (loader) and free (after the engine stopped). Slots are GPU sequences with
+ * caches for max_ctx positions, created up front. */
+typedef struct srv_gpu srv_gpu;
+g5_status srv_gpu_create(srv_server *s, const rt_model *m, const char *blob_dir, uint32_t n_slots,
+                         uint32_t max_ctx, srv_gpu **out, g5_error *err);
+void srv_gpu_free(srv_gpu *g); /* accepts NULL */
+/* One line about the device, precision, cache type and the caches' size, for the log. */
+void srv_gpu_describe(const srv_gpu *g, char *buf, size_t cap);
+uint64_t srv_gpu_load_bytes(const srv_gpu *g);
+int srv_gpu_slot_take(srv_gpu *g);            /* a free slot (its sequence empty), or -1 */
+void srv_gpu_slot_put(srv_gpu *g, int slot);  /* back to the free list */
+/* n tokens of slot's sequence at its next positions; logits (host [n_vocab], may be NULL) of the
+ * last one. */
+g5_status srv_gpu_prefill(srv_gpu *g, int slot, const int32_t *toks, uint32_t n, float *logits,
+                          g5_error *err);
+/* One token for each of the n slots (distinct), logits [n][n_vocab]. */
+g5_status srv_gpu_decode(srv_gpu *g, const int *slots, const int32_t *toks, uint32_t n,
+                         float *logits, g5_error *err);
 
 /* serve_api.c */
 /* Parses and validates a request body. Returns 0 (p filled), or an HTTP status with msg and

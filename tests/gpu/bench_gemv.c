@@ -3,8 +3,12 @@
  * (50-60 MB) holds none of them between launches. Prints one line per case:
  * bytes of weights read per launch, time per launch, GB/s, and the ratio to the copy rate
  * counted as bytes read + bytes written (both are DRAM traffic per second).
+ * Each Q4_K/Q8_0 case runs every kernel family (cuk_gemv_set_impl: simt = CUDA cores, tc =
+ * tensor cores with magic-exponent quants (the default), tc_sub = tensor cores with subnormal
+ * quants) on the same weights and random x; "diff" is max|y - y_simt| / max|y_simt|.
  * Usage: bench_gemv [iters]  (default 50) */
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +39,9 @@
 #define POOL_BYTES (1ull << 30)
 
 static int iters = 50;
+static const int IMPLS[] = {CUK_GEMV_SIMT, CUK_GEMV_AUTO, CUK_GEMV_TC_SUB};
+static const char *const IMPL_NAME[] = {"tc", "simt", "tc_sub"};
+#define N_IMPLS 3
 static double copy_rw_gbs; /* bytes read + written per second, GB/s */
 
 static uint8_t *pool;      /* device, POOL_BYTES */
@@ -63,11 +70,32 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
     return ms;
 }
 
-static void report(const char *what, double bytes, double ms_per) {
+static void report(const char *what, const char *impl, double bytes, double ms_per, double diff) {
     const double gbs = bytes / (ms_per * 1e-3) / 1e9;
-    printf("%-44s %8.1f MB %8.2f us %7.0f GB/s  ratio %.3f\n", what, bytes / 1e6, ms_per * 1e3, gbs,
-           gbs / copy_rw_gbs);
+    printf("%-46s %-7s %7.1f MB %8.2f us %6.0f GB/s  ratio %.3f", what, impl, bytes / 1e6,
+           ms_per * 1e3, gbs, gbs / copy_rw_gbs);
+    if (diff >= 0) printf("  diff %.1e", diff);
+    printf("\n");
+    fflush(stdout);
 }
+
+/* max|a - b| / max|b| over n device floats (b: host copy of the reference). */
+static double max_diff(const float *dy, const float *ref, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    if (!h) exit(2);
+    CK(cudaMemcpy(h, dy, n * sizeof(float), cudaMemcpyDeviceToHost));
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)h[i] - ref[i]);
+        if (d > md || d != d) md = d;
+        if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+    }
+    free(h);
+    return mr > 0 ? md / mr : md;
+}
+
+/* Implementations to run for type (tensor-core ones only where they exist). */
+static int n_impls(uint32_t type) { return type == QT_Q4_K || type == QT_Q8_0 ? N_IMPLS : 1; }
 
 static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_type, float *x, float *y) {
     uint64_t rb = 0;
@@ -79,18 +107,34 @@ static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_ty
     CK(cudaEventCreate(&b));
     cuk_gemv_args g = {.w_type = type, .w = pool, .k = k, .m = m, .x = x, .x_type = x_type,
                        .ldx = k, .n = n, .y = y, .ldy = m};
-    for (int i = 0; i < 3; i++) GK(cuk_gemv(&g, NULL, &err_));
-    CK(cudaEventRecord(a, NULL));
-    for (int i = 0; i < iters; i++) {
-        g.w = pool + (uint64_t)(i % copies) * pool_copy;
-        GK(cuk_gemv(&g, NULL, &err_));
-    }
-    CK(cudaEventRecord(b, NULL));
-    CK(cudaEventSynchronize(b));
+    const size_t ny = (size_t)n * (size_t)m;
+    float *ref = malloc(ny * sizeof(float));
+    if (!ref) exit(2);
     char what[128];
     snprintf(what, sizeof what, "gemv %s m=%lld k=%lld n=%d x=%s", quant_type_name(type),
              (long long)m, (long long)k, n, x_type == CUK_ACT_BF16 ? "bf16" : "f32");
-    report(what, (double)bytes, time_ms(a, b) / iters);
+    for (int im = 0; im < n_impls(type); im++) {
+        cuk_gemv_set_impl(IMPLS[im]);
+        const int tc = IMPLS[im] != CUK_GEMV_SIMT && cuk_gemv_tc_applies(type, k, n);
+        if (IMPLS[im] != CUK_GEMV_SIMT && !tc) continue; /* would repeat the simt kernel */
+        g.w = pool;
+        GK(cuk_gemv(&g, NULL, &err_));
+        CK(cudaDeviceSynchronize());
+        double diff = -1;
+        if (im == 0) CK(cudaMemcpy(ref, y, ny * sizeof(float), cudaMemcpyDeviceToHost));
+        else diff = max_diff(y, ref, ny);
+        for (int i = 0; i < 2; i++) GK(cuk_gemv(&g, NULL, &err_));
+        CK(cudaEventRecord(a, NULL));
+        for (int i = 0; i < iters; i++) {
+            g.w = pool + (uint64_t)(i % copies) * pool_copy;
+            GK(cuk_gemv(&g, NULL, &err_));
+        }
+        CK(cudaEventRecord(b, NULL));
+        CK(cudaEventSynchronize(b));
+        report(what, IMPL_NAME[IMPLS[im]], (double)bytes, time_ms(a, b) / iters, diff);
+    }
+    cuk_gemv_set_impl(CUK_GEMV_AUTO);
+    free(ref);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
 }
@@ -109,32 +153,54 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
     cuk_moe_gate_up_args g = {.w_type = type, .k = EMBD, .m = FF, .n_expert = E, .ids = ids,
                               .top_k = K, .ld_ids = K, .x = x, .x_type = CUK_ACT_F32, .ldx = EMBD,
                               .n_tok = 1, .out = h, .ldo = FF};
-    const int pairs = copies / 2;
-    for (int i = 0; i < iters + 3; i++) {
-        if (i == 3) CK(cudaEventRecord(a, NULL));
-        const int c = i % pairs;
-        g.w_gate = pool + (uint64_t)(2 * c) * pool_copy;
-        g.w_up = pool + (uint64_t)(2 * c + 1) * pool_copy;
-        GK(cuk_moe_gate_up(&g, NULL, &err_));
-    }
-    CK(cudaEventRecord(b, NULL));
-    CK(cudaEventSynchronize(b));
-    char what[128];
-    snprintf(what, sizeof what, "moe_gate_up %s 8 of 32, 2x %dx%d", quant_type_name(type), FF, EMBD);
-    report(what, (double)(2 * K * FF) * rb_up, time_ms(a, b) / iters);
-
     cuk_moe_down_args d = {.w_type = type, .k = FF, .m = EMBD, .n_expert = E, .ids = ids,
                            .wts = wts, .top_k = K, .ld_ids = K, .ld_wts = K, .h = h,
                            .h_type = CUK_ACT_F32, .ldh = FF, .n_tok = 1, .y = y, .ldy = EMBD};
-    for (int i = 0; i < iters + 3; i++) {
-        if (i == 3) CK(cudaEventRecord(a, NULL));
-        d.w = pool + (uint64_t)(i % copies) * pool_copy;
+    const int pairs = copies / 2;
+    float ref_h[8 * 256], *ref_y = malloc(sizeof(float) * EMBD);
+    if (!ref_y) exit(2);
+    char what[128];
+    for (int im = 0; im < n_impls(type); im++) {
+        cuk_gemv_set_impl(IMPLS[im]);
+        /* gate+up: correctness on copy 0 (x random), then timing over the pool */
+        g.w_gate = pool, g.w_up = pool + pool_copy;
+        GK(cuk_moe_gate_up(&g, NULL, &err_));
+        CK(cudaDeviceSynchronize());
+        double diff = -1;
+        if (im == 0) CK(cudaMemcpy(ref_h, h, sizeof ref_h, cudaMemcpyDeviceToHost));
+        else diff = max_diff(h, ref_h, 8 * 256);
+        for (int i = 0; i < iters + 3; i++) {
+            if (i == 3) CK(cudaEventRecord(a, NULL));
+            const int c = i % pairs;
+            g.w_gate = pool + (uint64_t)(2 * c) * pool_copy;
+            g.w_up = pool + (uint64_t)(2 * c + 1) * pool_copy;
+            GK(cuk_moe_gate_up(&g, NULL, &err_));
+        }
+        CK(cudaEventRecord(b, NULL));
+        CK(cudaEventSynchronize(b));
+        snprintf(what, sizeof what, "moe_gate_up %s 8 of 32, 2x %dx%d", quant_type_name(type), FF, EMBD);
+        report(what, IMPL_NAME[IMPLS[im]], (double)(2 * K * FF) * rb_up, time_ms(a, b) / iters, diff);
+
+        /* down: h = the reference gate/up output (random-looking, nonzero) */
+        CK(cudaMemcpy(h, ref_h, sizeof ref_h, cudaMemcpyHostToDevice));
+        d.w = pool;
         GK(cuk_moe_down(&d, NULL, &err_));
+        CK(cudaDeviceSynchronize());
+        diff = -1;
+        if (im == 0) CK(cudaMemcpy(ref_y, y, sizeof(float) * EMBD, cudaMemcpyDeviceToHost));
+        else diff = max_diff(y, ref_y, EMBD);
+        for (int i = 0; i < iters + 3; i++) {
+            if (i == 3) CK(cudaEventRecord(a, NULL));
+            d.w = pool + (uint64_t)(i % copies) * pool_copy;
+            GK(cuk_moe_down(&d, NULL, &err_));
+        }
+        CK(cudaEventRecord(b, NULL));
+        CK(cudaEventSynchronize(b));
+        snprintf(what, sizeof what, "moe_down %s 8 of 32, %dx%d", quant_type_name(type), EMBD, FF);
+        report(what, IMPL_NAME[IMPLS[im]], (double)K * EMBD * rb_dn, time_ms(a, b) / iters, diff);
     }
-    CK(cudaEventRecord(b, NULL));
-    CK(cudaEventSynchronize(b));
-    snprintf(what, sizeof what, "moe_down %s 8 of 32, %dx%d", quant_type_name(type), EMBD, FF);
-    report(what, (double)K * EMBD * rb_dn, time_ms(a, b) / iters);
+    cuk_gemv_set_impl(CUK_GEMV_AUTO);
+    free(ref_y);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
 }
@@ -178,24 +244,40 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&h, sizeof(float) * 8 * 256));
     CK(cudaMalloc((void **)&wts, sizeof(float) * 8));
     CK(cudaMalloc((void **)&ids, sizeof(int32_t) * 8));
-    CK(cudaMemset(x, 0, sizeof(float) * 16 * 6144));
+    {
+        float *hx = malloc(sizeof(float) * 16 * 6144);
+        if (!hx) exit(2);
+        uint64_t r = 0x9e3779b97f4a7c15ull;
+        for (int i = 0; i < 16 * 6144; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            hx[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+        }
+        CK(cudaMemcpy(x, hx, sizeof(float) * 16 * 6144, cudaMemcpyHostToDevice));
+        const float hw[8] = {0.3f, 0.2f, 0.15f, 0.1f, 0.1f, 0.05f, 0.05f, 0.05f};
+        CK(cudaMemcpy(wts, hw, sizeof hw, cudaMemcpyHostToDevice));
+        free(hx);
+    }
     CK(cudaMemset(h, 0, sizeof(float) * 8 * 256));
-    CK(cudaMemset(wts, 0, sizeof(float) * 8));
     const int32_t hid[8] = {3, 30, 7, 12, 19, 0, 25, 9};
     CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
 
     const uint32_t types[] = {QT_Q4_K, QT_Q8_0};
     for (int t = 0; t < 2; t++) {
         bench_gemv(types[t], 19360, 6144, 1, CUK_ACT_F32, x, y); /* lm_head */
+        bench_gemv(types[t], 2048, 2048, 1, CUK_ACT_F32, x, y);  /* attn q_b */
         bench_gemv(types[t], 6144, 2048, 1, CUK_ACT_F32, x, y);  /* attn o */
         bench_gemv(types[t], 1536, 6144, 1, CUK_ACT_F32, x, y);  /* dense up */
+        bench_gemv(types[t], 6144, 1536, 1, CUK_ACT_F32, x, y);  /* dense down */
         bench_gemv(types[t], 19360, 6144, 1, CUK_ACT_BF16, x, y);
+        bench_gemv(types[t], 19360, 6144, 2, CUK_ACT_F32, x, y);
+        bench_gemv(types[t], 6144, 2048, 4, CUK_ACT_F32, x, y);
         bench_gemv(types[t], 19360, 6144, 4, CUK_ACT_F32, x, y);
         bench_gemv(types[t], 19360, 6144, 16, CUK_ACT_F32, x, y);
         bench_moe(types[t], x, y, h, ids, wts);
     }
     const uint32_t more[] = {QT_Q6_K, QT_Q5_K, QT_IQ4_XS, QT_BF16};
     for (int t = 0; t < 4; t++) bench_gemv(more[t], 19360, 6144, 1, CUK_ACT_F32, x, y);
+    bench_moe(QT_Q6_K, x, y, h, ids, wts);
     CK(cudaFree(pool));
     CK(cudaFree(x)); CK(cudaFree(y)); CK(cudaFree(h)); CK(cudaFree(wts)); CK(cudaFree(ids));
     return 0;

@@ -113,16 +113,29 @@ static void fill_weights(uint32_t type, uint8_t *w, uint64_t bytes) {
     }
 }
 
+static const char *impl_name(void) {
+    const int i = cuk_gemv_get_impl();
+    return i == CUK_GEMV_SIMT ? "simt" : i == CUK_GEMV_TC_SUB ? "tc_sub" : "auto";
+}
+
+/* x element i of a case: uniform in [-1, 1], or (wide) spread over 2^-20 .. 2^17 in magnitude
+ * so that the tensor-core path's f16 split needs its scaling (|x| > 65504 would overflow f16). */
+static float x_value(int wide) {
+    const float u = unif(-1.0f, 1.0f);
+    if (!wide) return u;
+    return ldexpf(u, (int)(rnd() % 38) - 20);
+}
+
 /* One GEMV case on weights already on the device (dw, host copy hw). */
-static void gemv_case(uint32_t type, const uint8_t *hw, const void *dw, const shape *sh, int n,
-                      uint32_t x_type, float *rowbuf) {
+static void gemv_case_x(uint32_t type, const uint8_t *hw, const void *dw, const shape *sh, int n,
+                        uint32_t x_type, float *rowbuf, int wide) {
     const int64_t m = sh->m, k = sh->k;
     const int64_t ldx = k + (sh->m < 100 ? 4 : 0), ldy = m + 3;
     const uint64_t rb = row_bytes(type, k);
     float *hx = xmalloc(sizeof(float) * (size_t)(n * ldx));
     uint16_t *hxb = xmalloc(sizeof(uint16_t) * (size_t)(n * ldx));
     for (int64_t i = 0; i < n * ldx; i++) {
-        hx[i] = unif(-1.0f, 1.0f);
+        hx[i] = x_value(wide);
         if (x_type == CUK_ACT_BF16) {
             hxb[i] = quant_f32_to_bf16(hx[i]);
             hx[i] = quant_bf16_to_f32(hxb[i]);
@@ -159,16 +172,56 @@ static void gemv_case(uint32_t type, const uint8_t *hw, const void *dw, const sh
         for (int64_t i = m; i < ldy; i++) pad_ok &= is_poison(hy[v * ldy + i]);
     double l2, mx;
     const int ok = compare(got, ref, (size_t)(n * m), &l2, &mx);
-    T_CHECK(ok, "gemv %s %s m=%lld k=%lld n=%d x=%s: relL2 %.3e relmax %.3e", quant_type_name(type),
-            sh->name, (long long)m, (long long)k, n, x_type == CUK_ACT_BF16 ? "bf16" : "f32", l2, mx);
-    T_CHECK(pad_ok, "gemv %s %s n=%d: wrote past m into the row padding", quant_type_name(type),
-            sh->name, n);
-    note("  gemv %-6s %-10s m=%-5lld k=%-5lld n=%-2d x=%s relL2 %.2e relmax %.2e\n",
-           quant_type_name(type), sh->name, (long long)m, (long long)k, n,
-           x_type == CUK_ACT_BF16 ? "bf16" : "f32 ", l2, mx);
+    T_CHECK(ok, "gemv[%s] %s %s m=%lld k=%lld n=%d x=%s%s: relL2 %.3e relmax %.3e", impl_name(),
+            quant_type_name(type), sh->name, (long long)m, (long long)k, n,
+            x_type == CUK_ACT_BF16 ? "bf16" : "f32", wide ? " wide" : "", l2, mx);
+    T_CHECK(pad_ok, "gemv[%s] %s %s n=%d: wrote past m into the row padding", impl_name(),
+            quant_type_name(type), sh->name, n);
+    note("  gemv[%-6s] %-6s %-10s m=%-5lld k=%-5lld n=%-2d x=%s%s tc=%d relL2 %.2e relmax %.2e\n",
+         impl_name(), quant_type_name(type), sh->name, (long long)m, (long long)k, n,
+         x_type == CUK_ACT_BF16 ? "bf16" : "f32 ", wide ? " wide" : "",
+         cuk_gemv_get_impl() != CUK_GEMV_SIMT && cuk_gemv_tc_applies(type, k, n), l2, mx);
     free(hx), free(hxb), free(hy), free(ref), free(got);
     CK(cudaFree(dx));
     CK(cudaFree(dy));
+}
+
+static void gemv_case(uint32_t type, const uint8_t *hw, const void *dw, const shape *sh, int n,
+                      uint32_t x_type, float *rowbuf) {
+    gemv_case_x(type, hw, dw, sh, n, x_type, rowbuf, 0);
+}
+
+/* Batched decode relies on it: y[v] of an n-vector launch must equal, bit for bit, a
+ * one-vector launch on x[v] (every kernel family; the tensor-core path splits large n into
+ * several passes). Weights dw: m rows of k. */
+static void batch_identity_case(uint32_t type, const void *dw, int64_t m, int64_t k, int n) {
+    const int64_t ldx = k, ldy = m;
+    float *hx = xmalloc(sizeof(float) * (size_t)(n * ldx));
+    for (int64_t i = 0; i < n * ldx; i++) hx[i] = unif(-1.0f, 1.0f);
+    float *dx = dalloc(sizeof(float) * (size_t)(n * ldx)), *dy = dalloc(sizeof(float) * (size_t)(n * ldy));
+    float *d1 = dalloc(sizeof(float) * (size_t)ldy);
+    CK(cudaMemcpy(dx, hx, sizeof(float) * (size_t)(n * ldx), cudaMemcpyHostToDevice));
+    g5_error err = {0};
+    cuk_gemv_args a = {.w_type = type, .w = dw, .k = k, .m = m, .x = dx, .x_type = CUK_ACT_F32,
+                       .ldx = ldx, .n = n, .y = dy, .ldy = ldy};
+    T_CHECK(cuk_gemv(&a, NULL, &err) == G5_OK, "batch identity %s: %s", quant_type_name(type), err.msg);
+    float *hy = xmalloc(sizeof(float) * (size_t)(n * ldy)), *h1 = xmalloc(sizeof(float) * (size_t)ldy);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hy, dy, sizeof(float) * (size_t)(n * ldy), cudaMemcpyDeviceToHost));
+    int same = 1;
+    for (int v = 0; v < n; v++) {
+        cuk_gemv_args b = a;
+        b.x = dx + v * ldx, b.n = 1, b.y = d1;
+        T_CHECK(cuk_gemv(&b, NULL, &err) == G5_OK, "batch identity %s n=1: %s", quant_type_name(type), err.msg);
+        CK(cudaMemcpy(h1, d1, sizeof(float) * (size_t)ldy, cudaMemcpyDeviceToHost));
+        same &= memcmp(h1, hy + v * ldy, sizeof(float) * (size_t)m) == 0;
+    }
+    T_CHECK(same, "gemv[%s] %s m=%lld k=%lld: n=%d launch differs from one-vector launches",
+            impl_name(), quant_type_name(type), (long long)m, (long long)k, n);
+    note("  gemv[%-6s] %-6s m=%lld k=%lld n=%d bit-identical to n=1: %s\n", impl_name(),
+         quant_type_name(type), (long long)m, (long long)k, n, same ? "yes" : "NO");
+    free(hx), free(hy), free(h1);
+    CK(cudaFree(dx)); CK(cudaFree(dy)); CK(cudaFree(d1));
 }
 
 /* $G5_TEST_QUICK=1: only the small shapes and one MoE type (for runs under compute-sanitizer). */
@@ -189,8 +242,11 @@ static void test_gemv(void) {
     uint8_t *hw = xmalloc(max_bytes);
     float *rowbuf = xmalloc(sizeof(float) * (size_t)max_k);
     void *dw = dalloc(max_bytes);
-    for (size_t t = 0; t < N_TYPES; t++) {
-        const uint32_t type = TYPES[t];
+    /* Every type with the default kernels; Q4_K and Q8_0 (tensor-core kernels) again with the
+     * CUDA-core ones and with the subnormal-quant tensor-core variant. */
+    for (size_t t = 0; t < N_TYPES + 4; t++) {
+        const uint32_t type = t < N_TYPES ? TYPES[t] : (t - N_TYPES) % 2 ? QT_Q8_0 : QT_Q4_K;
+        cuk_gemv_set_impl(t < N_TYPES ? CUK_GEMV_AUTO : t < N_TYPES + 2 ? CUK_GEMV_SIMT : CUK_GEMV_TC_SUB);
         uint64_t bytes = 0;
         for (size_t s = 0; s < N_SHAPES; s++) {
             const uint64_t b = row_bytes(type, SHAPES[s].k) * (uint64_t)SHAPES[s].m;
@@ -207,8 +263,18 @@ static void test_gemv(void) {
                 gemv_case(type, hw, dw, &SHAPES[s], SHAPES[s].ns[2] ? SHAPES[s].ns[2] : 4,
                           CUK_ACT_BF16, rowbuf);
             }
+            if (s == 0 && (type == QT_Q4_K || type == QT_Q8_0)) {
+                batch_identity_case(type, dw, 2048, 2048, 7);
+                batch_identity_case(type, dw, 1536, 6144, 5);
+            }
+            /* x over 37 binades (some above the f16 range) */
+            if (SHAPES[s].m * SHAPES[s].k <= 5000000) {
+                gemv_case_x(type, hw, dw, &SHAPES[s], 1, CUK_ACT_F32, rowbuf, 1);
+                gemv_case_x(type, hw, dw, &SHAPES[s], 2, CUK_ACT_F32, rowbuf, 1);
+            }
         }
     }
+    cuk_gemv_set_impl(CUK_GEMV_AUTO);
     free(hw), free(rowbuf);
     CK(cudaFree(dw));
 }
@@ -305,12 +371,12 @@ static void test_moe_type(uint32_t type, int bad_id) {
         }
     double l2, mx;
     int ok = compare(got, ref, nref, &l2, &mx);
-    T_CHECK(ok, "moe_gate_up %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e", tn,
-            E_LOCAL, TOP_K, FF, EMBD, N_TOK, l2, mx);
+    T_CHECK(ok, "moe_gate_up[%s] %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e",
+            impl_name(), tn, E_LOCAL, TOP_K, FF, EMBD, N_TOK, l2, mx);
     T_CHECK(pad_ok, "moe_gate_up %s: wrote into the row padding", tn);
     if (bad_id) T_CHECK(bad_ok, "moe_gate_up %s: out-of-range id's row is not NaN", tn);
-    note("  moe_gate_up %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n", tn, FF,
-           EMBD, E_LOCAL, TOP_K, N_TOK, l2, mx);
+    note("  moe_gate_up[%-6s] %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
+         impl_name(), tn, FF, EMBD, E_LOCAL, TOP_K, N_TOK, l2, mx);
 
     /* Down: h random (independent of the gate/up output). */
     float *hh = xmalloc(sizeof(float) * N_TOK * TOP_K * FF);
@@ -350,12 +416,12 @@ static void test_moe_type(uint32_t type, int bad_id) {
         }
     }
     ok = compare(got2, ref2, nref, &l2, &mx);
-    T_CHECK(ok, "moe_down %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e", tn, E_LOCAL,
-            TOP_K, EMBD, FF, N_TOK, l2, mx);
+    T_CHECK(ok, "moe_down[%s] %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e",
+            impl_name(), tn, E_LOCAL, TOP_K, EMBD, FF, N_TOK, l2, mx);
     T_CHECK(pad_ok, "moe_down %s: wrote into the row padding", tn);
     if (bad_id) T_CHECK(bad_ok, "moe_down %s: token with an out-of-range id is not NaN", tn);
-    note("  moe_down    %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n", tn,
-           EMBD, FF, E_LOCAL, TOP_K, N_TOK, l2, mx);
+    note("  moe_down[%-6s]    %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
+         impl_name(), tn, EMBD, FF, E_LOCAL, TOP_K, N_TOK, l2, mx);
 
     /* bf16 activations, token 0 only (ids of token 0 are valid). */
     if (!bad_id) {
@@ -381,7 +447,7 @@ static void test_moe_type(uint32_t type, int bad_id) {
             }
         }
         ok = compare(got, ref, nref, &l2, &mx);
-        T_CHECK(ok, "moe_gate_up %s x=bf16: relL2 %.3e relmax %.3e", tn, l2, mx);
+        T_CHECK(ok, "moe_gate_up[%s] %s x=bf16: relL2 %.3e relmax %.3e", impl_name(), tn, l2, mx);
         free(hxb), free(xr);
         CK(cudaFree(dxb));
     }
@@ -399,6 +465,14 @@ static void test_moe(void) {
     }
     for (size_t t = 0; t < N_TYPES; t++) test_moe_type(TYPES[t], 0);
     test_moe_type(QT_Q4_K, 1);
+    test_moe_type(QT_Q8_0, 1);
+    for (int impl = CUK_GEMV_SIMT; impl <= CUK_GEMV_TC_SUB; impl++) {
+        cuk_gemv_set_impl(impl);
+        test_moe_type(QT_Q4_K, 0);
+        test_moe_type(QT_Q8_0, 0);
+        test_moe_type(QT_Q4_K, 1);
+    }
+    cuk_gemv_set_impl(CUK_GEMV_AUTO);
 }
 
 /* ---------------- norms, rope, add, argmax ---------------- */

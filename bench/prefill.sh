@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GLM-5 prefill of a 4096-token prompt at one TP 8 rank's shapes on one GPU, in one device call
+# (issue 6, benchmark 4): build tests/gpu/bench_decode and run its --prefill mode: tokens/s for
+# each product path (the prefill GEMM path with bf16, tf32, f32 compute, and the GEMV kernels),
+# the stage split, and the weight-product FLOP rate against cuBLAS bf16 GEMMs of the same shapes
+# measured in the same run (the matrix-unit utilization).
+#
+#   OUT=/tmp/out bash bench/prefill.sh         # on the GPU machine (log: $OUT/prefill.log)
+#
+# Environment: as bench/decode.sh (B, CC, DEPS, SKIP_BUILD, LIMIT, ARGS), plus LAYERS (default 78;
+# fewer are scaled to 78 by the stage split and say so), TOKENS (4096), GEMM (the variants,
+# default bf16,tf32,f32,gemv; "default" = as G5_PREFILL_GEMM says), CAP (seconds per variant
+# before the rest is extrapolated, default 30).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/g5prefill-out}
+mkdir -p "$OUT"
+B=${B:-build/dev}
+CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
+DEPS=${DEPS:-gpu-deps}
+SECONDS=0
+{
+echo "== device"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo ?)}; $(nproc) cores; $(free -g | awk '/Mem:/ {print $2 " GiB RAM"}')"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  echo "== build (bench_decode; $CC)"
+  make -j"$(nproc)" CC="$CC" BUILD="$B" EXTRA_CFLAGS="-isystem $DEPS/include -Wno-error" \
+    EXTRA_LDFLAGS="-L$DEPS/lib" "$B/gpu/tests/bench_decode" >"$OUT/build_prefill.log" 2>&1
+  rc=$?
+  echo "build rc=$rc in ${SECONDS}s"
+  [ $rc = 0 ] || { grep -E "error|Error" "$OUT/build_prefill.log" | head -30; exit 3; }
+fi
+echo "== bench_decode --prefill"
+timeout "${LIMIT:-480}" "$B/gpu/tests/bench_decode" --prefill --layers "${LAYERS:-78}" \
+  --prefill-tokens "${TOKENS:-4096}" --gemm "${GEMM:-bf16,tf32,f32,gemv}" --prefill-cap "${CAP:-30}" ${ARGS:-}
+echo "bench_decode rc=$? ; prefill.sh total ${SECONDS}s"
+} 2>&1 | tee "$OUT/prefill.log"

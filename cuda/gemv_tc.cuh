@@ -1,0 +1,669 @@
+/* Tensor-core dequantizing GEMV (plain, MoE gate+up fused, MoE down) for Q4_K and Q8_0, float32
+ * activations. Included by cuda/gemv_q4_k.cu and cuda/gemv_q8_0.cu (CUK_GEMV_TC_INSTANTIATE);
+ * cuda/gemv.cu picks this path or the CUDA-core one (gemv_impl.cuh) per call.
+ *
+ * Why: the CUDA-core kernels spend about 2 instructions per weight on building a float and
+ * multiplying it (measured instruction-bound at 0.38 of HBM for Q4_K). Here one mma.m16n8k16
+ * multiplies 16 rows x 16 weights at once and a weight costs about 0.6 instruction to decode.
+ *
+ * Numerics (the products still take float32 inputs, exactly):
+ * - x is split into three f16 pieces, x * 2^e = h + m + l (e per vector, chosen from max|x| so
+ *   that h cannot overflow; h, m, l carry 33 significant bits, so the split is exact to
+ *   2^-25 * 2^14 of max|x|, below float32 rounding). The pieces are the mma's B columns.
+ * - Quants are exact f16 values: either subnormals (nibble or byte placed in the low mantissa
+ *   bits: q * 2^-24 exactly, "SUB") or normals with the magic exponent of 1024 (1024 + 16 q,
+ *   1024 + 128 + q: "magic"; the offset times sum(x) is taken out again with the per-group
+ *   x sums). f16 x f16 products are exact in the f32 accumulator.
+ * - Per 32-element group the mma result D (f32) is scaled: y += a * D - b * sum(x_group), with
+ *   a, b from the block's scales; warps, then lanes, are summed in a fixed order.
+ *
+ * Layout:
+ * - CTA: NW = 8 warps. An item is 16 A rows (gemv, down: 16 output rows; gate_up: 8 gate rows in
+ *   A rows 0..7 and the same 8 up rows in A rows 8..15). The 8 warps split the item's k into
+ *   chunks (warp w takes chunks w, w + 8, ...) and the CTA sums them in shared memory.
+ * - CTAs are persistent over items (grid.x <= 2 per SM), grid.y = token for the MoE kernels:
+ *   the x pieces are made once per CTA (prologue) into shared memory in B-fragment order.
+ * - Within a 32-element group, lane quad index t (= lane % 4) owns elements 8t + 4j + {0,1,2,3}
+ *   for the group's two mma tiles j = 0, 1: register r0 holds elements +0, +2, r1 holds +1, +3
+ *   (how one 32-bit word of quants splits into two f16 pairs). x pieces are stored permuted the
+ *   same way, so A's and B's k orders agree. */
+#ifndef G5_GEMV_TC_CUH
+#define G5_GEMV_TC_CUH
+
+#include "cuda/gemv_impl.cuh"
+
+namespace cuk {
+namespace tc {
+
+constexpr int NW = 8;                      /* warps per CTA */
+constexpr int SMEM_MAX = 112 * 1024;       /* two CTAs per SM */
+enum { M_GEMV = 0, M_GATE_UP = 1, M_DOWN = 2 };
+
+template <int T> struct TT;
+/* CH: elements per chunk (a warp's unit of k), BB/BLK: block bytes/elements. */
+template <> struct TT<QT_Q4_K> { static constexpr int CH = 256, BLK = 256, BB = 144; };
+template <> struct TT<QT_Q8_0> { static constexpr int CH = 128, BLK = 32, BB = 34; };
+
+template <int NV> struct NvGeo {
+    static constexpr int NP = (NV + 1) / 2;   /* vector pairs = mmas per tile */
+    static constexpr int CP = NV == 1 ? 3 : 6; /* stored B columns per pair */
+};
+
+/* Shared-memory layout of one CTA for K virtual elements (multiple of 256). */
+template <int NV> struct Lay {
+    static constexpr int NP = NvGeo<NV>::NP, CP = NvGeo<NV>::CP;
+    __host__ __device__ static size_t b_bytes(int K) { return (size_t)K * 2 * NP * CP; }
+    __host__ __device__ static size_t sx_bytes(int K) { return (size_t)(2 * NP) * (K / 32) * sizeof(float); }
+    static constexpr size_t SAB = (size_t)NW * 2 * 16 * 8 * sizeof(float); /* a, b per warp */
+    static constexpr size_t RED = (size_t)NW * NP * 32 * 2 * sizeof(float);
+    static constexpr size_t MISC = (size_t)(NW * NV + 2 * 2 * NP) * sizeof(float);
+    static size_t total(int K) { return b_bytes(K) + sx_bytes(K) + SAB + RED + MISC; }
+};
+
+/* Launch parameters shared by the three modes (fields a mode does not use are 0). */
+struct Params {
+    const uint8_t *w0, *w1; /* gemv/down: w0; gate_up: w0 gate, w1 up */
+    int64_t rb;             /* bytes per row (k elements) */
+    int64_t m;              /* rows per matrix */
+    int64_t mat;            /* bytes per expert matrix (m * rb) */
+    int n_expert;
+    const int32_t *ids;
+    int64_t ld_ids;
+    int top_k;
+    const float *wts;
+    int64_t ld_wts;
+    const void *x;          /* gemv: [nvec][ldx]; gate_up: [n_tok][ldx]; down: [n_tok*top_k][ldx] */
+    int64_t ldx;
+    int nvec;
+    int kseg;               /* k of one matrix row */
+    int nseg;               /* segments of the virtual k (down: top_k, else 1) */
+    float *y;
+    int64_t ldy;
+    int64_t items;          /* items per grid.y */
+    int64_t tiles;          /* row tiles per matrix (gate_up: of 8 rows, else of 16) */
+};
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t ldg32(const uint8_t *p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldg64(const uint8_t *p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.b32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ldg128(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldg16(const uint8_t *p) {
+    unsigned short v;
+    asm volatile("ld.global.nc.b16 %0, [%1];\n" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float h2f(uint32_t bits) {
+    return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
+}
+
+/* The three f16 pieces of x (exact split, see the file comment) as bits. */
+__device__ __forceinline__ void split3(float x, uint32_t &h, uint32_t &m, uint32_t &l) {
+    const __half hh = __float2half_rn(x);
+    const float r1 = x - __half2float(hh);
+    const __half mh = __float2half_rn(r1);
+    const float r2 = r1 - __half2float(mh);
+    h = __half_as_ushort(hh);
+    m = __half_as_ushort(mh);
+    l = __half_as_ushort(__float2half_rn(r2));
+}
+
+/* ---- per-type chunk loads and math ---- */
+
+/* Raw bytes of one chunk for the lane's rows g and g+8 (A rows), in registers. */
+template <int T> struct Raw;
+template <> struct Raw<QT_Q4_K> {
+    uint4 hdr;      /* header (d, dmin, scales) of the row this lane decodes scales for */
+    uint2 q[2][4];  /* [row g / g+8][pair p]: qs bytes 32p + 8t .. +7 */
+};
+template <> struct Raw<QT_Q8_0> {
+    uint32_t w[2][4][3]; /* [row][block][aligned words covering qs bytes 8t .. 8t+7] */
+    uint32_t d[2][4];    /* f16 bits of the block scale */
+};
+
+/* rowp[0], rowp[1]: chunk start in rows g and g+8. */
+__device__ __forceinline__ void load_raw(Raw<QT_Q4_K> &r, const uint8_t *const rowp[2], int t) {
+    r.hdr = ldg128((t >> 1) ? rowp[1] : rowp[0]); /* a select keeps rowp in registers */
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int p = 0; p < 4; p++) r.q[h][p] = ldg64(rowp[h] + 16 + 32 * p + 8 * t);
+}
+/* Q8_0 chunks start 8-byte aligned (rows are multiples of 272 bytes, chunks of 136), so the
+ * lane's 8 quant bytes at 34 b + 2 + 8 t are 4-byte aligned for odd b and 2 off for even b. */
+__device__ __forceinline__ void load_raw(Raw<QT_Q8_0> &r, const uint8_t *const rowp[2], int t) {
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const uint8_t *bp = rowp[h] + 34 * b;
+            const uint8_t *q = bp + 2 + 8 * t - ((b & 1) ? 0 : 2);
+            r.w[h][b][0] = ldg32(q);
+            r.w[h][b][1] = ldg32(q + 4);
+            r.w[h][b][2] = (b & 1) ? 0u : ldg32(q + 8);
+            r.d[h][b] = ldg16(bp);
+        }
+}
+
+/* Component i (a compile-time constant after unrolling) of v, kept in registers. */
+__device__ __forceinline__ float f4get(const float4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* B fragment (two registers) of group G, tile j, pair pi for this lane; boff < 0: zero column. */
+template <int NP, int CP>
+__device__ __forceinline__ uint2 ldb(const uint2 *bs, int G, int j, int pi, int boff) {
+    if (boff < 0) return make_uint2(0u, 0u);
+    return bs[(((G * 2 + j) * NP + pi) * CP) * 4 + boff];
+}
+
+/* acc[pi][0..1] (rows g, g+8 of vector 2 pi + t/2) += the chunk's contribution.
+ * G0: the chunk's first 32-element group in the virtual k; sab: this warp's a/b area. */
+template <int NV, bool SUB>
+__device__ __forceinline__ void chunk_math(const Raw<QT_Q4_K> &r, const uint2 *bs, const float *sx,
+                                           int ngrp, float *sab, int G0, int lane, int boff,
+                                           float (&acc)[NvGeo<NV>::NP][2]) {
+    constexpr int NP = NvGeo<NV>::NP, CP = NvGeo<NV>::CP;
+    const int g = lane >> 2, t = lane & 3;
+    /* Scales: lane decodes sub-blocks 4h..4h+3 of A row rr (two lanes per row), the warp shares
+     * them through sab: a at [rr][s], b at [16 + rr][s]. */
+    {
+        const int rr = (t >> 1) ? g + 8 : g, h = t & 1;
+        const float d = h2f(r.hdr.x), dmin = h2f(r.hdr.x >> 16);
+        const uint32_t s0 = r.hdr.y, s1 = r.hdr.z, s2 = r.hdr.w;
+        const uint32_t sc = h ? (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u) : s0 & 0x3F3F3F3Fu;
+        const uint32_t mn = h ? ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u) : s1 & 0x3F3F3F3Fu;
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float fs = __uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7440u | i)) - 8388608.0f;
+            const float fm = __uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7440u | i)) - 8388608.0f;
+            const float d1 = d * fs, m1 = dmin * fm;
+            /* SUB: D = 2^-24 * (1 or 16) * sum(q x); magic: D = 1024 sum(x) + 16 sum(q x). */
+            a[i] = SUB ? d1 * ((i & 1) ? 1048576.0f : 16777216.0f) : d1 * 0.0625f;
+            b[i] = SUB ? m1 : fmaf(64.0f, d1, m1);
+        }
+        *(float4 *)(sab + rr * 8 + 4 * h) = make_float4(a[0], a[1], a[2], a[3]);
+        *(float4 *)(sab + 128 + rr * 8 + 4 * h) = make_float4(b[0], b[1], b[2], b[3]);
+    }
+    __syncwarp();
+    const float4 ag[2] = {*(const float4 *)(sab + g * 8), *(const float4 *)(sab + g * 8 + 4)};
+    const float4 ag8[2] = {*(const float4 *)(sab + (g + 8) * 8), *(const float4 *)(sab + (g + 8) * 8 + 4)};
+    /* min/offset terms: lane t covers sub-blocks 4(t&1)..+3 of vector 2 pi + t/2 */
+    const float4 bg = *(const float4 *)(sab + 128 + g * 8 + 4 * (t & 1));
+    const float4 bg8 = *(const float4 *)(sab + 128 + (g + 8) * 8 + 4 * (t & 1));
+#pragma unroll
+    for (int pi = 0; pi < NP; pi++) {
+        const float *sv = sx + (2 * pi + (t >> 1)) * ngrp + G0 + 4 * (t & 1);
+        const float x0 = sv[0], x1 = sv[1], x2 = sv[2], x3 = sv[3];
+        float u = acc[pi][0], v = acc[pi][1];
+        u = fmaf(-bg.x, x0, u), v = fmaf(-bg8.x, x0, v);
+        u = fmaf(-bg.y, x1, u), v = fmaf(-bg8.y, x1, v);
+        u = fmaf(-bg.z, x2, u), v = fmaf(-bg8.z, x2, v);
+        u = fmaf(-bg.w, x3, u), v = fmaf(-bg8.w, x3, v);
+        acc[pi][0] = u, acc[pi][1] = v;
+    }
+    constexpr uint32_t M = SUB ? 0u : 0x64006400u;
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const int p = s >> 1;
+        uint32_t A[2][2][2]; /* [tile j][row half][reg r] */
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t u = j ? r.q[h][p].y : r.q[h][p].x;
+                if (s & 1) { /* high nibbles: 16 q (+1024) */
+                    A[j][h][0] = (u & 0x00F000F0u) | M;
+                    A[j][h][1] = ((u >> 8) & 0x00F000F0u) | M;
+                } else if (SUB) { /* low nibbles: q * 2^-24 */
+                    A[j][h][0] = u & 0x000F000Fu;
+                    A[j][h][1] = (u >> 8) & 0x000F000Fu;
+                } else { /* low nibbles moved up: 1024 + 16 q, like the high ones */
+                    A[j][h][0] = ((u << 4) & 0x00F000F0u) | M;
+                    A[j][h][1] = ((u >> 4) & 0x00F000F0u) | M;
+                }
+            }
+#pragma unroll
+        for (int pi = 0; pi < NP; pi++) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint2 b = ldb<NP, CP>(bs, G0 + s, j, pi, boff);
+                mma16816(d, A[j][0][0], A[j][1][0], A[j][0][1], A[j][1][1], b.x, b.y);
+            }
+            acc[pi][0] = fmaf(f4get(ag[s >> 2], s & 3), d[0] + d[1], acc[pi][0]);
+            acc[pi][1] = fmaf(f4get(ag8[s >> 2], s & 3), d[2] + d[3], acc[pi][1]);
+        }
+    }
+    __syncwarp(); /* sab is rewritten by the next chunk */
+}
+
+template <int NV, bool SUB>
+__device__ __forceinline__ void chunk_math(const Raw<QT_Q8_0> &r, const uint2 *bs, const float *sx,
+                                           int ngrp, float *, int G0, int lane, int boff,
+                                           float (&acc)[NvGeo<NV>::NP][2]) {
+    constexpr int NP = NvGeo<NV>::NP, CP = NvGeo<NV>::CP;
+    const int t = lane & 3;
+    /* SUB: (q + 128) * 2^-24 (subnormal); magic: 1024 + 128 + q. */
+    constexpr uint32_t M = SUB ? 0u : 0x64646464u;
+    constexpr float FA = SUB ? 16777216.0f : 1.0f, FB = SUB ? 128.0f : 1152.0f;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        uint32_t A[2][2][2]; /* [tile j][row half][reg r] */
+        float a[2], bb[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t *w = r.w[h][b];
+            const uint32_t u0 = (b & 1) ? w[0] : __funnelshift_r(w[0], w[1], 16);
+            const uint32_t u1 = (b & 1) ? w[1] : __funnelshift_r(w[1], w[2], 16);
+            const uint32_t v0 = u0 ^ 0x80808080u, v1 = u1 ^ 0x80808080u;
+            A[0][h][0] = __byte_perm(v0, M, 0x4240u);
+            A[0][h][1] = __byte_perm(v0, M, 0x4341u);
+            A[1][h][0] = __byte_perm(v1, M, 0x4240u);
+            A[1][h][1] = __byte_perm(v1, M, 0x4341u);
+            const float d = h2f(r.d[h][b]);
+            a[h] = d * FA, bb[h] = d * FB;
+        }
+#pragma unroll
+        for (int pi = 0; pi < NP; pi++) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint2 bv = ldb<NP, CP>(bs, G0 + b, j, pi, boff);
+                mma16816(d, A[j][0][0], A[j][1][0], A[j][0][1], A[j][1][1], bv.x, bv.y);
+            }
+            /* the offset term once per vector: in the lane holding pieces h and m */
+            const float s = (t & 1) ? 0.0f : sx[(2 * pi + (t >> 1)) * ngrp + G0 + b];
+            acc[pi][0] = fmaf(a[0], d[0] + d[1], fmaf(-bb[0], s, acc[pi][0]));
+            acc[pi][1] = fmaf(a[1], d[2] + d[3], fmaf(-bb[1], s, acc[pi][1]));
+        }
+    }
+}
+
+/* x of vector v (v < NV), virtual element kk (4-aligned), as float4. */
+template <int MODE, int XT>
+__device__ __forceinline__ float4 ldxv(const Params &p, int tok, int v, int kk) {
+    const int seg = kk / p.kseg, j = kk - seg * p.kseg;
+    int64_t row;
+    if constexpr (MODE == M_GEMV) row = v;
+    else if constexpr (MODE == M_GATE_UP) row = tok;
+    else row = (int64_t)tok * p.top_k + seg;
+    return ldx4<XT>(p.x, row * p.ldx + j);
+}
+
+/* The tensor-core GEMV. Grid: x = persistent CTAs over items, y = token (MoE) or 1; block: 8
+ * warps. Prologue: the CTA turns x (NV vectors, or the token's top_k expert inputs for down)
+ * into f16 pieces in shared memory, with the per-32 sums and per-vector scales. Then per item
+ * each warp loads its chunks of the item's 16 A rows (one chunk ahead in registers), decodes
+ * them into mma fragments and accumulates a * D - b * sum(x) per lane; the CTA sums the warps
+ * in order and threads o < outputs store y (gate_up: silu(gate) * up). */
+template <int T, int NV, int XT, int MODE, bool SUB>
+__global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
+    constexpr int NP = NvGeo<NV>::NP, CP = NvGeo<NV>::CP;
+    using Q = TT<T>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int tok = blockIdx.y;
+    const int K = p.kseg * p.nseg, ngrp = K / 32;
+    uint2 *bs = (uint2 *)smem;
+    float *sx = (float *)(smem + Lay<NV>::b_bytes(K));
+    float *sab = (float *)((uint8_t *)sx + Lay<NV>::sx_bytes(K));
+    float *red = sab + Lay<NV>::SAB / sizeof(float);
+    float *misc = red + Lay<NV>::RED / sizeof(float); /* [NW][NV] maxima, then 2 NP scales */
+    float *inv = misc + NW * NV;
+
+    /* Down: one bad id poisons the token; gate_up: the slot (checked per item). */
+    bool tok_bad = false;
+    if constexpr (MODE == M_DOWN)
+        for (int s = 0; s < p.top_k; s++) {
+            const int e = p.ids[(int64_t)tok * p.ld_ids + s];
+            tok_bad |= e < 0 || e >= p.n_expert;
+        }
+
+    /* ---- prologue: scales, pieces, group sums ---- */
+    {
+        float mx[NV];
+#pragma unroll
+        for (int v = 0; v < NV; v++) mx[v] = 0.0f;
+        for (int i = tid; i < K / 4; i += NW * 32)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                if (v < p.nvec) {
+                    const float4 q = ldxv<MODE, XT>(p, tok, v, 4 * i);
+                    mx[v] = fmaxf(mx[v], fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
+                }
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) mx[v] = fmaxf(mx[v], __shfl_xor_sync(0xffffffffu, mx[v], off));
+            if (lane == 0) misc[warp * NV + v] = mx[v];
+        }
+        __syncthreads();
+        float scale[NV];
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            float a = 0.0f;
+            for (int w = 0; w < NW; w++) a = fmaxf(a, misc[w * NV + v]);
+            int ex = 0;
+            if (a > 0.0f) frexpf(a, &ex); /* a < 2^ex: x * 2^(14 - ex) < 2^14, no f16 overflow */
+            int e = 14 - ex;
+            e = e < -126 ? -126 : e > 126 ? 126 : e;
+            scale[v] = v < p.nvec ? ldexpf(1.0f, e) : 0.0f;
+            if (tid == 0) inv[v] = ldexpf(1.0f, -e);
+        }
+        if (tid < 2 * NP && tid >= NV) inv[tid] = 0.0f;
+        /* Word i of vector v: elements 4i..4i+3 = group G = i / 8, lane-quad t = i % 8 / 2, tile j. */
+        const int words = K / 4;
+        for (int idx = tid; idx < NV * words; idx += NW * 32) {
+            const int v = idx / words, i = idx - v * words;
+            const int G = i >> 3, tq = (i & 7) >> 1, j = i & 1;
+            float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float sc = 0.0f;
+#pragma unroll
+            for (int vv = 0; vv < NV; vv++)
+                if (vv == v) sc = scale[vv];
+            if (v < p.nvec) q = ldxv<MODE, XT>(p, tok, v, 4 * i);
+            q.x *= sc, q.y *= sc, q.z *= sc, q.w *= sc;
+            uint32_t h0, m0, l0, h1, m1, l1, h2, m2, l2, h3, m3, l3;
+            split3(q.x, h0, m0, l0);
+            split3(q.y, h1, m1, l1);
+            split3(q.z, h2, m2, l2);
+            split3(q.w, h3, m3, l3);
+            const int pi = v >> 1, gp0 = 3 * (v & 1);
+            uint2 *dst = bs + (((G * 2 + j) * NP + pi) * CP + gp0) * 4 + tq;
+            /* r0 = elements (+0, +2), r1 = (+1, +3) */
+            dst[0] = make_uint2(h0 | (h2 << 16), h1 | (h3 << 16));
+            dst[4] = make_uint2(m0 | (m2 << 16), m1 | (m3 << 16));
+            dst[8] = make_uint2(l0 | (l2 << 16), l1 | (l3 << 16));
+            /* group sum of the scaled x: the 8 words of a group are 8 consecutive lanes */
+            float s = (q.x + q.y) + (q.z + q.w);
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            if ((i & 7) == 0) sx[v * ngrp + G] = s;
+        }
+        for (int idx = tid; idx < (2 * NP - NV) * ngrp; idx += NW * 32) sx[NV * ngrp + idx] = 0.0f;
+        __syncthreads();
+    }
+
+    /* this lane's B column: vector 2 pi + g / 4, piece g % 4 (piece 3: zero column) */
+    const int gq = g & 3, gv = g >> 2;
+    const int boff = (gq == 3 || (NV == 1 && gv == 1)) ? -1 : (3 * gv + gq) * 4 + t;
+    float *wsab = sab + warp * 256;
+    constexpr int GPC = Q::CH / 32;                /* groups per chunk */
+    const int nch = K / Q::CH, cps = p.kseg / Q::CH; /* chunks, chunks per segment */
+    const int64_t cbytes = (int64_t)(Q::CH / Q::BLK) * Q::BB;
+
+    for (int64_t it = blockIdx.x; it < p.items; it += gridDim.x) {
+        int64_t m0;
+        int e = 0;
+        const uint8_t *base[2]; /* rows g, g+8 at k = 0 (gemv, gate_up) */
+        bool bad = false;
+        if constexpr (MODE == M_GATE_UP) {
+            const int s = (int)(it / p.tiles);
+            m0 = (it - (int64_t)s * p.tiles) * 8;
+            e = p.ids[(int64_t)tok * p.ld_ids + s];
+            bad = e < 0 || e >= p.n_expert;
+            const int64_t row = m0 + g < p.m ? m0 + g : p.m - 1;
+            base[0] = p.w0 + (bad ? 0 : (int64_t)e * p.mat) + row * p.rb;
+            base[1] = p.w1 + (bad ? 0 : (int64_t)e * p.mat) + row * p.rb;
+        } else {
+            m0 = it * 16;
+            const int64_t r0 = m0 + g < p.m ? m0 + g : p.m - 1, r1 = m0 + g + 8 < p.m ? m0 + g + 8 : p.m - 1;
+            base[0] = p.w0 + r0 * p.rb;
+            base[1] = p.w0 + r1 * p.rb;
+            bad = tok_bad;
+        }
+        float acc[NP][2];
+#pragma unroll
+        for (int pi = 0; pi < NP; pi++) acc[pi][0] = acc[pi][1] = 0.0f;
+        if (!bad) {
+            auto rows_of = [&](int c, const uint8_t *(&rp)[2], float &ws) {
+                ws = 1.0f;
+                if constexpr (MODE == M_DOWN) {
+                    const int s = c / cps, lc = c - s * cps;
+                    const int64_t eo = (int64_t)p.ids[(int64_t)tok * p.ld_ids + s] * p.mat + lc * cbytes;
+                    rp[0] = base[0] + eo, rp[1] = base[1] + eo;
+                    ws = p.wts[(int64_t)tok * p.ld_wts + s];
+                } else {
+                    rp[0] = base[0] + c * cbytes, rp[1] = base[1] + c * cbytes;
+                }
+            };
+            Raw<T> cur{}, nxt{};
+            int c = warp;
+            if (c < nch) {
+                const uint8_t *rp[2];
+                float ws;
+                rows_of(c, rp, ws);
+                load_raw(cur, rp, t);
+            }
+            for (; c < nch; c += NW) {
+                float ws;
+                {
+                    const uint8_t *rp[2];
+                    rows_of(c, rp, ws);
+                }
+                if (c + NW < nch) {
+                    const uint8_t *rp[2];
+                    float wn;
+                    rows_of(c + NW, rp, wn);
+                    load_raw(nxt, rp, t);
+                }
+                if constexpr (MODE == M_DOWN) {
+                    float part[NP][2];
+#pragma unroll
+                    for (int pi = 0; pi < NP; pi++) part[pi][0] = part[pi][1] = 0.0f;
+                    chunk_math<NV, SUB>(cur, bs, sx, ngrp, wsab, c * GPC, lane, boff, part);
+#pragma unroll
+                    for (int pi = 0; pi < NP; pi++) {
+                        acc[pi][0] = fmaf(ws, part[pi][0], acc[pi][0]);
+                        acc[pi][1] = fmaf(ws, part[pi][1], acc[pi][1]);
+                    }
+                } else {
+                    chunk_math<NV, SUB>(cur, bs, sx, ngrp, wsab, c * GPC, lane, boff, acc);
+                }
+                cur = nxt;
+            }
+        }
+        /* lanes t, t^1 hold the pieces of one vector */
+#pragma unroll
+        for (int pi = 0; pi < NP; pi++) {
+            acc[pi][0] += __shfl_xor_sync(0xffffffffu, acc[pi][0], 1);
+            acc[pi][1] += __shfl_xor_sync(0xffffffffu, acc[pi][1], 1);
+            red[((warp * NP + pi) * 32 + lane) * 2 + 0] = acc[pi][0];
+            red[((warp * NP + pi) * 32 + lane) * 2 + 1] = acc[pi][1];
+        }
+        __syncthreads();
+        if constexpr (MODE == M_GATE_UP) {
+            if (tid < 8) {
+                const int s = (int)(it / p.tiles);
+                float gs = 0.0f, us = 0.0f;
+                for (int w = 0; w < NW; w++) {
+                    gs += red[(w * NP * 32 + tid * 4) * 2 + 0];
+                    us += red[(w * NP * 32 + tid * 4) * 2 + 1];
+                }
+                gs *= inv[0], us *= inv[0];
+                float *o = p.y + ((int64_t)tok * p.top_k + s) * p.ldy;
+                if (m0 + tid < p.m) o[m0 + tid] = bad ? __int_as_float(0x7fc00000) : gs / (1.0f + expf(-gs)) * us;
+            }
+        } else {
+            if (tid < 16 * NV) {
+                const int r = tid & 15, v = tid >> 4;
+                const int src = ((r & 7) * 4 + 2 * (v & 1)), comp = r >> 3;
+                float sum = 0.0f;
+                for (int w = 0; w < NW; w++) sum += red[((w * NP + (v >> 1)) * 32 + src) * 2 + comp];
+                float val = 0.0f;
+#pragma unroll
+                for (int vv = 0; vv < NV; vv++)
+                    if (vv == v) val = sum * inv[vv];
+                if (bad) val = __int_as_float(0x7fc00000);
+                const int64_t yrow = MODE == M_DOWN ? tok : v;
+                if (m0 + r < p.m && v < p.nvec) p.y[yrow * p.ldy + m0 + r] = val;
+            }
+        }
+        __syncthreads(); /* red is reused by the next item */
+    }
+}
+
+/* ---- host side ---- */
+
+template <int T, int NV, int XT, int MODE, bool SUB>
+static g5_status launch(const Params &p, int ny, cudaStream_t st, g5_error *err) {
+    const int K = p.kseg * p.nseg;
+    const size_t bytes = Lay<NV>::total(K);
+    auto kern = k_tc<T, NV, XT, MODE, SUB>;
+    /* Dynamic shared memory above 48 KB needs an opt-in, once per kernel (this instantiation). */
+    static size_t allowed = 48 * 1024;
+    if (bytes > allowed) {
+        CUK_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
+        allowed = SMEM_MAX;
+    }
+    static int sms = 0;
+    if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
+    int64_t per_y = (2LL * sms + ny - 1) / ny;
+    if (per_y < 1) per_y = 1;
+    const int64_t gx = p.items < per_y ? p.items : per_y;
+    kern<<<dim3((unsigned)gx, (unsigned)ny), NW * 32, bytes, st>>>(p);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+/* 1 if the tensor-core path takes this shape: k a multiple of the chunk, NV <= 4 and the x
+ * pieces fit in shared memory. */
+template <int T> bool applies(int64_t k_virtual, int kseg, int n) {
+    if (kseg % TT<T>::CH || kseg % 256) return false;
+    const int nv = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 0;
+    if (!nv || k_virtual > (1 << 20)) return false;
+    const size_t bytes = nv == 1 ? Lay<1>::total((int)k_virtual) : nv == 2 ? Lay<2>::total((int)k_virtual) : Lay<4>::total((int)k_virtual);
+    return bytes <= (size_t)SMEM_MAX;
+}
+
+template <int T, int NV, int MODE>
+static g5_status run_nv(const Params &p, int ny, bool bf, bool sub, cudaStream_t st, g5_error *err) {
+    if (bf) return sub ? launch<T, NV, 1, MODE, true>(p, ny, st, err) : launch<T, NV, 1, MODE, false>(p, ny, st, err);
+    return sub ? launch<T, NV, 0, MODE, true>(p, ny, st, err) : launch<T, NV, 0, MODE, false>(p, ny, st, err);
+}
+
+/* The entry points cuda/gemv.cu calls after validation; *done = 0 when the shape is not
+ * handled here (the caller then uses the CUDA-core kernels). */
+/* Vectors per launch for k: 4, 2 or 1 as the x pieces fit in shared memory, 0: no TC path. */
+template <int T> int max_nv(int64_t k) {
+    return applies<T>(k, (int)k, 4) ? 4 : applies<T>(k, (int)k, 2) ? 2 : applies<T>(k, (int)k, 1) ? 1 : 0;
+}
+
+/* n > max_nv runs as several launches over groups of vectors (each re-reads W). A vector's
+ * arithmetic does not depend on its group (same lane, same order, mma columns independent), so
+ * y[v] is bit-identical whatever n is: batched decode steps reproduce one-vector launches. */
+template <int T>
+g5_status gemv_run(const cuk_gemv_args *a, bool sub, int *done, cudaStream_t st, g5_error *err) {
+    *done = 0;
+    const int nvm = max_nv<T>(a->k);
+    if (!nvm) return G5_OK;
+    Params p = {};
+    p.w0 = (const uint8_t *)a->w;
+    p.rb = a->k / TT<T>::BLK * TT<T>::BB;
+    p.m = a->m;
+    p.ldx = a->ldx;
+    p.kseg = (int)a->k, p.nseg = 1;
+    p.ldy = a->ldy;
+    p.items = (a->m + 15) / 16;
+    *done = 1;
+    const bool bf = a->x_type == CUK_ACT_BF16;
+    for (int v0 = 0; v0 < a->n; v0 += nvm) {
+        const int nn = a->n - v0 < nvm ? a->n - v0 : nvm;
+        p.x = (const uint8_t *)a->x + (size_t)v0 * a->ldx * (bf ? 2 : 4);
+        p.y = a->y + (int64_t)v0 * a->ldy;
+        p.nvec = nn;
+        const g5_status s = nn == 1   ? run_nv<T, 1, M_GEMV>(p, 1, bf, sub, st, err)
+                            : nn == 2 ? run_nv<T, 2, M_GEMV>(p, 1, bf, sub, st, err)
+                                      : run_nv<T, 4, M_GEMV>(p, 1, bf, sub, st, err);
+        if (s != G5_OK) return s;
+    }
+    return G5_OK;
+}
+
+template <int T>
+g5_status gate_up_run(const cuk_moe_gate_up_args *a, bool sub, int *done, cudaStream_t st, g5_error *err) {
+    *done = 0;
+    if (!applies<T>(a->k, (int)a->k, 1)) return G5_OK;
+    Params p = {};
+    p.w0 = (const uint8_t *)a->w_gate, p.w1 = (const uint8_t *)a->w_up;
+    p.rb = a->k / TT<T>::BLK * TT<T>::BB;
+    p.m = a->m, p.mat = p.rb * a->m;
+    p.n_expert = a->n_expert, p.ids = a->ids, p.ld_ids = a->ld_ids, p.top_k = a->top_k;
+    p.x = a->x, p.ldx = a->ldx, p.nvec = 1;
+    p.kseg = (int)a->k, p.nseg = 1;
+    p.y = a->out, p.ldy = a->ldo;
+    p.tiles = (a->m + 7) / 8;
+    p.items = p.tiles * a->top_k;
+    *done = 1;
+    return run_nv<T, 1, M_GATE_UP>(p, a->n_tok, a->x_type == CUK_ACT_BF16, sub, st, err);
+}
+
+template <int T>
+g5_status down_run(const cuk_moe_down_args *a, bool sub, int *done, cudaStream_t st, g5_error *err) {
+    *done = 0;
+    if (!applies<T>(a->k * a->top_k, (int)a->k, 1)) return G5_OK;
+    Params p = {};
+    p.w0 = (const uint8_t *)a->w;
+    p.rb = a->k / TT<T>::BLK * TT<T>::BB;
+    p.m = a->m, p.mat = p.rb * a->m;
+    p.n_expert = a->n_expert, p.ids = a->ids, p.ld_ids = a->ld_ids, p.top_k = a->top_k;
+    p.wts = a->wts, p.ld_wts = a->ld_wts;
+    p.x = a->h, p.ldx = a->ldh, p.nvec = 1;
+    p.kseg = (int)a->k, p.nseg = a->top_k;
+    p.y = a->y, p.ldy = a->ldy;
+    p.items = (a->m + 15) / 16;
+    *done = 1;
+    return run_nv<T, 1, M_DOWN>(p, a->n_tok, a->h_type == CUK_ACT_BF16, sub, st, err);
+}
+
+} // namespace tc
+} // namespace cuk
+
+#define CUK_GEMV_TC_INSTANTIATE(T)                                                              \
+    namespace cuk {                                                                             \
+    namespace tc {                                                                              \
+    template g5_status gemv_run<T>(const cuk_gemv_args *, bool, int *, cudaStream_t, g5_error *); \
+    template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, bool, int *, cudaStream_t,  \
+                                      g5_error *);                                              \
+    template g5_status down_run<T>(const cuk_moe_down_args *, bool, int *, cudaStream_t,        \
+                                   g5_error *);                                                 \
+    }                                                                                           \
+    }
+
+/* In cuda/gemv.cu, which sees the templates but must not instantiate them again. */
+#define CUK_GEMV_TC_EXTERN(T)                                                                   \
+    namespace cuk {                                                                             \
+    namespace tc {                                                                              \
+    extern template g5_status gemv_run<T>(const cuk_gemv_args *, bool, int *, cudaStream_t,     \
+                                          g5_error *);                                          \
+    extern template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, bool, int *,         \
+                                             cudaStream_t, g5_error *);                         \
+    extern template g5_status down_run<T>(const cuk_moe_down_args *, bool, int *, cudaStream_t, \
+                                          g5_error *);                                          \
+    }                                                                                           \
+    }
+
+#endif
