@@ -21,9 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/g5load-out}
 mkdir -p "$OUT"
-B=${B:-build/dev}
-CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
-DEPS=${DEPS:-gpu-deps}
+source bench/common.sh
 WORK=${WORK:-/tmp/g5load}
 LAYERS=${LAYERS:-5}
 TP=${TP:-8}
@@ -36,19 +34,10 @@ XP=${EXPERTS:+--experts $EXPERTS}
 SECONDS=0
 
 {
-echo "== device"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo ?)}; $(nproc) cores; $(free -g | awk '/Mem:/ {print $2 " GiB RAM"}')"
+bench_header
 df -h "$(dirname "$WORK")" | tail -1
 
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  echo "== build (glm5-shard, bench_load; $CC)"
-  make -j"$(nproc)" CC="$CC" BUILD="$B" EXTRA_CFLAGS="-isystem $DEPS/include -Wno-error" \
-    EXTRA_LDFLAGS="-L$DEPS/lib" "$B/bin/glm5-shard" "$B/gpu/tests/bench_load" >"$OUT/build.log" 2>&1
-  rc=$?
-  echo "build rc=$rc in ${SECONDS}s"
-  [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 3; }
-fi
+bench_build "$OUT/build.log" "$B/bin/glm5-shard" "$B/gpu/tests/bench_load" || exit 3
 BIN=$B/bin/glm5-shard
 
 rm -rf "$WORK" && mkdir -p "$WORK"

@@ -15,22 +15,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/g5prefill-out}
 mkdir -p "$OUT"
-B=${B:-build/dev}
-CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
-DEPS=${DEPS:-gpu-deps}
+source bench/common.sh
 SECONDS=0
 {
-echo "== device"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo ?)}; $(nproc) cores; $(free -g | awk '/Mem:/ {print $2 " GiB RAM"}')"
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  echo "== build (bench_decode; $CC)"
-  make -j"$(nproc)" CC="$CC" BUILD="$B" EXTRA_CFLAGS="-isystem $DEPS/include -Wno-error" \
-    EXTRA_LDFLAGS="-L$DEPS/lib" "$B/gpu/tests/bench_decode" >"$OUT/build_prefill.log" 2>&1
-  rc=$?
-  echo "build rc=$rc in ${SECONDS}s"
-  [ $rc = 0 ] || { grep -E "error|Error" "$OUT/build_prefill.log" | head -30; exit 3; }
-fi
+bench_header
+bench_build "$OUT/build_prefill.log" "$B/gpu/tests/bench_decode" || exit 3
 echo "== bench_decode --prefill"
 timeout "${LIMIT:-480}" "$B/gpu/tests/bench_decode" --prefill --layers "${LAYERS:-78}" \
   --prefill-tokens "${TOKENS:-4096}" --gemm "${GEMM:-bf16,tf32,f32,gemv}" --prefill-cap "${CAP:-30}" ${ARGS:-}

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A failed CUDA call ends the program with the report so far: later checks would only repeat it. */
 #define CK(call)                                                                                 \
@@ -47,5 +48,28 @@ static inline void *dalloc(size_t n) {
     CK(cudaMalloc(&p, n ? n : 16));
     return p;
 }
+
+/* Device copy of n host bytes. */
+static inline void *dup_d(const void *h, size_t n) {
+    void *d = dalloc(n);
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* Waits for the device, then copies n bytes back to the host. */
+static inline void get(void *h, const void *d, size_t n) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+}
+
+static inline int is_nan(float f) { return f != f; }
+
+static inline uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+#define POISON 0xFFFFFFFFu /* a NaN pattern no kernel writes: outputs are poisoned with it */
 
 #endif

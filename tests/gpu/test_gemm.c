@@ -28,23 +28,6 @@
 #define G5_TEST_SEED 0x6e33a11c0ffeeull
 #include "tests/gpu/gpu_test_util.h"
 
-static void *dup_d(const void *h, size_t n) {
-    void *d = dalloc(n);
-    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    return d;
-}
-static void get(void *h, const void *d, size_t n) {
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-}
-static int is_nan(float f) { return f != f; }
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-#define POISON 0xFFFFFFFFu /* a NaN no kernel writes */
-
 /* cuk_gemm against a float64 reference, padded leading dimensions (the padding must stay
  * untouched). F32 must be float32 arithmetic (error 1e-7 .. 1e-6; TF32-rounded inputs would give
  * ~1e-4: the pedantic no-TF32 setting took effect); BF16 is compared with the bf16-rounded operands,

@@ -59,23 +59,6 @@
 #define G5_TEST_SEED 0x9e1e5eedull
 #include "tests/gpu/gpu_test_util.h"
 
-static void *dup_d(const void *h, size_t n) {
-    void *d = dalloc(n);
-    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    return d;
-}
-static void get(void *h, const void *d, size_t n) {
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-}
-static int is_nan(float f) { return f != f; }
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-#define POISON 0xFFFFFFFFu /* a NaN no kernel writes */
-
 /* ---- 1. kernels ---- */
 
 static void test_dequant(void) {
