@@ -1,11 +1,23 @@
 /* MLA absorbed attention over the latent cache (cuda/cuk_model.h): query absorption through
  * W_UK and the attention itself, for prefill and decode alike (each query token attends the
- * key positions the indexer chose for it). */
+ * key positions the indexer chose for it).
+ *
+ * Two implementations of each launcher. The default ("split") ones spread a token's work over
+ * many SMs: absorption over column slices of W_UK, attention over a thread-block cluster that
+ * splits the selected keys (flash-decoding: each block keeps a running max / sum / weighted
+ * latent sum per head, the cluster combines them through distributed shared memory, so no
+ * global scratch is needed). The first ("old") ones, one block per (head, token), stay as the
+ * fallback for shapes the split kernels do not cover and for comparison: CUK_ATTN_IMPL=old
+ * selects them. */
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "cuda/attn_select.h"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 
@@ -158,6 +170,328 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
     }
 }
 
+/* ---- split implementations ---- */
+
+namespace cg = cooperative_groups;
+
+constexpr int AB_COLS = 32;  /* W_UK columns per absorb block: one per lane */
+constexpr int AB_TOK = 16;   /* tokens per absorb block: two per thread (warp w: w and w + 8) */
+constexpr int AB_THREADS = 256;
+
+/* grid (n_head, ceil(kv_lora / AB_COLS), ceil(n_tok / AB_TOK)), AB_THREADS threads. The block
+ * stages W_UK[h][0..nope)[c0 .. c0 + 32) in shared memory in one go (all loads in flight at
+ * once: the decode case is latency bound), then thread (lane, warp) sums column c0 + lane for
+ * tokens warp and warp + 8 over d in order, exactly the CPU's operations. Shared: ws
+ * [nope][AB_COLS], qs [AB_TOK][nope]. */
+__global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, const float *__restrict__ q,
+                                                             const float *__restrict__ kvb, int32_t head_rows,
+                                                             int vec, float *__restrict__ qlat) {
+    extern __shared__ __align__(16) float abs_sm[];
+    const int N = d.nope, KL = d.kv_lora, QW = d.nope + d.rope;
+    float *ws = abs_sm;                     /* [N][AB_COLS] */
+    float *qs = abs_sm + (size_t)N * AB_COLS; /* [AB_TOK][N] */
+    const int h = blockIdx.x, c0 = blockIdx.y * AB_COLS, t0 = blockIdx.z * AB_TOK;
+    const int nt = min(AB_TOK, d.n_tok - t0);
+    const float *W = kvb + (int64_t)h * head_rows * KL; /* [nope][kv_lora] */
+    if (vec) { /* kv_lora % 4 == 0, kvb 16-byte aligned: a float4 never straddles kv_lora */
+        for (int i = threadIdx.x; i < N * (AB_COLS / 4); i += AB_THREADS) {
+            const int r = i / (AB_COLS / 4), c4 = (i % (AB_COLS / 4)) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (c0 + c4 < KL) v = *(const float4 *)(W + (int64_t)r * KL + c0 + c4);
+            *(float4 *)(ws + r * AB_COLS + c4) = v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < N * AB_COLS; i += AB_THREADS) {
+            const int r = i / AB_COLS, cc = i % AB_COLS;
+            ws[i] = c0 + cc < KL ? W[(int64_t)r * KL + c0 + cc] : 0.0f;
+        }
+    }
+    for (int i = threadIdx.x; i < nt * N; i += AB_THREADS) {
+        const int tt = i / N, dd = i % N;
+        qs[i] = q[((int64_t)(t0 + tt) * d.n_head + h) * QW + dd];
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ta = warp, tb = warp + AB_THREADS / 32;
+    if (ta >= nt) return;
+    const float *qa = qs + ta * N, *qb = qs + (tb < nt ? tb : ta) * N;
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 8
+    for (int dd = 0; dd < N; dd++) {
+        const float w = ws[dd * AB_COLS + lane];
+        a = __fadd_rn(a, __fmul_rn(qa[dd], w));
+        b = __fadd_rn(b, __fmul_rn(qb[dd], w));
+    }
+    const int c = c0 + lane;
+    if (c >= KL) return;
+    qlat[((int64_t)(t0 + ta) * d.n_head + h) * KL + c] = a;
+    if (tb < nt) qlat[((int64_t)(t0 + tb) * d.n_head + h) * KL + c] = b;
+}
+
+constexpr int AC_THREADS = 256;
+constexpr int AC_WARPS = AC_THREADS / 32;
+constexpr int AC_TK = 32;    /* keys per tile; == warp size: one warp updates the softmax state */
+constexpr int AC_HG = 2;     /* heads per block: each latent row read from shared memory serves them all */
+constexpr int AC_NC = 18;    /* row columns per lane in the score phase: kv_lora + rope <= 576 */
+constexpr int AC_NO = 2;     /* output columns per thread: kv_lora <= 512 */
+constexpr int AC_MAXCL = 16; /* blocks per cluster (16 is a non-portable size, used when it fits) */
+
+struct ac_args {
+    cuk_mla_dims d;
+    const float *q, *qlat; /* [n_tok][n_head][nope + rope], [n_tok][n_head][kv_lora] */
+    const void *lat;       /* [n_pos][kv_lora + rope] of T */
+    const float *fresh;    /* [n_pos - fresh0][kv_lora + rope] or NULL */
+    int64_t fresh0, n_pos; /* fresh0 = n_pos without fresh rows */
+    const int32_t *sel;    /* [n_tok][ld_sel] */
+    int64_t ld_sel;
+    const int32_t *n_sel;  /* [n_tok] */
+    int32_t max_sel;
+    float scale;
+    float *out;            /* [n_tok][n_head][kv_lora] */
+};
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Adds row . q for the lane's columns (lane + 32 i) to sa (latent part) and sb (rope part). */
+template <typename R>
+__device__ __forceinline__ void ac_dot(const R *r, const float (&qr)[AC_HG][AC_NC], int lane, int KL, int KVW,
+                                       float (&sa)[AC_HG], float (&sb)[AC_HG]) {
+#pragma unroll
+    for (int i = 0; i < AC_NC; i++) {
+        const int c = lane + 32 * i;
+        if (c < KVW) {
+            const float v = ldf(r + c);
+#pragma unroll
+            for (int h = 0; h < AC_HG; h++) {
+                if (c < KL) sa[h] = fmaf(qr[h][i], v, sa[h]);
+                else sb[h] = fmaf(qr[h][i], v, sb[h]);
+            }
+        }
+    }
+}
+
+/* o[h][k] += p[jj][h] * r[c_k] for the thread's output columns c_k = tid + AC_THREADS k. */
+template <typename R>
+__device__ __forceinline__ void ac_acc(const R *r, const float *p, int KL, float (&o)[AC_HG][AC_NO]) {
+#pragma unroll
+    for (int k = 0; k < AC_NO; k++) {
+        const int c = threadIdx.x + AC_THREADS * k;
+        if (c < KL) {
+            const float v = ldf(r + c);
+#pragma unroll
+            for (int h = 0; h < AC_HG; h++) o[h][k] = fmaf(p[h], v, o[h][k]);
+        }
+    }
+}
+
+/* grid (CL, ceil(n_head / AC_HG), n_tok), clusters of (CL, 1, 1), AC_THREADS threads.
+ * The cluster of token t splits its n_sel[t] selected keys into CL contiguous chunks; block
+ * `rank` streams its chunk through shared memory in tiles of AC_TK latent rows (cp.async,
+ * double-buffered: the next tile loads while this one is used), for heads h0 .. h0 + AC_HG - 1:
+ *   scores: warp w takes rows w, w + 8, ..; each lane holds the queries' columns lane + 32 i in
+ *     registers, a warp reduction gives the score;
+ *   softmax state: warp 0 (lane = row of the tile) keeps the running max m and sum l (double);
+ *   output: thread c accumulates columns c and c + 256 of sum_j exp(s_j - m) lat[s_j], rescaled
+ *     when m grows.
+ * Then each block leaves (m, l, o) in its shared memory, and after a cluster barrier block
+ * `rank` combines the CL partial results for its share of the (head, column) outputs in rank
+ * order (deterministic). Dynamic shared: 2 x AC_TK rows of (kv_lora + rope) floats (a row of a
+ * 16-bit cache uses the first half of its slot; fresh rows are always float32). */
+template <typename T>
+__global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
+    extern __shared__ __align__(16) unsigned char ac_buf[];
+    __shared__ float sc[AC_TK][AC_HG];             /* scores, then exp(score - m) */
+    __shared__ float alpha[AC_HG];                 /* rescale factor of this tile */
+    __shared__ float oacc[AC_HG][AC_NO * AC_THREADS];
+    __shared__ float mcl[AC_HG];
+    __shared__ double lcl[AC_HG];
+    __shared__ int32_t spb[2][AC_TK];              /* the tiles' positions, -1: none or invalid */
+    __shared__ int bad;
+    __shared__ float wcl[AC_MAXCL][AC_HG];         /* exp(m_rank - M) */
+    __shared__ double lsum[AC_HG];
+    __shared__ int bad_any;
+
+    cg::cluster_group cl = cg::this_cluster();
+    const int CL = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    const cuk_mla_dims d = a.d;
+    const int KL = d.kv_lora, R = d.rope, KVW = KL + R;
+    const int h0 = blockIdx.y * AC_HG, nh = min(AC_HG, d.n_head - h0);
+    const int t = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t slot = (size_t)KVW * 4;
+    const int ns_raw = a.n_sel[t];
+    const bool ns_ok = ns_raw >= 1 && ns_raw <= a.max_sel;
+    const int ns = ns_ok ? ns_raw : 0;
+    const int chunk = (ns + CL - 1) / CL;
+    const int j0 = min(ns, rank * chunk), j1 = min(ns, j0 + chunk);
+    const int ntiles = (j1 - j0 + AC_TK - 1) / AC_TK;
+    if (threadIdx.x == 0) bad = !ns_ok;
+    __syncthreads(); /* before any tile can flag a position */
+
+    float qr[AC_HG][AC_NC];
+#pragma unroll
+    for (int h = 0; h < AC_HG; h++) {
+        const int64_t row = (int64_t)t * d.n_head + h0 + h;
+#pragma unroll
+        for (int i = 0; i < AC_NC; i++) {
+            const int c = lane + 32 * i;
+            float v = 0.0f;
+            if (h < nh && c < KL) v = a.qlat[row * KL + c];
+            else if (h < nh && c < KVW) v = a.q[row * (d.nope + R) + d.nope + (c - KL)];
+            qr[h][i] = v;
+        }
+    }
+    const T *lat = (const T *)a.lat;
+    const int cprF = KVW / 4;                       /* 16-byte pieces of a float32 row */
+    const int cprT = (int)(KVW * sizeof(T) / 16);   /* .. of a cache row */
+    /* Reads tile `it`'s positions, then starts its rows' copies into buffer b. */
+    auto stage = [&](int it, int b) {
+        const int jt = j0 + it * AC_TK, nk = min(AC_TK, j1 - jt);
+        if (threadIdx.x < AC_TK) {
+            int32_t s = -1;
+            if ((int)threadIdx.x < nk) {
+                s = a.sel[(int64_t)t * a.ld_sel + jt + threadIdx.x];
+                if (s < 0 || s >= a.n_pos) {
+                    bad = 1;
+                    s = -1;
+                }
+            }
+            spb[b][threadIdx.x] = s;
+        }
+        __syncthreads();
+        unsigned char *dst = ac_buf + (size_t)b * AC_TK * slot;
+        for (int i = threadIdx.x; i < nk * cprF; i += AC_THREADS) {
+            const int jj = i / cprF, k = i - jj * cprF;
+            const int32_t s = spb[b][jj];
+            if (s < 0) continue;
+            const unsigned char *src;
+            if (s >= a.fresh0) {
+                src = (const unsigned char *)(a.fresh + (s - a.fresh0) * KVW);
+            } else {
+                if (k >= cprT) continue;
+                src = (const unsigned char *)(lat + (int64_t)s * KVW);
+            }
+            cp_async16(dst + jj * slot + 16 * k, src + 16 * k);
+        }
+        cp_async_commit();
+    };
+
+    float o[AC_HG][AC_NO];
+    float m_run[AC_HG];
+    double l_run[AC_HG];
+#pragma unroll
+    for (int h = 0; h < AC_HG; h++) {
+        m_run[h] = -INFINITY;
+        l_run[h] = 0.0;
+#pragma unroll
+        for (int k = 0; k < AC_NO; k++) o[h][k] = 0.0f;
+    }
+    if (ntiles > 0) stage(0, 0);
+    for (int it = 0; it < ntiles; it++) {
+        const int b = it & 1;
+        if (it + 1 < ntiles) {
+            stage(it + 1, b ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int nk = min(AC_TK, j1 - (j0 + it * AC_TK));
+        const unsigned char *B = ac_buf + (size_t)b * AC_TK * slot;
+        for (int jj = warp; jj < nk; jj += AC_WARPS) {
+            const int32_t s = spb[b][jj];
+            float sa[AC_HG], sb[AC_HG];
+#pragma unroll
+            for (int h = 0; h < AC_HG; h++) sa[h] = sb[h] = 0.0f;
+            if (s >= a.fresh0) ac_dot((const float *)(B + jj * slot), qr, lane, KL, KVW, sa, sb);
+            else if (s >= 0) ac_dot((const T *)(B + jj * slot), qr, lane, KL, KVW, sa, sb);
+#pragma unroll
+            for (int h = 0; h < AC_HG; h++) {
+                const float x = warp_sum(sa[h]), y = warp_sum(sb[h]);
+                if (lane == 0) sc[jj][h] = s < 0 ? -INFINITY : __fmul_rn(__fadd_rn(x, y), a.scale);
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int h = 0; h < AC_HG; h++) {
+                const float v = lane < nk ? sc[lane][h] : -INFINITY;
+                const float mn = fmaxf(m_run[h], warp_max(v));
+                const float e = lane < nk ? expf(__fsub_rn(v, mn)) : 0.0f;
+                sc[lane][h] = e;
+                const double ts = warp_sum_d((double)e);
+                const float al = m_run[h] == -INFINITY ? 0.0f : expf(__fsub_rn(m_run[h], mn));
+                l_run[h] = l_run[h] * (double)al + ts;
+                m_run[h] = mn;
+                if (lane == 0) alpha[h] = al;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < AC_HG; h++) {
+            const float al = alpha[h];
+#pragma unroll
+            for (int k = 0; k < AC_NO; k++) o[h][k] *= al;
+        }
+        for (int jj = 0; jj < nk; jj++) {
+            const int32_t s = spb[b][jj];
+            float p[AC_HG];
+#pragma unroll
+            for (int h = 0; h < AC_HG; h++) p[h] = sc[jj][h];
+            if (s >= a.fresh0) ac_acc((const float *)(B + jj * slot), p, KL, o);
+            else if (s >= 0) ac_acc((const T *)(B + jj * slot), p, KL, o);
+        }
+        __syncthreads(); /* buffer b and spb[b] are restaged by the next iteration */
+    }
+    /* publish this block's partial result, then combine across the cluster */
+#pragma unroll
+    for (int h = 0; h < AC_HG; h++)
+#pragma unroll
+        for (int k = 0; k < AC_NO; k++) {
+            const int c = threadIdx.x + AC_THREADS * k;
+            if (c < KL) oacc[h][c] = o[h][k];
+        }
+    if (threadIdx.x == 0)
+        for (int h = 0; h < AC_HG; h++) {
+            mcl[h] = m_run[h];
+            lcl[h] = l_run[h];
+        }
+    cl.sync();
+    if (threadIdx.x < AC_HG) {
+        const int h = threadIdx.x;
+        float M = -INFINITY;
+        int any = 0;
+        for (int r = 0; r < CL; r++) {
+            M = fmaxf(M, cl.map_shared_rank(mcl, r)[h]);
+            any |= *cl.map_shared_rank(&bad, r);
+        }
+        double L = 0.0;
+        for (int r = 0; r < CL; r++) {
+            const float mr = cl.map_shared_rank(mcl, r)[h];
+            const float w = mr == -INFINITY ? 0.0f : expf(__fsub_rn(mr, M));
+            wcl[r][h] = w;
+            L += (double)w * cl.map_shared_rank(lcl, r)[h];
+        }
+        lsum[h] = L;
+        if (h == 0) bad_any = any;
+    }
+    __syncthreads();
+    for (int i = rank * AC_THREADS + threadIdx.x; i < nh * KL; i += CL * AC_THREADS) {
+        const int h = i / KL, c = i - h * KL;
+        float acc = 0.0f;
+        for (int r = 0; r < CL; r++) acc = fmaf(wcl[r][h], cl.map_shared_rank(&oacc[0][0], r)[h * AC_NO * AC_THREADS + c], acc);
+        a.out[((int64_t)t * d.n_head + h0 + h) * KL + c] = bad_any ? nanf_() : (float)((double)acc / lsum[h]);
+    }
+    cl.sync(); /* the other blocks may still read this one's shared memory */
+}
+
 } // namespace
 
 #define LAUNCH_CHECK(what)                                                                    \
@@ -177,6 +511,32 @@ static g5_status check_dims(const char *what, const cuk_mla_dims *d, g5_error *e
     return G5_OK;
 }
 
+/* cuda/attn_select.h: -1 until read from CUK_ATTN_IMPL. */
+static int g_old = -1;
+
+extern "C" void cuk_attn_set_old(int old) { g_old = old < 0 ? -1 : old != 0; }
+extern "C" int cuk_attn_old(void) {
+    if (g_old < 0) {
+        const char *e = getenv("CUK_ATTN_IMPL");
+        g_old = e && !strcmp(e, "old");
+    }
+    return g_old;
+}
+static int use_old(void) { return cuk_attn_old(); }
+
+/* Largest dynamic shared memory a block may opt into on the current device (0: unknown). */
+static int smem_optin(void) {
+    static int v = -1;
+    if (v < 0) {
+        int dev = 0, n = 0;
+        v = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess
+                ? n
+                : 0;
+    }
+    return v;
+}
+
 extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const float *kvb,
                                     int32_t head_rows, float *qlat, cuk_stream stream,
                                     g5_error *err) {
@@ -184,6 +544,20 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
     if (st) return st;
     if (!q || !kvb || !qlat) return BAD("mla_absorb: NULL pointer");
     if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
+    const size_t smem_split = ((size_t)d->nope * AB_COLS + (size_t)AB_TOK * d->nope) * sizeof(float);
+    if (!use_old() && (smem_split <= 48 * 1024 || (int64_t)smem_split <= smem_optin())) {
+        static size_t allowed = 48 * 1024; /* the opt-in, once */
+        if (smem_split > allowed) {
+            CUK_CHECK(cudaFuncSetAttribute(k_absorb_split, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+            allowed = (size_t)smem_optin();
+        }
+        const int vec = d->kv_lora % 4 == 0 && ((uintptr_t)kvb & 15) == 0;
+        dim3 grid((unsigned)d->n_head, (unsigned)((d->kv_lora + AB_COLS - 1) / AB_COLS),
+                  (unsigned)((d->n_tok + AB_TOK - 1) / AB_TOK));
+        k_absorb_split<<<grid, AB_THREADS, smem_split, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, vec, qlat);
+        LAUNCH_CHECK("mla_absorb");
+        return G5_OK;
+    }
     const size_t smem = (size_t)ABS_TOK * d->nope * sizeof(float);
     dim3 grid((unsigned)d->n_head, (unsigned)((d->n_tok + ABS_TOK - 1) / ABS_TOK));
     k_absorb<<<grid, ABS_THREADS, smem, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, qlat);
@@ -191,11 +565,101 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
     return G5_OK;
 }
 
+/* Cluster size for the split attention: enough blocks to cover the SMs at decode, at most
+ * AC_MAXCL, and chunks of at least two tiles. 16-block clusters are non-portable: they are used
+ * only where the device can run one (checked once per kernel). */
+template <typename T>
+static int split_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cudaStream_t st) {
+    static int sms = 0;
+    if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
+    static int max_cl = 0;
+    if (max_cl == 0) {
+        max_cl = 8;
+        if (cudaFuncSetAttribute(k_attend_split<T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = AC_MAXCL;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = 1;
+            cfg.gridDim = dim3(AC_MAXCL, 1, 1);
+            cfg.blockDim = dim3(AC_THREADS, 1, 1);
+            cfg.dynamicSmemBytes = smem;
+            cfg.stream = st;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            int n = 0;
+            if (cudaOccupancyMaxActiveClusters(&n, k_attend_split<T>, &cfg) == cudaSuccess && n >= 1) max_cl = AC_MAXCL;
+        }
+        (void)cudaGetLastError(); /* a refused query is no launch error */
+    }
+    const int64_t base = (int64_t)d->n_tok * ((d->n_head + AC_HG - 1) / AC_HG);
+    int cl = 1;
+    while (cl < max_cl && base * cl < sms && (int64_t)cl * 2 * AC_TK * 2 <= max_sel) cl *= 2;
+    return cl;
+}
+
+template <typename T>
+static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
+                              const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *sel,
+                              int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale, float *out,
+                              cudaStream_t st, g5_error *err) {
+    const int KVW = d->kv_lora + d->rope;
+    const size_t smem = (size_t)2 * AC_TK * KVW * sizeof(float);
+    static size_t allowed = 48 * 1024; /* the opt-in, once per instantiation */
+    if (smem > allowed) {
+        CUK_CHECK(cudaFuncSetAttribute(k_attend_split<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        allowed = smem;
+    }
+    const int cl = split_cluster<T>(d, max_sel, smem, st);
+    ac_args a;
+    a.d = *d;
+    a.q = q;
+    a.qlat = qlat;
+    a.lat = lat;
+    a.fresh = fresh;
+    a.fresh0 = fresh0;
+    a.n_pos = n_pos;
+    a.sel = sel;
+    a.ld_sel = ld_sel;
+    a.n_sel = n_sel;
+    a.max_sel = max_sel;
+    a.scale = scale;
+    a.out = out;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)cl, (unsigned)((d->n_head + AC_HG - 1) / AC_HG), (unsigned)d->n_tok);
+    cfg.blockDim = dim3(AC_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_split<T>, a));
+    LAUNCH_CHECK("mla_attend");
+    return G5_OK;
+}
+
+/* 1 if k_attend_split covers the shape: its register tiles (kv_lora <= 512, kv_lora + rope
+ * <= 576), 16-byte copies of whole rows, and its shared memory. */
+static int split_fits(const cuk_mla_dims *d, const void *lat, size_t es, const float *fresh) {
+    const int KVW = d->kv_lora + d->rope;
+    if (d->kv_lora > AC_NO * AC_THREADS || KVW > AC_NC * 32 || KVW % 4 || (KVW * es) % 16) return 0;
+    if (((uintptr_t)lat & 15) || (fresh && ((uintptr_t)fresh & 15))) return 0;
+    const size_t smem = (size_t)2 * AC_TK * KVW * sizeof(float);
+    return smem <= 48 * 1024 || (int64_t)smem <= smem_optin();
+}
+
 template <typename T>
 static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
                           const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *sel, int64_t ld_sel, const int32_t *n_sel,
                           int32_t max_sel, float scale, float *out, size_t smem, cudaStream_t st,
                           g5_error *err) {
+    if (!use_old() && split_fits(d, lat, sizeof(T), fresh))
+        return attend_split(d, q, qlat, lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, st, err);
     if (smem > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(k_attend<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "mla_attend: %zu bytes of shared memory: %s", smem, cudaGetErrorString(e));

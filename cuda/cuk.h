@@ -125,6 +125,13 @@ g5_status cuk_moe_down(const cuk_moe_down_args *a, cuk_stream stream, g5_error *
 g5_status cuk_rms_norm(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy,
                        int64_t n_rows, int64_t dim, float eps, cuk_stream stream, g5_error *err);
 
+/* x[r] += (b ? a[r] + b[r] : a[r]), then y[r] = cuk_rms_norm of the new x[r]: bit for bit
+ * what cuk_add (a + b first) then cuk_add into x then cuk_rms_norm give, in one launch.
+ * a, b (b may be NULL): [n_rows][lda]; y must not alias x, a or b. */
+g5_status cuk_add_rms_norm(float *x, int64_t ldx, const float *a, const float *b, int64_t lda,
+                           const float *w, float *y, int64_t ldy, int64_t n_rows, int64_t dim,
+                           float eps, cuk_stream stream, g5_error *err);
+
 /* y[r] = (x[r] - mean) / sqrt(var + eps) * w + b (biased variance; mean and variance in
  * float64, two passes). y may equal x. */
 g5_status cuk_layer_norm(const float *x, int64_t ldx, const float *w, const float *b, float *y,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda/cuk_internal.cuh"
+#include "cuda/gemv_select.h"
 #include "cuda/gemv_tc.cuh" /* tc::applies; the kernels are instantiated per type */
 
 namespace cuk {
@@ -16,25 +17,50 @@ template <int T> g5_status down_run(const cuk_moe_down_args *, cudaStream_t, g5_
 CUK_GEMV_TC_EXTERN(QT_Q4_K)
 CUK_GEMV_TC_EXTERN(QT_Q8_0)
 
-/* ---- kernel family selection (cuk_gemv_set_impl) ---- */
+/* ---- kernel family selection (cuk_gemv_set_impl, cuda/gemv_select.h) ---- */
 
-static int g_impl = -1; /* -1: not read from the environment yet */
+/* Families beyond cuk.h's enum (internal values). */
+enum { IMPL_TC = 3, IMPL_TC_SUB3 = 4, IMPL_TC_SUB2P = 5, IMPL_TC_SUB3P = 6, N_IMPL = 7 };
+static const char *const IMPL_NAMES[N_IMPL] = {"auto", "simt", "tc_sub", "tc", "tc_sub3", "tc_sub2p", "tc_sub3p"};
+
+static int g_impl = -1;         /* -1: not read from the environment yet */
+static int64_t g_tc_min = -1;   /* auto: Q4_K GEMVs of at least this many weights use the TCs */
 
 static int impl_now(void) {
     if (g_impl < 0) {
         const char *e = getenv("CUK_GEMV_IMPL");
-        g_impl = !e ? CUK_GEMV_AUTO
-                 : !strcmp(e, "simt") ? CUK_GEMV_SIMT
-                 : !strcmp(e, "tc_sub") ? CUK_GEMV_TC_SUB
-                                         : CUK_GEMV_AUTO;
+        g_impl = CUK_GEMV_AUTO;
+        for (int i = 0; e && i < N_IMPL; i++)
+            if (!strcmp(e, IMPL_NAMES[i])) g_impl = i;
     }
     return g_impl;
 }
 
+/* Measured on H200 (bench/NOTES.md): the tensor-core Q4_K kernels win on the 119M-weight
+ * lm_head and the MoE experts, the CUDA-core ones on the 3-13M-weight attention/dense shapes
+ * and on every Q8_0 shape. */
+static int64_t tc_min(void) {
+    if (g_tc_min < 0) {
+        const char *e = getenv("CUK_GEMV_TC_MIN");
+        g_tc_min = e && *e ? strtoll(e, NULL, 10) : (1LL << 25);
+        if (g_tc_min < 0) g_tc_min = 0;
+    }
+    return g_tc_min;
+}
+
 extern "C" void cuk_gemv_set_impl(int impl) {
-    g_impl = impl == CUK_GEMV_SIMT || impl == CUK_GEMV_TC_SUB ? impl : CUK_GEMV_AUTO;
+    g_impl = impl >= 0 && impl < N_IMPL ? impl : CUK_GEMV_AUTO;
 }
 extern "C" int cuk_gemv_get_impl(void) { return impl_now(); }
+extern "C" int cuk_gemv_set_impl_name(const char *name) {
+    for (int i = 0; name && i < N_IMPL; i++)
+        if (!strcmp(name, IMPL_NAMES[i])) {
+            g_impl = i;
+            return 1;
+        }
+    return 0;
+}
+extern "C" const char *cuk_gemv_impl_name(void) { return IMPL_NAMES[impl_now()]; }
 
 extern "C" int cuk_gemv_tc_applies(uint32_t type, int64_t k, int32_t n) {
     if (k <= 0 || k > (1LL << 20) || n < 1 || n > CUK_GEMV_MAX_N) return 0;
@@ -43,18 +69,38 @@ extern "C" int cuk_gemv_tc_applies(uint32_t type, int64_t k, int32_t n) {
     return 0;
 }
 
-/* Runs the tensor-core kernel of fn for Q4_K/Q8_0 unless CUK_GEMV_SIMT; *done = 0: not taken. */
-#define TRY_TC(fn, type, a, s, done, err)                                                       \
+/* The tensor-core variant (cuk::tc::V_*) for a call, or -1: CUDA-core kernels. weights: m * k
+ * of one matrix; moe: an expert launcher. Never depends on n (see cuda/gemv_select.h). */
+static int tc_var(uint32_t type, int64_t weights, bool moe) {
+    switch (impl_now()) {
+    case CUK_GEMV_SIMT: return -1;
+    case CUK_GEMV_TC_SUB: return cuk::tc::V_SUB2;
+    case IMPL_TC: return cuk::tc::V_MAGIC2;
+    case IMPL_TC_SUB3: return cuk::tc::V_SUB3;
+    case IMPL_TC_SUB2P: return cuk::tc::V_SUB2P;
+    case IMPL_TC_SUB3P: return cuk::tc::V_SUB3P;
+    default:
+        if (type != QT_Q4_K) return -1;
+        return moe || weights >= tc_min() ? cuk::tc::V_SUB3P : -1;
+    }
+}
+
+extern "C" int cuk_gemv_takes_tc(uint32_t type, int64_t m, int64_t k, int32_t n) {
+    return cuk_gemv_tc_applies(type, k, n) && m > 0 && tc_var(type, m * k, false) >= 0;
+}
+
+/* Runs the tensor-core kernel of fn for Q4_K/Q8_0 where tc_var picks one; *done = 0: not
+ * taken (the shape does not fit it, or the CUDA-core kernels were picked). */
+#define TRY_TC(fn, type, weights, moe, a, s, done, err)                                         \
     do {                                                                                        \
-        const int impl_ = impl_now();                                                           \
+        const int var_ = tc_var(type, weights, moe);                                            \
         *(done) = 0;                                                                            \
-        if (impl_ != CUK_GEMV_SIMT) {                                                           \
-            const bool sub_ = impl_ == CUK_GEMV_TC_SUB;                                         \
+        if (var_ >= 0) {                                                                        \
             if ((type) == QT_Q4_K) {                                                            \
-                g5_status st_ = cuk::tc::fn<QT_Q4_K>(a, sub_, done, s, err);                    \
+                g5_status st_ = cuk::tc::fn<QT_Q4_K>(a, var_, done, s, err);                    \
                 if (st_ != G5_OK || *(done)) return st_;                                        \
             } else if ((type) == QT_Q8_0) {                                                     \
-                g5_status st_ = cuk::tc::fn<QT_Q8_0>(a, sub_, done, s, err);                    \
+                g5_status st_ = cuk::tc::fn<QT_Q8_0>(a, var_, done, s, err);                    \
                 if (st_ != G5_OK || *(done)) return st_;                                        \
             }                                                                                   \
         }                                                                                       \
@@ -141,7 +187,7 @@ extern "C" g5_status cuk_gemv(const cuk_gemv_args *a, cuk_stream stream, g5_erro
     if (!a->y) return BAD("gemv: y is NULL");
     if (a->ldy < a->m) return BAD("gemv: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     int done = 0;
-    TRY_TC(gemv_run, a->w_type, a, (cudaStream_t)stream, &done, err);
+    TRY_TC(gemv_run, a->w_type, a->m * a->k, false, a, (cudaStream_t)stream, &done, err);
     DISPATCH(gemv_run, a->w_type, a, (cudaStream_t)stream, err)
 }
 
@@ -174,7 +220,7 @@ extern "C" g5_status cuk_moe_gate_up(const cuk_moe_gate_up_args *a, cuk_stream s
     if (!a->out) return BAD("moe_gate_up: out is NULL");
     if (a->ldo < a->m) return BAD("moe_gate_up: ldo=%lld < m=%lld", (long long)a->ldo, (long long)a->m);
     int done = 0;
-    TRY_TC(gate_up_run, a->w_type, a, (cudaStream_t)stream, &done, err);
+    TRY_TC(gate_up_run, a->w_type, a->m * a->k, true, a, (cudaStream_t)stream, &done, err);
     DISPATCH(gate_up_run, a->w_type, a, (cudaStream_t)stream, err)
 }
 
@@ -193,6 +239,6 @@ extern "C" g5_status cuk_moe_down(const cuk_moe_down_args *a, cuk_stream stream,
     if (!a->y) return BAD("moe_down: y is NULL");
     if (a->ldy < a->m) return BAD("moe_down: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     int done = 0;
-    TRY_TC(down_run, a->w_type, a, (cudaStream_t)stream, &done, err);
+    TRY_TC(down_run, a->w_type, a->m * a->k, true, a, (cudaStream_t)stream, &done, err);
     DISPATCH(down_run, a->w_type, a, (cudaStream_t)stream, err)
 }

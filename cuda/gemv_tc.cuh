@@ -38,6 +38,10 @@ namespace tc {
 constexpr int NW = 8;                      /* warps per CTA */
 constexpr int SMEM_MAX = 112 * 1024;       /* two CTAs per SM */
 enum { M_GEMV = 0, M_GATE_UP = 1, M_DOWN = 2 };
+/* Kernel variants (cuda/gemv.cu picks one): quant form (magic exponent or subnormal) and D,
+ * the chunks in flight per warp + 1, P: L2 prefetch of the next item. For one quant form all
+ * give the same bits; magic and subnormal differ in float32 rounding. */
+enum { V_MAGIC2 = 0, V_SUB2 = 1, V_SUB3 = 2, V_SUB2P = 3, V_SUB3P = 4 };
 
 template <int T> struct TT;
 /* CH: elements per chunk (a warp's unit of k), BB/BLK: block bytes/elements. */
@@ -112,6 +116,10 @@ __device__ __forceinline__ uint32_t ldg16(const uint8_t *p) {
     unsigned short v;
     asm volatile("ld.global.nc.b16 %0, [%1];\n" : "=h"(v) : "l"(p));
     return v;
+}
+/* Asks L2 to fetch bytes (a multiple of 16) at p (16-byte aligned); no registers wait on it. */
+__device__ __forceinline__ void prefetch_l2(const uint8_t *p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ float h2f(uint32_t bits) {
     return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
@@ -313,12 +321,19 @@ __device__ __forceinline__ float4 ldxv(const Params &p, int tok, int v, int kk) 
 }
 
 /* The tensor-core GEMV. Grid: x = persistent CTAs over items, y = token (MoE) or 1; block: 8
- * warps. Prologue: the CTA turns x (NV vectors, or the token's top_k expert inputs for down)
- * into f16 pieces in shared memory, with the per-32 sums and per-vector scales. Then per item
- * each warp loads its chunks of the item's 16 A rows (one chunk ahead in registers), decodes
- * them into mma fragments and accumulates a * D - b * sum(x) per lane; the CTA sums the warps
- * in order and threads o < outputs store y (gate_up: silu(gate) * up). */
-template <int T, int NV, int XT, int MODE, bool SUB>
+ * warps. Each warp walks its (item, chunk) steps, items blockIdx.x, +gridDim.x, ..., chunks
+ * warp, warp + 8, ... of each, as one stream with D - 1 chunks loaded ahead in registers: the
+ * first loads go out before the prologue, and the loads run on across item ends (an item's
+ * last chunk is followed by the next item's first without a gap in the memory pipe).
+ * Prologue: the CTA turns x (NV vectors, or the token's top_k expert inputs for down) into f16
+ * pieces in shared memory, with the per-32 sums and per-vector scales. Per step the warp
+ * decodes its chunk of the item's 16 A rows into mma fragments and accumulates
+ * a * D - b * sum(x) per lane; after an item's last step the CTA sums the warps in order and
+ * threads o < outputs store y (gate_up: silu(gate) * up). PF: when a warp's loads enter an
+ * item, it also asks L2 for its share (A rows 2 warp, 2 warp + 1) of the CTA's next item, so
+ * that more bytes are on their way from HBM than the registers can hold. D and PF change only
+ * the timing: they give the same bits. */
+template <int T, int NV, int XT, int MODE, bool SUB, int D, bool PF>
 __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
     constexpr int NP = NvGeo<NV>::NP, CP = NvGeo<NV>::CP;
     using Q = TT<T>;
@@ -340,6 +355,116 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
             const int e = p.ids[(int64_t)tok * p.ld_ids + s];
             tok_bad |= e < 0 || e >= p.n_expert;
         }
+
+    constexpr int GPC = Q::CH / 32;                  /* groups per chunk */
+    const int nch = K / Q::CH, cps = p.kseg / Q::CH; /* chunks, chunks per segment */
+    const int cpw = (nch + NW - 1) / NW;             /* steps per item (chunks per warp) */
+    const int64_t cbytes = (int64_t)(Q::CH / Q::BLK) * Q::BB;
+    const int64_t nit = (p.items - blockIdx.x + gridDim.x - 1) / gridDim.x; /* this CTA's items */
+    const int64_t nsteps = nit * cpw;
+
+    /* A step's item: first A rows m0, gate_up slot, rows g and g+8 at k = 0, bad (no loads,
+     * NaN out). Past the last item: bad. */
+    struct Cur {
+        int64_t it, m0;
+        int ci, slot;
+        bool bad;
+        const uint8_t *base[2];
+    };
+    auto set_item = [&](Cur &u) {
+        u.bad = u.it >= p.items;
+        const int64_t it = u.bad ? 0 : u.it;
+        if constexpr (MODE == M_GATE_UP) {
+            u.slot = (int)(it / p.tiles);
+            u.m0 = (it - (int64_t)u.slot * p.tiles) * 8;
+            const int e = p.ids[(int64_t)tok * p.ld_ids + u.slot];
+            const bool eb = e < 0 || e >= p.n_expert;
+            u.bad |= eb;
+            const int64_t row = u.m0 + g < p.m ? u.m0 + g : p.m - 1;
+            u.base[0] = p.w0 + (eb ? 0 : (int64_t)e * p.mat) + row * p.rb;
+            u.base[1] = p.w1 + (eb ? 0 : (int64_t)e * p.mat) + row * p.rb;
+        } else {
+            u.slot = 0;
+            u.m0 = it * 16;
+            const int64_t r0 = u.m0 + g < p.m ? u.m0 + g : p.m - 1;
+            const int64_t r1 = u.m0 + g + 8 < p.m ? u.m0 + g + 8 : p.m - 1;
+            u.base[0] = p.w0 + r0 * p.rb;
+            u.base[1] = p.w0 + r1 * p.rb;
+            u.bad |= tok_bad;
+        }
+    };
+    auto advance = [&](Cur &u) {
+        if (++u.ci == cpw) {
+            u.ci = 0;
+            u.it += gridDim.x;
+            set_item(u);
+        }
+    };
+    /* rows g, g+8 at chunk c of cursor u's item; ws: the down mode's expert weight */
+    auto rows_of = [&](const Cur &u, int c, const uint8_t *(&rp)[2], float &ws) {
+        ws = 1.0f;
+        if constexpr (MODE == M_DOWN) {
+            const int s = c / cps, lc = c - s * cps;
+            const int64_t eo = (int64_t)p.ids[(int64_t)tok * p.ld_ids + s] * p.mat + lc * cbytes;
+            rp[0] = u.base[0] + eo, rp[1] = u.base[1] + eo;
+            ws = p.wts[(int64_t)tok * p.ld_wts + s];
+        } else {
+            rp[0] = u.base[0] + c * cbytes, rp[1] = u.base[1] + c * cbytes;
+        }
+    };
+    auto issue = [&](Raw<T> &r, const Cur &u) {
+        const int c = warp + NW * u.ci;
+        if (u.bad || c >= nch) return;
+        const uint8_t *rp[2];
+        float ws;
+        rows_of(u, c, rp, ws);
+        load_raw(r, rp, t);
+    };
+    /* L2 prefetch of this warp's share of item it (PF) */
+    auto prefetch = [&](int64_t it) {
+        if (it >= p.items) return;
+        Cur u;
+        u.it = it;
+        set_item(u);
+        if (u.bad) return;
+        if constexpr (MODE == M_DOWN) {
+            const int64_t rows = p.m - u.m0 < 16 ? p.m - u.m0 : 16;
+            for (int s = warp + NW * lane; s < p.top_k; s += NW * 32)
+                prefetch_l2(p.w0 + (int64_t)p.ids[(int64_t)tok * p.ld_ids + s] * p.mat + u.m0 * p.rb,
+                            (uint32_t)(rows * p.rb));
+        } else {
+            const int r = 2 * warp + lane; /* A row */
+            if (lane < 2) {
+                int64_t row;
+                const uint8_t *w;
+                if constexpr (MODE == M_GATE_UP) {
+                    row = u.m0 + (r & 7);
+                    const int e = p.ids[(int64_t)tok * p.ld_ids + u.slot];
+                    w = (r < 8 ? p.w0 : p.w1) + (int64_t)e * p.mat;
+                } else {
+                    row = u.m0 + r;
+                    w = p.w0;
+                }
+                if (row < p.m) prefetch_l2(w + row * p.rb, (uint32_t)p.rb);
+            }
+        }
+    };
+    Raw<T> buf[D];
+    Cur ld, cs; /* the load and the math cursors */
+    ld.it = blockIdx.x, ld.ci = 0;
+    set_item(ld);
+    cs = ld;
+    if constexpr (PF) {
+        prefetch(ld.it);
+        prefetch(ld.it + gridDim.x);
+    }
+#pragma unroll
+    for (int i = 0; i < D - 1; i++) {
+        if (i < nsteps) issue(buf[i], ld);
+        advance(ld);
+        if constexpr (PF)
+            if (ld.ci == 0) prefetch(ld.it + gridDim.x);
+    }
 
     /* ---- prologue: scales, pieces, group sums ---- */
     {
@@ -411,81 +536,12 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
     const int gq = g & 3, gv = g >> 2;
     const int boff = (gq == 3 || (NV == 1 && gv == 1)) ? -1 : (3 * gv + gq) * 4 + t;
     float *wsab = sab + warp * 256;
-    constexpr int GPC = Q::CH / 32;                /* groups per chunk */
-    const int nch = K / Q::CH, cps = p.kseg / Q::CH; /* chunks, chunks per segment */
-    const int64_t cbytes = (int64_t)(Q::CH / Q::BLK) * Q::BB;
 
-    for (int64_t it = blockIdx.x; it < p.items; it += gridDim.x) {
-        int64_t m0;
-        int e = 0;
-        const uint8_t *base[2]; /* rows g, g+8 at k = 0 (gemv, gate_up) */
-        bool bad = false;
-        if constexpr (MODE == M_GATE_UP) {
-            const int s = (int)(it / p.tiles);
-            m0 = (it - (int64_t)s * p.tiles) * 8;
-            e = p.ids[(int64_t)tok * p.ld_ids + s];
-            bad = e < 0 || e >= p.n_expert;
-            const int64_t row = m0 + g < p.m ? m0 + g : p.m - 1;
-            base[0] = p.w0 + (bad ? 0 : (int64_t)e * p.mat) + row * p.rb;
-            base[1] = p.w1 + (bad ? 0 : (int64_t)e * p.mat) + row * p.rb;
-        } else {
-            m0 = it * 16;
-            const int64_t r0 = m0 + g < p.m ? m0 + g : p.m - 1, r1 = m0 + g + 8 < p.m ? m0 + g + 8 : p.m - 1;
-            base[0] = p.w0 + r0 * p.rb;
-            base[1] = p.w0 + r1 * p.rb;
-            bad = tok_bad;
-        }
-        float acc[NP][2];
+    float acc[NP][2];
 #pragma unroll
-        for (int pi = 0; pi < NP; pi++) acc[pi][0] = acc[pi][1] = 0.0f;
-        if (!bad) {
-            auto rows_of = [&](int c, const uint8_t *(&rp)[2], float &ws) {
-                ws = 1.0f;
-                if constexpr (MODE == M_DOWN) {
-                    const int s = c / cps, lc = c - s * cps;
-                    const int64_t eo = (int64_t)p.ids[(int64_t)tok * p.ld_ids + s] * p.mat + lc * cbytes;
-                    rp[0] = base[0] + eo, rp[1] = base[1] + eo;
-                    ws = p.wts[(int64_t)tok * p.ld_wts + s];
-                } else {
-                    rp[0] = base[0] + c * cbytes, rp[1] = base[1] + c * cbytes;
-                }
-            };
-            Raw<T> cur{}, nxt{};
-            int c = warp;
-            if (c < nch) {
-                const uint8_t *rp[2];
-                float ws;
-                rows_of(c, rp, ws);
-                load_raw(cur, rp, t);
-            }
-            for (; c < nch; c += NW) {
-                float ws;
-                {
-                    const uint8_t *rp[2];
-                    rows_of(c, rp, ws);
-                }
-                if (c + NW < nch) {
-                    const uint8_t *rp[2];
-                    float wn;
-                    rows_of(c + NW, rp, wn);
-                    load_raw(nxt, rp, t);
-                }
-                if constexpr (MODE == M_DOWN) {
-                    float part[NP][2];
-#pragma unroll
-                    for (int pi = 0; pi < NP; pi++) part[pi][0] = part[pi][1] = 0.0f;
-                    chunk_math<NV, SUB>(cur, bs, sx, ngrp, wsab, c * GPC, lane, boff, part);
-#pragma unroll
-                    for (int pi = 0; pi < NP; pi++) {
-                        acc[pi][0] = fmaf(ws, part[pi][0], acc[pi][0]);
-                        acc[pi][1] = fmaf(ws, part[pi][1], acc[pi][1]);
-                    }
-                } else {
-                    chunk_math<NV, SUB>(cur, bs, sx, ngrp, wsab, c * GPC, lane, boff, acc);
-                }
-                cur = nxt;
-            }
-        }
+    for (int pi = 0; pi < NP; pi++) acc[pi][0] = acc[pi][1] = 0.0f;
+    /* After an item's last step: sum the warps, store, clear acc. */
+    auto finish = [&](const Cur &u) {
         /* lanes t, t^1 hold the pieces of one vector */
 #pragma unroll
         for (int pi = 0; pi < NP; pi++) {
@@ -493,19 +549,19 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
             acc[pi][1] += __shfl_xor_sync(0xffffffffu, acc[pi][1], 1);
             red[((warp * NP + pi) * 32 + lane) * 2 + 0] = acc[pi][0];
             red[((warp * NP + pi) * 32 + lane) * 2 + 1] = acc[pi][1];
+            acc[pi][0] = acc[pi][1] = 0.0f;
         }
         __syncthreads();
         if constexpr (MODE == M_GATE_UP) {
             if (tid < 8) {
-                const int s = (int)(it / p.tiles);
                 float gs = 0.0f, us = 0.0f;
                 for (int w = 0; w < NW; w++) {
                     gs += red[(w * NP * 32 + tid * 4) * 2 + 0];
                     us += red[(w * NP * 32 + tid * 4) * 2 + 1];
                 }
                 gs *= inv[0], us *= inv[0];
-                float *o = p.y + ((int64_t)tok * p.top_k + s) * p.ldy;
-                if (m0 + tid < p.m) o[m0 + tid] = bad ? __int_as_float(0x7fc00000) : gs / (1.0f + expf(-gs)) * us;
+                float *o = p.y + ((int64_t)tok * p.top_k + u.slot) * p.ldy;
+                if (u.m0 + tid < p.m) o[u.m0 + tid] = u.bad ? __int_as_float(0x7fc00000) : gs / (1.0f + expf(-gs)) * us;
             }
         } else {
             if (tid < 16 * NV) {
@@ -517,22 +573,56 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
 #pragma unroll
                 for (int vv = 0; vv < NV; vv++)
                     if (vv == v) val = sum * inv[vv];
-                if (bad) val = __int_as_float(0x7fc00000);
+                if (u.bad) val = __int_as_float(0x7fc00000);
                 const int64_t yrow = MODE == M_DOWN ? tok : v;
-                if (m0 + r < p.m && v < p.nvec) p.y[yrow * p.ldy + m0 + r] = val;
+                if (u.m0 + r < p.m && v < p.nvec) p.y[yrow * p.ldy + u.m0 + r] = val;
             }
         }
         __syncthreads(); /* red is reused by the next item */
+    };
+    /* Step s uses buf[s % D]; before its math, step s + D - 1 is loaded into the buffer that
+     * step s - 1 used. The conditions are the same in every warp of the CTA (syncthreads). */
+    for (int64_t s0 = 0; s0 < nsteps; s0 += D) {
+#pragma unroll
+        for (int i = 0; i < D; i++) {
+            if (s0 + i < nsteps) {
+                if (s0 + i + D - 1 < nsteps) issue(buf[(i + D - 1) % D], ld);
+                advance(ld);
+                if constexpr (PF)
+                    if (ld.ci == 0) prefetch(ld.it + gridDim.x);
+                const int c = warp + NW * cs.ci;
+                if (!cs.bad && c < nch) {
+                    const uint8_t *rp[2];
+                    float ws;
+                    rows_of(cs, c, rp, ws);
+                    if constexpr (MODE == M_DOWN) {
+                        float part[NP][2];
+#pragma unroll
+                        for (int pi = 0; pi < NP; pi++) part[pi][0] = part[pi][1] = 0.0f;
+                        chunk_math<NV, SUB>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, part);
+#pragma unroll
+                        for (int pi = 0; pi < NP; pi++) {
+                            acc[pi][0] = fmaf(ws, part[pi][0], acc[pi][0]);
+                            acc[pi][1] = fmaf(ws, part[pi][1], acc[pi][1]);
+                        }
+                    } else {
+                        chunk_math<NV, SUB>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, acc);
+                    }
+                }
+                if (cs.ci == cpw - 1) finish(cs);
+                advance(cs);
+            }
+        }
     }
 }
 
 /* ---- host side ---- */
 
-template <int T, int NV, int XT, int MODE, bool SUB>
+template <int T, int NV, int XT, int MODE, bool SUB, int D, bool PF>
 static g5_status launch(const Params &p, int ny, cudaStream_t st, g5_error *err) {
     const int K = p.kseg * p.nseg;
     const size_t bytes = Lay<NV>::total(K);
-    auto kern = k_tc<T, NV, XT, MODE, SUB>;
+    auto kern = k_tc<T, NV, XT, MODE, SUB, D, PF>;
     /* Dynamic shared memory above 48 KB needs an opt-in, once per kernel (this instantiation). */
     static size_t allowed = 48 * 1024;
     if (bytes > allowed) {
@@ -559,10 +649,19 @@ template <int T> bool applies(int64_t k_virtual, int kseg, int n) {
     return bytes <= (size_t)SMEM_MAX;
 }
 
+template <int T, int NV, int MODE, int XT>
+static g5_status run_var(const Params &p, int ny, int var, cudaStream_t st, g5_error *err) {
+    switch (var) {
+    case V_MAGIC2: return launch<T, NV, XT, MODE, false, 2, false>(p, ny, st, err);
+    case V_SUB3: return launch<T, NV, XT, MODE, true, 3, false>(p, ny, st, err);
+    case V_SUB2P: return launch<T, NV, XT, MODE, true, 2, true>(p, ny, st, err);
+    case V_SUB3P: return launch<T, NV, XT, MODE, true, 3, true>(p, ny, st, err);
+    default: return launch<T, NV, XT, MODE, true, 2, false>(p, ny, st, err);
+    }
+}
 template <int T, int NV, int MODE>
-static g5_status run_nv(const Params &p, int ny, bool bf, bool sub, cudaStream_t st, g5_error *err) {
-    if (bf) return sub ? launch<T, NV, 1, MODE, true>(p, ny, st, err) : launch<T, NV, 1, MODE, false>(p, ny, st, err);
-    return sub ? launch<T, NV, 0, MODE, true>(p, ny, st, err) : launch<T, NV, 0, MODE, false>(p, ny, st, err);
+static g5_status run_nv(const Params &p, int ny, bool bf, int var, cudaStream_t st, g5_error *err) {
+    return bf ? run_var<T, NV, MODE, 1>(p, ny, var, st, err) : run_var<T, NV, MODE, 0>(p, ny, var, st, err);
 }
 
 /* The entry points cuda/gemv.cu calls after validation; *done = 0 when the shape is not
@@ -576,7 +675,7 @@ template <int T> int max_nv(int64_t k) {
  * arithmetic does not depend on its group (same lane, same order, mma columns independent), so
  * y[v] is bit-identical whatever n is: batched decode steps reproduce one-vector launches. */
 template <int T>
-g5_status gemv_run(const cuk_gemv_args *a, bool sub, int *done, cudaStream_t st, g5_error *err) {
+g5_status gemv_run(const cuk_gemv_args *a, int var, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
     const int nvm = max_nv<T>(a->k);
     if (!nvm) return G5_OK;
@@ -595,16 +694,16 @@ g5_status gemv_run(const cuk_gemv_args *a, bool sub, int *done, cudaStream_t st,
         p.x = (const uint8_t *)a->x + (size_t)v0 * a->ldx * (bf ? 2 : 4);
         p.y = a->y + (int64_t)v0 * a->ldy;
         p.nvec = nn;
-        const g5_status s = nn == 1   ? run_nv<T, 1, M_GEMV>(p, 1, bf, sub, st, err)
-                            : nn == 2 ? run_nv<T, 2, M_GEMV>(p, 1, bf, sub, st, err)
-                                      : run_nv<T, 4, M_GEMV>(p, 1, bf, sub, st, err);
+        const g5_status s = nn == 1   ? run_nv<T, 1, M_GEMV>(p, 1, bf, var, st, err)
+                            : nn == 2 ? run_nv<T, 2, M_GEMV>(p, 1, bf, var, st, err)
+                                      : run_nv<T, 4, M_GEMV>(p, 1, bf, var, st, err);
         if (s != G5_OK) return s;
     }
     return G5_OK;
 }
 
 template <int T>
-g5_status gate_up_run(const cuk_moe_gate_up_args *a, bool sub, int *done, cudaStream_t st, g5_error *err) {
+g5_status gate_up_run(const cuk_moe_gate_up_args *a, int var, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
     if (!applies<T>(a->k, (int)a->k, 1)) return G5_OK;
     Params p = {};
@@ -618,11 +717,11 @@ g5_status gate_up_run(const cuk_moe_gate_up_args *a, bool sub, int *done, cudaSt
     p.tiles = (a->m + 7) / 8;
     p.items = p.tiles * a->top_k;
     *done = 1;
-    return run_nv<T, 1, M_GATE_UP>(p, a->n_tok, a->x_type == CUK_ACT_BF16, sub, st, err);
+    return run_nv<T, 1, M_GATE_UP>(p, a->n_tok, a->x_type == CUK_ACT_BF16, var, st, err);
 }
 
 template <int T>
-g5_status down_run(const cuk_moe_down_args *a, bool sub, int *done, cudaStream_t st, g5_error *err) {
+g5_status down_run(const cuk_moe_down_args *a, int var, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
     if (!applies<T>(a->k * a->top_k, (int)a->k, 1)) return G5_OK;
     Params p = {};
@@ -636,7 +735,7 @@ g5_status down_run(const cuk_moe_down_args *a, bool sub, int *done, cudaStream_t
     p.y = a->y, p.ldy = a->ldy;
     p.items = (a->m + 15) / 16;
     *done = 1;
-    return run_nv<T, 1, M_DOWN>(p, a->n_tok, a->h_type == CUK_ACT_BF16, sub, st, err);
+    return run_nv<T, 1, M_DOWN>(p, a->n_tok, a->h_type == CUK_ACT_BF16, var, st, err);
 }
 
 } // namespace tc
@@ -645,10 +744,10 @@ g5_status down_run(const cuk_moe_down_args *a, bool sub, int *done, cudaStream_t
 #define CUK_GEMV_TC_INSTANTIATE(T)                                                              \
     namespace cuk {                                                                             \
     namespace tc {                                                                              \
-    template g5_status gemv_run<T>(const cuk_gemv_args *, bool, int *, cudaStream_t, g5_error *); \
-    template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, bool, int *, cudaStream_t,  \
+    template g5_status gemv_run<T>(const cuk_gemv_args *, int, int *, cudaStream_t, g5_error *); \
+    template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, int, int *, cudaStream_t,  \
                                       g5_error *);                                              \
-    template g5_status down_run<T>(const cuk_moe_down_args *, bool, int *, cudaStream_t,        \
+    template g5_status down_run<T>(const cuk_moe_down_args *, int, int *, cudaStream_t,        \
                                    g5_error *);                                                 \
     }                                                                                           \
     }
@@ -657,11 +756,11 @@ g5_status down_run(const cuk_moe_down_args *a, bool sub, int *done, cudaStream_t
 #define CUK_GEMV_TC_EXTERN(T)                                                                   \
     namespace cuk {                                                                             \
     namespace tc {                                                                              \
-    extern template g5_status gemv_run<T>(const cuk_gemv_args *, bool, int *, cudaStream_t,     \
+    extern template g5_status gemv_run<T>(const cuk_gemv_args *, int, int *, cudaStream_t,     \
                                           g5_error *);                                          \
-    extern template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, bool, int *,         \
+    extern template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, int, int *,         \
                                              cudaStream_t, g5_error *);                         \
-    extern template g5_status down_run<T>(const cuk_moe_down_args *, bool, int *, cudaStream_t, \
+    extern template g5_status down_run<T>(const cuk_moe_down_args *, int, int *, cudaStream_t, \
                                           g5_error *);                                          \
     }                                                                                           \
     }

@@ -4,9 +4,11 @@
  * histogram passes find the k-th largest key (thr) and how many keys equal to it are still
  * needed; a final ordered pass keeps every key above thr and the lowest positions among those
  * equal to it. O(positions) work per query, the result independent of thread timing. */
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/attn_select.h"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 
@@ -141,6 +143,171 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
     if (threadIdx.x == 0) n_sel[t] = K;
 }
 
+/* ---- split implementations (the default; CUK_ATTN_IMPL=old selects the ones above) ---- */
+
+namespace cg = cooperative_groups;
+
+constexpr int SS_THREADS = 128;
+constexpr int SS_MAXH = 32; /* heads held in registers */
+
+/* grid (ceil((pos0 + n_tok) / SS_THREADS), n_tok), SS_THREADS threads: a thread per (query,
+ * key). Each thread streams its key row in float4 pieces and keeps the n_head dot products in
+ * registers (the query pieces are broadcast reads of shared memory), then applies the relu and
+ * the head weights in head order. Shared: q [n_head][dim], w [n_head]. */
+__global__ void __launch_bounds__(SS_THREADS) k_scores_split(const float *__restrict__ q, const float *__restrict__ w,
+                                                             const float *__restrict__ k, int32_t n_head, int32_t dim,
+                                                             int64_t pos0, float *__restrict__ sc, int64_t ld_sc) {
+    extern __shared__ __align__(16) float ss_sm[];
+    float *qs = ss_sm;                          /* [n_head * dim] */
+    float *wsh = ss_sm + (int64_t)n_head * dim; /* [n_head] */
+    const int t = blockIdx.y;
+    const int64_t s = (int64_t)blockIdx.x * SS_THREADS + threadIdx.x;
+    if ((int64_t)blockIdx.x * SS_THREADS > pos0 + t) return; /* the whole block is past the causal limit */
+    for (int i = threadIdx.x; i < n_head * dim; i += SS_THREADS) qs[i] = q[(int64_t)t * n_head * dim + i];
+    for (int i = threadIdx.x; i < n_head; i += SS_THREADS) wsh[i] = w[(int64_t)t * n_head + i];
+    __syncthreads();
+    if (s > pos0 + t) return;
+    const float4 *kr = (const float4 *)(k + s * dim);
+    float acc[SS_MAXH];
+#pragma unroll
+    for (int h = 0; h < SS_MAXH; h++) acc[h] = 0.0f;
+    const int d4n = dim / 4;
+#pragma unroll 2
+    for (int d4 = 0; d4 < d4n; d4++) {
+        const float4 kv = kr[d4];
+#pragma unroll
+        for (int h = 0; h < SS_MAXH; h++) {
+            if (h < n_head) {
+                const float4 qv = ((const float4 *)(qs + h * dim))[d4];
+                acc[h] = fmaf(qv.x, kv.x, acc[h]);
+                acc[h] = fmaf(qv.y, kv.y, acc[h]);
+                acc[h] = fmaf(qv.z, kv.z, acc[h]);
+                acc[h] = fmaf(qv.w, kv.w, acc[h]);
+            }
+        }
+    }
+    float r = 0.0f;
+#pragma unroll
+    for (int h = 0; h < SS_MAXH; h++)
+        if (h < n_head && acc[h] > 0.0f) r = __fadd_rn(r, __fmul_rn(wsh[h], acc[h]));
+    sc[(int64_t)t * ld_sc + s] = r;
+}
+
+constexpr int TS_MAXCL = 16;
+
+/* grid (CL, n_tok), clusters of (CL, 1, 1), TK_THREADS threads. The same radix select as k_topk
+ * with token t's positions split into CL contiguous slices, one per block of its cluster: each
+ * pass every block builds the histogram of its slice (warp-aggregated shared atomics: scores
+ * crowd into few bins), a cluster barrier, then every block sums the CL histograms through
+ * distributed shared memory and takes the same decision. Last, each block counts its keys
+ * above / equal to the threshold, learns those of the lower ranks, and writes its part of the
+ * ordered output at the right offset. */
+__global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0,
+                                                           int32_t K, int32_t *__restrict__ sel, int64_t ld_sel,
+                                                           int32_t *__restrict__ n_sel) {
+    __shared__ uint32_t hist[2][256]; /* by pass parity: a pass never clears what another block may still read */
+    __shared__ uint32_t tot[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_remaining;
+    __shared__ int ws[TK_WARPS + 1];
+    __shared__ int n_gt, n_eq;
+    cg::cluster_group cl = cg::this_cluster();
+    const int CL = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.y;
+    const int64_t cnt = pos0 + t + 1;
+    int32_t *out = sel + (int64_t)t * ld_sel;
+    if (cnt <= K) { /* the same for the whole cluster: all of it leaves here */
+        for (int64_t i = (int64_t)rank * TK_THREADS + threadIdx.x; i < K; i += (int64_t)CL * TK_THREADS)
+            out[i] = i < cnt ? (int32_t)i : -1;
+        if (rank == 0 && threadIdx.x == 0) n_sel[t] = (int32_t)cnt;
+        return;
+    }
+    const float *row = sc + (int64_t)t * ld_sc;
+    const int64_t per = (cnt + CL - 1) / CL;
+    const int64_t s0 = min(cnt, (int64_t)rank * per), s1 = min(cnt, s0 + per);
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_remaining = K;
+        n_gt = 0;
+        n_eq = 0;
+    }
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = 24 - 8 * pass;
+        uint32_t *H = hist[pass & 1];
+        for (int i = threadIdx.x; i < 256; i += TK_THREADS) H[i] = 0;
+        __syncthreads();
+        const uint32_t prefix = s_prefix;
+        const uint32_t hi = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+        for (int64_t base = s0; base < s1; base += TK_THREADS) {
+            const int64_t s = base + threadIdx.x;
+            const uint32_t key = s < s1 ? key_of(row[s]) : 0u;
+            const bool act = s < s1 && (key & hi) == (prefix & hi);
+            const uint32_t bin = act ? (key >> shift) & 0xFFu : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (act && lane == __ffs(peers) - 1) atomicAdd(&H[bin], (uint32_t)__popc(peers));
+        }
+        cl.sync();
+        for (int i = threadIdx.x; i < 256; i += TK_THREADS) {
+            uint32_t v = 0;
+            for (int r = 0; r < CL; r++) v += cl.map_shared_rank(H, r)[i];
+            tot[i] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int rem = s_remaining;
+            uint32_t above = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (above + tot[b] >= (uint32_t)rem) break;
+                above += tot[b];
+            }
+            s_remaining = rem - (int)above;
+            s_prefix = prefix | ((uint32_t)b << shift);
+        }
+        __syncthreads();
+    }
+    const uint32_t thr = s_prefix;
+    const int need_eq = s_remaining; /* keys equal to thr to take, lowest positions first */
+    int gt = 0, eq = 0;
+    for (int64_t s = s0 + threadIdx.x; s < s1; s += TK_THREADS) {
+        const uint32_t key = key_of(row[s]);
+        gt += key > thr;
+        eq += key == thr;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        gt += __shfl_xor_sync(0xffffffffu, gt, o);
+        eq += __shfl_xor_sync(0xffffffffu, eq, o);
+    }
+    if (lane == 0) {
+        atomicAdd(&n_gt, gt);
+        atomicAdd(&n_eq, eq);
+    }
+    cl.sync();
+    int taken = 0, eq_seen = 0; /* over the lower ranks' slices */
+    for (int r = 0; r < rank; r++) {
+        const int g = *cl.map_shared_rank(&n_gt, r), e = *cl.map_shared_rank(&n_eq, r);
+        taken += g + max(0, min(e, need_eq - eq_seen));
+        eq_seen += e;
+    }
+    for (int64_t base = s0; base < s1; base += TK_THREADS) {
+        const int64_t s = base + threadIdx.x;
+        uint32_t key = 0;
+        if (s < s1) key = key_of(row[s]);
+        const int is_gt = s < s1 && key > thr;
+        const int is_eq = s < s1 && key == thr;
+        int eq_tot, take_tot;
+        const int eq_before = block_scan(is_eq, ws, &eq_tot);
+        const int take = is_gt || (is_eq && eq_seen + eq_before < need_eq);
+        const int pos = block_scan(take, ws, &take_tot);
+        if (take) out[taken + pos] = (int32_t)s;
+        taken += take_tot;
+        eq_seen += eq_tot;
+    }
+    if (rank == 0 && threadIdx.x == 0) n_sel[t] = K;
+    cl.sync(); /* the other blocks may still read this one's counts */
+}
+
 } // namespace
 
 #define LAUNCH_CHECK(what)                                                                    \
@@ -149,6 +316,8 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
         if (e_ != cudaSuccess)                                                                \
             return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
     } while (0)
+
+static int use_old(void) { return cuk_attn_old(); } /* cuda/attn_select.h */
 
 extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float *k,
                                     int32_t n_tok, int32_t n_head, int32_t dim, int64_t pos0,
@@ -162,6 +331,12 @@ extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float 
     const int64_t P = pos0 + n_tok;
     if ((P + SC_WARPS - 1) / SC_WARPS > 2147483647) return BAD("idx_scores: too many positions");
     const size_t smem = ((size_t)n_head * dim + n_head) * sizeof(float);
+    if (!use_old() && n_head <= SS_MAXH && dim % 4 == 0 && ((uintptr_t)k & 15) == 0 && smem <= 48 * 1024) {
+        dim3 g2((unsigned)((P + SS_THREADS - 1) / SS_THREADS), (unsigned)n_tok);
+        k_scores_split<<<g2, SS_THREADS, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, sc, ld_sc);
+        LAUNCH_CHECK("idx_scores");
+        return G5_OK;
+    }
     dim3 grid((unsigned)((P + SC_WARPS - 1) / SC_WARPS), (unsigned)n_tok);
     k_scores<<<grid, SC_WARPS * 32, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, sc, ld_sc);
     LAUNCH_CHECK("idx_scores");
@@ -177,6 +352,50 @@ extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok,
     if (pos0 < 0 || pos0 > 2147483647 - (int64_t)n_tok) return BAD("idx_topk: pos0=%lld out of range", (long long)pos0);
     if (ld_sel < k) return BAD("idx_topk: ld_sel=%lld < k=%d", (long long)ld_sel, k);
     if (ld_sc < pos0 + n_tok) return BAD("idx_topk: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
+    if (!use_old() && n_tok <= 65535) {
+        const cudaStream_t st = (cudaStream_t)stream;
+        static int sms = 0;
+        if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
+        static int max_cl = 0; /* 16-block clusters are non-portable: used where one fits (checked once) */
+        if (max_cl == 0) {
+            max_cl = 8;
+            if (cudaFuncSetAttribute(k_topk_split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute at[1];
+                at[0].id = cudaLaunchAttributeClusterDimension;
+                at[0].val.clusterDim.x = TS_MAXCL;
+                at[0].val.clusterDim.y = 1;
+                at[0].val.clusterDim.z = 1;
+                cfg.gridDim = dim3(TS_MAXCL, 1, 1);
+                cfg.blockDim = dim3(TK_THREADS, 1, 1);
+                cfg.stream = st;
+                cfg.attrs = at;
+                cfg.numAttrs = 1;
+                int n = 0;
+                if (cudaOccupancyMaxActiveClusters(&n, k_topk_split, &cfg) == cudaSuccess && n >= 1) max_cl = TS_MAXCL;
+            }
+            (void)cudaGetLastError(); /* a refused query is no launch error */
+        }
+        /* enough blocks to cover the SMs, slices of at least 1024 positions */
+        const int64_t P = pos0 + n_tok;
+        int cl = 1;
+        while (cl < max_cl && (int64_t)n_tok * cl < sms && P / (cl * 2) >= 1024) cl *= 2;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)cl;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)cl, (unsigned)n_tok, 1);
+        cfg.blockDim = dim3(TK_THREADS, 1, 1);
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        cudaError_t e = cudaLaunchKernelEx(&cfg, k_topk_split, sc, ld_sc, pos0, k, sel, ld_sel, n_sel);
+        if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "idx_topk: %s", cudaGetErrorString(e));
+        LAUNCH_CHECK("idx_topk");
+        return G5_OK;
+    }
     k_topk<<<(unsigned)n_tok, TK_THREADS, 0, (cudaStream_t)stream>>>(sc, ld_sc, pos0, k, sel, ld_sel, n_sel);
     LAUNCH_CHECK("idx_topk");
     return G5_OK;

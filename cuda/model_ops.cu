@@ -221,35 +221,59 @@ __global__ void k_scale(float *x, int64_t n, float s) {
     if (i < n) x[i] = __fmul_rn(x[i], s);
 }
 
-/* ---- router: one block per token, thread 0 does the (short, sequential) choice ---- */
+/* ---- router ---- */
 
 __device__ __forceinline__ bool better(const float *v, int a, int b) {
     return v[a] > v[b] || (v[a] == v[b] && a < b);
 }
 
+constexpr int ROUTE_MAX_USED = 64;
+
+/* Grid: one block of one warp per token. Lane l owns experts l, l + 32, ... for the elementwise
+ * parts (scores, choices) and for the top-k scans, which reduce across the warp; lane g scans
+ * group g's choices for its score. What stays sequential on lane 0 is what must keep the CPU's
+ * order (the float64 softmax sum, the group pick over n_group scores, the sort and weights of
+ * the n_used picks). Every pick equals runtime/model.c's sequential scan (ties to the lower
+ * index), NaN included: that scan keeps its first eligible expert if that one is NaN and never
+ * picks a NaN otherwise. (One thread doing it all cost ~100 us per layer at 256 experts.) */
 __global__ void k_route(cuk_route_args a) {
     extern __shared__ float sh[];
     const int NE = a.n_expert, U = a.n_used, G = a.n_group;
-    float *choice = sh;                          /* [NE] */
-    float *gscore = sh + NE;                     /* [G] */
-    uint8_t *allowed = (uint8_t *)(gscore + G);  /* [NE] */
-    const int t = blockIdx.x;
+    float *choice = sh;                               /* [NE] */
+    float *score = sh + NE;                           /* [NE] gating scores */
+    float *gscore = score + NE;                       /* [G] */
+    int32_t *pick = (int32_t *)(gscore + G);          /* [ROUTE_MAX_USED] */
+    uint8_t *allowed = (uint8_t *)(pick + ROUTE_MAX_USED); /* [NE] */
+    const int t = blockIdx.x, lane = threadIdx.x;
     float *lg = a.logits + (int64_t)t * a.ld_logits;
-    if (threadIdx.x != 0) return;
     if (a.gating == 1) {
         float mx = -INFINITY;
-        for (int e = 0; e < NE; e++) mx = lg[e] > mx ? lg[e] : mx;
+        for (int e = lane; e < NE; e += 32) mx = lg[e] > mx ? lg[e] : mx;
+        /* NaN never wins, as in the scan; which zero wins does not matter (x - 0 == x - -0
+         * for every x but -0, and expf gives 1 for both zeros) */
+        for (int off = 16; off > 0; off >>= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, mx, off);
+            mx = o > mx ? o : mx;
+        }
+        for (int e = lane; e < NE; e += 32) score[e] = expf(lg[e] - mx);
+        __syncwarp();
         double sum = 0;
-        for (int e = 0; e < NE; e++) sum += (lg[e] = expf(lg[e] - mx));
-        for (int e = 0; e < NE; e++) lg[e] = (float)(lg[e] / sum);
+        if (lane == 0)
+            for (int e = 0; e < NE; e++) sum += score[e]; /* the CPU's order */
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+        for (int e = lane; e < NE; e += 32) score[e] = (float)(score[e] / sum);
     } else {
-        for (int e = 0; e < NE; e++) lg[e] = 1.0f / (1.0f + expf(-lg[e]));
+        for (int e = lane; e < NE; e += 32) score[e] = 1.0f / (1.0f + expf(-lg[e]));
     }
-    for (int e = 0; e < NE; e++) choice[e] = __fadd_rn(lg[e], a.bias ? a.bias[e] : 0.0f);
-    for (int e = 0; e < NE; e++) allowed[e] = 1;
+    for (int e = lane; e < NE; e += 32) {
+        lg[e] = score[e];
+        choice[e] = __fadd_rn(score[e], a.bias ? a.bias[e] : 0.0f);
+        allowed[e] = 1;
+    }
+    __syncwarp();
     const int gs = NE / G;
     if (G > 1 && a.topk_group < G) {
-        for (int g = 0; g < G; g++) {
+        for (int g = lane; g < G; g += 32) {
             float b1 = -INFINITY, b2 = -INFINITY;
             for (int e = g * gs; e < (g + 1) * gs; e++) {
                 if (choice[e] > b1) {
@@ -261,37 +285,60 @@ __global__ void k_route(cuk_route_args a) {
             }
             gscore[g] = gs >= 2 ? __fadd_rn(b1, b2) : b1;
         }
-        for (int e = 0; e < NE; e++) allowed[e] = 0;
-        for (int k = 0; k < a.topk_group; k++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (!allowed[g * gs] && (best < 0 || better(gscore, g, best))) best = g;
-            for (int e = best * gs; e < (best + 1) * gs; e++) allowed[e] = 1;
-        }
+        for (int e = lane; e < NE; e += 32) allowed[e] = 0;
+        __syncwarp();
+        if (lane == 0)
+            for (int k = 0; k < a.topk_group; k++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!allowed[g * gs] && (best < 0 || better(gscore, g, best))) best = g;
+                for (int e = best * gs; e < (best + 1) * gs; e++) allowed[e] = 1;
+            }
+        __syncwarp();
     }
+    for (int k = 0; k < U; k++) {
+        int first = 0x7fffffff, bi = -1;
+        float bv = 0.0f;
+        for (int e = lane; e < NE; e += 32) {
+            if (!allowed[e]) continue;
+            if (first == 0x7fffffff) first = e;
+            const float v = choice[e];
+            if (v == v && (bi < 0 || v > bv)) bv = v, bi = e;
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            const int of = __shfl_xor_sync(0xffffffffu, first, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            first = of < first ? of : first;
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        int best;
+        if (first == 0x7fffffff) best = 0; /* cannot happen: n_used <= eligible experts (checked) */
+        else if (choice[first] != choice[first]) best = first;
+        else best = bi;
+        __syncwarp();
+        if (lane == 0) {
+            pick[k] = best;
+            allowed[best] = 0;
+        }
+        __syncwarp();
+    }
+    if (lane != 0) return;
     int32_t *ch = a.ids + (int64_t)t * U;
     float *cw = a.wts + (int64_t)t * U;
-    for (int k = 0; k < U; k++) {
-        int best = -1;
-        for (int e = 0; e < NE; e++) {
-            if (!allowed[e]) continue;
-            if (best < 0 || better(choice, e, best)) best = e;
-        }
-        if (best < 0) best = 0; /* cannot happen: n_used <= eligible experts (checked) */
-        ch[k] = best;
-        allowed[best] = 0;
-    }
     for (int i = 1; i < U; i++)
-        for (int j = i; j > 0 && ch[j - 1] > ch[j]; j--) {
-            const int32_t tmp = ch[j];
-            ch[j] = ch[j - 1];
-            ch[j - 1] = tmp;
+        for (int j = i; j > 0 && pick[j - 1] > pick[j]; j--) {
+            const int32_t tmp = pick[j];
+            pick[j] = pick[j - 1];
+            pick[j - 1] = tmp;
         }
     double sum = 0;
-    for (int k = 0; k < U; k++) sum += (cw[k] = lg[ch[k]]);
+    float w[ROUTE_MAX_USED];
+    for (int k = 0; k < U; k++) sum += (w[k] = score[pick[k]]);
     for (int k = 0; k < U; k++) {
-        float v = cw[k];
+        float v = w[k];
         if (a.norm) v = (float)(v / (sum + 1e-20));
+        ch[k] = pick[k];
         cw[k] = __fmul_rn(v, a.scale);
     }
 }
@@ -382,9 +429,10 @@ extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g
     if (a->n_group < 1 || a->n_expert % a->n_group) return BAD("moe_route: n_group=%d does not divide n_expert=%d", a->n_group, a->n_expert);
     if (a->topk_group < 1 || a->topk_group > a->n_group) return BAD("moe_route: topk_group=%d outside 1..%d", a->topk_group, a->n_group);
     const int eligible = a->n_group > 1 && a->topk_group < a->n_group ? a->topk_group * (a->n_expert / a->n_group) : a->n_expert;
-    if (a->n_used < 1 || a->n_used > 64 || a->n_used > eligible)
+    if (a->n_used < 1 || a->n_used > ROUTE_MAX_USED || a->n_used > eligible)
         return BAD("moe_route: n_used=%d outside 1..min(64, %d eligible experts)", a->n_used, eligible);
-    const size_t smem = (size_t)(a->n_expert + a->n_group) * sizeof(float) + (size_t)a->n_expert + 16;
+    const size_t smem = (size_t)(2 * a->n_expert + a->n_group) * sizeof(float) + ROUTE_MAX_USED * sizeof(int32_t) +
+                        (size_t)a->n_expert + 16;
     k_route<<<(unsigned)a->n_tok, 32, smem, (cudaStream_t)stream>>>(*a);
     LAUNCH_CHECK("moe_route");
     return G5_OK;

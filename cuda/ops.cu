@@ -43,6 +43,31 @@ __global__ void __launch_bounds__(NORM_THREADS)
         yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
+/* Residual add fused into the RMSNorm that follows it (the decode step's x += stage output;
+ * h = norm(x)). Grid: one CTA per row; block: 256 threads. Each thread forms its elements
+ * v = x + (b ? a + b : a) (the separate adds' order), writes v back to x and sums v^2; the
+ * rest is k_rms_norm's arithmetic, so x and y equal cuk_add(s) followed by cuk_rms_norm. */
+__global__ void __launch_bounds__(NORM_THREADS)
+    k_add_rms_norm(float *x, int64_t ldx, const float *a, const float *b, int64_t lda,
+                   const float *__restrict__ w, float *y, int64_t ldy, int64_t dim, float eps) {
+    __shared__ double sh[NORM_THREADS / 32];
+    float *xr = x + (int64_t)blockIdx.x * ldx;
+    const float *ar = a + (int64_t)blockIdx.x * lda;
+    const float *br = b ? b + (int64_t)blockIdx.x * lda : nullptr;
+    float *yr = y + (int64_t)blockIdx.x * ldy;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
+        const float s = br ? __fadd_rn(ar[i], br[i]) : ar[i];
+        const float v = __fadd_rn(xr[i], s);
+        xr[i] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS)
+        yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
 /* LayerNorm. Grid: one CTA per row; block: 256 threads. Two strided passes for the float64
  * mean and biased variance (x re-read, cached), then each thread writes its elements
  * (float)((x - mean) * inv) * w + b. */
@@ -162,6 +187,23 @@ extern "C" g5_status cuk_rms_norm(const float *x, int64_t ldx, const float *w, f
     if (!w) return BAD("rms_norm: w is NULL");
     if (!(eps >= 0.0f)) return BAD("rms_norm: eps=%g must be >= 0", (double)eps);
     k_rms_norm<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, w, y, ldy, dim, eps);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_add_rms_norm(float *x, int64_t ldx, const float *a, const float *b,
+                                      int64_t lda, const float *w, float *y, int64_t ldy,
+                                      int64_t n_rows, int64_t dim, float eps, cuk_stream stream,
+                                      g5_error *err) {
+    g5_status st = check_rows("add_rms_norm", x, y, ldx, ldy, n_rows, dim, err);
+    if (st != G5_OK) return st;
+    if (!a) return BAD("add_rms_norm: a is NULL");
+    if (!w) return BAD("add_rms_norm: w is NULL");
+    if (lda < dim) return BAD("add_rms_norm: lda=%lld < dim=%lld", (long long)lda, (long long)dim);
+    if (y == x || y == a || (b && y == b)) return BAD("add_rms_norm: y aliases an input");
+    if (!(eps >= 0.0f)) return BAD("add_rms_norm: eps=%g must be >= 0", (double)eps);
+    k_add_rms_norm<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, a, b, lda, w, y, ldy, dim,
+                                                                              eps);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

@@ -11,19 +11,8 @@
 #include "cuda/cuk_gemm.h"
 #include "cuda/cuk_model.h"
 #include "format/quant.h"
+#include "gpu_int.h"
 
-#define CU(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t ce_ = (call);                                                             \
-        if (ce_ != cudaSuccess)                                                               \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,  \
-                           cudaGetErrorString(ce_));                                          \
-    } while (0)
-#define CK(call)                                                                              \
-    do {                                                                                      \
-        g5_status st_ = (call);                                                               \
-        if (st_) return st_;                                                                  \
-    } while (0)
 
 /* Why 32 tokens: the GEMV kernels share one pass over a weight among up to CUK_GEMV_MAX_N = 16
  * input rows, so up to 16 tokens read each weight once, and the GEMM path cannot beat that (it

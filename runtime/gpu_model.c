@@ -21,136 +21,8 @@
 #include "gpu_linear.h"
 #include "model_impl.h"
 
-#if defined(__has_include)
-#if __has_include(<nccl.h>)
-#include <nccl.h>
-#define G5_HAVE_NCCL 1
-#endif
-#endif
-
-enum { COLL_NONE = 0, COLL_DEVICE = 1, COLL_NCCL = 2 };
-
-/* A weight matrix on the device: m rows of k elements of `type`. */
-typedef struct dmat {
-    uint32_t type;
-    const void *w;
-    int64_t k, m;
-} dmat;
-
-typedef struct gl_layer {
-    int dense, has_idx;
-    const float *attn_norm, *q_a_norm, *kv_a_norm;   /* [E] [QL] [KL] */
-    const float *idx_k_norm, *idx_k_norm_b;          /* [ID] */
-    const float *ffn_norm, *router_b;                /* [E] [NE] (router_b may be NULL) */
-    dmat q_a, q_b, kv_a, o;
-    const float *kvb;                                /* [H_l * (NOPE + V)][KL] float32 */
-    dmat idx_q_b, idx_k, idx_proj;
-    dmat ffn_gate, ffn_up, ffn_down, router;
-    uint32_t exp_type, exp_down_type;
-    const void *exp_gate, *exp_up, *exp_down;        /* [n_exp_l][ffe_l or E][row] */
-    dmat sh_gate, sh_up, sh_down;
-    int sh_contrib;
-    uint32_t sh_l;
-} gl_layer;
-
-/* Host range [h, h + n) of the weight set is at d on the device. */
-typedef struct seg {
-    const uint8_t *h;
-    uint64_t n;
-    uint8_t *d;
-} seg;
-
-typedef struct gl_rank {
-    uint32_t r;
-    int dev;
-    cudaStream_t st;
-    int own_stream;
-    const rt_rank *c;                /* the CPU model's rank */
-    void *wmem;                      /* all tensor data, one allocation */
-    uint64_t wbytes;
-    uint8_t *xmem;                   /* float32 extras */
-    uint64_t xcap, xoff;
-    seg *segs;
-    uint64_t n_segs;
-    gl_layer *L;                     /* [n_layer_main] */
-    dmat tok_embd, head;
-    uint32_t head_col0;
-    int head_write;
-    const float *out_norm;
-    int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
-    /* work buffers for up to ncap tokens */
-    void *work;
-    uint32_t ncap;
-    float *x, *h, *part, *red, *qr, *kv, *q, *qlat, *olat, *ao, *iq, *iw;
-    float *ga, *gb, *gu, *moe, *rl, *wts, *wts_l, *lg;
-    float *latf;                     /* [n][KVW] new latents before conversion (non-f32 cache) or
-                                        before the copy into each sequence's cache (batches) */
-    float *ikf;                      /* [n][ID] new indexer keys of a batch, before the copies */
-    int batch_rows;                  /* a batched decode step is running: GEMV launches use only
-                                        widths whose kernel family is that of one row (gemv_k) */
-    void *xb;                        /* bf16 copies of product inputs (fast mode) */
-    gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
-    int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
-    float *sc;                       /* [n][P] indexer scores */
-    uint64_t sc_cap;
-#ifdef G5_HAVE_NCCL
-    ncclComm_t comm;
-#endif
-} gl_rank;
-
-#ifdef G5_HAVE_NCCL
-typedef struct nccl_api {
-    void *lib;
-    ncclResult_t (*comm_init_all)(ncclComm_t *, int, const int *);
-    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                               cudaStream_t);
-    ncclResult_t (*group_start)(void);
-    ncclResult_t (*group_end)(void);
-    ncclResult_t (*comm_destroy)(ncclComm_t);
-    const char *(*error_string)(ncclResult_t);
-} nccl_api;
-#endif
-
-struct rt_gpu_model {
-    const rt_model *cpu;
-    glm5_hparams hp;
-    uint32_t T;
-    gl_rank *rk;
-    int coll;
-    uint32_t lat_type;               /* CUK_F32, CUK_BF16, CUK_F16 */
-    uint32_t lat_es;                 /* its element size */
-    rt_gpu_seq *def;                 /* rt_gpu_forward's sequence */
-    cudaGraphExec_t gexec;           /* the decode step's executable graph (opts.cuda_graph) */
-    rt_gpu_info info;
-#ifdef G5_HAVE_NCCL
-    nccl_api nccl;
-#endif
-};
-
-/* One rank's caches of a sequence. */
-typedef struct seq_rank {
-    void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
-    float *idxk;                     /* [Lm][cap][ID] indexer keys */
-} seq_rank;
-
-struct rt_gpu_seq {
-    rt_gpu_model *g;
-    uint32_t n_past, cap;
-    seq_rank *rk;                    /* [T] */
-};
-
-#define CU(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t ce_ = (call);                                                             \
-        if (ce_ != cudaSuccess)                                                               \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,  \
-                           cudaGetErrorString(ce_));                                          \
-    } while (0)
-#define CK(call)                                                                              \
-    do {                                                                                      \
-        g5_status st_ = (call);                                                               \
-        if (st_) return st_;                                                                  \
-    } while (0)
+#include "cuda/gemv_select.h"
+#include "gpu_int.h"
 
 void rt_gpu_opts_default(rt_gpu_opts *o) {
     memset(o, 0, sizeof *o);
@@ -166,7 +38,7 @@ void rt_gpu_seq_reset(rt_gpu_seq *s) { s->n_past = 0; }
 uint32_t rt_gpu_seq_n_past(const rt_gpu_seq *s) { return s->n_past; }
 uint32_t rt_gpu_seq_capacity(const rt_gpu_seq *s) { return s->cap; }
 
-static double now_s(void) {
+double gm_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -247,7 +119,7 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
     } else {
         uint64_t total = 0;
         for (uint64_t i = 0; i < nt; i++) total += up256(rt_weights_tensor(w, i)->nbytes);
-        const double t0 = now_s();
+        const double t0 = gm_now_s();
         CU(cudaMalloc(&rk->wmem, total ? total : 256));
         rk->wbytes = total;
         uint64_t off = 0;
@@ -261,7 +133,7 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
         if (ls) {
             memset(ls, 0, sizeof *ls);
             ls->bytes = total;
-            ls->seconds = now_s() - t0;
+            ls->seconds = gm_now_s() - t0;
             ls->gb_per_s = ls->seconds > 0 ? (double)total / ls->seconds / 1e9 : 0;
             ls->n_threads = 1;
         }
@@ -474,7 +346,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
             goto fail;
         }
     }
-    const double t0 = now_s();
+    const double t0 = gm_now_s();
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
         rk->r = r;
@@ -512,7 +384,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         if ((st = gl_lin_create(&lcfg, (cuk_stream)rk->st, &g->info, &rk->lin, err))) goto fail;
     }
     rt_gpu_load_release(); /* the loader's pinned ring, kept across the ranks, is not needed after */
-    g->info.load.seconds = now_s() - t0;
+    g->info.load.seconds = gm_now_s() - t0;
     g->info.load.gb_per_s = g->info.load.seconds > 0 ? (double)g->info.load.bytes / g->info.load.seconds / 1e9 : 0;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, g->rk[0].dev) == cudaSuccess)
@@ -579,19 +451,19 @@ void rt_gpu_model_free(rt_gpu_model *g) {
 
 /* ---- state and work buffers ---- */
 
-static uint64_t lat_w(const glm5_hparams *hp) { return (uint64_t)hp->kv_lora + hp->qk_rope; }
+uint64_t gm_lat_w(const glm5_hparams *hp) { return (uint64_t)hp->kv_lora + hp->qk_rope; }
 
 /* Layer il of sequence s's caches on rank r. */
-static uint8_t *seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
-    return (uint8_t *)s->rk[r].lat + (uint64_t)il * s->cap * lat_w(&g->hp) * g->lat_es;
+uint8_t *gm_seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+    return (uint8_t *)s->rk[r].lat + (uint64_t)il * s->cap * gm_lat_w(&g->hp) * g->lat_es;
 }
-static float *seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+float *gm_seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
     return s->rk[r].idxk + (uint64_t)il * s->cap * g->hp.idx_head_dim;
 }
 
 uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions) {
     const glm5_hparams *hp = &g->hp;
-    const uint64_t per = (uint64_t)hp->n_layer_main * (lat_w(hp) * g->lat_es + (uint64_t)hp->idx_head_dim * 4);
+    const uint64_t per = (uint64_t)hp->n_layer_main * (gm_lat_w(hp) * g->lat_es + (uint64_t)hp->idx_head_dim * 4);
     return per * positions * g->T;
 }
 
@@ -601,7 +473,7 @@ uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions) {
 static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
     rt_gpu_model *g = s->g;
     const glm5_hparams *hp = &g->hp;
-    const uint64_t LW = lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main, es = g->lat_es;
+    const uint64_t LW = gm_lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main, es = g->lat_es;
     seq_rank *nr = calloc(g->T, sizeof *nr);
     if (!nr) return g5_fail(err, G5_ERR_NOMEM, "sequence caches");
     g5_status st = G5_OK;
@@ -620,10 +492,10 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
         gl_rank *rk = &g->rk[r];
         cudaError_t ce = cudaSetDevice(rk->dev);
         for (uint32_t il = 0; il < Lm && ce == cudaSuccess; il++) {
-            ce = cudaMemcpyAsync((uint8_t *)nr[r].lat + (uint64_t)il * nc * LW * es, seq_lat(g, s, r, il),
+            ce = cudaMemcpyAsync((uint8_t *)nr[r].lat + (uint64_t)il * nc * LW * es, gm_seq_lat(g, s, r, il),
                                  (size_t)s->n_past * LW * es, cudaMemcpyDeviceToDevice, rk->st);
             if (ce == cudaSuccess)
-                ce = cudaMemcpyAsync(nr[r].idxk + (uint64_t)il * nc * ID, seq_idxk(g, s, r, il),
+                ce = cudaMemcpyAsync(nr[r].idxk + (uint64_t)il * nc * ID, gm_seq_idxk(g, s, r, il),
                                      (size_t)s->n_past * ID * 4, cudaMemcpyDeviceToDevice, rk->st);
         }
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
@@ -645,7 +517,7 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
 }
 
 /* Caches for `need` positions: grown by doubling from 256 (rt_gpu_forward's policy). */
-static g5_status seq_need(rt_gpu_seq *s, uint32_t need, g5_error *err) {
+g5_status gm_seq_need(rt_gpu_seq *s, uint32_t need, g5_error *err) {
     if (need <= s->cap) return G5_OK;
     uint32_t nc = s->cap ? s->cap : 256;
     while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
@@ -710,7 +582,7 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->part = take(&c, N * E * F);
     rk->red = take(&c, N * E * F);
     rk->qr = take(&c, N * hp->q_lora * F);
-    rk->kv = take(&c, N * lat_w(hp) * F);
+    rk->kv = take(&c, N * gm_lat_w(hp) * F);
     rk->q = take(&c, N * H * (hp->qk_nope + hp->qk_rope) * F);
     rk->qlat = take(&c, N * H * hp->kv_lora * F);
     rk->olat = take(&c, N * H * hp->kv_lora * F);
@@ -725,10 +597,11 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->wts = take(&c, N * U * F);
     rk->wts_l = take(&c, N * U * F);
     rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * (uint64_t)rk->head.m * F);
-    rk->latf = take(&c, N * lat_w(hp) * F);
+    rk->latf = take(&c, N * gm_lat_w(hp) * F);
     rk->ikf = take(&c, N * hp->idx_head_dim * F);
     uint64_t xbn = N * (rk->c->max_ncols > E ? rk->c->max_ncols : E);
     if (N * U * rk->c->ffe_l > xbn) xbn = N * U * rk->c->ffe_l;
+    if (N * H * hp->kv_lora > xbn) xbn = N * H * hp->kv_lora; /* every head's W_UV input at once */
     rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
@@ -781,7 +654,45 @@ static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t
     return G5_OK;
 }
 
+/* ---- sub-step profiler (rt_gpu_debug_profile) ---- */
+
+
+void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, const char *label) {
+    gprof *p = g->prof;
+    if (p->ce != cudaSuccess) return;
+    if (p->n >= p->cap) {
+        p->overflow = 1;
+        return;
+    }
+    p->ce = cudaEventRecordWithFlags(p->ev[p->n], rk->st, p->external ? cudaEventRecordExternal : cudaEventRecordDefault);
+    p->stage[p->n] = stage;
+    p->label[p->n] = label;
+    p->n++;
+}
+
 /* ---- stages ---- */
+
+/* rk->h = RMSNorm(x) * w over n rows, the pending residual add folded in first. */
+g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    if (!rk->pa) return cuk_rms_norm(rk->x, E, w, rk->h, E, n, E, eps, cs, err);
+    CK(cuk_add_rms_norm(rk->x, E, rk->pa, rk->pb, E, w, rk->h, E, n, E, eps, cs, err));
+    rk->pa = rk->pb = NULL;
+    return G5_OK;
+}
+
+/* The pending residual add on its own, for readers of x other than the norms (debug copies). */
+static g5_status flush_x(gl_rank *rk, uint32_t n, int64_t E, g5_error *err) {
+    if (!rk->pa) return G5_OK;
+    const cuk_stream cs = (cuk_stream)rk->st;
+    if (rk->pb) { /* the order of the unfused adds: experts + shared into part, then x + part */
+        CK(cuk_add(rk->pa, rk->pb, rk->part, (int64_t)n * E, cs, err));
+        rk->pa = rk->part;
+    }
+    CK(cuk_add(rk->x, rk->pa, rk->x, (int64_t)n * E, cs, err));
+    rk->pa = rk->pb = NULL;
+    return G5_OK;
+}
 
 /* The product input of a fast-mode rank: x [n][ldx] rounded to bf16 in rk->xb [n][k]. */
 static const void *act_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int64_t *ld,
@@ -801,6 +712,9 @@ static const void *act_in(const gl_rank *rk, const float *x, int64_t ldx, int64_
 /* y[t] = W x[t] for t < n, in batches of CUK_GEMV_MAX_N. keep_f32: float32 input in fast mode
  * too (the router and the indexer: their choices flip on bf16 rounding, and their weights are
  * small). */
+static g5_status gemv_in(const gl_rank *rk, const dmat *W, const void *xin, uint32_t xt, int64_t ld, uint32_t n,
+                         float *y, int64_t ldy, g5_error *err);
+
 static g5_status gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                         int64_t ldy, int keep_f32, g5_error *err) {
     if (gl_lin_use(rk->lin, n)) { /* prefill: dequantize + cuBLAS GEMM (gpu_linear.h) */
@@ -810,15 +724,23 @@ static g5_status gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_
     g5_status st;
     int64_t ld;
     uint32_t xt;
-    const uint8_t *xx = act_in(rk, x, ldx, n, W->k, &ld, &xt, keep_f32, &st, err);
+    const void *xx = act_in(rk, x, ldx, n, W->k, &ld, &xt, keep_f32, &st, err);
     if (st) return st;
+    return gemv_in(rk, W, xx, xt, ld, n, y, ldy, err);
+}
+
+/* The GEMV launches of gemv_k for an input act_in made: xx [n][ld] of type xt. Several products
+ * of one input share one conversion this way (fast mode). */
+static g5_status gemv_in(const gl_rank *rk, const dmat *W, const void *xin, uint32_t xt, int64_t ld, uint32_t n,
+                         float *y, int64_t ldy, g5_error *err) {
+    const uint8_t *xx = xin;
     const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
     /* A batched decode step must give each row the bits of a one-row launch: the split-K choice
      * of the CUDA-core kernels ignores the width, but the tensor-core kernels take only up to 4
      * rows (and fewer for a wide k), so where they run one row they get launches they take. */
     uint32_t cw = CUK_GEMV_MAX_N;
-    if (rk->batch_rows && cuk_gemv_get_impl() != CUK_GEMV_SIMT && cuk_gemv_tc_applies(W->type, W->k, 1))
-        for (cw = 4; cw > 1 && !cuk_gemv_tc_applies(W->type, W->k, (int32_t)cw);) cw /= 2;
+    if (rk->batch_rows && cuk_gemv_takes_tc(W->type, W->m, W->k, 1))
+        for (cw = 4; cw > 1 && !cuk_gemv_takes_tc(W->type, W->m, W->k, (int32_t)cw);) cw /= 2;
     for (uint32_t t0 = 0; t0 < n; t0 += cw) {
         const uint32_t c = n - t0 < cw ? n - t0 : cw;
         cuk_gemv_args a = {W->type, W->w, W->k, W->m, xx + (int64_t)t0 * ld * es, xt, ld, (int32_t)c,
@@ -828,23 +750,13 @@ static g5_status gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_
     return G5_OK;
 }
 
-static g5_status gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                       int64_t ldy, g5_error *err) {
     return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
 }
 
-/* The rows of one forward call: segment i is sequence seq[i]'s tokens at positions pos0[i] ..
- * pos0[i] + len[i] - 1, held in rows row0[i] .. row0[i] + len[i] - 1 of the work buffers. A
- * single-sequence call is one segment; a batched decode step one segment of one row per
- * sequence. Everything but the cache writes, the indexer scores/top-k and the attention is
- * per row, so it runs once over all n rows. */
-typedef struct fplan {
-    uint32_t n, n_seg;
-    rt_gpu_seq *const *seq;
-    const uint32_t *pos0, *len, *row0;
-} fplan;
 
-static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
+g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const cuk_stream cs = (cuk_stream)rk->st;
@@ -855,93 +767,146 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     const int one = pl->n_seg == 1;
     const float eps = hp->rms_eps, theta = hp->rope_theta;
     CU(cudaSetDevice(rk->dev));
-    CK(cuk_rms_norm(rk->x, E, L->attn_norm, rk->h, E, n, E, eps, cs, err));
+    CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
+    PMARK("attn", "attn_norm (+ residual add)");
     CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx, err)); /* qr feeds the indexer */
+    PMARK("attn", "q_a gemv");
     CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
-    CK(gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    PMARK("attn", "q_a_norm");
+    CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    PMARK("attn", "kv_a gemv");
     /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
      * in rk->latf and copied (f32) or converted into each sequence's cache */
     const int direct = one && g->lat_type == CUK_F32;
-    float *lat_new = direct ? (float *)(void *)(seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
+    float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
                             : rk->latf;
     CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
     CU(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
     CK(cuk_rope(lat_new, n, KVW, 1, KVW, KL, R, theta, rk->pos, cs, err));
     for (uint32_t i = 0; i < pl->n_seg && !direct; i++) {
-        uint8_t *dst = seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
+        uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
         const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
         if (g->lat_type == CUK_F32)
             CU(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
         else
             CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
     }
+    PMARK("attn", "latent norm+rope+cache write");
     if (L->has_idx) {
         /* new keys straight into a single sequence's cache, else staged in rk->ikf */
-        float *ik = one ? seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
+        float *ik = one ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
         CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, 1, err));
+        PMARK("attn", "idx_q_b gemv");
         CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, 1, err));
+        PMARK("attn", "idx_k gemv");
         CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, 1, err));
+        PMARK("attn", "idx_proj gemv");
         CK(cuk_rope(rk->iq, n, IH * ID, IH, ID, 0, R, theta, rk->pos, cs, err));
         CK(cuk_layer_norm(ik, ID, L->idx_k_norm, L->idx_k_norm_b, ik, ID, n, ID, RT_IDX_NORM_EPS, cs, err));
         CK(cuk_rope(ik, n, ID, 1, ID, 0, R, theta, rk->pos, cs, err));
         CK(cuk_scale(rk->iw, (int64_t)n * IH, (float)(1.0 / sqrt((double)ID * (double)IH)), cs, err));
+        PMARK("attn", "idx rope+norm+rope+scale (4 launches)");
         /* per sequence, in stream order: the score buffer is reused by each */
         for (uint32_t i = 0; i < pl->n_seg; i++) {
-            float *kc = seq_idxk(g, pl->seq[i], rk->r, il);
+            float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
             const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
             if (!one)
                 CU(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
                                    cudaMemcpyDeviceToDevice, rk->st));
             CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
                               (int32_t)ID, p0, rk->sc, P, cs, err));
+            PMARK("attn", "idx_scores");
             CK(cuk_idx_topk(rk->sc, P, (int32_t)pl->len[i], p0, (int32_t)K, rk->sel + t0 * K, K, rk->n_sel + t0,
                             cs, err));
+            PMARK("attn", "idx_topk");
         }
     }
-    CK(gemv(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
+    CK(gm_gemv(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
+    PMARK("attn", "q_b gemv");
     CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
+    PMARK("attn", "q rope");
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
+    PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
     for (uint32_t i = 0; i < pl->n_seg; i++) {
         const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
         const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
         CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
-                                seq_lat(g, pl->seq[i], rk->r, il), g->lat_type,
+                                gm_seq_lat(g, pl->seq[i], rk->r, il), g->lat_type,
                                 g->lat_type == CUK_F32 ? NULL : rk->latf + t0 * KVW, p0, P, rk->sel + t0 * K, K,
                                 rk->n_sel + t0, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))),
                                 rk->olat + t0 * H * KL, cs, err));
     }
-    for (int64_t h = 0; h < H; h++) {
-        const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
-        CK(gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
+    PMARK("attn", "mla_attend");
+    if (gl_lin_use(rk->lin, n)) {
+        for (int64_t h = 0; h < H; h++) {
+            const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+            CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
+        }
+    } else { /* every head's input converted in one launch (fast mode), not one per head */
+        g5_status st;
+        int64_t ld;
+        uint32_t xt;
+        const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+        for (int64_t h = 0; h < H; h++) {
+            const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+            CK(gemv_in(rk, &wuv, (const uint8_t *)xin + h * KL * es, xt, ld, n, rk->ao + h * V, H * V, err));
+        }
     }
-    CK(gemv(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
+    PMARK("attn", "W_UV gemv (one launch per head)");
+    CK(gm_gemv(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
+    PMARK("attn", "attn_output gemv");
+    rk->oa = rk->part;
+    rk->ob = NULL;
     return G5_OK;
 }
 
-static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
+g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const rt_rank *c = rk->c;
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
     CU(cudaSetDevice(rk->dev));
-    CK(cuk_rms_norm(rk->x, E, L->ffn_norm, rk->h, E, n, E, hp->rms_eps, cs, err));
+    const char *const S = L->dense ? "dense" : "moe";
+    CK(gm_norm_x(rk, L->ffn_norm, n, E, hp->rms_eps, err));
+    PMARK(S, "ffn_norm (+ residual add)");
+    rk->oa = rk->part;
+    rk->ob = NULL;
     if (L->dense) {
         const int64_t F = c->ff_l;
-        CK(gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
-        CK(gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
+        if (gl_lin_use(rk->lin, n)) {
+            CK(gm_gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
+            PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
+            CK(gm_gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
+        } else { /* one conversion of h for both (fast mode) */
+            g5_status st;
+            int64_t ld;
+            uint32_t xt;
+            const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
+            if (st) return st;
+            CK(gemv_in(rk, &L->ffn_gate, xin, xt, ld, n, rk->ga, F, err));
+            PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
+            CK(gemv_in(rk, &L->ffn_up, xin, xt, ld, n, rk->gb, F, err));
+        }
+        PMARK(S, "ffn_up gemv");
         CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
-        CK(gemv(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
+        PMARK(S, "silu_mul");
+        CK(gm_gemv(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
+        PMARK(S, "ffn_down gemv");
         return G5_OK;
     }
     CK(gemv_k(rk, &L->router, rk->h, E, n, rk->rl, NE, 1, err));
+    PMARK(S, "router gemv (f32 input)");
     cuk_route_args ra = {rk->rl, NE, L->router_b, (int32_t)n, (int32_t)NE, (int32_t)U, (int32_t)hp->n_group,
                          (int32_t)hp->topk_group, (int32_t)hp->expert_gating_func, hp->expert_weights_norm,
                          hp->expert_weights_scale, rk->ids, rk->wts};
     CK(cuk_moe_route(&ra, cs, err));
+    PMARK(S, "route (k_route)");
     const int32_t *ids = rk->ids;
     const float *wts = rk->wts;
     if (c->n_exp_l != hp->n_expert) {
@@ -949,37 +914,63 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
                             rk->wts_l, cs, err));
         ids = rk->ids_l;
         wts = rk->wts_l;
+        PMARK(S, "localize");
     }
-    const int64_t FE = c->ffe_l;
+    const int64_t FE = c->ffe_l, SL = L->sh_l;
     if (gl_lin_use(rk->lin, n)) { /* prefill: tokens grouped by expert, GEMMs (gpu_linear.h) */
         const gl_moe_args ma = {L->exp_type, L->exp_down_type, L->exp_gate, L->exp_up, L->exp_down, E, FE,
                                 (int32_t)NE, (int32_t)c->exp0, (int32_t)c->n_exp_l, rk->ids, rk->wts, (int32_t)U,
                                 rk->h, E, n, rk->moe, E};
         CK(gl_lin_moe(rk->lin, &ma, err));
+        PMARK(S, "experts (prefill GEMM path)");
+        if (L->sh_contrib) {
+            CK(gm_gemv(rk, &L->sh_gate, rk->h, E, n, rk->ga, SL, err));
+            CK(gm_gemv(rk, &L->sh_up, rk->h, E, n, rk->gb, SL, err));
+            PMARK(S, "shared gate+up (GEMM path)");
+        }
     } else {
         g5_status st;
         int64_t ld;
         uint32_t xt;
+        /* h converted once (fast mode) for the shared expert's gate and up and the routed gate/up:
+         * the shared products run first, before rk->xb is reused for the routed down's input */
         const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
         if (st) return st;
+        if (rk->fast) PMARK(S, "bf16 convert of h");
+        if (L->sh_contrib) {
+            CK(gemv_in(rk, &L->sh_gate, xin, xt, ld, n, rk->ga, SL, err));
+            PMARK(S, "shared gate gemv");
+            CK(gemv_in(rk, &L->sh_up, xin, xt, ld, n, rk->gb, SL, err));
+            PMARK(S, "shared up gemv");
+        }
         cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids, (int32_t)U,
                                    U, xin, xt, ld, (int32_t)n, rk->gu, FE};
         CK(cuk_moe_gate_up(&gu, cs, err));
+        PMARK(S, "moe_gate_up");
         const void *hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
         if (st) return st;
+        if (rk->fast) PMARK(S, "bf16 convert of gate*up");
         cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l, ids, wts, (int32_t)U, U,
                                 U, hin, xt, ld, (int32_t)n, rk->moe, E};
         CK(cuk_moe_down(&dn, cs, err));
+        PMARK(S, "moe_down");
     }
     if (L->sh_contrib) {
-        const int64_t S = L->sh_l;
-        CK(gemv(rk, &L->sh_gate, rk->h, E, n, rk->ga, S, err));
-        CK(gemv(rk, &L->sh_up, rk->h, E, n, rk->gb, S, err));
-        CK(cuk_silu_mul(rk->ga, S, rk->gb, S, rk->ga, S, n, S, cs, err));
-        CK(gemv(rk, &L->sh_down, rk->ga, S, n, rk->part, E, err));
+        CK(cuk_silu_mul(rk->ga, SL, rk->gb, SL, rk->ga, SL, n, SL, cs, err));
+        PMARK(S, "shared silu_mul");
+        CK(gm_gemv(rk, &L->sh_down, rk->ga, SL, n, rk->part, E, err));
+        PMARK(S, "shared down gemv");
+    }
+    /* one device: the next norm adds moe (+ part) to x itself; ranks to be summed need part */
+    if (g->coll == COLL_NONE) {
+        rk->oa = rk->moe;
+        rk->ob = L->sh_contrib ? rk->part : NULL;
+    } else if (L->sh_contrib) {
         CK(cuk_add(rk->moe, rk->part, rk->part, (int64_t)n * E, cs, err));
+        PMARK(S, "experts + shared add");
     } else {
         CU(cudaMemcpyAsync(rk->part, rk->moe, (size_t)n * E * 4, cudaMemcpyDeviceToDevice, rk->st));
+        PMARK(S, "experts copy to part");
     }
     return G5_OK;
 }
@@ -991,19 +982,31 @@ static g5_status d2h(const gl_rank *rk, void *dst, const void *src, size_t bytes
     return G5_OK;
 }
 
-/* x += sum over ranks (rank order) of part, on every rank; dbg (host) gets the sum. */
-static g5_status collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) {
+/* x += sum over ranks (rank order) of the stage outputs, on every rank; dbg (host) gets the
+ * sum. The add into x itself is left pending (rk->pa, pb) for the norm that reads x next; one
+ * device runs no collective work at all (no launch unless dbg). */
+g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) {
     const int64_t cnt = (int64_t)n * g->hp.n_embd;
     gl_rank *r0 = &g->rk[0];
     const float *sum = r0->part;
     if (g->coll == COLL_NONE) {
-        CU(cudaSetDevice(r0->dev));
-        CK(cuk_add(r0->x, r0->part, r0->x, cnt, (cuk_stream)r0->st, err));
+        if (dbg && r0->ob) {
+            CU(cudaSetDevice(r0->dev));
+            CK(cuk_add(r0->oa, r0->ob, r0->part, cnt, (cuk_stream)r0->st, err));
+            r0->oa = r0->part;
+            r0->ob = NULL;
+        }
+        r0->pa = r0->oa;
+        r0->pb = r0->ob;
+        sum = r0->oa;
     } else if (g->coll == COLL_DEVICE) {
         CU(cudaSetDevice(r0->dev));
         CU(cudaMemcpyAsync(r0->red, r0->part, (size_t)cnt * 4, cudaMemcpyDeviceToDevice, r0->st));
         for (uint32_t r = 1; r < g->T; r++) CK(cuk_add(r0->red, g->rk[r].part, r0->red, cnt, (cuk_stream)r0->st, err));
-        for (uint32_t r = 0; r < g->T; r++) CK(cuk_add(g->rk[r].x, r0->red, g->rk[r].x, cnt, (cuk_stream)r0->st, err));
+        for (uint32_t r = 0; r < g->T; r++) { /* red is rewritten only by the next collective */
+            g->rk[r].pa = r0->red;
+            g->rk[r].pb = NULL;
+        }
         sum = r0->red;
     } else {
 #ifdef G5_HAVE_NCCL
@@ -1018,9 +1021,8 @@ static g5_status collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *e
         if (nr != ncclSuccess || ne != ncclSuccess)
             return g5_fail(err, G5_ERR_INTERNAL, "ncclAllReduce: %s", a->error_string(nr != ncclSuccess ? nr : ne));
         for (uint32_t r = 0; r < g->T; r++) {
-            gl_rank *rk = &g->rk[r];
-            CU(cudaSetDevice(rk->dev));
-            CK(cuk_add(rk->x, rk->part, rk->x, cnt, (cuk_stream)rk->st, err));
+            g->rk[r].pa = g->rk[r].part;
+            g->rk[r].pb = NULL;
         }
 #else
         return g5_fail(err, G5_ERR_UNSUPPORTED, "no NCCL in this build");
@@ -1044,16 +1046,21 @@ static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_o
         CU(cudaSetDevice(rk->dev));
         CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
                             (int64_t)E, (cuk_stream)rk->st, err));
+        rk->pa = rk->pb = NULL;
     }
     gl_rank *r0 = &g->rk[0];
     const uint64_t nE = (uint64_t)n * E;
     if (out && out->layer_hidden) CK(d2h(r0, out->layer_hidden, r0->x, nE * 4, err));
     for (uint32_t il = 0; il < Lm; il++) {
-        for (uint32_t r = 0; r < g->T; r++) CK(attn_stage(g, &g->rk[r], il, pl, err));
-        CK(collective(g, n, out && out->attn_out ? out->attn_out + il * nE : NULL, err));
-        for (uint32_t r = 0; r < g->T; r++) CK(ffn_stage(g, &g->rk[r], il, n, err));
-        CK(collective(g, n, out && out->ffn_out ? out->ffn_out + il * nE : NULL, err));
-        if (out && out->layer_hidden) CK(d2h(r0, out->layer_hidden + (il + 1) * nE, r0->x, nE * 4, err));
+        for (uint32_t r = 0; r < g->T; r++) CK(gm_attn_stage(g, &g->rk[r], il, pl, err));
+        CK(gm_collective(g, n, out && out->attn_out ? out->attn_out + il * nE : NULL, err));
+        for (uint32_t r = 0; r < g->T; r++) CK(gm_ffn_stage(g, &g->rk[r], il, n, err));
+        CK(gm_collective(g, n, out && out->ffn_out ? out->ffn_out + il * nE : NULL, err));
+        if (out && out->layer_hidden) {
+            CU(cudaSetDevice(r0->dev));
+            CK(flush_x(r0, n, (int64_t)E, err));
+            CK(d2h(r0, out->layer_hidden + (il + 1) * nE, r0->x, nE * 4, err));
+        }
         if (out && out->topk) CK(d2h(r0, out->topk + il * n * K, r0->sel, (size_t)n * K * 4, err));
         if (out && out->experts) {
             int32_t *ex = out->experts + il * n * hp->n_expert_used;
@@ -1067,8 +1074,7 @@ static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_o
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
         CU(cudaSetDevice(rk->dev));
-        CK(cuk_rms_norm(rk->x, (int64_t)E, rk->out_norm, rk->h, (int64_t)E, n, (int64_t)E, hp->rms_eps,
-                        (cuk_stream)rk->st, err));
+        CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
     }
     if (!graph && out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
     if (out && out->logits) {
@@ -1082,7 +1088,7 @@ static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_o
                 const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
                 /* ranks sharing a device share rk->lg's stream but not rk->lg: a graph keeps each
                  * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
-                CK(gemv(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
+                CK(gm_gemv(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
                 if (!graph)
                     CU(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
                                          VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
@@ -1153,7 +1159,7 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     for (uint32_t i = 0; i < pl->n_seg; i++) {
         if (pl->pos0[i] > INT32_MAX - pl->len[i]) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
         const uint32_t P = pl->pos0[i] + pl->len[i];
-        CK(seq_need(pl->seq[i], P, err));
+        CK(gm_seq_need(pl->seq[i], P, err));
         if ((uint64_t)pl->len[i] * P > sc_need) sc_need = (uint64_t)pl->len[i] * P;
     }
     int32_t *pos = malloc(n * sizeof *pos);
@@ -1232,139 +1238,5 @@ g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const i
     return st;
 }
 
-/* ---- benchmark hooks (tests/gpu/bench_decode.c) ---- */
-
-g5_status rt_gpu_debug_set_context(rt_gpu_model *g, uint32_t n_past, uint64_t seed, g5_error *err) {
-    const glm5_hparams *hp = &g->hp;
-    const uint64_t LW = lat_w(hp), ID = hp->idx_head_dim, W = LW + ID;
-    rt_gpu_seq *s = g->def;
-    if (n_past > INT32_MAX - 4096) return g5_fail(err, G5_ERR_INVALID_ARG, "context %u", n_past);
-    CK(seq_need(s, n_past + 256, err)); /* room for the steps that follow */
-    if (n_past) {
-        /* one random [n_past][latent | indexer key] block, uploaded once per rank; each layer
-         * gets it converted to the cache types, then it is scaled so the next layer differs */
-        const uint64_t cnt = (uint64_t)n_past * W;
-        float *h = malloc(cnt * sizeof *h);
-        if (!h) return g5_fail(err, G5_ERR_NOMEM, "context fill of %u positions", n_past);
-        uint64_t z = seed;
-        for (uint64_t i = 0; i < cnt; i++) {
-            z += 0x9E3779B97F4A7C15ull;
-            uint64_t v = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
-            h[i] = (float)((double)((v ^ (v >> 31)) >> 11) / (double)(1ull << 52) - 1.0);
-        }
-        g5_status st = G5_OK;
-        for (uint32_t r = 0; r < g->T && !st; r++) {
-            gl_rank *rk = &g->rk[r];
-            const cuk_stream cs = (cuk_stream)rk->st;
-            float *d = NULL;
-            cudaError_t ce = cudaSetDevice(rk->dev);
-            if (ce == cudaSuccess) ce = cudaMalloc((void **)&d, cnt * sizeof *d);
-            if (ce == cudaSuccess) ce = cudaMemcpy(d, h, cnt * sizeof *d, cudaMemcpyHostToDevice);
-            if (ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "context fill: %s", cudaGetErrorString(ce));
-            for (uint32_t il = 0; il < hp->n_layer_main && !st; il++) {
-                st = cuk_convert(d, (int64_t)W, seq_lat(g, s, r, il), g->lat_type, (int64_t)LW, n_past, (int64_t)LW,
-                                 cs, err);
-                if (!st)
-                    st = cuk_convert(d + LW, (int64_t)W, seq_idxk(g, s, r, il), CUK_F32, (int64_t)ID, n_past,
-                                     (int64_t)ID, cs, err);
-                if (!st) st = cuk_scale(d, (int64_t)cnt, -0.999f, cs, err);
-            }
-            if (d) {
-                ce = cudaStreamSynchronize(rk->st);
-                if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "context fill: %s", cudaGetErrorString(ce));
-                cudaFree(d);
-            }
-        }
-        free(h);
-        if (st) return st;
-    }
-    s->n_past = n_past;
-    return G5_OK;
-}
-
-g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_times *out, g5_error *err) {
-    const glm5_hparams *hp = &g->hp;
-    rt_gpu_seq *s = g->def;
-    gl_rank *r0 = &g->rk[0];
-    memset(out, 0, sizeof *out);
-    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "stage times: ranks on several devices");
-    if (n == 0 || n > s->n_past || n > r0->ncap)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "stage times: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
-                       r0->ncap);
-    const uint64_t E = hp->n_embd, Lm = hp->n_layer_main;
-    rt_gpu_seq *const seqs[1] = {s};
-    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
-    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
-    /* events on rank 0's stream, which every rank shares here: ev[0] before the embedding, then
-     * one after each stage, which kind[] names */
-    enum { K_EMBD, K_ATTN, K_ADD, K_DENSE, K_MOE, K_HEAD };
-    CU(cudaSetDevice(r0->dev));
-    const uint32_t n_ev = (uint32_t)(4 * Lm + 3);
-    cudaEvent_t *ev = calloc(n_ev, sizeof *ev);
-    uint8_t *kind = calloc(n_ev, 1);
-    if (!ev || !kind) {
-        free(ev);
-        free(kind);
-        return g5_fail(err, G5_ERR_NOMEM, "stage events");
-    }
-    g5_status st = G5_OK;
-    uint32_t ne = 0;
-    for (uint32_t i = 0; i < n_ev && !st; i++)
-        if (cudaEventCreate(&ev[i]) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventCreate");
-        else ne++;
-#define MARK(k)                                                                                \
-    do {                                                                                       \
-        if (!st && cudaEventRecord(ev[m], r0->st) != cudaSuccess)                              \
-            st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventRecord");                             \
-        kind[m++] = (k);                                                                       \
-    } while (0)
-    uint32_t m = 0;
-    for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, 1);
-    MARK(K_EMBD);
-    for (uint32_t r = 0; r < g->T && !st; r++) {
-        gl_rank *rk = &g->rk[r];
-        st = cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
-                              (int64_t)E, (cuk_stream)rk->st, err);
-    }
-    MARK(K_EMBD);
-    for (uint32_t il = 0; il < Lm && !st; il++) {
-        for (uint32_t r = 0; r < g->T && !st; r++) st = attn_stage(g, &g->rk[r], il, &pl, err);
-        MARK(K_ATTN);
-        if (!st) st = collective(g, n, NULL, err);
-        MARK(K_ADD);
-        for (uint32_t r = 0; r < g->T && !st; r++) st = ffn_stage(g, &g->rk[r], il, n, err);
-        MARK(r0->L[il].dense ? K_DENSE : K_MOE);
-        if (!st) st = collective(g, n, NULL, err);
-        MARK(K_ADD);
-    }
-    for (uint32_t r = 0; r < g->T && !st; r++) {
-        gl_rank *rk = &g->rk[r];
-        st = cuk_rms_norm(rk->x, (int64_t)E, rk->out_norm, rk->h, (int64_t)E, n, (int64_t)E, hp->rms_eps,
-                          (cuk_stream)rk->st, err);
-        if (!st && rk->head_write) st = gemv(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg,
-                                             rk->head.m, err);
-    }
-    MARK(K_HEAD);
-#undef MARK
-    if (!st && cudaStreamSynchronize(r0->st) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "stage times: sync");
-    double *acc[] = {&out->embd_ms, &out->attn_ms, &out->add_ms, &out->dense_ms, &out->moe_ms, &out->head_ms};
-    for (uint32_t i = 1; i < m && !st; i++) {
-        float ms = 0;
-        if (cudaEventElapsedTime(&ms, ev[i - 1], ev[i]) != cudaSuccess) {
-            st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventElapsedTime");
-            break;
-        }
-        *acc[kind[i]] += ms;
-        out->total_ms += ms;
-    }
-    out->n_tok = n;
-    for (uint32_t i = 0; i < ne; i++) cudaEventDestroy(ev[i]);
-    free(ev);
-    free(kind);
-    return st;
-}
-
-#else
 typedef int rt_gpu_model_unused_;
 #endif

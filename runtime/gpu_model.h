@@ -249,11 +249,22 @@ typedef struct rt_gpu_stage_times {
     double attn_ms;              /* attention with the indexer, every layer */
     double dense_ms, moe_ms;     /* the FFN of the dense layers; the MoE (router, experts, shared
                                     expert) of the others */
-    double add_ms;               /* the residual adds (and, with ranks sharing a device, the
-                                    device-side sum standing in for the all-reduce) */
+    double add_ms;               /* the collectives: with ranks sharing a device, the device-side
+                                    sum standing in for the all-reduce; the residual adds
+                                    themselves run inside the next stage's RMSNorm
+                                    (cuk_add_rms_norm), so one rank shows ~0 here */
     double head_ms;              /* final norm and lm_head of the last token */
     double total_ms;
 } rt_gpu_stage_times;
 g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_times *out, g5_error *err);
+
+/* The same re-run with a CUDA event between every sub-step of the stages (each GEMV, norm,
+ * rope, router, expert kernel, ...), printed to `report` as each sub-step's mean microseconds
+ * per occurrence and its total over the call. Two variants: launched one by one (a step without
+ * CUDA graph: a gap in which the device waits for the host is charged to the sub-step after it)
+ * and, for n = 1, captured into a CUDA graph (a graph step: device time only); plus each
+ * variant's total without the events, to show what the events themselves cost. Same conditions
+ * as rt_gpu_debug_stage_times. */
+g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err);
 
 #endif

@@ -34,7 +34,9 @@
  * run, counted as bytes read + bytes written per second (the DRAM traffic rate; the ratio's
  * denominator). Also printed: the copy's read half, and a read-only rate (cublasSasum over the
  * same buffer). Per-stage times come from rt_gpu_debug_stage_times (CUDA events around every
- * stage of a re-run of the last step).
+ * stage of a re-run of the last step), and at the first context of the list, once per mode,
+ * rt_gpu_debug_profile's table: every sub-step (each GEMV, norm, router, expert kernel, ...) in
+ * microseconds, launched one by one and inside a CUDA graph.
  *
  * Prefill (--prefill): tokens/s for a 4096-token prompt through rt_gpu_forward, once per product
  * path (--gemm: the GEMV kernels; the prefill GEMM path with f32, tf32, bf16 compute; "default":
@@ -67,6 +69,7 @@
 #include <unistd.h>
 
 #include "convert/shard.h"
+#include "cuda/cuk.h"
 #include "convert/synth.h"
 #include "format/gguf.h"
 #include "format/gguf_write.h"
@@ -574,6 +577,74 @@ static hbm measure_hbm(cublasHandle_t cb) {
     return h;
 }
 
+/* ---- the fused residual add + RMSNorm against its unfused form ---- */
+
+/* cuk_add_rms_norm must give the bits of cuk_add (a + b), cuk_add into x, cuk_rms_norm: the
+ * decode step's residual adds rely on it (bit-identical results with the fusion). Rows of
+ * n_embd and a few wider/narrower ones, with and without the second addend. 0 if all equal. */
+static int check_add_norm(uint32_t dim) {
+    const uint32_t dims[] = {dim, 1000, 8192 + 4}, rows = 3;
+    int bad = 0;
+    for (int di = 0; di < 3; di++) {
+        const uint32_t d = dims[di];
+        const size_t cnt = (size_t)rows * d;
+        float *h = xcalloc(cnt * 4 + d, sizeof(float));
+        uint64_t rng = 1234 + d;
+        for (size_t i = 0; i < cnt * 4 + d; i++) h[i] = unit(&rng) * (i % 7 ? 1.0f : 30.0f);
+        float *x1, *x2, *a, *b, *w, *y1, *y2, *t;
+        CU(cudaMalloc((void **)&x1, cnt * 4));
+        CU(cudaMalloc((void **)&x2, cnt * 4));
+        CU(cudaMalloc((void **)&a, cnt * 4));
+        CU(cudaMalloc((void **)&b, cnt * 4));
+        CU(cudaMalloc((void **)&y1, cnt * 4));
+        CU(cudaMalloc((void **)&y2, cnt * 4));
+        CU(cudaMalloc((void **)&t, cnt * 4));
+        CU(cudaMalloc((void **)&w, (size_t)d * 4));
+        CU(cudaMemcpy(a, h + cnt, cnt * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(b, h + 2 * cnt, cnt * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(w, h + 4 * cnt, (size_t)d * 4, cudaMemcpyHostToDevice));
+        for (int two = 0; two < 2; two++) {
+            CU(cudaMemcpy(x1, h, cnt * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(x2, h, cnt * 4, cudaMemcpyHostToDevice));
+            const float *add = a;
+            if (two) {
+                GS(cuk_add(a, b, t, (int64_t)cnt, NULL, &e_));
+                add = t;
+            }
+            GS(cuk_add(x1, add, x1, (int64_t)cnt, NULL, &e_));
+            GS(cuk_rms_norm(x1, d, w, y1, d, rows, d, 1e-5f, NULL, &e_));
+            GS(cuk_add_rms_norm(x2, d, a, two ? b : NULL, d, w, y2, d, rows, d, 1e-5f, NULL, &e_));
+            CU(cudaDeviceSynchronize());
+            float *hx1 = xcalloc(cnt, 4), *hx2 = xcalloc(cnt, 4), *hy1 = xcalloc(cnt, 4), *hy2 = xcalloc(cnt, 4);
+            CU(cudaMemcpy(hx1, x1, cnt * 4, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(hx2, x2, cnt * 4, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(hy1, y1, cnt * 4, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(hy2, y2, cnt * 4, cudaMemcpyDeviceToHost));
+            const int eq = !memcmp(hx1, hx2, cnt * 4) && !memcmp(hy1, hy2, cnt * 4);
+            if (!eq) {
+                bad = 1;
+                printf("FUSED ADD+NORM DIFFERS: dim %u, %s addend%s\n", d, two ? "two" : "one", two ? "s" : "");
+            }
+            free(hx1);
+            free(hx2);
+            free(hy1);
+            free(hy2);
+        }
+        cudaFree(x1);
+        cudaFree(x2);
+        cudaFree(a);
+        cudaFree(b);
+        cudaFree(y1);
+        cudaFree(y2);
+        cudaFree(t);
+        cudaFree(w);
+        free(h);
+    }
+    printf("fused residual add + RMSNorm (cuk_add_rms_norm) vs cuk_add(s) + cuk_rms_norm: %s\n",
+           bad ? "DIFFERENT" : "bit-identical (x and y; 3 widths, 1 and 2 addends)");
+    return bad;
+}
+
 /* ---- decode ---- */
 
 static int cmp_d(const void *a, const void *b) {
@@ -590,7 +661,7 @@ static int all_finite(const float *x, uint64_t n) {
 static void print_stages(const char *pre, const rt_gpu_stage_times *s, const glm5_hparams *hp) {
     printf("%s stages (CUDA events around each stage of a re-run of the last call, %u token%s): embedding %.3f ms, "
            "attention+indexer %.3f ms (%.1f us/layer), dense FFN %.3f ms (%.1f us/layer), MoE %.3f ms (%.1f "
-           "us/layer), residual adds %.3f ms, final norm+lm_head %.3f ms; sum %.3f ms\n",
+           "us/layer), collectives (the residual adds run inside the next norm) %.3f ms, final norm+lm_head %.3f ms; sum %.3f ms\n",
            pre, s->n_tok, s->n_tok == 1 ? "" : "s", s->embd_ms, s->attn_ms, 1e3 * s->attn_ms / hp->n_layer_main,
            s->dense_ms, hp->n_leading_dense ? 1e3 * s->dense_ms / hp->n_leading_dense : 0.0, s->moe_ms,
            1e3 * s->moe_ms / (hp->n_layer_main - hp->n_leading_dense), s->add_ms, s->head_ms, s->total_ms);
@@ -655,6 +726,8 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
                     GS(rt_gpu_debug_stage_times(g, 1, &sg, &e_));
                     print_stages("   ", &sg, hp);
                 }
+                /* the sub-step breakdown at the first context, once per mode */
+                if (c == 0 && (!gr || !o->graph_off)) GS(rt_gpu_debug_profile(g, 1, stdout, &e_));
                 free(st);
             }
             printf("   graph launches %llu, instantiations %llu\n", (unsigned long long)in->graph_steps,
@@ -987,6 +1060,7 @@ int main(int argc, char **argv) {
     cublasHandle_t cb;
     CB(cublasCreate(&cb));
     const hbm h = measure_hbm(cb);
+    if (check_add_norm(R.hp.n_embd)) exit(1);
     if (o.decode) run_decode(&R, &o, &h);
     if (o.prefill) run_prefill(&R, &o, cb);
     cublasDestroy(cb);

@@ -3,9 +3,10 @@
  * (50-60 MB) holds none of them between launches. Prints one line per case:
  * bytes of weights read per launch, time per launch, GB/s, and the ratio to the copy rate
  * counted as bytes read + bytes written (both are DRAM traffic per second).
- * Each Q4_K/Q8_0 case runs every kernel family (cuk_gemv_set_impl: simt = CUDA cores, tc =
- * tensor cores with magic-exponent quants (the default), tc_sub = tensor cores with subnormal
- * quants) on the same weights and random x; "diff" is max|y - y_simt| / max|y_simt|.
+ * Each Q4_K/Q8_0 case runs every kernel family of cuda/gemv_select.h (simt = CUDA cores; tc,
+ * tc_sub, tc_sub3, tc_sub2p, tc_sub3p = tensor-core variants; auto = the default choice, shown
+ * as auto:simt or auto:tc) on the same weights and random x; "diff" is
+ * max|y - y_simt| / max|y_simt|, "=sub" says whether a tc_sub* variant gave tc_sub's bits.
  * Usage: bench_gemv [iters]  (default 50) */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "cuda/cuk.h"
+#include "cuda/gemv_select.h"
 #include "format/quant.h"
 
 #define CK(call)                                                                           \
@@ -39,9 +41,9 @@
 #define POOL_BYTES (1ull << 30)
 
 static int iters = 50;
-static const int IMPLS[] = {CUK_GEMV_SIMT, CUK_GEMV_AUTO, CUK_GEMV_TC_SUB};
-static const char *const IMPL_NAME[] = {"tc", "simt", "tc_sub"};
-#define N_IMPLS 3
+/* simt first (the reference), tc_sub before its same-bits variants */
+static const char *const IMPL_NAME[] = {"simt", "tc", "tc_sub", "tc_sub3", "tc_sub2p", "tc_sub3p", "auto"};
+#define N_IMPLS 7
 static double copy_rw_gbs; /* bytes read + written per second, GB/s */
 
 static uint8_t *pool;      /* device, POOL_BYTES */
@@ -70,11 +72,13 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
     return ms;
 }
 
-static void report(const char *what, const char *impl, double bytes, double ms_per, double diff) {
+/* bits: 1/0 = same/different bits than tc_sub, -1: not compared */
+static void report(const char *what, const char *impl, double bytes, double ms_per, double diff, int bits) {
     const double gbs = bytes / (ms_per * 1e-3) / 1e9;
-    printf("%-46s %-7s %7.1f MB %8.2f us %6.0f GB/s  ratio %.3f", what, impl, bytes / 1e6,
+    printf("%-46s %-9s %7.1f MB %8.2f us %6.0f GB/s  ratio %.3f", what, impl, bytes / 1e6,
            ms_per * 1e3, gbs, gbs / copy_rw_gbs);
     if (diff >= 0) printf("  diff %.1e", diff);
+    if (bits >= 0) printf("  =sub %s", bits ? "yes" : "NO");
     printf("\n");
     fflush(stdout);
 }
@@ -97,6 +101,26 @@ static double max_diff(const float *dy, const float *ref, size_t n) {
 /* Implementations to run for type (tensor-core ones only where they exist). */
 static int n_impls(uint32_t type) { return type == QT_Q4_K || type == QT_Q8_0 ? N_IMPLS : 1; }
 
+/* Sets family im; returns its label ("auto:tc" ...). */
+static const char *set_impl(int im, int tc_taken) {
+    if (!cuk_gemv_set_impl_name(IMPL_NAME[im])) {
+        fprintf(stderr, "unknown GEMV family %s\n", IMPL_NAME[im]);
+        exit(1);
+    }
+    if (strcmp(IMPL_NAME[im], "auto")) return IMPL_NAME[im];
+    return tc_taken ? "auto:tc" : "auto:simt";
+}
+
+/* 1 if y (n floats on the device) equals h bit for bit. */
+static int same_bits(const float *dy, const float *h, size_t n) {
+    float *t = malloc(n * sizeof(float));
+    if (!t) exit(2);
+    CK(cudaMemcpy(t, dy, n * sizeof(float), cudaMemcpyDeviceToHost));
+    const int same = memcmp(t, h, n * sizeof(float)) == 0;
+    free(t);
+    return same;
+}
+
 static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_type, float *x, float *y) {
     uint64_t rb = 0;
     quant_row_bytes(type, (uint64_t)k, &rb);
@@ -108,21 +132,25 @@ static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_ty
     cuk_gemv_args g = {.w_type = type, .w = pool, .k = k, .m = m, .x = x, .x_type = x_type,
                        .ldx = k, .n = n, .y = y, .ldy = m};
     const size_t ny = (size_t)n * (size_t)m;
-    float *ref = malloc(ny * sizeof(float));
-    if (!ref) exit(2);
+    float *ref = malloc(ny * sizeof(float)), *ref_sub = malloc(ny * sizeof(float));
+    if (!ref || !ref_sub) exit(2);
     char what[128];
     snprintf(what, sizeof what, "gemv %s m=%lld k=%lld n=%d x=%s", quant_type_name(type),
              (long long)m, (long long)k, n, x_type == CUK_ACT_BF16 ? "bf16" : "f32");
     for (int im = 0; im < n_impls(type); im++) {
-        cuk_gemv_set_impl(IMPLS[im]);
-        const int tc = IMPLS[im] != CUK_GEMV_SIMT && cuk_gemv_tc_applies(type, k, n);
-        if (IMPLS[im] != CUK_GEMV_SIMT && !tc) continue; /* would repeat the simt kernel */
+        set_impl(im, 0);
+        const int tc = im > 0 && cuk_gemv_takes_tc(type, m, k, n);
+        const char *label = set_impl(im, tc);
+        if (im > 0 && !tc && strcmp(IMPL_NAME[im], "auto")) continue; /* would repeat simt */
         g.w = pool;
         GK(cuk_gemv(&g, NULL, &err_));
         CK(cudaDeviceSynchronize());
         double diff = -1;
         if (im == 0) CK(cudaMemcpy(ref, y, ny * sizeof(float), cudaMemcpyDeviceToHost));
         else diff = max_diff(y, ref, ny);
+        int bits = -1;
+        if (!strcmp(IMPL_NAME[im], "tc_sub")) CK(cudaMemcpy(ref_sub, y, ny * sizeof(float), cudaMemcpyDeviceToHost));
+        else if (!strncmp(IMPL_NAME[im], "tc_sub", 6)) bits = same_bits(y, ref_sub, ny);
         for (int i = 0; i < 2; i++) GK(cuk_gemv(&g, NULL, &err_));
         CK(cudaEventRecord(a, NULL));
         for (int i = 0; i < iters; i++) {
@@ -131,10 +159,10 @@ static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_ty
         }
         CK(cudaEventRecord(b, NULL));
         CK(cudaEventSynchronize(b));
-        report(what, IMPL_NAME[IMPLS[im]], (double)bytes, time_ms(a, b) / iters, diff);
+        report(what, label, (double)bytes, time_ms(a, b) / iters, diff, bits);
     }
     cuk_gemv_set_impl(CUK_GEMV_AUTO);
-    free(ref);
+    free(ref), free(ref_sub);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
 }
@@ -157,11 +185,16 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
                            .wts = wts, .top_k = K, .ld_ids = K, .ld_wts = K, .h = h,
                            .h_type = CUK_ACT_F32, .ldh = FF, .n_tok = 1, .y = y, .ldy = EMBD};
     const int pairs = copies / 2;
-    float ref_h[8 * 256], *ref_y = malloc(sizeof(float) * EMBD);
-    if (!ref_y) exit(2);
+    float ref_h[8 * 256], sub_h[8 * 256], *ref_y = malloc(sizeof(float) * EMBD), *sub_y = malloc(sizeof(float) * EMBD);
+    if (!ref_y || !sub_y) exit(2);
     char what[128];
     for (int im = 0; im < n_impls(type); im++) {
-        cuk_gemv_set_impl(IMPLS[im]);
+        set_impl(im, 0);
+        /* auto: simt or tc, told by whether it reproduces simt's bits */
+        const int is_auto = !strcmp(IMPL_NAME[im], "auto"), is_sub = !strcmp(IMPL_NAME[im], "tc_sub");
+        const int sub_var = !is_sub && !strncmp(IMPL_NAME[im], "tc_sub", 6);
+        const char *label = IMPL_NAME[im];
+        int bits = -1;
         /* gate+up: correctness on copy 0 (x random), then timing over the pool */
         g.w_gate = pool, g.w_up = pool + pool_copy;
         GK(cuk_moe_gate_up(&g, NULL, &err_));
@@ -169,6 +202,9 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
         double diff = -1;
         if (im == 0) CK(cudaMemcpy(ref_h, h, sizeof ref_h, cudaMemcpyDeviceToHost));
         else diff = max_diff(h, ref_h, 8 * 256);
+        if (is_auto) label = same_bits(h, ref_h, 8 * 256) ? "auto:simt" : "auto:tc";
+        if (is_sub) CK(cudaMemcpy(sub_h, h, sizeof sub_h, cudaMemcpyDeviceToHost));
+        if (sub_var) bits = same_bits(h, sub_h, 8 * 256);
         for (int i = 0; i < iters + 3; i++) {
             if (i == 3) CK(cudaEventRecord(a, NULL));
             const int c = i % pairs;
@@ -179,7 +215,7 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
         CK(cudaEventRecord(b, NULL));
         CK(cudaEventSynchronize(b));
         snprintf(what, sizeof what, "moe_gate_up %s 8 of 32, 2x %dx%d", quant_type_name(type), FF, EMBD);
-        report(what, IMPL_NAME[IMPLS[im]], (double)(2 * K * FF) * rb_up, time_ms(a, b) / iters, diff);
+        report(what, label, (double)(2 * K * FF) * rb_up, time_ms(a, b) / iters, diff, bits);
 
         /* down: h = the reference gate/up output (random-looking, nonzero) */
         CK(cudaMemcpy(h, ref_h, sizeof ref_h, cudaMemcpyHostToDevice));
@@ -189,6 +225,9 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
         diff = -1;
         if (im == 0) CK(cudaMemcpy(ref_y, y, sizeof(float) * EMBD, cudaMemcpyDeviceToHost));
         else diff = max_diff(y, ref_y, EMBD);
+        if (is_auto) label = same_bits(y, ref_y, EMBD) ? "auto:simt" : "auto:tc";
+        if (is_sub) CK(cudaMemcpy(sub_y, y, sizeof(float) * EMBD, cudaMemcpyDeviceToHost));
+        if (sub_var) bits = same_bits(y, sub_y, EMBD);
         for (int i = 0; i < iters + 3; i++) {
             if (i == 3) CK(cudaEventRecord(a, NULL));
             d.w = pool + (uint64_t)(i % copies) * pool_copy;
@@ -197,10 +236,10 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
         CK(cudaEventRecord(b, NULL));
         CK(cudaEventSynchronize(b));
         snprintf(what, sizeof what, "moe_down %s 8 of 32, %dx%d", quant_type_name(type), EMBD, FF);
-        report(what, IMPL_NAME[IMPLS[im]], (double)K * EMBD * rb_dn, time_ms(a, b) / iters, diff);
+        report(what, label, (double)K * EMBD * rb_dn, time_ms(a, b) / iters, diff, bits);
     }
     cuk_gemv_set_impl(CUK_GEMV_AUTO);
-    free(ref_y);
+    free(ref_y), free(sub_y);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cuda/cuk.h"
+#include "cuda/gemv_select.h"
 #include "format/quant.h"
 #include "tests/test_util.h"
 
@@ -113,9 +114,13 @@ static void fill_weights(uint32_t type, uint8_t *w, uint64_t bytes) {
     }
 }
 
-static const char *impl_name(void) {
-    const int i = cuk_gemv_get_impl();
-    return i == CUK_GEMV_SIMT ? "simt" : i == CUK_GEMV_TC_SUB ? "tc_sub" : "auto";
+static const char *impl_name(void) { return cuk_gemv_impl_name(); }
+
+static void set_impl(const char *name) {
+    if (!cuk_gemv_set_impl_name(name)) {
+        printf("FAIL: unknown GEMV family %s\n", name);
+        exit(2);
+    }
 }
 
 /* x element i of a case: uniform in [-1, 1], or (wide) spread over 2^-20 .. 2^17 in magnitude
@@ -180,7 +185,7 @@ static void gemv_case_x(uint32_t type, const uint8_t *hw, const void *dw, const 
     note("  gemv[%-6s] %-6s %-10s m=%-5lld k=%-5lld n=%-2d x=%s%s tc=%d relL2 %.2e relmax %.2e\n",
          impl_name(), quant_type_name(type), sh->name, (long long)m, (long long)k, n,
          x_type == CUK_ACT_BF16 ? "bf16" : "f32 ", wide ? " wide" : "",
-         cuk_gemv_get_impl() != CUK_GEMV_SIMT && cuk_gemv_tc_applies(type, k, n), l2, mx);
+         cuk_gemv_takes_tc(type, m, k, n), l2, mx);
     free(hx), free(hxb), free(hy), free(ref), free(got);
     CK(cudaFree(dx));
     CK(cudaFree(dy));
@@ -224,6 +229,38 @@ static void batch_identity_case(uint32_t type, const void *dw, int64_t m, int64_
     CK(cudaFree(dx)); CK(cudaFree(dy)); CK(cudaFree(d1));
 }
 
+/* The tensor-core variants that differ only in prefetching (tc_sub3, tc_sub2p, tc_sub3p) must
+ * give tc_sub's bits. Weights dw: m rows of k; leaves the family at tc_sub. */
+static void variant_identity_case(uint32_t type, const void *dw, int64_t m, int64_t k, int n) {
+    static const char *const VARS[] = {"tc_sub3", "tc_sub2p", "tc_sub3p"};
+    const size_t ny = (size_t)n * (size_t)m;
+    float *hx = xmalloc(sizeof(float) * (size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++) hx[i] = unif(-1.0f, 1.0f);
+    float *dx = dalloc(sizeof(float) * (size_t)(n * k)), *dy = dalloc(sizeof(float) * ny);
+    CK(cudaMemcpy(dx, hx, sizeof(float) * (size_t)(n * k), cudaMemcpyHostToDevice));
+    float *ref = xmalloc(sizeof(float) * ny), *got = xmalloc(sizeof(float) * ny);
+    g5_error err = {0};
+    cuk_gemv_args a = {.w_type = type, .w = dw, .k = k, .m = m, .x = dx, .x_type = CUK_ACT_F32,
+                       .ldx = k, .n = n, .y = dy, .ldy = m};
+    set_impl("tc_sub");
+    T_CHECK(cuk_gemv(&a, NULL, &err) == G5_OK, "variant identity %s: %s", quant_type_name(type), err.msg);
+    CK(cudaMemcpy(ref, dy, sizeof(float) * ny, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 3; i++) {
+        set_impl(VARS[i]);
+        poison(dy, sizeof(float) * ny);
+        T_CHECK(cuk_gemv(&a, NULL, &err) == G5_OK, "variant identity %s: %s", quant_type_name(type), err.msg);
+        CK(cudaMemcpy(got, dy, sizeof(float) * ny, cudaMemcpyDeviceToHost));
+        const int same = memcmp(got, ref, sizeof(float) * ny) == 0;
+        T_CHECK(same, "gemv[%s] %s m=%lld k=%lld n=%d: bits differ from tc_sub", VARS[i],
+                quant_type_name(type), (long long)m, (long long)k, n);
+        note("  gemv[%-8s] %-6s m=%lld k=%lld n=%d bit-identical to tc_sub: %s\n", VARS[i],
+             quant_type_name(type), (long long)m, (long long)k, n, same ? "yes" : "NO");
+    }
+    set_impl("tc_sub");
+    free(hx), free(ref), free(got);
+    CK(cudaFree(dx)); CK(cudaFree(dy));
+}
+
 /* $G5_TEST_QUICK=1: only the small shapes and one MoE type (for runs under compute-sanitizer). */
 static int quick(void) {
     const char *q = getenv("G5_TEST_QUICK");
@@ -242,11 +279,14 @@ static void test_gemv(void) {
     uint8_t *hw = xmalloc(max_bytes);
     float *rowbuf = xmalloc(sizeof(float) * (size_t)max_k);
     void *dw = dalloc(max_bytes);
-    /* Every type with the default kernels; Q4_K and Q8_0 (tensor-core kernels) again with the
-     * CUDA-core ones and with the subnormal-quant tensor-core variant. */
-    for (size_t t = 0; t < N_TYPES + 4; t++) {
+    /* Every type with the default kernels (auto: tensor cores only for the large Q4_K shapes);
+     * Q4_K and Q8_0 again with the CUDA-core ones and with the tensor-core variants: subnormal
+     * quants (tc_sub; its prefetch variants must give the same bits), magic-exponent quants
+     * (tc), and auto's variant (tc_sub3p) on every shape. */
+    static const char *const EXTRA[] = {"simt", "tc_sub", "tc", "tc_sub3p"};
+    for (size_t t = 0; t < N_TYPES + 8; t++) {
         const uint32_t type = t < N_TYPES ? TYPES[t] : (t - N_TYPES) % 2 ? QT_Q8_0 : QT_Q4_K;
-        cuk_gemv_set_impl(t < N_TYPES ? CUK_GEMV_AUTO : t < N_TYPES + 2 ? CUK_GEMV_SIMT : CUK_GEMV_TC_SUB);
+        set_impl(t < N_TYPES ? "auto" : EXTRA[(t - N_TYPES) / 2]);
         uint64_t bytes = 0;
         for (size_t s = 0; s < N_SHAPES; s++) {
             const uint64_t b = row_bytes(type, SHAPES[s].k) * (uint64_t)SHAPES[s].m;
@@ -266,6 +306,11 @@ static void test_gemv(void) {
             if (s == 0 && (type == QT_Q4_K || type == QT_Q8_0)) {
                 batch_identity_case(type, dw, 2048, 2048, 7);
                 batch_identity_case(type, dw, 1536, 6144, 5);
+                if (t >= N_TYPES && !strcmp(cuk_gemv_impl_name(), "tc_sub")) {
+                    variant_identity_case(type, dw, SHAPES[0].m, SHAPES[0].k, 1);
+                    variant_identity_case(type, dw, SHAPES[0].m, SHAPES[0].k, 2);
+                    variant_identity_case(type, dw, 1536, 6144, 3);
+                }
             }
             /* x over 37 binades (some above the f16 range) */
             if (SHAPES[s].m * SHAPES[s].k <= 5000000) {
@@ -466,8 +511,9 @@ static void test_moe(void) {
     for (size_t t = 0; t < N_TYPES; t++) test_moe_type(TYPES[t], 0);
     test_moe_type(QT_Q4_K, 1);
     test_moe_type(QT_Q8_0, 1);
-    for (int impl = CUK_GEMV_SIMT; impl <= CUK_GEMV_TC_SUB; impl++) {
-        cuk_gemv_set_impl(impl);
+    static const char *const FAMS[] = {"simt", "tc_sub", "tc", "tc_sub3p"};
+    for (int f = 0; f < 4; f++) {
+        set_impl(FAMS[f]);
         test_moe_type(QT_Q4_K, 0);
         test_moe_type(QT_Q8_0, 0);
         test_moe_type(QT_Q4_K, 1);

@@ -1,0 +1,336 @@
+/* The attention stage's own kernels at GLM-5 TP8 shapes (8 local heads, kv_lora 512, rope 64,
+ * nope 192, v_head 256; indexer 32 heads x 128, top-k 2048): cuk_mla_absorb, cuk_idx_scores,
+ * cuk_idx_topk, cuk_mla_attend_fresh, each with the old and the split kernels
+ * (cuda/attn_select.h) on the same inputs. Decode (n_tok 1) at contexts 1k / 8k / 32k with an
+ * f32 and a bf16 latent cache (bf16: the step's own row from float32, as runtime/gpu_model.c
+ * does), and prefill (n_tok 512 at positions 3584..4095). The per-layer inputs that decode
+ * reads from DRAM (W_UK, the indexer keys, the latent cache) rotate over copies filling
+ * >= 256 MB, so that L2 does not hold them between calls; the small per-step buffers stay.
+ * Per launcher and implementation: us per call, MB read (logical: W_UK, keys + scores, scores,
+ * selected latent rows per token), GB/s; then split-vs-old agreement: absorb and attention max
+ * |diff| / max |old|, scores the same, top-k the count of rows not identical (must be 0).
+ * A D2D copy rate measured in the same run is the ceiling. Usage: bench_attn [only_decode] */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/attn_select.h"
+#include "cuda/cuk_model.h"
+#include "format/quant.h"
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define GK(call)                                                                                   \
+    do {                                                                                           \
+        g5_error err_ = {0};                                                                       \
+        g5_status s_ = (call);                                                                     \
+        if (s_ != G5_OK) {                                                                         \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg);               \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define E (&err_) /* the error struct GK declares */
+
+enum { H = 8, NOPE = 192, R = 64, KL = 512, VH = 256, IH = 32, ID = 128, TOPK = 2048 };
+enum { KVW = KL + R, QW = NOPE + R, HR = NOPE + VH };
+#define ROT_BYTES (256ull << 20)
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float unif(float a, float b) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return a + (b - a) * (float)((rng >> 40) * (1.0 / 16777216.0));
+}
+
+static void *dalloc(size_t n) {
+    void *p = NULL;
+    CK(cudaMalloc(&p, n));
+    return p;
+}
+static void *dup_d(const void *h, size_t n) {
+    void *d = dalloc(n);
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+static float *rand_h(size_t n, float a, float b) {
+    float *h = malloc(n * 4);
+    if (!h) exit(2);
+    for (size_t i = 0; i < n; i++) h[i] = unif(a, b);
+    return h;
+}
+static double copy_gbs; /* D2D copy, bytes read + written per second */
+
+typedef struct cfg {
+    const char *name;
+    int n_tok;
+    int64_t P;     /* positions attended by the last token (context incl. the step's tokens) */
+    uint32_t lt;   /* latent cache type */
+} cfg;
+
+typedef struct bufs {
+    int nc;                         /* rotation copies */
+    float *q, *qlat, *iq, *iw, *sc, *out;
+    float *kvb, *ik;                /* [nc] copies */
+    uint8_t *lat;                   /* [nc] copies */
+    float *fresh;                   /* the step's own rows in float32, or NULL */
+    int32_t *sel, *ns;
+    size_t kvb_b, ik_b, lat_b;
+} bufs;
+
+typedef enum { L_ABSORB, L_SCORES, L_TOPK, L_ATTEND, N_L } launcher;
+static const char *const LNAME[N_L] = {"absorb", "idx_scores", "idx_topk", "attend"};
+
+static void run_one(const cfg *c, const bufs *b, launcher l, int copy) {
+    const int n = c->n_tok;
+    const int64_t pos0 = c->P - n;
+    const cuk_mla_dims d = {n, H, NOPE, R, KL};
+    switch (l) {
+    case L_ABSORB:
+        GK(cuk_mla_absorb(&d, b->q, (const float *)((const uint8_t *)b->kvb + copy * b->kvb_b), HR, b->qlat, NULL, E));
+        break;
+    case L_SCORES:
+        GK(cuk_idx_scores(b->iq, b->iw, (const float *)((const uint8_t *)b->ik + copy * b->ik_b), n, IH, ID, pos0, b->sc,
+                          c->P, NULL, E));
+        break;
+    case L_TOPK: GK(cuk_idx_topk(b->sc, c->P, n, pos0, TOPK, b->sel, TOPK, b->ns, NULL, E)); break;
+    case L_ATTEND:
+        GK(cuk_mla_attend_fresh(&d, b->q, b->qlat, b->lat + copy * b->lat_b, c->lt, b->fresh, pos0, c->P, b->sel, TOPK,
+                                b->ns, TOPK, (float)(1.0 / sqrt((double)QW)), b->out, NULL, E));
+        break;
+    default: break;
+    }
+}
+
+/* Logical bytes read per call. */
+static double bytes_of(const cfg *c, launcher l) {
+    const int n = c->n_tok;
+    const int64_t pos0 = c->P - n;
+    const size_t es = c->lt == CUK_F32 ? 4 : 2;
+    double rows = 0;
+    for (int t = 0; t < n; t++) rows += (double)(pos0 + t + 1 < TOPK ? pos0 + t + 1 : TOPK);
+    switch (l) {
+    case L_ABSORB: return (double)H * NOPE * KL * 4;
+    case L_SCORES: return (double)c->P * ID * 4 + (double)n * c->P * 4; /* keys + scores written */
+    case L_TOPK: return (double)n * c->P * 4;
+    case L_ATTEND: return rows * KVW * es;
+    default: return 0;
+    }
+}
+
+static double time_us(const cfg *c, const bufs *b, launcher l) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    run_one(c, b, l, 0); /* warm-up (and the one-time opt-ins) */
+    CK(cudaEventRecord(e0, NULL));
+    run_one(c, b, l, 1 % b->nc);
+    CK(cudaEventRecord(e1, NULL));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    int iters = ms > 0 ? (int)(30.0 / ms) : 50; /* about 30 ms of calls */
+    if (iters < 3) iters = 3;
+    if (iters > 200) iters = 200;
+    CK(cudaEventRecord(e0, NULL));
+    for (int i = 0; i < iters; i++) run_one(c, b, l, (i + 2) % b->nc);
+    CK(cudaEventRecord(e1, NULL));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return ms * 1e3 / iters;
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fabs(x[i]) > m || x[i] != x[i] ? (x[i] != x[i] ? INFINITY : fabs(x[i])) : m;
+    return m;
+}
+static double max_diff(const float *x, const float *y, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)x[i] - y[i]);
+        if (d > m || d != d) m = d != d ? INFINITY : d;
+    }
+    return m;
+}
+
+static int fails;
+
+static void bench_cfg(const cfg *c) {
+    const int n = c->n_tok;
+    const int64_t P = c->P, pos0 = P - n;
+    const size_t es = c->lt == CUK_F32 ? 4 : 2;
+    bufs b = {0};
+    b.kvb_b = ((size_t)H * HR * KL * 4 + 255) & ~(size_t)255;
+    b.ik_b = ((size_t)P * ID * 4 + 255) & ~(size_t)255;
+    b.lat_b = ((size_t)P * KVW * es + 255) & ~(size_t)255;
+    const size_t per = b.kvb_b + b.ik_b + b.lat_b;
+    b.nc = (int)((ROT_BYTES + per - 1) / per);
+    if (b.nc < 2) b.nc = 2;
+    if (b.nc > 64) b.nc = 64;
+    /* inputs: queries around the trained scale, latents normalized-ish */
+    float *q = rand_h((size_t)n * H * QW, -1, 1), *kvb = rand_h((size_t)H * HR * KL, -0.1f, 0.1f);
+    float *iq = rand_h((size_t)n * IH * ID, -1, 1), *iw = rand_h((size_t)n * IH, -0.2f, 0.2f);
+    float *ik = rand_h((size_t)P * ID, -1, 1), *lat = rand_h((size_t)P * KVW, -1, 1);
+    b.q = dup_d(q, (size_t)n * H * QW * 4);
+    b.iq = dup_d(iq, (size_t)n * IH * ID * 4);
+    b.iw = dup_d(iw, (size_t)n * IH * 4);
+    { /* nc copies of each per-layer input */
+        uint8_t *d = dalloc(b.kvb_b * b.nc);
+        for (int i = 0; i < b.nc; i++) CK(cudaMemcpy(d + i * b.kvb_b, kvb, (size_t)H * HR * KL * 4, cudaMemcpyHostToDevice));
+        b.kvb = (float *)d;
+        d = dalloc(b.ik_b * b.nc);
+        for (int i = 0; i < b.nc; i++) CK(cudaMemcpy(d + i * b.ik_b, ik, (size_t)P * ID * 4, cudaMemcpyHostToDevice));
+        b.ik = (float *)d;
+        void *lh = lat;
+        uint16_t *raw = NULL;
+        if (c->lt != CUK_F32) {
+            raw = malloc((size_t)P * KVW * 2);
+            if (!raw) exit(2);
+            for (int64_t i = 0; i < P * KVW; i++) raw[i] = quant_f32_to_bf16(lat[i]);
+            lh = raw;
+        }
+        b.lat = dalloc(b.lat_b * b.nc);
+        for (int i = 0; i < b.nc; i++) CK(cudaMemcpy(b.lat + i * b.lat_b, lh, (size_t)P * KVW * es, cudaMemcpyHostToDevice));
+        free(raw);
+    }
+    /* a 16-bit cache: the step's own rows come from float32 beside it */
+    b.fresh = c->lt == CUK_F32 ? NULL : dup_d(lat + pos0 * KVW, (size_t)n * KVW * 4);
+    b.qlat = dalloc((size_t)n * H * KL * 4);
+    b.out = dalloc((size_t)n * H * KL * 4);
+    b.sc = dalloc((size_t)n * P * 4);
+    b.sel = dalloc((size_t)n * TOPK * 4);
+    b.ns = dalloc((size_t)n * 4);
+
+    printf("== %s: n_tok %d, positions %lld, %s cache, %d rotation copies\n", c->name, n, (long long)P,
+           c->lt == CUK_F32 ? "f32" : "bf16", b.nc);
+    /* results of each implementation, from copy 0, in the stage's order */
+    float *r_ql[2], *r_sc[2], *r_out[2];
+    int32_t *r_sel[2], *r_ns[2];
+    double us[2][N_L];
+    for (int im = 0; im < 2; im++) { /* 0: old, 1: split */
+        cuk_attn_set_old(im == 0);
+        r_ql[im] = malloc((size_t)n * H * KL * 4);
+        r_sc[im] = malloc((size_t)n * P * 4);
+        r_out[im] = malloc((size_t)n * H * KL * 4);
+        r_sel[im] = malloc((size_t)n * TOPK * 4);
+        r_ns[im] = malloc((size_t)n * 4);
+        run_one(c, &b, L_ABSORB, 0);
+        run_one(c, &b, L_SCORES, 0);
+        CK(cudaMemcpy(r_ql[im], b.qlat, (size_t)n * H * KL * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(r_sc[im], b.sc, (size_t)n * P * 4, cudaMemcpyDeviceToHost));
+        /* top-k (and so attention) of both on the old scores: a last-bit score difference may
+         * rightly move a boundary key */
+        if (im == 1) CK(cudaMemcpy(b.sc, r_sc[0], (size_t)n * P * 4, cudaMemcpyHostToDevice));
+        run_one(c, &b, L_TOPK, 0);
+        run_one(c, &b, L_ATTEND, 0);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(r_out[im], b.out, (size_t)n * H * KL * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(r_sel[im], b.sel, (size_t)n * TOPK * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(r_ns[im], b.ns, (size_t)n * 4, cudaMemcpyDeviceToHost));
+        /* the scores of the causal part only: entries past pos0 + t are never written */
+        for (int t = 0; t < n; t++)
+            for (int64_t s = pos0 + t + 1; s < P; s++) r_sc[im][(int64_t)t * P + s] = 0.0f;
+        for (int l = 0; l < N_L; l++) us[im][l] = time_us(c, &b, (launcher)l);
+    }
+    cuk_attn_set_old(-1);
+    double tot[2] = {0, 0};
+    for (int l = 0; l < N_L; l++) {
+        const double by = bytes_of(c, (launcher)l);
+        for (int im = 0; im < 2; im++) tot[im] += us[im][l];
+        printf("  %-10s %8.2f MB   old %9.2f us %7.0f GB/s   split %9.2f us %7.0f GB/s  (x%.1f, %.2f of copy)\n",
+               LNAME[l], by / 1e6, us[0][l], by / (us[0][l] * 1e3), us[1][l], by / (us[1][l] * 1e3),
+               us[0][l] / us[1][l], by / (us[1][l] * 1e3) / copy_gbs);
+    }
+    printf("  %-10s              old %9.2f us                split %9.2f us          (x%.1f)\n", "sum", tot[0],
+           tot[1], tot[0] / tot[1]);
+    /* agreement, split vs old */
+    const double ql_d = max_diff(r_ql[0], r_ql[1], (size_t)n * H * KL), ql_m = max_abs(r_ql[0], (size_t)n * H * KL);
+    const double sc_d = max_diff(r_sc[0], r_sc[1], (size_t)n * P), sc_m = max_abs(r_sc[0], (size_t)n * P);
+    const double o_d = max_diff(r_out[0], r_out[1], (size_t)n * H * KL), o_m = max_abs(r_out[0], (size_t)n * H * KL);
+    int sel_bad = 0;
+    for (int t = 0; t < n; t++) {
+        int bad = r_ns[0][t] != r_ns[1][t];
+        for (int i = 0; i < TOPK; i++) bad |= r_sel[0][(int64_t)t * TOPK + i] != r_sel[1][(int64_t)t * TOPK + i];
+        sel_bad += bad;
+    }
+    const int ok = ql_d <= 1e-6 * ql_m && sc_d <= 1e-5 * sc_m && sel_bad == 0 && o_d <= 2e-5 * o_m && o_m > 0;
+    printf("  agreement: absorb %.1e of %.1e, scores %.1e of %.1e, topk %d/%d rows differ, attend %.1e of %.1e: %s\n",
+           ql_d, ql_m, sc_d, sc_m, sel_bad, n, o_d, o_m, ok ? "ok" : "MISMATCH");
+    fails += !ok;
+    fflush(stdout);
+    for (int im = 0; im < 2; im++) {
+        free(r_ql[im]);
+        free(r_sc[im]);
+        free(r_out[im]);
+        free(r_sel[im]);
+        free(r_ns[im]);
+    }
+    free(q);
+    free(kvb);
+    free(iq);
+    free(iw);
+    free(ik);
+    free(lat);
+    cudaFree(b.q);
+    cudaFree(b.iq);
+    cudaFree(b.iw);
+    cudaFree(b.kvb);
+    cudaFree(b.ik);
+    cudaFree(b.lat);
+    cudaFree(b.fresh);
+    cudaFree(b.qlat);
+    cudaFree(b.out);
+    cudaFree(b.sc);
+    cudaFree(b.sel);
+    cudaFree(b.ns);
+}
+
+int main(int argc, char **argv) {
+    const int only_decode = argc > 1 && atoi(argv[1]) != 0;
+    {
+        const size_t cb = 512ull << 20;
+        void *a = dalloc(cb), *bb = dalloc(cb);
+        CK(cudaMemset(a, 1, cb));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        CK(cudaMemcpy(bb, a, cb, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e0, NULL));
+        for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(bb, a, cb, cudaMemcpyDeviceToDevice, NULL));
+        CK(cudaEventRecord(e1, NULL));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        copy_gbs = 2.0 * 5 * cb / (ms * 1e-3) / 1e9;
+        printf("D2D copy: %.0f GB/s (read + write)\n", copy_gbs);
+        cudaFree(a);
+        cudaFree(bb);
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+    }
+    static const cfg cfgs[] = {
+        {"decode 1k", 1, 1024, CUK_F32},  {"decode 8k", 1, 8192, CUK_F32},  {"decode 32k", 1, 32768, CUK_F32},
+        {"decode 1k", 1, 1024, CUK_BF16}, {"decode 8k", 1, 8192, CUK_BF16}, {"decode 32k", 1, 32768, CUK_BF16},
+        {"decode 4 tok 8k", 4, 8192, CUK_BF16},
+        {"prefill 512 @4k", 512, 4096, CUK_F32}, {"prefill 512 @4k", 512, 4096, CUK_BF16},
+    };
+    const size_t nc = sizeof cfgs / sizeof cfgs[0];
+    for (size_t i = 0; i < nc; i++) {
+        if (only_decode && cfgs[i].n_tok > 8) continue;
+        bench_cfg(&cfgs[i]);
+    }
+    printf("bench_attn: %d mismatching configs\n", fails);
+    return fails ? 1 : 0;
+}
