@@ -40,7 +40,8 @@ int cuk_gemv_supported(uint32_t type);
  * benchmarks and tests; not thread-safe against concurrent launches). CUK_GEMV_AUTO (default):
  * the tensor-core kernels where cuk_gemv_tc_applies says so, else the CUDA-core ones;
  * CUK_GEMV_SIMT: CUDA-core only; CUK_GEMV_TC_SUB: tensor cores with the quants as f16
- * subnormals instead of the magic-exponent form AUTO uses. All keep float32 inputs. The
+ * subnormals (AUTO's tensor-core kernel too; cuda/gemv_select.h names the other variants). All
+ * keep float32 inputs. The
  * environment variable CUK_GEMV_IMPL (auto, simt, tc_sub), read at the first call, sets the
  * initial value. */
 enum { CUK_GEMV_AUTO = 0, CUK_GEMV_SIMT = 1, CUK_GEMV_TC_SUB = 2 };

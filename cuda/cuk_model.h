@@ -145,6 +145,16 @@ g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t po
                        int32_t *sel, int64_t ld_sel, int32_t *n_sel, cuk_stream stream,
                        g5_error *err);
 
+/* The indexer's per-token preparation after its projections, in one launch (at decode four
+ * latency-bound launches were ~11 us): q [n_tok][n_head][dim] roped in place (cuk_rope with
+ * rot_off 0, n_rot, theta, pos), k [n_tok][dim] LayerNormed in place (k_norm_w, k_norm_b [dim],
+ * eps) then roped the same way, w [n_tok][n_head] *= w_scale. Bit for bit those four launches
+ * (cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale), which it falls back to for dim > 128. n_rot
+ * even, 2..dim. */
+g5_status cuk_idx_prep(float *q, float *k, float *w, const float *k_norm_w, const float *k_norm_b,
+                       int32_t n_tok, int32_t n_head, int32_t dim, int32_t n_rot, float theta,
+                       const int32_t *pos, float eps, float w_scale, cuk_stream stream, g5_error *err);
+
 #ifdef __cplusplus
 }
 #endif

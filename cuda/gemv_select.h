@@ -3,7 +3,8 @@
  * variable CUK_GEMV_IMPL):
  *   auto     per type and weight shape (never per n: batched launches keep one-vector bits):
  *            Q4_K GEMVs of >= $CUK_GEMV_TC_MIN weights (default 2^25) and Q4_K MoE run the
- *            tensor-core kernels, everything else the CUDA-core ones
+ *            tensor-core kernels (tc_sub: the fastest on the device, bench/NOTES.md),
+ *            everything else the CUDA-core ones
  *   simt     CUDA-core kernels only
  *   tc       tensor cores, magic-exponent quants, 1 chunk ahead per warp
  *   tc_sub   tensor cores, subnormal quants, 1 chunk ahead per warp (= CUK_GEMV_TC_SUB)
@@ -26,6 +27,13 @@ int cuk_gemv_set_impl_name(const char *name);
 const char *cuk_gemv_impl_name(void);
 /* 1 if a GEMV of this type and shape would run on the tensor cores with the family set now. */
 int cuk_gemv_takes_tc(uint32_t type, int64_t m, int64_t k, int32_t n);
+
+/* How the CUDA-core cuk_gemv splits k for shapes with few rows (env CUK_GEMV_SPLIT):
+ * 1 "cluster" (default): warps of a CTA and CTAs of a cluster (up to 8) split k, summed in a
+ * fixed order; 0 "old": warps of one CTA only (the launches before the cluster split). Either
+ * way a row's bits never depend on n; the two modes give different bits for the split shapes. */
+void cuk_gemv_set_split_mode(int mode);
+int cuk_gemv_split_mode(void);
 
 #ifdef __cplusplus
 }

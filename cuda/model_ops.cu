@@ -6,6 +6,7 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
+#include "cuda/rowops.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
@@ -229,109 +230,154 @@ __device__ __forceinline__ bool better(const float *v, int a, int b) {
 
 constexpr int ROUTE_MAX_USED = 64;
 
-/* Grid: one block of one warp per token. Lane l owns experts l, l + 32, ... for the elementwise
- * parts (scores, choices) and for the top-k scans, which reduce across the warp; lane g scans
- * group g's choices for its score. What stays sequential on lane 0 is what must keep the CPU's
- * order (the float64 softmax sum, the group pick over n_group scores, the sort and weights of
- * the n_used picks). Every pick equals runtime/model.c's sequential scan (ties to the lower
- * index), NaN included: that scan keeps its first eligible expert if that one is NaN and never
- * picks a NaN otherwise. (One thread doing it all cost ~100 us per layer at 256 experts.) */
-__global__ void k_route(cuk_route_args a) {
+/* Grid: one CTA per token; block: n_expert rounded up to whole warps (<= 1024). Thread e owns
+ * expert e: its logit and bias are loaded at once (a warp looping over the experts waited for
+ * them in series: ~16 us per call), its score and choice computed, then kept in shared memory.
+ * What stays sequential on thread 0 is what must keep the CPU's order (the float64 softmax sum,
+ * the group pick over n_group scores, the weights of the n_used picks). The n_used picks: when
+ * no eligible choice is NaN, runtime/model.c's scan picks the n_used best by the strict order
+ * "larger, ties to the lower index", which is each eligible expert's rank under that order being
+ * below n_used: every thread counts its betters over the eligible choices, and the picks are
+ * placed in ascending index order by a prefix count. With a NaN among the eligible choices,
+ * warp 0 replays the scan pick by pick (it keeps its first eligible expert if that one is NaN and
+ * never picks a NaN otherwise), and thread 0 sorts. */
+__global__ void __launch_bounds__(1024) k_route(cuk_route_args a) {
     extern __shared__ float sh[];
     const int NE = a.n_expert, U = a.n_used, G = a.n_group;
-    float *choice = sh;                               /* [NE] */
-    float *score = sh + NE;                           /* [NE] gating scores */
-    float *gscore = score + NE;                       /* [G] */
-    int32_t *pick = (int32_t *)(gscore + G);          /* [ROUTE_MAX_USED] */
-    uint8_t *allowed = (uint8_t *)(pick + ROUTE_MAX_USED); /* [NE] */
-    const int t = blockIdx.x, lane = threadIdx.x;
+    float *choice = sh;                                    /* [NE] */
+    float *score = sh + NE;                                /* [NE] gating scores */
+    float *gscore = score + NE;                            /* [G] */
+    int32_t *pick = (int32_t *)(gscore + G);               /* [ROUTE_MAX_USED] */
+    int32_t *wcnt = pick + ROUTE_MAX_USED;                 /* [32] picks per warp */
+    uint8_t *allowed = (uint8_t *)(wcnt + 32);             /* [NE] */
+    __shared__ double s_sum;
+    __shared__ float s_mx[32];
+    const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
+    const bool mine = e < NE;
     float *lg = a.logits + (int64_t)t * a.ld_logits;
+    const float l = mine ? lg[e] : 0.0f;
+    const float bias = mine && a.bias ? a.bias[e] : 0.0f;
+    float sc = 0.0f;
     if (a.gating == 1) {
-        float mx = -INFINITY;
-        for (int e = lane; e < NE; e += 32) mx = lg[e] > mx ? lg[e] : mx;
-        /* NaN never wins, as in the scan; which zero wins does not matter (x - 0 == x - -0
+        /* NaN never wins the max, as in the scan; which zero wins does not matter (x - 0 == x - -0
          * for every x but -0, and expf gives 1 for both zeros) */
+        float mx = mine && l > -INFINITY ? l : -INFINITY;
         for (int off = 16; off > 0; off >>= 1) {
             const float o = __shfl_xor_sync(0xffffffffu, mx, off);
             mx = o > mx ? o : mx;
         }
-        for (int e = lane; e < NE; e += 32) score[e] = expf(lg[e] - mx);
-        __syncwarp();
-        double sum = 0;
-        if (lane == 0)
-            for (int e = 0; e < NE; e++) sum += score[e]; /* the CPU's order */
-        sum = __shfl_sync(0xffffffffu, sum, 0);
-        for (int e = lane; e < NE; e += 32) score[e] = (float)(score[e] / sum);
+        if (lane == 0) s_mx[warp] = mx;
+        __syncthreads();
+        mx = s_mx[0];
+        for (int i = 1; i < nw; i++) mx = s_mx[i] > mx ? s_mx[i] : mx;
+        if (mine) score[e] = expf(l - mx);
+        __syncthreads();
+        if (e == 0) {
+            double sum = 0;
+            for (int i = 0; i < NE; i++) sum += score[i]; /* the CPU's order */
+            s_sum = sum;
+        }
+        __syncthreads();
+        if (mine) sc = (float)(score[e] / s_sum);
     } else {
-        for (int e = lane; e < NE; e += 32) score[e] = 1.0f / (1.0f + expf(-lg[e]));
+        sc = 1.0f / (1.0f + expf(-l));
     }
-    for (int e = lane; e < NE; e += 32) {
-        lg[e] = score[e];
-        choice[e] = __fadd_rn(score[e], a.bias ? a.bias[e] : 0.0f);
+    if (mine) {
+        lg[e] = sc;
+        score[e] = sc;
+        choice[e] = __fadd_rn(sc, bias);
         allowed[e] = 1;
     }
-    __syncwarp();
+    __syncthreads();
     const int gs = NE / G;
     if (G > 1 && a.topk_group < G) {
-        for (int g = lane; g < G; g += 32) {
+        if (e < G) {
             float b1 = -INFINITY, b2 = -INFINITY;
-            for (int e = g * gs; e < (g + 1) * gs; e++) {
-                if (choice[e] > b1) {
+            for (int i = e * gs; i < (e + 1) * gs; i++) {
+                if (choice[i] > b1) {
                     b2 = b1;
-                    b1 = choice[e];
-                } else if (choice[e] > b2) {
-                    b2 = choice[e];
+                    b1 = choice[i];
+                } else if (choice[i] > b2) {
+                    b2 = choice[i];
                 }
             }
-            gscore[g] = gs >= 2 ? __fadd_rn(b1, b2) : b1;
+            gscore[e] = gs >= 2 ? __fadd_rn(b1, b2) : b1;
         }
-        for (int e = lane; e < NE; e += 32) allowed[e] = 0;
-        __syncwarp();
-        if (lane == 0)
+        if (mine) allowed[e] = 0;
+        __syncthreads();
+        if (e == 0)
             for (int k = 0; k < a.topk_group; k++) {
                 int best = -1;
                 for (int g = 0; g < G; g++)
                     if (!allowed[g * gs] && (best < 0 || better(gscore, g, best))) best = g;
-                for (int e = best * gs; e < (best + 1) * gs; e++) allowed[e] = 1;
+                for (int i = best * gs; i < (best + 1) * gs; i++) allowed[i] = 1;
             }
-        __syncwarp();
+        __syncthreads();
     }
-    for (int k = 0; k < U; k++) {
-        int first = 0x7fffffff, bi = -1;
-        float bv = 0.0f;
-        for (int e = lane; e < NE; e += 32) {
-            if (!allowed[e]) continue;
-            if (first == 0x7fffffff) first = e;
-            const float v = choice[e];
-            if (v == v && (bi < 0 || v > bv)) bv = v, bi = e;
+    const bool elig = mine && allowed[e];
+    const float ce = mine ? choice[e] : 0.0f;
+    if (!__syncthreads_or(elig && ce != ce)) {
+        /* the rank path: score[] is kept; ineligible choices become NaN (never better) */
+        if (mine && !elig) choice[e] = __int_as_float(0x7fc00000);
+        __syncthreads();
+        int rank = 0;
+        if (elig)
+            for (int i = 0; i < NE && rank < U; i++) {
+                const float o = choice[i];
+                rank += o > ce || (o == ce && i < e);
+            }
+        const bool sel = elig && rank < U;
+        const unsigned bal = __ballot_sync(0xffffffffu, sel);
+        if (lane == 0) wcnt[warp] = __popc(bal);
+        __syncthreads();
+        if (sel) {
+            int p = __popc(bal & ((1u << lane) - 1u));
+            for (int i = 0; i < warp; i++) p += wcnt[i];
+            pick[p] = e;
         }
-        for (int off = 16; off > 0; off >>= 1) {
-            const int of = __shfl_xor_sync(0xffffffffu, first, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            first = of < first ? of : first;
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        __syncthreads();
+    } else {
+        if (warp == 0) {
+            for (int k = 0; k < U; k++) {
+                int first = 0x7fffffff, bi = -1;
+                float bv = 0.0f;
+                for (int i = lane; i < NE; i += 32) {
+                    if (!allowed[i]) continue;
+                    if (first == 0x7fffffff) first = i;
+                    const float v = choice[i];
+                    if (v == v && (bi < 0 || v > bv)) bv = v, bi = i;
+                }
+                for (int off = 16; off > 0; off >>= 1) {
+                    const int of = __shfl_xor_sync(0xffffffffu, first, off);
+                    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+                    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                    first = of < first ? of : first;
+                    if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+                }
+                int best;
+                if (first == 0x7fffffff) best = 0; /* cannot happen: n_used <= eligible experts (checked) */
+                else if (choice[first] != choice[first]) best = first;
+                else best = bi;
+                __syncwarp();
+                if (lane == 0) {
+                    pick[k] = best;
+                    allowed[best] = 0;
+                }
+                __syncwarp();
+            }
+            if (lane == 0)
+                for (int i = 1; i < U; i++)
+                    for (int j = i; j > 0 && pick[j - 1] > pick[j]; j--) {
+                        const int32_t tmp = pick[j];
+                        pick[j] = pick[j - 1];
+                        pick[j - 1] = tmp;
+                    }
         }
-        int best;
-        if (first == 0x7fffffff) best = 0; /* cannot happen: n_used <= eligible experts (checked) */
-        else if (choice[first] != choice[first]) best = first;
-        else best = bi;
-        __syncwarp();
-        if (lane == 0) {
-            pick[k] = best;
-            allowed[best] = 0;
-        }
-        __syncwarp();
+        __syncthreads();
     }
-    if (lane != 0) return;
+    if (e != 0) return;
     int32_t *ch = a.ids + (int64_t)t * U;
     float *cw = a.wts + (int64_t)t * U;
-    for (int i = 1; i < U; i++)
-        for (int j = i; j > 0 && pick[j - 1] > pick[j]; j--) {
-            const int32_t tmp = pick[j];
-            pick[j] = pick[j - 1];
-            pick[j - 1] = tmp;
-        }
     double sum = 0;
     float w[ROUTE_MAX_USED];
     for (int k = 0; k < U; k++) sum += (w[k] = score[pick[k]]);
@@ -352,6 +398,90 @@ __global__ void k_localize(const int32_t *ids, const float *wts, int64_t cnt, in
     const float w = wts[i];
     ids_out[i] = mine ? e : 0;
     wts_out[i] = mine ? w : 0.0f;
+}
+
+/* ---- DSA indexer preparation ---- */
+
+constexpr int IP_T = 256, IP_PRE = 4, IP_MAX_PAIRS = 128, IP_MAX_DIM = 128;
+constexpr int64_t IP_MAX_CTAS = 1 << 20;
+struct IpInv {
+    float inv[IP_MAX_PAIRS];
+};
+
+/* Grid: one CTA per token (tokens loop past the grid); block: IP_T threads. The four small
+ * operations cuk_idx_prep names, with the separate kernels' arithmetic (rowops.cuh): warp 0
+ * holds the key row (lane l: elements 4l .. 4l + 3, as cuk_layer_norm's one-warp shape for
+ * dim <= 128), LayerNorms it (butterfly sums, float64) and ropes it in registers; threads
+ * n_pairs form the cos/sin table shared by the key and the n_head query heads; every thread
+ * ropes query pairs tid, tid + IP_T, ... (the first IP_PRE loaded up front) and threads < n_head
+ * scale the head weights. */
+__global__ void __launch_bounds__(IP_T)
+    k_idx_prep(float *q, float *k, float *w, const float *__restrict__ kw, const float *__restrict__ kb, int n_tok,
+               int n_head, int dim, int n_pairs, const int32_t *__restrict__ pos, const IpInv inv, float eps,
+               float w_scale) {
+    __shared__ float2 tab[IP_MAX_PAIRS];
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int np = n_head * n_pairs;
+    for (int64_t t = blockIdx.x; t < n_tok; t += gridDim.x) {
+        float *qt = q + t * n_head * dim, *kt = k + t * dim, *wt = w + t * n_head;
+        const int32_t ps = pos[t];
+        const int64_t e0 = 4 * lane;
+        const bool vk = (((uintptr_t)kt | (uintptr_t)kw | (uintptr_t)kb) & 15) == 0;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kwv = kv, kbv = kv;
+        if (tid < 32 && e0 < dim) {
+            kv = rowops_ld4(kt, e0, dim, vk);
+            kwv = rowops_ld4(kw, e0, dim, vk);
+            kbv = rowops_ld4(kb, e0, dim, vk);
+        }
+        float2 v[IP_PRE];
+#pragma unroll
+        for (int j = 0; j < IP_PRE; j++) {
+            const int idx = tid + j * IP_T;
+            v[j] = make_float2(0.0f, 0.0f);
+            if (idx < np) {
+                const float *p = qt + (int64_t)(idx / n_pairs) * dim + 2 * (idx % n_pairs);
+                v[j] = make_float2(p[0], p[1]);
+            }
+        }
+        if (tid < n_head) wt[tid] = __fmul_rn(wt[tid], w_scale);
+        __syncthreads(); /* the previous token's table is no longer read */
+        for (int i = tid; i < n_pairs; i += IP_T) tab[i] = rowops_rope_cs(ps, inv.inv[i]);
+        double mean = 0.0, dinv = 0.0;
+        if (tid < 32) {
+            double s = 0.0;
+            if (e0 < dim) s += rowops_chunk_sum(kv, e0, dim);
+            mean = rowops_warp_sum(s) / (double)dim;
+            double v2 = 0.0;
+            if (e0 < dim) v2 += rowops_chunk_var(kv, e0, dim, mean);
+            const double var = rowops_warp_sum(v2) / (double)dim;
+            dinv = 1.0 / sqrt(var + (double)eps);
+        }
+        __syncthreads();
+        if (tid < 32 && e0 < dim) {
+            kv = make_float4(rowops_ln_out(kv.x, mean, dinv, kwv.x, kbv.x), rowops_ln_out(kv.y, mean, dinv, kwv.y, kbv.y),
+                             rowops_ln_out(kv.z, mean, dinv, kwv.z, kbv.z), rowops_ln_out(kv.w, mean, dinv, kwv.w, kbv.w));
+            if (2 * lane < n_pairs) rowops_rope_rot(kv.x, kv.y, tab[2 * lane]);
+            if (2 * lane + 1 < n_pairs) rowops_rope_rot(kv.z, kv.w, tab[2 * lane + 1]);
+            rowops_st4(kt, e0, dim, vk, kv);
+        }
+#pragma unroll
+        for (int j = 0; j < IP_PRE; j++) {
+            const int idx = tid + j * IP_T;
+            if (idx < np) {
+                float *p = qt + (int64_t)(idx / n_pairs) * dim + 2 * (idx % n_pairs);
+                rowops_rope_rot(v[j].x, v[j].y, tab[idx % n_pairs]);
+                p[0] = v[j].x;
+                p[1] = v[j].y;
+            }
+        }
+        for (int idx = tid + IP_PRE * IP_T; idx < np; idx += IP_T) {
+            float *p = qt + (int64_t)(idx / n_pairs) * dim + 2 * (idx % n_pairs);
+            float a = p[0], b = p[1];
+            rowops_rope_rot(a, b, tab[idx % n_pairs]);
+            p[0] = a;
+            p[1] = b;
+        }
+    }
 }
 
 unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -431,9 +561,9 @@ extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g
     const int eligible = a->n_group > 1 && a->topk_group < a->n_group ? a->topk_group * (a->n_expert / a->n_group) : a->n_expert;
     if (a->n_used < 1 || a->n_used > ROUTE_MAX_USED || a->n_used > eligible)
         return BAD("moe_route: n_used=%d outside 1..min(64, %d eligible experts)", a->n_used, eligible);
-    const size_t smem = (size_t)(2 * a->n_expert + a->n_group) * sizeof(float) + ROUTE_MAX_USED * sizeof(int32_t) +
-                        (size_t)a->n_expert + 16;
-    k_route<<<(unsigned)a->n_tok, 32, smem, (cudaStream_t)stream>>>(*a);
+    const size_t smem = (size_t)(2 * a->n_expert + a->n_group) * sizeof(float) +
+                        (ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
+    k_route<<<(unsigned)a->n_tok, (a->n_expert + 31) / 32 * 32, smem, (cudaStream_t)stream>>>(*a);
     LAUNCH_CHECK("moe_route");
     return G5_OK;
 }
@@ -445,5 +575,31 @@ extern "C" g5_status cuk_moe_localize(const int32_t *ids, const float *wts, int6
     if (cnt < 1 || n_local < 1 || exp0 < 0) return BAD("moe_localize: cnt=%lld n_local=%d exp0=%d", (long long)cnt, n_local, exp0);
     k_localize<<<grid_for(cnt, 256), 256, 0, (cudaStream_t)stream>>>(ids, wts, cnt, exp0, n_local, ids_out, wts_out);
     LAUNCH_CHECK("moe_localize");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_idx_prep(float *q, float *k, float *w, const float *k_norm_w, const float *k_norm_b,
+                                  int32_t n_tok, int32_t n_head, int32_t dim, int32_t n_rot, float theta,
+                                  const int32_t *pos, float eps, float w_scale, cuk_stream stream, g5_error *err) {
+    if (!q || !k || !w || !k_norm_w || !k_norm_b || !pos) return BAD("idx_prep: NULL pointer");
+    if (n_tok < 1 || n_head < 1 || dim < 1)
+        return BAD("idx_prep: n_tok=%d n_head=%d dim=%d must be positive", n_tok, n_head, dim);
+    if (n_rot < 2 || n_rot % 2 || n_rot > dim) return BAD("idx_prep: n_rot=%d must be even and in 2..dim=%d", n_rot, dim);
+    if (dim > IP_MAX_DIM || n_rot / 2 > IP_MAX_PAIRS || (int64_t)n_head * n_rot / 2 > 0x7fffffff) {
+        /* beyond the fused kernel's one-warp key row: the separate launches */
+        g5_status st = cuk_rope(q, n_tok, (int64_t)n_head * dim, n_head, dim, 0, n_rot, theta, pos, stream, err);
+        if (!st) st = cuk_layer_norm(k, dim, k_norm_w, k_norm_b, k, dim, n_tok, dim, eps, stream, err);
+        if (!st) st = cuk_rope(k, n_tok, dim, 1, dim, 0, n_rot, theta, pos, stream, err);
+        if (!st) st = cuk_scale(w, (int64_t)n_tok * n_head, w_scale, stream, err);
+        return st;
+    }
+    if (!(eps >= 0.0f)) return BAD("idx_prep: eps=%g must be >= 0", (double)eps);
+    if (!(theta > 0.0f)) return BAD("idx_prep: theta=%g must be positive", (double)theta);
+    IpInv inv;
+    const int n_pairs = n_rot / 2;
+    for (int i = 0; i < n_pairs; i++) inv.inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot); /* as cuk_rope */
+    k_idx_prep<<<(unsigned)(n_tok < IP_MAX_CTAS ? n_tok : IP_MAX_CTAS), IP_T, 0, (cudaStream_t)stream>>>(
+        q, k, w, k_norm_w, k_norm_b, n_tok, n_head, dim, n_pairs, pos, inv, eps, w_scale);
+    LAUNCH_CHECK("idx_prep");
     return G5_OK;
 }

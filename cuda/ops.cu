@@ -5,92 +5,237 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <cooperative_groups.h>
+
 #include "cuda/cuk_internal.cuh"
+#include "cuda/rowops.cuh"
+
+namespace cg = cooperative_groups;
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
 namespace {
 
-constexpr int NORM_THREADS = 256;
+constexpr int NORM_THREADS = 256; /* argmax */
 
-/* Sum over the CTA (blockDim.x == NORM_THREADS); every thread gets the total. */
-__device__ double block_sum(double v, double *sh) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads(); /* sh may still be read from a previous call */
-    if (lane == 0) sh[warp] = v;
+/* ---- row norms ----
+ * At decode a norm is one row: latency, not bandwidth, decides. A row is split into float4
+ * chunks spread over the CTAs of a cluster (the row's "threads" g = rank * blockDim + tid, chunk
+ * c owned by thread c % P, P = cluster size * blockDim), every load of a thread's chunks issued
+ * before any arithmetic, the chunks kept in registers for the second pass (up to NR_NC per
+ * thread; beyond that, re-read). The shape (cluster size, blockDim) depends on dim alone
+ * (norm_shape), so a row's reduction order, hence its bits, is the same whatever the number of
+ * rows in the launch, and the same for the fused add + norm as for the plain norm. */
+constexpr int NR_T = 256; /* threads per CTA at most */
+constexpr int NR_CL = 8;  /* CTAs per row (cluster) at most: the portable cluster size */
+constexpr int NR_NC = 4;  /* float4 chunks per thread held in registers */
+constexpr int64_t NR_MAX_CLUSTERS = 1 << 20; /* rows per launch wave (rows loop past it) */
+
+enum { NK_RMS = 0, NK_ADD_RMS = 1, NK_LAYER = 2 };
+
+struct NormArgs {
+    float *x;          /* [n_rows][ldx] (written by NK_ADD_RMS) */
+    int64_t ldx;
+    const float *a;    /* NK_ADD_RMS: [n_rows][lda] */
+    const float *b;    /* NK_ADD_RMS: [n_rows][lda] or NULL */
+    int64_t lda;
+    const float *w;    /* [dim] */
+    const float *bias; /* NK_LAYER: [dim] */
+    float *y;          /* [n_rows][ldy] */
+    int64_t ldy;
+    int64_t n_rows, dim;
+    float eps;
+    int cs;            /* CTAs per row (cluster size) */
+};
+
+struct NormShape {
+    int cs, threads;
+};
+
+/* One chunk per thread up to NR_CL * NR_T chunks (dim 8192), then more chunks per thread. */
+static NormShape norm_shape(int64_t dim) {
+    const int64_t nch = (dim + 3) / 4;
+    if (nch <= NR_T) return {1, (int)((nch + 31) / 32 * 32)};
+    const int64_t cs = (nch + NR_T - 1) / NR_T;
+    return {(int)(cs < NR_CL ? cs : NR_CL), NR_T};
+}
+
+__device__ __forceinline__ void cl_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+/* Sum of one double per thread over the row's CTAs; every thread gets the total. Order: lanes by
+ * butterfly, warps in index order, CTAs in rank order. Slots alternate between consecutive
+ * calls (red counts them), so a call never overwrites partials another thread or CTA may still
+ * be reading from the call before; a CTA pushes its partial into every CTA's slot, so after the
+ * cluster barrier each reads only its own shared memory and may exit at once. started: the
+ * kernel's opening relaxed arrive has not been waited for yet (a CTA may write another's shared
+ * memory only once that one is running). */
+__device__ double row_sum(double v, double (*wsh)[NR_T / 32], double (*csh)[NR_CL], int &red, bool &started,
+                          int cs) {
+    const int slot = red++ & 1;
+    v = rowops_warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0) wsh[slot][warp] = v;
     __syncthreads();
-    double t = 0.0;
-    for (int i = 0; i < NORM_THREADS / 32; i++) t += sh[i]; /* fixed order: deterministic */
+    double t = wsh[slot][0];
+    for (int i = 1; i < nw; i++) t += wsh[slot][i];
+    if (cs == 1) return t;
+    if (started) {
+        cl_wait();
+        started = false;
+    }
+    if (threadIdx.x < (unsigned)cs) {
+        cg::cluster_group cl = cg::this_cluster();
+        double *dst = cl.map_shared_rank(&csh[slot][0], (unsigned)threadIdx.x);
+        dst[cl.block_rank()] = t;
+    }
+    cl_arrive();
+    cl_wait();
+    t = csh[slot][0];
+    for (int r = 1; r < cs; r++) t += csh[slot][r];
     return t;
 }
 
-/* RMSNorm. Grid: one CTA per row; block: 256 threads. Each thread sums x^2 (float64) over
- * elements tid, tid+256, ...; the CTA reduces, then each thread writes its elements
- * x * scale * w. */
-__global__ void __launch_bounds__(NORM_THREADS)
-    k_rms_norm(const float *x, int64_t ldx, const float *__restrict__ w, float *y, int64_t ldy,
-               int64_t dim, float eps) {
-    __shared__ double sh[NORM_THREADS / 32];
-    const float *xr = x + (int64_t)blockIdx.x * ldx;
-    float *yr = y + (int64_t)blockIdx.x * ldy;
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS) ss += (double)xr[i] * xr[i];
-    ss = block_sum(ss, sh);
-    const float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS)
-        yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+/* x + (b ? a + b : a), elementwise: the separate adds' order. */
+__device__ __forceinline__ float4 add_res(float4 x, float4 a, const float *br, float4 b) {
+    if (br) a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+    return make_float4(__fadd_rn(x.x, a.x), __fadd_rn(x.y, a.y), __fadd_rn(x.z, a.z), __fadd_rn(x.w, a.w));
 }
 
-/* Residual add fused into the RMSNorm that follows it (the decode step's x += stage output;
- * h = norm(x)). Grid: one CTA per row; block: 256 threads. Each thread forms its elements
- * v = x + (b ? a + b : a) (the separate adds' order), writes v back to x and sums v^2; the
- * rest is k_rms_norm's arithmetic, so x and y equal cuk_add(s) followed by cuk_rms_norm. */
-__global__ void __launch_bounds__(NORM_THREADS)
-    k_add_rms_norm(float *x, int64_t ldx, const float *a, const float *b, int64_t lda,
-                   const float *__restrict__ w, float *y, int64_t ldy, int64_t dim, float eps) {
-    __shared__ double sh[NORM_THREADS / 32];
-    float *xr = x + (int64_t)blockIdx.x * ldx;
-    const float *ar = a + (int64_t)blockIdx.x * lda;
-    const float *br = b ? b + (int64_t)blockIdx.x * lda : nullptr;
-    float *yr = y + (int64_t)blockIdx.x * ldy;
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
-        const float s = br ? __fadd_rn(ar[i], br[i]) : ar[i];
-        const float v = __fadd_rn(xr[i], s);
-        xr[i] = v;
-        ss += (double)v * v;
-    }
-    ss = block_sum(ss, sh);
-    const float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS)
-        yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+__device__ __forceinline__ float4 rms_out(float4 x, float s, float4 w) {
+    return make_float4(__fmul_rn(__fmul_rn(x.x, s), w.x), __fmul_rn(__fmul_rn(x.y, s), w.y),
+                       __fmul_rn(__fmul_rn(x.z, s), w.z), __fmul_rn(__fmul_rn(x.w, s), w.w));
 }
 
-/* LayerNorm. Grid: one CTA per row; block: 256 threads. Two strided passes for the float64
- * mean and biased variance (x re-read, cached), then each thread writes its elements
- * (float)((x - mean) * inv) * w + b. */
-__global__ void __launch_bounds__(NORM_THREADS)
-    k_layer_norm(const float *x, int64_t ldx, const float *__restrict__ w,
-                 const float *__restrict__ b, float *y, int64_t ldy, int64_t dim, float eps) {
-    __shared__ double sh[NORM_THREADS / 32];
-    const float *xr = x + (int64_t)blockIdx.x * ldx;
-    float *yr = y + (int64_t)blockIdx.x * ldy;
-    double s = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS) s += xr[i];
-    const double mean = block_sum(s, sh) / (double)dim;
-    double v = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
-        const double d = (double)xr[i] - mean;
-        v += d * d;
+__device__ __forceinline__ float4 ln_out(float4 x, double mean, double inv, float4 w, float4 b) {
+    return make_float4(rowops_ln_out(x.x, mean, inv, w.x, b.x), rowops_ln_out(x.y, mean, inv, w.y, b.y),
+                       rowops_ln_out(x.z, mean, inv, w.z, b.z), rowops_ln_out(x.w, mean, inv, w.w, b.w));
+}
+
+/* RMSNorm (NK_RMS), residual add + RMSNorm (NK_ADD_RMS), LayerNorm (NK_LAYER). Grid: cs CTAs
+ * (one cluster) per row, rows looping by the number of clusters; block: norm_shape's threads.
+ * Each thread loads its chunks (x, and a, b for the add; w, bias) first, forms v = x (+ a + b),
+ * writes v back for the add, sums v^2 (or v, then (v - mean)^2) in float64 over its chunks in
+ * order, the row reduces (row_sum), and the thread writes its chunks of y from the registers.
+ * The arithmetic per element is the CPU's: x * scale * w, (float)((x - mean) * inv) * w + b. */
+template <int KIND>
+__global__ void __launch_bounds__(NR_T) k_norm(NormArgs p) {
+    __shared__ double wsh[2][NR_T / 32];
+    __shared__ double csh[2][NR_CL];
+    const int cs = p.cs;
+    const int64_t P = (int64_t)cs * blockDim.x;
+    const int64_t g = (int64_t)(blockIdx.x % cs) * blockDim.x + threadIdx.x;
+    const int64_t nch = (p.dim + 3) / 4;
+    const int nc = (int)((nch - g + P - 1) / P); /* this thread's chunks: g, g + P, ... */
+    const int64_t n_cl = gridDim.x / cs;
+    bool started = cs > 1;
+    int red = 0;
+    if (started) cl_arrive_relaxed();
+    for (int64_t row = blockIdx.x / cs; row < p.n_rows; row += n_cl) {
+        float *xr = p.x + row * p.ldx;
+        float *yr = p.y + row * p.ldy;
+        const float *ar = KIND == NK_ADD_RMS ? p.a + row * p.lda : nullptr;
+        const float *br = KIND == NK_ADD_RMS && p.b ? p.b + row * p.lda : nullptr;
+        const bool vec = (((uintptr_t)xr | (uintptr_t)yr | (uintptr_t)ar | (uintptr_t)br | (uintptr_t)p.w |
+                           (uintptr_t)p.bias) & 15) == 0;
+        float4 xv[NR_NC], wv[NR_NC], bv[NR_NC];
+#pragma unroll
+        for (int j = 0; j < NR_NC; j++) {
+            xv[j] = wv[j] = bv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < nc) {
+                const int64_t e0 = (g + j * P) * 4;
+                xv[j] = rowops_ld4(xr, e0, p.dim, vec);
+                if (KIND == NK_ADD_RMS) {
+                    const float4 av = rowops_ld4(ar, e0, p.dim, vec);
+                    const float4 bb = br ? rowops_ld4(br, e0, p.dim, vec) : av;
+                    xv[j] = add_res(xv[j], av, br, bb);
+                }
+                wv[j] = rowops_ld4(p.w, e0, p.dim, vec);
+                if (KIND == NK_LAYER) bv[j] = rowops_ld4(p.bias, e0, p.dim, vec);
+            }
+        }
+        double s = 0.0;
+#pragma unroll
+        for (int j = 0; j < NR_NC; j++) {
+            if (j >= nc) break;
+            const int64_t e0 = (g + j * P) * 4;
+            if (KIND == NK_ADD_RMS) rowops_st4(xr, e0, p.dim, vec, xv[j]);
+            s += KIND == NK_LAYER ? rowops_chunk_sum(xv[j], e0, p.dim) : rowops_chunk_sq(xv[j], e0, p.dim);
+        }
+        for (int j = NR_NC; j < nc; j++) { /* past the registers: read (and for the add written) */
+            const int64_t e0 = (g + j * P) * 4;
+            float4 v = rowops_ld4(xr, e0, p.dim, vec);
+            if (KIND == NK_ADD_RMS) {
+                const float4 av = rowops_ld4(ar, e0, p.dim, vec);
+                const float4 bb = br ? rowops_ld4(br, e0, p.dim, vec) : av;
+                v = add_res(v, av, br, bb);
+                rowops_st4(xr, e0, p.dim, vec, v);
+            }
+            s += KIND == NK_LAYER ? rowops_chunk_sum(v, e0, p.dim) : rowops_chunk_sq(v, e0, p.dim);
+        }
+        s = row_sum(s, wsh, csh, red, started, cs);
+        float scale = 0.0f;
+        double mean = 0.0, inv = 0.0;
+        if (KIND == NK_LAYER) {
+            mean = s / (double)p.dim;
+            double v2 = 0.0;
+#pragma unroll
+            for (int j = 0; j < NR_NC; j++) {
+                if (j >= nc) break;
+                v2 += rowops_chunk_var(xv[j], (g + j * P) * 4, p.dim, mean);
+            }
+            for (int j = NR_NC; j < nc; j++) {
+                const int64_t e0 = (g + j * P) * 4;
+                v2 += rowops_chunk_var(rowops_ld4(xr, e0, p.dim, vec), e0, p.dim, mean);
+            }
+            const double var = row_sum(v2, wsh, csh, red, started, cs) / (double)p.dim;
+            inv = 1.0 / sqrt(var + (double)p.eps);
+        } else {
+            scale = (float)(1.0 / sqrt(s / (double)p.dim + (double)p.eps));
+        }
+#pragma unroll
+        for (int j = 0; j < NR_NC; j++) {
+            if (j >= nc) break;
+            const int64_t e0 = (g + j * P) * 4;
+            rowops_st4(yr, e0, p.dim, vec,
+                     KIND == NK_LAYER ? ln_out(xv[j], mean, inv, wv[j], bv[j]) : rms_out(xv[j], scale, wv[j]));
+        }
+        for (int j = NR_NC; j < nc; j++) {
+            const int64_t e0 = (g + j * P) * 4;
+            const float4 v = rowops_ld4(xr, e0, p.dim, vec); /* NK_ADD_RMS: this thread's own write */
+            const float4 w = rowops_ld4(p.w, e0, p.dim, vec);
+            rowops_st4(yr, e0, p.dim, vec,
+                     KIND == NK_LAYER ? ln_out(v, mean, inv, w, rowops_ld4(p.bias, e0, p.dim, vec)) : rms_out(v, scale, w));
+        }
     }
-    const double var = block_sum(v, sh) / (double)dim;
-    const double inv = 1.0 / sqrt(var + (double)eps);
-    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
-        const float t = (float)(((double)xr[i] - mean) * inv);
-        yr[i] = __fadd_rn(__fmul_rn(t, w[i]), b[i]);
+    if (started) cl_wait(); /* a cluster with no row: complete the opening arrive */
+}
+
+template <int KIND>
+static g5_status launch_norm(NormArgs p, cudaStream_t st, g5_error *err) {
+    const NormShape sh = norm_shape(p.dim);
+    p.cs = sh.cs;
+    const int64_t n_cl = p.n_rows < NR_MAX_CLUSTERS ? p.n_rows : NR_MAX_CLUSTERS;
+    if (sh.cs == 1) {
+        k_norm<KIND><<<(unsigned)n_cl, sh.threads, 0, st>>>(p);
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)sh.cs;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)(n_cl * sh.cs), 1, 1);
+        cfg.blockDim = dim3((unsigned)sh.threads, 1, 1);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        CUK_CHECK(cudaLaunchKernelEx(&cfg, k_norm<KIND>, p));
     }
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
 }
 
 constexpr int ROPE_MAX_PAIRS = 128;
@@ -98,24 +243,51 @@ struct RopeInv {
     float inv[ROPE_MAX_PAIRS];
 };
 
-/* RoPE. Grid-stride over (token, head, pair); block: 256 threads. Each thread rotates one
- * adjacent pair by pos[t] * inv[i] (angle in float32, cos/sin in float64 as the CPU does). */
-__global__ void k_rope(float *x, int64_t n_tok, int64_t tok_stride, int64_t n_head,
-                       int64_t head_stride, int64_t rot_off, int n_pairs,
-                       const int32_t *__restrict__ pos, const RopeInv inv) {
-    const int64_t total = n_tok * n_head * n_pairs;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int i = (int)(idx % n_pairs);
-        const int64_t hh = (idx / n_pairs) % n_head, t = idx / ((int64_t)n_pairs * n_head);
-        const float ang = __fmul_rn((float)pos[t], inv.inv[i]);
-        double sd, cd;
-        sincos((double)ang, &sd, &cd);
-        const float c = (float)cd, s = (float)sd;
-        float *p = x + t * tok_stride + hh * head_stride + rot_off + 2 * i;
-        const float a = p[0], b = p[1];
-        p[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        p[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+/* RoPE. Grid: one CTA per token (tokens loop past the grid); block: ROPE_T threads. Thread i <
+ * n_pairs forms pair i's cos/sin once per token into shared memory (shared by all heads); each
+ * thread rotates pairs idx = tid, tid + ROPE_T, ... of the token's (head, pair) grid, the first
+ * ROPE_PRE of them loaded before the table is formed so their loads overlap the sincos. */
+constexpr int ROPE_T = 256, ROPE_PRE = 4;
+constexpr int64_t ROPE_MAX_CTAS = 1 << 20;
+
+__global__ void __launch_bounds__(ROPE_T)
+    k_rope(float *x, int64_t n_tok, int64_t tok_stride, int64_t n_head, int64_t head_stride, int64_t rot_off,
+           int n_pairs, const int32_t *__restrict__ pos, const RopeInv inv) {
+    __shared__ float2 tab[ROPE_MAX_PAIRS];
+    const int64_t np = n_head * n_pairs;
+    for (int64_t t = blockIdx.x; t < n_tok; t += gridDim.x) {
+        float *xt = x + t * tok_stride + rot_off;
+        const int32_t ps = pos[t];
+        float2 v[ROPE_PRE];
+#pragma unroll
+        for (int j = 0; j < ROPE_PRE; j++) {
+            const int64_t idx = threadIdx.x + (int64_t)j * blockDim.x;
+            v[j] = make_float2(0.0f, 0.0f);
+            if (idx < np) {
+                const float *p = xt + (idx / n_pairs) * head_stride + 2 * (idx % n_pairs);
+                v[j] = make_float2(p[0], p[1]);
+            }
+        }
+        __syncthreads(); /* the previous token's table is no longer read */
+        for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) tab[i] = rowops_rope_cs(ps, inv.inv[i]);
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < ROPE_PRE; j++) {
+            const int64_t idx = threadIdx.x + (int64_t)j * blockDim.x;
+            if (idx < np) {
+                float *p = xt + (idx / n_pairs) * head_stride + 2 * (idx % n_pairs);
+                rowops_rope_rot(v[j].x, v[j].y, tab[idx % n_pairs]);
+                p[0] = v[j].x;
+                p[1] = v[j].y;
+            }
+        }
+        for (int64_t idx = threadIdx.x + (int64_t)ROPE_PRE * blockDim.x; idx < np; idx += blockDim.x) {
+            float *p = xt + (idx / n_pairs) * head_stride + 2 * (idx % n_pairs);
+            float a = p[0], b = p[1];
+            rowops_rope_rot(a, b, tab[idx % n_pairs]);
+            p[0] = a;
+            p[1] = b;
+        }
     }
 }
 
@@ -186,9 +358,8 @@ extern "C" g5_status cuk_rms_norm(const float *x, int64_t ldx, const float *w, f
     if (st != G5_OK) return st;
     if (!w) return BAD("rms_norm: w is NULL");
     if (!(eps >= 0.0f)) return BAD("rms_norm: eps=%g must be >= 0", (double)eps);
-    k_rms_norm<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, w, y, ldy, dim, eps);
-    CUK_CHECK(cudaGetLastError());
-    return G5_OK;
+    const NormArgs p = {(float *)x, ldx, nullptr, nullptr, 0, w, nullptr, y, ldy, n_rows, dim, eps, 1};
+    return launch_norm<NK_RMS>(p, (cudaStream_t)stream, err);
 }
 
 extern "C" g5_status cuk_add_rms_norm(float *x, int64_t ldx, const float *a, const float *b,
@@ -202,10 +373,8 @@ extern "C" g5_status cuk_add_rms_norm(float *x, int64_t ldx, const float *a, con
     if (lda < dim) return BAD("add_rms_norm: lda=%lld < dim=%lld", (long long)lda, (long long)dim);
     if (y == x || y == a || (b && y == b)) return BAD("add_rms_norm: y aliases an input");
     if (!(eps >= 0.0f)) return BAD("add_rms_norm: eps=%g must be >= 0", (double)eps);
-    k_add_rms_norm<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, a, b, lda, w, y, ldy, dim,
-                                                                              eps);
-    CUK_CHECK(cudaGetLastError());
-    return G5_OK;
+    const NormArgs p = {x, ldx, a, b, lda, w, nullptr, y, ldy, n_rows, dim, eps, 1};
+    return launch_norm<NK_ADD_RMS>(p, (cudaStream_t)stream, err);
 }
 
 extern "C" g5_status cuk_layer_norm(const float *x, int64_t ldx, const float *w, const float *b,
@@ -216,9 +385,8 @@ extern "C" g5_status cuk_layer_norm(const float *x, int64_t ldx, const float *w,
     if (!w) return BAD("layer_norm: w is NULL");
     if (!b) return BAD("layer_norm: b is NULL");
     if (!(eps >= 0.0f)) return BAD("layer_norm: eps=%g must be >= 0", (double)eps);
-    k_layer_norm<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, w, b, y, ldy, dim, eps);
-    CUK_CHECK(cudaGetLastError());
-    return G5_OK;
+    const NormArgs p = {(float *)x, ldx, nullptr, nullptr, 0, w, b, y, ldy, n_rows, dim, eps, 1};
+    return launch_norm<NK_LAYER>(p, (cudaStream_t)stream, err);
 }
 
 extern "C" g5_status cuk_rope(float *x, int64_t n_tok, int64_t tok_stride, int64_t n_head,
@@ -243,8 +411,9 @@ extern "C" g5_status cuk_rope(float *x, int64_t n_tok, int64_t tok_stride, int64
     const int n_pairs = (int)(n_rot / 2);
     for (int i = 0; i < n_pairs; i++)
         inv.inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot); /* as the CPU */
-    const int64_t total = n_tok * n_head * n_pairs;
-    k_rope<<<grid_for(total, 256), 256, 0, (cudaStream_t)stream>>>(
+    const int64_t np = n_head * n_pairs;
+    const int threads = np < ROPE_T ? (int)((np + 31) / 32 * 32) : ROPE_T;
+    k_rope<<<(unsigned)(n_tok < ROPE_MAX_CTAS ? n_tok : ROPE_MAX_CTAS), threads, 0, (cudaStream_t)stream>>>(
         x, n_tok, tok_stride, n_head, head_stride, rot_off, n_pairs, pos, inv);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;

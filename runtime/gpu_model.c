@@ -22,6 +22,7 @@
 #include "model_impl.h"
 
 #include "cuda/gemv_select.h"
+#include "cuda/cuk_head_gemv.h"
 #include "gpu_int.h"
 
 void rt_gpu_opts_default(rt_gpu_opts *o) {
@@ -801,11 +802,11 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         PMARK("attn", "idx_k gemv");
         CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, 1, err));
         PMARK("attn", "idx_proj gemv");
-        CK(cuk_rope(rk->iq, n, IH * ID, IH, ID, 0, R, theta, rk->pos, cs, err));
-        CK(cuk_layer_norm(ik, ID, L->idx_k_norm, L->idx_k_norm_b, ik, ID, n, ID, RT_IDX_NORM_EPS, cs, err));
-        CK(cuk_rope(ik, n, ID, 1, ID, 0, R, theta, rk->pos, cs, err));
-        CK(cuk_scale(rk->iw, (int64_t)n * IH, (float)(1.0 / sqrt((double)ID * (double)IH)), cs, err));
-        PMARK("attn", "idx rope+norm+rope+scale (4 launches)");
+        /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
+        CK(cuk_idx_prep(rk->iq, ik, rk->iw, L->idx_k_norm, L->idx_k_norm_b, (int32_t)n, (int32_t)IH, (int32_t)ID,
+                        (int32_t)R, theta, rk->pos, RT_IDX_NORM_EPS, (float)(1.0 / sqrt((double)ID * (double)IH)),
+                        cs, err));
+        PMARK("attn", "idx rope+norm+rope+scale (cuk_idx_prep)");
         /* per sequence, in stream order: the score buffer is reused by each */
         for (uint32_t i = 0; i < pl->n_seg; i++) {
             float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
@@ -851,13 +852,20 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         uint32_t xt;
         const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
         if (st) return st;
-        const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
-        for (int64_t h = 0; h < H; h++) {
-            const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
-            CK(gemv_in(rk, &wuv, (const uint8_t *)xin + h * KL * es, xt, ld, n, rk->ao + h * V, H * V, err));
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact) */
+        const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
+                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
+        if (cuk_head_gemv_fits(&hg)) {
+            CK(cuk_head_gemv(&hg, cs, err));
+        } else {
+            const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+            for (int64_t h = 0; h < H; h++) {
+                const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+                CK(gemv_in(rk, &wuv, (const uint8_t *)xin + h * KL * es, xt, ld, n, rk->ao + h * V, H * V, err));
+            }
         }
     }
-    PMARK("attn", "W_UV gemv (one launch per head)");
+    PMARK("attn", "W_UV gemv (all heads, one launch)");
     CK(gm_gemv(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
     PMARK("attn", "attn_output gemv");
     rk->oa = rk->part;

@@ -9,7 +9,9 @@
  * Per launcher and implementation: us per call, MB read (logical: W_UK, keys + scores, scores,
  * selected latent rows per token), GB/s; then split-vs-old agreement: absorb and attention max
  * |diff| / max |old|, scores the same, top-k the count of rows not identical (must be 0).
- * A D2D copy rate measured in the same run is the ceiling. Usage: bench_attn [only_decode] */
+ * A D2D copy rate measured in the same run is the ceiling. idx_scores also: the lane kernel
+ * (cuda/idx_select.h, default) against a thread per key, bits must be identical. First, W_UV
+ * (bench_wuv): 8 per-head GEMVs against one cuk_head_gemv launch. Usage: bench_attn [only_decode] */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -18,7 +20,9 @@
 #include <string.h>
 
 #include "cuda/attn_select.h"
+#include "cuda/cuk_head_gemv.h"
 #include "cuda/cuk_model.h"
+#include "cuda/idx_select.h"
 #include "format/quant.h"
 
 #define CK(call)                                                                                   \
@@ -244,6 +248,23 @@ static void bench_cfg(const cfg *c) {
             for (int64_t s = pos0 + t + 1; s < P; s++) r_sc[im][(int64_t)t * P + s] = 0.0f;
         for (int l = 0; l < N_L; l++) us[im][l] = time_us(c, &b, (launcher)l);
     }
+    /* idx_scores with the split kernels: the lane kernel (default, in "split" above) against a
+     * thread per key; both must give the same bits */
+    cuk_idx_scores_set_lane(0);
+    run_one(c, &b, L_SCORES, 0);
+    CK(cudaDeviceSynchronize());
+    float *sc_t = malloc((size_t)n * P * 4);
+    if (!sc_t) exit(2);
+    CK(cudaMemcpy(sc_t, b.sc, (size_t)n * P * 4, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < n; t++)
+        for (int64_t s = pos0 + t + 1; s < P; s++) sc_t[(int64_t)t * P + s] = 0.0f;
+    const double us_thr = time_us(c, &b, L_SCORES);
+    cuk_idx_scores_set_lane(1);
+    const int lane_same = memcmp(sc_t, r_sc[1], (size_t)n * P * 4) == 0;
+    printf("  idx_scores: lane kernel %.2f us, thread per key %.2f us, old %.2f us; lane == thread per key bits: %s\n",
+           us[1][L_SCORES], us_thr, us[0][L_SCORES], lane_same ? "identical" : "DIFFER");
+    fails += !lane_same;
+    free(sc_t);
     cuk_attn_set_old(-1);
     double tot[2] = {0, 0};
     for (int l = 0; l < N_L; l++) {
@@ -297,6 +318,114 @@ static void bench_cfg(const cfg *c) {
     cudaFree(b.ns);
 }
 
+/* W_UV at decode: y[t][h][0..VH) = W_UV[h] o_lat[t][h] for the 8 heads, as 8 cuk_gemv launches
+ * (one per head, the former path) and as one cuk_head_gemv launch, for n = 1, 4, 16 rows, f32
+ * and bf16 inputs. Checks: head_gemv against a double CPU product (max |diff| / max |ref|), each
+ * row of a batched call bitwise equal to a one-row call of that row (the server's batched decode
+ * needs it), and the agreement with the per-head GEMVs. Weights rotate over >= 256 MB. */
+static void bench_wuv(void) {
+    const size_t wb = ((size_t)H * HR * KL * 4 + 255) & ~(size_t)255;
+    const int nc = (int)((ROT_BYTES + wb - 1) / wb);
+    float *kvb = rand_h((size_t)H * HR * KL, -0.1f, 0.1f);
+    uint8_t *dw = dalloc(wb * nc);
+    for (int i = 0; i < nc; i++) CK(cudaMemcpy(dw + i * wb, kvb, (size_t)H * HR * KL * 4, cudaMemcpyHostToDevice));
+    enum { NMAX = 16 };
+    float *x = rand_h((size_t)NMAX * H * KL, -1, 1);
+    uint16_t *xb = malloc((size_t)NMAX * H * KL * 2);
+    float *xbf = malloc((size_t)NMAX * H * KL * 4); /* the bf16 inputs as float32 */
+    float *y = malloc((size_t)NMAX * H * VH * 4), *y1 = malloc((size_t)NMAX * H * VH * 4);
+    float *yg = malloc((size_t)NMAX * H * VH * 4);
+    if (!xb || !xbf || !y || !y1 || !yg) exit(2);
+    for (size_t i = 0; i < (size_t)NMAX * H * KL; i++) {
+        xb[i] = quant_f32_to_bf16(x[i]);
+        xbf[i] = quant_bf16_to_f32(xb[i]);
+    }
+    void *dx = dup_d(x, (size_t)NMAX * H * KL * 4), *dxb = dup_d(xb, (size_t)NMAX * H * KL * 2);
+    float *dy = dalloc((size_t)NMAX * H * VH * 4);
+    printf("== W_UV (%d heads x %d x %d float32, %.1f MB, %d rotation copies)\n", H, VH, KL, (double)H * VH * KL * 4 / 1e6,
+           nc);
+    static const int ns[] = {1, 4, 16};
+    for (int xt = 0; xt < 2; xt++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const int n = ns[ni];
+            const void *xin = xt ? dxb : dx;
+            const size_t es = xt ? 2 : 4;
+            double us[2];
+            for (int v = 0; v < 2; v++) { /* 0: per-head cuk_gemv, 1: cuk_head_gemv */
+                cudaEvent_t e0, e1;
+                CK(cudaEventCreate(&e0));
+                CK(cudaEventCreate(&e1));
+                const int iters = 200;
+                for (int it = -1; it < iters; it++) {
+                    if (it == 0) CK(cudaEventRecord(e0, NULL));
+                    const float *w = (const float *)(dw + (size_t)((it + 1) % nc) * wb);
+                    if (v == 0) {
+                        for (int h = 0; h < H; h++) {
+                            const cuk_gemv_args a = {QT_F32, w + ((size_t)h * HR + NOPE) * KL, KL, VH,
+                                                     (const uint8_t *)xin + (size_t)h * KL * es, (uint32_t)xt, H * KL, n,
+                                                     dy + h * VH, H * VH};
+                            GK(cuk_gemv(&a, NULL, E));
+                        }
+                    } else {
+                        const cuk_head_gemv_args a = {w + NOPE * KL, HR * KL, KL, H, VH, KL, xin, (uint32_t)xt, H * KL,
+                                                      KL, n, dy, H * VH, VH};
+                        GK(cuk_head_gemv(&a, NULL, E));
+                    }
+                }
+                CK(cudaEventRecord(e1, NULL));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                us[v] = ms * 1e3 / iters;
+                CK(cudaEventDestroy(e0));
+                CK(cudaEventDestroy(e1));
+                CK(cudaMemcpy(v ? y : yg, dy, (size_t)n * H * VH * 4, cudaMemcpyDeviceToHost));
+            }
+            /* the last iteration used copy iters % nc: every copy holds the same weights */
+            int rows_bad = 0;
+            for (int t = 0; t < n; t++) { /* row t alone */
+                const cuk_head_gemv_args a = {(const float *)dw + NOPE * KL, HR * KL, KL, H, VH, KL,
+                                              (const uint8_t *)xin + (size_t)t * H * KL * es, (uint32_t)xt, H * KL, KL, 1,
+                                              dy + (size_t)t * H * VH, H * VH, VH};
+                GK(cuk_head_gemv(&a, NULL, E));
+            }
+            CK(cudaMemcpy(y1, dy, (size_t)n * H * VH * 4, cudaMemcpyDeviceToHost));
+            for (int t = 0; t < n; t++) rows_bad += memcmp(y1 + (size_t)t * H * VH, y + (size_t)t * H * VH, H * VH * 4) != 0;
+            double dmax = 0, rmax = 0;
+            const float *xr = xt ? xbf : x;
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < H; h++)
+                    for (int r = 0; r < VH; r++) {
+                        double acc = 0;
+                        const float *wr = kvb + ((size_t)h * HR + NOPE + r) * KL, *xv = xr + ((size_t)t * H + h) * KL;
+                        for (int c = 0; c < KL; c++) acc += (double)wr[c] * xv[c];
+                        const double got = y[((size_t)t * H + h) * VH + r];
+                        if (fabs(got - acc) > dmax || got != got) dmax = got != got ? INFINITY : fabs(got - acc);
+                        if (fabs(acc) > rmax) rmax = fabs(acc);
+                    }
+            const double gd = max_diff(y, yg, (size_t)n * H * VH);
+            const int ok = rows_bad == 0 && dmax <= 1e-5 * rmax && rmax > 0;
+            const double mb = (double)H * VH * KL * 4 / 1e6;
+            printf("  %s n %2d: per-head gemv %7.2f us (%5.0f GB/s)  head_gemv %7.2f us (%5.0f GB/s, %.2f of copy)  "
+                   "err vs double %.1e of %.1e, vs gemv %.1e, batched rows != single: %d: %s\n",
+                   xt ? "bf16" : "f32 ", n, us[0], mb * 1e3 / us[0], us[1], mb * 1e3 / us[1],
+                   mb * 1e3 / us[1] / copy_gbs, dmax, rmax, gd, rows_bad, ok ? "ok" : "MISMATCH");
+            fails += !ok;
+        }
+    fflush(stdout);
+    cudaFree(dw);
+    cudaFree(dx);
+    cudaFree(dxb);
+    cudaFree(dy);
+    free(kvb);
+    free(x);
+    free(xb);
+    free(xbf);
+    free(y);
+    free(y1);
+    free(yg);
+}
+
 int main(int argc, char **argv) {
     const int only_decode = argc > 1 && atoi(argv[1]) != 0;
     {
@@ -326,6 +455,7 @@ int main(int argc, char **argv) {
         {"decode 4 tok 8k", 4, 8192, CUK_BF16},
         {"prefill 512 @4k", 512, 4096, CUK_F32}, {"prefill 512 @4k", 512, 4096, CUK_BF16},
     };
+    bench_wuv();
     const size_t nc = sizeof cfgs / sizeof cfgs[0];
     for (size_t i = 0; i < nc; i++) {
         if (only_decode && cfgs[i].n_tok > 8) continue;

@@ -7,6 +7,8 @@
  * tc_sub, tc_sub3, tc_sub2p, tc_sub3p = tensor-core variants; auto = the default choice, shown
  * as auto:simt or auto:tc) on the same weights and random x; "diff" is
  * max|y - y_simt| / max|y_simt|, "=sub" says whether a tc_sub* variant gave tc_sub's bits.
+ * First, the GEMVs of one decode step at their own types, graph-timed, under both k-split
+ * modes (bench_decode_shape); BENCH_GEMV_DECODE_ONLY=1 stops after them.
  * Usage: bench_gemv [iters]  (default 50) */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -167,6 +169,96 @@ static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_ty
     CK(cudaEventDestroy(b));
 }
 
+/* One decode-step GEMV shape (one GLM-5 TP 8 rank, types of synth's glm5 preset as
+ * tests/gpu/bench_decode runs them) at n vectors, under both k-split modes of the CUDA-core
+ * kernels (cuk_gemv_set_split_mode: "old" = warps of one CTA, "cluster" = + CTAs of a cluster)
+ * and the default family. Timed as the decode runs: >= `iters` launches on rotating weight copies
+ * (>= 256 MB of them, so that L2 keeps none)
+ * captured into one CUDA graph (no host launch cost in the time), mean per launch of 3 graph
+ * launches after a warm-up one. Prints the byte floor at the copy rate beside it; "diff" is
+ * cluster against old (the split changes the summation order, not the math). */
+static void bench_decode_shape(const char *name, uint32_t type, int64_t m, int64_t k, int n, float *x, float *y) {
+    uint64_t rb = 0;
+    quant_row_bytes(type, (uint64_t)k, &rb);
+    const uint64_t bytes = rb * (uint64_t)m;
+    const int copies = fill_pool(type, bytes);
+    /* launches per graph: the copies one graph reads must not fit L2 (60 MB) */
+    int nl = iters;
+    while (nl < copies && (uint64_t)nl * bytes < (256ull << 20)) nl++;
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    cuk_gemv_args g = {.w_type = type, .w = pool, .k = k, .m = m, .x = x, .x_type = CUK_ACT_F32,
+                       .ldx = k, .n = n, .y = y, .ldy = m};
+    const size_t ny = (size_t)n * (size_t)m;
+    float *ref = malloc(ny * sizeof(float));
+    if (!ref) exit(2);
+    char what[128];
+    snprintf(what, sizeof what, "decode %-8s %-4s m=%lld k=%lld n=%d", name, quant_type_name(type),
+             (long long)m, (long long)k, n);
+    static const char *const MODE[2] = {"old", "cluster"};
+    cuk_gemv_set_impl(CUK_GEMV_AUTO);
+    for (int mode = 0; mode < 2; mode++) {
+        cuk_gemv_set_split_mode(mode);
+        g.w = pool;
+        GK(cuk_gemv(&g, (cuk_stream)st, &err_));
+        CK(cudaStreamSynchronize(st));
+        double diff = -1;
+        if (mode == 0) CK(cudaMemcpy(ref, y, ny * sizeof(float), cudaMemcpyDeviceToHost));
+        else diff = max_diff(y, ref, ny);
+        cudaGraph_t graph;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < nl; i++) {
+            g.w = pool + (uint64_t)(i % copies) * pool_copy;
+            GK(cuk_gemv(&g, (cuk_stream)st, &err_));
+        }
+        CK(cudaStreamEndCapture(st, &graph));
+        CK(cudaGraphInstantiate(&ge, graph, 0));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(a, st));
+        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        const double us = time_ms(a, b) / (3.0 * nl) * 1e3;
+        printf("%-44s %-8s %-4s %7.3f MB %7.2f us  floor %5.2f us  x%5.2f", what, MODE[mode],
+               cuk_gemv_takes_tc(type, m, k, n) ? "tc" : "simt", bytes / 1e6, us,
+               bytes / (copy_rw_gbs * 1e3), us / (bytes / (copy_rw_gbs * 1e3)));
+        if (diff >= 0) printf("  diff %.1e", diff);
+        printf("\n");
+        fflush(stdout);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(graph));
+    }
+    cuk_gemv_set_split_mode(1);
+    free(ref);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaStreamDestroy(st));
+}
+
+/* The GEMVs of one decode step of a GLM-5 TP 8 rank (bench_decode's rank-0-equivalent shapes). */
+static void bench_decode_shapes(float *x, float *y) {
+    static const struct {
+        const char *name;
+        uint32_t type;
+        int64_t m, k;
+    } D[] = {
+        {"q_a", QT_Q6_K, 2048, 6144},     {"kv_a", QT_Q8_0, 576, 6144},
+        {"idx_q_b", QT_Q5_K, 4096, 2048}, {"idx_k", QT_BF16, 128, 6144},
+        {"idx_proj", QT_BF16, 32, 6144},  {"q_b", QT_Q5_K, 2048, 2048},
+        {"attn_out", QT_Q5_K, 6144, 2048}, {"router", QT_F32, 256, 6144},
+        {"sh_gate", QT_Q8_0, 256, 6144},  {"sh_down", QT_Q8_0, 6144, 256},
+        {"ffn_up", QT_Q4_K, 1536, 6144},  {"ffn_down", QT_Q4_K, 6144, 1536},
+        {"lm_head", QT_Q6_K, 19360, 6144},
+    };
+    printf("== decode-step GEMV shapes: graph-timed, split old vs cluster (floor = bytes at the copy rate)\n");
+    for (size_t i = 0; i < sizeof D / sizeof D[0]; i++)
+        for (int n = 1; n <= 8; n += 7) bench_decode_shape(D[i].name, D[i].type, D[i].m, D[i].k, n, x, y);
+}
+
 /* Experts of one rank: 32 local, 8 chosen; gate+up 256 x 6144 each, down 6144 x 256. */
 static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids, float *wts) {
     const int E = 32, K = 8, FF = 256, EMBD = 6144;
@@ -300,6 +392,9 @@ int main(int argc, char **argv) {
     const int32_t hid[8] = {3, 30, 7, 12, 19, 0, 25, 9};
     CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
 
+    bench_decode_shapes(x, y);
+    if (getenv("BENCH_GEMV_DECODE_ONLY")) goto done;
+
     const uint32_t types[] = {QT_Q4_K, QT_Q8_0};
     for (int t = 0; t < 2; t++) {
         bench_gemv(types[t], 19360, 6144, 1, CUK_ACT_F32, x, y); /* lm_head */
@@ -317,6 +412,7 @@ int main(int argc, char **argv) {
     const uint32_t more[] = {QT_Q6_K, QT_Q5_K, QT_IQ4_XS, QT_BF16};
     for (int t = 0; t < 4; t++) bench_gemv(more[t], 19360, 6144, 1, CUK_ACT_F32, x, y);
     bench_moe(QT_Q6_K, x, y, h, ids, wts);
+done:
     CK(cudaFree(pool));
     CK(cudaFree(x)); CK(cudaFree(y)); CK(cudaFree(h)); CK(cudaFree(wts)); CK(cudaFree(ids));
     return 0;

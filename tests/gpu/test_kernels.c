@@ -88,6 +88,9 @@ static const shape SHAPES[] = {
     {"odd", 37, 512, {1, 7, 13}, 1},
     {"one_block", 5, 256, {1, 16}, 0},
     {"tail", 3, 1280, {1}, 0},
+    /* decode shapes with few rows: the cluster k-split (kc > 1) of the CUDA-core kernels */
+    {"idx_proj", 32, 6144, {1, 8}, 1},
+    {"kv_a", 576, 6144, {1}, 0},
 };
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
@@ -282,7 +285,7 @@ static void test_gemv(void) {
     /* Every type with the default kernels (auto: tensor cores only for the large Q4_K shapes);
      * Q4_K and Q8_0 again with the CUDA-core ones and with the tensor-core variants: subnormal
      * quants (tc_sub; its prefetch variants must give the same bits), magic-exponent quants
-     * (tc), and auto's variant (tc_sub3p) on every shape. */
+     * (tc), and the deepest prefetching variant (tc_sub3p) on every shape. */
     static const char *const EXTRA[] = {"simt", "tc_sub", "tc", "tc_sub3p"};
     for (size_t t = 0; t < N_TYPES + 8; t++) {
         const uint32_t type = t < N_TYPES ? TYPES[t] : (t - N_TYPES) % 2 ? QT_Q8_0 : QT_Q4_K;
@@ -302,6 +305,17 @@ static void test_gemv(void) {
                 gemv_case(type, hw, dw, &SHAPES[s], 1, CUK_ACT_BF16, rowbuf);
                 gemv_case(type, hw, dw, &SHAPES[s], SHAPES[s].ns[2] ? SHAPES[s].ns[2] : 4,
                           CUK_ACT_BF16, rowbuf);
+            }
+            if (s == 0 && t < N_TYPES) {
+                /* cluster k-split shapes (32..576 rows at k = 6144), R = 4 and R = 2 tiles */
+                batch_identity_case(type, dw, 32, 6144, 8);
+                batch_identity_case(type, dw, 576, 6144, 16);
+                batch_identity_case(type, dw, 256, 6144, 3);
+                /* the old split (CUK_GEMV_SPLIT=old) stays correct */
+                cuk_gemv_set_split_mode(0);
+                gemv_case(type, hw, dw, &SHAPES[N_SHAPES - 2], 8, CUK_ACT_F32, rowbuf);
+                batch_identity_case(type, dw, 32, 6144, 8);
+                cuk_gemv_set_split_mode(1);
             }
             if (s == 0 && (type == QT_Q4_K || type == QT_Q8_0)) {
                 batch_identity_case(type, dw, 2048, 2048, 7);

@@ -1,0 +1,94 @@
+/* Internal to cuda/: device helpers shared by the per-row kernels of ops.cu (norms, RoPE) and
+ * model_ops.cu (the fused indexer preparation), so that a fused kernel does the same arithmetic
+ * as the separate launches it replaces. */
+#ifndef G5_ROWOPS_CUH
+#define G5_ROWOPS_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* Sum over the 32 lanes by xor butterfly: every lane gets the same total, in an order fixed by
+ * the lane layout alone. */
+__device__ __forceinline__ double rowops_warp_sum(double v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* cos/sin of RoPE pair i at position pos: the angle pos * inv_i in float32, cos and sin in
+ * float64 of that float (the CPU reference's arithmetic), rounded to float. */
+__device__ __forceinline__ float2 rowops_rope_cs(int32_t pos, float inv) {
+    const float ang = __fmul_rn((float)pos, inv);
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    return make_float2((float)cd, (float)sd);
+}
+
+/* Rotates the adjacent pair (a, b) by cs = (cos, sin), no contraction into FMAs. */
+__device__ __forceinline__ void rowops_rope_rot(float &a, float &b, float2 cs) {
+    const float x = a, y = b;
+    a = __fsub_rn(__fmul_rn(x, cs.x), __fmul_rn(y, cs.y));
+    b = __fadd_rn(__fmul_rn(x, cs.y), __fmul_rn(y, cs.x));
+}
+
+/* Elements e0 .. e0 + 3 of row r, those < dim (the others read as 0 / not written); vec: r
+ * is 16-byte aligned, so a whole chunk moves as one float4. */
+__device__ __forceinline__ float4 rowops_ld4(const float *r, int64_t e0, int64_t dim, bool vec) {
+    if (vec && e0 + 4 <= dim) return *(const float4 *)(r + e0);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (e0 < dim) v.x = r[e0];
+    if (e0 + 1 < dim) v.y = r[e0 + 1];
+    if (e0 + 2 < dim) v.z = r[e0 + 2];
+    if (e0 + 3 < dim) v.w = r[e0 + 3];
+    return v;
+}
+
+__device__ __forceinline__ void rowops_st4(float *r, int64_t e0, int64_t dim, bool vec, float4 v) {
+    if (vec && e0 + 4 <= dim) {
+        *(float4 *)(r + e0) = v;
+        return;
+    }
+    if (e0 < dim) r[e0] = v.x;
+    if (e0 + 1 < dim) r[e0 + 1] = v.y;
+    if (e0 + 2 < dim) r[e0 + 2] = v.z;
+    if (e0 + 3 < dim) r[e0 + 3] = v.w;
+}
+
+/* One LayerNorm chunk of up to 4 elements e0 .. e0 + 3 (those < dim) of a row: the float64 sum
+ * of the elements, in element order. */
+__device__ __forceinline__ double rowops_chunk_sum(float4 v, int64_t e0, int64_t dim) {
+    double s = 0.0;
+    if (e0 < dim) s += (double)v.x;
+    if (e0 + 1 < dim) s += (double)v.y;
+    if (e0 + 2 < dim) s += (double)v.z;
+    if (e0 + 3 < dim) s += (double)v.w;
+    return s;
+}
+
+/* The float64 sum of (x - mean)^2 over the chunk's elements < dim, in element order. */
+__device__ __forceinline__ double rowops_chunk_var(float4 v, int64_t e0, int64_t dim, double mean) {
+    double s = 0.0, d;
+    if (e0 < dim) d = (double)v.x - mean, s = __dadd_rn(s, __dmul_rn(d, d));
+    if (e0 + 1 < dim) d = (double)v.y - mean, s = __dadd_rn(s, __dmul_rn(d, d));
+    if (e0 + 2 < dim) d = (double)v.z - mean, s = __dadd_rn(s, __dmul_rn(d, d));
+    if (e0 + 3 < dim) d = (double)v.w - mean, s = __dadd_rn(s, __dmul_rn(d, d));
+    return s;
+}
+
+/* The float64 sum of squares over the chunk's elements < dim (each square is exact). */
+__device__ __forceinline__ double rowops_chunk_sq(float4 v, int64_t e0, int64_t dim) {
+    double s = 0.0;
+    if (e0 < dim) s += (double)v.x * v.x;
+    if (e0 + 1 < dim) s += (double)v.y * v.y;
+    if (e0 + 2 < dim) s += (double)v.z * v.z;
+    if (e0 + 3 < dim) s += (double)v.w * v.w;
+    return s;
+}
+
+/* LayerNorm output of one element: (float)((x - mean) * inv) * w + b. */
+__device__ __forceinline__ float rowops_ln_out(float x, double mean, double inv, float w, float b) {
+    const float t = (float)(((double)x - mean) * inv);
+    return __fadd_rn(__fmul_rn(t, w), b);
+}
+
+#endif

@@ -1,0 +1,317 @@
+/* The latency-bound per-row kernels (cuda/ops.cu norms and RoPE, cuda/model_ops.cu router and
+ * indexer preparation) on the properties the decode step relies on beyond test_kernels'
+ * tolerances:
+ *  - a row's bits do not depend on the number of rows in the launch (batched decode);
+ *  - cuk_add_rms_norm equals cuk_add + cuk_rms_norm bit for bit (x and y);
+ *  - cuk_idx_prep equals cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale bit for bit;
+ *  - cuk_moe_route picks exactly what runtime/model.c's scan picks, also with ties, signed
+ *    zeros and NaN choices (the reference scan below runs on the kernel's own scores, so the
+ *    check is on the selection alone);
+ * and the norms against a float64 reference, for dims that take each kernel shape (one warp,
+ * one CTA, a cluster, chunks past the registers) with aligned and unaligned rows.
+ * Runs on the device only. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "tests/test_util.h"
+
+#define G5_TEST_NAME "test_rowops"
+#define G5_TEST_SEED 0x70e5ull
+#include "tests/gpu/gpu_test_util.h"
+
+static int same_bits(const float *a, const float *b, size_t n) {
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+static float *rand_buf(size_t n, float lo, float hi) {
+    float *h = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = unif(lo, hi);
+    return h;
+}
+
+/* row-wise y on the host of an [n][ld] device buffer, first dim columns */
+static void get_rows(float *h, const float *d, int64_t n, int64_t ld, int64_t dim) {
+    float *t = xmalloc((size_t)(n * ld) * 4);
+    get(t, d, (size_t)(n * ld) * 4);
+    for (int64_t r = 0; r < n; r++) memcpy(h + r * dim, t + r * ld, (size_t)dim * 4);
+    free(t);
+}
+
+static void test_norms(void) {
+    static const int64_t dims[] = {7, 100, 128, 512, 576, 2048, 6144, 40001};
+    const int64_t n = 5;
+    const float eps = 1e-5f;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int al = 0; al < 2; al++) {
+            const int64_t dim = dims[di], ld = al ? (dim + 3) / 4 * 4 : dim + 5;
+            const size_t N = (size_t)(n * ld);
+            float *hx = rand_buf(N, -3, 3), *ha = rand_buf(N, -1, 1), *hb = rand_buf(N, -1, 1);
+            float *hw = rand_buf((size_t)dim, 0.5f, 1.5f), *hbias = rand_buf((size_t)dim, -0.5f, 0.5f);
+            float *dx = dup_d(hx, N * 4), *da = dup_d(ha, N * 4), *db = dup_d(hb, N * 4);
+            float *dw = dup_d(hw, (size_t)dim * 4), *dbias = dup_d(hbias, (size_t)dim * 4);
+            float *dy = dalloc(N * 4), *dy1 = dalloc(N * 4), *dx1 = dalloc(N * 4), *dx2 = dalloc(N * 4);
+            float *dt = dalloc((size_t)dim * 4);
+            float *y = xmalloc((size_t)(n * dim) * 4), *y1 = xmalloc((size_t)(n * dim) * 4);
+            float *x1 = xmalloc((size_t)(n * dim) * 4), *x2 = xmalloc((size_t)(n * dim) * 4);
+            g5_error e = {0};
+            int ok = 1;
+            double maxerr[2] = {0, 0};
+            for (int kind = 0; kind < 2; kind++) {
+                /* all rows in one launch vs one launch per row */
+                ok &= (kind ? cuk_layer_norm(dx, ld, dw, dbias, dy, ld, n, dim, eps, NULL, &e)
+                            : cuk_rms_norm(dx, ld, dw, dy, ld, n, dim, eps, NULL, &e)) == G5_OK;
+                for (int64_t r = 0; r < n; r++)
+                    ok &= (kind ? cuk_layer_norm(dx + r * ld, ld, dw, dbias, dy1 + r * ld, ld, 1, dim, eps, NULL, &e)
+                                : cuk_rms_norm(dx + r * ld, ld, dw, dy1 + r * ld, ld, 1, dim, eps, NULL, &e)) == G5_OK;
+                get_rows(y, dy, n, ld, dim);
+                get_rows(y1, dy1, n, ld, dim);
+                T_CHECK(ok, "norm launch: %s", e.msg);
+                T_CHECK(same_bits(y, y1, (size_t)(n * dim)), "%s dim=%lld ld=%lld: rows differ with n_rows",
+                        kind ? "layer_norm" : "rms_norm", (long long)dim, (long long)ld);
+                for (int64_t r = 0; r < n; r++) {
+                    const float *xr = hx + r * ld;
+                    double s = 0, ss = 0, v = 0;
+                    for (int64_t i = 0; i < dim; i++) s += xr[i], ss += (double)xr[i] * xr[i];
+                    const double mean = s / (double)dim;
+                    for (int64_t i = 0; i < dim; i++) v += (xr[i] - mean) * (xr[i] - mean);
+                    for (int64_t i = 0; i < dim; i++) {
+                        const double ref = kind ? (xr[i] - mean) / sqrt(v / (double)dim + eps) * hw[i] + hbias[i]
+                                                : xr[i] / sqrt(ss / (double)dim + eps) * hw[i];
+                        const double d = fabs(y[r * dim + i] - ref) / (fabs(ref) + 1.0);
+                        if (!(d <= maxerr[kind])) maxerr[kind] = d;
+                    }
+                }
+                T_CHECK(maxerr[kind] < 1e-6, "%s dim=%lld: rel err %.3e", kind ? "layer_norm" : "rms_norm",
+                        (long long)dim, maxerr[kind]);
+            }
+            /* add + norm, with and without b: fused (all rows, then per row) vs cuk_add + cuk_rms_norm */
+            for (int wb = 0; wb < 2; wb++) {
+                CK(cudaMemcpy(dx1, dx, N * 4, cudaMemcpyDeviceToDevice));
+                CK(cudaMemcpy(dx2, dx, N * 4, cudaMemcpyDeviceToDevice));
+                ok &= cuk_add_rms_norm(dx1, ld, da, wb ? db : NULL, ld, dw, dy, ld, n, dim, eps, NULL, &e) == G5_OK;
+                for (int64_t r = 0; r < n; r++) {
+                    const float *ar = da + r * ld;
+                    if (wb) {
+                        ok &= cuk_add(da + r * ld, db + r * ld, dt, dim, NULL, &e) == G5_OK;
+                        ar = dt;
+                    }
+                    ok &= cuk_add(dx2 + r * ld, ar, dx2 + r * ld, dim, NULL, &e) == G5_OK;
+                }
+                ok &= cuk_rms_norm(dx2, ld, dw, dy1, ld, n, dim, eps, NULL, &e) == G5_OK;
+                get_rows(y, dy, n, ld, dim);
+                get_rows(y1, dy1, n, ld, dim);
+                get_rows(x1, dx1, n, ld, dim);
+                get_rows(x2, dx2, n, ld, dim);
+                T_CHECK(ok, "add_rms_norm launch: %s", e.msg);
+                T_CHECK(same_bits(x1, x2, (size_t)(n * dim)) && same_bits(y, y1, (size_t)(n * dim)),
+                        "add_rms_norm dim=%lld ld=%lld b=%d: not cuk_add + cuk_rms_norm bit for bit", (long long)dim,
+                        (long long)ld, wb);
+                CK(cudaMemcpy(dx1, dx, N * 4, cudaMemcpyDeviceToDevice));
+                for (int64_t r = 0; r < n; r++)
+                    ok &= cuk_add_rms_norm(dx1 + r * ld, ld, da + r * ld, wb ? db + r * ld : NULL, ld, dw, dy1 + r * ld,
+                                           ld, 1, dim, eps, NULL, &e) == G5_OK;
+                get_rows(y1, dy1, n, ld, dim);
+                get_rows(x2, dx1, n, ld, dim);
+                T_CHECK(ok && same_bits(y, y1, (size_t)(n * dim)) && same_bits(x1, x2, (size_t)(n * dim)),
+                        "add_rms_norm dim=%lld: rows differ with n_rows", (long long)dim);
+            }
+            printf("norms dim=%lld ld=%lld: rms rel err %.2e, layer %.2e; n_rows-independent, add fused == unfused\n",
+                   (long long)dim, (long long)ld, maxerr[0], maxerr[1]);
+            free(hx), free(ha), free(hb), free(hw), free(hbias), free(y), free(y1), free(x1), free(x2);
+            cudaFree(dx), cudaFree(da), cudaFree(db), cudaFree(dw), cudaFree(dbias), cudaFree(dy), cudaFree(dy1);
+            cudaFree(dx1), cudaFree(dx2), cudaFree(dt);
+        }
+}
+
+/* RoPE of the q layout [n][H][nope + rope] (rope part at nope): all tokens vs per token, and vs
+ * the host's rotation (cos/sin from the host libm: a last-bit tolerance). */
+static void test_rope(void) {
+    const int64_t n = 3, H = 70, NOPE = 192, R = 64, W = NOPE + R; /* 70 heads: past the preloaded pairs */
+    const float theta = 1e6f;
+    const size_t N = (size_t)(n * H * W);
+    float *hx = rand_buf(N, -2, 2), *y = xmalloc(N * 4), *y1 = xmalloc(N * 4);
+    int32_t hpos[3] = {0, 1037, 200000};
+    float *dx = dup_d(hx, N * 4), *dx1 = dup_d(hx, N * 4);
+    int32_t *dpos = dup_d(hpos, sizeof hpos);
+    g5_error e = {0};
+    int ok = cuk_rope(dx, n, H * W, H, W, NOPE, R, theta, dpos, NULL, &e) == G5_OK;
+    for (int64_t t = 0; t < n; t++) ok &= cuk_rope(dx1 + t * H * W, 1, H * W, H, W, NOPE, R, theta, dpos + t, NULL, &e) == G5_OK;
+    get(y, dx, N * 4);
+    get(y1, dx1, N * 4);
+    T_CHECK(ok, "rope: %s", e.msg);
+    T_CHECK(same_bits(y, y1, N), "rope: rows differ with n_tok");
+    double mx = 0;
+    int untouched = 1;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *xr = hx + (t * H + h) * W, *yr = y + (t * H + h) * W;
+            for (int64_t i = 0; i < NOPE; i++) untouched &= bits(xr[i]) == bits(yr[i]);
+            for (int64_t i = 0; i < R / 2; i++) {
+                const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)R);
+                const float ang = (float)hpos[t] * inv;
+                const double c = (float)cos((double)ang), s = (float)sin((double)ang);
+                const double a = xr[NOPE + 2 * i], b = xr[NOPE + 2 * i + 1];
+                const double r0 = a * c - b * s, r1 = a * s + b * c;
+                const double d0 = fabs(yr[NOPE + 2 * i] - r0), d1 = fabs(yr[NOPE + 2 * i + 1] - r1);
+                if (!(d0 <= mx)) mx = d0;
+                if (!(d1 <= mx)) mx = d1;
+            }
+        }
+    printf("rope H=%lld: max abs err %.2e vs host, n_tok-independent\n", (long long)H, mx);
+    T_CHECK(untouched, "rope: wrote outside the rotated part");
+    T_CHECK(mx < 2e-6, "rope: max abs err %.3e", mx);
+    free(hx), free(y), free(y1);
+    cudaFree(dx), cudaFree(dx1), cudaFree(dpos);
+}
+
+/* cuk_idx_prep vs its four separate launches, bit for bit (fused shapes and the fallback). */
+static void test_idx_prep(void) {
+    static const struct { int ih, id, r; } cfg[] = {{32, 128, 64}, {4, 64, 32}, {3, 100, 64}, {2, 256, 64}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int n = 5, IH = cfg[c].ih, ID = cfg[c].id, R = cfg[c].r;
+        const float theta = 1e4f, eps = 1e-6f, ws = (float)(1.0 / sqrt((double)ID * IH));
+        const size_t NQ = (size_t)n * IH * ID, NK = (size_t)n * ID, NW = (size_t)n * IH;
+        float *hq = rand_buf(NQ, -2, 2), *hk = rand_buf(NK, -2, 2), *hw = rand_buf(NW, -1, 1);
+        float *hkw = rand_buf((size_t)ID, 0.5f, 1.5f), *hkb = rand_buf((size_t)ID, -0.5f, 0.5f);
+        int32_t hpos[5] = {0, 5, 77, 4095, 123456};
+        float *q1 = dup_d(hq, NQ * 4), *k1 = dup_d(hk, NK * 4), *w1 = dup_d(hw, NW * 4);
+        float *q2 = dup_d(hq, NQ * 4), *k2 = dup_d(hk, NK * 4), *w2 = dup_d(hw, NW * 4);
+        float *dkw = dup_d(hkw, (size_t)ID * 4), *dkb = dup_d(hkb, (size_t)ID * 4);
+        int32_t *dpos = dup_d(hpos, sizeof hpos);
+        g5_error e = {0};
+        int ok = cuk_idx_prep(q1, k1, w1, dkw, dkb, n, IH, ID, R, theta, dpos, eps, ws, NULL, &e) == G5_OK;
+        ok &= cuk_rope(q2, n, (int64_t)IH * ID, IH, ID, 0, R, theta, dpos, NULL, &e) == G5_OK;
+        ok &= cuk_layer_norm(k2, ID, dkw, dkb, k2, ID, n, ID, eps, NULL, &e) == G5_OK;
+        ok &= cuk_rope(k2, n, ID, 1, ID, 0, R, theta, dpos, NULL, &e) == G5_OK;
+        ok &= cuk_scale(w2, (int64_t)NW, ws, NULL, &e) == G5_OK;
+        T_CHECK(ok, "idx_prep: %s", e.msg);
+        float *a = xmalloc(NQ * 4), *b = xmalloc(NQ * 4);
+        get(a, q1, NQ * 4);
+        get(b, q2, NQ * 4);
+        const int sq = same_bits(a, b, NQ);
+        get(a, k1, NK * 4);
+        get(b, k2, NK * 4);
+        const int sk = same_bits(a, b, NK);
+        get(a, w1, NW * 4);
+        get(b, w2, NW * 4);
+        const int sw = same_bits(a, b, NW);
+        printf("idx_prep IH=%d ID=%d R=%d: q %s, k %s, w %s vs the four launches\n", IH, ID, R, sq ? "same" : "DIFF",
+               sk ? "same" : "DIFF", sw ? "same" : "DIFF");
+        T_CHECK(sq && sk && sw, "idx_prep IH=%d ID=%d: not the separate launches' bits", IH, ID);
+        free(hq), free(hk), free(hw), free(hkw), free(hkb), free(a), free(b);
+        cudaFree(q1), cudaFree(k1), cudaFree(w1), cudaFree(q2), cudaFree(k2), cudaFree(w2);
+        cudaFree(dkw), cudaFree(dkb), cudaFree(dpos);
+    }
+}
+
+/* runtime/model.c's selection scan on given scores (the specification the kernel must meet). */
+static int ref_better(const float *v, int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+
+static void ref_pick(int NE, int U, int G, int TG, const float *score, const float *bias, int32_t *ch) {
+    float choice[1024], gscore[64];
+    uint8_t allowed[1024];
+    const int gs = NE / G;
+    for (int e = 0; e < NE; e++) choice[e] = score[e] + (bias ? bias[e] : 0.0f), allowed[e] = 1;
+    if (G > 1 && TG < G) {
+        for (int g = 0; g < G; g++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = g * gs; e < (g + 1) * gs; e++) {
+                if (choice[e] > b1) b2 = b1, b1 = choice[e];
+                else if (choice[e] > b2) b2 = choice[e];
+            }
+            gscore[g] = gs >= 2 ? b1 + b2 : b1;
+        }
+        memset(allowed, 0, (size_t)NE);
+        for (int k = 0; k < TG; k++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!allowed[g * gs] && (best < 0 || ref_better(gscore, g, best))) best = g;
+            memset(allowed + best * gs, 1, (size_t)gs);
+        }
+    }
+    for (int k = 0; k < U; k++) {
+        int best = -1;
+        for (int e = 0; e < NE; e++)
+            if (allowed[e] && (best < 0 || ref_better(choice, e, best))) best = e;
+        ch[k] = best;
+        allowed[best] = 0;
+    }
+    for (int i = 1; i < U; i++)
+        for (int j = i; j > 0 && ch[j - 1] > ch[j]; j--) {
+            const int32_t t = ch[j];
+            ch[j] = ch[j - 1];
+            ch[j - 1] = t;
+        }
+}
+
+static void test_route(void) {
+    static const struct { int ne, u, g, tg, gating; } cfg[] = {
+        {256, 8, 1, 1, 2}, {256, 8, 8, 4, 2}, {160, 6, 1, 1, 2}, {1024, 16, 1, 1, 2}, {64, 6, 8, 3, 1}};
+    /* input styles: 0 random, 1 few distinct values (ties), 2 ties at zero (-inf logits, -0
+     * biases), 3 some NaN logits, 4 NaN at experts 0 and 1 (the scan keeps a NaN first eligible
+     * expert) */
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
+        for (int style = 0; style < 5; style++) {
+            const int NE = cfg[c].ne, U = cfg[c].u, G = cfg[c].g, TG = cfg[c].tg, n = 9;
+            float *lg = xmalloc((size_t)n * NE * 4), *bias = xmalloc((size_t)NE * 4), *sc = xmalloc((size_t)n * NE * 4);
+            for (int i = 0; i < n * NE; i++) {
+                lg[i] = style == 0 ? unif(-4, 4) : (float)(int)unif(-3, 3);
+                if (style >= 3 && rnd() % 7 == 0) lg[i] = NAN;
+            }
+            if (style == 4)
+                for (int t = 0; t < n; t++) lg[t * NE] = lg[t * NE + 1] = NAN;
+            for (int i = 0; i < NE; i++) bias[i] = style == 0 ? unif(-0.5f, 0.5f) : 0.0f;
+            if (style == 2)
+                for (int i = 0; i < NE; i += 3) bias[i] = -0.0f;
+            if (style == 2)
+                for (int i = 0; i < n * NE; i += 5) lg[i] = -INFINITY;
+            float *dlg = dup_d(lg, (size_t)n * NE * 4), *dbias = dup_d(bias, (size_t)NE * 4);
+            int32_t *dids = dalloc((size_t)n * U * 4), *ids = xmalloc((size_t)n * U * 4), *ref = xmalloc((size_t)n * U * 4);
+            float *dw = dalloc((size_t)n * U * 4), *w = xmalloc((size_t)n * U * 4);
+            cuk_route_args a = {dlg, NE, dbias, n, NE, U, G, TG, cfg[c].gating, 1, 2.5f, dids, dw};
+            g5_error e = {0};
+            T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route: %s", e.msg);
+            get(ids, dids, (size_t)n * U * 4);
+            get(w, dw, (size_t)n * U * 4);
+            get(sc, dlg, (size_t)n * NE * 4);
+            int bad = 0;
+            double werr = 0;
+            for (int t = 0; t < n; t++) {
+                ref_pick(NE, U, G, TG, sc + (size_t)t * NE, bias, ref + (size_t)t * U);
+                double sum = 0;
+                for (int k = 0; k < U; k++) sum += sc[(size_t)t * NE + ref[t * U + k]];
+                for (int k = 0; k < U; k++) {
+                    const int i = t * U + k;
+                    bad += ids[i] != ref[i];
+                    const float rw = (float)((float)(sc[(size_t)t * NE + ref[i]] / (sum + 1e-20)) * 2.5f);
+                    if (bits(rw) != bits(w[i]) && !(is_nan(rw) && is_nan(w[i]))) werr += 1;
+                }
+            }
+            printf("route NE=%d U=%d groups %d/%d style %d: %d ids differ, %.0f weights differ\n", NE, U, TG, G, style,
+                   bad, werr);
+            T_CHECK(bad == 0, "route NE=%d style %d: %d ids differ from the scan", NE, style, bad);
+            T_CHECK(werr == 0, "route NE=%d style %d: weights differ", NE, style);
+            free(lg), free(bias), free(sc), free(ids), free(ref), free(w);
+            cudaFree(dlg), cudaFree(dbias), cudaFree(dids), cudaFree(dw);
+        }
+}
+
+int main(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("FAIL: no CUDA device\n");
+        t_failed++;
+        return t_report(G5_TEST_NAME);
+    }
+    test_norms();
+    test_rope();
+    test_idx_prep();
+    test_route();
+    return t_report(G5_TEST_NAME);
+}
