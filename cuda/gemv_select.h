@@ -29,8 +29,8 @@ const char *cuk_gemv_impl_name(void);
 int cuk_gemv_takes_tc(uint32_t type, int64_t m, int64_t k, int32_t n);
 
 /* How the CUDA-core cuk_gemv splits k for shapes with few rows (env CUK_GEMV_SPLIT):
- * 1 "cluster" (default): warps of a CTA and CTAs of a cluster (up to 8) split k, summed in a
- * fixed order; 0 "old": warps of one CTA only (the launches before the cluster split). Either
+ * 1 "cluster": warps of a CTA and CTAs of a cluster (up to 8) split k, summed in a fixed order;
+ * 0 "old" (default: faster at 8 rows, see cuda/gemv.cu): warps of one CTA only. Either
  * way a row's bits never depend on n; the two modes give different bits for the split shapes. */
 void cuk_gemv_set_split_mode(int mode);
 int cuk_gemv_split_mode(void);

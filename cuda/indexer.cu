@@ -403,7 +403,10 @@ extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float 
     const int64_t P = pos0 + n_tok;
     if ((P + SC_WARPS - 1) / SC_WARPS > 2147483647) return BAD("idx_scores: too many positions");
     const size_t smem = ((size_t)n_head * dim + n_head) * sizeof(float);
-    if (!use_old() && g_lane && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
+    /* The lane kernel (same bits as the thread-per-key one) wins for decode steps up to ~16k keys
+     * (bench_attn, H200: 1k 9.5 vs 26.0 us, 8k 13.1 vs 26.9) and loses beyond and in prefill
+     * (32k 39.5 vs 31.8; 512 tokens at 4k 1549 vs 840). */
+    if (!use_old() && g_lane && n_tok <= 4 && P <= 16384 && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
         ((uintptr_t)q & 15) == 0) {
         /* enough warps to fill the SMs (about 2 blocks each), a key group per warp at most */
         static int sms = 0;

@@ -200,6 +200,7 @@ static void bench_decode_shape(const char *name, uint32_t type, int64_t m, int64
              (long long)m, (long long)k, n);
     static const char *const MODE[2] = {"old", "cluster"};
     cuk_gemv_set_impl(CUK_GEMV_AUTO);
+    const int mode0 = cuk_gemv_split_mode();
     for (int mode = 0; mode < 2; mode++) {
         cuk_gemv_set_split_mode(mode);
         g.w = pool;
@@ -232,7 +233,7 @@ static void bench_decode_shape(const char *name, uint32_t type, int64_t m, int64
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(graph));
     }
-    cuk_gemv_set_split_mode(1);
+    cuk_gemv_set_split_mode(mode0);
     free(ref);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));

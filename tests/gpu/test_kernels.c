@@ -311,11 +311,13 @@ static void test_gemv(void) {
                 batch_identity_case(type, dw, 32, 6144, 8);
                 batch_identity_case(type, dw, 576, 6144, 16);
                 batch_identity_case(type, dw, 256, 6144, 3);
-                /* the old split (CUK_GEMV_SPLIT=old) stays correct */
-                cuk_gemv_set_split_mode(0);
+                /* the other split (CUK_GEMV_SPLIT=cluster; the default is old) stays correct */
+                const int mode0 = cuk_gemv_split_mode();
+                cuk_gemv_set_split_mode(!mode0);
                 gemv_case(type, hw, dw, &SHAPES[N_SHAPES - 2], 8, CUK_ACT_F32, rowbuf);
                 batch_identity_case(type, dw, 32, 6144, 8);
-                cuk_gemv_set_split_mode(1);
+                batch_identity_case(type, dw, 576, 6144, 16);
+                cuk_gemv_set_split_mode(mode0);
             }
             if (s == 0 && (type == QT_Q4_K || type == QT_Q8_0)) {
                 batch_identity_case(type, dw, 2048, 2048, 7);
