@@ -25,23 +25,7 @@
 #include "cuda/idx_select.h"
 #include "format/quant.h"
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define GK(call)                                                                                   \
-    do {                                                                                           \
-        g5_error err_ = {0};                                                                       \
-        g5_status s_ = (call);                                                                     \
-        if (s_ != G5_OK) {                                                                         \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg);               \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tests/gpu/bench_util.h"
 #define E (&err_) /* the error struct GK declares */
 
 enum { H = 8, NOPE = 192, R = 64, KL = 512, VH = 256, IH = 32, ID = 128, TOPK = 2048 };

@@ -82,23 +82,7 @@
 #define TP 8
 #define MAX_CTX 8
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define GS(call)                                                                                   \
-    do {                                                                                           \
-        g5_error e_ = {0};                                                                         \
-        g5_status s_ = (call);                                                                     \
-        if (s_ != G5_OK) {                                                                         \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, e_.msg, g5_strerror(s_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "tests/gpu/bench_util.h"
 #define CB(call)                                                                                   \
     do {                                                                                           \
         cublasStatus_t b_ = (call);                                                                \
@@ -285,24 +269,24 @@ static void build_tables(rank_model *R, const opts *o) {
     synth_opts_init(&so);
     so.preset = SYNTH_PRESET_GLM5;
     so.n_layers = o->layers;
-    GS(synth_plan_build(&so, &R->sp, &e_));
+    GK(synth_plan_build(&so, &R->sp, &err_));
     uint64_t mlen = 0;
-    GS(synth_metadata_image(&so, &R->smeta_img, &mlen, &e_));
-    GS(gguf_parse_buffer(R->smeta_img, mlen, "synth-metadata", &R->smeta, &e_));
+    GK(synth_metadata_image(&so, &R->smeta_img, &mlen, &err_));
+    GK(gguf_parse_buffer(R->smeta_img, mlen, "synth-metadata", &R->smeta, &err_));
 
     /* The synthetic GGUF's header with the data section left as untouched anonymous pages
      * (hundreds of GB of address space at full depth, no memory): the plan reads no data. */
     gguf_writer *w = gguf_writer_create();
     if (!w) exit(2);
-    for (int64_t i = 0; i < gguf_get_n_kv(R->smeta); i++) GS(gguf_writer_copy_kv(w, R->smeta, i));
+    for (int64_t i = 0; i < gguf_get_n_kv(R->smeta); i++) GK(gguf_writer_copy_kv(w, R->smeta, i));
     for (uint64_t i = 0; i < R->sp->n_tensors; i++) {
         const synth_tensor_info *t = &R->sp->tensors[i];
         int64_t idx;
-        GS(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, NULL, &idx));
+        GK(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, NULL, &idx));
     }
     uint8_t *hdr = NULL;
     uint64_t hlen = 0, dsize = 0;
-    GS(gguf_writer_header_bytes(w, &hdr, &hlen, &dsize));
+    GK(gguf_writer_header_bytes(w, &hdr, &hlen, &dsize));
     gguf_writer_free(w);
     R->src_len = hlen + dsize;
     R->src_map = mmap(NULL, R->src_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -312,9 +296,9 @@ static void build_tables(rank_model *R, const opts *o) {
     }
     memcpy(R->src_map, hdr, hlen);
     free(hdr);
-    GS(gguf_parse_buffer(R->src_map, R->src_len, "synth-glm5-header", &R->src, &e_));
+    GK(gguf_parse_buffer(R->src_map, R->src_len, "synth-glm5-header", &R->src, &err_));
     shard_options so8 = {TP, 0, QT_F32};
-    GS(shard_plan_build(R->src, &so8, &R->plan, &e_));
+    GK(shard_plan_build(R->src, &so8, &R->plan, &err_));
     const shard_plan *p = R->plan;
     const glm5_hparams *ghp = &p->hp;
     printf("source: synth --preset glm5 --layers %u: %llu tensors, %.1f GB; converter plan T=%u, kv_b F32: "
@@ -347,19 +331,19 @@ static void build_tables(rank_model *R, const opts *o) {
     for (int64_t i = 0; i < gguf_get_n_kv(R->smeta); i++) {
         const char *k = gguf_get_key(R->smeta, i);
         if (strncmp(k, "tokenizer.", 10) == 0) continue; /* the bench feeds token ids */
-        GS(gguf_writer_copy_kv(w, R->smeta, i));
+        GK(gguf_writer_copy_kv(w, R->smeta, i));
     }
-    GS(gguf_writer_set_u32(w, GLM5_ARCH ".block_count", ghp->n_layer_main));
-    GS(gguf_writer_set_u32(w, GLM5_ARCH ".nextn_predict_layers", 0));
-    GS(gguf_writer_set_u32(w, GLM5_ARCH ".attention.head_count", H_l));
-    GS(gguf_writer_set_u32(w, GLM5_ARCH ".feed_forward_length", ff_l));
-    GS(gguf_writer_set_u32(w, GLM5_ARCH ".expert_feed_forward_length", ffe_l));
-    GS(gguf_writer_set_u32(w, GLM5_ARCH ".vocab_size", V_l));
+    GK(gguf_writer_set_u32(w, GLM5_ARCH ".block_count", ghp->n_layer_main));
+    GK(gguf_writer_set_u32(w, GLM5_ARCH ".nextn_predict_layers", 0));
+    GK(gguf_writer_set_u32(w, GLM5_ARCH ".attention.head_count", H_l));
+    GK(gguf_writer_set_u32(w, GLM5_ARCH ".feed_forward_length", ff_l));
+    GK(gguf_writer_set_u32(w, GLM5_ARCH ".expert_feed_forward_length", ffe_l));
+    GK(gguf_writer_set_u32(w, GLM5_ARCH ".vocab_size", V_l));
     uint64_t ilen = 0;
-    GS(gguf_writer_write_buffer(w, &R->meta_img, &ilen));
+    GK(gguf_writer_write_buffer(w, &R->meta_img, &ilen));
     gguf_writer_free(w);
-    GS(gguf_parse_buffer(R->meta_img, ilen, "rank0-equivalent", &R->meta, &e_));
-    GS(glm5_hparams_read(R->meta, &R->hp, &e_));
+    GK(gguf_parse_buffer(R->meta_img, ilen, "rank0-equivalent", &R->meta, &err_));
+    GK(glm5_hparams_read(R->meta, &R->hp, &err_));
     printf("rank-0-equivalent TP1 model: heads %u (of %u), dense FFN %u (of %u), expert rows %u (of %u), "
            "lm_head rows %u (of %u); replicated at full size: q_a, kv_a, indexer (%u heads), router (%u experts), "
            "norms; %u main layers (%u dense)\n",
@@ -378,7 +362,7 @@ static void build_tables(rank_model *R, const opts *o) {
             continue;
         }
         glm5_tensor_spec spec;
-        GS(glm5_spec_for(&R->hp, st->name, &spec));
+        GK(glm5_spec_for(&R->hp, st->name, &spec));
         rt_tensor *t = &R->tab[R->n_tab];
         t->name = st->name;
         t->type = st->type;
@@ -390,7 +374,7 @@ static void build_tables(rank_model *R, const opts *o) {
             fmt_ne(a, sizeof a, st->n_dims, st->ne_local);
             fmt_ne(b, sizeof b, spec.n_dims, spec.ne);
             uint64_t rb = 0;
-            GS(quant_row_bytes(st->type, spec.ne[0], &rb));
+            GK(quant_row_bytes(st->type, spec.ne[0], &rb));
             memcpy(t->ne, spec.ne, sizeof t->ne);
             t->n_dims = spec.n_dims;
             t->nbytes = rb * spec.ne[1] * spec.ne[2] * spec.ne[3];
@@ -429,10 +413,10 @@ static void build_host(rank_model *R, const opts *o) {
            (unsigned long long)R->n_tab, o->threads, fs);
     (void)t0;
     const rt_tensor *tabs[1] = {R->tab};
-    GS(rt_wset_from_tables(R->meta, 1, 0, tabs, &R->n_tab, &R->ws, &e_));
+    GK(rt_wset_from_tables(R->meta, 1, 0, tabs, &R->n_tab, &R->ws, &err_));
     rt_model_opts mo = {.n_threads = o->dry ? o->threads : 1};
     t0 = now_s();
-    GS(rt_model_create(R->ws, &mo, &R->m, &e_));
+    GK(rt_model_create(R->ws, &mo, &R->m, &err_));
     printf("rt_model_create: %.2f s\n", now_s() - t0);
 }
 
@@ -536,22 +520,22 @@ static hbm measure_hbm(cublasHandle_t cb) {
     const size_t B = (size_t)2 << 30;
     void *a = NULL, *b = NULL;
     float *res = NULL;
-    CU(cudaMalloc(&a, B));
-    CU(cudaMalloc(&b, B));
-    CU(cudaMalloc((void **)&res, sizeof(float)));
-    CU(cudaMemset(a, 0x3c, B)); /* small finite floats for asum */
-    CU(cudaMemset(b, 0, B));
+    CK(cudaMalloc(&a, B));
+    CK(cudaMalloc(&b, B));
+    CK(cudaMalloc((void **)&res, sizeof(float)));
+    CK(cudaMemset(a, 0x3c, B)); /* small finite floats for asum */
+    CK(cudaMemset(b, 0, B));
     cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
     const int reps = 10;
-    for (int i = 0; i < 2; i++) CU(cudaMemcpy(b, a, B, cudaMemcpyDeviceToDevice));
-    CU(cudaEventRecord(e0, 0));
-    for (int i = 0; i < reps; i++) CU(cudaMemcpyAsync(b, a, B, cudaMemcpyDeviceToDevice, 0));
-    CU(cudaEventRecord(e1, 0));
-    CU(cudaEventSynchronize(e1));
+    for (int i = 0; i < 2; i++) CK(cudaMemcpy(b, a, B, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e0, 0));
+    for (int i = 0; i < reps; i++) CK(cudaMemcpyAsync(b, a, B, cudaMemcpyDeviceToDevice, 0));
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
     float ms = 0;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
     hbm h;
     h.copy_rw = 2.0 * (double)B * reps / (ms * 1e-3);
     h.copy_read = h.copy_rw / 2;
@@ -559,11 +543,11 @@ static hbm measure_hbm(cublasHandle_t cb) {
     CB(cublasSetPointerMode(cb, CUBLAS_POINTER_MODE_DEVICE));
     const int n = (int)(B / sizeof(float));
     for (int i = 0; i < 2; i++) CB(cublasSasum(cb, n, a, 1, res));
-    CU(cudaEventRecord(e0, 0));
+    CK(cudaEventRecord(e0, 0));
     for (int i = 0; i < reps; i++) CB(cublasSasum(cb, n, a, 1, res));
-    CU(cudaEventRecord(e1, 0));
-    CU(cudaEventSynchronize(e1));
-    CU(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
     h.asum_read = (double)n * 4.0 * reps / (ms * 1e-3);
     CB(cublasSetPointerMode(cb, CUBLAS_POINTER_MODE_HOST));
     cudaEventDestroy(e0);
@@ -592,34 +576,34 @@ static int check_add_norm(uint32_t dim) {
         uint64_t rng = 1234 + d;
         for (size_t i = 0; i < cnt * 4 + d; i++) h[i] = unit(&rng) * (i % 7 ? 1.0f : 30.0f);
         float *x1, *x2, *a, *b, *w, *y1, *y2, *t;
-        CU(cudaMalloc((void **)&x1, cnt * 4));
-        CU(cudaMalloc((void **)&x2, cnt * 4));
-        CU(cudaMalloc((void **)&a, cnt * 4));
-        CU(cudaMalloc((void **)&b, cnt * 4));
-        CU(cudaMalloc((void **)&y1, cnt * 4));
-        CU(cudaMalloc((void **)&y2, cnt * 4));
-        CU(cudaMalloc((void **)&t, cnt * 4));
-        CU(cudaMalloc((void **)&w, (size_t)d * 4));
-        CU(cudaMemcpy(a, h + cnt, cnt * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(b, h + 2 * cnt, cnt * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(w, h + 4 * cnt, (size_t)d * 4, cudaMemcpyHostToDevice));
+        CK(cudaMalloc((void **)&x1, cnt * 4));
+        CK(cudaMalloc((void **)&x2, cnt * 4));
+        CK(cudaMalloc((void **)&a, cnt * 4));
+        CK(cudaMalloc((void **)&b, cnt * 4));
+        CK(cudaMalloc((void **)&y1, cnt * 4));
+        CK(cudaMalloc((void **)&y2, cnt * 4));
+        CK(cudaMalloc((void **)&t, cnt * 4));
+        CK(cudaMalloc((void **)&w, (size_t)d * 4));
+        CK(cudaMemcpy(a, h + cnt, cnt * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(b, h + 2 * cnt, cnt * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(w, h + 4 * cnt, (size_t)d * 4, cudaMemcpyHostToDevice));
         for (int two = 0; two < 2; two++) {
-            CU(cudaMemcpy(x1, h, cnt * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(x2, h, cnt * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(x1, h, cnt * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(x2, h, cnt * 4, cudaMemcpyHostToDevice));
             const float *add = a;
             if (two) {
-                GS(cuk_add(a, b, t, (int64_t)cnt, NULL, &e_));
+                GK(cuk_add(a, b, t, (int64_t)cnt, NULL, &err_));
                 add = t;
             }
-            GS(cuk_add(x1, add, x1, (int64_t)cnt, NULL, &e_));
-            GS(cuk_rms_norm(x1, d, w, y1, d, rows, d, 1e-5f, NULL, &e_));
-            GS(cuk_add_rms_norm(x2, d, a, two ? b : NULL, d, w, y2, d, rows, d, 1e-5f, NULL, &e_));
-            CU(cudaDeviceSynchronize());
+            GK(cuk_add(x1, add, x1, (int64_t)cnt, NULL, &err_));
+            GK(cuk_rms_norm(x1, d, w, y1, d, rows, d, 1e-5f, NULL, &err_));
+            GK(cuk_add_rms_norm(x2, d, a, two ? b : NULL, d, w, y2, d, rows, d, 1e-5f, NULL, &err_));
+            CK(cudaDeviceSynchronize());
             float *hx1 = xcalloc(cnt, 4), *hx2 = xcalloc(cnt, 4), *hy1 = xcalloc(cnt, 4), *hy2 = xcalloc(cnt, 4);
-            CU(cudaMemcpy(hx1, x1, cnt * 4, cudaMemcpyDeviceToHost));
-            CU(cudaMemcpy(hx2, x2, cnt * 4, cudaMemcpyDeviceToHost));
-            CU(cudaMemcpy(hy1, y1, cnt * 4, cudaMemcpyDeviceToHost));
-            CU(cudaMemcpy(hy2, y2, cnt * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hx1, x1, cnt * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hx2, x2, cnt * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hy1, y1, cnt * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hy2, y2, cnt * 4, cudaMemcpyDeviceToHost));
             const int eq = !memcmp(hx1, hx2, cnt * 4) && !memcmp(hy1, hy2, cnt * 4);
             if (!eq) {
                 bad = 1;
@@ -686,7 +670,7 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
             go.cuda_graph = gr;
             rt_gpu_model *g = NULL;
             const double t0 = now_s();
-            GS(rt_gpu_model_create(R->m, &go, &g, &e_));
+            GK(rt_gpu_model_create(R->m, &go, &g, &err_));
             const rt_gpu_info *in = rt_gpu_model_info(g);
             printf("-- %s (cache %s), cuda graph %s: model on %s in %.1f s (%.2f GB weights + %.2f GB float32 extras, "
                    "%.1f GB/s)\n",
@@ -696,7 +680,7 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
             for (uint32_t c = 0; c < o->n_ctx; c++) {
                 const uint32_t ctx = o->ctx[c];
                 const double ts = now_s();
-                GS(rt_gpu_debug_set_context(g, ctx, o->seed + ctx, &e_));
+                GK(rt_gpu_debug_set_context(g, ctx, o->seed + ctx, &err_));
                 const double set_s = now_s() - ts;
                 const uint32_t n = o->warmup + o->steps;
                 double *st = xcalloc(n, sizeof *st);
@@ -705,7 +689,7 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
                     const int32_t tok = (int32_t)(splitmix(&rng) % V);
                     rt_gpu_outputs out = {.logits = logits};
                     const double a = now_s();
-                    GS(rt_gpu_forward(g, &tok, 1, &out, &e_));
+                    GK(rt_gpu_forward(g, &tok, 1, &out, &err_));
                     st[s] = now_s() - a;
                     finite &= all_finite(logits, V);
                 }
@@ -723,11 +707,11 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
                        finite ? "finite" : "NOT FINITE", set_s);
                 if (!gr) {
                     rt_gpu_stage_times sg;
-                    GS(rt_gpu_debug_stage_times(g, 1, &sg, &e_));
+                    GK(rt_gpu_debug_stage_times(g, 1, &sg, &err_));
                     print_stages("   ", &sg, hp);
                 }
                 /* the sub-step breakdown at the first context, once per mode */
-                if (c == 0 && (!gr || !o->graph_off)) GS(rt_gpu_debug_profile(g, 1, stdout, &e_));
+                if (c == 0 && (!gr || !o->graph_off)) GK(rt_gpu_debug_profile(g, 1, stdout, &err_));
                 free(st);
             }
             printf("   graph launches %llu, instantiations %llu\n", (unsigned long long)in->graph_steps,
@@ -800,24 +784,24 @@ static void time_gemms(cublasHandle_t cb, gemm_shape *s, uint32_t ns) {
     uint64_t rng = 77;
     for (int i = 0; i < 1 << 20; i++) hw[i] = quant_f32_to_bf16(0.02f * unit(&rng));
     void *w = NULL, *x = NULL, *y = NULL;
-    CU(cudaMalloc(&w, wmax * 2));
-    CU(cudaMalloc(&x, xmax * 2));
-    CU(cudaMalloc(&y, ymax * 4));
+    CK(cudaMalloc(&w, wmax * 2));
+    CK(cudaMalloc(&x, xmax * 2));
+    CK(cudaMalloc(&y, ymax * 4));
     for (size_t off = 0; off < wmax; off += 1 << 20)
-        CU(cudaMemcpy((uint16_t *)w + off, hw, (wmax - off < (1u << 20) ? wmax - off : 1u << 20) * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy((uint16_t *)w + off, hw, (wmax - off < (1u << 20) ? wmax - off : 1u << 20) * 2, cudaMemcpyHostToDevice));
     for (size_t off = 0; off < xmax; off += 1 << 20)
-        CU(cudaMemcpy((uint16_t *)x + off, hw, (xmax - off < (1u << 20) ? xmax - off : 1u << 20) * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy((uint16_t *)x + off, hw, (xmax - off < (1u << 20) ? xmax - off : 1u << 20) * 2, cudaMemcpyHostToDevice));
     free(hw);
     CB(cublasSetStream(cb, 0));
     cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
     const float alpha = 1.0f, beta = 0.0f;
     for (uint32_t i = 0; i < ns; i++) {
         gemm_shape *g = &s[i];
         const int reps = 10;
         for (int r = -2; r < reps; r++) {
-            if (r == 0) CU(cudaEventRecord(e0, 0));
+            if (r == 0) CK(cudaEventRecord(e0, 0));
             if (g->batch == 1)
                 CB(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)g->n, (int)g->m, (int)g->k, &alpha, w, CUDA_R_16BF,
                                 (int)g->k, x, CUDA_R_16BF, (int)g->k, &beta, y, CUDA_R_32F, (int)g->n,
@@ -828,10 +812,10 @@ static void time_gemms(cublasHandle_t cb, gemm_shape *s, uint32_t ns) {
                                               g->m * g->k, &beta, y, CUDA_R_32F, (int)g->n, g->m * g->n, g->batch,
                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         }
-        CU(cudaEventRecord(e1, 0));
-        CU(cudaEventSynchronize(e1));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
         float ms = 0;
-        CU(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
         const double fl = 2.0 * g->m * g->n * g->k * g->batch;
         g->tflops = fl * reps / (ms * 1e-3) / 1e12;
     }
@@ -859,7 +843,7 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     else if (!strcmp(variant, "bf16")) go.gemm = RT_GPU_GEMM_BF16;
     /* "default": the options left at 0, the environment decides */
     rt_gpu_model *g = NULL;
-    GS(rt_gpu_model_create(R->m, &go, &g, &e_));
+    GK(rt_gpu_model_create(R->m, &go, &g, &err_));
     const rt_gpu_info *in = rt_gpu_model_info(g);
     printf("-- prefill path '%s': %s mode, GEMM compute %s from %d tokens per call (0: GEMM path off), experts by "
            "GEMM from %d rows\n",
@@ -868,7 +852,7 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     rt_gpu_outputs out = {.logits = logits};
     const uint32_t probe = N < 256 ? N : 256;
     double t0 = now_s();
-    GS(rt_gpu_forward(g, toks, probe, &out, &e_));
+    GK(rt_gpu_forward(g, toks, probe, &out, &err_));
     const double tprobe = now_s() - t0;
     const double est = tprobe * N / probe;
     rt_gpu_reset(g);
@@ -878,7 +862,7 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     t0 = now_s();
     while (done < N) {
         last = N - done < chunk ? N - done : chunk;
-        GS(rt_gpu_forward(g, toks + done, last, &out, &e_));
+        GK(rt_gpu_forward(g, toks + done, last, &out, &err_));
         done += last;
         if (now_s() - t0 > o->prefill_cap) break;
     }
@@ -890,7 +874,7 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
            probe, tprobe, est, (unsigned long long)calls, (unsigned long long)egemv,
            calls ? "the GEMM path ran" : "the GEMV kernels ran");
     rt_gpu_stage_times sg;
-    GS(rt_gpu_debug_stage_times(g, last, &sg, &e_));
+    GK(rt_gpu_debug_stage_times(g, last, &sg, &err_));
     print_stages("   last call's", &sg, hp);
     const double t_prompt = tp * N / done; /* the whole prompt, extrapolated if stopped early */
     printf("PREFILL %-7s %u of %u tokens in %.3f s (calls of %u%s): %.0f tokens/s at %u layers; logits %s; "
@@ -1038,13 +1022,13 @@ int main(int argc, char **argv) {
     build_host(&R, &o);
     if (o.dry) {
         rt_state *s = NULL;
-        GS(rt_state_create(R.m, &s, &e_));
+        GK(rt_state_create(R.m, &s, &err_));
         const uint32_t V = R.hp.n_vocab;
         float *lg = xcalloc(V, sizeof(float));
         const int32_t tok[2] = {1, 2};
         rt_outputs out = {.logits = lg};
         const double t0 = now_s();
-        GS(rt_model_forward(R.m, s, tok, 2, &out, &e_));
+        GK(rt_model_forward(R.m, s, tok, 2, &out, &err_));
         const int fin = all_finite(lg, V);
         float mx = 0;
         for (uint32_t i = 0; i < V; i++) mx = fabsf(lg[i]) > mx ? fabsf(lg[i]) : mx;

@@ -21,24 +21,7 @@
 #include "cuda/gemv_select.h"
 #include "format/quant.h"
 
-#define CK(call)                                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-#define GK(call)                                                                           \
-    do {                                                                                   \
-        g5_error err_ = {0};                                                               \
-        g5_status s_ = (call);                                                             \
-        (void)err_;                                                                        \
-        if (s_ != G5_OK) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, g5_strerror(s_)); \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "tests/gpu/bench_util.h"
 
 #define POOL_BYTES (1ull << 30)
 

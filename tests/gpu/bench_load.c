@@ -37,14 +37,8 @@
 #define MAX_BLOBS 64
 #define MiB (1ull << 20)
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(3);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define BENCH_EXIT 3
+#include "tests/gpu/bench_util.h"
 
 static int use_gpu = 1;
 static double t_start, budget_s = 1e9;
