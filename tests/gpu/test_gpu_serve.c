@@ -39,6 +39,7 @@
 #include "runtime/gpu_model.h"
 #include "runtime/model.h"
 #include "runtime/weights.h"
+#include "tests/http_client.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -254,94 +255,17 @@ static int run_batch_tests(void) {
 
 /* ---- HTTP client (--client) ---- */
 
-static int tcp_connect(uint16_t port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct timeval tv = {120, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int send_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int send_req(int fd, const char *method, const char *path, const char *body) {
-    char head[512];
-    const size_t bl = body ? strlen(body) : 0;
-    int k = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n", method,
-                     path, body ? "Content-Type: application/json\r\n" : "", bl);
-    if (send_all(fd, head, (size_t)k)) return -1;
-    return bl ? send_all(fd, body, bl) : 0;
-}
-
 /* The status and the de-chunked body of one request (malloc'ed, NUL-terminated), or -1. */
-static int http_do(uint16_t port, const char *method, const char *path, const char *body, char **out) {
+static int http_body(uint16_t port, const char *method, const char *path, const char *body, char **out) {
+    hresp r;
     *out = NULL;
-    int fd = tcp_connect(port);
-    if (fd < 0) return -1;
-    if (send_req(fd, method, path, body)) {
-        close(fd);
-        return -1;
+    const int rc = http_do(port, method, path, NULL, body, &r);
+    const int status = rc ? -1 : r.status;
+    if (!rc) {
+        *out = r.body;
+        r.body = NULL;
     }
-    size_t cap = 1 << 16, len = 0;
-    char *raw = xmalloc(cap);
-    for (;;) {
-        if (len + 1 >= cap) {
-            char *q = realloc(raw, cap *= 2);
-            if (!q) break;
-            raw = q;
-        }
-        ssize_t k = recv(fd, raw + len, cap - len - 1, 0);
-        if (k <= 0) break;
-        len += (size_t)k;
-    }
-    close(fd);
-    raw[len] = 0;
-    int status = -1;
-    char *he = strstr(raw, "\r\n\r\n");
-    if (sscanf(raw, "HTTP/1.%*d %d", &status) != 1 || !he) {
-        free(raw);
-        return -1;
-    }
-    *he = 0;
-    const int chunked = strcasestr(raw, "\r\ntransfer-encoding: chunked") != NULL;
-    char *p = he + 4, *end = raw + len;
-    char *b = xmalloc((size_t)(end - p) + 1);
-    size_t w = 0;
-    if (!chunked) {
-        memcpy(b, p, (size_t)(end - p));
-        w = (size_t)(end - p);
-    } else {
-        while (p < end) {
-            char *e;
-            unsigned long sz = strtoul(p, &e, 16);
-            char *nl = strstr(p, "\r\n");
-            if (!nl || e == p || sz == 0) break;
-            p = nl + 2;
-            if (sz > (size_t)(end - p)) sz = (size_t)(end - p);
-            memcpy(b + w, p, sz);
-            w += sz;
-            p += sz + 2;
-        }
-    }
-    b[w] = 0;
-    free(raw);
-    *out = b;
+    hresp_free(&r);
     return status;
 }
 
@@ -355,7 +279,7 @@ static double metric(const char *text, const char *name) {
 
 static double get_metric(uint16_t port, const char *name) {
     char *b;
-    double v = http_do(port, "GET", "/metrics", NULL, &b) == 200 ? metric(b, name) : -1;
+    double v = http_body(port, "GET", "/metrics", NULL, &b) == 200 ? metric(b, name) : -1;
     free(b);
     return v;
 }
@@ -389,7 +313,7 @@ static void *client_main(void *arg) {
     if (c->bar) pthread_barrier_wait(c->bar);
     char *resp = NULL;
     c->n_got = 0;
-    c->status = http_do(c->port, "POST", "/v1/completions", body, &resp);
+    c->status = http_body(c->port, "POST", "/v1/completions", body, &resp);
     if (c->status == 200 && resp) {
         if (!c->stream) {
             json_t *j = json_loads(resp, 0, NULL);
@@ -505,7 +429,7 @@ static int run_client(uint16_t port, const char *path) {
     int ready = 0;
     for (int k = 0; k < 600 && !ready; k++) { /* up to 60 s for the load */
         char *b;
-        ready = http_do(port, "GET", "/health", NULL, &b) == 200;
+        ready = http_body(port, "GET", "/health", NULL, &b) == 200;
         free(b);
         if (!ready) {
             struct timespec ts = {0, 100 * 1000 * 1000};
@@ -532,7 +456,7 @@ static int run_client(uint16_t port, const char *path) {
              "{\"model\":\"x\",\"prompt\":%s,\"max_tokens\":300,\"temperature\":0,\"stream\":true}", cs[0].ids_json);
     int fd = tcp_connect(port);
     int got_event = 0;
-    if (fd >= 0 && send_req(fd, "POST", "/v1/completions", body) == 0) {
+    if (fd >= 0 && http_send_req(fd, "POST", "/v1/completions", NULL, body, strlen(body)) == 0) {
         char buf[8192];
         size_t len = 0;
         while (len < sizeof buf - 1) {
