@@ -316,7 +316,10 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     g->info.n_ranks = g->T;
     g->info.n_devices = used;
     if (g->T == 1) {
-        g->coll = COLL_NONE;
+        /* G5_GPU_COLLECTIVE=nccl: a one-rank NCCL communicator instead of none, so that the NCCL
+         * path (library, communicator, all-reduce) runs, and is tested, on a machine with one GPU */
+        const char *ce = getenv("G5_GPU_COLLECTIVE");
+        g->coll = ce && !strcmp(ce, "nccl") ? COLL_NCCL : COLL_NONE;
     } else if (used == 1) {
         g->coll = COLL_DEVICE;
     } else if (g->T <= (uint32_t)ndev) {

@@ -15,6 +15,8 @@
  * when the ranks have devices of their own; a sum in rank order on the device when they share
  * one, which is what lets a TP set run, and be tested, on a single GPU) and added to every
  * rank's residual stream. The vocabulary-split lm_head is gathered on the host.
+ * Environment G5_GPU_COLLECTIVE=nccl runs a one-rank model through a one-rank NCCL communicator
+ * (the only way to run the NCCL path where one GPU is available).
  *
  * Precision policy (specs/numerics.md has the reasoning and the measurements). Every mode
  * accumulates in float32 (softmax sums in double) and keeps the residual stream, the norms, the

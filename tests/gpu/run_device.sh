@@ -73,6 +73,10 @@ echo "rc=${PIPESTATUS[0]}"
 ids=$($B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q)
 echo "rc=$?"
 [ "$ids" = "$GREEDY" ] && echo "TP=2 greedy EQUALS the oracle's" || echo "TP=2 greedy DIFFERS: $ids"
+echo "-- TP=1 blobs through a one-rank NCCL communicator (G5_GPU_COLLECTIVE=nccl), --check 100"
+ids=$(G5_GPU_COLLECTIVE=nccl $B/gpu/bin/glm5-run -m $W/tp1 --device cuda --tokens $P1 -n 24 --temp 0 --ids --check 100 2>"$OUT/check_nccl.txt")
+echo "rc=$?"; grep -E "collective|check" "$OUT/check_nccl.txt" | tail -3
+[ "$ids" = "$GREEDY" ] && echo "NCCL one-rank greedy EQUALS the oracle's" || echo "NCCL one-rank greedy DIFFERS: $ids"
 echo "-- TP=1 blobs, kv_b stored bf16 (dequantized on the GPU), --check 100"
 $B/gpu/bin/glm5-run -m $W/tp1bf16 --device cuda --tokens $P1 -n 4 --temp 0 --ids --check 100 2>&1 | tail -3
 echo "rc=${PIPESTATUS[0]}"
