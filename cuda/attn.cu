@@ -573,26 +573,7 @@ static int split_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cu
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
     static int max_cl = 0;
-    if (max_cl == 0) {
-        max_cl = 8;
-        if (cudaFuncSetAttribute(k_attend_split<T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = AC_MAXCL;
-            at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = 1;
-            cfg.gridDim = dim3(AC_MAXCL, 1, 1);
-            cfg.blockDim = dim3(AC_THREADS, 1, 1);
-            cfg.dynamicSmemBytes = smem;
-            cfg.stream = st;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
-            int n = 0;
-            if (cudaOccupancyMaxActiveClusters(&n, k_attend_split<T>, &cfg) == cudaSuccess && n >= 1) max_cl = AC_MAXCL;
-        }
-        (void)cudaGetLastError(); /* a refused query is no launch error */
-    }
+    if (max_cl == 0) max_cl = cuk_cluster_max((const void *)k_attend_split<T>, AC_MAXCL, AC_THREADS, smem, st);
     const int64_t base = (int64_t)d->n_tok * ((d->n_head + AC_HG - 1) / AC_HG);
     int cl = 1;
     while (cl < max_cl && base * cl < sms && (int64_t)cl * 2 * AC_TK * 2 <= max_sel) cl *= 2;

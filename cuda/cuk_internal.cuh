@@ -34,4 +34,29 @@ static inline int cuk_sm_count(void) {
     return n;
 }
 
+/* The largest cluster of `want` blocks (a non-portable size above 8) that the device can run for
+ * kernel `fn` with `threads` threads and `smem` bytes of dynamic shared memory per block, else 8.
+ * Asked once per kernel by its launcher; a refused query leaves no launch error behind. */
+static inline int cuk_cluster_max(const void *fn, int want, int threads, size_t smem, cudaStream_t st) {
+    int max_cl = 8;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)want;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)want, 1, 1);
+        cfg.blockDim = dim3((unsigned)threads, 1, 1);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n >= 1) max_cl = want;
+    }
+    (void)cudaGetLastError();
+    return max_cl;
+}
+
 #endif

@@ -447,25 +447,7 @@ extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok,
     if (!use_old() && n_tok < sms) {
         const cudaStream_t st = (cudaStream_t)stream;
         static int max_cl = 0; /* 16-block clusters are non-portable: used where one fits (checked once) */
-        if (max_cl == 0) {
-            max_cl = 8;
-            if (cudaFuncSetAttribute(k_topk_split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute at[1];
-                at[0].id = cudaLaunchAttributeClusterDimension;
-                at[0].val.clusterDim.x = TS_MAXCL;
-                at[0].val.clusterDim.y = 1;
-                at[0].val.clusterDim.z = 1;
-                cfg.gridDim = dim3(TS_MAXCL, 1, 1);
-                cfg.blockDim = dim3(TK_THREADS, 1, 1);
-                cfg.stream = st;
-                cfg.attrs = at;
-                cfg.numAttrs = 1;
-                int n = 0;
-                if (cudaOccupancyMaxActiveClusters(&n, k_topk_split, &cfg) == cudaSuccess && n >= 1) max_cl = TS_MAXCL;
-            }
-            (void)cudaGetLastError(); /* a refused query is no launch error */
-        }
+        if (max_cl == 0) max_cl = cuk_cluster_max((const void *)k_topk_split, TS_MAXCL, TK_THREADS, 0, st);
         /* enough blocks to cover the SMs, slices of at least 1024 positions */
         const int64_t P = pos0 + n_tok;
         int cl = 1;

@@ -1017,6 +1017,22 @@ static void close_gpu(rt_gpu_model *g, rt_model *m, rt_wset *ws) {
     rt_wset_free(ws);
 }
 
+/* Positions of prompt p where lg's argmax equals the oracle's; the misses (position and the oracle's
+ * top-2 gap there) are listed in miss (" none" if there are none). */
+static uint32_t argmax_agree(const prompt *p, const float *lg, uint32_t V, char *miss, size_t cap) {
+    uint32_t agree = 0;
+    int mo = 0;
+    miss[0] = 0;
+    for (uint32_t t = 0; t < p->n; t++) {
+        const int a = argmax(lg + (size_t)t * V, V) == (uint32_t)p->argmax[t];
+        agree += a;
+        if (!a && mo < (int)cap - 112)
+            mo += snprintf(miss + mo, cap - (size_t)mo, " %u(gap %.3f)", t, (double)top2_gap(p->ref + (size_t)t * V, V));
+    }
+    if (!mo) snprintf(miss, cap, " none");
+    return agree;
+}
+
 /* The cache read back: prompt 1 as a 32-token prefill, then one token per call (each call
  * attends the earlier tokens through the latent cache, in its storage type). With an f32
  * cache that is the precise arithmetic in another order: held to the precise tolerance. The
@@ -1035,20 +1051,12 @@ static void decode_path(rt_gpu_model *g, const oracle *o, uint32_t V, const char
     }
     T_CHECK(st == G5_OK, "%s decode path: %s", name, e.msg);
     if (!st) {
-        uint32_t agree = 0;
-        char miss[512] = "";
-        int mo = 0;
-        for (uint32_t t = 0; t < p->n; t++) {
-            const int a = argmax(lg + (size_t)t * V, V) == (uint32_t)p->argmax[t];
-            agree += a;
-            if (!a && mo < 400)
-                mo += snprintf(miss + mo, sizeof miss - (size_t)mo, " %u(gap %.3f)", t,
-                               (double)top2_gap(p->ref + (size_t)t * V, V));
-        }
+        char miss[512];
+        const uint32_t agree = argmax_agree(p, lg, V, miss, sizeof miss);
         const double rel = rel_l2(lg, p->ref, (size_t)p->n * V);
         printf("mode %s: prompt 1 as prefill 0..%u + %u single-token calls (cache read back): argmax agreement "
                "%.4f (%u/%u), logits rel L2 %.3e; misses at%s\n", name, first - 1, p->n - first,
-               (double)agree / p->n, agree, p->n, rel, mo ? miss : " none");
+               (double)agree / p->n, agree, p->n, rel, miss);
         if (f32_cache) T_CHECK(rel <= k_tol_logits[1], "%s decode path: logits rel L2 %.3e", name, rel);
     }
     free(lg);
@@ -1323,19 +1331,11 @@ static void test_prefill_gemm(const char *dir, const char *dir_tp2, const char *
             float *lg = xmalloc((size_t)p->n * V * 4);
             double secs = 0;
             if (gemm_run(g, p, lg, NULL, NULL, &secs, fc[c].name, i)) {
-                uint32_t agree = 0;
-                char miss[512] = "";
-                int mo2 = 0;
-                for (uint32_t t = 0; t < p->n; t++) {
-                    const int a = argmax(lg + (size_t)t * V, V) == (uint32_t)p->argmax[t];
-                    agree += a;
-                    if (!a && mo2 < 400)
-                        mo2 += snprintf(miss + mo2, sizeof miss - (size_t)mo2, " %u(gap %.3f)", t,
-                                        (double)top2_gap(p->ref + (size_t)t * V, V));
-                }
+                char miss[512];
+                const uint32_t agree = argmax_agree(p, lg, V, miss, sizeof miss);
                 const double rel = rel_l2(lg, p->ref, (size_t)p->n * V);
                 printf("%s: prompt %d: argmax agreement %.4f (%u/%u), logits rel L2 %.3e, %.4f s; misses at%s\n",
-                       fc[c].name, i, (double)agree / p->n, agree, p->n, rel, secs, mo2 ? miss : " none");
+                       fc[c].name, i, (double)agree / p->n, agree, p->n, rel, secs, miss);
                 if (i < 2 && fc[c].mode == RT_GPU_GEMM_F32)
                     T_CHECK(agree >= 0.99 * p->n, "%s: prompt %d argmax agreement %u/%u below 0.99", fc[c].name, i,
                             agree, p->n);
