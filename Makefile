@@ -40,6 +40,19 @@ endif
 ifneq ($(wildcard runtime/main_serve.c),)
 BINS  += $(BUILD)/bin/glm5-serve
 endif
+# MPI (runtime/comm.c: several processes under mpirun/srun) when pkg-config finds Open MPI
+# (ompi-c) or another `mpi` package; `make MPI=0` builds without it (as on the GPU machines,
+# which have none). Only comm.c sees mpi.h; every program linking the runtime gets MPI_LIBS.
+# Changing MPI needs a clean BUILD (comm.o does not track it).
+MPI ?= auto
+ifneq ($(MPI),0)
+MPI_PKG := $(shell pkg-config --exists ompi-c 2>/dev/null && echo ompi-c || { pkg-config --exists mpi 2>/dev/null && echo mpi; })
+endif
+ifneq ($(MPI_PKG),)
+MPI_CFLAGS := -DG5_WITH_MPI $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(MPI_PKG)))
+MPI_LIBS   := $(shell pkg-config --libs $(MPI_PKG))
+endif
+LDLIBS += $(MPI_LIBS)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 .PHONY: all test check fuzz demo clean deps
@@ -48,6 +61,8 @@ all: $(BINS) $(TESTS)
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/runtime/comm.o: CFLAGS += $(MPI_CFLAGS)
 
 $(LIB_FORMAT): $(call obj,$(FORMAT_SRC))
 $(LIB_CONVERT): $(call obj,$(CONVERT_SRC))

@@ -32,6 +32,18 @@ constexpr int ATT_WARPS = ATT_THREADS / 32;
 
 __device__ __forceinline__ float nanf_() { return __int_as_float(0x7fc00000); }
 
+/* The key range of a token set whose first position is read from the device (dpos: a CUDA-graph
+ * step, cuk_mla_attend_dev): n_pos = pos0 + n_tok, fresh rows (if any) the call's own tokens from
+ * pos0 on. Without dpos the host's values stay. 0 when *dpos is outside [0, bound - n_tok]. */
+__device__ __forceinline__ bool dev_range(const int32_t *dpos, int64_t bound, int n_tok, bool has_fresh,
+                                          int64_t *fresh0, int64_t *n_pos) {
+    if (!dpos) return true;
+    const int64_t p = *dpos;
+    *n_pos = p + n_tok;
+    *fresh0 = has_fresh ? p : *n_pos;
+    return p >= 0 && p + n_tok <= bound;
+}
+
 /* grid (n_head, ceil(n_tok / ABS_TOK)) */
 __global__ void k_absorb(cuk_mla_dims d, const float *__restrict__ q, const float *__restrict__ kvb,
                          int32_t head_rows, float *__restrict__ qlat) {
@@ -85,9 +97,9 @@ __device__ __forceinline__ float ldf(const __half *p) { return __half2float(*p);
 template <typename T>
 __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const float *__restrict__ qlat,
                          const T *__restrict__ lat, const float *__restrict__ fresh, int64_t fresh0,
-                         int64_t n_pos, const int32_t *__restrict__ sel,
-                         int64_t ld_sel, const int32_t *__restrict__ n_sel, int32_t max_sel,
-                         float scale, float *__restrict__ out) {
+                         int64_t n_pos, const int32_t *__restrict__ dpos, int64_t bound,
+                         const int32_t *__restrict__ sel, int64_t ld_sel, const int32_t *__restrict__ n_sel,
+                         int32_t max_sel, float scale, float *__restrict__ out) {
     extern __shared__ float sm[];
     __shared__ int bad, bad_pos; /* two flags: one is read while the other may be written */
     __shared__ float red_f[ATT_WARPS];
@@ -101,7 +113,8 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
     const int64_t row = (int64_t)t * d.n_head + h;
     float *o = out + row * KL;
     const int ns = n_sel[t];
-    if (threadIdx.x == 0) bad = ns < 1 || ns > max_sel;
+    const bool pos_ok = dev_range(dpos, bound, (int)gridDim.y, fresh != nullptr, &fresh0, &n_pos);
+    if (threadIdx.x == 0) bad = ns < 1 || ns > max_sel || !pos_ok;
     for (int c = threadIdx.x; c < KL; c += blockDim.x) qv[c] = qlat[row * KL + c];
     for (int i = threadIdx.x; i < R; i += blockDim.x) qv[KL + i] = q[row * (d.nope + R) + d.nope + i];
     __syncthreads();
@@ -242,6 +255,8 @@ struct ac_args {
     const void *lat;       /* [n_pos][kv_lora + rope] of T */
     const float *fresh;    /* [n_pos - fresh0][kv_lora + rope] or NULL */
     int64_t fresh0, n_pos; /* fresh0 = n_pos without fresh rows */
+    const int32_t *dpos;   /* non-NULL: fresh0 and n_pos from *dpos (dev_range), at most bound */
+    int64_t bound;
     const int32_t *sel;    /* [n_tok][ld_sel] */
     int64_t ld_sel;
     const int32_t *n_sel;  /* [n_tok] */
@@ -327,7 +342,9 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t slot = (size_t)KVW * 4;
     const int ns_raw = a.n_sel[t];
-    const bool ns_ok = ns_raw >= 1 && ns_raw <= a.max_sel;
+    int64_t fresh0 = a.fresh0, n_pos = a.n_pos;
+    const bool pos_ok = dev_range(a.dpos, a.bound, d.n_tok, a.fresh != nullptr, &fresh0, &n_pos);
+    const bool ns_ok = ns_raw >= 1 && ns_raw <= a.max_sel && pos_ok;
     const int ns = ns_ok ? ns_raw : 0;
     const int chunk = (ns + CL - 1) / CL;
     const int j0 = min(ns, rank * chunk), j1 = min(ns, j0 + chunk);
@@ -358,7 +375,7 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
             int32_t s = -1;
             if ((int)threadIdx.x < nk) {
                 s = a.sel[(int64_t)t * a.ld_sel + jt + threadIdx.x];
-                if (s < 0 || s >= a.n_pos) {
+                if (s < 0 || s >= n_pos) {
                     bad = 1;
                     s = -1;
                 }
@@ -372,8 +389,8 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
             const int32_t s = spb[b][jj];
             if (s < 0) continue;
             const unsigned char *src;
-            if (s >= a.fresh0) {
-                src = (const unsigned char *)(a.fresh + (s - a.fresh0) * KVW);
+            if (s >= fresh0) {
+                src = (const unsigned char *)(a.fresh + (s - fresh0) * KVW);
             } else {
                 if (k >= cprT) continue;
                 src = (const unsigned char *)(lat + (int64_t)s * KVW);
@@ -410,7 +427,7 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
             float sa[AC_HG], sb[AC_HG];
 #pragma unroll
             for (int h = 0; h < AC_HG; h++) sa[h] = sb[h] = 0.0f;
-            if (s >= a.fresh0) ac_dot((const float *)(B + jj * slot), qr, lane, KL, KVW, sa, sb);
+            if (s >= fresh0) ac_dot((const float *)(B + jj * slot), qr, lane, KL, KVW, sa, sb);
             else if (s >= 0) ac_dot((const T *)(B + jj * slot), qr, lane, KL, KVW, sa, sb);
 #pragma unroll
             for (int h = 0; h < AC_HG; h++) {
@@ -445,7 +462,7 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
             float p[AC_HG];
 #pragma unroll
             for (int h = 0; h < AC_HG; h++) p[h] = sc[jj][h];
-            if (s >= a.fresh0) ac_acc((const float *)(B + jj * slot), p, KL, o);
+            if (s >= fresh0) ac_acc((const float *)(B + jj * slot), p, KL, o);
             else if (s >= 0) ac_acc((const T *)(B + jj * slot), p, KL, o);
         }
         __syncthreads(); /* buffer b and spb[b] are restaged by the next iteration */
@@ -582,9 +599,9 @@ static int split_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cu
 
 template <typename T>
 static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
-                              const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *sel,
-                              int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale, float *out,
-                              cudaStream_t st, g5_error *err) {
+                              const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *dpos, int64_t bound,
+                              const int32_t *sel, int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
+                              float *out, cudaStream_t st, g5_error *err) {
     const int KVW = d->kv_lora + d->rope;
     const size_t smem = (size_t)2 * AC_TK * KVW * sizeof(float);
     static size_t allowed = 48 * 1024; /* the opt-in, once per instantiation */
@@ -601,6 +618,8 @@ static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float
     a.fresh = fresh;
     a.fresh0 = fresh0;
     a.n_pos = n_pos;
+    a.dpos = dpos;
+    a.bound = bound;
     a.sel = sel;
     a.ld_sel = ld_sel;
     a.n_sel = n_sel;
@@ -636,22 +655,24 @@ static int split_fits(const cuk_mla_dims *d, const void *lat, size_t es, const f
 
 template <typename T>
 static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
-                          const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *sel, int64_t ld_sel, const int32_t *n_sel,
-                          int32_t max_sel, float scale, float *out, size_t smem, cudaStream_t st,
-                          g5_error *err) {
+                          const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *dpos, int64_t bound,
+                          const int32_t *sel, int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
+                          float *out, size_t smem, cudaStream_t st, g5_error *err) {
     /* The split kernel exists for the few (token, head) pairs of a decode step; once those pairs
      * alone fill the SMs twice (prefill) the one-block-per-pair kernel is faster (bench_attn: 512
      * tokens x 8 heads at 4k, 5.1 ms vs 11.9 ms). */
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
     if (!use_old() && (int64_t)d->n_tok * d->n_head < 2 * (int64_t)sms && split_fits(d, lat, sizeof(T), fresh))
-        return attend_split(d, q, qlat, lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, st, err);
+        return attend_split(d, q, qlat, lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel, max_sel, scale, out,
+                            st, err);
     if (smem > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(k_attend<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "mla_attend: %zu bytes of shared memory: %s", smem, cudaGetErrorString(e));
     }
     dim3 grid((unsigned)d->n_head, (unsigned)d->n_tok);
-    k_attend<T><<<grid, ATT_THREADS, smem, st>>>(*d, q, qlat, lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out);
+    k_attend<T><<<grid, ATT_THREADS, smem, st>>>(*d, q, qlat, lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel,
+                                                 max_sel, scale, out);
     LAUNCH_CHECK("mla_attend");
     return G5_OK;
 }
@@ -665,6 +686,33 @@ extern "C" g5_status cuk_mla_attend(const cuk_mla_dims *d, const float *q, const
                                 out, stream, err);
 }
 
+/* cuk_mla_attend_fresh and cuk_mla_attend_dev (dpos non-NULL: fresh0 and n_pos are read from
+ * it at run time, within bound). */
+static g5_status mla_attend(const cuk_mla_dims *d, const float *q, const float *qlat, const void *lat,
+                            uint32_t lat_type, const float *fresh, int64_t fresh0, int64_t n_pos,
+                            const int32_t *dpos, int64_t bound, const int32_t *sel, int64_t ld_sel,
+                            const int32_t *n_sel, int32_t max_sel, float scale, float *out, cuk_stream stream,
+                            g5_error *err) {
+    if (!q || !qlat || !lat || !sel || !n_sel || !out) return BAD("mla_attend: NULL pointer");
+    if (max_sel < 1 || max_sel > 16384 || ld_sel < max_sel)
+        return BAD("mla_attend: max_sel=%d outside 1..16384 or above ld_sel=%lld", max_sel, (long long)ld_sel);
+    if (d->n_tok > 65535) return BAD("mla_attend: n_tok=%d above 65535", d->n_tok);
+    const size_t smem = (size_t)(d->kv_lora + d->rope) * sizeof(float) + (size_t)max_sel * (sizeof(float) + sizeof(int32_t));
+    const cudaStream_t cs = (cudaStream_t)stream;
+    switch (lat_type) {
+    case CUK_F32:
+        return attend_t(d, q, qlat, (const float *)lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel, max_sel,
+                        scale, out, smem, cs, err);
+    case CUK_BF16:
+        return attend_t(d, q, qlat, (const __nv_bfloat16 *)lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel,
+                        max_sel, scale, out, smem, cs, err);
+    case CUK_F16:
+        return attend_t(d, q, qlat, (const __half *)lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel, max_sel,
+                        scale, out, smem, cs, err);
+    default: return BAD("mla_attend: lat_type %u is none of CUK_F32, CUK_BF16, CUK_F16", lat_type);
+    }
+}
+
 extern "C" g5_status cuk_mla_attend_fresh(const cuk_mla_dims *d, const float *q, const float *qlat,
                                           const void *lat, uint32_t lat_type, const float *fresh,
                                           int64_t fresh0, int64_t n_pos, const int32_t *sel,
@@ -672,20 +720,24 @@ extern "C" g5_status cuk_mla_attend_fresh(const cuk_mla_dims *d, const float *q,
                                           float scale, float *out, cuk_stream stream, g5_error *err) {
     g5_status st = check_dims("mla_attend", d, err);
     if (st) return st;
-    if (!q || !qlat || !lat || !sel || !n_sel || !out) return BAD("mla_attend: NULL pointer");
     if (n_pos < 1) return BAD("mla_attend: n_pos=%lld must be positive", (long long)n_pos);
     if (fresh && (fresh0 < 0 || fresh0 >= n_pos))
         return BAD("mla_attend: fresh0=%lld outside 0..n_pos-1 (%lld)", (long long)fresh0, (long long)n_pos - 1);
     if (!fresh) fresh0 = n_pos;
-    if (max_sel < 1 || max_sel > 16384 || ld_sel < max_sel)
-        return BAD("mla_attend: max_sel=%d outside 1..16384 or above ld_sel=%lld", max_sel, (long long)ld_sel);
-    if (d->n_tok > 65535) return BAD("mla_attend: n_tok=%d above 65535", d->n_tok);
-    const size_t smem = (size_t)(d->kv_lora + d->rope) * sizeof(float) + (size_t)max_sel * (sizeof(float) + sizeof(int32_t));
-    const cudaStream_t cs = (cudaStream_t)stream;
-    switch (lat_type) {
-    case CUK_F32: return attend_t(d, q, qlat, (const float *)lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
-    case CUK_BF16: return attend_t(d, q, qlat, (const __nv_bfloat16 *)lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
-    case CUK_F16: return attend_t(d, q, qlat, (const __half *)lat, fresh, fresh0, n_pos, sel, ld_sel, n_sel, max_sel, scale, out, smem, cs, err);
-    default: return BAD("mla_attend: lat_type %u is none of CUK_F32, CUK_BF16, CUK_F16", lat_type);
-    }
+    return mla_attend(d, q, qlat, lat, lat_type, fresh, fresh0, n_pos, NULL, 0, sel, ld_sel, n_sel, max_sel, scale, out,
+                      stream, err);
+}
+
+extern "C" g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, const float *qlat,
+                                        const void *lat, uint32_t lat_type, const float *fresh,
+                                        const int32_t *pos0_dev, int64_t pos_bound, const int32_t *sel,
+                                        int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
+                                        float *out, cuk_stream stream, g5_error *err) {
+    g5_status st = check_dims("mla_attend_dev", d, err);
+    if (st) return st;
+    if (!pos0_dev) return BAD("mla_attend_dev: NULL position");
+    if (pos_bound < d->n_tok || pos_bound > 2147483647)
+        return BAD("mla_attend_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, d->n_tok);
+    return mla_attend(d, q, qlat, lat, lat_type, fresh, 0, 0, pos0_dev, pos_bound, sel, ld_sel, n_sel, max_sel, scale,
+                      out, stream, err);
 }

@@ -44,6 +44,15 @@ enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
 g5_status cuk_convert(const float *x, int64_t ldx, void *y, uint32_t y_type, int64_t ldy,
                       int64_t n_rows, int64_t dim, cuk_stream stream, g5_error *err);
 
+/* A step's cache writes at positions held in device memory (a CUDA-graph decode step, below):
+ * for r < n_rows, row pos[r] of lat ([cap][lat_w] of lat_type) = lat_new[r] ([n_rows][lat_w]
+ * float32) rounded as cuk_convert rounds, and, unless key_new is NULL, row pos[r] of key
+ * ([cap][key_w] float32) = key_new[r] ([n_rows][key_w]); one launch for both. pos: [n_rows],
+ * device; a row whose pos[r] is outside [0, cap) is not written. */
+g5_status cuk_cache_write_rows(const float *lat_new, int64_t lat_w, void *lat, uint32_t lat_type,
+                               const float *key_new, int64_t key_w, float *key, int64_t cap,
+                               const int32_t *pos, int64_t n_rows, cuk_stream stream, g5_error *err);
+
 /* y[r][i] = silu(g[r][i]) * u[r][i], silu(v) = v / (1 + exp(-v)); y may equal g or u. */
 g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, int64_t ldu, float *y,
                        int64_t ldy, int64_t n_rows, int64_t dim, cuk_stream stream,
@@ -144,6 +153,34 @@ g5_status cuk_idx_scores(const float *q, const float *w, const float *k, int32_t
 g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0, int32_t k,
                        int32_t *sel, int64_t ld_sel, int32_t *n_sel, cuk_stream stream,
                        g5_error *err);
+
+/* ---- positions in device memory (CUDA-graph decode steps) ----
+ *
+ * A CUDA graph replays its kernels with the arguments they were captured with, so a decode step
+ * that is recorded once and replayed at later positions cannot pass its position as a host
+ * argument. These launchers take it from device memory instead: pos0_dev[0] is the first query
+ * token's position (pos0 of the launchers above), read by the kernels when they run, and
+ * everything else follows from it as above (n_pos = pos0 + n_tok key positions; the attention's
+ * fresh rows, if any, are the call's own n_tok tokens: fresh0 = pos0). The launch shape (grid,
+ * cluster size, which kernel) is made for pos_bound key positions instead of pos0 + n_tok, the
+ * bound the caller guarantees: pos0 + n_tok <= pos_bound (the host checks it when it captures;
+ * ld_sc >= pos_bound). The kernels are those of the host-position launchers and compute each
+ * output with the same operations in the same order, so the results are bit-identical to theirs
+ * at the same position; a shape made for more positions only adds blocks that find nothing to
+ * do, and the top-k result does not depend on its cluster size (the selection is exact). A
+ * device position outside [0, pos_bound - n_tok] writes no scores, a top-k count of 0, and
+ * NaN attention rows (never a read or write out of bounds). */
+g5_status cuk_idx_scores_dev(const float *q, const float *w, const float *k, int32_t n_tok,
+                             int32_t n_head, int32_t dim, const int32_t *pos0_dev, int64_t pos_bound,
+                             float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err);
+g5_status cuk_idx_topk_dev(const float *sc, int64_t ld_sc, int32_t n_tok, const int32_t *pos0_dev,
+                           int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
+                           cuk_stream stream, g5_error *err);
+g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, const float *qlat,
+                             const void *lat, uint32_t lat_type, const float *fresh,
+                             const int32_t *pos0_dev, int64_t pos_bound, const int32_t *sel,
+                             int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
+                             float *out, cuk_stream stream, g5_error *err);
 
 /* The indexer's per-token preparation after its projections, in one launch (at decode four
  * latency-bound launches were ~11 us): q [n_tok][n_head][dim] roped in place (cuk_rope with

@@ -21,11 +21,22 @@ constexpr int SC_WARPS = 8;
 constexpr int TK_THREADS = 512;
 constexpr int TK_WARPS = TK_THREADS / 32;
 
+/* The first query token's position: pos0, or with dpos (a CUDA-graph step) *dpos, read at run
+ * time; -1 when that one is outside [0, bound - n_tok] (the caller then writes nothing, or, for
+ * the top-k, a count of 0 that the attention turns into a NaN row). */
+__device__ __forceinline__ int64_t first_pos(int64_t pos0, const int32_t *dpos, int64_t bound, int n_tok) {
+    if (!dpos) return pos0;
+    const int64_t p = *dpos;
+    return p >= 0 && p + n_tok <= bound ? p : -1;
+}
+
 /* grid (ceil((pos0 + n_tok) / SC_WARPS), n_tok): a warp per (query, key). Shared: q, w. */
 __global__ void k_scores(const float *__restrict__ q, const float *__restrict__ w,
-                         const float *__restrict__ k, int32_t n_head, int32_t dim, int64_t pos0,
-                         float *__restrict__ sc, int64_t ld_sc) {
+                         const float *__restrict__ k, int32_t n_head, int32_t dim, int64_t pos0_h,
+                         const int32_t *__restrict__ dpos, int64_t bound, float *__restrict__ sc, int64_t ld_sc) {
     extern __shared__ float sm[];
+    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.y);
+    if (pos0 < 0) return;
     float *qs = sm;                        /* [n_head * dim] */
     float *ws = sm + (int64_t)n_head * dim; /* [n_head] */
     const int t = blockIdx.y;
@@ -82,13 +93,19 @@ __device__ int block_scan(int v, int *ws, int *total) {
 }
 
 /* one block per query token */
-__global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0, int32_t K,
-                       int32_t *__restrict__ sel, int64_t ld_sel, int32_t *__restrict__ n_sel) {
+__global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0_h, const int32_t *__restrict__ dpos,
+                       int64_t bound, int32_t K, int32_t *__restrict__ sel, int64_t ld_sel,
+                       int32_t *__restrict__ n_sel) {
     __shared__ uint32_t hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_remaining;
     __shared__ int ws[TK_WARPS + 1];
     const int t = blockIdx.x;
+    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.x);
+    if (pos0 < 0) {
+        if (threadIdx.x == 0) n_sel[t] = 0;
+        return;
+    }
     const int64_t cnt = pos0 + t + 1;
     int32_t *out = sel + (int64_t)t * ld_sel;
     if (cnt <= K) {
@@ -157,8 +174,11 @@ constexpr int SS_MAXH = 32; /* heads held in registers */
  * the head weights in head order. Shared: q [n_head][dim], w [n_head]. */
 __global__ void __launch_bounds__(SS_THREADS) k_scores_split(const float *__restrict__ q, const float *__restrict__ w,
                                                              const float *__restrict__ k, int32_t n_head, int32_t dim,
-                                                             int64_t pos0, float *__restrict__ sc, int64_t ld_sc) {
+                                                             int64_t pos0_h, const int32_t *__restrict__ dpos,
+                                                             int64_t bound, float *__restrict__ sc, int64_t ld_sc) {
     extern __shared__ __align__(16) float ss_sm[];
+    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.y);
+    if (pos0 < 0) return;
     float *qs = ss_sm;                          /* [n_head * dim] */
     float *wsh = ss_sm + (int64_t)n_head * dim; /* [n_head] */
     const int t = blockIdx.y;
@@ -208,8 +228,11 @@ constexpr int SL_MAXD4 = 32;  /* query float4 pieces held in registers (dim <= 1
  * bits unchanged: the sum starts at +0 and never becomes -0). */
 __global__ void __launch_bounds__(SL_WARPS * 32) k_scores_lane(const float *__restrict__ q, const float *__restrict__ w,
                                                                const float *__restrict__ k, int32_t n_head, int32_t dim,
-                                                               int64_t pos0, float *__restrict__ sc, int64_t ld_sc) {
+                                                               int64_t pos0_h, const int32_t *__restrict__ dpos,
+                                                               int64_t bound, float *__restrict__ sc, int64_t ld_sc) {
     __shared__ float red[SL_WARPS][SL_KG][33];
+    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.y);
+    if (pos0 < 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t = blockIdx.y;
     const int64_t cnt = pos0 + t + 1;
@@ -270,8 +293,9 @@ constexpr int TS_MAXCL = 16;
  * distributed shared memory and takes the same decision. Last, each block counts its keys
  * above / equal to the threshold, learns those of the lower ranks, and writes its part of the
  * ordered output at the right offset. */
-__global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0,
-                                                           int32_t K, int32_t *__restrict__ sel, int64_t ld_sel,
+__global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0_h,
+                                                           const int32_t *__restrict__ dpos, int64_t bound, int32_t K,
+                                                           int32_t *__restrict__ sel, int64_t ld_sel,
                                                            int32_t *__restrict__ n_sel) {
     __shared__ uint32_t hist[2][256]; /* by pass parity: a pass never clears what another block may still read */
     __shared__ uint32_t tot[256];
@@ -283,6 +307,11 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restri
     const int CL = (int)cl.num_blocks(), rank = (int)cl.block_rank();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.y;
+    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.y);
+    if (pos0 < 0) { /* the same for the whole cluster, as below */
+        if (rank == 0 && threadIdx.x == 0) n_sel[t] = 0;
+        return;
+    }
     const int64_t cnt = pos0 + t + 1;
     int32_t *out = sel + (int64_t)t * ld_sel;
     if (cnt <= K) { /* the same for the whole cluster: all of it leaves here */
@@ -391,16 +420,16 @@ static int g_lane = 1;
 extern "C" void cuk_idx_scores_set_lane(int on) { g_lane = on != 0; } /* cuda/idx_select.h */
 extern "C" int cuk_idx_scores_lane(void) { return g_lane; }
 
-extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float *k,
-                                    int32_t n_tok, int32_t n_head, int32_t dim, int64_t pos0,
-                                    float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err) {
+/* cuk_idx_scores and cuk_idx_scores_dev. P: the key count the launch is shaped for (pos0 +
+ * n_tok, or the bound when the position is read from dpos); the kernels read the position and
+ * skip keys past it, so the grid only has to cover P. */
+static g5_status idx_scores(const float *q, const float *w, const float *k, int32_t n_tok, int32_t n_head, int32_t dim,
+                            int64_t pos0, const int32_t *dpos, int64_t P, float *sc, int64_t ld_sc, cuk_stream stream,
+                            g5_error *err) {
     if (!q || !w || !k || !sc) return BAD("idx_scores: NULL pointer");
     if (n_tok < 1 || n_tok > 65535) return BAD("idx_scores: n_tok=%d outside 1..65535", n_tok);
     if (n_head < 1 || dim < 1 || (int64_t)n_head * dim > 12288)
         return BAD("idx_scores: n_head=%d x dim=%d must be positive and at most 12288", n_head, dim);
-    if (pos0 < 0) return BAD("idx_scores: pos0=%lld is negative", (long long)pos0);
-    if (ld_sc < pos0 + n_tok) return BAD("idx_scores: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
-    const int64_t P = pos0 + n_tok;
     if ((P + SC_WARPS - 1) / SC_WARPS > 2147483647) return BAD("idx_scores: too many positions");
     const size_t smem = ((size_t)n_head * dim + n_head) * sizeof(float);
     /* The lane kernel (same bits as the thread-per-key one) wins for decode steps up to ~16k keys
@@ -408,40 +437,58 @@ extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float 
      * (32k 39.5 vs 31.8; 512 tokens at 4k 1549 vs 840). */
     if (!use_old() && g_lane && n_tok <= 4 && P <= 16384 && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
         ((uintptr_t)q & 15) == 0) {
-        /* enough warps to fill the SMs (about 2 blocks each), a key group per warp at most */
+        /* enough warps to fill the SMs (about 2 blocks each), a key group per warp at most; the
+         * warps stride over the key groups, so a grid made for more keys than there are is
+         * exact too (its extra warps leave at once) */
         static int sms = 0;
         if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
         const int64_t groups = (P + SL_KG - 1) / SL_KG, want = (groups + SL_WARPS - 1) / SL_WARPS;
         const int64_t cap = (2 * (int64_t)sms + n_tok - 1) / n_tok;
         dim3 g3((unsigned)(want < cap ? want : cap), (unsigned)n_tok);
-        k_scores_lane<<<g3, SL_WARPS * 32, 0, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, sc, ld_sc);
+        k_scores_lane<<<g3, SL_WARPS * 32, 0, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, P, sc, ld_sc);
         LAUNCH_CHECK("idx_scores");
         return G5_OK;
     }
     if (!use_old() && n_head <= SS_MAXH && dim % 4 == 0 && ((uintptr_t)k & 15) == 0 && smem <= 48 * 1024) {
         dim3 g2((unsigned)((P + SS_THREADS - 1) / SS_THREADS), (unsigned)n_tok);
-        k_scores_split<<<g2, SS_THREADS, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, sc, ld_sc);
+        k_scores_split<<<g2, SS_THREADS, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, P, sc, ld_sc);
         LAUNCH_CHECK("idx_scores");
         return G5_OK;
     }
     dim3 grid((unsigned)((P + SC_WARPS - 1) / SC_WARPS), (unsigned)n_tok);
-    k_scores<<<grid, SC_WARPS * 32, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, sc, ld_sc);
+    k_scores<<<grid, SC_WARPS * 32, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, P, sc, ld_sc);
     LAUNCH_CHECK("idx_scores");
     return G5_OK;
 }
 
-extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0,
-                                  int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
-                                  cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float *k,
+                                    int32_t n_tok, int32_t n_head, int32_t dim, int64_t pos0,
+                                    float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err) {
+    if (pos0 < 0) return BAD("idx_scores: pos0=%lld is negative", (long long)pos0);
+    if (ld_sc < pos0 + n_tok) return BAD("idx_scores: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
+    return idx_scores(q, w, k, n_tok, n_head, dim, pos0, NULL, pos0 + n_tok, sc, ld_sc, stream, err);
+}
+
+extern "C" g5_status cuk_idx_scores_dev(const float *q, const float *w, const float *k, int32_t n_tok,
+                                        int32_t n_head, int32_t dim, const int32_t *pos0_dev, int64_t pos_bound,
+                                        float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err) {
+    if (!pos0_dev) return BAD("idx_scores_dev: NULL position");
+    if (pos_bound < n_tok || pos_bound > 2147483647)
+        return BAD("idx_scores_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, n_tok);
+    if (ld_sc < pos_bound) return BAD("idx_scores_dev: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);
+    return idx_scores(q, w, k, n_tok, n_head, dim, 0, pos0_dev, pos_bound, sc, ld_sc, stream, err);
+}
+
+/* cuk_idx_topk and cuk_idx_topk_dev; P as for idx_scores. */
+static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0, const int32_t *dpos, int64_t P,
+                          int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel, cuk_stream stream, g5_error *err) {
     if (!sc || !sel || !n_sel) return BAD("idx_topk: NULL pointer");
     if (n_tok < 1) return BAD("idx_topk: n_tok=%d must be positive", n_tok);
     if (k < 1) return BAD("idx_topk: k=%d must be positive", k);
-    if (pos0 < 0 || pos0 > 2147483647 - (int64_t)n_tok) return BAD("idx_topk: pos0=%lld out of range", (long long)pos0);
     if (ld_sel < k) return BAD("idx_topk: ld_sel=%lld < k=%d", (long long)ld_sel, k);
-    if (ld_sc < pos0 + n_tok) return BAD("idx_topk: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
     /* The cluster split covers the SMs when a step has few query tokens; with a block per token
      * for at least every SM the one-block kernel is faster (bench_attn: 512 tokens at 4k, 42.8 us
-     * vs 86.3 us). */
+     * vs 86.3 us). The selection is exact, so the cluster size never changes a result. */
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
     if (!use_old() && n_tok < sms) {
@@ -449,7 +496,6 @@ extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok,
         static int max_cl = 0; /* 16-block clusters are non-portable: used where one fits (checked once) */
         if (max_cl == 0) max_cl = cuk_cluster_max((const void *)k_topk_split, TS_MAXCL, TK_THREADS, 0, st);
         /* enough blocks to cover the SMs, slices of at least 1024 positions */
-        const int64_t P = pos0 + n_tok;
         int cl = 1;
         while (cl < max_cl && (int64_t)n_tok * cl < sms && P / (cl * 2) >= 1024) cl *= 2;
         cudaLaunchConfig_t cfg = {};
@@ -463,12 +509,32 @@ extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok,
         cfg.stream = st;
         cfg.attrs = at;
         cfg.numAttrs = 1;
-        cudaError_t e = cudaLaunchKernelEx(&cfg, k_topk_split, sc, ld_sc, pos0, k, sel, ld_sel, n_sel);
+        cudaError_t e = cudaLaunchKernelEx(&cfg, k_topk_split, sc, ld_sc, pos0, dpos, P, k, sel, ld_sel, n_sel);
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "idx_topk: %s", cudaGetErrorString(e));
         LAUNCH_CHECK("idx_topk");
         return G5_OK;
     }
-    k_topk<<<(unsigned)n_tok, TK_THREADS, 0, (cudaStream_t)stream>>>(sc, ld_sc, pos0, k, sel, ld_sel, n_sel);
+    k_topk<<<(unsigned)n_tok, TK_THREADS, 0, (cudaStream_t)stream>>>(sc, ld_sc, pos0, dpos, P, k, sel, ld_sel, n_sel);
     LAUNCH_CHECK("idx_topk");
     return G5_OK;
+}
+
+extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0,
+                                  int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
+                                  cuk_stream stream, g5_error *err) {
+    if (n_tok < 1) return BAD("idx_topk: n_tok=%d must be positive", n_tok);
+    if (pos0 < 0 || pos0 > 2147483647 - (int64_t)n_tok) return BAD("idx_topk: pos0=%lld out of range", (long long)pos0);
+    if (ld_sc < pos0 + n_tok) return BAD("idx_topk: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
+    return idx_topk(sc, ld_sc, n_tok, pos0, NULL, pos0 + n_tok, k, sel, ld_sel, n_sel, stream, err);
+}
+
+extern "C" g5_status cuk_idx_topk_dev(const float *sc, int64_t ld_sc, int32_t n_tok, const int32_t *pos0_dev,
+                                      int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
+                                      cuk_stream stream, g5_error *err) {
+    if (!pos0_dev) return BAD("idx_topk_dev: NULL position");
+    if (n_tok < 1) return BAD("idx_topk_dev: n_tok=%d must be positive", n_tok);
+    if (pos_bound < n_tok || pos_bound > 2147483647)
+        return BAD("idx_topk_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, n_tok);
+    if (ld_sc < pos_bound) return BAD("idx_topk_dev: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);
+    return idx_topk(sc, ld_sc, n_tok, 0, pos0_dev, pos_bound, k, sel, ld_sel, n_sel, stream, err);
 }

@@ -8,6 +8,8 @@
 # pcre2 and jansson linked statically: the GPU machines lack those runtime packages. NCCL is
 # loaded at run time (dlopen) and only for ranks on several devices; its header comes from the
 # CUDA toolkit when present (else the build has no NCCL path: G5_HAVE_NCCL stays undefined).
+# MPI_LIBS (Makefile) is empty where MPI is absent; where present the runtime archive's comm.o
+# needs it.
 
 GPU_RT_SRC      := $(wildcard runtime/gpu_*.c)
 GPU_RT_OBJ      := $(patsubst %.c,$(GPU_DIR)/obj/%.o,$(GPU_RT_SRC))
@@ -29,7 +31,7 @@ $(GPU_DIR)/obj/runtime/%.o: runtime/%.c
 
 $(GPU_DIR)/bin/glm5-run: $(GPU_DIR)/obj/runtime/main_run.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
 # glm5-serve --device cuda: serve_gpu.c (the backend) and serve_notls.c (GnuTLS stubs for the
 # static libmicrohttpd, which the GPU machine has no GnuTLS for) built with G5_WITH_CUDA ahead of
@@ -42,11 +44,11 @@ gpu-model: $(GPU_DIR)/bin/glm5-serve $(GPU_SERVE_TEST)
 
 $(GPU_DIR)/bin/glm5-serve: $(GPU_DIR)/obj/runtime/main_serve.o $(GPU_SERVE_OBJ) $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic -lmicrohttpd -Wl,-Bdynamic $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic -lmicrohttpd -Wl,-Bdynamic $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
 $(GPU_SERVE_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_serve.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
 $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o: $(GPU_MODEL_TEST_SRC)
 	@mkdir -p $(dir $@)
@@ -54,7 +56,23 @@ $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o: $(GPU_MODEL_TEST_SRC)
 
 $(GPU_MODEL_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
+
+# tests/gpu/test_gpu_mtp: the NextN/MTP block on the GPU (runtime/gpu_mtp.c) against
+# rt_model_mtp on the oracle; linked like test_gpu_model (it needs the whole runtime).
+GPU_MTP_TEST := $(GPU_DIR)/tests/test_gpu_mtp
+gpu-model: $(GPU_MTP_TEST)
+$(GPU_MTP_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_mtp.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
+
+# tests/gpu/test_gpu_comm: the GPU model and the processes of a launch (runtime/gpu_coll.c); one
+# process on the device, or `mpirun -np P` of it on a build with MPI (no GPU needed there).
+GPU_COMM_TEST := $(GPU_DIR)/tests/test_gpu_comm
+gpu-model: $(GPU_COMM_TEST)
+$(GPU_COMM_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_comm.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
 -include $(wildcard $(GPU_DIR)/obj/runtime/*.d)
 
@@ -63,7 +81,7 @@ $(GPU_MODEL_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o $(GPU_RT_OBJ) $(LIB
 GPU_LOAD_BENCH := $(GPU_DIR)/tests/bench_load
 $(GPU_LOAD_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_load.o $(GPU_DIR)/obj/runtime/gpu_load.o $(LIB_FORMAT)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
 # tests/gpu/bench_decode (bench/decode.sh, bench/prefill.sh): a GLM-5 TP8 rank's decode and
 # prefill, built in memory from synthetic data (it needs the whole runtime, convert/'s synth and
@@ -75,4 +93,4 @@ $(GPU_DIR)/obj/tests/gpu/bench_decode.o: tests/gpu/bench_decode.c
 	$(CC) $(GPU_CFLAGS) -c $< -o $@
 $(GPU_DECODE_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_decode.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(GPU_SYS_LIBS) -o $@
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@

@@ -206,15 +206,34 @@ __global__ void k_silu_mul(const float *g, int64_t ldg, const float *u, int64_t 
     y[r * ldy + c] = __fmul_rn(s, u[r * ldu + c]);
 }
 
+/* y[i] = v rounded to y_type: the one rounding of cuk_convert and cuk_cache_write_rows. */
+__device__ __forceinline__ void store_as(void *y, uint32_t y_type, int64_t i, float v) {
+    if (y_type == CUK_BF16) ((__nv_bfloat16 *)y)[i] = __float2bfloat16_rn(v);
+    else if (y_type == CUK_F16) ((__half *)y)[i] = __float2half_rn(v);
+    else ((float *)y)[i] = v;
+}
+
 __global__ void k_convert(const float *x, int64_t ldx, void *y, uint32_t y_type, int64_t ldy,
                           int64_t n_rows, int64_t dim) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_rows * dim) return;
     const int64_t r = i / dim, c = i % dim;
-    const float v = x[r * ldx + c];
-    if (y_type == CUK_BF16) ((__nv_bfloat16 *)y)[r * ldy + c] = __float2bfloat16_rn(v);
-    else if (y_type == CUK_F16) ((__half *)y)[r * ldy + c] = __float2half_rn(v);
-    else ((float *)y)[r * ldy + c] = v;
+    store_as(y, y_type, r * ldy + c, x[r * ldx + c]);
+}
+
+/* Elements [0, n_rows * lat_w) are latent elements, the rest (key_w per row) key elements. */
+__global__ void k_cache_write(const float *lat_new, int64_t lat_w, void *lat, uint32_t lat_type,
+                              const float *key_new, int64_t key_w, float *key, int64_t cap,
+                              const int32_t *__restrict__ pos, int64_t n_rows) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nl = n_rows * lat_w;
+    if (i < nl) {
+        const int64_t r = i / lat_w, c = i % lat_w, p = pos[r];
+        if (p >= 0 && p < cap) store_as(lat, lat_type, p * lat_w + c, lat_new[i]);
+    } else if (key_new && i < nl + n_rows * key_w) {
+        const int64_t j = i - nl, r = j / key_w, c = j % key_w, p = pos[r];
+        if (p >= 0 && p < cap) key[p * key_w + c] = key_new[j];
+    }
 }
 
 __global__ void k_scale(float *x, int64_t n, float s) {
@@ -540,6 +559,24 @@ extern "C" g5_status cuk_convert(const float *x, int64_t ldx, void *y, uint32_t 
     if ((uintptr_t)y % 4) return BAD("convert: y is not 4-byte aligned");
     k_convert<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, y, y_type, ldy, n_rows, dim);
     LAUNCH_CHECK("convert");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_cache_write_rows(const float *lat_new, int64_t lat_w, void *lat, uint32_t lat_type,
+                                          const float *key_new, int64_t key_w, float *key, int64_t cap,
+                                          const int32_t *pos, int64_t n_rows, cuk_stream stream, g5_error *err) {
+    if (!lat_new || !lat || !pos || (key_new && !key)) return BAD("cache_write_rows: NULL pointer");
+    if (lat_type != CUK_F32 && lat_type != CUK_BF16 && lat_type != CUK_F16)
+        return BAD("cache_write_rows: lat_type %u", lat_type);
+    if (n_rows < 1 || lat_w < 1 || cap < 1 || (key_new && key_w < 1))
+        return BAD("cache_write_rows: n_rows=%lld lat_w=%lld key_w=%lld cap=%lld must be positive", (long long)n_rows,
+                   (long long)lat_w, (long long)key_w, (long long)cap);
+    if ((uintptr_t)lat % 4) return BAD("cache_write_rows: lat is not 4-byte aligned");
+    const int64_t per = lat_w + (key_new ? key_w : 0);
+    if (per > INT64_MAX / n_rows || cap > INT64_MAX / per) return BAD("cache_write_rows: sizes overflow");
+    k_cache_write<<<grid_for(n_rows * per, 256), 256, 0, (cudaStream_t)stream>>>(lat_new, lat_w, lat, lat_type, key_new,
+                                                                                 key_w, key, cap, pos, n_rows);
+    LAUNCH_CHECK("cache_write_rows");
     return G5_OK;
 }
 

@@ -889,30 +889,56 @@ g5_status blob_check_compatible(const blob *a, const blob *b, g5_error *err) {
 
 struct blob_set {
     blob_set_record rec;
-    blob **ranks;
+    uint32_t first, count;       /* the ranks opened */
+    blob **ranks;                /* [rec.tp]; NULL for ranks not opened */
 };
 
-g5_status blob_set_open(const char *dir, blob_set **out, g5_error *err) {
+/* count == 0: every rank of the set. */
+static g5_status set_open(const char *dir, uint32_t first, uint32_t count, blob_set **out,
+                          g5_error *err) {
     *out = NULL;
     blob_set *s = calloc(1, sizeof *s);
     if (!s) return g5_fail(err, G5_ERR_NOMEM, "%s", dir);
     g5_status st = blob_set_record_read(dir, &s->rec, err);
     if (st) goto fail;
+    if (count == 0) {
+        first = 0;
+        count = s->rec.tp;
+    } else if (first >= s->rec.tp || count > s->rec.tp - first) {
+        st = g5_fail(err, G5_ERR_INVALID_ARG, "%s: ranks %u..%u asked of a set of %u", dir, first,
+                     first + count - 1, s->rec.tp);
+        goto fail;
+    }
+    s->first = first;
+    s->count = count;
     s->ranks = calloc(s->rec.tp, sizeof *s->ranks);
     if (!s->ranks) { st = g5_fail(err, G5_ERR_NOMEM, "%s", dir); goto fail; }
-    for (uint32_t r = 0; r < s->rec.tp; r++) {
+    for (uint32_t r = first; r < first + count; r++) {
         char fn[64], path[4200];
         blob_rank_filename(r, s->rec.tp, fn, sizeof fn);
         snprintf(path, sizeof path, "%s/%s", dir, fn);
         if ((st = blob_open(path, &s->ranks[r], err))) goto fail;
         if ((st = blob_check_rank(s->ranks[r], &s->rec, r, err))) goto fail;
-        if (r > 0 && (st = blob_check_compatible(s->ranks[0], s->ranks[r], err))) goto fail;
+        if (r > first && (st = blob_check_compatible(s->ranks[first], s->ranks[r], err))) goto fail;
     }
     *out = s;
     return G5_OK;
 fail:
     blob_set_free(s);
     return st;
+}
+
+g5_status blob_set_open(const char *dir, blob_set **out, g5_error *err) {
+    return set_open(dir, 0, 0, out, err);
+}
+
+g5_status blob_set_open_ranks(const char *dir, uint32_t first, uint32_t count, blob_set **out,
+                              g5_error *err) {
+    if (count == 0) {
+        *out = NULL;
+        return g5_fail(err, G5_ERR_INVALID_ARG, "%s: no ranks asked", dir);
+    }
+    return set_open(dir, first, count, out, err);
 }
 
 void blob_set_free(blob_set *s) {
@@ -927,3 +953,5 @@ void blob_set_free(blob_set *s) {
 uint32_t blob_set_tp(const blob_set *s) { return s->rec.tp; }
 const blob_set_record *blob_set_get_record(const blob_set *s) { return &s->rec; }
 const blob *blob_set_rank(const blob_set *s, uint32_t r) { return r < s->rec.tp ? s->ranks[r] : NULL; }
+uint32_t blob_set_first(const blob_set *s) { return s->first; }
+uint32_t blob_set_count(const blob_set *s) { return s->count; }

@@ -267,9 +267,18 @@ typedef struct blob_set blob_set;
 /* Opens DIR's set: the record, then every rank 0..T-1 (blob_open), each checked against the
  * record and against rank 0. Any missing, foreign or inconsistent rank fails the open. */
 g5_status blob_set_open(const char *dir, blob_set **out, g5_error *err);
+/* Opens only ranks [first, first + count) (count >= 1) with the same checks (record, rank,
+ * compatibility with the first of them): a process of a multi-process run opens its own ranks'
+ * files, and the other ranks' files need not exist on its node. G5_ERR_INVALID_ARG when the
+ * range is not inside the set. */
+g5_status blob_set_open_ranks(const char *dir, uint32_t first, uint32_t count, blob_set **out,
+                              g5_error *err);
 void blob_set_free(blob_set *s); /* accepts NULL */
 uint32_t blob_set_tp(const blob_set *s);
 const blob_set_record *blob_set_get_record(const blob_set *s);
-const blob *blob_set_rank(const blob_set *s, uint32_t rank); /* NULL if out of range */
+/* NULL if out of range or not opened (blob_set_open_ranks). */
+const blob *blob_set_rank(const blob_set *s, uint32_t rank);
+uint32_t blob_set_first(const blob_set *s); /* the ranks opened: [first, first + count) */
+uint32_t blob_set_count(const blob_set *s);
 
 #endif

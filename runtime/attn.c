@@ -61,7 +61,7 @@ static void kv_view_of(const rt_fwd *f, uint32_t r, uint32_t il, const rt_layer_
     const rt_state *st = rt_fwd_state(f, t);
     const rt_kvtab *tab = il >= hp->n_layer_main ? &st->mtp : &st->main;
     const rt_kvpool *p = tab->pool;
-    const size_t i = (size_t)r * p->nl + (il - p->il0);
+    const size_t i = (size_t)(r - f->m->rank0) * p->nl + (il - p->il0); /* pools hold local ranks */
     v->lat_blk = v->idx_blk = tab->ptr;
     v->lat_off = p->lat_off[i];
     v->idx_off = p->idx_off[i];

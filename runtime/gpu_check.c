@@ -29,6 +29,8 @@ struct rt_gpu_check {
     uint32_t tf_cap;
     uint32_t checked;
     rt_gpu_check_summary sum;
+    float *mtp_h;                /* [E] the last checked call's last GPU hidden state (MTP) */
+    int mtp_have;
 };
 
 void rt_gpu_check_opts_default(rt_gpu_check_opts *o) {
@@ -49,10 +51,14 @@ g5_status rt_gpu_check_create(rt_model *cpu, rt_gpu_model *gpu, const rt_gpu_che
     c->gpu = gpu;
     if (o) c->o = *o;
     else rt_gpu_check_opts_default(&c->o);
-    if (!c->o.report) c->o.report = stderr;
     c->sum.ok = 1;
     c->sum.min_overlap_mean = 1.0;
+    /* several processes compute the same report (their CPU and GPU outputs are whole): one writes it */
+    if (rt_comm_rank(rt_model_comm(cpu)) != 0) c->o.report = NULL;
+    else if (!c->o.report) c->o.report = stderr;
     g5_status st = rt_state_create(cpu, &c->s_ref, err);
+    if (!st && cpu->has_mtp && !(c->mtp_h = malloc((size_t)cpu->hp.n_embd * sizeof(float))))
+        st = g5_fail(err, G5_ERR_NOMEM, "check: MTP input");
     if (!st && cpu->n_ranks == 1) {
         c->tf_cache = calloc(cpu->hp.n_layer_main ? cpu->hp.n_layer_main : 1, sizeof *c->tf_cache);
         if (!c->tf_cache) st = g5_fail(err, G5_ERR_NOMEM, "check caches");
@@ -68,6 +74,7 @@ g5_status rt_gpu_check_create(rt_model *cpu, rt_gpu_model *gpu, const rt_gpu_che
 void rt_gpu_check_free(rt_gpu_check *c) {
     if (!c) return;
     rt_state_free(c->s_ref);
+    free(c->mtp_h);
     for (uint32_t il = 0; c->tf_cache && il < c->cpu->hp.n_layer_main; il++) {
         free(c->tf_cache[il].lat);
         free(c->tf_cache[il].idxk);
@@ -232,6 +239,72 @@ static void tf_ffn(rt_model *m, rt_rank *rk, const rt_layer *L, rt_work *w, uint
     rt_ffn_experts(rk, L, w, n, hp);
 }
 
+/* ---- the NextN/MTP block ---- */
+
+/* Both blocks run from the GPU's hidden states, so the difference is the block's own: pairs
+ * (hidden state at p, token at p + 1), the previous call's last hidden state pairing with this
+ * call's first token. The MTP positions advance on both sides alike. */
+static g5_status check_mtp(rt_gpu_check *c, const int32_t *tokens, uint32_t n, const float *g_hid, int *ok,
+                           g5_error *err) {
+    const glm5_hparams *hp = &c->cpu->hp;
+    const uint64_t E = hp->n_embd, V = hp->n_vocab;
+    const uint32_t k = (c->mtp_have ? 1 : 0) + n - 1;
+    if (rt_state_mtp_n_past(c->s_ref) != rt_gpu_mtp_n_past(c->gpu))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "check: the CPU reference's MTP block is at position %u, the GPU's at %u",
+                       rt_state_mtp_n_past(c->s_ref), rt_gpu_mtp_n_past(c->gpu));
+    g5_status st = G5_OK;
+    if (k) {
+        float *hin = malloc(k * E * sizeof(float)), *gd = malloc(k * V * sizeof(float));
+        float *cd = malloc(k * V * sizeof(float));
+        int32_t *nx = malloc(k * sizeof(int32_t));
+        if (!hin || !gd || !cd || !nx) {
+            st = g5_fail(err, G5_ERR_NOMEM, "check: MTP buffers for %u tokens", k);
+        } else {
+            uint32_t j = 0;
+            if (c->mtp_have) {
+                memcpy(hin, c->mtp_h, E * sizeof(float));
+                nx[j++] = tokens[0];
+            }
+            for (uint32_t t = 0; t + 1 < n; t++, j++) {
+                memcpy(hin + j * E, g_hid + t * E, E * sizeof(float));
+                nx[j] = tokens[t + 1];
+            }
+            st = rt_gpu_mtp(c->gpu, hin, nx, k, gd, 1, err);
+            if (!st && (st = rt_model_mtp(c->cpu, c->s_ref, hin, nx, k, cd, 1, err)))
+                g5_error_prefix(err, "check: CPU MTP");
+        }
+        if (!st) {
+            const double rel = rel_l2(gd, cd, k * V);
+            uint32_t agree = 0;
+            for (uint32_t t = 0; t < k; t++) {
+                uint64_t ag = 0, ac = 0;
+                for (uint64_t v = 1; v < V; v++) {
+                    if (gd[t * V + v] > gd[t * V + ag]) ag = v;
+                    if (cd[t * V + v] > cd[t * V + ac]) ac = v;
+                }
+                agree += ag == ac;
+            }
+            const int mok = rel <= c->o.tol_logits;
+            *ok &= mok;
+            if (c->o.report)
+                fprintf(c->o.report, "check: mtp draft logits rel L2 %.3e (tolerance %.1e), argmax agrees at %u/%u "
+                        "positions (NextN block, both from the GPU's hidden states)%s\n", rel, c->o.tol_logits, agree,
+                        k, mok ? "" : "  <-- past tolerance");
+            if (rel > c->sum.mtp_rel_l2 || rel != rel) c->sum.mtp_rel_l2 = rel;
+            c->sum.mtp_n += k;
+        }
+        free(hin);
+        free(gd);
+        free(cd);
+        free(nx);
+    }
+    if (!st) {
+        memcpy(c->mtp_h, g_hid + (uint64_t)(n - 1) * E, E * sizeof(float));
+        c->mtp_have = 1;
+    }
+    return st;
+}
+
 /* ---- the checked call ---- */
 
 g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t n,
@@ -283,11 +356,11 @@ g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t 
         for (uint32_t t = 0; t < n; t++)
             rt_rope_table(pos0 + t, hp->qk_rope, hp->rope_theta, tw.w.rope + (size_t)t * hp->qk_rope);
     }
-    fprintf(rf, "check: tokens %u..%u, %u rank%s on the CPU, GPU %s (%s); max |gpu - cpu| / max |cpu|%s\n", pos0,
+    if (rf) fprintf(rf, "check: tokens %u..%u, %u rank%s on the CPU, GPU %s (%s); max |gpu - cpu| / max |cpu|%s\n", pos0,
             pos0 + n - 1, m->n_ranks, m->n_ranks > 1 ? "s" : "", rt_gpu_model_info(c->gpu)->device_name,
             rt_gpu_model_info(c->gpu)->collective,
             stages ? "; stages recomputed on the CPU from the GPU's stage inputs" : "; stage columns need one rank");
-    fprintf(rf, "check: %5s %12s %6s %17s %12s %6s %12s %17s\n", "layer", "attn_out", "keys!=", "topk_overlap",
+    if (rf) fprintf(rf, "check: %5s %12s %6s %17s %12s %6s %12s %17s\n", "layer", "attn_out", "keys!=", "topk_overlap",
             "moe_out", "exp!=", "layer_out", "topk_vs_cpu_run");
     int ok = 1;
     for (uint32_t il = 0; il < Lm; il++) {
@@ -335,7 +408,7 @@ g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t 
                                      exp_diff <= (uint32_t)((1.0 - c->o.min_overlap) * n))) &&
                         ov_used >= c->o.min_overlap;
         ok &= lok;
-        fprintf(rf, "check: %5u %12.3e %6u %8.4f/%8.4f %12.3e %6u %12.3e %8.4f/%8.4f%s\n", il, d_att, keys_diff, ov_mean,
+        if (rf) fprintf(rf, "check: %5u %12.3e %6u %8.4f/%8.4f %12.3e %6u %12.3e %8.4f/%8.4f%s\n", il, d_att, keys_diff, ov_mean,
                 ov_min, d_ffn, exp_diff, d_lay, rv_mean, rv_min, lok ? "" : "  <-- past tolerance");
         if (stages && d_att > c->sum.max_stage_attn) c->sum.max_stage_attn = d_att;
         if (stages && d_ffn > c->sum.max_stage_ffn) c->sum.max_stage_ffn = d_ffn;
@@ -354,9 +427,10 @@ g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t 
     }
     const int lok = lrel <= c->o.tol_logits;
     ok &= lok;
-    fprintf(rf, "check: logits rel L2 %.3e (tolerance %.1e), argmax agrees at %u/%u positions%s\n", lrel,
+    if (rf) fprintf(rf, "check: logits rel L2 %.3e (tolerance %.1e), argmax agrees at %u/%u positions%s\n", lrel,
             c->o.tol_logits, agree, n, lok ? "" : "  <-- past tolerance");
     if (lrel > c->sum.logits_rel_l2 || lrel != lrel) c->sum.logits_rel_l2 = lrel;
+    if (m->has_mtp && (st = check_mtp(c, tokens, n, g_hid, &ok, err))) goto done;
     c->sum.ok &= ok;
     c->checked += n;
     c->sum.n_tokens = c->checked;

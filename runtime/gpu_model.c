@@ -1,5 +1,6 @@
 /* GLM-5 forward pass on CUDA GPUs (gpu_model.h): setup from the CPU model, weights on the
- * devices, the per-rank stages and the collectives. Compiled to nothing unless G5_WITH_CUDA.
+ * devices, the per-rank stages and the collectives (placement, the processes' exchanges and
+ * NCCL's set-up are in gpu_coll.c). Compiled to nothing unless G5_WITH_CUDA.
  *
  * The stage code below follows runtime/attn.c and runtime/model.c line by line; comments there
  * explain the math. */
@@ -32,10 +33,10 @@ void rt_gpu_opts_default(rt_gpu_opts *o) {
 }
 
 const rt_gpu_info *rt_gpu_model_info(const rt_gpu_model *g) { return &g->info; }
-void rt_gpu_reset(rt_gpu_model *g) { g->def->n_past = 0; }
+void rt_gpu_reset(rt_gpu_model *g) { rt_gpu_seq_reset(g->def); }
 uint32_t rt_gpu_n_past(const rt_gpu_model *g) { return g->def->n_past; }
 rt_gpu_seq *rt_gpu_default_seq(rt_gpu_model *g) { return g->def; }
-void rt_gpu_seq_reset(rt_gpu_seq *s) { s->n_past = 0; }
+void rt_gpu_seq_reset(rt_gpu_seq *s) { s->n_past = s->mtp_n_past = 0; }
 uint32_t rt_gpu_seq_n_past(const rt_gpu_seq *s) { return s->n_past; }
 uint32_t rt_gpu_seq_capacity(const rt_gpu_seq *s) { return s->cap; }
 
@@ -72,10 +73,10 @@ static g5_status dmat_of(const gl_rank *rk, const rt_mat *m, const char *what, u
                          dmat *out, g5_error *err) {
     const void *d = dptr(rk, m->data, m->nrows * m->row_bytes);
     if (!d)
-        return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: %s is not in the uploaded weights", rk->r, il, what);
+        return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: %s is not in the uploaded weights", rk->rg, il, what);
     if (!cuk_gemv_supported(m->type))
         return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: %s is %s, which the GPU kernels do not handle",
-                       rk->r, il, what, quant_type_name(m->type));
+                       rk->rg, il, what, quant_type_name(m->type));
     out->type = m->type;
     out->w = d;
     out->k = (int64_t)m->ncols;
@@ -87,7 +88,7 @@ static g5_status dmat_of(const gl_rank *rk, const rt_mat *m, const char *what, u
 static g5_status put_f32(gl_rank *rk, const float *host, uint64_t n, const float **out, g5_error *err) {
     const uint64_t bytes = (n * sizeof(float) + 255) & ~(uint64_t)255;
     if (rk->xoff + bytes > rk->xcap)
-        return g5_fail(err, G5_ERR_INTERNAL, "rank %u: extras arena too small", rk->r);
+        return g5_fail(err, G5_ERR_INTERNAL, "rank %u: extras arena too small", rk->rg);
     float *d = (float *)(void *)(rk->xmem + rk->xoff);
     rk->xoff += bytes;
     if (host) CU(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -97,13 +98,20 @@ static g5_status put_f32(gl_rank *rk, const float *host, uint64_t n, const float
 
 static uint64_t up256(uint64_t b) { return (b + 255) & ~(uint64_t)255; }
 
+g5_status gm_dmat_of(const gl_rank *rk, const rt_mat *m, const char *what, uint32_t il, dmat *out, g5_error *err) {
+    return dmat_of(rk, m, what, il, out, err);
+}
+g5_status gm_put_f32(gl_rank *rk, const float *host, uint64_t n, const float **out, g5_error *err) {
+    return put_f32(rk, host, n, out, err);
+}
+
 /* Weight tensors of rank r: from the blob file (checksummed reader threads) or copied. */
 static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
                                    const rt_gpu_opts *o, rt_gpu_load_stats *ls, g5_error *err) {
     const rt_weights *w = rk->c->w;
     const uint64_t nt = rt_weights_n_tensors(w);
     rk->segs = calloc(nt ? nt : 1, sizeof *rk->segs);
-    if (!rk->segs) return g5_fail(err, G5_ERR_NOMEM, "rank %u: tensor table", rk->r);
+    if (!rk->segs) return g5_fail(err, G5_ERR_NOMEM, "rank %u: tensor table", rk->rg);
     CU(cudaSetDevice(rk->dev));
     if (b) {
         CK(rt_gpu_load_blob(b, rk->dev, &o->load, &rk->wmem, ls, err));
@@ -114,7 +122,7 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
             const blob_tensor *bt = blob_find_tensor(b, t->name);
             if (!bt || bt->size != t->nbytes)
                 return g5_fail(err, G5_ERR_MISMATCH, "rank %u: tensor '%s' of the weight set is not in %s as such",
-                               rk->r, t->name, blob_get_path(b));
+                               rk->rg, t->name, blob_get_path(b));
             rk->segs[i] = (seg){(const uint8_t *)t->data, t->nbytes, (uint8_t *)rk->wmem + (bt->offset - in->data_offset)};
         }
     } else {
@@ -150,25 +158,26 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
     const rt_rank *c = rk->c;
     const uint64_t E = hp->n_embd, KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
     const uint64_t kvb_rows = (uint64_t)c->H_l * (NOPE + V);
+    const uint32_t NL = hp->n_layer_main + (g->has_mtp ? 1 : 0); /* the NextN layer last */
     /* extras arena: every vector and a float32 kv_b per layer, each 256-byte aligned */
-    uint64_t cap = up256(E * 4) + 256;
-    for (uint32_t il = 0; il < hp->n_layer_main; il++)
+    uint64_t cap = up256(E * 4) + 256 + (g->has_mtp ? GM_MTP_EXTRA_BYTES(E) : 0);
+    for (uint32_t il = 0; il < NL; il++)
         cap += up256(E * 4) * 2 + up256(hp->q_lora * 4) + up256(KL * 4) + up256(hp->idx_head_dim * 4) * 2 +
                up256((uint64_t)hp->n_expert * 4) + up256(kvb_rows * KL * 4);
     CU(cudaSetDevice(rk->dev));
     CU(cudaMalloc((void **)&rk->xmem, cap));
     rk->xcap = cap;
-    rk->L = calloc(hp->n_layer_main, sizeof *rk->L);
+    rk->L = calloc(NL, sizeof *rk->L);
     if (!rk->L) return g5_fail(err, G5_ERR_NOMEM, "layers");
     CK(dmat_of(rk, &c->tok_embd, "token_embd", 0, &rk->tok_embd, err));
     CK(dmat_of(rk, &c->output.mat, "output", 0, &rk->head, err));
     rk->head_col0 = c->output.col0;
     rk->head_write = c->output.write;
     CK(put_f32(rk, c->output_norm, E, &rk->out_norm, err));
-    for (uint32_t il = 0; il < hp->n_layer_main; il++) {
+    for (uint32_t il = 0; il < NL; il++) {
         const rt_layer *cl = &c->layers[il];
         gl_layer *L = &rk->L[il];
-        if (!cl->present) return g5_fail(err, G5_ERR_MODEL, "rank %u: layer %u missing", rk->r, il);
+        if (!cl->present) return g5_fail(err, G5_ERR_MODEL, "rank %u: layer %u missing", rk->rg, il);
         L->dense = cl->dense;
         L->has_idx = cl->has_indexer;
         if (il == 0 && !L->has_idx)
@@ -184,7 +193,7 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
         /* kv_b as float32: the absorption reads W_UK columns, the W_UV GEMV reads rows */
         const void *kvq = dptr(rk, cl->kv_b.data, kvb_rows * cl->kv_b.row_bytes);
         if (!kvq || cl->kv_b.nrows != kvb_rows)
-            return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: attn_kv_b not uploaded", rk->r, il);
+            return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: attn_kv_b not uploaded", rk->rg, il);
         if (cl->kv_b.type == QT_F32) {
             L->kvb = kvq;
         } else {
@@ -211,17 +220,17 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
             const rt_tensor *tg = cl->exp_gate, *tu = cl->exp_up, *td = cl->exp_down;
             if (tg->type != tu->type)
                 return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: ffn_gate_exps is %s but ffn_up_exps is %s: "
-                               "the fused expert kernel needs one type", rk->r, il, quant_type_name(tg->type), quant_type_name(tu->type));
+                               "the fused expert kernel needs one type", rk->rg, il, quant_type_name(tg->type), quant_type_name(tu->type));
             if (!cuk_gemv_supported(tg->type) || !cuk_gemv_supported(td->type))
                 return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: expert types %s/%s not handled by the GPU kernels",
-                               rk->r, il, quant_type_name(tg->type), quant_type_name(td->type));
+                               rk->rg, il, quant_type_name(tg->type), quant_type_name(td->type));
             L->exp_type = tg->type;
             L->exp_down_type = td->type;
             L->exp_gate = dptr(rk, tg->data, tg->nbytes);
             L->exp_up = dptr(rk, tu->data, tu->nbytes);
             L->exp_down = dptr(rk, td->data, td->nbytes);
             if (!L->exp_gate || !L->exp_up || !L->exp_down)
-                return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: expert tensors not uploaded", rk->r, il);
+                return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: expert tensors not uploaded", rk->rg, il);
             L->sh_contrib = hp->n_expert_shared && cl->sh_contrib;
             L->sh_l = cl->sh_l;
             if (L->sh_contrib) {
@@ -231,49 +240,10 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
             }
         }
     }
+    if (g->has_mtp) CK(gm_mtp_setup_rank(g, rk, err));
     CU(cudaDeviceSynchronize()); /* kv_b dequantization */
     return G5_OK;
 }
-
-/* ---- NCCL (loaded at run time: a one-device run never needs the library) ---- */
-
-#ifdef G5_HAVE_NCCL
-static g5_status nccl_open(rt_gpu_model *g, g5_error *err) {
-    nccl_api *a = &g->nccl;
-    a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!a->lib) a->lib = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
-    if (!a->lib)
-        return g5_fail(err, G5_ERR_UNSUPPORTED, "%u ranks on %u devices need NCCL: libnccl.so.2 not found (%s)",
-                       g->T, g->info.n_devices, dlerror());
-#define SYM(field, name)                                                                      \
-    do {                                                                                      \
-        *(void **)(&a->field) = dlsym(a->lib, name);                                          \
-        if (!a->field) return g5_fail(err, G5_ERR_UNSUPPORTED, "NCCL: no symbol %s", name);   \
-    } while (0)
-    SYM(comm_init_all, "ncclCommInitAll");
-    SYM(all_reduce, "ncclAllReduce");
-    SYM(group_start, "ncclGroupStart");
-    SYM(group_end, "ncclGroupEnd");
-    SYM(comm_destroy, "ncclCommDestroy");
-    SYM(error_string, "ncclGetErrorString");
-#undef SYM
-    ncclComm_t *comms = calloc(g->T, sizeof *comms);
-    int *devs = calloc(g->T, sizeof *devs);
-    if (!comms || !devs) {
-        free(comms);
-        free(devs);
-        return g5_fail(err, G5_ERR_NOMEM, "NCCL communicators");
-    }
-    for (uint32_t r = 0; r < g->T; r++) devs[r] = g->rk[r].dev;
-    ncclResult_t nr = a->comm_init_all(comms, (int)g->T, devs);
-    if (nr == ncclSuccess)
-        for (uint32_t r = 0; r < g->T; r++) g->rk[r].comm = comms[r];
-    free(comms);
-    free(devs);
-    if (nr != ncclSuccess) return g5_fail(err, G5_ERR_INTERNAL, "ncclCommInitAll: %s", a->error_string(nr));
-    return G5_OK;
-}
-#endif
 
 /* ---- creation ---- */
 
@@ -287,17 +257,15 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     }
     if (opts->precision != RT_GPU_PRECISE && opts->precision != RT_GPU_FAST && opts->precision != RT_GPU_BF16ACT)
         return g5_fail(err, G5_ERR_INVALID_ARG, "precision %d", (int)opts->precision);
-    int ndev = 0;
-    cudaError_t ce = cudaGetDeviceCount(&ndev);
-    if (ce != cudaSuccess || ndev < 1)
-        return g5_fail(err, G5_ERR_UNSUPPORTED, "no CUDA device (%s)", ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
-    if (opts->device0 < 0 || opts->device0 >= ndev)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "device %d of %d", opts->device0, ndev);
     rt_gpu_model *g = calloc(1, sizeof *g);
     if (!g) return g5_fail(err, G5_ERR_NOMEM, "GPU model");
     g->cpu = cpu;
     g->hp = cpu->hp;
-    g->T = cpu->n_ranks;
+    g->T = rt_model_n_local(cpu);
+    g->T_all = rt_model_n_ranks(cpu);
+    g->first = rt_model_rank_first(cpu);
+    g->comm = rt_model_comm(cpu);
+    g->has_mtp = cpu->has_mtp;
     const int fast = opts->precision != RT_GPU_PRECISE;
     const int bf16act = opts->precision == RT_GPU_BF16ACT;
     rt_gpu_cache ct = opts->cache ? opts->cache : fast ? RT_GPU_CACHE_BF16 : RT_GPU_CACHE_F32;
@@ -312,60 +280,54 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         st = g5_fail(err, G5_ERR_NOMEM, "GPU ranks");
         goto fail;
     }
-    const uint32_t used = g->T < (uint32_t)ndev ? g->T : (uint32_t)ndev;
-    g->info.n_ranks = g->T;
-    g->info.n_devices = used;
-    if (g->T == 1) {
-        /* G5_GPU_COLLECTIVE=nccl: a one-rank NCCL communicator instead of none, so that the NCCL
-         * path (library, communicator, all-reduce) runs, and is tested, on a machine with one GPU */
-        const char *ce = getenv("G5_GPU_COLLECTIVE");
-        g->coll = ce && !strcmp(ce, "nccl") ? COLL_NCCL : COLL_NONE;
-    } else if (used == 1) {
-        g->coll = COLL_DEVICE;
-    } else if (g->T <= (uint32_t)ndev) {
-        g->coll = COLL_NCCL;
-    } else {
-        st = g5_fail(err, G5_ERR_UNSUPPORTED, "%u ranks on %d devices: give one device per rank, or a single device for all",
-                     g->T, ndev);
-        goto fail;
+    g->info.n_ranks = g->T_all;
+    g->info.n_local_ranks = g->T;
+    g->info.n_processes = rt_comm_size(g->comm);
+    for (uint32_t r = 0; r < g->T; r++) {
+        g->rk[r].r = r;
+        g->rk[r].rg = g->first + r;
     }
-#ifndef G5_HAVE_NCCL
-    if (g->coll == COLL_NCCL) {
-        st = g5_fail(err, G5_ERR_UNSUPPORTED, "%u ranks on %u devices need NCCL, and this build has no nccl.h", g->T, used);
-        goto fail;
-    }
-#endif
+    /* From here a process that fails still joins the next exchange of its launch's processes
+     * (gm_coll_agree_*: nothing with one process), so that all of them fail together. */
+    int ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev < 1)
+        st = g5_fail(err, G5_ERR_UNSUPPORTED, "no CUDA device (%s)", ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
+    else if (opts->device0 < 0 || opts->device0 >= ndev)
+        st = g5_fail(err, G5_ERR_INVALID_ARG, "device %d of %d", opts->device0, ndev);
+    else
+        st = gm_coll_place(g, opts->device0, ndev, err);
+    if ((st = gm_coll_agree_devices(g, st, err))) goto fail;
     g->info.collective = g->coll == COLL_NONE ? "none" : g->coll == COLL_DEVICE ? "device-sum" : "nccl";
     /* without NCCL every rank works on rank 0's device and stream: one capture holds the step */
     g->info.cuda_graph = opts->cuda_graph && g->coll != COLL_NCCL;
     gl_lin_cfg lcfg;
-    if ((st = gl_lin_cfg_resolve(opts, &lcfg, err))) goto fail;
+    if ((st = gl_lin_cfg_resolve(opts, &lcfg, err))) goto loaded;
     g->info.gemm = gl_lin_mode_name(lcfg.mode);
     g->info.gemm_min = (int)lcfg.min_tokens;
     g->info.gemm_min_expert = (int)lcfg.min_rows_expert;
     if (opts->blob_dir) {
-        if ((st = blob_set_open(opts->blob_dir, &set, err))) goto fail;
-        if (blob_set_tp(set) != g->T) {
-            st = g5_fail(err, G5_ERR_MISMATCH, "%s holds %u ranks, the model %u", opts->blob_dir, blob_set_tp(set), g->T);
-            goto fail;
+        /* this process's ranks only: the other ranks' files need not be on its node */
+        if ((st = blob_set_open_ranks(opts->blob_dir, g->first, g->T, &set, err))) goto loaded;
+        if (blob_set_tp(set) != g->T_all) {
+            st = g5_fail(err, G5_ERR_MISMATCH, "%s holds %u ranks, the model %u", opts->blob_dir, blob_set_tp(set),
+                         g->T_all);
+            goto loaded;
         }
     }
     const double t0 = gm_now_s();
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
-        rk->r = r;
         rk->c = &cpu->ranks[r];
         rk->fast = bf16act;
-        rk->dev = (opts->device0 + (int)r) % ndev;
-        if (g->coll == COLL_DEVICE) rk->dev = opts->device0;
         if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
             st = g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(ce));
-            goto fail;
+            goto loaded;
         }
         if (r == 0 || g->coll != COLL_DEVICE) {
             if ((ce = cudaStreamCreateWithFlags(&rk->st, cudaStreamNonBlocking)) != cudaSuccess) {
                 st = g5_fail(err, G5_ERR_INTERNAL, "stream: %s", cudaGetErrorString(ce));
-                goto fail;
+                goto loaded;
             }
             rk->own_stream = 1;
         } else {
@@ -373,7 +335,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         }
         rt_gpu_load_stats ls;
         memset(&ls, 0, sizeof ls);
-        if ((st = load_rank_weights(g, rk, set ? blob_set_rank(set, r) : NULL, opts, &ls, err))) goto fail;
+        if ((st = load_rank_weights(g, rk, set ? blob_set_rank(set, rk->rg) : NULL, opts, &ls, err))) goto loaded;
         g->info.load.bytes += ls.bytes;
         g->info.load.n_threads = ls.n_threads;
         g->info.load.direct_reads += ls.direct_reads;
@@ -382,10 +344,10 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         g->info.weight_bytes += rk->wbytes;
         if ((st = setup_rank(g, rk, err))) {
             g5_error_prefix(err, "GPU setup");
-            goto fail;
+            goto loaded;
         }
         g->info.extra_bytes += rk->xoff;
-        if ((st = gl_lin_create(&lcfg, (cuk_stream)rk->st, &g->info, &rk->lin, err))) goto fail;
+        if ((st = gl_lin_create(&lcfg, (cuk_stream)rk->st, &g->info, &rk->lin, err))) goto loaded;
     }
     rt_gpu_load_release(); /* the loader's pinned ring, kept across the ranks, is not needed after */
     g->info.load.seconds = gm_now_s() - t0;
@@ -394,7 +356,12 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     if (cudaGetDeviceProperties(&prop, g->rk[0].dev) == cudaSuccess)
         snprintf(g->info.device_name, sizeof g->info.device_name, "%s", prop.name);
 #ifdef G5_HAVE_NCCL
-    if (g->coll == COLL_NCCL && (st = nccl_open(g, err))) goto fail;
+    if (g->coll == COLL_NCCL) st = gm_nccl_open(g, err);
+#endif
+loaded:
+    if ((st = gm_coll_agree_load(g, st, err))) goto fail;
+#ifdef G5_HAVE_NCCL
+    if (g->coll == COLL_NCCL && (st = gm_nccl_init(g, err))) goto fail;
 #endif
     if ((st = rt_gpu_seq_create(g, 0, &g->def, err))) goto fail;
     blob_set_free(set);
@@ -423,10 +390,7 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         cudaSetDevice(rk->dev);
         if (rk->own_stream) cudaStreamSynchronize(rk->st);
     }
-    if (g->gexec) {
-        cudaSetDevice(g->rk[0].dev);
-        cudaGraphExecDestroy(g->gexec);
-    }
+    gm_graph_free(g);
     rt_gpu_seq_free(g->def);
     for (uint32_t r = 0; g->rk && r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
@@ -449,6 +413,7 @@ void rt_gpu_model_free(rt_gpu_model *g) {
 #ifdef G5_HAVE_NCCL
     if (g->nccl.lib) dlclose(g->nccl.lib);
 #endif
+    free(g->vcol);
     free(g->rk);
     free(g);
 }
@@ -459,9 +424,11 @@ uint64_t gm_lat_w(const glm5_hparams *hp) { return (uint64_t)hp->kv_lora + hp->q
 
 /* Layer il of sequence s's caches on rank r. */
 uint8_t *gm_seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+    if (il >= g->hp.n_layer_main) return s->mrk[r].lat;
     return (uint8_t *)s->rk[r].lat + (uint64_t)il * s->cap * gm_lat_w(&g->hp) * g->lat_es;
 }
 float *gm_seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+    if (il >= g->hp.n_layer_main) return s->mrk[r].idxk;
     return s->rk[r].idxk + (uint64_t)il * s->cap * g->hp.idx_head_dim;
 }
 
@@ -488,7 +455,7 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
         if (ce != cudaSuccess) {
             (void)cudaGetLastError(); /* an allocation failure must not surface at a later launch check */
             st = g5_fail(err, ce == cudaErrorMemoryAllocation ? G5_ERR_NOMEM : G5_ERR_INTERNAL,
-                         "rank %u: GPU caches for %u positions (%.1f MB): %s", r, nc,
+                         "rank %u: GPU caches for %u positions (%.1f MB): %s", g->rk[r].rg, nc,
                          (double)rt_gpu_seq_bytes(g, nc) / g->T / 1e6, cudaGetErrorString(ce));
         }
     }
@@ -504,7 +471,7 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
         }
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
         if (ce != cudaSuccess)
-            st = g5_fail(err, G5_ERR_INTERNAL, "rank %u: cache copy: %s", r, cudaGetErrorString(ce));
+            st = g5_fail(err, G5_ERR_INTERNAL, "rank %u: cache copy: %s", g->rk[r].rg, cudaGetErrorString(ce));
     }
     seq_rank *old = st ? nr : s->rk;
     for (uint32_t r = 0; r < g->T; r++) {
@@ -555,6 +522,7 @@ g5_status rt_gpu_seq_reserve(rt_gpu_seq *s, uint32_t positions, g5_error *err) {
 
 void rt_gpu_seq_free(rt_gpu_seq *s) {
     if (!s) return;
+    gm_mtp_seq_free(s);
     for (uint32_t r = 0; s->rk && r < s->g->T; r++) {
         if (!s->rk[r].lat && !s->rk[r].idxk) continue;
         cudaSetDevice(s->g->rk[r].dev);
@@ -600,9 +568,12 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->rl = take(&c, N * hp->n_expert * F);
     rk->wts = take(&c, N * U * F);
     rk->wts_l = take(&c, N * U * F);
-    rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * (uint64_t)rk->head.m * F);
+    uint64_t head_m = (uint64_t)rk->head.m; /* the MTP head may be whole where output is split */
+    if (g->has_mtp && (uint64_t)rk->mtp.head.m > head_m) head_m = (uint64_t)rk->mtp.head.m;
+    rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * head_m * F);
     rk->latf = take(&c, N * gm_lat_w(hp) * F);
     rk->ikf = take(&c, N * hp->idx_head_dim * F);
+    rk->cat = take(&c, g->has_mtp ? N * 2 * E * F : 16);
     uint64_t xbn = N * (rk->c->max_ncols > E ? rk->c->max_ncols : E);
     if (N * U * rk->c->ffe_l > xbn) xbn = N * U * rk->c->ffe_l;
     if (N * H * hp->kv_lora > xbn) xbn = N * H * hp->kv_lora; /* every head's W_UV input at once */
@@ -632,7 +603,7 @@ static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t
         void *p = NULL;
         if (cudaMalloc(&p, bytes) != cudaSuccess) {
             (void)cudaGetLastError(); /* not to be reported by a later launch check */
-            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu bytes of GPU work buffers for %u tokens", rk->r,
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu bytes of GPU work buffers for %u tokens", rk->rg,
                            (unsigned long long)bytes, nc);
         }
         rk->work = p;
@@ -651,11 +622,15 @@ static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t
         if (cudaMalloc((void **)&rk->sc, nc * sizeof(float)) != cudaSuccess) {
             (void)cudaGetLastError();
             rk->sc = NULL;
-            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu indexer scores", rk->r, (unsigned long long)need);
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu indexer scores", rk->rg, (unsigned long long)need);
         }
         rk->sc_cap = nc;
     }
     return G5_OK;
+}
+
+g5_status gm_work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t sc_need, g5_error *err) {
+    return work_reserve(g, rk, n, sc_need, err);
 }
 
 /* ---- sub-step profiler (rt_gpu_debug_profile) ---- */
@@ -770,6 +745,13 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const uint32_t n = pl->n;
     const int one = pl->n_seg == 1;
     const float eps = hp->rms_eps, theta = hp->rope_theta;
+    /* a graph step being captured (g->graph_bound): nothing below may depend on pl->pos0, which
+     * only holds the capturing step's position */
+    const uint32_t bound = g->graph_bound;
+    if (bound && (!one || pl->row0[0] || il >= hp->n_layer_main || bound > pl->seq[0]->cap ||
+                  (uint64_t)bound > rk->sc_cap))
+        return g5_fail(err, G5_ERR_INTERNAL, "graph step: bound %u for %u segment(s), layer %u, capacity %u", bound,
+                       pl->n_seg, il, pl->seq[0]->cap);
     CU(cudaSetDevice(rk->dev));
     CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
     PMARK("attn", "attn_norm (+ residual add)");
@@ -780,14 +762,18 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
     PMARK("attn", "kv_a gemv");
     /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
-     * in rk->latf and copied (f32) or converted into each sequence's cache */
-    const int direct = one && g->lat_type == CUK_F32;
+     * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
+     * cuk_cache_write_rows at the positions in rk->pos, below) */
+    const int direct = one && !bound && g->lat_type == CUK_F32;
     float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
                             : rk->latf;
     CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
     CU(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
     CK(cuk_rope(lat_new, n, KVW, 1, KVW, KL, R, theta, rk->pos, cs, err));
-    for (uint32_t i = 0; i < pl->n_seg && !direct; i++) {
+    if (bound && !L->has_idx)
+        CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, NULL, 0, NULL,
+                                pl->seq[0]->cap, rk->pos, n, cs, err));
+    for (uint32_t i = 0; i < pl->n_seg && !direct && !bound; i++) {
         uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
         const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
         if (g->lat_type == CUK_F32)
@@ -798,7 +784,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     PMARK("attn", "latent norm+rope+cache write");
     if (L->has_idx) {
         /* new keys straight into a single sequence's cache, else staged in rk->ikf */
-        float *ik = one ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
+        float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
         CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, 1, err));
         PMARK("attn", "idx_q_b gemv");
         CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, 1, err));
@@ -810,8 +796,16 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                         (int32_t)R, theta, rk->pos, RT_IDX_NORM_EPS, (float)(1.0 / sqrt((double)ID * (double)IH)),
                         cs, err));
         PMARK("attn", "idx rope+norm+rope+scale (cuk_idx_prep)");
+        if (bound) { /* the latent and key rows in one launch, then the kernels' device-position forms */
+            float *kc = gm_seq_idxk(g, pl->seq[0], rk->r, il);
+            CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, rk->ikf, ID, kc,
+                                    pl->seq[0]->cap, rk->pos, n, cs, err));
+            CK(cuk_idx_scores_dev(rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, rk->pos, bound, rk->sc,
+                                  bound, cs, err));
+            CK(cuk_idx_topk_dev(rk->sc, bound, (int32_t)n, rk->pos, bound, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
+        }
         /* per sequence, in stream order: the score buffer is reused by each */
-        for (uint32_t i = 0; i < pl->n_seg; i++) {
+        for (uint32_t i = 0; i < pl->n_seg && !bound; i++) {
             float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
             const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
             if (!one)
@@ -834,7 +828,11 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
-    for (uint32_t i = 0; i < pl->n_seg; i++) {
+    if (bound)
+        CK(cuk_mla_attend_dev(&d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
+                              g->lat_type == CUK_F32 ? NULL : rk->latf, rk->pos, bound, rk->sel, K, rk->n_sel,
+                              (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
+    for (uint32_t i = 0; i < pl->n_seg && !bound; i++) {
         const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
         const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
         CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
@@ -1046,9 +1044,9 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
 /* The device work of one forward call after the token and position upload: embedding, layers,
  * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
  * `graph` (one token, no debugging outputs) every call below only enqueues on rank 0's stream,
- * which is being captured. */
-static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
-                                g5_error *err) {
+ * which is being captured (gpu_graph.c). */
+g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
+                            g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const uint32_t n = pl->n;
     const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
@@ -1109,55 +1107,9 @@ static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_o
     return G5_OK;
 }
 
-/* forward_device recorded on rank 0's stream, then launched as one graph: the recording updates
- * g->gexec in place (instantiated on first use, or again when an update is refused). */
-static g5_status forward_graph(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, g5_error *err) {
-    gl_rank *r0 = &g->rk[0];
-    CU(cudaSetDevice(r0->dev));
-    CU(cudaStreamBeginCapture(r0->st, cudaStreamCaptureModeThreadLocal));
-    g5_status st = forward_device(g, pl, out, 1, err);
-    cudaGraph_t graph = NULL;
-    const cudaError_t ce = cudaStreamEndCapture(r0->st, &graph);
-    if (!st && ce != cudaSuccess)
-        st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step: %s", cudaGetErrorString(ce));
-    if (st) {
-        if (graph) cudaGraphDestroy(graph);
-        return st;
-    }
-    cudaError_t ge = cudaSuccess;
-    if (g->gexec) {
-        cudaGraphExecUpdateResultInfo ui;
-        if (cudaGraphExecUpdate(g->gexec, graph, &ui) != cudaSuccess) {
-            (void)cudaGetLastError(); /* a refused update is not an error: instantiate anew */
-            cudaGraphExecDestroy(g->gexec);
-            g->gexec = NULL;
-        }
-    }
-    if (!g->gexec) {
-        ge = cudaGraphInstantiate(&g->gexec, graph, 0);
-        if (ge == cudaSuccess) g->info.graph_instantiations++;
-        else g->gexec = NULL;
-    }
-    cudaGraphDestroy(graph);
-    if (ge != cudaSuccess)
-        return g5_fail(err, G5_ERR_INTERNAL, "cudaGraphInstantiate (decode step): %s", cudaGetErrorString(ge));
-    CU(cudaGraphLaunch(g->gexec, r0->st));
-    g->info.graph_steps++;
-    const uint64_t E = g->hp.n_embd;
-    if (out && out->hidden) CU(cudaMemcpyAsync(out->hidden, r0->h, E * 4, cudaMemcpyDeviceToHost, r0->st));
-    if (out && out->logits)
-        for (uint32_t r = 0; r < g->T; r++) {
-            gl_rank *rk = &g->rk[r];
-            if (rk->head_write)
-                CU(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
-                                   rk->st));
-        }
-    return G5_OK;
-}
-
 /* One forward call over the plan's rows (tokens [pl->n]): caches and work buffers reserved, tokens
  * and positions uploaded, the device work (a graph launch for a single one-token sequence
- * under opts.cuda_graph), then every sequence advanced. */
+ * under opts.cuda_graph: the uploads are that step's parameters), then every sequence advanced. */
 static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *tokens, const rt_gpu_outputs *out,
                               g5_error *err) {
     const glm5_hparams *hp = &g->hp;
@@ -1173,6 +1125,11 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
         CK(gm_seq_need(pl->seq[i], P, err));
         if ((uint64_t)pl->len[i] * P > sc_need) sc_need = (uint64_t)pl->len[i] * P;
     }
+    const int graph = g->info.cuda_graph && n == 1 && pl->n_seg == 1 &&
+                      !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
+    /* a graph step: its launches shaped for `bound` key positions, the score buffer too */
+    const uint32_t bound = graph ? gm_graph_bound(pl->pos0[0] + 1, pl->seq[0]->cap) : 0;
+    if (bound > sc_need) sc_need = bound;
     int32_t *pos = malloc(n * sizeof *pos);
     if (!pos) return g5_fail(err, G5_ERR_NOMEM, "positions");
     for (uint32_t i = 0; i < pl->n_seg; i++)
@@ -1197,14 +1154,14 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
         gl_lin_arm(g->rk[r].lin, pl->n_seg == 1);
         g->rk[r].batch_rows = pl->n_seg > 1;
     }
-    const int graph = g->info.cuda_graph && n == 1 && pl->n_seg == 1 &&
-                      !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
-    CK(graph ? forward_graph(g, pl, out, err) : forward_device(g, pl, out, 0, err));
+    CK(graph ? gm_forward_graph(g, pl, bound, out, err) : gm_forward_device(g, pl, out, 0, err));
     for (uint32_t r = 0; r < g->T; r++) {
         g->rk[r].batch_rows = 0;
         CU(cudaSetDevice(g->rk[r].dev));
         CU(cudaStreamSynchronize(g->rk[r].st));
     }
+    /* several processes: each wrote only its ranks' vocabulary columns */
+    if (out && out->logits) CK(gm_coll_gather_logits(g, out->logits, out->all_logits ? n : 1, err));
     for (uint32_t i = 0; i < pl->n_seg; i++) pl->seq[i]->n_past = pl->pos0[i] + pl->len[i];
     return G5_OK;
 }

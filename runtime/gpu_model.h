@@ -8,15 +8,40 @@
  * (dequantized by the CPU model) and attn_kv_b as float32 (for the query absorption) are small
  * extra copies beside them.
  *
- * Tensor parallelism: rank r runs on device (device0 + r) % n_devices. Each rank computes the
- * replicated parts (norms, q_a, kv_a, the indexer, the router) itself, its own heads of the
- * attention and its share of the FFN/experts; the partial outputs of the attention output
- * projection and of the FFN/MoE down projections are summed over the ranks (NCCL all-reduce
- * when the ranks have devices of their own; a sum in rank order on the device when they share
- * one, which is what lets a TP set run, and be tested, on a single GPU) and added to every
- * rank's residual stream. The vocabulary-split lm_head is gathered on the host.
+ * Tensor parallelism: the GPU model runs the CPU model's ranks: all T of them, or, under a
+ * launcher (rt_model_comm of size P > 1), this process's T / P ranks, global ranks
+ * first .. first + T / P - 1 (model.h "Processes"). Each rank computes the replicated parts
+ * (norms, q_a, kv_a, the indexer, the router) itself, its own heads of the attention and its
+ * share of the FFN/experts; the partial outputs of the attention output projection and of the
+ * FFN/MoE down projections are summed over the ranks (NCCL all-reduce when the ranks have
+ * devices of their own; a sum in rank order on the device when they share one, which is what
+ * lets a TP set run, and be tested, on a single GPU) and added to every rank's residual stream.
+ * The vocabulary-split lm_head is gathered on the host; with several processes each process's
+ * columns then go to the others (rt_comm_allgatherv), so logits are whole on every process, and
+ * so are the other outputs, which every rank holds alike after the all-reduces. NCCL sums in its
+ * own order: the device-side sum and the CPU model are matched within float32 rounding, not bit
+ * for bit.
  * Environment G5_GPU_COLLECTIVE=nccl runs a one-rank model through a one-rank NCCL communicator
  * (the only way to run the NCCL path where one GPU is available).
+ *
+ * Processes and devices (n_gpus: the CUDA devices this process sees; i: a local rank):
+ *  - One process (no launcher, or P = 1): rank i on device (device0 + i) % n_gpus. T = 1: no
+ *    collective; all T on one device when n_gpus = 1 (device-side sum); T <= n_gpus: NCCL, one
+ *    GPU per rank; otherwise refused.
+ *  - Several processes (`mpirun -np P` / `srun -n P`, T % P == 0): always NCCL, one GPU per rank.
+ *    Local rank i of the process with node-local index L (rt_comm_local_rank) runs on device
+ *    (device0 + L * T / P + i) % n_gpus, which serves both usual layouts: one process per GPU
+ *    seeing only its own GPU (CUDA_VISIBLE_DEVICES, `srun --gpus-per-task=1`: device 0) or
+ *    seeing all of the node's GPUs (device L), and one process per node driving its T / P GPUs.
+ *    A process with more ranks than GPUs is refused, and so is a placement that puts two ranks
+ *    of any processes on one GPU (GPU UUIDs compared across processes at creation), before any
+ *    weight is loaded. Process 0 makes the NCCL unique id; rt_comm_bcast gives it to the others;
+ *    each rank joins the T-rank communicator under its global index (ncclCommInitRank). Each
+ *    process loads only its ranks' blobs (blob_set_open_ranks), and CUDA graphs stay off (NCCL).
+ *    rt_gpu_model_create and every forward call are collective: all processes make them in the
+ *    same order with the same arguments. When one process fails at creation the others fail too
+ *    (the status is exchanged after placing and after loading). What has run: one process with
+ *    one GPU (device-side sum, one-rank NCCL); several GPUs or processes have not (one GPU lent).
  *
  * Precision policy (specs/numerics.md has the reasoning and the measurements). Every mode
  * accumulates in float32 (softmax sums in double) and keeps the residual stream, the norms, the
@@ -49,13 +74,14 @@
  * Everything here is built only with CUDA (cuda/model.mk defines G5_WITH_CUDA). One caller at a
  * time. A sequence's state (its caches, its position) is an rt_gpu_seq; the model holds a
  * built-in default one for rt_gpu_forward, and more can be created for batched decoding
- * (rt_gpu_forward_batch). The NextN/MTP block is not run on the GPU. */
+ * (rt_gpu_forward_batch). The NextN/MTP block runs as rt_model_mtp does (rt_gpu_mtp, below). */
 #ifndef G5_RT_GPU_MODEL_H
 #define G5_RT_GPU_MODEL_H
 
 #include <stdint.h>
 #include <stdio.h>
 
+#include "draft.h"
 #include "gpu_load.h"
 #include "model.h"
 
@@ -104,14 +130,18 @@ typedef struct rt_gpu_opts {
 void rt_gpu_opts_default(rt_gpu_opts *o);
 
 typedef struct rt_gpu_info {
-    uint32_t n_ranks, n_devices;
+    uint32_t n_ranks, n_devices;   /* of the run: T, and the GPUs all processes use */
+    uint32_t n_local_ranks;        /* this process's ranks (n_ranks with one process) */
+    uint32_t n_processes;
     const char *collective;      /* "none", "device-sum" (ranks share a device) or "nccl" */
     const char *precision;       /* "precise", "fast" or "bf16act" */
     const char *cache;           /* latent cache type: "f32", "bf16", "f16" */
     int cuda_graph;              /* decode steps replayed as CUDA graphs (opts.cuda_graph, and the
                                     collective is not NCCL) */
     uint64_t graph_steps;        /* forward calls that ran as a graph launch */
-    uint64_t graph_instantiations; /* of those, how many had to instantiate a new executable graph
+    uint64_t graph_captures;     /* of those, how many recorded the step first (the first, then one
+                                    per change of bucket, sequence or buffers; the rest replay) */
+    uint64_t graph_instantiations; /* of the captures, how many instantiated a new executable graph
                                     (an update in place was refused) */
     const char *gemm;            /* the prefill GEMM path's compute: "f32", "tf32", "bf16" */
     int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
@@ -120,7 +150,9 @@ typedef struct rt_gpu_info {
     char device_name[256];
     uint64_t weight_bytes;       /* all ranks, the loaded tensor data */
     uint64_t extra_bytes;        /* float32 copies (norms, biases, kv_b) */
-    rt_gpu_load_stats load;      /* summed over ranks (seconds: wall time of all loads) */
+    rt_gpu_load_stats load;      /* summed over ranks (seconds: wall time of all loads; with
+                                    several processes the slowest process's; these and the byte
+                                    counts above cover all processes) */
 } rt_gpu_info;
 
 g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_gpu_model **out,
@@ -147,12 +179,16 @@ typedef struct rt_gpu_outputs {
 
 /* Runs n tokens at positions n_past .. n_past + n - 1 and appends them to the caches.
  * With opts.cuda_graph, a call of one token that asks for no debugging outputs (logits and
- * hidden are fine) is recorded by stream capture instead of launched kernel by kernel, and the
- * recording updates one executable graph in place (cudaGraphExecUpdate: same topology, new
- * kernel arguments: position, key count, cache write offsets) that is then launched once. The
- * kernels and their arguments are exactly those of the plain path, so the results are
- * bit-identical. The kernels take positions as host arguments (cuk_model.h), which is why each
- * step is re-recorded rather than replayed with device-side parameters. */
+ * hidden are fine) is one launch of an executable CUDA graph of the whole step, recorded by
+ * stream capture once and replayed at later positions: its parameters (token, position) are
+ * uploaded to device memory before each launch, and the kernels whose work depends on the
+ * position (cache writes, indexer scores and top-k, attention) read it there (cuk_model.h,
+ * "positions in device memory"). Their launch shapes are made for a bucket of the key count,
+ * the power of two >= n_past + 1 (at least 1024, at most the sequence's capacity), so a step is
+ * captured again only when the bucket, the sequence, its capacity or the work buffers changed
+ * (info.graph_captures; runtime/gpu_graph.c says why buckets). Each output is computed with the
+ * same operations in the same order as in the plain path, so the results are bit-identical.
+ * NCCL runs (ranks on several devices) do not use graphs. */
 g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
                          const rt_gpu_outputs *out, g5_error *err);
 
@@ -167,11 +203,12 @@ g5_status rt_gpu_seq_create(rt_gpu_model *g, uint32_t reserve, rt_gpu_seq **out,
 void rt_gpu_seq_free(rt_gpu_seq *s); /* accepts NULL */
 /* Makes the caches hold `positions` positions (keeping the cached ones). */
 g5_status rt_gpu_seq_reserve(rt_gpu_seq *s, uint32_t positions, g5_error *err);
-/* Forgets the cached tokens (the memory stays reserved). */
+/* Forgets the cached tokens, MTP positions included (the memory stays reserved). */
 void rt_gpu_seq_reset(rt_gpu_seq *s);
 uint32_t rt_gpu_seq_n_past(const rt_gpu_seq *s);
 uint32_t rt_gpu_seq_capacity(const rt_gpu_seq *s);
-/* GPU memory of the caches of one sequence for `positions` positions, all ranks. */
+/* GPU memory of the main caches of one sequence for `positions` positions, all of this
+ * process's ranks (the NextN caches, allocated by the first rt_gpu_mtp_seq call, come on top). */
 uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions);
 /* The default sequence that rt_gpu_forward and rt_gpu_reset work on. */
 rt_gpu_seq *rt_gpu_default_seq(rt_gpu_model *g);
@@ -191,6 +228,37 @@ g5_status rt_gpu_forward_seq(rt_gpu_model *g, rt_gpu_seq *s, const int32_t *toke
 g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
                                uint32_t n_seq, float *logits, g5_error *err);
 
+/* ---- MTP: the NextN block (runtime/gpu_mtp.c) ----
+ * rt_model_mtp on the GPU: the first NextN block at the sequence's MTP positions
+ * mtp_n_past .. + n - 1, from the main model's final-normed hidden states hidden [n][n_embd]
+ * (host; rt_gpu_outputs.hidden) and the tokens that follow them, next_tokens[i] (the token at
+ * hidden[i]'s position + 1); draft_logits (host, may be NULL): all_logits ? [n][n_vocab] :
+ * [n_vocab] (last only), the logits for the token after next_tokens[i]. The NextN layer runs the
+ * main layers' kernels (same precision mode, latent cache type, prefill GEMM rule, collective)
+ * over the sequence's own NextN caches, which the first call allocates (grown like the main
+ * caches; one layer, so 1/n_layer_main of their size). eh_proj may be whole on every rank or
+ * split by rows or columns. Never a CUDA graph. With several processes it is collective like the
+ * forward calls, and the draft logits are whole on every process (the NextN head must then be
+ * split like output). G5_ERR_UNSUPPORTED without a NextN block. */
+int rt_gpu_has_mtp(const rt_gpu_model *g);
+g5_status rt_gpu_mtp_seq(rt_gpu_model *g, rt_gpu_seq *s, const float *hidden, const int32_t *next_tokens,
+                         uint32_t n, float *draft_logits, int all_logits, g5_error *err);
+/* On the default sequence. */
+g5_status rt_gpu_mtp(rt_gpu_model *g, const float *hidden, const int32_t *next_tokens, uint32_t n,
+                     float *draft_logits, int all_logits, g5_error *err);
+uint32_t rt_gpu_seq_mtp_n_past(const rt_gpu_seq *s);
+uint32_t rt_gpu_mtp_n_past(const rt_gpu_model *g);
+/* Forgets positions >= n_past of the main caches and >= mtp_n_past of the NextN caches (e.g.
+ * rejected draft tokens), as rt_state_truncate; neither may exceed the current count. The memory
+ * stays reserved. (rt_gpu_seq_reset and rt_gpu_reset forget the MTP positions too.) */
+g5_status rt_gpu_seq_truncate(rt_gpu_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
+/* Drafting with the block (draft.h, glm5-run --draft mtp) on the default sequence. The output
+ * equals plain decoding where a two-token verifying call gives each row the bits of a one-token
+ * call: the GEMV kernels' rows are width-independent within one kernel family (gemv_in), and in
+ * precise mode the attention reads the same float32 latents; in fast mode the second token reads
+ * the first one's latent in float32 where a plain step reads it rounded from the cache. */
+void rt_gpu_draft_ops(rt_gpu_model *g, rt_draft_ops *out);
+
 /* ---- --check: the CPU reference beside the GPU (gpu_check.c) ---- */
 
 typedef struct rt_gpu_check rt_gpu_check;
@@ -200,7 +268,8 @@ typedef struct rt_gpu_check_opts {
     double tol_stage;            /* max relative difference per stage (default 1e-3) */
     double tol_logits;           /* logits relative L2 (default 1e-3) */
     double min_overlap;          /* indexer top-k overlap, mean per layer (default 0.95) */
-    FILE *report;                /* where the per-layer table goes (stderr if NULL) */
+    FILE *report;                /* where the per-layer table goes (stderr if NULL; written by
+                                    process 0 only) */
 } rt_gpu_check_opts;
 
 void rt_gpu_check_opts_default(rt_gpu_check_opts *o);
@@ -208,7 +277,10 @@ void rt_gpu_check_opts_default(rt_gpu_check_opts *o);
 /* The CPU model (its own decoding states are created here) checks the GPU model. Both must
  * come from the same weights. Stage-level comparisons (attention out, MoE out: the CPU stage
  * fed the GPU's stage input, so each number is that stage's own error) need a one-rank model;
- * with more ranks only whole layers, the top-k sets and the logits are compared. */
+ * with more ranks only whole layers, the top-k sets and the logits are compared. Under several
+ * processes every process runs the check alongside (collective, like the forward calls: the CPU
+ * and the GPU outputs are whole on each, so each reaches the same verdict); the report comes
+ * from process 0. */
 g5_status rt_gpu_check_create(rt_model *cpu, rt_gpu_model *gpu, const rt_gpu_check_opts *o,
                               rt_gpu_check **out, g5_error *err);
 void rt_gpu_check_free(rt_gpu_check *c); /* accepts NULL */
@@ -217,7 +289,11 @@ void rt_gpu_check_free(rt_gpu_check *c); /* accepts NULL */
  * tokens and the per-layer, per-stage report. The verdict accumulates: see rt_gpu_check_ok.
  * A near-tie can make the GPU and the CPU pick a different key set (indexer) or expert set
  * (router) for a token; such tokens are counted and reported by the overlap columns, and left out
- * of that stage's difference (which would otherwise measure the choice, not the arithmetic). */
+ * of that stage's difference (which would otherwise measure the choice, not the arithmetic).
+ * With a NextN block each checked call also runs it on both sides (rt_gpu_mtp on the default
+ * sequence, rt_model_mtp), both fed the GPU's hidden states paired with the following tokens
+ * (the previous call's last one with this call's first), and compares the draft logits against
+ * tol_logits (the "check: mtp" line; summary mtp_rel_l2). */
 g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t n,
                                const rt_gpu_outputs *out, g5_error *err);
 /* 1 while every checked value was within tolerance. */
@@ -227,6 +303,9 @@ uint32_t rt_gpu_check_n_checked(const rt_gpu_check *c);
 typedef struct rt_gpu_check_summary {
     uint32_t n_tokens;
     double max_stage_attn, max_stage_ffn, max_layer, logits_rel_l2, min_overlap_mean;
+    double mtp_rel_l2;           /* NextN block's draft logits (largest per call), both sides fed
+                                    the GPU's hidden states; mtp_n positions checked (0: no block) */
+    uint32_t mtp_n;
     int ok;
 } rt_gpu_check_summary;
 void rt_gpu_check_get_summary(const rt_gpu_check *c, rt_gpu_check_summary *s);

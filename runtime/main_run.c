@@ -9,18 +9,28 @@
  * tolerance.
  *
  * --device cuda needs the CUDA build (build/gpu/bin/glm5-run, `make gpu`, which defines
- * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens. */
+ * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens.
+ *
+ * Under a launcher (`mpirun -np P`, `srun -n P`; comm.h) each of the P processes opens and runs
+ * T / P of the blob set's T ranks (the other ranks' files may be absent on its node); they agree
+ * on success before the first forward pass (every process exits with the first failing one's
+ * status), process 0 samples each token and broadcasts it, and only process 0 prints the output
+ * and timing and writes --dump-logits. Errors are prefixed "rank P:" (the process). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "format/blob.h"
 #include "format/glm5.h"
 #include "runtime/chat.h"
+#include "runtime/comm.h"
+#include "runtime/draft.h"
 #include "runtime/model.h"
 #include "runtime/sample.h"
 #include "runtime/tokenizer.h"
@@ -42,6 +52,7 @@ typedef struct args {
     int chat, think, ids, quiet;
     int cuda, fast, no_verify, kv_cache, cuda_graph;
     long check, tp, gpu0;
+    int draft;                   /* --draft mtp */
     uint32_t threads;
     rt_mla_mode mla;
     samp_params sp;
@@ -57,14 +68,17 @@ static void usage(FILE *f) {
             "  --tp N               tensor-parallel ranks: must equal the blob set's (a GGUF is\n"
             "                       TP 1: `glm5-shard convert --tp N` first). With --device cuda\n"
             "                       rank r runs on GPU (gpu0 + r) %% n_gpus, all ranks started by\n"
-            "                       this process, NCCL between distinct GPUs\n"
+            "                       this process, NCCL between distinct GPUs; under mpirun/srun\n"
+            "                       (P processes) local rank i of the process with node index L\n"
+            "                       on GPU (gpu0 + L * T/P + i) %% n_gpus, NCCL, one GPU per rank\n"
             "  --gpu0 K             first CUDA device (default 0)\n"
             "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache;\n"
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
             "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default off)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
-            "                       print per layer/stage differences; exit 3 past tolerance\n"
+            "                       print per layer/stage differences (and the MTP block's\n"
+            "                       draft logits); exit 3 past tolerance\n"
             "  --no-verify          GPU: skip the blob checksums while loading\n"
             "  -p, --prompt TEXT    prompt text (special tokens such as [gMASK] are recognized)\n"
             "  --tokens IDS         prompt token ids, comma-separated\n"
@@ -72,6 +86,9 @@ static void usage(FILE *f) {
             "  --system TEXT        system message (with --chat)\n"
             "  --no-think           chat: thinking off\n"
             "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt)\n"
+            "  --draft mtp|none     greedy decoding drafting one token per step with the MTP block,\n"
+            "                       verified by a two-token forward pass; prints the acceptance rate\n"
+            "                       (one process only; default none)\n"
             "  --temp T             temperature (default 0.8; 0 = greedy)\n"
             "  --top-k K            (default 40; 0 = off)\n"
             "  --top-p P            (default 0.95; 1 = off)\n"
@@ -119,8 +136,7 @@ static int parse_args(int argc, char **argv, args *a) {
 #define NEED() do { if (!v) { fprintf(stderr, "glm5-run: %s needs a value\n", o); return 0; } i++; } while (0)
 #define BAD() do { fprintf(stderr, "glm5-run: bad value for %s: '%s'\n", o, v); return 0; } while (0)
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            exit(0);
+            return -1;
         } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
             NEED(); a->model = v;
         } else if (!strcmp(o, "--device")) {
@@ -144,6 +160,11 @@ static int parse_args(int argc, char **argv, args *a) {
             if (!strcmp(v, "f32")) a->kv_cache = 1;
             else if (!strcmp(v, "bf16")) a->kv_cache = 2;
             else if (!strcmp(v, "f16")) a->kv_cache = 3;
+            else BAD();
+        } else if (!strcmp(o, "--draft")) {
+            NEED();
+            if (!strcmp(v, "mtp")) a->draft = 1;
+            else if (!strcmp(v, "none")) a->draft = 0;
             else BAD();
         } else if (!strcmp(o, "--check")) {
             NEED(); if (!parse_long(v, 0, INT32_MAX, &a->check)) BAD();
@@ -219,6 +240,8 @@ static int parse_args(int argc, char **argv, args *a) {
     }
 #endif
     if (a->check && !a->cuda) { fprintf(stderr, "glm5-run: --check compares the GPU with the CPU: needs --device cuda\n"); return 0; }
+    if (a->draft && a->sp.temperature > 0) { fprintf(stderr, "glm5-run: --draft mtp is greedy only (--temp 0)\n"); return 0; }
+    if (a->draft && a->check) { fprintf(stderr, "glm5-run: --draft mtp and --check cannot be combined\n"); return 0; }
     return 1;
 }
 
@@ -250,9 +273,98 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* "rank P: " when several processes run (set once the communicator exists). */
+static char g_who[32];
+
 static int fail(const g5_error *e, g5_status st, const char *what) {
-    fprintf(stderr, "glm5-run: %s: %s (%s)\n", what, e->msg[0] ? e->msg : g5_strerror(st), g5_strerror(st));
+    fprintf(stderr, "glm5-run: %s%s: %s (%s)\n", g_who, what, e->msg[0] ? e->msg : g5_strerror(st), g5_strerror(st));
     return 1;
+}
+
+/* Points where the processes agree that all got there (SYNC_LOAD: weights and model, before any
+ * GPU collective; SYNC_RUN: before the first forward pass). A process that fails earlier makes
+ * the remaining agreements on its way out, so none waits for it. */
+enum { SYNC_LOAD, SYNC_RUN, N_SYNC };
+
+/* All processes' rc at one agreement point: 0, or the first failing process's rc. */
+static int agree(rt_comm *c, int rc, int *n_synced) {
+    (*n_synced)++;
+    const uint32_t P = rt_comm_size(c);
+    if (P == 1) return rc;
+    int32_t mine = rc, *all = malloc((size_t)P * sizeof *all);
+    g5_error e = {0};
+    g5_status st = all ? rt_comm_allgather(c, &mine, sizeof mine, all, &e) : g5_fail(&e, G5_ERR_NOMEM, "agreement");
+    if (st) {
+        free(all);
+        return rc ? rc : fail(&e, st, "processes");
+    }
+    for (uint32_t q = 0; q < P && !rc; q++)
+        if (all[q]) {
+            rc = all[q];
+            fprintf(stderr, "glm5-run: %sstopping: process %u failed (exit %d)\n", g_who, q, rc);
+        }
+    free(all);
+    return rc;
+}
+
+/* Every process runs process 0's prompt with its output shape (an MPMD launch may give the
+ * processes different arguments): the ids and whether all prompt logits are kept. 0, or 1. */
+static int share_prompt(rt_comm *c, int32_t **ids, size_t *n_ids, int *all_logits, float **logits, size_t V) {
+    g5_error e = {0};
+    g5_status st;
+    uint64_t hdr[2] = {*n_ids, (uint64_t)*all_logits};
+    if ((st = rt_comm_bcast(c, hdr, sizeof hdr, 0, &e))) return fail(&e, st, "prompt broadcast");
+    if (hdr[0] != *n_ids || hdr[1] != (uint64_t)*all_logits) {
+        int32_t *ni = hdr[0] < SIZE_MAX / V / sizeof(float) ? realloc(*ids, hdr[0] * sizeof *ni) : NULL;
+        if (ni) *ids = ni;
+        float *nl = ni ? realloc(*logits, (hdr[1] ? hdr[0] : 1) * V * sizeof *nl) : NULL;
+        if (!ni || !nl) {
+            fprintf(stderr, "glm5-run: %sout of memory for process 0's prompt of %llu tokens\n", g_who,
+                    (unsigned long long)hdr[0]);
+            return 1;
+        }
+        *logits = nl;
+        *n_ids = (size_t)hdr[0];
+        *all_logits = (int)hdr[1];
+    }
+    if ((st = rt_comm_bcast(c, *ids, *n_ids * sizeof **ids, 0, &e))) return fail(&e, st, "prompt broadcast");
+    return 0;
+}
+
+/* Process p opens its ranks of a blob set; a GGUF (one rank) cannot be divided. 0, or the exit
+ * status. */
+static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
+    g5_error e = {0};
+    g5_status st;
+    const uint32_t P = rt_comm_size(comm);
+    if (P == 1) {
+        if ((st = rt_wset_open(a->model, ws, &e))) return fail(&e, st, a->model);
+        return 0;
+    }
+    struct stat sb;
+    if (stat(a->model, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "glm5-run: %s%s is not a blob set: a GGUF is one rank and %u processes need at least %u; "
+                "write a set with `glm5-shard convert --tp T -o DIR MODEL.gguf` (T a multiple of %u)\n",
+                g_who, a->model, P, P, P);
+        return 2;
+    }
+    blob_set_record rec = {0};
+    if ((st = blob_set_record_read(a->model, &rec, &e))) return fail(&e, st, a->model);
+    const uint32_t T = rec.tp;
+    blob_set_record_clear(&rec);
+    if (a->tp && (uint32_t)a->tp != T) {
+        fprintf(stderr, "glm5-run: %s--tp %ld: %s holds %u rank%s (blobs)\n", g_who, a->tp, a->model, T, T > 1 ? "s" : "");
+        return 2;
+    }
+    uint32_t first, count;
+    if ((st = rt_comm_ranks(comm, T, &first, &count, &e))) {
+        fprintf(stderr, "glm5-run: %s%s holds %u rank%s, which %u processes cannot share evenly (T %% P = %u %% %u = %u); "
+                "start a number of processes that divides %u, or convert with --tp a multiple of %u\n",
+                g_who, a->model, T, T > 1 ? "s" : "", P, T, P, T % P, T, P);
+        return 2;
+    }
+    if ((st = rt_wset_open_blobs_ranks(a->model, first, count, ws, &e))) return fail(&e, st, a->model);
+    return 0;
 }
 
 /* "12,34, 56" -> ids (malloc'ed). 0 on a malformed list. */
@@ -333,13 +445,24 @@ static int dump_logits(const char *path, const float *logits, size_t count) {
 }
 
 int main(int argc, char **argv) {
-    args a;
-    if (!parse_args(argc, argv, &a)) {
-        usage(stderr);
-        return 2;
-    }
     g5_error e = {0};
     g5_status st;
+    rt_comm *comm = NULL;
+    /* first: MPI may rewrite argv */
+    if ((st = rt_comm_create(&argc, &argv, &comm, &e))) return fail(&e, st, "processes");
+    const int lead = rt_comm_rank(comm) == 0;
+    if (rt_comm_size(comm) > 1) snprintf(g_who, sizeof g_who, "rank %u: ", rt_comm_rank(comm));
+    args a;
+    int pa = parse_args(argc, argv, &a);
+    if (pa <= 0) {
+        if (lead) usage(pa < 0 ? stdout : stderr);
+        rt_comm_free(comm);
+        return pa < 0 ? 0 : 2;
+    }
+    int n_synced = 0;
+    int bc_open = 0; /* process 0: the others wait for the next token */
+    int unclean = 0; /* failed inside an exchange: the others may wait for this process forever */
+    int all_logits = a.dump_logits != NULL;
     rt_wset *ws = NULL;
     rt_model *m = NULL;
     rt_state *s = NULL;
@@ -352,9 +475,11 @@ int main(int argc, char **argv) {
     char *text = NULL, *gen = NULL;
     int rc = 1;
     engine en = {0};
+    rt_drafter *dr = NULL;
 
     double t0 = now_s();
-    if ((st = rt_wset_open(a.model, &ws, &e))) { rc = fail(&e, st, a.model); goto out; }
+    if ((rc = open_weights(&a, comm, &ws))) goto out;
+    rc = 1;
     if (a.tp && (uint32_t)a.tp != rt_wset_n_ranks(ws)) {
         fprintf(stderr, "glm5-run: --tp %ld: %s holds %u rank%s (%s); write a TP %ld set with "
                 "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", a.tp, a.model, rt_wset_n_ranks(ws),
@@ -362,9 +487,11 @@ int main(int argc, char **argv) {
         rc = 2;
         goto out;
     }
-    rt_model_opts mo = {.n_threads = a.threads, .mla = a.mla};
+    rt_model_opts mo = {.n_threads = a.threads, .mla = a.mla, .comm = comm};
     if ((st = rt_model_create(ws, &mo, &m, &e))) { rc = fail(&e, st, "model"); goto out; }
     if ((st = tok_create(rt_wset_meta(ws), &tok, &e))) { rc = fail(&e, st, "tokenizer"); goto out; }
+    if ((rc = agree(comm, 0, &n_synced))) goto out;
+    rc = 1;
     const glm5_hparams *hp = rt_model_hparams(m);
 #ifdef G5_WITH_CUDA
     if (a.cuda) {
@@ -378,7 +505,7 @@ int main(int argc, char **argv) {
         if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = a.model;
         if ((st = rt_gpu_model_create(m, &go, &en.g, &e))) { rc = fail(&e, st, "GPU"); goto out; }
         const rt_gpu_info *gi = rt_gpu_model_info(en.g);
-        if (!a.quiet)
+        if (!a.quiet && lead)
             fprintf(stderr, "glm5-run: GPU %s: %u rank%s on %u device%s (collective %s), %s, %s latent cache; weights "
                     "%.3f GB in %.3f s (%.2f GB/s, %u reader threads, checksums %s, %llu O_DIRECT / %llu buffered reads)\n",
                     gi->device_name, gi->n_ranks, gi->n_ranks > 1 ? "s" : "", gi->n_devices, gi->n_devices > 1 ? "s" : "",
@@ -453,12 +580,47 @@ int main(int argc, char **argv) {
     if ((st = rt_state_create(m, &s, &e))) { rc = fail(&e, st, "state"); goto out; }
     en.m = m;
     en.s = s;
+    if (a.draft) {
+        if (!rt_model_has_mtp(m) || rt_comm_size(comm) > 1) {
+            fprintf(stderr, "glm5-run: --draft mtp needs a model with a NextN/MTP block and one process\n");
+            rc = 2;
+            goto out;
+        }
+        rt_draft_ops dops;
+#ifdef G5_WITH_CUDA
+        if (en.g) rt_gpu_draft_ops(en.g, &dops);
+        else
+#endif
+            rt_draft_ops_cpu(m, s, &dops);
+        if ((st = rt_drafter_create(&dops, &dr, &e))) { rc = fail(&e, st, "drafter"); goto out; }
+    }
     if ((st = samp_create(&a.sp, hp->n_vocab, &samp, &e))) { rc = fail(&e, st, "sampler"); goto out; }
     if ((st = tok_stream_create(tok, 0, &stream, &e))) { rc = fail(&e, st, "decoder"); goto out; }
+    if ((rc = agree(comm, 0, &n_synced))) goto out;
+    rc = 1;
+    if (rt_comm_size(comm) > 1 && (rc = share_prompt(comm, &ids, &n_ids, &all_logits, &logits, hp->n_vocab))) {
+        unclean = 1;
+        goto out;
+    }
+    rc = 1;
 
     double t1 = now_s();
-    if ((st = eng_forward(&en, ids, (uint32_t)n_ids, logits, a.dump_logits != NULL, &e))) { rc = fail(&e, st, "prompt"); goto out; }
+    st = dr ? rt_drafter_prompt(dr, ids, (uint32_t)n_ids, logits, all_logits, &e)
+            : eng_forward(&en, ids, (uint32_t)n_ids, logits, all_logits, &e);
+    if (st) { rc = fail(&e, st, "prompt"); unclean = 1; goto out; }
     double t_prompt = now_s() - t1;
+    if (!lead) { /* process 0 samples: feed what it broadcasts until it says stop */
+        for (;;) {
+            int32_t next;
+            if ((st = rt_comm_bcast(comm, &next, sizeof next, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
+            if (next < 0) {
+                rc = next == -1 ? 0 : 1; /* -2: process 0 failed and said why */
+                goto out;
+            }
+            if ((st = eng_forward(&en, &next, 1, logits, 0, &e))) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
+        }
+    }
+    bc_open = rt_comm_size(comm) > 1;
     if (a.dump_logits && !dump_logits(a.dump_logits, logits, n_ids * V)) goto out;
     for (size_t i = 0; i < n_ids; i++) samp_accept(samp, ids[i]);
     const float *last = logits + (a.dump_logits ? (n_ids - 1) * V : 0);
@@ -502,7 +664,9 @@ int main(int argc, char **argv) {
             printed = safe;
         }
         if (stopped || n_gen == a.n_predict) break;
-        if ((st = eng_forward(&en, &id, 1, logits, 0, &e))) { rc = fail(&e, st, "decode step"); goto out; }
+        if (bc_open && (st = rt_comm_bcast(comm, &id, sizeof id, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
+        st = dr ? rt_drafter_step(dr, id, logits, &e) : eng_forward(&en, &id, 1, logits, 0, &e);
+        if (st) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
         last = logits;
     }
     if (!stopped) {
@@ -519,25 +683,48 @@ int main(int argc, char **argv) {
     double t_gen = now_s() - t2;
     if (!a.quiet)
         fprintf(stderr,
-                "glm5-run: %s on %s, %u rank%s, %u threads; load %.2f s; prompt %zu tokens in %.2f s "
+                "glm5-run: %s on %s, %u rank%s (%u process%s), %u threads; load %.2f s; prompt %zu tokens in %.2f s "
                 "(%.1f tok/s); generated %ld tokens in %.2f s (%.2f tok/s)\n",
                 rt_wset_source(ws), a.cuda ? "cuda" : "cpu", rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
+                rt_comm_size(comm), rt_comm_size(comm) > 1 ? "es" : "",
                 rt_model_n_threads(m), t_load, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
                 n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9));
+    if (dr && !a.quiet) {
+        rt_draft_stats ds;
+        rt_drafter_get_stats(dr, &ds);
+        fprintf(stderr, "glm5-run: draft mtp: %llu drafted, %llu accepted (%.1f%%); %llu main forward calls for %ld "
+                "generated tokens\n", (unsigned long long)ds.drafted, (unsigned long long)ds.accepted,
+                ds.drafted ? 100.0 * (double)ds.accepted / (double)ds.drafted : 0.0, (unsigned long long)ds.forwards, n_gen);
+    }
     rc = 0;
 #ifdef G5_WITH_CUDA
     if (en.chk) {
         rt_gpu_check_summary cs;
         rt_gpu_check_get_summary(en.chk, &cs);
         fprintf(stderr, "glm5-run: check %s over %u tokens: stage max rel diff attn %.3e moe %.3e, layer %.3e, "
-                "logits rel L2 %.3e, top-k overlap >= %.4f\n", cs.ok ? "PASSED" : "FAILED", cs.n_tokens,
+                "logits rel L2 %.3e, top-k overlap >= %.4f", cs.ok ? "PASSED" : "FAILED", cs.n_tokens,
                 cs.max_stage_attn, cs.max_stage_ffn, cs.max_layer, cs.logits_rel_l2, cs.min_overlap_mean);
+        if (cs.mtp_n) fprintf(stderr, ", MTP draft logits rel L2 %.3e over %u positions", cs.mtp_rel_l2, cs.mtp_n);
+        fputc('\n', stderr);
         if (!cs.ok) rc = 3;
     }
 #endif
 out:
+    if (unclean && rt_comm_size(comm) > 1) {
+        fflush(stdout);
+        fflush(stderr);
+        rt_comm_abort(comm, rc);
+    }
+    if (bc_open) { /* the others wait for a token: tell them to stop */
+        int32_t stop = rc ? -2 : -1;
+        if ((st = rt_comm_bcast(comm, &stop, sizeof stop, 0, &e)) && !rc) rc = fail(&e, st, "token broadcast");
+    }
+    while (n_synced < N_SYNC) rc = agree(comm, rc ? rc : 1, &n_synced);
 #ifdef G5_WITH_CUDA
     rt_gpu_check_free(en.chk);
+#endif
+    rt_drafter_free(dr); /* before the models its operations use */
+#ifdef G5_WITH_CUDA
     rt_gpu_model_free(en.g);
 #endif
     free(gen);
@@ -550,5 +737,6 @@ out:
     rt_state_free(s);
     rt_model_free(m);
     rt_wset_free(ws);
+    rt_comm_free(comm);
     return rc;
 }

@@ -2,7 +2,8 @@
  *
  * Logs to stderr (the listening address first, then one line per request). Stops on SIGINT or
  * SIGTERM. Exit status: 0 after a signal, 1 when the server cannot start or the model fails to
- * load, 2 on a usage error. */
+ * load, 2 on a usage error or when a launcher (mpirun/srun) started several processes: one
+ * glm5-serve drives every rank. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "runtime/comm.h"
 #include "runtime/serve.h"
 
 static void usage(FILE *f) {
@@ -60,6 +62,19 @@ static void log_line(void *user, const char *line) {
 }
 
 int main(int argc, char **argv) {
+    {
+        /* several processes (mpirun/srun) would each serve the whole model: not supported */
+        rt_comm *comm = NULL;
+        g5_error ce = {0};
+        g5_status cst = rt_comm_create(&argc, &argv, &comm, &ce);
+        uint32_t np = rt_comm_size(comm);
+        rt_comm_free(comm);
+        if (cst || np > 1) {
+            fprintf(stderr, "glm5-serve: %s; run one glm5-serve process (it drives every rank of the set)\n",
+                    cst ? ce.msg : "started as one of several processes by a launcher");
+            return 2;
+        }
+    }
     srv_config c;
     srv_config_default(&c);
     c.log = log_line;

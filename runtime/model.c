@@ -1,5 +1,6 @@
 /* GLM-5 forward pass: setup (tensor lookup and shard checks), decoding state, the rank workers,
- * dense FFN and MoE, final norm and lm_head, and the NextN/MTP block. Attention is in attn.c. */
+ * dense FFN and MoE, final norm and lm_head, and the NextN/MTP block. Attention is in attn.c,
+ * the exchanges between ranks (and processes) in model_comm.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,6 +283,15 @@ g5_status rt_model_create(const rt_wset *ws, const rt_model_opts *opts, rt_model
     if (st) goto fail;
     m->ws = ws;
     m->n_ranks = rt_wset_n_ranks(ws);
+    m->comm = opts ? opts->comm : NULL;
+    if ((st = rt_comm_ranks(m->comm, m->n_ranks, &m->rank0, &m->n_local, err))) goto fail;
+    for (uint32_t r = m->rank0; r < m->rank0 + m->n_local; r++)
+        if (!rt_wset_rank(ws, r)) {
+            st = g5_fail(err, G5_ERR_INVALID_ARG, "process %u of %u runs ranks %u..%u of %u, but rank %u is not open "
+                         "in the weight set", rt_comm_rank(m->comm), rt_comm_size(m->comm), m->rank0,
+                         m->rank0 + m->n_local - 1, m->n_ranks, r);
+            goto fail;
+        }
     m->mla = opts ? opts->mla : RT_MLA_ABSORBED;
     uint32_t nt = opts ? opts->n_threads : 0;
     if (nt == 0) {
@@ -290,16 +300,16 @@ g5_status rt_model_create(const rt_wset *ws, const rt_model_opts *opts, rt_model
     }
     m->n_threads = nt;
     m->has_mtp = m->hp.n_nextn > 0;
-    m->ranks = calloc(m->n_ranks, sizeof *m->ranks);
+    m->ranks = calloc(m->n_local, sizeof *m->ranks);
     if (!m->ranks) {
         st = g5_fail(err, G5_ERR_NOMEM, "model ranks");
         goto fail;
     }
-    uint32_t per_rank = nt / m->n_ranks ? nt / m->n_ranks : 1;
-    for (uint32_t r = 0; r < m->n_ranks; r++) {
-        rt_rank *rk = &m->ranks[r];
-        rk->r = r;
-        rk->w = rt_wset_rank(ws, r);
+    uint32_t per_rank = nt / m->n_local ? nt / m->n_local : 1;
+    for (uint32_t i = 0; i < m->n_local; i++) {
+        rt_rank *rk = &m->ranks[i];
+        rk->r = m->rank0 + i;
+        rk->w = rt_wset_rank(ws, rk->r);
         if ((st = setup_rank(m, rk, err))) goto fail;
         if ((st = rt_pool_create(per_rank, &rk->pool, err))) goto fail;
     }
@@ -312,9 +322,9 @@ fail:
 
 void rt_model_free(rt_model *m) {
     if (!m) return;
-    for (uint32_t r = 0; m->ranks && r < m->n_ranks; r++) {
-        rt_pool_free(m->ranks[r].pool);
-        free(m->ranks[r].layers);
+    for (uint32_t i = 0; m->ranks && i < m->n_local; i++) {
+        rt_pool_free(m->ranks[i].pool);
+        free(m->ranks[i].layers);
     }
     free(m->ranks);
     for (uint64_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
@@ -324,6 +334,9 @@ void rt_model_free(rt_model *m) {
 
 const glm5_hparams *rt_model_hparams(const rt_model *m) { return &m->hp; }
 uint32_t rt_model_n_ranks(const rt_model *m) { return m->n_ranks; }
+uint32_t rt_model_rank_first(const rt_model *m) { return m->rank0; }
+uint32_t rt_model_n_local(const rt_model *m) { return m->n_local; }
+rt_comm *rt_model_comm(const rt_model *m) { return m->comm; }
 uint32_t rt_model_n_threads(const rt_model *m) { return m->n_threads; }
 void rt_model_set_mla(rt_model *m, rt_mla_mode mode) { m->mla = mode; }
 int rt_model_has_mtp(const rt_model *m) { return m->has_mtp; }
@@ -338,7 +351,7 @@ g5_status rt_kvpool_for_layers(const rt_model *m, uint32_t il0, uint32_t il1, ui
     const glm5_hparams *hp = &m->hp;
     uint8_t has_idx[GLM5_MAX_LAYERS];
     for (uint32_t il = il0; il < il1; il++) has_idx[il - il0] = (uint8_t)m->ranks[0].layers[il].has_indexer;
-    rt_kvlayout lay = {.n_ranks = m->n_ranks, .il0 = il0, .n_layers = il1 - il0,
+    rt_kvlayout lay = {.n_ranks = m->n_local, .il0 = il0, .n_layers = il1 - il0,
                        .kv_width = hp->kv_lora + hp->qk_rope, .idx_width = hp->idx_head_dim,
                        .has_idx = has_idx};
     g5_status st = rt_kvpool_create_layout(&lay, n_blocks, block_tokens, out, err);
@@ -501,92 +514,8 @@ static g5_status work_alloc(const rt_model *m, rt_rank *rk, uint32_t n, uint32_t
     return rt_pool_reserve(rk->pool, scratch > as ? scratch : as, err);
 }
 
-/* ---- collectives between rank workers ---- */
-
-static void barrier_init(rt_barrier *b, uint32_t parties) {
-    pthread_mutex_init(&b->mu, NULL);
-    pthread_cond_init(&b->cv, NULL);
-    b->parties = parties;
-    b->waiting = 0;
-    b->gen = 0;
-}
-
-static void barrier_destroy(rt_barrier *b) {
-    pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->cv);
-}
-
-static void barrier_wait(rt_barrier *b) {
-    pthread_mutex_lock(&b->mu);
-    uint64_t gen = b->gen;
-    if (++b->waiting >= b->parties) {
-        b->waiting = 0;
-        b->gen++;
-        pthread_cond_broadcast(&b->cv);
-    } else {
-        while (gen == b->gen) pthread_cond_wait(&b->cv, &b->mu);
-    }
-    pthread_mutex_unlock(&b->mu);
-}
-
-/* Fewer parties than planned: releases the waiters if they are now all there. */
-static void barrier_shrink(rt_barrier *b, uint32_t parties) {
-    pthread_mutex_lock(&b->mu);
-    b->parties = parties;
-    if (b->waiting && b->waiting >= b->parties) {
-        b->waiting = 0;
-        b->gen++;
-        pthread_cond_broadcast(&b->cv);
-    }
-    pthread_mutex_unlock(&b->mu);
-}
-
-/* x += sum over ranks (in rank order) of each rank's w->part. Every rank computes the same sum. */
-static void allreduce_add(rt_fwd *f, rt_rank *rk, rt_work *w, uint32_t n) {
-    const size_t cnt = (size_t)n * f->m->hp.n_embd;
-    if (f->m->n_ranks == 1) {
-        for (size_t i = 0; i < cnt; i++) w->x[i] += w->part[i];
-        return;
-    }
-    f->pub[rk->r] = w->part;
-    barrier_wait(&f->bar);
-    const uint32_t T = f->m->n_ranks;
-    const float *const *part = (const float *const *)f->pub;
-    for (size_t i = 0; i < cnt; i++) {
-        float s = part[0][i];
-        for (uint32_t r = 1; r < T; r++) s += part[r][i];
-        w->x[i] += s;
-    }
-    barrier_wait(&f->bar); /* nobody reuses its buffer before all have read it */
-}
-
-void rt_allgather_rows(rt_fwd *f, uint32_t rank, void *base, size_t stride, size_t row_bytes) {
-    const uint32_t T = f->m->n_ranks;
-    if (T == 1) return;
-    f->pub[rank] = base;
-    barrier_wait(&f->bar);
-    for (uint32_t r = 0; r < T; r++) {
-        if (r == rank) continue;
-        uint32_t a, b;
-        rt_token_range(f->n, T, r, &a, &b);
-        for (uint32_t t = a; t < b; t++)
-            memcpy((uint8_t *)base + t * stride, (const uint8_t *)f->pub[r] + t * stride, row_bytes);
-    }
-    barrier_wait(&f->bar);
-}
-
-/* dst[t][c] for the columns each rank computed into its own src (ld = n_embd) at col0 = r*cols. */
-static void allgather_cols(rt_fwd *f, rt_rank *rk, float *src, uint32_t n, uint32_t cols,
-                           float *dst) {
-    const size_t E = f->m->hp.n_embd;
-    f->pub[rk->r] = src;
-    barrier_wait(&f->bar);
-    for (uint32_t r = 0; r < f->m->n_ranks; r++)
-        for (uint32_t t = 0; t < n; t++)
-            memcpy(dst + t * E + (size_t)r * cols, (const float *)f->pub[r] + t * E + (size_t)r * cols,
-                   cols * sizeof(float));
-    barrier_wait(&f->bar);
-}
+/* The collectives between rank workers (rt_allreduce_add, rt_allgather_rows, ...) are in
+ * model_comm.c. */
 
 /* ---- FFN ---- */
 
@@ -735,14 +664,14 @@ static void layer_forward(rt_fwd *f, rt_rank *rk, rt_work *w, uint32_t il) {
     const uint32_t E = m->hp.n_embd;
     rt_layer *L = &rk->layers[il];
     rt_attn_layer(f, rk, L, NULL, w);
-    allreduce_add(f, rk, w, n);
+    rt_allreduce_add(f, rk, w, n);
     for (uint32_t t = 0; t < n; t++)
         rt_rmsnorm(w->x + (size_t)t * E, L->ffn_norm, E, m->hp.rms_eps, w->h + (size_t)t * E);
     if (L->dense)
         rt_ffn_dense(rk, L, w, n, E);
     else
         ffn_moe(f, rk, L, w, n);
-    allreduce_add(f, rk, w, n);
+    rt_allreduce_add(f, rk, w, n);
 }
 
 /* Final-normed hidden states h [n][E] -> logits (all rows, or the last). */
@@ -779,8 +708,15 @@ static void *rank_main(void *arg) {
     uint8_t *mem = NULL;
     rt_work w;
     j->st = work_alloc(m, rk, n, j->P, &mem, &w, &j->err);
+    const size_t xb = rt_xchg_bytes(m, n);
+    if (!j->st && xb && rk == m->ranks) { /* the exchange buffer, before any collective */
+        f->xb = xb == SIZE_MAX ? NULL : malloc(xb);
+        f->xcap = xb;
+        if (!f->xb) j->st = g5_fail(&j->err, G5_ERR_NOMEM, "exchange buffer of %zu bytes for %u tokens", xb, n);
+    }
     if (j->st) atomic_store(&f->failed, 1);
-    if (m->n_ranks > 1) barrier_wait(&f->bar);
+    if (m->n_local > 1) rt_barrier_wait(&f->bar);
+    rt_agree_failed(f, rk);
     if (atomic_load(&f->failed)) {
         free(mem);
         return NULL;
@@ -791,7 +727,7 @@ static void *rank_main(void *arg) {
     if (!j->mtp) {
         const rt_outputs *o = j->out;
         for (uint32_t t = 0; t < n; t++) rt_mat_row(&rk->tok_embd, (uint64_t)j->tokens[t], w.x + (size_t)t * E);
-        const int tr = rk->r == 0 && o;
+        const int tr = rk == m->ranks && o; /* every rank holds the same: the first local one writes */
         if (tr && o->layer_hidden) memcpy(o->layer_hidden, w.x, (size_t)n * E * sizeof(float));
         for (uint32_t il = 0; il < hp->n_layer_main; il++) {
             layer_forward(f, rk, &w, il);
@@ -803,7 +739,10 @@ static void *rank_main(void *arg) {
         for (uint32_t t = 0; t < n; t++)
             rt_rmsnorm(w.x + (size_t)t * E, rk->output_norm, E, hp->rms_eps, w.h + (size_t)t * E);
         if (tr && o->hidden) memcpy(o->hidden, w.h, (size_t)n * E * sizeof(float));
-        if (o) project_vocab(rk, &rk->output, w.h, n, E, hp->n_vocab, o->logits, o->all_logits);
+        if (o) {
+            project_vocab(rk, &rk->output, w.h, n, E, hp->n_vocab, o->logits, o->all_logits);
+            rt_gather_vocab(f, rk, &rk->output, o->logits, o->all_logits ? n : 1);
+        }
     } else {
         const uint32_t il = hp->n_layer_main;
         rt_layer *L = &rk->layers[il];
@@ -821,26 +760,28 @@ static void *rank_main(void *arg) {
             const size_t cols = L->eh_proj.ncols;
             rt_matmul(rk->pool, &L->eh_proj, w.cat + rk->r * cols, 2 * E, n, w.part, E);
             memset(w.x, 0, (size_t)n * E * sizeof(float));
-            allreduce_add(f, rk, &w, n);
+            rt_allreduce_add(f, rk, &w, n);
         } else {
             const uint32_t rows = E / T;
             rt_matmul(rk->pool, &L->eh_proj, w.cat, 2 * E, n, w.gath + (size_t)rk->r * rows, E);
-            allgather_cols(f, rk, w.gath, n, rows, w.x);
+            rt_allgather_cols(f, rk, w.gath, n, rows, w.x);
         }
         layer_forward(f, rk, &w, il);
         for (uint32_t t = 0; t < n; t++)
             rt_rmsnorm(w.x + (size_t)t * E, L->shared_head_norm, E, hp->rms_eps, w.h + (size_t)t * E);
         const rt_head *head = L->nextn_head.mat.data ? &L->nextn_head : &rk->output;
         project_vocab(rk, head, w.h, n, E, hp->n_vocab, j->draft, j->all);
+        rt_gather_vocab(f, rk, head, j->draft, j->all ? n : 1);
     }
     free(mem);
     return NULL;
 }
 
-/* Runs one rank job per rank: rank 0 on the calling thread, the others on their own threads. */
+/* Runs one rank job per local rank: the first on the calling thread (the one that talks to the
+ * other processes), the others on their own threads. */
 static g5_status run_ranks(rt_fwd *f, rank_job *proto, g5_error *err) {
     rt_model *m = f->m;
-    const uint32_t T = m->n_ranks;
+    const uint32_t T = m->n_local;
     rank_job *jobs = calloc(T, sizeof *jobs);
     pthread_t *th = calloc(T, sizeof *th);
     void **part = calloc(T, sizeof *part);
@@ -852,7 +793,7 @@ static g5_status run_ranks(rt_fwd *f, rank_job *proto, g5_error *err) {
     }
     f->pub = part;
     atomic_init(&f->failed, 0);
-    barrier_init(&f->bar, T);
+    rt_barrier_init(&f->bar, T);
     uint32_t started = 1;
     g5_status st = G5_OK;
     for (uint32_t r = 0; r < T; r++) {
@@ -865,20 +806,26 @@ static g5_status run_ranks(rt_fwd *f, rank_job *proto, g5_error *err) {
             /* the started workers give up at their first barrier, which now counts only them
              * and rank 0 */
             atomic_store(&f->failed, 1);
-            st = g5_fail(err, G5_ERR_INTERNAL, "cannot start the worker of rank %u", r);
-            barrier_shrink(&f->bar, started);
+            st = g5_fail(err, G5_ERR_INTERNAL, "cannot start the worker of rank %u", m->rank0 + r);
+            rt_barrier_shrink(&f->bar, started);
             break;
         }
         started++;
     }
     rank_main(&jobs[0]);
     for (uint32_t r = 1; r < started; r++) pthread_join(th[r], NULL);
-    barrier_destroy(&f->bar);
+    rt_barrier_destroy(&f->bar);
     for (uint32_t r = 0; r < T && !st; r++)
         if (jobs[r].st) {
             st = jobs[r].st;
             if (err) *err = jobs[r].err;
         }
+    if (!st && f->xst) {
+        st = f->xst;
+        if (err) *err = f->xerr;
+    }
+    free(f->xb);
+    f->xb = NULL;
     free(jobs);
     free(th);
     free(part);

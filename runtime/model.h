@@ -16,7 +16,17 @@
  * hidden states. lm_head rows (the vocabulary) are split: each rank writes its own columns of the
  * logits (an all-gather). nextn.eh_proj may be whole, or split by rows or by columns.
  *
- * Threads: opts.n_threads CPU threads in all, split evenly over the ranks (at least one each);
+ * Processes: with opts.comm of size P > 1 (several processes under mpirun/srun, comm.h), process
+ * p owns ranks [p * T / P, (p + 1) * T / P) (T % P == 0) and runs only those, as above; the
+ * weight set needs only those ranks open (rt_wset_open_blobs_ranks). Every exchange above then
+ * also crosses processes: the first local rank, on the thread that called the forward function,
+ * all-gathers this process's part through the communicator after the local ranks meet. Sums
+ * still run over ranks 0 .. T - 1 in rank order, so every output is bit-identical to one
+ * process running all T ranks, and complete on every process. All processes make the same
+ * calls (forward, batch, MTP, state and pool calls) with the same inputs and the same output
+ * pointers set or NULL; states and pools hold this process's ranks only.
+ *
+ * Threads: opts.n_threads CPU threads in all, split evenly over the local ranks (at least one each);
  * matrix products are parallel over output rows. Results do not depend on the thread count, and
  * feeding tokens one at a time gives bit-identical results to feeding them together.
  *
@@ -29,6 +39,7 @@
 
 #include <stdint.h>
 
+#include "comm.h"
 #include "format/glm5.h"
 #include "format/status.h"
 #include "weights.h"
@@ -48,17 +59,22 @@ typedef enum rt_mla_mode {
 typedef struct rt_model_opts {
     uint32_t n_threads;   /* CPU threads in all; 0 = the number of online cores */
     rt_mla_mode mla;
+    rt_comm *comm;        /* the run's processes; NULL: this process owns every rank */
 } rt_model_opts;
 
-/* Reads the hyperparameters from the set's metadata, finds and checks every tensor of every rank
- * (names, shapes against the shard layout, types dequantizable), and starts the threads. The set
- * must outlive the model. */
+/* Reads the hyperparameters from the set's metadata, finds and checks every tensor of every
+ * local rank (names, shapes against the shard layout, types dequantizable), and starts the
+ * threads. The set (and comm) must outlive the model. G5_ERR_SHARDING when T % P != 0;
+ * G5_ERR_INVALID_ARG when a local rank is not open in the set. */
 g5_status rt_model_create(const rt_wset *ws, const rt_model_opts *opts, rt_model **out,
                           g5_error *err);
 void rt_model_free(rt_model *m); /* accepts NULL */
 
 const glm5_hparams *rt_model_hparams(const rt_model *m);
-uint32_t rt_model_n_ranks(const rt_model *m);
+uint32_t rt_model_n_ranks(const rt_model *m);    /* T, over all processes */
+uint32_t rt_model_rank_first(const rt_model *m); /* this process's ranks: [first, first + n_local) */
+uint32_t rt_model_n_local(const rt_model *m);
+rt_comm *rt_model_comm(const rt_model *m);       /* opts.comm (NULL: single process) */
 uint32_t rt_model_n_threads(const rt_model *m);
 void rt_model_set_mla(rt_model *m, rt_mla_mode mode);
 int rt_model_has_mtp(const rt_model *m); /* a NextN block is present */
@@ -105,7 +121,7 @@ typedef struct rt_outputs {
     float *logits;         /* all_logits ? [n][n_vocab] : [n_vocab] (last token only) */
     int all_logits;
     float *hidden;         /* [n][n_embd]: final-normed hidden states (the MTP block's input) */
-    /* Debugging and tests (written by rank 0): */
+    /* Debugging and tests (written by the first local rank: every rank holds the same): */
     float *layer_hidden;   /* [n_layer_main + 1][n][n_embd]: the embeddings, then each main
                               layer's output (before the final norm) */
     int32_t *topk;         /* [n_layer_main][n][idx_top_k]: key positions each query attended,

@@ -59,7 +59,7 @@ typedef struct rt_layer {
 } rt_layer;
 
 typedef struct rt_rank {
-    uint32_t r;
+    uint32_t r;                  /* global rank index (m->ranks[i].r = m->rank0 + i) */
     const rt_weights *w;
     rt_pool *pool;
     uint32_t H_l;                /* attention heads here */
@@ -77,11 +77,13 @@ typedef struct rt_rank {
 struct rt_model {
     glm5_hparams hp;
     const rt_wset *ws;
-    uint32_t n_ranks;
+    uint32_t n_ranks;            /* T, all processes' ranks */
+    uint32_t rank0, n_local;     /* this process's: rank0 .. rank0 + n_local - 1 */
+    rt_comm *comm;               /* NULL: one process owns every rank */
     uint32_t n_threads;
     rt_mla_mode mla;
     int has_mtp;
-    rt_rank *ranks;
+    rt_rank *ranks;              /* [n_local] */
     void **owned;
     uint64_t n_owned, cap_owned;
 };
@@ -123,8 +125,15 @@ typedef struct rt_fwd {
     rt_state *const *ss;         /* [n] or NULL */
     const uint32_t *pos;         /* [n] or NULL */
     rt_barrier bar;
-    void **pub;                  /* [n_ranks] buffers each rank publishes for a collective */
+    void **pub;                  /* [n_local] buffers each local rank publishes for a collective */
     atomic_int failed;
+    /* Several processes (model_comm.c): the exchange buffer, allocated by the first local rank
+     * (the calling thread, the only one that talks to the other processes) before the first
+     * collective, and its first failure. */
+    uint8_t *xb;
+    size_t xcap;
+    g5_status xst;
+    g5_error xerr;
 } rt_fwd;
 
 /* One rank's working buffers for one call (sized for n tokens, P = pos0 + n positions). */
@@ -177,10 +186,35 @@ static inline void rt_token_range(uint32_t n, uint32_t T, uint32_t r, uint32_t *
     *b = (uint32_t)((uint64_t)n * (r + 1) / T);
 }
 
-/* model.c: row t of the call's n rows lives at base + t * stride (row_bytes long) in every
- * rank's own buffer; afterwards each rank's buffer holds every rank's rows of its token range.
- * A no-op at T = 1. All ranks must call it. */
+/* ---- collectives between rank workers (model_comm.c) ----
+ * Every rank worker of the call makes each of them, in the same order. Within a process they
+ * meet at f->bar and read each other's published buffers; with several processes (m->comm of
+ * size > 1) the first local rank then exchanges this process's part with the others through
+ * rt_comm (so MPI is called from the thread that called the forward function: FUNNELED), and
+ * the local ranks read the other processes' parts from f->xb. Sums run over ranks 0 .. T - 1 in
+ * that order whatever the split, so results are bit-identical to one process running all. */
+void rt_barrier_init(rt_barrier *b, uint32_t parties);
+void rt_barrier_destroy(rt_barrier *b);
+void rt_barrier_wait(rt_barrier *b);
+void rt_barrier_shrink(rt_barrier *b, uint32_t parties); /* fewer parties; releases if all there */
+
+/* Bytes the exchange buffer needs for a call of n rows (0 in one process). */
+size_t rt_xchg_bytes(const rt_model *m, uint32_t n);
+/* After each local rank has set f->failed or not: makes every process agree (any failure fails
+ * them all; a process that did not fail itself gets "process q failed" in f->xerr). */
+void rt_agree_failed(rt_fwd *f, rt_rank *rk);
+/* w->x += sum over ranks (in rank order) of each rank's w->part [n][n_embd]. */
+void rt_allreduce_add(rt_fwd *f, rt_rank *rk, rt_work *w, uint32_t n);
+/* Row t of the call's n rows lives at base + t * stride (row_bytes long) in every rank's own
+ * buffer; afterwards each rank's buffer holds every rank's rows of its token range
+ * (rt_token_range). A no-op at T = 1. */
 void rt_allgather_rows(rt_fwd *f, uint32_t rank, void *base, size_t stride, size_t row_bytes);
+/* dst [n][n_embd] from the columns [r * cols, (r + 1) * cols) rank r computed into its own src
+ * (ld n_embd). */
+void rt_allgather_cols(rt_fwd *f, rt_rank *rk, float *src, uint32_t n, uint32_t cols, float *dst);
+/* After the ranks wrote their vocabulary columns of logits ([n_rows][n_vocab]; head->write,
+ * head->col0): the other processes' columns, so every process holds whole rows. */
+void rt_gather_vocab(rt_fwd *f, rt_rank *rk, const rt_head *head, float *logits, uint32_t n_rows);
 
 /* attn.c: one layer's attention for one rank: reads w->x, leaves the rank's partial output in
  * w->part (o_proj of its heads). Writes each row's latent and indexer key to the caches at the

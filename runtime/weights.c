@@ -17,6 +17,7 @@ struct rt_weights {
 
 struct rt_wset {
     uint32_t n_ranks;
+    uint32_t first, count; /* the ranks opened (a process's part of the set): [first, first + count) */
     int ep;
     const char *source;
     rt_weights *ranks;     /* [n_ranks] */
@@ -92,8 +93,10 @@ uint32_t rt_wset_n_ranks(const rt_wset *ws) { return ws->n_ranks; }
 int rt_wset_expert_placement(const rt_wset *ws) { return ws->ep; }
 const gguf_ctx *rt_wset_meta(const rt_wset *ws) { return ws->meta; }
 const rt_weights *rt_wset_rank(const rt_wset *ws, uint32_t rank) {
-    return rank < ws->n_ranks ? &ws->ranks[rank] : NULL;
+    return rank >= ws->first && rank - ws->first < ws->count ? &ws->ranks[rank] : NULL;
 }
+uint32_t rt_wset_rank_first(const rt_wset *ws) { return ws->first; }
+uint32_t rt_wset_rank_count(const rt_wset *ws) { return ws->count; }
 const char *rt_wset_source(const rt_wset *ws) { return ws->source; }
 
 void rt_wset_free(rt_wset *ws) {
@@ -119,6 +122,7 @@ static rt_wset *wset_new(uint32_t n_ranks) {
         return NULL;
     }
     ws->n_ranks = n_ranks;
+    ws->count = n_ranks;
     return ws;
 }
 
@@ -233,9 +237,14 @@ g5_status rt_wset_from_tables(const gguf_ctx *meta, uint32_t n_ranks, int expert
 static void close_blob_set(void *s) { blob_set_free(s); }
 
 g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err) {
+    return rt_wset_open_blobs_ranks(dir, 0, 0, out, err);
+}
+
+g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t count, rt_wset **out,
+                                   g5_error *err) {
     *out = NULL;
     blob_set *set = NULL;
-    g5_status st = blob_set_open(dir, &set, err);
+    g5_status st = count ? blob_set_open_ranks(dir, first, count, &set, err) : blob_set_open(dir, &set, err);
     if (st) return st;
     const uint32_t T = blob_set_tp(set);
     rt_wset *ws = T ? wset_new(T) : NULL;
@@ -246,10 +255,12 @@ g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err) {
     ws->source = "blobs";
     ws->src = set;
     ws->close_src = close_blob_set;
-    const blob *b0 = blob_set_rank(set, 0);
+    ws->first = blob_set_first(set);
+    ws->count = blob_set_count(set);
+    const blob *b0 = blob_set_rank(set, ws->first);
     ws->meta = blob_get_meta(b0);
     ws->ep = blob_get_info(b0)->placement == BLOB_PLACE_EP;
-    for (uint32_t r = 0; r < T; r++) {
+    for (uint32_t r = ws->first; r < ws->first + ws->count; r++) {
         const blob *b = blob_set_rank(set, r);
         rt_weights *w = &ws->ranks[r];
         const uint64_t nt = blob_n_tensors(b);

@@ -33,6 +33,10 @@ typedef struct rt_wset rt_wset;       /* all ranks */
 g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err);
 g5_status rt_wset_open_gguf(const char *path, rt_wset **out, g5_error *err);
 g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err);
+/* Only ranks [first, first + count) of the set (count 0: all): what one process of a
+ * multi-process run needs (blob_set_open_ranks); the other ranks' files may be absent. */
+g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t count, rt_wset **out,
+                                   g5_error *err);
 /* A set from caller-built tensor tables (tests, synthetic models): rank r has counts[r] tensors
  * tables[r][0 ..]. The tables are copied; names, data and meta must outlive the set. */
 g5_status rt_wset_from_tables(const gguf_ctx *meta, uint32_t n_ranks, int expert_placement,
@@ -40,9 +44,12 @@ g5_status rt_wset_from_tables(const gguf_ctx *meta, uint32_t n_ranks, int expert
                               rt_wset **out, g5_error *err);
 void rt_wset_free(rt_wset *ws); /* accepts NULL */
 
-uint32_t rt_wset_n_ranks(const rt_wset *ws);
+uint32_t rt_wset_n_ranks(const rt_wset *ws);     /* T, the set's ranks (opened or not) */
+uint32_t rt_wset_rank_first(const rt_wset *ws);  /* the ranks opened: [first, first + count) */
+uint32_t rt_wset_rank_count(const rt_wset *ws);
 int rt_wset_expert_placement(const rt_wset *ws); /* 1 if experts are distributed whole (--ep) */
 const gguf_ctx *rt_wset_meta(const rt_wset *ws);
+/* NULL if out of range or not opened. */
 const rt_weights *rt_wset_rank(const rt_wset *ws, uint32_t rank);
 const char *rt_wset_source(const rt_wset *ws); /* "gguf", "blobs" or "tables" */
 

@@ -1,6 +1,6 @@
 /* glm5-run end to end ($BUILD/bin/glm5-run, default build/): --dump-logits against the oracle
  * from the GGUF and from a TP=2 blob set, --ids greedy continuation against the oracle's, stop
- * strings, and usage errors. */
+ * strings, --draft mtp against plain greedy decoding, and usage errors. */
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
@@ -215,6 +215,28 @@ int main(void) {
         free(bout);
         free(cout);
     }
+
+    /* --draft mtp: the ids of plain greedy decoding, from the GGUF and from the TP=2 blobs; the
+     * acceptance line on stderr (tests/test_draft.c checks the drafter's accept path itself) */
+    const char *dsrc[2] = {T_ORACLE_GGUF, blobs};
+    for (int k = 0; k < (cst == G5_OK ? 2 : 1); k++) {
+        char *argv_p[] = {g_bin, "-m", (char *)dsrc[k], "--tokens", csv1, "-n", nbuf, "--temp", "0", "--ids", "-q", NULL};
+        T_CHECK(run(argv_p, path) == 0, "plain greedy on %s", dsrc[k]);
+        char cmd[16384], *err_out = NULL;
+        snprintf(cmd, sizeof cmd, "'%s' -m '%s' --tokens %s -n %s --temp 0 --ids --draft mtp 2>&1 >'%s'", g_bin, dsrc[k],
+                 csv1, nbuf, path2);
+        const int drc = t_run_capture(cmd, &err_out);
+        const char *line = err_out ? strstr(err_out, "draft mtp: ") : NULL;
+        printf("glm5-run --draft mtp on %s: exit %d, %.*s\n", k ? "TP=2 blobs" : "the GGUF", drc,
+               line ? (int)strcspn(line, "\n") : 4, line ? line : "none");
+        T_CHECK(drc == 0 && line && strstr(line, "accepted"), "--draft mtp run on %s (exit %d)", dsrc[k], drc);
+        T_CHECK(t_file_equal(path, path2), "--draft mtp ids differ from plain greedy decoding on %s", dsrc[k]);
+        free(err_out);
+    }
+    char *bad10[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--draft", "mtp", "--temp", "0.8", NULL};
+    T_CHECK(run(bad10, NULL) == 2, "--draft mtp with sampling: exit 2");
+    char *bad11[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--draft", "eagle", NULL};
+    T_CHECK(run(bad11, NULL) == 2, "--draft eagle: exit 2");
 
     /* usage and input errors */
     char *bad1[] = {g_bin, "--tokens", "1,2", NULL};

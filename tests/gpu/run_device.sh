@@ -2,7 +2,8 @@
 # One call on the GPU machine: build the GPU tree, run every GPU test, then glm5-run --device cuda
 # on the oracle (with --check), then the converter benchmark (bench/convert.sh, TP=8, on the
 # device's disk; CONVERT_BENCH=0 skips it, EXPERTS=64 makes it smaller, BENCH_LIMIT caps it in
-# seconds). Everything goes to $OUT (log, build.log, test_gpu_model.log, convert_bench.log).
+# seconds). Everything goes to $OUT (log, build.log, test_gpu_model.log, test_gpu_mtp.log,
+# convert_bench.log).
 #
 #   GLM5_SHARED=... OUT=... bash tests/gpu/run_device.sh
 #
@@ -46,8 +47,13 @@ $B/gpu/tests/test_gpu_model >"$OUT/test_gpu_model.log" 2>&1
 echo "test_gpu_model rc=$? in ${SECONDS}s"
 grep -E "FAIL|graph|logits rel|greedy|loader|rt_gpu_model_create|check over|top-k:|hidden|mla |route |idx_|dequant|silu|GPU blobs|GPU gguf" "$OUT/test_gpu_model.log" | head -120
 tail -1 "$OUT/test_gpu_model.log"
+SECONDS=0  # the NextN/MTP block vs rt_model_mtp: every draft-logits line, then the verdict
+$B/gpu/tests/test_gpu_mtp >"$OUT/test_gpu_mtp.log" 2>&1
+echo "test_gpu_mtp rc=$? in ${SECONDS}s"
+grep -E "FAIL|rel L2|skipped|differ|per position|ranks? on" "$OUT/test_gpu_mtp.log" | head -80
+tail -1 "$OUT/test_gpu_mtp.log"
 others=""
-for t in $B/gpu/tests/test_*; do case $t in *test_gpu_model) ;; *) others="$others $t";; esac; done
+for t in $B/gpu/tests/test_*; do case $t in *test_gpu_model|*test_gpu_mtp) ;; *) others="$others $t";; esac; done
 BUILD=$B bash scripts/run_tests.sh $others
 
 echo "== glm5-run --device cuda"
@@ -66,6 +72,13 @@ for pr in precise fast; do
   ids=$($B/gpu/bin/glm5-run -m $W/tp1 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q --precision $pr --cuda-graph on)
   echo "rc=$?"
   [ "$ids" = "$GREEDY" ] && echo "$pr --cuda-graph on greedy EQUALS the oracle's" || echo "$pr --cuda-graph on greedy: $ids"
+done
+echo "-- --draft mtp (MTP drafts verified by two-token calls): TP=1 and TP=2 precise must equal, fast printed"
+for cfg in tp1:precise tp2:precise tp1:fast; do
+  d=${cfg%:*}; pr=${cfg#*:}
+  ids=$($B/gpu/bin/glm5-run -m $W/$d --device cuda --tokens $P1 -n 24 --temp 0 --ids --precision $pr --draft mtp 2>"$OUT/draft_${d}_${pr}.txt")
+  echo "rc=$?"; grep -E "draft mtp|glm5-run:.*(error|fail)" "$OUT/draft_${d}_${pr}.txt"
+  [ "$ids" = "$GREEDY" ] && echo "$d $pr --draft mtp greedy EQUALS the oracle's" || echo "$d $pr --draft mtp greedy: $ids"
 done
 echo "-- TP=2 blobs on one GPU (device-side sum), --check 100"
 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids --check 100 2>&1 >/dev/null | tail -8

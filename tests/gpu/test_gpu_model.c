@@ -21,7 +21,12 @@
  * 5. --check's machinery (rt_gpu_check) on prompt 1 plus decode steps: every stage within 1e-4
  *    of the CPU stage fed the same input.
  * 6. CUDA graphs (opts.cuda_graph): prompt 1 plus 65 greedy decode steps, tokens and logits
- *    bit-identical to plain launches (TP=1 precise and fast, TP=2 on one device); both timed.
+ *    bit-identical to plain launches (TP=1 precise and fast, TP=2 on one device), the step
+ *    captured once and replayed (one capture, one instantiation); both timed. Then from
+ *    synthetic contexts (rt_gpu_debug_set_context) decode steps across the graph's buckets
+ *    (1024 keys, the capacity; 16384: the score kernel changes) with a prefill chunk between
+ *    them that reallocates the work buffers, also with the old attention kernels: logits
+ *    bit-identical to plain launches, one capture per bucket or buffer change.
  * 7. The prefill GEMM path (runtime/gpu_linear.h; its kernels are tested by test_gemm.c): the
  *    path forced on (gemm_min 1) in precise mode against the oracle (check_gpu: the tolerances
  *    above, greedy continuation included) and against the GEMV path (logits and every layer's hidden
@@ -45,6 +50,7 @@
 
 #include "convert/convert.h"
 #include "tests/oracle_ref.h"
+#include "cuda/attn_select.h"
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
 #include "format/blob.h"
@@ -922,16 +928,113 @@ static int graph_run(rt_model *m, const char *dir, rt_gpu_precision prec, int us
     }
     const rt_gpu_info *gi = rt_gpu_model_info(g);
     if (use_graph) {
-        printf("%s: %llu graph steps, %llu instantiation(s)\n", name, (unsigned long long)gi->graph_steps,
+        printf("%s: %llu graph steps, %llu capture(s), %llu instantiation(s)\n", name,
+               (unsigned long long)gi->graph_steps, (unsigned long long)gi->graph_captures,
                (unsigned long long)gi->graph_instantiations);
         T_CHECK(gi->graph_steps == GRAPH_STEPS + 1, "%s: every decode step ran as a graph (%llu)", name,
                 (unsigned long long)gi->graph_steps);
+        /* all steps lie in one bucket of one sequence with unchanged buffers: replays only */
+        T_CHECK(gi->graph_captures == 1 && gi->graph_instantiations == 1,
+                "%s: the step captured once and replayed (%llu captures, %llu instantiations)", name,
+                (unsigned long long)gi->graph_captures, (unsigned long long)gi->graph_instantiations);
     } else {
-        T_CHECK(gi->graph_steps == 0, "%s: no graph steps when off", name);
+        T_CHECK(gi->graph_steps == 0 && gi->graph_captures == 0, "%s: no graph steps when off", name);
     }
     rt_gpu_model_free(g);
     free(last);
     return ok;
+}
+
+/* From a synthetic context of ctx positions (caches grown to hold ctx + 256: the power of two
+ * from 256 at or above it), n greedy decode steps (the first token fixed), except that step
+ * chunk_at is a call of CHUNK tokens (more rows than the work buffers hold: reallocated).
+ * lg: [n][V]; *gi: the model's counters at the end. */
+enum { CHUNK = 20 };
+static int graph_ctx_run(rt_model *m, const char *dir, rt_gpu_precision prec, int use_graph, uint32_t ctx,
+                         uint32_t n, uint32_t chunk_at, uint32_t V, float *lg, rt_gpu_info *gi, const char *name) {
+    g5_error e = {0};
+    rt_gpu_opts go;
+    rt_gpu_opts_default(&go);
+    go.precision = prec;
+    go.blob_dir = dir;
+    go.cuda_graph = use_graph;
+    rt_gpu_model *g = NULL;
+    T_CHECK(rt_gpu_model_create(m, &go, &g, &e) == G5_OK, "%s graph=%d: %s", name, use_graph, e.msg);
+    if (!g) return 0;
+    int ok = rt_gpu_debug_set_context(g, ctx, 0x5eed + ctx, &e) == G5_OK;
+    rt_gpu_outputs out = {0};
+    int32_t tok = 1, chunk[CHUNK];
+    for (uint32_t i = 0; ok && i < n; i++) {
+        out.logits = lg + (size_t)i * V;
+        for (uint32_t j = 0; j < CHUNK; j++) chunk[j] = (int32_t)(((uint32_t)tok + 7 * j) % V);
+        ok = rt_gpu_forward(g, i == chunk_at ? chunk : &tok, i == chunk_at ? CHUNK : 1, &out, &e) == G5_OK;
+        tok = (int32_t)argmax(out.logits, V);
+    }
+    T_CHECK(ok, "%s graph=%d ctx %u: %s", name, use_graph, ctx, e.msg);
+    *gi = *rt_gpu_model_info(g);
+    rt_gpu_model_free(g);
+    return ok;
+}
+
+/* graph_ctx_run with and without graphs: logits bit-identical and finite, and the captures that
+ * runtime/gpu_graph.c's rule predicts (bound = the power of two >= the key count, at least 1024,
+ * at most the capacity; a capture when it or the work buffers change), no more. */
+static void test_graph_buckets(const char *dir, const char *dir_tp2) {
+    static const struct {
+        int tp2, old;
+        rt_gpu_precision prec;
+        uint32_t ctx, steps, chunk_at, captures;
+        const char *name;
+    } cfg[] = {
+        /* capacity 2048; keys 1021..1024 (bound 1024), 1025, 1026 (bound 2048), the chunk, then
+         * 1047.. (work buffers reallocated): 3 captures */
+        {0, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 precise, ctx 1020"},
+        {0, 0, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast (bf16 cache), ctx 1020"},
+        {0, 1, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast, old attention kernels, ctx 1020"},
+        {1, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=2 (device-sum) precise, ctx 1020"},
+        /* capacity 32768; keys 16381..16384 (bound 16384, lane scores), 16385..16388 (bound
+         * 32768, thread-per-key scores): 2 captures; no chunk */
+        {0, 0, RT_GPU_PRECISE, 16380, 8, 99, 2, "graph buckets TP=1 precise, ctx 16380"},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const char *d = cfg[c].tp2 ? dir_tp2 : dir;
+        g5_error e = {0};
+        rt_wset *ws = NULL;
+        rt_model *m = NULL;
+        rt_model_opts mo = {.n_threads = 1, .mla = RT_MLA_ABSORBED};
+        T_CHECK(rt_wset_open_blobs(d, &ws, &e) == G5_OK && rt_model_create(ws, &mo, &m, &e) == G5_OK, "%s: %s",
+                cfg[c].name, e.msg);
+        const uint32_t V = m ? rt_model_hparams(m)->n_vocab : 0, n = cfg[c].steps;
+        float *la = xmalloc((size_t)n * V * 4), *lb = xmalloc((size_t)n * V * 4);
+        rt_gpu_info ia, ib;
+        cuk_attn_set_old(cfg[c].old);
+        if (m && graph_ctx_run(m, d, cfg[c].prec, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, la, &ia, cfg[c].name) &&
+            graph_ctx_run(m, d, cfg[c].prec, 1, cfg[c].ctx, n, cfg[c].chunk_at, V, lb, &ib, cfg[c].name)) {
+            uint32_t same = 0, finite = 0;
+            for (uint32_t i = 0; i < n; i++) {
+                same += !memcmp(la + (size_t)i * V, lb + (size_t)i * V, (size_t)V * 4);
+                uint32_t f = 1;
+                for (uint32_t v = 0; v < V; v++) f &= isfinite(lb[(size_t)i * V + v]) != 0;
+                finite += f;
+            }
+            printf("%s: %u/%u logit vectors bit-identical to the plain run, %u finite; %llu graph steps, %llu captures "
+                   "(expected %u), %llu instantiations\n", cfg[c].name, same, n, finite,
+                   (unsigned long long)ib.graph_steps, (unsigned long long)ib.graph_captures, cfg[c].captures,
+                   (unsigned long long)ib.graph_instantiations);
+            T_CHECK(same == n && finite == n, "%s: logits with graphs bit-identical to the plain run's", cfg[c].name);
+            T_CHECK(ib.graph_steps == n - (cfg[c].chunk_at < n) && ib.graph_captures == cfg[c].captures &&
+                        ib.graph_instantiations >= 1 && ib.graph_instantiations <= ib.graph_captures &&
+                        ia.graph_steps == 0 && ia.graph_captures == 0,
+                    "%s: one capture per bucket or buffer change (%llu steps, %llu captures, %llu instantiations)",
+                    cfg[c].name, (unsigned long long)ib.graph_steps, (unsigned long long)ib.graph_captures,
+                    (unsigned long long)ib.graph_instantiations);
+        }
+        cuk_attn_set_old(-1);
+        free(la);
+        free(lb);
+        rt_model_free(m);
+        rt_wset_free(ws);
+    }
 }
 
 static void test_graphs(const char *dir, const char *dir_tp2, const oracle *o) {
@@ -1410,6 +1513,7 @@ int main(void) {
     test_modes(dirs[0], &o);
     test_check_tool(dirs[0], &o);
     test_graphs(dirs[0], dirs[1], &o);
+    test_graph_buckets(dirs[0], dirs[1]);
     test_prefill_gemm(dirs[0], dirs[1], dirs[2], &o, cross);
     for (int i = 0; i < N_PROMPTS; i++) free(cross[i]);
     free_oracle(&o);

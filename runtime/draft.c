@@ -1,0 +1,174 @@
+/* Self-speculative decoding with the NextN/MTP block (draft.h). */
+#include "draft.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(call)                                                                             \
+    do {                                                                                      \
+        g5_status st_ = (call);                                                               \
+        if (st_) return st_;                                                                  \
+    } while (0)
+
+struct rt_drafter {
+    rt_draft_ops ops;
+    float *lg;                   /* [2][V] the last verifying call's logits */
+    float *hid;                  /* [2][E] its hidden states */
+    float *dr;                   /* [V] draft logits */
+    float *ph;                   /* [cap][E] MTP inputs not run yet */
+    int32_t *pt;                 /* [cap] the token following each */
+    uint32_t np, cap;
+    float *hlast;                /* [E] hidden state of the last main position (have_last) */
+    int have_last;
+    int pending;                 /* the main caches end with the unverified draft token dtok */
+    int32_t dtok;
+    rt_draft_stats st;
+};
+
+static g5_status pairs_reserve(rt_drafter *d, uint64_t need, g5_error *err) {
+    if (need <= d->cap) return G5_OK;
+    const uint64_t E = d->ops.n_embd;
+    uint64_t nc = d->cap ? d->cap : 4, bytes;
+    while (nc < need) nc *= 2;
+    if (nc > UINT32_MAX || g5_mul_u64(nc, E * sizeof(float), &bytes) || bytes > SIZE_MAX)
+        return g5_fail(err, G5_ERR_OVERFLOW, "draft: %llu pending MTP inputs", (unsigned long long)need);
+    float *ph = realloc(d->ph, (size_t)bytes);
+    if (!ph) return g5_fail(err, G5_ERR_NOMEM, "draft: %llu pending MTP inputs", (unsigned long long)need);
+    d->ph = ph;
+    int32_t *pt = realloc(d->pt, (size_t)nc * sizeof *pt);
+    if (!pt) return g5_fail(err, G5_ERR_NOMEM, "draft: %llu pending MTP inputs", (unsigned long long)need);
+    d->pt = pt;
+    d->cap = (uint32_t)nc;
+    return G5_OK;
+}
+
+/* Appends (hidden state at p, token at p + 1) for the next MTP call (capacity reserved). */
+static void pair_add(rt_drafter *d, const float *h, int32_t next) {
+    const size_t E = d->ops.n_embd;
+    memcpy(d->ph + (size_t)d->np * E, h, E * sizeof(float));
+    d->pt[d->np++] = next;
+}
+
+g5_status rt_drafter_create(const rt_draft_ops *ops, rt_drafter **out, g5_error *err) {
+    *out = NULL;
+    if (!ops->n_vocab || !ops->n_embd || !ops->forward || !ops->mtp || !ops->drop_last)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "draft: incomplete engine operations");
+    rt_drafter *d = calloc(1, sizeof *d);
+    if (!d) return g5_fail(err, G5_ERR_NOMEM, "drafter");
+    d->ops = *ops;
+    const size_t V = ops->n_vocab, E = ops->n_embd;
+    d->lg = malloc(2 * V * sizeof(float));
+    d->hid = malloc(2 * E * sizeof(float));
+    d->dr = malloc(V * sizeof(float));
+    d->hlast = malloc(E * sizeof(float));
+    g5_status st = d->lg && d->hid && d->dr && d->hlast ? pairs_reserve(d, 4, err)
+                                                        : g5_fail(err, G5_ERR_NOMEM, "drafter");
+    if (st) {
+        rt_drafter_free(d);
+        return st;
+    }
+    *out = d;
+    return G5_OK;
+}
+
+void rt_drafter_free(rt_drafter *d) {
+    if (!d) return;
+    free(d->lg);
+    free(d->hid);
+    free(d->dr);
+    free(d->ph);
+    free(d->pt);
+    free(d->hlast);
+    free(d);
+}
+
+void rt_drafter_get_stats(const rt_drafter *d, rt_draft_stats *out) { *out = d->st; }
+
+/* An unverified draft token at the end of the main caches is dropped; the hidden state before it
+ * becomes the last one. */
+static g5_status settle(rt_drafter *d, g5_error *err) {
+    if (!d->pending) return G5_OK;
+    TRY(d->ops.drop_last(&d->ops, err));
+    d->pending = 0;
+    memcpy(d->hlast, d->hid, d->ops.n_embd * sizeof(float));
+    return G5_OK;
+}
+
+g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float *logits, int all, g5_error *err) {
+    if (n == 0) return G5_OK;
+    const size_t E = d->ops.n_embd;
+    float *hidden = malloc((size_t)n * E * sizeof(float));
+    if (!hidden) return g5_fail(err, G5_ERR_NOMEM, "draft: hidden states of %u tokens", n);
+    g5_status st = settle(d, err);
+    if (!st) st = pairs_reserve(d, (uint64_t)d->np + n, err);
+    if (!st) st = d->ops.forward(&d->ops, ids, n, logits, all, hidden, err);
+    if (!st) {
+        d->st.forwards++;
+        if (d->have_last) pair_add(d, d->hlast, ids[0]);
+        for (uint32_t t = 0; t + 1 < n; t++) pair_add(d, hidden + (size_t)t * E, ids[t + 1]);
+        memcpy(d->hlast, hidden + (size_t)(n - 1) * E, E * sizeof(float));
+        d->have_last = 1;
+    }
+    free(hidden);
+    return st;
+}
+
+g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err) {
+    const size_t V = d->ops.n_vocab, E = d->ops.n_embd;
+    if (!d->have_last) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: a step before the prompt");
+    TRY(pairs_reserve(d, (uint64_t)d->np + 2, err));
+    if (d->pending && y == d->dtok) { /* accepted: the logits after y are there */
+        d->pending = 0;
+        d->st.accepted++;
+        memcpy(logits, d->lg + V, V * sizeof(float));
+        pair_add(d, d->hid, y);
+        memcpy(d->hlast, d->hid + E, E * sizeof(float));
+        return G5_OK;
+    }
+    TRY(settle(d, err));
+    pair_add(d, d->hlast, y);
+    TRY(d->ops.mtp(&d->ops, d->ph, d->pt, d->np, d->dr, err));
+    d->np = 0;
+    uint32_t best = 0; /* greedy draft; ties to the lowest id */
+    for (uint32_t v = 1; v < V; v++)
+        if (d->dr[v] > d->dr[best]) best = v;
+    const int32_t two[2] = {y, (int32_t)best};
+    TRY(d->ops.forward(&d->ops, two, 2, d->lg, 1, d->hid, err));
+    d->st.forwards++;
+    d->st.drafted++;
+    d->dtok = two[1];
+    d->pending = 1;
+    memcpy(logits, d->lg, V * sizeof(float));
+    return G5_OK;
+}
+
+/* ---- the CPU model's operations ---- */
+
+static g5_status cpu_forward(const rt_draft_ops *o, const int32_t *ids, uint32_t n, float *logits, int all,
+                             float *hidden, g5_error *err) {
+    const rt_outputs out = {.logits = logits, .all_logits = all, .hidden = hidden};
+    return rt_model_forward(o->ctx, o->ctx2, ids, n, &out, err);
+}
+
+static g5_status cpu_mtp(const rt_draft_ops *o, const float *hidden, const int32_t *next, uint32_t n, float *draft,
+                         g5_error *err) {
+    return rt_model_mtp(o->ctx, o->ctx2, hidden, next, n, draft, 0, err);
+}
+
+static g5_status cpu_drop_last(const rt_draft_ops *o, g5_error *err) {
+    rt_state *s = o->ctx2;
+    if (!rt_state_n_past(s)) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: nothing to drop");
+    return rt_state_truncate(s, rt_state_n_past(s) - 1, rt_state_mtp_n_past(s), err);
+}
+
+void rt_draft_ops_cpu(rt_model *m, rt_state *s, rt_draft_ops *out) {
+    memset(out, 0, sizeof *out);
+    out->ctx = m;
+    out->ctx2 = s;
+    out->n_vocab = rt_model_hparams(m)->n_vocab;
+    out->n_embd = rt_model_hparams(m)->n_embd;
+    out->forward = cpu_forward;
+    out->mtp = cpu_mtp;
+    out->drop_last = cpu_drop_last;
+}

@@ -1,0 +1,310 @@
+/* The device-position launchers that a CUDA-graph decode step replays (cuda/cuk_model.h,
+ * "positions in device memory"; runtime/gpu_graph.c) against the host-position launchers:
+ *  - cuk_idx_scores_dev / cuk_idx_topk_dev / cuk_mla_attend_dev give the bits of cuk_idx_scores /
+ *    cuk_idx_topk / cuk_mla_attend_fresh at the same position, for bounds from the position
+ *    itself to twice it, across the lane/thread-per-key score kernels' 16384-key edge, the
+ *    top-k cluster sizes, the f32 cache and the bf16/f16 caches with fresh rows, one and three
+ *    query tokens, and the old kernels (CUK_ATTN_IMPL=old);
+ *  - cuk_cache_write_rows writes what cuk_convert writes, at the device positions, and nothing
+ *    for a position outside the capacity;
+ *  - a device position past the bound writes no score, a top-k count of 0 and NaN attention rows;
+ *  - those launches captured once into a CUDA graph and replayed at three positions (only the
+ *    position in device memory changing) give the host launchers' bits at each.
+ * Runs on the device only. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/attn_select.h"
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "tests/test_util.h"
+
+#define G5_TEST_NAME "test_graph_kernels"
+#define G5_TEST_SEED 0x9a4f1ull
+#include "tests/gpu/gpu_test_util.h"
+
+/* GLM-5's per-rank shapes at TP 8: indexer 32 heads x 128, top-k 2048; 8 MLA heads of
+ * nope 192 + rope 64 over a 512-wide latent. */
+enum { IH = 32, ID = 128, TOPK = 2048, H = 8, NOPE = 192, ROPE = 64, KL = 512, KVW = KL + ROPE };
+
+static float *rand_dev(size_t n, float lo, float hi) {
+    float *h = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = unif(lo, hi);
+    float *d = dup_d(h, n * 4);
+    free(h);
+    return d;
+}
+
+static int32_t *dev_i32(int32_t v) { return dup_d(&v, 4); }
+
+static int same_dev(const void *a, const void *b, size_t bytes) {
+    uint8_t *x = xmalloc(bytes), *y = xmalloc(bytes);
+    get(x, a, bytes);
+    get(y, b, bytes);
+    const int eq = !memcmp(x, y, bytes);
+    free(x);
+    free(y);
+    return eq;
+}
+
+/* Poisoned entries of row 0 of an [.][ld] float buffer in [from, to). */
+static int64_t n_poisoned(const float *d, int64_t from, int64_t to) {
+    float *h = xmalloc((size_t)to * 4);
+    get(h, d, (size_t)to * 4);
+    int64_t c = 0;
+    for (int64_t i = from; i < to; i++) c += bits(h[i]) == POISON;
+    free(h);
+    return c;
+}
+
+/* Scores and top-k for n query tokens ending at key count P: host launchers vs device-position
+ * ones shaped for `bound` keys. */
+static void scores_topk_case(int64_t P, int64_t bound, int n, int old) {
+    cuk_attn_set_old(old);
+    const int64_t pos0 = P - n, ld = bound;
+    float *q = rand_dev((size_t)n * IH * ID, -1, 1), *w = rand_dev((size_t)n * IH, -0.2f, 0.2f);
+    float *k = rand_dev((size_t)bound * ID, -1, 1);
+    float *sh = dalloc((size_t)n * ld * 4), *sd = dalloc((size_t)n * ld * 4);
+    int32_t *selh = dalloc((size_t)n * TOPK * 4), *seld = dalloc((size_t)n * TOPK * 4);
+    int32_t *nh = dalloc((size_t)n * 4), *nd = dalloc((size_t)n * 4), *dpos = dev_i32((int32_t)pos0);
+    CK(cudaMemset(sh, 0xFF, (size_t)n * ld * 4));
+    CK(cudaMemset(sd, 0xFF, (size_t)n * ld * 4));
+    CK(cudaMemset(selh, 0x7F, (size_t)n * TOPK * 4));
+    CK(cudaMemset(seld, 0x7F, (size_t)n * TOPK * 4));
+    g5_error e = {0};
+    T_CHECK(cuk_idx_scores(q, w, k, n, IH, ID, pos0, sh, ld, NULL, &e) == G5_OK, "scores: %s", e.msg);
+    T_CHECK(cuk_idx_scores_dev(q, w, k, n, IH, ID, dpos, bound, sd, ld, NULL, &e) == G5_OK, "scores_dev: %s", e.msg);
+    T_CHECK(cuk_idx_topk(sh, ld, n, pos0, TOPK, selh, TOPK, nh, NULL, &e) == G5_OK, "topk: %s", e.msg);
+    T_CHECK(cuk_idx_topk_dev(sd, ld, n, dpos, bound, TOPK, seld, TOPK, nd, NULL, &e) == G5_OK, "topk_dev: %s", e.msg);
+    const int s_eq = same_dev(sh, sd, (size_t)n * ld * 4);
+    const int t_eq = same_dev(selh, seld, (size_t)n * TOPK * 4) && same_dev(nh, nd, (size_t)n * 4);
+    /* the last token's row: keys past P untouched (the bound's extra blocks wrote nothing) */
+    const int64_t past = n_poisoned(sd + (int64_t)(n - 1) * ld, P, ld);
+    printf("idx_scores/topk_dev P=%lld bound=%lld n=%d%s: scores %s, top-k %s, %lld/%lld past P untouched\n",
+           (long long)P, (long long)bound, n, old ? " (old kernels)" : "", s_eq ? "bit-identical" : "DIFFER",
+           t_eq ? "identical" : "DIFFERS", (long long)past, (long long)(ld - P));
+    T_CHECK(s_eq && t_eq && past == ld - P, "P=%lld bound=%lld n=%d old=%d", (long long)P, (long long)bound, n, old);
+    cudaFree(q), cudaFree(w), cudaFree(k), cudaFree(sh), cudaFree(sd), cudaFree(selh), cudaFree(seld);
+    cudaFree(nh), cudaFree(nd), cudaFree(dpos);
+    cuk_attn_set_old(-1);
+}
+
+/* n tokens' selections: the last min(cnt, TOPK) ... spread over the causal range, ascending,
+ * always including the token's own position (a fresh row). */
+static int32_t *make_sel(int64_t pos0, int n, int32_t *nsel_h) {
+    int32_t *sel = xmalloc((size_t)n * TOPK * 4);
+    for (int t = 0; t < n; t++) {
+        const int64_t cnt = pos0 + t + 1, m = cnt < TOPK ? cnt : TOPK;
+        int32_t *row = sel + (size_t)t * TOPK;
+        for (int64_t j = 0; j < m; j++) row[j] = (int32_t)(j * cnt / m); /* ascending, distinct */
+        row[m - 1] = (int32_t)(cnt - 1);
+        for (int64_t j = m; j < TOPK; j++) row[j] = -1;
+        nsel_h[t] = (int32_t)m;
+    }
+    return sel;
+}
+
+static void *rand_cache(uint32_t type, int64_t rows) {
+    const size_t n = (size_t)rows * KVW;
+    float *f = rand_dev(n, -1, 1);
+    if (type == CUK_F32) return f;
+    void *c = dalloc(n * 2);
+    g5_error e = {0};
+    T_CHECK(cuk_convert(f, KVW, c, type, KVW, rows, KVW, NULL, &e) == G5_OK, "convert: %s", e.msg);
+    cudaFree(f);
+    return c;
+}
+
+static void attend_case(uint32_t type, int64_t P, int64_t bound, int n, int old) {
+    cuk_attn_set_old(old);
+    const int64_t pos0 = P - n;
+    const cuk_mla_dims d = {n, H, NOPE, ROPE, KL};
+    float *q = rand_dev((size_t)n * H * (NOPE + ROPE), -1, 1), *ql = rand_dev((size_t)n * H * KL, -0.3f, 0.3f);
+    void *lat = rand_cache(type, bound);
+    float *fresh = type == CUK_F32 ? NULL : rand_dev((size_t)n * KVW, -1, 1);
+    int32_t nsel_h[8];
+    int32_t *sel_h = make_sel(pos0, n, nsel_h);
+    int32_t *sel = dup_d(sel_h, (size_t)n * TOPK * 4), *nsel = dup_d(nsel_h, (size_t)n * 4), *dpos = dev_i32((int32_t)pos0);
+    float *oh = dalloc((size_t)n * H * KL * 4), *od = dalloc((size_t)n * H * KL * 4);
+    CK(cudaMemset(oh, 0xFF, (size_t)n * H * KL * 4));
+    CK(cudaMemset(od, 0xFF, (size_t)n * H * KL * 4));
+    const float scale = (float)(1.0 / sqrt((double)(NOPE + ROPE)));
+    g5_error e = {0};
+    T_CHECK(cuk_mla_attend_fresh(&d, q, ql, lat, type, fresh, pos0, P, sel, TOPK, nsel, TOPK, scale, oh, NULL, &e) == G5_OK,
+            "attend: %s", e.msg);
+    T_CHECK(cuk_mla_attend_dev(&d, q, ql, lat, type, fresh, dpos, bound, sel, TOPK, nsel, TOPK, scale, od, NULL, &e) == G5_OK,
+            "attend_dev: %s", e.msg);
+    const int eq = same_dev(oh, od, (size_t)n * H * KL * 4);
+    const int64_t nan = n_poisoned(oh, 0, (int64_t)n * H * KL);
+    printf("mla_attend_dev cache %s P=%lld bound=%lld n=%d%s: %s\n", type == CUK_F32 ? "f32" : type == CUK_BF16 ? "bf16" : "f16",
+           (long long)P, (long long)bound, n, old ? " (old kernels)" : "", eq ? "bit-identical" : "DIFFERS");
+    T_CHECK(eq && nan == 0, "attend type %u P=%lld bound=%lld n=%d old=%d: %lld unwritten", type, (long long)P,
+            (long long)bound, n, old, (long long)nan);
+    free(sel_h);
+    cudaFree(q), cudaFree(ql), cudaFree(lat), cudaFree(fresh), cudaFree(sel), cudaFree(nsel), cudaFree(dpos);
+    cudaFree(oh), cudaFree(od);
+    cuk_attn_set_old(-1);
+}
+
+static void test_cache_write(void) {
+    static const uint32_t types[] = {CUK_F32, CUK_BF16, CUK_F16};
+    enum { CAP = 300, N = 3 };
+    const int32_t pos_h[N] = {7, 299, 300}; /* the last one is outside the capacity */
+    for (int ti = 0; ti < 3; ti++) {
+        const uint32_t type = types[ti];
+        const size_t es = type == CUK_F32 ? 4 : 2;
+        float *lat_new = rand_dev((size_t)N * KVW, -3, 3), *key_new = rand_dev((size_t)N * ID, -3, 3);
+        uint8_t *lat = dalloc((size_t)CAP * KVW * es), *lref = dalloc((size_t)CAP * KVW * es);
+        float *key = dalloc((size_t)CAP * ID * 4), *kref = dalloc((size_t)CAP * ID * 4);
+        CK(cudaMemset(lat, 0xFF, (size_t)CAP * KVW * es));
+        CK(cudaMemset(lref, 0xFF, (size_t)CAP * KVW * es));
+        CK(cudaMemset(key, 0xFF, (size_t)CAP * ID * 4));
+        CK(cudaMemset(kref, 0xFF, (size_t)CAP * ID * 4));
+        int32_t *pos = dup_d(pos_h, sizeof pos_h);
+        g5_error e = {0};
+        T_CHECK(cuk_cache_write_rows(lat_new, KVW, lat, type, key_new, ID, key, CAP, pos, N, NULL, &e) == G5_OK,
+                "cache_write_rows: %s", e.msg);
+        for (int r = 0; r < N; r++) {
+            if (pos_h[r] >= CAP) continue;
+            T_CHECK(cuk_convert(lat_new + (size_t)r * KVW, KVW, lref + (size_t)pos_h[r] * KVW * es, type, KVW, 1, KVW, NULL,
+                                &e) == G5_OK, "convert: %s", e.msg);
+            CK(cudaMemcpy(kref + (size_t)pos_h[r] * ID, key_new + (size_t)r * ID, ID * 4, cudaMemcpyDeviceToDevice));
+        }
+        const int eq = same_dev(lat, lref, (size_t)CAP * KVW * es) && same_dev(key, kref, (size_t)CAP * ID * 4);
+        printf("cache_write_rows type %u: %s (position %d outside the capacity %d skipped)\n", type,
+               eq ? "equals cuk_convert" : "DIFFERS", pos_h[2], CAP);
+        T_CHECK(eq, "cache_write_rows type %u", type);
+        cudaFree(lat_new), cudaFree(key_new), cudaFree(lat), cudaFree(lref), cudaFree(key), cudaFree(kref), cudaFree(pos);
+    }
+}
+
+/* A device position past the bound: no scores, count 0, NaN attention rows. */
+static void test_bad_position(void) {
+    const int64_t bound = 1024;
+    float *q = rand_dev((size_t)IH * ID, -1, 1), *w = rand_dev(IH, -0.2f, 0.2f), *k = rand_dev((size_t)bound * ID, -1, 1);
+    float *sc = dalloc((size_t)bound * 4);
+    int32_t *sel = dalloc(TOPK * 4), *ns = dalloc(4), *dpos = dev_i32((int32_t)bound); /* pos0 + 1 > bound */
+    CK(cudaMemset(sc, 0xFF, (size_t)bound * 4));
+    CK(cudaMemset(ns, 0x7F, 4));
+    g5_error e = {0};
+    T_CHECK(cuk_idx_scores_dev(q, w, k, 1, IH, ID, dpos, bound, sc, bound, NULL, &e) == G5_OK, "%s", e.msg);
+    T_CHECK(cuk_idx_topk_dev(sc, bound, 1, dpos, bound, TOPK, sel, TOPK, ns, NULL, &e) == G5_OK, "%s", e.msg);
+    int32_t nsh = -1;
+    get(&nsh, ns, 4);
+    const int64_t untouched = n_poisoned(sc, 0, bound);
+    const cuk_mla_dims d = {1, H, NOPE, ROPE, KL};
+    float *qq = rand_dev((size_t)H * (NOPE + ROPE), -1, 1), *ql = rand_dev((size_t)H * KL, -1, 1);
+    void *lat = rand_cache(CUK_F32, bound);
+    int32_t ns1 = 1, sel1 = 0;
+    int32_t *dns1 = dup_d(&ns1, 4), *dsel1 = dup_d(&sel1, 4);
+    float *o = dalloc((size_t)H * KL * 4);
+    T_CHECK(cuk_mla_attend_dev(&d, qq, ql, lat, CUK_F32, NULL, dpos, bound, dsel1, 1, dns1, 1, 0.1f, o, NULL, &e) == G5_OK,
+            "%s", e.msg);
+    float *oh = xmalloc((size_t)H * KL * 4);
+    get(oh, o, (size_t)H * KL * 4);
+    int nan = 0;
+    for (int i = 0; i < H * KL; i++) nan += is_nan(oh[i]);
+    printf("device position %lld past bound %lld: %lld/%lld scores untouched, top-k count %d, %d/%d attention outputs NaN\n",
+           (long long)bound, (long long)bound, (long long)untouched, (long long)bound, nsh, nan, H * KL);
+    T_CHECK(untouched == bound && nsh == 0 && nan == H * KL, "bad position handling");
+    /* and the host checks of the bound itself */
+    T_CHECK(cuk_idx_scores_dev(q, w, k, 1, IH, ID, dpos, bound, sc, bound - 1, NULL, &e) == G5_ERR_INVALID_ARG,
+            "ld_sc below the bound refused");
+    T_CHECK(cuk_idx_topk_dev(sc, bound, 2, dpos, 1, TOPK, sel, TOPK, ns, NULL, &e) == G5_ERR_INVALID_ARG,
+            "bound below n_tok refused");
+    T_CHECK(cuk_mla_attend_dev(&d, qq, ql, lat, CUK_F32, NULL, NULL, bound, dsel1, 1, dns1, 1, 0.1f, o, NULL, &e) ==
+                G5_ERR_INVALID_ARG, "NULL device position refused");
+    free(oh);
+    cudaFree(q), cudaFree(w), cudaFree(k), cudaFree(sc), cudaFree(sel), cudaFree(ns), cudaFree(dpos);
+    cudaFree(qq), cudaFree(ql), cudaFree(lat), cudaFree(dns1), cudaFree(dsel1), cudaFree(o);
+}
+
+/* One decode step's position-dependent launches (cache write, scores, top-k, attention on a bf16
+ * cache with the fresh row), captured once with the position in device memory, replayed at three
+ * positions; each replay against the host launchers at that position on a copy of the caches. */
+static void test_graph_replay(void) {
+    const int64_t cap = 4096, bound = 4096;
+    const int64_t positions[3] = {2500, 2501, 4095};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const cuk_stream cs = (cuk_stream)st;
+    const cuk_mla_dims d = {1, H, NOPE, ROPE, KL};
+    const float scale = (float)(1.0 / sqrt((double)(NOPE + ROPE)));
+    float *q = rand_dev((size_t)IH * ID, -1, 1), *w = rand_dev(IH, -0.2f, 0.2f), *kn = rand_dev(ID, -1, 1);
+    float *qq = rand_dev((size_t)H * (NOPE + ROPE), -1, 1), *ql = rand_dev((size_t)H * KL, -0.3f, 0.3f);
+    float *latf = rand_dev(KVW, -1, 1);
+    void *lat[2] = {rand_cache(CUK_BF16, cap), dalloc((size_t)cap * KVW * 2)};
+    float *key[2] = {rand_dev((size_t)cap * ID, -1, 1), dalloc((size_t)cap * ID * 4)};
+    CK(cudaMemcpy(lat[1], lat[0], (size_t)cap * KVW * 2, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(key[1], key[0], (size_t)cap * ID * 4, cudaMemcpyDeviceToDevice));
+    float *sc[2] = {dalloc((size_t)bound * 4), dalloc((size_t)bound * 4)};
+    int32_t *sel[2] = {dalloc(TOPK * 4), dalloc(TOPK * 4)}, *ns[2] = {dalloc(4), dalloc(4)};
+    float *o[2] = {dalloc((size_t)H * KL * 4), dalloc((size_t)H * KL * 4)};
+    int32_t *dpos = dev_i32(0);
+    g5_error e = {0};
+    /* [0]: the graph */
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    g5_status s = cuk_cache_write_rows(latf, KVW, lat[0], CUK_BF16, kn, ID, key[0], cap, dpos, 1, cs, &e);
+    if (!s) s = cuk_idx_scores_dev(q, w, key[0], 1, IH, ID, dpos, bound, sc[0], bound, cs, &e);
+    if (!s) s = cuk_idx_topk_dev(sc[0], bound, 1, dpos, bound, TOPK, sel[0], TOPK, ns[0], cs, &e);
+    if (!s) s = cuk_mla_attend_dev(&d, qq, ql, lat[0], CUK_BF16, latf, dpos, bound, sel[0], TOPK, ns[0], TOPK, scale, o[0], cs, &e);
+    cudaGraph_t graph = NULL;
+    CK(cudaStreamEndCapture(st, &graph));
+    T_CHECK(s == G5_OK, "capture: %s", e.msg);
+    cudaGraphExec_t ge = NULL;
+    CK(cudaGraphInstantiate(&ge, graph, 0));
+    for (int i = 0; i < 3; i++) {
+        const int32_t p = (int32_t)positions[i];
+        const int64_t P = p + 1;
+        CK(cudaMemcpyAsync(dpos, &p, 4, cudaMemcpyHostToDevice, st));
+        CK(cudaGraphLaunch(ge, st));
+        /* [1]: the host launchers at p */
+        s = cuk_convert(latf, KVW, (uint8_t *)lat[1] + (size_t)p * KVW * 2, CUK_BF16, KVW, 1, KVW, cs, &e);
+        CK(cudaMemcpyAsync(key[1] + (size_t)p * ID, kn, ID * 4, cudaMemcpyDeviceToDevice, st));
+        if (!s) s = cuk_idx_scores(q, w, key[1], 1, IH, ID, p, sc[1], P, cs, &e);
+        if (!s) s = cuk_idx_topk(sc[1], P, 1, p, TOPK, sel[1], TOPK, ns[1], cs, &e);
+        if (!s) s = cuk_mla_attend_fresh(&d, qq, ql, lat[1], CUK_BF16, latf, p, P, sel[1], TOPK, ns[1], TOPK, scale, o[1], cs, &e);
+        T_CHECK(s == G5_OK, "host launches: %s", e.msg);
+        CK(cudaStreamSynchronize(st));
+        const int eq = same_dev(sc[0], sc[1], (size_t)P * 4) && same_dev(sel[0], sel[1], TOPK * 4) &&
+                       same_dev(ns[0], ns[1], 4) && same_dev(o[0], o[1], (size_t)H * KL * 4) &&
+                       same_dev(lat[0], lat[1], (size_t)cap * KVW * 2) && same_dev(key[0], key[1], (size_t)cap * ID * 4);
+        printf("graph replay at position %d (captured once, bound %lld): %s\n", p, (long long)bound,
+               eq ? "bit-identical to the host launches" : "DIFFERS");
+        T_CHECK(eq, "graph replay at position %d", p);
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(graph);
+    for (int i = 0; i < 2; i++) cudaFree(lat[i]), cudaFree(key[i]), cudaFree(sc[i]), cudaFree(sel[i]), cudaFree(ns[i]), cudaFree(o[i]);
+    cudaFree(q), cudaFree(w), cudaFree(kn), cudaFree(qq), cudaFree(ql), cudaFree(latf), cudaFree(dpos);
+    cudaStreamDestroy(st);
+}
+
+int main(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("no CUDA device\n");
+        return t_report(G5_TEST_NAME);
+    }
+    /* key counts (P) and the buckets runtime/gpu_graph.c would use, plus the extremes */
+    static const struct { int64_t P, bound; int n, old; } sc[] = {
+        {1, 1024, 1, 0},     {900, 1024, 1, 0},     {1024, 1024, 1, 0},    {3000, 4096, 1, 0},
+        {5000, 5000, 1, 0},  {16384, 16384, 1, 0},  {16385, 32768, 1, 0},  {40000, 65536, 1, 0},
+        {3000, 4096, 3, 0},  {3000, 4096, 1, 1},    {20000, 32768, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) scores_topk_case(sc[i].P, sc[i].bound, sc[i].n, sc[i].old);
+    static const struct { uint32_t type; int64_t P, bound; int n, old; } at[] = {
+        {CUK_F32, 100, 1024, 1, 0},    {CUK_F32, 5000, 8192, 1, 0},   {CUK_BF16, 5000, 8192, 1, 0},
+        {CUK_F16, 2049, 4096, 1, 0},   {CUK_BF16, 3000, 4096, 3, 0},  {CUK_BF16, 5000, 8192, 1, 1},
+        {CUK_F32, 5000, 5000, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) attend_case(at[i].type, at[i].P, at[i].bound, at[i].n, at[i].old);
+    test_cache_write();
+    test_bad_position();
+    test_graph_replay();
+    return t_report(G5_TEST_NAME);
+}
