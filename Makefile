@@ -41,12 +41,21 @@ ifneq ($(wildcard runtime/main_serve.c),)
 BINS  += $(BUILD)/bin/glm5-serve
 endif
 # MPI (runtime/comm.c: several processes under mpirun/srun) when pkg-config finds Open MPI
-# (ompi-c) or another `mpi` package; `make MPI=0` builds without it (as on the GPU machines,
-# which have none). Only comm.c sees mpi.h; every program linking the runtime gets MPI_LIBS.
-# Changing MPI needs a clean BUILD (comm.o does not track it).
+# (ompi-c) or another `mpi` package; `make MPI=0` builds without it (the GPU machines have
+# none of their own: see G5_MPI_HOME below). Only comm.c sees mpi.h; every program linking the
+# runtime gets MPI_LIBS. Changing MPI needs a clean BUILD (comm.o does not track it).
+# G5_MPI_HOME=DIR (set by DIR/env.sh: the Open MPI bundle of scripts/gpu-mpi.sh, for machines
+# that may lack pkg-config) takes mpi.h and libmpi.so.40 from DIR instead; the rpath lets the
+# programs start outside mpirun without DIR/lib in LD_LIBRARY_PATH (under mpirun env.sh is needed).
 MPI ?= auto
 ifneq ($(MPI),0)
+ifneq ($(G5_MPI_HOME),)
+MPI_HOME_LIB := $(abspath $(G5_MPI_HOME))/lib
+MPI_CFLAGS := -DG5_WITH_MPI -isystem $(G5_MPI_HOME)/include
+MPI_LIBS   := -L$(MPI_HOME_LIB) -Wl,-rpath-link,$(MPI_HOME_LIB) -Wl,-rpath,$(MPI_HOME_LIB) -l:libmpi.so.40
+else
 MPI_PKG := $(shell pkg-config --exists ompi-c 2>/dev/null && echo ompi-c || { pkg-config --exists mpi 2>/dev/null && echo mpi; })
+endif
 endif
 ifneq ($(MPI_PKG),)
 MPI_CFLAGS := -DG5_WITH_MPI $(patsubst -I%,-isystem %,$(shell pkg-config --cflags $(MPI_PKG)))

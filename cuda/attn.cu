@@ -563,8 +563,9 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
     if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
     const size_t smem_split = ((size_t)d->nope * AB_COLS + (size_t)AB_TOK * d->nope) * sizeof(float);
     if (!use_old() && (smem_split <= 48 * 1024 || (int64_t)smem_split <= smem_optin())) {
-        static size_t allowed = 48 * 1024; /* the opt-in, once */
-        if (smem_split > allowed) {
+        static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per device (0: none yet) */
+        size_t &allowed = allowed_dev[cuk_device_slot()];
+        if (smem_split > (allowed ? allowed : 48 * 1024)) {
             CUK_CHECK(cudaFuncSetAttribute(k_absorb_split, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
             allowed = (size_t)smem_optin();
         }
@@ -589,7 +590,8 @@ template <typename T>
 static int split_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cudaStream_t st) {
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
-    static int max_cl = 0;
+    static int max_cl_dev[CUK_MAX_DEVICES]; /* per device: the attribute cuk_cluster_max sets is */
+    int &max_cl = max_cl_dev[cuk_device_slot()];
     if (max_cl == 0) max_cl = cuk_cluster_max((const void *)k_attend_split<T>, AC_MAXCL, AC_THREADS, smem, st);
     const int64_t base = (int64_t)d->n_tok * ((d->n_head + AC_HG - 1) / AC_HG);
     int cl = 1;
@@ -604,8 +606,9 @@ static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float
                               float *out, cudaStream_t st, g5_error *err) {
     const int KVW = d->kv_lora + d->rope;
     const size_t smem = (size_t)2 * AC_TK * KVW * sizeof(float);
-    static size_t allowed = 48 * 1024; /* the opt-in, once per instantiation */
-    if (smem > allowed) {
+    static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per instantiation and device */
+    size_t &allowed = allowed_dev[cuk_device_slot()];
+    if (smem > (allowed ? allowed : 48 * 1024)) {
         CUK_CHECK(cudaFuncSetAttribute(k_attend_split<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         allowed = smem;
     }

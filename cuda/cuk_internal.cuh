@@ -34,6 +34,17 @@ static inline int cuk_sm_count(void) {
     return n;
 }
 
+/* Function attributes (the dynamic shared memory opt-in, non-portable cluster sizes) belong to
+ * one device: a launcher that sets one "once" keeps that per device, or the kernel's first
+ * launch on another GPU of the same process fails (seen with TP 2 over two H200s driven by one
+ * process). Devices past CUK_MAX_DEVICES share the last slot (then merely set again). */
+#define CUK_MAX_DEVICES 64
+static inline int cuk_device_slot(void) {
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || d < 0) return 0;
+    return d < CUK_MAX_DEVICES ? d : CUK_MAX_DEVICES - 1;
+}
+
 /* The largest cluster of `want` blocks (a non-portable size above 8) that the device can run for
  * kernel `fn` with `threads` threads and `smem` bytes of dynamic shared memory per block, else 8.
  * Asked once per kernel by its launcher; a refused query leaves no launch error behind. */

@@ -624,8 +624,9 @@ static g5_status launch(const Params &p, int ny, cudaStream_t st, g5_error *err)
     const size_t bytes = Lay<NV>::total(K);
     auto kern = k_tc<T, NV, XT, MODE, SUB, D, PF>;
     /* Dynamic shared memory above 48 KB needs an opt-in, once per kernel (this instantiation). */
-    static size_t allowed = 48 * 1024;
-    if (bytes > allowed) {
+    static size_t allowed_dev[CUK_MAX_DEVICES]; /* per device, as attributes are (0: none yet) */
+    size_t &allowed = allowed_dev[cuk_device_slot()];
+    if (bytes > (allowed ? allowed : 48 * 1024)) {
         CUK_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
         allowed = SMEM_MAX;
     }

@@ -493,7 +493,9 @@ static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
     if (!use_old() && n_tok < sms) {
         const cudaStream_t st = (cudaStream_t)stream;
-        static int max_cl = 0; /* 16-block clusters are non-portable: used where one fits (checked once) */
+        /* 16-block clusters are non-portable: used where one fits (checked once per device) */
+        static int max_cl_dev[CUK_MAX_DEVICES];
+        int &max_cl = max_cl_dev[cuk_device_slot()];
         if (max_cl == 0) max_cl = cuk_cluster_max((const void *)k_topk_split, TS_MAXCL, TK_THREADS, 0, st);
         /* enough blocks to cover the SMs, slices of at least 1024 positions */
         int cl = 1;

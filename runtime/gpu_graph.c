@@ -16,7 +16,12 @@
  * that leave at once and the slower score kernel for short contexts. A power-of-two bucket
  * (gm_graph_bound) launches at most twice the blocks that have work (the others leave at once),
  * picks the plain path's score kernel (16384 is a bucket edge), and costs one capture per
- * doubling of the context. The attention's own shape does not depend on the key count (its
+ * doubling of the context. Above GM_GRAPH_STEP_FROM keys the bucket is the next multiple of
+ * GM_GRAPH_STEP instead: a doubling there would launch up to 2x the thread-per-key score blocks
+ * of the plain path (65536 keys' worth at 32769), while a capture per GM_GRAPH_STEP tokens costs
+ * nothing next to the steps between them. The top-k's cluster is sized from the bound but only
+ * the blocks that the plain launch would have get positions (k_topk_split), so its slices are
+ * the plain path's at any bucket. The attention's own shape does not depend on the key count (its
  * cluster follows the top-k size), the other stages' not at all. */
 #ifdef G5_WITH_CUDA
 
@@ -46,7 +51,8 @@ struct gm_graph {
 
 uint32_t gm_graph_bound(uint32_t P, uint32_t cap) {
     uint64_t b = GM_GRAPH_MIN_BOUND;
-    while (b < P) b *= 2;
+    while (b < P && b < GM_GRAPH_STEP_FROM) b *= 2;
+    if (b < P) b = ((uint64_t)P + GM_GRAPH_STEP - 1) / GM_GRAPH_STEP * GM_GRAPH_STEP;
     return b < cap ? (uint32_t)b : cap;
 }
 

@@ -248,8 +248,11 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
 /* ---- the decode step as a CUDA graph (gpu_graph.c) ---- */
 
 /* graph_bound of a step of a sequence at key count P (its capacity cap >= P): the power of
- * two >= P (at least GM_GRAPH_MIN_BOUND), at most cap. */
+ * two >= P (at least GM_GRAPH_MIN_BOUND) up to GM_GRAPH_STEP_FROM, above it the multiple of
+ * GM_GRAPH_STEP >= P; at most cap. */
 #define GM_GRAPH_MIN_BOUND 1024u
+#define GM_GRAPH_STEP_FROM 16384u
+#define GM_GRAPH_STEP 8192u
 uint32_t gm_graph_bound(uint32_t P, uint32_t cap);
 /* The one-token step pl (work buffers reserved for `bound` = gm_graph_bound(..) scores, token and
  * position uploaded) as a launch of g->graph, captured first only when what it was captured for

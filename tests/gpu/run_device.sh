@@ -8,7 +8,8 @@
 #   GLM5_SHARED=... OUT=... bash tests/gpu/run_device.sh
 #
 # Expects gpu-deps/ (scripts/gpu-deps.sh makes it: static xxhash, zstd, pcre2, jansson, microhttpd and their headers: the GPU
-# machine has no such packages) and the oracle under $GLM5_SHARED. CC defaults to /opt/gcc/bin/gcc
+# machine has no such packages; gpu-deps/mpi/, when there, is an Open MPI bundle the build then
+# uses) and the oracle under $GLM5_SHARED. CC defaults to /opt/gcc/bin/gcc
 # when present. Warnings do not fail this build (another compiler than CI's may warn differently;
 # they are listed at the top of the log).
 set -u
@@ -35,7 +36,12 @@ echo "commit ${COMMIT:-?}"
 echo "== build"
 rm -f $B/gpu/obj/tests/gpu/test_gpu_model.*  # an older build compiled it from test_gpu_model.c.wip
 SECONDS=0
-make -k -j"$(nproc)" CC="$CC" BUILD=$B \
+# With the Open MPI bundle (scripts/gpu-mpi.sh) the programs get MPI (tests/gpu/mpi_device.sh
+# runs them under mpirun); comm.o is rebuilt because it does not track that choice.
+mpi_home=""; [ -f gpu-deps/mpi/env.sh ] && mpi_home=$PWD/gpu-deps/mpi
+rm -f $B/obj/runtime/comm.o
+echo "MPI bundle: ${mpi_home:-none}"
+make -k -j"$(nproc)" CC="$CC" BUILD=$B ${mpi_home:+G5_MPI_HOME=$mpi_home} \
   EXTRA_CFLAGS="-isystem gpu-deps/include -Wno-error" EXTRA_LDFLAGS="-Lgpu-deps/lib" \
   gpu gpu-model $B/bin/glm5-shard >"$OUT/build.log" 2>&1
 echo "build rc=$? in ${SECONDS}s"

@@ -978,7 +978,8 @@ static int graph_ctx_run(rt_model *m, const char *dir, rt_gpu_precision prec, in
 
 /* graph_ctx_run with and without graphs: logits bit-identical and finite, and the captures that
  * runtime/gpu_graph.c's rule predicts (bound = the power of two >= the key count, at least 1024,
- * at most the capacity; a capture when it or the work buffers change), no more. */
+ * up to 16384, then the multiple of 8192 >= it; at most the capacity; a capture when it or the
+ * work buffers change), no more. */
 static void test_graph_buckets(const char *dir, const char *dir_tp2) {
     static const struct {
         int tp2, old;
@@ -993,7 +994,7 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
         {0, 1, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast, old attention kernels, ctx 1020"},
         {1, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=2 (device-sum) precise, ctx 1020"},
         /* capacity 32768; keys 16381..16384 (bound 16384, lane scores), 16385..16388 (bound
-         * 32768, thread-per-key scores): 2 captures; no chunk */
+         * 24576, thread-per-key scores): 2 captures; no chunk */
         {0, 0, RT_GPU_PRECISE, 16380, 8, 99, 2, "graph buckets TP=1 precise, ctx 16380"},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {

@@ -2,7 +2,7 @@
  * "positions in device memory"; runtime/gpu_graph.c) against the host-position launchers:
  *  - cuk_idx_scores_dev / cuk_idx_topk_dev / cuk_mla_attend_dev give the bits of cuk_idx_scores /
  *    cuk_idx_topk / cuk_mla_attend_fresh at the same position, for bounds from the position
- *    itself to twice it, across the lane/thread-per-key score kernels' 16384-key edge, the
+ *    itself to 32 times it, across the lane/thread-per-key score kernels' 16384-key edge, the
  *    top-k cluster sizes, the f32 cache and the bf16/f16 caches with fresh rows, one and three
  *    query tokens, and the old kernels (CUK_ATTN_IMPL=old);
  *  - cuk_cache_write_rows writes what cuk_convert writes, at the device positions, and nothing
@@ -295,6 +295,11 @@ int main(void) {
         {1, 1024, 1, 0},     {900, 1024, 1, 0},     {1024, 1024, 1, 0},    {3000, 4096, 1, 0},
         {5000, 5000, 1, 0},  {16384, 16384, 1, 0},  {16385, 32768, 1, 0},  {40000, 65536, 1, 0},
         {3000, 4096, 3, 0},  {3000, 4096, 1, 1},    {20000, 32768, 1, 1},
+        /* a top-k cluster launched larger than the plain one (8 vs 16 blocks at 8193 keys, 2 vs
+         * 16 at 2049: only the plain count gets positions), the 32768 -> 65536 doubling, the
+         * 8192-multiple buckets above 16384 (gpu_graph.c) and three tokens across a cluster edge */
+        {8193, 16384, 1, 0}, {2049, 65536, 1, 0},   {32769, 65536, 1, 0},  {32769, 40960, 1, 0},
+        {16385, 24576, 1, 0}, {4097, 16384, 3, 0},
     };
     for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) scores_topk_case(sc[i].P, sc[i].bound, sc[i].n, sc[i].old);
     static const struct { uint32_t type; int64_t P, bound; int n, old; } at[] = {
