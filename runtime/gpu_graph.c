@@ -86,8 +86,12 @@ static void key_store(struct gm_graph *k, const rt_gpu_model *g, const fplan *pl
 }
 
 /* gm_forward_device recorded on rank 0's stream (every rank works there: the collective is none
- * or device-sum) into gr->exec: an update in place when the recording has the same topology
- * (cudaGraphExecUpdate), else a new instantiation. */
+ * or device-sum) into a new gr->exec. Not an update in place (cudaGraphExecUpdate): between
+ * buckets a node can change kernel (the score kernels), cluster shape or launch attributes, and
+ * with accepted updates, bench_decode's contexts 32k, 8k, then 1k keys in one process gave
+ * non-finite logits at 1k on the H200, and with a fresh instantiation per capture finite ones
+ * (test_gpu_model's "graph shrink" checks that order against plain launches); captures are rare
+ * (one per bucket, sequence or buffer change), so the instantiation's cost does not matter. */
 static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, uint32_t bound,
                          const rt_gpu_outputs *out, g5_error *err) {
     gl_rank *r0 = &g->rk[0];
@@ -106,12 +110,8 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
         return st;
     }
     if (gr->exec) {
-        cudaGraphExecUpdateResultInfo ui;
-        if (cudaGraphExecUpdate(gr->exec, graph, &ui) != cudaSuccess) {
-            (void)cudaGetLastError(); /* a refused update is not an error: instantiate anew */
-            cudaGraphExecDestroy(gr->exec);
-            gr->exec = NULL;
-        }
+        cudaGraphExecDestroy(gr->exec);
+        gr->exec = NULL;
     }
     cudaError_t ge = cudaSuccess;
     if (!gr->exec) {

@@ -141,8 +141,8 @@ typedef struct rt_gpu_info {
     uint64_t graph_steps;        /* forward calls that ran as a graph launch */
     uint64_t graph_captures;     /* of those, how many recorded the step first (the first, then one
                                     per change of bucket, sequence or buffers; the rest replay) */
-    uint64_t graph_instantiations; /* of the captures, how many instantiated a new executable graph
-                                    (an update in place was refused) */
+    uint64_t graph_instantiations; /* executable graphs instantiated: one per capture (no update
+                                    in place: runtime/gpu_graph.c says why) */
     const char *gemm;            /* the prefill GEMM path's compute: "f32", "tf32", "bf16" */
     int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
     uint64_t gemm_calls;         /* cuBLAS GEMMs run so far (all ranks) */

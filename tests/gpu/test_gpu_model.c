@@ -976,6 +976,64 @@ static int graph_ctx_run(rt_model *m, const char *dir, rt_gpu_precision prec, in
     return ok;
 }
 
+/* One model, contexts that shrink (16380 then 1020 on the same default sequence, as
+ * bench/decode.sh's CTX=32768,8192,1024 does): the graph of the smaller bucket must not keep
+ * anything of the larger one. 4 steps per context, with and without graphs, bit-identical and
+ * finite. */
+static void test_graph_shrink(const char *dir) {
+    static const uint32_t ctxs[] = {16380, 1020};
+    enum { NC = 2, NS = 4 };
+    g5_error e = {0};
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    rt_model_opts mo = {.n_threads = 1, .mla = RT_MLA_ABSORBED};
+    T_CHECK(rt_wset_open_blobs(dir, &ws, &e) == G5_OK && rt_model_create(ws, &mo, &m, &e) == G5_OK, "graph shrink: %s",
+            e.msg);
+    const uint32_t V = m ? rt_model_hparams(m)->n_vocab : 0;
+    float *lg[2] = {xmalloc((size_t)NC * NS * V * 4), xmalloc((size_t)NC * NS * V * 4)};
+    int ok = m != NULL;
+    for (int use = 0; use < 2 && ok; use++) {
+        rt_gpu_opts go;
+        rt_gpu_opts_default(&go);
+        go.blob_dir = dir;
+        go.cuda_graph = use;
+        rt_gpu_model *g = NULL;
+        ok = rt_gpu_model_create(m, &go, &g, &e) == G5_OK;
+        for (int c = 0; c < NC && ok; c++) {
+            ok = rt_gpu_debug_set_context(g, ctxs[c], 0x5eed + ctxs[c], &e) == G5_OK;
+            int32_t tok = 1;
+            for (int i = 0; i < NS && ok; i++) {
+                rt_gpu_outputs out = {.logits = lg[use] + ((size_t)c * NS + i) * V};
+                ok = rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
+                tok = (int32_t)argmax(out.logits, V);
+            }
+        }
+        if (ok && use)
+            printf("graph shrink (ctx 16380 then 1020): %llu graph steps, %llu captures, %llu instantiations\n",
+                   (unsigned long long)rt_gpu_model_info(g)->graph_steps,
+                   (unsigned long long)rt_gpu_model_info(g)->graph_captures,
+                   (unsigned long long)rt_gpu_model_info(g)->graph_instantiations);
+        rt_gpu_model_free(g);
+    }
+    T_CHECK(ok, "graph shrink: %s", e.msg);
+    if (ok) {
+        uint32_t same = 0, finite = 0;
+        for (uint32_t i = 0; i < NC * NS; i++) {
+            same += !memcmp(lg[0] + (size_t)i * V, lg[1] + (size_t)i * V, (size_t)V * 4);
+            uint32_t f = 1;
+            for (uint32_t v = 0; v < V; v++) f &= isfinite(lg[1][(size_t)i * V + v]) != 0;
+            finite += f;
+        }
+        printf("graph shrink (ctx 16380 then 1020): %u/%u logit vectors bit-identical to the plain run, %u finite\n",
+               same, NC * NS, finite);
+        T_CHECK(same == NC * NS && finite == NC * NS, "graph shrink: logits with graphs bit-identical and finite");
+    }
+    free(lg[0]);
+    free(lg[1]);
+    rt_model_free(m);
+    rt_wset_free(ws);
+}
+
 /* graph_ctx_run with and without graphs: logits bit-identical and finite, and the captures that
  * runtime/gpu_graph.c's rule predicts (bound = the power of two >= the key count, at least 1024,
  * up to 16384, then the multiple of 8192 >= it; at most the capacity; a capture when it or the
@@ -1515,6 +1573,7 @@ int main(void) {
     test_check_tool(dirs[0], &o);
     test_graphs(dirs[0], dirs[1], &o);
     test_graph_buckets(dirs[0], dirs[1]);
+    test_graph_shrink(dirs[0]);
     test_prefill_gemm(dirs[0], dirs[1], dirs[2], &o, cross);
     for (int i = 0; i < N_PROMPTS; i++) free(cross[i]);
     free_oracle(&o);
