@@ -19,9 +19,8 @@
  * doubling of the context. Above GM_GRAPH_STEP_FROM keys the bucket is the next multiple of
  * GM_GRAPH_STEP instead: a doubling there would launch up to 2x the thread-per-key score blocks
  * of the plain path (65536 keys' worth at 32769), while a capture per GM_GRAPH_STEP tokens costs
- * nothing next to the steps between them. The top-k's cluster is sized from the bound but only
- * the blocks that the plain launch would have get positions (k_topk_split), so its slices are
- * the plain path's at any bucket. The attention's own shape does not depend on the key count (its
+ * nothing next to the steps between them. The top-k's cluster is sized from the bound (its
+ * selection is exact whatever the slices). The attention's own shape does not depend on the key count (its
  * cluster follows the top-k size), the other stages' not at all. */
 #ifdef G5_WITH_CUDA
 
