@@ -58,6 +58,14 @@ $(GPU_MODEL_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o $(GPU_RT_OBJ) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
+# tests/gpu/test_gpu_graph: the decode step as a CUDA graph (runtime/gpu_graph.c) against plain
+# launches on the oracle; linked like test_gpu_model (it needs the whole runtime).
+GPU_GRAPH_TEST := $(GPU_DIR)/tests/test_gpu_graph
+gpu-model: $(GPU_GRAPH_TEST)
+$(GPU_GRAPH_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_graph.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
+
 # tests/gpu/test_gpu_mtp: the NextN/MTP block on the GPU (runtime/gpu_mtp.c) against
 # rt_model_mtp on the oracle; linked like test_gpu_model (it needs the whole runtime).
 GPU_MTP_TEST := $(GPU_DIR)/tests/test_gpu_mtp

@@ -130,6 +130,20 @@ static double overlap(const int32_t *a, const int32_t *b, uint32_t k) {
     return nb ? (double)both / nb : 1.0;
 }
 
+/* Rows of a and b ([n][V] logits) whose argmax (first on ties) is the same. */
+static uint32_t argmax_agree(const float *a, const float *b, uint32_t n, uint64_t V) {
+    uint32_t agree = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        uint64_t ia = 0, ib = 0;
+        for (uint64_t v = 1; v < V; v++) {
+            if (a[t * V + v] > a[t * V + ia]) ia = v;
+            if (b[t * V + v] > b[t * V + ib]) ib = v;
+        }
+        agree += ia == ib;
+    }
+    return agree;
+}
+
 /* ---- the stage run (T = 1) ---- */
 
 typedef struct tf_work {
@@ -275,15 +289,7 @@ static g5_status check_mtp(rt_gpu_check *c, const int32_t *tokens, uint32_t n, c
         }
         if (!st) {
             const double rel = rel_l2(gd, cd, k * V);
-            uint32_t agree = 0;
-            for (uint32_t t = 0; t < k; t++) {
-                uint64_t ag = 0, ac = 0;
-                for (uint64_t v = 1; v < V; v++) {
-                    if (gd[t * V + v] > gd[t * V + ag]) ag = v;
-                    if (cd[t * V + v] > cd[t * V + ac]) ac = v;
-                }
-                agree += ag == ac;
-            }
+            const uint32_t agree = argmax_agree(gd, cd, k, V);
             const int mok = rel <= c->o.tol_logits;
             *ok &= mok;
             if (c->o.report)
@@ -416,15 +422,7 @@ g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t 
         if (ov_used < c->sum.min_overlap_mean) c->sum.min_overlap_mean = ov_used;
     }
     const double lrel = rel_l2(g_lg, c_lg, N * V);
-    uint32_t agree = 0;
-    for (uint32_t t = 0; t < n; t++) {
-        uint64_t ag = 0, ac = 0;
-        for (uint64_t v = 1; v < V; v++) {
-            if (g_lg[t * V + v] > g_lg[t * V + ag]) ag = v;
-            if (c_lg[t * V + v] > c_lg[t * V + ac]) ac = v;
-        }
-        agree += ag == ac;
-    }
+    const uint32_t agree = argmax_agree(g_lg, c_lg, n, V);
     const int lok = lrel <= c->o.tol_logits;
     ok &= lok;
     if (rf) fprintf(rf, "check: logits rel L2 %.3e (tolerance %.1e), argmax agrees at %u/%u positions%s\n", lrel,

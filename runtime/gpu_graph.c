@@ -31,21 +31,30 @@
 #include "gpu_int.h"
 
 /* Per rank, the addresses a captured step holds: the work buffers (their layout follows ncap),
- * the score buffer, and the sequence's caches. */
+ * the score buffer, and the sequence's caches; with their sizes, which grow identically in every
+ * process of a launch: a buffer is only ever replaced by a larger one, so a changed address comes
+ * with a changed size and every process decides alike whether to capture again (NCCL requires a
+ * graph-captured collective to be captured by all of its ranks together). */
 typedef struct gkey_rank {
     const void *work, *sc, *lat, *idxk;
     uint32_t ncap;
+    uint64_t sc_cap;
 } gkey_rank;
 
+typedef struct grank {
+    cudaGraphExec_t exec;            /* on rk->st; NULL for a rank that shares rank 0's stream */
+    gkey_rank key;
+} grank;
+
 struct gm_graph {
-    cudaGraphExec_t exec;
-    int valid;                       /* the key below is what exec was captured for */
+    int valid;                       /* the key below is what every exec was captured for */
+    int nccl_warm;                   /* the step's all-reduce ran once outside a capture */
     const rt_gpu_seq *seq;
     uint32_t cap, bound;             /* the sequence's capacity (its caches' layer stride); the
                                         bucket (g->graph_bound of the capture) */
     int logits;                      /* the head GEMVs were captured (out->logits) */
     int attn_old, idx_lane;          /* the process-wide kernel choices (attn_select.h, idx_select.h) */
-    gkey_rank rk[];                  /* [T] */
+    grank rk[];                      /* [T] */
 };
 
 uint32_t gm_graph_bound(uint32_t P, uint32_t cap) {
@@ -58,7 +67,7 @@ uint32_t gm_graph_bound(uint32_t P, uint32_t cap) {
 static gkey_rank key_rank(const rt_gpu_model *g, const fplan *pl, uint32_t r) {
     const gl_rank *rk = &g->rk[r];
     const rt_gpu_seq *s = pl->seq[0];
-    return (gkey_rank){rk->work, rk->sc, s->rk[r].lat, s->rk[r].idxk, rk->ncap};
+    return (gkey_rank){rk->work, rk->sc, s->rk[r].lat, s->rk[r].idxk, rk->ncap, rk->sc_cap};
 }
 
 static int key_same(const struct gm_graph *k, const rt_gpu_model *g, const fplan *pl, uint32_t bound, int logits) {
@@ -67,8 +76,10 @@ static int key_same(const struct gm_graph *k, const rt_gpu_model *g, const fplan
         k->attn_old != cuk_attn_old() || k->idx_lane != cuk_idx_scores_lane())
         return 0;
     for (uint32_t r = 0; r < g->T; r++) {
-        const gkey_rank a = key_rank(g, pl, r), *b = &k->rk[r];
-        if (a.work != b->work || a.sc != b->sc || a.lat != b->lat || a.idxk != b->idxk || a.ncap != b->ncap) return 0;
+        const gkey_rank a = key_rank(g, pl, r), *b = &k->rk[r].key;
+        if (a.work != b->work || a.sc != b->sc || a.lat != b->lat || a.idxk != b->idxk || a.ncap != b->ncap ||
+            a.sc_cap != b->sc_cap)
+            return 0;
     }
     return 1;
 }
@@ -80,47 +91,127 @@ static void key_store(struct gm_graph *k, const rt_gpu_model *g, const fplan *pl
     k->logits = logits;
     k->attn_old = cuk_attn_old();
     k->idx_lane = cuk_idx_scores_lane();
-    for (uint32_t r = 0; r < g->T; r++) k->rk[r] = key_rank(g, pl, r);
+    for (uint32_t r = 0; r < g->T; r++) k->rk[r].key = key_rank(g, pl, r);
     k->valid = 1;
 }
 
-/* gm_forward_device recorded on rank 0's stream (every rank works there: the collective is none
- * or device-sum) into a new gr->exec. Not an update in place (cudaGraphExecUpdate): between
- * buckets a node can change kernel (the score kernels), cluster shape or launch attributes, and
- * with accepted updates, bench_decode's contexts 32k, 8k, then 1k keys in one process gave
- * non-finite logits at 1k on the H200, and with a fresh instantiation per capture finite ones
- * (test_gpu_model's "graph shrink" checks that order against plain launches); captures are rare
- * (one per bucket, sequence or buffer change), so the instantiation's cost does not matter. */
+static void execs_free(rt_gpu_model *g, struct gm_graph *gr) {
+    for (uint32_t r = 0; r < g->T; r++)
+        if (gr->rk[r].exec) {
+            cudaSetDevice(g->rk[r].dev);
+            cudaGraphExecDestroy(gr->rk[r].exec);
+            gr->rk[r].exec = NULL;
+        }
+}
+
+/* Recent NCCL versions connect an algorithm's transports at its first collective that uses it
+ * (runtime connection, NCCL_RUNTIME_CONNECT): so that this setup (allocations, a handshake with
+ * the peers) never has to happen inside a capture, one all-reduce of the step's size runs once
+ * outside any, on rk->red (scratch: only the device-side sum uses it). Collective, like the
+ * capture that follows on every process. */
+static g5_status nccl_warm(rt_gpu_model *g, struct gm_graph *gr, g5_error *err) {
+#ifdef G5_HAVE_NCCL
+    if (g->coll != COLL_NCCL || gr->nccl_warm) return G5_OK;
+    nccl_api *a = &g->nccl;
+    const size_t cnt = g->hp.n_embd;
+    ncclResult_t nr = a->group_start();
+    cudaError_t ce = cudaSuccess;
+    for (uint32_t r = 0; r < g->T && nr == ncclSuccess && ce == cudaSuccess; r++) {
+        gl_rank *rk = &g->rk[r];
+        ce = cudaSetDevice(rk->dev);
+        if (ce == cudaSuccess) nr = a->all_reduce(rk->red, rk->red, cnt, ncclFloat32, ncclSum, rk->comm, rk->st);
+    }
+    const ncclResult_t ne = a->group_end();
+    if (ce != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice: %s", cudaGetErrorString(ce));
+    if (nr != ncclSuccess || ne != ncclSuccess)
+        return g5_fail(err, G5_ERR_INTERNAL, "ncclAllReduce (before the graph capture): %s",
+                       a->error_string(nr != ncclSuccess ? nr : ne));
+    for (uint32_t r = 0; r < g->T; r++) {
+        CU(cudaSetDevice(g->rk[r].dev));
+        CU(cudaStreamSynchronize(g->rk[r].st));
+    }
+    gr->nccl_warm = 1;
+#else
+    (void)g;
+    (void)gr;
+    (void)err;
+#endif
+    return G5_OK;
+}
+
+/* gm_forward_device recorded into one graph per stream: every rank that owns its stream (each
+ * rank under NCCL or alone; under the device-side sum all ranks work on rank 0's) is captured at
+ * once, each on its own device, the ranks' launches interleaved as in the plain path and NCCL's
+ * grouped all-reduces landing in each rank's capture; then one executable graph per such rank.
+ * Thread-local capture mode: one thread drives all of the process's ranks, and NCCL switches
+ * itself to relaxed mode where it must allocate during a capture.
+ *
+ * Not an update in place (cudaGraphExecUpdate): between buckets a node can change kernel (the
+ * score kernels), cluster shape or launch attributes, and with accepted updates, bench_decode's
+ * contexts 32k, 8k, then 1k keys in one process gave non-finite logits at 1k on the H200, and
+ * with a fresh instantiation per capture finite ones (test_gpu_graph's "graph shrink" checks that
+ * order against plain launches); captures are rare (one per bucket, sequence or buffer change),
+ * so the instantiation's cost does not matter. */
 static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, uint32_t bound,
                          const rt_gpu_outputs *out, g5_error *err) {
-    gl_rank *r0 = &g->rk[0];
     gr->valid = 0;
-    CU(cudaStreamBeginCapture(r0->st, cudaStreamCaptureModeThreadLocal));
-    g->graph_bound = bound;
-    g5_status st = gm_forward_device(g, pl, out, 1, err);
-    g->graph_bound = 0;
-    cudaGraph_t graph = NULL;
-    const cudaError_t ce = cudaStreamEndCapture(r0->st, &graph);
+    execs_free(g, gr);
+    CK(nccl_warm(g, gr, err));
+    cudaGraph_t *graphs = calloc(g->T, sizeof *graphs);
+    uint8_t *begun = calloc(g->T, 1);
+    if (!graphs || !begun) {
+        free(graphs);
+        free(begun);
+        return g5_fail(err, G5_ERR_NOMEM, "CUDA graph capture of %u ranks", g->T);
+    }
+    g5_status st = G5_OK;
+    cudaError_t ce = cudaSuccess;
+    for (uint32_t r = 0; r < g->T && ce == cudaSuccess; r++) {
+        gl_rank *rk = &g->rk[r];
+        if (!rk->own_stream) continue;
+        ce = cudaSetDevice(rk->dev);
+        if (ce == cudaSuccess) ce = cudaStreamBeginCapture(rk->st, cudaStreamCaptureModeThreadLocal);
+        begun[r] = ce == cudaSuccess;
+    }
+    if (ce != cudaSuccess) {
+        st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step: begin: %s", cudaGetErrorString(ce));
+    } else {
+        g->graph_bound = bound;
+        st = gm_forward_device(g, pl, out, 1, err);
+        g->graph_bound = 0;
+    }
+    /* every capture begun is ended, whatever failed, so that the streams stay usable */
+    for (uint32_t r = 0; r < g->T; r++) {
+        if (!begun[r]) continue;
+        cudaError_t ee = cudaSetDevice(g->rk[r].dev);
+        if (ee == cudaSuccess) ee = cudaStreamEndCapture(g->rk[r].st, &graphs[r]);
+        if (!st && ee != cudaSuccess)
+            st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step (rank %u): %s", g->rk[r].rg,
+                         cudaGetErrorString(ee));
+    }
     g->info.graph_captures++;
-    if (!st && ce != cudaSuccess)
-        st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step: %s", cudaGetErrorString(ce));
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        if (!graphs[r]) continue;
+        cudaError_t ge = cudaSetDevice(g->rk[r].dev);
+        if (ge == cudaSuccess) ge = cudaGraphInstantiate(&gr->rk[r].exec, graphs[r], 0);
+        if (ge != cudaSuccess) {
+            gr->rk[r].exec = NULL;
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaGraphInstantiate (decode step, rank %u): %s", g->rk[r].rg,
+                         cudaGetErrorString(ge));
+        }
+    }
+    for (uint32_t r = 0; r < g->T; r++)
+        if (graphs[r]) {
+            cudaSetDevice(g->rk[r].dev);
+            cudaGraphDestroy(graphs[r]);
+        }
+    free(graphs);
+    free(begun);
     if (st) {
-        if (graph) cudaGraphDestroy(graph);
+        execs_free(g, gr);
         return st;
     }
-    if (gr->exec) {
-        cudaGraphExecDestroy(gr->exec);
-        gr->exec = NULL;
-    }
-    cudaError_t ge = cudaSuccess;
-    if (!gr->exec) {
-        ge = cudaGraphInstantiate(&gr->exec, graph, 0);
-        if (ge == cudaSuccess) g->info.graph_instantiations++;
-        else gr->exec = NULL;
-    }
-    cudaGraphDestroy(graph);
-    if (ge != cudaSuccess)
-        return g5_fail(err, G5_ERR_INTERNAL, "cudaGraphInstantiate (decode step): %s", cudaGetErrorString(ge));
+    g->info.graph_instantiations++;
     key_store(gr, g, pl, bound, out && out->logits);
     return G5_OK;
 }
@@ -139,32 +230,40 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
             return g5_fail(err, G5_ERR_INTERNAL, "graph step: rank %u holds %llu scores, bound %u", r,
                            (unsigned long long)g->rk[r].sc_cap, bound);
     if (!g->graph) {
-        g->graph = calloc(1, sizeof *g->graph + (size_t)g->T * sizeof(gkey_rank));
+        g->graph = calloc(1, sizeof *g->graph + (size_t)g->T * sizeof(grank));
         if (!g->graph) return g5_fail(err, G5_ERR_NOMEM, "CUDA graph state");
     }
     struct gm_graph *gr = g->graph;
-    CU(cudaSetDevice(r0->dev));
-    if (!gr->exec || !key_same(gr, g, pl, bound, out && out->logits)) CK(capture(g, gr, pl, bound, out, err));
-    CU(cudaGraphLaunch(gr->exec, r0->st));
+    if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, out && out->logits))
+        CK(capture(g, gr, pl, bound, out, err));
+    /* every rank's graph launched before any is waited for: under NCCL each one's all-reduces
+     * wait for the others' */
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        if (!gr->rk[r].exec) continue;
+        CU(cudaSetDevice(rk->dev));
+        CU(cudaGraphLaunch(gr->rk[r].exec, rk->st));
+    }
     g->info.graph_steps++;
     const uint64_t E = g->hp.n_embd;
-    if (out && out->hidden) CU(cudaMemcpyAsync(out->hidden, r0->h, E * 4, cudaMemcpyDeviceToHost, r0->st));
+    if (out && out->hidden) {
+        CU(cudaSetDevice(r0->dev));
+        CU(cudaMemcpyAsync(out->hidden, r0->h, E * 4, cudaMemcpyDeviceToHost, r0->st));
+    }
     if (out && out->logits)
         for (uint32_t r = 0; r < g->T; r++) {
             gl_rank *rk = &g->rk[r];
-            if (rk->head_write)
-                CU(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
-                                   rk->st));
+            if (!rk->head_write) continue;
+            CU(cudaSetDevice(rk->dev));
+            CU(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
+                               rk->st));
         }
     return G5_OK;
 }
 
 void gm_graph_free(rt_gpu_model *g) {
     if (!g->graph) return;
-    if (g->graph->exec) {
-        cudaSetDevice(g->rk[0].dev);
-        cudaGraphExecDestroy(g->graph->exec);
-    }
+    execs_free(g, g->graph);
     free(g->graph);
     g->graph = NULL;
 }

@@ -241,8 +241,8 @@ g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx,
 g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err);
 g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err);
 /* The device work of one forward call after the token and position uploads (gpu_model.c). With
- * `graph` (one token, no debugging outputs, g->graph_bound set) it only enqueues on rank 0's
- * stream, which is being captured, and leaves the logits in each rank's rk->lg. */
+ * `graph` (one token, no debugging outputs, g->graph_bound set) it only enqueues on the ranks'
+ * streams, which are being captured, and leaves the logits in each rank's rk->lg. */
 g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph, g5_error *err);
 
 /* ---- the decode step as a CUDA graph (gpu_graph.c) ---- */
@@ -259,7 +259,7 @@ uint32_t gm_graph_bound(uint32_t P, uint32_t cap);
  * changed; then the logits (out->logits) and hidden state copies on the ranks' streams. */
 g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, const rt_gpu_outputs *out,
                            g5_error *err);
-void gm_graph_free(rt_gpu_model *g); /* g->graph, on rank 0's device */
+void gm_graph_free(rt_gpu_model *g); /* g->graph, each rank's executable graph on its device */
 /* ---- processes and collectives (gpu_coll.c) ---- */
 
 /* rk[i].dev for each local rank, g->coll and info.n_devices, by the rules of gpu_model.h

@@ -299,8 +299,19 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         st = gm_coll_place(g, opts->device0, ndev, err);
     if ((st = gm_coll_agree_devices(g, st, err))) goto fail;
     g->info.collective = g->coll == COLL_NONE ? "none" : g->coll == COLL_DEVICE ? "device-sum" : "nccl";
-    /* without NCCL every rank works on rank 0's device and stream: one capture holds the step */
-    g->info.cuda_graph = opts->cuda_graph && g->coll != COLL_NCCL;
+    /* runtime/gpu_graph.c: one capture per stream (rank 0's for the device-side sum, each rank's
+     * own under NCCL) */
+    g->info.cuda_graph = opts->cuda_graph != 0;
+    /* One process driving several GPUs through NCCL launches several communicators' graphs from
+     * one thread, which NCCL documents as able to deadlock, and which has not run here (the
+     * two-GPU machine was lent only before this path existed): plain launches there. One NCCL
+     * rank per process (mpirun, one process per GPU: what NCCL recommends) keeps graphs. */
+    if (g->coll == COLL_NCCL && g->T > 1) g->info.cuda_graph = 0;
+    /* NCCL's support for graph-captured and plain collectives outstanding at once is documented
+     * to deadlock when one thread launches the graphs of several communicators; every forward
+     * call here ends with each rank's stream synchronized, so no two are ever outstanding and
+     * the stream-ordered mode serves (read at ncclCommInitRank; a value set by the user wins) */
+    if (g->info.cuda_graph && g->coll == COLL_NCCL) setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
     gl_lin_cfg lcfg;
     if ((st = gl_lin_cfg_resolve(opts, &lcfg, err))) goto loaded;
     g->info.gemm = gl_lin_mode_name(lcfg.mode);
@@ -1043,8 +1054,8 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
 
 /* The device work of one forward call after the token and position upload: embedding, layers,
  * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
- * `graph` (one token, no debugging outputs) every call below only enqueues on rank 0's stream,
- * which is being captured (gpu_graph.c). */
+ * `graph` (one token, no debugging outputs) every call below only enqueues on the ranks' streams
+ * (rank 0's for all under the device-side sum), which are being captured (gpu_graph.c). */
 g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
                             g5_error *err) {
     const glm5_hparams *hp = &g->hp;

@@ -37,7 +37,12 @@
  *    of any processes on one GPU (GPU UUIDs compared across processes at creation), before any
  *    weight is loaded. Process 0 makes the NCCL unique id; rt_comm_bcast gives it to the others;
  *    each rank joins the T-rank communicator under its global index (ncclCommInitRank). Each
- *    process loads only its ranks' blobs (blob_set_open_ranks), and CUDA graphs stay off (NCCL).
+ *    process loads only its ranks' blobs (blob_set_open_ranks); with opts.cuda_graph and one
+ *    rank per process each rank's decode step is its own CUDA graph (rt_gpu_forward), NCCL's
+ *    all-reduces inside, captured on every process at once (run on one GPU with a one-rank
+ *    communicator; not yet across GPUs). A process driving several NCCL ranks runs plain
+ *    launches (NCCL documents one thread launching several communicators' graphs as able to
+ *    deadlock, and that case has not run).
  *    rt_gpu_model_create and every forward call are collective: all processes make them in the
  *    same order with the same arguments. When one process fails at creation the others fail too
  *    (the status is exchanged after placing and after loading). What has run: one process with
@@ -136,13 +141,13 @@ typedef struct rt_gpu_info {
     const char *collective;      /* "none", "device-sum" (ranks share a device) or "nccl" */
     const char *precision;       /* "precise", "fast" or "bf16act" */
     const char *cache;           /* latent cache type: "f32", "bf16", "f16" */
-    int cuda_graph;              /* decode steps replayed as CUDA graphs (opts.cuda_graph, and the
-                                    collective is not NCCL) */
+    int cuda_graph;              /* decode steps replayed as CUDA graphs (opts.cuda_graph, and
+                                    not several NCCL ranks in this process) */
     uint64_t graph_steps;        /* forward calls that ran as a graph launch */
     uint64_t graph_captures;     /* of those, how many recorded the step first (the first, then one
                                     per change of bucket, sequence or buffers; the rest replay) */
-    uint64_t graph_instantiations; /* executable graphs instantiated: one per capture (no update
-                                    in place: runtime/gpu_graph.c says why) */
+    uint64_t graph_instantiations; /* captures instantiated (each rank's executable graph; no
+                                    update in place: runtime/gpu_graph.c says why) */
     const char *gemm;            /* the prefill GEMM path's compute: "f32", "tf32", "bf16" */
     int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
     uint64_t gemm_calls;         /* cuBLAS GEMMs run so far (all ranks) */
@@ -188,7 +193,9 @@ typedef struct rt_gpu_outputs {
  * captured again only when the bucket, the sequence, its capacity or the work buffers changed
  * (info.graph_captures; runtime/gpu_graph.c says why buckets). Each output is computed with the
  * same operations in the same order as in the plain path, so the results are bit-identical.
- * NCCL runs (ranks on several devices) do not use graphs. */
+ * Under NCCL every rank's stream is captured into a graph of its own, NCCL's all-reduces
+ * included, and each rank's graph is launched on its stream (NCCL_GRAPH_MIXING_SUPPORT is set to
+ * 0 unless the environment has it: runtime/gpu_model.c says why). */
 g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
                          const rt_gpu_outputs *out, g5_error *err);
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* A failed CUDA call ends the program with the report so far: later checks would only repeat it. */
 #define CK(call)                                                                                 \
@@ -19,6 +20,28 @@
             exit(t_report(G5_TEST_NAME));                                                        \
         }                                                                                        \
     } while (0)
+
+/* The two things a GPU test cannot do without: when one is missing the test fails (a GPU test
+ * that ran nothing must not pass) and the caller returns t_report(G5_TEST_NAME) at once. */
+static inline int t_need_device(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("FAIL: no CUDA device\n");
+        t_failed++;
+        return 0;
+    }
+    return 1;
+}
+
+static inline int t_need_oracle(void) {
+    struct stat sb;
+    if (stat(T_ORACLE_GGUF, &sb) != 0) {
+        printf("oracle missing at %s\n", T_ORACLE_GGUF);
+        T_CHECK(0, "oracle present");
+        return 0;
+    }
+    return 1;
+}
 
 static uint64_t g_rng = G5_TEST_SEED;
 

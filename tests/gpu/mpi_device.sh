@@ -4,7 +4,8 @@
 # Builds $B (gpu + glm5-shard, with G5_MPI_HOME) unless $B/gpu/bin/glm5-run already links
 # libmpi, converts the oracle at TP 1 and TP 2, then compares each run's 24 greedy ids with the
 # oracle's: mpirun -np 2 on the CPU (TP 2), -np 1 on the GPU (TP 1, --check), and with two or
-# more GPUs -np 2 (TP 2, one process per GPU, NCCL) and -np 1 driving both GPUs. Log in $OUT/log.
+# more GPUs -np 2 (TP 2, one process per GPU, NCCL; also with --cuda-graph on) and -np 1
+# driving both GPUs. Log in $OUT/log.
 #
 #   GLM5_SHARED=$PWD/oracle-carry OUT=... bash tests/gpu/mpi_device.sh
 set -u
@@ -12,14 +13,8 @@ OUT=${OUT:-/tmp/g5out}
 mkdir -p "$OUT"
 [ -f gpu-deps/mpi/env.sh ] || { echo "no gpu-deps/mpi (run scripts/gpu-deps.sh and carry gpu-deps)"; exit 1; }
 . gpu-deps/mpi/env.sh
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-: "${GLM5_SHARED:=$PWD/oracle-carry}"
-export GLM5_SHARED
-CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
-B=${B:-build/dev}
-GGUF=$GLM5_SHARED/oracle/glm5-tiny/glm5-tiny-UD-Q4_K_XL.gguf
-P1=958,523,83,303,279,530,309,1624,578,1571,1040,299,350,387,71,25,277,640,488,304,384,713,643,468,11,277,1013,290,870,468,1316,65,496,840,11,277,1646,82,468,405,74,292,11,337,277,1117,1963,468,1713,439,817,292,337,1362,1342,13,1357,346,266,281,77,64,363,71,384,379,266,1351,1805,2012,1244,1326,599,277,288,1097,83,72,262,379,1294,2014,280,1035,85,352,986,1314,388,1841,1717,13
-GREEDY="1865 1374 1431 481 521 271 1021 1291 265 174 57 775 1630 486 1990 739 564 1374 466 1290 1584 544 436 121"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # GLM5_SHARED, CC, B, GGUF, P1, GREEDY
 # Default binding would pin each process to one core, starving the CPU side of --check.
 MPIRUN="mpirun --bind-to none"
 W=/tmp/g5mpi
@@ -72,6 +67,8 @@ if [ "$ngpu" -ge 2 ]; then
   echo "== mpirun -np 2, cuda, TP 2, precise then fast, no check"
   greedy cuda_np2_tp2_precise $MPIRUN -np 2 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q
   greedy cuda_np2_tp2_fast $MPIRUN -np 2 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q --precision fast
+  echo "== mpirun -np 2, cuda, TP 2, precise, --cuda-graph on (each process captures its rank's step, NCCL inside)"
+  greedy cuda_np2_tp2_graph timeout 300 $MPIRUN -np 2 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q --cuda-graph on
   echo "== mpirun -np 1, cuda, TP 2 on two GPUs (one process, NCCL)"
   greedy cuda_np1_tp2 $MPIRUN -np 1 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids -q
 else

@@ -2,8 +2,11 @@
 # Tensor parallelism across GPUs (a machine with >= 2): one process drives TP 2 on two GPUs with
 # NCCL between them (rank r on GPU r); the same blob set on one GPU (the device-side sum) is the
 # reference. Greedy ids must equal the oracle's and `--check` (the CPU reference beside the GPU)
-# must pass in both precisions. Timing lines (stderr of glm5-run) show what the NCCL all-reduces
-# cost per decode step on the tiny oracle model, where almost nothing else costs anything.
+# must pass in both precisions; with --cuda-graph on the ids must equal the same run's without
+# graphs (on one GPU a graph of the device-side sum; a process driving two NCCL ranks falls back
+# to plain launches, runtime/gpu_model.c). Timing lines (stderr of glm5-run, with
+# and without graphs) show what the NCCL all-reduces cost per decode step on the tiny oracle
+# model, where almost nothing else costs anything.
 # Run after tests/gpu/run_device.sh (its build in $B and its TP 2 blobs in $W):
 #   B=build/dev W=/tmp/g5work OUT=... bash tests/gpu/multi_gpu.sh
 set -u
@@ -33,9 +36,20 @@ for pr in precise fast; do
     if [ "$ids" = "$GREEDY" ]; then echo "$tag: greedy EQUALS the oracle's"
     elif [ "$pr" = precise ]; then echo "$tag: greedy DIFFERS: $ids"; fails=$((fails + 1))
     else echo "$tag: greedy $ids"; fi
+    # the decode steps as CUDA graphs (one per rank, NCCL's all-reduces inside): the same ids as
+    # without; a hang (a graph launch waiting on the other GPU's) is cut by the timeout
+    gids=$(CUDA_VISIBLE_DEVICES=$devs timeout 300 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 \
+           --ids --precision $pr --cuda-graph on 2>"$OUT/mg_graph_${pr}_${devs/,/_}.txt")
+    grc=$?
+    ref=$(CUDA_VISIBLE_DEVICES=$devs $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 24 --temp 0 --ids \
+          --precision $pr 2>/dev/null)
+    if [ $grc -eq 0 ] && [ -n "$gids" ] && [ "$gids" = "$ref" ]; then echo "$tag --cuda-graph on: greedy EQUALS the run without graphs"
+    else echo "$tag --cuda-graph on: rc=$grc greedy DIFFERS: $gids (without: $ref)"; tail -3 "$OUT/mg_graph_${pr}_${devs/,/_}.txt"; fails=$((fails + 1)); fi
     # decode timing without --check: 64 greedy tokens
-    CUDA_VISIBLE_DEVICES=$devs $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 64 --temp 0 --ids \
-      --precision $pr 2>&1 >/dev/null | grep -iE "tok/s|decode|prefill|load" | sed "s/^/$tag: /"
+    for cg in off on; do
+      CUDA_VISIBLE_DEVICES=$devs timeout 300 $B/gpu/bin/glm5-run -m $W/tp2 --device cuda --tokens $P1 -n 64 --temp 0 --ids \
+        --precision $pr --cuda-graph $cg 2>&1 >/dev/null | grep -iE "tok/s|decode|prefill|load" | sed "s/^/$tag graph $cg: /"
+    done
   done
 done
 echo "multi-GPU: $fails failed"

@@ -38,7 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "convert/convert.h"
 #include "format/quant.h"
@@ -411,18 +410,7 @@ static void run_tables(const char *dir_tp2, const oracle *o) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IONBF, 0);
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        printf("FAIL: no CUDA device\n");
-        t_failed++;
-        return t_report(G5_TEST_NAME);
-    }
-    struct stat sb;
-    if (stat(T_ORACLE_GGUF, &sb) != 0) {
-        printf("oracle missing at %s\n", T_ORACLE_GGUF);
-        T_CHECK(0, "oracle present");
-        return t_report(G5_TEST_NAME);
-    }
+    if (!t_need_device() || !t_need_oracle()) return t_report(G5_TEST_NAME);
     oracle o;
     const int have = load_oracle(&o, 2048);
     T_CHECK(have, "oracle files load");

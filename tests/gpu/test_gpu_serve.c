@@ -31,7 +31,6 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/time.h>
 
 #include "convert/convert.h"
@@ -214,18 +213,7 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
 }
 
 static int run_batch_tests(void) {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        printf("FAIL: no CUDA device\n");
-        t_failed++;
-        return t_report(G5_TEST_NAME);
-    }
-    struct stat sb;
-    if (stat(T_ORACLE_GGUF, &sb) != 0) {
-        printf("oracle missing at %s\n", T_ORACLE_GGUF);
-        T_CHECK(0, "oracle present");
-        return t_report(G5_TEST_NAME);
-    }
+    if (!t_need_device() || !t_need_oracle()) return t_report(G5_TEST_NAME);
     const char *tmp = t_tmpdir();
     char dirs[2][4200];
     int have[2] = {0, 0};
