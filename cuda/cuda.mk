@@ -19,9 +19,11 @@ CUDA_OBJ       := $(patsubst %.cu,$(GPU_DIR)/obj/%.o,$(CUDA_SRC))
 GPU_TEST_SRC   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_CU    := $(wildcard tests/gpu/test_*.cu)
 GPU_BENCH_SRC  := $(wildcard tests/gpu/bench_*.c)
+GPU_BENCH_CU   := $(wildcard tests/gpu/bench_*.cu)
 GPU_TESTS      := $(patsubst tests/gpu/%.c,$(GPU_DIR)/tests/%,$(GPU_TEST_SRC)) \
                   $(patsubst tests/gpu/%.cu,$(GPU_DIR)/tests/%,$(GPU_TEST_CU))
-GPU_BENCHES    := $(patsubst tests/gpu/%.c,$(GPU_DIR)/tests/%,$(GPU_BENCH_SRC))
+GPU_BENCHES    := $(patsubst tests/gpu/%.c,$(GPU_DIR)/tests/%,$(GPU_BENCH_SRC)) \
+                  $(patsubst tests/gpu/%.cu,$(GPU_DIR)/tests/%,$(GPU_BENCH_CU))
 
 .PHONY: gpu test-gpu bench-gpu
 gpu: $(GPU_LIB) $(GPU_TESTS) $(GPU_BENCHES)
@@ -39,7 +41,7 @@ $(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
 
-# Test programs in CUDA C++ (they include kernel headers to check device code on the host).
+# Test and benchmark programs in CUDA C++ (kernel headers checked on the host; probe kernels).
 $(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@

@@ -3,9 +3,12 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
+#include "cuda/route_select.h"
 #include "cuda/rowops.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
@@ -408,6 +411,185 @@ __global__ void __launch_bounds__(1024) k_route(cuk_route_args a) {
     }
 }
 
+/* k_route's result, bit for bit, with the two serial parts made parallel (cuda/route_select.h).
+ * Selection: an eligible expert with n_used betters inside its own warp cannot be among the
+ * n_used best of the CTA, so only the others (candidates) are ranked, against the candidates
+ * alone: every better of a picked expert is picked too, hence a candidate, so a candidate's rank
+ * among candidates is below n_used exactly when its rank among all eligible experts is. The
+ * candidates are stored in ascending expert order, so "lower index" is "lower slot". The picks
+ * land in rpick[] by rank; warp 0 sorts them by counting and computes the weights one lane per
+ * pick: the float64 sum in ascending expert order on every lane (the CPU's order), the division
+ * per lane. Softmax, groups and NaN choices: k_route's code. */
+__global__ void __launch_bounds__(1024) k_route_warp(cuk_route_args a) {
+    extern __shared__ float4 sh4[];
+    const int NE = a.n_expert, U = a.n_used, G = a.n_group;
+    const int NE4 = (NE + 3) & ~3;
+    float *cval = (float *)sh4;                            /* [NE4] candidate choices, by expert */
+    float *choice = cval + NE4;                            /* [NE] */
+    float *score = choice + NE;                            /* [NE] gating scores */
+    float *gscore = score + NE;                            /* [G] */
+    int32_t *rpick = (int32_t *)(gscore + G);              /* [ROUTE_MAX_USED] picks by rank */
+    int32_t *pick = rpick + ROUTE_MAX_USED;                /* [ROUTE_MAX_USED] picks, ascending */
+    int32_t *wcnt = pick + ROUTE_MAX_USED;                 /* [32] candidates per warp */
+    uint8_t *allowed = (uint8_t *)(wcnt + 32);             /* [NE] */
+    __shared__ double s_sum;
+    __shared__ float s_mx[32];
+    const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
+    const bool mine = e < NE;
+    float *lg = a.logits + (int64_t)t * a.ld_logits;
+    const float l = mine ? lg[e] : 0.0f;
+    const float bias = mine && a.bias ? a.bias[e] : 0.0f;
+    float sc = 0.0f;
+    if (a.gating == 1) {
+        float mx = mine && l > -INFINITY ? l : -INFINITY;
+        for (int off = 16; off > 0; off >>= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, mx, off);
+            mx = o > mx ? o : mx;
+        }
+        if (lane == 0) s_mx[warp] = mx;
+        __syncthreads();
+        mx = s_mx[0];
+        for (int i = 1; i < nw; i++) mx = s_mx[i] > mx ? s_mx[i] : mx;
+        if (mine) score[e] = expf(l - mx);
+        __syncthreads();
+        if (e == 0) {
+            double sum = 0;
+            for (int i = 0; i < NE; i++) sum += score[i]; /* the CPU's order */
+            s_sum = sum;
+        }
+        __syncthreads();
+        if (mine) sc = (float)(score[e] / s_sum);
+    } else {
+        sc = 1.0f / (1.0f + expf(-l));
+    }
+    const float ce = __fadd_rn(sc, bias);
+    if (mine) {
+        lg[e] = sc;
+        score[e] = sc;
+        choice[e] = ce;
+        allowed[e] = 1;
+    }
+    bool elig = mine;
+    if (G > 1 && a.topk_group < G) {
+        const int gs = NE / G;
+        __syncthreads();
+        if (e < G) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int i = e * gs; i < (e + 1) * gs; i++) {
+                if (choice[i] > b1) {
+                    b2 = b1;
+                    b1 = choice[i];
+                } else if (choice[i] > b2) {
+                    b2 = choice[i];
+                }
+            }
+            gscore[e] = gs >= 2 ? __fadd_rn(b1, b2) : b1;
+        }
+        if (mine) allowed[e] = 0;
+        __syncthreads();
+        if (e == 0)
+            for (int k = 0; k < a.topk_group; k++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!allowed[g * gs] && (best < 0 || better(gscore, g, best))) best = g;
+                for (int i = best * gs; i < (best + 1) * gs; i++) allowed[i] = 1;
+            }
+        __syncthreads();
+        elig = mine && allowed[e];
+    }
+    /* the rank within the warp; NaN (ineligible, or no thread's expert) is never better */
+    const float v = elig ? ce : __int_as_float(0x7fc00000);
+    int wrank = 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const float o = __shfl_sync(0xffffffffu, v, j);
+        wrank += o > v || (o == v && j < lane);
+    }
+    const bool cand = elig && wrank < U;
+    const unsigned bal = __ballot_sync(0xffffffffu, cand);
+    if (lane == 0) wcnt[warp] = __popc(bal);
+    if (!__syncthreads_or(elig && ce != ce)) {
+        /* candidate slots: the warps' counts scanned across a warp's lanes */
+        const int wc = lane < nw ? wcnt[lane] : 0;
+        int inc = wc;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int o = __shfl_up_sync(0xffffffffu, inc, off);
+            if (lane >= off) inc += o;
+        }
+        const int n_cand = __shfl_sync(0xffffffffu, inc, 31);
+        const int slot = __shfl_sync(0xffffffffu, inc - wc, warp) + __popc(bal & ((1u << lane) - 1u));
+        if (cand) cval[slot] = v;
+        if (e < 3 && n_cand + e < ((n_cand + 3) & ~3)) cval[n_cand + e] = __int_as_float(0x7fc00000);
+        __syncthreads();
+        if (cand) {
+            int rank = 0;
+            const float4 *c4 = (const float4 *)cval;
+#pragma unroll 4
+            for (int i = 0; i < n_cand; i += 4) {
+                const float4 o = c4[i >> 2];
+                rank += o.x > v || (o.x == v && i < slot);
+                rank += o.y > v || (o.y == v && i + 1 < slot);
+                rank += o.z > v || (o.z == v && i + 2 < slot);
+                rank += o.w > v || (o.w == v && i + 3 < slot);
+            }
+            if (rank < U) rpick[rank] = e;
+        }
+        __syncthreads();
+    } else {
+        /* k_route's replay of the scan, the picks in pick order */
+        if (warp == 0) {
+            for (int k = 0; k < U; k++) {
+                int first = 0x7fffffff, bi = -1;
+                float bv = 0.0f;
+                for (int i = lane; i < NE; i += 32) {
+                    if (!allowed[i]) continue;
+                    if (first == 0x7fffffff) first = i;
+                    const float cv = choice[i];
+                    if (cv == cv && (bi < 0 || cv > bv)) bv = cv, bi = i;
+                }
+                for (int off = 16; off > 0; off >>= 1) {
+                    const int of = __shfl_xor_sync(0xffffffffu, first, off);
+                    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+                    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                    first = of < first ? of : first;
+                    if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+                }
+                int best;
+                if (first == 0x7fffffff) best = 0; /* cannot happen: n_used <= eligible experts (checked) */
+                else if (choice[first] != choice[first]) best = first;
+                else best = bi;
+                __syncwarp();
+                if (lane == 0) {
+                    rpick[k] = best;
+                    allowed[best] = 0;
+                }
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+    }
+    if (warp != 0) return;
+    /* the picks are distinct: a pick's place in ascending order is the count of lower picks */
+    for (int k = lane; k < U; k += 32) {
+        const int32_t id = rpick[k];
+        int p = 0;
+        for (int j = 0; j < U; j++) p += rpick[j] < id;
+        pick[p] = id;
+    }
+    __syncwarp();
+    double sum = 0;
+    for (int k = 0; k < U; k++) sum += score[pick[k]]; /* ascending: the CPU's order */
+    int32_t *ch = a.ids + (int64_t)t * U;
+    float *cw = a.wts + (int64_t)t * U;
+    for (int k = lane; k < U; k += 32) {
+        const int32_t id = pick[k];
+        float w = score[id];
+        if (a.norm) w = (float)(w / (sum + 1e-20));
+        ch[k] = id;
+        cw[k] = __fmul_rn(w, a.scale);
+    }
+}
+
 __global__ void k_localize(const int32_t *ids, const float *wts, int64_t cnt, int32_t exp0,
                            int32_t n_local, int32_t *ids_out, float *wts_out) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -588,6 +770,18 @@ extern "C" g5_status cuk_scale(float *x, int64_t n, float s, cuk_stream stream, 
     return G5_OK;
 }
 
+/* cuda/route_select.h: -1 until read from CUK_ROUTE_IMPL. */
+static int g_route_warp = -1;
+
+extern "C" void cuk_route_set_warp(int on) { g_route_warp = on < 0 ? -1 : on != 0; }
+extern "C" int cuk_route_warp(void) {
+    if (g_route_warp < 0) {
+        const char *e = getenv("CUK_ROUTE_IMPL");
+        g_route_warp = !(e && !strcmp(e, "old"));
+    }
+    return g_route_warp;
+}
+
 extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g5_error *err) {
     if (!a || !a->logits || !a->ids || !a->wts) return BAD("moe_route: NULL pointer");
     if (a->n_tok < 1 || a->n_tok > 2147483647) return BAD("moe_route: n_tok=%d must be positive", a->n_tok);
@@ -598,9 +792,16 @@ extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g
     const int eligible = a->n_group > 1 && a->topk_group < a->n_group ? a->topk_group * (a->n_expert / a->n_group) : a->n_expert;
     if (a->n_used < 1 || a->n_used > ROUTE_MAX_USED || a->n_used > eligible)
         return BAD("moe_route: n_used=%d outside 1..min(64, %d eligible experts)", a->n_used, eligible);
-    const size_t smem = (size_t)(2 * a->n_expert + a->n_group) * sizeof(float) +
-                        (ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
-    k_route<<<(unsigned)a->n_tok, (a->n_expert + 31) / 32 * 32, smem, (cudaStream_t)stream>>>(*a);
+    const unsigned threads = (unsigned)(a->n_expert + 31) / 32 * 32;
+    if (cuk_route_warp()) {
+        const size_t smem = (size_t)((a->n_expert + 3) / 4 * 4 + 2 * a->n_expert + a->n_group) * sizeof(float) +
+                            (2 * ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
+        k_route_warp<<<(unsigned)a->n_tok, threads, smem, (cudaStream_t)stream>>>(*a);
+    } else {
+        const size_t smem = (size_t)(2 * a->n_expert + a->n_group) * sizeof(float) +
+                            (ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
+        k_route<<<(unsigned)a->n_tok, threads, smem, (cudaStream_t)stream>>>(*a);
+    }
     LAUNCH_CHECK("moe_route");
     return G5_OK;
 }

@@ -6,7 +6,8 @@
  *  - cuk_idx_prep equals cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale bit for bit;
  *  - cuk_moe_route picks exactly what runtime/model.c's scan picks, also with ties, signed
  *    zeros and NaN choices (the reference scan below runs on the kernel's own scores, so the
- *    check is on the selection alone);
+ *    check is on the selection alone), with the old and the warp kernel (cuda/route_select.h),
+ *    which also give each other's bits (ids, weights, scores);
  * and the norms against a float64 reference, for dims that take each kernel shape (one warp,
  * one CTA, a cluster, chunks past the registers) with aligned and unaligned rows.
  * Runs on the device only. */
@@ -19,6 +20,7 @@
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
+#include "cuda/route_select.h"
 #include "tests/test_util.h"
 
 #define G5_TEST_NAME "test_rowops"
@@ -250,55 +252,105 @@ static void ref_pick(int NE, int U, int G, int TG, const float *score, const flo
         }
 }
 
+/* Router inputs of one style for n tokens: 0 random, 1 few distinct values (ties), 2 ties at zero
+ * (-inf logits, -0 biases), 3 some NaN logits, 4 NaN at experts 0 and 1 (the scan keeps a NaN
+ * first eligible expert), 5 one value everywhere but a few larger ones crowded into one warp
+ * per token (more than n_used ties inside a warp, at the n_used boundary), 6 infinities and
+ * signed zeros in the logits, zero bias, 7 no bias pointer (NULL) and random logits. */
+static void route_inputs(int style, int n, int NE, float *lg, float *bias) {
+    for (int i = 0; i < n * NE; i++) {
+        lg[i] = style == 0 || style == 7 ? unif(-4, 4) : (float)(int)unif(-3, 3);
+        if ((style == 3 || style == 4) && rnd() % 7 == 0) lg[i] = NAN;
+    }
+    if (style == 4)
+        for (int t = 0; t < n; t++) lg[t * NE] = lg[t * NE + 1] = NAN;
+    for (int i = 0; i < NE; i++) bias[i] = style == 0 ? unif(-0.5f, 0.5f) : 0.0f;
+    if (style == 2)
+        for (int i = 0; i < NE; i += 3) bias[i] = -0.0f;
+    if (style == 2)
+        for (int i = 0; i < n * NE; i += 5) lg[i] = -INFINITY;
+    if (style == 5)
+        for (int t = 0; t < n; t++) {
+            const int w0 = (t * 32) % NE;
+            for (int e = 0; e < NE; e++) lg[t * NE + e] = 1.0f;
+            for (int e = w0; e < w0 + 32 && e < NE; e++) lg[t * NE + e] = rnd() % 3 ? 2.0f : 3.0f;
+        }
+    if (style == 6) {
+        static const float v[] = {INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f};
+        for (int i = 0; i < n * NE; i++) lg[i] = v[rnd() % 5];
+    }
+}
+
+/* One cuk_moe_route call (the old or the warp kernel, cuda/route_select.h) on a copy of lg. */
+static void route_run(int warp_impl, const cuk_route_args *a0, const float *lg, const float *dbias, int32_t *ids,
+                      float *w, float *sc) {
+    const int n = a0->n_tok, NE = a0->n_expert, U = a0->n_used;
+    float *dlg = dup_d(lg, (size_t)n * NE * 4), *dw = dalloc((size_t)n * U * 4);
+    int32_t *dids = dalloc((size_t)n * U * 4);
+    cuk_route_args a = *a0;
+    a.logits = dlg;
+    a.bias = dbias;
+    a.ids = dids;
+    a.wts = dw;
+    cuk_route_set_warp(warp_impl);
+    g5_error e = {0};
+    T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route: %s", e.msg);
+    cuk_route_set_warp(-1);
+    get(ids, dids, (size_t)n * U * 4);
+    get(w, dw, (size_t)n * U * 4);
+    get(sc, dlg, (size_t)n * NE * 4);
+    cudaFree(dlg), cudaFree(dids), cudaFree(dw);
+}
+
 static void test_route(void) {
     static const struct { int ne, u, g, tg, gating; } cfg[] = {
-        {256, 8, 1, 1, 2}, {256, 8, 8, 4, 2}, {160, 6, 1, 1, 2}, {1024, 16, 1, 1, 2}, {64, 6, 8, 3, 1}};
-    /* input styles: 0 random, 1 few distinct values (ties), 2 ties at zero (-inf logits, -0
-     * biases), 3 some NaN logits, 4 NaN at experts 0 and 1 (the scan keeps a NaN first eligible
-     * expert) */
+        {256, 8, 1, 1, 2}, {256, 8, 8, 4, 2}, {160, 6, 1, 1, 2}, {1024, 16, 1, 1, 2}, {64, 6, 8, 3, 1},
+        {256, 8, 1, 1, 1}, {100, 7, 1, 1, 2}, {1024, 64, 1, 1, 2}, {256, 40, 1, 1, 2}, {96, 8, 4, 2, 1},
+        {33, 1, 1, 1, 2}, {256, 32, 1, 1, 2}, {256, 33, 1, 1, 2}, {256, 8, 16, 1, 2}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
-        for (int style = 0; style < 5; style++) {
+        for (int style = 0; style < 8; style++) {
             const int NE = cfg[c].ne, U = cfg[c].u, G = cfg[c].g, TG = cfg[c].tg, n = 9;
-            float *lg = xmalloc((size_t)n * NE * 4), *bias = xmalloc((size_t)NE * 4), *sc = xmalloc((size_t)n * NE * 4);
-            for (int i = 0; i < n * NE; i++) {
-                lg[i] = style == 0 ? unif(-4, 4) : (float)(int)unif(-3, 3);
-                if (style >= 3 && rnd() % 7 == 0) lg[i] = NAN;
+            float *lg = xmalloc((size_t)n * NE * 4), *bias = xmalloc((size_t)NE * 4);
+            route_inputs(style, n, NE, lg, bias);
+            float *dbias = style == 7 ? NULL : dup_d(bias, (size_t)NE * 4);
+            const cuk_route_args a = {NULL, NE, NULL, n, NE, U, G, TG, cfg[c].gating, 1, 2.5f, NULL, NULL};
+            int32_t *ids[2], *ref = xmalloc((size_t)n * U * 4);
+            float *w[2], *sc[2];
+            for (int impl = 0; impl < 2; impl++) {
+                ids[impl] = xmalloc((size_t)n * U * 4);
+                w[impl] = xmalloc((size_t)n * U * 4);
+                sc[impl] = xmalloc((size_t)n * NE * 4);
+                route_run(impl, &a, lg, dbias, ids[impl], w[impl], sc[impl]);
             }
-            if (style == 4)
-                for (int t = 0; t < n; t++) lg[t * NE] = lg[t * NE + 1] = NAN;
-            for (int i = 0; i < NE; i++) bias[i] = style == 0 ? unif(-0.5f, 0.5f) : 0.0f;
-            if (style == 2)
-                for (int i = 0; i < NE; i += 3) bias[i] = -0.0f;
-            if (style == 2)
-                for (int i = 0; i < n * NE; i += 5) lg[i] = -INFINITY;
-            float *dlg = dup_d(lg, (size_t)n * NE * 4), *dbias = dup_d(bias, (size_t)NE * 4);
-            int32_t *dids = dalloc((size_t)n * U * 4), *ids = xmalloc((size_t)n * U * 4), *ref = xmalloc((size_t)n * U * 4);
-            float *dw = dalloc((size_t)n * U * 4), *w = xmalloc((size_t)n * U * 4);
-            cuk_route_args a = {dlg, NE, dbias, n, NE, U, G, TG, cfg[c].gating, 1, 2.5f, dids, dw};
-            g5_error e = {0};
-            T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route: %s", e.msg);
-            get(ids, dids, (size_t)n * U * 4);
-            get(w, dw, (size_t)n * U * 4);
-            get(sc, dlg, (size_t)n * NE * 4);
-            int bad = 0;
-            double werr = 0;
-            for (int t = 0; t < n; t++) {
-                ref_pick(NE, U, G, TG, sc + (size_t)t * NE, bias, ref + (size_t)t * U);
-                double sum = 0;
-                for (int k = 0; k < U; k++) sum += sc[(size_t)t * NE + ref[t * U + k]];
-                for (int k = 0; k < U; k++) {
-                    const int i = t * U + k;
-                    bad += ids[i] != ref[i];
-                    const float rw = (float)((float)(sc[(size_t)t * NE + ref[i]] / (sum + 1e-20)) * 2.5f);
-                    if (bits(rw) != bits(w[i]) && !(is_nan(rw) && is_nan(w[i]))) werr += 1;
+            for (int impl = 0; impl < 2; impl++) {
+                int bad = 0;
+                double werr = 0;
+                for (int t = 0; t < n; t++) {
+                    const float *s = sc[impl] + (size_t)t * NE;
+                    ref_pick(NE, U, G, TG, s, style == 7 ? NULL : bias, ref + (size_t)t * U);
+                    double sum = 0;
+                    for (int k = 0; k < U; k++) sum += s[ref[t * U + k]];
+                    for (int k = 0; k < U; k++) {
+                        const int i = t * U + k;
+                        bad += ids[impl][i] != ref[i];
+                        const float rw = (float)((float)(s[ref[i]] / (sum + 1e-20)) * 2.5f);
+                        if (bits(rw) != bits(w[impl][i]) && !(is_nan(rw) && is_nan(w[impl][i]))) werr += 1;
+                    }
                 }
+                const char *nm = impl ? "warp" : "old";
+                printf("route %s NE=%d U=%d groups %d/%d gating %d style %d: %d ids differ, %.0f weights differ\n", nm,
+                       NE, U, TG, G, cfg[c].gating, style, bad, werr);
+                T_CHECK(bad == 0, "route %s NE=%d style %d: %d ids differ from the scan", nm, NE, style, bad);
+                T_CHECK(werr == 0, "route %s NE=%d style %d: weights differ", nm, NE, style);
             }
-            printf("route NE=%d U=%d groups %d/%d style %d: %d ids differ, %.0f weights differ\n", NE, U, TG, G, style,
-                   bad, werr);
-            T_CHECK(bad == 0, "route NE=%d style %d: %d ids differ from the scan", NE, style, bad);
-            T_CHECK(werr == 0, "route NE=%d style %d: weights differ", NE, style);
-            free(lg), free(bias), free(sc), free(ids), free(ref), free(w);
-            cudaFree(dlg), cudaFree(dbias), cudaFree(dids), cudaFree(dw);
+            /* the two kernels: the same bits in ids, weights and the scores left in the logits */
+            const int same = !memcmp(ids[0], ids[1], (size_t)n * U * 4) && !memcmp(w[0], w[1], (size_t)n * U * 4) &&
+                             !memcmp(sc[0], sc[1], (size_t)n * NE * 4);
+            T_CHECK(same, "route NE=%d U=%d groups %d/%d gating %d style %d: warp kernel's bits differ from the old",
+                    NE, U, TG, G, cfg[c].gating, style);
+            for (int impl = 0; impl < 2; impl++) free(ids[impl]), free(w[impl]), free(sc[impl]);
+            free(lg), free(bias), free(ref);
+            cudaFree(dbias);
         }
 }
 
