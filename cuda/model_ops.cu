@@ -8,7 +8,6 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
-#include "cuda/route_select.h"
 #include "cuda/rowops.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
@@ -253,174 +252,23 @@ __device__ __forceinline__ bool better(const float *v, int a, int b) {
 constexpr int ROUTE_MAX_USED = 64;
 
 /* Grid: one CTA per token; block: n_expert rounded up to whole warps (<= 1024). Thread e owns
- * expert e: its logit and bias are loaded at once (a warp looping over the experts waited for
- * them in series: ~16 us per call), its score and choice computed, then kept in shared memory.
- * What stays sequential on thread 0 is what must keep the CPU's order (the float64 softmax sum,
- * the group pick over n_group scores, the weights of the n_used picks). The n_used picks: when
- * no eligible choice is NaN, runtime/model.c's scan picks the n_used best by the strict order
- * "larger, ties to the lower index", which is each eligible expert's rank under that order being
- * below n_used: every thread counts its betters over the eligible choices, and the picks are
- * placed in ascending index order by a prefix count. With a NaN among the eligible choices,
- * warp 0 replays the scan pick by pick (it keeps its first eligible expert if that one is NaN and
- * never picks a NaN otherwise), and thread 0 sorts. */
+ * expert e: its logit and bias are loaded at once, its score and choice computed, then kept in
+ * shared memory. Sequential on thread 0 is what must keep the CPU's order (the float64 softmax
+ * sum, the group pick over n_group scores). The n_used picks: when no eligible choice is NaN,
+ * runtime/model.c's scan picks the n_used best by the strict order "larger, ties to the lower
+ * index", which is each eligible expert's rank under that order being below n_used. An eligible
+ * expert with n_used betters inside its own warp (found by shuffles) cannot be among them, so
+ * only the others (candidates) are ranked, against the candidates alone: every better of a
+ * picked expert is picked too, hence a candidate, so a candidate's rank among candidates is below
+ * n_used exactly when its rank among all eligible experts is. The candidates are stored in
+ * ascending expert order, so "lower index" is "lower slot". The picks land in rpick[] by rank;
+ * warp 0 sorts them by counting and computes the weights one lane per pick: the float64 sum in
+ * ascending expert order on every lane (the CPU's order), the division per lane. With a NaN among
+ * the eligible choices, warp 0 replays the scan pick by pick (it keeps its first eligible expert
+ * if that one is NaN and never picks a NaN otherwise). An earlier kernel that ranked every expert
+ * against all n_expert choices in one serial loop took 14.2 us per launch on the H200 at GLM-5's
+ * routing against this one's 3.3 us, with the same ids and weights (bench/RESULTS.md). */
 __global__ void __launch_bounds__(1024) k_route(cuk_route_args a) {
-    extern __shared__ float sh[];
-    const int NE = a.n_expert, U = a.n_used, G = a.n_group;
-    float *choice = sh;                                    /* [NE] */
-    float *score = sh + NE;                                /* [NE] gating scores */
-    float *gscore = score + NE;                            /* [G] */
-    int32_t *pick = (int32_t *)(gscore + G);               /* [ROUTE_MAX_USED] */
-    int32_t *wcnt = pick + ROUTE_MAX_USED;                 /* [32] picks per warp */
-    uint8_t *allowed = (uint8_t *)(wcnt + 32);             /* [NE] */
-    __shared__ double s_sum;
-    __shared__ float s_mx[32];
-    const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
-    const bool mine = e < NE;
-    float *lg = a.logits + (int64_t)t * a.ld_logits;
-    const float l = mine ? lg[e] : 0.0f;
-    const float bias = mine && a.bias ? a.bias[e] : 0.0f;
-    float sc = 0.0f;
-    if (a.gating == 1) {
-        /* NaN never wins the max, as in the scan; which zero wins does not matter (x - 0 == x - -0
-         * for every x but -0, and expf gives 1 for both zeros) */
-        float mx = mine && l > -INFINITY ? l : -INFINITY;
-        for (int off = 16; off > 0; off >>= 1) {
-            const float o = __shfl_xor_sync(0xffffffffu, mx, off);
-            mx = o > mx ? o : mx;
-        }
-        if (lane == 0) s_mx[warp] = mx;
-        __syncthreads();
-        mx = s_mx[0];
-        for (int i = 1; i < nw; i++) mx = s_mx[i] > mx ? s_mx[i] : mx;
-        if (mine) score[e] = expf(l - mx);
-        __syncthreads();
-        if (e == 0) {
-            double sum = 0;
-            for (int i = 0; i < NE; i++) sum += score[i]; /* the CPU's order */
-            s_sum = sum;
-        }
-        __syncthreads();
-        if (mine) sc = (float)(score[e] / s_sum);
-    } else {
-        sc = 1.0f / (1.0f + expf(-l));
-    }
-    if (mine) {
-        lg[e] = sc;
-        score[e] = sc;
-        choice[e] = __fadd_rn(sc, bias);
-        allowed[e] = 1;
-    }
-    __syncthreads();
-    const int gs = NE / G;
-    if (G > 1 && a.topk_group < G) {
-        if (e < G) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (int i = e * gs; i < (e + 1) * gs; i++) {
-                if (choice[i] > b1) {
-                    b2 = b1;
-                    b1 = choice[i];
-                } else if (choice[i] > b2) {
-                    b2 = choice[i];
-                }
-            }
-            gscore[e] = gs >= 2 ? __fadd_rn(b1, b2) : b1;
-        }
-        if (mine) allowed[e] = 0;
-        __syncthreads();
-        if (e == 0)
-            for (int k = 0; k < a.topk_group; k++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!allowed[g * gs] && (best < 0 || better(gscore, g, best))) best = g;
-                for (int i = best * gs; i < (best + 1) * gs; i++) allowed[i] = 1;
-            }
-        __syncthreads();
-    }
-    const bool elig = mine && allowed[e];
-    const float ce = mine ? choice[e] : 0.0f;
-    if (!__syncthreads_or(elig && ce != ce)) {
-        /* the rank path: score[] is kept; ineligible choices become NaN (never better) */
-        if (mine && !elig) choice[e] = __int_as_float(0x7fc00000);
-        __syncthreads();
-        int rank = 0;
-        if (elig)
-            for (int i = 0; i < NE && rank < U; i++) {
-                const float o = choice[i];
-                rank += o > ce || (o == ce && i < e);
-            }
-        const bool sel = elig && rank < U;
-        const unsigned bal = __ballot_sync(0xffffffffu, sel);
-        if (lane == 0) wcnt[warp] = __popc(bal);
-        __syncthreads();
-        if (sel) {
-            int p = __popc(bal & ((1u << lane) - 1u));
-            for (int i = 0; i < warp; i++) p += wcnt[i];
-            pick[p] = e;
-        }
-        __syncthreads();
-    } else {
-        if (warp == 0) {
-            for (int k = 0; k < U; k++) {
-                int first = 0x7fffffff, bi = -1;
-                float bv = 0.0f;
-                for (int i = lane; i < NE; i += 32) {
-                    if (!allowed[i]) continue;
-                    if (first == 0x7fffffff) first = i;
-                    const float v = choice[i];
-                    if (v == v && (bi < 0 || v > bv)) bv = v, bi = i;
-                }
-                for (int off = 16; off > 0; off >>= 1) {
-                    const int of = __shfl_xor_sync(0xffffffffu, first, off);
-                    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-                    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-                    first = of < first ? of : first;
-                    if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-                }
-                int best;
-                if (first == 0x7fffffff) best = 0; /* cannot happen: n_used <= eligible experts (checked) */
-                else if (choice[first] != choice[first]) best = first;
-                else best = bi;
-                __syncwarp();
-                if (lane == 0) {
-                    pick[k] = best;
-                    allowed[best] = 0;
-                }
-                __syncwarp();
-            }
-            if (lane == 0)
-                for (int i = 1; i < U; i++)
-                    for (int j = i; j > 0 && pick[j - 1] > pick[j]; j--) {
-                        const int32_t tmp = pick[j];
-                        pick[j] = pick[j - 1];
-                        pick[j - 1] = tmp;
-                    }
-        }
-        __syncthreads();
-    }
-    if (e != 0) return;
-    int32_t *ch = a.ids + (int64_t)t * U;
-    float *cw = a.wts + (int64_t)t * U;
-    double sum = 0;
-    float w[ROUTE_MAX_USED];
-    for (int k = 0; k < U; k++) sum += (w[k] = score[pick[k]]);
-    for (int k = 0; k < U; k++) {
-        float v = w[k];
-        if (a.norm) v = (float)(v / (sum + 1e-20));
-        ch[k] = pick[k];
-        cw[k] = __fmul_rn(v, a.scale);
-    }
-}
-
-/* k_route's result, bit for bit, with the two serial parts made parallel (cuda/route_select.h).
- * Selection: an eligible expert with n_used betters inside its own warp cannot be among the
- * n_used best of the CTA, so only the others (candidates) are ranked, against the candidates
- * alone: every better of a picked expert is picked too, hence a candidate, so a candidate's rank
- * among candidates is below n_used exactly when its rank among all eligible experts is. The
- * candidates are stored in ascending expert order, so "lower index" is "lower slot". The picks
- * land in rpick[] by rank; warp 0 sorts them by counting and computes the weights one lane per
- * pick: the float64 sum in ascending expert order on every lane (the CPU's order), the division
- * per lane. Softmax, groups and NaN choices: k_route's code. */
-__global__ void __launch_bounds__(1024) k_route_warp(cuk_route_args a) {
     extern __shared__ float4 sh4[];
     const int NE = a.n_expert, U = a.n_used, G = a.n_group;
     const int NE4 = (NE + 3) & ~3;
@@ -536,7 +384,7 @@ __global__ void __launch_bounds__(1024) k_route_warp(cuk_route_args a) {
         }
         __syncthreads();
     } else {
-        /* k_route's replay of the scan, the picks in pick order */
+        /* the scan replayed, the picks in pick order */
         if (warp == 0) {
             for (int k = 0; k < U; k++) {
                 int first = 0x7fffffff, bi = -1;
@@ -770,18 +618,6 @@ extern "C" g5_status cuk_scale(float *x, int64_t n, float s, cuk_stream stream, 
     return G5_OK;
 }
 
-/* cuda/route_select.h: -1 until read from CUK_ROUTE_IMPL. */
-static int g_route_warp = -1;
-
-extern "C" void cuk_route_set_warp(int on) { g_route_warp = on < 0 ? -1 : on != 0; }
-extern "C" int cuk_route_warp(void) {
-    if (g_route_warp < 0) {
-        const char *e = getenv("CUK_ROUTE_IMPL");
-        g_route_warp = !(e && !strcmp(e, "old"));
-    }
-    return g_route_warp;
-}
-
 extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g5_error *err) {
     if (!a || !a->logits || !a->ids || !a->wts) return BAD("moe_route: NULL pointer");
     if (a->n_tok < 1 || a->n_tok > 2147483647) return BAD("moe_route: n_tok=%d must be positive", a->n_tok);
@@ -793,15 +629,9 @@ extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g
     if (a->n_used < 1 || a->n_used > ROUTE_MAX_USED || a->n_used > eligible)
         return BAD("moe_route: n_used=%d outside 1..min(64, %d eligible experts)", a->n_used, eligible);
     const unsigned threads = (unsigned)(a->n_expert + 31) / 32 * 32;
-    if (cuk_route_warp()) {
-        const size_t smem = (size_t)((a->n_expert + 3) / 4 * 4 + 2 * a->n_expert + a->n_group) * sizeof(float) +
-                            (2 * ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
-        k_route_warp<<<(unsigned)a->n_tok, threads, smem, (cudaStream_t)stream>>>(*a);
-    } else {
-        const size_t smem = (size_t)(2 * a->n_expert + a->n_group) * sizeof(float) +
-                            (ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
-        k_route<<<(unsigned)a->n_tok, threads, smem, (cudaStream_t)stream>>>(*a);
-    }
+    const size_t smem = (size_t)((a->n_expert + 3) / 4 * 4 + 2 * a->n_expert + a->n_group) * sizeof(float) +
+                        (2 * ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
+    k_route<<<(unsigned)a->n_tok, threads, smem, (cudaStream_t)stream>>>(*a);
     LAUNCH_CHECK("moe_route");
     return G5_OK;
 }

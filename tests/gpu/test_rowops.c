@@ -6,8 +6,7 @@
  *  - cuk_idx_prep equals cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale bit for bit;
  *  - cuk_moe_route picks exactly what runtime/model.c's scan picks, also with ties, signed
  *    zeros and NaN choices (the reference scan below runs on the kernel's own scores, so the
- *    check is on the selection alone), with the old and the warp kernel (cuda/route_select.h),
- *    which also give each other's bits (ids, weights, scores);
+ *    check is on the selection alone);
  * and the norms against a float64 reference, for dims that take each kernel shape (one warp,
  * one CTA, a cluster, chunks past the registers) with aligned and unaligned rows.
  * Runs on the device only. */
@@ -20,7 +19,6 @@
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
-#include "cuda/route_select.h"
 #include "tests/test_util.h"
 
 #define G5_TEST_NAME "test_rowops"
@@ -281,8 +279,8 @@ static void route_inputs(int style, int n, int NE, float *lg, float *bias) {
     }
 }
 
-/* One cuk_moe_route call (the old or the warp kernel, cuda/route_select.h) on a copy of lg. */
-static void route_run(int warp_impl, const cuk_route_args *a0, const float *lg, const float *dbias, int32_t *ids,
+/* One cuk_moe_route call on a copy of lg. */
+static void route_run(const cuk_route_args *a0, const float *lg, const float *dbias, int32_t *ids,
                       float *w, float *sc) {
     const int n = a0->n_tok, NE = a0->n_expert, U = a0->n_used;
     float *dlg = dup_d(lg, (size_t)n * NE * 4), *dw = dalloc((size_t)n * U * 4);
@@ -292,10 +290,8 @@ static void route_run(int warp_impl, const cuk_route_args *a0, const float *lg, 
     a.bias = dbias;
     a.ids = dids;
     a.wts = dw;
-    cuk_route_set_warp(warp_impl);
     g5_error e = {0};
     T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route: %s", e.msg);
-    cuk_route_set_warp(-1);
     get(ids, dids, (size_t)n * U * 4);
     get(w, dw, (size_t)n * U * 4);
     get(sc, dlg, (size_t)n * NE * 4);
@@ -314,41 +310,28 @@ static void test_route(void) {
             route_inputs(style, n, NE, lg, bias);
             float *dbias = style == 7 ? NULL : dup_d(bias, (size_t)NE * 4);
             const cuk_route_args a = {NULL, NE, NULL, n, NE, U, G, TG, cfg[c].gating, 1, 2.5f, NULL, NULL};
-            int32_t *ids[2], *ref = xmalloc((size_t)n * U * 4);
-            float *w[2], *sc[2];
-            for (int impl = 0; impl < 2; impl++) {
-                ids[impl] = xmalloc((size_t)n * U * 4);
-                w[impl] = xmalloc((size_t)n * U * 4);
-                sc[impl] = xmalloc((size_t)n * NE * 4);
-                route_run(impl, &a, lg, dbias, ids[impl], w[impl], sc[impl]);
-            }
-            for (int impl = 0; impl < 2; impl++) {
-                int bad = 0;
-                double werr = 0;
-                for (int t = 0; t < n; t++) {
-                    const float *s = sc[impl] + (size_t)t * NE;
-                    ref_pick(NE, U, G, TG, s, style == 7 ? NULL : bias, ref + (size_t)t * U);
-                    double sum = 0;
-                    for (int k = 0; k < U; k++) sum += s[ref[t * U + k]];
-                    for (int k = 0; k < U; k++) {
-                        const int i = t * U + k;
-                        bad += ids[impl][i] != ref[i];
-                        const float rw = (float)((float)(s[ref[i]] / (sum + 1e-20)) * 2.5f);
-                        if (bits(rw) != bits(w[impl][i]) && !(is_nan(rw) && is_nan(w[impl][i]))) werr += 1;
-                    }
+            int32_t *ids = xmalloc((size_t)n * U * 4), *ref = xmalloc((size_t)n * U * 4);
+            float *w = xmalloc((size_t)n * U * 4), *sc = xmalloc((size_t)n * NE * 4);
+            route_run(&a, lg, dbias, ids, w, sc);
+            int bad = 0;
+            double werr = 0;
+            for (int t = 0; t < n; t++) {
+                const float *s = sc + (size_t)t * NE;
+                ref_pick(NE, U, G, TG, s, style == 7 ? NULL : bias, ref + (size_t)t * U);
+                double sum = 0;
+                for (int k = 0; k < U; k++) sum += s[ref[t * U + k]];
+                for (int k = 0; k < U; k++) {
+                    const int i = t * U + k;
+                    bad += ids[i] != ref[i];
+                    const float rw = (float)((float)(s[ref[i]] / (sum + 1e-20)) * 2.5f);
+                    if (bits(rw) != bits(w[i]) && !(is_nan(rw) && is_nan(w[i]))) werr += 1;
                 }
-                const char *nm = impl ? "warp" : "old";
-                printf("route %s NE=%d U=%d groups %d/%d gating %d style %d: %d ids differ, %.0f weights differ\n", nm,
-                       NE, U, TG, G, cfg[c].gating, style, bad, werr);
-                T_CHECK(bad == 0, "route %s NE=%d style %d: %d ids differ from the scan", nm, NE, style, bad);
-                T_CHECK(werr == 0, "route %s NE=%d style %d: weights differ", nm, NE, style);
             }
-            /* the two kernels: the same bits in ids, weights and the scores left in the logits */
-            const int same = !memcmp(ids[0], ids[1], (size_t)n * U * 4) && !memcmp(w[0], w[1], (size_t)n * U * 4) &&
-                             !memcmp(sc[0], sc[1], (size_t)n * NE * 4);
-            T_CHECK(same, "route NE=%d U=%d groups %d/%d gating %d style %d: warp kernel's bits differ from the old",
-                    NE, U, TG, G, cfg[c].gating, style);
-            for (int impl = 0; impl < 2; impl++) free(ids[impl]), free(w[impl]), free(sc[impl]);
+            printf("route NE=%d U=%d groups %d/%d gating %d style %d: %d ids differ, %.0f weights differ\n", NE, U, TG, G,
+                   cfg[c].gating, style, bad, werr);
+            T_CHECK(bad == 0, "route NE=%d style %d: %d ids differ from the scan", NE, style, bad);
+            T_CHECK(werr == 0, "route NE=%d style %d: weights differ", NE, style);
+            free(ids), free(w), free(sc);
             free(lg), free(bias), free(ref);
             cudaFree(dbias);
         }
