@@ -32,6 +32,7 @@
 #include "runtime/gpu_model.h"
 #include "runtime/weights.h"
 #include "tests/test_util.h"
+#include "tests/gpu/oracle_blobs.h"
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
@@ -266,14 +267,7 @@ static void test_gpu(rt_comm *comm) {
     const char *tmp = t_tmpdir();
     char dir[2][4200];
     for (uint32_t tp = 1; tp <= 2; tp++) {
-        snprintf(dir[tp - 1], sizeof dir[0], "%s/tp%u", tmp, tp);
-        convert_options co;
-        convert_options_init(&co);
-        co.tp = tp;
-        g5_error e = {0};
-        g5_status st = convert_run(T_ORACLE_GGUF, dir[tp - 1], &co, NULL, &e);
-        T_CHECK(st == G5_OK, "convert TP=%u: %s", tp, e.msg);
-        if (st) {
+        if (!t_oracle_blobs(tmp, tp, dir[tp - 1], sizeof dir[0])) {
             t_rmtree(tmp);
             return;
         }

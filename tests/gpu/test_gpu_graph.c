@@ -32,6 +32,7 @@
 #define G5_TEST_NAME "test_gpu_graph"
 #define G5_TEST_SEED 0x9a4f5eedull
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/oracle_blobs.h"
 
 /* A GPU model of the blobs in dir; nccl: through a one-rank NCCL communicator (the environment
  * switch is read at creation only). */
@@ -314,16 +315,7 @@ int main(void) {
     const char *tmp = t_tmpdir();
     char dirs[2][4200];
     int ok = 1;
-    for (uint32_t c = 0; c < 2; c++) {
-        snprintf(dirs[c], sizeof dirs[c], "%s/tp%u", tmp, c + 1);
-        convert_options co;
-        convert_options_init(&co);
-        co.tp = c + 1;
-        g5_error e = {0};
-        const g5_status st = convert_run(T_ORACLE_GGUF, dirs[c], &co, NULL, &e);
-        T_CHECK(st == G5_OK, "convert TP=%u: %s", c + 1, e.msg);
-        ok = ok && st == G5_OK;
-    }
+    for (uint32_t c = 0; c < 2; c++) ok = t_oracle_blobs(tmp, c + 1, dirs[c], sizeof dirs[c]) && ok;
     if (ok) {
         test_graphs(dirs[0], dirs[1], &o);
         test_graph_buckets(dirs[0], dirs[1]);

@@ -50,6 +50,7 @@
 #define G5_TEST_NAME "test_gpu_mtp"
 #define G5_TEST_SEED 0x3a7d5eedull
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/oracle_blobs.h"
 
 #define TOL_PRECISE 1e-5
 #define ROW_OUTLIER 1e-4
@@ -418,13 +419,7 @@ int main(void) {
     const char *tmp = t_tmpdir();
     char dirs[2][4200];
     g5_error e = {0};
-    for (uint32_t tp = 1; tp <= 2; tp++) {
-        snprintf(dirs[tp - 1], sizeof dirs[0], "%s/tp%u", tmp, tp);
-        convert_options co;
-        convert_options_init(&co);
-        co.tp = tp;
-        T_CHECK(convert_run(T_ORACLE_GGUF, dirs[tp - 1], &co, NULL, &e) == G5_OK, "convert TP=%u: %s", tp, e.msg);
-    }
+    for (uint32_t tp = 1; tp <= 2; tp++) t_oracle_blobs(tmp, tp, dirs[tp - 1], sizeof dirs[0]);
     static const struct {
         rt_gpu_precision prec;
         rt_gpu_cache cache;

@@ -24,6 +24,7 @@
 #define G5_TEST_SEED 0x5e12e
 #include "tests/test_util.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/oracle_blobs.h"
 
 #include <arpa/inet.h>
 #include <jansson.h>
@@ -218,13 +219,7 @@ static int run_batch_tests(void) {
     char dirs[2][4200];
     int have[2] = {0, 0};
     for (int t = 0; t < 2; t++) {
-        g5_error e = {0};
-        snprintf(dirs[t], sizeof dirs[t], "%s/tp%d", tmp, t + 1);
-        convert_options co;
-        convert_options_init(&co);
-        co.tp = (uint32_t)(t + 1);
-        have[t] = convert_run(T_ORACLE_GGUF, dirs[t], &co, NULL, &e) == G5_OK;
-        T_CHECK(have[t], "convert TP=%d: %s", t + 1, e.msg);
+        have[t] = t_oracle_blobs(tmp, (uint32_t)(t + 1), dirs[t], sizeof dirs[t]);
     }
     static const bcfg cfg[] = {
         {"TP=1 precise", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 0},
