@@ -17,7 +17,9 @@ endif
 
 FORMAT_SRC  := $(wildcard format/*.c)
 CONVERT_SRC := $(filter-out convert/main_%.c,$(wildcard convert/*.c))
-RUNTIME_SRC := $(filter-out runtime/main_%.c,$(wildcard runtime/*.c))
+# runtime/ is one archive of its rooms (cpu, gpu, text, serve) and the engine layer above them;
+# runtime/cli holds the programs' main()s.
+RUNTIME_SRC := $(wildcard runtime/*.c runtime/cpu/*.c runtime/gpu/*.c runtime/text/*.c runtime/serve/*.c)
 TEST_SRC    := $(wildcard tests/test_*.c)
 FUZZ_SRC    := $(wildcard fuzz/fuzz_*.c)
 
@@ -29,18 +31,18 @@ LIB_RUNTIME := $(BUILD)/lib/libg5runtime.a
 LIBS        := $(LIB_RUNTIME) $(LIB_CONVERT) $(LIB_FORMAT)
 
 BINS  := $(BUILD)/bin/glm5-shard
-ifneq ($(wildcard runtime/main_run.c),)
+ifneq ($(wildcard runtime/cli/main_run.c),)
 BINS  += $(BUILD)/bin/glm5-run
 endif
-# glm5-serve (runtime/serve*.c) uses libmicrohttpd; every link gets it because the fuzz targets
+# glm5-serve (runtime/serve/serve*.c) uses libmicrohttpd; every link gets it because the fuzz targets
 # and tests link the runtime sources/archive as a whole.
-ifneq ($(wildcard runtime/serve*.c),)
+ifneq ($(wildcard runtime/serve/serve*.c),)
 LDLIBS += -lmicrohttpd
 endif
-ifneq ($(wildcard runtime/main_serve.c),)
+ifneq ($(wildcard runtime/cli/main_serve.c),)
 BINS  += $(BUILD)/bin/glm5-serve
 endif
-# MPI (runtime/comm.c: several processes under mpirun/srun) when pkg-config finds Open MPI
+# MPI (runtime/cpu/comm.c: several processes under mpirun/srun) when pkg-config finds Open MPI
 # (ompi-c) or another `mpi` package; `make MPI=0` builds without it (the GPU machines have
 # none of their own: see G5_MPI_HOME below). Only comm.c sees mpi.h; every program linking the
 # runtime gets MPI_LIBS. Changing MPI needs a clean BUILD (comm.o does not track it).
@@ -71,7 +73,7 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/runtime/comm.o: CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/obj/runtime/cpu/comm.o: CFLAGS += $(MPI_CFLAGS)
 
 $(LIB_FORMAT): $(call obj,$(FORMAT_SRC))
 $(LIB_CONVERT): $(call obj,$(CONVERT_SRC))
@@ -84,11 +86,11 @@ $(BUILD)/bin/glm5-shard: $(call obj,convert/main_shard.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/bin/glm5-run: $(call obj,runtime/main_run.c) $(LIBS)
+$(BUILD)/bin/glm5-run: $(call obj,runtime/cli/main_run.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/bin/glm5-serve: $(call obj,runtime/main_serve.c) $(LIBS)
+$(BUILD)/bin/glm5-serve: $(call obj,runtime/cli/main_serve.c) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 

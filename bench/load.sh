@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Blob -> GPU load rate at GLM-5 scale, in one device call (issue 6, benchmark 1): build
 # glm5-shard and tests/gpu/bench_load, synthesize a GLM-5-shaped GGUF sized to the disk, convert
-# it at TP 8, then load the rank blobs one at a time with the GPU loader (runtime/gpu_load.h),
+# it at TP 8, then load the rank blobs one at a time with the GPU loader (runtime/gpu/gpu_load.h),
 # warm (page cache) and cold (caches dropped before each measurement; needs root), checksums on
 # and off, against ceilings measured in the same run: pinned H2D and a parallel read of the same
 # file with the same threads. Ratio = load GB/s / min(H2D, read); goal >= 0.90 with checksums,

@@ -63,5 +63,5 @@ bench-gpu: gpu
 
 -include $(wildcard $(GPU_DIR)/obj/cuda/*.d $(GPU_DIR)/obj/tests/gpu/*.d)
 
-# The GPU forward pass (runtime/gpu_*.c, glm5-run --device cuda, tests/gpu/test_gpu_model).
+# The GPU forward pass (runtime/gpu/gpu_*.c, glm5-run --device cuda, tests/gpu/test_gpu_model).
 -include cuda/model.mk

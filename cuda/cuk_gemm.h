@@ -1,5 +1,5 @@
 /* Dense GEMM through cuBLAS and the MoE grouping kernels of the prefill GEMM path
- * (runtime/gpu_linear.c uses them; specs/numerics.md "Prefill GEMM" has the numerics).
+ * (runtime/gpu/gpu_linear.c uses them; specs/numerics.md "Prefill GEMM" has the numerics).
  *
  * Same conventions as cuk.h: C-linkage launchers that validate every shape on the host
  * (G5_ERR_INVALID_ARG naming the argument), enqueue on `stream`, never synchronize, never

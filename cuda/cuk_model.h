@@ -8,7 +8,7 @@
  * device memory (token ids, expert ids, selected key positions) cannot be checked on the host:
  * an out-of-range one turns the affected output row into NaN rather than reading out of bounds.
  *
- * The arithmetic mirrors the CPU reference (runtime/cpu_ops.c, attn.c, model.c) operation for
+ * The arithmetic mirrors the CPU reference (runtime/cpu/cpu_ops.c, attn.c, model.c) operation for
  * operation where that is cheap (separately rounded multiplies and adds, the same summation
  * order along the reduced axis, double-precision softmax sums), so the GPU's precise mode differs
  * from the CPU only by the GEMV kernels' accumulation order and by the device's expf. */
@@ -79,7 +79,7 @@ typedef struct cuk_route_args {
     float *wts;             /* [n_tok][n_used] their weights */
 } cuk_route_args;
 
-/* For each token, runtime/model.c's rt_moe_route: scores = sigmoid (or softmax) of the logits;
+/* For each token, runtime/cpu/model.c's rt_moe_route: scores = sigmoid (or softmax) of the logits;
  * choice = score + bias; the topk_group best groups (a group scores the sum of its two best
  * choices, ties to the lower index) are eligible; the n_used best eligible experts by choice
  * (ties to the lower index), in ascending order; weights = unbiased scores, normalized (sum in

@@ -3,7 +3,7 @@
 #   make test-gpu   also runs tests/gpu/test_gpu_model (kernels of cuda/cuk_model.h, the loader,
 #                   the oracle in precise mode); it needs $GLM5_SHARED like the CPU tests.
 #
-# runtime/gpu_*.c hold the GPU runtime; the CPU build compiles them to nothing, here they get
+# runtime/gpu/gpu_*.c hold the GPU runtime; the CPU build compiles them to nothing, here they get
 # G5_WITH_CUDA. Programs are linked by $(CC) with the static CUDA runtime, and xxhash, zstd,
 # pcre2 and jansson linked statically: the GPU machines lack those runtime packages. NCCL is
 # loaded at run time (dlopen) and only for ranks on several devices; its header comes from the
@@ -11,7 +11,7 @@
 # MPI_LIBS (Makefile) is empty where MPI is absent; where present the runtime archive's comm.o
 # needs it.
 
-GPU_RT_SRC      := $(wildcard runtime/gpu_*.c)
+GPU_RT_SRC      := $(wildcard runtime/gpu/gpu_*.c)
 GPU_RT_OBJ      := $(patsubst %.c,$(GPU_DIR)/obj/%.o,$(GPU_RT_SRC))
 GPU_CFLAGS       = $(CFLAGS) -DG5_WITH_CUDA -isystem $(CUDA_HOME)/include
 GPU_STATIC_LIBS := -Wl,-Bstatic -ljansson -lpcre2-8 -lzstd -lxxhash -Wl,-Bdynamic
@@ -29,7 +29,7 @@ $(GPU_DIR)/obj/runtime/%.o: runtime/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(GPU_CFLAGS) -c $< -o $@
 
-$(GPU_DIR)/bin/glm5-run: $(GPU_DIR)/obj/runtime/main_run.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+$(GPU_DIR)/bin/glm5-run: $(GPU_DIR)/obj/runtime/cli/main_run.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
@@ -37,12 +37,12 @@ $(GPU_DIR)/bin/glm5-run: $(GPU_DIR)/obj/runtime/main_run.o $(GPU_RT_OBJ) $(LIBS)
 # static libmicrohttpd, which the GPU machine has no GnuTLS for) built with G5_WITH_CUDA ahead of
 # the CPU archive; tests/gpu/test_gpu_serve checks batched against one-at-a-time decoding and is
 # the concurrent client of tests/gpu/serve_gpu.sh.
-GPU_SERVE_OBJ  := $(GPU_DIR)/obj/runtime/serve_gpu.o $(GPU_DIR)/obj/runtime/serve_notls.o
+GPU_SERVE_OBJ  := $(GPU_DIR)/obj/runtime/serve/serve_gpu.o $(GPU_DIR)/obj/runtime/serve/serve_notls.o
 GPU_SERVE_TEST := $(GPU_DIR)/tests/test_gpu_serve
 gpu: $(GPU_DIR)/bin/glm5-serve
 gpu-model: $(GPU_DIR)/bin/glm5-serve $(GPU_SERVE_TEST)
 
-$(GPU_DIR)/bin/glm5-serve: $(GPU_DIR)/obj/runtime/main_serve.o $(GPU_SERVE_OBJ) $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+$(GPU_DIR)/bin/glm5-serve: $(GPU_DIR)/obj/runtime/cli/main_serve.o $(GPU_SERVE_OBJ) $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic -lmicrohttpd -Wl,-Bdynamic $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
@@ -58,7 +58,7 @@ $(GPU_MODEL_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o $(GPU_RT_OBJ) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
-# tests/gpu/test_gpu_graph: the decode step as a CUDA graph (runtime/gpu_graph.c) against plain
+# tests/gpu/test_gpu_graph: the decode step as a CUDA graph (runtime/gpu/gpu_graph.c) against plain
 # launches on the oracle; linked like test_gpu_model (it needs the whole runtime).
 GPU_GRAPH_TEST := $(GPU_DIR)/tests/test_gpu_graph
 gpu-model: $(GPU_GRAPH_TEST)
@@ -66,7 +66,7 @@ $(GPU_GRAPH_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_graph.o $(GPU_RT_OBJ) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
-# tests/gpu/test_gpu_mtp: the NextN/MTP block on the GPU (runtime/gpu_mtp.c) against
+# tests/gpu/test_gpu_mtp: the NextN/MTP block on the GPU (runtime/gpu/gpu_mtp.c) against
 # rt_model_mtp on the oracle; linked like test_gpu_model (it needs the whole runtime).
 GPU_MTP_TEST := $(GPU_DIR)/tests/test_gpu_mtp
 gpu-model: $(GPU_MTP_TEST)
@@ -74,7 +74,7 @@ $(GPU_MTP_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_mtp.o $(GPU_RT_OBJ) $(LIBS) $
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
-# tests/gpu/test_gpu_comm: the GPU model and the processes of a launch (runtime/gpu_coll.c); one
+# tests/gpu/test_gpu_comm: the GPU model and the processes of a launch (runtime/gpu/gpu_coll.c); one
 # process on the device, or `mpirun -np P` of it on a build with MPI (no GPU needed there).
 GPU_COMM_TEST := $(GPU_DIR)/tests/test_gpu_comm
 gpu-model: $(GPU_COMM_TEST)
@@ -82,12 +82,12 @@ $(GPU_COMM_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_comm.o $(GPU_RT_OBJ) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
--include $(wildcard $(GPU_DIR)/obj/runtime/*.d)
+-include $(wildcard $(GPU_DIR)/obj/runtime/*.d $(GPU_DIR)/obj/runtime/*/*.d)
 
 # tests/gpu/bench_load (bench/load.sh): the blob loader against read and H2D ceilings. Linked
-# like glm5-run (it needs runtime/gpu_load.c and format/), not through the generic bench rule.
+# like glm5-run (it needs runtime/gpu/gpu_load.c and format/), not through the generic bench rule.
 GPU_LOAD_BENCH := $(GPU_DIR)/tests/bench_load
-$(GPU_LOAD_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_load.o $(GPU_DIR)/obj/runtime/gpu_load.o $(LIB_FORMAT)
+$(GPU_LOAD_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_load.o $(GPU_DIR)/obj/runtime/gpu/gpu_load.o $(LIB_FORMAT)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 

@@ -255,7 +255,7 @@ constexpr int ROUTE_MAX_USED = 64;
  * expert e: its logit and bias are loaded at once, its score and choice computed, then kept in
  * shared memory. Sequential on thread 0 is what must keep the CPU's order (the float64 softmax
  * sum, the group pick over n_group scores). The n_used picks: when no eligible choice is NaN,
- * runtime/model.c's scan picks the n_used best by the strict order "larger, ties to the lower
+ * runtime/cpu/model.c's scan picks the n_used best by the strict order "larger, ties to the lower
  * index", which is each eligible expert's rank under that order being below n_used. An eligible
  * expert with n_used betters inside its own warp (found by shuffles) cannot be among them, so
  * only the others (candidates) are ranked, against the candidates alone: every better of a

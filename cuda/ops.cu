@@ -1,5 +1,5 @@
 /* Small kernels around the GEMVs: RMSNorm, LayerNorm, interleaved RoPE, residual add, argmax.
- * Each follows the CPU reference's arithmetic (runtime/cpu_ops.c) closely enough for --check:
+ * Each follows the CPU reference's arithmetic (runtime/cpu/cpu_ops.c) closely enough for --check:
  * norm statistics in float64, products in the same order without contraction into FMAs. */
 #include <cuda_runtime.h>
 #include <math.h>

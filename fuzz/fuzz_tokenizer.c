@@ -3,9 +3,9 @@
  * every byte string round-trips through encode/decode, the stream's output adds up to the full
  * decode, and no id is out of range. The vocabulary is a small one built in memory (all 256
  * byte symbols, a few merges, CONTROL and USER_DEFINED tokens), so no files are needed. */
-#include "runtime/chat.h"
-#include "runtime/sample.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/chat.h"
+#include "runtime/text/sample.h"
+#include "runtime/text/tokenizer.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* Self-speculative decoding with the NextN/MTP block (draft.h). */
-#include "draft.h"
+#include "runtime/draft.h"
 
 #include <stdint.h>
 #include <stdlib.h>

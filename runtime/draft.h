@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "format/status.h"
-#include "model.h"
+#include "runtime/cpu/model.h"
 
 typedef struct rt_draft_ops {
     void *ctx, *ctx2;            /* the engine's objects (CPU: model, state; GPU: model) */

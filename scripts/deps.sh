@@ -11,7 +11,7 @@ pkgs=(
   libjansson-dev     # JSON: tests against the oracle, --json output, server
   libmicrohttpd-dev  # glm5-serve
   clang libclang-rt-dev  # libFuzzer targets (make fuzz)
-  openmpi-bin libopenmpi-dev  # several processes under mpirun/srun (runtime/comm.c, tests/test_mpi)
+  openmpi-bin libopenmpi-dev  # several processes under mpirun/srun (runtime/cpu/comm.c, tests/test_mpi)
 )
 
 missing=()

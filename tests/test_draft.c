@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 
 #include "runtime/draft.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 enum { N_PROMPT = 40, N_GEN = 30 };

@@ -1,4 +1,4 @@
-/* The paged cache pool (runtime/kvcache.h) and paged decoding states (runtime/model.h):
+/* The paged cache pool (runtime/cpu/kvcache.h) and paged decoding states (runtime/cpu/model.h):
  * allocation, exhaustion (all or nothing), reuse, the position -> (block, row) mapping of every
  * rank/layer region without overlap, truncation returning blocks, growable pools, concurrent
  * use from several threads, and on the oracle model the block accounting of paged states. */
@@ -7,9 +7,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "runtime/kvcache.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/cpu/kvcache.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 enum { NR = 2, NL = 3, KVW = 5, IDW = 3, BT = 4 };

@@ -1,4 +1,4 @@
-/* Several processes (runtime/comm.h): the single-process communicator; blob_set_open_ranks and
+/* Several processes (runtime/cpu/comm.h): the single-process communicator; blob_set_open_ranks and
  * rt_wset_open_blobs_ranks with the other ranks' files absent; and, when mpirun is installed,
  * the oracle model converted to TP 2 and TP 4 and run by `mpirun -np P` (P = 2, 4, and 2 on the
  * TP 4 set: two ranks per process) against one process running the same set:
@@ -16,9 +16,9 @@
 
 #include "convert/convert.h"
 #include "format/blob.h"
-#include "runtime/comm.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/cpu/comm.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 #define N_PROMPT 40 /* past the oracle's index_topk (32): the indexer's selection matters */

@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "format/quant.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 #include "convert/convert.h"

@@ -12,10 +12,10 @@
 #include "format/glm5.h"
 #include "format/gguf_write.h"
 #include "format/quant.h"
-#include "runtime/cpu_ops.h"
-#include "runtime/model.h"
-#include "runtime/model_impl.h"
-#include "runtime/weights.h"
+#include "runtime/cpu/cpu_ops.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;

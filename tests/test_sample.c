@@ -3,7 +3,7 @@
  * reproducibility, the draw's distribution, penalties and stop strings. */
 #include "tests/test_util.h"
 
-#include "runtime/sample.h"
+#include "runtime/text/sample.h"
 
 #include <math.h>
 #include <stdint.h>

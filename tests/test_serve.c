@@ -30,12 +30,12 @@
 #include "convert/convert.h"
 #include "format/gguf.h"
 #include "format/gguf_write.h"
-#include "runtime/chat.h"
-#include "runtime/model.h"
-#include "runtime/sample.h"
-#include "runtime/serve.h"
-#include "runtime/tokenizer.h"
-#include "runtime/weights.h"
+#include "runtime/text/chat.h"
+#include "runtime/cpu/model.h"
+#include "runtime/text/sample.h"
+#include "runtime/serve/serve.h"
+#include "runtime/text/tokenizer.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 static double now_s(void) {

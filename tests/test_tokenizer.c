@@ -7,8 +7,8 @@
 
 #include "format/gguf.h"
 #include "format/gguf_write.h"
-#include "runtime/chat.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/chat.h"
+#include "runtime/text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * nope 192, v_head 256; indexer 32 heads x 128, top-k 2048): cuk_mla_absorb, cuk_idx_scores,
  * cuk_idx_topk, cuk_mla_attend_fresh, each with the old and the split kernels
  * (cuda/attn_select.h) on the same inputs. Decode (n_tok 1) at contexts 1k / 8k / 32k with an
- * f32 and a bf16 latent cache (bf16: the step's own row from float32, as runtime/gpu_model.c
+ * f32 and a bf16 latent cache (bf16: the step's own row from float32, as runtime/gpu/gpu_model.c
  * does), and prefill (n_tok 512 at positions 3584..4095). The per-layer inputs that decode
  * reads from DRAM (W_UK, the indexer keys, the latent cache) rotate over copies filling
  * >= 256 MB, so that L2 does not hold them between calls; the small per-step buffers stay.

@@ -75,9 +75,9 @@
 #include "format/gguf_write.h"
 #include "format/glm5.h"
 #include "format/quant.h"
-#include "runtime/gpu_model.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/gpu/gpu_model.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
 
 #define TP 8
 #define MAX_CTX 8

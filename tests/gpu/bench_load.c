@@ -1,4 +1,4 @@
-/* Blob -> GPU load rate (runtime/gpu_load.h) against the two ceilings measured in the same run:
+/* Blob -> GPU load rate (runtime/gpu/gpu_load.h) against the two ceilings measured in the same run:
  * pinned host-to-device copies (cudaMemcpyAsync from pinned memory) and a parallel read of the
  * same blob's data region with the same number of threads (pread into pinned buffers, no hash,
  * no GPU), best of three read patterns: the blob's 64 MiB chunks as work items (16 MiB preads),
@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "format/blob.h"
-#include "runtime/gpu_load.h"
+#include "runtime/gpu/gpu_load.h"
 
 #define MAX_T 64
 #define MAX_ROWS 96

@@ -42,7 +42,7 @@ echo "mpirun: $(command -v mpirun)"
 
 echo "== build"
 if ! ldd $B/gpu/bin/glm5-run 2>/dev/null | grep -q "libmpi.so.40 => $G5_MPI_HOME"; then
-  rm -f $B/obj/runtime/comm.o  # it does not track the MPI choice
+  rm -f $B/obj/runtime/cpu/comm.o  # it does not track the MPI choice
   SECONDS=0
   make -k -j"$(nproc)" CC="$CC" BUILD=$B G5_MPI_HOME="$G5_MPI_HOME" \
     EXTRA_CFLAGS="-isystem gpu-deps/include -Wno-error" EXTRA_LDFLAGS="-Lgpu-deps/lib" \

@@ -4,7 +4,7 @@
 # reference. Greedy ids must equal the oracle's and `--check` (the CPU reference beside the GPU)
 # must pass in both precisions; with --cuda-graph on the ids must equal the same run's without
 # graphs (on one GPU a graph of the device-side sum; a process driving two NCCL ranks falls back
-# to plain launches, runtime/gpu_model.c). Timing lines (stderr of glm5-run, with
+# to plain launches, runtime/gpu/gpu_model.c). Timing lines (stderr of glm5-run, with
 # and without graphs) show what the NCCL all-reduces cost per decode step on the tiny oracle
 # model, where almost nothing else costs anything.
 # Run after tests/gpu/run_device.sh (its build in $B and its TP 2 blobs in $W):

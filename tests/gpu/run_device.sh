@@ -32,7 +32,7 @@ SECONDS=0
 # With the Open MPI bundle (scripts/gpu-mpi.sh) the programs get MPI (tests/gpu/mpi_device.sh
 # runs them under mpirun); comm.o is rebuilt because it does not track that choice.
 mpi_home=""; [ -f gpu-deps/mpi/env.sh ] && mpi_home=$PWD/gpu-deps/mpi
-rm -f $B/obj/runtime/comm.o
+rm -f $B/obj/runtime/cpu/comm.o
 echo "MPI bundle: ${mpi_home:-none}"
 make -k -j"$(nproc)" CC="$CC" BUILD=$B ${mpi_home:+G5_MPI_HOME=$mpi_home} \
   EXTRA_CFLAGS="-isystem gpu-deps/include -Wno-error" EXTRA_LDFLAGS="-Lgpu-deps/lib" \

@@ -7,7 +7,7 @@
  * 2. cuk_moe_group (token lists per expert, localized experts, an invalid id counted),
  *    cuk_gather_rows (NaN row for a bad id), cuk_scatter_add_rows (bit-exact vs the CPU).
  * 3. "gemm bench" lines (printed, never asserted): the GEMV kernels in launches of 16 rows
- *    against dequantize + GEMM (what runtime/gpu_linear.c does for a weight that fits its tile)
+ *    against dequantize + GEMM (what runtime/gpu/gpu_linear.c does for a weight that fits its tile)
  *    for each compute, n = 16 .. 4096 rows, and the first n at which each GEMM is faster: the
  *    numbers to tune rt_gpu_opts.gemm_min / gemm_min_expert with.
  * Runs on the device only (`make test-gpu`); needs no reference data files. */

@@ -1,4 +1,4 @@
-/* The GPU model and the processes of a launch (runtime/gpu_coll.c; gpu_model.h, "Processes and
+/* The GPU model and the processes of a launch (runtime/gpu/gpu_coll.c; gpu_model.h, "Processes and
  * devices").
  *
  * One process (the GPU machine, `make test-gpu`): the placement rules' pure parts on made-up
@@ -27,10 +27,10 @@
 #include <sys/stat.h>
 
 #include "convert/convert.h"
-#include "runtime/comm.h"
-#include "runtime/gpu_int.h"
-#include "runtime/gpu_model.h"
-#include "runtime/weights.h"
+#include "runtime/cpu/comm.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/gpu/gpu_model.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 #include "tests/gpu/oracle_blobs.h"
 

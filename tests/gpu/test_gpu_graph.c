@@ -1,4 +1,4 @@
-/* CUDA graphs for the decode step (rt_gpu_opts.cuda_graph, runtime/gpu_graph.c) on the oracle
+/* CUDA graphs for the decode step (rt_gpu_opts.cuda_graph, runtime/gpu/gpu_graph.c) on the oracle
  * (../shared/oracle/glm5-tiny, converted to TP=1 and TP=2 blobs here):
  *
  * - prompt 1 plus 65 greedy decode steps, tokens and logits bit-identical to plain launches (TP=1
@@ -24,9 +24,9 @@
 #include "convert/convert.h"
 #include "tests/oracle_ref.h"
 #include "cuda/attn_select.h"
-#include "runtime/gpu_model.h"
-#include "runtime/model_impl.h"
-#include "runtime/weights.h"
+#include "runtime/gpu/gpu_model.h"
+#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 #define G5_TEST_NAME "test_gpu_graph"
@@ -189,7 +189,7 @@ static void test_graph_shrink(const char *dir) {
 }
 
 /* graph_ctx_run with and without graphs: logits bit-identical and finite, and the captures that
- * runtime/gpu_graph.c's rule predicts (bound = the power of two >= the key count, at least 1024,
+ * runtime/gpu/gpu_graph.c's rule predicts (bound = the power of two >= the key count, at least 1024,
  * up to 16384, then the multiple of 8192 >= it; at most the capacity; a capture when it or the
  * work buffers change), no more. */
 static void test_graph_buckets(const char *dir, const char *dir_tp2) {

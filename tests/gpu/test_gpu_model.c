@@ -1,8 +1,8 @@
-/* The GPU forward pass (runtime/gpu_model.h) and its kernels (cuda/cuk_model.h).
+/* The GPU forward pass (runtime/gpu/gpu_model.h) and its kernels (cuda/cuk_model.h).
  *
  * 1. Kernels against the CPU on fresh random inputs, outputs poisoned before each run, GLM-5's
  *    per-rank shapes among the cases: row dequantization (bit-exact vs quant_dequantize, every
- *    GEMV type), the MoE router (vs runtime/model.c's rt_moe_route), the indexer scores (vs a
+ *    GEMV type), the MoE router (vs runtime/cpu/model.c's rt_moe_route), the indexer scores (vs a
  *    float64 reference) and top-k (exact, vs a sort, with many ties), MLA absorption and
  *    attention (vs float32 / float64 references), SwiGLU.
  * 2. Loader: the oracle converted to blobs here; the device copy equals the file's data region
@@ -21,7 +21,7 @@
  * 5. --check's machinery (rt_gpu_check) on prompt 1 plus decode steps: every stage within 1e-4
  *    of the CPU stage fed the same input.
  * 6. CUDA graphs (opts.cuda_graph): tests/gpu/test_gpu_graph.c.
- * 7. The prefill GEMM path (runtime/gpu_linear.h; its kernels are tested by test_gemm.c): the
+ * 7. The prefill GEMM path (runtime/gpu/gpu_linear.h; its kernels are tested by test_gemm.c): the
  *    path forced on (gemm_min 1) in precise mode against the oracle (check_gpu: the tolerances
  *    above, greedy continuation included) and against the GEMV path (logits and every layer's hidden
  *    states within 1e-5 on prompts 0 and 1), also with the experts run by GEMV on their gathered
@@ -50,9 +50,9 @@
 #include "format/blob.h"
 #include "format/gguf_write.h"
 #include "format/quant.h"
-#include "runtime/gpu_model.h"
-#include "runtime/model_impl.h"
-#include "runtime/weights.h"
+#include "runtime/gpu/gpu_model.h"
+#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
 #define G5_TEST_NAME "test_gpu_model"
@@ -357,7 +357,7 @@ static void test_mla(void) {
         float *ql = xmalloc((size_t)n * H * KL * 4), *out = xmalloc((size_t)n * H * KL * 4);
         get(ql, dql, (size_t)n * H * KL * 4);
         get(out, dout, (size_t)n * H * KL * 4);
-        /* absorption: the CPU's order (runtime/attn.c absorb_task), float32 */
+        /* absorption: the CPU's order (runtime/cpu/attn.c absorb_task), float32 */
         uint64_t ql_diff = 0;
         double ql_err = 0, ql_max = 0;
         float *acc = xmalloc((size_t)KL * 4);
@@ -955,7 +955,7 @@ static void decode_path(rt_gpu_model *g, const oracle *o, uint32_t V, const char
     free(lg);
 }
 
-/* The precisions (runtime/gpu_model.h) and the latent cache types: argmax agreement with the
+/* The precisions (runtime/gpu/gpu_model.h) and the latent cache types: argmax agreement with the
  * oracle on prompts 0 and 1 (see the check below for what is checked and what is only printed). */
 static void test_modes(const char *dir, const oracle *o) {
     static const struct { rt_gpu_precision prec; rt_gpu_cache cache; const char *name; } cfg[] = {
@@ -1076,7 +1076,7 @@ static void test_check_tool(const char *dir, const oracle *o) {
     close_gpu(g, m, ws);
 }
 
-/* ---- 7. the prefill GEMM path (runtime/gpu_linear.h) ---- */
+/* ---- 7. the prefill GEMM path (runtime/gpu/gpu_linear.h) ---- */
 
 /* One prompt through g: all logits, and layer_hidden ([NL + 1][n][E]) and hidden when asked. */
 static int gemm_run(rt_gpu_model *g, const prompt *p, float *lg, float *lh, float *hid, double *secs, const char *label,

@@ -1,4 +1,4 @@
-/* The NextN/MTP block on the GPU (runtime/gpu_mtp.c; gpu_model.h "MTP") against the CPU
+/* The NextN/MTP block on the GPU (runtime/gpu/gpu_mtp.c; gpu_model.h "MTP") against the CPU
  * reference rt_model_mtp on the same weights (the oracle, converted here). Both blocks get the
  * same input, the GPU main model's final-normed hidden states of prompts 0..2 paired with each
  * next prompt token, so the comparison measures the block alone.
@@ -41,9 +41,9 @@
 
 #include "convert/convert.h"
 #include "format/quant.h"
-#include "runtime/gpu_model.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/gpu/gpu_model.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 #include "tests/oracle_ref.h"
 

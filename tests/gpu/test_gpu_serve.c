@@ -1,4 +1,4 @@
-/* GPU sequences and batched decoding (runtime/gpu_model.h: rt_gpu_seq, rt_gpu_forward_batch),
+/* GPU sequences and batched decoding (runtime/gpu/gpu_model.h: rt_gpu_seq, rt_gpu_forward_batch),
  * and the concurrent-client half of tests/gpu/serve_gpu.sh.
  *
  * Without arguments (make test-gpu, tests/gpu/run_device.sh): the oracle (../shared/oracle,
@@ -36,9 +36,9 @@
 
 #include "convert/convert.h"
 #include "cuda/cuk.h"
-#include "runtime/gpu_model.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/gpu/gpu_model.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
 #include "tests/http_client.h"
 
 static double now_s(void) {

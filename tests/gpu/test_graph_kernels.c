@@ -1,5 +1,5 @@
 /* The device-position launchers that a CUDA-graph decode step replays (cuda/cuk_model.h,
- * "positions in device memory"; runtime/gpu_graph.c) against the host-position launchers:
+ * "positions in device memory"; runtime/gpu/gpu_graph.c) against the host-position launchers:
  *  - cuk_idx_scores_dev / cuk_idx_topk_dev / cuk_mla_attend_dev give the bits of cuk_idx_scores /
  *    cuk_idx_topk / cuk_mla_attend_fresh at the same position, for bounds from the position
  *    itself to 32 times it, across the lane/thread-per-key score kernels' 16384-key edge, the
@@ -290,7 +290,7 @@ int main(void) {
         printf("no CUDA device\n");
         return t_report(G5_TEST_NAME);
     }
-    /* key counts (P) and the buckets runtime/gpu_graph.c would use, plus the extremes */
+    /* key counts (P) and the buckets runtime/gpu/gpu_graph.c would use, plus the extremes */
     static const struct { int64_t P, bound; int n, old; } sc[] = {
         {1, 1024, 1, 0},     {900, 1024, 1, 0},     {1024, 1024, 1, 0},    {3000, 4096, 1, 0},
         {5000, 5000, 1, 0},  {16384, 16384, 1, 0},  {16385, 32768, 1, 0},  {40000, 65536, 1, 0},

@@ -4,7 +4,7 @@
  *  - a row's bits do not depend on the number of rows in the launch (batched decode);
  *  - cuk_add_rms_norm equals cuk_add + cuk_rms_norm bit for bit (x and y);
  *  - cuk_idx_prep equals cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale bit for bit;
- *  - cuk_moe_route picks exactly what runtime/model.c's scan picks, also with ties, signed
+ *  - cuk_moe_route picks exactly what runtime/cpu/model.c's scan picks, also with ties, signed
  *    zeros and NaN choices (the reference scan below runs on the kernel's own scores, so the
  *    check is on the selection alone);
  * and the norms against a float64 reference, for dims that take each kernel shape (one warp,
@@ -210,7 +210,7 @@ static void test_idx_prep(void) {
     }
 }
 
-/* runtime/model.c's selection scan on given scores (the specification the kernel must meet). */
+/* runtime/cpu/model.c's selection scan on given scores (the specification the kernel must meet). */
 static int ref_better(const float *v, int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
 
 static void ref_pick(int NE, int U, int G, int TG, const float *score, const float *bias, int32_t *ch) {

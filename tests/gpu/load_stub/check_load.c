@@ -1,4 +1,4 @@
-/* The blob loader's threading (runtime/gpu_load.c) on the CPU, against cuda_stub.c: random
+/* The blob loader's threading (runtime/gpu/gpu_load.c) on the CPU, against cuda_stub.c: random
  * configurations (readers, slot and pread sizes, ring depth, helping, checksums, O_DIRECT,
  * pinning, a device change between loads) over blobs with 4 KiB, 64 KiB and 1 MiB hash chunks
  * and random bytes must give the file's data region exactly; a flipped byte must be refused
@@ -13,7 +13,7 @@
 #include "format/blob.h"
 #include "format/gguf_write.h"
 #include "format/quant.h"
-#include "runtime/gpu_load.h"
+#include "runtime/gpu/gpu_load.h"
 #include "tests/test_util.h"
 
 extern int stub_delay_us, stub_register_fails;

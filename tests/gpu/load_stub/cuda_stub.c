@@ -1,4 +1,4 @@
-/* A CPU stand-in for the CUDA runtime calls runtime/gpu_load.c and tests/gpu/bench_load.c make,
+/* A CPU stand-in for the CUDA runtime calls runtime/gpu/gpu_load.c and tests/gpu/bench_load.c make,
  * to test the loader's threading (owners, helpers, slot reuse, failures) on a machine without a
  * GPU: every stream is a worker thread running its copies in order after a random delay (so a
  * slot reused before its copy ran shows up as wrong bytes), an event marks a stream position,

@@ -1,0 +1,363 @@
+/* Benchmark and profiling hooks of the CUDA model (gpu_model.h: rt_gpu_debug_*), used by
+ * tests/gpu/bench_decode.c: filling the caches to a context without running it, per-stage and
+ * per-sub-step timings of the last forward call. Compiled to nothing unless G5_WITH_CUDA. */
+#ifdef G5_WITH_CUDA
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/gpu/gpu_int.h"
+
+/* ---- benchmark hooks (tests/gpu/bench_decode.c) ---- */
+
+g5_status rt_gpu_debug_set_context(rt_gpu_model *g, uint32_t n_past, uint64_t seed, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t LW = gm_lat_w(hp), ID = hp->idx_head_dim, W = LW + ID;
+    rt_gpu_seq *s = g->def;
+    if (n_past > INT32_MAX - 4096) return g5_fail(err, G5_ERR_INVALID_ARG, "context %u", n_past);
+    CK(gm_seq_need(s, n_past + 256, err)); /* room for the steps that follow */
+    if (n_past) {
+        /* one random [n_past][latent | indexer key] block, uploaded once per rank; each layer
+         * gets it converted to the cache types, then it is scaled so the next layer differs */
+        const uint64_t cnt = (uint64_t)n_past * W;
+        float *h = malloc(cnt * sizeof *h);
+        if (!h) return g5_fail(err, G5_ERR_NOMEM, "context fill of %u positions", n_past);
+        uint64_t z = seed;
+        for (uint64_t i = 0; i < cnt; i++) {
+            z += 0x9E3779B97F4A7C15ull;
+            uint64_t v = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+            h[i] = (float)((double)((v ^ (v >> 31)) >> 11) / (double)(1ull << 52) - 1.0);
+        }
+        g5_status st = G5_OK;
+        for (uint32_t r = 0; r < g->T && !st; r++) {
+            gl_rank *rk = &g->rk[r];
+            const cuk_stream cs = (cuk_stream)rk->st;
+            float *d = NULL;
+            cudaError_t ce = cudaSetDevice(rk->dev);
+            if (ce == cudaSuccess) ce = cudaMalloc((void **)&d, cnt * sizeof *d);
+            if (ce == cudaSuccess) ce = cudaMemcpy(d, h, cnt * sizeof *d, cudaMemcpyHostToDevice);
+            if (ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "context fill: %s", cudaGetErrorString(ce));
+            for (uint32_t il = 0; il < hp->n_layer_main && !st; il++) {
+                st = cuk_convert(d, (int64_t)W, gm_seq_lat(g, s, r, il), g->lat_type, (int64_t)LW, n_past, (int64_t)LW,
+                                 cs, err);
+                if (!st)
+                    st = cuk_convert(d + LW, (int64_t)W, gm_seq_idxk(g, s, r, il), CUK_F32, (int64_t)ID, n_past,
+                                     (int64_t)ID, cs, err);
+                if (!st) st = cuk_scale(d, (int64_t)cnt, -0.999f, cs, err);
+            }
+            if (d) {
+                ce = cudaStreamSynchronize(rk->st);
+                if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "context fill: %s", cudaGetErrorString(ce));
+                cudaFree(d);
+            }
+        }
+        free(h);
+        if (st) return st;
+    }
+    s->n_past = n_past;
+    return G5_OK;
+}
+
+g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_times *out, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    rt_gpu_seq *s = g->def;
+    gl_rank *r0 = &g->rk[0];
+    memset(out, 0, sizeof *out);
+    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "stage times: ranks on several devices");
+    if (n == 0 || n > s->n_past || n > r0->ncap)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "stage times: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
+                       r0->ncap);
+    const uint64_t E = hp->n_embd, Lm = hp->n_layer_main;
+    rt_gpu_seq *const seqs[1] = {s};
+    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
+    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
+    /* events on rank 0's stream, which every rank shares here: ev[0] before the embedding, then
+     * one after each stage, which kind[] names */
+    enum { K_EMBD, K_ATTN, K_ADD, K_DENSE, K_MOE, K_HEAD };
+    CU(cudaSetDevice(r0->dev));
+    const uint32_t n_ev = (uint32_t)(4 * Lm + 3);
+    cudaEvent_t *ev = calloc(n_ev, sizeof *ev);
+    uint8_t *kind = calloc(n_ev, 1);
+    if (!ev || !kind) {
+        free(ev);
+        free(kind);
+        return g5_fail(err, G5_ERR_NOMEM, "stage events");
+    }
+    g5_status st = G5_OK;
+    uint32_t ne = 0;
+    for (uint32_t i = 0; i < n_ev && !st; i++)
+        if (cudaEventCreate(&ev[i]) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventCreate");
+        else ne++;
+#define MARK(k)                                                                                \
+    do {                                                                                       \
+        if (!st && cudaEventRecord(ev[m], r0->st) != cudaSuccess)                              \
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventRecord");                             \
+        kind[m++] = (k);                                                                       \
+    } while (0)
+    uint32_t m = 0;
+    for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, 1);
+    MARK(K_EMBD);
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        st = cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
+                              (int64_t)E, (cuk_stream)rk->st, err);
+        rk->pa = rk->pb = NULL;
+    }
+    MARK(K_EMBD);
+    for (uint32_t il = 0; il < Lm && !st; il++) {
+        for (uint32_t r = 0; r < g->T && !st; r++) st = gm_attn_stage(g, &g->rk[r], il, &pl, err);
+        MARK(K_ATTN);
+        if (!st) st = gm_collective(g, n, NULL, err);
+        MARK(K_ADD);
+        for (uint32_t r = 0; r < g->T && !st; r++) st = gm_ffn_stage(g, &g->rk[r], il, n, err);
+        MARK(r0->L[il].dense ? K_DENSE : K_MOE);
+        if (!st) st = gm_collective(g, n, NULL, err);
+        MARK(K_ADD);
+    }
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        st = gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err);
+        if (!st && rk->head_write) st = gm_gemv(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg,
+                                             rk->head.m, err);
+    }
+    MARK(K_HEAD);
+#undef MARK
+    if (!st && cudaStreamSynchronize(r0->st) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "stage times: sync");
+    double *acc[] = {&out->embd_ms, &out->attn_ms, &out->add_ms, &out->dense_ms, &out->moe_ms, &out->head_ms};
+    for (uint32_t i = 1; i < m && !st; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, ev[i - 1], ev[i]) != cudaSuccess) {
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventElapsedTime");
+            break;
+        }
+        *acc[kind[i]] += ms;
+        out->total_ms += ms;
+    }
+    out->n_tok = n;
+    for (uint32_t i = 0; i < ne; i++) cudaEventDestroy(ev[i]);
+    free(ev);
+    free(kind);
+    return st;
+}
+
+/* ---- sub-step profile (rt_gpu_debug_profile) ---- */
+
+/* The last call's device work again (rt_gpu_debug_stage_times' sequence), with marks when
+ * g->prof is set: embedding, the layers, the collectives, final norm and lm_head. */
+static g5_status prof_replay(rt_gpu_model *g, const fplan *pl, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const uint32_t n = pl->n;
+    const uint64_t E = hp->n_embd;
+    gl_rank *rk = &g->rk[0];
+    CU(cudaSetDevice(rk->dev));
+    PMARK("step", "start");
+    for (uint32_t r = 0; r < g->T; r++) {
+        rk = &g->rk[r];
+        CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
+                            (int64_t)E, (cuk_stream)rk->st, err));
+        rk->pa = rk->pb = NULL;
+    }
+    PMARK("step", "embedding");
+    for (uint32_t il = 0; il < hp->n_layer_main; il++) {
+        for (uint32_t r = 0; r < g->T; r++) CK(gm_attn_stage(g, &g->rk[r], il, pl, err));
+        CK(gm_collective(g, n, NULL, err));
+        rk = &g->rk[0];
+        PMARK("add", "collective after attention");
+        for (uint32_t r = 0; r < g->T; r++) CK(gm_ffn_stage(g, &g->rk[r], il, n, err));
+        CK(gm_collective(g, n, NULL, err));
+        PMARK("add", "collective after FFN");
+    }
+    for (uint32_t r = 0; r < g->T; r++) {
+        rk = &g->rk[r];
+        CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
+        PMARK("step", "output_norm (+ residual add)");
+        if (rk->head_write) CK(gm_gemv(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg, rk->head.m, err));
+        PMARK("step", "lm_head gemv");
+    }
+    return G5_OK;
+}
+
+typedef struct prof_row {
+    const char *stage, *label;
+    double ms[2];                    /* [0] launched one by one, [1] CUDA graph */
+    uint32_t cnt[2];
+} prof_row;
+
+enum { PROF_ROWS = 96 };
+
+/* Adds the intervals between p's marks to rows (variant v). */
+static g5_status prof_collect(const gprof *p, prof_row *rows, uint32_t *n_rows, int v, g5_error *err) {
+    for (uint32_t i = 1; i < p->n; i++) {
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+        uint32_t j = 0;
+        while (j < *n_rows && (strcmp(rows[j].stage, p->stage[i]) || strcmp(rows[j].label, p->label[i]))) j++;
+        if (j == *n_rows) {
+            if (*n_rows == PROF_ROWS) return g5_fail(err, G5_ERR_INTERNAL, "profile: more than %d sub-steps", PROF_ROWS);
+            rows[j] = (prof_row){p->stage[i], p->label[i], {0, 0}, {0, 0}};
+            (*n_rows)++;
+        }
+        rows[j].ms[v] += ms;
+        rows[j].cnt[v]++;
+    }
+    return G5_OK;
+}
+
+/* Milliseconds of one graph launch (the mean of 3 after a warm-up launch). */
+static g5_status prof_time_graph(cudaGraphExec_t ge, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double *ms,
+                                 g5_error *err) {
+    CU(cudaGraphLaunch(ge, st));
+    CU(cudaEventRecord(e0, st));
+    for (int i = 0; i < 3; i++) CU(cudaGraphLaunch(ge, st));
+    CU(cudaEventRecord(e1, st));
+    CU(cudaEventSynchronize(e1));
+    float f = 0;
+    CU(cudaEventElapsedTime(&f, e0, e1));
+    *ms = f / 3;
+    return G5_OK;
+}
+
+/* prof_replay captured on rank 0's stream (marks as event record nodes when p) and
+ * instantiated into *ge. */
+static g5_status prof_capture(rt_gpu_model *g, const fplan *pl, gprof *p, cudaGraphExec_t *ge, g5_error *err) {
+    gl_rank *r0 = &g->rk[0];
+    *ge = NULL;
+    CU(cudaStreamBeginCapture(r0->st, cudaStreamCaptureModeThreadLocal));
+    if (p) {
+        p->n = 0;
+        p->external = 1;
+        g->prof = p;
+    }
+    g5_status st = prof_replay(g, pl, err);
+    g->prof = NULL;
+    cudaGraph_t graph = NULL;
+    const cudaError_t ce = cudaStreamEndCapture(r0->st, &graph);
+    if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "profile: graph capture: %s", cudaGetErrorString(ce));
+    if (!st && p && p->ce != cudaSuccess)
+        st = g5_fail(err, G5_ERR_INTERNAL, "profile: event record node: %s", cudaGetErrorString(p->ce));
+    if (!st && cudaGraphInstantiate(ge, graph, 0) != cudaSuccess) {
+        *ge = NULL;
+        st = g5_fail(err, G5_ERR_INTERNAL, "profile: cudaGraphInstantiate: %s", cudaGetErrorString(cudaGetLastError()));
+    }
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    return st;
+}
+
+g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    rt_gpu_seq *s = g->def;
+    gl_rank *r0 = &g->rk[0];
+    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "profile: ranks on several devices");
+    if (n == 0 || n > s->n_past || n > r0->ncap)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "profile: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
+                       r0->ncap);
+    rt_gpu_seq *const seqs[1] = {s};
+    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
+    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
+    CU(cudaSetDevice(r0->dev));
+    gprof p;
+    memset(&p, 0, sizeof p);
+    p.cap = 64u * hp->n_layer_main * g->T + 64u;
+    p.ev = calloc(p.cap, sizeof *p.ev);
+    p.stage = calloc(p.cap, sizeof *p.stage);
+    p.label = calloc(p.cap, sizeof *p.label);
+    prof_row *rows = calloc(PROF_ROWS, sizeof *rows);
+    uint32_t n_rows = 0, n_ev = 0;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaGraphExec_t ge_m = NULL, ge_p = NULL;
+    g5_status st = G5_OK;
+    if (!p.ev || !p.stage || !p.label || !rows) st = g5_fail(err, G5_ERR_NOMEM, "profile events");
+    for (; !st && n_ev < p.cap; n_ev++)
+        if (cudaEventCreate(&p.ev[n_ev]) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "profile: cudaEventCreate");
+    if (!st && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
+        st = g5_fail(err, G5_ERR_INTERNAL, "profile: cudaEventCreate");
+    for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, 1);
+    /* 1: launched one by one, without marks (also the warm-up), then with marks */
+    double plain_ms = -1, marked_ms = 0, gplain_ms = -1, gmarked_ms = -1;
+    if (!st && cudaEventRecord(e0, r0->st) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventRecord");
+    if (!st) st = prof_replay(g, &pl, err);
+    if (!st && cudaEventRecord(e1, r0->st) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventRecord");
+    if (!st && cudaEventSynchronize(e1) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "profile: sync");
+    float f = 0;
+    if (!st && cudaEventElapsedTime(&f, e0, e1) == cudaSuccess) plain_ms = f;
+    if (!st) {
+        p.n = 0;
+        p.external = 0;
+        g->prof = &p;
+        st = prof_replay(g, &pl, err);
+        g->prof = NULL;
+        if (!st && p.ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "profile: cudaEventRecord: %s", cudaGetErrorString(p.ce));
+        if (!st && cudaStreamSynchronize(r0->st) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "profile: sync");
+        if (!st) st = prof_collect(&p, rows, &n_rows, 0, err);
+        if (!st && p.n > 1 && cudaEventElapsedTime(&f, p.ev[0], p.ev[p.n - 1]) == cudaSuccess) marked_ms = f;
+    }
+    /* 2: one token: captured into a graph, with marks as event record nodes, and without */
+    const char *gnote = n == 1 ? NULL : "not run (n > 1)";
+    char gerr[200] = "";
+    if (!st && n == 1) {
+        g5_error e2;
+        memset(&e2, 0, sizeof e2);
+        g5_status s2 = prof_capture(g, &pl, NULL, &ge_p, &e2);
+        if (!s2) s2 = prof_time_graph(ge_p, r0->st, e0, e1, &gplain_ms, &e2);
+        if (!s2) s2 = prof_capture(g, &pl, &p, &ge_m, &e2);
+        if (!s2) s2 = prof_time_graph(ge_m, r0->st, e0, e1, &gmarked_ms, &e2); /* the marks: last launch's */
+        if (!s2) s2 = prof_collect(&p, rows, &n_rows, 1, &e2);
+        if (s2) {
+            snprintf(gerr, sizeof gerr, "failed: %.180s", e2.msg);
+            gnote = gerr;
+            (void)cudaGetLastError();
+        }
+    }
+    for (uint32_t r = 0; r < g->T; r++) g->rk[r].pa = g->rk[r].pb = NULL;
+    if (!st) {
+        uint32_t nd = 0;
+        for (uint32_t il = 0; il < hp->n_layer_main; il++) nd += r0->L[il].dense ? 1 : 0;
+        const uint32_t nm = hp->n_layer_main - nd;
+        fprintf(report, "profile of the last call (%u token%s, %u layers: %u dense, %u MoE; %u rank%s): mean us per "
+                        "occurrence and total ms; [launched] one launch after another (host gaps included), [graph] "
+                        "captured into one CUDA graph%s%s\n",
+                n, n == 1 ? "" : "s", hp->n_layer_main, nd, nm, g->T, g->T == 1 ? "" : "s on one device",
+                gnote ? ": graph variant " : "", gnote ? gnote : "");
+        fprintf(report, "  %-6s %-40s %10s %10s %7s %10s %10s\n", "stage", "sub-step", "launch us", "graph us", "count",
+                "launch ms", "graph ms");
+        const char *stages[] = {"step", "attn", "dense", "moe", "add"};
+        const uint32_t per[] = {1, hp->n_layer_main * g->T, nd * g->T, nm * g->T, 2 * hp->n_layer_main};
+        for (int k = 0; k < 5; k++) {
+            double sum[2] = {0, 0};
+            for (uint32_t j = 0; j < n_rows; j++) {
+                const prof_row *rw = &rows[j];
+                if (strcmp(rw->stage, stages[k])) continue;
+                sum[0] += rw->ms[0];
+                sum[1] += rw->ms[1];
+                fprintf(report, "  %-6s %-40s %10.2f %10.2f %7u %10.3f %10.3f\n", rw->stage, rw->label,
+                        rw->cnt[0] ? 1e3 * rw->ms[0] / rw->cnt[0] : 0.0, rw->cnt[1] ? 1e3 * rw->ms[1] / rw->cnt[1] : 0.0,
+                        rw->cnt[0], rw->ms[0], rw->ms[1]);
+            }
+            if (per[k] && (sum[0] > 0 || sum[1] > 0))
+                fprintf(report, "  %-6s %-40s %10.2f %10.2f %7u %10.3f %10.3f\n", stages[k],
+                        k == 0 ? "== step parts, per call" : k == 4 ? "== per collective" : "== per layer (and rank)",
+                        1e3 * sum[0] / per[k], 1e3 * sum[1] / per[k], per[k], sum[0], sum[1]);
+        }
+        fprintf(report, "  totals: launched %.3f ms with the marks, %.3f ms without; graph %.3f ms with the marks, "
+                        "%.3f ms without (one launch, mean of 3)\n",
+                marked_ms, plain_ms, gmarked_ms, gplain_ms);
+    }
+    if (ge_m) cudaGraphExecDestroy(ge_m);
+    if (ge_p) cudaGraphExecDestroy(ge_p);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    for (uint32_t i = 0; i < n_ev; i++) cudaEventDestroy(p.ev[i]);
+    free(p.ev);
+    free(p.stage);
+    free(p.label);
+    free(rows);
+    return st;
+}
+
+#else
+typedef int rt_gpu_debug_unused_;
+#endif

@@ -1,0 +1,272 @@
+/* The decode step as a CUDA graph (gpu_model.h, opts.cuda_graph): captured once, then replayed
+ * at every later position without being recorded again. Compiled to nothing unless
+ * G5_WITH_CUDA.
+ *
+ * A one-token step of one sequence is gm_forward_device with g->graph_bound set: the same
+ * launches as the plain path, except that the attention stage's position-dependent ones (the
+ * cache writes, the indexer scores and top-k, the attention) read the position from rk->pos
+ * (cuk_model.h, "positions in device memory"). rk->pos and rk->tok, uploaded by forward_plan
+ * before every launch, are the step's parameters; everything else a replay depends on is the
+ * key of struct gm_graph below, and the step is captured again only when that changed.
+ *
+ * Why buckets of the key count and not one graph for the capacity: the launch shapes of the
+ * indexer grow with the key count (the score grid, up to a block per 128 keys past 16k; the
+ * top-k cluster; the lane score kernel up to 16384 keys, the thread-per-key one above, 2-3x
+ * apart). A graph shaped for a server's whole context would launch thousands of score blocks
+ * that leave at once and the slower score kernel for short contexts. A power-of-two bucket
+ * (gm_graph_bound) launches at most twice the blocks that have work (the others leave at once),
+ * picks the plain path's score kernel (16384 is a bucket edge), and costs one capture per
+ * doubling of the context. Above GM_GRAPH_STEP_FROM keys the bucket is the next multiple of
+ * GM_GRAPH_STEP instead: a doubling there would launch up to 2x the thread-per-key score blocks
+ * of the plain path (65536 keys' worth at 32769), while a capture per GM_GRAPH_STEP tokens costs
+ * nothing next to the steps between them. The top-k's cluster is sized from the bound (its
+ * selection is exact whatever the slices). The attention's own shape does not depend on the key count (its
+ * cluster follows the top-k size), the other stages' not at all. */
+#ifdef G5_WITH_CUDA
+
+#include <stdlib.h>
+
+#include "cuda/attn_select.h"
+#include "cuda/idx_select.h"
+#include "runtime/gpu/gpu_int.h"
+
+/* Per rank, the addresses a captured step holds: the work buffers (their layout follows ncap),
+ * the score buffer, and the sequence's caches; with their sizes, which grow identically in every
+ * process of a launch: a buffer is only ever replaced by a larger one, so a changed address comes
+ * with a changed size and every process decides alike whether to capture again (NCCL requires a
+ * graph-captured collective to be captured by all of its ranks together). */
+typedef struct gkey_rank {
+    const void *work, *sc, *lat, *idxk;
+    uint32_t ncap;
+    uint64_t sc_cap;
+} gkey_rank;
+
+typedef struct grank {
+    cudaGraphExec_t exec;            /* on rk->st; NULL for a rank that shares rank 0's stream */
+    gkey_rank key;
+} grank;
+
+struct gm_graph {
+    int valid;                       /* the key below is what every exec was captured for */
+    int nccl_warm;                   /* the step's all-reduce ran once outside a capture */
+    const rt_gpu_seq *seq;
+    uint32_t cap, bound;             /* the sequence's capacity (its caches' layer stride); the
+                                        bucket (g->graph_bound of the capture) */
+    int logits;                      /* the head GEMVs were captured (out->logits) */
+    int attn_old, idx_lane;          /* the process-wide kernel choices (attn_select.h, idx_select.h) */
+    grank rk[];                      /* [T] */
+};
+
+uint32_t gm_graph_bound(uint32_t P, uint32_t cap) {
+    uint64_t b = GM_GRAPH_MIN_BOUND;
+    while (b < P && b < GM_GRAPH_STEP_FROM) b *= 2;
+    if (b < P) b = ((uint64_t)P + GM_GRAPH_STEP - 1) / GM_GRAPH_STEP * GM_GRAPH_STEP;
+    return b < cap ? (uint32_t)b : cap;
+}
+
+static gkey_rank key_rank(const rt_gpu_model *g, const fplan *pl, uint32_t r) {
+    const gl_rank *rk = &g->rk[r];
+    const rt_gpu_seq *s = pl->seq[0];
+    return (gkey_rank){rk->work, rk->sc, s->rk[r].lat, s->rk[r].idxk, rk->ncap, rk->sc_cap};
+}
+
+static int key_same(const struct gm_graph *k, const rt_gpu_model *g, const fplan *pl, uint32_t bound, int logits) {
+    const rt_gpu_seq *s = pl->seq[0];
+    if (!k->valid || k->seq != s || k->cap != s->cap || k->bound != bound || k->logits != logits ||
+        k->attn_old != cuk_attn_old() || k->idx_lane != cuk_idx_scores_lane())
+        return 0;
+    for (uint32_t r = 0; r < g->T; r++) {
+        const gkey_rank a = key_rank(g, pl, r), *b = &k->rk[r].key;
+        if (a.work != b->work || a.sc != b->sc || a.lat != b->lat || a.idxk != b->idxk || a.ncap != b->ncap ||
+            a.sc_cap != b->sc_cap)
+            return 0;
+    }
+    return 1;
+}
+
+static void key_store(struct gm_graph *k, const rt_gpu_model *g, const fplan *pl, uint32_t bound, int logits) {
+    k->seq = pl->seq[0];
+    k->cap = pl->seq[0]->cap;
+    k->bound = bound;
+    k->logits = logits;
+    k->attn_old = cuk_attn_old();
+    k->idx_lane = cuk_idx_scores_lane();
+    for (uint32_t r = 0; r < g->T; r++) k->rk[r].key = key_rank(g, pl, r);
+    k->valid = 1;
+}
+
+static void execs_free(rt_gpu_model *g, struct gm_graph *gr) {
+    for (uint32_t r = 0; r < g->T; r++)
+        if (gr->rk[r].exec) {
+            cudaSetDevice(g->rk[r].dev);
+            cudaGraphExecDestroy(gr->rk[r].exec);
+            gr->rk[r].exec = NULL;
+        }
+}
+
+/* Recent NCCL versions connect an algorithm's transports at its first collective that uses it
+ * (runtime connection, NCCL_RUNTIME_CONNECT): so that this setup (allocations, a handshake with
+ * the peers) never has to happen inside a capture, one all-reduce of the step's size runs once
+ * outside any, on rk->red (scratch: only the device-side sum uses it). Collective, like the
+ * capture that follows on every process. */
+static g5_status nccl_warm(rt_gpu_model *g, struct gm_graph *gr, g5_error *err) {
+#ifdef G5_HAVE_NCCL
+    if (g->coll != COLL_NCCL || gr->nccl_warm) return G5_OK;
+    nccl_api *a = &g->nccl;
+    const size_t cnt = g->hp.n_embd;
+    ncclResult_t nr = a->group_start();
+    cudaError_t ce = cudaSuccess;
+    for (uint32_t r = 0; r < g->T && nr == ncclSuccess && ce == cudaSuccess; r++) {
+        gl_rank *rk = &g->rk[r];
+        ce = cudaSetDevice(rk->dev);
+        if (ce == cudaSuccess) nr = a->all_reduce(rk->red, rk->red, cnt, ncclFloat32, ncclSum, rk->comm, rk->st);
+    }
+    const ncclResult_t ne = a->group_end();
+    if (ce != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice: %s", cudaGetErrorString(ce));
+    if (nr != ncclSuccess || ne != ncclSuccess)
+        return g5_fail(err, G5_ERR_INTERNAL, "ncclAllReduce (before the graph capture): %s",
+                       a->error_string(nr != ncclSuccess ? nr : ne));
+    for (uint32_t r = 0; r < g->T; r++) {
+        CU(cudaSetDevice(g->rk[r].dev));
+        CU(cudaStreamSynchronize(g->rk[r].st));
+    }
+    gr->nccl_warm = 1;
+#else
+    (void)g;
+    (void)gr;
+    (void)err;
+#endif
+    return G5_OK;
+}
+
+/* gm_forward_device recorded into one graph per stream: every rank that owns its stream (each
+ * rank under NCCL or alone; under the device-side sum all ranks work on rank 0's) is captured at
+ * once, each on its own device, the ranks' launches interleaved as in the plain path and NCCL's
+ * grouped all-reduces landing in each rank's capture; then one executable graph per such rank.
+ * Thread-local capture mode: one thread drives all of the process's ranks, and NCCL switches
+ * itself to relaxed mode where it must allocate during a capture.
+ *
+ * Not an update in place (cudaGraphExecUpdate): between buckets a node can change kernel (the
+ * score kernels), cluster shape or launch attributes, and with accepted updates, bench_decode's
+ * contexts 32k, 8k, then 1k keys in one process gave non-finite logits at 1k on the H200, and
+ * with a fresh instantiation per capture finite ones (test_gpu_graph's "graph shrink" checks that
+ * order against plain launches); captures are rare (one per bucket, sequence or buffer change),
+ * so the instantiation's cost does not matter. */
+static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, uint32_t bound,
+                         const rt_gpu_outputs *out, g5_error *err) {
+    gr->valid = 0;
+    execs_free(g, gr);
+    CK(nccl_warm(g, gr, err));
+    cudaGraph_t *graphs = calloc(g->T, sizeof *graphs);
+    uint8_t *begun = calloc(g->T, 1);
+    if (!graphs || !begun) {
+        free(graphs);
+        free(begun);
+        return g5_fail(err, G5_ERR_NOMEM, "CUDA graph capture of %u ranks", g->T);
+    }
+    g5_status st = G5_OK;
+    cudaError_t ce = cudaSuccess;
+    for (uint32_t r = 0; r < g->T && ce == cudaSuccess; r++) {
+        gl_rank *rk = &g->rk[r];
+        if (!rk->own_stream) continue;
+        ce = cudaSetDevice(rk->dev);
+        if (ce == cudaSuccess) ce = cudaStreamBeginCapture(rk->st, cudaStreamCaptureModeThreadLocal);
+        begun[r] = ce == cudaSuccess;
+    }
+    if (ce != cudaSuccess) {
+        st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step: begin: %s", cudaGetErrorString(ce));
+    } else {
+        g->graph_bound = bound;
+        st = gm_forward_device(g, pl, out, 1, err);
+        g->graph_bound = 0;
+    }
+    /* every capture begun is ended, whatever failed, so that the streams stay usable */
+    for (uint32_t r = 0; r < g->T; r++) {
+        if (!begun[r]) continue;
+        cudaError_t ee = cudaSetDevice(g->rk[r].dev);
+        if (ee == cudaSuccess) ee = cudaStreamEndCapture(g->rk[r].st, &graphs[r]);
+        if (!st && ee != cudaSuccess)
+            st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step (rank %u): %s", g->rk[r].rg,
+                         cudaGetErrorString(ee));
+    }
+    g->info.graph_captures++;
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        if (!graphs[r]) continue;
+        cudaError_t ge = cudaSetDevice(g->rk[r].dev);
+        if (ge == cudaSuccess) ge = cudaGraphInstantiate(&gr->rk[r].exec, graphs[r], 0);
+        if (ge != cudaSuccess) {
+            gr->rk[r].exec = NULL;
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaGraphInstantiate (decode step, rank %u): %s", g->rk[r].rg,
+                         cudaGetErrorString(ge));
+        }
+    }
+    for (uint32_t r = 0; r < g->T; r++)
+        if (graphs[r]) {
+            cudaSetDevice(g->rk[r].dev);
+            cudaGraphDestroy(graphs[r]);
+        }
+    free(graphs);
+    free(begun);
+    if (st) {
+        execs_free(g, gr);
+        return st;
+    }
+    g->info.graph_instantiations++;
+    key_store(gr, g, pl, bound, out && out->logits);
+    return G5_OK;
+}
+
+g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, const rt_gpu_outputs *out,
+                           g5_error *err) {
+    gl_rank *r0 = &g->rk[0];
+    const rt_gpu_seq *s = pl->seq[0];
+    /* the bound the replayed kernels rely on (cuk_model.h), checked at every launch, not only at
+     * the capture: a position past it would give NaN logits */
+    if (pl->n != 1 || pl->n_seg != 1 || !bound || (uint64_t)pl->pos0[0] + 1 > bound || bound > s->cap)
+        return g5_fail(err, G5_ERR_INTERNAL, "graph step: %u token(s) in %u segment(s) at position %u, bound %u, capacity %u",
+                       pl->n, pl->n_seg, pl->pos0[0], bound, s->cap);
+    for (uint32_t r = 0; r < g->T; r++)
+        if (g->rk[r].sc_cap < bound)
+            return g5_fail(err, G5_ERR_INTERNAL, "graph step: rank %u holds %llu scores, bound %u", r,
+                           (unsigned long long)g->rk[r].sc_cap, bound);
+    if (!g->graph) {
+        g->graph = calloc(1, sizeof *g->graph + (size_t)g->T * sizeof(grank));
+        if (!g->graph) return g5_fail(err, G5_ERR_NOMEM, "CUDA graph state");
+    }
+    struct gm_graph *gr = g->graph;
+    if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, out && out->logits))
+        CK(capture(g, gr, pl, bound, out, err));
+    /* every rank's graph launched before any is waited for: under NCCL each one's all-reduces
+     * wait for the others' */
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        if (!gr->rk[r].exec) continue;
+        CU(cudaSetDevice(rk->dev));
+        CU(cudaGraphLaunch(gr->rk[r].exec, rk->st));
+    }
+    g->info.graph_steps++;
+    const uint64_t E = g->hp.n_embd;
+    if (out && out->hidden) {
+        CU(cudaSetDevice(r0->dev));
+        CU(cudaMemcpyAsync(out->hidden, r0->h, E * 4, cudaMemcpyDeviceToHost, r0->st));
+    }
+    if (out && out->logits)
+        for (uint32_t r = 0; r < g->T; r++) {
+            gl_rank *rk = &g->rk[r];
+            if (!rk->head_write) continue;
+            CU(cudaSetDevice(rk->dev));
+            CU(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
+                               rk->st));
+        }
+    return G5_OK;
+}
+
+void gm_graph_free(rt_gpu_model *g) {
+    if (!g->graph) return;
+    execs_free(g, g->graph);
+    free(g->graph);
+    g->graph = NULL;
+}
+
+typedef int rt_gpu_graph_unused_;
+#endif

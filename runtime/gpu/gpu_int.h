@@ -1,0 +1,305 @@
+/* Internals of the CUDA model shared by runtime/gpu/gpu_model.c (setup, stages, forward),
+ * runtime/gpu/gpu_debug.c (the benchmark and profiling hooks of gpu_model.h) and runtime/gpu/gpu_mtp.c
+ * (the NextN/MTP block), runtime/gpu/gpu_coll.c (processes, NCCL): the device-side structures and
+ * the stage functions. Not an API: nothing outside runtime/gpu/gpu_*.c includes it but
+ * tests/gpu/test_gpu_comm.c (gpu_coll.c's exchanges on a model stub).
+ * Built only with G5_WITH_CUDA. */
+#ifndef G5_RT_GPU_INT_H
+#define G5_RT_GPU_INT_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "runtime/gpu/gpu_linear.h"
+#include "runtime/gpu/gpu_model.h"
+#include "runtime/cpu/model_impl.h"
+
+#if defined(__has_include)
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#define G5_HAVE_NCCL 1
+#endif
+#endif
+
+enum { COLL_NONE = 0, COLL_DEVICE = 1, COLL_NCCL = 2 };
+
+/* A weight matrix on the device: m rows of k elements of `type`. */
+typedef struct dmat {
+    uint32_t type;
+    const void *w;
+    int64_t k, m;
+} dmat;
+
+typedef struct gl_layer {
+    int dense, has_idx;
+    const float *attn_norm, *q_a_norm, *kv_a_norm;   /* [E] [QL] [KL] */
+    const float *idx_k_norm, *idx_k_norm_b;          /* [ID] */
+    const float *ffn_norm, *router_b;                /* [E] [NE] (router_b may be NULL) */
+    dmat q_a, q_b, kv_a, o;
+    const float *kvb;                                /* [H_l * (NOPE + V)][KL] float32 */
+    dmat idx_q_b, idx_k, idx_proj;
+    dmat ffn_gate, ffn_up, ffn_down, router;
+    uint32_t exp_type, exp_down_type;
+    const void *exp_gate, *exp_up, *exp_down;        /* [n_exp_l][ffe_l or E][row] */
+    dmat sh_gate, sh_up, sh_down;
+    int sh_contrib;
+    uint32_t sh_l;
+} gl_layer;
+
+/* The NextN/MTP block's parts beside its decoder layer (which is L[n_layer_main]): gpu_mtp.c. */
+typedef struct gl_mtp {
+    const float *enorm, *hnorm, *head_norm;          /* [E] */
+    dmat eh;                                         /* eh_proj: [E][2E] whole, this rank's
+                                                        [E/T][2E] rows or [E][2E/T] columns */
+    int eh_split;                                    /* RT_SPLIT_NONE, _ROWS or _COLS */
+    dmat embd;                                       /* nextn.embed_tokens, else token_embd */
+    dmat head;                                       /* nextn.shared_head_head, else output */
+    uint32_t head_col0;
+    int head_write;
+    int head_as_output;                              /* the same columns as output on this rank */
+} gl_mtp;
+
+/* Host range [h, h + n) of the weight set is at d on the device. */
+typedef struct seg {
+    const uint8_t *h;
+    uint64_t n;
+    uint8_t *d;
+} seg;
+
+typedef struct gl_rank {
+    uint32_t r;                      /* index among this process's ranks (g->rk, s->rk) */
+    uint32_t rg;                     /* global rank index: g->first + r (messages, NCCL rank) */
+    int dev;
+    cudaStream_t st;
+    int own_stream;
+    const rt_rank *c;                /* the CPU model's rank */
+    void *wmem;                      /* all tensor data, one allocation */
+    uint64_t wbytes;
+    uint8_t *xmem;                   /* float32 extras */
+    uint64_t xcap, xoff;
+    seg *segs;
+    uint64_t n_segs;
+    gl_layer *L;                     /* [n_layer_main (+ 1: the NextN layer, with MTP)] */
+    gl_mtp mtp;                      /* with MTP only */
+    dmat tok_embd, head;
+    uint32_t head_col0;
+    int head_write;
+    const float *out_norm;
+    int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
+    /* work buffers for up to ncap tokens */
+    void *work;
+    uint32_t ncap;
+    float *x, *h, *part, *red, *qr, *kv, *q, *qlat, *olat, *ao, *iq, *iw;
+    float *ga, *gb, *gu, *moe, *rl, *wts, *wts_l, *lg;
+    /* The residual adds are folded into the RMSNorm that reads x next (cuk_add_rms_norm): a
+     * stage leaves its output as oa (+ ob: the routed and the shared experts, one device only),
+     * the collective turns it into the pending addends pa (+ pb) that x still lacks. */
+    float *oa, *ob, *pa, *pb;
+    float *latf;                     /* [n][KVW] new latents before conversion (non-f32 cache) or
+                                        before the copy into each sequence's cache (batches) */
+    float *ikf;                      /* [n][ID] new indexer keys of a batch, before the copies */
+    float *cat;                      /* [n][2E] the MTP block's [enorm(embd) | hnorm(hidden)] */
+    int batch_rows;                  /* a batched decode step is running: GEMV launches use only
+                                        widths whose kernel family is that of one row (gemv_k) */
+    void *xb;                        /* bf16 copies of product inputs (fast mode) */
+    gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
+    int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
+    float *sc;                       /* [n][P] indexer scores */
+    uint64_t sc_cap;
+#ifdef G5_HAVE_NCCL
+    ncclComm_t comm;
+#endif
+} gl_rank;
+
+#ifdef G5_HAVE_NCCL
+typedef struct nccl_api {
+    void *lib;
+    ncclResult_t (*get_unique_id)(ncclUniqueId *);
+    ncclResult_t (*comm_init_rank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                               cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
+    ncclResult_t (*comm_destroy)(ncclComm_t);
+    const char *(*error_string)(ncclResult_t);
+    ncclUniqueId id;                 /* made by process 0, broadcast through rt_comm */
+} nccl_api;
+#endif
+
+struct rt_gpu_model {
+    const rt_model *cpu;
+    glm5_hparams hp;
+    uint32_t T;                      /* ranks of this process (the CPU model's local ranks) */
+    uint32_t T_all, first;           /* ranks of the run; global index of rk[0] */
+    rt_comm *comm;                   /* the CPU model's processes (NULL: this one only) */
+    uint32_t *vcol;                  /* several processes: [2][P], process p writes logits columns
+                                        [vcol[p], vcol[p] + vcol[P + p]) (gm_coll_agree_load) */
+    gl_rank *rk;                     /* [T] */
+    int coll;
+    uint32_t lat_type;               /* CUK_F32, CUK_BF16, CUK_F16 */
+    uint32_t lat_es;                 /* its element size */
+    rt_gpu_seq *def;                 /* rt_gpu_forward's sequence */
+    int has_mtp;                     /* the CPU model has a NextN block: set up on every rank */
+    struct gm_graph *graph;          /* the decode step's CUDA graph (opts.cuda_graph; gpu_graph.c) */
+    uint32_t graph_bound;            /* 0, or while gm_forward_graph captures a one-token step: the
+                                        attention stage takes its position from rk->pos (pl->pos0
+                                        is only the capturing step's), writes the caches through
+                                        it and shapes its launches for graph_bound key positions
+                                        (pos0 + 1 <= graph_bound <= the sequence's capacity and
+                                        every rank's sc_cap) */
+    rt_gpu_info info;
+    struct gprof *prof;              /* sub-step events while rt_gpu_debug_profile runs, else NULL */
+#ifdef G5_HAVE_NCCL
+    nccl_api nccl;
+#endif
+};
+
+/* One rank's caches of a sequence. */
+typedef struct seq_rank {
+    void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
+    float *idxk;                     /* [Lm][cap][ID] indexer keys */
+} seq_rank;
+
+struct rt_gpu_seq {
+    rt_gpu_model *g;
+    uint32_t n_past, cap;
+    seq_rank *rk;                    /* [T] */
+    /* the NextN layer's caches ([mtp_cap] positions, one layer), allocated by the first MTP call */
+    uint32_t mtp_n_past, mtp_cap;
+    seq_rank *mrk;                   /* [T], or NULL */
+};
+
+#define CU(call)                                                                              \
+    do {                                                                                      \
+        cudaError_t ce_ = (call);                                                             \
+        if (ce_ != cudaSuccess)                                                               \
+            return g5_fail(err, G5_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,  \
+                           cudaGetErrorString(ce_));                                          \
+    } while (0)
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        g5_status st_ = (call);                                                               \
+        if (st_) return st_;                                                                  \
+    } while (0)
+
+/* Events recorded on the working stream between the sub-steps of the stages while g->prof is
+ * set; the interval that ends at mark i is charged to (stage[i], label[i]). Labels are string
+ * literals. Off (g->prof NULL), a mark costs one pointer test. */
+typedef struct gprof {
+    cudaEvent_t *ev;
+    const char **stage, **label;
+    uint32_t cap, n;
+    int external;                    /* recording into a stream capture: event record nodes */
+    int overflow;
+    cudaError_t ce;                  /* the first recording error */
+} gprof;
+
+/* The rows of one forward call: segment i is sequence seq[i]'s tokens at positions pos0[i] ..
+ * pos0[i] + len[i] - 1, held in rows row0[i] .. row0[i] + len[i] - 1 of the work buffers. A
+ * single-sequence call is one segment; a batched decode step one segment of one row per
+ * sequence. Everything but the cache writes, the indexer scores/top-k and the attention is
+ * per row, so it runs once over all n rows. */
+typedef struct fplan {
+    uint32_t n, n_seg;
+    rt_gpu_seq *const *seq;
+    const uint32_t *pos0, *len, *row0;
+} fplan;
+
+/* Records a sub-step mark (g->prof set: rt_gpu_debug_profile is running). */
+void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, const char *label);
+#define PMARK(stage, label)                                                                   \
+    do {                                                                                      \
+        if (g->prof) gm_prof_mark(g, rk, (stage), (label));                                   \
+    } while (0)
+
+double gm_now_s(void);
+uint64_t gm_lat_w(const glm5_hparams *hp);
+/* Sequence s's latent cache ([cap][lat_w] of the model's cache type) and indexer keys
+ * ([cap][idx_head_dim] float32) of layer il on rank r; il = n_layer_main: the NextN layer's
+ * ([mtp_cap] positions). */
+uint8_t *gm_seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il);
+float *gm_seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il);
+/* Grows s to hold at least `need` positions (contents kept). */
+g5_status gm_seq_need(rt_gpu_seq *s, uint32_t need, g5_error *err);
+/* Work buffers of rank rk for n rows and sc_need indexer scores. */
+g5_status gm_work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t sc_need, g5_error *err);
+/* Setup helpers: the device view of a CPU matrix (it must lie in the uploaded weights); a float32
+ * copy of n host values (NULL: uninitialized) in the rank's extras arena. */
+g5_status gm_dmat_of(const gl_rank *rk, const rt_mat *m, const char *what, uint32_t il, dmat *out, g5_error *err);
+g5_status gm_put_f32(gl_rank *rk, const float *host, uint64_t n, const float **out, g5_error *err);
+/* gpu_mtp.c: the NextN block's parts of rank rk (after its layers are set up; extras arena room:
+ * GM_MTP_EXTRA_BYTES), and the sequence's MTP caches freed (rt_gpu_seq_free). */
+#define GM_MTP_EXTRA_BYTES(E) (3 * (((uint64_t)(E) * 4 + 255) & ~(uint64_t)255))
+g5_status gm_mtp_setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err);
+void gm_mtp_seq_free(rt_gpu_seq *s);
+/* rk->h = RMSNorm(x) * w over n rows, the pending residual add folded in first. */
+g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err);
+g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                  int64_t ldy, g5_error *err);
+g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err);
+g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err);
+/* The device work of one forward call after the token and position uploads (gpu_model.c). With
+ * `graph` (one token, no debugging outputs, g->graph_bound set) it only enqueues on the ranks'
+ * streams, which are being captured, and leaves the logits in each rank's rk->lg. */
+g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph, g5_error *err);
+
+/* ---- the decode step as a CUDA graph (gpu_graph.c) ---- */
+
+/* graph_bound of a step of a sequence at key count P (its capacity cap >= P): the power of
+ * two >= P (at least GM_GRAPH_MIN_BOUND) up to GM_GRAPH_STEP_FROM, above it the multiple of
+ * GM_GRAPH_STEP >= P; at most cap. */
+#define GM_GRAPH_MIN_BOUND 1024u
+#define GM_GRAPH_STEP_FROM 16384u
+#define GM_GRAPH_STEP 8192u
+uint32_t gm_graph_bound(uint32_t P, uint32_t cap);
+/* The one-token step pl (work buffers reserved for `bound` = gm_graph_bound(..) scores, token and
+ * position uploaded) as a launch of g->graph, captured first only when what it was captured for
+ * changed; then the logits (out->logits) and hidden state copies on the ranks' streams. */
+g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, const rt_gpu_outputs *out,
+                           g5_error *err);
+void gm_graph_free(rt_gpu_model *g); /* g->graph, each rank's executable graph on its device */
+/* ---- processes and collectives (gpu_coll.c) ---- */
+
+/* rk[i].dev for each local rank, g->coll and info.n_devices, by the rules of gpu_model.h
+ * ("Processes and devices"); ndev devices visible, device0 the first to use. Local: no
+ * exchange. */
+g5_status gm_coll_place(rt_gpu_model *g, int device0, int ndev, g5_error *err);
+/* Several processes: every process learns the others' status so far (st: this one's) and the
+ * GPUs of all ranks; fails alike on all of them when one failed or two ranks share a GPU (which
+ * NCCL refuses). One process: returns st. */
+g5_status gm_coll_agree_devices(rt_gpu_model *g, g5_status st, g5_error *err);
+/* The same after loading (st: this process's), and then: the loader's report and the byte
+ * counts of info summed over the processes (seconds: the slowest), the logits columns of each
+ * process (g->vcol, checked to tile the vocabulary). One process: returns st. */
+g5_status gm_coll_agree_load(rt_gpu_model *g, g5_status st, g5_error *err);
+/* logits [rows][n_vocab] (host) hold this process's columns of each row: the other processes'
+ * columns are exchanged so that every process holds whole rows. Nothing at one process. Every
+ * process calls it with the same rows. */
+g5_status gm_coll_gather_logits(rt_gpu_model *g, float *logits, uint32_t rows, g5_error *err);
+#ifdef G5_HAVE_NCCL
+/* The library and its symbols; process 0 makes the unique id. Local. */
+g5_status gm_nccl_open(rt_gpu_model *g, g5_error *err);
+/* Process 0's unique id to all (rt_comm_bcast), then each local rank's communicator: rank
+ * g->first + r of g->T_all (ncclCommInitRank, all local ranks in one group). Collective. */
+g5_status gm_nccl_init(rt_gpu_model *g, g5_error *err);
+#endif
+/* One rank's GPU as the processes compare them: the same UUID is the same GPU; a device without
+ * one (all zero) is compared by host name and PCI bus id. */
+typedef struct gm_dev_id {
+    uint8_t uuid[16];
+    char bus[16];                    /* "dddd:bb:dd.f" */
+    char host[64];
+} gm_dev_id;
+/* 1 and the first pair i < j of ids[0 .. n) on one GPU, or 0 when they all differ. */
+int gm_coll_same_gpu(const gm_dev_id *ids, uint32_t n, uint32_t *i, uint32_t *j);
+/* Process p writes columns [lo[p], lo[p] + w[p]): these must tile [0, V) in process order
+ * (processes writing nothing anywhere). G5_ERR_MODEL naming the first gap or overlap. */
+g5_status gm_coll_vocab_check(const uint32_t *lo, const uint32_t *w, uint32_t P, uint32_t V, g5_error *err);
+
+/* The partial outputs summed over the ranks and added to every rank's residual stream (at one
+ * rank: recorded as the pending add of the next norm). dbg: rank 0's sum, host, or NULL. */
+g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err);
+
+#endif

@@ -1,0 +1,1221 @@
+/* GLM-5 forward pass on CUDA GPUs (gpu_model.h): setup from the CPU model, weights on the
+ * devices, the per-rank stages and the collectives (placement, the processes' exchanges and
+ * NCCL's set-up are in gpu_coll.c). Compiled to nothing unless G5_WITH_CUDA.
+ *
+ * The stage code below follows runtime/cpu/attn.c and runtime/cpu/model.c line by line; comments there
+ * explain the math. */
+#ifdef G5_WITH_CUDA
+
+#include "runtime/gpu/gpu_model.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "format/blob.h"
+#include "format/quant.h"
+#include "runtime/gpu/gpu_linear.h"
+#include "runtime/cpu/model_impl.h"
+
+#include "cuda/gemv_select.h"
+#include "cuda/cuk_head_gemv.h"
+#include "runtime/gpu/gpu_int.h"
+
+void rt_gpu_opts_default(rt_gpu_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->precision = RT_GPU_PRECISE;
+    rt_gpu_load_opts_default(&o->load);
+}
+
+const rt_gpu_info *rt_gpu_model_info(const rt_gpu_model *g) { return &g->info; }
+void rt_gpu_reset(rt_gpu_model *g) { rt_gpu_seq_reset(g->def); }
+uint32_t rt_gpu_n_past(const rt_gpu_model *g) { return g->def->n_past; }
+rt_gpu_seq *rt_gpu_default_seq(rt_gpu_model *g) { return g->def; }
+void rt_gpu_seq_reset(rt_gpu_seq *s) { s->n_past = s->mtp_n_past = 0; }
+uint32_t rt_gpu_seq_n_past(const rt_gpu_seq *s) { return s->n_past; }
+uint32_t rt_gpu_seq_capacity(const rt_gpu_seq *s) { return s->cap; }
+
+double gm_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- weights: host ranges to device addresses ---- */
+
+static int cmp_seg(const void *a, const void *b) {
+    const uint8_t *x = ((const seg *)a)->h, *y = ((const seg *)b)->h;
+    return (x > y) - (x < y);
+}
+
+/* Device address of host bytes [p, p + len) of the rank's weight set; NULL if not uploaded. */
+static const void *dptr(const gl_rank *rk, const void *p, uint64_t len) {
+    const uint8_t *q = p;
+    uint64_t lo = 0, hi = rk->n_segs;
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        if (rk->segs[mid].h <= q) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return NULL;
+    const seg *s = &rk->segs[lo - 1];
+    const uint64_t off = (uint64_t)(q - s->h);
+    if (off > s->n || len > s->n - off) return NULL;
+    return s->d + off;
+}
+
+static g5_status dmat_of(const gl_rank *rk, const rt_mat *m, const char *what, uint32_t il,
+                         dmat *out, g5_error *err) {
+    const void *d = dptr(rk, m->data, m->nrows * m->row_bytes);
+    if (!d)
+        return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: %s is not in the uploaded weights", rk->rg, il, what);
+    if (!cuk_gemv_supported(m->type))
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: %s is %s, which the GPU kernels do not handle",
+                       rk->rg, il, what, quant_type_name(m->type));
+    out->type = m->type;
+    out->w = d;
+    out->k = (int64_t)m->ncols;
+    out->m = (int64_t)m->nrows;
+    return G5_OK;
+}
+
+/* A float32 copy in the extras arena. */
+static g5_status put_f32(gl_rank *rk, const float *host, uint64_t n, const float **out, g5_error *err) {
+    const uint64_t bytes = (n * sizeof(float) + 255) & ~(uint64_t)255;
+    if (rk->xoff + bytes > rk->xcap)
+        return g5_fail(err, G5_ERR_INTERNAL, "rank %u: extras arena too small", rk->rg);
+    float *d = (float *)(void *)(rk->xmem + rk->xoff);
+    rk->xoff += bytes;
+    if (host) CU(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    *out = d;
+    return G5_OK;
+}
+
+static uint64_t up256(uint64_t b) { return (b + 255) & ~(uint64_t)255; }
+
+g5_status gm_dmat_of(const gl_rank *rk, const rt_mat *m, const char *what, uint32_t il, dmat *out, g5_error *err) {
+    return dmat_of(rk, m, what, il, out, err);
+}
+g5_status gm_put_f32(gl_rank *rk, const float *host, uint64_t n, const float **out, g5_error *err) {
+    return put_f32(rk, host, n, out, err);
+}
+
+/* Weight tensors of rank r: from the blob file (checksummed reader threads) or copied. */
+static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
+                                   const rt_gpu_opts *o, rt_gpu_load_stats *ls, g5_error *err) {
+    const rt_weights *w = rk->c->w;
+    const uint64_t nt = rt_weights_n_tensors(w);
+    rk->segs = calloc(nt ? nt : 1, sizeof *rk->segs);
+    if (!rk->segs) return g5_fail(err, G5_ERR_NOMEM, "rank %u: tensor table", rk->rg);
+    CU(cudaSetDevice(rk->dev));
+    if (b) {
+        CK(rt_gpu_load_blob(b, rk->dev, &o->load, &rk->wmem, ls, err));
+        const blob_info *in = blob_get_info(b);
+        rk->wbytes = in->data_size;
+        for (uint64_t i = 0; i < nt; i++) {
+            const rt_tensor *t = rt_weights_tensor(w, i);
+            const blob_tensor *bt = blob_find_tensor(b, t->name);
+            if (!bt || bt->size != t->nbytes)
+                return g5_fail(err, G5_ERR_MISMATCH, "rank %u: tensor '%s' of the weight set is not in %s as such",
+                               rk->rg, t->name, blob_get_path(b));
+            rk->segs[i] = (seg){(const uint8_t *)t->data, t->nbytes, (uint8_t *)rk->wmem + (bt->offset - in->data_offset)};
+        }
+    } else {
+        uint64_t total = 0;
+        for (uint64_t i = 0; i < nt; i++) total += up256(rt_weights_tensor(w, i)->nbytes);
+        const double t0 = gm_now_s();
+        CU(cudaMalloc(&rk->wmem, total ? total : 256));
+        rk->wbytes = total;
+        uint64_t off = 0;
+        for (uint64_t i = 0; i < nt; i++) {
+            const rt_tensor *t = rt_weights_tensor(w, i);
+            uint8_t *d = (uint8_t *)rk->wmem + off;
+            if (t->nbytes) CU(cudaMemcpy(d, t->data, t->nbytes, cudaMemcpyHostToDevice));
+            rk->segs[i] = (seg){(const uint8_t *)t->data, t->nbytes, d};
+            off += up256(t->nbytes);
+        }
+        if (ls) {
+            memset(ls, 0, sizeof *ls);
+            ls->bytes = total;
+            ls->seconds = gm_now_s() - t0;
+            ls->gb_per_s = ls->seconds > 0 ? (double)total / ls->seconds / 1e9 : 0;
+            ls->n_threads = 1;
+        }
+    }
+    rk->n_segs = nt;
+    qsort(rk->segs, nt, sizeof *rk->segs, cmp_seg);
+    (void)g;
+    return G5_OK;
+}
+
+static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const rt_rank *c = rk->c;
+    const uint64_t E = hp->n_embd, KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
+    const uint64_t kvb_rows = (uint64_t)c->H_l * (NOPE + V);
+    const uint32_t NL = hp->n_layer_main + (g->has_mtp ? 1 : 0); /* the NextN layer last */
+    /* extras arena: every vector and a float32 kv_b per layer, each 256-byte aligned */
+    uint64_t cap = up256(E * 4) + 256 + (g->has_mtp ? GM_MTP_EXTRA_BYTES(E) : 0);
+    for (uint32_t il = 0; il < NL; il++)
+        cap += up256(E * 4) * 2 + up256(hp->q_lora * 4) + up256(KL * 4) + up256(hp->idx_head_dim * 4) * 2 +
+               up256((uint64_t)hp->n_expert * 4) + up256(kvb_rows * KL * 4);
+    CU(cudaSetDevice(rk->dev));
+    CU(cudaMalloc((void **)&rk->xmem, cap));
+    rk->xcap = cap;
+    rk->L = calloc(NL, sizeof *rk->L);
+    if (!rk->L) return g5_fail(err, G5_ERR_NOMEM, "layers");
+    CK(dmat_of(rk, &c->tok_embd, "token_embd", 0, &rk->tok_embd, err));
+    CK(dmat_of(rk, &c->output.mat, "output", 0, &rk->head, err));
+    rk->head_col0 = c->output.col0;
+    rk->head_write = c->output.write;
+    CK(put_f32(rk, c->output_norm, E, &rk->out_norm, err));
+    for (uint32_t il = 0; il < NL; il++) {
+        const rt_layer *cl = &c->layers[il];
+        gl_layer *L = &rk->L[il];
+        if (!cl->present) return g5_fail(err, G5_ERR_MODEL, "rank %u: layer %u missing", rk->rg, il);
+        L->dense = cl->dense;
+        L->has_idx = cl->has_indexer;
+        if (il == 0 && !L->has_idx)
+            return g5_fail(err, G5_ERR_MODEL, "layer 0 has no indexer of its own (nothing to share)");
+        CK(put_f32(rk, cl->attn_norm, E, &L->attn_norm, err));
+        CK(put_f32(rk, cl->q_a_norm, hp->q_lora, &L->q_a_norm, err));
+        CK(put_f32(rk, cl->kv_a_norm, KL, &L->kv_a_norm, err));
+        CK(put_f32(rk, cl->ffn_norm, E, &L->ffn_norm, err));
+        CK(dmat_of(rk, &cl->q_a, "attn_q_a", il, &L->q_a, err));
+        CK(dmat_of(rk, &cl->q_b, "attn_q_b", il, &L->q_b, err));
+        CK(dmat_of(rk, &cl->kv_a, "attn_kv_a_mqa", il, &L->kv_a, err));
+        CK(dmat_of(rk, &cl->o, "attn_output", il, &L->o, err));
+        /* kv_b as float32: the absorption reads W_UK columns, the W_UV GEMV reads rows */
+        const void *kvq = dptr(rk, cl->kv_b.data, kvb_rows * cl->kv_b.row_bytes);
+        if (!kvq || cl->kv_b.nrows != kvb_rows)
+            return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: attn_kv_b not uploaded", rk->rg, il);
+        if (cl->kv_b.type == QT_F32) {
+            L->kvb = kvq;
+        } else {
+            const float *d = NULL;
+            CK(put_f32(rk, NULL, kvb_rows * KL, &d, err));
+            CK(cuk_dequant_rows(cl->kv_b.type, kvq, (int64_t)KL, (int64_t)kvb_rows, NULL, (int64_t)kvb_rows,
+                                (float *)d, (int64_t)KL, NULL, err));
+            L->kvb = d;
+        }
+        if (L->has_idx) {
+            CK(dmat_of(rk, &cl->idx_q_b, "indexer.attn_q_b", il, &L->idx_q_b, err));
+            CK(dmat_of(rk, &cl->idx_k, "indexer.attn_k", il, &L->idx_k, err));
+            CK(dmat_of(rk, &cl->idx_proj, "indexer.proj", il, &L->idx_proj, err));
+            CK(put_f32(rk, cl->idx_k_norm, hp->idx_head_dim, &L->idx_k_norm, err));
+            CK(put_f32(rk, cl->idx_k_norm_b, hp->idx_head_dim, &L->idx_k_norm_b, err));
+        }
+        if (L->dense) {
+            CK(dmat_of(rk, &cl->ffn_gate, "ffn_gate", il, &L->ffn_gate, err));
+            CK(dmat_of(rk, &cl->ffn_up, "ffn_up", il, &L->ffn_up, err));
+            CK(dmat_of(rk, &cl->ffn_down, "ffn_down", il, &L->ffn_down, err));
+        } else {
+            CK(dmat_of(rk, &cl->router, "ffn_gate_inp", il, &L->router, err));
+            if (cl->router_b) CK(put_f32(rk, cl->router_b, hp->n_expert, &L->router_b, err));
+            const rt_tensor *tg = cl->exp_gate, *tu = cl->exp_up, *td = cl->exp_down;
+            if (tg->type != tu->type)
+                return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: ffn_gate_exps is %s but ffn_up_exps is %s: "
+                               "the fused expert kernel needs one type", rk->rg, il, quant_type_name(tg->type), quant_type_name(tu->type));
+            if (!cuk_gemv_supported(tg->type) || !cuk_gemv_supported(td->type))
+                return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u layer %u: expert types %s/%s not handled by the GPU kernels",
+                               rk->rg, il, quant_type_name(tg->type), quant_type_name(td->type));
+            L->exp_type = tg->type;
+            L->exp_down_type = td->type;
+            L->exp_gate = dptr(rk, tg->data, tg->nbytes);
+            L->exp_up = dptr(rk, tu->data, tu->nbytes);
+            L->exp_down = dptr(rk, td->data, td->nbytes);
+            if (!L->exp_gate || !L->exp_up || !L->exp_down)
+                return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: expert tensors not uploaded", rk->rg, il);
+            L->sh_contrib = hp->n_expert_shared && cl->sh_contrib;
+            L->sh_l = cl->sh_l;
+            if (L->sh_contrib) {
+                CK(dmat_of(rk, &cl->sh_gate, "ffn_gate_shexp", il, &L->sh_gate, err));
+                CK(dmat_of(rk, &cl->sh_up, "ffn_up_shexp", il, &L->sh_up, err));
+                CK(dmat_of(rk, &cl->sh_down, "ffn_down_shexp", il, &L->sh_down, err));
+            }
+        }
+    }
+    if (g->has_mtp) CK(gm_mtp_setup_rank(g, rk, err));
+    CU(cudaDeviceSynchronize()); /* kv_b dequantization */
+    return G5_OK;
+}
+
+/* ---- creation ---- */
+
+g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_gpu_model **out,
+                              g5_error *err) {
+    *out = NULL;
+    rt_gpu_opts def;
+    if (!opts) {
+        rt_gpu_opts_default(&def);
+        opts = &def;
+    }
+    if (opts->precision != RT_GPU_PRECISE && opts->precision != RT_GPU_FAST && opts->precision != RT_GPU_BF16ACT)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "precision %d", (int)opts->precision);
+    rt_gpu_model *g = calloc(1, sizeof *g);
+    if (!g) return g5_fail(err, G5_ERR_NOMEM, "GPU model");
+    g->cpu = cpu;
+    g->hp = cpu->hp;
+    g->T = rt_model_n_local(cpu);
+    g->T_all = rt_model_n_ranks(cpu);
+    g->first = rt_model_rank_first(cpu);
+    g->comm = rt_model_comm(cpu);
+    g->has_mtp = cpu->has_mtp;
+    const int fast = opts->precision != RT_GPU_PRECISE;
+    const int bf16act = opts->precision == RT_GPU_BF16ACT;
+    rt_gpu_cache ct = opts->cache ? opts->cache : fast ? RT_GPU_CACHE_BF16 : RT_GPU_CACHE_F32;
+    g->lat_type = ct == RT_GPU_CACHE_BF16 ? CUK_BF16 : ct == RT_GPU_CACHE_F16 ? CUK_F16 : CUK_F32;
+    g->lat_es = g->lat_type == CUK_F32 ? 4 : 2;
+    g->info.precision = bf16act ? "bf16act" : fast ? "fast" : "precise";
+    g->info.cache = g->lat_type == CUK_BF16 ? "bf16" : g->lat_type == CUK_F16 ? "f16" : "f32";
+    g->rk = calloc(g->T, sizeof *g->rk);
+    blob_set *set = NULL;
+    g5_status st = G5_OK;
+    if (!g->rk) {
+        st = g5_fail(err, G5_ERR_NOMEM, "GPU ranks");
+        goto fail;
+    }
+    g->info.n_ranks = g->T_all;
+    g->info.n_local_ranks = g->T;
+    g->info.n_processes = rt_comm_size(g->comm);
+    for (uint32_t r = 0; r < g->T; r++) {
+        g->rk[r].r = r;
+        g->rk[r].rg = g->first + r;
+    }
+    /* From here a process that fails still joins the next exchange of its launch's processes
+     * (gm_coll_agree_*: nothing with one process), so that all of them fail together. */
+    int ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev < 1)
+        st = g5_fail(err, G5_ERR_UNSUPPORTED, "no CUDA device (%s)", ce != cudaSuccess ? cudaGetErrorString(ce) : "count 0");
+    else if (opts->device0 < 0 || opts->device0 >= ndev)
+        st = g5_fail(err, G5_ERR_INVALID_ARG, "device %d of %d", opts->device0, ndev);
+    else
+        st = gm_coll_place(g, opts->device0, ndev, err);
+    if ((st = gm_coll_agree_devices(g, st, err))) goto fail;
+    g->info.collective = g->coll == COLL_NONE ? "none" : g->coll == COLL_DEVICE ? "device-sum" : "nccl";
+    /* runtime/gpu/gpu_graph.c: one capture per stream (rank 0's for the device-side sum, each rank's
+     * own under NCCL) */
+    g->info.cuda_graph = opts->cuda_graph != 0;
+    /* One process driving several GPUs through NCCL launches several communicators' graphs from
+     * one thread, which NCCL documents as able to deadlock, and which has not run here (the
+     * two-GPU machine was lent only before this path existed): plain launches there. One NCCL
+     * rank per process (mpirun, one process per GPU: what NCCL recommends) keeps graphs. */
+    if (g->coll == COLL_NCCL && g->T > 1) g->info.cuda_graph = 0;
+    /* NCCL's support for graph-captured and plain collectives outstanding at once is documented
+     * to deadlock when one thread launches the graphs of several communicators; every forward
+     * call here ends with each rank's stream synchronized, so no two are ever outstanding and
+     * the stream-ordered mode serves (read at ncclCommInitRank; a value set by the user wins) */
+    if (g->info.cuda_graph && g->coll == COLL_NCCL) setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
+    gl_lin_cfg lcfg;
+    if ((st = gl_lin_cfg_resolve(opts, &lcfg, err))) goto loaded;
+    g->info.gemm = gl_lin_mode_name(lcfg.mode);
+    g->info.gemm_min = (int)lcfg.min_tokens;
+    g->info.gemm_min_expert = (int)lcfg.min_rows_expert;
+    if (opts->blob_dir) {
+        /* this process's ranks only: the other ranks' files need not be on its node */
+        if ((st = blob_set_open_ranks(opts->blob_dir, g->first, g->T, &set, err))) goto loaded;
+        if (blob_set_tp(set) != g->T_all) {
+            st = g5_fail(err, G5_ERR_MISMATCH, "%s holds %u ranks, the model %u", opts->blob_dir, blob_set_tp(set),
+                         g->T_all);
+            goto loaded;
+        }
+    }
+    const double t0 = gm_now_s();
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        rk->c = &cpu->ranks[r];
+        rk->fast = bf16act;
+        if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
+            st = g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(ce));
+            goto loaded;
+        }
+        if (r == 0 || g->coll != COLL_DEVICE) {
+            if ((ce = cudaStreamCreateWithFlags(&rk->st, cudaStreamNonBlocking)) != cudaSuccess) {
+                st = g5_fail(err, G5_ERR_INTERNAL, "stream: %s", cudaGetErrorString(ce));
+                goto loaded;
+            }
+            rk->own_stream = 1;
+        } else {
+            rk->st = g->rk[0].st; /* ranks sharing a device share one stream: stage order is kept */
+        }
+        rt_gpu_load_stats ls;
+        memset(&ls, 0, sizeof ls);
+        if ((st = load_rank_weights(g, rk, set ? blob_set_rank(set, rk->rg) : NULL, opts, &ls, err))) goto loaded;
+        g->info.load.bytes += ls.bytes;
+        g->info.load.n_threads = ls.n_threads;
+        g->info.load.direct_reads += ls.direct_reads;
+        g->info.load.buffered_reads += ls.buffered_reads;
+        g->info.load.verified = ls.verified;
+        g->info.weight_bytes += rk->wbytes;
+        if ((st = setup_rank(g, rk, err))) {
+            g5_error_prefix(err, "GPU setup");
+            goto loaded;
+        }
+        g->info.extra_bytes += rk->xoff;
+        if ((st = gl_lin_create(&lcfg, (cuk_stream)rk->st, &g->info, &rk->lin, err))) goto loaded;
+    }
+    rt_gpu_load_release(); /* the loader's pinned ring, kept across the ranks, is not needed after */
+    g->info.load.seconds = gm_now_s() - t0;
+    g->info.load.gb_per_s = g->info.load.seconds > 0 ? (double)g->info.load.bytes / g->info.load.seconds / 1e9 : 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, g->rk[0].dev) == cudaSuccess)
+        snprintf(g->info.device_name, sizeof g->info.device_name, "%s", prop.name);
+#ifdef G5_HAVE_NCCL
+    if (g->coll == COLL_NCCL) st = gm_nccl_open(g, err);
+#endif
+loaded:
+    if ((st = gm_coll_agree_load(g, st, err))) goto fail;
+#ifdef G5_HAVE_NCCL
+    if (g->coll == COLL_NCCL && (st = gm_nccl_init(g, err))) goto fail;
+#endif
+    if ((st = rt_gpu_seq_create(g, 0, &g->def, err))) goto fail;
+    blob_set_free(set);
+    *out = g;
+    return G5_OK;
+fail:
+    blob_set_free(set);
+    rt_gpu_model_free(g);
+    return st;
+}
+
+static void free_work(gl_rank *rk) {
+    if (rk->work) cudaFree(rk->work);
+    if (rk->sc) cudaFree(rk->sc);
+    rk->work = NULL;
+    rk->sc = NULL;
+    rk->ncap = 0;
+    rk->sc_cap = 0;
+}
+
+void rt_gpu_model_free(rt_gpu_model *g) {
+    if (!g) return;
+    /* ranks sharing a device share rank 0's stream: only owners touch (and destroy) a stream */
+    for (uint32_t r = 0; g->rk && r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        cudaSetDevice(rk->dev);
+        if (rk->own_stream) cudaStreamSynchronize(rk->st);
+    }
+    gm_graph_free(g);
+    rt_gpu_seq_free(g->def);
+    for (uint32_t r = 0; g->rk && r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        cudaSetDevice(rk->dev);
+#ifdef G5_HAVE_NCCL
+        if (rk->comm && g->nccl.comm_destroy) g->nccl.comm_destroy(rk->comm);
+#endif
+        free_work(rk);
+        gl_lin_free(rk->lin);
+        if (rk->wmem) cudaFree(rk->wmem);
+        if (rk->xmem) cudaFree(rk->xmem);
+        free(rk->segs);
+        free(rk->L);
+    }
+    for (uint32_t r = 0; g->rk && r < g->T; r++)
+        if (g->rk[r].own_stream) {
+            cudaSetDevice(g->rk[r].dev);
+            cudaStreamDestroy(g->rk[r].st);
+        }
+#ifdef G5_HAVE_NCCL
+    if (g->nccl.lib) dlclose(g->nccl.lib);
+#endif
+    free(g->vcol);
+    free(g->rk);
+    free(g);
+}
+
+/* ---- state and work buffers ---- */
+
+uint64_t gm_lat_w(const glm5_hparams *hp) { return (uint64_t)hp->kv_lora + hp->qk_rope; }
+
+/* Layer il of sequence s's caches on rank r. */
+uint8_t *gm_seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+    if (il >= g->hp.n_layer_main) return s->mrk[r].lat;
+    return (uint8_t *)s->rk[r].lat + (uint64_t)il * s->cap * gm_lat_w(&g->hp) * g->lat_es;
+}
+float *gm_seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
+    if (il >= g->hp.n_layer_main) return s->mrk[r].idxk;
+    return s->rk[r].idxk + (uint64_t)il * s->cap * g->hp.idx_head_dim;
+}
+
+uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions) {
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t per = (uint64_t)hp->n_layer_main * (gm_lat_w(hp) * g->lat_es + (uint64_t)hp->idx_head_dim * 4);
+    return per * positions * g->T;
+}
+
+/* Caches of exactly nc >= s->n_past positions on every rank, keeping the first n_past of each
+ * layer: all new buffers are allocated before any old one is given up, so a failure (NOMEM)
+ * leaves s as it was. */
+static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
+    rt_gpu_model *g = s->g;
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t LW = gm_lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main, es = g->lat_es;
+    seq_rank *nr = calloc(g->T, sizeof *nr);
+    if (!nr) return g5_fail(err, G5_ERR_NOMEM, "sequence caches");
+    g5_status st = G5_OK;
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        cudaError_t ce = cudaSetDevice(g->rk[r].dev);
+        if (ce == cudaSuccess) ce = cudaMalloc(&nr[r].lat, (size_t)(Lm * nc * LW * es));
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&nr[r].idxk, (size_t)(Lm * nc * ID * sizeof(float)));
+        if (ce != cudaSuccess) {
+            (void)cudaGetLastError(); /* an allocation failure must not surface at a later launch check */
+            st = g5_fail(err, ce == cudaErrorMemoryAllocation ? G5_ERR_NOMEM : G5_ERR_INTERNAL,
+                         "rank %u: GPU caches for %u positions (%.1f MB): %s", g->rk[r].rg, nc,
+                         (double)rt_gpu_seq_bytes(g, nc) / g->T / 1e6, cudaGetErrorString(ce));
+        }
+    }
+    for (uint32_t r = 0; r < g->T && !st && s->n_past; r++) {
+        gl_rank *rk = &g->rk[r];
+        cudaError_t ce = cudaSetDevice(rk->dev);
+        for (uint32_t il = 0; il < Lm && ce == cudaSuccess; il++) {
+            ce = cudaMemcpyAsync((uint8_t *)nr[r].lat + (uint64_t)il * nc * LW * es, gm_seq_lat(g, s, r, il),
+                                 (size_t)s->n_past * LW * es, cudaMemcpyDeviceToDevice, rk->st);
+            if (ce == cudaSuccess)
+                ce = cudaMemcpyAsync(nr[r].idxk + (uint64_t)il * nc * ID, gm_seq_idxk(g, s, r, il),
+                                     (size_t)s->n_past * ID * 4, cudaMemcpyDeviceToDevice, rk->st);
+        }
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
+        if (ce != cudaSuccess)
+            st = g5_fail(err, G5_ERR_INTERNAL, "rank %u: cache copy: %s", g->rk[r].rg, cudaGetErrorString(ce));
+    }
+    seq_rank *old = st ? nr : s->rk;
+    for (uint32_t r = 0; r < g->T; r++) {
+        if (!old[r].lat && !old[r].idxk) continue;
+        cudaSetDevice(g->rk[r].dev);
+        if (old[r].lat) cudaFree(old[r].lat);
+        if (old[r].idxk) cudaFree(old[r].idxk);
+    }
+    free(old);
+    if (st) return st;
+    s->rk = nr;
+    s->cap = nc;
+    return G5_OK;
+}
+
+/* Caches for `need` positions: grown by doubling from 256 (rt_gpu_forward's policy). */
+g5_status gm_seq_need(rt_gpu_seq *s, uint32_t need, g5_error *err) {
+    if (need <= s->cap) return G5_OK;
+    uint32_t nc = s->cap ? s->cap : 256;
+    while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
+    return seq_resize(s, nc, err);
+}
+
+g5_status rt_gpu_seq_create(rt_gpu_model *g, uint32_t reserve, rt_gpu_seq **out, g5_error *err) {
+    *out = NULL;
+    rt_gpu_seq *s = calloc(1, sizeof *s);
+    if (s) s->rk = calloc(g->T, sizeof *s->rk);
+    if (!s || !s->rk) {
+        if (s) free(s->rk);
+        free(s);
+        return g5_fail(err, G5_ERR_NOMEM, "GPU sequence");
+    }
+    s->g = g;
+    if (reserve) {
+        g5_status st = seq_resize(s, reserve, err);
+        if (st) {
+            rt_gpu_seq_free(s);
+            return st;
+        }
+    }
+    *out = s;
+    return G5_OK;
+}
+
+g5_status rt_gpu_seq_reserve(rt_gpu_seq *s, uint32_t positions, g5_error *err) {
+    return positions <= s->cap ? G5_OK : seq_resize(s, positions, err);
+}
+
+void rt_gpu_seq_free(rt_gpu_seq *s) {
+    if (!s) return;
+    gm_mtp_seq_free(s);
+    for (uint32_t r = 0; s->rk && r < s->g->T; r++) {
+        if (!s->rk[r].lat && !s->rk[r].idxk) continue;
+        cudaSetDevice(s->g->rk[r].dev);
+        if (s->rk[r].lat) cudaFree(s->rk[r].lat);
+        if (s->rk[r].idxk) cudaFree(s->rk[r].idxk);
+    }
+    free(s->rk);
+    free(s);
+}
+
+typedef struct carve {
+    uint8_t *base;
+    uint64_t off;
+} carve;
+
+static void *take(carve *c, uint64_t bytes) {
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += up256(bytes);
+    return p;
+}
+
+static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint8_t *base) {
+    const glm5_hparams *hp = &g->hp;
+    const uint64_t E = hp->n_embd, H = rk->c->H_l, F = 4, U = hp->n_expert_used;
+    const uint64_t FR = rk->c->max_rows ? rk->c->max_rows : 1;
+    carve c = {base, 0};
+    rk->x = take(&c, N * E * F);
+    rk->h = take(&c, N * E * F);
+    rk->part = take(&c, N * E * F);
+    rk->red = take(&c, N * E * F);
+    rk->qr = take(&c, N * hp->q_lora * F);
+    rk->kv = take(&c, N * gm_lat_w(hp) * F);
+    rk->q = take(&c, N * H * (hp->qk_nope + hp->qk_rope) * F);
+    rk->qlat = take(&c, N * H * hp->kv_lora * F);
+    rk->olat = take(&c, N * H * hp->kv_lora * F);
+    rk->ao = take(&c, N * H * hp->v_head * F);
+    rk->iq = take(&c, N * hp->idx_n_head * hp->idx_head_dim * F);
+    rk->iw = take(&c, N * hp->idx_n_head * F);
+    rk->ga = take(&c, N * FR * F);
+    rk->gb = take(&c, N * FR * F);
+    rk->gu = take(&c, N * U * (rk->c->ffe_l ? rk->c->ffe_l : 1) * F);
+    rk->moe = take(&c, N * E * F);
+    rk->rl = take(&c, N * hp->n_expert * F);
+    rk->wts = take(&c, N * U * F);
+    rk->wts_l = take(&c, N * U * F);
+    uint64_t head_m = (uint64_t)rk->head.m; /* the MTP head may be whole where output is split */
+    if (g->has_mtp && (uint64_t)rk->mtp.head.m > head_m) head_m = (uint64_t)rk->mtp.head.m;
+    rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * head_m * F);
+    rk->latf = take(&c, N * gm_lat_w(hp) * F);
+    rk->ikf = take(&c, N * hp->idx_head_dim * F);
+    rk->cat = take(&c, g->has_mtp ? N * 2 * E * F : 16);
+    uint64_t xbn = N * (rk->c->max_ncols > E ? rk->c->max_ncols : E);
+    if (N * U * rk->c->ffe_l > xbn) xbn = N * U * rk->c->ffe_l;
+    if (N * H * hp->kv_lora > xbn) xbn = N * H * hp->kv_lora; /* every head's W_UV input at once */
+    rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
+    rk->ids = take(&c, N * U * 4);
+    rk->ids_l = take(&c, N * U * 4);
+    rk->sel = take(&c, N * hp->idx_top_k * 4);
+    rk->n_sel = take(&c, N * 4);
+    rk->tok = take(&c, N * 4);
+    rk->pos = take(&c, N * 4);
+    return c.off;
+}
+
+/* Work buffers for n rows and sc_need indexer scores (the largest tokens x positions of one
+ * sequence in the call). */
+static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t sc_need, g5_error *err) {
+    CU(cudaSetDevice(rk->dev));
+    if (n > rk->ncap) {
+        if (rk->work) {
+            CU(cudaStreamSynchronize(rk->st));
+            cudaFree(rk->work);
+            rk->work = NULL;
+            rk->ncap = 0;
+        }
+        uint32_t nc = n < 16 ? 16 : n;
+        const uint64_t bytes = work_layout(g, rk, nc, NULL);
+        void *p = NULL;
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* not to be reported by a later launch check */
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu bytes of GPU work buffers for %u tokens", rk->rg,
+                           (unsigned long long)bytes, nc);
+        }
+        rk->work = p;
+        rk->ncap = nc;
+        work_layout(g, rk, nc, p);
+    }
+    const uint64_t need = sc_need;
+    if (need > rk->sc_cap) {
+        if (rk->sc) {
+            CU(cudaStreamSynchronize(rk->st));
+            cudaFree(rk->sc);
+            rk->sc = NULL;
+            rk->sc_cap = 0;
+        }
+        uint64_t nc = need < 4096 ? 4096 : need + need / 2;
+        if (cudaMalloc((void **)&rk->sc, nc * sizeof(float)) != cudaSuccess) {
+            (void)cudaGetLastError();
+            rk->sc = NULL;
+            return g5_fail(err, G5_ERR_NOMEM, "rank %u: %llu indexer scores", rk->rg, (unsigned long long)need);
+        }
+        rk->sc_cap = nc;
+    }
+    return G5_OK;
+}
+
+g5_status gm_work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t sc_need, g5_error *err) {
+    return work_reserve(g, rk, n, sc_need, err);
+}
+
+/* ---- sub-step profiler (rt_gpu_debug_profile) ---- */
+
+
+void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, const char *label) {
+    gprof *p = g->prof;
+    if (p->ce != cudaSuccess) return;
+    if (p->n >= p->cap) {
+        p->overflow = 1;
+        return;
+    }
+    p->ce = cudaEventRecordWithFlags(p->ev[p->n], rk->st, p->external ? cudaEventRecordExternal : cudaEventRecordDefault);
+    p->stage[p->n] = stage;
+    p->label[p->n] = label;
+    p->n++;
+}
+
+/* ---- stages ---- */
+
+/* rk->h = RMSNorm(x) * w over n rows, the pending residual add folded in first. */
+g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    if (!rk->pa) return cuk_rms_norm(rk->x, E, w, rk->h, E, n, E, eps, cs, err);
+    CK(cuk_add_rms_norm(rk->x, E, rk->pa, rk->pb, E, w, rk->h, E, n, E, eps, cs, err));
+    rk->pa = rk->pb = NULL;
+    return G5_OK;
+}
+
+/* The pending residual add on its own, for readers of x other than the norms (debug copies). */
+static g5_status flush_x(gl_rank *rk, uint32_t n, int64_t E, g5_error *err) {
+    if (!rk->pa) return G5_OK;
+    const cuk_stream cs = (cuk_stream)rk->st;
+    if (rk->pb) { /* the order of the unfused adds: experts + shared into part, then x + part */
+        CK(cuk_add(rk->pa, rk->pb, rk->part, (int64_t)n * E, cs, err));
+        rk->pa = rk->part;
+    }
+    CK(cuk_add(rk->x, rk->pa, rk->x, (int64_t)n * E, cs, err));
+    rk->pa = rk->pb = NULL;
+    return G5_OK;
+}
+
+/* The product input of a fast-mode rank: x [n][ldx] rounded to bf16 in rk->xb [n][k]. */
+static const void *act_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int64_t *ld,
+                          uint32_t *type, int keep_f32, g5_status *st, g5_error *err) {
+    *st = G5_OK;
+    if (!rk->fast || keep_f32) {
+        *ld = ldx;
+        *type = CUK_ACT_F32;
+        return x;
+    }
+    *st = cuk_convert(x, ldx, rk->xb, CUK_BF16, k, n, k, (cuk_stream)rk->st, err);
+    *ld = k;
+    *type = CUK_ACT_BF16;
+    return rk->xb;
+}
+
+/* y[t] = W x[t] for t < n, in batches of CUK_GEMV_MAX_N. keep_f32: float32 input in fast mode
+ * too (the router and the indexer: their choices flip on bf16 rounding, and their weights are
+ * small). */
+static g5_status gemv_in(const gl_rank *rk, const dmat *W, const void *xin, uint32_t xt, int64_t ld, uint32_t n,
+                         float *y, int64_t ldy, g5_error *err);
+
+static g5_status gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                        int64_t ldy, int keep_f32, g5_error *err) {
+    if (gl_lin_use(rk->lin, n)) { /* prefill: dequantize + cuBLAS GEMM (gpu_linear.h) */
+        const gl_wmat wm = {W->type, W->w, W->k, W->m};
+        return gl_lin_matmul(rk->lin, &wm, x, ldx, n, y, ldy, keep_f32, err);
+    }
+    g5_status st;
+    int64_t ld;
+    uint32_t xt;
+    const void *xx = act_in(rk, x, ldx, n, W->k, &ld, &xt, keep_f32, &st, err);
+    if (st) return st;
+    return gemv_in(rk, W, xx, xt, ld, n, y, ldy, err);
+}
+
+/* The GEMV launches of gemv_k for an input act_in made: xx [n][ld] of type xt. Several products
+ * of one input share one conversion this way (fast mode). */
+static g5_status gemv_in(const gl_rank *rk, const dmat *W, const void *xin, uint32_t xt, int64_t ld, uint32_t n,
+                         float *y, int64_t ldy, g5_error *err) {
+    const uint8_t *xx = xin;
+    const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+    /* A batched decode step must give each row the bits of a one-row launch: the split-K choice
+     * of the CUDA-core kernels ignores the width, but the tensor-core kernels take only up to 4
+     * rows (and fewer for a wide k), so where they run one row they get launches they take. */
+    uint32_t cw = CUK_GEMV_MAX_N;
+    if (rk->batch_rows && cuk_gemv_takes_tc(W->type, W->m, W->k, 1))
+        for (cw = 4; cw > 1 && !cuk_gemv_takes_tc(W->type, W->m, W->k, (int32_t)cw);) cw /= 2;
+    for (uint32_t t0 = 0; t0 < n; t0 += cw) {
+        const uint32_t c = n - t0 < cw ? n - t0 : cw;
+        cuk_gemv_args a = {W->type, W->w, W->k, W->m, xx + (int64_t)t0 * ld * es, xt, ld, (int32_t)c,
+                           y + (int64_t)t0 * ldy, ldy};
+        CK(cuk_gemv(&a, (cuk_stream)rk->st, err));
+    }
+    return G5_OK;
+}
+
+g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                      int64_t ldy, g5_error *err) {
+    return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+}
+
+
+g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, QL = hp->q_lora, KL = hp->kv_lora, R = hp->qk_rope, NOPE = hp->qk_nope;
+    const int64_t V = hp->v_head, H = rk->c->H_l, KVW = KL + R, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const int64_t K = hp->idx_top_k;
+    const uint32_t n = pl->n;
+    const int one = pl->n_seg == 1;
+    const float eps = hp->rms_eps, theta = hp->rope_theta;
+    /* a graph step being captured (g->graph_bound): nothing below may depend on pl->pos0, which
+     * only holds the capturing step's position */
+    const uint32_t bound = g->graph_bound;
+    if (bound && (!one || pl->row0[0] || il >= hp->n_layer_main || bound > pl->seq[0]->cap ||
+                  (uint64_t)bound > rk->sc_cap))
+        return g5_fail(err, G5_ERR_INTERNAL, "graph step: bound %u for %u segment(s), layer %u, capacity %u", bound,
+                       pl->n_seg, il, pl->seq[0]->cap);
+    CU(cudaSetDevice(rk->dev));
+    CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
+    PMARK("attn", "attn_norm (+ residual add)");
+    CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx, err)); /* qr feeds the indexer */
+    PMARK("attn", "q_a gemv");
+    CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
+    PMARK("attn", "q_a_norm");
+    CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    PMARK("attn", "kv_a gemv");
+    /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
+     * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
+     * cuk_cache_write_rows at the positions in rk->pos, below) */
+    const int direct = one && !bound && g->lat_type == CUK_F32;
+    float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
+                            : rk->latf;
+    CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
+    CU(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
+    CK(cuk_rope(lat_new, n, KVW, 1, KVW, KL, R, theta, rk->pos, cs, err));
+    if (bound && !L->has_idx)
+        CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, NULL, 0, NULL,
+                                pl->seq[0]->cap, rk->pos, n, cs, err));
+    for (uint32_t i = 0; i < pl->n_seg && !direct && !bound; i++) {
+        uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
+        const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
+        if (g->lat_type == CUK_F32)
+            CU(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
+        else
+            CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
+    }
+    PMARK("attn", "latent norm+rope+cache write");
+    if (L->has_idx) {
+        /* new keys straight into a single sequence's cache, else staged in rk->ikf */
+        float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
+        CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, 1, err));
+        PMARK("attn", "idx_q_b gemv");
+        CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, 1, err));
+        PMARK("attn", "idx_k gemv");
+        CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, 1, err));
+        PMARK("attn", "idx_proj gemv");
+        /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
+        CK(cuk_idx_prep(rk->iq, ik, rk->iw, L->idx_k_norm, L->idx_k_norm_b, (int32_t)n, (int32_t)IH, (int32_t)ID,
+                        (int32_t)R, theta, rk->pos, RT_IDX_NORM_EPS, (float)(1.0 / sqrt((double)ID * (double)IH)),
+                        cs, err));
+        PMARK("attn", "idx rope+norm+rope+scale (cuk_idx_prep)");
+        if (bound) { /* the latent and key rows in one launch, then the kernels' device-position forms */
+            float *kc = gm_seq_idxk(g, pl->seq[0], rk->r, il);
+            CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, rk->ikf, ID, kc,
+                                    pl->seq[0]->cap, rk->pos, n, cs, err));
+            CK(cuk_idx_scores_dev(rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, rk->pos, bound, rk->sc,
+                                  bound, cs, err));
+            CK(cuk_idx_topk_dev(rk->sc, bound, (int32_t)n, rk->pos, bound, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
+        }
+        /* per sequence, in stream order: the score buffer is reused by each */
+        for (uint32_t i = 0; i < pl->n_seg && !bound; i++) {
+            float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
+            const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
+            if (!one)
+                CU(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
+                                   cudaMemcpyDeviceToDevice, rk->st));
+            CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
+                              (int32_t)ID, p0, rk->sc, P, cs, err));
+            PMARK("attn", "idx_scores");
+            CK(cuk_idx_topk(rk->sc, P, (int32_t)pl->len[i], p0, (int32_t)K, rk->sel + t0 * K, K, rk->n_sel + t0,
+                            cs, err));
+            PMARK("attn", "idx_topk");
+        }
+    }
+    CK(gm_gemv(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
+    PMARK("attn", "q_b gemv");
+    CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
+    PMARK("attn", "q rope");
+    const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+    CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
+    PMARK("attn", "mla_absorb");
+    /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
+     * from the sequence's cache */
+    if (bound)
+        CK(cuk_mla_attend_dev(&d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
+                              g->lat_type == CUK_F32 ? NULL : rk->latf, rk->pos, bound, rk->sel, K, rk->n_sel,
+                              (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
+    for (uint32_t i = 0; i < pl->n_seg && !bound; i++) {
+        const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
+        const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+        CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
+                                gm_seq_lat(g, pl->seq[i], rk->r, il), g->lat_type,
+                                g->lat_type == CUK_F32 ? NULL : rk->latf + t0 * KVW, p0, P, rk->sel + t0 * K, K,
+                                rk->n_sel + t0, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))),
+                                rk->olat + t0 * H * KL, cs, err));
+    }
+    PMARK("attn", "mla_attend");
+    if (gl_lin_use(rk->lin, n)) {
+        for (int64_t h = 0; h < H; h++) {
+            const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+            CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
+        }
+    } else { /* every head's input converted in one launch (fast mode), not one per head */
+        g5_status st;
+        int64_t ld;
+        uint32_t xt;
+        const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact) */
+        const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
+                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
+        if (cuk_head_gemv_fits(&hg)) {
+            CK(cuk_head_gemv(&hg, cs, err));
+        } else {
+            const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+            for (int64_t h = 0; h < H; h++) {
+                const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+                CK(gemv_in(rk, &wuv, (const uint8_t *)xin + h * KL * es, xt, ld, n, rk->ao + h * V, H * V, err));
+            }
+        }
+    }
+    PMARK("attn", "W_UV gemv (all heads, one launch)");
+    CK(gm_gemv(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
+    PMARK("attn", "attn_output gemv");
+    rk->oa = rk->part;
+    rk->ob = NULL;
+    return G5_OK;
+}
+
+g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const rt_rank *c = rk->c;
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
+    CU(cudaSetDevice(rk->dev));
+    const char *const S = L->dense ? "dense" : "moe";
+    CK(gm_norm_x(rk, L->ffn_norm, n, E, hp->rms_eps, err));
+    PMARK(S, "ffn_norm (+ residual add)");
+    rk->oa = rk->part;
+    rk->ob = NULL;
+    if (L->dense) {
+        const int64_t F = c->ff_l;
+        if (gl_lin_use(rk->lin, n)) {
+            CK(gm_gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
+            PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
+            CK(gm_gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
+        } else { /* one conversion of h for both (fast mode) */
+            g5_status st;
+            int64_t ld;
+            uint32_t xt;
+            const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
+            if (st) return st;
+            CK(gemv_in(rk, &L->ffn_gate, xin, xt, ld, n, rk->ga, F, err));
+            PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
+            CK(gemv_in(rk, &L->ffn_up, xin, xt, ld, n, rk->gb, F, err));
+        }
+        PMARK(S, "ffn_up gemv");
+        CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
+        PMARK(S, "silu_mul");
+        CK(gm_gemv(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
+        PMARK(S, "ffn_down gemv");
+        return G5_OK;
+    }
+    CK(gemv_k(rk, &L->router, rk->h, E, n, rk->rl, NE, 1, err));
+    PMARK(S, "router gemv (f32 input)");
+    cuk_route_args ra = {rk->rl, NE, L->router_b, (int32_t)n, (int32_t)NE, (int32_t)U, (int32_t)hp->n_group,
+                         (int32_t)hp->topk_group, (int32_t)hp->expert_gating_func, hp->expert_weights_norm,
+                         hp->expert_weights_scale, rk->ids, rk->wts};
+    CK(cuk_moe_route(&ra, cs, err));
+    PMARK(S, "route (k_route)");
+    const int32_t *ids = rk->ids;
+    const float *wts = rk->wts;
+    if (c->n_exp_l != hp->n_expert) {
+        CK(cuk_moe_localize(rk->ids, rk->wts, (int64_t)n * U, (int32_t)c->exp0, (int32_t)c->n_exp_l, rk->ids_l,
+                            rk->wts_l, cs, err));
+        ids = rk->ids_l;
+        wts = rk->wts_l;
+        PMARK(S, "localize");
+    }
+    const int64_t FE = c->ffe_l, SL = L->sh_l;
+    if (gl_lin_use(rk->lin, n)) { /* prefill: tokens grouped by expert, GEMMs (gpu_linear.h) */
+        const gl_moe_args ma = {L->exp_type, L->exp_down_type, L->exp_gate, L->exp_up, L->exp_down, E, FE,
+                                (int32_t)NE, (int32_t)c->exp0, (int32_t)c->n_exp_l, rk->ids, rk->wts, (int32_t)U,
+                                rk->h, E, n, rk->moe, E};
+        CK(gl_lin_moe(rk->lin, &ma, err));
+        PMARK(S, "experts (prefill GEMM path)");
+        if (L->sh_contrib) {
+            CK(gm_gemv(rk, &L->sh_gate, rk->h, E, n, rk->ga, SL, err));
+            CK(gm_gemv(rk, &L->sh_up, rk->h, E, n, rk->gb, SL, err));
+            PMARK(S, "shared gate+up (GEMM path)");
+        }
+    } else {
+        g5_status st;
+        int64_t ld;
+        uint32_t xt;
+        /* h converted once (fast mode) for the shared expert's gate and up and the routed gate/up:
+         * the shared products run first, before rk->xb is reused for the routed down's input */
+        const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        if (rk->fast) PMARK(S, "bf16 convert of h");
+        if (L->sh_contrib) {
+            CK(gemv_in(rk, &L->sh_gate, xin, xt, ld, n, rk->ga, SL, err));
+            PMARK(S, "shared gate gemv");
+            CK(gemv_in(rk, &L->sh_up, xin, xt, ld, n, rk->gb, SL, err));
+            PMARK(S, "shared up gemv");
+        }
+        cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids, (int32_t)U,
+                                   U, xin, xt, ld, (int32_t)n, rk->gu, FE};
+        CK(cuk_moe_gate_up(&gu, cs, err));
+        PMARK(S, "moe_gate_up");
+        const void *hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        if (rk->fast) PMARK(S, "bf16 convert of gate*up");
+        cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l, ids, wts, (int32_t)U, U,
+                                U, hin, xt, ld, (int32_t)n, rk->moe, E};
+        CK(cuk_moe_down(&dn, cs, err));
+        PMARK(S, "moe_down");
+    }
+    if (L->sh_contrib) {
+        CK(cuk_silu_mul(rk->ga, SL, rk->gb, SL, rk->ga, SL, n, SL, cs, err));
+        PMARK(S, "shared silu_mul");
+        CK(gm_gemv(rk, &L->sh_down, rk->ga, SL, n, rk->part, E, err));
+        PMARK(S, "shared down gemv");
+    }
+    /* one device: the next norm adds moe (+ part) to x itself; ranks to be summed need part */
+    if (g->coll == COLL_NONE) {
+        rk->oa = rk->moe;
+        rk->ob = L->sh_contrib ? rk->part : NULL;
+    } else if (L->sh_contrib) {
+        CK(cuk_add(rk->moe, rk->part, rk->part, (int64_t)n * E, cs, err));
+        PMARK(S, "experts + shared add");
+    } else {
+        CU(cudaMemcpyAsync(rk->part, rk->moe, (size_t)n * E * 4, cudaMemcpyDeviceToDevice, rk->st));
+        PMARK(S, "experts copy to part");
+    }
+    return G5_OK;
+}
+
+static g5_status d2h(const gl_rank *rk, void *dst, const void *src, size_t bytes, g5_error *err) {
+    CU(cudaSetDevice(rk->dev));
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, rk->st));
+    CU(cudaStreamSynchronize(rk->st));
+    return G5_OK;
+}
+
+/* x += sum over ranks (rank order) of the stage outputs, on every rank; dbg (host) gets the
+ * sum. The add into x itself is left pending (rk->pa, pb) for the norm that reads x next; one
+ * device runs no collective work at all (no launch unless dbg). */
+g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) {
+    const int64_t cnt = (int64_t)n * g->hp.n_embd;
+    gl_rank *r0 = &g->rk[0];
+    const float *sum = r0->part;
+    if (g->coll == COLL_NONE) {
+        if (dbg && r0->ob) {
+            CU(cudaSetDevice(r0->dev));
+            CK(cuk_add(r0->oa, r0->ob, r0->part, cnt, (cuk_stream)r0->st, err));
+            r0->oa = r0->part;
+            r0->ob = NULL;
+        }
+        r0->pa = r0->oa;
+        r0->pb = r0->ob;
+        sum = r0->oa;
+    } else if (g->coll == COLL_DEVICE) {
+        CU(cudaSetDevice(r0->dev));
+        CU(cudaMemcpyAsync(r0->red, r0->part, (size_t)cnt * 4, cudaMemcpyDeviceToDevice, r0->st));
+        for (uint32_t r = 1; r < g->T; r++) CK(cuk_add(r0->red, g->rk[r].part, r0->red, cnt, (cuk_stream)r0->st, err));
+        for (uint32_t r = 0; r < g->T; r++) { /* red is rewritten only by the next collective */
+            g->rk[r].pa = r0->red;
+            g->rk[r].pb = NULL;
+        }
+        sum = r0->red;
+    } else {
+#ifdef G5_HAVE_NCCL
+        nccl_api *a = &g->nccl;
+        ncclResult_t nr = a->group_start();
+        for (uint32_t r = 0; r < g->T && nr == ncclSuccess; r++) {
+            gl_rank *rk = &g->rk[r];
+            CU(cudaSetDevice(rk->dev));
+            nr = a->all_reduce(rk->part, rk->part, (size_t)cnt, ncclFloat32, ncclSum, rk->comm, rk->st);
+        }
+        ncclResult_t ne = a->group_end();
+        if (nr != ncclSuccess || ne != ncclSuccess)
+            return g5_fail(err, G5_ERR_INTERNAL, "ncclAllReduce: %s", a->error_string(nr != ncclSuccess ? nr : ne));
+        for (uint32_t r = 0; r < g->T; r++) {
+            g->rk[r].pa = g->rk[r].part;
+            g->rk[r].pb = NULL;
+        }
+#else
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "no NCCL in this build");
+#endif
+    }
+    if (dbg) CK(d2h(r0, dbg, sum, (size_t)cnt * 4, err));
+    return G5_OK;
+}
+
+/* The device work of one forward call after the token and position upload: embedding, layers,
+ * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
+ * `graph` (one token, no debugging outputs) every call below only enqueues on the ranks' streams
+ * (rank 0's for all under the device-side sum), which are being captured (gpu_graph.c). */
+g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
+                            g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const uint32_t n = pl->n;
+    const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        CU(cudaSetDevice(rk->dev));
+        CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
+                            (int64_t)E, (cuk_stream)rk->st, err));
+        rk->pa = rk->pb = NULL;
+    }
+    gl_rank *r0 = &g->rk[0];
+    const uint64_t nE = (uint64_t)n * E;
+    if (out && out->layer_hidden) CK(d2h(r0, out->layer_hidden, r0->x, nE * 4, err));
+    for (uint32_t il = 0; il < Lm; il++) {
+        for (uint32_t r = 0; r < g->T; r++) CK(gm_attn_stage(g, &g->rk[r], il, pl, err));
+        CK(gm_collective(g, n, out && out->attn_out ? out->attn_out + il * nE : NULL, err));
+        for (uint32_t r = 0; r < g->T; r++) CK(gm_ffn_stage(g, &g->rk[r], il, n, err));
+        CK(gm_collective(g, n, out && out->ffn_out ? out->ffn_out + il * nE : NULL, err));
+        if (out && out->layer_hidden) {
+            CU(cudaSetDevice(r0->dev));
+            CK(flush_x(r0, n, (int64_t)E, err));
+            CK(d2h(r0, out->layer_hidden + (il + 1) * nE, r0->x, nE * 4, err));
+        }
+        if (out && out->topk) CK(d2h(r0, out->topk + il * n * K, r0->sel, (size_t)n * K * 4, err));
+        if (out && out->experts) {
+            int32_t *ex = out->experts + il * n * hp->n_expert_used;
+            if (r0->L[il].dense) {
+                for (uint64_t i = 0; i < (uint64_t)n * hp->n_expert_used; i++) ex[i] = -1;
+            } else {
+                CK(d2h(r0, ex, r0->ids, (size_t)n * hp->n_expert_used * 4, err));
+            }
+        }
+    }
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        CU(cudaSetDevice(rk->dev));
+        CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
+    }
+    if (!graph && out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
+    if (out && out->logits) {
+        const uint32_t first = out->all_logits ? 0 : n - 1;
+        for (uint32_t r = 0; r < g->T; r++) {
+            gl_rank *rk = &g->rk[r];
+            if (!rk->head_write) continue;
+            CU(cudaSetDevice(rk->dev));
+            const int64_t VL = rk->head.m;
+            for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
+                const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
+                /* ranks sharing a device share rk->lg's stream but not rk->lg: a graph keeps each
+                 * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
+                CK(gm_gemv(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
+                if (!graph)
+                    CU(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
+                                         VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
+            }
+        }
+    }
+    return G5_OK;
+}
+
+/* One forward call over the plan's rows (tokens [pl->n]): caches and work buffers reserved, tokens
+ * and positions uploaded, the device work (a graph launch for a single one-token sequence
+ * under opts.cuda_graph: the uploads are that step's parameters), then every sequence advanced. */
+static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *tokens, const rt_gpu_outputs *out,
+                              g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const uint32_t n = pl->n;
+    for (uint32_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= hp->n_vocab)
+            return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)", tokens[t],
+                           t, hp->n_vocab);
+    uint64_t sc_need = 0;
+    for (uint32_t i = 0; i < pl->n_seg; i++) {
+        if (pl->pos0[i] > INT32_MAX - pl->len[i]) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+        const uint32_t P = pl->pos0[i] + pl->len[i];
+        CK(gm_seq_need(pl->seq[i], P, err));
+        if ((uint64_t)pl->len[i] * P > sc_need) sc_need = (uint64_t)pl->len[i] * P;
+    }
+    const int graph = g->info.cuda_graph && n == 1 && pl->n_seg == 1 &&
+                      !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
+    /* a graph step: its launches shaped for `bound` key positions, the score buffer too */
+    const uint32_t bound = graph ? gm_graph_bound(pl->pos0[0] + 1, pl->seq[0]->cap) : 0;
+    if (bound > sc_need) sc_need = bound;
+    int32_t *pos = malloc(n * sizeof *pos);
+    if (!pos) return g5_fail(err, G5_ERR_NOMEM, "positions");
+    for (uint32_t i = 0; i < pl->n_seg; i++)
+        for (uint32_t t = 0; t < pl->len[i]; t++) pos[pl->row0[i] + t] = (int32_t)(pl->pos0[i] + t);
+    g5_status st = G5_OK;
+    /* allocation (seq_need, work_reserve) and the uploads stay outside any capture */
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        st = work_reserve(g, rk, n, sc_need, err);
+        cudaError_t ce = cudaSuccess;
+        if (!st) ce = cudaSetDevice(rk->dev);
+        if (!st && ce == cudaSuccess) ce = cudaMemcpyAsync(rk->tok, tokens, n * 4, cudaMemcpyHostToDevice, rk->st);
+        if (!st && ce == cudaSuccess) ce = cudaMemcpyAsync(rk->pos, pos, n * 4, cudaMemcpyHostToDevice, rk->st);
+        if (!st && ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st); /* pos is freed below */
+        if (!st && ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "token upload: %s", cudaGetErrorString(ce));
+    }
+    free(pos);
+    if (st) return st;
+    /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
+     * to one-token calls (its GEMV kernels sum each row alike) */
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_lin_arm(g->rk[r].lin, pl->n_seg == 1);
+        g->rk[r].batch_rows = pl->n_seg > 1;
+    }
+    CK(graph ? gm_forward_graph(g, pl, bound, out, err) : gm_forward_device(g, pl, out, 0, err));
+    for (uint32_t r = 0; r < g->T; r++) {
+        g->rk[r].batch_rows = 0;
+        CU(cudaSetDevice(g->rk[r].dev));
+        CU(cudaStreamSynchronize(g->rk[r].st));
+    }
+    /* several processes: each wrote only its ranks' vocabulary columns */
+    if (out && out->logits) CK(gm_coll_gather_logits(g, out->logits, out->all_logits ? n : 1, err));
+    for (uint32_t i = 0; i < pl->n_seg; i++) pl->seq[i]->n_past = pl->pos0[i] + pl->len[i];
+    return G5_OK;
+}
+
+g5_status rt_gpu_forward_seq(rt_gpu_model *g, rt_gpu_seq *s, const int32_t *tokens, uint32_t n,
+                             const rt_gpu_outputs *out, g5_error *err) {
+    if (n == 0) return G5_OK;
+    if (!s || s->g != g) return g5_fail(err, G5_ERR_INVALID_ARG, "the sequence belongs to another GPU model");
+    rt_gpu_seq *const seqs[1] = {s};
+    const uint32_t pos0 = s->n_past, len = n, row0 = 0;
+    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
+    return forward_plan(g, &pl, tokens, out, err);
+}
+
+g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
+                         const rt_gpu_outputs *out, g5_error *err) {
+    return rt_gpu_forward_seq(g, g->def, tokens, n, out, err);
+}
+
+g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
+                               uint32_t n_seq, float *logits, g5_error *err) {
+    if (n_seq == 0) return G5_OK;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        if (!seqs[i] || seqs[i]->g != g)
+            return g5_fail(err, G5_ERR_INVALID_ARG, "batch entry %u: not a sequence of this GPU model", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return g5_fail(err, G5_ERR_INVALID_ARG, "batch entries %u and %u are the same sequence", j, i);
+    }
+    uint32_t *a = malloc((size_t)n_seq * 3 * sizeof *a);
+    if (!a) return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
+    uint32_t *pos0 = a, *len = a + n_seq, *row0 = a + 2 * (size_t)n_seq;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        pos0[i] = seqs[i]->n_past;
+        len[i] = 1;
+        row0[i] = i;
+    }
+    const fplan pl = {n_seq, n_seq, seqs, pos0, len, row0};
+    const rt_gpu_outputs out = {.logits = logits, .all_logits = 1};
+    g5_status st = forward_plan(g, &pl, tokens, logits ? &out : NULL, err);
+    free(a);
+    return st;
+}
+
+typedef int rt_gpu_model_unused_;
+#endif

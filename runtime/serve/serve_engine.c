@@ -1,0 +1,902 @@
+/* glm5-serve engine: model loading, the request queue, continuous batching over per-sequence
+ * rt_states (CPU) or GPU sequences (CUDA, serve_gpu.c), and the cache block allocator.
+ *
+ * The cache blocks are real: one rt_kvpool (--ctx-size / block_tokens blocks) holds every
+ * sequence's paged latent and indexer-key caches, and the srv_blocks the metrics read is a view
+ * of that pool, so a sequence's blocks are in use exactly while its rt_state holds them.
+ * Each engine iteration runs every sequence that is decoding (one token to feed) in one
+ * rt_model_forward_batch call, and every sequence with prompt left to prefill one chunk on its
+ * own. On CUDA the same loop runs the decoding sequences in one rt_gpu_forward_batch call and
+ * prefills a sequence's whole pending prompt in one call (as glm5-run does, so that a greedy
+ * request gives glm5-run's tokens whatever the cache type); the GPU caches are reserved at load
+ * (max_batch x ctx_size positions), so nothing is preempted there, and the block allocator
+ * counts the blocks of those caches that hold tokens. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "format/gguf.h"
+#include "runtime/serve/serve_int.h"
+
+double srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void srv_log(srv_server *s, const char *fmt, ...) {
+    if (!s->cfg.log) return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    s->cfg.log(s->cfg.log_user, line);
+}
+
+const int srv_code_list[SRV_CODE_SLOTS - 1] = {200, 400, 401, 404, 405, 413, 429, 499, 500, 503};
+
+int srv_code_slot(int code) {
+    for (int i = 0; i < SRV_CODE_SLOTS - 1; i++)
+        if (srv_code_list[i] == code) return i;
+    return SRV_CODE_SLOTS - 1;
+}
+
+void srv_hist_observe(srv_hist *h, double v) {
+    h->count++;
+    h->sum += v;
+    for (uint32_t i = 0; i < h->n; i++)
+        if (v <= h->bounds[i]) {
+            h->counts[i]++;
+            return;
+        }
+}
+
+/* ---- block allocator ---- */
+
+struct srv_blocks {
+    uint32_t n_total, block_tokens, n_free;
+    uint32_t *free_ids; /* stack of free block ids */
+    uint8_t *used;      /* [n_total]: catches a block returned twice */
+    rt_kvpool *pool;    /* set: the counts are the pool's (owned); the tables are not used */
+};
+
+g5_status srv_blocks_create_pool(const rt_model *m, uint32_t n_blocks, uint32_t block_tokens,
+                                 srv_blocks **out, g5_error *err) {
+    g5_status st = srv_blocks_create(1, block_tokens, out, err);
+    if (st) return st;
+    if ((st = rt_kvpool_create(m, n_blocks, block_tokens, &(*out)->pool, err))) {
+        srv_blocks_free(*out);
+        *out = NULL;
+        return st;
+    }
+    (*out)->n_total = n_blocks;
+    return G5_OK;
+}
+
+rt_kvpool *srv_blocks_pool(const srv_blocks *b) { return b->pool; }
+
+g5_status srv_blocks_create(uint32_t n_blocks, uint32_t block_tokens, srv_blocks **out,
+                            g5_error *err) {
+    *out = NULL;
+    if (n_blocks == 0 || block_tokens == 0)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "cache blocks: %u blocks of %u tokens", n_blocks,
+                       block_tokens);
+    srv_blocks *b = calloc(1, sizeof *b);
+    if (b) {
+        b->free_ids = malloc((size_t)n_blocks * sizeof *b->free_ids);
+        b->used = calloc(n_blocks, 1);
+    }
+    if (!b || !b->free_ids || !b->used) {
+        srv_blocks_free(b);
+        return g5_fail(err, G5_ERR_NOMEM, "cache blocks: %u blocks", n_blocks);
+    }
+    b->n_total = b->n_free = n_blocks;
+    b->block_tokens = block_tokens;
+    /* Lowest ids are handed out first. */
+    for (uint32_t i = 0; i < n_blocks; i++) b->free_ids[i] = n_blocks - 1 - i;
+    *out = b;
+    return G5_OK;
+}
+
+void srv_blocks_free(srv_blocks *b) {
+    if (!b) return;
+    rt_kvpool_free(b->pool);
+    free(b->free_ids);
+    free(b->used);
+    free(b);
+}
+
+uint32_t srv_blocks_n_total(const srv_blocks *b) { return b->n_total; }
+uint32_t srv_blocks_n_free(const srv_blocks *b) { return b->pool ? rt_kvpool_n_free(b->pool) : b->n_free; }
+uint32_t srv_blocks_block_tokens(const srv_blocks *b) { return b->block_tokens; }
+
+uint32_t srv_blocks_needed(const srv_blocks *b, uint64_t n_tokens) {
+    uint64_t n = n_tokens / b->block_tokens + (n_tokens % b->block_tokens != 0);
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+g5_status srv_blocks_reserve(srv_blocks *b, srv_btable *t, uint64_t n_tokens, g5_error *err) {
+    if (b->pool) return g5_fail(err, G5_ERR_INVALID_ARG, "cache blocks: tables of a pool-backed allocator");
+    uint32_t need = srv_blocks_needed(b, n_tokens);
+    if (need <= t->n) return G5_OK;
+    uint32_t add = need - t->n;
+    if (add > b->n_free)
+        return g5_fail(err, G5_ERR_BOUNDS, "cache blocks: %u more needed, %u free", add, b->n_free);
+    if (need > t->cap) {
+        uint32_t nc = t->cap ? t->cap : 4;
+        while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
+        uint32_t *q = realloc(t->ids, (size_t)nc * sizeof *q);
+        if (!q) return g5_fail(err, G5_ERR_NOMEM, "cache block table of %u", nc);
+        t->ids = q;
+        t->cap = nc;
+    }
+    for (uint32_t i = 0; i < add; i++) {
+        uint32_t id = b->free_ids[--b->n_free];
+        b->used[id] = 1;
+        t->ids[t->n++] = id;
+    }
+    return G5_OK;
+}
+
+void srv_blocks_release(srv_blocks *b, srv_btable *t) {
+    for (uint32_t i = 0; i < t->n; i++) {
+        uint32_t id = t->ids[i];
+        if (id < b->n_total && b->used[id]) {
+            b->used[id] = 0;
+            b->free_ids[b->n_free++] = id;
+        }
+    }
+    free(t->ids);
+    t->ids = NULL;
+    t->n = t->cap = 0;
+}
+
+/* ---- requests ---- */
+
+void srv_params_clear(srv_params *p) {
+    for (size_t i = 0; i < p->n_stops; i++) free(p->stops[i]);
+    free(p->prompt);
+    memset(p, 0, sizeof *p);
+}
+
+srv_req *srv_req_new(srv_server *s, srv_params *p) {
+    srv_req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int bad = pthread_cond_init(&r->cv, &ca) != 0;
+    pthread_condattr_destroy(&ca);
+    if (bad) {
+        free(r);
+        return NULL;
+    }
+    r->refs = 1;
+    r->gslot = -1;
+    r->p = *p;
+    memset(p, 0, sizeof *p);
+    r->created = (long)time(NULL);
+    r->t_arrival = srv_now();
+    pthread_mutex_lock(&s->mu);
+    uint64_t no = ++s->next_req_no;
+    pthread_mutex_unlock(&s->mu);
+    snprintf(r->id, sizeof r->id, "%s-%lx%04llx", r->p.kind == SRV_KIND_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long)s->created, (unsigned long long)no);
+    return r;
+}
+
+/* Frees the engine's resources of r; its state returns its blocks to the pool (under mu). */
+static void req_drop_engine_locked(srv_server *s, srv_req *r) {
+    rt_state_free(r->st);
+    r->st = NULL;
+    if (r->gslot >= 0) srv_gpu_slot_put(s->gpu, r->gslot);
+    r->gslot = -1;
+    if (r->gblocks.ids) srv_blocks_release(s->blocks, &r->gblocks);
+    r->n_past = 0;
+}
+
+static void req_destroy(srv_req *r) {
+    rt_state_free(r->st);
+    free(r->gblocks.ids);
+    samp_free(r->samp);
+    tok_stream_free(r->ts);
+    free(r->feed);
+    free(r->out_ids);
+    free(r->out_lp);
+    free(r->out_top);
+    free(r->out_text_end);
+    free(r->text);
+    srv_params_clear(&r->p);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+static int req_unref_locked(srv_req *r) { return --r->refs == 0; }
+
+void srv_req_unref(srv_server *s, srv_req *r) {
+    if (!r) return;
+    pthread_mutex_lock(&s->mu);
+    int last = req_unref_locked(r);
+    pthread_mutex_unlock(&s->mu);
+    if (last) req_destroy(r);
+}
+
+static void finish_locked(srv_server *s, srv_req *r, const char *finish, int err_http,
+                          const char *errmsg) {
+    if (r->done) return;
+    r->done = 1;
+    r->state = SRV_R_DONE;
+    r->finish = finish;
+    r->t_done = srv_now();
+    if (err_http) {
+        r->err_http = err_http;
+        snprintf(r->errmsg, sizeof r->errmsg, "%s", errmsg ? errmsg : "internal error");
+    }
+    r->text_safe = r->text_len;
+    if (r->cancelled) s->n_cancelled++;
+    else if (err_http) s->n_failed++;
+    s->n_completions++;
+    if (!r->cancelled && !err_http) srv_hist_observe(&s->e2e, r->t_done - r->t_arrival);
+    pthread_cond_broadcast(&r->cv);
+}
+
+int srv_submit(srv_server *s, srv_req *r, char *msg, size_t msg_cap) {
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        snprintf(msg, msg_cap, "the server is shutting down");
+        rc = 503;
+    } else if (s->load != SRV_READY) {
+        snprintf(msg, msg_cap, s->load == SRV_LOADING ? "the model is loading" : "the model failed to load");
+        rc = 503;
+    } else if (s->n_waiting >= s->cfg.max_queue) {
+        snprintf(msg, msg_cap, "the server is busy: %u requests are waiting (--max-queue %u)",
+                 s->n_waiting, s->cfg.max_queue);
+        rc = 429;
+    } else if ((uint64_t)r->p.n_prompt + r->p.max_tokens > s->max_ctx) {
+        snprintf(msg, msg_cap, "prompt (%u tokens) + max_tokens (%u) exceeds the context length %u",
+                 r->p.n_prompt, r->p.max_tokens, s->max_ctx);
+        rc = 400;
+    } else {
+        r->feed = malloc((size_t)r->p.n_prompt * sizeof *r->feed);
+        if (!r->feed) {
+            snprintf(msg, msg_cap, "out of memory");
+            rc = 500;
+        } else {
+            memcpy(r->feed, r->p.prompt, (size_t)r->p.n_prompt * sizeof *r->feed);
+            r->n_feed = r->cap_feed = r->p.n_prompt;
+            r->feed_off = 0;
+            r->state = SRV_R_WAITING;
+            r->refs++;
+            s->prompt_tokens += r->p.n_prompt;
+            s->waiting[s->n_waiting++] = r;
+            pthread_cond_signal(&s->engine_cv);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void srv_cancel_locked(srv_server *s, srv_req *r) {
+    if (r->done || r->cancelled) return;
+    r->cancelled = 1;
+    pthread_cond_signal(&s->engine_cv);
+}
+
+void srv_cancel(srv_server *s, srv_req *r) {
+    pthread_mutex_lock(&s->mu);
+    srv_cancel_locked(s, r);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- loading ---- */
+
+srv_template_kind srv_chat_template_kind(const char *t, size_t len) {
+    int roles = memmem(t, len, "<|user|>", 8) && memmem(t, len, "<|assistant|>", 13);
+    int prefix = memmem(t, len, "[gMASK]", 7) && memmem(t, len, "<sop>", 5);
+    if (!roles || !prefix) return SRV_TEMPLATE_OTHER;
+    return memmem(t, len, "/nothink", 8) ? SRV_TEMPLATE_GLM45 : SRV_TEMPLATE_GLM5;
+}
+
+static void check_chat_template(srv_server *s, const gguf_ctx *meta) {
+    const char *t;
+    uint64_t len;
+    s->chat_fmt = CHAT_FORMAT_GLM5;
+    if (gguf_get_str(meta, "tokenizer.chat_template", &t, &len, NULL) != G5_OK) {
+        srv_log(s, "chat: no tokenizer.chat_template in the metadata; using the built-in GLM-5 format");
+        return;
+    }
+    switch (srv_chat_template_kind(t, len)) {
+    case SRV_TEMPLATE_GLM5:
+        srv_log(s, "chat: tokenizer.chat_template (%llu bytes) matches the built-in GLM-5 format "
+                   "(GLM role tokens, [gMASK]<sop>, no /nothink)", (unsigned long long)len);
+        break;
+    case SRV_TEMPLATE_GLM45:
+        s->chat_fmt = CHAT_FORMAT_GLM45;
+        srv_log(s, "chat: tokenizer.chat_template (%llu bytes) is the GLM-4.5/4.6 format (/nothink), "
+                   "not GLM-5's; using the built-in GLM-4.5 format", (unsigned long long)len);
+        break;
+    default:
+        srv_log(s, "chat: tokenizer.chat_template (%llu bytes) does not match the built-in GLM-5 format "
+                   "(no GLM role tokens or [gMASK]<sop>); using the built-in GLM-5 format anyway",
+                (unsigned long long)len);
+    }
+}
+
+/* Counts the weight bytes; with touch, reads one byte of every page of every tensor, so the
+ * weights are resident before the first request and the load rate is a real read rate. */
+static uint64_t prefault(const rt_wset *ws, int touch, uint64_t *bytes) {
+    uint64_t sink = 0, total = 0;
+    for (uint32_t r = 0; r < rt_wset_n_ranks(ws); r++) {
+        const rt_weights *w = rt_wset_rank(ws, r);
+        for (uint64_t i = 0; i < rt_weights_n_tensors(w); i++) {
+            const rt_tensor *t = rt_weights_tensor(w, i);
+            const volatile uint8_t *p = t->data;
+            total += t->nbytes;
+            if (!p || !touch) continue;
+            for (uint64_t o = 0; o < t->nbytes; o += 4096) sink += p[o];
+            if (t->nbytes) sink += p[t->nbytes - 1];
+        }
+    }
+    *bytes = total;
+    return sink;
+}
+
+static void *loader_main(void *arg) {
+    srv_server *s = arg;
+    double t0 = srv_now();
+    g5_error e = {0};
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    tok_ctx *tok = NULL;
+    srv_blocks *blocks = NULL;
+    srv_gpu *gpu = NULL;
+    float *logits = NULL;
+    uint64_t bytes = 0;
+    const int cuda = s->cfg.device == SRV_DEVICE_CUDA;
+    srv_log(s, "loading %s%s", s->model_path, cuda ? " for CUDA" : "");
+    g5_status st = rt_wset_open(s->model_path, &ws, &e);
+    if (st == G5_OK) {
+        volatile uint64_t sink = prefault(ws, s->cfg.prefault && !cuda, &bytes);
+        (void)sink;
+    }
+    rt_model_opts mo = {.n_threads = s->cfg.n_threads, .mla = RT_MLA_ABSORBED};
+    if (st == G5_OK) st = rt_model_create(ws, &mo, &m, &e);
+    if (st == G5_OK) st = tok_create(rt_wset_meta(ws), &tok, &e);
+    uint32_t max_ctx = 0, n_vocab = 0;
+    if (st == G5_OK) {
+        const glm5_hparams *hp = rt_model_hparams(m);
+        n_vocab = hp->n_vocab;
+        if (tok_n_vocab(tok) < n_vocab) n_vocab = tok_n_vocab(tok);
+        max_ctx = s->cfg.ctx_size;
+        if (hp->n_ctx_train && hp->n_ctx_train < max_ctx) max_ctx = hp->n_ctx_train;
+        uint32_t nb = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
+        if (!cuda) {
+            st = srv_blocks_create_pool(m, nb, s->cfg.block_tokens, &blocks, &e);
+        } else {
+            const char *blob_dir = strcmp(rt_wset_source(ws), "blobs") == 0 ? s->model_path : NULL;
+            const uint64_t per = max_ctx / s->cfg.block_tokens + (max_ctx % s->cfg.block_tokens != 0);
+            st = srv_gpu_create(s, m, blob_dir, s->cfg.max_batch, max_ctx, &gpu, &e);
+            if (st == G5_OK && per * s->cfg.max_batch > UINT32_MAX)
+                st = g5_fail(&e, G5_ERR_INVALID_ARG, "%u sequences x %llu cache blocks", s->cfg.max_batch,
+                             (unsigned long long)per);
+            if (st == G5_OK) st = srv_blocks_create((uint32_t)(per * s->cfg.max_batch), s->cfg.block_tokens, &blocks, &e);
+        }
+    }
+    if (st == G5_OK) {
+        logits = malloc((size_t)s->cfg.max_batch * rt_model_hparams(m)->n_vocab * sizeof *logits);
+        if (!logits) st = g5_fail(&e, G5_ERR_NOMEM, "logits");
+    }
+    if (st == G5_OK) check_chat_template(s, rt_wset_meta(ws));
+    double dt = srv_now() - t0;
+    pthread_mutex_lock(&s->mu);
+    if (st == G5_OK) {
+        s->ws = ws;
+        s->m = m;
+        s->tok = tok;
+        s->blocks = blocks;
+        s->gpu = gpu;
+        s->logits = logits;
+        s->n_vocab = n_vocab;
+        s->max_ctx = max_ctx;
+        s->load_seconds = dt;
+        s->load_bytes = bytes;
+        s->load = SRV_READY;
+    } else {
+        s->load_err = e;
+        if (!s->load_err.msg[0]) snprintf(s->load_err.msg, sizeof s->load_err.msg, "%s", g5_strerror(st));
+        s->load_err.status = st;
+        s->load = SRV_FAILED;
+    }
+    pthread_cond_broadcast(&s->engine_cv);
+    pthread_cond_broadcast(&s->load_cv);
+    pthread_mutex_unlock(&s->mu);
+    if (st == G5_OK) {
+        const glm5_hparams *hp = rt_model_hparams(m);
+        srv_log(s, "model loaded: %s, %u rank%s, %u threads, vocab %u, %u layers; %.3f GB in %.2f s "
+                   "(%.2f GB/s); context %u tokens per sequence, cache %u blocks of %u tokens",
+                rt_wset_source(ws), rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
+                rt_model_n_threads(m), hp->n_vocab, hp->n_layer_main, bytes / 1e9, dt,
+                dt > 0 ? bytes / 1e9 / dt : 0.0, max_ctx, srv_blocks_n_total(blocks),
+                srv_blocks_block_tokens(blocks));
+        if (gpu) {
+            char line[1024];
+            srv_gpu_describe(gpu, line, sizeof line);
+            srv_log(s, "%s", line);
+        }
+    } else {
+        srv_log(s, "model load failed: %s (%s)", e.msg, g5_strerror(st));
+        free(logits);
+        srv_gpu_free(gpu);
+        srv_blocks_free(blocks);
+        tok_free(tok);
+        rt_model_free(m);
+        rt_wset_free(ws);
+    }
+    return NULL;
+}
+
+/* ---- engine ---- */
+
+static void waiting_remove_at(srv_server *s, uint32_t i) {
+    memmove(s->waiting + i, s->waiting + i + 1, (size_t)(s->n_waiting - i - 1) * sizeof *s->waiting);
+    s->n_waiting--;
+}
+
+static void running_remove(srv_server *s, srv_req *r) {
+    for (uint32_t i = 0; i < s->n_running; i++)
+        if (s->running[i] == r) {
+            memmove(s->running + i, s->running + i + 1,
+                    (size_t)(s->n_running - i - 1) * sizeof *s->running);
+            s->n_running--;
+            return;
+        }
+}
+
+/* Takes r out of the batch for good: frees its state and blocks, drops the queue's reference. */
+static void retire_locked(srv_server *s, srv_req *r, const char *finish, int err_http,
+                          const char *errmsg) {
+    running_remove(s, r);
+    req_drop_engine_locked(s, r);
+    finish_locked(s, r, finish, err_http, errmsg);
+    if (req_unref_locked(r)) req_destroy(r);
+}
+
+static void reap_locked(srv_server *s) {
+    for (uint32_t i = 0; i < s->n_waiting;) {
+        srv_req *r = s->waiting[i];
+        if (r->cancelled) {
+            waiting_remove_at(s, i);
+            req_drop_engine_locked(s, r);
+            finish_locked(s, r, NULL, 0, NULL);
+            if (req_unref_locked(r)) req_destroy(r);
+        } else {
+            i++;
+        }
+    }
+    for (uint32_t i = 0; i < s->n_running;) {
+        srv_req *r = s->running[i];
+        if (r->cancelled) retire_locked(s, r, NULL, 0, NULL);
+        else i++;
+    }
+}
+
+/* Moves r from the batch back to the front of the queue; it restarts from its prompt and output
+ * (the sampler keeps its state, so what it produces does not change). */
+static void preempt_locked(srv_server *s, srv_req *r) {
+    running_remove(s, r);
+    req_drop_engine_locked(s, r);
+    uint32_t n = r->p.n_prompt + r->n_out;
+    if (n > r->cap_feed) {
+        int32_t *q = realloc(r->feed, (size_t)n * sizeof *q);
+        if (!q) {
+            finish_locked(s, r, NULL, 500, "out of memory while preempting");
+            if (req_unref_locked(r)) req_destroy(r);
+            return;
+        }
+        r->feed = q;
+        r->cap_feed = n;
+    }
+    memcpy(r->feed, r->p.prompt, (size_t)r->p.n_prompt * sizeof *r->feed);
+    memcpy(r->feed + r->p.n_prompt, r->out_ids, (size_t)r->n_out * sizeof *r->feed);
+    r->n_feed = n;
+    r->feed_off = 0;
+    r->state = SRV_R_WAITING;
+    memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
+    s->waiting[0] = r;
+    s->n_waiting++;
+    s->n_preemptions++;
+}
+
+static void admit_locked(srv_server *s) {
+    while (s->n_running < s->cfg.max_batch && s->n_waiting > 0) {
+        srv_req *r = s->waiting[0];
+        uint32_t pending = r->n_feed - r->feed_off;
+        /* CUDA: a batch place is a GPU sequence with room for the whole context */
+        if (!s->gpu && srv_blocks_needed(s->blocks, (uint64_t)pending + 1) > srv_blocks_n_free(s->blocks)) break;
+        waiting_remove_at(s, 0);
+        g5_error e = {0};
+        g5_status st = G5_OK;
+        if (s->gpu) {
+            if (r->gslot < 0 && (r->gslot = srv_gpu_slot_take(s->gpu)) < 0)
+                st = g5_fail(&e, G5_ERR_INTERNAL, "no free GPU sequence with %u running", s->n_running);
+        } else if (!r->st) {
+            st = rt_state_create_paged(s->m, srv_blocks_pool(s->blocks), &r->st, &e);
+        }
+        if (st == G5_OK && !r->samp) {
+            st = samp_create(&r->p.sp, rt_model_hparams(s->m)->n_vocab, &r->samp, &e);
+            if (st == G5_OK)
+                for (uint32_t i = 0; i < r->p.n_prompt; i++) samp_accept(r->samp, r->p.prompt[i]);
+        }
+        if (st == G5_OK && !r->ts) st = tok_stream_create(s->tok, 0, &r->ts, &e);
+        if (st == G5_OK && !s->gpu) st = rt_state_reserve(r->st, r->n_past + pending, &e);
+        r->state = SRV_R_RUNNING;
+        r->admit_no = ++s->admit_counter;
+        s->running[s->n_running++] = r;
+        if (s->n_running > s->peak_running) s->peak_running = s->n_running;
+        if (st != G5_OK) retire_locked(s, r, NULL, 500, e.msg);
+    }
+}
+
+static void logprobs_of(const float *x, uint32_t V, int32_t id, uint32_t n_top, float *lp,
+                        srv_top *top) {
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < V; i++)
+        if (x[i] > mx) mx = x[i];
+    double sum = 0;
+    for (uint32_t i = 0; i < V; i++) sum += exp((double)x[i] - mx);
+    double lse = (double)mx + log(sum);
+    *lp = (float)((double)x[id] - lse);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < V && n_top; i++) {
+        float v = x[i];
+        if (n == n_top && !(v > top[n - 1].logprob)) continue;
+        uint32_t j = n < n_top ? n++ : n - 1;
+        while (j > 0 && v > top[j - 1].logprob) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j].id = (int32_t)i;
+        top[j].logprob = v;
+    }
+    for (uint32_t j = 0; j < n; j++) top[j].logprob = (float)((double)top[j].logprob - lse);
+    for (uint32_t j = n; j < n_top; j++) top[j] = (srv_top){-1, -INFINITY};
+}
+
+static int grow_out_locked(srv_req *r) {
+    if (r->n_out < r->cap_out) return 1;
+    uint32_t nc = r->cap_out ? r->cap_out * 2 : 64;
+    int32_t *ids = realloc(r->out_ids, (size_t)nc * sizeof *ids);
+    if (ids) r->out_ids = ids;
+    uint32_t *te = realloc(r->out_text_end, (size_t)nc * sizeof *te);
+    if (te) r->out_text_end = te;
+    if (!ids || !te) return 0;
+    if (r->p.logprobs) {
+        float *lp = realloc(r->out_lp, (size_t)nc * sizeof *lp);
+        if (lp) r->out_lp = lp;
+        if (!lp) return 0;
+        if (r->p.top_logprobs) {
+            srv_top *t = realloc(r->out_top, (size_t)nc * r->p.top_logprobs * sizeof *t);
+            if (t) r->out_top = t;
+            if (!t) return 0;
+        }
+    }
+    r->cap_out = nc;
+    return 1;
+}
+
+static int append_text_locked(srv_req *r, const char *b, size_t n) {
+    if (r->text_len + n + 1 > r->text_cap) {
+        size_t nc = r->text_cap ? r->text_cap : 256;
+        while (nc < r->text_len + n + 1) nc *= 2;
+        char *q = realloc(r->text, nc);
+        if (!q) return 0;
+        r->text = q;
+        r->text_cap = nc;
+    }
+    memcpy(r->text + r->text_len, b, n);
+    r->text_len += n;
+    r->text[r->text_len] = 0;
+    return 1;
+}
+
+static void flush_text_locked(srv_req *r) {
+    const char *b;
+    size_t n;
+    tok_stream_flush(r->ts, &b, &n);
+    if (n) append_text_locked(r, b, n);
+    if (r->n_out) r->out_text_end[r->n_out - 1] = (uint32_t)r->text_len;
+}
+
+/* Makes r's state hold blocks for n_tokens positions, preempting the most recently admitted
+ * sequences while the pool is short (under mu). Returns 0 if r itself was preempted or retired. */
+static int reserve_locked(srv_server *s, srv_req *r, uint32_t n_tokens) {
+    if (s->gpu) { /* accounting only: the GPU sequence has room for max_ctx, and so has the pool */
+        g5_error e = {0};
+        if (srv_blocks_reserve(s->blocks, &r->gblocks, n_tokens, &e) == G5_OK) return 1;
+        retire_locked(s, r, NULL, 500, e.msg);
+        return 0;
+    }
+    for (;;) {
+        g5_error e = {0};
+        if (rt_state_reserve(r->st, n_tokens, &e) == G5_OK) return 1;
+        const uint32_t bt = srv_blocks_block_tokens(s->blocks);
+        const uint32_t need = (n_tokens + bt - 1) / bt - rt_state_n_blocks(r->st);
+        if (need <= srv_blocks_n_free(s->blocks)) { /* not the pool: out of memory */
+            retire_locked(s, r, NULL, 500, e.msg);
+            return 0;
+        }
+        srv_req *victim = NULL;
+        for (uint32_t i = 0; i < s->n_running; i++)
+            if (!victim || s->running[i]->admit_no > victim->admit_no) victim = s->running[i];
+        if (!victim || (victim == r && s->n_running == 1)) {
+            retire_locked(s, r, NULL, 500, "the cache is exhausted");
+            return 0;
+        }
+        preempt_locked(s, victim);
+        if (victim == r) return 0;
+    }
+}
+
+/* r has run its feed up to the end and logits (its row) holds the next token's: draws it and
+ * publishes it, or finishes r. */
+static void draw(srv_server *s, srv_req *r, const float *logits) {
+    g5_error e = {0};
+    const uint32_t V = rt_model_hparams(s->m)->n_vocab;
+    int32_t id = -1;
+    float lp = 0;
+    srv_top top[SRV_MAX_TOP_LOGPROBS];
+    g5_status st = samp_sample(r->samp, logits, &id, &e);
+    if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
+        st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);
+    if (st == G5_OK && r->p.logprobs) logprobs_of(logits, V, id, r->p.top_logprobs, &lp, top);
+    const char *bytes = NULL;
+    size_t nb = 0;
+    int eog = st == G5_OK && tok_is_eog(s->tok, id);
+    if (st == G5_OK && !eog) {
+        samp_accept(r->samp, id);
+        if ((uint32_t)id < tok_n_vocab(s->tok)) st = tok_stream_push(r->ts, id, &bytes, &nb, &e);
+    }
+    double now = srv_now();
+
+    pthread_mutex_lock(&s->mu);
+    if (st != G5_OK) {
+        retire_locked(s, r, NULL, 500, e.msg);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    s->generated_tokens++;
+    if (r->t_first == 0) {
+        r->t_first = now;
+        srv_hist_observe(&s->ttft, now - r->t_arrival);
+    } else {
+        srv_hist_observe(&s->tpot, now - r->t_last);
+    }
+    r->t_last = now;
+    if (eog) {
+        flush_text_locked(r);
+        retire_locked(s, r, "stop", 0, NULL);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    if (!grow_out_locked(r) || !append_text_locked(r, bytes ? bytes : "", nb)) {
+        retire_locked(s, r, NULL, 500, "out of memory");
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    uint32_t k = r->n_out++;
+    r->out_ids[k] = id;
+    r->out_text_end[k] = (uint32_t)r->text_len;
+    if (r->p.logprobs) {
+        r->out_lp[k] = lp;
+        if (r->p.top_logprobs)
+            memcpy(r->out_top + (size_t)k * r->p.top_logprobs, top, r->p.top_logprobs * sizeof *top);
+    }
+    r->feed[0] = id;
+    r->n_feed = 1;
+    r->feed_off = 0;
+    const char *const *stops = (const char *const *)r->p.stops;
+    size_t pos;
+    if (r->p.n_stops && samp_stop_find(r->text, r->text_len, nb, stops, r->p.n_stops, &pos) >= 0) {
+        r->text_len = pos;
+        r->text[pos] = 0;
+        for (uint32_t i = 0; i < r->n_out; i++)
+            if (r->out_text_end[i] > pos) r->out_text_end[i] = (uint32_t)pos;
+        retire_locked(s, r, "stop", 0, NULL);
+    } else if (r->n_out >= r->p.max_tokens || r->n_past + 1 > s->max_ctx) {
+        flush_text_locked(r);
+        retire_locked(s, r, "length", 0, NULL);
+    } else {
+        size_t hold = r->p.n_stops ? samp_stop_holdback(r->text, r->text_len, stops, r->p.n_stops) : 0;
+        r->text_safe = r->text_len - hold;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static int is_live_locked(const srv_req *r) {
+    return r->state == SRV_R_RUNNING && !r->cancelled && (r->st || r->gslot >= 0);
+}
+
+/* One prompt chunk of one sequence; draws the next token when the feed is used up. */
+static void prefill_step(srv_server *s, srv_req *r) {
+    g5_error e = {0};
+    pthread_mutex_lock(&s->mu);
+    if (!is_live_locked(r)) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    uint32_t rem = r->n_feed - r->feed_off;
+    uint32_t chunk = rem < s->cfg.prefill_chunk || s->gpu ? rem : s->cfg.prefill_chunk;
+    if (!reserve_locked(s, r, r->n_past + chunk)) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    pthread_mutex_unlock(&s->mu);
+
+    int last = chunk == rem;
+    g5_status st;
+    if (s->gpu) {
+        st = srv_gpu_prefill(s->gpu, r->gslot, r->feed + r->feed_off, chunk, last ? s->logits : NULL, &e);
+    } else {
+        rt_outputs out = {.logits = last ? s->logits : NULL};
+        st = rt_model_forward(s->m, r->st, r->feed + r->feed_off, chunk, &out, &e);
+    }
+    if (st != G5_OK) {
+        pthread_mutex_lock(&s->mu);
+        /* CUDA: work buffers for a long prompt may not fit next to the reserved caches */
+        retire_locked(s, r, NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    r->n_past += chunk;
+    r->feed_off += chunk;
+    if (last) draw(s, r, s->logits);
+}
+
+/* One token for each of the n decoding sequences in dec, in one batched forward call. */
+static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_state **sts, int *slots, int32_t *toks) {
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < n; i++)
+        if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1);
+    /* a reservation may have preempted or retired sequences reserved before it */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (is_live_locked(dec[i])) dec[k++] = dec[i];
+    pthread_mutex_unlock(&s->mu);
+    if (!k) return;
+    for (uint32_t i = 0; i < k; i++) {
+        sts[i] = dec[i]->st;
+        slots[i] = dec[i]->gslot;
+        toks[i] = dec[i]->feed[dec[i]->feed_off];
+    }
+    g5_error e = {0};
+    const uint32_t V = rt_model_hparams(s->m)->n_vocab;
+    g5_status st = s->gpu ? srv_gpu_decode(s->gpu, slots, toks, k, s->logits, &e)
+                          : rt_model_forward_batch(s->m, sts, toks, k, s->logits, &e);
+    if (st != G5_OK) {
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        dec[i]->n_past++;
+        dec[i]->feed_off++;
+        draw(s, dec[i], s->logits + (size_t)i * V);
+    }
+}
+
+static void *engine_main(void *arg) {
+    srv_server *s = arg;
+    const size_t mb = s->cfg.max_batch;
+    srv_req **batch = malloc(mb * sizeof *batch), **dec = malloc(mb * sizeof *dec);
+    rt_state **sts = malloc(mb * sizeof *sts);
+    int *slots = malloc(mb * sizeof *slots);
+    int32_t *toks = malloc(mb * sizeof *toks);
+    const int ok = batch && dec && sts && slots && toks;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping) {
+        if (s->load != SRV_READY || !ok) {
+            pthread_cond_wait(&s->engine_cv, &s->mu);
+            continue;
+        }
+        reap_locked(s);
+        admit_locked(s);
+        if (s->n_running == 0) {
+            pthread_cond_wait(&s->engine_cv, &s->mu);
+            continue;
+        }
+        uint32_t n = s->n_running, nd = 0;
+        memcpy(batch, s->running, n * sizeof *batch);
+        /* The step loop holds a reference to each: a step may retire or preempt another. */
+        for (uint32_t i = 0; i < n; i++) {
+            batch[i]->refs++;
+            if (batch[i]->n_feed - batch[i]->feed_off == 1) dec[nd++] = batch[i];
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (nd) decode_step(s, dec, nd, sts, slots, toks);
+        for (uint32_t i = 0; i < n; i++)
+            if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t i = 0; i < n; i++)
+            if (req_unref_locked(batch[i])) req_destroy(batch[i]);
+    }
+    /* Shutting down: every queued or running request ends with an error. */
+    while (s->n_running) retire_locked(s, s->running[0], NULL, 503, "the server is shutting down");
+    while (s->n_waiting) {
+        srv_req *r = s->waiting[0];
+        waiting_remove_at(s, 0);
+        req_drop_engine_locked(s, r);
+        finish_locked(s, r, NULL, 503, "the server is shutting down");
+        if (req_unref_locked(r)) req_destroy(r);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(batch);
+    free(dec);
+    free(sts);
+    free(slots);
+    free(toks);
+    return NULL;
+}
+
+g5_status srv_engine_start(srv_server *s, g5_error *err) {
+    s->cap_waiting = s->cfg.max_queue + s->cfg.max_batch + 1;
+    s->waiting = calloc(s->cap_waiting, sizeof *s->waiting);
+    s->running = calloc(s->cfg.max_batch, sizeof *s->running);
+    if (!s->waiting || !s->running) return g5_fail(err, G5_ERR_NOMEM, "request queues");
+    if (pthread_create(&s->engine, NULL, engine_main, s) != 0)
+        return g5_fail(err, G5_ERR_INTERNAL, "cannot start the engine thread");
+    s->engine_started = 1;
+    if (pthread_create(&s->loader, NULL, loader_main, s) != 0)
+        return g5_fail(err, G5_ERR_INTERNAL, "cannot start the loader thread");
+    s->loader_started = 1;
+    return G5_OK;
+}
+
+void srv_engine_stop(srv_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_broadcast(&s->engine_cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->engine_started) pthread_join(s->engine, NULL);
+    s->engine_started = 0;
+    if (s->loader_started) pthread_join(s->loader, NULL);
+    s->loader_started = 0;
+}
+
+srv_load_state srv_get_load_state(const srv_server *s, g5_error *err) {
+    srv_server *w = (srv_server *)s;
+    pthread_mutex_lock(&w->mu);
+    srv_load_state st = w->load;
+    if (st == SRV_FAILED && err) *err = w->load_err;
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
+void srv_get_stats(srv_server *s, srv_stats *o) {
+    memset(o, 0, sizeof *o);
+    pthread_mutex_lock(&s->mu);
+    o->running = s->n_running;
+    o->waiting = s->n_waiting;
+    o->peak_running = s->peak_running;
+    if (s->blocks) {
+        o->blocks_total = srv_blocks_n_total(s->blocks);
+        o->blocks_in_use = o->blocks_total - srv_blocks_n_free(s->blocks);
+        o->block_tokens = srv_blocks_block_tokens(s->blocks);
+    }
+    for (int i = 0; i < SRV_EP_COUNT; i++)
+        for (int j = 0; j < SRV_CODE_SLOTS; j++) o->requests += s->n_requests[i][j];
+    o->completions = s->n_completions;
+    o->cancelled = s->n_cancelled;
+    o->preemptions = s->n_preemptions;
+    o->prompt_tokens = s->prompt_tokens;
+    o->generated_tokens = s->generated_tokens;
+    o->load_seconds = s->load_seconds;
+    o->load_bytes = s->load_bytes;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,330 @@
+/* Sampling chain and stop strings. Semantics are documented in sample.h. */
+#include "runtime/text/sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct samp_ctx {
+    samp_params p;
+    uint32_t n_vocab;
+    uint64_t rng[4];
+    samp_cand *cand;   /* [n_vocab] working set */
+    int32_t *hist;     /* ring of the last repeat_last_n accepted ids */
+    int32_t *sorted;   /* scratch for counting the window */
+    uint32_t hist_cap, hist_n, hist_head;
+};
+
+void samp_params_default(samp_params *p) {
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
+}
+
+/* ---- random numbers: xoshiro256** seeded by splitmix64 ---- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t s[4]) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+static void seed_rng(samp_ctx *s) {
+    uint64_t x = s->p.seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+}
+
+double samp_rand(samp_ctx *s) {
+    if (!s) return 0.0;
+    return (double)(xoshiro_next(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---- lifecycle ---- */
+
+g5_status samp_create(const samp_params *p, uint32_t n_vocab, samp_ctx **out, g5_error *err) {
+    if (!p || !out || n_vocab == 0 || n_vocab > (1u << 30))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "samp_create: bad arguments (n_vocab %u)", n_vocab);
+    *out = NULL;
+    if (isnan(p->temperature) || isnan(p->top_p) || isnan(p->min_p) || !(p->repeat_penalty > 0) ||
+        isnan(p->frequency_penalty) || isnan(p->presence_penalty) || p->repeat_last_n < 0)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "samp_create: bad parameters (repeat_penalty "
+                       "must be > 0, repeat_last_n >= 0, no NaN)");
+    samp_ctx *s = calloc(1, sizeof *s);
+    if (!s) return g5_fail(err, G5_ERR_NOMEM, "samp_create: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->hist_cap = (uint32_t)p->repeat_last_n;
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    if (s->hist_cap) {
+        s->hist = malloc(s->hist_cap * sizeof *s->hist);
+        s->sorted = malloc(s->hist_cap * sizeof *s->sorted);
+    }
+    if (!s->cand || (s->hist_cap && (!s->hist || !s->sorted))) {
+        samp_free(s);
+        return g5_fail(err, G5_ERR_NOMEM, "samp_create: out of memory for %u candidates", n_vocab);
+    }
+    seed_rng(s);
+    *out = s;
+    return G5_OK;
+}
+
+void samp_free(samp_ctx *s) {
+    if (!s) return;
+    free(s->cand);
+    free(s->hist);
+    free(s->sorted);
+    free(s);
+}
+
+void samp_accept(samp_ctx *s, int32_t id) {
+    if (!s || !s->hist_cap) return;
+    s->hist[s->hist_head] = id;
+    s->hist_head = (s->hist_head + 1) % s->hist_cap;
+    if (s->hist_n < s->hist_cap) s->hist_n++;
+}
+
+void samp_reset(samp_ctx *s) {
+    if (!s) return;
+    s->hist_n = s->hist_head = 0;
+    seed_rng(s);
+}
+
+/* ---- the chain ---- */
+
+/* Total order: larger logit first, then lower id. */
+static int better(const samp_cand *a, const samp_cand *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static int cmp_cand(const void *a, const void *b) {
+    const samp_cand *x = a, *y = b;
+    return better(x, y) ? -1 : better(y, x) ? 1 : 0;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void apply_penalties(samp_ctx *s) {
+    const samp_params *p = &s->p;
+    if (!s->hist_n || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+                       p->presence_penalty == 0.0f))
+        return;
+    memcpy(s->sorted, s->hist, s->hist_n * sizeof *s->sorted);
+    qsort(s->sorted, s->hist_n, sizeof *s->sorted, cmp_i32);
+    for (uint32_t i = 0; i < s->hist_n;) {
+        uint32_t j = i;
+        while (j < s->hist_n && s->sorted[j] == s->sorted[i]) j++;
+        int32_t id = s->sorted[i];
+        if (id >= 0 && (uint32_t)id < s->n_vocab) {
+            samp_cand *c = &s->cand[id]; /* still indexed by id at this point */
+            if (c->logit <= 0) c->logit *= p->repeat_penalty;
+            else c->logit /= p->repeat_penalty;
+            c->logit -= (float)(j - i) * p->frequency_penalty + p->presence_penalty;
+        }
+        i = j;
+    }
+}
+
+/* Keeps the k best of c[0..n) in c[0..k) using a min-heap (worst of the kept at the root). */
+static void select_top_k(samp_cand *c, size_t n, size_t k) {
+    for (size_t i = 1; i < k; i++) { /* heapify the first k, sifting up */
+        size_t j = i;
+        while (j > 0 && better(&c[(j - 1) / 2], &c[j])) {
+            samp_cand t = c[j]; c[j] = c[(j - 1) / 2]; c[(j - 1) / 2] = t;
+            j = (j - 1) / 2;
+        }
+    }
+    for (size_t i = k; i < n; i++) {
+        if (!better(&c[i], &c[0])) continue;
+        c[0] = c[i];
+        size_t j = 0;
+        for (;;) {
+            size_t l = 2 * j + 1, m = j;
+            if (l < k && better(&c[m], &c[l])) m = l;
+            if (l + 1 < k && better(&c[m], &c[l + 1])) m = l + 1;
+            if (m == j) break;
+            samp_cand t = c[j]; c[j] = c[m]; c[m] = t;
+            j = m;
+        }
+    }
+}
+
+/* Runs the chain into s->cand[0..*n), sorted best first with probabilities filled in. */
+static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_error *err) {
+    const samp_params *p = &s->p;
+    size_t n = s->n_vocab;
+    for (size_t i = 0; i < n; i++) {
+        float l = logits[i];
+        s->cand[i].id = (int32_t)i;
+        s->cand[i].logit = isnan(l) ? -INFINITY : l;
+        s->cand[i].p = 0;
+    }
+    apply_penalties(s);
+
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s->cand[i].logit > -INFINITY) s->cand[m++] = s->cand[i];
+    if (m == 0) return g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
+
+    if (!(p->temperature > 0)) { /* greedy */
+        size_t best = 0;
+        for (size_t i = 1; i < m; i++)
+            if (better(&s->cand[i], &s->cand[best])) best = i;
+        s->cand[0] = s->cand[best];
+        s->cand[0].p = 1.0f;
+        *n_out = 1;
+        return G5_OK;
+    }
+
+    if (p->top_k > 0 && (size_t)p->top_k < m) {
+        select_top_k(s->cand, m, (size_t)p->top_k);
+        m = (size_t)p->top_k;
+    }
+
+    /* top-p measures probabilities over the set top-k left (before min-p), at temperature 1. */
+    float maxl = -INFINITY;
+    for (size_t i = 0; i < m; i++)
+        if (s->cand[i].logit > maxl) maxl = s->cand[i].logit;
+    double z = 0;
+    for (size_t i = 0; i < m; i++) z += exp((double)s->cand[i].logit - maxl);
+
+    /* min-p keeps a prefix of the sorted order whatever top-p does, so it may run before the
+     * sort (which it makes cheaper) without changing the result. */
+    if (p->min_p > 0 && p->min_p <= 1) {
+        float thr = maxl + logf(p->min_p);
+        size_t k = 0;
+        for (size_t i = 0; i < m; i++)
+            if (s->cand[i].logit >= thr) s->cand[k++] = s->cand[i];
+        m = k; /* the max survives: thr <= maxl */
+    }
+
+    qsort(s->cand, m, sizeof *s->cand, cmp_cand);
+
+    if (p->top_p < 1.0f) {
+        double cum = 0;
+        size_t keep = m;
+        for (size_t i = 0; i < m; i++) {
+            cum += exp((double)s->cand[i].logit - maxl) / z;
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        m = keep;
+    }
+
+    double zt = 0;
+    float ml = s->cand[0].logit;
+    for (size_t i = 0; i < m; i++) zt += exp(((double)s->cand[i].logit - ml) / p->temperature);
+    for (size_t i = 0; i < m; i++) {
+        s->cand[i].logit /= p->temperature;
+        s->cand[i].p = (float)(exp((double)s->cand[i].logit - ml / p->temperature) / zt);
+    }
+    *n_out = m;
+    return G5_OK;
+}
+
+g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size_t cap, size_t *n,
+                          g5_error *err) {
+    if (n) *n = 0;
+    if (!s || !logits || (!out && cap) || !n)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "samp_candidates: bad arguments");
+    size_t m;
+    g5_status st = run_chain(s, logits, &m, err);
+    if (st != G5_OK) return st;
+    memcpy(out, s->cand, (m < cap ? m : cap) * sizeof *out);
+    *n = m;
+    if (m > cap)
+        return g5_fail(err, G5_ERR_BOUNDS, "samp_candidates: %zu candidates do not fit in %zu", m,
+                       cap);
+    return G5_OK;
+}
+
+g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err) {
+    if (!s || !logits || !id) return g5_fail(err, G5_ERR_INVALID_ARG, "samp_sample: bad arguments");
+    size_t m;
+    g5_status st = run_chain(s, logits, &m, err);
+    if (st != G5_OK) return st;
+    if (m == 1) {
+        *id = s->cand[0].id;
+        return G5_OK;
+    }
+    double sum = 0;
+    for (size_t i = 0; i < m; i++) sum += s->cand[i].p;
+    double r = samp_rand(s) * sum, cum = 0;
+    for (size_t i = 0; i < m; i++) {
+        cum += s->cand[i].p;
+        if (r < cum) {
+            *id = s->cand[i].id;
+            return G5_OK;
+        }
+    }
+    *id = s->cand[m - 1].id; /* r rounded up to the total */
+    return G5_OK;
+}
+
+/* ---- stop strings ---- */
+
+int samp_stop_find(const char *text, size_t len, size_t new_len, const char *const *stops,
+                   size_t n_stops, size_t *pos) {
+    if (!text || !stops || new_len > len) return -1;
+    size_t maxl = 0;
+    for (size_t k = 0; k < n_stops; k++) {
+        size_t l = stops[k] ? strlen(stops[k]) : 0;
+        if (l > maxl) maxl = l;
+    }
+    if (maxl == 0) return -1;
+    size_t old_end = len - new_len;
+    size_t start = old_end > maxl - 1 ? old_end - (maxl - 1) : 0;
+    for (size_t p = start; p < len; p++) {
+        for (size_t k = 0; k < n_stops; k++) {
+            if (!stops[k]) continue;
+            size_t l = strlen(stops[k]);
+            if (l == 0 || l > len - p || p + l <= old_end) continue;
+            if (memcmp(text + p, stops[k], l) == 0) {
+                if (pos) *pos = p;
+                return (int)k;
+            }
+        }
+    }
+    return -1;
+}
+
+size_t samp_stop_holdback(const char *text, size_t len, const char *const *stops, size_t n_stops) {
+    if (!text || !stops) return 0;
+    size_t best = 0;
+    for (size_t k = 0; k < n_stops; k++) {
+        if (!stops[k]) continue;
+        size_t l = strlen(stops[k]);
+        if (l == 0) continue;
+        size_t h = l - 1 < len ? l - 1 : len; /* a proper prefix is shorter than the stop */
+        for (; h > best; h--) {
+            if (memcmp(text + len - h, stops[k], h) == 0) {
+                best = h;
+                break;
+            }
+        }
+    }
+    return best;
+}
