@@ -47,6 +47,26 @@ typedef struct cuk_gemm_args {
  * same device and cuBLAS version give the same bits. */
 g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream stream, g5_error *err);
 
+/* The general form, column-major as cuBLAS: for b < batch,
+ *   C_b (m x n) = op(A_b) op(B_b) + beta C_b,  X_b = X + b * stride_x (elements),
+ * op(A) m x k (A k x m when trans_a), op(B) k x n (B n x k when trans_b); A and B both float32
+ * (F32, TF32) or both bf16 (BF16), C float32. One cublasGemmStridedBatchedEx (batch 1 included). */
+typedef struct cuk_gemm_ex_args {
+    uint32_t mode;               /* CUK_GEMM_* */
+    int trans_a, trans_b;
+    int64_t m, n, k;             /* each 1 .. INT32_MAX */
+    const void *a;
+    int64_t lda, stride_a;
+    const void *b;
+    int64_t ldb, stride_b;
+    float beta;
+    float *c;
+    int64_t ldc, stride_c;
+    int32_t batch;               /* >= 1 */
+} cuk_gemm_ex_args;
+
+g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_stream stream, g5_error *err);
+
 /* ---- MoE grouping ---- */
 
 /* Token lists per expert. For local expert e < n_local (global id exp0 + e):

@@ -34,6 +34,12 @@ g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t n_
                            const int32_t *rows, int64_t n, float *out, int64_t ldo,
                            cuk_stream stream, g5_error *err);
 
+/* cuk_dequant_rows with each value rounded to bf16 (nearest even) as it is stored: the same
+ * result as cuk_dequant_rows followed by cuk_convert to CUK_BF16, one pass. out: [n][ldo] bf16. */
+g5_status cuk_dequant_rows_bf16(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w,
+                                const int32_t *rows, int64_t n, void *out, int64_t ldo,
+                                cuk_stream stream, g5_error *err);
+
 /* ---- elementwise ---- */
 
 /* Storage types of the latent cache (and of converted activations). */

@@ -158,6 +158,34 @@ extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream st
     return G5_OK;
 }
 
+extern "C" g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_stream stream, g5_error *err) {
+    if (!b || !a) return BAD("gemm_ex: NULL handle or arguments");
+    if (!a->a || !a->b || !a->c) return BAD("gemm_ex: NULL pointer");
+    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16)
+        return BAD("gemm_ex: mode %u", a->mode);
+    if (a->k < 1 || a->m < 1 || a->n < 1 || a->batch < 1 || a->k > INT32_MAX || a->m > INT32_MAX || a->n > INT32_MAX)
+        return BAD("gemm_ex: k=%lld m=%lld n=%lld batch=%d", (long long)a->k, (long long)a->m, (long long)a->n,
+                   a->batch);
+    const int64_t ra = a->trans_a ? a->k : a->m, rb = a->trans_b ? a->n : a->k;
+    if (a->lda < ra || a->ldb < rb || a->ldc < a->m || a->lda > INT32_MAX || a->ldb > INT32_MAX || a->ldc > INT32_MAX)
+        return BAD("gemm_ex: lda=%lld ldb=%lld ldc=%lld for m=%lld n=%lld k=%lld", (long long)a->lda,
+                   (long long)a->ldb, (long long)a->ldc, (long long)a->m, (long long)a->n, (long long)a->k);
+    const bool bf = a->mode == CUK_GEMM_BF16;
+    const cudaDataType in_t = bf ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t ct = a->mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
+                                   : a->mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                              : CUBLAS_COMPUTE_32F;
+    CUK_CHECK(cublasSetStream(b->h, (cudaStream_t)stream));
+    CUK_CHECK(cublasSetMathMode(b->h, a->mode == CUK_GEMM_F32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    const float one = 1.0f;
+    CUK_CHECK(cublasGemmStridedBatchedEx(b->h, a->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, (int)a->m, (int)a->n, (int)a->k, &one,
+                                         a->a, in_t, (int)a->lda, a->stride_a, a->b, in_t, (int)a->ldb, a->stride_b,
+                                         &a->beta, a->c, CUDA_R_32F, (int)a->ldc, a->stride_c, a->batch, ct,
+                                         CUBLAS_GEMM_DEFAULT));
+    return G5_OK;
+}
+
 extern "C" g5_status cuk_moe_group(const cuk_moe_group_args *a, cuk_stream stream, g5_error *err) {
     if (!a || !a->ids || !a->wts || !a->rows || !a->rw || !a->cnt) return BAD("moe_group: NULL pointer");
     if (a->n_tok < 1 || a->top_k < 1 || a->ld < a->top_k)

@@ -756,6 +756,9 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const uint32_t n = pl->n;
     const int one = pl->n_seg == 1;
     const float eps = hp->rms_eps, theta = hp->rope_theta;
+    /* fast mode, one sequence, many tokens: indexer scores, absorption, attention and W_UV as
+     * tensor-core products (gpu_linear.h) */
+    const int tc = one && !g->graph_bound && gl_lin_use(rk->lin, n) && gl_lin_fast(rk->lin);
     /* a graph step being captured (g->graph_bound): nothing below may depend on pl->pos0, which
      * only holds the capturing step's position */
     const uint32_t bound = g->graph_bound;
@@ -766,7 +769,9 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     CU(cudaSetDevice(rk->dev));
     CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
     PMARK("attn", "attn_norm (+ residual add)");
-    CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx, err)); /* qr feeds the indexer */
+    /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
+     * whose indexer still picks in float32 */
+    CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
     PMARK("attn", "q_a gemv");
     CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
     PMARK("attn", "q_a_norm");
@@ -796,11 +801,11 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     if (L->has_idx) {
         /* new keys straight into a single sequence's cache, else staged in rk->ikf */
         float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
-        CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, 1, err));
+        CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
         PMARK("attn", "idx_q_b gemv");
-        CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, 1, err));
+        CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, !tc, err));
         PMARK("attn", "idx_k gemv");
-        CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, 1, err));
+        CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, !tc, err));
         PMARK("attn", "idx_proj gemv");
         /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
         CK(cuk_idx_prep(rk->iq, ik, rk->iw, L->idx_k_norm, L->idx_k_norm_b, (int32_t)n, (int32_t)IH, (int32_t)ID,
@@ -822,8 +827,12 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
             if (!one)
                 CU(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
                                    cudaMemcpyDeviceToDevice, rk->st));
-            CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
-                              (int32_t)ID, p0, rk->sc, P, cs, err));
+            if (tc)
+                CK(gl_lin_idx_scores(rk->lin, rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, p0, rk->sc, P,
+                                     err));
+            else
+                CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
+                                  (int32_t)ID, p0, rk->sc, P, cs, err));
             PMARK("attn", "idx_scores");
             CK(cuk_idx_topk(rk->sc, P, (int32_t)pl->len[i], p0, (int32_t)K, rk->sel + t0 * K, K, rk->n_sel + t0,
                             cs, err));
@@ -835,7 +844,8 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
     PMARK("attn", "q rope");
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
-    CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
+    if (tc) CK(gl_lin_absorb(rk->lin, &d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, err));
+    else CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
     PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
@@ -843,7 +853,13 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         CK(cuk_mla_attend_dev(&d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
                               g->lat_type == CUK_F32 ? NULL : rk->latf, rk->pos, bound, rk->sel, K, rk->n_sel,
                               (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
-    for (uint32_t i = 0; i < pl->n_seg && !bound; i++) {
+    if (tc) {
+        const gl_mla_args ma = {d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
+                                g->lat_type == CUK_F32 ? NULL : rk->latf, pl->pos0[0], rk->sel, K, rk->n_sel,
+                                (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat};
+        CK(gl_lin_mla_attend(rk->lin, &ma, err));
+    }
+    for (uint32_t i = 0; i < pl->n_seg && !bound && !tc; i++) {
         const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
         const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
         CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
@@ -853,7 +869,9 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                                 rk->olat + t0 * H * KL, cs, err));
     }
     PMARK("attn", "mla_attend");
-    if (gl_lin_use(rk->lin, n)) {
+    if (tc) {
+        CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
+    } else if (gl_lin_use(rk->lin, n)) {
         for (int64_t h = 0; h < H; h++) {
             const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
             CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
