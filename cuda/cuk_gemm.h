@@ -28,13 +28,14 @@ void cuk_blas_free(cuk_blas *b); /* accepts NULL; the device it was made on must
  *                  float32 products and sums, no TF32, no reduced-precision split-K.
  *   CUK_GEMM_TF32  float32 w and x, CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores round both
  *                  inputs to TF32 (10-bit mantissa), float32 accumulation.
- *   CUK_GEMM_BF16  bf16 w and x, float32 accumulation (CUBLAS_COMPUTE_32F). */
-enum { CUK_GEMM_F32 = 0, CUK_GEMM_TF32 = 1, CUK_GEMM_BF16 = 2 };
+ *   CUK_GEMM_BF16  bf16 w and x, float32 accumulation (CUBLAS_COMPUTE_32F).
+ *   CUK_GEMM_F16   fp16 w and x, float32 accumulation (CUBLAS_COMPUTE_32F). */
+enum { CUK_GEMM_F32 = 0, CUK_GEMM_TF32 = 1, CUK_GEMM_BF16 = 2, CUK_GEMM_F16 = 3 };
 
 /* y[t][i] = sum_j W[i][j] * x[t][j] for t < n, i < m, j < k (y overwritten). */
 typedef struct cuk_gemm_args {
     uint32_t mode;       /* CUK_GEMM_* */
-    const void *w;       /* [m][ldw]: float32 (F32, TF32) or bf16 (BF16) */
+    const void *w;       /* [m][ldw]: float32 (F32, TF32), bf16 (BF16) or fp16 (F16) */
     int64_t ldw;         /* >= k */
     const void *x;       /* [n][ldx], the same element type as w */
     int64_t ldx;         /* >= k */

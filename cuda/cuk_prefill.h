@@ -1,10 +1,10 @@
 /* The elementwise and row kernels of fast mode's tensor-core prefill attention and indexer
  * (cuda/attn_prefill.cu; runtime/gpu/gpu_linear.c runs them between cuBLAS products).
  *
- * MLA prefill attention as products: per chunk of query tokens, S = Q K^T (bf16 inputs, f32
- * accumulation: Q = [qlat | q_pe] and K = the latent rows [c_kv | k_pe], 576 wide for GLM-5),
+ * MLA prefill attention as products: per chunk of query tokens, S = Q K^T (16-bit inputs, bf16
+ * or fp16, f32 accumulation: Q = [qlat | q_pe] and K = the latent rows [c_kv | k_pe], 576 wide for GLM-5),
  * then a row softmax in float32 over each query's selected keys (all earlier keys while there
- * are at most index_topk of them, else the indexer's top-k), written as bf16 probabilities with
+ * are at most index_topk of them, else the indexer's top-k), written as 16-bit probabilities with
  * zeros elsewhere, then O = P V (V = the first kv_lora columns of the latent rows). The indexer:
  * S = q_idx k_idx^T (TF32, float32 data), then sc[t][j] = sum_h w[t][h] relu(S[t][h][j]) in head
  * order, from which cuk_idx_topk picks in float32 as before.
@@ -22,19 +22,20 @@
 extern "C" {
 #endif
 
-/* qb[t][h][0..kv_lora) = bf16(qlat[t][h]), qb[t][h][kv_lora..kv_lora + rope) = bf16(q_pe[t][h])
- * for t < n_tok. q: [n_tok][n_head][nope + rope], qlat: [n_tok][n_head][kv_lora], qb: bf16
- * [n_tok][n_head][kv_lora + rope]. */
+/* qb[t][h][0..kv_lora) = qlat[t][h], qb[t][h][kv_lora..kv_lora + rope) = q_pe[t][h], rounded to
+ * et, for t < n_tok. q: [n_tok][n_head][nope + rope], qlat: [n_tok][n_head][kv_lora], qb: [n_tok]
+ * [n_head][kv_lora + rope] of et. */
 typedef struct cuk_mla_pack_q_args {
     const float *q, *qlat;
     int32_t n_tok, n_head, nope, rope, kv_lora;
     void *qb;
+    uint32_t et;                 /* qb's type: CUK_BF16 or CUK_F16 (cuk_model.h) */
 } cuk_mla_pack_q_args;
 g5_status cuk_mla_pack_q(const cuk_mla_pack_q_args *a, cuk_stream stream, g5_error *err);
 
-/* kb[j] = bf16(latent row j) for j < n_pos: rows < fresh0 from the cache lat (lat_type: CUK_F32,
+/* kb[j] = latent row j rounded to et, for j < n_pos: rows < fresh0 from the cache lat (lat_type: CUK_F32,
  * CUK_BF16, CUK_F16), rows fresh0 .. from fresh (float32 [n_pos - fresh0][w]); fresh NULL: all
- * from lat. w = kv_lora + rope; kb: bf16 [n_pos][w]. */
+ * from lat. w = kv_lora + rope; kb: [n_pos][w] of et. */
 typedef struct cuk_mla_pack_k_args {
     const void *lat;
     uint32_t lat_type;
@@ -42,14 +43,15 @@ typedef struct cuk_mla_pack_k_args {
     int64_t fresh0, n_pos;
     int32_t w;
     void *kb;
+    uint32_t et;                 /* kb's type: CUK_BF16 or CUK_F16 */
 } cuk_mla_pack_k_args;
 g5_status cuk_mla_pack_k(const cuk_mla_pack_k_args *a, cuk_stream stream, g5_error *err);
 
 /* Row softmax of a chunk of query rows. Row i < n_rows is token t = t0 + i / n_head (of the
  * call; position pos0 + t) and sees keys 0 .. pos0 + t; n_sel[t] of them, listed in
  * sel[t][0..n_sel[t]) (all of them when n_sel[t] = pos0 + t + 1, the dense case). For the
- * selected keys j: p_j = exp(scale s_j - max) / sum (float32), written as bf16 to pb[i][j];
- * every other column of pb[i][0..n_cols) is 0. s: [n_rows][ld] float32, pb: [n_rows][ld] bf16,
+ * selected keys j: p_j = exp(scale s_j - max) / sum (float32), written as et to pb[i][j];
+ * every other column of pb[i][0..n_cols) is 0. s: [n_rows][ld] float32, pb: [n_rows][ld] of et,
  * n_cols <= ld. A count outside [1, max_sel] or a position past pos0 + t gives a NaN row. */
 typedef struct cuk_mla_softmax_args {
     const float *s;
@@ -62,6 +64,7 @@ typedef struct cuk_mla_softmax_args {
     const int32_t *n_sel;        /* [n_tok], device */
     int32_t max_sel;
     float scale;
+    uint32_t et;                 /* pb's type: CUK_BF16 or CUK_F16 */
 } cuk_mla_softmax_args;
 g5_status cuk_mla_softmax(const cuk_mla_softmax_args *a, cuk_stream stream, g5_error *err);
 
@@ -99,15 +102,15 @@ typedef struct cuk_moe_compact_args {
 } cuk_moe_compact_args;
 g5_status cuk_moe_compact(const cuk_moe_compact_args *a, cuk_stream stream, g5_error *err);
 
-/* out[i][0..k) = bf16(x[rows[i]][0..k)) for i < n (a row outside [0, n_rows_x): NaN). out: bf16
- * [n][k]. */
-g5_status cuk_gather_rows_bf16(const float *x, int64_t ldx, int64_t n_rows_x, const int32_t *rows, int64_t n,
-                               int64_t k, void *out, cuk_stream stream, g5_error *err);
+/* out[i][0..k) = x[rows[i]][0..k) rounded to et (CUK_BF16 or CUK_F16) for i < n (a row outside
+ * [0, n_rows_x): NaN). out: [n][k] of et. */
+g5_status cuk_gather_rows_16(const float *x, int64_t ldx, int64_t n_rows_x, const int32_t *rows, int64_t n,
+                             int64_t k, void *out, uint32_t et, cuk_stream stream, g5_error *err);
 
-/* y[i][c] = bf16(silu(g[i][c]) * u[i][c]) (cuk_silu_mul's float32 value, then rounded) for
- * i < n_rows, c < dim; g, u: [n_rows][dim] float32, y: bf16 [n_rows][dim]. */
-g5_status cuk_silu_mul_bf16(const float *g, const float *u, int64_t n_rows, int64_t dim, void *y, cuk_stream stream,
-                            g5_error *err);
+/* y[i][c] = silu(g[i][c]) * u[i][c] (cuk_silu_mul's float32 value) rounded to et (CUK_BF16 or
+ * CUK_F16) for i < n_rows, c < dim; g, u: [n_rows][dim] float32, y: [n_rows][dim] of et. */
+g5_status cuk_silu_mul_16(const float *g, const float *u, int64_t n_rows, int64_t dim, void *y, uint32_t et,
+                          cuk_stream stream, g5_error *err);
 
 /* y[t][c] = sum over the slots s of token t with inv[t][s] >= 0, in slot order, of
  * crw[inv[t][s]] * d[inv[t][s]][c] (product and sum rounded separately, starting from 0), for

@@ -133,7 +133,8 @@ extern "C" void cuk_blas_free(cuk_blas *b) {
 extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream stream, g5_error *err) {
     if (!b || !a) return BAD("gemm: NULL handle or arguments");
     if (!a->w || !a->x || !a->y) return BAD("gemm: NULL pointer");
-    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16)
+    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16 &&
+        a->mode != CUK_GEMM_F16)
         return BAD("gemm: mode %u", a->mode);
     if (a->k < 1 || a->m < 1 || a->n < 1 || a->k > INT32_MAX || a->m > INT32_MAX || a->n > INT32_MAX)
         return BAD("gemm: k=%lld m=%lld n=%lld must be 1 .. INT32_MAX", (long long)a->k, (long long)a->m,
@@ -142,8 +143,9 @@ extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream st
         a->ldy > INT32_MAX)
         return BAD("gemm: ldw=%lld ldx=%lld (k=%lld), ldy=%lld (m=%lld)", (long long)a->ldw, (long long)a->ldx,
                    (long long)a->k, (long long)a->ldy, (long long)a->m);
-    const bool bf = a->mode == CUK_GEMM_BF16;
-    const cudaDataType in_t = bf ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType in_t = a->mode == CUK_GEMM_BF16  ? CUDA_R_16BF
+                              : a->mode == CUK_GEMM_F16 ? CUDA_R_16F
+                                                        : CUDA_R_32F;
     const cublasComputeType_t ct = a->mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
                                    : a->mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                               : CUBLAS_COMPUTE_32F;
@@ -161,7 +163,8 @@ extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream st
 extern "C" g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_stream stream, g5_error *err) {
     if (!b || !a) return BAD("gemm_ex: NULL handle or arguments");
     if (!a->a || !a->b || !a->c) return BAD("gemm_ex: NULL pointer");
-    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16)
+    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16 &&
+        a->mode != CUK_GEMM_F16)
         return BAD("gemm_ex: mode %u", a->mode);
     if (a->k < 1 || a->m < 1 || a->n < 1 || a->batch < 1 || a->k > INT32_MAX || a->m > INT32_MAX || a->n > INT32_MAX)
         return BAD("gemm_ex: k=%lld m=%lld n=%lld batch=%d", (long long)a->k, (long long)a->m, (long long)a->n,
@@ -170,8 +173,9 @@ extern "C" g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_str
     if (a->lda < ra || a->ldb < rb || a->ldc < a->m || a->lda > INT32_MAX || a->ldb > INT32_MAX || a->ldc > INT32_MAX)
         return BAD("gemm_ex: lda=%lld ldb=%lld ldc=%lld for m=%lld n=%lld k=%lld", (long long)a->lda,
                    (long long)a->ldb, (long long)a->ldc, (long long)a->m, (long long)a->n, (long long)a->k);
-    const bool bf = a->mode == CUK_GEMM_BF16;
-    const cudaDataType in_t = bf ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType in_t = a->mode == CUK_GEMM_BF16  ? CUDA_R_16BF
+                              : a->mode == CUK_GEMM_F16 ? CUDA_R_16F
+                                                        : CUDA_R_32F;
     const cublasComputeType_t ct = a->mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
                                    : a->mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                               : CUBLAS_COMPUTE_32F;

@@ -2,10 +2,12 @@
  * SwiGLU to bf16, and the weighted combine; the expert products are cuBLAS calls made by
  * runtime/gpu/gpu_linear.c. */
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_model.h"
 #include "cuda/cuk_prefill.h"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
@@ -20,6 +22,9 @@
 namespace {
 
 unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+__device__ __forceinline__ void st16(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st16(__half *p, int64_t i, float v) { p[i] = __float2half_rn(v); }
 
 /* Grid: one block of 256 threads per local expert e. Thread 0 sums cnt[0..e) into the block's
  * offset; the threads then copy the expert's list into the compact arrays and point each row's
@@ -51,22 +56,23 @@ __global__ void k_moe_compact(const int32_t *__restrict__ ids, int n_tok, int to
 }
 
 /* One thread per output element (row i, column c). */
-__global__ void k_gather_bf16(const float *__restrict__ x, int64_t ldx, int64_t n_rows_x,
-                              const int32_t *__restrict__ rows, int64_t n, int64_t k, __nv_bfloat16 *__restrict__ out) {
+template <typename T>
+__global__ void k_gather_16(const float *__restrict__ x, int64_t ldx, int64_t n_rows_x,
+                            const int32_t *__restrict__ rows, int64_t n, int64_t k, T *__restrict__ out) {
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n * k) return;
     const int64_t i = g / k, c = g % k, r = rows[i];
-    out[g] = __float2bfloat16_rn(r >= 0 && r < n_rows_x ? x[r * ldx + c] : __int_as_float(0x7fc00000));
+    st16(out, g, r >= 0 && r < n_rows_x ? x[r * ldx + c] : __int_as_float(0x7fc00000));
 }
 
 /* One thread per element; k_silu_mul's arithmetic, then the bf16 rounding. */
-__global__ void k_silu_mul_bf16(const float *__restrict__ g, const float *__restrict__ u, int64_t n,
-                                __nv_bfloat16 *__restrict__ y) {
+template <typename T>
+__global__ void k_silu_mul_16(const float *__restrict__ g, const float *__restrict__ u, int64_t n, T *__restrict__ y) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = g[i];
     const float s = v / (1.0f + expf(-v));
-    y[i] = __float2bfloat16_rn(__fmul_rn(s, u[i]));
+    st16(y, i, __fmul_rn(s, u[i]));
 }
 
 /* One thread per output element (token t, column c), coalesced along c. */
@@ -100,26 +106,37 @@ extern "C" g5_status cuk_moe_compact(const cuk_moe_compact_args *a, cuk_stream s
     return G5_OK;
 }
 
-extern "C" g5_status cuk_gather_rows_bf16(const float *x, int64_t ldx, int64_t n_rows_x, const int32_t *rows,
-                                          int64_t n, int64_t k, void *out, cuk_stream stream, g5_error *err) {
-    if (!x || !rows || !out) return BAD("gather_rows_bf16: NULL pointer");
+extern "C" g5_status cuk_gather_rows_16(const float *x, int64_t ldx, int64_t n_rows_x, const int32_t *rows,
+                                        int64_t n, int64_t k, void *out, uint32_t et, cuk_stream stream,
+                                        g5_error *err) {
+    if (!x || !rows || !out) return BAD("gather_rows_16: NULL pointer");
+    if (et != CUK_BF16 && et != CUK_F16) return BAD("gather_rows_16: et %u", et);
     if (n < 1 || k < 1 || n_rows_x < 1 || ldx < k || n > INT64_MAX / k)
-        return BAD("gather_rows_bf16: n=%lld k=%lld n_rows_x=%lld ldx=%lld", (long long)n, (long long)k,
+        return BAD("gather_rows_16: n=%lld k=%lld n_rows_x=%lld ldx=%lld", (long long)n, (long long)k,
                    (long long)n_rows_x, (long long)ldx);
-    k_gather_bf16<<<grid_for(n * k, 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, n_rows_x, rows, n, k,
-                                                                          (__nv_bfloat16 *)out);
-    LAUNCH_CHECK("gather_rows_bf16");
+    if (et == CUK_BF16)
+        k_gather_16<<<grid_for(n * k, 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, n_rows_x, rows, n, k,
+                                                                            (__nv_bfloat16 *)out);
+    else
+        k_gather_16<<<grid_for(n * k, 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, n_rows_x, rows, n, k,
+                                                                            (__half *)out);
+    LAUNCH_CHECK("gather_rows_16");
     return G5_OK;
 }
 
-extern "C" g5_status cuk_silu_mul_bf16(const float *g, const float *u, int64_t n_rows, int64_t dim, void *y,
-                                       cuk_stream stream, g5_error *err) {
-    if (!g || !u || !y) return BAD("silu_mul_bf16: NULL pointer");
+extern "C" g5_status cuk_silu_mul_16(const float *g, const float *u, int64_t n_rows, int64_t dim, void *y,
+                                     uint32_t et, cuk_stream stream, g5_error *err) {
+    if (!g || !u || !y) return BAD("silu_mul_16: NULL pointer");
+    if (et != CUK_BF16 && et != CUK_F16) return BAD("silu_mul_16: et %u", et);
     if (n_rows < 1 || dim < 1 || n_rows > INT64_MAX / dim)
-        return BAD("silu_mul_bf16: n_rows=%lld dim=%lld", (long long)n_rows, (long long)dim);
-    k_silu_mul_bf16<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(g, u, n_rows * dim,
-                                                                                   (__nv_bfloat16 *)y);
-    LAUNCH_CHECK("silu_mul_bf16");
+        return BAD("silu_mul_16: n_rows=%lld dim=%lld", (long long)n_rows, (long long)dim);
+    if (et == CUK_BF16)
+        k_silu_mul_16<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(g, u, n_rows * dim,
+                                                                                     (__nv_bfloat16 *)y);
+    else
+        k_silu_mul_16<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(g, u, n_rows * dim,
+                                                                                     (__half *)y);
+    LAUNCH_CHECK("silu_mul_16");
     return G5_OK;
 }
 

@@ -39,8 +39,8 @@ struct gl_lin {
     rt_gpu_info *info;
     int armed;
     dbuf tile32;                 /* dequantized weight rows, float32 */
-    dbuf tile16;                 /* the same rounded to bf16 (BF16 compute) */
-    dbuf xb;                     /* bf16 copy of a product's input */
+    dbuf tile16;                 /* the same rounded to bf16 or fp16 (16-bit computes) */
+    dbuf xb;                     /* 16-bit copy of a product's input */
     dbuf grp;                    /* expert token lists, weights, counts */
     dbuf ex;                     /* per-expert gathered inputs, gate, up, down outputs */
     dbuf att;                    /* fast prefill attention/indexer: packed keys, queries, scores */
@@ -72,11 +72,11 @@ static g5_status grow(gl_lin *l, dbuf *b, size_t need, const char *what, g5_erro
 g5_status gl_lin_cfg_resolve(const rt_gpu_opts *o, gl_lin_cfg *c, g5_error *err) {
     memset(c, 0, sizeof *c);
     rt_gpu_gemm g = o->gemm;
-    if (g == RT_GPU_GEMM_DEFAULT) g = o->precision == RT_GPU_PRECISE ? RT_GPU_GEMM_F32 : RT_GPU_GEMM_BF16;
-    if (g != RT_GPU_GEMM_F32 && g != RT_GPU_GEMM_BF16)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "gemm compute %d (f32 or bf16)", (int)g);
+    if (g == RT_GPU_GEMM_DEFAULT) g = o->precision == RT_GPU_PRECISE ? RT_GPU_GEMM_F32 : RT_GPU_GEMM_F16;
+    if (g != RT_GPU_GEMM_F32 && g != RT_GPU_GEMM_BF16 && g != RT_GPU_GEMM_F16)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "gemm compute %d (f32, bf16 or f16)", (int)g);
     if (o->precision == RT_GPU_PRECISE) g = RT_GPU_GEMM_F32;
-    c->mode = g == RT_GPU_GEMM_BF16 ? CUK_GEMM_BF16 : CUK_GEMM_F32;
+    c->mode = g == RT_GPU_GEMM_BF16 ? CUK_GEMM_BF16 : g == RT_GPU_GEMM_F16 ? CUK_GEMM_F16 : CUK_GEMM_F32;
     c->min_tokens = o->gemm_min < 0 ? 0 : o->gemm_min > 0 ? o->gemm_min : DEFAULT_MIN_TOKENS;
     c->min_rows_expert = o->gemm_min_expert > 0   ? o->gemm_min_expert
                          : o->gemm_min_expert < 0 ? INT32_MAX
@@ -86,7 +86,7 @@ g5_status gl_lin_cfg_resolve(const rt_gpu_opts *o, gl_lin_cfg *c, g5_error *err)
 }
 
 const char *gl_lin_mode_name(uint32_t mode) {
-    return mode == CUK_GEMM_BF16 ? "bf16" : "f32";
+    return mode == CUK_GEMM_BF16 ? "bf16" : mode == CUK_GEMM_F16 ? "f16" : "f32";
 }
 
 g5_status gl_lin_create(const gl_lin_cfg *c, cuk_stream stream, rt_gpu_info *info, gl_lin **out,
@@ -149,25 +149,27 @@ g5_status gl_lin_matmul(gl_lin *l, const gl_wmat *w, const float *x, int64_t ldx
                         int64_t ldy, int keep_f32, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
     const uint32_t mode = keep_f32 ? CUK_GEMM_F32 : l->cfg.mode;
-    const int bf = mode == CUK_GEMM_BF16;
+    const int bf = mode == CUK_GEMM_BF16 || mode == CUK_GEMM_F16; /* 16-bit inputs */
+    const uint32_t et = mode == CUK_GEMM_F16 ? CUK_F16 : CUK_BF16;
     const int64_t k = w->k, m = w->m;
     if (k < 1 || m < 1 || n < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "matmul: k=%lld m=%lld n=%lld",
                                                 (long long)k, (long long)m, (long long)n);
     const void *xin = x;
     int64_t ldxin = ldx;
     if (bf) {
-        CK(grow(l, &l->xb, (size_t)n * (size_t)k * 2, "bf16 input", err));
-        CK(cuk_convert(x, ldx, l->xb.p, CUK_BF16, k, n, k, l->st, err));
+        CK(grow(l, &l->xb, (size_t)n * (size_t)k * 2, "16-bit input", err));
+        CK(cuk_convert(x, ldx, l->xb.p, et, k, n, k, l->st, err));
         xin = l->xb.p;
         ldxin = k;
     }
-    if ((w->type == QT_F32 && !bf) || (w->type == QT_BF16 && bf))
+    if ((w->type == QT_F32 && !bf) || (w->type == QT_BF16 && mode == CUK_GEMM_BF16) ||
+        (w->type == QT_F16 && mode == CUK_GEMM_F16))
         return gemm(l, mode, w->w, k, xin, ldxin, k, m, n, y, ldy, err);
     uint64_t rb = 0;
     if (quant_row_bytes(w->type, (uint64_t)k, &rb))
         return g5_fail(err, G5_ERR_INVALID_ARG, "matmul: %s rows of %lld elements", quant_type_name(w->type),
                        (long long)k);
-    /* rows per chunk: the tile (rc x k, float32 or bf16) within tile_bytes */
+    /* rows per chunk: the tile (rc x k, float32 or 16-bit) within tile_bytes */
     const uint64_t es = bf ? 2 : 4;
     int64_t rc = (int64_t)(l->cfg.tile_bytes / ((uint64_t)k * es));
     if (rc < 1) rc = 1;
@@ -177,7 +179,7 @@ g5_status gl_lin_matmul(gl_lin *l, const gl_wmat *w, const float *x, int64_t ldx
     for (int64_t r0 = 0; r0 < m; r0 += rc) {
         const int64_t c = m - r0 < rc ? m - r0 : rc;
         const uint8_t *wr = (const uint8_t *)w->w + (uint64_t)r0 * rb;
-        if (bf) CK(cuk_dequant_rows_bf16(w->type, wr, k, c, NULL, c, tb->p, k, l->st, err));
+        if (bf) CK(cuk_dequant_rows_16(w->type, wr, k, c, NULL, c, tb->p, et, k, l->st, err));
         else CK(cuk_dequant_rows(w->type, wr, k, c, NULL, c, tb->p, k, l->st, err));
         CK(gemm(l, mode, tb->p, k, xin, ldxin, k, c, n, y + r0, ldy, err));
     }
@@ -196,15 +198,16 @@ static g5_status gemv_rows(gl_lin *l, const gl_wmat *w, const float *x, int64_t 
     return G5_OK;
 }
 
-/* Bound of the bf16 copies of a batch of experts' gate, up and down weights (fast mode): the
+/* Bound of the 16-bit copies of a batch of experts' gate, up and down weights (fast mode): the
  * experts of a layer are dequantized a batch at a time, one launch per tensor and batch. */
 #define MOE_WTILE_BYTES (4ull << 30)
 
-int gl_lin_fast(const gl_lin *l) { return l && l->cfg.mode == CUK_GEMM_BF16; }
+int gl_lin_fast(const gl_lin *l) { return l && (l->cfg.mode == CUK_GEMM_BF16 || l->cfg.mode == CUK_GEMM_F16); }
+static uint32_t et_of(const gl_lin *l) { return l->cfg.mode == CUK_GEMM_F16 ? CUK_F16 : CUK_BF16; }
 
 /* Fast mode's experts after grouping (l->hcnt holds the counts): one compact list of all local
- * experts' rows, their inputs gathered to bf16 in one launch, each batch of experts' weights
- * dequantized to bf16 in three launches, three bf16 GEMMs per expert with rows, one SwiGLU and
+ * experts' rows, their inputs gathered to 16 bits in one launch, each batch of experts' weights
+ * dequantized to 16 bits in three launches, three 16-bit GEMMs per expert with rows, one SwiGLU and
  * one weighted combine for the whole layer. */
 static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, const float *rw, const int32_t *cnt,
                           uint64_t rb_gu, uint64_t rb_d, g5_error *err) {
@@ -228,7 +231,8 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
     const cuk_moe_compact_args ca = {a->ids, (int32_t)n, (int32_t)U, a->exp0, (int32_t)NL, rows, rw, n, cnt,
                                      crow, crw, inv};
     CK(cuk_moe_compact(&ca, l->st, err));
-    CK(cuk_gather_rows_bf16(a->x, a->ldx, n, crow, tot, E, xb, l->st, err));
+    const uint32_t et = et_of(l), md = l->cfg.mode;
+    CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
     /* experts per weight batch */
     const uint64_t per_e = (uint64_t)3 * FE * E * 2;
     int64_t EB = (int64_t)(MOE_WTILE_BYTES / per_e);
@@ -242,28 +246,28 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
         int64_t rows_b = 0;
         for (int64_t e = e0; e < e0 + eb; e++) rows_b += l->hcnt[e];
         if (rows_b == 0) continue;
-        CK(cuk_dequant_rows_bf16(a->gu_type, (const uint8_t *)a->w_gate + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
-                                 eb * FE, wg16, E, l->st, err));
-        CK(cuk_dequant_rows_bf16(a->gu_type, (const uint8_t *)a->w_up + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
-                                 eb * FE, wu16, E, l->st, err));
-        CK(cuk_dequant_rows_bf16(a->down_type, (const uint8_t *)a->w_down + (uint64_t)e0 * E * rb_d, FE, eb * E, NULL,
-                                 eb * E, wd16, FE, l->st, err));
+        CK(cuk_dequant_rows_16(a->gu_type, (const uint8_t *)a->w_gate + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
+                               eb * FE, wg16, et, E, l->st, err));
+        CK(cuk_dequant_rows_16(a->gu_type, (const uint8_t *)a->w_up + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
+                               eb * FE, wu16, et, E, l->st, err));
+        CK(cuk_dequant_rows_16(a->down_type, (const uint8_t *)a->w_down + (uint64_t)e0 * E * rb_d, FE, eb * E, NULL,
+                               eb * E, wd16, et, FE, l->st, err));
         int64_t o = off;
         for (int64_t e = e0; e < e0 + eb; e++) {
             const int64_t c = l->hcnt[e];
             if (c <= 0) continue;
             const uint8_t *x = (const uint8_t *)xb + (uint64_t)o * E * 2;
-            CK(gemm(l, CUK_GEMM_BF16, wg16 + (uint64_t)(e - e0) * FE * E * 2, E, x, E, E, FE, c, gs + o * FE, FE, err));
-            CK(gemm(l, CUK_GEMM_BF16, wu16 + (uint64_t)(e - e0) * FE * E * 2, E, x, E, E, FE, c, us + o * FE, FE, err));
+            CK(gemm(l, md, wg16 + (uint64_t)(e - e0) * FE * E * 2, E, x, E, E, FE, c, gs + o * FE, FE, err));
+            CK(gemm(l, md, wu16 + (uint64_t)(e - e0) * FE * E * 2, E, x, E, E, FE, c, us + o * FE, FE, err));
             o += c;
         }
-        CK(cuk_silu_mul_bf16(gs + off * FE, us + off * FE, rows_b, FE, (uint8_t *)hb + (uint64_t)off * FE * 2, l->st,
-                             err));
+        CK(cuk_silu_mul_16(gs + off * FE, us + off * FE, rows_b, FE, (uint8_t *)hb + (uint64_t)off * FE * 2, et,
+                           l->st, err));
         o = off;
         for (int64_t e = e0; e < e0 + eb; e++) {
             const int64_t c = l->hcnt[e];
             if (c <= 0) continue;
-            CK(gemm(l, CUK_GEMM_BF16, wd16 + (uint64_t)(e - e0) * E * FE * 2, FE,
+            CK(gemm(l, md, wd16 + (uint64_t)(e - e0) * E * FE * 2, FE,
                     (const uint8_t *)hb + (uint64_t)o * FE * 2, FE, FE, E, c, ds + o * E, E, err));
             o += c;
         }
@@ -413,21 +417,22 @@ g5_status gl_lin_mla_attend(gl_lin *l, const gl_mla_args *a, g5_error *err) {
     void *kb = base, *qb = base + kb_b;
     float *s = (float *)(void *)(base + kb_b + qb_b);
     void *pb = base + kb_b + qb_b + s_b;
-    const cuk_mla_pack_k_args pk = {a->lat, a->lat_type, a->fresh, a->pos0, P, (int32_t)W, kb};
+    const uint32_t et = et_of(l), md = l->cfg.mode;
+    const cuk_mla_pack_k_args pk = {a->lat, a->lat_type, a->fresh, a->pos0, P, (int32_t)W, kb, et};
     CK(cuk_mla_pack_k(&pk, l->st, err));
-    const cuk_mla_pack_q_args pq = {a->q, a->qlat, (int32_t)n, (int32_t)H, a->d.nope, a->d.rope, (int32_t)KL, qb};
+    const cuk_mla_pack_q_args pq = {a->q, a->qlat, (int32_t)n, (int32_t)H, a->d.nope, a->d.rope, (int32_t)KL, qb, et};
     CK(cuk_mla_pack_q(&pq, l->st, err));
     for (int64_t t0 = 0; t0 < n; t0 += ct) {
         const int64_t c = n - t0 < ct ? n - t0 : ct, pc = a->pos0 + t0 + c;
-        /* s[(t - t0) * H + h][j] = [qlat | q_pe][t][h] . [c_kv | k_pe][j] (bf16 in, f32 sums) */
-        const cuk_gemm_ex_args sg = {CUK_GEMM_BF16, 1, 0, pc, c * H, W, kb, W, 0,
+        /* s[(t - t0) * H + h][j] = [qlat | q_pe][t][h] . [c_kv | k_pe][j] (16-bit in, f32 sums) */
+        const cuk_gemm_ex_args sg = {md, 1, 0, pc, c * H, W, kb, W, 0,
                                      (const uint8_t *)qb + (uint64_t)t0 * H * W * 2, W, 0, 0.0f, s, ld, 0, 1};
         CK(gemm_ex(l, &sg, err));
         const cuk_mla_softmax_args sm = {s, pb, ld, pc, (int32_t)(c * H), (int32_t)H, t0, a->pos0, a->sel,
-                                         a->ld_sel, a->n_sel, a->max_sel, a->scale};
+                                         a->ld_sel, a->n_sel, a->max_sel, a->scale, et};
         CK(cuk_mla_softmax(&sm, l->st, err));
         /* out[(t) * H + h][0..KL) = sum_j p[.][j] c_kv[j] */
-        const cuk_gemm_ex_args og = {CUK_GEMM_BF16, 0, 0, KL, c * H, pc, kb, W, 0, pb, ld, 0, 0.0f,
+        const cuk_gemm_ex_args og = {md, 0, 0, KL, c * H, pc, kb, W, 0, pb, ld, 0, 0.0f,
                                      a->out + t0 * H * KL, KL, 0, 1};
         CK(gemm_ex(l, &og, err));
     }

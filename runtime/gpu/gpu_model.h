@@ -104,7 +104,7 @@ typedef enum rt_gpu_cache {
  * F32 float32 (cuBLAS pedantic), BF16 weights and inputs rounded to bf16, float32 accumulation.
  * (A TF32 variant was measured and withdrawn: bench/RESULTS.md.) */
 typedef enum rt_gpu_gemm {
-    RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_BF16 = 3
+    RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_BF16 = 3, RT_GPU_GEMM_F16
 } rt_gpu_gemm;
 
 typedef struct rt_gpu_opts {
