@@ -73,10 +73,10 @@ g5_status gl_lin_cfg_resolve(const rt_gpu_opts *o, gl_lin_cfg *c, g5_error *err)
     memset(c, 0, sizeof *c);
     rt_gpu_gemm g = o->gemm;
     if (g == RT_GPU_GEMM_DEFAULT) g = o->precision == RT_GPU_PRECISE ? RT_GPU_GEMM_F32 : RT_GPU_GEMM_F16;
-    if (g != RT_GPU_GEMM_F32 && g != RT_GPU_GEMM_BF16 && g != RT_GPU_GEMM_F16)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "gemm compute %d (f32, bf16 or f16)", (int)g);
+    if (g != RT_GPU_GEMM_F32 && g != RT_GPU_GEMM_F16)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "gemm compute %d (f32 or f16)", (int)g);
     if (o->precision == RT_GPU_PRECISE) g = RT_GPU_GEMM_F32;
-    c->mode = g == RT_GPU_GEMM_BF16 ? CUK_GEMM_BF16 : g == RT_GPU_GEMM_F16 ? CUK_GEMM_F16 : CUK_GEMM_F32;
+    c->mode = g == RT_GPU_GEMM_F16 ? CUK_GEMM_F16 : CUK_GEMM_F32;
     c->min_tokens = o->gemm_min < 0 ? 0 : o->gemm_min > 0 ? o->gemm_min : DEFAULT_MIN_TOKENS;
     c->min_rows_expert = o->gemm_min_expert > 0   ? o->gemm_min_expert
                          : o->gemm_min_expert < 0 ? INT32_MAX
@@ -86,7 +86,7 @@ g5_status gl_lin_cfg_resolve(const rt_gpu_opts *o, gl_lin_cfg *c, g5_error *err)
 }
 
 const char *gl_lin_mode_name(uint32_t mode) {
-    return mode == CUK_GEMM_BF16 ? "bf16" : mode == CUK_GEMM_F16 ? "f16" : "f32";
+    return mode == CUK_GEMM_F16 ? "f16" : "f32";
 }
 
 g5_status gl_lin_create(const gl_lin_cfg *c, cuk_stream stream, rt_gpu_info *info, gl_lin **out,
@@ -149,8 +149,8 @@ g5_status gl_lin_matmul(gl_lin *l, const gl_wmat *w, const float *x, int64_t ldx
                         int64_t ldy, int keep_f32, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
     const uint32_t mode = keep_f32 ? CUK_GEMM_F32 : l->cfg.mode;
-    const int bf = mode == CUK_GEMM_BF16 || mode == CUK_GEMM_F16; /* 16-bit inputs */
-    const uint32_t et = mode == CUK_GEMM_F16 ? CUK_F16 : CUK_BF16;
+    const int bf = mode == CUK_GEMM_F16; /* 16-bit inputs */
+    const uint32_t et = CUK_F16;
     const int64_t k = w->k, m = w->m;
     if (k < 1 || m < 1 || n < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "matmul: k=%lld m=%lld n=%lld",
                                                 (long long)k, (long long)m, (long long)n);
@@ -162,8 +162,7 @@ g5_status gl_lin_matmul(gl_lin *l, const gl_wmat *w, const float *x, int64_t ldx
         xin = l->xb.p;
         ldxin = k;
     }
-    if ((w->type == QT_F32 && !bf) || (w->type == QT_BF16 && mode == CUK_GEMM_BF16) ||
-        (w->type == QT_F16 && mode == CUK_GEMM_F16))
+    if ((w->type == QT_F32 && !bf) || (w->type == QT_F16 && bf))
         return gemm(l, mode, w->w, k, xin, ldxin, k, m, n, y, ldy, err);
     uint64_t rb = 0;
     if (quant_row_bytes(w->type, (uint64_t)k, &rb))
@@ -202,8 +201,8 @@ static g5_status gemv_rows(gl_lin *l, const gl_wmat *w, const float *x, int64_t 
  * experts of a layer are dequantized a batch at a time, one launch per tensor and batch. */
 #define MOE_WTILE_BYTES (4ull << 30)
 
-int gl_lin_fast(const gl_lin *l) { return l && (l->cfg.mode == CUK_GEMM_BF16 || l->cfg.mode == CUK_GEMM_F16); }
-static uint32_t et_of(const gl_lin *l) { return l->cfg.mode == CUK_GEMM_F16 ? CUK_F16 : CUK_BF16; }
+int gl_lin_fast(const gl_lin *l) { return l && l->cfg.mode == CUK_GEMM_F16; }
+static uint32_t et_of(const gl_lin *l) { (void)l; return CUK_F16; }
 
 /* Fast mode's experts after grouping (l->hcnt holds the counts): one compact list of all local
  * experts' rows, their inputs gathered to 16 bits in one launch, each batch of experts' weights

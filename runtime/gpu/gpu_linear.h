@@ -32,9 +32,9 @@ typedef struct gl_lin_cfg {
 } gl_lin_cfg;
 
 /* opts (precision, gemm, gemm_min, gemm_min_expert, gemm_tile_kb) into c; a gemm compute other
- * than DEFAULT, F32 or BF16 is G5_ERR_INVALID_ARG. */
+ * than DEFAULT, F32 or F16 is G5_ERR_INVALID_ARG. */
 g5_status gl_lin_cfg_resolve(const rt_gpu_opts *o, gl_lin_cfg *c, g5_error *err);
-const char *gl_lin_mode_name(uint32_t mode); /* "f32", "bf16" */
+const char *gl_lin_mode_name(uint32_t mode); /* "f32", "f16" */
 
 /* On the current device, for work on `stream`. info (may be NULL) receives the counters. */
 g5_status gl_lin_create(const gl_lin_cfg *c, cuk_stream stream, rt_gpu_info *info, gl_lin **out,
@@ -85,9 +85,9 @@ typedef struct gl_moe_args {
 
 g5_status gl_lin_moe(gl_lin *l, const gl_moe_args *a, g5_error *err);
 
-/* ---- fast mode (bf16 compute): the attention and indexer of a prompt on tensor cores ---- */
+/* ---- fast mode (fp16 compute): the attention and indexer of a prompt on tensor cores ---- */
 
-/* 1 if the products run in bf16 (fast mode): the attention/indexer functions below apply. */
+/* 1 if the products run in fp16 (fast mode): the attention/indexer functions below apply. */
 int gl_lin_fast(const gl_lin *l);
 
 /* cuk_mla_absorb as one batched TF32 product over the heads (float32 q and kv_b). */
@@ -105,7 +105,7 @@ g5_status gl_lin_wuv(gl_lin *l, const float *kvb_uv, int64_t head_stride, int32_
 g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const float *k, int32_t n_tok,
                             int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc, g5_error *err);
 
-/* cuk_mla_attend_fresh's result for one sequence (same arguments) from bf16 tensor-core products
+/* cuk_mla_attend_fresh's result for one sequence (same arguments) from fp16 tensor-core products
  * with a float32 softmax (cuda/cuk_prefill.h): keys packed to bf16 once, then per chunk of query
  * tokens S = Q K^T, the masked softmax, O = P V. */
 typedef struct gl_mla_args {
