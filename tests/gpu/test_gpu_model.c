@@ -99,6 +99,36 @@ static void test_dequant(void) {
                     "dequant %s k=%lld: %llu elements differ from quant_dequantize, %llu padding written, "
                     "%llu of the out-of-range rows not NaN", qi->name, (long long)k, (unsigned long long)bad,
                     (unsigned long long)pad_bad, (unsigned long long)nan_bad);
+            /* the 16-bit tiles of fast mode's prefill: the same values, rounded once */
+            for (int o = 0; o < 2; o++) {
+                const uint32_t ot = o ? CUK_F16 : CUK_BF16;
+                uint16_t *g16 = xmalloc((size_t)n * ldo * 2);
+                uint16_t *d16 = dalloc((size_t)n * ldo * 2);
+                CK(cudaMemset(d16, 0xA5, (size_t)n * ldo * 2));
+                T_CHECK(cuk_dequant_rows_16(type, dw, k, nrw, drows, n, d16, ot, ldo, NULL, &e) == G5_OK, "%s 16: %s",
+                        qi->name, e.msg);
+                get(g16, d16, (size_t)n * ldo * 2);
+                uint64_t bad16 = 0, pad16 = 0, nan16 = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    for (int64_t j = k; j < ldo; j++) pad16 += g16[i * ldo + j] != 0xA5A5;
+                    if (rows[i] < 0 || rows[i] >= nrw) {
+                        for (int64_t j = 0; j < k; j++) {
+                            const uint16_t h = g16[i * ldo + j];
+                            nan16 += o ? !((h & 0x7c00) == 0x7c00 && (h & 0x03ff)) : !((h & 0x7f80) == 0x7f80 && (h & 0x7f));
+                        }
+                        continue;
+                    }
+                    quant_dequantize(type, w + rows[i] * rb, (uint64_t)k, ref);
+                    for (int64_t j = 0; j < k; j++)
+                        bad16 += g16[i * ldo + j] != (o ? quant_f32_to_f16(ref[j]) : quant_f32_to_bf16(ref[j]));
+                }
+                T_CHECK(bad16 == 0 && pad16 == 0 && nan16 == 0,
+                        "dequant_16 %s %s k=%lld: %llu elements differ from quant_dequantize rounded, %llu padding "
+                        "written, %llu of the out-of-range rows not NaN", qi->name, o ? "f16" : "bf16", (long long)k,
+                        (unsigned long long)bad16, (unsigned long long)pad16, (unsigned long long)nan16);
+                free(g16);
+                cudaFree(d16);
+            }
             free(w);
             free(ref);
             free(got);
@@ -106,7 +136,7 @@ static void test_dequant(void) {
             cudaFree(drows);
             cudaFree(dout);
         }
-    printf("dequant_rows: 13 types x 2 widths, bit-exact vs quant_dequantize\n");
+    printf("dequant_rows: 13 types x 2 widths, bit-exact vs quant_dequantize (float32, and rounded to bf16/f16)\n");
 }
 
 static void test_route(void) {
