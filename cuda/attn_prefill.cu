@@ -142,12 +142,6 @@ __global__ void k_idx_reduce(const float *__restrict__ s, int64_t ld_s, const fl
 
 } // namespace
 
-#define LAUNCH_CHECK(what)                                                                    \
-    do {                                                                                      \
-        cudaError_t e_ = cudaGetLastError();                                                  \
-        if (e_ != cudaSuccess)                                                                \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
-    } while (0)
 
 extern "C" g5_status cuk_mla_pack_q(const cuk_mla_pack_q_args *a, cuk_stream stream, g5_error *err) {
     if (!a || !a->q || !a->qlat || !a->qb) return BAD("mla_pack_q: NULL pointer");
@@ -163,7 +157,7 @@ extern "C" g5_status cuk_mla_pack_q(const cuk_mla_pack_q_args *a, cuk_stream str
     else
         k_pack_q<<<gr, 256, 0, (cudaStream_t)stream>>>(a->q, a->qlat, rows, a->nope, a->rope, a->kv_lora,
                                                        (__half *)a->qb);
-    LAUNCH_CHECK("mla_pack_q");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
@@ -181,7 +175,7 @@ extern "C" g5_status cuk_mla_pack_k(const cuk_mla_pack_k_args *a, cuk_stream str
     else
         k_pack_k<<<gr, 256, 0, (cudaStream_t)stream>>>(a->lat, a->lat_type, a->fresh, a->fresh0, a->n_pos, a->w,
                                                        (__half *)a->kb);
-    LAUNCH_CHECK("mla_pack_k");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
@@ -204,7 +198,7 @@ extern "C" g5_status cuk_mla_softmax(const cuk_mla_softmax_args *a, cuk_stream s
         k_mla_softmax<<<(unsigned)a->n_rows, SM_THREADS, 0, (cudaStream_t)stream>>>(
             a->s, (__half *)a->pb, a->ld, a->n_cols, a->n_head, a->t0, a->pos0, a->sel, a->ld_sel, a->n_sel,
             a->max_sel, a->scale);
-    LAUNCH_CHECK("mla_softmax");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
@@ -219,6 +213,6 @@ extern "C" g5_status cuk_idx_reduce(const cuk_idx_reduce_args *a, cuk_stream str
                    (long long)n_cols);
     k_idx_reduce<<<grid_for((int64_t)a->n_tok * n_cols, 256), 256, 0, (cudaStream_t)stream>>>(
         a->s, a->ld_s, a->w, a->n_tok, a->n_head, a->t0, a->pos0, a->sc, a->ld_sc, n_cols);
-    LAUNCH_CHECK("idx_reduce");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

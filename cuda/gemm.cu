@@ -130,12 +130,30 @@ extern "C" void cuk_blas_free(cuk_blas *b) {
     delete b;
 }
 
+/* The element and compute types of a mode, the handle bound to the stream, and the math mode
+ * (pedantic for F32: no TF32, no reduced-precision split-K). */
+static g5_status prepare(cuk_blas *b, uint32_t mode, cuk_stream stream, cudaDataType *in_t, cublasComputeType_t *ct,
+                         g5_error *err) {
+    if (mode != CUK_GEMM_F32 && mode != CUK_GEMM_TF32 && mode != CUK_GEMM_BF16 && mode != CUK_GEMM_F16)
+        return BAD("gemm: mode %u", mode);
+    *in_t = mode == CUK_GEMM_BF16 ? CUDA_R_16BF : mode == CUK_GEMM_F16 ? CUDA_R_16F : CUDA_R_32F;
+    *ct = mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
+          : mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                  : CUBLAS_COMPUTE_32F;
+    CUK_CHECK(cublasSetStream(b->h, (cudaStream_t)stream));
+    CUK_CHECK(cublasSetMathMode(b->h, mode == CUK_GEMM_F32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    return G5_OK;
+}
+
+#define CK_PREP(call)                                                                         \
+    do {                                                                                      \
+        const g5_status st_ = (call);                                                         \
+        if (st_) return st_;                                                                  \
+    } while (0)
+
 extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream stream, g5_error *err) {
     if (!b || !a) return BAD("gemm: NULL handle or arguments");
     if (!a->w || !a->x || !a->y) return BAD("gemm: NULL pointer");
-    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16 &&
-        a->mode != CUK_GEMM_F16)
-        return BAD("gemm: mode %u", a->mode);
     if (a->k < 1 || a->m < 1 || a->n < 1 || a->k > INT32_MAX || a->m > INT32_MAX || a->n > INT32_MAX)
         return BAD("gemm: k=%lld m=%lld n=%lld must be 1 .. INT32_MAX", (long long)a->k, (long long)a->m,
                    (long long)a->n);
@@ -143,14 +161,9 @@ extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream st
         a->ldy > INT32_MAX)
         return BAD("gemm: ldw=%lld ldx=%lld (k=%lld), ldy=%lld (m=%lld)", (long long)a->ldw, (long long)a->ldx,
                    (long long)a->k, (long long)a->ldy, (long long)a->m);
-    const cudaDataType in_t = a->mode == CUK_GEMM_BF16  ? CUDA_R_16BF
-                              : a->mode == CUK_GEMM_F16 ? CUDA_R_16F
-                                                        : CUDA_R_32F;
-    const cublasComputeType_t ct = a->mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
-                                   : a->mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                              : CUBLAS_COMPUTE_32F;
-    CUK_CHECK(cublasSetStream(b->h, (cudaStream_t)stream));
-    CUK_CHECK(cublasSetMathMode(b->h, a->mode == CUK_GEMM_F32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    cudaDataType in_t;
+    cublasComputeType_t ct;
+    CK_PREP(prepare(b, a->mode, stream, &in_t, &ct, err));
     const float one = 1.0f, zero = 0.0f;
     /* Row-major y[n][m] = x[n][k] W[m][k]^T is, column-major, y^T (m x n) = W^T' x^T: W's rows
      * are the columns of a k x m matrix (lda = ldw), taken transposed. */
@@ -163,9 +176,6 @@ extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream st
 extern "C" g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_stream stream, g5_error *err) {
     if (!b || !a) return BAD("gemm_ex: NULL handle or arguments");
     if (!a->a || !a->b || !a->c) return BAD("gemm_ex: NULL pointer");
-    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16 &&
-        a->mode != CUK_GEMM_F16)
-        return BAD("gemm_ex: mode %u", a->mode);
     if (a->k < 1 || a->m < 1 || a->n < 1 || a->batch < 1 || a->k > INT32_MAX || a->m > INT32_MAX || a->n > INT32_MAX)
         return BAD("gemm_ex: k=%lld m=%lld n=%lld batch=%d", (long long)a->k, (long long)a->m, (long long)a->n,
                    a->batch);
@@ -173,14 +183,9 @@ extern "C" g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_str
     if (a->lda < ra || a->ldb < rb || a->ldc < a->m || a->lda > INT32_MAX || a->ldb > INT32_MAX || a->ldc > INT32_MAX)
         return BAD("gemm_ex: lda=%lld ldb=%lld ldc=%lld for m=%lld n=%lld k=%lld", (long long)a->lda,
                    (long long)a->ldb, (long long)a->ldc, (long long)a->m, (long long)a->n, (long long)a->k);
-    const cudaDataType in_t = a->mode == CUK_GEMM_BF16  ? CUDA_R_16BF
-                              : a->mode == CUK_GEMM_F16 ? CUDA_R_16F
-                                                        : CUDA_R_32F;
-    const cublasComputeType_t ct = a->mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
-                                   : a->mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                              : CUBLAS_COMPUTE_32F;
-    CUK_CHECK(cublasSetStream(b->h, (cudaStream_t)stream));
-    CUK_CHECK(cublasSetMathMode(b->h, a->mode == CUK_GEMM_F32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    cudaDataType in_t;
+    cublasComputeType_t ct;
+    CK_PREP(prepare(b, a->mode, stream, &in_t, &ct, err));
     const float one = 1.0f;
     CUK_CHECK(cublasGemmStridedBatchedEx(b->h, a->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, (int)a->m, (int)a->n, (int)a->k, &one,

@@ -12,12 +12,6 @@
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
-#define LAUNCH_CHECK(what)                                                                    \
-    do {                                                                                      \
-        cudaError_t e_ = cudaGetLastError();                                                  \
-        if (e_ != cudaSuccess)                                                                \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
-    } while (0)
 
 namespace {
 
@@ -102,7 +96,7 @@ extern "C" g5_status cuk_moe_compact(const cuk_moe_compact_args *a, cuk_stream s
     k_moe_compact<<<(unsigned)a->n_local, 256, 0, (cudaStream_t)stream>>>(a->ids, a->n_tok, a->top_k, a->exp0, a->rows,
                                                                           a->rw, a->ld_rows, a->cnt, a->crow, a->crw,
                                                                           a->inv);
-    LAUNCH_CHECK("moe_compact");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
@@ -120,7 +114,7 @@ extern "C" g5_status cuk_gather_rows_16(const float *x, int64_t ldx, int64_t n_r
     else
         k_gather_16<<<grid_for(n * k, 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, n_rows_x, rows, n, k,
                                                                             (__half *)out);
-    LAUNCH_CHECK("gather_rows_16");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
@@ -136,7 +130,7 @@ extern "C" g5_status cuk_silu_mul_16(const float *g, const float *u, int64_t n_r
     else
         k_silu_mul_16<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(g, u, n_rows * dim,
                                                                                      (__half *)y);
-    LAUNCH_CHECK("silu_mul_16");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
@@ -147,6 +141,6 @@ extern "C" g5_status cuk_moe_combine(const float *d, int64_t m, const int32_t *i
         return BAD("moe_combine: m=%lld n_tok=%d top_k=%d ldy=%lld", (long long)m, n_tok, top_k, (long long)ldy);
     k_moe_combine<<<grid_for((int64_t)n_tok * m, 256), 256, 0, (cudaStream_t)stream>>>(d, m, inv, crw, n_tok, top_k,
                                                                                        y, ldy);
-    LAUNCH_CHECK("moe_combine");
+    CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
