@@ -2,12 +2,16 @@
  * call it directly to time it against the GEMV kernels).
  *
  * A forward call of one sequence with many tokens runs each weight product as a GEMM: the
- * weight (quantized in ggml layout) is dequantized in row chunks into a float32 (or bf16)
- * scratch tile bounded by opts.gemm_tile_kb and multiplied by cuBLAS. Weights already stored as
- * float32 (or bf16 for the bf16 compute) are used in place. The routed experts are grouped by
- * expert: each local expert's tokens are gathered, run through gate/up GEMMs, SwiGLU and the
- * down GEMM, and added back weighted into the output, experts in ascending order, which (the
- * router's ids being ascending per token) is each token's slot order.
+ * weight (quantized in ggml layout) is dequantized in row chunks into a float32 (precise) or fp16
+ * (fast) scratch tile bounded by opts.gemm_tile_kb and multiplied by cuBLAS. Weights already
+ * stored in the compute's type are used in place. The routed experts are grouped by expert:
+ * precise mode gathers each local expert's tokens, runs gate/up GEMMs, SwiGLU and the down GEMM
+ * and adds them back weighted, experts in ascending order, which (the router's ids being
+ * ascending per token) is each token's slot order; fast mode does the same with one compact row
+ * list for all experts, a batch of experts' weights dequantized per launch and one combine.
+ * Fast mode also runs the attention, the indexer scores, the MLA absorption and W_UV of a prompt
+ * as products (the functions at the end; specs/numerics.md "Fast mode: the tensor-core
+ * prefill").
  *
  * One gl_lin per rank, made on the rank's device for the rank's stream; it owns the rank's
  * cuBLAS handle and its scratch buffers (grown on demand, never shrunk, freed with it). Built
