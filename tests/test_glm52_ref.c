@@ -1,0 +1,258 @@
+/* GLM-5.2 (IndexShare) against transformers: tests/data/glm52-tiny, made by
+ * scripts/make_glm52_ref.py (a random GlmMoeDsaForCausalLM with GLM-5.2's indexer schedule, run in
+ * float64; the GGUF written from the same weights). Logits of three prompts (6, 40, 72 tokens;
+ * index_topk 8) within 1e-3 / 1e-3 / 5e-3 relative L2, the top-k every layer used on prompt 2 (the
+ * shared layers' being their full layer's), and the greedy continuation exact: from the proper
+ * IndexShare GGUF and from the published-style one (indexer on every layer, no schedule key), at
+ * TP1 from the GGUF and TP1 / TP2 --ep from blob sets. Also: the schedule in the model facts, the
+ * converter dropping the published file's duplicate indexer tensors, and the blob recording it. */
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert/convert.h"
+#include "convert/shard.h"
+#include "format/blob.h"
+#include "format/gguf.h"
+#include "format/glm5.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
+#include "tests/test_util.h"
+
+#define DIR "tests/data/glm52-tiny/"
+#define NP 3
+static const double k_tol[NP] = {1e-3, 1e-3, 5e-3};
+
+typedef struct ref {
+    int32_t *ids[NP];
+    uint32_t n[NP];
+    float *logits[NP];
+    int32_t *topk; /* [layers][n2][K], unordered */
+    int32_t greedy[64];
+    uint32_t n_greedy, greedy_prompt;
+} ref;
+
+static void *slurp(const char *path, size_t want) {
+    size_t n = 0;
+    void *b = t_read_file(path, &n);
+    if (b && n != want) {
+        printf("%s: %zu bytes, expected %zu\n", path, n, want);
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+static int ref_load(ref *r, uint32_t V, uint32_t L, uint32_t K) {
+    memset(r, 0, sizeof *r);
+    json_error_t je;
+    json_t *root = json_load_file(DIR "reference.json", 0, &je);
+    if (!root) {
+        printf("reference.json: %s\n", je.text);
+        return 0;
+    }
+    json_t *ps = json_object_get(root, "prompts");
+    int ok = json_array_size(ps) == NP;
+    for (int i = 0; ok && i < NP; i++) {
+        json_t *p = json_array_get(ps, (size_t)i), *ids = json_object_get(p, "ids");
+        r->n[i] = (uint32_t)json_array_size(ids);
+        r->ids[i] = malloc(r->n[i] * sizeof(int32_t));
+        for (uint32_t k = 0; k < r->n[i]; k++) r->ids[i][k] = (int32_t)json_integer_value(json_array_get(ids, k));
+        char path[256];
+        snprintf(path, sizeof path, DIR "%s", json_string_value(json_object_get(p, "logits")));
+        r->logits[i] = slurp(path, (size_t)r->n[i] * V * sizeof(float));
+        ok = r->logits[i] != NULL;
+    }
+    if (ok) r->topk = slurp(DIR "p2.topk.i32", (size_t)L * r->n[2] * K * sizeof(int32_t));
+    json_t *g = json_object_get(root, "greedy");
+    r->n_greedy = (uint32_t)json_array_size(g);
+    if (r->n_greedy > 64) r->n_greedy = 64;
+    for (uint32_t i = 0; i < r->n_greedy; i++) r->greedy[i] = (int32_t)json_integer_value(json_array_get(g, i));
+    r->greedy_prompt = (uint32_t)json_integer_value(json_object_get(root, "greedy_prompt"));
+    json_decref(root);
+    return ok && r->topk && r->n_greedy > 0 && r->greedy_prompt < NP;
+}
+
+static void ref_free(ref *r) {
+    for (int i = 0; i < NP; i++) {
+        free(r->ids[i]);
+        free(r->logits[i]);
+    }
+    free(r->topk);
+}
+
+static uint32_t amax(const float *v, uint32_t n) {
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void check_model(rt_model *m, const ref *r, const char *label) {
+    const glm5_hparams *hp = rt_model_hparams(m);
+    const uint32_t V = hp->n_vocab, L = hp->n_layer_main, K = hp->idx_top_k;
+    g5_error e = {0};
+    for (int i = 0; i < NP; i++) {
+        const uint32_t n = r->n[i];
+        float *lg = malloc((size_t)n * V * sizeof(float));
+        int32_t *tk = i == 2 ? malloc((size_t)L * n * K * sizeof(int32_t)) : NULL;
+        rt_state *s = NULL;
+        rt_outputs out = {.logits = lg, .all_logits = 1, .topk = tk};
+        int ok = rt_state_create(m, &s, &e) == G5_OK && rt_model_forward(m, s, r->ids[i], n, &out, &e) == G5_OK;
+        rt_state_free(s);
+        T_CHECK(ok, "%s: prompt %d ran: %s", label, i, e.msg);
+        if (ok) {
+            double num = 0, den = 0;
+            uint32_t agree = 0;
+            for (size_t k = 0; k < (size_t)n * V; k++) {
+                double d = (double)lg[k] - r->logits[i][k];
+                num += d * d;
+                den += (double)r->logits[i][k] * r->logits[i][k];
+            }
+            for (uint32_t t = 0; t < n; t++) agree += amax(lg + (size_t)t * V, V) == amax(r->logits[i] + (size_t)t * V, V);
+            const double rel = sqrt(num / den);
+            printf("%s: prompt %d (%u tokens): rel L2 %.3g (tol %.0e), argmax %u/%u\n", label, i, n, rel, k_tol[i], agree, n);
+            T_CHECK(rel <= k_tol[i], "%s: prompt %d rel L2 %.3g > %.0e", label, i, rel, k_tol[i]);
+            T_CHECK(agree == n, "%s: prompt %d argmax %u/%u", label, i, agree, n);
+        }
+        if (ok && tk) {
+            /* queries that see more than K keys: the same set as transformers', every layer */
+            uint32_t same = 0, rows = 0, shared_same = 0;
+            int32_t a[64], b[64];
+            for (uint32_t il = 0; il < L; il++) {
+                const uint32_t same0 = same;
+                for (uint32_t t = K; t < n && K <= 64; t++) {
+                    memcpy(a, tk + ((size_t)il * n + t) * K, K * sizeof(int32_t));
+                    memcpy(b, r->topk + ((size_t)il * n + t) * K, K * sizeof(int32_t));
+                    qsort(a, K, sizeof *a, cmp_i32);
+                    qsort(b, K, sizeof *b, cmp_i32);
+                    int eq = memcmp(a, b, K * sizeof(int32_t)) == 0;
+                    same += eq;
+                    rows++;
+                    /* a shared layer uses exactly its full layer's choice */
+                    uint32_t src = glm5_idx_src_layer(hp, il);
+                    shared_same += memcmp(tk + ((size_t)il * n + t) * K, tk + ((size_t)src * n + t) * K,
+                                          K * sizeof(int32_t)) == 0;
+                }
+                if (same - same0 != n - K) printf("%s: layer %u: %u/%u top-k sets equal\n", label, il, same - same0, n - K);
+            }
+            printf("%s: prompt 2 top-k: %u/%u (layer, query) sets equal transformers'\n", label, same, rows);
+            T_CHECK(same == rows, "%s: top-k sets %u/%u", label, same, rows);
+            T_CHECK(shared_same == rows, "%s: shared layers reuse their full layer's top-k (%u/%u)", label,
+                    shared_same, rows);
+        }
+        free(lg);
+        free(tk);
+    }
+    /* greedy continuation, with the cache (decode steps of one token) */
+    const uint32_t gp = r->greedy_prompt;
+    float *last = malloc(V * sizeof(float));
+    rt_state *s = NULL;
+    rt_outputs out = {.logits = last};
+    int ok = rt_state_create(m, &s, &e) == G5_OK && rt_model_forward(m, s, r->ids[gp], r->n[gp], &out, &e) == G5_OK;
+    uint32_t match = 0;
+    for (uint32_t i = 0; ok && i < r->n_greedy; i++) {
+        int32_t tok = (int32_t)amax(last, V);
+        if (tok != r->greedy[i]) break;
+        match++;
+        ok = rt_model_forward(m, s, &tok, 1, &out, &e) == G5_OK;
+    }
+    rt_state_free(s);
+    free(last);
+    printf("%s: greedy continuation %u/%u tokens equal transformers'\n", label, match, r->n_greedy);
+    T_CHECK(match == r->n_greedy, "%s: greedy %u/%u", label, match, r->n_greedy);
+}
+
+static void check_facts(const char *path, uint32_t want_src) {
+    gguf_ctx *c = NULL;
+    g5_error e = {0};
+    glm5_hparams *hp = malloc(sizeof *hp);
+    T_CHECK(gguf_open(path, &c, &e) == G5_OK && glm5_hparams_read(c, hp, &e) == G5_OK, "%s: %s", path, e.msg);
+    if (c) {
+        static const uint8_t want[8] = {1, 1, 1, 0, 0, 0, 1, 0};
+        T_CHECK(hp->n_layer_main == 8 && memcmp(hp->idx_full, want, 8) == 0, "%s: GLM-5.2 schedule", path);
+        T_CHECK(hp->idx_source == want_src, "%s: schedule source %u", path, hp->idx_source);
+        T_CHECK(hp->version == GLM5_VERSION_5_2 && hp->rope_theta == 8e6f && hp->n_ctx_train == 1048576,
+                "%s: GLM-5.2, theta %g, ctx %u", path, (double)hp->rope_theta, hp->n_ctx_train);
+        T_CHECK(glm5_idx_src_layer(hp, 5) == 2 && glm5_idx_src_layer(hp, 7) == 6 && glm5_idx_src_layer(hp, 6) == 6,
+                "%s: shared layers' source", path);
+        glm5_tensor_spec sp;
+        T_CHECK(glm5_spec_for(hp, "blk.4.indexer.proj.weight", &sp) == G5_OK && sp.unused,
+                "%s: a shared layer's indexer tensor is known and unused", path);
+        T_CHECK(glm5_spec_for(hp, "blk.6.indexer.proj.weight", &sp) == G5_OK && !sp.unused,
+                "%s: a full layer's indexer tensor is used", path);
+    }
+    gguf_free(c);
+    free(hp);
+}
+
+int main(void) {
+    check_facts(DIR "glm52-tiny.gguf", GLM5_IDX_SRC_KEY);
+    check_facts(DIR "glm52-tiny-published.gguf", GLM5_IDX_SRC_GLM52);
+
+    const char *dir = t_tmpdir();
+    static const char *const files[] = {"glm52-tiny.gguf", "glm52-tiny-published.gguf"};
+    ref r;
+    int have = 0;
+    rt_model_opts opts = {.n_threads = 0, .mla = RT_MLA_ABSORBED};
+    for (int f = 0; f < 2; f++) {
+        char src[256], label[96];
+        snprintf(src, sizeof src, DIR "%s", files[f]);
+        g5_error e = {0};
+        rt_wset *ws = NULL;
+        rt_model *m = NULL;
+        T_CHECK(rt_wset_open_gguf(src, &ws, &e) == G5_OK, "%s: open: %s", src, e.msg);
+        if (ws) T_CHECK(rt_model_create(ws, &opts, &m, &e) == G5_OK, "%s: model: %s", src, e.msg);
+        if (m && !have) {
+            const glm5_hparams *hp = rt_model_hparams(m);
+            have = ref_load(&r, hp->n_vocab, hp->n_layer_main, hp->idx_top_k);
+            T_CHECK(have, "reference data loads");
+        }
+        snprintf(label, sizeof label, "%s TP=1", files[f]);
+        if (m && have) check_model(m, &r, label);
+        rt_model_free(m);
+        rt_wset_free(ws);
+        if (!have) break;
+        static const struct { uint32_t tp; int ep; } cfg[] = {{1, 0}, {2, 1}};
+        for (size_t k = 0; k < 2; k++) {
+            char out[4200];
+            snprintf(out, sizeof out, "%s/f%d-tp%u%s", dir, f, cfg[k].tp, cfg[k].ep ? "ep" : "");
+            snprintf(label, sizeof label, "%s blobs TP=%u%s", files[f], cfg[k].tp, cfg[k].ep ? " --ep" : "");
+            convert_options co;
+            convert_options_init(&co);
+            co.tp = cfg[k].tp;
+            co.ep = cfg[k].ep;
+            convert_result *res = NULL;
+            g5_status st = convert_run(src, out, &co, &res, &e);
+            T_CHECK(st == G5_OK, "%s: convert: %s", label, e.msg);
+            if (res && res->plan)
+                T_CHECK(res->plan->src_unused == (f ? 20u : 0u), "%s: %llu shared-layer indexer tensors dropped",
+                        label, (unsigned long long)res->plan->src_unused);
+            convert_result_free(res);
+            if (st) continue;
+            ws = NULL;
+            m = NULL;
+            T_CHECK(rt_wset_open_blobs(out, &ws, &e) == G5_OK, "%s: open: %s", label, e.msg);
+            if (ws) {
+                const gguf_ctx *meta = rt_wset_meta(ws);
+                T_CHECK(gguf_find_key(meta, "glm-dsa.attention.indexer.types") >= 0 &&
+                            (gguf_find_key(meta, "glm5shard.indexer.dropped") >= 0) == f,
+                        "%s: the blob records the schedule (and the dropped tensors)", label);
+                T_CHECK(rt_model_create(ws, &opts, &m, &e) == G5_OK, "%s: model: %s", label, e.msg);
+            }
+            if (m) check_model(m, &r, label);
+            rt_model_free(m);
+            rt_wset_free(ws);
+        }
+    }
+    if (have) ref_free(&r);
+    t_rmtree(dir);
+    return t_report("test_glm52_ref");
+}
