@@ -110,6 +110,19 @@ def write_gguf(path, kvs, tensors, align=32):
     os.replace(tmp, path)
 
 
+def byte_tokens():
+    """GPT-2's byte-to-unicode map: byte b is the token text of id b."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(SEED)
@@ -222,6 +235,11 @@ def main():
           (A + "attention.indexer.key_length", VT_U32, cfg.index_head_dim),
           (A + "attention.indexer.top_k", VT_U32, cfg.index_topk),
           (A + "vocab_size", VT_U32, cfg.vocab_size)]
+    # a byte-level BPE vocabulary without merges (token i is byte i), so glm5-run can take the file
+    kv += [("tokenizer.ggml.model", VT_STRING, "gpt2"), ("tokenizer.ggml.pre", VT_STRING, "glm4"),
+           ("tokenizer.ggml.tokens", VT_ARRAY, (VT_STRING, byte_tokens())),
+           ("tokenizer.ggml.merges", VT_ARRAY, (VT_STRING, [])),
+           ("tokenizer.ggml.bos_token_id", VT_U32, 0), ("tokenizer.ggml.eos_token_id", VT_U32, 1)]
     key = [(A + "attention.indexer.types", VT_ARRAY, (VT_BOOL, [t == "full" for t in types]))]
     write_gguf(os.path.join(OUT, "glm52-tiny.gguf"), kv + key, tensors)
     # published layout: every layer's indexer, in layer order, and no key
