@@ -16,6 +16,7 @@
 #include "convert/shard.h"
 #include "format/blob.h"
 #include "format/gguf.h"
+#include "format/gguf_write.h"
 #include "format/glm5.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
@@ -193,7 +194,107 @@ static void check_facts(const char *path, uint32_t want_src) {
     free(hp);
 }
 
+/* The published file rewritten in memory: keys dropped / set, tensors of some layers' indexer
+ * left out. Returns the hyperparameter read's status (and *hp, *msg). */
+typedef struct variant {
+    const char *name;            /* general.name and general.basename ("" leaves them out) */
+    const char *drop_idx;        /* layers whose indexer tensors are left out: "345" */
+    int drop_one;                /* leave out only blk.<first of drop_idx>.indexer.proj.weight */
+    const char *scaling;         /* rope.scaling.type, or NULL */
+    int key;                     /* write indexer.types (the GLM-5.2 schedule) */
+} variant;
+
+static g5_status read_variant(const variant *v, glm5_hparams *hp, char *msg, size_t cap) {
+    gguf_ctx *src = NULL;
+    g5_error e = {0};
+    if (gguf_open(DIR "glm52-tiny-published.gguf", &src, &e)) return G5_ERR_IO;
+    gguf_writer *w = gguf_writer_create();
+    for (int64_t i = 0; i < gguf_get_n_kv(src); i++) {
+        const char *k = gguf_get_key(src, i);
+        if (!strcmp(k, "general.name") || !strcmp(k, "general.basename")) continue;
+        gguf_writer_copy_kv(w, src, i);
+    }
+    if (v->name[0]) {
+        gguf_writer_set_str(w, "general.name", v->name, strlen(v->name));
+        gguf_writer_set_str(w, "general.basename", v->name, strlen(v->name));
+    }
+    if (v->scaling) gguf_writer_set_str(w, "glm-dsa.rope.scaling.type", v->scaling, strlen(v->scaling));
+    if (v->key) {
+        static const uint8_t t[8] = {1, 1, 1, 0, 0, 0, 1, 0};
+        gguf_writer_set_arr(w, "glm-dsa.attention.indexer.types", GGUF_VT_BOOL, t, 8);
+    }
+    for (int64_t i = 0; i < gguf_get_n_tensors(src); i++) {
+        const gguf_tensor *t = gguf_get_tensor(src, i);
+        int32_t layer;
+        glm5_role r = glm5_classify(t->name, &layer);
+        if (glm5_role_is_indexer(r) && layer >= 0 && strchr(v->drop_idx, '0' + layer) &&
+            (!v->drop_one || (r == GLM5_ROLE_IDX_PROJ && layer == v->drop_idx[0] - '0')))
+            continue;
+        gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL);
+    }
+    uint8_t *buf = NULL;
+    uint64_t len = 0;
+    gguf_ctx *c = NULL;
+    g5_status st = gguf_writer_write_buffer(w, &buf, &len);
+    if (!st) st = gguf_parse_buffer(buf, len, "variant", &c, &e);
+    if (!st) st = glm5_hparams_read(c, hp, &e);
+    snprintf(msg, cap, "%s", st ? e.msg : "");
+    gguf_free(c);
+    free(buf);
+    gguf_writer_free(w);
+    gguf_free(src);
+    return st;
+}
+
+static void test_variants(void) {
+    static const uint8_t k52[8] = {1, 1, 1, 0, 0, 0, 1, 0};
+    static const uint8_t all[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    static const uint8_t some[8] = {1, 1, 1, 0, 0, 0, 1, 1};
+    static const struct {
+        variant v;
+        g5_status want;
+        uint32_t src, version;
+        const uint8_t *full;
+        const char *msg;         /* part of the refusal */
+    } cases[] = {
+        /* a proper IndexShare file without the key: the layers carrying the indexer */
+        {{"", "345", 0, NULL, 0}, G5_OK, GLM5_IDX_SRC_TENSORS, GLM5_VERSION_5_2, some, NULL},
+        {{"GLM-5.2", "3457", 0, NULL, 0}, G5_OK, GLM5_IDX_SRC_TENSORS, GLM5_VERSION_5_2, k52, NULL},
+        /* published layout, named: GLM-5.2's schedule; GLM-5.1 / GLM-5: every layer */
+        {{"GLM-5.2-UD-Q4_K_XL", "", 0, NULL, 0}, G5_OK, GLM5_IDX_SRC_GLM52, GLM5_VERSION_5_2, k52, NULL},
+        {{"GLM 5.1", "", 0, NULL, 0}, G5_OK, GLM5_IDX_SRC_ALL_FULL, GLM5_VERSION_5_1, all, NULL},
+        {{"glm5", "", 0, NULL, 0}, G5_OK, GLM5_IDX_SRC_ALL_FULL, GLM5_VERSION_5, all, NULL},
+        /* unnamed: GLM-5.2's rope theta 8e6 and 1M context name it */
+        {{"", "", 0, NULL, 0}, G5_OK, GLM5_IDX_SRC_GLM52, GLM5_VERSION_5_2, k52, NULL},
+        /* the key wins over everything */
+        {{"GLM-5.1", "", 0, NULL, 1}, G5_OK, GLM5_IDX_SRC_KEY, GLM5_VERSION_5_1, k52, NULL},
+        /* refusals */
+        {{"GLM-5.2", "4", 1, NULL, 0}, G5_ERR_MODEL, 0, 0, NULL, "only some of its indexer tensors"},
+        {{"GLM-5.2", "0", 0, NULL, 0}, G5_ERR_MODEL, 0, 0, NULL, "layer 0 has no indexer tensors"},
+        {{"GLM-5.1", "345", 0, NULL, 0}, G5_ERR_MODEL, 0, 0, NULL, "runs the indexer on every layer"},
+        {{"GLM-5.3", "", 0, NULL, 0}, G5_ERR_MODEL, 0, 0, NULL, "GLM-5.3"},
+        {{"GLM-5.2", "", 0, "yarn", 0}, G5_ERR_UNSUPPORTED, 0, 0, NULL, "RoPE scaling"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        glm5_hparams *hp = calloc(1, sizeof *hp);
+        char msg[1100];
+        g5_status st = read_variant(&cases[i].v, hp, msg, sizeof msg);
+        T_CHECK(st == cases[i].want, "variant %zu ('%s', no indexer on '%s'): %s, want %s (%s)", i, cases[i].v.name,
+                cases[i].v.drop_idx, g5_strerror(st), g5_strerror(cases[i].want), msg);
+        if (st == G5_OK && cases[i].want == G5_OK) {
+            T_CHECK(hp->idx_source == cases[i].src && hp->version == cases[i].version &&
+                        memcmp(hp->idx_full, cases[i].full, 8) == 0,
+                    "variant %zu: source %u version %u", i, hp->idx_source, hp->version);
+        } else if (st && cases[i].msg) {
+            T_CHECK(strstr(msg, cases[i].msg) != NULL, "variant %zu: the refusal says why: %s", i, msg);
+            printf("variant %zu refused: %s\n", i, msg);
+        }
+        free(hp);
+    }
+}
+
 int main(void) {
+    test_variants();
     check_facts(DIR "glm52-tiny.gguf", GLM5_IDX_SRC_KEY);
     check_facts(DIR "glm52-tiny-published.gguf", GLM5_IDX_SRC_GLM52);
 
