@@ -169,6 +169,26 @@ static void check_model(rt_model *m, const ref *r, const char *label) {
     free(last);
     printf("%s: greedy continuation %u/%u tokens equal transformers'\n", label, match, r->n_greedy);
     T_CHECK(match == r->n_greedy, "%s: greedy %u/%u", label, match, r->n_greedy);
+
+    /* batched decode: the greedy prompt beside prompt 2, one rt_model_forward_batch per step */
+    rt_state *b[2] = {NULL, NULL};
+    float *lg = malloc((size_t)2 * V * sizeof(float));
+    rt_outputs o0 = {.logits = lg}, o1 = {.logits = lg + V};
+    ok = rt_state_create(m, &b[0], &e) == G5_OK && rt_state_create(m, &b[1], &e) == G5_OK &&
+         rt_model_forward(m, b[0], r->ids[gp], r->n[gp], &o0, &e) == G5_OK &&
+         rt_model_forward(m, b[1], r->ids[2], r->n[2], &o1, &e) == G5_OK;
+    match = 0;
+    for (uint32_t i = 0; ok && i < r->n_greedy; i++) {
+        int32_t tok[2] = {(int32_t)amax(lg, V), (int32_t)amax(lg + V, V)};
+        if (tok[0] != r->greedy[i]) break;
+        match++;
+        ok = rt_model_forward_batch(m, b, tok, 2, lg, &e) == G5_OK;
+    }
+    rt_state_free(b[0]);
+    rt_state_free(b[1]);
+    free(lg);
+    printf("%s: batched decode (beside prompt 2): greedy %u/%u\n", label, match, r->n_greedy);
+    T_CHECK(ok && match == r->n_greedy, "%s: batched greedy %u/%u (%s)", label, match, r->n_greedy, e.msg);
 }
 
 static void check_facts(const char *path, uint32_t want_src) {
