@@ -21,80 +21,7 @@
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
-
-#define DIR "tests/data/glm52-tiny/"
-#define NP 3
-static const double k_tol[NP] = {1e-3, 1e-3, 5e-3};
-
-typedef struct ref {
-    int32_t *ids[NP];
-    uint32_t n[NP];
-    float *logits[NP];
-    int32_t *topk; /* [layers][n2][K], unordered */
-    int32_t greedy[64];
-    uint32_t n_greedy, greedy_prompt;
-} ref;
-
-static void *slurp(const char *path, size_t want) {
-    size_t n = 0;
-    void *b = t_read_file(path, &n);
-    if (b && n != want) {
-        printf("%s: %zu bytes, expected %zu\n", path, n, want);
-        free(b);
-        return NULL;
-    }
-    return b;
-}
-
-static int ref_load(ref *r, uint32_t V, uint32_t L, uint32_t K) {
-    memset(r, 0, sizeof *r);
-    json_error_t je;
-    json_t *root = json_load_file(DIR "reference.json", 0, &je);
-    if (!root) {
-        printf("reference.json: %s\n", je.text);
-        return 0;
-    }
-    json_t *ps = json_object_get(root, "prompts");
-    int ok = json_array_size(ps) == NP;
-    for (int i = 0; ok && i < NP; i++) {
-        json_t *p = json_array_get(ps, (size_t)i), *ids = json_object_get(p, "ids");
-        r->n[i] = (uint32_t)json_array_size(ids);
-        r->ids[i] = malloc(r->n[i] * sizeof(int32_t));
-        for (uint32_t k = 0; k < r->n[i]; k++) r->ids[i][k] = (int32_t)json_integer_value(json_array_get(ids, k));
-        char path[256];
-        snprintf(path, sizeof path, DIR "%s", json_string_value(json_object_get(p, "logits")));
-        r->logits[i] = slurp(path, (size_t)r->n[i] * V * sizeof(float));
-        ok = r->logits[i] != NULL;
-    }
-    if (ok) r->topk = slurp(DIR "p2.topk.i32", (size_t)L * r->n[2] * K * sizeof(int32_t));
-    json_t *g = json_object_get(root, "greedy");
-    r->n_greedy = (uint32_t)json_array_size(g);
-    if (r->n_greedy > 64) r->n_greedy = 64;
-    for (uint32_t i = 0; i < r->n_greedy; i++) r->greedy[i] = (int32_t)json_integer_value(json_array_get(g, i));
-    r->greedy_prompt = (uint32_t)json_integer_value(json_object_get(root, "greedy_prompt"));
-    json_decref(root);
-    return ok && r->topk && r->n_greedy > 0 && r->greedy_prompt < NP;
-}
-
-static void ref_free(ref *r) {
-    for (int i = 0; i < NP; i++) {
-        free(r->ids[i]);
-        free(r->logits[i]);
-    }
-    free(r->topk);
-}
-
-static uint32_t amax(const float *v, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
+#include "tests/glm52_ref.h"
 
 static void check_model(rt_model *m, const ref *r, const char *label) {
     const glm5_hparams *hp = rt_model_hparams(m);
@@ -110,39 +37,25 @@ static void check_model(rt_model *m, const ref *r, const char *label) {
         rt_state_free(s);
         T_CHECK(ok, "%s: prompt %d ran: %s", label, i, e.msg);
         if (ok) {
-            double num = 0, den = 0;
-            uint32_t agree = 0;
-            for (size_t k = 0; k < (size_t)n * V; k++) {
-                double d = (double)lg[k] - r->logits[i][k];
-                num += d * d;
-                den += (double)r->logits[i][k] * r->logits[i][k];
-            }
-            for (uint32_t t = 0; t < n; t++) agree += amax(lg + (size_t)t * V, V) == amax(r->logits[i] + (size_t)t * V, V);
-            const double rel = sqrt(num / den);
+            uint32_t agree;
+            const double rel = ref_rel_l2(r, i, lg, V, &agree);
             printf("%s: prompt %d (%u tokens): rel L2 %.3g (tol %.0e), argmax %u/%u\n", label, i, n, rel, k_tol[i], agree, n);
             T_CHECK(rel <= k_tol[i], "%s: prompt %d rel L2 %.3g > %.0e", label, i, rel, k_tol[i]);
             T_CHECK(agree == n, "%s: prompt %d argmax %u/%u", label, i, agree, n);
         }
         if (ok && tk) {
-            /* queries that see more than K keys: the same set as transformers', every layer */
+            /* queries that see more than K keys: the same set as transformers', every layer; a
+             * shared layer uses exactly its full layer's choice */
             uint32_t same = 0, rows = 0, shared_same = 0;
-            int32_t a[64], b[64];
             for (uint32_t il = 0; il < L; il++) {
-                const uint32_t same0 = same;
-                for (uint32_t t = K; t < n && K <= 64; t++) {
-                    memcpy(a, tk + ((size_t)il * n + t) * K, K * sizeof(int32_t));
-                    memcpy(b, r->topk + ((size_t)il * n + t) * K, K * sizeof(int32_t));
-                    qsort(a, K, sizeof *a, cmp_i32);
-                    qsort(b, K, sizeof *b, cmp_i32);
-                    int eq = memcmp(a, b, K * sizeof(int32_t)) == 0;
-                    same += eq;
-                    rows++;
-                    /* a shared layer uses exactly its full layer's choice */
-                    uint32_t src = glm5_idx_src_layer(hp, il);
+                const uint32_t s_il = ref_topk_same(r, tk, il, K);
+                if (s_il != n - K) printf("%s: layer %u: %u/%u top-k sets equal\n", label, il, s_il, n - K);
+                same += s_il;
+                rows += n - K;
+                const uint32_t src = glm5_idx_src_layer(hp, il);
+                for (uint32_t t = K; t < n; t++)
                     shared_same += memcmp(tk + ((size_t)il * n + t) * K, tk + ((size_t)src * n + t) * K,
                                           K * sizeof(int32_t)) == 0;
-                }
-                if (same - same0 != n - K) printf("%s: layer %u: %u/%u top-k sets equal\n", label, il, same - same0, n - K);
             }
             printf("%s: prompt 2 top-k: %u/%u (layer, query) sets equal transformers'\n", label, same, rows);
             T_CHECK(same == rows, "%s: top-k sets %u/%u", label, same, rows);

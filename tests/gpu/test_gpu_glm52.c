@@ -13,101 +13,37 @@
 #define G5_TEST_NAME "test_gpu_glm52"
 #define G5_TEST_SEED 52
 
-#include <jansson.h>
-#include <math.h>
-
 #include "convert/convert.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
 #include "runtime/gpu/gpu_model.h"
 #include "tests/test_util.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/glm52_ref.h"
 
-#define DIR "tests/data/glm52-tiny/"
-#define NP 3
-static const double k_tol[NP] = {1e-3, 1e-3, 5e-3};
-
-static int32_t *g_ids[NP], *g_topk, g_greedy[64];
-static uint32_t g_n[NP], g_n_greedy;
-static float *g_logits[NP];
-
-static int load_ref(uint32_t V, uint32_t L, uint32_t K) {
-    json_error_t je;
-    json_t *root = json_load_file(DIR "reference.json", 0, &je);
-    if (!root) return 0;
-    json_t *ps = json_object_get(root, "prompts");
-    int ok = json_array_size(ps) == NP;
-    for (int i = 0; ok && i < NP; i++) {
-        json_t *ids = json_object_get(json_array_get(ps, (size_t)i), "ids");
-        g_n[i] = (uint32_t)json_array_size(ids);
-        g_ids[i] = xmalloc(g_n[i] * sizeof(int32_t));
-        for (uint32_t k = 0; k < g_n[i]; k++) g_ids[i][k] = (int32_t)json_integer_value(json_array_get(ids, k));
-        char path[128];
-        snprintf(path, sizeof path, DIR "p%d.logits.f32", i);
-        size_t n = 0;
-        g_logits[i] = (float *)(void *)t_read_file(path, &n);
-        ok = g_logits[i] && n == (size_t)g_n[i] * V * 4;
-    }
-    size_t n = 0;
-    g_topk = ok ? (int32_t *)(void *)t_read_file(DIR "p2.topk.i32", &n) : NULL;
-    ok = ok && g_topk && n == (size_t)L * g_n[2] * K * 4;
-    json_t *gr = json_object_get(root, "greedy");
-    g_n_greedy = (uint32_t)json_array_size(gr);
-    if (g_n_greedy > 64) g_n_greedy = 64;
-    for (uint32_t i = 0; i < g_n_greedy; i++) g_greedy[i] = (int32_t)json_integer_value(json_array_get(gr, i));
-    ok = ok && g_n_greedy && json_integer_value(json_object_get(root, "greedy_prompt")) == 1;
-    json_decref(root);
-    return ok;
-}
-
-static uint32_t amax(const float *v, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
+static ref R;
 
 static void prompts(rt_gpu_model *g, const glm5_hparams *hp, const char *label) {
     const uint32_t V = hp->n_vocab, L = hp->n_layer_main, K = hp->idx_top_k;
     g5_error e = {0};
     for (int i = 0; i < NP; i++) {
-        const uint32_t n = g_n[i];
+        const uint32_t n = R.n[i];
         float *lg = xmalloc((size_t)n * V * 4);
         int32_t *tk = i == 2 ? xmalloc((size_t)L * n * K * 4) : NULL;
         rt_gpu_reset(g);
         rt_gpu_outputs out = {.logits = lg, .all_logits = 1, .topk = tk};
-        g5_status st = rt_gpu_forward(g, g_ids[i], n, &out, &e);
+        g5_status st = rt_gpu_forward(g, R.ids[i], n, &out, &e);
         T_CHECK(st == G5_OK, "%s prompt %d: %s", label, i, e.msg);
         if (!st) {
-            double num = 0, den = 0;
-            uint32_t agree = 0;
-            for (size_t k = 0; k < (size_t)n * V; k++) {
-                const double d = (double)lg[k] - g_logits[i][k];
-                num += d * d;
-                den += (double)g_logits[i][k] * g_logits[i][k];
-            }
-            for (uint32_t t = 0; t < n; t++) agree += amax(lg + (size_t)t * V, V) == amax(g_logits[i] + (size_t)t * V, V);
-            const double rel = sqrt(num / den);
+            uint32_t agree;
+            const double rel = ref_rel_l2(&R, i, lg, V, &agree);
             printf("%s: prompt %d (%u tokens): logits rel L2 %.3g (tol %.0e), argmax %u/%u\n", label, i, n, rel, k_tol[i],
                    agree, n);
             T_CHECK(rel <= k_tol[i] && agree == n, "%s prompt %d: rel L2 %.3g, argmax %u/%u", label, i, rel, agree, n);
         }
         if (!st && tk) {
             uint32_t same = 0, rows = 0;
-            int32_t a[64], b[64];
-            for (uint32_t il = 0; il < L; il++)
-                for (uint32_t t = K; t < n && K <= 64; t++, rows++) {
-                    memcpy(a, tk + ((size_t)il * n + t) * K, K * 4);
-                    memcpy(b, g_topk + ((size_t)il * n + t) * K, K * 4);
-                    qsort(a, K, 4, cmp_i32);
-                    qsort(b, K, 4, cmp_i32);
-                    same += memcmp(a, b, K * 4) == 0;
-                }
+            for (uint32_t il = 0; il < L; il++, rows += n - K) same += ref_topk_same(&R, tk, il, K);
             printf("%s: prompt 2 top-k: %u/%u (layer, query) sets equal transformers'\n", label, same, rows);
             T_CHECK(same == rows, "%s: top-k %u/%u", label, same, rows);
         }
@@ -116,22 +52,22 @@ static void prompts(rt_gpu_model *g, const glm5_hparams *hp, const char *label) 
     }
 }
 
-/* Prompt 1, then g_n_greedy single-token steps on the default sequence. */
+/* Prompt 1, then R.n_greedy single-token steps on the default sequence. */
 static void greedy(rt_gpu_model *g, uint32_t V, const char *label) {
     g5_error e = {0};
     float *last = xmalloc((size_t)V * 4);
     rt_gpu_reset(g);
     rt_gpu_outputs out = {.logits = last};
-    int ok = rt_gpu_forward(g, g_ids[1], g_n[1], &out, &e) == G5_OK;
+    int ok = rt_gpu_forward(g, R.ids[1], R.n[1], &out, &e) == G5_OK;
     uint32_t match = 0;
-    for (uint32_t i = 0; ok && i < g_n_greedy; i++) {
+    for (uint32_t i = 0; ok && i < R.n_greedy; i++) {
         int32_t tok = (int32_t)amax(last, V);
-        if (tok != g_greedy[i]) break;
+        if (tok != R.greedy[i]) break;
         match++;
         ok = rt_gpu_forward(g, &tok, 1, &out, &e) == G5_OK;
     }
-    printf("%s: greedy continuation %u/%u tokens equal transformers'\n", label, match, g_n_greedy);
-    T_CHECK(ok && match == g_n_greedy, "%s: greedy %u/%u (%s)", label, match, g_n_greedy, e.msg);
+    printf("%s: greedy continuation %u/%u tokens equal transformers'\n", label, match, R.n_greedy);
+    T_CHECK(ok && match == R.n_greedy, "%s: greedy %u/%u (%s)", label, match, R.n_greedy, e.msg);
     free(last);
 }
 
@@ -142,17 +78,17 @@ static void batched(rt_gpu_model *g, uint32_t V, const char *label) {
     float *lg = xmalloc((size_t)2 * V * 4);
     int ok = rt_gpu_seq_create(g, 0, &s[0], &e) == G5_OK && rt_gpu_seq_create(g, 0, &s[1], &e) == G5_OK;
     rt_gpu_outputs o0 = {.logits = lg}, o1 = {.logits = lg + V};
-    ok = ok && rt_gpu_forward_seq(g, s[0], g_ids[1], g_n[1], &o0, &e) == G5_OK &&
-         rt_gpu_forward_seq(g, s[1], g_ids[2], g_n[2], &o1, &e) == G5_OK;
+    ok = ok && rt_gpu_forward_seq(g, s[0], R.ids[1], R.n[1], &o0, &e) == G5_OK &&
+         rt_gpu_forward_seq(g, s[1], R.ids[2], R.n[2], &o1, &e) == G5_OK;
     uint32_t match = 0;
-    for (uint32_t i = 0; ok && i < g_n_greedy; i++) {
+    for (uint32_t i = 0; ok && i < R.n_greedy; i++) {
         int32_t tok[2] = {(int32_t)amax(lg, V), (int32_t)amax(lg + V, V)};
-        if (tok[0] != g_greedy[i]) break;
+        if (tok[0] != R.greedy[i]) break;
         match++;
         ok = rt_gpu_forward_batch(g, s, tok, 2, lg, &e) == G5_OK;
     }
-    printf("%s: batched decode (beside prompt 2): greedy %u/%u tokens equal transformers'\n", label, match, g_n_greedy);
-    T_CHECK(ok && match == g_n_greedy, "%s: batched greedy %u/%u (%s)", label, match, g_n_greedy, e.msg);
+    printf("%s: batched decode (beside prompt 2): greedy %u/%u tokens equal transformers'\n", label, match, R.n_greedy);
+    T_CHECK(ok && match == R.n_greedy, "%s: batched greedy %u/%u (%s)", label, match, R.n_greedy, e.msg);
     rt_gpu_seq_free(s[0]);
     rt_gpu_seq_free(s[1]);
     free(lg);
@@ -169,7 +105,7 @@ static void check_tool(rt_model *m, rt_gpu_model *g, uint32_t V, const char *lab
     T_CHECK(rt_gpu_check_create(m, g, &co, &c, &e) == G5_OK, "%s: check create: %s", label, e.msg);
     float *last = xmalloc((size_t)V * 4);
     rt_gpu_outputs out = {.logits = last};
-    int ok = c && rt_gpu_check_forward(c, g_ids[2], g_n[2], &out, &e) == G5_OK;
+    int ok = c && rt_gpu_check_forward(c, R.ids[2], R.n[2], &out, &e) == G5_OK;
     for (int i = 0; ok && i < 4; i++) {
         int32_t tok = (int32_t)amax(last, V);
         ok = rt_gpu_check_forward(c, &tok, 1, &out, &e) == G5_OK;
@@ -180,7 +116,7 @@ static void check_tool(rt_model *m, rt_gpu_model *g, uint32_t V, const char *lab
         rt_gpu_check_get_summary(c, &s);
         printf("%s: check over %u tokens: %s; layer %.3e; logits rel L2 %.3e; top-k overlap >= %.4f\n", label,
                s.n_tokens, s.ok ? "ok" : "FAILED", s.max_layer, s.logits_rel_l2, s.min_overlap_mean);
-        T_CHECK(s.ok && s.n_tokens == g_n[2] + 4, "%s: --check within tolerance", label);
+        T_CHECK(s.ok && s.n_tokens == R.n[2] + 4, "%s: --check within tolerance", label);
     }
     rt_gpu_check_free(c);
     free(last);
@@ -216,7 +152,7 @@ int main(void) {
                 continue;
             }
             const glm5_hparams *hp = rt_model_hparams(m);
-            if (!have) have = load_ref(hp->n_vocab, hp->n_layer_main, hp->idx_top_k);
+            if (!have) have = ref_load(&R, hp->n_vocab, hp->n_layer_main, hp->idx_top_k) && R.greedy_prompt == 1;
             T_CHECK(have, "reference data loads");
             for (int graph = 0; graph < 2 && have; graph++) {
                 rt_gpu_opts go;
@@ -247,11 +183,7 @@ int main(void) {
             rt_model_free(m);
             rt_wset_free(ws);
         }
-    for (int i = 0; i < NP; i++) {
-        free(g_ids[i]);
-        free(g_logits[i]);
-    }
-    free(g_topk);
+    if (have) ref_free(&R);
     t_rmtree(tmp);
     return t_report(G5_TEST_NAME);
 }
