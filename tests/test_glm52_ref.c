@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "convert/convert.h"
+#include "convert/inspect.h"
 #include "convert/shard.h"
 #include "format/blob.h"
 #include "format/gguf.h"
@@ -123,6 +124,22 @@ static void check_facts(const char *path, uint32_t want_src) {
         T_CHECK(glm5_spec_for(hp, "blk.6.indexer.proj.weight", &sp) == G5_OK && !sp.unused,
                 "%s: a full layer's indexer tensor is used", path);
     }
+    /* inspect names the version and the schedule; the published file's duplicates are unused,
+     * not a failure */
+    json_t *rep = NULL;
+    if (c && inspect_gguf(c, path, NULL, &rep, &e) == G5_OK) {
+        const json_t *a = json_object_get(rep, "audit"), *h = json_object_get(a, "hparams");
+        const char *ver = json_string_value(json_object_get(h, "model_version"));
+        const char *sched = json_string_value(json_object_get(h, "indexer_schedule"));
+        const size_t unused = json_array_size(json_object_get(a, "unused_shared_indexer"));
+        T_CHECK(inspect_report_passed(rep) && ver && !strcmp(ver, "GLM-5.2") && sched && !strcmp(sched, "0-2,6") &&
+                    unused == (want_src == GLM5_IDX_SRC_KEY ? 0u : 20u),
+                "%s: inspect: passed %d, version %s, schedule %s, %zu unused", path, inspect_report_passed(rep),
+                ver ? ver : "?", sched ? sched : "?", unused);
+    } else {
+        T_CHECK(0, "%s: inspect: %s", path, e.msg);
+    }
+    json_decref(rep);
     gguf_free(c);
     free(hp);
 }
