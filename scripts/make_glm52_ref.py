@@ -21,7 +21,8 @@ llama.cpp's glm-dsa conversion (kv_b_proj split into attn_k_b, transposed per he
   glm52-tiny-published.gguf  as the published GLM-5.2 GGUFs: indexer tensors on every layer (the
                              shared layers' copies random, never read), no indexer.types key; the
                              schedule must be inferred from general.name
-Reference outputs (reference.json, pN.logits.f32 little-endian [tokens][vocab], p2.topk.i32
+The forward runs in float64 except where transformers casts to float32 itself (the router logits,
+the indexer scores). Reference outputs (reference.json, pN.logits.f32 little-endian [tokens][vocab], p2.topk.i32
 [layers][tokens][index_topk] as transformers returns them, unordered) for three prompts and a
 16-token greedy continuation of prompt 1 (full recompute each step).
 """
