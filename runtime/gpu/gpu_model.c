@@ -438,14 +438,23 @@ uint8_t *gm_seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint
     if (il >= g->hp.n_layer_main) return s->mrk[r].lat;
     return (uint8_t *)s->rk[r].lat + (uint64_t)il * s->cap * gm_lat_w(&g->hp) * g->lat_es;
 }
+/* Indexer keys exist for full layers only (IndexShare: a shared layer reuses a full layer's
+ * top-k and keeps no keys): slot = full layers before il. NULL for a shared layer. */
+static uint64_t idx_slot(const glm5_hparams *hp, uint32_t il) {
+    uint64_t k = 0;
+    for (uint32_t j = 0; j < il; j++) k += hp->idx_full[j];
+    return k;
+}
 float *gm_seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
     if (il >= g->hp.n_layer_main) return s->mrk[r].idxk;
-    return s->rk[r].idxk + (uint64_t)il * s->cap * g->hp.idx_head_dim;
+    if (!g->hp.idx_full[il]) return NULL;
+    return s->rk[r].idxk + idx_slot(&g->hp, il) * s->cap * g->hp.idx_head_dim;
 }
 
 uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions) {
     const glm5_hparams *hp = &g->hp;
-    const uint64_t per = (uint64_t)hp->n_layer_main * (gm_lat_w(hp) * g->lat_es + (uint64_t)hp->idx_head_dim * 4);
+    const uint64_t per = (uint64_t)hp->n_layer_main * gm_lat_w(hp) * g->lat_es +
+                         (uint64_t)glm5_n_idx_full(hp) * hp->idx_head_dim * 4;
     return per * positions * g->T;
 }
 
@@ -456,13 +465,14 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
     rt_gpu_model *g = s->g;
     const glm5_hparams *hp = &g->hp;
     const uint64_t LW = gm_lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main, es = g->lat_es;
+    const uint64_t Lf = glm5_n_idx_full(hp); /* layers with indexer keys */
     seq_rank *nr = calloc(g->T, sizeof *nr);
     if (!nr) return g5_fail(err, G5_ERR_NOMEM, "sequence caches");
     g5_status st = G5_OK;
     for (uint32_t r = 0; r < g->T && !st; r++) {
         cudaError_t ce = cudaSetDevice(g->rk[r].dev);
         if (ce == cudaSuccess) ce = cudaMalloc(&nr[r].lat, (size_t)(Lm * nc * LW * es));
-        if (ce == cudaSuccess) ce = cudaMalloc((void **)&nr[r].idxk, (size_t)(Lm * nc * ID * sizeof(float)));
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&nr[r].idxk, (size_t)(Lf * nc * ID * sizeof(float)));
         if (ce != cudaSuccess) {
             (void)cudaGetLastError(); /* an allocation failure must not surface at a later launch check */
             st = g5_fail(err, ce == cudaErrorMemoryAllocation ? G5_ERR_NOMEM : G5_ERR_INTERNAL,
@@ -476,8 +486,8 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
         for (uint32_t il = 0; il < Lm && ce == cudaSuccess; il++) {
             ce = cudaMemcpyAsync((uint8_t *)nr[r].lat + (uint64_t)il * nc * LW * es, gm_seq_lat(g, s, r, il),
                                  (size_t)s->n_past * LW * es, cudaMemcpyDeviceToDevice, rk->st);
-            if (ce == cudaSuccess)
-                ce = cudaMemcpyAsync(nr[r].idxk + (uint64_t)il * nc * ID, gm_seq_idxk(g, s, r, il),
+            if (ce == cudaSuccess && hp->idx_full[il])
+                ce = cudaMemcpyAsync(nr[r].idxk + idx_slot(hp, il) * nc * ID, gm_seq_idxk(g, s, r, il),
                                      (size_t)s->n_past * ID * 4, cudaMemcpyDeviceToDevice, rk->st);
         }
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
