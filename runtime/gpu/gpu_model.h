@@ -86,7 +86,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime/draft.h"
 #include "runtime/gpu/gpu_load.h"
 #include "runtime/cpu/model.h"
 
@@ -259,12 +258,12 @@ uint32_t rt_gpu_mtp_n_past(const rt_gpu_model *g);
  * rejected draft tokens), as rt_state_truncate; neither may exceed the current count. The memory
  * stays reserved. (rt_gpu_seq_reset and rt_gpu_reset forget the MTP positions too.) */
 g5_status rt_gpu_seq_truncate(rt_gpu_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
-/* Drafting with the block (draft.h, glm5-run --draft mtp) on the default sequence. The output
- * equals plain decoding where a two-token verifying call gives each row the bits of a one-token
- * call: the GEMV kernels' rows are width-independent within one kernel family (gemv_in), and in
- * precise mode the attention reads the same float32 latents; in fast mode the second token reads
- * the first one's latent in float32 where a plain step reads it rounded from the cache. */
-void rt_gpu_draft_ops(rt_gpu_model *g, rt_draft_ops *out);
+/* Drafting (runtime/draft.h, glm5-run --draft mtp) runs on these calls through the engine
+ * (runtime/engine.h). Its output equals plain decoding where a two-token verifying call gives
+ * each row the bits of a one-token call: the GEMV kernels' rows are width-independent within one
+ * kernel family (gemv_in), and in precise mode the attention reads the same float32 latents; in
+ * fast mode the second token reads the first one's latent in float32 where a plain step reads it
+ * rounded from the cache. */
 
 /* ---- --check: the CPU reference beside the GPU (gpu_check.c) ---- */
 
