@@ -1,10 +1,12 @@
 /* The GLM-5 forward pass on CUDA GPUs, mirroring the CPU reference (model.h) stage for stage.
  *
- * A GPU model is built from a CPU model (rt_model): that one already found and checked every
- * tensor of every rank against the hyperparameters and the shard layout, and it stays the
- * numerical reference (rt_gpu_check, `glm5-run --check`). The weights go to the GPU once per
- * rank: from the blob files by the checksumming reader threads (gpu_load.h), or, for a GGUF or
- * tables source, copied from the weight set's host memory. Norm weights and the router bias
+ * A GPU model is built from a CPU model (rt_model) through its public tensor table
+ * (runtime/cpu/model_tensors.h: that model already found and checked every tensor of every rank
+ * against the hyperparameters and the shard layout), and the CPU model stays the numerical
+ * reference (rt_gpu_check, `glm5-run --check`). The weights go to the GPU once per rank: from
+ * the files of the blob set the weight set already holds open (opts.blobs, rt_wset_blobs) by the
+ * checksumming reader threads (gpu_load.h), or, for a GGUF or tables source, copied from the
+ * weight set's host memory. Programs create it through the engine (runtime/engine.h). Norm weights and the router bias
  * (dequantized by the CPU model) and attn_kv_b as float32 (for the query absorption) are small
  * extra copies beside them.
  *
@@ -123,8 +125,9 @@ typedef struct rt_gpu_opts {
                                     products are F32 in every mode. */
     uint32_t gemm_tile_kb;       /* bound of the dequantized weight tile per rank (weights
                                     are dequantized in row chunks that fit); 0: 262144 (256 MB) */
-    const char *blob_dir;        /* the blob set the CPU model's weight set was opened from:
-                                    loaded by the reader threads (checksums per opts.load);
+    const blob_set *blobs;       /* the open blob set the CPU model's weight set was opened
+                                    from (rt_wset_blobs): its files are loaded by the reader
+                                    threads (checksums per opts.load), never opened again;
                                     NULL: copy from the weight set's host memory */
     rt_gpu_load_opts load;
     int cuda_graph;              /* 1: single-token calls (decode steps) run as one CUDA graph

@@ -19,7 +19,7 @@
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
 #include "runtime/gpu/gpu_int.h"
-#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/model_tensors.h"
 
 /* ---- setup ---- */
 
