@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "format/args.h"
 #include "format/blob.h"
 #include "format/glm5.h"
 #include "runtime/cpu/comm.h"
@@ -40,18 +41,17 @@
 
 typedef struct args {
     const char *model;
-    const char *device;
     const char *prompt;
     const char *tokens;
     const char *system;
     const char *dump_logits;
-    long n_predict;
+    int64_t n_predict;
     int chat, think, ids, quiet;
     int cuda, fast, no_verify, kv_cache, cuda_graph;
-    long check, tp, gpu0;
+    int64_t check, tp, gpu0;
     int draft;                   /* --draft mtp */
-    uint32_t threads;
-    rt_mla_mode mla;
+    int64_t threads;             /* 0: online cores */
+    int mla;                     /* rt_mla_mode */
     samp_params sp;
     const char *stops[MAX_STOPS];
     size_t n_stops;
@@ -101,135 +101,63 @@ static void usage(FILE *f) {
             "  -q, --quiet          no timing on stderr\n");
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
-}
-
-static int parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return 0;
-    *out = v;
-    return 1;
-}
-
+/* 1 ok, 0 usage error (printed), -1 help. */
 static int parse_args(int argc, char **argv, args *a) {
     memset(a, 0, sizeof *a);
     a->n_predict = 64;
     a->think = 1;
-    a->device = "cpu";
     a->mla = RT_MLA_ABSORBED;
     samp_params_default(&a->sp);
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long lv;
-#define NEED() do { if (!v) { fprintf(stderr, "glm5-run: %s needs a value\n", o); return 0; } i++; } while (0)
-#define BAD() do { fprintf(stderr, "glm5-run: bad value for %s: '%s'\n", o, v); return 0; } while (0)
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            return -1;
-        } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
-            NEED(); a->model = v;
-        } else if (!strcmp(o, "--device")) {
-            NEED(); a->device = v;
-        } else if (!strcmp(o, "--tp")) {
-            NEED(); if (!parse_long(v, 1, 4096, &a->tp)) BAD();
-        } else if (!strcmp(o, "--gpu0")) {
-            NEED(); if (!parse_long(v, 0, 4095, &a->gpu0)) BAD();
-        } else if (!strcmp(o, "--precision")) {
-            NEED();
-            if (!strcmp(v, "precise")) a->fast = 0;
-            else if (!strcmp(v, "fast")) a->fast = 1;
-            else BAD();
-        } else if (!strcmp(o, "--cuda-graph")) {
-            NEED();
-            if (!strcmp(v, "on")) a->cuda_graph = 1;
-            else if (!strcmp(v, "off")) a->cuda_graph = 0;
-            else BAD();
-        } else if (!strcmp(o, "--kv-cache")) {
-            NEED();
-            if (!strcmp(v, "f32")) a->kv_cache = 1;
-            else if (!strcmp(v, "bf16")) a->kv_cache = 2;
-            else if (!strcmp(v, "f16")) a->kv_cache = 3;
-            else BAD();
-        } else if (!strcmp(o, "--draft")) {
-            NEED();
-            if (!strcmp(v, "mtp")) a->draft = 1;
-            else if (!strcmp(v, "none")) a->draft = 0;
-            else BAD();
-        } else if (!strcmp(o, "--check")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &a->check)) BAD();
-        } else if (!strcmp(o, "--no-verify")) {
-            a->no_verify = 1;
-        } else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
-            NEED(); a->prompt = v;
-        } else if (!strcmp(o, "--tokens")) {
-            NEED(); a->tokens = v;
-        } else if (!strcmp(o, "--system")) {
-            NEED(); a->system = v;
-        } else if (!strcmp(o, "--chat")) {
-            a->chat = 1;
-        } else if (!strcmp(o, "--no-think")) {
-            a->think = 0;
-        } else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &a->n_predict)) BAD();
-        } else if (!strcmp(o, "--temp")) {
-            NEED(); if (!parse_float(v, &a->sp.temperature)) BAD();
-        } else if (!strcmp(o, "--top-k")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &lv)) BAD(); a->sp.top_k = (int32_t)lv;
-        } else if (!strcmp(o, "--top-p")) {
-            NEED(); if (!parse_float(v, &a->sp.top_p)) BAD();
-        } else if (!strcmp(o, "--min-p")) {
-            NEED(); if (!parse_float(v, &a->sp.min_p)) BAD();
-        } else if (!strcmp(o, "--repeat-penalty")) {
-            NEED(); if (!parse_float(v, &a->sp.repeat_penalty) || a->sp.repeat_penalty <= 0) BAD();
-        } else if (!strcmp(o, "--repeat-last-n")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &lv)) BAD(); a->sp.repeat_last_n = (int32_t)lv;
-        } else if (!strcmp(o, "--seed")) {
-            NEED();
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD();
-            a->sp.seed = s;
-        } else if (!strcmp(o, "--stop")) {
-            NEED();
-            if (a->n_stops == MAX_STOPS) { fprintf(stderr, "glm5-run: at most %d --stop\n", MAX_STOPS); return 0; }
-            a->stops[a->n_stops++] = v;
-        } else if (!strcmp(o, "--ids")) {
-            a->ids = 1;
-        } else if (!strcmp(o, "--dump-logits")) {
-            NEED(); a->dump_logits = v;
-        } else if (!strcmp(o, "--threads") || !strcmp(o, "-t")) {
-            NEED(); if (!parse_long(v, 1, 1024, &lv)) BAD(); a->threads = (uint32_t)lv;
-        } else if (!strcmp(o, "--mla")) {
-            NEED();
-            if (!strcmp(v, "absorbed")) a->mla = RT_MLA_ABSORBED;
-            else if (!strcmp(v, "expanded")) a->mla = RT_MLA_EXPANDED;
-            else BAD();
-        } else if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) {
-            a->quiet = 1;
-        } else {
-            fprintf(stderr, "glm5-run: unknown option '%s'\n", o);
-            return 0;
-        }
-#undef NEED
-#undef BAD
+    int64_t top_k = a->sp.top_k, last_n = a->sp.repeat_last_n;
+    int no_think = 0;
+    static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
+    static const char *const onoff[] = {"off", "on", NULL}, *const caches[] = {"f32", "bf16", "f16", NULL};
+    static const char *const drafts[] = {"none", "mtp", NULL}, *const mlas[] = {"absorbed", "expanded", NULL};
+    static const int v01[] = {0, 1}, v123[] = {1, 2, 3}, vmla[] = {RT_MLA_ABSORBED, RT_MLA_EXPANDED};
+    const g5_arg tab[] = {
+        {.name = "--model", .alias = "-m", .kind = G5_ARG_STR, .dst = &a->model},
+        {.name = "--device", .kind = G5_ARG_CHOICE, .dst = &a->cuda, .choices = devices, .values = v01},
+        {.name = "--tp", .kind = G5_ARG_INT, .dst = &a->tp, .lo = 1, .hi = 4096},
+        {.name = "--gpu0", .kind = G5_ARG_INT, .dst = &a->gpu0, .lo = 0, .hi = 4095},
+        {.name = "--precision", .kind = G5_ARG_CHOICE, .dst = &a->fast, .choices = precisions, .values = v01},
+        {.name = "--cuda-graph", .kind = G5_ARG_CHOICE, .dst = &a->cuda_graph, .choices = onoff, .values = v01},
+        {.name = "--kv-cache", .kind = G5_ARG_CHOICE, .dst = &a->kv_cache, .choices = caches, .values = v123},
+        {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &a->draft, .choices = drafts, .values = v01},
+        {.name = "--check", .kind = G5_ARG_INT, .dst = &a->check, .lo = 0, .hi = INT32_MAX},
+        {.name = "--no-verify", .kind = G5_ARG_FLAG, .dst = &a->no_verify},
+        {.name = "--prompt", .alias = "-p", .kind = G5_ARG_STR, .dst = &a->prompt},
+        {.name = "--tokens", .kind = G5_ARG_STR, .dst = &a->tokens},
+        {.name = "--system", .kind = G5_ARG_STR, .dst = &a->system},
+        {.name = "--chat", .kind = G5_ARG_FLAG, .dst = &a->chat},
+        {.name = "--no-think", .kind = G5_ARG_FLAG, .dst = &no_think},
+        {.name = "--n-predict", .alias = "-n", .kind = G5_ARG_INT, .dst = &a->n_predict, .lo = 0, .hi = INT32_MAX},
+        {.name = "--temp", .kind = G5_ARG_FLOAT, .dst = &a->sp.temperature, .flo = 0, .fhi = 1e6},
+        {.name = "--top-k", .kind = G5_ARG_INT, .dst = &top_k, .lo = 0, .hi = INT32_MAX},
+        {.name = "--top-p", .kind = G5_ARG_FLOAT, .dst = &a->sp.top_p, .flo = 0, .fhi = 1},
+        {.name = "--min-p", .kind = G5_ARG_FLOAT, .dst = &a->sp.min_p, .flo = 0, .fhi = 1},
+        {.name = "--repeat-penalty", .kind = G5_ARG_FLOAT, .dst = &a->sp.repeat_penalty, .flo = 1e-6, .fhi = 1e6},
+        {.name = "--repeat-last-n", .kind = G5_ARG_INT, .dst = &last_n, .lo = 0, .hi = INT32_MAX},
+        {.name = "--seed", .kind = G5_ARG_U64, .dst = &a->sp.seed},
+        {.name = "--stop", .kind = G5_ARG_LIST, .dst = a->stops, .count = &a->n_stops, .max = MAX_STOPS},
+        {.name = "--ids", .kind = G5_ARG_FLAG, .dst = &a->ids},
+        {.name = "--dump-logits", .kind = G5_ARG_STR, .dst = &a->dump_logits},
+        {.name = "--threads", .alias = "-t", .kind = G5_ARG_INT, .dst = &a->threads, .lo = 1, .hi = 1024},
+        {.name = "--mla", .kind = G5_ARG_CHOICE, .dst = &a->mla, .choices = mlas, .values = vmla},
+        {.name = "--quiet", .alias = "-q", .kind = G5_ARG_FLAG, .dst = &a->quiet},
+    };
+    char msg[512];
+    g5_args_result r = g5_args_parse(tab, sizeof tab / sizeof tab[0], argc, argv, 1, NULL, 0, NULL, msg, sizeof msg);
+    if (r == G5_ARGS_HELP) return -1;
+    if (r) {
+        fprintf(stderr, "glm5-run: %s\n", msg);
+        return 0;
     }
+    a->sp.top_k = (int32_t)top_k;
+    a->sp.repeat_last_n = (int32_t)last_n;
+    if (no_think) a->think = 0;
     if (!a->model) { fprintf(stderr, "glm5-run: -m is required\n"); return 0; }
     if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p and --tokens\n"); return 0; }
     if (a->chat && !a->prompt) { fprintf(stderr, "glm5-run: --chat needs -p\n"); return 0; }
-    a->cuda = !strcmp(a->device, "cuda");
-    if (strcmp(a->device, "cpu") != 0 && !a->cuda) {
-        fprintf(stderr, "glm5-run: unknown device '%s' (cpu or cuda)\n", a->device);
-        return 0;
-    }
     if (a->cuda && !rt_eng_cuda_available()) {
         fprintf(stderr, "glm5-run: this build has no CUDA; use build/gpu/bin/glm5-run (make gpu)\n");
         return 0;
@@ -326,7 +254,7 @@ static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
     const uint32_t T = rec.tp;
     blob_set_record_clear(&rec);
     if (a->tp && (uint32_t)a->tp != T) {
-        fprintf(stderr, "glm5-run: %s--tp %ld: %s holds %u rank%s (blobs)\n", g_who, a->tp, a->model, T, T > 1 ? "s" : "");
+        fprintf(stderr, "glm5-run: %s--tp %ld: %s holds %u rank%s (blobs)\n", g_who, (long)a->tp, a->model, T, T > 1 ? "s" : "");
         return 2;
     }
     uint32_t first, count;
@@ -454,16 +382,16 @@ int main(int argc, char **argv) {
     rc = 1;
     if (a.tp && (uint32_t)a.tp != rt_wset_n_ranks(ws)) {
         fprintf(stderr, "glm5-run: --tp %ld: %s holds %u rank%s (%s); write a TP %ld set with "
-                "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", a.tp, a.model, rt_wset_n_ranks(ws),
-                rt_wset_n_ranks(ws) > 1 ? "s" : "", rt_wset_source(ws), a.tp, a.tp);
+                "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", (long)a.tp, a.model, rt_wset_n_ranks(ws),
+                rt_wset_n_ranks(ws) > 1 ? "s" : "", rt_wset_source(ws), (long)a.tp, (long)a.tp);
         rc = 2;
         goto out;
     }
     rt_eng_opts eo;
     rt_eng_opts_default(&eo);
     eo.device = a.cuda ? RT_ENG_CUDA : RT_ENG_CPU;
-    eo.n_threads = a.threads;
-    eo.mla = a.mla;
+    eo.n_threads = (uint32_t)a.threads;
+    eo.mla = (rt_mla_mode)a.mla;
     eo.comm = comm;
     eo.gpu0 = (int)a.gpu0;
     eo.precision = a.fast ? RT_ENG_FAST : RT_ENG_PRECISE;
