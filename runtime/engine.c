@@ -189,7 +189,8 @@ g5_status rt_eng_open(const char *path, const rt_eng_opts *o, rt_eng **out, g5_e
 g5_status rt_eng_load(rt_eng *e, g5_error *err) {
     if (e->loaded) return G5_OK;
     g5_status st = e->ops->create(e, err);
-    if (!st) e->loaded = 1;
+    if (st) e->ops->destroy(e); /* whatever the failed create left */
+    else e->loaded = 1;
     return st;
 }
 

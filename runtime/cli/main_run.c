@@ -9,7 +9,9 @@
  * tolerance.
  *
  * --device cuda needs the CUDA build (build/gpu/bin/glm5-run, `make gpu`, which defines
- * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens.
+ * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens. Every
+ * forward call goes through the engine (runtime/engine.h), on either device; the options through
+ * the programs' shared parser (format/args.h).
  *
  * Under a launcher (`mpirun -np P`, `srun -n P`; comm.h) each of the P processes opens and runs
  * T / P of the blob set's T ranks (the other ranks' files may be absent on its node); they agree
