@@ -266,7 +266,7 @@ static void run_steps(setup *s, const prompt *p, int pi, int fast, const char *l
     free(one);
 }
 
-/* Greedy decoding of prompt p with the drafter (rt_gpu_draft_ops: every step a draft, mostly
+/* Greedy decoding of prompt p with the drafter (draft.h on an engine: every step a draft, mostly
  * rejected on the random oracle, so the main caches drop a position nearly every step) against
  * plain one-token steps: the same tokens; logits rows bit-identical counted (expected in precise
  * mode: gpu_model.h, "MTP") and their largest difference printed. */
