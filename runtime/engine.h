@@ -22,7 +22,7 @@
  *
  * --check (opts.check_tokens > 0, CUDA): the CPU reference runs beside the GPU on the engine's
  * first sequence (prefill calls only) until that many tokens were checked (rt_gpu_check);
- * rt_eng_check_result gives the verdict.
+ * rt_eng_check_result_get gives the verdict.
  *
  * Processes (opts.comm of size P > 1): every call is collective as in model.h / gpu_model.h.
  * An engine is used by one thread at a time. Everything builds without CUDA; there
