@@ -48,10 +48,12 @@ static void usage(FILE *f) {
             "        the tensors and sizes without writing\n"
             "\n"
             "  convert --tp T [--ep] [--kv-b-type f32|bf16|f16|q8_0] [--jobs N] [--resume]\n"
-            "        [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
+            "        [--force] [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
             "        one checksummed blob per tensor-parallel rank (MODEL: any split of a set);\n"
             "        --ep places whole experts on ranks; --dry-run prints the plan and checks\n"
-            "        it; --resume keeps ranks that verify; progress on stderr (a terminal)\n"
+            "        it; --resume keeps ranks that verify; an OUTDIR holding another set is\n"
+            "        refused unless --force, which removes that set's files first;\n"
+            "        progress on stderr (a terminal)\n"
             "  verify OUTDIR [--deep MODEL.gguf] [--jobs N] [--quiet] [--json]\n"
             "        check every checksum of a blob set (like xxhsum -c); --deep re-derives\n"
             "        every slice (and kv_b) from the source GGUF and compares\n"
@@ -335,7 +337,7 @@ static int cmd_convert(int argc, char **argv) {
         {"resume", no_argument, 0, 'r'},          {"dry-run", no_argument, 0, 'n'},
         {"quiet", no_argument, 0, 'q'},           {"json", no_argument, 0, 'J'},
         {"output", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        {"force", no_argument, 0, 'F'},           {0, 0, 0, 0},
     };
     convert_options co;
     convert_options_init(&co);
@@ -344,7 +346,7 @@ static int cmd_convert(int argc, char **argv) {
     opterr = 0;
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, ":t:Ek:j:rnqJo:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":t:Ek:j:rnqJo:hF", opts, NULL)) != -1) {
         uint64_t v;
         switch (c) {
         case 't':
@@ -366,6 +368,7 @@ static int cmd_convert(int argc, char **argv) {
             co.jobs = (uint32_t)v;
             break;
         case 'r': co.resume = 1; break;
+        case 'F': co.force = 1; break;
         case 'n': co.dry_run = 1; break;
         case 'q': quiet = 1; break;
         case 'J': json = 1; break;

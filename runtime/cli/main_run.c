@@ -79,7 +79,7 @@ static void usage(FILE *f) {
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
             "                       print per layer/stage differences (and the MTP block's\n"
             "                       draft logits); exit 3 past tolerance\n"
-            "  --no-verify          GPU: skip the blob checksums while loading\n"
+            "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  -p, --prompt TEXT    prompt text (special tokens such as [gMASK] are recognized)\n"
             "  --tokens IDS         prompt token ids, comma-separated\n"
             "  --chat               wrap the prompt as a user message in GLM's chat format\n"
@@ -333,12 +333,14 @@ static int share_prompt(rt_comm *c, int32_t **ids, size_t *n_ids, int *all_logit
 
 /* Process p opens its ranks of a blob set; a GGUF (one rank) cannot be divided. 0, or the exit
  * status. */
-static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
+static int open_weights(const args *a, rt_comm *comm, rt_wset **ws, rt_wset_load_info *li) {
     g5_error e = {0};
     g5_status st;
     const uint32_t P = rt_comm_size(comm);
+    /* the GPU loader verifies the blobs itself as it streams them */
+    rt_wset_opts wo = {.no_verify = a->no_verify || a->cuda, .jobs = a->threads};
     if (P == 1) {
-        if ((st = rt_wset_open(a->model, ws, &e))) return fail(&e, st, a->model);
+        if ((st = rt_wset_open_ex(a->model, &wo, ws, li, &e))) return fail(&e, st, a->model);
         return 0;
     }
     struct stat sb;
@@ -363,7 +365,9 @@ static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
                 g_who, a->model, T, T > 1 ? "s" : "", P, T, P, T % P, T, P);
         return 2;
     }
-    if ((st = rt_wset_open_blobs_ranks(a->model, first, count, ws, &e))) return fail(&e, st, a->model);
+    wo.first = first;
+    wo.count = count;
+    if ((st = rt_wset_open_ex(a->model, &wo, ws, li, &e))) return fail(&e, st, a->model);
     return 0;
 }
 
@@ -478,7 +482,8 @@ int main(int argc, char **argv) {
     rt_drafter *dr = NULL;
 
     double t0 = now_s();
-    if ((rc = open_weights(&a, comm, &ws))) goto out;
+    rt_wset_load_info li = {0};
+    if ((rc = open_weights(&a, comm, &ws, &li))) goto out;
     rc = 1;
     if (a.tp && (uint32_t)a.tp != rt_wset_n_ranks(ws)) {
         fprintf(stderr, "glm5-run: --tp %ld: %s holds %u rank%s (%s); write a TP %ld set with "
@@ -681,13 +686,20 @@ int main(int argc, char **argv) {
     if (a.ids || n_gen) fputc('\n', stdout);
     fflush(stdout);
     double t_gen = now_s() - t2;
+    char load_what[160];
+    if (li.verified)
+        snprintf(load_what, sizeof load_what, "checksums verified: %.3f GB in %.2f s, %u threads", li.bytes / 1e9,
+                 li.seconds, li.jobs);
+    else
+        snprintf(load_what, sizeof load_what, "checksums %s", strcmp(rt_wset_source(ws), "blobs") ? "n/a (not a blob set)"
+                 : a.cuda ? (a.no_verify ? "skipped (--no-verify)" : "verified by the GPU loader") : "skipped (--no-verify)");
     if (!a.quiet)
         fprintf(stderr,
-                "glm5-run: %s on %s, %u rank%s (%u process%s), %u threads; load %.2f s; prompt %zu tokens in %.2f s "
+                "glm5-run: %s on %s, %u rank%s (%u process%s), %u threads; load %.2f s (%s); prompt %zu tokens in %.2f s "
                 "(%.1f tok/s); generated %ld tokens in %.2f s (%.2f tok/s)\n",
                 rt_wset_source(ws), a.cuda ? "cuda" : "cpu", rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
                 rt_comm_size(comm), rt_comm_size(comm) > 1 ? "es" : "",
-                rt_model_n_threads(m), t_load, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
+                rt_model_n_threads(m), t_load, load_what, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
                 n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9));
     if (dr && !a.quiet) {
         rt_draft_stats ds;

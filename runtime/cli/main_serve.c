@@ -32,7 +32,7 @@ static void usage(FILE *f) {
             "  --gpu0 K             first CUDA device (default 0)\n"
             "  --precision precise|fast  GPU arithmetic, as glm5-run (default precise)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
-            "  --no-verify          GPU: skip the blob checksums while loading\n"
+            "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
             "  --max-body BYTES     request body limit (default 1048576)\n"

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "format/blob.h"
 #include "format/glm5.h"
@@ -236,16 +238,51 @@ g5_status rt_wset_from_tables(const gguf_ctx *meta, uint32_t n_ranks, int expert
 
 static void close_blob_set(void *s) { blob_set_free(s); }
 
-g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err) {
-    return rt_wset_open_blobs_ranks(dir, 0, 0, out, err);
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t count, rt_wset **out,
-                                   g5_error *err) {
+/* Hashes the opened ranks' data (every tensor and chunk hash), all ranks at once. */
+static g5_status verify_blobs(const blob_set *set, uint32_t jobs, rt_wset_load_info *info, g5_error *err) {
+    const uint32_t first = blob_set_first(set), n = blob_set_count(set);
+    const blob **bl = malloc(n * sizeof *bl);
+    blob_verify_stats *vs = calloc(n, sizeof *vs);
+    if (!bl || !vs) {
+        free(bl);
+        free(vs);
+        return g5_fail(err, G5_ERR_NOMEM, "checksum verification");
+    }
+    for (uint32_t i = 0; i < n; i++) bl[i] = blob_set_rank(set, first + i);
+    if (!jobs) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        jobs = nc > 0 ? (uint32_t)nc : 1;
+    }
+    double t0 = now_s();
+    g5_status st = blob_verify_data(bl, n, jobs, vs, NULL, NULL, 0, err);
+    info->seconds = now_s() - t0;
+    info->jobs = jobs;
+    for (uint32_t i = 0; i < n; i++) {
+        info->bytes += vs[i].bytes;
+        blob_verify_stats_clear(&vs[i]);
+    }
+    info->verified = st == G5_OK;
+    free(bl);
+    free(vs);
+    return st;
+}
+
+static g5_status open_blobs(const char *dir, const rt_wset_opts *o, rt_wset **out, rt_wset_load_info *info,
+                            g5_error *err) {
     *out = NULL;
     blob_set *set = NULL;
-    g5_status st = count ? blob_set_open_ranks(dir, first, count, &set, err) : blob_set_open(dir, &set, err);
+    g5_status st = o->count ? blob_set_open_ranks(dir, o->first, o->count, &set, err) : blob_set_open(dir, &set, err);
     if (st) return st;
+    if (!o->no_verify && (st = verify_blobs(set, o->jobs, info, err))) {
+        blob_set_free(set);
+        return st;
+    }
     const uint32_t T = blob_set_tp(set);
     rt_wset *ws = T ? wset_new(T) : NULL;
     if (!ws) {
@@ -280,8 +317,29 @@ fail:
     return st;
 }
 
-g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err) {
+g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err) {
+    return rt_wset_open_blobs_ranks(dir, 0, 0, out, err);
+}
+
+g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t count, rt_wset **out,
+                                   g5_error *err) {
+    rt_wset_opts o = {.first = first, .count = count};
+    rt_wset_load_info info = {0};
+    return open_blobs(dir, &o, out, &info, err);
+}
+
+g5_status rt_wset_open_ex(const char *path, const rt_wset_opts *o, rt_wset **out, rt_wset_load_info *info,
+                          g5_error *err) {
+    rt_wset_opts def = {0};
+    rt_wset_load_info scratch;
+    if (!o) o = &def;
+    if (!info) info = &scratch;
+    memset(info, 0, sizeof *info);
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return rt_wset_open_blobs(path, out, err);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return open_blobs(path, o, out, info, err);
     return rt_wset_open_gguf(path, out, err);
+}
+
+g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err) {
+    return rt_wset_open_ex(path, NULL, out, NULL, err);
 }

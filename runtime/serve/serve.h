@@ -83,7 +83,7 @@ typedef struct srv_config {
     int gpu0;                /* CUDA: first device; rank r on (gpu0 + r) % n_devices */
     int gpu_fast;            /* CUDA: --precision fast (default precise) */
     int gpu_kv_cache;        /* CUDA: latent cache type, rt_gpu_cache (0: precision's default) */
-    int gpu_no_verify;       /* CUDA: skip the blob checksums while loading */
+    int gpu_no_verify;       /* skip the blob checksums while loading (CPU: rt_wset_open_ex; CUDA: the loader) */
     srv_log_fn log;          /* may be NULL */
     void *log_user;
 } srv_config;
