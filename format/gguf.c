@@ -239,7 +239,12 @@ static g5_status parse_value(rd *r, gguf_kv *kv, uint32_t type_id) {
         const uint8_t *p = r->b + r->pos;
         switch (type) {
         case GGUF_VT_UINT8: v->v.u = p[0]; break;
-        case GGUF_VT_BOOL: v->v.u = p[0]; break;
+        case GGUF_VT_BOOL:
+            if (p[0] > 1) /* GGUF bools are 0 or 1; anything else is damage, not "true" */
+                return g5_fail_at(r->err, G5_ERR_FORMAT, r->pos, "%s: %s: boolean value %u (must be 0 or 1)",
+                                  r->file, r->what, p[0]);
+            v->v.u = p[0];
+            break;
         case GGUF_VT_INT8: v->v.i = (int8_t)p[0]; break;
         case GGUF_VT_UINT16: v->v.u = g5_rd_u16(p); break;
         case GGUF_VT_INT16: v->v.i = (int16_t)g5_rd_u16(p); break;
@@ -286,6 +291,10 @@ static g5_status parse_value(rd *r, gguf_kv *kv, uint32_t type_id) {
     v->v.arr.n = n;
     v->v.arr.data = r->b + r->pos;
     if (et != GGUF_VT_STRING) {
+        for (uint64_t j = 0; et == GGUF_VT_BOOL && j < n; j++)
+            if (r->b[r->pos + j] > 1)
+                return g5_fail_at(r->err, G5_ERR_FORMAT, r->pos + j, "%s: %s: element %llu is boolean value %u (must be 0 or 1)",
+                                  r->file, r->what, (unsigned long long)j, r->b[r->pos + j]);
         r->pos += n * min_elem;
         return G5_OK;
     }

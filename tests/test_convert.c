@@ -355,6 +355,10 @@ static int write_model(const char *path, const mdims *d) {
         lens[i] = strlen(tok[i]);
     }
     gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", strs, lens, d->n_vocab);
+    /* the tokenizer keys the runtime needs (glm5_tokenizer_check), no merges */
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2", 4);
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "glm4", 4);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, NULL, 0);
     free(tok);
     free(strs);
     free(lens);

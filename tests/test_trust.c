@@ -28,13 +28,12 @@ static char g_bin[4096];
 static const char *g_tmp;
 
 static char *pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *pathf(const char *fmt, ...) {
-    static char buf[16][4096];
-    static int slot;
-    char *b = buf[slot++ & 15];
+static char *pathf(const char *fmt, ...) { /* malloc'ed, never freed: a test's few paths */
+    char *b = malloc(4096);
+    if (!b) abort();
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(b, sizeof buf[0], fmt, ap);
+    vsnprintf(b, 4096, fmt, ap);
     va_end(ap);
     return b;
 }
@@ -161,6 +160,169 @@ static void test_checksums(void) {
             "glm5-serve on a corrupt set: exit %d: %s", rc, text_of(log));
 }
 
+/* ---- 2. one validation: each bad GGUF refused alike by convert, inspect and run ---- */
+
+typedef enum edit_kind {
+    E_RETYPE,      /* tensor `name` stored as `type` (zero data) */
+    E_DROP_KEY,    /* key `name` removed */
+    E_TOKENS_INT,  /* tokenizer.ggml.tokens as an i32 array */
+    E_TOKENS_3,    /* tokenizer.ggml.tokens with 3 entries */
+    E_MERGE_BAD,   /* a merge without its space */
+    E_U32,         /* key `name` set to u32 `u` */
+    E_F32,         /* key `name` set to f32 `f` */
+    E_NAN_TENSOR,  /* element 7 of F32 tensor `name` set to NaN */
+    E_BOOL_2,      /* bool key `name` stored as the byte 2 */
+} edit_kind;
+
+typedef struct edit {
+    const char *what;
+    edit_kind kind;
+    const char *name;
+    uint32_t type, u;
+    float f;
+    const char *expect; /* in every refusal message */
+} edit;
+
+static const edit k_edits[] = {
+    {"output_norm as I8", E_RETYPE, "output_norm.weight", QT_I8, 0, 0, "I8"},
+    {"attn_output as IQ2_XXS", E_RETYPE, "blk.1.attn_output.weight", QT_IQ2_XXS, 0, 0, "IQ2_XXS"},
+    {"no tokenizer.ggml.tokens", E_DROP_KEY, "tokenizer.ggml.tokens", 0, 0, 0, "tokenizer.ggml.tokens"},
+    {"no tokenizer.ggml.merges", E_DROP_KEY, "tokenizer.ggml.merges", 0, 0, 0, "tokenizer.ggml.merges"},
+    {"tokens as integers", E_TOKENS_INT, NULL, 0, 0, 0, "tokenizer.ggml.tokens"},
+    {"3 tokens", E_TOKENS_3, NULL, 0, 0, 0, "tokenizer.ggml.tokens has 3 entries"},
+    {"malformed merge", E_MERGE_BAD, NULL, 0, 0, 0, "tokenizer.ggml.merges[5]"},
+    {"eos_token_id 999999", E_U32, "tokenizer.ggml.eos_token_id", 0, 999999, 0, "eos_token_id = 999999"},
+    {"rms epsilon NaN", E_F32, "glm-dsa.attention.layer_norm_rms_epsilon", 0, 0, NAN, "layer_norm_rms_epsilon"},
+    {"rope.freq_base inf", E_F32, "glm-dsa.rope.freq_base", 0, 0, INFINITY, "rope.freq_base"},
+    {"NaN in output_norm", E_NAN_TENSOR, "output_norm.weight", 0, 0, 0, "output_norm.weight': element 7"},
+    {"NaN in a layer norm", E_NAN_TENSOR, "blk.2.attn_kv_a_norm.weight", 0, 0, 0, "blk.2.attn_kv_a_norm.weight"},
+    {"context_length 0", E_U32, "glm-dsa.context_length", 0, 0, 0, "context_length is 0"},
+    {"boolean value 2", E_BOOL_2, "glm-dsa.expert_weights_norm", 0, 0, 0, "boolean value 2"},
+    {"head_count 0xFFFFFFFF", E_U32, "glm-dsa.attention.head_count", 0, 0xFFFFFFFFu, 0, "head_count = 4294967295"},
+    {"head_count 8 (shapes disagree)", E_U32, "glm-dsa.attention.head_count", 0, 8, 0, "shape"},
+};
+
+/* Writes the oracle GGUF with one edit to path. 0 on success. */
+static int write_edited(const gguf_ctx *src, const edit *ed, const char *path) {
+    gguf_writer *w = gguf_writer_create();
+    int ok = w != NULL;
+    for (int64_t i = 0; ok && i < gguf_get_n_kv(src); i++) ok = gguf_writer_copy_kv(w, src, i) == G5_OK;
+    static char tok[3][8] = {"a", "b", "c"};
+    switch (ed->kind) {
+    case E_DROP_KEY: ok = ok && gguf_writer_remove_key(w, ed->name) == G5_OK; break;
+    case E_TOKENS_INT: {
+        int32_t v[2048];
+        for (int i = 0; i < 2048; i++) v[i] = i;
+        ok = ok && gguf_writer_set_arr(w, "tokenizer.ggml.tokens", GGUF_VT_INT32, v, 2048) == G5_OK;
+        break;
+    }
+    case E_TOKENS_3: {
+        const char *strs[3] = {tok[0], tok[1], tok[2]};
+        uint64_t lens[3] = {1, 1, 1};
+        ok = ok && gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", strs, lens, 3) == G5_OK;
+        break;
+    }
+    case E_MERGE_BAD: {
+        gguf_vtype et;
+        uint64_t n;
+        ok = ok && gguf_get_arr(src, "tokenizer.ggml.merges", &et, &n, NULL) == G5_OK;
+        const char **strs = malloc(n * sizeof *strs);
+        uint64_t *lens = malloc(n * sizeof *lens);
+        for (uint64_t i = 0; ok && i < n; i++) ok = gguf_get_arr_str(src, "tokenizer.ggml.merges", i, &strs[i], &lens[i], NULL) == G5_OK;
+        if (ok) strs[5] = "nospace", lens[5] = 7;
+        ok = ok && gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", strs, lens, n) == G5_OK;
+        free(strs);
+        free(lens);
+        break;
+    }
+    case E_U32: ok = ok && gguf_writer_set_u32(w, ed->name, ed->u) == G5_OK; break;
+    case E_F32: ok = ok && gguf_writer_set_f32(w, ed->name, ed->f) == G5_OK; break;
+    default: break;
+    }
+    uint8_t *zero = NULL, *nan_copy = NULL;
+    for (int64_t i = 0; ok && i < gguf_get_n_tensors(src); i++) {
+        const gguf_tensor *t = gguf_get_tensor(src, i);
+        const void *data = t->data;
+        uint32_t type = t->type;
+        if (ed->name && !strcmp(t->name, ed->name) && ed->kind == E_RETYPE) {
+            type = ed->type;
+            zero = calloc(1, t->n_elems * 4 + 4096); /* more than any type needs */
+            data = zero;
+        } else if (ed->name && !strcmp(t->name, ed->name) && ed->kind == E_NAN_TENSOR) {
+            nan_copy = malloc(t->nbytes);
+            memcpy(nan_copy, t->data, t->nbytes);
+            float q = NAN;
+            memcpy(nan_copy + 7 * 4, &q, 4);
+            data = nan_copy;
+        }
+        ok = gguf_writer_add_tensor(w, t->name, type, t->n_dims, t->ne, data, NULL) == G5_OK;
+    }
+    uint8_t *img = NULL;
+    uint64_t len = 0;
+    ok = ok && gguf_writer_write_buffer(w, &img, &len) == G5_OK;
+    if (ok && ed->kind == E_BOOL_2) { /* the key, its type (u32 7 = bool), then the value byte */
+        const size_t kl = strlen(ed->name);
+        uint8_t *hit = memmem(img, len, ed->name, kl);
+        ok = hit && hit[kl] == 7 && hit[kl + 4] == 1;
+        if (ok) hit[kl + 4] = 2;
+    }
+    ok = ok && t_write_file(path, img, len) == 0;
+    free(img);
+    free(zero);
+    free(nan_copy);
+    gguf_writer_free(w);
+    return ok ? 0 : -1;
+}
+
+static int n_entries(const char *dir) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' 2>/dev/null | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p && fscanf(p, "%d", &n) != 1) n = -1;
+    if (p) pclose(p);
+    return n;
+}
+
+static void test_bad_models(void) {
+    gguf_ctx *src = NULL;
+    g5_error e = {0};
+    T_CHECK(gguf_open(T_ORACLE_GGUF, &src, &e) == G5_OK, "oracle: %s", e.msg);
+    if (!src) return;
+    glm5_hparams hp;
+    T_CHECK(glm5_model_validate(src, &hp, &e) == G5_OK, "the oracle validates: %s", e.msg);
+    char log[4200], path[4200];
+    snprintf(log, sizeof log, "%s/bad.log", g_tmp);
+    for (size_t k = 0; k < sizeof k_edits / sizeof k_edits[0]; k++) {
+        const edit *ed = &k_edits[k];
+        snprintf(path, sizeof path, "%s/bad-%zu.gguf", g_tmp, k);
+        if (write_edited(src, ed, path)) {
+            T_CHECK(0, "%s: cannot write the edited GGUF", ed->what);
+            continue;
+        }
+        /* convert: refused before writing anything */
+        const char *out = pathf("%s/bad-out-%zu", g_tmp, k);
+        g5_error_clear(&e);
+        g5_status st = convert_to(path, out, 1, 0, &e);
+        T_CHECK(st != G5_OK && strstr(e.msg, ed->expect) && n_entries(out) <= 0, "%s: convert: %s", ed->what, e.msg);
+        /* the runtime's open refuses it alike, before any allocation sized from it */
+        rt_wset *ws = NULL;
+        g5_error_clear(&e);
+        st = rt_wset_open(path, &ws, &e);
+        T_CHECK(st != G5_OK && st != G5_ERR_NOMEM && strstr(e.msg, ed->expect), "%s: run: %s", ed->what, e.msg);
+        rt_wset_free(ws);
+        /* inspect's audit fails (exit 1) or the file does not parse (exit 3) */
+        char *insp[] = {pathf("%s/glm5-shard", g_bin), "inspect", path, NULL};
+        int rc = run_cmd(insp, log);
+        T_CHECK((rc == 1 || rc == 3) && strstr(text_of(log), ed->expect), "%s: inspect: exit %d", ed->what, rc);
+        /* glm5-run on it */
+        char *run[] = {pathf("%s/glm5-run", g_bin), "-m", path, "--tokens", "1,2", "-n", "1", "-q", NULL};
+        rc = run_cmd(run, log);
+        T_CHECK(rc == EXIT_ERR && strstr(text_of(log), ed->expect), "%s: glm5-run: exit %d: %s", ed->what, rc, text_of(log));
+    }
+    gguf_free(src);
+}
+
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
 /* ---- 4. a used output directory ---- */
@@ -201,8 +363,15 @@ int main(int argc, char **argv) {
     (void)argv;
     signal(SIGPIPE, SIG_IGN);
     g_tmp = t_tmpdir();
+    if (access(T_ORACLE_GGUF, R_OK) != 0) {
+        printf("oracle GGUF not found at %s (set GLM5_SHARED)\n", T_ORACLE_GGUF);
+        T_CHECK(0, "oracle present");
+        t_rmtree(g_tmp);
+        return t_report("test_trust");
+    }
     test_checksums();
     test_used_outdir();
+    test_bad_models();
     t_rmtree(g_tmp);
     return t_report("test_trust");
 }

@@ -138,8 +138,11 @@ g5_status rt_wset_open_gguf(const char *path, rt_wset **out, g5_error *err) {
     g5_status st = gguf_open(path, &ws->gguf, err);
     if (st) goto fail;
     ws->meta = ws->gguf;
-    glm5_hparams hp;
-    if ((st = glm5_hparams_read(ws->gguf, &hp, err))) goto fail;
+    glm5_hparams hp; /* validated with every tensor before kv_b buffers are sized from it */
+    if ((st = glm5_model_validate(ws->gguf, &hp, err))) {
+        g5_error_prefix(err, "%s", path);
+        goto fail;
+    }
     rt_weights *w = &ws->ranks[0];
     int64_t nt = gguf_get_n_tensors(ws->gguf);
     for (int64_t i = 0; i < nt; i++) {
@@ -297,18 +300,40 @@ static g5_status open_blobs(const char *dir, const rt_wset_opts *o, rt_wset **ou
     const blob *b0 = blob_set_rank(set, ws->first);
     ws->meta = blob_get_meta(b0);
     ws->ep = blob_get_info(b0)->placement == BLOB_PLACE_EP;
+    glm5_hparams *hp = malloc(sizeof *hp);
+    if (!hp || (st = glm5_meta_validate(ws->meta, hp, err))) {
+        if (!hp) st = g5_fail(err, G5_ERR_NOMEM, "hyperparameters");
+        free(hp);
+        g5_error_prefix(err, "%s", blob_get_path(b0));
+        rt_wset_free(ws);
+        return st;
+    }
     for (uint32_t r = ws->first; r < ws->first + ws->count; r++) {
         const blob *b = blob_set_rank(set, r);
         rt_weights *w = &ws->ranks[r];
         const uint64_t nt = blob_n_tensors(b);
         for (uint64_t i = 0; i < nt; i++) {
             const blob_tensor *bt = blob_get_tensor(b, i);
+            /* 1-D tensors are whole on every rank: their values are checked too */
+            if ((st = glm5_tensor_check(hp, bt->name, bt->type, bt->ne_global, bt->n_dims == 1 ? bt->data : NULL,
+                                        bt->size, err))) {
+                g5_error_prefix(err, "%s", blob_get_path(b));
+                free(hp);
+                goto fail;
+            }
             rt_tensor t = {bt->name, bt->type, bt->n_dims,
                            {bt->ne[0], bt->ne[1], bt->ne[2], bt->ne[3]}, bt->size, bt->data};
-            if ((st = add_tensor(w, &t, err))) goto fail;
+            if ((st = add_tensor(w, &t, err))) {
+                free(hp);
+                goto fail;
+            }
         }
-        if ((st = finish(w, err))) goto fail;
+        if ((st = finish(w, err))) {
+            free(hp);
+            goto fail;
+        }
     }
+    free(hp);
     *out = ws;
     return G5_OK;
 fail:
