@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "format/mapguard.h"
 #include "convert/convert.h"
 #include "convert/inspect.h"
 #include "convert/synth.h"
@@ -511,6 +512,7 @@ static int cmd_verify(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install(prog, EXIT_ERROR); /* an input truncated under us: an error, never SIGBUS */
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;

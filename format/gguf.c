@@ -2,6 +2,7 @@
  * with mmap (gguf_open). Only the header, kv and tensor-info regions are read; tensor data is
  * never touched. Every count, length and offset taken from the image is checked before use. */
 #include "gguf.h"
+#include "mapguard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -198,7 +199,10 @@ static void split_release(gguf_split *s) {
     free(s->key_pool);
     free(s->name_pool);
     free(s->name);
-    if (s->map) munmap(s->map, (size_t)s->len);
+    if (s->map) {
+        g5_mapguard_remove(s->map);
+        munmap(s->map, (size_t)s->len);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -727,12 +731,16 @@ static g5_status open_one(const char *path, const char *sibling_of, uint32_t no,
             return g5_fail(err, G5_ERR_IO, "%s: mmap of %llu bytes failed: %s", path,
                            (unsigned long long)len, strerror(e));
         }
+        g5_mapguard_add(map, (size_t)len, path); /* a truncation under us: an error, not a crash */
     }
     close(fd);
     gguf_ctx *ctx;
     g5_status st = ctx_new(path, &ctx, err);
     if (st) {
-        if (map) munmap(map, (size_t)len);
+        if (map) {
+            g5_mapguard_remove(map);
+            munmap(map, (size_t)len);
+        }
         return st;
     }
     static const uint8_t empty[1];

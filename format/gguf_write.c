@@ -2,6 +2,7 @@
  * field), so copying a pair from a parsed file is a byte copy and the header is a concatenation.
  * Tensor data is streamed one tensor at a time. */
 #include "gguf_write.h"
+#include "mapguard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -465,6 +466,7 @@ g5_status gguf_writer_write_file(const gguf_writer *w, const char *path, gguf_fi
         st = g5_fail(err, G5_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
+    g5_mapguard_add_output(tmp);
     st = write_all(fd, hdr, hlen, tmp, err);
     static const uint8_t zeros[GW_MAX_ALIGNMENT > 4096 ? 4096 : GW_MAX_ALIGNMENT];
     uint64_t off = 0;
@@ -498,6 +500,7 @@ g5_status gguf_writer_write_file(const gguf_writer *w, const char *path, gguf_fi
         st = g5_fail(err, G5_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
     if (st) unlink(tmp);
     else fsync_dir_of(path);
+    g5_mapguard_remove_output(tmp);
 out:
     free(tmp);
     free(scratch);

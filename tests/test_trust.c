@@ -19,7 +19,9 @@
 #include "format/gguf_write.h"
 #include "format/quant.h"
 #include "runtime/cpu/weights.h"
+#include "format/mapguard.h"
 #include "tests/test_util.h"
+#include "tests/http_client.h"
 
 /* the exit status of a failed load (corrupt input), glm5-run and glm5-serve */
 #define EXIT_ERR 1
@@ -89,6 +91,45 @@ static int flip_byte(const char *path, uint64_t off) {
     ok = ok && pwrite(fd, &b, 1, (off_t)off) == 1;
     close(fd);
     return ok ? 0 : -1;
+}
+
+static int exists(const char *path) { return access(path, F_OK) == 0; }
+
+static int n_entries(const char *dir);
+
+/* Starts glm5-serve -m model --port 0 (extra: more arguments, NULL-terminated, or NULL) with its
+ * stderr in log; waits for its "listening on" line. The pid (port in *port), or -1. */
+static pid_t start_serve(const char *model, const char *log, uint16_t *port, char *const *extra) {
+    char *argv[40];
+    int n = 0;
+    argv[n++] = pathf("%s/glm5-serve", g_bin);
+    argv[n++] = "-m";
+    argv[n++] = (char *)model;
+    argv[n++] = "--port";
+    argv[n++] = "0";
+    argv[n++] = "--threads";
+    argv[n++] = "1";
+    for (int i = 0; extra && extra[i] && n < 38; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    *port = 0;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(127);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 1500 && !*port; i++) {
+        const char *p = strstr(text_of(log), "listening on http://127.0.0.1:");
+        unsigned u;
+        if (p && sscanf(p, "listening on http://127.0.0.1:%u", &u) == 1) *port = (uint16_t)u;
+        else usleep(20000);
+    }
+    return pid;
 }
 
 /* ---- 1. checksums on the CPU load path ---- */
@@ -274,7 +315,7 @@ static int write_edited(const gguf_ctx *src, const edit *ed, const char *path) {
     return ok ? 0 : -1;
 }
 
-static int n_entries(const char *dir) {
+static int n_entries(const char *dir) { /* -1 or 0 when absent */
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "ls -A '%s' 2>/dev/null | wc -l", dir);
     FILE *p = popen(cmd, "r");
@@ -323,7 +364,124 @@ static void test_bad_models(void) {
     gguf_free(src);
 }
 
-static int exists(const char *path) { return access(path, F_OK) == 0; }
+/* ---- 3. files truncated under a mapping: an error naming the file, never SIGBUS ---- */
+
+static const char *g_trunc_path;
+static uint64_t g_trunc_to;
+static int g_truncated;
+
+static void truncate_once(void *user, const convert_progress *p) {
+    (void)user;
+    if (p->phase == CONVERT_PHASE_WRITE && !g_truncated) {
+        g_truncated = 1;
+        if (truncate(g_trunc_path, (off_t)g_trunc_to) != 0) _exit(120);
+    }
+}
+
+static int copy_file(const char *from, const char *to) {
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    return system(cmd);
+}
+
+/* Waits for pid; its exit status, 128 + signal, or -1 after timeout_s (then kills it). */
+static int wait_exit(pid_t pid, double timeout_s) {
+    for (int i = 0; i < (int)(timeout_s * 50); i++) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static void test_truncation(void) {
+    /* convert: the source GGUF cut to its header once writing has begun */
+    char src[4200], out[4200], log[4200];
+    snprintf(src, sizeof src, "%s/trunc.gguf", g_tmp);
+    snprintf(out, sizeof out, "%s/trunc-out", g_tmp);
+    snprintf(log, sizeof log, "%s/trunc.log", g_tmp);
+    T_CHECK(copy_file(T_ORACLE_GGUF, src) == 0, "copy the oracle");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        g5_mapguard_install("glm5-shard", 3);
+        g_trunc_path = src;
+        g_trunc_to = 70000; /* the header and the first tensor's first bytes */
+        convert_options o;
+        convert_options_init(&o);
+        o.tp = 2;
+        o.jobs = 2;
+        o.progress = truncate_once;
+        o.progress_interval_s = 0;
+        g5_error e = {0};
+        g5_status st = convert_run(src, out, &o, NULL, &e);
+        fprintf(stderr, "convert_run returned %d: %s\n", (int)st, e.msg);
+        _exit(st ? 4 : 0); /* not expected: the truncated data is read after the callback */
+    }
+    int rc = wait_exit(pid, 60);
+    const char *t = text_of(log);
+    T_CHECK(rc == 3 && strstr(t, src) && strstr(t, "truncated or changed while in use"),
+            "source truncated during convert: exit %d (not 135): %s", rc, t);
+    T_CHECK(n_entries(out) <= 0, "no file of the set left behind (%d entries)", n_entries(out));
+
+    /* the in-process mechanism, deterministic: a mapping read past its file's new end */
+    char tmpout[4200];
+    snprintf(tmpout, sizeof tmpout, "%s/pending.g5b.tmp", g_tmp);
+    T_CHECK(copy_file(T_ORACLE_GGUF, src) == 0, "copy the oracle again");
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        g5_mapguard_install("probe", 3);
+        gguf_ctx *g = NULL;
+        if (gguf_open(src, &g, NULL)) _exit(121);
+        if (t_write_file(tmpout, "x", 1)) _exit(122);
+        g5_mapguard_add_output(tmpout);
+        if (truncate(src, 4096)) _exit(123);
+        const gguf_tensor *last = gguf_get_tensor(g, gguf_get_n_tensors(g) - 1);
+        volatile uint8_t sink = last->data[last->nbytes - 1];
+        (void)sink;
+        _exit(0);
+    }
+    rc = wait_exit(pid, 30);
+    t = text_of(log);
+    T_CHECK(rc == 3 && strstr(t, "probe: ") && strstr(t, src) && strstr(t, "removed 1 unfinished output"),
+            "read past a truncated mapping: exit %d: %s", rc, t);
+    T_CHECK(!exists(tmpout), "the unfinished output was removed");
+
+    /* glm5-serve: a rank file cut under it while it serves */
+    char dir[4200], cmd[9000];
+    snprintf(dir, sizeof dir, "%s/trunc-set", g_tmp);
+    g5_error e = {0};
+    T_CHECK(convert_to(T_ORACLE_GGUF, dir, 2, 0, &e) == G5_OK, "set: %s", e.msg);
+    uint16_t port = 0;
+    pid = start_serve(dir, log, &port, NULL);
+    T_CHECK(pid > 0 && port, "glm5-serve started: %s", text_of(log));
+    if (pid <= 0 || !port) return;
+    hresp h;
+    int ok = 0;
+    for (int i = 0; i < 500 && !ok; i++) {
+        ok = http_do(port, "GET", "/health", NULL, NULL, &h) == 0 && h.status == 200;
+        hresp_free(&h);
+        if (!ok) usleep(20000);
+    }
+    T_CHECK(ok, "healthy before the truncation");
+    snprintf(cmd, sizeof cmd, "%s/rank-00001-of-00002.g5b", dir);
+    T_CHECK(truncate(cmd, 8192) == 0, "truncate rank 1");
+    http_do(port, "POST", "/v1/completions", NULL, "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &h);
+    hresp_free(&h);
+    rc = wait_exit(pid, 30);
+    t = text_of(log);
+    T_CHECK(rc == EXIT_ERR && strstr(t, "rank-00001-of-00002.g5b: the file was truncated or changed while in use"),
+            "glm5-serve with a rank file truncated under it: exit %d (not 135): %s", rc, t);
+}
+
 
 /* ---- 4. a used output directory ---- */
 
@@ -372,6 +530,7 @@ int main(int argc, char **argv) {
     test_checksums();
     test_used_outdir();
     test_bad_models();
+    test_truncation();
     t_rmtree(g_tmp);
     return t_report("test_trust");
 }

@@ -28,6 +28,7 @@
 
 #include "format/blob.h"
 #include "format/glm5.h"
+#include "format/mapguard.h"
 #include "runtime/text/chat.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/draft.h"
@@ -449,6 +450,7 @@ static int dump_logits(const char *path, const float *logits, size_t count) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install("glm5-run", 1); /* a weight file truncated under us: an error, never SIGBUS */
     g5_error e = {0};
     g5_status st;
     rt_comm *comm = NULL;

@@ -13,6 +13,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "format/mapguard.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/serve/serve.h"
 
@@ -62,6 +63,7 @@ static void log_line(void *user, const char *line) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install("glm5-serve", 1); /* a weight file truncated under us: an error, never SIGBUS */
     {
         /* several processes (mpirun/srun) would each serve the whole model: not supported */
         rt_comm *comm = NULL;
