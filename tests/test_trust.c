@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include "convert/convert.h"
+#include "convert/synth.h"
 #include "format/blob.h"
 #include "format/glm5.h"
 #include "format/gguf.h"
@@ -483,7 +484,31 @@ static void test_truncation(void) {
 }
 
 
-/* ---- 4. a used output directory ---- */
+/* ---- 4. sets written as sets: synth --split-size on a full disk ---- */
+
+static void test_synth_full_disk(void) {
+    char dir[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s/splits", g_tmp);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    synth_opts o;
+    synth_opts_init(&o);
+    o.split_size = 4u << 20;
+    synth_result r;
+    g5_error e = {0};
+    g5_status st = synth_write(&o, path, &r, &e);
+    T_CHECK(st == G5_OK && r.n_files >= 3, "a split set: %s (%u files)", e.msg, r.n_files);
+    const uint64_t total = r.file_bytes;
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "rm -f '%s'/*", dir);
+    T_CHECK(system(cmd) == 0 && n_entries(dir) == 0, "emptied");
+    o.test_fail_after_bytes = total / 2; /* the disk fills in the middle of the set */
+    st = synth_write(&o, path, &r, &e);
+    T_CHECK(st == G5_ERR_IO && strstr(e.msg, "No space left on device"), "full disk: %s", e.msg);
+    T_CHECK(n_entries(dir) == 0, "no split of the failed set left behind (%d files)", n_entries(dir));
+}
+
+/* ---- 5. a used output directory ---- */
 
 static void test_used_outdir(void) {
     const char *dir = pathf("%s/used", g_tmp);
@@ -531,6 +556,7 @@ int main(int argc, char **argv) {
     test_used_outdir();
     test_bad_models();
     test_truncation();
+    test_synth_full_disk();
     t_rmtree(g_tmp);
     return t_report("test_trust");
 }
