@@ -508,6 +508,59 @@ static void test_synth_full_disk(void) {
     T_CHECK(n_entries(dir) == 0, "no split of the failed set left behind (%d files)", n_entries(dir));
 }
 
+/* ---- 6. the context length ---- */
+
+static char *id_list(int n) {
+    char *s = malloc((size_t)n * 6 + 1);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) off += (size_t)sprintf(s + off, i ? ",%d" : "%d", 100 + i % 900);
+    return s;
+}
+
+static int count_ids(const char *text) {
+    int n = 0;
+    for (const char *p = text; *p; p++)
+        if (*p >= '0' && *p <= '9' && (p == text || p[-1] < '0' || p[-1] > '9')) n++;
+    return n;
+}
+
+static void test_context(void) {
+    char log[4200], out[4200];
+    snprintf(log, sizeof log, "%s/ctx.log", g_tmp);
+    snprintf(out, sizeof out, "%s/ctx.out", g_tmp);
+    char *run = pathf("%s/glm5-run", g_bin);
+    /* 4200 tokens on a 4096-token model: refused at once, both numbers given */
+    char *long_prompt[] = {run, "-m", (char *)T_ORACLE_GGUF, "--tokens", id_list(4200), "-n", "4", NULL};
+    int rc = run_cmd(long_prompt, log);
+    T_CHECK(rc == 2 && strstr(text_of(log), "4200 tokens") && strstr(text_of(log), "context length is 4096"),
+            "a 4200-token prompt on a 4096-token model: exit %d: %s", rc, text_of(log));
+    char *over[] = {run, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1,2", "--ctx-size", "8192", NULL};
+    rc = run_cmd(over, log);
+    T_CHECK(rc == 2 && strstr(text_of(log), "8192") && strstr(text_of(log), "4096"), "--ctx-size above the model's: exit %d", rc);
+    char *capped[] = {run, "-m", (char *)T_ORACLE_GGUF, "--tokens", id_list(20), "--ctx-size", "16", NULL};
+    rc = run_cmd(capped, log);
+    T_CHECK(rc == 2 && strstr(text_of(log), "20 tokens") && strstr(text_of(log), "context length is 16 (--ctx-size)"),
+            "--ctx-size 16 and 20 tokens: exit %d: %s", rc, text_of(log));
+    /* --truncate keeps the end and leaves room to generate; generation stops at the context */
+    char *cut[] = {run, "-m", (char *)T_ORACLE_GGUF, "--tokens", id_list(20), "--ctx-size", "16", "--truncate", "-n", "4",
+                   "--ids", "--temp", "0", NULL};
+    rc = run_cmd(cut, log);
+    T_CHECK(rc == 0 && strstr(text_of(log), "cut to its last 12"), "--truncate: exit %d: %s", rc, text_of(log));
+    char *stop[] = {run, "-m", (char *)T_ORACLE_GGUF, "--tokens", id_list(14), "--ctx-size", "16", "-n", "10", "--ids",
+                    "--temp", "0", NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fe, 2);
+        execv(stop[0], stop);
+        _exit(127);
+    }
+    rc = wait_exit(pid, 120);
+    T_CHECK(rc == 0 && count_ids(text_of(out)) <= 2 && strstr(text_of(log), "at most 2 of -n 10"),
+            "generation bounded by the context: exit %d, %d ids: %s", rc, count_ids(text_of(out)), text_of(log));
+}
+
 /* ---- 5. a used output directory ---- */
 
 static void test_used_outdir(void) {
@@ -557,6 +610,7 @@ int main(int argc, char **argv) {
     test_bad_models();
     test_truncation();
     test_synth_full_disk();
+    test_context();
     t_rmtree(g_tmp);
     return t_report("test_trust");
 }

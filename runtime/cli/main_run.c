@@ -53,6 +53,8 @@ typedef struct args {
     int chat, think, ids, quiet;
     int cuda, fast, no_verify, kv_cache, cuda_graph;
     long check, tp, gpu0;
+    long ctx_size;               /* --ctx-size (0: the model's context_length) */
+    int truncate;                /* --truncate: cut a prompt past the context to its end */
     int draft;                   /* --draft mtp */
     uint32_t threads;
     rt_mla_mode mla;
@@ -86,7 +88,12 @@ static void usage(FILE *f) {
             "  --chat               wrap the prompt as a user message in GLM's chat format\n"
             "  --system TEXT        system message (with --chat)\n"
             "  --no-think           chat: thinking off\n"
-            "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt)\n"
+            "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt);\n"
+            "                       generation stops at the context length\n"
+            "  --ctx-size N         context length, at most the model's context_length (default:\n"
+            "                       that); a longer prompt is refused (exit 2) unless --truncate\n"
+            "  --truncate           keep the end of a prompt past the context (leaving room for\n"
+            "                       min(-n, context/2) generated tokens)\n"
             "  --draft mtp|none     greedy decoding drafting one token per step with the MTP block,\n"
             "                       verified by a two-token forward pass; prints the acceptance rate\n"
             "                       (one process only; default none)\n"
@@ -171,6 +178,10 @@ static int parse_args(int argc, char **argv, args *a) {
             NEED(); if (!parse_long(v, 0, INT32_MAX, &a->check)) BAD();
         } else if (!strcmp(o, "--no-verify")) {
             a->no_verify = 1;
+        } else if (!strcmp(o, "--ctx-size") || !strcmp(o, "-c")) {
+            NEED(); if (!parse_long(v, 1, INT32_MAX, &a->ctx_size)) BAD();
+        } else if (!strcmp(o, "--truncate")) {
+            a->truncate = 1;
         } else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
             NEED(); a->prompt = v;
         } else if (!strcmp(o, "--tokens")) {
@@ -369,6 +380,42 @@ static int open_weights(const args *a, rt_comm *comm, rt_wset **ws, rt_wset_load
     wo.first = first;
     wo.count = count;
     if ((st = rt_wset_open_ex(a->model, &wo, ws, li, &e))) return fail(&e, st, a->model);
+    return 0;
+}
+
+/* The context: the model's context_length, or --ctx-size below it. A prompt past it is refused
+ * with both numbers (or, with --truncate, cut to its end); generation is bounded to what is
+ * left. 0, or the exit status. */
+static int fit_context(args *a, const glm5_hparams *hp, int32_t *ids, size_t *n_ids) {
+    const uint64_t model_ctx = hp->n_ctx_train;
+    if (a->ctx_size && model_ctx && (uint64_t)a->ctx_size > model_ctx) {
+        fprintf(stderr, "glm5-run: --ctx-size %ld exceeds the model's context length %llu\n", a->ctx_size,
+                (unsigned long long)model_ctx);
+        return 2;
+    }
+    const uint64_t ctx = a->ctx_size ? (uint64_t)a->ctx_size : model_ctx;
+    if (!ctx) return 0; /* the model states none */
+    const char *src = a->ctx_size ? "--ctx-size" : "the model's context_length";
+    if (*n_ids > ctx) {
+        if (!a->truncate) {
+            fprintf(stderr, "glm5-run: the prompt has %zu tokens; the context length is %llu (%s): shorten it, or "
+                    "--truncate to keep its end\n", *n_ids, (unsigned long long)ctx, src);
+            return 2;
+        }
+        uint64_t room = (uint64_t)a->n_predict < ctx / 2 ? (uint64_t)a->n_predict : ctx / 2;
+        size_t keep = (size_t)(ctx - room);
+        fprintf(stderr, "glm5-run: --truncate: the prompt of %zu tokens cut to its last %zu (context length %llu, %s)\n",
+                *n_ids, keep, (unsigned long long)ctx, src);
+        memmove(ids, ids + (*n_ids - keep), keep * sizeof *ids);
+        *n_ids = keep;
+    }
+    if (*n_ids + (uint64_t)a->n_predict > ctx) {
+        long left = (long)(ctx - *n_ids);
+        if (!a->quiet)
+            fprintf(stderr, "glm5-run: generation stops at the context length %llu (%s): at most %ld of -n %ld tokens\n",
+                    (unsigned long long)ctx, src, left, a->n_predict);
+        a->n_predict = left;
+    }
     return 0;
 }
 
@@ -580,6 +627,8 @@ int main(int argc, char **argv) {
             goto out;
         }
     if (n_ids > UINT32_MAX / 2) { fprintf(stderr, "glm5-run: prompt too long\n"); rc = 2; goto out; }
+    if ((rc = fit_context(&a, hp, ids, &n_ids))) goto out;
+    rc = 1;
 
     const size_t V = hp->n_vocab;
     logits = malloc((a.dump_logits ? n_ids : 1) * V * sizeof(float));
