@@ -113,6 +113,7 @@ static pid_t start_serve(const char *model, const char *log, uint16_t *port, cha
     for (int i = 0; extra && extra[i] && n < 38; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     *port = 0;
+    unlink(log); /* no earlier server's line may be read as this one's */
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) return -1;
@@ -561,6 +562,103 @@ static void test_context(void) {
             "generation bounded by the context: exit %d, %d ids: %s", rc, count_ids(text_of(out)), text_of(log));
 }
 
+/* ---- 7. server limits: slow clients cannot lock out /health ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* n connections that each send half a request and then idle; fds into fds. The count opened. */
+static int open_slow(uint16_t port, int n, int *fds) {
+    static const char half[] = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\nX-Slow: ";
+    int k = 0;
+    for (; k < n; k++) {
+        fds[k] = tcp_connect(port);
+        if (fds[k] < 0 || send_all(fds[k], half, sizeof half - 1)) break;
+    }
+    return k;
+}
+
+/* Whether the server closed fd (recv 0 or an error) within timeout_s. */
+static int closed_by_server(int fd, double timeout_s) {
+    struct timeval tv = {(time_t)timeout_s, (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b[256];
+    ssize_t r = recv(fd, b, sizeof b, 0);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+static int health_ms(uint16_t port, double *ms) {
+    double t0 = now_s();
+    hresp h;
+    int ok = http_do(port, "GET", "/health", NULL, NULL, &h) == 0 && h.status == 200;
+    hresp_free(&h);
+    *ms = 1e3 * (now_s() - t0);
+    return ok;
+}
+
+static void test_slow_clients(void) {
+    char log[4200];
+    snprintf(log, sizeof log, "%s/slow.log", g_tmp);
+    uint16_t port;
+    pid_t pid = start_serve(T_ORACLE_GGUF, log, &port, NULL);
+    T_CHECK(pid > 0 && port && strstr(text_of(log), "connections <= 512, <= 256 per address, idle timeout 30 s"),
+            "glm5-serve started with the default limits: %s", text_of(log));
+    if (pid <= 0 || !port) return;
+    double ms = 0;
+    int ok = 0;
+    for (int i = 0; i < 1500 && !ok; i++) {
+        ok = health_ms(port, &ms);
+        if (!ok) usleep(20000);
+    }
+    T_CHECK(ok, "healthy");
+    static int fds[256];
+    int n = open_slow(port, 200, fds);
+    T_CHECK(n == 200, "200 half-sent requests from one address: %d", n);
+    usleep(200000); /* let the server accept them all */
+    ok = health_ms(port, &ms);
+    T_CHECK(ok && ms < 1000, "/health answered beside 200 idle connections: %d in %.1f ms", ok, ms);
+    hresp h;
+    ok = http_do(port, "POST", "/v1/completions", NULL, "{\"prompt\":\"Once\",\"max_tokens\":2,\"temperature\":0}", &h) == 0 &&
+         h.status == 200;
+    T_CHECK(ok, "a fresh request from the same address is served: %d", h.status);
+    hresp_free(&h);
+    /* the context is enforced by the server too: 400 naming both numbers */
+    char *body = malloc(64 + 4200 * 6);
+    int off = sprintf(body, "{\"prompt\":[");
+    for (int i = 0; i < 4200; i++) off += sprintf(body + off, i ? ",%d" : "%d", 100 + i % 900);
+    sprintf(body + off, "],\"max_tokens\":2}");
+    ok = http_do(port, "POST", "/v1/completions", NULL, body, &h) == 0 && h.status == 400 && h.body &&
+         strstr(h.body, "4200") && strstr(h.body, "4096");
+    T_CHECK(ok, "a 4200-token prompt: %d %s", h.status, h.body ? h.body : "");
+    hresp_free(&h);
+    free(body);
+    for (int i = 0; i < n; i++) close(fds[i]);
+    kill(pid, SIGTERM);
+    T_CHECK(wait_exit(pid, 30) == 0, "stopped on SIGTERM");
+
+    /* --timeout 1 closes half-sent requests; --max-connections-per-ip 3 refuses a 4th */
+    char *extra[] = {"--timeout", "1", "--max-connections-per-ip", "3", NULL};
+    pid = start_serve(T_ORACLE_GGUF, log, &port, extra);
+    T_CHECK(pid > 0 && port && strstr(text_of(log), "<= 3 per address, idle timeout 1 s"), "options: %s", text_of(log));
+    if (pid <= 0 || !port) return;
+    n = open_slow(port, 3, fds);
+    int extra_fd = tcp_connect(port);
+    T_CHECK(n == 3 && extra_fd >= 0 && closed_by_server(extra_fd, 2.0), "a 4th connection from the address is refused");
+    if (extra_fd >= 0) close(extra_fd);
+    double t0 = now_s();
+    int closed = 0;
+    for (int i = 0; i < n; i++) closed += closed_by_server(fds[i], 5.0);
+    T_CHECK(closed == 3, "--timeout 1: the half-sent requests closed by the server (%d of 3, %.1f s)", closed, now_s() - t0);
+    for (int i = 0; i < n; i++) close(fds[i]);
+    ok = health_ms(port, &ms);
+    T_CHECK(ok, "served again once they are gone");
+    kill(pid, SIGTERM);
+    T_CHECK(wait_exit(pid, 30) == 0, "stopped on SIGTERM");
+}
+
 /* ---- 5. a used output directory ---- */
 
 static void test_used_outdir(void) {
@@ -611,6 +709,7 @@ int main(int argc, char **argv) {
     test_truncation();
     test_synth_full_disk();
     test_context();
+    test_slow_clients();
     t_rmtree(g_tmp);
     return t_report("test_trust");
 }

@@ -37,6 +37,11 @@ static void usage(FILE *f) {
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
             "  --max-body BYTES     request body limit (default 1048576)\n"
+            "  --max-connections N  simultaneous connections, one thread each (default 512, at least\n"
+            "                       max-batch + max-queue + 32; raise `ulimit -n` to go far above)\n"
+            "  --max-connections-per-ip N  from one address (default 256)\n"
+            "  --timeout S          close a connection idle (or sending its request) this long\n"
+            "                       (default 30; 0: never); not counted while waiting for the model\n"
             "  --name ID            model id reported by the API (default: the file's base name)\n"
             "  --no-prefault        do not read all weight pages at load\n");
 }
@@ -130,6 +135,15 @@ int main(int argc, char **argv) {
         } else if (!strcmp(o, "--threads") || !strcmp(o, "-t")) {
             NUM(0, 4096);
             c.n_threads = (uint32_t)u;
+        } else if (!strcmp(o, "--max-connections")) {
+            NUM(1, 1000000);
+            c.max_connections = (uint32_t)u;
+        } else if (!strcmp(o, "--max-connections-per-ip")) {
+            NUM(1, 1000000);
+            c.max_per_ip = (uint32_t)u;
+        } else if (!strcmp(o, "--timeout")) {
+            NUM(0, 1000000);
+            c.timeout_s = (uint32_t)u;
         } else if (!strcmp(o, "--max-body")) {
             NUM(1024, 1ul << 30);
             c.max_body = u;
@@ -202,9 +216,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     char line[512];
-    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s)",
+    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s; "
+             "connections <= %u, <= %u per address, idle timeout %u s)",
              c.host, srv_port(s), c.device == SRV_DEVICE_CUDA ? "cuda" : "cpu", c.max_batch, c.max_queue, c.ctx_size,
-             c.api_key && *c.api_key ? ", API key required" : "");
+             c.api_key && *c.api_key ? ", API key required" : "", c.max_connections, c.max_per_ip, c.timeout_s);
     log_line(NULL, line);
 
     int rc = 0;
