@@ -25,7 +25,7 @@
 #include "tests/http_client.h"
 
 /* the exit status of a failed load (corrupt input), glm5-run and glm5-serve */
-#define EXIT_ERR 1
+#define EXIT_ERR 3
 
 static char g_bin[4096];
 static const char *g_tmp;

@@ -4,9 +4,10 @@
  *
  * Streams the generated text to stdout (or the ids with --ids); timing goes to stderr.
  * --dump-logits FILE writes the logits of every prompt position as little-endian float32
- * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1 a
- * runtime failure (its message on stderr), 2 a usage error, 3 --check found a difference past
- * tolerance.
+ * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1
+ * --check found a difference past tolerance, 2 a usage error (a prompt past the context
+ * included), 3 an error (its message on stderr: unreadable, corrupt or refused model files, I/O,
+ * a failure while running).
  *
  * --device cuda needs the CUDA build (build/gpu/bin/glm5-run, `make gpu`, which defines
  * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens.
@@ -41,6 +42,13 @@
 #endif
 
 #define MAX_STOPS 16
+
+/* Exit status, the same table as glm5-shard's and glm5-serve's (README "Commands"): 0 success,
+ * 1 a check failed (--check past tolerance), 2 usage (also a prompt past the context), 3 an
+ * error (unreadable, corrupt or refused input, I/O, a failure while running). */
+#define EXIT_CHECK 1
+#define EXIT_USAGE 2
+#define EXIT_ERR 3
 
 typedef struct args {
     const char *model;
@@ -81,7 +89,7 @@ static void usage(FILE *f) {
             "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default off)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
             "                       print per layer/stage differences (and the MTP block's\n"
-            "                       draft logits); exit 3 past tolerance\n"
+            "                       draft logits); exit 1 past tolerance\n"
             "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  -p, --prompt TEXT    prompt text (special tokens such as [gMASK] are recognized)\n"
             "  --tokens IDS         prompt token ids, comma-separated\n"
@@ -290,7 +298,7 @@ static char g_who[32];
 
 static int fail(const g5_error *e, g5_status st, const char *what) {
     fprintf(stderr, "glm5-run: %s%s: %s (%s)\n", g_who, what, e->msg[0] ? e->msg : g5_strerror(st), g5_strerror(st));
-    return 1;
+    return EXIT_ERR;
 }
 
 /* Points where the processes agree that all got there (SYNC_LOAD: weights and model, before any
@@ -333,7 +341,7 @@ static int share_prompt(rt_comm *c, int32_t **ids, size_t *n_ids, int *all_logit
         if (!ni || !nl) {
             fprintf(stderr, "glm5-run: %sout of memory for process 0's prompt of %llu tokens\n", g_who,
                     (unsigned long long)hdr[0]);
-            return 1;
+            return EXIT_ERR;
         }
         *logits = nl;
         *n_ids = (size_t)hdr[0];
@@ -497,7 +505,7 @@ static int dump_logits(const char *path, const float *logits, size_t count) {
 }
 
 int main(int argc, char **argv) {
-    g5_mapguard_install("glm5-run", 1); /* a weight file truncated under us: an error, never SIGBUS */
+    g5_mapguard_install("glm5-run", EXIT_ERR); /* a weight file truncated under us: an error, never SIGBUS */
     g5_error e = {0};
     g5_status st;
     rt_comm *comm = NULL;
@@ -526,14 +534,14 @@ int main(int argc, char **argv) {
     size_t n_ids = 0;
     float *logits = NULL;
     char *text = NULL, *gen = NULL;
-    int rc = 1;
+    int rc = EXIT_ERR;
     engine en = {0};
     rt_drafter *dr = NULL;
 
     double t0 = now_s();
     rt_wset_load_info li = {0};
     if ((rc = open_weights(&a, comm, &ws, &li))) goto out;
-    rc = 1;
+    rc = EXIT_ERR;
     if (a.tp && (uint32_t)a.tp != rt_wset_n_ranks(ws)) {
         fprintf(stderr, "glm5-run: --tp %ld: %s holds %u rank%s (%s); write a TP %ld set with "
                 "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", a.tp, a.model, rt_wset_n_ranks(ws),
@@ -545,7 +553,7 @@ int main(int argc, char **argv) {
     if ((st = rt_model_create(ws, &mo, &m, &e))) { rc = fail(&e, st, "model"); goto out; }
     if ((st = tok_create(rt_wset_meta(ws), &tok, &e))) { rc = fail(&e, st, "tokenizer"); goto out; }
     if ((rc = agree(comm, 0, &n_synced))) goto out;
-    rc = 1;
+    rc = EXIT_ERR;
     const glm5_hparams *hp = rt_model_hparams(m);
 #ifdef G5_WITH_CUDA
     if (a.cuda) {
@@ -628,7 +636,7 @@ int main(int argc, char **argv) {
         }
     if (n_ids > UINT32_MAX / 2) { fprintf(stderr, "glm5-run: prompt too long\n"); rc = 2; goto out; }
     if ((rc = fit_context(&a, hp, ids, &n_ids))) goto out;
-    rc = 1;
+    rc = EXIT_ERR;
 
     const size_t V = hp->n_vocab;
     logits = malloc((a.dump_logits ? n_ids : 1) * V * sizeof(float));
@@ -653,12 +661,12 @@ int main(int argc, char **argv) {
     if ((st = samp_create(&a.sp, hp->n_vocab, &samp, &e))) { rc = fail(&e, st, "sampler"); goto out; }
     if ((st = tok_stream_create(tok, 0, &stream, &e))) { rc = fail(&e, st, "decoder"); goto out; }
     if ((rc = agree(comm, 0, &n_synced))) goto out;
-    rc = 1;
+    rc = EXIT_ERR;
     if (rt_comm_size(comm) > 1 && (rc = share_prompt(comm, &ids, &n_ids, &all_logits, &logits, hp->n_vocab))) {
         unclean = 1;
         goto out;
     }
-    rc = 1;
+    rc = EXIT_ERR;
 
     double t1 = now_s();
     st = dr ? rt_drafter_prompt(dr, ids, (uint32_t)n_ids, logits, all_logits, &e)
@@ -670,7 +678,7 @@ int main(int argc, char **argv) {
             int32_t next;
             if ((st = rt_comm_bcast(comm, &next, sizeof next, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
             if (next < 0) {
-                rc = next == -1 ? 0 : 1; /* -2: process 0 failed and said why */
+                rc = next == -1 ? 0 : EXIT_ERR; /* -2: process 0 failed and said why */
                 goto out;
             }
             if ((st = eng_forward(&en, &next, 1, logits, 0, &e))) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
@@ -769,7 +777,7 @@ int main(int argc, char **argv) {
                 cs.max_stage_attn, cs.max_stage_ffn, cs.max_layer, cs.logits_rel_l2, cs.min_overlap_mean);
         if (cs.mtp_n) fprintf(stderr, ", MTP draft logits rel L2 %.3e over %u positions", cs.mtp_rel_l2, cs.mtp_n);
         fputc('\n', stderr);
-        if (!cs.ok) rc = 3;
+        if (!cs.ok) rc = EXIT_CHECK;
     }
 #endif
 out:
@@ -782,7 +790,7 @@ out:
         int32_t stop = rc ? -2 : -1;
         if ((st = rt_comm_bcast(comm, &stop, sizeof stop, 0, &e)) && !rc) rc = fail(&e, st, "token broadcast");
     }
-    while (n_synced < N_SYNC) rc = agree(comm, rc ? rc : 1, &n_synced);
+    while (n_synced < N_SYNC) rc = agree(comm, rc ? rc : EXIT_ERR, &n_synced);
 #ifdef G5_WITH_CUDA
     rt_gpu_check_free(en.chk);
 #endif

@@ -1,9 +1,10 @@
 /* glm5-serve: OpenAI-compatible HTTP server for a GLM-5 blob set or GGUF (see runtime/serve/serve.h).
  *
  * Logs to stderr (the listening address first, then one line per request). Stops on SIGINT or
- * SIGTERM. Exit status: 0 after a signal, 1 when the server cannot start or the model fails to
- * load, 2 on a usage error or when a launcher (mpirun/srun) started several processes: one
- * glm5-serve drives every rank. */
+ * SIGTERM. Exit status (the table of glm5-shard and glm5-run): 0 after a signal, 2 on a usage
+ * error or when a launcher (mpirun/srun) started several processes (one glm5-serve drives every
+ * rank), 3 when the server cannot start or the model fails to load (a corrupt or refused set, a
+ * weight file truncated under it). */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -68,7 +69,7 @@ static void log_line(void *user, const char *line) {
 }
 
 int main(int argc, char **argv) {
-    g5_mapguard_install("glm5-serve", 1); /* a weight file truncated under us: an error, never SIGBUS */
+    g5_mapguard_install("glm5-serve", 3); /* a weight file truncated under us: an error, never SIGBUS */
     {
         /* several processes (mpirun/srun) would each serve the whole model: not supported */
         rt_comm *comm = NULL;
@@ -213,7 +214,7 @@ int main(int argc, char **argv) {
     g5_status st = srv_create(&c, &s, &e);
     if (st != G5_OK) {
         fprintf(stderr, "glm5-serve: %s (%s)\n", e.msg[0] ? e.msg : g5_strerror(st), g5_strerror(st));
-        return 1;
+        return 3;
     }
     char line[512];
     snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s; "
@@ -235,7 +236,7 @@ int main(int argc, char **argv) {
         if (srv_get_load_state(s, &le) == SRV_FAILED) {
             fprintf(stderr, "glm5-serve: cannot load %s: %s (%s)\n", c.model_path, le.msg,
                     g5_strerror(le.status));
-            rc = 1;
+            rc = 3;
             break;
         }
     }
