@@ -690,6 +690,108 @@ static void test_used_outdir(void) {
     T_CHECK(rc == 3 && strstr(text_of(log), "--force"), "glm5-shard convert into a used directory: exit %d: %s", rc, text_of(log));
 }
 
+/* A one-rank set written here through the blob writer, self-consistent (every hash right) but
+ * with the metadata of an edited GGUF: what an older converter could have written. */
+static int write_set_with_meta(const char *good_dir, const gguf_ctx *meta_src, const char *dir) {
+    blob *b = NULL;
+    if (blob_open(pathf("%s/rank-00000-of-00001.g5b", good_dir), &b, NULL)) return -1;
+    const blob_info *in = blob_get_info(b);
+    gguf_writer *gw = gguf_writer_create();
+    int ok = gw != NULL;
+    for (int64_t i = 0; ok && i < gguf_get_n_kv(meta_src); i++) ok = gguf_writer_copy_kv(gw, meta_src, i) == G5_OK;
+    uint8_t *meta = NULL;
+    uint64_t meta_len = 0;
+    ok = ok && gguf_writer_write_buffer(gw, &meta, &meta_len) == G5_OK;
+    gguf_writer_free(gw);
+    const uint64_t nt = blob_n_tensors(b);
+    blob_writer_tensor *wt = calloc(nt, sizeof *wt);
+    blob_source_desc *sd = calloc(in->n_sources, sizeof *sd);
+    for (uint64_t i = 0; ok && i < nt; i++) {
+        const blob_tensor *t = blob_get_tensor(b, i);
+        wt[i] = (blob_writer_tensor){t->name, t->type, t->n_dims, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]},
+                                     {t->ne_global[0], t->ne_global[1], t->ne_global[2], t->ne_global[3]},
+                                     t->split_axis, t->split_index, t->split_count, t->flags};
+    }
+    for (uint32_t i = 0; ok && i < in->n_sources; i++) {
+        const blob_source *bs = blob_get_source(b, i);
+        sd[i].name = bs->name;
+        sd[i].file_size = bs->file_size;
+        sd[i].header_size = bs->header_size;
+        memcpy(sd[i].header_hash, bs->header_hash, 16);
+        memcpy(sd[i].sample_hash, bs->sample_hash, 16);
+    }
+    blob_writer_params bp = {0};
+    bp.tp = 1;
+    bp.placement = in->placement;
+    bp.converter_version = in->converter_version;
+    bp.kv_b_type = in->kv_b_type;
+    memcpy(bp.set_id, in->set_id, 16);
+    bp.meta = meta;
+    bp.meta_len = meta_len;
+    bp.n_sources = in->n_sources;
+    bp.sources = sd;
+    mkdir(dir, 0755);
+    blob_writer *w = NULL;
+    uint8_t hh[16];
+    ok = ok && blob_writer_create(pathf("%s/rank-00000-of-00001.g5b", dir), &bp, wt, nt, &w, NULL) == G5_OK;
+    for (uint64_t i = 0; ok && i < nt; i++) {
+        const blob_tensor *t = blob_get_tensor(b, i);
+        ok = blob_writer_write(w, t->data, t->size, NULL) == G5_OK;
+    }
+    ok = ok && blob_writer_finish(w, hh, NULL) == G5_OK;
+    blob_writer_free(w);
+    blob_set_record rec = {BLOB_SET_VERSION, 1, in->placement, in->converter_version, {0}, NULL};
+    memcpy(rec.set_id, in->set_id, 16);
+    blob_set_entry ent;
+    struct stat sb;
+    ok = ok && stat(pathf("%s/rank-00000-of-00001.g5b", dir), &sb) == 0;
+    ent.file_size = (uint64_t)sb.st_size;
+    memcpy(ent.header_hash, hh, 16);
+    rec.ranks = &ent;
+    ok = ok && blob_set_record_write(dir, &rec, NULL) == G5_OK;
+    free(meta);
+    free(wt);
+    free(sd);
+    blob_free(b);
+    return ok ? 0 : -1;
+}
+
+static void test_bad_set(void) {
+    const char *good = pathf("%s/good1", g_tmp), *bad = pathf("%s/bad-meta-set", g_tmp);
+    g5_error e = {0};
+    T_CHECK(convert_to(T_ORACLE_GGUF, good, 1, 0, &e) == G5_OK, "TP 1 set: %s", e.msg);
+    /* the metadata of "eos_token_id 999999", in a set whose every hash holds */
+    const char *edited = pathf("%s/eos.gguf", g_tmp);
+    gguf_ctx *src = NULL, *ed = NULL;
+    T_CHECK(gguf_open(T_ORACLE_GGUF, &src, &e) == G5_OK, "oracle");
+    const edit eos = {"eos", E_U32, "tokenizer.ggml.eos_token_id", 0, 999999, 0, "eos_token_id = 999999"};
+    T_CHECK(src && write_edited(src, &eos, edited) == 0 && gguf_open(edited, &ed, &e) == G5_OK, "edited GGUF");
+    T_CHECK(ed && write_set_with_meta(good, ed, bad) == 0, "a self-consistent set with the edited metadata");
+    gguf_free(src);
+    gguf_free(ed);
+    rt_wset *ws = NULL;
+    g5_status st = rt_wset_open(bad, &ws, &e);
+    T_CHECK(st != G5_OK && strstr(e.msg, "eos_token_id = 999999"), "the runtime's blob open refuses it: %s", e.msg);
+    rt_wset_free(ws);
+    convert_verify_options vo;
+    convert_verify_options_init(&vo);
+    convert_verify_result *vr = NULL;
+    st = convert_verify(bad, &vo, &vr, &e);
+    int named = 0;
+    for (uint64_t i = 0; vr && i < vr->n_findings_stored; i++) named |= strstr(vr->findings[i].msg, "eos_token_id") != NULL;
+    T_CHECK(vr && vr->n_findings > 0 && named, "verify does not bless it (%llu findings)",
+            vr ? (unsigned long long)vr->n_findings : 0ull);
+    convert_verify_result_free(vr);
+    vr = NULL;
+    st = convert_verify(good, &vo, &vr, &e);
+    T_CHECK(st == G5_OK && vr && vr->n_findings == 0, "the good set verifies");
+    convert_verify_result_free(vr);
+    const char *log = pathf("%s/verify.log", g_tmp);
+    char *ver[] = {pathf("%s/glm5-shard", g_bin), "verify", (char *)bad, NULL};
+    int rc = run_cmd(ver, log);
+    T_CHECK(rc == 1 && strstr(text_of(log), "eos_token_id"), "glm5-shard verify: exit %d", rc);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     const char *b = getenv("BUILD");
@@ -706,6 +808,7 @@ int main(int argc, char **argv) {
     test_checksums();
     test_used_outdir();
     test_bad_models();
+    test_bad_set();
     test_truncation();
     test_synth_full_disk();
     test_context();
