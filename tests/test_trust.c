@@ -31,9 +31,22 @@ static char g_bin[4096];
 static const char *g_tmp;
 
 static char *pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *pathf(const char *fmt, ...) { /* malloc'ed, never freed: a test's few paths */
-    char *b = malloc(4096);
-    if (!b) abort();
+/* Formatted paths and strings, kept until the end (freed by free_kept: no leak under ASan). */
+static char *g_kept[4096];
+static int g_n_kept;
+
+static char *keep(char *p) {
+    if (!p) abort();
+    if (g_n_kept < (int)(sizeof g_kept / sizeof g_kept[0])) g_kept[g_n_kept++] = p;
+    return p;
+}
+
+static void free_kept(void) {
+    while (g_n_kept) free(g_kept[--g_n_kept]);
+}
+
+static char *pathf(const char *fmt, ...) {
+    char *b = keep(malloc(4096));
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(b, 4096, fmt, ap);
@@ -512,7 +525,7 @@ static void test_synth_full_disk(void) {
 /* ---- 6. the context length ---- */
 
 static char *id_list(int n) {
-    char *s = malloc((size_t)n * 6 + 1);
+    char *s = keep(malloc((size_t)n * 6 + 1));
     size_t off = 0;
     for (int i = 0; i < n; i++) off += (size_t)sprintf(s + off, i ? ",%d" : "%d", 100 + i % 900);
     return s;
@@ -814,5 +827,6 @@ int main(int argc, char **argv) {
     test_context();
     test_slow_clients();
     t_rmtree(g_tmp);
+    free_kept();
     return t_report("test_trust");
 }
