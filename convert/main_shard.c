@@ -41,11 +41,15 @@ static void usage(FILE *f) {
             "  inspect FILE.gguf --dump TENSOR -o OUT.f32\n"
             "        write one tensor dequantized to little-endian float32 (ggml order)\n"
             "  synth --preset tiny|glm5 [--layers N] [--experts N] [--tp-friendly] [--seed S]\n"
-            "        [--split-size BYTES] [--dry-run] -o FILE.gguf\n"
+            "        [--split-size BYTES] [--types PRESET] [--type-map ROLE=TYPE,...]\n"
+            "        [--dry-run] -o FILE.gguf\n"
             "        write a synthetic GLM-5 GGUF (random weights, real layout); with\n"
             "        --split-size, FILE-0000k-of-0000n.gguf (BYTES may end in K, M, G: x1024);\n"
             "        --layers bounds the main layers (the NextN layer stays); --dry-run lists\n"
-            "        the tensors and sizes without writing\n"
+            "        the tensors and sizes without writing; --types picks a type mix\n"
+            "        (ud-q4_k_xl: the default, ud-q3_k_xl, ud-q2_k_xl, ud-iq2_xxs, ud-iq1_m,\n"
+            "        ud-iq1_s, ud-fp4), --type-map then sets roles (ffn_up_exps=IQ2_XXS;\n"
+            "        groups exps, exps_gate_up, shexp, ffn, ffn_gate_up, attn)\n"
             "\n"
             "  convert --tp T [--ep] [--kv-b-type f32|bf16|f16|q8_0] [--jobs N] [--resume]\n"
             "        [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
@@ -228,9 +232,11 @@ static int cmd_synth(int argc, char **argv) {
         {"experts", required_argument, 0, 'e'},    {"tp-friendly", no_argument, 0, 't'},
         {"seed", required_argument, 0, 's'},       {"split-size", required_argument, 0, 'S'},
         {"output", required_argument, 0, 'o'},     {"dry-run", no_argument, 0, 'n'},
+        {"types", required_argument, 0, 'T'},      {"type-map", required_argument, 0, 'M'},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     int dry_run = 0;
+    const char *type_preset = NULL, *type_map = NULL;
     synth_opts so;
     synth_opts_init(&so);
     const char *out = NULL;
@@ -240,7 +246,7 @@ static int cmd_synth(int argc, char **argv) {
     optind = 1;
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":p:l:e:ts:S:o:nh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":p:l:e:ts:S:o:nT:M:h", opts, NULL)) != -1) {
         uint64_t v;
         switch (c) {
         case 'p':
@@ -270,12 +276,17 @@ static int cmd_synth(int argc, char **argv) {
             break;
         case 'o': out = optarg; break;
         case 'n': dry_run = 1; break;
+        case 'T': type_preset = optarg; break;
+        case 'M': type_map = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return bad_option("synth", c, argv);
         }
     }
     if (optind != argc) return fail_usage("synth: unexpected argument '%s'", argv[optind]);
     if (!have_preset) return fail_usage("synth: --preset tiny|glm5 is required%s", "");
+    /* the preset first, the map's items on top of it */
+    if (type_preset && synth_type_preset(type_preset, &so, &e)) return fail_usage("%s", e.msg);
+    if (type_map && synth_type_map_parse(type_map, &so, &e)) return fail_usage("%s", e.msg);
     if (dry_run) return synth_dry_run(&so);
     if (!out) return fail_usage("synth: -o FILE.gguf is required%s", "");
     synth_result res;
