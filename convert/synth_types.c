@@ -85,19 +85,21 @@ g5_status synth_type_map_parse(const char *spec, synth_opts *o, g5_error *err) {
 
 /* Presets: the shape of each published mix (routed experts at the low bit width, attention,
  * shared experts and embeddings kept at 4-8 bits), on roles whose widths take the blocks:
- * attn_k_b rows are 192 wide, so only 32-element types fit there. ud-fp4 has no published
+ * attn_k_b rows are 192 wide, so only 32-element types fit there (llama.cpp's fallbacks for
+ * k-quants: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL). ud-fp4 has no published
  * GLM-5 counterpart: it carries the FP4 and ternary types (gpt-oss style MXFP4 experts). */
 static const struct { const char *name, *map; } k_presets[] = {
     {"ud-q4_k_xl", ""},
     {"ud-q3_k_xl", "exps_gate_up=Q3_K,ffn_down_exps=Q4_K,ffn=Q4_K,shexp=Q5_K,attn_q_b=Q4_K,"
-                   "attn_output=Q4_K,token_embd=Q4_K,nextn.eh_proj=Q3_K"},
+                   "attn_output=Q4_K,attn_k_b=Q5_1,token_embd=Q4_K,nextn.eh_proj=Q3_K"},
     {"ud-q2_k_xl", "exps_gate_up=Q2_K,ffn_down_exps=Q3_K,ffn_gate_up=Q3_K,ffn_down=Q4_K,shexp=Q4_K,"
-                   "attn_q_b=Q4_K,attn_output=Q4_K,token_embd=Q4_K,nextn.eh_proj=Q2_K"},
+                   "attn_q_b=Q4_K,attn_output=Q4_K,attn_k_b=Q4_0,token_embd=Q4_K,nextn.eh_proj=Q2_K"},
     {"ud-iq2_xxs", "exps_gate_up=IQ2_XXS,ffn_down_exps=IQ3_XXS,ffn_gate_up=IQ2_XS,ffn_down=IQ3_S,"
                    "shexp=IQ4_XS,attn_q_b=IQ4_XS,attn_output=IQ4_XS,attn_k_b=IQ4_NL,"
                    "token_embd=IQ4_XS,nextn.eh_proj=IQ2_XXS"},
     {"ud-iq1_m", "exps_gate_up=IQ1_M,ffn_down_exps=IQ2_S,ffn_gate_up=IQ2_S,ffn_down=IQ3_XXS,"
-                 "shexp=Q4_K,attn_q_b=IQ4_XS,attn_output=IQ4_XS,token_embd=Q4_K,nextn.eh_proj=IQ1_M"},
+                 "shexp=Q4_K,attn_q_b=IQ4_XS,attn_output=IQ4_XS,attn_k_b=Q4_1,token_embd=Q4_K,"
+                 "nextn.eh_proj=IQ1_M"},
     {"ud-iq1_s", "exps_gate_up=IQ1_S,ffn_down_exps=IQ2_XXS,ffn_gate_up=IQ2_XXS,ffn_down=IQ3_XXS,"
                  "shexp=Q4_K,attn_q_b=IQ4_XS,attn_output=IQ4_XS,token_embd=Q4_K,nextn.eh_proj=IQ1_S"},
     {"ud-fp4", "exps_gate_up=MXFP4,ffn_down_exps=NVFP4,ffn_gate_up=TQ1_0,ffn_down=TQ2_0,"
