@@ -5,12 +5,15 @@
  * states) agree to 1e-5 (relative L2). Also: the type-map
  * parser's refusals, synth's refusal of a width a block does not divide (naming the tensor), and
  * the converter's refusal of a split that cuts an i-quant block (naming the tensor). */
+#include <jansson.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "convert/convert.h"
+#include "convert/inspect.h"
 #include "convert/synth.h"
+#include "format/gguf.h"
 #include "format/quant.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
@@ -186,9 +189,52 @@ static void test_type_map(const char *dir) {
             "TP 4 split of IQ1_S refused naming the tensor: %s", e.msg);
 }
 
+/* inspect's bits per weight: each type's block bits (IQ1_S 50 B / 256 = 1.5625, ...), weights
+ * summed over its tensors, and the file's total. */
+static void test_inspect_bpw(const char *dir) {
+    g5_error e = {0};
+    synth_opts o;
+    synth_opts_init(&o);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/bpw.gguf", dir);
+    T_CHECK(synth_type_preset("ud-iq1_s", &o, &e) == G5_OK && synth_write(&o, path, NULL, &e) == G5_OK,
+            "synth: %s", e.msg);
+    gguf_ctx *ctx = NULL;
+    json_t *rep = NULL;
+    if (gguf_open(path, &ctx, &e) == G5_OK) inspect_gguf(ctx, path, NULL, &rep, &e);
+    T_CHECK(rep != NULL, "inspect: %s", e.msg);
+    uint64_t sum_w = 0, sum_b = 0, want_w = 0;
+    int checked = 0;
+    for (int64_t i = 0; ctx && i < gguf_get_n_tensors(ctx); i++) want_w += gguf_get_tensor(ctx, i)->n_elems;
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(rep, "totals_by_type"), i, t) {
+        const int type = quant_type_from_name(json_string_value(json_object_get(t, "type")));
+        const quant_type_info *qi = type >= 0 ? quant_type_get((uint32_t)type) : NULL;
+        const uint64_t w = (uint64_t)json_integer_value(json_object_get(t, "weights"));
+        const uint64_t b = (uint64_t)json_integer_value(json_object_get(t, "bytes"));
+        const double bpw = json_real_value(json_object_get(t, "bits_per_weight"));
+        T_CHECK(qi && w * qi->block_bytes == b * qi->block_elems, "%s: %llu weights in %llu bytes",
+                qi ? qi->name : "?", (unsigned long long)w, (unsigned long long)b);
+        if (qi) T_CHECK(bpw == 8.0 * qi->block_bytes / qi->block_elems, "%s: %.4f bits/weight", qi->name, bpw);
+        sum_w += w;
+        sum_b += b;
+        checked++;
+    }
+    T_CHECK(checked >= 8, "%d types listed", checked);
+    T_CHECK(sum_w == want_w && (uint64_t)json_integer_value(json_object_get(rep, "total_weights")) == want_w,
+            "total weights %llu, want %llu", (unsigned long long)sum_w, (unsigned long long)want_w);
+    const double tot = json_real_value(json_object_get(rep, "total_bits_per_weight"));
+    T_CHECK(want_w && fabs(tot - 8.0 * (double)sum_b / (double)want_w) < 1e-12 && tot > 1.5 && tot < 8,
+            "total %.4f bits/weight", tot);
+    json_decref(rep);
+    gguf_free(ctx);
+}
+
 int main(void) {
     const char *dir = t_tmpdir();
     test_type_map(dir);
+    test_inspect_bpw(dir);
     test_presets_tp(dir);
     t_rmtree(dir);
     return t_report("test_types");
