@@ -93,7 +93,7 @@ static const struct { const char *name, *map; } k_presets[] = {
     {"ud-q3_k_xl", "exps_gate_up=Q3_K,ffn_down_exps=Q4_K,ffn=Q4_K,shexp=Q5_K,attn_q_b=Q4_K,"
                    "attn_output=Q4_K,attn_k_b=Q5_1,token_embd=Q4_K,nextn.eh_proj=Q3_K"},
     {"ud-q2_k_xl", "exps_gate_up=Q2_K,ffn_down_exps=Q3_K,ffn_gate_up=Q3_K,ffn_down=Q4_K,shexp=Q4_K,"
-                   "attn_q_b=Q4_K,attn_output=Q4_K,attn_k_b=Q4_0,token_embd=Q4_K,nextn.eh_proj=Q2_K"},
+                   "attn_q_b=Q4_K,attn_output=Q4_K,attn_k_b=Q4_0,token_embd=Q3_K,nextn.eh_proj=Q2_K"},
     {"ud-iq2_xxs", "exps_gate_up=IQ2_XXS,ffn_down_exps=IQ3_XXS,ffn_gate_up=IQ2_XS,ffn_down=IQ3_S,"
                    "shexp=IQ4_XS,attn_q_b=IQ4_XS,attn_output=IQ4_XS,attn_k_b=IQ4_NL,"
                    "token_embd=IQ4_XS,nextn.eh_proj=IQ2_XXS"},
