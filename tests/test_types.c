@@ -231,10 +231,41 @@ static void test_inspect_bpw(const char *dir) {
     gguf_free(ctx);
 }
 
+/* The CLI: --types and --type-map reach synth, their errors are usage errors (exit 2) or
+ * refusals naming the tensor (exit 3), and inspect prints bits per weight. */
+static void test_cli(const char *dir) {
+    char cmd[9000], *out = NULL;
+    const char *sh = t_bin("glm5-shard");
+    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --types ud-iq1_s --type-map ffn_down_exps=TQ2_0 --dry-run 2>&1", sh);
+    int rc = t_run_capture(cmd, &out);
+    char *line = out ? strstr(out, "blk.1.ffn_down_exps.weight") : NULL;
+    if (line && strchr(line, '\n')) *strchr(line, '\n') = 0; /* the tensor's line only */
+    T_CHECK(rc == 0 && out && strstr(out, "IQ1_S") && line && strstr(line, " TQ2_0 "),
+            "synth --types --type-map --dry-run: exit %d: %s", rc, line ? line : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --types ud-iq9 -o '%s/x.gguf' 2>&1", sh, dir);
+    rc = t_run_capture(cmd, &out);
+    T_CHECK(rc == 2 && out && strstr(out, "ud-iq1_s"), "unknown --types: exit %d: %s", rc, out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --type-map attn_k_b=IQ3_S -o '%s/x.gguf' 2>&1", sh, dir);
+    rc = t_run_capture(cmd, &out);
+    T_CHECK(rc == 3 && out && strstr(out, "blk.0.attn_k_b.weight"), "misfit --type-map: exit %d: %s", rc, out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --types ud-fp4 -o '%s/fp4.gguf' >/dev/null 2>&1 && '%s' inspect '%s/fp4.gguf' 2>&1",
+             sh, dir, sh, dir);
+    rc = t_run_capture(cmd, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "MXFP4") && strstr(out, "4.2500 bits/weight") &&
+                strstr(out, "NVFP4") && strstr(out, "4.5000 bits/weight") && strstr(out, "TQ1_0") &&
+                strstr(out, "1.6875 bits/weight"),
+            "inspect prints bits per weight: exit %d", rc);
+    free(out);
+}
+
 int main(void) {
     const char *dir = t_tmpdir();
     test_type_map(dir);
     test_inspect_bpw(dir);
+    test_cli(dir);
     test_presets_tp(dir);
     t_rmtree(dir);
     return t_report("test_types");
