@@ -263,6 +263,7 @@ struct ac_args {
     int32_t max_sel;
     float scale;
     float *out;            /* [n_tok][n_head][kv_lora] */
+    const cuk_seq_row *rows; /* non-NULL: token t's cache, position and fresh row from rows[t] (multi) */
 };
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
@@ -343,7 +344,17 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
     const size_t slot = (size_t)KVW * 4;
     const int ns_raw = a.n_sel[t];
     int64_t fresh0 = a.fresh0, n_pos = a.n_pos;
-    const bool pos_ok = dev_range(a.dpos, a.bound, d.n_tok, a.fresh != nullptr, &fresh0, &n_pos);
+    const float *fr = a.fresh;
+    const T *lat = (const T *)a.lat;
+    bool pos_ok = dev_range(a.dpos, a.bound, d.n_tok, fr != nullptr, &fresh0, &n_pos);
+    if (a.rows) { /* a one-token launch of token t's sequence at its position */
+        const cuk_seq_row rw = a.rows[t];
+        pos_ok = rw.pos >= 0 && rw.pos < a.bound && rw.pos < rw.cap && rw.lat;
+        n_pos = (int64_t)rw.pos + 1;
+        fresh0 = fr ? (int64_t)rw.pos : n_pos;
+        if (fr) fr += (int64_t)t * KVW;
+        lat = (const T *)rw.lat;
+    }
     const bool ns_ok = ns_raw >= 1 && ns_raw <= a.max_sel && pos_ok;
     const int ns = ns_ok ? ns_raw : 0;
     const int chunk = (ns + CL - 1) / CL;
@@ -365,7 +376,6 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
             qr[h][i] = v;
         }
     }
-    const T *lat = (const T *)a.lat;
     const int cprF = KVW / 4;                       /* 16-byte pieces of a float32 row */
     const int cprT = (int)(KVW * sizeof(T) / 16);   /* .. of a cache row */
     /* Reads tile `it`'s positions, then starts its rows' copies into buffer b. */
@@ -390,7 +400,7 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
             if (s < 0) continue;
             const unsigned char *src;
             if (s >= fresh0) {
-                src = (const unsigned char *)(a.fresh + (s - fresh0) * KVW);
+                src = (const unsigned char *)(fr + (s - fresh0) * KVW);
             } else {
                 if (k >= cprT) continue;
                 src = (const unsigned char *)(lat + (int64_t)s * KVW);
@@ -599,21 +609,52 @@ static int split_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cu
     return cl;
 }
 
+/* Launches k_attend_split<T> over clusters of cl blocks for a's tokens. */
 template <typename T>
-static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
-                              const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *dpos, int64_t bound,
-                              const int32_t *sel, int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
-                              float *out, cudaStream_t st, g5_error *err) {
-    const int KVW = d->kv_lora + d->rope;
+static g5_status attend_split_launch(const ac_args &a, int cl, size_t smem, cudaStream_t st, g5_error *err) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)cl, (unsigned)((a.d.n_head + AC_HG - 1) / AC_HG), (unsigned)a.d.n_tok);
+    cfg.blockDim = dim3(AC_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_split<T>, a));
+    LAUNCH_CHECK("mla_attend");
+    return G5_OK;
+}
+
+/* The dynamic shared memory of k_attend_split<T> for rows of KVW floats, opted into once per
+ * instantiation and device. */
+template <typename T>
+static g5_status attend_split_smem(int KVW, size_t *smem_out, g5_error *err) {
     const size_t smem = (size_t)2 * AC_TK * KVW * sizeof(float);
-    static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per instantiation and device */
+    static size_t allowed_dev[CUK_MAX_DEVICES];
     size_t &allowed = allowed_dev[cuk_device_slot()];
     if (smem > (allowed ? allowed : 48 * 1024)) {
         CUK_CHECK(cudaFuncSetAttribute(k_attend_split<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         allowed = smem;
     }
+    *smem_out = smem;
+    return G5_OK;
+}
+
+template <typename T>
+static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
+                              const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *dpos, int64_t bound,
+                              const int32_t *sel, int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
+                              float *out, cudaStream_t st, g5_error *err) {
+    size_t smem = 0;
+    g5_status sst = attend_split_smem<T>(d->kv_lora + d->rope, &smem, err);
+    if (sst) return sst;
     const int cl = split_cluster<T>(d, max_sel, smem, st);
     ac_args a;
+    memset(&a, 0, sizeof a);
     a.d = *d;
     a.q = q;
     a.qlat = qlat;
@@ -629,21 +670,7 @@ static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float
     a.max_sel = max_sel;
     a.scale = scale;
     a.out = out;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)cl, (unsigned)((d->n_head + AC_HG - 1) / AC_HG), (unsigned)d->n_tok);
-    cfg.blockDim = dim3(AC_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_split<T>, a));
-    LAUNCH_CHECK("mla_attend");
-    return G5_OK;
+    return attend_split_launch<T>(a, cl, smem, st, err);
 }
 
 /* 1 if k_attend_split covers the shape: its register tiles (kv_lora <= 512, kv_lora + rope
@@ -743,4 +770,61 @@ extern "C" g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, c
         return BAD("mla_attend_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, d->n_tok);
     return mla_attend(d, q, qlat, lat, lat_type, fresh, 0, 0, pos0_dev, pos_bound, sel, ld_sel, n_sel, max_sel, scale,
                       out, stream, err);
+}
+
+extern "C" int cuk_mla_attend_multi_fits(const cuk_mla_dims *d, uint32_t lat_type) {
+    const size_t es = lat_type == CUK_F32 ? 4 : lat_type == CUK_BF16 || lat_type == CUK_F16 ? 2 : 0;
+    if (!d || !es || d->n_head < 1 || d->kv_lora < 1 || d->rope < 0) return 0;
+    static int sms = 0; /* the one-token launcher runs the split kernel below 2 x SMs heads */
+    if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
+    if (d->n_head >= 2 * sms) return 0;
+    static const float dummy[4] __attribute__((aligned(16))) = {0};
+    return split_fits(d, dummy, es, NULL);
+}
+
+template <typename T>
+static g5_status attend_multi_t(const cuk_attend_multi_args *m, cudaStream_t st, g5_error *err) {
+    size_t smem = 0;
+    g5_status sst = attend_split_smem<T>(m->d.kv_lora + m->d.rope, &smem, err);
+    if (sst) return sst;
+    /* the one-token launch's cluster size: each token's keys split alike, so its bits are those
+     * of a one-token call */
+    cuk_mla_dims d1 = m->d;
+    d1.n_tok = 1;
+    const int cl = split_cluster<T>(&d1, m->max_sel, smem, st);
+    ac_args a;
+    memset(&a, 0, sizeof a);
+    a.d = m->d;
+    a.q = m->q;
+    a.qlat = m->qlat;
+    a.fresh = m->fresh;
+    a.bound = m->pos_bound;
+    a.sel = m->sel;
+    a.ld_sel = m->ld_sel;
+    a.n_sel = m->n_sel;
+    a.max_sel = m->max_sel;
+    a.scale = m->scale;
+    a.out = m->out;
+    a.rows = m->rows;
+    return attend_split_launch<T>(a, cl, smem, st, err);
+}
+
+extern "C" g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *m, cuk_stream stream, g5_error *err) {
+    if (!m) return BAD("mla_attend_multi: no args");
+    g5_status st = check_dims("mla_attend_multi", &m->d, err);
+    if (st) return st;
+    if (!m->q || !m->qlat || !m->rows || !m->sel || !m->n_sel || !m->out) return BAD("mla_attend_multi: NULL pointer");
+    if (m->d.n_tok > 65535) return BAD("mla_attend_multi: n_tok=%d above 65535", m->d.n_tok);
+    if (m->max_sel < 1 || m->max_sel > 16384 || m->ld_sel < m->max_sel)
+        return BAD("mla_attend_multi: max_sel=%d outside 1..16384 or above ld_sel=%lld", m->max_sel, (long long)m->ld_sel);
+    if (m->pos_bound < 1 || m->pos_bound > 2147483647)
+        return BAD("mla_attend_multi: pos_bound=%lld", (long long)m->pos_bound);
+    if (!cuk_mla_attend_multi_fits(&m->d, m->lat_type) || ((uintptr_t)m->fresh & 15))
+        return BAD("mla_attend_multi: shape or cache type %u not covered (cuk_mla_attend_multi_fits)", m->lat_type);
+    const cudaStream_t cs = (cudaStream_t)stream;
+    switch (m->lat_type) {
+    case CUK_F32: return attend_multi_t<float>(m, cs, err);
+    case CUK_BF16: return attend_multi_t<__nv_bfloat16>(m, cs, err);
+    default: return attend_multi_t<__half>(m, cs, err);
+    }
 }

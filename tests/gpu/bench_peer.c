@@ -14,7 +14,9 @@
  *
  *   bench_peer -m DIR|FILE.gguf [--precision fast|precise] [--pp 512,4096] [--tg 64]
  *              [--depth 512,4096,16384] [--batch 1,8,32] [--batch-depth 512] [--reps 3]
- *              [--cuda-graph on|off] [--no-verify] */
+ *              [--cuda-graph on|off] [--no-verify] [--profile]
+ * --profile: after each tg run and each batch of 2 or more, rt_gpu_debug_profile's sub-step table
+ * of its last step. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -118,7 +120,7 @@ static void fill_tokens(int32_t *ids, uint32_t n, uint32_t vocab, uint64_t *seed
 
 int main(int argc, char **argv) {
     const char *model = NULL;
-    int fast = 1, graph = 1, verify = 1;
+    int fast = 1, graph = 1, verify = 1, profile = 0;
     uint32_t tg = 64, reps = 3, batch_depth = 512;
     list pp, depth, batch;
     parse_list("512,4096", &pp);
@@ -127,6 +129,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-verify")) { verify = 0; continue; }
+        if (!strcmp(a, "--profile")) { profile = 1; continue; }
         if (!v) { fprintf(stderr, "bench_peer: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "-m")) model = v;
@@ -209,6 +212,7 @@ int main(int argc, char **argv) {
         printf("tg%u @ %u %s: %.1f tok/s (%.3f ms per token; ratio to the floor %.2f)\n", tg, d, prec, 1.0 / per,
                per * 1e3, per / floor_s);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| tg%u @ d%u | %.1f |\n", tg, d, 1.0 / per);
+        if (profile) GK(rt_gpu_debug_profile(g, 1, stdout, &err_)); /* the last step, sub-step by sub-step */
     }
     for (uint32_t i = 0; i < batch.n; i++) {
         const uint32_t B = batch.v[i];
@@ -232,6 +236,7 @@ int main(int argc, char **argv) {
                dt / tg * 1e3);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| batch %u @ d%u | %.1f |\n", B, batch_depth,
                                B * tg / dt);
+        if (profile && B > 1) GK(rt_gpu_debug_profile_batch(g, seqs, B, stdout, &err_));
         for (uint32_t b = 0; b < B; b++) rt_gpu_seq_free(seqs[b]);
     }
     printf("\n| %s (tok/s) | glm5-run |\n| --- | --- |\n%s", prec, summary);
