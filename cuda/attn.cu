@@ -2,13 +2,13 @@
  * W_UK and the attention itself, for prefill and decode alike (each query token attends the
  * key positions the indexer chose for it).
  *
- * Two implementations of each launcher. The default ("split") ones spread a token's work over
- * many SMs: absorption over column slices of W_UK, attention over a thread-block cluster that
- * splits the selected keys (flash-decoding: each block keeps a running max / sum / weighted
- * latent sum per head, the cluster combines them through distributed shared memory, so no
- * global scratch is needed). The first ("old") ones, one block per (head, token), stay as the
- * fallback for shapes the split kernels do not cover and for comparison: CUK_ATTN_IMPL=old
- * selects them. */
+ * Two implementations of each launcher. The default ones spread a token's work over many SMs:
+ * absorption over column slices of W_UK, attention (k_attend_hg) over a thread-block cluster that
+ * splits the selected keys, 8 heads per block sharing each latent tile (flash-decoding: each
+ * block keeps a running max / sum / weighted latent sum per head, the cluster combines them
+ * through distributed shared memory, so no global scratch is needed). The first ("old") ones,
+ * one block per (head, token), run prefill-sized launches, the shapes the others do not cover,
+ * and comparisons (cuk_attn_set_old, cuda/attn_select.h). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -511,17 +511,11 @@ static g5_status check_dims(const char *what, const cuk_mla_dims *d, g5_error *e
     return G5_OK;
 }
 
-/* cuda/attn_select.h: -1 until read from CUK_ATTN_IMPL. */
-static int g_old = -1;
+/* cuda/attn_select.h: set only by benchmarks and tests (library code reads no environment). */
+static int g_old = 0;
 
-extern "C" void cuk_attn_set_old(int old) { g_old = old < 0 ? -1 : old != 0; }
-extern "C" int cuk_attn_old(void) {
-    if (g_old < 0) {
-        const char *e = getenv("CUK_ATTN_IMPL");
-        g_old = e && !strcmp(e, "old");
-    }
-    return g_old;
-}
+extern "C" void cuk_attn_set_old(int old) { g_old = old > 0; }
+extern "C" int cuk_attn_old(void) { return g_old; }
 static int use_old(void) { return cuk_attn_old(); }
 
 /* Largest dynamic shared memory a block may opt into on the current device (0: unknown). */

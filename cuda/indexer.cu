@@ -168,7 +168,7 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
     if (threadIdx.x == 0) n_sel[t] = K;
 }
 
-/* ---- split implementations (the default; CUK_ATTN_IMPL=old selects the ones above) ---- */
+/* ---- split implementations (the default; cuk_attn_set_old(1) selects the ones above) ---- */
 
 namespace cg = cooperative_groups;
 
