@@ -1,10 +1,12 @@
 /* The GLM-5 forward pass on CUDA GPUs, mirroring the CPU reference (model.h) stage for stage.
  *
- * A GPU model is built from a CPU model (rt_model): that one already found and checked every
- * tensor of every rank against the hyperparameters and the shard layout, and it stays the
- * numerical reference (rt_gpu_check, `glm5-run --check`). The weights go to the GPU once per
- * rank: from the blob files by the checksumming reader threads (gpu_load.h), or, for a GGUF or
- * tables source, copied from the weight set's host memory. Norm weights and the router bias
+ * A GPU model is built from a CPU model (rt_model) through its public tensor table
+ * (runtime/cpu/model_tensors.h: that model already found and checked every tensor of every rank
+ * against the hyperparameters and the shard layout), and the CPU model stays the numerical
+ * reference (rt_gpu_check, `glm5-run --check`). The weights go to the GPU once per rank: from
+ * the files of the blob set the weight set already holds open (opts.blobs, rt_wset_blobs) by the
+ * checksumming reader threads (gpu_load.h), or, for a GGUF or tables source, copied from the
+ * weight set's host memory. Programs create it through the engine (runtime/engine.h). Norm weights and the router bias
  * (dequantized by the CPU model) and attn_kv_b as float32 (for the query absorption) are small
  * extra copies beside them.
  *
@@ -70,10 +72,11 @@
  * at least gemm_min tokens (default 32) dequantizes each weight in row chunks into a scratch
  * tile and multiplies with cuBLAS, the routed experts grouped by expert. Precise mode: float32
  * weights and inputs, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32), so it differs from the GEMV path
- * only by summation order. Fast mode picks the compute (opts.gemm or G5_PREFILL_GEMM): f32 (the
- * default until measured otherwise), tf32 (tensor cores; inputs and weights rounded to 10-bit
- * mantissas) or bf16 (both rounded to bf16, the bf16 input path measured above); bf16act defaults
- * to bf16. The router and the indexer products run in float32 (pedantic) in every mode. Decode
+ * only by summation order. Fast and bf16act modes (the default compute, opts.gemm F16): weights
+ * and inputs rounded to fp16, float32 accumulation on the tensor cores; there the indexer scores
+ * (TF32 products, float32 sums and top-k), the MLA absorption and W_UV (TF32) and the attention
+ * (fp16 products, float32 softmax) run as products too (specs/numerics.md "Fast mode"). The
+ * router and the indexer's projections run in float32 (pedantic) in every mode. Decode
  * steps, CUDA-graph captures and batched decode (rt_gpu_forward_batch) keep the GEMV kernels.
  *
  * Everything here is built only with CUDA (cuda/model.mk defines G5_WITH_CUDA). One caller at a
@@ -86,7 +89,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime/draft.h"
 #include "runtime/gpu/gpu_load.h"
 #include "runtime/cpu/model.h"
 
@@ -100,10 +102,10 @@ typedef enum rt_gpu_cache {
 } rt_gpu_cache;
 
 /* Compute of the prefill GEMM path's weight products (specs/numerics.md "Prefill GEMM"):
- * F32 float32 (cuBLAS pedantic), TF32 tensor cores on float32 data (inputs rounded to 10-bit
- * mantissas), BF16 weights and inputs rounded to bf16; float32 accumulation in all three. */
+ * F32 float32 (cuBLAS pedantic), F16 weights and inputs rounded to fp16, float32 accumulation.
+ * (TF32 and bf16 variants were measured and withdrawn: bench/RESULTS.md.) */
 typedef enum rt_gpu_gemm {
-    RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_TF32, RT_GPU_GEMM_BF16
+    RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_F16 = 4
 } rt_gpu_gemm;
 
 typedef struct rt_gpu_opts {
@@ -113,19 +115,18 @@ typedef struct rt_gpu_opts {
     /* The prefill GEMM path: a forward call of one sequence with at least gemm_min tokens runs
      * its weight products as dequantize-to-scratch + cuBLAS GEMM, the routed experts grouped
      * by expert; decode steps (and batched decode) keep the GEMV kernels. */
-    int gemm_min;                /* tokens from which a call uses it; 0: default (32, or the
-                                    environment's G5_PREFILL_GEMM_MIN); < 0: never */
+    int gemm_min;                /* tokens from which a call uses it; 0: default (32); < 0: never */
     int gemm_min_expert;         /* within the grouped experts, an expert with fewer rows than
                                     this runs the GEMV kernels on its gathered rows; 0: default
-                                    (32, or G5_PREFILL_GEMM_MIN_EXPERT); < 0: every expert so */
-    rt_gpu_gemm gemm;            /* fast and bf16act modes; precise is always F32. DEFAULT: the
-                                    environment's G5_PREFILL_GEMM=f32|tf32|bf16, else F32 for
-                                    fast and BF16 for bf16act. The router and the indexer
-                                    products are F32 in every mode. */
+                                    (32); < 0: every expert so */
+    rt_gpu_gemm gemm;            /* fast and bf16act modes; precise is always F32. DEFAULT: F16
+                                    (F32 only for measurement). The router and the indexer
+                                    projections are F32 in every mode. */
     uint32_t gemm_tile_kb;       /* bound of the dequantized weight tile per rank (weights
                                     are dequantized in row chunks that fit); 0: 262144 (256 MB) */
-    const char *blob_dir;        /* the blob set the CPU model's weight set was opened from:
-                                    loaded by the reader threads (checksums per opts.load);
+    const blob_set *blobs;       /* the open blob set the CPU model's weight set was opened
+                                    from (rt_wset_blobs): its files are loaded by the reader
+                                    threads (checksums per opts.load), never opened again;
                                     NULL: copy from the weight set's host memory */
     rt_gpu_load_opts load;
     int cuda_graph;              /* 1: single-token calls (decode steps) run as one CUDA graph
@@ -148,7 +149,7 @@ typedef struct rt_gpu_info {
                                     per change of bucket, sequence or buffers; the rest replay) */
     uint64_t graph_instantiations; /* captures instantiated (each rank's executable graph; no
                                     update in place: runtime/gpu/gpu_graph.c says why) */
-    const char *gemm;            /* the prefill GEMM path's compute: "f32", "tf32", "bf16" */
+    const char *gemm;            /* the prefill GEMM path's compute: "f32", "f16" */
     int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
     uint64_t gemm_calls;         /* cuBLAS GEMMs run so far (all ranks) */
     uint64_t gemm_expert_gemv;   /* grouped experts run by GEMV (fewer rows than gemm_min_expert) */
@@ -259,12 +260,12 @@ uint32_t rt_gpu_mtp_n_past(const rt_gpu_model *g);
  * rejected draft tokens), as rt_state_truncate; neither may exceed the current count. The memory
  * stays reserved. (rt_gpu_seq_reset and rt_gpu_reset forget the MTP positions too.) */
 g5_status rt_gpu_seq_truncate(rt_gpu_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
-/* Drafting with the block (draft.h, glm5-run --draft mtp) on the default sequence. The output
- * equals plain decoding where a two-token verifying call gives each row the bits of a one-token
- * call: the GEMV kernels' rows are width-independent within one kernel family (gemv_in), and in
- * precise mode the attention reads the same float32 latents; in fast mode the second token reads
- * the first one's latent in float32 where a plain step reads it rounded from the cache. */
-void rt_gpu_draft_ops(rt_gpu_model *g, rt_draft_ops *out);
+/* Drafting (runtime/draft.h, glm5-run --draft mtp) runs on these calls through the engine
+ * (runtime/engine.h). Its output equals plain decoding where a two-token verifying call gives
+ * each row the bits of a one-token call: the GEMV kernels' rows are width-independent within one
+ * kernel family (gemv_in), and in precise mode the attention reads the same float32 latents; in
+ * fast mode the second token reads the first one's latent in float32 where a plain step reads it
+ * rounded from the cache. */
 
 /* ---- --check: the CPU reference beside the GPU (gpu_check.c) ---- */
 

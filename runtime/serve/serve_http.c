@@ -693,9 +693,9 @@ void srv_free(srv_server *s) {
     s->daemon = NULL;
     free(s->logits);
     srv_blocks_free(s->blocks);
-    srv_gpu_free(s->gpu); /* its GPU model refers to the CPU model */
+    srv_slots_free(s->gpu); /* sequences before their engine */
     tok_free(s->tok);
-    rt_model_free(s->m);
+    rt_eng_free(s->eng);
     rt_wset_free(s->ws);
     free(s->waiting);
     free(s->running);

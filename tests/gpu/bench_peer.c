@@ -15,8 +15,9 @@
  *   bench_peer -m DIR|FILE.gguf [--precision fast|precise] [--pp 512,4096] [--tg 64]
  *              [--depth 512,4096,16384] [--batch 1,8,32] [--batch-depth 512] [--reps 3]
  *              [--cuda-graph on|off] [--no-verify] [--profile]
- * --profile: after each tg run and each batch of 2 or more, rt_gpu_debug_profile's sub-step table
- * of its last step. */
+ * --profile: rt_gpu_debug_profile's sub-step tables: after the pp runs, of the last pp size (the
+ * prompt's work again with an event between sub-steps: where prefill time goes); after each tg
+ * run and each batch of 2 or more, of its last step. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -159,7 +160,7 @@ int main(int argc, char **argv) {
     go.precision = fast ? RT_GPU_FAST : RT_GPU_PRECISE;
     go.cuda_graph = graph;
     go.load.verify = verify;
-    if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = model;
+    go.blobs = rt_wset_blobs(ws); /* the set opened above (NULL for a GGUF) */
     double t0 = now_s();
     GK(rt_gpu_model_create(m, &go, &g, &err_));
     const rt_gpu_info *gi = rt_gpu_model_info(g);
@@ -199,6 +200,10 @@ int main(int argc, char **argv) {
         printf("pp%u %s: %.1f tok/s (median of %u: %.4f s; min %.4f, max %.4f)\n", n, prec, n / med, reps, med, t[0],
                t[reps - 1]);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| pp%u | %.0f |\n", n, n / med);
+    }
+    if (profile && pp.n) { /* the last forward call was the last pp size's */
+        printf("profile of pp%u (%s):\n", pp.v[pp.n - 1], prec);
+        GK(rt_gpu_debug_profile(g, pp.v[pp.n - 1], stdout, &err_));
     }
     for (uint32_t i = 0; i < depth.n; i++) {
         const uint32_t d = depth.v[i];
