@@ -722,10 +722,7 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 re
 }
 
 /* MoE gate+up, fused. Grid: x = row-tile groups of one expert, y = slot s < top_k, z = token;
- * or with pm (pair-major) x = the pair t * top_k + s, y = the row-tile group: the blocks of all
- * (token, slot) pairs for one row-tile group run side by side, so the pairs of a batched step
- * that chose the same expert read its rows from L2 instead of HBM (each block computes the same
- * values either way). Block: 4 warps. A warp's tile is RH = 2 rows of Wg[e] and the same 2 rows of Wu[e] (R = 4
+ * block: 4 warps. A warp's tile is RH = 2 rows of Wg[e] and the same 2 rows of Wu[e] (R = 4
  * rows sharing each x load); split-K over ks warps as in k_gemv. Lanes 0, 1 store
  * silu(g) * u for their row. */
 template <int T, int XT>
@@ -733,18 +730,16 @@ __global__ void __launch_bounds__(WARPS * 32, 6)
     k_gate_up(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, int64_t rb,
               int64_t m, int n_expert, int nblk_row, int nchunks, const int32_t *__restrict__ ids,
               int64_t ld_ids, int top_k, const void *__restrict__ x, int64_t ldx,
-              float *__restrict__ out, int64_t ldo, int ks, int pm) {
+              float *__restrict__ out, int64_t ldo, int ks) {
     constexpr int R = 4, RH = 2, NV = 1;
     using Q = Tr<T>;
     using G = Geo<T, R>;
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     Smem<T, R, NV> sm(smem, warp);
-    const int s = pm ? (int)(blockIdx.x % top_k) : (int)blockIdx.y;
-    const int t = pm ? (int)(blockIdx.x / top_k) : (int)blockIdx.z;
-    const int64_t tg = pm ? blockIdx.y : blockIdx.x;
+    const int s = blockIdx.y, t = blockIdx.z;
     const int tpc = WARPS / ks;
-    const int64_t m0 = (tg * tpc + warp / ks) * RH;
+    const int64_t m0 = ((int64_t)blockIdx.x * tpc + warp / ks) * RH;
     const int kw = warp % ks;
     float *o = out + ((int64_t)t * top_k + s) * ldo;
     const int e = ids[(int64_t)t * ld_ids + s];
@@ -795,9 +790,7 @@ __global__ void __launch_bounds__(WARPS * 32, 6)
     if (lane < RH && m0 + lane < m) o[m0 + lane] = val / (1.0f + expf(-val)) * up;
 }
 
-/* MoE down. Grid: x = row tiles of R = 4 rows, y = token, or with pm x = token, y = row tile
- * (the tokens' blocks for one row tile side by side: a batched step's repeated experts come
- * from L2; the same values either way); block: 4 warps. The CTA's work list
+/* MoE down. Grid: x = row tiles of R = 4 rows, y = token; block: 4 warps. The CTA's work list
  * is (slot s, chunk c) for s < top_k, c < nchunks, item i = s * nchunks + c, and warp w takes
  * items w, w + 4, ...: each thread copies and decodes its pieces of Wd[e_s] rows m0..m0+3,
  * multiplies with h_{t,s} and adds the result times wts[s]; the 4 warps are summed in order. */
@@ -806,15 +799,15 @@ __global__ void __launch_bounds__(WARPS * 32, 6)
     k_down(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int n_expert, int nblk_row,
            int nchunks, const int32_t *__restrict__ ids, int64_t ld_ids,
            const float *__restrict__ wts, int64_t ld_wts, int top_k, const void *__restrict__ h,
-           int64_t ldh, float *__restrict__ y, int64_t ldy, int pm) {
+           int64_t ldh, float *__restrict__ y, int64_t ldy) {
     constexpr int R = 4, NV = 1;
     using Q = Tr<T>;
     using G = Geo<T, R>;
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     Smem<T, R, NV> sm(smem, warp);
-    const int t = pm ? (int)blockIdx.x : (int)blockIdx.y;
-    const int64_t m0 = (int64_t)(pm ? blockIdx.y : blockIdx.x) * R;
+    const int t = blockIdx.y;
+    const int64_t m0 = (int64_t)blockIdx.x * R;
     float *yt = y + (int64_t)t * ldy;
     const int32_t *idt = ids + (int64_t)t * ld_ids;
     for (int s = 0; s < top_k; s++) {
@@ -957,13 +950,10 @@ static g5_status launch_gate_up(const cuk_moe_gate_up_args *a, cudaStream_t st, 
     const int tpc = WARPS / ks;
     const int64_t gx = (tiles_e + tpc - 1) / tpc;
     if (gx > 0x7fffffff) return g5_fail(err, G5_ERR_INVALID_ARG, "moe_gate_up: m=%lld too large", (long long)a->m);
-    /* pair-major for several tokens (where the row-tile groups fit the grid's y) */
-    const int64_t pairs = (int64_t)a->n_tok * a->top_k;
-    const int pm = a->n_tok > 1 && gx <= 65535 && pairs <= 0x7fffffff;
-    const dim3 grid = pm ? dim3((unsigned)pairs, (unsigned)gx, 1) : dim3((unsigned)gx, (unsigned)a->top_k, (unsigned)a->n_tok);
+    const dim3 grid((unsigned)gx, (unsigned)a->top_k, (unsigned)a->n_tok);
     k_gate_up<T, XT><<<grid, WARPS * 32, smem_bytes<T, 4, 1>(), st>>>(
         (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, a->n_expert, nblk_row,
-        nchunks, a->ids, a->ld_ids, a->top_k, a->x, a->ldx, a->out, a->ldo, ks, pm);
+        nchunks, a->ids, a->ld_ids, a->top_k, a->x, a->ldx, a->out, a->ldo, ks);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
@@ -982,11 +972,10 @@ static g5_status launch_down(const cuk_moe_down_args *a, cudaStream_t st, g5_err
     const int nchunks = (nblk_row + Q::NB - 1) / Q::NB;
     const int64_t gx = (a->m + 3) / 4;
     if (gx > 0x7fffffff) return g5_fail(err, G5_ERR_INVALID_ARG, "moe_down: m=%lld too large", (long long)a->m);
-    const int pm = a->n_tok > 1 && gx <= 65535;
-    const dim3 grid = pm ? dim3((unsigned)a->n_tok, (unsigned)gx) : dim3((unsigned)gx, (unsigned)a->n_tok);
+    const dim3 grid((unsigned)gx, (unsigned)a->n_tok);
     k_down<T, XT><<<grid, WARPS * 32, smem_bytes<T, 4, 1>(), st>>>(
         (const uint8_t *)a->w, rb, a->m, a->n_expert, nblk_row, nchunks, a->ids, a->ld_ids,
-        a->wts, a->ld_wts, a->top_k, a->h, a->ldh, a->y, a->ldy, pm);
+        a->wts, a->ld_wts, a->top_k, a->h, a->ldh, a->y, a->ldy);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
