@@ -242,7 +242,7 @@ typedef struct cuk_attend_multi_args {
     float scale;
     float *out;              /* [n_tok][n_head][kv_lora] */
 } cuk_attend_multi_args;
-/* 1 if cuk_mla_attend_multi covers the shape and cache type (the split attention kernel). */
+/* 1 if cuk_mla_attend_multi covers the shape and cache type (the head-group attention kernel). */
 int cuk_mla_attend_multi_fits(const cuk_mla_dims *d, uint32_t lat_type);
 g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *a, cuk_stream stream, g5_error *err);
 
