@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 
+#include "format/mapguard.h"
 #include "convert/convert.h"
 #include "convert/inspect.h"
 #include "convert/synth.h"
@@ -41,17 +42,23 @@ static void usage(FILE *f) {
             "  inspect FILE.gguf --dump TENSOR -o OUT.f32\n"
             "        write one tensor dequantized to little-endian float32 (ggml order)\n"
             "  synth --preset tiny|glm5 [--layers N] [--experts N] [--tp-friendly] [--seed S]\n"
-            "        [--split-size BYTES] [--dry-run] -o FILE.gguf\n"
+            "        [--split-size BYTES] [--types PRESET] [--type-map ROLE=TYPE,...]\n"
+            "        [--dry-run] -o FILE.gguf\n"
             "        write a synthetic GLM-5 GGUF (random weights, real layout); with\n"
             "        --split-size, FILE-0000k-of-0000n.gguf (BYTES may end in K, M, G: x1024);\n"
             "        --layers bounds the main layers (the NextN layer stays); --dry-run lists\n"
-            "        the tensors and sizes without writing\n"
+            "        the tensors and sizes without writing; --types picks a type mix\n"
+            "        (ud-q4_k_xl: the default, ud-q3_k_xl, ud-q2_k_xl, ud-iq2_xxs, ud-iq1_m,\n"
+            "        ud-iq1_s, ud-fp4), --type-map then sets roles (ffn_up_exps=IQ2_XXS;\n"
+            "        groups exps, exps_gate_up, shexp, ffn, ffn_gate_up, attn)\n"
             "\n"
             "  convert --tp T [--ep] [--kv-b-type f32|bf16|f16|q8_0] [--jobs N] [--resume]\n"
-            "        [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
+            "        [--force] [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
             "        one checksummed blob per tensor-parallel rank (MODEL: any split of a set);\n"
             "        --ep places whole experts on ranks; --dry-run prints the plan and checks\n"
-            "        it; --resume keeps ranks that verify; progress on stderr (a terminal)\n"
+            "        it; --resume keeps ranks that verify; an OUTDIR holding another set is\n"
+            "        refused unless --force, which removes that set's files first;\n"
+            "        progress on stderr (a terminal)\n"
             "  verify OUTDIR [--deep MODEL.gguf] [--jobs N] [--quiet] [--json]\n"
             "        check every checksum of a blob set (like xxhsum -c); --deep re-derives\n"
             "        every slice (and kv_b) from the source GGUF and compares\n"
@@ -186,6 +193,7 @@ static int synth_dry_run(const synth_opts *so) {
 
 static int cmd_synth(int argc, char **argv) {
     int dry_run = 0;
+    const char *type_preset = NULL, *type_map = NULL;
     synth_opts so;
     synth_opts_init(&so);
     const char *out = NULL, *preset = NULL;
@@ -204,6 +212,8 @@ static int cmd_synth(int argc, char **argv) {
         {.name = "--split-size", .alias = "-S", .kind = G5_ARG_SIZE, .dst = &split, .lo = 1, .seen = &have_split},
         {.name = "--output", .alias = "-o", .kind = G5_ARG_STR, .dst = &out},
         {.name = "--dry-run", .alias = "-n", .kind = G5_ARG_FLAG, .dst = &dry_run},
+        {.name = "--types", .alias = "-T", .kind = G5_ARG_STR, .dst = &type_preset},
+        {.name = "--type-map", .alias = "-M", .kind = G5_ARG_STR, .dst = &type_map},
     };
     int pr = parse_cmd("synth", tab, sizeof tab / sizeof tab[0], argc, argv, NULL, 0, NULL);
     if (pr) return pr < 0 ? 0 : pr;
@@ -215,6 +225,9 @@ static int cmd_synth(int argc, char **argv) {
     so.seed = seed;
     if (have_split) so.split_size = split;
     if (!have_preset) return fail_usage("synth: --preset tiny|glm5 is required%s", "");
+    /* the preset first, the map's items on top of it */
+    if (type_preset && synth_type_preset(type_preset, &so, &e)) return fail_usage("%s", e.msg);
+    if (type_map && synth_type_map_parse(type_map, &so, &e)) return fail_usage("%s", e.msg);
     if (dry_run) return synth_dry_run(&so);
     if (!out) return fail_usage("synth: -o FILE.gguf is required%s", "");
     synth_result res;
@@ -279,6 +292,7 @@ static int cmd_convert(int argc, char **argv) {
         {.name = "--kv-b-type", .alias = "-k", .kind = G5_ARG_STR, .dst = &kvb},
         {.name = "--jobs", .alias = "-j", .kind = G5_ARG_INT, .dst = &jobs, .lo = 0, .hi = 4096},
         {.name = "--resume", .alias = "-r", .kind = G5_ARG_FLAG, .dst = &co.resume},
+        {.name = "--force", .alias = "-F", .kind = G5_ARG_FLAG, .dst = &co.force},
         {.name = "--dry-run", .alias = "-n", .kind = G5_ARG_FLAG, .dst = &co.dry_run},
         {.name = "--quiet", .alias = "-q", .kind = G5_ARG_FLAG, .dst = &quiet},
         {.name = "--json", .alias = "-J", .kind = G5_ARG_FLAG, .dst = &json},
@@ -424,6 +438,7 @@ static int cmd_verify(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install(prog, EXIT_ERROR); /* an input truncated under us: an error, never SIGBUS */
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;

@@ -500,14 +500,19 @@ static g5_status plan_build(const synth_opts *o, synth_plan **out, g5_error *err
         snprintf(t->name, sizeof t->name, "%s", s.name);
         t->role = s.role;
         t->layer = s.layer;
-        t->type = synth_role_type(s.role);
+        t->type = synth_opts_role_type(o, s.role);
         t->n_dims = s.n_dims;
         memcpy(t->ne, s.ne, sizeof t->ne);
         uint64_t rows = s.ne[1] * s.ne[2] * s.ne[3], row_bytes;
         if ((st = quant_row_bytes(t->type, s.ne[0], &row_bytes)) ||
             g5_mul_u64(row_bytes, rows, &t->nbytes)) {
-            st = g5_fail(err, st ? st : G5_ERR_OVERFLOW, "synth: tensor '%s': %s row of %llu",
-                         s.name, quant_type_name(t->type), (unsigned long long)s.ne[0]);
+            const quant_type_info *qi = quant_type_get(t->type);
+            st = st == G5_ERR_ALIGN
+                     ? g5_fail(err, st, "synth: tensor '%s': ne[0] = %llu is not a multiple of %s's "
+                               "%u-element block", s.name, (unsigned long long)s.ne[0],
+                               quant_type_name(t->type), qi ? qi->block_elems : 0)
+                     : g5_fail(err, st ? st : G5_ERR_OVERFLOW, "synth: tensor '%s': %s row of %llu",
+                               s.name, quant_type_name(t->type), (unsigned long long)s.ne[0]);
             synth_plan_free(p);
             return st;
         }
@@ -700,7 +705,8 @@ g5_status synth_write(const synth_opts *o, const char *path, synth_result *res, 
         res->n_tensors = p->n_tensors;
         res->data_bytes = p->data_bytes;
     }
-    uint64_t first = 0;
+    uint64_t first = 0, set_bytes = 0;
+    uint32_t n_done = 0;
     for (uint32_t k = 0; k < p->n_splits; k++) {
         char fpath[4096];
         if (!o->split_size) {
@@ -740,18 +746,30 @@ g5_status synth_write(const synth_opts *o, const char *path, synth_result *res, 
             }
         }
         fill_ctx fc = {p->tensors, first, o->seed};
+        if (o->test_fail_after_bytes)
+            gguf_writer_set_test_fail_after(w, o->test_fail_after_bytes > set_bytes ? o->test_fail_after_bytes - set_bytes : 1);
         if ((st = gguf_writer_write_file(w, fpath, fill_tensor, &fc, err))) goto done;
+        n_done = k + 1;
         gguf_writer_free(w);
         w = NULL;
+        struct stat sb;
+        if (stat(fpath, &sb) == 0) set_bytes += (uint64_t)sb.st_size;
         if (res) {
-            struct stat sb;
             if (k == 0) snprintf(res->first_path, sizeof res->first_path, "%s", fpath);
-            if (stat(fpath, &sb) == 0) res->file_bytes += (uint64_t)sb.st_size;
+            res->file_bytes = set_bytes;
         }
         first = last;
     }
     st = G5_OK;
 done:
+    /* A set is written as a set: a failure removes the splits already in place (the failing one
+     * removed its own temporary file). */
+    for (uint32_t k = 0; st && k < n_done; k++) {
+        char fpath[4096];
+        if (!o->split_size) snprintf(fpath, sizeof fpath, "%s", path);
+        else if (synth_split_path(path, k, p->n_splits, fpath, sizeof fpath)) continue;
+        unlink(fpath);
+    }
     gguf_writer_free(w);
     synth_plan_free(p);
     return st;
