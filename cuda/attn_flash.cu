@@ -299,8 +299,14 @@ extern "C" g5_status cuk_mla_flash(const cuk_mla_flash_args *a, cuk_stream strea
     if (a->et != CUK_F16) return BAD("mla_flash: et %u (fp16 only)", a->et);
     const int64_t rows = (int64_t)a->n_tok * a->n_head, nblk = (rows + FBM - 1) / FBM;
     if (nblk > 0x7fffffff) return BAD("mla_flash: %lld row blocks", (long long)nblk);
-    /* every call: the attribute belongs to the current device */
-    CUK_CHECK(cudaFuncSetAttribute(k_mla_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_B));
+    /* the shared-memory limit is raised once per device (a repeat is harmless, so no lock) */
+    static bool raised[64];
+    int dev = 0;
+    CUK_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64 || !raised[dev]) {
+        CUK_CHECK(cudaFuncSetAttribute(k_mla_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_B));
+        if (dev >= 0 && dev < 64) raised[dev] = true;
+    }
     k_mla_flash<<<(unsigned)nblk, FT, SMEM_B, (cudaStream_t)stream>>>(
         (const __half *)a->qb, (const __half *)a->kb, rows, a->n_head, a->pos0, a->sel, a->ld_sel, a->n_sel,
         a->max_sel, a->scale, a->out);
