@@ -78,7 +78,7 @@ static rt_gpu_model *gpu_of(rt_model *m, const char *dir, int gemm, const char *
     rt_gpu_opts go;
     rt_gpu_opts_default(&go);
     go.precision = RT_GPU_PRECISE;
-    go.blob_dir = dir;
+    go.blobs = dir ? rt_wset_blobs(rt_model_wset(m)) : NULL;
     go.gemm_min = gemm ? 1 : -1;
     go.gemm_min_expert = gemm ? 1 : -1;
     rt_gpu_model *g = NULL;
