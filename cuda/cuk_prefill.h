@@ -1,11 +1,10 @@
 /* The elementwise and row kernels of fast mode's tensor-core prefill attention and indexer
  * (cuda/attn_prefill.cu; runtime/gpu/gpu_linear.c runs them between cuBLAS products).
  *
- * MLA prefill attention as products: per chunk of query tokens, S = Q K^T (16-bit inputs, bf16
- * or fp16, f32 accumulation: Q = [qlat | q_pe] and K = the latent rows [c_kv | k_pe], 576 wide for GLM-5),
- * then a row softmax in float32 over each query's selected keys (all earlier keys while there
- * are at most index_topk of them, else the indexer's top-k), written as 16-bit probabilities with
- * zeros elsewhere, then O = P V (V = the first kv_lora columns of the latent rows). The indexer:
+ * MLA prefill attention: queries and keys packed to fp16 once per layer (Q = [qlat | q_pe], K =
+ * the latent rows [c_kv | k_pe], 576 wide for GLM-5), then one fused tensor-core kernel
+ * (cuk_mla_flash: scores, float32 online softmax over each query's selected keys, P V) whose
+ * scores never leave the chip. The indexer:
  * S = q_idx k_idx^T (TF32, float32 data), then sc[t][j] = sum_h w[t][h] relu(S[t][h][j]) in head
  * order, from which cuk_idx_topk picks in float32 as before.
  *
@@ -47,26 +46,29 @@ typedef struct cuk_mla_pack_k_args {
 } cuk_mla_pack_k_args;
 g5_status cuk_mla_pack_k(const cuk_mla_pack_k_args *a, cuk_stream stream, g5_error *err);
 
-/* Row softmax of a chunk of query rows. Row i < n_rows is token t = t0 + i / n_head (of the
- * call; position pos0 + t) and sees keys 0 .. pos0 + t; n_sel[t] of them, listed in
- * sel[t][0..n_sel[t]) (all of them when n_sel[t] = pos0 + t + 1, the dense case). For the
- * selected keys j: p_j = exp(scale s_j - max) / sum (float32), written as et to pb[i][j];
- * every other column of pb[i][0..n_cols) is 0. s: [n_rows][ld] float32, pb: [n_rows][ld] of et,
- * n_cols <= ld. A count outside [1, max_sel] or a position past pos0 + t gives a NaN row. */
-typedef struct cuk_mla_softmax_args {
-    const float *s;
-    void *pb;
-    int64_t ld, n_cols;
-    int32_t n_rows, n_head;
-    int64_t t0, pos0;
+/* Fused MLA attention of a prompt (cuda/attn_flash.cu): for each query row i = t * n_head + h
+ * (t < n_tok, position pos0 + t), the keys j its token sees (n_sel[t] of them: all of 0 .. pos0 + t
+ * when n_sel[t] = pos0 + t + 1, the dense case, else sel[t][0..n_sel[t])):
+ * out[i] = sum_j p_j kb[j][0..kv_lora), p = softmax over j of scale * (qb[i] . kb[j]), with the
+ * products in fp16 x fp16 -> float32 on the tensor cores, the softmax in float32 (online, exp of
+ * the running maximum's differences), p rounded to fp16 before its product with the values and
+ * the normalization in float32 at the end. qb: [n_tok * n_head][kv_lora + rope] fp16
+ * (cuk_mla_pack_q), kb: [>= pos0 + n_tok][kv_lora + rope] fp16 (cuk_mla_pack_k), out: [n_tok *
+ * n_head][kv_lora] float32. Built for kv_lora = 512, rope = 64 (GLM-5); any n_head. A count
+ * outside [1, max_sel] or a listed key outside [0, pos0 + t] gives that token NaN rows. */
+typedef struct cuk_mla_flash_args {
+    const void *qb, *kb;
+    int32_t n_tok, n_head, kv_lora, rope;
+    int64_t pos0;
     const int32_t *sel;          /* [n_tok][ld_sel], device */
     int64_t ld_sel;
     const int32_t *n_sel;        /* [n_tok], device */
     int32_t max_sel;
     float scale;
-    uint32_t et;                 /* pb's type: CUK_BF16 or CUK_F16 */
-} cuk_mla_softmax_args;
-g5_status cuk_mla_softmax(const cuk_mla_softmax_args *a, cuk_stream stream, g5_error *err);
+    float *out;
+    uint32_t et;                 /* qb's and kb's type: CUK_F16 */
+} cuk_mla_flash_args;
+g5_status cuk_mla_flash(const cuk_mla_flash_args *a, cuk_stream stream, g5_error *err);
 
 /* sc[t][j] = sum over h < n_head, in order, of w[t][h] * max(0, s[(t - t0) * n_head + h][j]) for
  * t0 <= t < t0 + n_tok and j <= pos0 + t (later columns untouched): cuk_idx_scores' sum from a

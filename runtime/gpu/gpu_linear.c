@@ -405,37 +405,19 @@ g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const flo
 g5_status gl_lin_mla_attend(gl_lin *l, const gl_mla_args *a, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
     const int64_t n = a->d.n_tok, H = a->d.n_head, KL = a->d.kv_lora, W = KL + a->d.rope;
-    const int64_t P = a->pos0 + n, ld = up8(P);
-    int64_t ct = (int64_t)(ATT_CHUNK_BYTES / ((uint64_t)H * (uint64_t)ld * 6));
-    if (ct < 1) ct = 1;
-    if (ct > n) ct = n;
+    const int64_t P = a->pos0 + n;
     const uint64_t kb_b = up256((uint64_t)P * W * 2), qb_b = up256((uint64_t)n * H * W * 2);
-    const uint64_t s_b = up256((uint64_t)ct * H * ld * 4), p_b = (uint64_t)ct * H * ld * 2;
-    CK(grow(l, &l->att, kb_b + qb_b + s_b + p_b, "attention scratch", err));
+    CK(grow(l, &l->att, kb_b + qb_b, "attention scratch", err));
     uint8_t *base = l->att.p;
     void *kb = base, *qb = base + kb_b;
-    float *s = (float *)(void *)(base + kb_b + qb_b);
-    void *pb = base + kb_b + qb_b + s_b;
-    const uint32_t et = et_of(l), md = l->cfg.mode;
+    const uint32_t et = et_of(l);
     const cuk_mla_pack_k_args pk = {a->lat, a->lat_type, a->fresh, a->pos0, P, (int32_t)W, kb, et};
     CK(cuk_mla_pack_k(&pk, l->st, err));
     const cuk_mla_pack_q_args pq = {a->q, a->qlat, (int32_t)n, (int32_t)H, a->d.nope, a->d.rope, (int32_t)KL, qb, et};
     CK(cuk_mla_pack_q(&pq, l->st, err));
-    for (int64_t t0 = 0; t0 < n; t0 += ct) {
-        const int64_t c = n - t0 < ct ? n - t0 : ct, pc = a->pos0 + t0 + c;
-        /* s[(t - t0) * H + h][j] = [qlat | q_pe][t][h] . [c_kv | k_pe][j] (16-bit in, f32 sums) */
-        const cuk_gemm_ex_args sg = {md, 1, 0, pc, c * H, W, kb, W, 0,
-                                     (const uint8_t *)qb + (uint64_t)t0 * H * W * 2, W, 0, 0.0f, s, ld, 0, 1};
-        CK(gemm_ex(l, &sg, err));
-        const cuk_mla_softmax_args sm = {s, pb, ld, pc, (int32_t)(c * H), (int32_t)H, t0, a->pos0, a->sel,
-                                         a->ld_sel, a->n_sel, a->max_sel, a->scale, et};
-        CK(cuk_mla_softmax(&sm, l->st, err));
-        /* out[(t) * H + h][0..KL) = sum_j p[.][j] c_kv[j] */
-        const cuk_gemm_ex_args og = {md, 0, 0, KL, c * H, pc, kb, W, 0, pb, ld, 0, 0.0f,
-                                     a->out + t0 * H * KL, KL, 0, 1};
-        CK(gemm_ex(l, &og, err));
-    }
-    return G5_OK;
+    const cuk_mla_flash_args fa = {qb, kb, (int32_t)n, (int32_t)H, (int32_t)KL, a->d.rope, a->pos0, a->sel,
+                                   a->ld_sel, a->n_sel, a->max_sel, a->scale, a->out, et};
+    return cuk_mla_flash(&fa, l->st, err);
 }
 
 #else

@@ -1,0 +1,315 @@
+/* Fused MLA prefill attention of fast mode (cuda/cuk_prefill.h, cuk_mla_flash): the absorbed form
+ * (queries [qlat | q_pe], 576 wide; keys the latent rows [c_kv | k_pe]; values their first 512
+ * columns) on the tensor cores with mma.sync m16n8k16 (fp16 inputs, float32 accumulators) and a
+ * float32 online softmax, so the scores never leave the chip.
+ *
+ * Why absorbed and not expanded heads (qk 192 + 64, v 256): the expanded form does 512 MACs per
+ * (query row, key) against 1088 here, but it needs each head's own keys and values (c_kv W_UK,
+ * c_kv W_UV: 0.27 GB of fp16 per layer at 4096 tokens and 64 heads, written and read back, plus
+ * 0.12 TFLOP to make them) and, worse, the DSA selection is per token: a tile of one head's rows
+ * spans many tokens with different key sets, so the sparse part (every query past index_topk keys)
+ * would run over the union of their keys. Here a tile of 64 rows is one token's 64 heads (GLM-5 at
+ * TP 1), which share one key list: the sparse part costs n * index_topk, not n^2, and each key tile
+ * (64 x 576 fp16) read from L2 serves 64 query rows. At pp4096 that is 0.88 TFLOP per layer.
+ *
+ * Grid: one CTA of 256 threads (8 warps) per 64 consecutive query rows (row = token * n_head + head),
+ * heaviest (latest) rows first. Warp w owns rows 16 (w & 3) .. + 16; for S = Q K^T of a 64-key tile
+ * it computes key columns 32 (w >> 2) .. + 32, for O += P V value columns 256 (w >> 2) .. + 256
+ * (128 float32 accumulators per thread). The two warps of a row block swap their row maxima and
+ * (at the end) their row sums through shared memory; P goes through shared memory as fp16. Key
+ * tiles are double-buffered with cp.async (16-byte chunks, XOR-swizzled per row so that ldmatrix
+ * is conflict-free). A CTA whose tokens are all dense (at most index_topk earlier keys) makes one
+ * pass over keys 0 .. its last position, masked causally; otherwise one pass per token over that
+ * token's key list (0 .. p, or its selection), the other tokens' rows masked. */
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_model.h"
+#include "cuda/cuk_prefill.h"
+
+#define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
+
+namespace {
+
+constexpr int FD = 576, FDV = 512, FCH = FD / 8; /* row width, value width, 16-byte chunks per row */
+constexpr int FBM = 64, FBN = 64, FT = 256;
+constexpr int ROWB = FD * 2;                     /* bytes per Q/K row */
+constexpr int SQ_B = FBM * ROWB, SK_B = FBN * ROWB, SP_B = FBM * FBN * 2;
+constexpr int SMEM_B = SQ_B + 2 * SK_B + SP_B + (2 * FBN + 4 * FBM + 3 * FBM) * 4;
+
+__device__ __forceinline__ uint32_t sw(int r, int c) { return (uint32_t)(r * ROWB + ((c ^ (r & 7)) << 4)); }
+__device__ __forceinline__ uint32_t swp(int r, int c) { return (uint32_t)(r * FBN * 2 + ((c ^ (r & 7)) << 4)); }
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t *r, uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The key list of one pass: key u < cnt is position u (dense) or sel[u]; a listed position outside
+ * [0, plim] marks the pass's token bad (*bad) and loads as zeros, masked. */
+struct keylist {
+    bool dense;
+    int64_t cnt, plim;
+    const int32_t *sel;
+    int *bad;
+};
+
+__device__ __forceinline__ int64_t key_at(const keylist &kl, int64_t u, bool *oob) {
+    *oob = false;
+    if (u >= kl.cnt) return -1;
+    const int64_t j = kl.dense ? u : (int64_t)kl.sel[u];
+    if (j < 0 || j > kl.plim) {
+        *oob = true;
+        return -1;
+    }
+    return j;
+}
+
+/* All threads: keys u0 .. u0 + 63 of the list into a swizzled tile, their positions into kp. */
+__device__ __forceinline__ void load_keys(uint32_t sk, int *kp, const __half *kb, const keylist &kl, int64_t u0) {
+    for (int i = threadIdx.x; i < FBN * FCH; i += FT) {
+        const int key = i / FCH, c = i % FCH;
+        bool oob;
+        const int64_t j = key_at(kl, u0 + key, &oob);
+        cp16(sk + sw(key, c), kb + (j < 0 ? 0 : j) * FD + c * 8, j >= 0);
+    }
+    if (threadIdx.x < FBN) {
+        bool oob;
+        const int64_t j = key_at(kl, u0 + threadIdx.x, &oob);
+        kp[threadIdx.x] = (int)j;
+        if (oob) *kl.bad = 1;
+    }
+}
+
+__global__ void __launch_bounds__(FT, 1)
+    k_mla_flash(const __half *__restrict__ qb, const __half *__restrict__ kb, int64_t n_rows, int n_head,
+                int64_t pos0, const int32_t *__restrict__ sel, int64_t ld_sel, const int32_t *__restrict__ n_sel,
+                int max_sel, float scale, float *__restrict__ out) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t sk0 = sq + SQ_B, sp = sq + SQ_B + 2 * SK_B;
+    uint8_t *pp = smem + SQ_B + 2 * SK_B;                       /* P tile, generic address */
+    int *kpos = (int *)(void *)(smem + SQ_B + 2 * SK_B + SP_B); /* [2][FBN] */
+    float *rmax = (float *)(void *)(kpos + 2 * FBN);            /* [2][FBM] */
+    float *rsum = rmax + 2 * FBM;                               /* [2][FBM] */
+    int *tcnt = (int *)(void *)(rsum + 2 * FBM);                /* [FBM] per token of the CTA: n_sel */
+    int *tstate = tcnt + FBM;                                   /* [FBM] 0 ok, 1 dense, 2 bad count */
+    int *tbad = tstate + FBM;                                   /* [FBM] a listed key out of range */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int rq = warp & 3, ch = warp >> 2, g = lane >> 2, c4 = lane & 3;
+    const int64_t nblk = (n_rows + FBM - 1) / FBM, rb = nblk - 1 - blockIdx.x;
+    const int64_t R0 = rb * FBM, Rl = (R0 + FBM < n_rows ? R0 + FBM : n_rows) - 1;
+    const int64_t t_first = R0 / n_head;
+    const int G = (int)(Rl / n_head - t_first + 1);
+
+    for (int i = tid; i < FBM * FCH; i += FT) {
+        const int r = i / FCH, c = i % FCH;
+        const bool ok = R0 + r < n_rows;
+        cp16(sq + sw(r, c), qb + (ok ? R0 + r : 0) * FD + c * 8, ok);
+    }
+    cp_commit();
+    if (tid < G) {
+        const int64_t t = t_first + tid, p = pos0 + t;
+        const int ns = n_sel[t];
+        tcnt[tid] = ns;
+        tstate[tid] = ns < 1 || ns > max_sel ? 2 : (int64_t)ns == p + 1 ? 1 : 0;
+        tbad[tid] = 0;
+    }
+    __syncthreads();
+    const bool all_dense = __syncthreads_and(tid >= G || tstate[tid] == 1);
+
+    /* this thread's two rows: rq * 16 + g and + 8 */
+    int64_t prow[2];
+    int ltok[2];
+    bool rvalid[2];
+    for (int i = 0; i < 2; i++) {
+        const int64_t R = R0 + rq * 16 + g + 8 * i;
+        rvalid[i] = R < n_rows;
+        const int64_t t = (rvalid[i] ? R : Rl) / n_head;
+        ltok[i] = (int)(t - t_first);
+        prow[i] = pos0 + t;
+    }
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+
+    const int npass = all_dense ? 1 : G;
+    for (int ps = 0; ps < npass; ps++) {
+        const int lt = all_dense ? -1 : ps;
+        if (lt >= 0 && tstate[lt] == 2) continue;
+        keylist kl;
+        const int64_t tp = t_first + (lt >= 0 ? lt : G - 1), pt = pos0 + tp;
+        kl.dense = all_dense || tstate[lt] == 1;
+        kl.cnt = kl.dense ? pt + 1 : tcnt[lt];
+        kl.plim = pt;
+        kl.sel = sel + tp * ld_sel;
+        kl.bad = tbad + (lt >= 0 ? lt : 0);
+        const int64_t nb = (kl.cnt + FBN - 1) / FBN;
+        load_keys(sk0, kpos, kb, kl, 0);
+        cp_commit();
+        for (int64_t b = 0; b < nb; b++) {
+            const int buf = (int)(b & 1);
+            if (b + 1 < nb) {
+                load_keys(sk0 + (buf ^ 1) * SK_B, kpos + (buf ^ 1) * FBN, kb, kl, (b + 1) * FBN);
+                cp_commit();
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+            __syncthreads();
+            const uint32_t sk = sk0 + buf * SK_B;
+            const int *kp = kpos + buf * FBN;
+
+            /* S[16 rows][32 keys] of this warp */
+            float s[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll 4
+            for (int kk = 0; kk < FD / 16; kk++) {
+                uint32_t a[4];
+                ldsm4(a, sq + sw(rq * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    const int mi = lane >> 3, key = ch * 32 + np * 16 + (lane & 7) + ((mi >> 1) << 3);
+                    uint32_t bb[4];
+                    ldsm4(bb, sk + sw(key, kk * 2 + (mi & 1)));
+                    mma(s[np * 2], a, bb[0], bb[1]);
+                    mma(s[np * 2 + 1], a, bb[2], bb[3]);
+                }
+            }
+            /* mask, scale, row maxima of this warp's columns */
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = e >> 1, col = ch * 32 + nt * 8 + 2 * c4 + (e & 1), j = kp[col];
+                    const bool ok = rvalid[i] && j >= 0 && (lt < 0 ? (int64_t)j <= prow[i] : ltok[i] == lt);
+                    const float v = ok ? __fmul_rn(s[nt][e], scale) : -INFINITY;
+                    s[nt][e] = v;
+                    mx[i] = fmaxf(mx[i], v);
+                }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                if (c4 == 0) rmax[ch * FBM + rq * 16 + g + 8 * i] = mx[i];
+            }
+            __syncthreads();
+            float mu[2], alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = rq * 16 + g + 8 * i;
+                const float mn = fmaxf(mrun[i], fmaxf(rmax[r], rmax[FBM + r]));
+                mu[i] = mn == -INFINITY ? 0.0f : mn;
+                alpha[i] = __expf(mrun[i] - mu[i]);
+                mrun[i] = mn;
+                lrun[i] *= alpha[i];
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const float p0 = __expf(s[nt][2 * i] - mu[i]), p1 = __expf(s[nt][2 * i + 1] - mu[i]);
+                    const __half2 h = __halves2half2(__float2half_rn(p0), __float2half_rn(p1));
+                    lrun[i] += p0 + p1;
+                    const int r = rq * 16 + g + 8 * i;
+                    *(__half2 *)(void *)(pp + swp(r, ch * 4 + nt) + c4 * 4) = h;
+                }
+#pragma unroll
+            for (int nt = 0; nt < 32; nt++) {
+                o[nt][0] *= alpha[0];
+                o[nt][1] *= alpha[0];
+                o[nt][2] *= alpha[1];
+                o[nt][3] *= alpha[1];
+            }
+            __syncthreads();
+            /* O[16 rows][256 values] += P[16][64] V[64][256] */
+#pragma unroll
+            for (int kk = 0; kk < FBN / 16; kk++) {
+                uint32_t a[4];
+                ldsm4(a, sp + swp(rq * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+                for (int np = 0; np < 16; np++) {
+                    const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
+                    uint32_t bb[4];
+                    ldsm4t(bb, sk + sw(key, ch * 32 + np * 2 + (mi >> 1)));
+                    mma(o[np * 2], a, bb[0], bb[1]);
+                    mma(o[np * 2 + 1], a, bb[2], bb[3]);
+                }
+            }
+            __syncthreads();
+        }
+    }
+    cp_wait<0>(); /* the query tile's copy when every pass was skipped */
+    /* row sums: the quad, then the partner warp */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 1);
+        lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 2);
+        if (c4 == 0) rsum[ch * FBM + rq * 16 + g + 8 * i] = lrun[i];
+    }
+    __syncthreads();
+    const float nan = __int_as_float(0x7fc00000);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!rvalid[i]) continue;
+        const int r = rq * 16 + g + 8 * i;
+        const bool bad = tstate[ltok[i]] == 2 || tbad[all_dense ? 0 : ltok[i]];
+        const float inv = bad ? nan : 1.0f / (rsum[r] + rsum[FBM + r]);
+        float *orow = out + (R0 + r) * FDV + ch * 256 + 2 * c4;
+#pragma unroll
+        for (int nt = 0; nt < 32; nt++)
+            *(float2 *)(void *)(orow + nt * 8) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+}
+
+} // namespace
+
+extern "C" g5_status cuk_mla_flash(const cuk_mla_flash_args *a, cuk_stream stream, g5_error *err) {
+    if (!a || !a->qb || !a->kb || !a->sel || !a->n_sel || !a->out) return BAD("mla_flash: NULL pointer");
+    if (a->kv_lora != FDV || a->rope != FD - FDV)
+        return BAD("mla_flash: kv_lora=%d rope=%d (the kernel is built for %d + %d)", a->kv_lora, a->rope, FDV,
+                   FD - FDV);
+    if (a->n_tok < 1 || a->n_head < 1 || a->pos0 < 0 || a->max_sel < 1 || a->ld_sel < a->max_sel)
+        return BAD("mla_flash: n_tok=%d n_head=%d pos0=%lld max_sel=%d ld_sel=%lld", a->n_tok, a->n_head,
+                   (long long)a->pos0, a->max_sel, (long long)a->ld_sel);
+    if (a->et != CUK_F16) return BAD("mla_flash: et %u (fp16 only)", a->et);
+    const int64_t rows = (int64_t)a->n_tok * a->n_head, nblk = (rows + FBM - 1) / FBM;
+    if (nblk > 0x7fffffff) return BAD("mla_flash: %lld row blocks", (long long)nblk);
+    /* the shared-memory limit is raised once per device (a repeat is harmless, so no lock) */
+    static bool raised[64];
+    int dev = 0;
+    CUK_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64 || !raised[dev]) {
+        CUK_CHECK(cudaFuncSetAttribute(k_mla_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_B));
+        if (dev >= 0 && dev < 64) raised[dev] = true;
+    }
+    k_mla_flash<<<(unsigned)nblk, FT, SMEM_B, (cudaStream_t)stream>>>(
+        (const __half *)a->qb, (const __half *)a->kb, rows, a->n_head, a->pos0, a->sel, a->ld_sel, a->n_sel,
+        a->max_sel, a->scale, a->out);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
