@@ -1,6 +1,7 @@
 /* glm5-shard convert: the streaming converter (see convert.h for the design). */
 #include "convert/convert.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -182,14 +183,35 @@ void convert_i_set_id(const shard_plan *p, const blob_source_desc *src, uint32_t
     XXH3_freeState(st);
 }
 
-g5_status convert_i_meta_image(const gguf_ctx *src, uint8_t **buf, uint64_t *len, g5_error *err) {
+/* The source's keys (split.* left out: the source table records the layout), with the indexer
+ * schedule as the plan resolved it: glm-dsa.attention.indexer.types always written (replacing
+ * the source's), glm5shard.indexer.source saying where it came from and, when shared layers'
+ * duplicate indexer tensors were left out, glm5shard.indexer.dropped saying so. */
+g5_status convert_i_meta_image(const gguf_ctx *src, const shard_plan *p, uint8_t **buf, uint64_t *len,
+                               g5_error *err) {
+    static const char tkey[] = GLM5_ARCH ".attention.indexer.types";
     gguf_writer *w = gguf_writer_create();
     if (!w) return g5_fail(err, G5_ERR_NOMEM, "metadata image");
     g5_status st = G5_OK;
     for (int64_t i = 0, n = gguf_get_n_kv(src); i < n && !st; i++) {
         const char *k = gguf_get_key(src, i);
-        if (strncmp(k, "split.", 6) == 0) continue;
+        if (strncmp(k, "split.", 6) == 0 || strcmp(k, tkey) == 0 || strncmp(k, "glm5shard.indexer.", 18) == 0)
+            continue;
         if ((st = gguf_writer_copy_kv(w, src, i))) g5_fail(err, st, "metadata: copying key '%s'", k);
+    }
+    const glm5_hparams *hp = &p->hp;
+    if (!st && (st = gguf_writer_set_arr(w, tkey, GGUF_VT_BOOL, hp->idx_full, hp->n_layer_main)))
+        g5_fail(err, st, "metadata: writing %s", tkey);
+    const char *why = glm5_idx_source_name(hp->idx_source);
+    if (!st && (st = gguf_writer_set_str(w, "glm5shard.indexer.source", why, strlen(why))))
+        g5_fail(err, st, "metadata: writing glm5shard.indexer.source");
+    if (!st && p->src_unused) {
+        char m[256];
+        snprintf(m, sizeof m, "%llu indexer tensors of shared layers (%llu bytes) left out: those layers "
+                 "reuse a full layer's top-k and never read them", (unsigned long long)p->src_unused,
+                 (unsigned long long)p->src_unused_bytes);
+        if ((st = gguf_writer_set_str(w, "glm5shard.indexer.dropped", m, strlen(m))))
+            g5_fail(err, st, "metadata: writing glm5shard.indexer.dropped");
     }
     if (!st && (st = gguf_writer_write_buffer(w, buf, len))) g5_fail(err, st, "metadata: serializing");
     gguf_writer_free(w);
@@ -554,6 +576,50 @@ static g5_status ensure_dir(const char *dir, g5_error *err) {
     return G5_OK;
 }
 
+/* Whether name is a blob-set file: rank-RRRRR-of-TTTTT.g5b (or its .tmp) or the set record; *tp
+ * receives TTTTT for a rank file, 0 for the record. */
+static int set_file(const char *name, uint32_t *tp) {
+    unsigned r, t;
+    int n = -1;
+    *tp = 0;
+    if (!strcmp(name, BLOB_SET_RECORD) || !strcmp(name, BLOB_SET_RECORD ".tmp")) return 1;
+    if (sscanf(name, "rank-%5u-of-%5u.g5b%n", &r, &t, &n) != 2 || n < 0) return 0;
+    if (name[n] && strcmp(name + n, ".tmp") != 0) return 0;
+    *tp = t;
+    return 1;
+}
+
+/* The output directory may hold only this conversion's own set (for --resume): another set's
+ * files are refused unless force, which removes every set file first (a new set never sits
+ * beside stale ranks of an old one). Other files are left alone. */
+static g5_status claim_outdir(const char *outdir, uint32_t tp, int resume, int force, g5_error *err) {
+    DIR *d = opendir(outdir);
+    if (!d) return errno == ENOENT ? G5_OK : g5_fail(err, G5_ERR_IO, "%s: %s", outdir, strerror(errno));
+    g5_status st = G5_OK;
+    char first[300] = "";
+    uint32_t n_found = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL && !st;) {
+        uint32_t t;
+        if (!set_file(de->d_name, &t)) continue;
+        if (resume && (t == tp || t == 0) && !force) continue; /* this plan's ranks, or the record */
+        if (!force) {
+            if (!n_found++) snprintf(first, sizeof first, "%s", de->d_name);
+            continue;
+        }
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", outdir, de->d_name);
+        if (unlink(path) != 0 && errno != ENOENT)
+            st = g5_fail(err, G5_ERR_IO, "%s: cannot remove the old set's file: %s", path, strerror(errno));
+    }
+    closedir(d);
+    if (!st && n_found)
+        st = g5_fail(err, G5_ERR_EXISTS,
+                     "%s already holds a blob set (%s%s): refusing to mix sets; --force removes the old set's "
+                     "files first%s", outdir, first, n_found > 1 ? " and others" : "",
+                     resume ? "" : ", --resume keeps the ranks of this same conversion");
+    return st;
+}
+
 g5_status convert_run(const char *model, const char *outdir, const convert_options *opt,
                       convert_result **out, g5_error *err) {
     if (out) *out = NULL;
@@ -591,7 +657,7 @@ g5_status convert_run(const char *model, const char *outdir, const convert_optio
     res->source_tensor_bytes = p->src_tensor_bytes;
     res->n_tensors_in = p->n_src_tensors;
     res->n_tensors_out = p->n_tensors;
-    if ((st = convert_i_meta_image(src, &meta, &meta_len, err))) goto done;
+    if ((st = convert_i_meta_image(src, p, &meta, &meta_len, err))) goto done;
     if (opt->dry_run) goto done;
 
     res->ranks = calloc(p->tp, sizeof *res->ranks);
@@ -606,6 +672,7 @@ g5_status convert_run(const char *model, const char *outdir, const convert_optio
         res->ranks[r].rank = r;
         rank_path(outdir, r, p->tp, res->ranks[r].path, sizeof res->ranks[r].path);
     }
+    if ((st = claim_outdir(outdir, p->tp, opt->resume, opt->force, err))) goto done;
     if ((st = ensure_dir(outdir, err))) goto done;
     const uint32_t jobs = opt->jobs ? opt->jobs : p->tp;
     if (opt->resume) {

@@ -235,7 +235,18 @@ static double check_set(const char *model, const char *dir, uint32_t tp, int ep,
         int64_t j = gguf_find_key(m, k);
         same += j >= 0 && values_equal(src, i, m, j);
     }
-    T_CHECK(same == n_src_kv && gguf_get_n_kv(m) == n_src_kv, "metadata: %lld of %lld keys equal, blob has %lld",
+    /* plus the resolved indexer schedule (specs/blob-format.md "Metadata") */
+    int64_t extra = 0;
+    for (int64_t j = 0; j < gguf_get_n_kv(m); j++) {
+        const char *k = gguf_get_key(m, j);
+        if (gguf_find_key(src, k) >= 0) continue;
+        extra++;
+        T_CHECK(strcmp(k, "glm-dsa.attention.indexer.types") == 0 || strncmp(k, "glm5shard.indexer.", 18) == 0,
+                "metadata: only the schedule keys are added (%s)", k);
+    }
+    T_CHECK(gguf_find_key(m, "glm-dsa.attention.indexer.types") >= 0 && gguf_find_key(m, "glm5shard.indexer.source") >= 0,
+            "metadata: the blob records the indexer schedule");
+    T_CHECK(same == n_src_kv && gguf_get_n_kv(m) == n_src_kv + extra, "metadata: %lld of %lld keys equal, blob has %lld",
             (long long)same, (long long)n_src_kv, (long long)gguf_get_n_kv(m));
     /* Every source tensor: replicated byte-identical, or split and reassembling exactly. */
     const blob_tensor *bt[64];
@@ -355,6 +366,10 @@ static int write_model(const char *path, const mdims *d) {
         lens[i] = strlen(tok[i]);
     }
     gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", strs, lens, d->n_vocab);
+    /* the tokenizer keys the runtime needs (glm5_tokenizer_check), no merges */
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2", 4);
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "glm4", 4);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, NULL, 0);
     free(tok);
     free(strs);
     free(lens);
@@ -698,11 +713,18 @@ static void test_interruption(void) {
     T_CHECK(st == G5_OK && res && !res->ranks[0].reused && res->ranks[1].reused, "a damaged rank is redone: %s", e.msg);
     convert_result_free(res);
     T_CHECK(dirs_equal(dir2, ref, 2), "equal after repairing resume");
-    /* Without --resume an existing set is rewritten, not trusted. */
+    /* Without --resume an existing set is refused (untouched); --force rewrites it, not trusted. */
     o.resume = 0;
     res = NULL;
     st = convert_run(model, dir2, &o, &res, &e);
-    T_CHECK(st == G5_OK && res && res->n_ranks_reused == 0, "plain rerun rewrites");
+    T_CHECK(st == G5_ERR_EXISTS && strstr(e.msg, "--force"), "plain rerun refused: %s", e.msg);
+    convert_result_free(res);
+    T_CHECK(dirs_equal(dir2, ref, 2), "refused rerun leaves the set");
+    o.force = 1;
+    res = NULL;
+    st = convert_run(model, dir2, &o, &res, &e);
+    o.force = 0;
+    T_CHECK(st == G5_OK && res && res->n_ranks_reused == 0, "--force rerun rewrites");
     convert_result_free(res);
     T_CHECK(dirs_equal(dir2, ref, 2), "rerun is deterministic");
 }
@@ -780,9 +802,12 @@ static void test_output_failures(void) {
     convert_options o;
     convert_options_init(&o);
     o.tp = 2;
+    o.force = 1;
     o.test_fail_write_after_bytes = 100000;
     st = convert_run(model, good, &o, NULL, &e);
     T_CHECK(st == G5_ERR_IO, "full over an old set: %s", e.msg);
+    T_CHECK(n_dir_entries(good) == 0, "--force removed the old set first; the failed new one left nothing (%d entries)",
+            n_dir_entries(good));
     T_CHECK(verify(good, NULL, NULL, &e) != G5_OK, "the old set no longer verifies as a set");
     /* A directory where nothing can be created. */
     char ro[4200];

@@ -14,7 +14,7 @@
 #include "cuda/cuk_model.h"
 #include "runtime/gpu/gpu_linear.h"
 #include "runtime/gpu/gpu_model.h"
-#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/model_tensors.h"
 
 #if defined(__has_include)
 #if __has_include(<nccl.h>)
@@ -74,7 +74,8 @@ typedef struct gl_rank {
     int dev;
     cudaStream_t st;
     int own_stream;
-    const rt_rank *c;                /* the CPU model's rank */
+    const rt_rank_tensors *c;        /* the CPU model's tensor table of this rank (&ctab) */
+    rt_rank_tensors ctab;
     void *wmem;                      /* all tensor data, one allocation */
     uint64_t wbytes;
     uint8_t *xmem;                   /* float32 extras */
@@ -159,7 +160,7 @@ struct rt_gpu_model {
 /* One rank's caches of a sequence. */
 typedef struct seq_rank {
     void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
-    float *idxk;                     /* [Lm][cap][ID] indexer keys */
+    float *idxk;                     /* [full layers][cap][ID] indexer keys (gm_seq_idxk) */
 } seq_rank;
 
 struct rt_gpu_seq {

@@ -109,9 +109,9 @@ g5_status gl_lin_wuv(gl_lin *l, const float *kvb_uv, int64_t head_stride, int32_
 g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const float *k, int32_t n_tok,
                             int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc, g5_error *err);
 
-/* cuk_mla_attend_fresh's result for one sequence (same arguments) from fp16 tensor-core products
- * with a float32 softmax (cuda/cuk_prefill.h): keys packed to bf16 once, then per chunk of query
- * tokens S = Q K^T, the masked softmax, O = P V. */
+/* cuk_mla_attend_fresh's result for one sequence (same arguments) on the tensor cores: keys and
+ * queries packed to fp16 once, then the fused kernel cuk_mla_flash (fp16 products with float32
+ * sums, a float32 online softmax over each query's selected keys; cuda/cuk_prefill.h). */
 typedef struct gl_mla_args {
     cuk_mla_dims d;
     const float *q, *qlat;
