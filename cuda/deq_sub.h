@@ -6,7 +6,8 @@
  *
  * deq_sub(type, b, s, y): y[0..32) = elements 32 s .. 32 s + 31 of the block at b, for the block
  * types of 32 elements (s = 0: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of 256 (s < 8: Q4_K, Q5_K,
- * Q6_K, IQ4_XS); returns 0 for any other type (y untouched). */
+ * Q6_K, IQ4_XS); returns 0 for any other type (y untouched; cuda/model_ops.cu decodes the low-bit
+ * types of format/quant_blocks.h a block per thread instead). */
 #ifndef G5_DEQ_SUB_H
 #define G5_DEQ_SUB_H
 
@@ -78,6 +79,12 @@ DQS_FN float dqs_half(const uint8_t *p) {
 DQS_FN int dqs_iq4(int i) {
     const int8_t t[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
     return t[i & 15];
+}
+
+/* 1 for the types deq_sub decodes */
+DQS_FN int deq_sub_handles(uint32_t type) {
+    return type == QT_Q4_0 || type == QT_Q4_1 || type == QT_Q5_0 || type == QT_Q5_1 || type == QT_Q8_0 ||
+           type == QT_IQ4_NL || type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K || type == QT_IQ4_XS;
 }
 
 DQS_FN int deq_sub(uint32_t type, const uint8_t *b, int s, float *y) {

@@ -602,6 +602,42 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* The types deq_sub does not decode (the low-bit ones of format/quant_blocks.h).
+ * Grid: one warp (DQ_W threads) per DQ_W consecutive (row, block) pairs of a quantized type
+ * (blocks of 32 or 256 elements). Each thread decodes its block with deq_block straight into
+ * shared memory (rows padded by one float: the threads' writes of one index fall in distinct
+ * banks), then the warp stores the DQ_W blocks, each as 32-lane runs of consecutive elements, so
+ * the 16-bit tiles are written coalesced and no per-thread stack array exists. Same values as
+ * k_dequant_rows, rounded once to OutT. */
+constexpr int DQ_W = 32;
+
+template <typename OutT>
+__global__ void __launch_bounds__(DQ_W)
+    k_dequant_rows_sh(uint32_t type, const uint8_t *__restrict__ w, int64_t row_bytes, int64_t n_rows_w,
+                      const int32_t *__restrict__ rows, int64_t n, int64_t nblk, int blk, int bb,
+                      OutT *__restrict__ out, int64_t ldo) {
+    __shared__ float sh[DQ_W * 257];
+    const int lane = threadIdx.x;
+    const int64_t g0 = (int64_t)blockIdx.x * DQ_W, g = g0 + lane, total = n * nblk;
+    if (g < total) {
+        const int64_t i = g / nblk, bi = g % nblk;
+        const int64_t r = rows ? (int64_t)rows[i] : i;
+        float *y = sh + lane * 257;
+        if (r < 0 || r >= n_rows_w) {
+            for (int j = 0; j < blk; j++) y[j] = __int_as_float(0x7fc00000);
+        } else {
+            deq_block(type, w + r * row_bytes + bi * (int64_t)bb, y);
+        }
+    }
+    __syncwarp();
+    for (int u = 0; u < DQ_W && g0 + u < total; u++) {
+        const int64_t gu = g0 + u, i = gu / nblk, bi = gu % nblk;
+        OutT *y = out + i * ldo + bi * blk;
+        const float *src = sh + u * 257;
+        for (int j = lane; j < blk; j += DQ_W) put_out(y, j, src[j]);
+    }
+}
+
 template <typename OutT>
 static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w, const int32_t *rows,
                               int64_t n, OutT *out, int64_t ldo, cuk_stream stream, g5_error *err) {
@@ -621,6 +657,12 @@ static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t
     const int64_t nblk = k / blk;
     if (n > INT64_MAX / nblk) return BAD("dequant_rows: n * blocks overflows");
     if constexpr (sizeof(OutT) == 2) {
+        if (blk >= 32 && !deq_sub_handles(w_type)) {
+            k_dequant_rows_sh<OutT><<<grid_for(n * nblk, DQ_W), DQ_W, 0, (cudaStream_t)stream>>>(
+                w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
+            LAUNCH_CHECK("dequant_rows");
+            return G5_OK;
+        }
         if (blk >= 32) {
             const int spb = blk / 32, vec = (uintptr_t)out % 16 == 0 && ldo % 8 == 0;
             const int64_t nsub = nblk * spb;

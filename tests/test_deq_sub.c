@@ -57,6 +57,8 @@ int main(void) {
                                      QT_IQ4_NL, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) check_type(types[i]);
     float y[32];
-    T_CHECK(!deq_sub(QT_F32, (const uint8_t *)y, 0, y), "F32 is not a block type here");
+    T_CHECK(!deq_sub(QT_F32, (const uint8_t *)y, 0, y) && !deq_sub_handles(QT_F32), "F32 is not a block type here");
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        T_CHECK(deq_sub_handles(types[i]), "type %u handled", types[i]);
     return t_report("test_deq_sub");
 }
