@@ -275,7 +275,7 @@ static uint32_t encode(ref *R, const char *text, int32_t *ids, size_t cap) {
 }
 
 static uint32_t chat_ids(ref *R, const char *sys, const char *user, int32_t *ids, size_t cap) {
-    chat_message m[2] = {{"system", sys}, {"user", user}};
+    chat_message m[2] = {{.role = "system", .content = sys}, {.role = "user", .content = user}};
     chat_options co;
     chat_options_default(&co);
     char buf[4096];
@@ -1192,7 +1192,7 @@ static void test_chat_template(ref *R) {
             uint16_t port = srv_port(s);
             T_CHECK(wait_health(port, 60), "template server: health");
             T_CHECK(strstr(lb.chat_line, "GLM-4.5") != NULL, "log names the template: '%s'", lb.chat_line);
-            chat_message m[1] = {{"user", "Hello there"}};
+            chat_message m[1] = {{.role = "user", .content = "Hello there"}};
             chat_options co;
             chat_options_default(&co);
             co.format = CHAT_FORMAT_GLM45;

@@ -539,8 +539,8 @@ int main(int argc, char **argv) {
         if (a.chat) {
             chat_message msgs[2];
             size_t nm = 0;
-            if (a.system) msgs[nm++] = (chat_message){"system", a.system};
-            msgs[nm++] = (chat_message){"user", a.prompt};
+            if (a.system) msgs[nm++] = (chat_message){.role = "system", .content = a.system};
+            msgs[nm++] = (chat_message){.role = "user", .content = a.prompt};
             chat_options co;
             chat_options_default(&co);
             co.enable_thinking = a.think;
