@@ -13,7 +13,10 @@ def with_openai(a):
 
     c = openai.OpenAI(base_url=f"http://127.0.0.1:{a.port}/v1", api_key=a.api_key or "none")
     msgs = [{"role": "user", "content": a.prompt}]
-    kw = dict(model="glm5", max_tokens=a.max_tokens, temperature=0)
+    model = c.models.list().data[0].id
+    if c.models.retrieve(model).id != model:
+        raise SystemExit("models.retrieve gave another id")
+    kw = dict(model=model, max_tokens=a.max_tokens, temperature=0)
     out = {"client": "openai"}
     out["completions"] = c.completions.create(prompt=a.prompt, **kw).choices[0].text
     out["completions_stream"] = "".join(
@@ -47,8 +50,15 @@ def events(text):
     return [e for e in out if e is not None]
 
 
+def model_id(a):
+    req = urllib.request.Request(f"http://127.0.0.1:{a.port}/v1/models",
+                                 headers={"Authorization": f"Bearer {a.api_key}"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read().decode())["data"][0]["id"]
+
+
 def with_urllib(a):
-    base = dict(model="glm5", max_tokens=a.max_tokens, temperature=0)
+    base = dict(model=model_id(a), max_tokens=a.max_tokens, temperature=0)
     msgs = [{"role": "user", "content": a.prompt}]
     out = {"client": "urllib"}
     out["completions"] = json.loads(post(a, "/v1/completions", dict(base, prompt=a.prompt)))["choices"][0]["text"]

@@ -173,7 +173,7 @@ static char *completion_body(const int32_t *ids, uint32_t n, const char *text, u
     char *b = malloc(cap);
     int own_temp = extra && strstr(extra, "\"temperature\"");
     snprintf(b, cap,
-             "{\"model\":\"x\",\"prompt\":%s,\"max_tokens\":%u,%s\"stream\":%s,"
+             "{\"model\":\"glm5-tiny-UD-Q4_K_XL\",\"prompt\":%s,\"max_tokens\":%u,%s\"stream\":%s,"
              "\"return_token_ids\":true%s%s}",
              p ? p : ts, max_tokens, own_temp ? "" : "\"temperature\":0,", stream ? "true" : "false",
              extra ? "," : "", extra ? extra : "");
@@ -1135,6 +1135,7 @@ static void test_blobs(const oracle *o) {
     if (st == G5_OK) {
         srv_config c;
         srv_config_default(&c);
+        c.model_name = "glm5-tiny-UD-Q4_K_XL"; /* the name the request bodies use */
         logbuf lb = {0};
         srv_server *s = start_server(out, &c, &lb);
         if (s) {

@@ -18,6 +18,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "format/gguf.h"
 #include "runtime/serve/serve_int.h"
 
@@ -160,6 +162,8 @@ void srv_blocks_release(srv_blocks *b, srv_btable *t) {
 void srv_params_clear(srv_params *p) {
     for (size_t i = 0; i < p->n_stops; i++) free(p->stops[i]);
     free(p->prompt);
+    json_decref(p->tool_defs);
+    free(p->force);
     memset(p, 0, sizeof *p);
 }
 
@@ -210,6 +214,7 @@ static void req_destroy(srv_req *r) {
     free(r->out_top);
     free(r->out_text_end);
     free(r->text);
+    chat_parser_free(r->cp);
     srv_params_clear(&r->p);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -270,6 +275,7 @@ int srv_submit(srv_server *s, srv_req *r, char *msg, size_t msg_cap) {
             memcpy(r->feed, r->p.prompt, (size_t)r->p.n_prompt * sizeof *r->feed);
             r->n_feed = r->cap_feed = r->p.n_prompt;
             r->feed_off = 0;
+            r->force_armed = !r->p.think;
             r->state = SRV_R_WAITING;
             r->refs++;
             s->prompt_tokens += r->p.n_prompt;
@@ -642,6 +648,23 @@ static int reserve_locked(srv_server *s, srv_req *r, uint32_t n_tokens) {
     }
 }
 
+/* A control token whose text the chat parser reads (<think>, <tool_call>, <arg_key>, ...): its
+ * text into buf. Other control tokens print nothing, as before. */
+static int chat_marker(const tok_ctx *tok, int32_t id, char *buf, size_t cap, size_t *n) {
+    static const char *const marks[] = {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>",
+                                        "</arg_key>", "<arg_value>", "</arg_value>"};
+    if (tok_token_type(tok, id) != TOK_TYPE_CONTROL) return 0;
+    size_t len = 0;
+    const char *t = tok_token_text(tok, id, &len);
+    for (size_t i = 0; t && i < sizeof marks / sizeof marks[0]; i++)
+        if (len == strlen(marks[i]) && len < cap && !memcmp(t, marks[i], len)) {
+            memcpy(buf, t, len);
+            *n = len;
+            return 1;
+        }
+    return 0;
+}
+
 /* r has run its feed up to the end and logits (its row) holds the next token's: draws it and
  * publishes it, or finishes r. */
 static void draw(srv_server *s, srv_req *r, const float *logits) {
@@ -651,15 +674,33 @@ static void draw(srv_server *s, srv_req *r, const float *logits) {
     float lp = 0;
     srv_top top[SRV_MAX_TOP_LOGPROBS];
     g5_status st = samp_sample(r->samp, logits, &id, &e);
+    if (st == G5_OK && r->force_armed && r->force_pos < r->p.n_force) id = r->p.force[r->force_pos++];
     if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
         st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);
     if (st == G5_OK && r->p.logprobs) logprobs_of(logits, V, id, r->p.top_logprobs, &lp, top);
     const char *bytes = NULL;
     size_t nb = 0;
+    char mark[64];
     int eog = st == G5_OK && tok_is_eog(s->tok, id);
     if (st == G5_OK && !eog) {
         samp_accept(r->samp, id);
-        if ((uint32_t)id < tok_n_vocab(s->tok)) st = tok_stream_push(r->ts, id, &bytes, &nb, &e);
+        size_t ml = 0;
+        if (r->p.kind == SRV_KIND_CHAT && chat_marker(s->tok, id, mark, sizeof mark, &ml)) {
+            /* the parser needs the marker: what the stream held back, then its text */
+            const char *held;
+            size_t nh;
+            tok_stream_flush(r->ts, &held, &nh);
+            if (nh + ml <= sizeof mark) {
+                memmove(mark + nh, mark, ml);
+                memcpy(mark, held, nh);
+                ml += nh;
+            }
+            bytes = mark;
+            nb = ml;
+            if (ml >= 8 && !memcmp(mark + ml - 8, "</think>", 8)) r->force_armed = 1;
+        } else if ((uint32_t)id < tok_n_vocab(s->tok)) {
+            st = tok_stream_push(r->ts, id, &bytes, &nb, &e);
+        }
     }
     double now = srv_now();
 

@@ -24,7 +24,8 @@ static const double e2e_bounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 #define NB(a) ((uint32_t)(sizeof a / sizeof a[0]))
 
 static const char *const ep_names[SRV_EP_COUNT] = {"completions", "chat_completions", "models",
-                                                   "health", "metrics", "other"};
+                                                   "health", "metrics", "tokenize", "detokenize",
+                                                   "model", "other"};
 
 /* Per-HTTP-request state. Referenced by the connection and, while streaming, by the response. */
 typedef struct conn_ctx {
@@ -395,6 +396,35 @@ static enum MHD_Result generate(conn_ctx *c) {
     return reply(c, 200, "application/json", body);
 }
 
+/* GET /v1/models/{id}: the model object, or 404 as vLLM answers an unknown id. The id is the
+ * URL's rest as libmicrohttpd gives it (percent-decoded). */
+static enum MHD_Result model_info(conn_ctx *c) {
+    srv_server *s = c->s;
+    const char *id = !strncmp(c->url, "/v1/", 4) ? c->url + 11 : c->url + 8;
+    if (strcmp(id, s->model_name) != 0)
+        return reply_error(c, 404, "model", "The model `%.150s` does not exist.", id);
+    pthread_mutex_lock(&s->mu);
+    char *m = srv_api_model_json(s);
+    pthread_mutex_unlock(&s->mu);
+    return reply(c, 200, "application/json", m);
+}
+
+static enum MHD_Result tokenize(conn_ctx *c) {
+    srv_server *s = c->s;
+    if (c->too_big)
+        return reply_error(c, 413, NULL, "the request body is larger than %llu bytes",
+                           (unsigned long long)s->cfg.max_body);
+    g5_error le = {0};
+    if (srv_get_load_state(s, &le) != SRV_READY) return reply_error(c, 503, NULL, "the model is not loaded");
+    char msg[768], *out = NULL;
+    const char *param = NULL;
+    int rc = c->ep == SRV_EP_TOKENIZE
+                 ? srv_api_tokenize(s, c->body ? c->body : "", c->body_len, &out, msg, sizeof msg, &param)
+                 : srv_api_detokenize(s, c->body ? c->body : "", c->body_len, &out, msg, sizeof msg, &param);
+    if (rc) return reply_error(c, rc, param, "%s", msg);
+    return reply(c, 200, "application/json", out);
+}
+
 static int auth_ok(conn_ctx *c) {
     const char *key = c->s->api_key;
     const char *h = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -413,6 +443,9 @@ static srv_ep route(const char *url) {
     if (!strcmp(url, "/v1/models") || !strcmp(url, "/models")) return SRV_EP_MODELS;
     if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
     if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
+    if (!strcmp(url, "/tokenize")) return SRV_EP_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return SRV_EP_DETOKENIZE;
+    if (!strncmp(url, "/v1/models/", 11) || !strncmp(url, "/models/", 8)) return SRV_EP_MODEL;
     return SRV_EP_OTHER;
 }
 
@@ -440,6 +473,13 @@ static enum MHD_Result dispatch(conn_ctx *c, const char *method) {
         pthread_mutex_unlock(&s->mu);
         return reply(c, 200, "application/json", m);
     }
+    case SRV_EP_MODEL:
+        if (!get) return reply_error(c, 405, NULL, "use GET for %s", c->url);
+        return model_info(c);
+    case SRV_EP_TOKENIZE:
+    case SRV_EP_DETOKENIZE:
+        if (!post) return reply_error(c, 405, NULL, "use POST for %s", c->url);
+        return tokenize(c);
     case SRV_EP_COMPLETIONS:
     case SRV_EP_CHAT:
         if (!post) return reply_error(c, 405, NULL, "use POST for %s", c->url);
