@@ -1,6 +1,6 @@
 /* glm5-run: runs GLM-5 from a blob set (any TP degree) or a GGUF (TP = 1) on the CPU.
  *
- *   glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]
+ *   glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | -f FILE | --tokens ID,ID,...) [options]
  *
  * Streams the generated text to stdout (or the ids with --ids); timing goes to stderr.
  * --dump-logits FILE writes the logits of every prompt position as little-endian float32
@@ -28,6 +28,7 @@
 
 #include "format/blob.h"
 #include "format/glm5.h"
+#include "format/version.h"
 #include "runtime/text/chat.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/draft.h"
@@ -45,6 +46,8 @@ typedef struct args {
     const char *model;
     const char *device;
     const char *prompt;
+    const char *prompt_file;   /* -f FILE ("-": stdin) */
+    char *prompt_text;         /* its contents (freed at exit) */
     const char *tokens;
     const char *system;
     const char *dump_logits;
@@ -62,8 +65,10 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]\n"
+            "usage: glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | -f FILE | --tokens ID,ID,...) [options]\n"
             "  -m PATH              a blob set directory (glm5-shard convert) or a GGUF (TP 1)\n"
+            "  -f FILE              the prompt is FILE's text (\"-\": standard input), as with -p\n"
+            "  --version            print the version and exit\n"
             "  --device cpu|cuda    where to run (cuda: the CUDA build, build/gpu/bin/glm5-run)\n"
             "  --tp N               tensor-parallel ranks: must equal the blob set's (a GGUF is\n"
             "                       TP 1: `glm5-shard convert --tp N` first). With --device cuda\n"
@@ -122,6 +127,42 @@ static int parse_float(const char *s, float *out) {
     return 1;
 }
 
+/* The whole of FILE ("-": standard input) as a string; NULL (message printed) if it cannot be
+ * read or holds a NUL byte. */
+static char *read_prompt(const char *path) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "glm5-run: -f %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    for (;;) {
+        if (b && n + 1 >= cap) {
+            char *q = cap < ((size_t)1 << 31) ? realloc(b, cap * 2) : NULL;
+            if (!q) {
+                free(b);
+                b = NULL;
+            }
+            b = q;
+            cap *= 2;
+        }
+        if (!b) break;
+        size_t k = fread(b + n, 1, cap - n - 1, f);
+        n += k;
+        if (k == 0) break;
+    }
+    int err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!b || err || memchr(b, 0, n)) {
+        fprintf(stderr, "glm5-run: -f %s: %s\n", path, !b ? "out of memory" : err ? "read error" : "the file holds a NUL byte");
+        free(b);
+        return NULL;
+    }
+    b[n] = 0;
+    return b;
+}
+
 static int parse_args(int argc, char **argv, args *a) {
     memset(a, 0, sizeof *a);
     a->n_predict = 64;
@@ -137,6 +178,10 @@ static int parse_args(int argc, char **argv, args *a) {
 #define BAD() do { fprintf(stderr, "glm5-run: bad value for %s: '%s'\n", o, v); return 0; } while (0)
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             return -1;
+        } else if (!strcmp(o, "--version")) {
+            return -2;
+        } else if (!strcmp(o, "-f") || !strcmp(o, "--file")) {
+            NEED(); a->prompt_file = v;
         } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
             NEED(); a->model = v;
         } else if (!strcmp(o, "--device")) {
@@ -226,7 +271,9 @@ static int parse_args(int argc, char **argv, args *a) {
 #undef BAD
     }
     if (!a->model) { fprintf(stderr, "glm5-run: -m is required\n"); return 0; }
-    if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p and --tokens\n"); return 0; }
+    if (a->prompt_file && a->prompt) { fprintf(stderr, "glm5-run: give one of -p and -f\n"); return 0; }
+    if (a->prompt_file && !(a->prompt = a->prompt_text = read_prompt(a->prompt_file))) return 0;
+    if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p, -f and --tokens\n"); return 0; }
     if (a->chat && !a->prompt) { fprintf(stderr, "glm5-run: --chat needs -p\n"); return 0; }
     a->cuda = !strcmp(a->device, "cuda");
     if (strcmp(a->device, "cpu") != 0 && !a->cuda) {
@@ -454,8 +501,14 @@ int main(int argc, char **argv) {
     if (rt_comm_size(comm) > 1) snprintf(g_who, sizeof g_who, "rank %u: ", rt_comm_rank(comm));
     args a;
     int pa = parse_args(argc, argv, &a);
+    if (pa == -2) {
+        if (lead) g5_print_version(stdout, "glm5-run");
+        rt_comm_free(comm);
+        return 0;
+    }
     if (pa <= 0) {
         if (lead) usage(pa < 0 ? stdout : stderr);
+        free(a.prompt_text);
         rt_comm_free(comm);
         return pa < 0 ? 0 : 2;
     }
@@ -738,5 +791,6 @@ out:
     rt_model_free(m);
     rt_wset_free(ws);
     rt_comm_free(comm);
+    free(a.prompt_text);
     return rc;
 }

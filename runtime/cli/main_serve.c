@@ -13,6 +13,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "format/version.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/serve/serve.h"
 
@@ -36,7 +37,9 @@ static void usage(FILE *f) {
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
             "  --max-body BYTES     request body limit (default 1048576)\n"
-            "  --name ID            model id reported by the API (default: the file's base name)\n"
+            "  --name ID, --alias ID  model id reported by the API (default: the file's base name);\n"
+            "                       a request naming another model gets 404\n"
+            "  --version            print the version and exit\n"
             "  --no-prefault        do not read all weight pages at load\n");
 }
 
@@ -101,6 +104,9 @@ int main(int argc, char **argv) {
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(o, "--version")) {
+            g5_print_version(stdout, "glm5-serve");
+            return 0;
         } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
             NEED();
             c.model_path = v;
@@ -131,7 +137,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(o, "--max-body")) {
             NUM(1024, 1ul << 30);
             c.max_body = u;
-        } else if (!strcmp(o, "--name")) {
+        } else if (!strcmp(o, "--name") || !strcmp(o, "--alias")) {
             NEED();
             c.model_name = v;
         } else if (!strcmp(o, "--no-prefault")) {
