@@ -399,6 +399,98 @@ static void test_outputs(uint16_t port) {
     check_answer("required", &a, 0, 1);
 }
 
+/* ---- prefix caching ---- */
+
+typedef struct comp {
+    int status;
+    int32_t ids[64];
+    int n;
+    long cached;
+} comp;
+
+static void complete(uint16_t port, const int32_t *prompt, int np, int stream, comp *c) {
+    json_t *req = json_pack("{s:i,s:i,s:b,s:b,s:{s:b}}", "max_tokens", 8, "temperature", 0, "return_token_ids", 1,
+                            "stream", stream, "stream_options", "include_usage", 1);
+    json_t *a = json_array();
+    for (int i = 0; i < np; i++) json_array_append_new(a, json_integer(prompt[i]));
+    json_object_set_new(req, "prompt", a);
+    if (!stream) json_object_del(req, "stream_options");
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    memset(c, 0, sizeof *c);
+    c->cached = -1;
+    char *raw = NULL;
+    json_t *j = call(port, "POST", "/v1/completions", body, &c->status, &raw);
+    free(body);
+    json_t *evs = json_array();
+    if (!stream && j) json_array_append(evs, j);
+    for (const char *p = raw; stream && p && (p = strstr(p, "data: "));) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        if (!e) break;
+        json_t *ev = json_loadb(p, (size_t)(e - p), 0, NULL);
+        if (ev) json_array_append_new(evs, ev);
+        p = e;
+    }
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        json_t *ch = json_array_get(json_object_get(ev, "choices"), 0);
+        c->n += ids_of(json_object_get(ch, "token_ids"), c->ids + c->n, 64 - c->n);
+        json_t *d = json_object_get(json_object_get(json_object_get(ev, "usage"), "prompt_tokens_details"), "cached_tokens");
+        if (json_is_integer(d)) c->cached = (long)json_integer_value(d);
+    }
+    json_decref(evs);
+    json_decref(j);
+    free(raw);
+}
+
+static long metric(uint16_t port, const char *name) {
+    int st;
+    char *raw = NULL;
+    json_t *j = call(port, "GET", "/metrics", NULL, &st, &raw);
+    json_decref(j);
+    long v = -1;
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = raw ? strstr(raw, key) : NULL;
+    if (p) v = strtol(p + strlen(key), NULL, 10);
+    free(raw);
+    return v;
+}
+
+/* A second request sharing a long prefix reports cached tokens and gets the output a server
+ * without the cache gives; the hit counters move. */
+static void test_prefix(uint16_t port, uint16_t port_nc) {
+    int32_t a[100], b[110];
+    for (int i = 0; i < 100; i++) a[i] = (int32_t)(1500 + (i * 29) % 500);
+    memcpy(b, a, 80 * sizeof *b);
+    for (int i = 80; i < 110; i++) b[i] = (int32_t)(100 + i);
+    static comp c1, c2, c3, r1, r2, s3;
+    long h0 = metric(port, "glm5_prefix_cache_hits_total");
+    complete(port, a, 100, 0, &c1);
+    complete(port, b, 110, 0, &c2);
+    complete(port, a, 100, 0, &c3);
+    complete(port, a, 100, 1, &s3);
+    complete(port_nc, a, 100, 0, &r1);
+    complete(port_nc, b, 110, 0, &r2);
+    T_CHECK(c1.status == 200 && c1.cached == 0 && c1.n == 8, "first request: %d, cached %ld", c1.status, c1.cached);
+    T_CHECK(c2.status == 200 && c2.cached == 80, "shared 80-token prefix: cached %ld (want 80: 5 blocks)", c2.cached);
+    T_CHECK(c3.cached == 96 && s3.cached == 96, "same prompt again: cached %ld / streamed %ld (want 96: 6 blocks, one "
+                                                "token left to run)", c3.cached, s3.cached);
+    T_CHECK(r1.cached == 0 && r2.cached == 0, "no prefix cache: cached %ld %ld", r1.cached, r2.cached);
+    T_CHECK(c1.n == r1.n && !memcmp(c1.ids, r1.ids, sizeof c1.ids) && c3.n == r1.n &&
+                !memcmp(c3.ids, r1.ids, sizeof c1.ids) && s3.n == r1.n && !memcmp(s3.ids, r1.ids, sizeof c1.ids),
+            "prompt A: same output with and without the cache");
+    T_CHECK(c2.n == r2.n && r2.n == 8 && !memcmp(c2.ids, r2.ids, sizeof c2.ids), "prompt B: same output with and without the cache");
+    long h1 = metric(port, "glm5_prefix_cache_hits_total");
+    T_CHECK(h1 - h0 == 80 + 96 + 96, "hits counter: +%ld", h1 - h0);
+    T_CHECK(metric(port, "glm5_prefix_cache_queries_total") >= 400 && metric(port, "glm5_prefix_cache_blocks") > 0 &&
+                metric(port_nc, "glm5_prefix_cache_hits_total") == 0,
+            "prefix metrics");
+    T_CHECK(metric(port, "glm5_cache_blocks_in_use") == 0, "cached blocks are not in use");
+}
+
 int main(void) {
     gguf_ctx *g = NULL;
     if (gguf_open(T_ORACLE_GGUF, &g, NULL) == G5_OK) tok_create(g, &g_tok, NULL);
@@ -423,6 +515,15 @@ int main(void) {
         test_tool_prompt(port);
         test_refusals(port);
         test_outputs(port);
+        srv_config c2 = c;
+        c2.prefix_cache = 0;
+        srv_server *s2 = NULL;
+        T_CHECK(srv_create(&c2, &s2, &e) == G5_OK, "srv_create without prefix cache: %s", e.msg);
+        if (s2) {
+            for (int i = 0; i < 3000 && srv_get_load_state(s2, NULL) == SRV_LOADING; i++) sleep_ms(20);
+            test_prefix(port, srv_port(s2));
+            srv_free(s2);
+        }
         srv_free(s);
     }
     tok_free(g_tok);

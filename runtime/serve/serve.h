@@ -79,6 +79,8 @@ typedef struct srv_config {
     int prefault;            /* touch every weight page at load (default 1): measures the read
                                 rate and keeps first requests from paying for page faults
                                 (CPU only: the CUDA loader reads the blob files itself) */
+    int prefix_cache;        /* reuse cache blocks of earlier requests' token prefixes (default 1;
+                                CPU only: the GPU sequences' caches cannot share blocks yet) */
     srv_device device;       /* default SRV_DEVICE_CPU */
     int gpu0;                /* CUDA: first device; rank r on (gpu0 + r) % n_devices */
     int gpu_fast;            /* CUDA: --precision fast (default precise) */
@@ -113,6 +115,7 @@ typedef struct srv_stats {
     uint64_t cancelled;        /* generation requests cancelled (client gone, shutdown) */
     uint64_t preemptions;
     uint64_t prompt_tokens, generated_tokens;
+    uint64_t prefix_query_tokens, prefix_hit_tokens; /* prompt tokens looked up / reused */
     double load_seconds;
     uint64_t load_bytes;
 } srv_stats;

@@ -790,8 +790,9 @@ static json_t *token_ids_json(const srv_req *r, uint32_t a, uint32_t b) {
 }
 
 static json_t *usage_json(const srv_req *r) {
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)r->p.n_prompt, "completion_tokens",
-                     (json_int_t)r->n_out, "total_tokens", (json_int_t)r->p.n_prompt + r->n_out);
+    return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)r->p.n_prompt, "completion_tokens",
+                     (json_int_t)r->n_out, "total_tokens", (json_int_t)r->p.n_prompt + r->n_out,
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)r->cached_tokens);
 }
 
 /* The JSON type a tool's parameter declares ("string", "integer", ...), or NULL. */

@@ -194,7 +194,10 @@ srv_req *srv_req_new(srv_server *s, srv_params *p) {
 }
 
 /* Frees the engine's resources of r; its state returns its blocks to the pool (under mu). */
+static void publish_prefix_locked(srv_server *s, srv_req *r);
+
 static void req_drop_engine_locked(srv_server *s, srv_req *r) {
+    publish_prefix_locked(s, r);
     rt_state_free(r->st);
     r->st = NULL;
     if (r->gslot >= 0) srv_gpu_slot_put(s->gpu, r->gslot);
@@ -383,6 +386,7 @@ static void *loader_main(void *arg) {
         uint32_t nb = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
         if (!cuda) {
             st = srv_blocks_create_pool(m, nb, s->cfg.block_tokens, &blocks, &e);
+            if (st == G5_OK && s->cfg.prefix_cache) st = rt_kvpool_enable_prefix(srv_blocks_pool(blocks), &e);
         } else {
             const char *blob_dir = strcmp(rt_wset_source(ws), "blobs") == 0 ? s->model_path : NULL;
             const uint64_t per = max_ctx / s->cfg.block_tokens + (max_ctx % s->cfg.block_tokens != 0);
@@ -409,6 +413,7 @@ static void *loader_main(void *arg) {
         s->logits = logits;
         s->n_vocab = n_vocab;
         s->max_ctx = max_ctx;
+        s->prefix_cache = s->cfg.prefix_cache && !cuda;
         s->load_seconds = dt;
         s->load_bytes = bytes;
         s->load = SRV_READY;
@@ -518,6 +523,37 @@ static void preempt_locked(srv_server *s, srv_req *r) {
     s->n_preemptions++;
 }
 
+/* A fresh state starts from the cached blocks of the longest cached prefix of its feed (the
+ * prompt, after a preemption also the output so far). */
+static g5_status attach_prefix_locked(srv_server *s, srv_req *r, g5_error *e) {
+    uint32_t reused = 0;
+    g5_status st = rt_state_attach_prefix(r->st, r->feed, r->n_feed, &reused, e);
+    if (st) return st;
+    r->n_past = reused;
+    r->feed_off = reused;
+    if (!r->prefix_looked_up) { /* the request's first admission: its prompt's reuse */
+        r->prefix_looked_up = 1;
+        r->cached_tokens = reused;
+        s->prefix_query_tokens += r->p.n_prompt;
+        s->prefix_hit_tokens += reused;
+    }
+    return G5_OK;
+}
+
+/* Registers the full blocks of r's state (tokens: the prompt, then the output) for reuse. */
+static void publish_prefix_locked(srv_server *s, srv_req *r) {
+    if (!s->prefix_cache || !r->st || !r->n_past) return;
+    uint32_t n = r->n_past;
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    if (!t) return; /* only a lost chance of reuse */
+    uint32_t np = n < r->p.n_prompt ? n : r->p.n_prompt;
+    memcpy(t, r->p.prompt, (size_t)np * sizeof *t);
+    if (n > np) memcpy(t + np, r->out_ids, (size_t)(n - np) * sizeof *t);
+    g5_error e = {0};
+    (void)rt_state_publish_prefix(r->st, t, &e);
+    free(t);
+}
+
 static void admit_locked(srv_server *s) {
     while (s->n_running < s->cfg.max_batch && s->n_waiting > 0) {
         srv_req *r = s->waiting[0];
@@ -532,6 +568,8 @@ static void admit_locked(srv_server *s) {
                 st = g5_fail(&e, G5_ERR_INTERNAL, "no free GPU sequence with %u running", s->n_running);
         } else if (!r->st) {
             st = rt_state_create_paged(s->m, srv_blocks_pool(s->blocks), &r->st, &e);
+            if (st == G5_OK && s->prefix_cache) st = attach_prefix_locked(s, r, &e);
+            pending = r->n_feed - r->feed_off;
         }
         if (st == G5_OK && !r->samp) {
             st = samp_create(&r->p.sp, rt_model_hparams(s->m)->n_vocab, &r->samp, &e);
@@ -796,6 +834,11 @@ static void prefill_step(srv_server *s, srv_req *r) {
     }
     r->n_past += chunk;
     r->feed_off += chunk;
+    if (s->prefix_cache) { /* the prompt's blocks are reusable as soon as they are full */
+        pthread_mutex_lock(&s->mu);
+        publish_prefix_locked(s, r);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (last) draw(s, r, s->logits);
 }
 
@@ -937,6 +980,8 @@ void srv_get_stats(srv_server *s, srv_stats *o) {
     o->preemptions = s->n_preemptions;
     o->prompt_tokens = s->prompt_tokens;
     o->generated_tokens = s->generated_tokens;
+    o->prefix_query_tokens = s->prefix_query_tokens;
+    o->prefix_hit_tokens = s->prefix_hit_tokens;
     o->load_seconds = s->load_seconds;
     o->load_bytes = s->load_bytes;
     pthread_mutex_unlock(&s->mu);

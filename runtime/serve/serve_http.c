@@ -221,6 +221,15 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_cache_block_tokens %u\n", s->cfg.block_tokens);
     sb_metric(&b, "glm5_cache_usage_ratio", "gauge", "fraction of cache blocks in use");
     sb_printf(&b, "glm5_cache_usage_ratio %.6f\n", total ? (double)used / total : 0.0);
+    sb_metric(&b, "glm5_prefix_cache_queries_total", "counter", "prompt tokens looked up in the prefix cache");
+    sb_printf(&b, "glm5_prefix_cache_queries_total %llu\n", (unsigned long long)s->prefix_query_tokens);
+    sb_metric(&b, "glm5_prefix_cache_hits_total", "counter", "prompt tokens whose cache blocks were reused");
+    sb_printf(&b, "glm5_prefix_cache_hits_total %llu\n", (unsigned long long)s->prefix_hit_tokens);
+    rt_kvpool *kp = s->prefix_cache && s->blocks ? srv_blocks_pool(s->blocks) : NULL;
+    sb_metric(&b, "glm5_prefix_cache_blocks", "gauge", "cached blocks no sequence holds (reusable, counted free)");
+    sb_printf(&b, "glm5_prefix_cache_blocks %u\n", kp ? rt_kvpool_n_cached(kp) : 0);
+    sb_metric(&b, "glm5_prefix_cache_evictions_total", "counter", "cached blocks reused for other tokens");
+    sb_printf(&b, "glm5_prefix_cache_evictions_total %llu\n", kp ? (unsigned long long)rt_kvpool_n_evicted(kp) : 0ull);
     sb_metric(&b, "glm5_model_loaded", "gauge", "1 once the model is loaded");
     sb_printf(&b, "glm5_model_loaded %d\n", s->load == SRV_READY);
     sb_metric(&b, "glm5_model_load_seconds", "gauge", "time to open, read and set up the weights");
@@ -601,6 +610,7 @@ void srv_config_default(srv_config *c) {
     c->prefill_chunk = 256;
     c->max_body = 1u << 20;
     c->prefault = 1;
+    c->prefix_cache = 1;
 }
 
 static int bind_listen(const char *host, uint16_t port, uint16_t *bound, g5_error *err) {

@@ -83,11 +83,13 @@ typedef struct srv_req {
                                   drawn token; after a preemption the prompt and all output */
     uint32_t n_feed, feed_off, cap_feed;
     uint32_t force_pos;        /* p.force tokens drawn so far */
+    int prefix_looked_up;      /* the prompt was looked up in the prefix cache */
     int force_armed;           /* the reasoning is over: forcing may start */
 
     /* shared (under mu) */
     srv_rstate state;
     int cancelled;
+    uint32_t cached_tokens;    /* prompt tokens taken from the prefix cache */
     int32_t *out_ids;          /* [n_out] generated tokens (an end-of-generation token is not
                                   part of the output) */
     float *out_lp;             /* [n_out] their log-probabilities (if p.logprobs) */
@@ -179,6 +181,8 @@ struct srv_server {
     uint64_t n_requests[SRV_EP_COUNT][SRV_CODE_SLOTS];
     uint64_t n_completions, n_cancelled, n_preemptions, n_failed;
     uint64_t prompt_tokens, generated_tokens;
+    int prefix_cache;          /* CPU pool with prefix caching (set at load) */
+    uint64_t prefix_query_tokens, prefix_hit_tokens;
     srv_hist ttft, tpot, e2e;
     double load_seconds;
     uint64_t load_bytes;
