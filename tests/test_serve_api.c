@@ -491,6 +491,24 @@ static void test_prefix(uint16_t port, uint16_t port_nc) {
     T_CHECK(metric(port, "glm5_cache_blocks_in_use") == 0, "cached blocks are not in use");
 }
 
+/* --cors: preflights answered 204 without a key, the origin header on every reply; without it
+ * OPTIONS is not an allowed method and no header is sent. */
+static void test_cors(uint16_t port, uint16_t port_plain) {
+    hresp h;
+    int rc = http_do(port, "OPTIONS", "/v1/chat/completions", "Origin: https://app.example\r\n"
+                     "Access-Control-Request-Method: POST\r\n", NULL, &h);
+    T_CHECK(rc == 0 && h.status == 204 && strstr(h.raw, "Access-Control-Allow-Origin: https://app.example") &&
+                strstr(h.raw, "Access-Control-Allow-Headers: Authorization, Content-Type"),
+            "preflight: %d", h.status);
+    hresp_free(&h);
+    rc = http_do(port, "GET", "/v1/models", NULL, NULL, &h);
+    T_CHECK(rc == 0 && h.status == 200 && strstr(h.raw, "Access-Control-Allow-Origin: https://app.example"), "origin header");
+    hresp_free(&h);
+    rc = http_do(port_plain, "OPTIONS", "/v1/chat/completions", NULL, NULL, &h);
+    T_CHECK(rc == 0 && h.status == 405 && !strstr(h.raw, "Access-Control"), "no --cors: OPTIONS %d", h.status);
+    hresp_free(&h);
+}
+
 int main(void) {
     gguf_ctx *g = NULL;
     if (gguf_open(T_ORACLE_GGUF, &g, NULL) == G5_OK) tok_create(g, &g_tok, NULL);
@@ -504,6 +522,7 @@ int main(void) {
     c.n_threads = 2;
     c.max_batch = 4;
     c.log = log_cb;
+    c.cors_origin = "https://app.example";
     srv_server *s = NULL;
     g5_error e = {0};
     T_CHECK(srv_create(&c, &s, &e) == G5_OK, "srv_create: %s", e.msg);
@@ -517,11 +536,13 @@ int main(void) {
         test_outputs(port);
         srv_config c2 = c;
         c2.prefix_cache = 0;
+        c2.cors_origin = NULL;
         srv_server *s2 = NULL;
         T_CHECK(srv_create(&c2, &s2, &e) == G5_OK, "srv_create without prefix cache: %s", e.msg);
         if (s2) {
             for (int i = 0; i < 3000 && srv_get_load_state(s2, NULL) == SRV_LOADING; i++) sleep_ms(20);
             test_prefix(port, srv_port(s2));
+            test_cors(port, srv_port(s2));
             srv_free(s2);
         }
         srv_free(s);

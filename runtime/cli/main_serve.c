@@ -39,6 +39,8 @@ static void usage(FILE *f) {
             "  --max-body BYTES     request body limit (default 1048576)\n"
             "  --name ID, --alias ID  model id reported by the API (default: the file's base name);\n"
             "                       a request naming another model gets 404\n"
+            "  --cors ORIGIN        CORS headers for browsers at ORIGIN (\"*\": any); OPTIONS\n"
+            "                       preflights answered (default: none)\n"
             "  --no-prefix-cache    do not reuse cache blocks of earlier prompts (CPU; the GPU\n"
             "                       caches are never shared)\n"
             "  --version            print the version and exit\n"
@@ -142,6 +144,9 @@ int main(int argc, char **argv) {
         } else if (!strcmp(o, "--name") || !strcmp(o, "--alias")) {
             NEED();
             c.model_name = v;
+        } else if (!strcmp(o, "--cors")) {
+            NEED();
+            c.cors_origin = v;
         } else if (!strcmp(o, "--no-prefix-cache")) {
             c.prefix_cache = 0;
         } else if (!strcmp(o, "--no-prefault")) {

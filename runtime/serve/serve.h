@@ -79,6 +79,8 @@ typedef struct srv_config {
     int prefault;            /* touch every weight page at load (default 1): measures the read
                                 rate and keeps first requests from paying for page faults
                                 (CPU only: the CUDA loader reads the blob files itself) */
+    const char *cors_origin; /* NULL: no CORS headers; else Access-Control-Allow-Origin's value
+                                on every reply, and OPTIONS preflights answered 204 */
     int prefix_cache;        /* reuse cache blocks of earlier requests' token prefixes (default 1;
                                 CPU only: the GPU sequences' caches cannot share blocks yet) */
     srv_device device;       /* default SRV_DEVICE_CPU */

@@ -83,6 +83,15 @@ static void wait_tick(srv_req *r, pthread_mutex_t *mu) {
 
 /* ---- replies ---- */
 
+/* --cors ORIGIN: browsers at ORIGIN ("*": any) may call the API. */
+static void add_cors(srv_server *s, struct MHD_Response *resp) {
+    if (!s->cfg.cors_origin) return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", s->cfg.cors_origin);
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+}
+
 static enum MHD_Result reply(conn_ctx *c, int code, const char *ctype, char *body) {
     if (!body) {
         code = 500;
@@ -105,6 +114,7 @@ static enum MHD_Result reply(conn_ctx *c, int code, const char *ctype, char *bod
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_cors(c->s, resp);
     if (code == 429 || code == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (code == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result ok = MHD_queue_response(c->conn, (unsigned)code, resp);
@@ -379,6 +389,7 @@ static enum MHD_Result generate(conn_ctx *c) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        add_cors(s, resp);
         enum MHD_Result ok = MHD_queue_response(c->conn, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);
         c->responded = 1;
@@ -461,6 +472,8 @@ static srv_ep route(const char *url) {
 static enum MHD_Result dispatch(conn_ctx *c, const char *method) {
     srv_server *s = c->s;
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(method, "OPTIONS") && s->cfg.cors_origin) /* a CORS preflight: no key needed */
+        return reply(c, 204, "text/plain", strdup(""));
     if (c->ep == SRV_EP_HEALTH) {
         if (!get) return reply_error(c, 405, NULL, "use GET for %s", c->url);
         g5_error le = {0};
@@ -695,7 +708,10 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
     s->model_name = cfg->model_name && *cfg->model_name ? strdup(cfg->model_name) : base_name(cfg->model_path);
     s->host = strdup(cfg->host && *cfg->host ? cfg->host : "127.0.0.1");
     s->api_key = cfg->api_key && *cfg->api_key ? strdup(cfg->api_key) : NULL;
-    if (!s->model_path || !s->model_name || !s->host || (cfg->api_key && *cfg->api_key && !s->api_key)) {
+    s->cors = cfg->cors_origin && *cfg->cors_origin ? strdup(cfg->cors_origin) : NULL;
+    s->cfg.cors_origin = s->cors;
+    if (!s->model_path || !s->model_name || !s->host || (cfg->api_key && *cfg->api_key && !s->api_key) ||
+        (cfg->cors_origin && *cfg->cors_origin && !s->cors)) {
         srv_free(s);
         return g5_fail(err, G5_ERR_NOMEM, "server");
     }
@@ -753,6 +769,7 @@ void srv_free(srv_server *s) {
     free(s->model_name);
     free(s->host);
     free(s->api_key);
+    free(s->cors);
     pthread_cond_destroy(&s->engine_cv);
     pthread_cond_destroy(&s->load_cv);
     pthread_mutex_destroy(&s->mu);

@@ -142,7 +142,7 @@ int srv_code_slot(int code);
 
 struct srv_server {
     srv_config cfg;            /* strings point at the copies below */
-    char *model_path, *model_name, *host, *api_key;
+    char *model_path, *model_name, *host, *api_key, *cors;
     struct MHD_Daemon *daemon;
     uint16_t port;
     double t_start;
