@@ -251,6 +251,21 @@ static size_t render_ids(const int32_t *ids, int n, char *out, size_t cap) {
     return len;
 }
 
+/* The response objects: the one body, or each SSE event of a streamed one. */
+static json_t *events(json_t *j, const char *raw, int stream) {
+    json_t *evs = json_array();
+    if (!stream && j) json_array_append(evs, j);
+    for (const char *p = raw; stream && p && (p = strstr(p, "data: "));) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        if (!e) break;
+        json_t *ev = json_loadb(p, (size_t)(e - p), 0, NULL);
+        if (ev) json_array_append_new(evs, ev);
+        p = e;
+    }
+    return evs;
+}
+
 typedef struct answer {
     int status;
     char reasoning[16384], content[16384];
@@ -271,16 +286,7 @@ static void chat(uint16_t port, const char *body, int stream, answer *a) {
     memset(a, 0, sizeof *a);
     char *raw = NULL;
     json_t *j = call(port, "POST", "/v1/chat/completions", body, &a->status, stream ? &raw : NULL);
-    json_t *evs = json_array();
-    if (!stream && j) json_array_append(evs, j);
-    for (const char *p = raw; p && (p = strstr(p, "data: "));) {
-        p += 6;
-        const char *e = strstr(p, "\n\n");
-        if (!e) break;
-        json_t *ev = json_loadb(p, (size_t)(e - p), 0, NULL);
-        if (ev) json_array_append_new(evs, ev);
-        p = e;
-    }
+    json_t *evs = events(j, raw, stream);
     size_t i;
     json_t *ev;
     json_array_foreach(evs, i, ev) {
@@ -422,16 +428,7 @@ static void complete(uint16_t port, const int32_t *prompt, int np, int stream, c
     char *raw = NULL;
     json_t *j = call(port, "POST", "/v1/completions", body, &c->status, &raw);
     free(body);
-    json_t *evs = json_array();
-    if (!stream && j) json_array_append(evs, j);
-    for (const char *p = raw; stream && p && (p = strstr(p, "data: "));) {
-        p += 6;
-        const char *e = strstr(p, "\n\n");
-        if (!e) break;
-        json_t *ev = json_loadb(p, (size_t)(e - p), 0, NULL);
-        if (ev) json_array_append_new(evs, ev);
-        p = e;
-    }
+    json_t *evs = events(j, raw, stream);
     size_t i;
     json_t *ev;
     json_array_foreach(evs, i, ev) {

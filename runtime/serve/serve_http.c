@@ -431,10 +431,8 @@ static enum MHD_Result model_info(conn_ctx *c) {
 
 static enum MHD_Result tokenize(conn_ctx *c) {
     srv_server *s = c->s;
-    if (c->too_big)
-        return reply_error(c, 413, NULL, "the request body is larger than %llu bytes",
-                           (unsigned long long)s->cfg.max_body);
     g5_error le = {0};
+    if (c->too_big) return generate(c); /* its 413 */
     if (srv_get_load_state(s, &le) != SRV_READY) return reply_error(c, 503, NULL, "the model is not loaded");
     char msg[768], *out = NULL;
     const char *param = NULL;
