@@ -117,6 +117,7 @@ static int all_ws(const char *b, const char *e) {
  * Returns 1 on success, 0 if it is not well-formed (c empty), -1 out of memory. */
 static int parse_call(const char *s, size_t n, chat_parsed_call *c) {
     memset(c, 0, sizeof *c);
+    if (memchr(s, 0, n)) return 0; /* names and arguments are C strings */
     const char *e = s + n;
     const char *k = find(s, n, M_KEY);
     const char *name_end = k ? k : e;
@@ -259,9 +260,11 @@ static int run(chat_parser *p, int final) {
         off += left - hold;
         break;
     }
-    memmove(p->pending.p, s + off, n - off);
-    p->pending.n = n - off;
-    if (p->pending.p) p->pending.p[p->pending.n] = 0;
+    if (p->pending.p) {
+        memmove(p->pending.p, s + off, n - off);
+        p->pending.n = n - off;
+        p->pending.p[p->pending.n] = 0;
+    }
     if (final && p->st == P_CALL) {
         p->st = P_CONTENT;
         if (!close_call(p, 0)) return 0;

@@ -10,8 +10,8 @@
  *  - content: the rest, with every complete tool call cut out;
  *  - tool calls: NAME (whitespace trimmed) and the (key, value) pairs, keys trimmed, values as
  *    written (GLM-4.5 puts newlines around them: one leading and one trailing newline dropped).
- * A tool call whose name is empty or whose arguments are not well-formed pairs stays in the
- * content as written. A suffix that may be the start of a marker is held back until the next
+ * A tool call whose name is empty or whose arguments are not well-formed pairs (or that holds
+ * a NUL byte) stays in the content as written. A suffix that may be the start of a marker is held back until the next
  * piece decides it (chat_parser_finish releases it), so what has been reported never changes:
  * a streaming client is sent the growth of each result.
  *
