@@ -439,6 +439,9 @@ static void *loader_main(void *arg) {
             srv_gpu_describe(gpu, line, sizeof line);
             srv_log(s, "%s", line);
         }
+        srv_log(s, "prefix cache: %s", s->prefix_cache ? "on (cache blocks shared by token prefix)"
+                                       : cuda ? "off (the GPU sequences' caches cannot share blocks yet)"
+                                              : "off (--no-prefix-cache)");
     } else {
         srv_log(s, "model load failed: %s (%s)", e.msg, g5_strerror(st));
         free(logits);
