@@ -44,7 +44,7 @@
  *    tools are left out of the prompt and nothing is parsed), "required" or
  *    {"type": "function", "function": {"name": N}}: once the reasoning is over (at once with
  *    thinking off, else after the model's "</think>") the next tokens are forced to
- *    "<tool_call>" (and N), so the answer is a call of N; a model that never closes its
+ *    "<tool_call>" (and N; "required" with one tool: that tool's name), so the answer is a call; a model that never closes its
  *    reasoning within max_tokens makes no call.
  *  - Refused with 400 naming the field: response_format other than {"type": "text"} and
  *    guided_json/guided_regex/guided_choice/guided_grammar/structured_outputs (no constrained

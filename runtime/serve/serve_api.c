@@ -371,6 +371,8 @@ static int parse_tool_choice(srv_server *s, json_t *root, int n_tools, srv_param
                                          "named function");
         if (!n_tools) return bad(c, "tool_choice", "'tool_choice' \"%s\" needs 'tools'", v);
         if (!strcmp(v, "auto")) return 0;
+        if (n_tools == 1) /* "required" with one tool: that one */
+            name = json_string_value(json_object_get(json_object_get(json_array_get(p->tool_defs, 0), "function"), "name"));
     } else {
         json_t *fn = json_object_get(tc, "function");
         if (!json_is_object(tc) || !json_is_string(json_object_get(tc, "type")) ||
