@@ -13,6 +13,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "format/args.h"
 #include "format/version.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/serve/serve.h"
@@ -47,16 +48,6 @@ static void usage(FILE *f) {
             "  --no-prefault        do not read all weight pages at load\n");
 }
 
-static int parse_u(const char *s, unsigned long lo, unsigned long hi, unsigned long *out) {
-    char *end;
-    errno = 0;
-    if (!s || *s == '-') return 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
-}
-
 static void log_line(void *user, const char *line) {
     (void)user;
     struct timeval tv;
@@ -86,109 +77,59 @@ int main(int argc, char **argv) {
     srv_config_default(&c);
     c.log = log_line;
     c.api_key = getenv("GLM5_API_KEY");
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        unsigned long u;
-#define NEED()                                                                   \
-    do {                                                                         \
-        if (!v) {                                                                \
-            fprintf(stderr, "glm5-serve: %s needs a value\n", o);                \
-            return 2;                                                            \
-        }                                                                        \
-        i++;                                                                     \
-    } while (0)
-#define NUM(lo, hi)                                                              \
-    do {                                                                         \
-        NEED();                                                                  \
-        if (!parse_u(v, lo, hi, &u)) {                                           \
-            fprintf(stderr, "glm5-serve: bad value for %s: '%s'\n", o, v);       \
-            return 2;                                                            \
-        }                                                                        \
-    } while (0)
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(o, "--version")) {
-            g5_print_version(stdout, "glm5-serve");
-            return 0;
-        } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
-            NEED();
-            c.model_path = v;
-        } else if (!strcmp(o, "--host")) {
-            NEED();
-            c.host = v;
-        } else if (!strcmp(o, "--port")) {
-            NUM(0, 65535);
-            c.port = (uint16_t)u;
-        } else if (!strcmp(o, "--api-key")) {
-            NEED();
-            c.api_key = v;
-        } else if (!strcmp(o, "--max-batch")) {
-            NUM(1, 4096);
-            c.max_batch = (uint32_t)u;
-        } else if (!strcmp(o, "--max-queue")) {
-            NUM(1, 1000000);
-            c.max_queue = (uint32_t)u;
-        } else if (!strcmp(o, "--ctx-size") || !strcmp(o, "-c")) {
-            NUM(2, 1ul << 30);
-            c.ctx_size = (uint32_t)u;
-        } else if (!strcmp(o, "--block-tokens")) {
-            NUM(1, 65536);
-            c.block_tokens = (uint32_t)u;
-        } else if (!strcmp(o, "--threads") || !strcmp(o, "-t")) {
-            NUM(0, 4096);
-            c.n_threads = (uint32_t)u;
-        } else if (!strcmp(o, "--max-body")) {
-            NUM(1024, 1ul << 30);
-            c.max_body = u;
-        } else if (!strcmp(o, "--name") || !strcmp(o, "--alias")) {
-            NEED();
-            c.model_name = v;
-        } else if (!strcmp(o, "--cors")) {
-            NEED();
-            c.cors_origin = v;
-        } else if (!strcmp(o, "--no-prefix-cache")) {
-            c.prefix_cache = 0;
-        } else if (!strcmp(o, "--no-prefault")) {
-            c.prefault = 0;
-        } else if (!strcmp(o, "--device")) {
-            NEED();
-            if (!strcmp(v, "cpu")) c.device = SRV_DEVICE_CPU;
-            else if (!strcmp(v, "cuda")) c.device = SRV_DEVICE_CUDA;
-            else {
-                fprintf(stderr, "glm5-serve: unknown device '%s' (cpu or cuda)\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--gpu0")) {
-            NUM(0, 4095);
-            c.gpu0 = (int)u;
-        } else if (!strcmp(o, "--precision")) {
-            NEED();
-            if (!strcmp(v, "precise")) c.gpu_fast = 0;
-            else if (!strcmp(v, "fast")) c.gpu_fast = 1;
-            else {
-                fprintf(stderr, "glm5-serve: bad value for --precision: '%s' (precise or fast)\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--kv-cache")) {
-            NEED();
-            if (!strcmp(v, "f32")) c.gpu_kv_cache = 1; /* rt_gpu_cache: 1 f32, 2 bf16, 3 f16 */
-            else if (!strcmp(v, "bf16")) c.gpu_kv_cache = 2;
-            else if (!strcmp(v, "f16")) c.gpu_kv_cache = 3;
-            else {
-                fprintf(stderr, "glm5-serve: bad value for --kv-cache: '%s' (f32, bf16 or f16)\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--no-verify")) {
-            c.gpu_no_verify = 1;
-        } else {
-            fprintf(stderr, "glm5-serve: unknown option '%s'\n", o);
-            usage(stderr);
-            return 2;
-        }
-#undef NUM
-#undef NEED
+    int64_t port = c.port, max_batch = c.max_batch, max_queue = c.max_queue, ctx = c.ctx_size;
+    int64_t block = c.block_tokens, threads = c.n_threads, body = (int64_t)c.max_body, gpu0 = c.gpu0;
+    int device = (int)c.device, version = 0;
+    static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
+    static const char *const caches[] = {"f32", "bf16", "f16", NULL};
+    static const int vdev[] = {SRV_DEVICE_CPU, SRV_DEVICE_CUDA}, v01[] = {0, 1};
+    static const int vcache[] = {1, 2, 3}; /* srv_config.gpu_kv_cache: 1 f32, 2 bf16, 3 f16 */
+    const g5_arg tab[] = {
+        {.name = "--model", .alias = "-m", .kind = G5_ARG_STR, .dst = &c.model_path},
+        {.name = "--host", .kind = G5_ARG_STR, .dst = &c.host},
+        {.name = "--port", .kind = G5_ARG_INT, .dst = &port, .lo = 0, .hi = 65535},
+        {.name = "--api-key", .kind = G5_ARG_STR, .dst = &c.api_key},
+        {.name = "--max-batch", .kind = G5_ARG_INT, .dst = &max_batch, .lo = 1, .hi = 4096},
+        {.name = "--max-queue", .kind = G5_ARG_INT, .dst = &max_queue, .lo = 1, .hi = 1000000},
+        {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &ctx, .lo = 2, .hi = 1l << 30},
+        {.name = "--block-tokens", .kind = G5_ARG_INT, .dst = &block, .lo = 1, .hi = 65536},
+        {.name = "--threads", .alias = "-t", .kind = G5_ARG_INT, .dst = &threads, .lo = 0, .hi = 4096},
+        {.name = "--max-body", .kind = G5_ARG_INT, .dst = &body, .lo = 1024, .hi = 1l << 30},
+        {.name = "--name", .alias = "--alias", .kind = G5_ARG_STR, .dst = &c.model_name},
+        {.name = "--cors", .kind = G5_ARG_STR, .dst = &c.cors_origin},
+        {.name = "--no-prefix-cache", .kind = G5_ARG_OFF, .dst = &c.prefix_cache},
+        {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
+        {.name = "--no-prefault", .kind = G5_ARG_OFF, .dst = &c.prefault},
+        {.name = "--device", .kind = G5_ARG_CHOICE, .dst = &device, .choices = devices, .values = vdev},
+        {.name = "--gpu0", .kind = G5_ARG_INT, .dst = &gpu0, .lo = 0, .hi = 4095},
+        {.name = "--precision", .kind = G5_ARG_CHOICE, .dst = &c.gpu_fast, .choices = precisions, .values = v01},
+        {.name = "--kv-cache", .kind = G5_ARG_CHOICE, .dst = &c.gpu_kv_cache, .choices = caches, .values = vcache},
+        {.name = "--no-verify", .kind = G5_ARG_FLAG, .dst = &c.gpu_no_verify},
+    };
+    char msg[512];
+    g5_args_result r = g5_args_parse(tab, sizeof tab / sizeof tab[0], argc, argv, 1, NULL, 0, NULL, msg, sizeof msg);
+    if (r == G5_ARGS_HELP) {
+        usage(stdout);
+        return 0;
     }
+    if (r) {
+        fprintf(stderr, "glm5-serve: %s\n", msg);
+        usage(stderr);
+        return 2;
+    }
+    if (version) {
+        g5_print_version(stdout, "glm5-serve");
+        return 0;
+    }
+    c.port = (uint16_t)port;
+    c.max_batch = (uint32_t)max_batch;
+    c.max_queue = (uint32_t)max_queue;
+    c.ctx_size = (uint32_t)ctx;
+    c.block_tokens = (uint32_t)block;
+    c.n_threads = (uint32_t)threads;
+    c.max_body = (uint64_t)body;
+    c.gpu0 = (int)gpu0;
+    c.device = (srv_device)device;
     if (!c.model_path) {
         fprintf(stderr, "glm5-serve: -m is required\n");
         usage(stderr);

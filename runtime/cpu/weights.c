@@ -280,6 +280,10 @@ fail:
     return st;
 }
 
+const blob_set *rt_wset_blobs(const rt_wset *ws) {
+    return ws->close_src == close_blob_set ? ws->src : NULL;
+}
+
 g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err) {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return rt_wset_open_blobs(path, out, err);

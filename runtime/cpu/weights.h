@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "format/blob.h"
 #include "format/gguf.h"
 #include "format/status.h"
 
@@ -52,6 +53,8 @@ const gguf_ctx *rt_wset_meta(const rt_wset *ws);
 /* NULL if out of range or not opened. */
 const rt_weights *rt_wset_rank(const rt_wset *ws, uint32_t rank);
 const char *rt_wset_source(const rt_wset *ws); /* "gguf", "blobs" or "tables" */
+/* The open blob set behind a "blobs" set (the GPU loader reads its files); NULL otherwise. */
+const blob_set *rt_wset_blobs(const rt_wset *ws);
 
 /* NULL if this rank has no tensor of that name. */
 const rt_tensor *rt_weights_find(const rt_weights *w, const char *name);

@@ -235,11 +235,11 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_prefix_cache_queries_total %llu\n", (unsigned long long)s->prefix_query_tokens);
     sb_metric(&b, "glm5_prefix_cache_hits_total", "counter", "prompt tokens whose cache blocks were reused");
     sb_printf(&b, "glm5_prefix_cache_hits_total %llu\n", (unsigned long long)s->prefix_hit_tokens);
-    rt_kvpool *kp = s->prefix_cache && s->blocks ? srv_blocks_pool(s->blocks) : NULL;
+    const rt_eng *ke = s->load == SRV_READY ? s->eng : NULL;
     sb_metric(&b, "glm5_prefix_cache_blocks", "gauge", "cached blocks no sequence holds (reusable, counted free)");
-    sb_printf(&b, "glm5_prefix_cache_blocks %u\n", kp ? rt_kvpool_n_cached(kp) : 0);
+    sb_printf(&b, "glm5_prefix_cache_blocks %u\n", ke ? rt_eng_pool_n_cached(ke) : 0);
     sb_metric(&b, "glm5_prefix_cache_evictions_total", "counter", "cached blocks reused for other tokens");
-    sb_printf(&b, "glm5_prefix_cache_evictions_total %llu\n", kp ? (unsigned long long)rt_kvpool_n_evicted(kp) : 0ull);
+    sb_printf(&b, "glm5_prefix_cache_evictions_total %llu\n", ke ? (unsigned long long)rt_eng_pool_n_evicted(ke) : 0ull);
     sb_metric(&b, "glm5_model_loaded", "gauge", "1 once the model is loaded");
     sb_printf(&b, "glm5_model_loaded %d\n", s->load == SRV_READY);
     sb_metric(&b, "glm5_model_load_seconds", "gauge", "time to open, read and set up the weights");
@@ -757,9 +757,9 @@ void srv_free(srv_server *s) {
     s->daemon = NULL;
     free(s->logits);
     srv_blocks_free(s->blocks);
-    srv_gpu_free(s->gpu); /* its GPU model refers to the CPU model */
+    srv_slots_free(s->gpu); /* sequences before their engine */
     tok_free(s->tok);
-    rt_model_free(s->m);
+    rt_eng_free(s->eng);
     rt_wset_free(s->ws);
     free(s->waiting);
     free(s->running);
