@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 
+#include "format/mapguard.h"
 #include "convert/convert.h"
 #include "convert/inspect.h"
 #include "convert/synth.h"
@@ -49,10 +50,12 @@ static void usage(FILE *f) {
             "        the tensors and sizes without writing\n"
             "\n"
             "  convert --tp T [--ep] [--kv-b-type f32|bf16|f16|q8_0] [--jobs N] [--resume]\n"
-            "        [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
+            "        [--force] [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
             "        one checksummed blob per tensor-parallel rank (MODEL: any split of a set);\n"
             "        --ep places whole experts on ranks; --dry-run prints the plan and checks\n"
-            "        it; --resume keeps ranks that verify; progress on stderr (a terminal)\n"
+            "        it; --resume keeps ranks that verify; an OUTDIR holding another set is\n"
+            "        refused unless --force, which removes that set's files first;\n"
+            "        progress on stderr (a terminal)\n"
             "  verify OUTDIR [--deep MODEL.gguf] [--jobs N] [--quiet] [--json]\n"
             "        check every checksum of a blob set (like xxhsum -c); --deep re-derives\n"
             "        every slice (and kv_b) from the source GGUF and compares\n"
@@ -280,6 +283,7 @@ static int cmd_convert(int argc, char **argv) {
         {.name = "--kv-b-type", .alias = "-k", .kind = G5_ARG_STR, .dst = &kvb},
         {.name = "--jobs", .alias = "-j", .kind = G5_ARG_INT, .dst = &jobs, .lo = 0, .hi = 4096},
         {.name = "--resume", .alias = "-r", .kind = G5_ARG_FLAG, .dst = &co.resume},
+        {.name = "--force", .alias = "-F", .kind = G5_ARG_FLAG, .dst = &co.force},
         {.name = "--dry-run", .alias = "-n", .kind = G5_ARG_FLAG, .dst = &co.dry_run},
         {.name = "--quiet", .alias = "-q", .kind = G5_ARG_FLAG, .dst = &quiet},
         {.name = "--json", .alias = "-J", .kind = G5_ARG_FLAG, .dst = &json},
@@ -425,6 +429,7 @@ static int cmd_verify(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install(prog, EXIT_ERROR); /* an input truncated under us: an error, never SIGBUS */
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;

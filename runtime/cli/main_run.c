@@ -4,9 +4,10 @@
  *
  * Streams the generated text to stdout (or the ids with --ids); timing goes to stderr.
  * --dump-logits FILE writes the logits of every prompt position as little-endian float32
- * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1 a
- * runtime failure (its message on stderr), 2 a usage error, 3 --check found a difference past
- * tolerance.
+ * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1
+ * --check found a difference past tolerance, 2 a usage error (a prompt past the context
+ * included), 3 an error (its message on stderr: unreadable, corrupt or refused model files, I/O,
+ * a failure while running).
  *
  * --device cuda needs the CUDA build (build/gpu/bin/glm5-run, `make gpu`, which defines
  * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens. Every
@@ -31,6 +32,7 @@
 #include "format/args.h"
 #include "format/blob.h"
 #include "format/glm5.h"
+#include "format/mapguard.h"
 #include "format/version.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/cpu/weights.h"
@@ -41,6 +43,13 @@
 #include "runtime/text/tokenizer.h"
 
 #define MAX_STOPS 16
+
+/* Exit status, the same table as glm5-shard's and glm5-serve's (README "Commands"): 0 success,
+ * 1 a check failed (--check past tolerance), 2 usage (also a prompt past the context), 3 an
+ * error (unreadable, corrupt or refused input, I/O, a failure while running). */
+#define EXIT_CHECK 1
+#define EXIT_USAGE 2
+#define EXIT_ERR 3
 
 typedef struct args {
     const char *model;
@@ -54,6 +63,8 @@ typedef struct args {
     int chat, think, ids, quiet;
     int cuda, fast, no_verify, kv_cache, cuda_graph;
     int64_t check, tp, gpu0;
+    int64_t ctx_size;            /* --ctx-size (0: the model's context_length) */
+    int truncate;                /* --truncate: cut a prompt past the context to its end */
     int draft;                   /* --draft mtp */
     int64_t threads;             /* 0: online cores */
     int mla;                     /* rt_mla_mode */
@@ -82,14 +93,19 @@ static void usage(FILE *f) {
             "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default off)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
             "                       print per layer/stage differences (and the MTP block's\n"
-            "                       draft logits); exit 3 past tolerance\n"
-            "  --no-verify          GPU: skip the blob checksums while loading\n"
+            "                       draft logits); exit 1 past tolerance\n"
+            "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  -p, --prompt TEXT    prompt text (special tokens such as [gMASK] are recognized)\n"
             "  --tokens IDS         prompt token ids, comma-separated\n"
             "  --chat               wrap the prompt as a user message in GLM's chat format\n"
             "  --system TEXT        system message (with --chat)\n"
             "  --no-think           chat: thinking off\n"
-            "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt)\n"
+            "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt);\n"
+            "                       generation stops at the context length\n"
+            "  --ctx-size N         context length, at most the model's context_length (default:\n"
+            "                       that); a longer prompt is refused (exit 2) unless --truncate\n"
+            "  --truncate           keep the end of a prompt past the context (leaving room for\n"
+            "                       min(-n, context/2) generated tokens)\n"
             "  --draft mtp|none     greedy decoding drafting one token per step with the MTP block,\n"
             "                       verified by a two-token forward pass; prints the acceptance rate\n"
             "                       (one process only; default none)\n"
@@ -168,6 +184,8 @@ static int parse_args(int argc, char **argv, args *a) {
         {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &a->draft, .choices = drafts, .values = v01},
         {.name = "--check", .kind = G5_ARG_INT, .dst = &a->check, .lo = 0, .hi = INT32_MAX},
         {.name = "--no-verify", .kind = G5_ARG_FLAG, .dst = &a->no_verify},
+        {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &a->ctx_size, .lo = 1, .hi = INT32_MAX},
+        {.name = "--truncate", .kind = G5_ARG_FLAG, .dst = &a->truncate},
         {.name = "--prompt", .alias = "-p", .kind = G5_ARG_STR, .dst = &a->prompt},
         {.name = "--file", .alias = "-f", .kind = G5_ARG_STR, .dst = &a->prompt_file},
         {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
@@ -227,7 +245,7 @@ static char g_who[32];
 
 static int fail(const g5_error *e, g5_status st, const char *what) {
     fprintf(stderr, "glm5-run: %s%s: %s (%s)\n", g_who, what, e->msg[0] ? e->msg : g5_strerror(st), g5_strerror(st));
-    return 1;
+    return EXIT_ERR;
 }
 
 /* Points where the processes agree that all got there (SYNC_LOAD: weights and model, before any
@@ -270,7 +288,7 @@ static int share_prompt(rt_comm *c, int32_t **ids, size_t *n_ids, int *all_logit
         if (!ni || !nl) {
             fprintf(stderr, "glm5-run: %sout of memory for process 0's prompt of %llu tokens\n", g_who,
                     (unsigned long long)hdr[0]);
-            return 1;
+            return EXIT_ERR;
         }
         *logits = nl;
         *n_ids = (size_t)hdr[0];
@@ -282,12 +300,14 @@ static int share_prompt(rt_comm *c, int32_t **ids, size_t *n_ids, int *all_logit
 
 /* Process p opens its ranks of a blob set; a GGUF (one rank) cannot be divided. 0, or the exit
  * status. */
-static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
+static int open_weights(const args *a, rt_comm *comm, rt_wset **ws, rt_wset_load_info *li) {
     g5_error e = {0};
     g5_status st;
     const uint32_t P = rt_comm_size(comm);
+    /* the GPU loader verifies the blobs itself as it streams them */
+    rt_wset_opts wo = {.no_verify = a->no_verify || a->cuda, .jobs = a->threads};
     if (P == 1) {
-        if ((st = rt_wset_open(a->model, ws, &e))) return fail(&e, st, a->model);
+        if ((st = rt_wset_open_ex(a->model, &wo, ws, li, &e))) return fail(&e, st, a->model);
         return 0;
     }
     struct stat sb;
@@ -312,7 +332,45 @@ static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
                 g_who, a->model, T, T > 1 ? "s" : "", P, T, P, T % P, T, P);
         return 2;
     }
-    if ((st = rt_wset_open_blobs_ranks(a->model, first, count, ws, &e))) return fail(&e, st, a->model);
+    wo.first = first;
+    wo.count = count;
+    if ((st = rt_wset_open_ex(a->model, &wo, ws, li, &e))) return fail(&e, st, a->model);
+    return 0;
+}
+
+/* The context: the model's context_length, or --ctx-size below it. A prompt past it is refused
+ * with both numbers (or, with --truncate, cut to its end); generation is bounded to what is
+ * left. 0, or the exit status. */
+static int fit_context(args *a, const glm5_hparams *hp, int32_t *ids, size_t *n_ids) {
+    const uint64_t model_ctx = hp->n_ctx_train;
+    if (a->ctx_size && model_ctx && (uint64_t)a->ctx_size > model_ctx) {
+        fprintf(stderr, "glm5-run: --ctx-size %ld exceeds the model's context length %llu\n", a->ctx_size,
+                (unsigned long long)model_ctx);
+        return 2;
+    }
+    const uint64_t ctx = a->ctx_size ? (uint64_t)a->ctx_size : model_ctx;
+    if (!ctx) return 0; /* the model states none */
+    const char *src = a->ctx_size ? "--ctx-size" : "the model's context_length";
+    if (*n_ids > ctx) {
+        if (!a->truncate) {
+            fprintf(stderr, "glm5-run: the prompt has %zu tokens; the context length is %llu (%s): shorten it, or "
+                    "--truncate to keep its end\n", *n_ids, (unsigned long long)ctx, src);
+            return 2;
+        }
+        uint64_t room = (uint64_t)a->n_predict < ctx / 2 ? (uint64_t)a->n_predict : ctx / 2;
+        size_t keep = (size_t)(ctx - room);
+        fprintf(stderr, "glm5-run: --truncate: the prompt of %zu tokens cut to its last %zu (context length %llu, %s)\n",
+                *n_ids, keep, (unsigned long long)ctx, src);
+        memmove(ids, ids + (*n_ids - keep), keep * sizeof *ids);
+        *n_ids = keep;
+    }
+    if (*n_ids + (uint64_t)a->n_predict > ctx) {
+        long left = (long)(ctx - *n_ids);
+        if (!a->quiet)
+            fprintf(stderr, "glm5-run: generation stops at the context length %llu (%s): at most %ld of -n %ld tokens\n",
+                    (unsigned long long)ctx, src, left, a->n_predict);
+        a->n_predict = left;
+    }
     return 0;
 }
 
@@ -394,6 +452,7 @@ static int dump_logits(const char *path, const float *logits, size_t count) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install("glm5-run", EXIT_ERR); /* a weight file truncated under us: an error, never SIGBUS */
     g5_error e = {0};
     g5_status st;
     rt_comm *comm = NULL;
@@ -428,12 +487,13 @@ int main(int argc, char **argv) {
     size_t n_ids = 0;
     float *logits = NULL;
     char *text = NULL, *gen = NULL;
-    int rc = 1;
+    int rc = EXIT_ERR;
     rt_drafter *dr = NULL;
 
     double t0 = now_s();
-    if ((rc = open_weights(&a, comm, &ws))) goto out;
-    rc = 1;
+    rt_wset_load_info li = {0};
+    if ((rc = open_weights(&a, comm, &ws, &li))) goto out;
+    rc = EXIT_ERR;
     if (a.tp && (uint32_t)a.tp != rt_wset_n_ranks(ws)) {
         fprintf(stderr, "glm5-run: --tp %ld: %s holds %u rank%s (%s); write a TP %ld set with "
                 "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", (long)a.tp, a.model, rt_wset_n_ranks(ws),
@@ -461,7 +521,7 @@ int main(int argc, char **argv) {
     if ((st = rt_eng_create(ws, &eo, &en, &e))) { rc = fail(&e, st, "model"); goto out; }
     if ((st = tok_create(rt_wset_meta(ws), &tok, &e))) { rc = fail(&e, st, "tokenizer"); goto out; }
     if ((rc = agree(comm, 0, &n_synced))) goto out;
-    rc = 1;
+    rc = EXIT_ERR;
     const glm5_hparams *hp = rt_eng_hparams(en);
     if ((st = rt_eng_load(en, &e))) { rc = fail(&e, st, "engine"); goto out; }
     if (a.cuda && !a.quiet && lead) {
@@ -517,6 +577,8 @@ int main(int argc, char **argv) {
             goto out;
         }
     if (n_ids > UINT32_MAX / 2) { fprintf(stderr, "glm5-run: prompt too long\n"); rc = 2; goto out; }
+    if ((rc = fit_context(&a, hp, ids, &n_ids))) goto out;
+    rc = EXIT_ERR;
 
     const size_t V = hp->n_vocab;
     logits = malloc((a.dump_logits ? n_ids : 1) * V * sizeof(float));
@@ -533,12 +595,12 @@ int main(int argc, char **argv) {
     if ((st = samp_create(&a.sp, hp->n_vocab, &samp, &e))) { rc = fail(&e, st, "sampler"); goto out; }
     if ((st = tok_stream_create(tok, 0, &stream, &e))) { rc = fail(&e, st, "decoder"); goto out; }
     if ((rc = agree(comm, 0, &n_synced))) goto out;
-    rc = 1;
+    rc = EXIT_ERR;
     if (rt_comm_size(comm) > 1 && (rc = share_prompt(comm, &ids, &n_ids, &all_logits, &logits, hp->n_vocab))) {
         unclean = 1;
         goto out;
     }
-    rc = 1;
+    rc = EXIT_ERR;
 
     double t1 = now_s();
     st = dr ? rt_drafter_prompt(dr, ids, (uint32_t)n_ids, logits, all_logits, &e)
@@ -550,7 +612,7 @@ int main(int argc, char **argv) {
             int32_t next;
             if ((st = rt_comm_bcast(comm, &next, sizeof next, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
             if (next < 0) {
-                rc = next == -1 ? 0 : 1; /* -2: process 0 failed and said why */
+                rc = next == -1 ? 0 : EXIT_ERR; /* -2: process 0 failed and said why */
                 goto out;
             }
             if ((st = rt_eng_prefill(seq, &next, 1, &(rt_eng_out){.logits = logits}, &e))) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
@@ -617,13 +679,20 @@ int main(int argc, char **argv) {
     if (a.ids || n_gen) fputc('\n', stdout);
     fflush(stdout);
     double t_gen = now_s() - t2;
+    char load_what[160];
+    if (li.verified)
+        snprintf(load_what, sizeof load_what, "checksums verified: %.3f GB in %.2f s, %u threads", li.bytes / 1e9,
+                 li.seconds, li.jobs);
+    else
+        snprintf(load_what, sizeof load_what, "checksums %s", strcmp(rt_wset_source(ws), "blobs") ? "n/a (not a blob set)"
+                 : a.cuda ? (a.no_verify ? "skipped (--no-verify)" : "verified by the GPU loader") : "skipped (--no-verify)");
     if (!a.quiet)
         fprintf(stderr,
-                "glm5-run: %s on %s, %u rank%s (%u process%s), %u threads; load %.2f s; prompt %zu tokens in %.2f s "
+                "glm5-run: %s on %s, %u rank%s (%u process%s), %u threads; load %.2f s (%s); prompt %zu tokens in %.2f s "
                 "(%.1f tok/s); generated %ld tokens in %.2f s (%.2f tok/s)\n",
                 rt_wset_source(ws), a.cuda ? "cuda" : "cpu", rt_eng_n_ranks(en), rt_eng_n_ranks(en) > 1 ? "s" : "",
                 rt_comm_size(comm), rt_comm_size(comm) > 1 ? "es" : "",
-                rt_eng_n_threads(en), t_load, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
+                rt_eng_n_threads(en), t_load, load_what, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
                 n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9));
     if (dr && !a.quiet) {
         rt_draft_stats ds;
@@ -640,7 +709,7 @@ int main(int argc, char **argv) {
                 cs.max_stage_attn, cs.max_stage_ffn, cs.max_layer, cs.logits_rel_l2, cs.min_overlap_mean);
         if (cs.mtp_n) fprintf(stderr, ", MTP draft logits rel L2 %.3e over %u positions", cs.mtp_rel_l2, cs.mtp_n);
         fputc('\n', stderr);
-        if (!cs.ok) rc = 3;
+        if (!cs.ok) rc = EXIT_CHECK;
     }
 out:
     if (unclean && rt_comm_size(comm) > 1) {
@@ -652,7 +721,7 @@ out:
         int32_t stop = rc ? -2 : -1;
         if ((st = rt_comm_bcast(comm, &stop, sizeof stop, 0, &e)) && !rc) rc = fail(&e, st, "token broadcast");
     }
-    while (n_synced < N_SYNC) rc = agree(comm, rc ? rc : 1, &n_synced);
+    while (n_synced < N_SYNC) rc = agree(comm, rc ? rc : EXIT_ERR, &n_synced);
     rt_drafter_free(dr); /* before the sequence it drafts for */
     rt_eng_seq_free(seq);
     rt_eng_free(en);

@@ -1,9 +1,10 @@
 /* glm5-serve: OpenAI-compatible HTTP server for a GLM-5 blob set or GGUF (see runtime/serve/serve.h).
  *
  * Logs to stderr (the listening address first, then one line per request). Stops on SIGINT or
- * SIGTERM. Exit status: 0 after a signal, 1 when the server cannot start or the model fails to
- * load, 2 on a usage error or when a launcher (mpirun/srun) started several processes: one
- * glm5-serve drives every rank. */
+ * SIGTERM. Exit status (the table of glm5-shard and glm5-run): 0 after a signal, 2 on a usage
+ * error or when a launcher (mpirun/srun) started several processes (one glm5-serve drives every
+ * rank), 3 when the server cannot start or the model fails to load (a corrupt or refused set, a
+ * weight file truncated under it). */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 
 #include "format/args.h"
+#include "format/mapguard.h"
 #include "format/version.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/serve/serve.h"
@@ -34,10 +36,15 @@ static void usage(FILE *f) {
             "  --gpu0 K             first CUDA device (default 0)\n"
             "  --precision precise|fast  GPU arithmetic, as glm5-run (default precise)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
-            "  --no-verify          GPU: skip the blob checksums while loading\n"
+            "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
             "  --max-body BYTES     request body limit (default 1048576)\n"
+            "  --max-connections N  simultaneous connections, one thread each (default 512, at least\n"
+            "                       max-batch + max-queue + 32; raise `ulimit -n` to go far above)\n"
+            "  --max-connections-per-ip N  from one address (default 256)\n"
+            "  --timeout S          close a connection idle (or sending its request) this long\n"
+            "                       (default 30; 0: never); not counted while waiting for the model\n"
             "  --name ID, --alias ID  model id reported by the API (default: the file's base name);\n"
             "                       a request naming another model gets 404\n"
             "  --cors ORIGIN        CORS headers for browsers at ORIGIN (\"*\": any); OPTIONS\n"
@@ -60,6 +67,7 @@ static void log_line(void *user, const char *line) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install("glm5-serve", 3); /* a weight file truncated under us: an error, never SIGBUS */
     {
         /* several processes (mpirun/srun) would each serve the whole model: not supported */
         rt_comm *comm = NULL;
@@ -79,6 +87,7 @@ int main(int argc, char **argv) {
     c.api_key = getenv("GLM5_API_KEY");
     int64_t port = c.port, max_batch = c.max_batch, max_queue = c.max_queue, ctx = c.ctx_size;
     int64_t block = c.block_tokens, threads = c.n_threads, body = (int64_t)c.max_body, gpu0 = c.gpu0;
+    int64_t max_conn = c.max_connections, max_per_ip = c.max_per_ip, timeout = c.timeout_s;
     int device = (int)c.device, version = 0;
     static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
     static const char *const caches[] = {"f32", "bf16", "f16", NULL};
@@ -94,6 +103,9 @@ int main(int argc, char **argv) {
         {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &ctx, .lo = 2, .hi = 1l << 30},
         {.name = "--block-tokens", .kind = G5_ARG_INT, .dst = &block, .lo = 1, .hi = 65536},
         {.name = "--threads", .alias = "-t", .kind = G5_ARG_INT, .dst = &threads, .lo = 0, .hi = 4096},
+        {.name = "--max-connections", .kind = G5_ARG_INT, .dst = &max_conn, .lo = 1, .hi = 1000000},
+        {.name = "--max-connections-per-ip", .kind = G5_ARG_INT, .dst = &max_per_ip, .lo = 1, .hi = 1000000},
+        {.name = "--timeout", .kind = G5_ARG_INT, .dst = &timeout, .lo = 0, .hi = 1000000},
         {.name = "--max-body", .kind = G5_ARG_INT, .dst = &body, .lo = 1024, .hi = 1l << 30},
         {.name = "--name", .alias = "--alias", .kind = G5_ARG_STR, .dst = &c.model_name},
         {.name = "--cors", .kind = G5_ARG_STR, .dst = &c.cors_origin},
@@ -128,6 +140,9 @@ int main(int argc, char **argv) {
     c.block_tokens = (uint32_t)block;
     c.n_threads = (uint32_t)threads;
     c.max_body = (uint64_t)body;
+    c.max_connections = (uint32_t)max_conn;
+    c.max_per_ip = (uint32_t)max_per_ip;
+    c.timeout_s = (uint32_t)timeout;
     c.gpu0 = (int)gpu0;
     c.device = (srv_device)device;
     if (!c.model_path) {
@@ -153,12 +168,13 @@ int main(int argc, char **argv) {
     g5_status st = srv_create(&c, &s, &e);
     if (st != G5_OK) {
         fprintf(stderr, "glm5-serve: %s (%s)\n", e.msg[0] ? e.msg : g5_strerror(st), g5_strerror(st));
-        return 1;
+        return 3;
     }
     char line[512];
-    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s)",
+    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s; "
+             "connections <= %u, <= %u per address, idle timeout %u s)",
              c.host, srv_port(s), c.device == SRV_DEVICE_CUDA ? "cuda" : "cpu", c.max_batch, c.max_queue, c.ctx_size,
-             c.api_key && *c.api_key ? ", API key required" : "");
+             c.api_key && *c.api_key ? ", API key required" : "", c.max_connections, c.max_per_ip, c.timeout_s);
     log_line(NULL, line);
 
     int rc = 0;
@@ -174,7 +190,7 @@ int main(int argc, char **argv) {
         if (srv_get_load_state(s, &le) == SRV_FAILED) {
             fprintf(stderr, "glm5-serve: cannot load %s: %s (%s)\n", c.model_path, le.msg,
                     g5_strerror(le.status));
-            rc = 1;
+            rc = 3;
             break;
         }
     }

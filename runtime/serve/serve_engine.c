@@ -428,7 +428,14 @@ static void *loader_main(void *arg) {
     uint64_t bytes = 0;
     const int cuda = s->cfg.device == SRV_DEVICE_CUDA;
     srv_log(s, "loading %s%s", s->model_path, cuda ? " for CUDA" : "");
-    g5_status st = rt_wset_open(s->model_path, &ws, &e);
+    /* CPU: checksums verified here (a corrupt set never serves); CUDA: by the GPU loader */
+    rt_wset_opts wo = {.no_verify = s->cfg.gpu_no_verify || cuda, .jobs = s->cfg.n_threads};
+    rt_wset_load_info li = {0};
+    g5_status st = rt_wset_open_ex(s->model_path, &wo, &ws, &li, &e);
+    if (st == G5_OK && li.verified)
+        srv_log(s, "checksums verified: %.3f GB in %.2f s, %u threads", li.bytes / 1e9, li.seconds, li.jobs);
+    else if (st == G5_OK && !cuda && !strcmp(rt_wset_source(ws), "blobs"))
+        srv_log(s, "checksums skipped (--no-verify)");
     if (st == G5_OK) {
         volatile uint64_t sink = prefault(ws, s->cfg.prefault && !cuda, &bytes);
         (void)sink;

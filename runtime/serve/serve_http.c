@@ -334,7 +334,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         c->out = NULL;
         c->out_len = c->out_off = 0;
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
+        MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u); /* waiting for tokens */
         if (!fill_stream(c)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)c->s->cfg.timeout_s);
     }
     size_t n = c->out_len - c->out_off;
     if (n > max) n = max;
@@ -376,6 +378,9 @@ static enum MHD_Result generate(conn_ctx *c) {
     rc = srv_submit(s, r, msg, sizeof msg);
     if (rc) return reply_error(c, rc, rc == 400 ? "max_tokens" : NULL, "%s", msg);
     c->stream = r->p.stream;
+    /* The request is in: waiting for the model is not the client idling (restored, which restarts
+     * the idle timer, once there is something to send). */
+    MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
 
     if (r->p.stream) {
         atomic_fetch_add(&c->refs, 1);
@@ -407,6 +412,7 @@ static enum MHD_Result generate(conn_ctx *c) {
             return MHD_NO;
         }
     }
+    MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->cfg.timeout_s);
     char *body = NULL;
     int err = r->err_http;
     if (err) snprintf(msg, sizeof msg, "%s", r->errmsg);
@@ -622,6 +628,11 @@ void srv_config_default(srv_config *c) {
     c->max_body = 1u << 20;
     c->prefault = 1;
     c->prefix_cache = 1;
+    /* Slow clients (half-sent requests) each hold a connection until the timeout: the limits sit
+     * far above a batch's worth, so they cannot lock out /health or fresh clients. */
+    c->max_connections = 512;
+    c->max_per_ip = 256;
+    c->timeout_s = 30;
 }
 
 static int bind_listen(const char *host, uint16_t port, uint16_t *bound, g5_error *err) {
@@ -717,7 +728,9 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
     s->cfg.model_name = s->model_name;
     s->cfg.host = s->host;
     s->cfg.api_key = s->api_key;
-    if (!s->cfg.max_connections) s->cfg.max_connections = s->cfg.max_batch + s->cfg.max_queue + 32;
+    if (s->cfg.max_connections < s->cfg.max_batch + s->cfg.max_queue + 32)
+        s->cfg.max_connections = s->cfg.max_batch + s->cfg.max_queue + 32;
+    if (!s->cfg.max_per_ip || s->cfg.max_per_ip > s->cfg.max_connections) s->cfg.max_per_ip = s->cfg.max_connections;
     s->t_start = srv_now();
     s->created = (long)time(NULL);
     s->ttft = (srv_hist){.bounds = ttft_bounds, .n = NB(ttft_bounds)};
@@ -732,7 +745,8 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
         0, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, s,
         MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_END);
     if (!s->daemon) {
         close(fd);
