@@ -2,13 +2,13 @@
  * W_UK and the attention itself, for prefill and decode alike (each query token attends the
  * key positions the indexer chose for it).
  *
- * Two implementations of each launcher. The default ("split") ones spread a token's work over
- * many SMs: absorption over column slices of W_UK, attention over a thread-block cluster that
- * splits the selected keys (flash-decoding: each block keeps a running max / sum / weighted
- * latent sum per head, the cluster combines them through distributed shared memory, so no
- * global scratch is needed). The first ("old") ones, one block per (head, token), stay as the
- * fallback for shapes the split kernels do not cover and for comparison: CUK_ATTN_IMPL=old
- * selects them. */
+ * Two implementations of each launcher. The default ones spread a token's work over many SMs:
+ * absorption over column slices of W_UK, attention (k_attend_hg) over a thread-block cluster that
+ * splits the selected keys, 8 heads per block sharing each latent tile (flash-decoding: each
+ * block keeps a running max / sum / weighted latent sum per head, the cluster combines them
+ * through distributed shared memory, so no global scratch is needed). The first ("old") ones,
+ * one block per (head, token), run prefill-sized launches, the shapes the others do not cover,
+ * and comparisons (cuk_attn_set_old, cuda/attn_select.h). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -241,14 +241,6 @@ __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, con
     if (tb < nt) qlat[((int64_t)(t0 + tb) * d.n_head + h) * KL + c] = b;
 }
 
-constexpr int AC_THREADS = 256;
-constexpr int AC_WARPS = AC_THREADS / 32;
-constexpr int AC_TK = 32;    /* keys per tile; == warp size: one warp updates the softmax state */
-constexpr int AC_HG = 2;     /* heads per block: each latent row read from shared memory serves them all */
-constexpr int AC_NC = 18;    /* row columns per lane in the score phase: kv_lora + rope <= 576 */
-constexpr int AC_NO = 2;     /* output columns per thread: kv_lora <= 512 */
-constexpr int AC_MAXCL = 16; /* blocks per cluster (16 is a non-portable size, used when it fits) */
-
 struct ac_args {
     cuk_mla_dims d;
     const float *q, *qlat; /* [n_tok][n_head][nope + rope], [n_tok][n_head][kv_lora] */
@@ -263,225 +255,216 @@ struct ac_args {
     int32_t max_sel;
     float scale;
     float *out;            /* [n_tok][n_head][kv_lora] */
+    const cuk_seq_row *rows; /* non-NULL: token t's cache, position and fresh row from rows[t] (multi) */
 };
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+/* ---- head-group decode attention (the default for decode steps) ---- */
 
-/* Adds row . q for the lane's columns (lane + 32 i) to sa (latent part) and sb (rope part). */
-template <typename R>
-__device__ __forceinline__ void ac_dot(const R *r, const float (&qr)[AC_HG][AC_NC], int lane, int KL, int KVW,
-                                       float (&sa)[AC_HG], float (&sb)[AC_HG]) {
-#pragma unroll
-    for (int i = 0; i < AC_NC; i++) {
-        const int c = lane + 32 * i;
-        if (c < KVW) {
-            const float v = ldf(r + c);
-#pragma unroll
-            for (int h = 0; h < AC_HG; h++) {
-                if (c < KL) sa[h] = fmaf(qr[h][i], v, sa[h]);
-                else sb[h] = fmaf(qr[h][i], v, sb[h]);
-            }
-        }
-    }
-}
 
-/* o[h][k] += p[jj][h] * r[c_k] for the thread's output columns c_k = tid + AC_THREADS k. */
-template <typename R>
-__device__ __forceinline__ void ac_acc(const R *r, const float *p, int KL, float (&o)[AC_HG][AC_NO]) {
-#pragma unroll
-    for (int k = 0; k < AC_NO; k++) {
-        const int c = threadIdx.x + AC_THREADS * k;
-        if (c < KL) {
-            const float v = ldf(r + c);
-#pragma unroll
-            for (int h = 0; h < AC_HG; h++) o[h][k] = fmaf(p[h], v, o[h][k]);
-        }
-    }
-}
+constexpr int AH_THREADS = 256;
+constexpr int AH_HB = 8;      /* heads per block: one warp each in the score phase */
+constexpr int AH_TK = 32;     /* keys per tile: one lane each in the score phase */
+constexpr int AH_NU = 9;      /* 8-element pieces of a tile per thread: AH_TK x (kv_lora + rope) / 8 <= 9 x 256 */
+constexpr int AH_MAXCL = 16;
 
-/* grid (CL, ceil(n_head / AC_HG), n_tok), clusters of (CL, 1, 1), AC_THREADS threads.
- * The cluster of token t splits its n_sel[t] selected keys into CL contiguous chunks; block
- * `rank` streams its chunk through shared memory in tiles of AC_TK latent rows (cp.async,
- * double-buffered: the next tile loads while this one is used), for heads h0 .. h0 + AC_HG - 1:
- *   scores: warp w takes rows w, w + 8, ..; each lane holds the queries' columns lane + 32 i in
- *     registers, a warp reduction gives the score;
- *   softmax state: warp 0 (lane = row of the tile) keeps the running max m and sum l (double);
- *   output: thread c accumulates columns c and c + 256 of sum_j exp(s_j - m) lat[s_j], rescaled
- *     when m grows.
- * Then each block leaves (m, l, o) in its shared memory, and after a cluster barrier block
- * `rank` combines the CL partial results for its share of the (head, column) outputs in rank
- * order (deterministic). Dynamic shared: 2 x AC_TK rows of (kv_lora + rope) floats (a row of a
- * 16-bit cache uses the first half of its slot; fresh rows are always float32). */
+/* grid (CL, ceil(n_head / AH_HB), n_tok), clusters of (CL, 1, 1), AH_THREADS threads. Token t's
+ * n_sel[t] selected keys are split into CL contiguous chunks, block `rank` takes one for heads
+ * h0 .. h0 + 7: every latent row it loads serves its 8 heads (the cache is shared by all heads:
+ * MLA's keys are the latents). Per tile of AH_TK rows, converted to float32 in shared memory
+ * (rows padded by 4 floats; the next tile's rows are loaded into registers while this one is
+ * used):
+ *   scores: warp w = head h0 + w, lane = key of the tile: q . row over kv_lora + rope in one fmaf
+ *     chain (float4 pieces, ascending), times scale; the warp then updates that head's running
+ *     max m and sum l (double) and leaves exp(s - m) in shared memory;
+ *   output: thread (c4 = tid % 128, g = tid / 128) accumulates columns 4 c4 .. 4 c4 + 3 of heads
+ *     h0 + 4 g .. + 3 over the tile's keys in order, rescaled when m grows.
+ * Then each block leaves (m, l, o) in shared memory and, after a cluster barrier, block `rank`
+ * combines the CL partial results of its share of the (head, column) outputs in rank order. The
+ * result depends on CL, which the launcher derives from the head count and max_sel alone. */
 template <typename T>
-__global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
-    extern __shared__ __align__(16) unsigned char ac_buf[];
-    __shared__ float sc[AC_TK][AC_HG];             /* scores, then exp(score - m) */
-    __shared__ float alpha[AC_HG];                 /* rescale factor of this tile */
-    __shared__ float oacc[AC_HG][AC_NO * AC_THREADS];
-    __shared__ float mcl[AC_HG];
-    __shared__ double lcl[AC_HG];
-    __shared__ int32_t spb[2][AC_TK];              /* the tiles' positions, -1: none or invalid */
+__global__ void __launch_bounds__(AH_THREADS) k_attend_hg(ac_args a) {
+    extern __shared__ __align__(16) float ah_sm[];
+    __shared__ __align__(16) float ps[AH_TK][AH_HB]; /* exp(s - m) of the tile */
+    __shared__ float alpha[AH_HB];
+    __shared__ float mcl[AH_HB];
+    __shared__ double lcl[AH_HB];
+    __shared__ int32_t spos[AH_TK];
     __shared__ int bad;
-    __shared__ float wcl[AC_MAXCL][AC_HG];         /* exp(m_rank - M) */
-    __shared__ double lsum[AC_HG];
+    __shared__ float wcl[AH_MAXCL][AH_HB];
+    __shared__ double lsum[AH_HB];
     __shared__ int bad_any;
 
     cg::cluster_group cl = cg::this_cluster();
     const int CL = (int)cl.num_blocks(), rank = (int)cl.block_rank();
     const cuk_mla_dims d = a.d;
-    const int KL = d.kv_lora, R = d.rope, KVW = KL + R;
-    const int h0 = blockIdx.y * AC_HG, nh = min(AC_HG, d.n_head - h0);
+    const int KL = d.kv_lora, R = d.rope, KVW = KL + R, RS = KVW + 4;
+    const int h0 = blockIdx.y * AH_HB, nh = min(AH_HB, d.n_head - h0);
     const int t = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t slot = (size_t)KVW * 4;
+    float *qs = ah_sm;                  /* [AH_HB][RS] */
+    float *ks = ah_sm + AH_HB * RS;     /* [AH_TK][RS] */
     const int ns_raw = a.n_sel[t];
     int64_t fresh0 = a.fresh0, n_pos = a.n_pos;
-    const bool pos_ok = dev_range(a.dpos, a.bound, d.n_tok, a.fresh != nullptr, &fresh0, &n_pos);
+    const float *fr = a.fresh;
+    const T *lat = (const T *)a.lat;
+    bool pos_ok = dev_range(a.dpos, a.bound, d.n_tok, fr != nullptr, &fresh0, &n_pos);
+    if (a.rows) { /* a one-token launch of token t's sequence at its position */
+        const cuk_seq_row rw = a.rows[t];
+        pos_ok = rw.pos >= 0 && rw.pos < a.bound && rw.pos < rw.cap && rw.lat;
+        n_pos = (int64_t)rw.pos + 1;
+        fresh0 = fr ? (int64_t)rw.pos : n_pos;
+        if (fr) fr += (int64_t)t * KVW;
+        lat = (const T *)rw.lat;
+    }
     const bool ns_ok = ns_raw >= 1 && ns_raw <= a.max_sel && pos_ok;
     const int ns = ns_ok ? ns_raw : 0;
     const int chunk = (ns + CL - 1) / CL;
     const int j0 = min(ns, rank * chunk), j1 = min(ns, j0 + chunk);
-    const int ntiles = (j1 - j0 + AC_TK - 1) / AC_TK;
+    const int ntiles = (j1 - j0 + AH_TK - 1) / AH_TK;
     if (threadIdx.x == 0) bad = !ns_ok;
-    __syncthreads(); /* before any tile can flag a position */
-
-    float qr[AC_HG][AC_NC];
-#pragma unroll
-    for (int h = 0; h < AC_HG; h++) {
+    __syncthreads(); /* before any fetch can flag a position */
+    /* the queries: [latent (absorbed) | rope] per head, zeros for heads past n_head */
+    for (int i = threadIdx.x; i < AH_HB * KVW; i += AH_THREADS) {
+        const int h = i / KVW, c = i - h * KVW;
         const int64_t row = (int64_t)t * d.n_head + h0 + h;
-#pragma unroll
-        for (int i = 0; i < AC_NC; i++) {
-            const int c = lane + 32 * i;
-            float v = 0.0f;
-            if (h < nh && c < KL) v = a.qlat[row * KL + c];
-            else if (h < nh && c < KVW) v = a.q[row * (d.nope + R) + d.nope + (c - KL)];
-            qr[h][i] = v;
-        }
+        float v = 0.0f;
+        if (h < nh) v = c < KL ? a.qlat[row * KL + c] : a.q[row * (d.nope + R) + d.nope + (c - KL)];
+        qs[h * RS + c] = v;
     }
-    const T *lat = (const T *)a.lat;
-    const int cprF = KVW / 4;                       /* 16-byte pieces of a float32 row */
-    const int cprT = (int)(KVW * sizeof(T) / 16);   /* .. of a cache row */
-    /* Reads tile `it`'s positions, then starts its rows' copies into buffer b. */
-    auto stage = [&](int it, int b) {
-        const int jt = j0 + it * AC_TK, nk = min(AC_TK, j1 - jt);
-        if (threadIdx.x < AC_TK) {
+    const int upr = KVW / 8; /* 8-element pieces per row */
+    uint4 raw[AH_NU][2];
+    int32_t rpos[AH_NU];
+    /* loads tile `it`'s pieces into registers (positions checked; -1: none) */
+    auto fetch = [&](int it) {
+        const int jt = j0 + it * AH_TK, nk = min(AH_TK, j1 - jt);
+#pragma unroll
+        for (int u = 0; u < AH_NU; u++) {
+            const int i = threadIdx.x + AH_THREADS * u, jj = i / upr, pc = i - jj * upr;
             int32_t s = -1;
-            if ((int)threadIdx.x < nk) {
-                s = a.sel[(int64_t)t * a.ld_sel + jt + threadIdx.x];
+            if (jj < nk) {
+                s = a.sel[(int64_t)t * a.ld_sel + jt + jj];
                 if (s < 0 || s >= n_pos) {
                     bad = 1;
                     s = -1;
                 }
             }
-            spb[b][threadIdx.x] = s;
-        }
-        __syncthreads();
-        unsigned char *dst = ac_buf + (size_t)b * AC_TK * slot;
-        for (int i = threadIdx.x; i < nk * cprF; i += AC_THREADS) {
-            const int jj = i / cprF, k = i - jj * cprF;
-            const int32_t s = spb[b][jj];
-            if (s < 0) continue;
-            const unsigned char *src;
+            rpos[u] = s;
             if (s >= fresh0) {
-                src = (const unsigned char *)(a.fresh + (s - fresh0) * KVW);
-            } else {
-                if (k >= cprT) continue;
-                src = (const unsigned char *)(lat + (int64_t)s * KVW);
+                const uint4 *src = (const uint4 *)(fr + (s - fresh0) * KVW + pc * 8);
+                raw[u][0] = src[0];
+                raw[u][1] = src[1];
+            } else if (s >= 0) {
+                if (sizeof(T) == 4) {
+                    const uint4 *src = (const uint4 *)((const float *)(const void *)lat + (int64_t)s * KVW + pc * 8);
+                    raw[u][0] = src[0];
+                    raw[u][1] = src[1];
+                } else {
+                    raw[u][0] = *(const uint4 *)(lat + (int64_t)s * KVW + pc * 8);
+                }
             }
-            cp_async16(dst + jj * slot + 16 * k, src + 16 * k);
         }
-        cp_async_commit();
     };
-
-    float o[AC_HG][AC_NO];
-    float m_run[AC_HG];
-    double l_run[AC_HG];
+    /* converts the registers into ks (rows without a key: zeros) and spos */
+    auto store = [&](int it) {
+        const int jt = j0 + it * AH_TK, nk = min(AH_TK, j1 - jt);
 #pragma unroll
-    for (int h = 0; h < AC_HG; h++) {
-        m_run[h] = -INFINITY;
-        l_run[h] = 0.0;
+        for (int u = 0; u < AH_NU; u++) {
+            const int i = threadIdx.x + AH_THREADS * u, jj = i / upr, pc = i - jj * upr;
+            if (jj >= AH_TK) continue;
+            const int32_t s = rpos[u];
+            float v[8];
+            if (s >= fresh0 || (s >= 0 && sizeof(T) == 4)) {
+                const float4 x = *(const float4 *)&raw[u][0], y = *(const float4 *)&raw[u][1];
+                v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+                v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
+            } else if (s >= 0) {
+                const T *e = (const T *)&raw[u][0];
 #pragma unroll
-        for (int k = 0; k < AC_NO; k++) o[h][k] = 0.0f;
-    }
-    if (ntiles > 0) stage(0, 0);
+                for (int k = 0; k < 8; k++) v[k] = ldf(e + k);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = 0.0f;
+            }
+            float *dst = ks + jj * RS + pc * 8;
+            *(float4 *)dst = make_float4(v[0], v[1], v[2], v[3]);
+            *(float4 *)(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+            if (pc == 0) spos[jj] = jj < nk ? s : -1;
+        }
+    };
+    const int c4 = threadIdx.x & 127, g = threadIdx.x >> 7;
+    float o[4][4];
+#pragma unroll
+    for (int h = 0; h < 4; h++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[h][k] = 0.0f;
+    float m_run = -INFINITY; /* warp w's head: the same in every lane */
+    double l_run = 0.0;
+    if (ntiles > 0) fetch(0);
     for (int it = 0; it < ntiles; it++) {
-        const int b = it & 1;
-        if (it + 1 < ntiles) {
-            stage(it + 1, b ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+        __syncthreads(); /* the previous tile's ks, ps and spos are used up (and qs is written) */
+        store(it);
+        __syncthreads();
+        if (it + 1 < ntiles) fetch(it + 1); /* in flight while this tile is used */
+        /* scores and the softmax state: warp = head, lane = key */
+        {
+            const float4 *qv = (const float4 *)(qs + warp * RS), *kv = (const float4 *)(ks + lane * RS);
+            float acc = 0.0f;
+#pragma unroll 4
+            for (int c = 0; c < KVW / 4; c++) {
+                const float4 x = qv[c], y = kv[c];
+                acc = fmaf(x.x, y.x, acc);
+                acc = fmaf(x.y, y.y, acc);
+                acc = fmaf(x.z, y.z, acc);
+                acc = fmaf(x.w, y.w, acc);
+            }
+            const float sv = spos[lane] < 0 ? -INFINITY : __fmul_rn(acc, a.scale);
+            const float mn = fmaxf(m_run, warp_max(sv));
+            const float e = spos[lane] < 0 ? 0.0f : expf(__fsub_rn(sv, mn));
+            const double ts = warp_sum_d((double)e);
+            const float al = m_run == -INFINITY ? 0.0f : expf(__fsub_rn(m_run, mn));
+            l_run = l_run * (double)al + ts;
+            m_run = mn;
+            ps[lane][warp] = e;
+            if (lane == 0) alpha[warp] = al;
         }
         __syncthreads();
-        const int nk = min(AC_TK, j1 - (j0 + it * AC_TK));
-        const unsigned char *B = ac_buf + (size_t)b * AC_TK * slot;
-        for (int jj = warp; jj < nk; jj += AC_WARPS) {
-            const int32_t s = spb[b][jj];
-            float sa[AC_HG], sb[AC_HG];
+        {
+            float al[4];
 #pragma unroll
-            for (int h = 0; h < AC_HG; h++) sa[h] = sb[h] = 0.0f;
-            if (s >= fresh0) ac_dot((const float *)(B + jj * slot), qr, lane, KL, KVW, sa, sb);
-            else if (s >= 0) ac_dot((const T *)(B + jj * slot), qr, lane, KL, KVW, sa, sb);
+            for (int h = 0; h < 4; h++) al[h] = alpha[4 * g + h];
 #pragma unroll
-            for (int h = 0; h < AC_HG; h++) {
-                const float x = warp_sum(sa[h]), y = warp_sum(sb[h]);
-                if (lane == 0) sc[jj][h] = s < 0 ? -INFINITY : __fmul_rn(__fadd_rn(x, y), a.scale);
+            for (int h = 0; h < 4; h++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) o[h][k] *= al[h];
+            if (4 * c4 < KL) {
+                const int nk = min(AH_TK, j1 - (j0 + it * AH_TK));
+                for (int jj = 0; jj < nk; jj++) {
+                    const float4 v = *(const float4 *)(ks + jj * RS + 4 * c4);
+                    const float4 p = *(const float4 *)&ps[jj][4 * g];
+                    const float pv[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        o[h][0] = fmaf(pv[h], v.x, o[h][0]);
+                        o[h][1] = fmaf(pv[h], v.y, o[h][1]);
+                        o[h][2] = fmaf(pv[h], v.z, o[h][2]);
+                        o[h][3] = fmaf(pv[h], v.w, o[h][3]);
+                    }
+                }
             }
         }
-        __syncthreads();
-        if (warp == 0) {
-#pragma unroll
-            for (int h = 0; h < AC_HG; h++) {
-                const float v = lane < nk ? sc[lane][h] : -INFINITY;
-                const float mn = fmaxf(m_run[h], warp_max(v));
-                const float e = lane < nk ? expf(__fsub_rn(v, mn)) : 0.0f;
-                sc[lane][h] = e;
-                const double ts = warp_sum_d((double)e);
-                const float al = m_run[h] == -INFINITY ? 0.0f : expf(__fsub_rn(m_run[h], mn));
-                l_run[h] = l_run[h] * (double)al + ts;
-                m_run[h] = mn;
-                if (lane == 0) alpha[h] = al;
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int h = 0; h < AC_HG; h++) {
-            const float al = alpha[h];
-#pragma unroll
-            for (int k = 0; k < AC_NO; k++) o[h][k] *= al;
-        }
-        for (int jj = 0; jj < nk; jj++) {
-            const int32_t s = spb[b][jj];
-            float p[AC_HG];
-#pragma unroll
-            for (int h = 0; h < AC_HG; h++) p[h] = sc[jj][h];
-            if (s >= fresh0) ac_acc((const float *)(B + jj * slot), p, KL, o);
-            else if (s >= 0) ac_acc((const T *)(B + jj * slot), p, KL, o);
-        }
-        __syncthreads(); /* buffer b and spb[b] are restaged by the next iteration */
     }
-    /* publish this block's partial result, then combine across the cluster */
+    __syncthreads(); /* ks is reused for the partial outputs */
+    float *oacc = ks; /* [AH_HB][KL] */
+    if (4 * c4 < KL)
 #pragma unroll
-    for (int h = 0; h < AC_HG; h++)
-#pragma unroll
-        for (int k = 0; k < AC_NO; k++) {
-            const int c = threadIdx.x + AC_THREADS * k;
-            if (c < KL) oacc[h][c] = o[h][k];
-        }
-    if (threadIdx.x == 0)
-        for (int h = 0; h < AC_HG; h++) {
-            mcl[h] = m_run[h];
-            lcl[h] = l_run[h];
-        }
+        for (int h = 0; h < 4; h++)
+            *(float4 *)(oacc + (4 * g + h) * KL + 4 * c4) = make_float4(o[h][0], o[h][1], o[h][2], o[h][3]);
+    if (lane == 0) {
+        mcl[warp] = m_run;
+        lcl[warp] = l_run;
+    }
     cl.sync();
-    if (threadIdx.x < AC_HG) {
+    if (threadIdx.x < AH_HB) {
         const int h = threadIdx.x;
         float M = -INFINITY;
         int any = 0;
@@ -500,10 +483,10 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
         if (h == 0) bad_any = any;
     }
     __syncthreads();
-    for (int i = rank * AC_THREADS + threadIdx.x; i < nh * KL; i += CL * AC_THREADS) {
+    for (int i = rank * AH_THREADS + threadIdx.x; i < nh * KL; i += CL * AH_THREADS) {
         const int h = i / KL, c = i - h * KL;
         float acc = 0.0f;
-        for (int r = 0; r < CL; r++) acc = fmaf(wcl[r][h], cl.map_shared_rank(&oacc[0][0], r)[h * AC_NO * AC_THREADS + c], acc);
+        for (int r = 0; r < CL; r++) acc = fmaf(wcl[r][h], cl.map_shared_rank(oacc, r)[h * KL + c], acc);
         a.out[((int64_t)t * d.n_head + h0 + h) * KL + c] = bad_any ? nanf_() : (float)((double)acc / lsum[h]);
     }
     cl.sync(); /* the other blocks may still read this one's shared memory */
@@ -528,17 +511,11 @@ static g5_status check_dims(const char *what, const cuk_mla_dims *d, g5_error *e
     return G5_OK;
 }
 
-/* cuda/attn_select.h: -1 until read from CUK_ATTN_IMPL. */
-static int g_old = -1;
+/* cuda/attn_select.h: set only by benchmarks and tests (library code reads no environment). */
+static int g_old = 0;
 
-extern "C" void cuk_attn_set_old(int old) { g_old = old < 0 ? -1 : old != 0; }
-extern "C" int cuk_attn_old(void) {
-    if (g_old < 0) {
-        const char *e = getenv("CUK_ATTN_IMPL");
-        g_old = e && !strcmp(e, "old");
-    }
-    return g_old;
-}
+extern "C" void cuk_attn_set_old(int old) { g_old = old > 0; }
+extern "C" int cuk_attn_old(void) { return g_old; }
 static int use_old(void) { return cuk_attn_old(); }
 
 /* Largest dynamic shared memory a block may opt into on the current device (0: unknown). */
@@ -583,20 +560,57 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
     return G5_OK;
 }
 
-/* Cluster size for the split attention: enough blocks to cover the SMs at decode, at most
- * AC_MAXCL, and chunks of at least two tiles. 16-block clusters are non-portable: they are used
- * only where the device can run one (checked once per kernel). */
+/* Cluster size for the head-group attention: enough blocks to cover the SMs at decode, at most
+ * AH_MAXCL, chunks of at least two tiles of max_sel. From the head count and max_sel alone (not
+ * the token count), so a multi-sequence launch splits each token's keys as a one-token launch
+ * does. 16-block clusters are non-portable: used only where the device can run one. */
 template <typename T>
-static int split_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cudaStream_t st) {
+static int hg_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cudaStream_t st) {
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
     static int max_cl_dev[CUK_MAX_DEVICES]; /* per device: the attribute cuk_cluster_max sets is */
     int &max_cl = max_cl_dev[cuk_device_slot()];
-    if (max_cl == 0) max_cl = cuk_cluster_max((const void *)k_attend_split<T>, AC_MAXCL, AC_THREADS, smem, st);
-    const int64_t base = (int64_t)d->n_tok * ((d->n_head + AC_HG - 1) / AC_HG);
+    if (max_cl == 0) max_cl = cuk_cluster_max((const void *)k_attend_hg<T>, AH_MAXCL, AH_THREADS, smem, st);
+    const int64_t groups = (d->n_head + AH_HB - 1) / AH_HB;
     int cl = 1;
-    while (cl < max_cl && base * cl < sms && (int64_t)cl * 2 * AC_TK * 2 <= max_sel) cl *= 2;
+    while (cl < max_cl && groups * cl < sms && (int64_t)cl * 2 * AH_TK * 2 <= max_sel) cl *= 2;
     return cl;
+}
+
+/* Launches k_attend_hg<T> over clusters of cl blocks for a's tokens. */
+template <typename T>
+static g5_status attend_hg_launch(const ac_args &a, int cl, size_t smem, cudaStream_t st, g5_error *err) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)cl, (unsigned)((a.d.n_head + AH_HB - 1) / AH_HB), (unsigned)a.d.n_tok);
+    cfg.blockDim = dim3(AH_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_hg<T>, a));
+    LAUNCH_CHECK("mla_attend");
+    return G5_OK;
+}
+
+static size_t hg_smem_bytes(int KVW) { return (size_t)(AH_HB + AH_TK) * (KVW + 4) * sizeof(float); }
+
+/* The dynamic shared memory of k_attend_hg<T>, opted into once per instantiation and device. */
+template <typename T>
+static g5_status attend_hg_smem(int KVW, size_t *smem_out, g5_error *err) {
+    const size_t smem = hg_smem_bytes(KVW);
+    static size_t allowed_dev[CUK_MAX_DEVICES];
+    size_t &allowed = allowed_dev[cuk_device_slot()];
+    if (smem > (allowed ? allowed : 48 * 1024)) {
+        CUK_CHECK(cudaFuncSetAttribute(k_attend_hg<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        allowed = smem;
+    }
+    *smem_out = smem;
+    return G5_OK;
 }
 
 template <typename T>
@@ -604,16 +618,12 @@ static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float
                               const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *dpos, int64_t bound,
                               const int32_t *sel, int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
                               float *out, cudaStream_t st, g5_error *err) {
-    const int KVW = d->kv_lora + d->rope;
-    const size_t smem = (size_t)2 * AC_TK * KVW * sizeof(float);
-    static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per instantiation and device */
-    size_t &allowed = allowed_dev[cuk_device_slot()];
-    if (smem > (allowed ? allowed : 48 * 1024)) {
-        CUK_CHECK(cudaFuncSetAttribute(k_attend_split<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        allowed = smem;
-    }
-    const int cl = split_cluster<T>(d, max_sel, smem, st);
+    size_t smem = 0;
+    g5_status sst = attend_hg_smem<T>(d->kv_lora + d->rope, &smem, err);
+    if (sst) return sst;
+    const int cl = hg_cluster<T>(d, max_sel, smem, st);
     ac_args a;
+    memset(&a, 0, sizeof a);
     a.d = *d;
     a.q = q;
     a.qlat = qlat;
@@ -629,30 +639,18 @@ static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float
     a.max_sel = max_sel;
     a.scale = scale;
     a.out = out;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)cl, (unsigned)((d->n_head + AC_HG - 1) / AC_HG), (unsigned)d->n_tok);
-    cfg.blockDim = dim3(AC_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_split<T>, a));
-    LAUNCH_CHECK("mla_attend");
-    return G5_OK;
+    return attend_hg_launch<T>(a, cl, smem, st, err);
 }
 
-/* 1 if k_attend_split covers the shape: its register tiles (kv_lora <= 512, kv_lora + rope
- * <= 576), 16-byte copies of whole rows, and its shared memory. */
+/* 1 if k_attend_hg covers the shape: kv_lora <= 512 and a multiple of 4, kv_lora + rope <= 576
+ * and a multiple of 8 (a tile's 8-element pieces fit AH_NU per thread), 16-byte rows and its
+ * shared memory. */
 static int split_fits(const cuk_mla_dims *d, const void *lat, size_t es, const float *fresh) {
     const int KVW = d->kv_lora + d->rope;
-    if (d->kv_lora > AC_NO * AC_THREADS || KVW > AC_NC * 32 || KVW % 4 || (KVW * es) % 16) return 0;
+    if (d->kv_lora > 4 * 128 || d->kv_lora % 4 || KVW > 576 || KVW % 8 || (KVW * es) % 16) return 0;
+    if (AH_TK * (KVW / 8) > AH_NU * AH_THREADS) return 0;
     if (((uintptr_t)lat & 15) || (fresh && ((uintptr_t)fresh & 15))) return 0;
-    const size_t smem = (size_t)2 * AC_TK * KVW * sizeof(float);
+    const size_t smem = hg_smem_bytes(KVW);
     return smem <= 48 * 1024 || (int64_t)smem <= smem_optin();
 }
 
@@ -743,4 +741,59 @@ extern "C" g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, c
         return BAD("mla_attend_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, d->n_tok);
     return mla_attend(d, q, qlat, lat, lat_type, fresh, 0, 0, pos0_dev, pos_bound, sel, ld_sel, n_sel, max_sel, scale,
                       out, stream, err);
+}
+
+extern "C" int cuk_mla_attend_multi_fits(const cuk_mla_dims *d, uint32_t lat_type) {
+    const size_t es = lat_type == CUK_F32 ? 4 : lat_type == CUK_BF16 || lat_type == CUK_F16 ? 2 : 0;
+    if (!d || !es || d->n_head < 1 || d->kv_lora < 1 || d->rope < 0) return 0;
+    static int sms = 0; /* the one-token launcher runs the split kernel below 2 x SMs heads */
+    if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
+    if (d->n_head >= 2 * sms) return 0;
+    static const float dummy[4] __attribute__((aligned(16))) = {0};
+    return split_fits(d, dummy, es, NULL);
+}
+
+template <typename T>
+static g5_status attend_multi_t(const cuk_attend_multi_args *m, cudaStream_t st, g5_error *err) {
+    size_t smem = 0;
+    g5_status sst = attend_hg_smem<T>(m->d.kv_lora + m->d.rope, &smem, err);
+    if (sst) return sst;
+    /* the one-token launch's cluster size (hg_cluster never looks at n_tok): each token's keys
+     * split alike, so its bits are those of a one-token call */
+    const int cl = hg_cluster<T>(&m->d, m->max_sel, smem, st);
+    ac_args a;
+    memset(&a, 0, sizeof a);
+    a.d = m->d;
+    a.q = m->q;
+    a.qlat = m->qlat;
+    a.fresh = m->fresh;
+    a.bound = m->pos_bound;
+    a.sel = m->sel;
+    a.ld_sel = m->ld_sel;
+    a.n_sel = m->n_sel;
+    a.max_sel = m->max_sel;
+    a.scale = m->scale;
+    a.out = m->out;
+    a.rows = m->rows;
+    return attend_hg_launch<T>(a, cl, smem, st, err);
+}
+
+extern "C" g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *m, cuk_stream stream, g5_error *err) {
+    if (!m) return BAD("mla_attend_multi: no args");
+    g5_status st = check_dims("mla_attend_multi", &m->d, err);
+    if (st) return st;
+    if (!m->q || !m->qlat || !m->rows || !m->sel || !m->n_sel || !m->out) return BAD("mla_attend_multi: NULL pointer");
+    if (m->d.n_tok > 65535) return BAD("mla_attend_multi: n_tok=%d above 65535", m->d.n_tok);
+    if (m->max_sel < 1 || m->max_sel > 16384 || m->ld_sel < m->max_sel)
+        return BAD("mla_attend_multi: max_sel=%d outside 1..16384 or above ld_sel=%lld", m->max_sel, (long long)m->ld_sel);
+    if (m->pos_bound < 1 || m->pos_bound > 2147483647)
+        return BAD("mla_attend_multi: pos_bound=%lld", (long long)m->pos_bound);
+    if (!cuk_mla_attend_multi_fits(&m->d, m->lat_type) || ((uintptr_t)m->fresh & 15))
+        return BAD("mla_attend_multi: shape or cache type %u not covered (cuk_mla_attend_multi_fits)", m->lat_type);
+    const cudaStream_t cs = (cudaStream_t)stream;
+    switch (m->lat_type) {
+    case CUK_F32: return attend_multi_t<float>(m, cs, err);
+    case CUK_BF16: return attend_multi_t<__nv_bfloat16>(m, cs, err);
+    default: return attend_multi_t<__half>(m, cs, err);
+    }
 }

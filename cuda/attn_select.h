@@ -3,7 +3,7 @@
  *   split  (default) absorb over W_UK column slices; attention and top-k over thread-block
  *          clusters that split each token's keys / positions; scores a thread per key
  *   old    one block per (head, token) for absorb / attention, one block per token for top-k,
- *          a warp per key for scores (also chosen by the environment: CUK_ATTN_IMPL=old)
+ *          a warp per key for scores
  * Shapes the split kernels do not cover use the old ones either way. Process-wide, not
  * thread-safe against concurrent launches. */
 #ifndef G5_CUDA_ATTN_SELECT_H
@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-/* 1: the old kernels, 0: the split ones, -1: back to the environment's choice. */
+/* 1: the old kernels, 0 or -1: the split ones (the default). */
 void cuk_attn_set_old(int old);
 /* 1 if the old kernels are selected now. */
 int cuk_attn_old(void);

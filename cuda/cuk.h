@@ -41,9 +41,7 @@ int cuk_gemv_supported(uint32_t type);
  * the tensor-core kernels where cuk_gemv_tc_applies says so, else the CUDA-core ones;
  * CUK_GEMV_SIMT: CUDA-core only; CUK_GEMV_TC_SUB: tensor cores with the quants as f16
  * subnormals (AUTO's tensor-core kernel too; cuda/gemv_select.h names the other variants). All
- * keep float32 inputs. The
- * environment variable CUK_GEMV_IMPL (auto, simt, tc_sub), read at the first call, sets the
- * initial value. */
+ * keep float32 inputs. */
 enum { CUK_GEMV_AUTO = 0, CUK_GEMV_SIMT = 1, CUK_GEMV_TC_SUB = 2 };
 void cuk_gemv_set_impl(int impl);
 int cuk_gemv_get_impl(void);

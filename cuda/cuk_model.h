@@ -189,6 +189,63 @@ g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, const float 
                              int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
                              float *out, cuk_stream stream, g5_error *err);
 
+/* ---- several sequences in one launch (batched decode steps) ----
+ *
+ * A decode step of B sequences has one query token per sequence, each with its own caches and
+ * position. These launchers take them from a table in device memory, rows[t] for query token t
+ * (the caller writes it before the step): the sequence's latent and indexer key caches for this
+ * layer and the token's position (keys 0 .. pos; its own new rows are written at pos). Each
+ * token's outputs are computed with the same kernels, the same launch shape per token (the
+ * attention's cluster size is the one-token launch's) and the same operations in the same order
+ * as the one-token launchers at that position, so they are bit-identical to B one-token calls.
+ * pos_bound: the caller's bound on every pos + 1 (the grid is shaped for it; ld_sc >= it). A
+ * row whose pos is outside [0, min(cap, pos_bound)) writes nothing, a top-k count of 0 and a NaN
+ * attention row. */
+typedef struct cuk_seq_row {
+    void *lat;     /* [cap][kv_lora + rope] of the model's cache type */
+    float *idxk;   /* [cap][idx dim], or NULL (a layer without indexer) */
+    int32_t cap;   /* positions the two caches hold */
+    int32_t pos;   /* the query token's position */
+} cuk_seq_row;
+
+/* lat_new [n_tok][lat_w] rounded to lat_type into rows[t].lat at rows[t].pos, and (key_new
+ * non-NULL) key_new [n_tok][key_w] into rows[t].idxk: cuk_cache_write_rows' rounding. */
+g5_status cuk_cache_write_multi(const float *lat_new, int64_t lat_w, uint32_t lat_type, const float *key_new,
+                                int64_t key_w, const cuk_seq_row *rows, int32_t n_tok, cuk_stream stream,
+                                g5_error *err);
+/* 1 if cuk_idx_scores_multi covers n_head x dim (at most 32 heads, dim a multiple of 4). */
+int cuk_idx_multi_fits(int32_t n_head, int32_t dim);
+/* cuk_idx_scores for token t over rows[t].idxk: q [n_tok][n_head][dim], w [n_tok][n_head],
+ * sc [n_tok][ld_sc] (keys 0 .. rows[t].pos). */
+g5_status cuk_idx_scores_multi(const float *q, const float *w, const cuk_seq_row *rows, int32_t n_tok,
+                               int32_t n_head, int32_t dim, int64_t pos_bound, float *sc, int64_t ld_sc,
+                               cuk_stream stream, g5_error *err);
+/* cuk_idx_topk for token t over its rows[t].pos + 1 scores. */
+g5_status cuk_idx_topk_multi(const float *sc, int64_t ld_sc, int32_t n_tok, const cuk_seq_row *rows,
+                             int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
+                             cuk_stream stream, g5_error *err);
+
+/* cuk_mla_attend_fresh for several sequences: token t attends its selection over rows[t].lat;
+ * fresh (non-NULL for a 16-bit cache) holds the tokens' own float32 rows [n_tok][kv_lora + rope],
+ * row t standing for position rows[t].pos. */
+typedef struct cuk_attend_multi_args {
+    cuk_mla_dims d;          /* n_tok = the number of sequences */
+    const float *q, *qlat;   /* [n_tok][n_head][nope + rope], [n_tok][n_head][kv_lora] */
+    uint32_t lat_type;       /* CUK_F32, CUK_BF16, CUK_F16 */
+    const float *fresh;
+    const cuk_seq_row *rows; /* [n_tok], device */
+    int64_t pos_bound;
+    const int32_t *sel;      /* [n_tok][ld_sel] */
+    int64_t ld_sel;
+    const int32_t *n_sel;    /* [n_tok] */
+    int32_t max_sel;
+    float scale;
+    float *out;              /* [n_tok][n_head][kv_lora] */
+} cuk_attend_multi_args;
+/* 1 if cuk_mla_attend_multi covers the shape and cache type (the head-group attention kernel). */
+int cuk_mla_attend_multi_fits(const cuk_mla_dims *d, uint32_t lat_type);
+g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *a, cuk_stream stream, g5_error *err);
+
 /* The indexer's per-token preparation after its projections, in one launch (at decode four
  * latency-bound launches were ~11 us): q [n_tok][n_head][dim] roped in place (cuk_rope with
  * rot_off 0, n_rot, theta, pos), k [n_tok][dim] LayerNormed in place (k_norm_w, k_norm_b [dim],

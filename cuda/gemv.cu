@@ -24,43 +24,22 @@ CUK_GEMV_TC_EXTERN(QT_Q8_0)
 enum { IMPL_TC = 3, IMPL_TC_SUB3 = 4, IMPL_TC_SUB2P = 5, IMPL_TC_SUB3P = 6, N_IMPL = 7 };
 static const char *const IMPL_NAMES[N_IMPL] = {"auto", "simt", "tc_sub", "tc", "tc_sub3", "tc_sub2p", "tc_sub3p"};
 
-static int g_impl = -1;         /* -1: not read from the environment yet */
-static int64_t g_tc_min = -1;   /* auto: Q4_K GEMVs of at least this many weights use the TCs */
+/* Process-wide, set only by benchmarks and tests (no environment: library code reads none). */
+static int g_impl = CUK_GEMV_AUTO;
 
-static int impl_now(void) {
-    if (g_impl < 0) {
-        const char *e = getenv("CUK_GEMV_IMPL");
-        g_impl = CUK_GEMV_AUTO;
-        for (int i = 0; e && i < N_IMPL; i++)
-            if (!strcmp(e, IMPL_NAMES[i])) g_impl = i;
-    }
-    return g_impl;
-}
+static int impl_now(void) { return g_impl; }
 
 /* Measured on H200 (bench/NOTES.md): the tensor-core Q4_K kernels win on the 119M-weight
  * lm_head and the MoE experts, the CUDA-core ones on the 3-13M-weight attention/dense shapes
  * and on every Q8_0 shape. */
-static int64_t tc_min(void) {
-    if (g_tc_min < 0) {
-        const char *e = getenv("CUK_GEMV_TC_MIN");
-        g_tc_min = e && *e ? strtoll(e, NULL, 10) : (1LL << 25);
-        if (g_tc_min < 0) g_tc_min = 0;
-    }
-    return g_tc_min;
-}
+static int64_t tc_min(void) { return 1LL << 25; }
 
-static int g_split = -1; /* cuk_gemv_split_mode; -1: not read from the environment yet */
+/* Default "old": the cluster split gains ~1 us per few-row GEMV at one row but loses 3-8 us at 8
+ * rows (bench_gemv decode shapes, H200), and the batched decode step of the server runs the same
+ * launches for up to 16 rows: the choice may not depend on n. */
+static int g_split = 0; /* cuk_gemv_split_mode: set only by benchmarks and tests */
 
-extern "C" int cuk_gemv_split_mode(void) {
-    if (g_split < 0) {
-        const char *e = getenv("CUK_GEMV_SPLIT");
-        /* Default "old": the cluster split gains ~1 us per few-row GEMV at one row but loses 3-8 us
-         * at 8 rows (bench_gemv decode shapes, H200), and the batched decode step of the server
-         * runs the same launches for up to 16 rows: the choice may not depend on n. */
-        g_split = e && !strcmp(e, "cluster") ? 1 : 0;
-    }
-    return g_split;
-}
+extern "C" int cuk_gemv_split_mode(void) { return g_split; }
 extern "C" void cuk_gemv_set_split_mode(int mode) { g_split = mode ? 1 : 0; }
 
 extern "C" void cuk_gemv_set_impl(int impl) {

@@ -876,7 +876,7 @@ static inline int pick_ks(int64_t tiles, int nchunks) {
  * CTAs) or every split has one chunk. Without it a 32..576-row GEMV at k = 6144 runs on 8..144
  * CTAs whose warps walk 3..6 chunks one after another, each waiting a full memory latency.
  * Weight shape only (tiles at R = 4), like ks: a row's bits never depend on n.
- * cuk_gemv_split_mode() == 0 (CUK_GEMV_SPLIT=old) keeps kc = 1, the previous launches. */
+ * cuk_gemv_split_mode() == 0 (the default) keeps kc = 1, the previous launches. */
 static inline int pick_kc(int64_t tiles, int ks, int nchunks) {
     if (!cuk_gemv_split_mode()) return 1;
     const int64_t want = 32LL * sms_cached();

@@ -1,8 +1,7 @@
 /* GEMV kernel families by name, for benchmarks and tests: the variants beyond cuk.h's
- * CUK_GEMV_AUTO / CUK_GEMV_SIMT / CUK_GEMV_TC_SUB. Names (also the values of the environment
- * variable CUK_GEMV_IMPL):
+ * CUK_GEMV_AUTO / CUK_GEMV_SIMT / CUK_GEMV_TC_SUB. Names:
  *   auto     per type and weight shape (never per n: batched launches keep one-vector bits):
- *            Q4_K GEMVs of >= $CUK_GEMV_TC_MIN weights (default 2^25) and Q4_K MoE run the
+ *            Q4_K GEMVs of >= 2^25 weights and Q4_K MoE run the
  *            tensor-core kernels (tc_sub: the fastest on the device, bench/NOTES.md),
  *            everything else the CUDA-core ones
  *   simt     CUDA-core kernels only
@@ -28,7 +27,7 @@ const char *cuk_gemv_impl_name(void);
 /* 1 if a GEMV of this type and shape would run on the tensor cores with the family set now. */
 int cuk_gemv_takes_tc(uint32_t type, int64_t m, int64_t k, int32_t n);
 
-/* How the CUDA-core cuk_gemv splits k for shapes with few rows (env CUK_GEMV_SPLIT):
+/* How the CUDA-core cuk_gemv splits k for shapes with few rows:
  * 1 "cluster": warps of a CTA and CTAs of a cluster (up to 8) split k, summed in a fixed order;
  * 0 "old" (default: faster at 8 rows, see cuda/gemv.cu): warps of one CTA only. Either
  * way a row's bits never depend on n; the two modes give different bits for the split shapes. */

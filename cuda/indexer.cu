@@ -30,6 +30,13 @@ __device__ __forceinline__ int64_t first_pos(int64_t pos0, const int32_t *dpos, 
     return p >= 0 && p + n_tok <= bound ? p : -1;
 }
 
+/* Token t's key count in a multi-sequence launch (cuk_seq_row): pos + 1, or -1 for a position
+ * outside [0, min(cap, bound)). */
+__device__ __forceinline__ int64_t row_cnt(const cuk_seq_row *rows, int t, int64_t bound) {
+    const int32_t p = rows[t].pos;
+    return p >= 0 && p < bound && p < rows[t].cap ? (int64_t)p + 1 : -1;
+}
+
 /* grid (ceil((pos0 + n_tok) / SC_WARPS), n_tok): a warp per (query, key). Shared: q, w. */
 __global__ void k_scores(const float *__restrict__ q, const float *__restrict__ w,
                          const float *__restrict__ k, int32_t n_head, int32_t dim, int64_t pos0_h,
@@ -94,19 +101,19 @@ __device__ int block_scan(int v, int *ws, int *total) {
 
 /* one block per query token */
 __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0_h, const int32_t *__restrict__ dpos,
-                       int64_t bound, int32_t K, int32_t *__restrict__ sel, int64_t ld_sel,
-                       int32_t *__restrict__ n_sel) {
+                       const cuk_seq_row *__restrict__ rows, int64_t bound, int32_t K, int32_t *__restrict__ sel,
+                       int64_t ld_sel, int32_t *__restrict__ n_sel) {
     __shared__ uint32_t hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_remaining;
     __shared__ int ws[TK_WARPS + 1];
     const int t = blockIdx.x;
-    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.x);
-    if (pos0 < 0) {
+    const int64_t pos0 = rows ? 0 : first_pos(pos0_h, dpos, bound, (int)gridDim.x);
+    const int64_t cnt = rows ? row_cnt(rows, t, bound) : pos0 + t + 1;
+    if (pos0 < 0 || cnt < 0) {
         if (threadIdx.x == 0) n_sel[t] = 0;
         return;
     }
-    const int64_t cnt = pos0 + t + 1;
     int32_t *out = sel + (int64_t)t * ld_sel;
     if (cnt <= K) {
         for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[i] = i < cnt ? (int32_t)i : -1;
@@ -161,7 +168,7 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
     if (threadIdx.x == 0) n_sel[t] = K;
 }
 
-/* ---- split implementations (the default; CUK_ATTN_IMPL=old selects the ones above) ---- */
+/* ---- split implementations (the default; cuk_attn_set_old(1) selects the ones above) ---- */
 
 namespace cg = cooperative_groups;
 
@@ -173,12 +180,19 @@ constexpr int SS_MAXH = 32; /* heads held in registers */
  * registers (the query pieces are broadcast reads of shared memory), then applies the relu and
  * the head weights in head order. Shared: q [n_head][dim], w [n_head]. */
 __global__ void __launch_bounds__(SS_THREADS) k_scores_split(const float *__restrict__ q, const float *__restrict__ w,
-                                                             const float *__restrict__ k, int32_t n_head, int32_t dim,
+                                                             const float *k, int32_t n_head, int32_t dim,
                                                              int64_t pos0_h, const int32_t *__restrict__ dpos,
-                                                             int64_t bound, float *__restrict__ sc, int64_t ld_sc) {
+                                                             const cuk_seq_row *__restrict__ rows, int64_t bound,
+                                                             float *__restrict__ sc, int64_t ld_sc) {
     extern __shared__ __align__(16) float ss_sm[];
-    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.y);
+    int64_t pos0 = rows ? 0 : first_pos(pos0_h, dpos, bound, (int)gridDim.y);
     if (pos0 < 0) return;
+    if (rows) { /* token t's own keys: pos0 + t + 1 of them, as in a one-token launch */
+        const int64_t c = row_cnt(rows, (int)blockIdx.y, bound);
+        if (c < 0 || !rows[blockIdx.y].idxk) return;
+        k = rows[blockIdx.y].idxk;
+        pos0 = c - 1 - (int64_t)blockIdx.y;
+    }
     float *qs = ss_sm;                          /* [n_head * dim] */
     float *wsh = ss_sm + (int64_t)n_head * dim; /* [n_head] */
     const int t = blockIdx.y;
@@ -227,15 +241,21 @@ constexpr int SL_MAXD4 = 32;  /* query float4 pieces held in registers (dim <= 1
  * adds key i's 32 terms in head order (a skipped or absent head adds +0, which leaves the sum's
  * bits unchanged: the sum starts at +0 and never becomes -0). */
 __global__ void __launch_bounds__(SL_WARPS * 32) k_scores_lane(const float *__restrict__ q, const float *__restrict__ w,
-                                                               const float *__restrict__ k, int32_t n_head, int32_t dim,
+                                                               const float *k, int32_t n_head, int32_t dim,
                                                                int64_t pos0_h, const int32_t *__restrict__ dpos,
-                                                               int64_t bound, float *__restrict__ sc, int64_t ld_sc) {
+                                                               const cuk_seq_row *__restrict__ rows, int64_t bound,
+                                                               float *__restrict__ sc, int64_t ld_sc) {
     __shared__ float red[SL_WARPS][SL_KG][33];
-    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.y);
+    const int64_t pos0 = rows ? 0 : first_pos(pos0_h, dpos, bound, (int)gridDim.y);
     if (pos0 < 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t = blockIdx.y;
-    const int64_t cnt = pos0 + t + 1;
+    int64_t cnt = pos0 + t + 1;
+    if (rows) { /* token t's own keys */
+        cnt = row_cnt(rows, t, bound);
+        if (cnt < 0 || !rows[t].idxk) return;
+        k = rows[t].idxk;
+    }
     const int64_t ngr = (cnt + SL_KG - 1) / SL_KG;
     const int64_t nw = (int64_t)gridDim.x * SL_WARPS;
     int64_t g = (int64_t)blockIdx.x * SL_WARPS + warp;
@@ -294,7 +314,8 @@ constexpr int TS_MAXCL = 16;
  * above / equal to the threshold, learns those of the lower ranks, and writes its part of the
  * ordered output at the right offset. */
 __global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0_h,
-                                                           const int32_t *__restrict__ dpos, int64_t bound, int32_t K,
+                                                           const int32_t *__restrict__ dpos,
+                                                           const cuk_seq_row *__restrict__ rows, int64_t bound, int32_t K,
                                                            int32_t *__restrict__ sel, int64_t ld_sel,
                                                            int32_t *__restrict__ n_sel) {
     __shared__ uint32_t hist[2][256]; /* by pass parity: a pass never clears what another block may still read */
@@ -307,12 +328,12 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restri
     const int CL = (int)cl.num_blocks(), rank = (int)cl.block_rank();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.y;
-    const int64_t pos0 = first_pos(pos0_h, dpos, bound, (int)gridDim.y);
-    if (pos0 < 0) { /* the same for the whole cluster, as below */
+    const int64_t pos0 = rows ? 0 : first_pos(pos0_h, dpos, bound, (int)gridDim.y);
+    const int64_t cnt = rows ? row_cnt(rows, t, bound) : pos0 + t + 1;
+    if (pos0 < 0 || cnt < 0) { /* the same for the whole cluster, as below */
         if (rank == 0 && threadIdx.x == 0) n_sel[t] = 0;
         return;
     }
-    const int64_t cnt = pos0 + t + 1;
     int32_t *out = sel + (int64_t)t * ld_sel;
     if (cnt <= K) { /* the same for the whole cluster: all of it leaves here */
         for (int64_t i = (int64_t)rank * TK_THREADS + threadIdx.x; i < K; i += (int64_t)CL * TK_THREADS)
@@ -424,9 +445,9 @@ extern "C" int cuk_idx_scores_lane(void) { return g_lane; }
  * n_tok, or the bound when the position is read from dpos); the kernels read the position and
  * skip keys past it, so the grid only has to cover P. */
 static g5_status idx_scores(const float *q, const float *w, const float *k, int32_t n_tok, int32_t n_head, int32_t dim,
-                            int64_t pos0, const int32_t *dpos, int64_t P, float *sc, int64_t ld_sc, cuk_stream stream,
-                            g5_error *err) {
-    if (!q || !w || !k || !sc) return BAD("idx_scores: NULL pointer");
+                            int64_t pos0, const int32_t *dpos, const cuk_seq_row *rows, int64_t P, float *sc,
+                            int64_t ld_sc, cuk_stream stream, g5_error *err) {
+    if (!q || !w || (!k && !rows) || !sc) return BAD("idx_scores: NULL pointer");
     if (n_tok < 1 || n_tok > 65535) return BAD("idx_scores: n_tok=%d outside 1..65535", n_tok);
     if (n_head < 1 || dim < 1 || (int64_t)n_head * dim > 12288)
         return BAD("idx_scores: n_head=%d x dim=%d must be positive and at most 12288", n_head, dim);
@@ -435,7 +456,7 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
     /* The lane kernel (same bits as the thread-per-key one) wins for decode steps up to ~16k keys
      * (bench_attn, H200: 1k 9.5 vs 26.0 us, 8k 13.1 vs 26.9) and loses beyond and in prefill
      * (32k 39.5 vs 31.8; 512 tokens at 4k 1549 vs 840). */
-    if (!use_old() && g_lane && n_tok <= 4 && P <= 16384 && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
+    if (!use_old() && g_lane && (n_tok <= 4 || rows) && P <= 16384 && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
         ((uintptr_t)q & 15) == 0) {
         /* enough warps to fill the SMs (about 2 blocks each), a key group per warp at most; the
          * warps stride over the key groups, so a grid made for more keys than there are is
@@ -445,16 +466,19 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
         const int64_t groups = (P + SL_KG - 1) / SL_KG, want = (groups + SL_WARPS - 1) / SL_WARPS;
         const int64_t cap = (2 * (int64_t)sms + n_tok - 1) / n_tok;
         dim3 g3((unsigned)(want < cap ? want : cap), (unsigned)n_tok);
-        k_scores_lane<<<g3, SL_WARPS * 32, 0, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, P, sc, ld_sc);
+        k_scores_lane<<<g3, SL_WARPS * 32, 0, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, rows, P, sc,
+                                                                        ld_sc);
         LAUNCH_CHECK("idx_scores");
         return G5_OK;
     }
-    if (!use_old() && n_head <= SS_MAXH && dim % 4 == 0 && ((uintptr_t)k & 15) == 0 && smem <= 48 * 1024) {
+    if ((!use_old() || rows) && n_head <= SS_MAXH && dim % 4 == 0 && ((uintptr_t)k & 15) == 0 && smem <= 48 * 1024) {
         dim3 g2((unsigned)((P + SS_THREADS - 1) / SS_THREADS), (unsigned)n_tok);
-        k_scores_split<<<g2, SS_THREADS, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, P, sc, ld_sc);
+        k_scores_split<<<g2, SS_THREADS, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, rows, P, sc,
+                                                                          ld_sc);
         LAUNCH_CHECK("idx_scores");
         return G5_OK;
     }
+    if (rows) return BAD("idx_scores_multi: n_head=%d x dim=%d not covered (cuk_idx_multi_fits)", n_head, dim);
     dim3 grid((unsigned)((P + SC_WARPS - 1) / SC_WARPS), (unsigned)n_tok);
     k_scores<<<grid, SC_WARPS * 32, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, P, sc, ld_sc);
     LAUNCH_CHECK("idx_scores");
@@ -466,7 +490,7 @@ extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float 
                                     float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err) {
     if (pos0 < 0) return BAD("idx_scores: pos0=%lld is negative", (long long)pos0);
     if (ld_sc < pos0 + n_tok) return BAD("idx_scores: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
-    return idx_scores(q, w, k, n_tok, n_head, dim, pos0, NULL, pos0 + n_tok, sc, ld_sc, stream, err);
+    return idx_scores(q, w, k, n_tok, n_head, dim, pos0, NULL, NULL, pos0 + n_tok, sc, ld_sc, stream, err);
 }
 
 extern "C" g5_status cuk_idx_scores_dev(const float *q, const float *w, const float *k, int32_t n_tok,
@@ -476,12 +500,12 @@ extern "C" g5_status cuk_idx_scores_dev(const float *q, const float *w, const fl
     if (pos_bound < n_tok || pos_bound > 2147483647)
         return BAD("idx_scores_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, n_tok);
     if (ld_sc < pos_bound) return BAD("idx_scores_dev: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);
-    return idx_scores(q, w, k, n_tok, n_head, dim, 0, pos0_dev, pos_bound, sc, ld_sc, stream, err);
+    return idx_scores(q, w, k, n_tok, n_head, dim, 0, pos0_dev, NULL, pos_bound, sc, ld_sc, stream, err);
 }
 
 /* cuk_idx_topk and cuk_idx_topk_dev; P as for idx_scores. */
-static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0, const int32_t *dpos, int64_t P,
-                          int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel, cuk_stream stream, g5_error *err) {
+static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0, const int32_t *dpos,
+                          const cuk_seq_row *rows, int64_t P, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel, cuk_stream stream, g5_error *err) {
     if (!sc || !sel || !n_sel) return BAD("idx_topk: NULL pointer");
     if (n_tok < 1) return BAD("idx_topk: n_tok=%d must be positive", n_tok);
     if (k < 1) return BAD("idx_topk: k=%d must be positive", k);
@@ -511,12 +535,13 @@ static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t
         cfg.stream = st;
         cfg.attrs = at;
         cfg.numAttrs = 1;
-        cudaError_t e = cudaLaunchKernelEx(&cfg, k_topk_split, sc, ld_sc, pos0, dpos, P, k, sel, ld_sel, n_sel);
+        cudaError_t e = cudaLaunchKernelEx(&cfg, k_topk_split, sc, ld_sc, pos0, dpos, rows, P, k, sel, ld_sel, n_sel);
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "idx_topk: %s", cudaGetErrorString(e));
         LAUNCH_CHECK("idx_topk");
         return G5_OK;
     }
-    k_topk<<<(unsigned)n_tok, TK_THREADS, 0, (cudaStream_t)stream>>>(sc, ld_sc, pos0, dpos, P, k, sel, ld_sel, n_sel);
+    k_topk<<<(unsigned)n_tok, TK_THREADS, 0, (cudaStream_t)stream>>>(sc, ld_sc, pos0, dpos, rows, P, k, sel, ld_sel,
+                                                                        n_sel);
     LAUNCH_CHECK("idx_topk");
     return G5_OK;
 }
@@ -527,7 +552,7 @@ extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok,
     if (n_tok < 1) return BAD("idx_topk: n_tok=%d must be positive", n_tok);
     if (pos0 < 0 || pos0 > 2147483647 - (int64_t)n_tok) return BAD("idx_topk: pos0=%lld out of range", (long long)pos0);
     if (ld_sc < pos0 + n_tok) return BAD("idx_topk: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
-    return idx_topk(sc, ld_sc, n_tok, pos0, NULL, pos0 + n_tok, k, sel, ld_sel, n_sel, stream, err);
+    return idx_topk(sc, ld_sc, n_tok, pos0, NULL, NULL, pos0 + n_tok, k, sel, ld_sel, n_sel, stream, err);
 }
 
 extern "C" g5_status cuk_idx_topk_dev(const float *sc, int64_t ld_sc, int32_t n_tok, const int32_t *pos0_dev,
@@ -538,5 +563,30 @@ extern "C" g5_status cuk_idx_topk_dev(const float *sc, int64_t ld_sc, int32_t n_
     if (pos_bound < n_tok || pos_bound > 2147483647)
         return BAD("idx_topk_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, n_tok);
     if (ld_sc < pos_bound) return BAD("idx_topk_dev: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);
-    return idx_topk(sc, ld_sc, n_tok, 0, pos0_dev, pos_bound, k, sel, ld_sel, n_sel, stream, err);
+    return idx_topk(sc, ld_sc, n_tok, 0, pos0_dev, NULL, pos_bound, k, sel, ld_sel, n_sel, stream, err);
+}
+
+extern "C" int cuk_idx_multi_fits(int32_t n_head, int32_t dim) {
+    return n_head >= 1 && n_head <= SS_MAXH && dim >= 4 && dim % 4 == 0 &&
+           ((size_t)n_head * dim + n_head) * sizeof(float) <= 48 * 1024;
+}
+
+extern "C" g5_status cuk_idx_scores_multi(const float *q, const float *w, const cuk_seq_row *rows, int32_t n_tok,
+                                          int32_t n_head, int32_t dim, int64_t pos_bound, float *sc, int64_t ld_sc,
+                                          cuk_stream stream, g5_error *err) {
+    if (!rows) return BAD("idx_scores_multi: NULL rows");
+    if (!cuk_idx_multi_fits(n_head, dim)) return BAD("idx_scores_multi: n_head=%d x dim=%d not covered", n_head, dim);
+    if (pos_bound < 1 || pos_bound > 2147483647) return BAD("idx_scores_multi: pos_bound=%lld", (long long)pos_bound);
+    if (ld_sc < pos_bound) return BAD("idx_scores_multi: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);
+    /* the key caches come from cudaMalloc at row offsets of dim floats: 16-byte aligned */
+    return idx_scores(q, w, NULL, n_tok, n_head, dim, 0, NULL, rows, pos_bound, sc, ld_sc, stream, err);
+}
+
+extern "C" g5_status cuk_idx_topk_multi(const float *sc, int64_t ld_sc, int32_t n_tok, const cuk_seq_row *rows,
+                                        int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
+                                        cuk_stream stream, g5_error *err) {
+    if (!rows) return BAD("idx_topk_multi: NULL rows");
+    if (pos_bound < 1 || pos_bound > 2147483647) return BAD("idx_topk_multi: pos_bound=%lld", (long long)pos_bound);
+    if (ld_sc < pos_bound) return BAD("idx_topk_multi: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);
+    return idx_topk(sc, ld_sc, n_tok, 0, NULL, rows, pos_bound, k, sel, ld_sel, n_sel, stream, err);
 }

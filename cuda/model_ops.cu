@@ -247,6 +247,22 @@ __global__ void k_cache_write(const float *lat_new, int64_t lat_w, void *lat, ui
     }
 }
 
+/* k_cache_write for several sequences: row r into rows[r]'s caches at rows[r].pos. */
+__global__ void k_cache_write_multi(const float *lat_new, int64_t lat_w, uint32_t lat_type, const float *key_new,
+                                    int64_t key_w, const cuk_seq_row *__restrict__ rows, int64_t n_rows) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nl = n_rows * lat_w;
+    if (i < nl) {
+        const int64_t r = i / lat_w, c = i % lat_w;
+        const cuk_seq_row rw = rows[r];
+        if (rw.lat && rw.pos >= 0 && rw.pos < rw.cap) store_as(rw.lat, lat_type, (int64_t)rw.pos * lat_w + c, lat_new[i]);
+    } else if (key_new && i < nl + n_rows * key_w) {
+        const int64_t j = i - nl, r = j / key_w, c = j % key_w;
+        const cuk_seq_row rw = rows[r];
+        if (rw.idxk && rw.pos >= 0 && rw.pos < rw.cap) rw.idxk[(int64_t)rw.pos * key_w + c] = key_new[j];
+    }
+}
+
 __global__ void k_scale(float *x, int64_t n, float s) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fmul_rn(x[i], s);
@@ -669,6 +685,21 @@ extern "C" g5_status cuk_cache_write_rows(const float *lat_new, int64_t lat_w, v
     k_cache_write<<<grid_for(n_rows * per, 256), 256, 0, (cudaStream_t)stream>>>(lat_new, lat_w, lat, lat_type, key_new,
                                                                                  key_w, key, cap, pos, n_rows);
     LAUNCH_CHECK("cache_write_rows");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_cache_write_multi(const float *lat_new, int64_t lat_w, uint32_t lat_type,
+                                           const float *key_new, int64_t key_w, const cuk_seq_row *rows,
+                                           int32_t n_tok, cuk_stream stream, g5_error *err) {
+    if (!lat_new || !rows) return BAD("cache_write_multi: NULL pointer");
+    if (lat_type != CUK_F32 && lat_type != CUK_BF16 && lat_type != CUK_F16)
+        return BAD("cache_write_multi: lat_type %u", lat_type);
+    if (n_tok < 1 || lat_w < 1 || lat_w > (1 << 20) || (key_new && (key_w < 1 || key_w > (1 << 20))))
+        return BAD("cache_write_multi: n_tok=%d lat_w=%lld key_w=%lld", n_tok, (long long)lat_w, (long long)key_w);
+    const int64_t per = lat_w + (key_new ? key_w : 0);
+    k_cache_write_multi<<<grid_for((int64_t)n_tok * per, 256), 256, 0, (cudaStream_t)stream>>>(
+        lat_new, lat_w, lat_type, key_new, key_w, rows, n_tok);
+    LAUNCH_CHECK("cache_write_multi");
     return G5_OK;
 }
 

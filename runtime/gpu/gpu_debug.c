@@ -247,8 +247,9 @@ static g5_status prof_capture(rt_gpu_model *g, const fplan *pl, gprof *p, cudaGr
     return st;
 }
 
+static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, FILE *report, g5_error *err);
+
 g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err) {
-    const glm5_hparams *hp = &g->hp;
     rt_gpu_seq *s = g->def;
     gl_rank *r0 = &g->rk[0];
     if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "profile: ranks on several devices");
@@ -258,6 +259,50 @@ g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_err
     rt_gpu_seq *const seqs[1] = {s};
     const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
     const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
+    return profile_plan(g, &pl, report, err);
+}
+
+g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, uint32_t n_seq, FILE *report,
+                                     g5_error *err) {
+    gl_rank *r0 = &g->rk[0];
+    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "profile: ranks on several devices");
+    if (n_seq < 2 || n_seq > r0->ncap)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "profile: batch of %u (work buffers for %u)", n_seq, r0->ncap);
+    uint32_t *a = malloc((size_t)n_seq * 3 * sizeof *a);
+    if (!a) return g5_fail(err, G5_ERR_NOMEM, "profile batch");
+    uint32_t mp = 1;
+    g5_status st = G5_OK;
+    for (uint32_t i = 0; i < n_seq && !st; i++) {
+        if (!seqs[i] || seqs[i]->g != g || seqs[i]->n_past == 0)
+            st = g5_fail(err, G5_ERR_INVALID_ARG, "profile: batch entry %u has no last step", i);
+        else {
+            a[i] = seqs[i]->n_past - 1;
+            a[n_seq + i] = 1;
+            a[2 * n_seq + i] = i;
+            if (a[i] + 1 > mp) mp = a[i] + 1;
+        }
+    }
+    if (!st && (uint64_t)n_seq * mp > r0->sc_cap)
+        st = g5_fail(err, G5_ERR_INVALID_ARG, "profile: not the last batch's sequences");
+    if (!st) {
+        const fplan pl = {n_seq, n_seq, seqs, a, a + n_seq, a + 2 * n_seq};
+        /* the last rt_gpu_forward_batch call's tables (rk->mrows) hold these positions */
+        for (uint32_t r = 0; r < g->T; r++) {
+            g->rk[r].batch_rows = 1;
+            g->rk[r].multi = mp;
+        }
+        st = profile_plan(g, &pl, report, err);
+        for (uint32_t r = 0; r < g->T; r++) g->rk[r].batch_rows = g->rk[r].multi = 0;
+    }
+    free(a);
+    return st;
+}
+
+static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, FILE *report, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    gl_rank *r0 = &g->rk[0];
+    const fplan pl = *plp;
+    const uint32_t n = pl.n;
     CU(cudaSetDevice(r0->dev));
     gprof p;
     memset(&p, 0, sizeof p);
@@ -275,7 +320,7 @@ g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_err
         if (cudaEventCreate(&p.ev[n_ev]) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "profile: cudaEventCreate");
     if (!st && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
         st = g5_fail(err, G5_ERR_INTERNAL, "profile: cudaEventCreate");
-    for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, 1);
+    for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, pl.n_seg == 1);
     /* 1: launched one by one, without marks (also the warm-up), then with marks */
     double plain_ms = -1, marked_ms = 0, gplain_ms = -1, gmarked_ms = -1;
     if (!st && cudaEventRecord(e0, r0->st) != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "cudaEventRecord");
@@ -298,7 +343,7 @@ g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_err
     /* 2: one token: captured into a graph, with marks as event record nodes, and without */
     const char *gnote = n == 1 ? NULL : "not run (n > 1)";
     char gerr[200] = "";
-    if (!st && n == 1) {
+    if (!st && n == 1 && pl.n_seg == 1) {
         g5_error e2;
         memset(&e2, 0, sizeof e2);
         g5_status s2 = prof_capture(g, &pl, NULL, &ge_p, &e2);
@@ -317,10 +362,10 @@ g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_err
         uint32_t nd = 0;
         for (uint32_t il = 0; il < hp->n_layer_main; il++) nd += r0->L[il].dense ? 1 : 0;
         const uint32_t nm = hp->n_layer_main - nd;
-        fprintf(report, "profile of the last call (%u token%s, %u layers: %u dense, %u MoE; %u rank%s): mean us per "
+        fprintf(report, "profile of the last call (%u token%s in %u sequence%s, %u layers: %u dense, %u MoE; %u rank%s): mean us per "
                         "occurrence and total ms; [launched] one launch after another (host gaps included), [graph] "
                         "captured into one CUDA graph%s%s\n",
-                n, n == 1 ? "" : "s", hp->n_layer_main, nd, nm, g->T, g->T == 1 ? "" : "s on one device",
+                n, n == 1 ? "" : "s", pl.n_seg, pl.n_seg == 1 ? "" : "s", hp->n_layer_main, nd, nm, g->T, g->T == 1 ? "" : "s on one device",
                 gnote ? ": graph variant " : "", gnote ? gnote : "");
         fprintf(report, "  %-6s %-40s %10s %10s %7s %10s %10s\n", "stage", "sub-step", "launch us", "graph us", "count",
                 "launch ms", "graph ms");

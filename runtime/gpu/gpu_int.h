@@ -109,6 +109,10 @@ typedef struct gl_rank {
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
     float *sc;                       /* [n][P] indexer scores */
     uint64_t sc_cap;
+    cuk_seq_row *mrows;              /* [n_layer_main][n] a batched decode step's per-sequence caches
+                                        and positions (cuda/cuk_model.h), written by forward_plan */
+    uint32_t multi;                  /* 0, or the key bound (largest position + 1) of a batched
+                                        decode step whose attention runs as one launch per kernel */
 #ifdef G5_HAVE_NCCL
     ncclComm_t comm;
 #endif

@@ -604,6 +604,7 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->n_sel = take(&c, N * 4);
     rk->tok = take(&c, N * 4);
     rk->pos = take(&c, N * 4);
+    rk->mrows = take(&c, N * (hp->n_layer_main ? hp->n_layer_main : 1) * sizeof(cuk_seq_row));
     return c.off;
 }
 
@@ -775,6 +776,12 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                   (uint64_t)bound > rk->sc_cap))
         return g5_fail(err, G5_ERR_INTERNAL, "graph step: bound %u for %u segment(s), layer %u, capacity %u", bound,
                        pl->n_seg, il, pl->seq[0]->cap);
+    /* a batched decode step whose attention kernels run once for all sequences */
+    const cuk_mla_dims dm = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+    const int multi = rk->multi && !bound && il < hp->n_layer_main && cuk_mla_attend_multi_fits(&dm, g->lat_type) &&
+                      (!L->has_idx || cuk_idx_multi_fits((int32_t)IH, (int32_t)ID));
+    const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
+    const int64_t mpb = rk->multi;
     CU(cudaSetDevice(rk->dev));
     CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
     PMARK("attn", "attn_norm (+ residual add)");
@@ -798,7 +805,8 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     if (bound && !L->has_idx)
         CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, NULL, 0, NULL,
                                 pl->seq[0]->cap, rk->pos, n, cs, err));
-    for (uint32_t i = 0; i < pl->n_seg && !direct && !bound; i++) {
+    if (multi && !L->has_idx) CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, NULL, 0, rows, (int32_t)n, cs, err));
+    for (uint32_t i = 0; i < pl->n_seg && !direct && !bound && !multi; i++) {
         uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
         const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
         if (g->lat_type == CUK_F32)
@@ -829,8 +837,16 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                                   bound, cs, err));
             CK(cuk_idx_topk_dev(rk->sc, bound, (int32_t)n, rk->pos, bound, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
         }
+        if (multi) { /* new rows, scores and selections of all sequences, a launch each */
+            CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, rk->ikf, ID, rows, (int32_t)n, cs, err));
+            CK(cuk_idx_scores_multi(rk->iq, rk->iw, rows, (int32_t)n, (int32_t)IH, (int32_t)ID, mpb, rk->sc, mpb, cs,
+                                    err));
+            PMARK("attn", "idx_scores");
+            CK(cuk_idx_topk_multi(rk->sc, mpb, (int32_t)n, rows, mpb, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
+            PMARK("attn", "idx_topk");
+        }
         /* per sequence, in stream order: the score buffer is reused by each */
-        for (uint32_t i = 0; i < pl->n_seg && !bound; i++) {
+        for (uint32_t i = 0; i < pl->n_seg && !bound && !multi; i++) {
             float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
             const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
             if (!one)
@@ -862,13 +878,19 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         CK(cuk_mla_attend_dev(&d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
                               g->lat_type == CUK_F32 ? NULL : rk->latf, rk->pos, bound, rk->sel, K, rk->n_sel,
                               (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
+    if (multi) {
+        const cuk_attend_multi_args ma = {dm, rk->q, rk->qlat, g->lat_type,
+                                          g->lat_type == CUK_F32 ? NULL : rk->latf, rows, mpb, rk->sel, K,
+                                          rk->n_sel, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat};
+        CK(cuk_mla_attend_multi(&ma, cs, err));
+    }
     if (tc) {
         const gl_mla_args ma = {d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
                                 g->lat_type == CUK_F32 ? NULL : rk->latf, pl->pos0[0], rk->sel, K, rk->n_sel,
                                 (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat};
         CK(gl_lin_mla_attend(rk->lin, &ma, err));
     }
-    for (uint32_t i = 0; i < pl->n_seg && !bound && !tc; i++) {
+    for (uint32_t i = 0; i < pl->n_seg && !bound && !multi && !tc; i++) {
         const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
         const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
         CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
@@ -1145,6 +1167,33 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
     return G5_OK;
 }
 
+/* The per-layer tables of a batched decode step (rk->mrows): sequence i's caches of layer il
+ * and its position, row il * n + i. The copy is synchronous to the host (pageable memory). */
+static g5_status write_rows(rt_gpu_model *g, const fplan *pl, g5_error *err) {
+    const uint32_t Lm = g->hp.n_layer_main, n = pl->n;
+    cuk_seq_row *h = malloc((size_t)Lm * n * sizeof *h);
+    if (!h) return g5_fail(err, G5_ERR_NOMEM, "batch tables");
+    g5_status st = G5_OK;
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        gl_rank *rk = &g->rk[r];
+        for (uint32_t il = 0; il < Lm; il++)
+            for (uint32_t i = 0; i < n; i++) {
+                cuk_seq_row *e = &h[(size_t)il * n + pl->row0[i]];
+                e->lat = gm_seq_lat(g, pl->seq[i], r, il);
+                e->idxk = rk->L[il].has_idx ? gm_seq_idxk(g, pl->seq[i], r, il) : NULL;
+                e->cap = (int32_t)pl->seq[i]->cap;
+                e->pos = (int32_t)pl->pos0[i];
+            }
+        cudaError_t ce = cudaSetDevice(rk->dev);
+        if (ce == cudaSuccess)
+            ce = cudaMemcpyAsync(rk->mrows, h, (size_t)Lm * n * sizeof *h, cudaMemcpyHostToDevice, rk->st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
+        if (ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "batch table upload: %s", cudaGetErrorString(ce));
+    }
+    free(h);
+    return st;
+}
+
 /* One forward call over the plan's rows (tokens [pl->n]): caches and work buffers reserved, tokens
  * and positions uploaded, the device work (a graph launch for a single one-token sequence
  * under opts.cuda_graph: the uploads are that step's parameters), then every sequence advanced. */
@@ -1162,6 +1211,17 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
         const uint32_t P = pl->pos0[i] + pl->len[i];
         CK(gm_seq_need(pl->seq[i], P, err));
         if ((uint64_t)pl->len[i] * P > sc_need) sc_need = (uint64_t)pl->len[i] * P;
+    }
+    /* a batched decode step (one token per sequence): its attention runs as one launch per
+     * kernel over a table of the sequences' caches (gm_attn_stage); scores [n][max P] */
+    uint32_t multi = pl->n_seg > 1 && pl->n_seg == n;
+    for (uint32_t i = 0; i < pl->n_seg && multi; i++) multi = pl->len[i] == 1;
+    if (multi) {
+        uint32_t mp = 1;
+        for (uint32_t i = 0; i < pl->n_seg; i++)
+            if (pl->pos0[i] + 1 > mp) mp = pl->pos0[i] + 1;
+        multi = mp;
+        if ((uint64_t)n * mp > sc_need) sc_need = (uint64_t)n * mp;
     }
     const int graph = g->info.cuda_graph && n == 1 && pl->n_seg == 1 &&
                       !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
@@ -1186,15 +1246,18 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     }
     free(pos);
     if (st) return st;
+    if (multi) CK(write_rows(g, pl, err));
     /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
      * to one-token calls (its GEMV kernels sum each row alike) */
     for (uint32_t r = 0; r < g->T; r++) {
         gl_lin_arm(g->rk[r].lin, pl->n_seg == 1);
         g->rk[r].batch_rows = pl->n_seg > 1;
+        g->rk[r].multi = multi;
     }
     CK(graph ? gm_forward_graph(g, pl, bound, out, err) : gm_forward_device(g, pl, out, 0, err));
     for (uint32_t r = 0; r < g->T; r++) {
         g->rk[r].batch_rows = 0;
+        g->rk[r].multi = 0;
         CU(cudaSetDevice(g->rk[r].dev));
         CU(cudaStreamSynchronize(g->rk[r].st));
     }

@@ -355,5 +355,9 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
  * variant's total without the events, to show what the events themselves cost. Same conditions
  * as rt_gpu_debug_stage_times. */
 g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err);
+/* The same for the last rt_gpu_forward_batch step of seqs[0 .. n_seq) (n_seq >= 2, the same
+ * sequences in the same order), launched one by one (its lm_head line: the last row only). */
+g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, uint32_t n_seq, FILE *report,
+                                     g5_error *err);
 
 #endif

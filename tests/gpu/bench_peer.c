@@ -15,8 +15,9 @@
  *   bench_peer -m DIR|FILE.gguf [--precision fast|precise] [--pp 512,4096] [--tg 64]
  *              [--depth 512,4096,16384] [--batch 1,8,32] [--batch-depth 512] [--reps 3]
  *              [--cuda-graph on|off] [--no-verify] [--profile]
- * --profile: after the pp runs, rt_gpu_debug_profile's sub-step table of the last pp size (the
- * prompt's work again with an event between sub-steps: where prefill time goes). */
+ * --profile: rt_gpu_debug_profile's sub-step tables: after the pp runs, of the last pp size (the
+ * prompt's work again with an event between sub-steps: where prefill time goes); after each tg
+ * run and each batch of 2 or more, of its last step. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -216,6 +217,7 @@ int main(int argc, char **argv) {
         printf("tg%u @ %u %s: %.1f tok/s (%.3f ms per token; ratio to the floor %.2f)\n", tg, d, prec, 1.0 / per,
                per * 1e3, per / floor_s);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| tg%u @ d%u | %.1f |\n", tg, d, 1.0 / per);
+        if (profile) GK(rt_gpu_debug_profile(g, 1, stdout, &err_)); /* the last step, sub-step by sub-step */
     }
     for (uint32_t i = 0; i < batch.n; i++) {
         const uint32_t B = batch.v[i];
@@ -239,6 +241,7 @@ int main(int argc, char **argv) {
                dt / tg * 1e3);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| batch %u @ d%u | %.1f |\n", B, batch_depth,
                                B * tg / dt);
+        if (profile && B > 1) GK(rt_gpu_debug_profile_batch(g, seqs, B, stdout, &err_));
         for (uint32_t b = 0; b < B; b++) rt_gpu_seq_free(seqs[b]);
     }
     printf("\n| %s (tok/s) | glm5-run |\n| --- | --- |\n%s", prec, summary);

@@ -361,6 +361,8 @@ static void test_mla(void) {
         {4, 4, 192, 64, 512, 256, 100, 32},    /* the oracle model, prefill */
         {1, 8, 192, 64, 512, 256, 3000, 2048}, /* GLM-5 at TP=8 (64 heads / 8), decode */
         {11, 2, 192, 64, 512, 256, 700, 2048},
+        {1, 64, 192, 64, 512, 256, 4096, 2048}, /* GLM-5 at TP=1 (the peer model), decode at 4k */
+        {3, 12, 192, 64, 512, 256, 600, 2048},  /* heads not a multiple of the head group */
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int n = cfg[c].n, H = cfg[c].h, NOPE = cfg[c].nope, R = cfg[c].rope, KL = cfg[c].kl, VH = cfg[c].v, K = cfg[c].K;

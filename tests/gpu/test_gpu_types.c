@@ -74,11 +74,11 @@ static void expect_close(const float *got, const float *ref, size_t n, const cha
     T_CHECK(finite && r <= TOL, "%s: %s differ from the CPU by %.3e (finite %d)", label, what, r, finite);
 }
 
-static rt_gpu_model *gpu_of(rt_model *m, const char *dir, int gemm, const char *label) {
+static rt_gpu_model *gpu_of(rt_model *m, rt_wset *ws, int gemm, const char *label) {
     rt_gpu_opts go;
     rt_gpu_opts_default(&go);
     go.precision = RT_GPU_PRECISE;
-    go.blob_dir = dir;
+    go.blobs = rt_wset_blobs(ws); /* the set the CPU model was made from */
     go.gemm_min = gemm ? 1 : -1;
     go.gemm_min_expert = gemm ? 1 : -1;
     rt_gpu_model *g = NULL;
@@ -122,7 +122,7 @@ static void check_blobs(const char *dir, uint32_t tp, const char *preset) {
     for (int gemm = 0; ok && gemm < 2; gemm++) {
         char lb[160];
         snprintf(lb, sizeof lb, "%s, %s path", label, gemm ? "prefill GEMM" : "GEMV");
-        rt_gpu_model *g = gpu_of(m, dir, gemm, lb);
+        rt_gpu_model *g = gpu_of(m, ws, gemm, lb);
         if (!g) continue;
         rt_gpu_outputs go = {.logits = got, .all_logits = 1};
         if (rt_gpu_forward(g, tok, N_PROMPT, &go, &e) == G5_OK) expect_close(got, ref, (size_t)N_PROMPT * V, lb, "prompt logits");

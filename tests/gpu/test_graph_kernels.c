@@ -4,7 +4,7 @@
  *    cuk_idx_topk / cuk_mla_attend_fresh at the same position, for bounds from the position
  *    itself to 32 times it, across the lane/thread-per-key score kernels' 16384-key edge, the
  *    top-k cluster sizes, the f32 cache and the bf16/f16 caches with fresh rows, one and three
- *    query tokens, and the old kernels (CUK_ATTN_IMPL=old);
+ *    query tokens, and the old kernels (cuk_attn_set_old(1));
  *  - cuk_cache_write_rows writes what cuk_convert writes, at the device positions, and nothing
  *    for a position outside the capacity;
  *  - a device position past the bound writes no score, a top-k count of 0 and NaN attention rows;

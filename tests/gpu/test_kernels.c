@@ -315,7 +315,7 @@ static void test_gemv(void) {
                 batch_identity_case(type, dw, 32, 6144, 8);
                 batch_identity_case(type, dw, 576, 6144, 16);
                 batch_identity_case(type, dw, 256, 6144, 3);
-                /* the other split (CUK_GEMV_SPLIT=cluster; the default is old) stays correct */
+                /* the other split (cuk_gemv_set_split_mode(1); the default is old) stays correct */
                 const int mode0 = cuk_gemv_split_mode();
                 cuk_gemv_set_split_mode(!mode0);
                 gemv_case(type, hw, dw, &SHAPES[N_SHAPES - 2], 8, CUK_ACT_F32, rowbuf);
