@@ -21,6 +21,7 @@
 #include "format/gguf.h"
 #include "format/quant.h"
 #include "format/status.h"
+#include "format/version.h"
 
 #define EXIT_CHECK 1
 #define EXIT_USAGE 2
@@ -446,6 +447,10 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        g5_print_version(stdout, "glm5-shard");
         return 0;
     }
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);

@@ -92,6 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(copy, text, len);
     copy[len] = 0;
     chat_message msgs[8];
+    memset(msgs, 0, sizeof msgs);
     size_t nm = 0;
     static const char *roles[] = {"system", "user", "assistant", "tool"};
     for (char *c = copy; nm < 8 && c <= copy + len; c += strlen(c) + 1) {

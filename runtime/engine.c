@@ -21,9 +21,10 @@ int rt_eng_cuda_available(void) { return rt_eng_gpu_ops() != NULL; }
 /* ---- the CPU implementation ---- */
 
 static g5_status cpu_create(rt_eng *e, g5_error *err) {
-    if (e->o.kv_blocks)
-        return rt_kvpool_create(e->m, e->o.kv_blocks, e->o.kv_block_tokens, &e->pool, err);
-    return G5_OK;
+    g5_status st = G5_OK;
+    if (e->o.kv_blocks) st = rt_kvpool_create(e->m, e->o.kv_blocks, e->o.kv_block_tokens, &e->pool, err);
+    if (!st && e->pool && e->o.kv_prefix_cache) st = rt_kvpool_enable_prefix(e->pool, err);
+    return st;
 }
 
 static void cpu_destroy(rt_eng *e) {
@@ -221,6 +222,20 @@ int rt_eng_check_result_get(const rt_eng *e, rt_eng_check_result *out) {
 uint32_t rt_eng_pool_n_blocks(const rt_eng *e) { return e->pool ? rt_kvpool_n_blocks(e->pool) : 0; }
 uint32_t rt_eng_pool_n_free(const rt_eng *e) { return e->pool ? rt_kvpool_n_free(e->pool) : 0; }
 uint32_t rt_eng_pool_block_tokens(const rt_eng *e) { return e->pool ? rt_kvpool_block_tokens(e->pool) : 0; }
+uint32_t rt_eng_pool_n_cached(const rt_eng *e) { return e->pool && e->o.kv_prefix_cache ? rt_kvpool_n_cached(e->pool) : 0; }
+uint64_t rt_eng_pool_n_evicted(const rt_eng *e) { return e->pool && e->o.kv_prefix_cache ? rt_kvpool_n_evicted(e->pool) : 0; }
+
+g5_status rt_eng_seq_attach_prefix(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
+                                   g5_error *err) {
+    *n_reused = 0;
+    if (s->e->o.device != RT_ENG_CPU || !s->e->pool || !s->e->o.kv_prefix_cache) return G5_OK;
+    return rt_state_attach_prefix(s->dev, tokens, n, n_reused, err);
+}
+
+g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_error *err) {
+    if (s->e->o.device != RT_ENG_CPU || !s->e->pool || !s->e->o.kv_prefix_cache) return G5_OK;
+    return rt_state_publish_prefix(s->dev, tokens, err);
+}
 
 g5_status rt_eng_seq_create(rt_eng *e, uint32_t reserve, rt_eng_seq **out, g5_error *err) {
     *out = NULL;

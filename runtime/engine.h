@@ -60,6 +60,7 @@ typedef struct rt_eng_opts {
      * blocks of kv_block_tokens positions (rt_kvpool; a full pool fails a call with
      * G5_ERR_NOMEM and changes nothing); 0: each sequence grows a private pool */
     uint32_t kv_blocks, kv_block_tokens;
+    int kv_prefix_cache;         /* the shared pool shares full blocks by token prefix (below) */
     /* CUDA */
     int gpu0;                    /* first device */
     rt_eng_precision precision;
@@ -120,6 +121,16 @@ g5_status rt_eng_truncate(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_past, g
 uint32_t rt_eng_pool_n_blocks(const rt_eng *e);
 uint32_t rt_eng_pool_n_free(const rt_eng *e);
 uint32_t rt_eng_pool_block_tokens(const rt_eng *e);
+/* Prefix caching of the shared pool (opts.kv_prefix_cache; runtime/cpu/model.h has the rules):
+ * an empty sequence takes the cached blocks of the longest cached prefix of tokens[0, n) that
+ * leaves one token to run (*n_reused: its n_past after); publish registers a sequence's full
+ * blocks, tokens = its first n_past tokens. Without a prefix cache: nothing reused, nothing
+ * registered. */
+g5_status rt_eng_seq_attach_prefix(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
+                                   g5_error *err);
+g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_error *err);
+uint32_t rt_eng_pool_n_cached(const rt_eng *e);  /* cached blocks no sequence holds */
+uint64_t rt_eng_pool_n_evicted(const rt_eng *e);
 
 /* ---- forward calls ---- */
 

@@ -235,7 +235,115 @@ out:
     rt_wset_free(ws);
 }
 
+/* Prefix caching in the pool: registered blocks shared by reference, cached when released,
+ * counted as free, evicted oldest first, a shared block copied before a truncated table writes
+ * into it. */
+static void test_prefix_pool(void) {
+    rt_kvlayout lay = layout();
+    rt_kvpool *p = NULL;
+    g5_error e = {0};
+    T_CHECK(rt_kvpool_create_layout(&lay, 0, BT, &p, &e) == G5_OK && rt_kvpool_enable_prefix(p, &e) == G5_ERR_INVALID_ARG,
+            "growable pool: no prefix cache");
+    rt_kvpool_free(p);
+    T_CHECK(rt_kvpool_create_layout(&lay, 6, BT, &p, &e) == G5_OK && rt_kvpool_enable_prefix(p, &e) == G5_OK, "pool");
+    if (!p) return;
+    int32_t toks[24];
+    for (int i = 0; i < 24; i++) toks[i] = 100 + i;
+    uint64_t h[6], h2[6];
+    rt_kv_prefix_hashes(toks, 6, BT, h);
+    toks[5] = 7; /* differs in block 1: blocks 1.. get other names */
+    rt_kv_prefix_hashes(toks, 6, BT, h2);
+    T_CHECK(h[0] == h2[0] && h[1] != h2[1] && h[2] != h2[2], "hashes chain the prefix");
+    rt_kvtab a = {.pool = p}, b = {.pool = p}, c = {.pool = p};
+    uint32_t k = 9;
+    T_CHECK(rt_kvtab_attach(&a, h, 3, &k, &e) == G5_OK && k == 0, "nothing cached yet");
+    T_CHECK(rt_kvtab_reserve(&a, 3 * BT, &e) == G5_OK && fill_and_check(&a, 3 * BT), "a: 3 blocks");
+    rt_kvtab_publish(&a, h, 3);
+    T_CHECK(rt_kvtab_attach(&b, h, 2, &k, &e) == G5_OK && k == 2 && b.ids[0] == a.ids[0] && b.ids[1] == a.ids[1] &&
+                rt_kvpool_n_free(p) == 3,
+            "b shares a's first 2 blocks (%u)", k);
+    rt_kvtab_release(&a);
+    T_CHECK(rt_kvpool_n_cached(p) == 1 && rt_kvpool_n_free(p) == 4, "a gone: its third block cached, counted free");
+    T_CHECK(rt_kvtab_attach(&c, h2, 3, &k, &e) == G5_OK && k == 1 && c.ids[0] == b.ids[0], "c: only block 0 matches");
+    rt_kvtab_release(&c);
+    /* b writes past its shared blocks into new ones; unshare copies a shared block */
+    float before = rt_kvtab_lat(&b, 1, 8, 5)[2];
+    uint32_t old = b.ids[1];
+    T_CHECK(rt_kvtab_unshare(&b, 1, &e) == G5_OK && b.ids[1] != old && rt_kvtab_lat(&b, 1, 8, 5)[2] == before,
+            "unshare: a copy with the same contents");
+    rt_kvtab_release(&b);
+    T_CHECK(rt_kvpool_n_cached(p) == 3 && rt_kvpool_n_free(p) == 6, "all back: 3 cached");
+    /* a table that needs the whole pool evicts the cached blocks (release empties a table) */
+    a.pool = c.pool = p;
+    T_CHECK(rt_kvtab_reserve(&c, 6 * BT, &e) == G5_OK && rt_kvpool_n_cached(p) == 0 && rt_kvpool_n_evicted(p) == 3,
+            "evicted for a full table");
+    rt_kvtab_release(&c);
+    T_CHECK(rt_kvtab_attach(&a, h, 3, &k, &e) == G5_OK && k == 0, "evicted blocks are not found");
+    rt_kvtab_release(&a);
+    rt_kvpool_free(p);
+}
+
+/* On the oracle model: a state that starts from another's cached prefix gives bit-identical
+ * logits to one that runs the whole prompt; truncating into a shared block leaves the other
+ * state's cache unchanged. */
+static void test_prefix_states(void) {
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    g5_error e = {0};
+    if (rt_wset_open(T_ORACLE_GGUF, &ws, &e) != G5_OK) return;
+    rt_model_opts opts = {.n_threads = 2};
+    if (rt_model_create(ws, &opts, &m, &e) != G5_OK) {
+        rt_wset_free(ws);
+        return;
+    }
+    const uint32_t V = rt_model_hparams(m)->n_vocab;
+    rt_kvpool *p = NULL;
+    T_CHECK(rt_kvpool_create(m, 16, 16, &p, &e) == G5_OK && rt_kvpool_enable_prefix(p, &e) == G5_OK, "pool");
+    int32_t toks[60];
+    for (int i = 0; i < 60; i++) toks[i] = (int32_t)((i * 53 + 11) % 2000);
+    float *l_ref = malloc(V * sizeof *l_ref), *l_got = malloc(V * sizeof *l_got), *l_a = malloc(V * sizeof *l_a);
+    rt_state *a = NULL, *b = NULL, *r = NULL;
+    rt_state_create_paged(m, p, &a, &e);
+    rt_state_create_paged(m, p, &b, &e);
+    rt_state_create(m, &r, &e);
+    rt_outputs oa = {.logits = l_a}, og = {.logits = l_got}, orf = {.logits = l_ref};
+    T_CHECK(rt_model_forward(m, a, toks, 40, &oa, &e) == G5_OK && rt_state_publish_prefix(a, toks, &e) == G5_OK,
+            "a: 40 tokens, published");
+    /* b: the same first 40 tokens then 20 others: 2 blocks (32 positions) reused */
+    int32_t tb[60];
+    memcpy(tb, toks, sizeof tb);
+    for (int i = 40; i < 60; i++) tb[i] = (int32_t)(i * 7 % 2000);
+    uint32_t reused = 0;
+    T_CHECK(rt_state_attach_prefix(b, tb, 60, &reused, &e) == G5_OK && reused == 32 && rt_state_n_past(b) == 32,
+            "b reuses 32 positions (%u)", reused);
+    T_CHECK(rt_model_forward(m, b, tb + 32, 28, &og, &e) == G5_OK && rt_model_forward(m, r, tb, 60, &orf, &e) == G5_OK,
+            "forwards: %s", e.msg);
+    T_CHECK(!memcmp(l_got, l_ref, V * sizeof *l_got), "logits with the reused prefix are bit-identical");
+    /* b truncates into a shared block and writes: a's cache must not change */
+    T_CHECK(rt_state_truncate(b, 20, 0, &e) == G5_OK && rt_model_forward(m, b, tb + 45, 3, NULL, &e) == G5_OK, "b rewrites");
+    T_CHECK(rt_model_forward(m, a, toks + 40, 1, &oa, &e) == G5_OK, "a goes on");
+    rt_state_reset(r);
+    T_CHECK(rt_model_forward(m, r, toks, 41, &orf, &e) == G5_OK && !memcmp(l_a, l_ref, V * sizeof *l_a),
+            "a's cache untouched by b's writes");
+    /* the whole prompt cached: at least one token is left to run */
+    rt_state_free(b);
+    b = NULL;
+    rt_state_create_paged(m, p, &b, &e);
+    T_CHECK(rt_state_attach_prefix(b, toks, 32, &reused, &e) == G5_OK && reused == 16, "32-token prompt: 16 reused (%u)", reused);
+    rt_state_free(a);
+    rt_state_free(b);
+    rt_state_free(r);
+    free(l_ref);
+    free(l_got);
+    free(l_a);
+    rt_kvpool_free(p);
+    rt_model_free(m);
+    rt_wset_free(ws);
+}
+
 int main(void) {
+    test_prefix_pool();
+    test_prefix_states();
     test_pool();
     test_threads();
     test_states();

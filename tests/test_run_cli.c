@@ -267,6 +267,47 @@ int main(void) {
     char *ok1[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "-p", "Hello", "--chat", "-n", "4", "--seed", "7", NULL};
     T_CHECK(run(ok1, NULL) == 0, "chat prompt with sampling runs");
 
+    /* -f FILE and -f - (stdin) give what -p gives for the same text; --version on all three */
+    {
+        const char *text = "Once upon a time, [gMASK] a file\nwith two lines";
+        char fpath[4300], o1[4300], o2[4300], o3[4300];
+        snprintf(fpath, sizeof fpath, "%s/prompt.txt", dir);
+        snprintf(o1, sizeof o1, "%s/o1", dir);
+        snprintf(o2, sizeof o2, "%s/o2", dir);
+        snprintf(o3, sizeof o3, "%s/o3", dir);
+        FILE *f = fopen(fpath, "wb");
+        if (f) fputs(text, f), fclose(f);
+        char *pa[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "-p", (char *)text, "-n", "6", "--temp", "0", "--ids", "-q", NULL};
+        char *fa[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "-f", fpath, "-n", "6", "--temp", "0", "--ids", "-q", NULL};
+        T_CHECK(run(pa, o1) == 0 && run(fa, o2) == 0, "-p and -f run");
+        char cmd[13000];
+        snprintf(cmd, sizeof cmd, "'%s' -m '%s' -f - -n 6 --temp 0 --ids -q < '%s' > '%s' 2>/dev/null", g_bin,
+                 T_ORACLE_GGUF, fpath, o3);
+        T_CHECK(system(cmd) == 0, "-f - runs");
+        size_t n1 = 0, n2 = 0, n3 = 0;
+        char *a1 = slurp(o1, &n1), *a2 = slurp(o2, &n2), *a3 = slurp(o3, &n3);
+        T_CHECK(a1 && a2 && a3 && n1 > 2 && n1 == n2 && n1 == n3 && !memcmp(a1, a2, n1) && !memcmp(a1, a3, n1),
+                "-p / -f FILE / -f - give the same ids: '%s' '%s' '%s'", a1 ? a1 : "-", a2 ? a2 : "-", a3 ? a3 : "-");
+        free(a1);
+        free(a2);
+        free(a3);
+        char *nf[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "-f", "/nonexistent/prompt", NULL};
+        T_CHECK(run(nf, NULL) == 2, "-f of a missing file: exit 2");
+        char *both[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "-f", fpath, "-p", "x", NULL};
+        T_CHECK(run(both, NULL) == 2, "-f with -p: exit 2");
+        const char *bins[] = {"glm5-run", "glm5-serve", "glm5-shard"};
+        const char *build = getenv("BUILD");
+        for (int i = 0; i < 3; i++) {
+            char b[4200];
+            snprintf(b, sizeof b, "%s/bin/%s", build && *build ? build : "build", bins[i]);
+            char *va[] = {b, "--version", NULL};
+            T_CHECK(run(va, o1) == 0, "%s --version: exit 0", bins[i]);
+            char *v = slurp(o1, &n1);
+            T_CHECK(v && strstr(v, bins[i]) && strstr(v, "(glm5-shard) "), "%s --version prints '%s'", bins[i], v ? v : "-");
+            free(v);
+        }
+    }
+
     free(l0);
     free(ref0);
     free(csv0);

@@ -97,6 +97,7 @@ typedef struct gen {
     int32_t ids[4096];
     uint32_t n;
     char text[65536];
+    char reasoning[65536];
     char finish[16];
     long prompt_tokens, completion_tokens;
     int done_marker, n_events;
@@ -139,6 +140,11 @@ static int read_gen(const hresp *h, int stream, int chat, gen *g) {
                              : json_object_get(json_object_get(ch, "message"), "content");
         if (json_is_string(t) && strlen(g->text) + json_string_length(t) < sizeof g->text)
             strcat(g->text, json_string_value(t));
+        json_t *rc = !chat ? NULL
+                     : stream ? json_object_get(json_object_get(ch, "delta"), "reasoning_content")
+                              : json_object_get(json_object_get(ch, "message"), "reasoning_content");
+        if (json_is_string(rc) && strlen(g->reasoning) + json_string_length(rc) < sizeof g->reasoning)
+            strcat(g->reasoning, json_string_value(rc));
         json_t *fr = json_object_get(ch, "finish_reason");
         if (json_is_string(fr)) snprintf(g->finish, sizeof g->finish, "%s", json_string_value(fr));
     }
@@ -173,7 +179,7 @@ static char *completion_body(const int32_t *ids, uint32_t n, const char *text, u
     char *b = malloc(cap);
     int own_temp = extra && strstr(extra, "\"temperature\"");
     snprintf(b, cap,
-             "{\"model\":\"x\",\"prompt\":%s,\"max_tokens\":%u,%s\"stream\":%s,"
+             "{\"model\":\"glm5-tiny-UD-Q4_K_XL\",\"prompt\":%s,\"max_tokens\":%u,%s\"stream\":%s,"
              "\"return_token_ids\":true%s%s}",
              p ? p : ts, max_tokens, own_temp ? "" : "\"temperature\":0,", stream ? "true" : "false",
              extra ? "," : "", extra ? extra : "");
@@ -275,7 +281,7 @@ static uint32_t encode(ref *R, const char *text, int32_t *ids, size_t cap) {
 }
 
 static uint32_t chat_ids(ref *R, const char *sys, const char *user, int32_t *ids, size_t cap) {
-    chat_message m[2] = {{"system", sys}, {"user", user}};
+    chat_message m[2] = {{.role = "system", .content = sys}, {.role = "user", .content = user}};
     chat_options co;
     chat_options_default(&co);
     char buf[4096];
@@ -1135,6 +1141,7 @@ static void test_blobs(const oracle *o) {
     if (st == G5_OK) {
         srv_config c;
         srv_config_default(&c);
+        c.model_name = "glm5-tiny-UD-Q4_K_XL"; /* the name the request bodies use */
         logbuf lb = {0};
         srv_server *s = start_server(out, &c, &lb);
         if (s) {
@@ -1192,7 +1199,7 @@ static void test_chat_template(ref *R) {
             uint16_t port = srv_port(s);
             T_CHECK(wait_health(port, 60), "template server: health");
             T_CHECK(strstr(lb.chat_line, "GLM-4.5") != NULL, "log names the template: '%s'", lb.chat_line);
-            chat_message m[1] = {{"user", "Hello there"}};
+            chat_message m[1] = {{.role = "user", .content = "Hello there"}};
             chat_options co;
             chat_options_default(&co);
             co.format = CHAT_FORMAT_GLM45;
@@ -1285,10 +1292,18 @@ static void test_binary(ref *R, const char *bdir) {
             printf("curl not found: curl part skipped\n");
         }
         if (access("tests/serve_client.py", R_OK) == 0 && system("python3 --version >/dev/null 2>&1") == 0) {
-            snprintf(cmd, sizeof cmd, "python3 tests/serve_client.py --port %u --api-key k123 --prompt '%s' "
-                     "--max-tokens 10", port, text);
+            /* the official openai client from PyPI in a venv under the build dir, when it can be had */
+            const char *bd = getenv("BUILD");
+            snprintf(cmd, sizeof cmd, "bash scripts/pyenv.sh '%s/pyenv' 2>/dev/null", bd && *bd ? bd : "build");
+            char *py = run_capture(cmd);
+            if (py) py[strcspn(py, "\n")] = 0;
+            int32_t nm[32];
+            uint32_t n_name = encode(R, "get_weather", nm, 32);
+            snprintf(cmd, sizeof cmd, "'%s' tests/serve_client.py --port %u --api-key k123 --prompt '%s' "
+                     "--max-tokens 10 --tool-max-tokens %u", py && *py ? py : "python3", port, text, 1 + n_name);
+            free(py);
             char *out = run_capture(cmd);
-            n_posts += 4;
+            n_posts += 9;
             json_t *j = out ? json_loads(out, 0, NULL) : NULL;
             T_CHECK(j != NULL, "python client ran: %s", out ? out : "(failed)");
             if (j) {
@@ -1317,9 +1332,23 @@ static void test_binary(ref *R, const char *bdir) {
                     T_CHECK(json_is_string(v) && !strcmp(json_string_value(v), g.text), "python chat%s: '%s' vs '%s'",
                             i ? " stream" : "", json_is_string(v) ? json_string_value(v) : "?", g.text);
                 }
+                for (int i = 0; i < 2; i++) {
+                    json_t *v = json_object_get(j, i ? "chat_reasoning_stream" : "chat_reasoning");
+                    T_CHECK(json_is_string(v) && !strcmp(json_string_value(v), g.reasoning) && g.reasoning[0],
+                            "python chat reasoning%s: '%s' vs '%s'", i ? " stream" : "",
+                            json_is_string(v) ? json_string_value(v) : "?", g.reasoning);
+                }
+                /* tools: a named tool_choice gives the call, streamed the same; the second turn runs */
+                for (int i = 0; i < 2; i++) {
+                    json_t *v = json_object_get(j, i ? "tool_stream" : "tool");
+                    const char *nm0 = json_string_value(json_array_get(v, 0)), *ar = json_string_value(json_array_get(v, 1));
+                    T_CHECK(nm0 && !strcmp(nm0, "get_weather") && ar && !strcmp(ar, "{}"), "python tool call%s: %s(%s)",
+                            i ? " stream" : "", nm0 ? nm0 : "?", ar ? ar : "?");
+                }
+                T_CHECK(json_is_string(json_object_get(j, "turn2_finish")), "python: second turn with the tool result");
                 g_auth = NULL;
-                printf("python client (%s): completions and chat, streaming and not, agree with the C client\n",
-                       json_string_value(json_object_get(j, "client")));
+                printf("python client (%s): completions, chat (reasoning), tool calls, streaming and not, agree with "
+                       "the C client\n", json_string_value(json_object_get(j, "client")));
             }
             json_decref(j);
             free(out);

@@ -457,7 +457,7 @@ static void check_prompt(const chat_message *m, size_t n, chat_format f, int gen
 }
 
 static void test_chat(const tok_ctx *tok, json_t *specials) {
-    chat_message su[] = {{"system", "You are helpful."}, {"user", "Hello"}};
+    chat_message su[] = {{.role = "system", .content = "You are helpful."}, {.role = "user", .content = "Hello"}};
     check_prompt(su, 2, CHAT_FORMAT_GLM5, 1, 1,
                  "[gMASK]<sop><|system|>You are helpful.<|user|>Hello<|assistant|><think>");
     check_prompt(su, 2, CHAT_FORMAT_GLM5, 1, 0,
@@ -468,15 +468,15 @@ static void test_chat(const tok_ctx *tok, json_t *specials) {
     check_prompt(su, 2, CHAT_FORMAT_GLM45, 1, 0,
                  "[gMASK]<sop><|system|>\nYou are helpful.<|user|>\nHello/nothink<|assistant|>\n"
                  "<think></think>");
-    chat_message nt[] = {{"user", "Hi /nothink"}};
+    chat_message nt[] = {{.role = "user", .content = "Hi /nothink"}};
     check_prompt(nt, 1, CHAT_FORMAT_GLM45, 1, 0,
                  "[gMASK]<sop><|user|>\nHi /nothink<|assistant|>\n<think></think>");
 
     /* History: reasoning before the last user message is dropped, after it kept. */
-    chat_message hist[] = {{"user", "What is 2+2?"},
-                           {"assistant", "<think>2+2=4</think>\n4"},
-                           {"user", "What about 3+3?"},
-                           {"assistant", "<think>\nadd them\n</think>\n\n6 "}};
+    chat_message hist[] = {{.role = "user", .content = "What is 2+2?"},
+                           {.role = "assistant", .content = "<think>2+2=4</think>\n4"},
+                           {.role = "user", .content = "What about 3+3?"},
+                           {.role = "assistant", .content = "<think>\nadd them\n</think>\n\n6 "}};
     check_prompt(hist, 3, CHAT_FORMAT_GLM5, 1, 1,
                  "[gMASK]<sop><|user|>What is 2+2?<|assistant|></think>4<|user|>What about 3+3?"
                  "<|assistant|><think>");
@@ -486,11 +486,11 @@ static void test_chat(const tok_ctx *tok, json_t *specials) {
     check_prompt(hist, 4, CHAT_FORMAT_GLM45, 0, 1,
                  "[gMASK]<sop><|user|>\nWhat is 2+2?<|assistant|>\n<think></think>\n4<|user|>\n"
                  "What about 3+3?<|assistant|>\n<think>add them</think>\n6");
-    chat_message plain[] = {{"user", "hi"}, {"assistant", "  hello!  "}};
+    chat_message plain[] = {{.role = "user", .content = "hi"}, {.role = "assistant", .content = "  hello!  "}};
     check_prompt(plain, 2, CHAT_FORMAT_GLM5, 0, 1, "[gMASK]<sop><|user|>hi<|assistant|></think>hello!");
     check_prompt(plain, 2, CHAT_FORMAT_GLM45, 0, 1,
                  "[gMASK]<sop><|user|>\nhi<|assistant|>\n<think></think>\nhello!");
-    chat_message tool[] = {{"user", "weather?"}, {"tool", "sunny"}, {"tool", "72F"}};
+    chat_message tool[] = {{.role = "user", .content = "weather?"}, {.role = "tool", .content = "sunny"}, {.role = "tool", .content = "72F"}};
     check_prompt(tool, 3, CHAT_FORMAT_GLM5, 1, 1,
                  "[gMASK]<sop><|user|>weather?<|observation|><tool_response>sunny</tool_response>"
                  "<tool_response>72F</tool_response><|assistant|><think>");
@@ -506,7 +506,7 @@ static void test_chat(const tok_ctx *tok, json_t *specials) {
     T_CHECK(chat_build_prompt(su, 2, &o, small, sizeof small, &len, NULL) == G5_ERR_BOUNDS &&
             len == strlen("[gMASK]<sop><|system|>You are helpful.<|user|>Hello<|assistant|><think>") &&
             memcmp(small, "[gMA", 4) == 0, "small buffer");
-    chat_message bad[] = {{"narrator", "x"}};
+    chat_message bad[] = {{.role = "narrator", .content = "x"}};
     T_CHECK(chat_build_prompt(bad, 1, &o, NULL, 0, &len, NULL) == G5_ERR_INVALID_ARG, "bad role");
     o.format = (chat_format)7;
     T_CHECK(chat_build_prompt(su, 2, &o, NULL, 0, &len, NULL) == G5_ERR_INVALID_ARG, "bad format");

@@ -1,6 +1,6 @@
 /* glm5-run: runs GLM-5 from a blob set (any TP degree) or a GGUF (TP = 1) on the CPU.
  *
- *   glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]
+ *   glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | -f FILE | --tokens ID,ID,...) [options]
  *
  * Streams the generated text to stdout (or the ids with --ids); timing goes to stderr.
  * --dump-logits FILE writes the logits of every prompt position as little-endian float32
@@ -33,6 +33,7 @@
 #include "format/blob.h"
 #include "format/glm5.h"
 #include "format/mapguard.h"
+#include "format/version.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/cpu/weights.h"
 #include "runtime/draft.h"
@@ -53,6 +54,8 @@
 typedef struct args {
     const char *model;
     const char *prompt;
+    const char *prompt_file;   /* -f FILE ("-": stdin) */
+    char *prompt_text;         /* its contents (freed at exit) */
     const char *tokens;
     const char *system;
     const char *dump_logits;
@@ -72,8 +75,10 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | --tokens ID,ID,...) [options]\n"
+            "usage: glm5-run -m BLOBDIR|MODEL.gguf (-p TEXT | -f FILE | --tokens ID,ID,...) [options]\n"
             "  -m PATH              a blob set directory (glm5-shard convert) or a GGUF (TP 1)\n"
+            "  -f FILE              the prompt is FILE's text (\"-\": standard input), as with -p\n"
+            "  --version            print the version and exit\n"
             "  --device cpu|cuda    where to run (cuda: the CUDA build, build/gpu/bin/glm5-run)\n"
             "  --tp N               tensor-parallel ranks: must equal the blob set's (a GGUF is\n"
             "                       TP 1: `glm5-shard convert --tp N` first). With --device cuda\n"
@@ -119,7 +124,43 @@ static void usage(FILE *f) {
             "  -q, --quiet          no timing on stderr\n");
 }
 
-/* 1 ok, 0 usage error (printed), -1 help. */
+/* The whole of FILE ("-": standard input) as a string; NULL (message printed) if it cannot be
+ * read or holds a NUL byte. */
+static char *read_prompt(const char *path) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "glm5-run: -f %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    for (;;) {
+        if (b && n + 1 >= cap) {
+            char *q = cap < ((size_t)1 << 31) ? realloc(b, cap * 2) : NULL;
+            if (!q) {
+                free(b);
+                b = NULL;
+            }
+            b = q;
+            cap *= 2;
+        }
+        if (!b) break;
+        size_t k = fread(b + n, 1, cap - n - 1, f);
+        n += k;
+        if (k == 0) break;
+    }
+    int err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!b || err || memchr(b, 0, n)) {
+        fprintf(stderr, "glm5-run: -f %s: %s\n", path, !b ? "out of memory" : err ? "read error" : "the file holds a NUL byte");
+        free(b);
+        return NULL;
+    }
+    b[n] = 0;
+    return b;
+}
+
+/* 1 ok, 0 usage error (printed), -1 help, -2 version. */
 static int parse_args(int argc, char **argv, args *a) {
     memset(a, 0, sizeof *a);
     a->n_predict = 64;
@@ -127,7 +168,7 @@ static int parse_args(int argc, char **argv, args *a) {
     a->mla = RT_MLA_ABSORBED;
     samp_params_default(&a->sp);
     int64_t top_k = a->sp.top_k, last_n = a->sp.repeat_last_n;
-    int no_think = 0;
+    int no_think = 0, version = 0;
     static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
     static const char *const onoff[] = {"off", "on", NULL}, *const caches[] = {"f32", "bf16", "f16", NULL};
     static const char *const drafts[] = {"none", "mtp", NULL}, *const mlas[] = {"absorbed", "expanded", NULL};
@@ -146,6 +187,8 @@ static int parse_args(int argc, char **argv, args *a) {
         {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &a->ctx_size, .lo = 1, .hi = INT32_MAX},
         {.name = "--truncate", .kind = G5_ARG_FLAG, .dst = &a->truncate},
         {.name = "--prompt", .alias = "-p", .kind = G5_ARG_STR, .dst = &a->prompt},
+        {.name = "--file", .alias = "-f", .kind = G5_ARG_STR, .dst = &a->prompt_file},
+        {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
         {.name = "--tokens", .kind = G5_ARG_STR, .dst = &a->tokens},
         {.name = "--system", .kind = G5_ARG_STR, .dst = &a->system},
         {.name = "--chat", .kind = G5_ARG_FLAG, .dst = &a->chat},
@@ -172,11 +215,14 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "glm5-run: %s\n", msg);
         return 0;
     }
+    if (version) return -2;
     a->sp.top_k = (int32_t)top_k;
     a->sp.repeat_last_n = (int32_t)last_n;
     if (no_think) a->think = 0;
     if (!a->model) { fprintf(stderr, "glm5-run: -m is required\n"); return 0; }
-    if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p and --tokens\n"); return 0; }
+    if (a->prompt_file && a->prompt) { fprintf(stderr, "glm5-run: give one of -p and -f\n"); return 0; }
+    if (a->prompt_file && !(a->prompt = a->prompt_text = read_prompt(a->prompt_file))) return 0;
+    if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p, -f and --tokens\n"); return 0; }
     if (a->chat && !a->prompt) { fprintf(stderr, "glm5-run: --chat needs -p\n"); return 0; }
     if (a->cuda && !rt_eng_cuda_available()) {
         fprintf(stderr, "glm5-run: this build has no CUDA; use build/gpu/bin/glm5-run (make gpu)\n");
@@ -416,8 +462,14 @@ int main(int argc, char **argv) {
     if (rt_comm_size(comm) > 1) snprintf(g_who, sizeof g_who, "rank %u: ", rt_comm_rank(comm));
     args a;
     int pa = parse_args(argc, argv, &a);
+    if (pa == -2) {
+        if (lead) g5_print_version(stdout, "glm5-run");
+        rt_comm_free(comm);
+        return 0;
+    }
     if (pa <= 0) {
         if (lead) usage(pa < 0 ? stdout : stderr);
+        free(a.prompt_text);
         rt_comm_free(comm);
         return pa < 0 ? 0 : 2;
     }
@@ -491,8 +543,8 @@ int main(int argc, char **argv) {
         if (a.chat) {
             chat_message msgs[2];
             size_t nm = 0;
-            if (a.system) msgs[nm++] = (chat_message){"system", a.system};
-            msgs[nm++] = (chat_message){"user", a.prompt};
+            if (a.system) msgs[nm++] = (chat_message){.role = "system", .content = a.system};
+            msgs[nm++] = (chat_message){.role = "user", .content = a.prompt};
             chat_options co;
             chat_options_default(&co);
             co.enable_thinking = a.think;
@@ -682,5 +734,6 @@ out:
     tok_free(tok);
     rt_wset_free(ws);
     rt_comm_free(comm);
+    free(a.prompt_text);
     return rc;
 }

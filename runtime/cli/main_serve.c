@@ -16,6 +16,7 @@
 
 #include "format/args.h"
 #include "format/mapguard.h"
+#include "format/version.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/serve/serve.h"
 
@@ -44,7 +45,13 @@ static void usage(FILE *f) {
             "  --max-connections-per-ip N  from one address (default 256)\n"
             "  --timeout S          close a connection idle (or sending its request) this long\n"
             "                       (default 30; 0: never); not counted while waiting for the model\n"
-            "  --name ID            model id reported by the API (default: the file's base name)\n"
+            "  --name ID, --alias ID  model id reported by the API (default: the file's base name);\n"
+            "                       a request naming another model gets 404\n"
+            "  --cors ORIGIN        CORS headers for browsers at ORIGIN (\"*\": any); OPTIONS\n"
+            "                       preflights answered (default: none)\n"
+            "  --no-prefix-cache    do not reuse cache blocks of earlier prompts (CPU; the GPU\n"
+            "                       caches are never shared)\n"
+            "  --version            print the version and exit\n"
             "  --no-prefault        do not read all weight pages at load\n");
 }
 
@@ -81,7 +88,7 @@ int main(int argc, char **argv) {
     int64_t port = c.port, max_batch = c.max_batch, max_queue = c.max_queue, ctx = c.ctx_size;
     int64_t block = c.block_tokens, threads = c.n_threads, body = (int64_t)c.max_body, gpu0 = c.gpu0;
     int64_t max_conn = c.max_connections, max_per_ip = c.max_per_ip, timeout = c.timeout_s;
-    int device = (int)c.device;
+    int device = (int)c.device, version = 0;
     static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
     static const char *const caches[] = {"f32", "bf16", "f16", NULL};
     static const int vdev[] = {SRV_DEVICE_CPU, SRV_DEVICE_CUDA}, v01[] = {0, 1};
@@ -100,7 +107,10 @@ int main(int argc, char **argv) {
         {.name = "--max-connections-per-ip", .kind = G5_ARG_INT, .dst = &max_per_ip, .lo = 1, .hi = 1000000},
         {.name = "--timeout", .kind = G5_ARG_INT, .dst = &timeout, .lo = 0, .hi = 1000000},
         {.name = "--max-body", .kind = G5_ARG_INT, .dst = &body, .lo = 1024, .hi = 1l << 30},
-        {.name = "--name", .kind = G5_ARG_STR, .dst = &c.model_name},
+        {.name = "--name", .alias = "--alias", .kind = G5_ARG_STR, .dst = &c.model_name},
+        {.name = "--cors", .kind = G5_ARG_STR, .dst = &c.cors_origin},
+        {.name = "--no-prefix-cache", .kind = G5_ARG_OFF, .dst = &c.prefix_cache},
+        {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
         {.name = "--no-prefault", .kind = G5_ARG_OFF, .dst = &c.prefault},
         {.name = "--device", .kind = G5_ARG_CHOICE, .dst = &device, .choices = devices, .values = vdev},
         {.name = "--gpu0", .kind = G5_ARG_INT, .dst = &gpu0, .lo = 0, .hi = 4095},
@@ -118,6 +128,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "glm5-serve: %s\n", msg);
         usage(stderr);
         return 2;
+    }
+    if (version) {
+        g5_print_version(stdout, "glm5-serve");
+        return 0;
     }
     c.port = (uint16_t)port;
     c.max_batch = (uint32_t)max_batch;

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #define GROW_FIRST 16 /* ids a growable pool starts with */
 
@@ -10,13 +11,13 @@
 static g5_status pool_grow(rt_kvpool *p, uint32_t nc, g5_error *err) {
     float **mem = realloc(p->mem, (size_t)nc * sizeof *mem);
     if (mem) p->mem = mem;
-    uint8_t *used = mem ? realloc(p->used, nc) : NULL;
-    if (used) p->used = used;
-    uint32_t *fr = used ? realloc(p->free_ids, (size_t)nc * sizeof *fr) : NULL;
+    uint32_t *refs = mem ? realloc(p->refs, (size_t)nc * sizeof *refs) : NULL;
+    if (refs) p->refs = refs;
+    uint32_t *fr = refs ? realloc(p->free_ids, (size_t)nc * sizeof *fr) : NULL;
     if (fr) p->free_ids = fr;
-    if (!mem || !used || !fr) return g5_fail(err, G5_ERR_NOMEM, "kv pool: table of %u blocks", nc);
+    if (!mem || !refs || !fr) return g5_fail(err, G5_ERR_NOMEM, "kv pool: table of %u blocks", nc);
     memset(p->mem + p->cap, 0, (size_t)(nc - p->cap) * sizeof *p->mem);
-    memset(p->used + p->cap, 0, nc - p->cap);
+    memset(p->refs + p->cap, 0, (size_t)(nc - p->cap) * sizeof *p->refs);
     /* the new ids go under the existing free ones, highest first, so the stack pops the lowest
      * of them once the older free ids are gone */
     memmove(p->free_ids + (nc - p->cap), p->free_ids, (size_t)p->n_free * sizeof *fr);
@@ -85,8 +86,13 @@ void rt_kvpool_free(rt_kvpool *p) {
     if (!p) return;
     for (uint32_t i = 0; p->mem && i < p->cap; i++) free(p->mem[i]);
     free(p->mem);
-    free(p->used);
+    free(p->refs);
     free(p->free_ids);
+    free(p->bhash);
+    free(p->reg);
+    free(p->lru_prev);
+    free(p->lru_next);
+    free(p->ht);
     free(p->lat_off);
     free(p->idx_off);
     pthread_mutex_destroy(&p->mu);
@@ -104,13 +110,123 @@ uint32_t rt_kvpool_n_blocks(const rt_kvpool *p) {
 
 uint32_t rt_kvpool_n_free(const rt_kvpool *p) {
     pthread_mutex_lock(&unconst(p)->mu);
-    uint32_t n = p->n_free;
+    uint32_t n = p->n_free + p->n_cached;
     pthread_mutex_unlock(&unconst(p)->mu);
     return n;
 }
 
 uint32_t rt_kvpool_block_tokens(const rt_kvpool *p) { return p->bt; }
 uint64_t rt_kvpool_block_bytes(const rt_kvpool *p) { return (uint64_t)p->block_floats * sizeof(float); }
+
+/* ---- prefix cache: hash table and LRU (under mu) ---- */
+
+#define NO_ID UINT32_MAX
+
+static uint32_t ht_home(const rt_kvpool *p, uint64_t h) {
+    return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 32) & p->ht_mask;
+}
+
+static uint32_t ht_find(const rt_kvpool *p, uint64_t h) {
+    for (uint32_t i = ht_home(p, h);; i = (i + 1) & p->ht_mask) {
+        const uint32_t e = p->ht[i];
+        if (!e) return NO_ID;
+        if (p->bhash[e - 1] == h) return e - 1;
+    }
+}
+
+static void ht_insert(rt_kvpool *p, uint32_t id) {
+    uint32_t i = ht_home(p, p->bhash[id]);
+    while (p->ht[i]) i = (i + 1) & p->ht_mask;
+    p->ht[i] = id + 1;
+    p->reg[id] = 1;
+}
+
+/* Linear probing deletion by backward shift: no tombstones. */
+static void ht_remove(rt_kvpool *p, uint32_t id) {
+    uint32_t i = ht_home(p, p->bhash[id]);
+    while (p->ht[i] != id + 1) i = (i + 1) & p->ht_mask;
+    p->ht[i] = 0;
+    p->reg[id] = 0;
+    for (uint32_t j = (i + 1) & p->ht_mask; p->ht[j]; j = (j + 1) & p->ht_mask) {
+        const uint32_t k = ht_home(p, p->bhash[p->ht[j] - 1]);
+        /* the entry at j may move to the hole at i if its home is not in (i, j] (cyclically) */
+        const int between = i <= j ? (k > i && k <= j) : (k > i || k <= j);
+        if (!between) {
+            p->ht[i] = p->ht[j];
+            p->ht[j] = 0;
+            i = j;
+        }
+    }
+}
+
+static void lru_push(rt_kvpool *p, uint32_t id) {
+    p->lru_prev[id] = p->lru_tail;
+    p->lru_next[id] = NO_ID;
+    if (p->lru_tail != NO_ID) p->lru_next[p->lru_tail] = id;
+    else p->lru_head = id;
+    p->lru_tail = id;
+    p->n_cached++;
+}
+
+static void lru_unlink(rt_kvpool *p, uint32_t id) {
+    const uint32_t a = p->lru_prev[id], b = p->lru_next[id];
+    if (a != NO_ID) p->lru_next[a] = b;
+    else p->lru_head = b;
+    if (b != NO_ID) p->lru_prev[b] = a;
+    else p->lru_tail = a;
+    p->n_cached--;
+}
+
+static void evict_oldest(rt_kvpool *p) {
+    const uint32_t id = p->lru_head;
+    lru_unlink(p, id);
+    ht_remove(p, id);
+    p->free_ids[p->n_free++] = id;
+    p->n_evicted++;
+}
+
+g5_status rt_kvpool_enable_prefix(rt_kvpool *p, g5_error *err) {
+    if (p->growable) return g5_fail(err, G5_ERR_INVALID_ARG, "kv pool: prefix caching needs a fixed pool");
+    if (p->reg) return G5_OK;
+    uint64_t size = 2;
+    while (size < 2 * (uint64_t)p->cap) size *= 2;
+    if (size > UINT32_MAX) return g5_fail(err, G5_ERR_OVERFLOW, "kv pool: prefix table for %u blocks", p->cap);
+    p->bhash = calloc(p->cap, sizeof *p->bhash);
+    p->reg = calloc(p->cap, 1);
+    p->lru_prev = malloc((size_t)p->cap * sizeof *p->lru_prev);
+    p->lru_next = malloc((size_t)p->cap * sizeof *p->lru_next);
+    p->ht = calloc((size_t)size, sizeof *p->ht);
+    if (!p->bhash || !p->reg || !p->lru_prev || !p->lru_next || !p->ht) {
+        free(p->bhash), free(p->reg), free(p->lru_prev), free(p->lru_next), free(p->ht);
+        p->bhash = NULL, p->reg = NULL, p->lru_prev = p->lru_next = p->ht = NULL;
+        return g5_fail(err, G5_ERR_NOMEM, "kv pool: prefix table for %u blocks", p->cap);
+    }
+    p->ht_mask = (uint32_t)(size - 1);
+    p->lru_head = p->lru_tail = NO_ID;
+    return G5_OK;
+}
+
+uint32_t rt_kvpool_n_cached(const rt_kvpool *p) {
+    pthread_mutex_lock(&unconst(p)->mu);
+    uint32_t n = p->n_cached;
+    pthread_mutex_unlock(&unconst(p)->mu);
+    return n;
+}
+
+uint64_t rt_kvpool_n_evicted(const rt_kvpool *p) {
+    pthread_mutex_lock(&unconst(p)->mu);
+    uint64_t n = p->n_evicted;
+    pthread_mutex_unlock(&unconst(p)->mu);
+    return n;
+}
+
+void rt_kv_prefix_hashes(const int32_t *tokens, uint32_t n_blocks, uint32_t bt, uint64_t *out) {
+    uint64_t h = 0x6c6d352d70726566ull; /* any fixed seed for the first block */
+    for (uint32_t k = 0; k < n_blocks; k++) {
+        h = XXH3_64bits_withSeed(tokens + (size_t)k * bt, (size_t)bt * sizeof *tokens, h);
+        out[k] = h;
+    }
+}
 
 /* Hands out k ids (with their memory) or none. */
 static g5_status pool_take(rt_kvpool *p, uint32_t k, uint32_t *ids, float **ptr, g5_error *err) {
@@ -122,6 +238,7 @@ static g5_status pool_take(rt_kvpool *p, uint32_t k, uint32_t *ids, float **ptr,
         if (nc > UINT32_MAX) st = g5_fail(err, G5_ERR_OVERFLOW, "kv pool: %llu blocks", (unsigned long long)nc);
         else st = pool_grow(p, (uint32_t)nc, err);
     }
+    while (!st && p->n_free < k && p->n_cached) evict_oldest(p);
     if (!st && p->n_free < k)
         st = g5_fail(err, G5_ERR_NOMEM, "kv pool exhausted: %u blocks of %u tokens, %u free, %u needed",
                      p->cap, p->bt, p->n_free, k);
@@ -134,7 +251,7 @@ static g5_status pool_take(rt_kvpool *p, uint32_t k, uint32_t *ids, float **ptr,
                              p->block_floats * sizeof(float));
                 /* give back what this call took */
                 for (uint32_t j = i; j-- > 0;) {
-                    p->used[ids[j]] = 0;
+                    p->refs[ids[j]] = 0;
                     p->free_ids[p->n_free++] = ids[j];
                 }
                 break;
@@ -142,7 +259,7 @@ static g5_status pool_take(rt_kvpool *p, uint32_t k, uint32_t *ids, float **ptr,
             p->mem[id] = mem;
         }
         p->n_free--;
-        p->used[id] = 1;
+        p->refs[id] = 1;
         ids[i] = id;
         ptr[i] = p->mem[id];
     }
@@ -155,9 +272,9 @@ static void pool_put(rt_kvpool *p, const uint32_t *ids, uint32_t k) {
     /* in reverse, so that a table's blocks come back out in the same order */
     for (uint32_t i = k; i-- > 0;) {
         const uint32_t id = ids[i];
-        if (id < p->cap && p->used[id]) {
-            p->used[id] = 0;
-            p->free_ids[p->n_free++] = id;
+        if (id < p->cap && p->refs[id] && --p->refs[id] == 0) {
+            if (p->reg && p->reg[id]) lru_push(p, id); /* cached: found again until evicted */
+            else p->free_ids[p->n_free++] = id;
         }
     }
     pthread_mutex_unlock(&p->mu);
@@ -168,20 +285,25 @@ uint32_t rt_kvtab_blocks_for(const rt_kvtab *t, uint64_t n_tokens) {
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
+static g5_status tab_room(rt_kvtab *t, uint32_t need, g5_error *err) {
+    if (need <= t->cap) return G5_OK;
+    uint32_t nc = t->cap ? t->cap : 8;
+    while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
+    uint32_t *ids = realloc(t->ids, (size_t)nc * sizeof *ids);
+    if (ids) t->ids = ids;
+    float **ptr = ids ? realloc(t->ptr, (size_t)nc * sizeof *ptr) : NULL;
+    if (ptr) t->ptr = ptr;
+    if (!ids || !ptr) return g5_fail(err, G5_ERR_NOMEM, "kv block table of %u blocks", nc);
+    t->cap = nc;
+    return G5_OK;
+}
+
 g5_status rt_kvtab_reserve(rt_kvtab *t, uint64_t n_tokens, g5_error *err) {
     const uint32_t need = rt_kvtab_blocks_for(t, n_tokens);
     if (need <= t->n) return G5_OK;
-    if (need > t->cap) {
-        uint32_t nc = t->cap ? t->cap : 8;
-        while (nc < need) nc = nc > UINT32_MAX / 2 ? need : nc * 2;
-        uint32_t *ids = realloc(t->ids, (size_t)nc * sizeof *ids);
-        if (ids) t->ids = ids;
-        float **ptr = ids ? realloc(t->ptr, (size_t)nc * sizeof *ptr) : NULL;
-        if (ptr) t->ptr = ptr;
-        if (!ids || !ptr) return g5_fail(err, G5_ERR_NOMEM, "kv block table of %u blocks", nc);
-        t->cap = nc;
-    }
-    g5_status st = pool_take(t->pool, need - t->n, t->ids + t->n, t->ptr + t->n, err);
+    g5_status st = tab_room(t, need, err);
+    if (st) return st;
+    st = pool_take(t->pool, need - t->n, t->ids + t->n, t->ptr + t->n, err);
     if (st) return st;
     t->n = need;
     return G5_OK;
@@ -191,6 +313,61 @@ void rt_kvtab_shrink_blocks(rt_kvtab *t, uint32_t n_blocks) {
     if (n_blocks >= t->n) return;
     pool_put(t->pool, t->ids + n_blocks, t->n - n_blocks);
     t->n = n_blocks;
+}
+
+g5_status rt_kvtab_attach(rt_kvtab *t, const uint64_t *hashes, uint32_t n, uint32_t *n_attached,
+                          g5_error *err) {
+    *n_attached = 0;
+    rt_kvpool *p = t->pool;
+    if (!p || !p->reg || t->n || !n) return G5_OK;
+    g5_status st = tab_room(t, n, err);
+    if (st) return st;
+    pthread_mutex_lock(&p->mu);
+    uint32_t k = 0;
+    for (; k < n; k++) {
+        const uint32_t id = ht_find(p, hashes[k]);
+        if (id == NO_ID) break;
+        if (p->refs[id]++ == 0) lru_unlink(p, id);
+        t->ids[k] = id;
+        t->ptr[k] = p->mem[id];
+    }
+    pthread_mutex_unlock(&p->mu);
+    t->n = k;
+    *n_attached = k;
+    return G5_OK;
+}
+
+void rt_kvtab_publish(rt_kvtab *t, const uint64_t *hashes, uint32_t n) {
+    rt_kvpool *p = t->pool;
+    if (!p || !p->reg) return;
+    if (n > t->n) n = t->n;
+    pthread_mutex_lock(&p->mu);
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t id = t->ids[k];
+        if (p->reg[id] || ht_find(p, hashes[k]) != NO_ID) continue;
+        p->bhash[id] = hashes[k];
+        ht_insert(p, id);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+g5_status rt_kvtab_unshare(rt_kvtab *t, uint32_t k, g5_error *err) {
+    rt_kvpool *p = t->pool;
+    if (k >= t->n) return G5_OK;
+    pthread_mutex_lock(&p->mu);
+    const uint32_t old = t->ids[k];
+    const int shared = p->refs[old] > 1 || (p->reg && p->reg[old]);
+    pthread_mutex_unlock(&p->mu);
+    if (!shared) return G5_OK;
+    uint32_t id;
+    float *mem;
+    g5_status st = pool_take(p, 1, &id, &mem, err);
+    if (st) return st;
+    memcpy(mem, t->ptr[k], p->block_floats * sizeof(float));
+    pool_put(p, &old, 1);
+    t->ids[k] = id;
+    t->ptr[k] = mem;
+    return G5_OK;
 }
 
 void rt_kvtab_release(rt_kvtab *t) {

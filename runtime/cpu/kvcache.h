@@ -13,7 +13,17 @@
  * A fixed pool holds at most n_blocks blocks and refuses more (G5_ERR_NOMEM, "kv pool
  * exhausted: ..."); a growable one (n_blocks = 0) doubles its id space instead. Block memory is
  * allocated when an id is first handed out and kept for reuse until the pool is freed.
- * A table is used by one thread at a time. */
+ * A table is used by one thread at a time.
+ *
+ * Prefix caching (rt_kvpool_enable_prefix, fixed pools): a full block's contents depend only on
+ * the tokens at and before its positions, so a block can be named by the hash of its token
+ * prefix (rt_kv_prefix_hashes: XXH3-64 of each block's tokens, seeded with the previous
+ * block's hash) and shared by every table whose sequence starts with that prefix. Blocks carry
+ * reference counts; a registered block that no table holds stays cached (least recently
+ * released first out) and counts as free: a pool short of free blocks evicts cached ones. A
+ * registered or shared block is never written: tables only append after their attached blocks,
+ * and rt_kvtab_unshare copies one before a truncated sequence writes into it. Two prefixes
+ * with the same 64-bit chained hash would share blocks (not checked further, as in vLLM). */
 #ifndef G5_RT_KVCACHE_H
 #define G5_RT_KVCACHE_H
 
@@ -44,9 +54,16 @@ struct rt_kvpool {
     int growable;
     uint32_t cap;                /* block ids that exist */
     float **mem;                 /* [cap] block memory, NULL until first handed out */
-    uint8_t *used;               /* [cap] */
+    uint32_t *refs;              /* [cap] tables holding the block (0: free or cached) */
     uint32_t *free_ids;          /* [cap] stack; the lowest ids are handed out first */
     uint32_t n_free;
+    /* prefix cache (NULL arrays when off) */
+    uint64_t *bhash;             /* [cap] the prefix hash of a registered block */
+    uint8_t *reg;                /* [cap] registered (found by its hash) */
+    uint32_t *lru_prev, *lru_next; /* [cap] cached blocks (registered, refs 0), oldest first */
+    uint32_t lru_head, lru_tail, n_cached;
+    uint32_t *ht, ht_mask;       /* open addressing over bhash: block id + 1, 0 empty */
+    uint64_t n_evicted;
 };
 
 /* n_blocks = 0: growable. block_tokens >= 1. */
@@ -57,6 +74,13 @@ uint32_t rt_kvpool_n_blocks(const rt_kvpool *p);     /* ids that exist now */
 uint32_t rt_kvpool_n_free(const rt_kvpool *p);
 uint32_t rt_kvpool_block_tokens(const rt_kvpool *p);
 uint64_t rt_kvpool_block_bytes(const rt_kvpool *p);
+
+/* Turns prefix caching on (a fixed pool, before any block is handed out). */
+g5_status rt_kvpool_enable_prefix(rt_kvpool *p, g5_error *err);
+uint32_t rt_kvpool_n_cached(const rt_kvpool *p);   /* cached blocks no table holds */
+uint64_t rt_kvpool_n_evicted(const rt_kvpool *p);  /* cached blocks reused for other contents */
+/* out[k] = the prefix hash of block k (tokens [k bt, (k+1) bt)), k < n_blocks. */
+void rt_kv_prefix_hashes(const int32_t *tokens, uint32_t n_blocks, uint32_t bt, uint64_t *out);
 
 /* A sequence's blocks in position order. Zero-initialize, then set pool (and own = 1 when the
  * table owns a private pool, freed by rt_kvtab_release). */
@@ -77,6 +101,16 @@ g5_status rt_kvtab_reserve(rt_kvtab *t, uint64_t n_tokens, g5_error *err);
 void rt_kvtab_shrink_blocks(rt_kvtab *t, uint32_t n_blocks);
 /* Returns every block, frees the table's arrays and, if owned, the pool. */
 void rt_kvtab_release(rt_kvtab *t);
+/* An empty table takes the registered blocks named by hashes[0, n) in order, as long as they are
+ * found; returns how many (0 when the pool has no prefix cache). G5_ERR_NOMEM only if the table
+ * cannot grow (nothing taken). */
+g5_status rt_kvtab_attach(rt_kvtab *t, const uint64_t *hashes, uint32_t n, uint32_t *n_attached,
+                          g5_error *err);
+/* Registers t's blocks [0, n) (full, with the given prefix hashes) where no block of that hash
+ * is registered yet. */
+void rt_kvtab_publish(rt_kvtab *t, const uint64_t *hashes, uint32_t n);
+/* Block k becomes t's own copy if it is registered or held by another table. */
+g5_status rt_kvtab_unshare(rt_kvtab *t, uint32_t k, g5_error *err);
 
 /* Rank r, layer il (a layer of the pool's layout), position pos (< n * bt). */
 static inline float *rt_kvtab_lat(const rt_kvtab *t, uint32_t r, uint32_t il, uint32_t pos) {

@@ -441,6 +441,44 @@ g5_status rt_state_truncate(rt_state *s, uint32_t n_past, uint32_t mtp_n_past, g
     s->mtp_n_past = mtp_n_past;
     rt_kvtab_shrink_blocks(&s->main, rt_kvtab_blocks_for(&s->main, n_past));
     if (s->mtp.pool) rt_kvtab_shrink_blocks(&s->mtp, rt_kvtab_blocks_for(&s->mtp, mtp_n_past));
+    /* the next token is written into the partly kept block: it must not be a shared one */
+    if (n_past % s->main.pool->bt) return rt_kvtab_unshare(&s->main, n_past / s->main.pool->bt, err);
+    return G5_OK;
+}
+
+/* The prefix hashes of the first n_blocks blocks of tokens (malloc'ed), or NULL. */
+static uint64_t *prefix_hashes(const rt_state *s, const int32_t *tokens, uint32_t n_blocks, g5_error *err) {
+    uint64_t *h = malloc((n_blocks ? n_blocks : 1) * sizeof *h);
+    if (!h) g5_fail(err, G5_ERR_NOMEM, "prefix hashes of %u blocks", n_blocks);
+    else rt_kv_prefix_hashes(tokens, n_blocks, s->main.pool->bt, h);
+    return h;
+}
+
+g5_status rt_state_attach_prefix(rt_state *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
+                                 g5_error *err) {
+    *n_reused = 0;
+    if (s->n_past || s->main.n || n < 2 || !s->main.pool->reg) return G5_OK;
+    const uint32_t nb = (n - 1) / s->main.pool->bt;
+    if (!nb) return G5_OK;
+    uint64_t *h = prefix_hashes(s, tokens, nb, err);
+    if (!h) return G5_ERR_NOMEM;
+    uint32_t k = 0;
+    g5_status st = rt_kvtab_attach(&s->main, h, nb, &k, err);
+    free(h);
+    if (st) return st;
+    s->n_past = k * s->main.pool->bt;
+    *n_reused = s->n_past;
+    return G5_OK;
+}
+
+g5_status rt_state_publish_prefix(rt_state *s, const int32_t *tokens, g5_error *err) {
+    if (!s->main.pool->reg) return G5_OK;
+    const uint32_t nb = s->n_past / s->main.pool->bt;
+    if (!nb) return G5_OK;
+    uint64_t *h = prefix_hashes(s, tokens, nb, err);
+    if (!h) return G5_ERR_NOMEM;
+    rt_kvtab_publish(&s->main, h, nb);
+    free(h);
     return G5_OK;
 }
 

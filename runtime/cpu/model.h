@@ -117,6 +117,22 @@ g5_status rt_state_create_paged(const rt_model *m, rt_kvpool *pool, rt_state **o
 g5_status rt_state_reserve(rt_state *s, uint32_t n_tokens, g5_error *err);
 uint32_t rt_state_n_blocks(const rt_state *s); /* main-cache blocks held */
 
+/* Prefix caching (runtime/cpu/kvcache.h has the rules): on a fixed pool, full blocks are named
+ * by the hash of the tokens up to their end and shared between states; blocks no state holds
+ * stay cached until the pool needs them (oldest released first), and count as free. Results
+ * are bit-identical with and without it (a block holds what running its prefix again would
+ * write). */
+g5_status rt_kvpool_enable_prefix(rt_kvpool *p, g5_error *err); /* before any state uses it */
+uint32_t rt_kvpool_n_cached(const rt_kvpool *p);  /* cached blocks no state holds */
+uint64_t rt_kvpool_n_evicted(const rt_kvpool *p);
+/* An empty state takes the cached blocks of the longest cached prefix of tokens[0, n) that is a
+ * whole number of blocks and leaves at least one token to run; *n_reused receives the
+ * positions it now holds (its n_past). */
+g5_status rt_state_attach_prefix(rt_state *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
+                                 g5_error *err);
+/* Registers the state's full blocks for reuse; tokens: the state's first n_past tokens. */
+g5_status rt_state_publish_prefix(rt_state *s, const int32_t *tokens, g5_error *err);
+
 /* What a forward call writes (any pointer may be NULL). */
 typedef struct rt_outputs {
     float *logits;         /* all_logits ? [n][n_vocab] : [n_vocab] (last token only) */

@@ -1,8 +1,12 @@
 /* glm5-serve: an OpenAI-compatible HTTP server over the runtime.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events
- * ending in `data: [DONE]`, or one JSON response), GET /v1/models, GET /health (503 until the
- * model is loaded, then 200), GET /metrics (Prometheus text format).
+ * ending in `data: [DONE]`, or one JSON response), GET /v1/models, GET /v1/models/{id} (404 for
+ * another id), POST /tokenize ({"prompt"|"content": TEXT} or {"messages": [...],
+ * "add_generation_prompt"}, optional "return_token_strs"/"with_pieces" -> {"tokens", "count",
+ * "max_model_len"[, "token_strs"/"pieces"]}), POST /detokenize ({"tokens": [...]} -> {"prompt",
+ * "content"}), GET /health (503 until the model is loaded, then 200), GET /metrics (Prometheus
+ * text format). With cors_origin set, OPTIONS preflights are answered without a key.
  *
  * Threads: libmicrohttpd runs one thread per connection; a loader thread opens the weights after
  * the socket is listening; one engine thread owns the model and runs decode steps over every
@@ -21,8 +25,36 @@
  * API notes (where OpenAI leaves room):
  *  - prompt: a string (special-token texts such as "[gMASK]" become those tokens, as in
  *    glm5-run), an array of token ids, or a one-element array of either; no BOS is added.
- *    messages: roles system/developer/user/assistant/tool, content a string or text parts.
+ *    messages: roles system/developer/user/assistant/tool, content a string or text parts;
+ *    an assistant message may carry reasoning_content (or reasoning) and tool_calls (arguments
+ *    a JSON object or a string holding one), rendered as GLM-5's template does (chat.h).
  *    chat_template_kwargs.enable_thinking (default true) as in vLLM.
+ *  - "model": absent, or this server's id; another id gets 404 (as vLLM answers).
+ *  - Chat output (GLM-5 / chat_parse.h): the text before "</think>" (thinking on) is returned
+ *    as message.reasoning_content, the rest as content; with tools (and tool_choice not
+ *    "none") each "<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>"
+ *    becomes a tool_calls entry (id "call_<request>_<i>", arguments a JSON object text: a value
+ *    the tool declares "string" stays text, others are parsed as JSON when they parse) and
+ *    finish_reason "stop" becomes "tool_calls"; content is null when only whitespace is left
+ *    beside calls. parallel_tool_calls false keeps the first call. Streaming sends the growth
+ *    of reasoning_content and content, and each tool call whole (one delta with id, name and
+ *    arguments) once its "</tool_call>" is generated (or at the end, for one cut off).
+ *  - tools: [{"type": "function", "function": {...}}], rendered into the prompt (GLM-5 format
+ *    only; a GLM-4.5 template gets 400). tool_choice: "auto" (default with tools), "none" (the
+ *    tools are left out of the prompt and nothing is parsed), "required" or
+ *    {"type": "function", "function": {"name": N}}: once the reasoning is over (at once with
+ *    thinking off, else after the model's "</think>") the next tokens are forced to
+ *    "<tool_call>" (and N; "required" with one tool: that tool's name), so the answer is a call; a model that never closes its
+ *    reasoning within max_tokens makes no call.
+ *  - Refused with 400 naming the field: response_format other than {"type": "text"} and
+ *    guided_json/guided_regex/guided_choice/guided_grammar/structured_outputs (no constrained
+ *    decoding), n or best_of other than 1, echo, suffix, logit_bias, tools/tool_choice on
+ *    /v1/completions.
+ *  - Prefix caching (CPU, prefix_cache): full cache blocks are named by the hash of the tokens
+ *    up to their end (runtime/cpu/kvcache.h) and reused by later requests sharing the prefix;
+ *    usage.prompt_tokens_details.cached_tokens says how many prompt tokens were, and /metrics
+ *    glm5_prefix_cache_{queries,hits,evictions}_total and glm5_prefix_cache_blocks count them.
+ *    Outputs are bit-identical with and without it. The GPU sequences' caches are not shared.
  *  - Defaults: temperature 1, top_p 1, top_k off, min_p off, max_tokens 16 for completions and
  *    the rest of the context for chat; seed random unless given. Penalties: frequency_penalty,
  *    presence_penalty, repetition_penalty (llama.cpp semantics, sample.h), over the prompt too.
@@ -84,6 +116,10 @@ typedef struct srv_config {
     int prefault;            /* touch every weight page at load (default 1): measures the read
                                 rate and keeps first requests from paying for page faults
                                 (CPU only: the CUDA loader reads the blob files itself) */
+    const char *cors_origin; /* NULL: no CORS headers; else Access-Control-Allow-Origin's value
+                                on every reply, and OPTIONS preflights answered 204 */
+    int prefix_cache;        /* reuse cache blocks of earlier requests' token prefixes (default 1;
+                                CPU only: the GPU sequences' caches cannot share blocks yet) */
     srv_device device;       /* default SRV_DEVICE_CPU */
     int gpu0;                /* CUDA: first device; rank r on (gpu0 + r) % n_devices */
     int gpu_fast;            /* CUDA: --precision fast (default precise) */
@@ -118,6 +154,7 @@ typedef struct srv_stats {
     uint64_t cancelled;        /* generation requests cancelled (client gone, shutdown) */
     uint64_t preemptions;
     uint64_t prompt_tokens, generated_tokens;
+    uint64_t prefix_query_tokens, prefix_hit_tokens; /* prompt tokens looked up / reused */
     double load_seconds;
     uint64_t load_bytes;
 } srv_stats;

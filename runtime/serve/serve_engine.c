@@ -19,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "format/gguf.h"
 #include "runtime/serve/serve_int.h"
 
@@ -220,6 +222,8 @@ void srv_blocks_release(srv_blocks *b, srv_btable *t) {
 void srv_params_clear(srv_params *p) {
     for (size_t i = 0; i < p->n_stops; i++) free(p->stops[i]);
     free(p->prompt);
+    json_decref(p->tool_defs);
+    free(p->force);
     memset(p, 0, sizeof *p);
 }
 
@@ -250,7 +254,10 @@ srv_req *srv_req_new(srv_server *s, srv_params *p) {
 }
 
 /* Frees the engine's resources of r; its state returns its blocks to the pool (under mu). */
+static void publish_prefix_locked(srv_server *s, srv_req *r);
+
 static void req_drop_engine_locked(srv_server *s, srv_req *r) {
+    publish_prefix_locked(s, r);
     rt_eng_seq_free(r->st);
     r->st = NULL;
     if (r->gslot >= 0) srv_slots_put(s->gpu, r->gslot);
@@ -270,6 +277,7 @@ static void req_destroy(srv_req *r) {
     free(r->out_top);
     free(r->out_text_end);
     free(r->text);
+    chat_parser_free(r->cp);
     srv_params_clear(&r->p);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -330,6 +338,7 @@ int srv_submit(srv_server *s, srv_req *r, char *msg, size_t msg_cap) {
             memcpy(r->feed, r->p.prompt, (size_t)r->p.n_prompt * sizeof *r->feed);
             r->n_feed = r->cap_feed = r->p.n_prompt;
             r->feed_off = 0;
+            r->force_armed = !r->p.think;
             r->state = SRV_R_WAITING;
             r->refs++;
             s->prompt_tokens += r->p.n_prompt;
@@ -441,6 +450,7 @@ static void *loader_main(void *arg) {
     eo.cache = (rt_eng_cache)s->cfg.gpu_kv_cache;
     eo.verify = !s->cfg.gpu_no_verify;
     if (!cuda) { /* one pool of --ctx-size positions for every sequence */
+        eo.kv_prefix_cache = s->cfg.prefix_cache;
         eo.kv_block_tokens = s->cfg.block_tokens;
         eo.kv_blocks = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
     }
@@ -481,6 +491,7 @@ static void *loader_main(void *arg) {
         s->logits = logits;
         s->n_vocab = n_vocab;
         s->max_ctx = max_ctx;
+        s->prefix_cache = s->cfg.prefix_cache && !cuda;
         s->load_seconds = dt;
         s->load_bytes = bytes;
         s->load = SRV_READY;
@@ -507,6 +518,9 @@ static void *loader_main(void *arg) {
             srv_log(s, "%s; caches %.3f GB for %u sequences x %u positions", line, srv_slots_bytes(gpu) / 1e9,
                     s->cfg.max_batch, max_ctx);
         }
+        srv_log(s, "prefix cache: %s", s->prefix_cache ? "on (cache blocks shared by token prefix)"
+                                       : cuda ? "off (the GPU sequences' caches cannot share blocks yet)"
+                                              : "off (--no-prefix-cache)");
     } else {
         srv_log(s, "model load failed: %s (%s)", e.msg, g5_strerror(st));
         free(logits);
@@ -591,6 +605,37 @@ static void preempt_locked(srv_server *s, srv_req *r) {
     s->n_preemptions++;
 }
 
+/* A fresh state starts from the cached blocks of the longest cached prefix of its feed (the
+ * prompt, after a preemption also the output so far). */
+static g5_status attach_prefix_locked(srv_server *s, srv_req *r, g5_error *e) {
+    uint32_t reused = 0;
+    g5_status st = rt_eng_seq_attach_prefix(r->st, r->feed, r->n_feed, &reused, e);
+    if (st) return st;
+    r->n_past = reused;
+    r->feed_off = reused;
+    if (!r->prefix_looked_up) { /* the request's first admission: its prompt's reuse */
+        r->prefix_looked_up = 1;
+        r->cached_tokens = reused;
+        s->prefix_query_tokens += r->p.n_prompt;
+        s->prefix_hit_tokens += reused;
+    }
+    return G5_OK;
+}
+
+/* Registers the full blocks of r's state (tokens: the prompt, then the output) for reuse. */
+static void publish_prefix_locked(srv_server *s, srv_req *r) {
+    if (!s->prefix_cache || !r->st || !r->n_past) return;
+    uint32_t n = r->n_past;
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    if (!t) return; /* only a lost chance of reuse */
+    uint32_t np = n < r->p.n_prompt ? n : r->p.n_prompt;
+    memcpy(t, r->p.prompt, (size_t)np * sizeof *t);
+    if (n > np) memcpy(t + np, r->out_ids, (size_t)(n - np) * sizeof *t);
+    g5_error e = {0};
+    (void)rt_eng_seq_publish_prefix(r->st, t, &e);
+    free(t);
+}
+
 static void admit_locked(srv_server *s) {
     while (s->n_running < s->cfg.max_batch && s->n_waiting > 0) {
         srv_req *r = s->waiting[0];
@@ -605,6 +650,8 @@ static void admit_locked(srv_server *s) {
                 st = g5_fail(&e, G5_ERR_INTERNAL, "no free GPU sequence with %u running", s->n_running);
         } else if (!r->st) {
             st = rt_eng_seq_create(s->eng, 0, &r->st, &e);
+            if (st == G5_OK && s->prefix_cache) st = attach_prefix_locked(s, r, &e);
+            pending = r->n_feed - r->feed_off;
         }
         if (st == G5_OK && !r->samp) {
             st = samp_create(&r->p.sp, rt_eng_hparams(s->eng)->n_vocab, &r->samp, &e);
@@ -721,6 +768,23 @@ static int reserve_locked(srv_server *s, srv_req *r, uint32_t n_tokens) {
     }
 }
 
+/* A control token whose text the chat parser reads (<think>, <tool_call>, <arg_key>, ...): its
+ * text into buf. Other control tokens print nothing, as before. */
+static int chat_marker(const tok_ctx *tok, int32_t id, char *buf, size_t cap, size_t *n) {
+    static const char *const marks[] = {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>",
+                                        "</arg_key>", "<arg_value>", "</arg_value>"};
+    if (tok_token_type(tok, id) != TOK_TYPE_CONTROL) return 0;
+    size_t len = 0;
+    const char *t = tok_token_text(tok, id, &len);
+    for (size_t i = 0; t && i < sizeof marks / sizeof marks[0]; i++)
+        if (len == strlen(marks[i]) && len < cap && !memcmp(t, marks[i], len)) {
+            memcpy(buf, t, len);
+            *n = len;
+            return 1;
+        }
+    return 0;
+}
+
 /* r has run its feed up to the end and logits (its row) holds the next token's: draws it and
  * publishes it, or finishes r. */
 static void draw(srv_server *s, srv_req *r, const float *logits) {
@@ -730,15 +794,33 @@ static void draw(srv_server *s, srv_req *r, const float *logits) {
     float lp = 0;
     srv_top top[SRV_MAX_TOP_LOGPROBS];
     g5_status st = samp_sample(r->samp, logits, &id, &e);
+    if (st == G5_OK && r->force_armed && r->force_pos < r->p.n_force) id = r->p.force[r->force_pos++];
     if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
         st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);
     if (st == G5_OK && r->p.logprobs) logprobs_of(logits, V, id, r->p.top_logprobs, &lp, top);
     const char *bytes = NULL;
     size_t nb = 0;
+    char mark[64];
     int eog = st == G5_OK && tok_is_eog(s->tok, id);
     if (st == G5_OK && !eog) {
         samp_accept(r->samp, id);
-        if ((uint32_t)id < tok_n_vocab(s->tok)) st = tok_stream_push(r->ts, id, &bytes, &nb, &e);
+        size_t ml = 0;
+        if (r->p.kind == SRV_KIND_CHAT && chat_marker(s->tok, id, mark, sizeof mark, &ml)) {
+            /* the parser needs the marker: what the stream held back, then its text */
+            const char *held;
+            size_t nh;
+            tok_stream_flush(r->ts, &held, &nh);
+            if (nh + ml <= sizeof mark) {
+                memmove(mark + nh, mark, ml);
+                memcpy(mark, held, nh);
+                ml += nh;
+            }
+            bytes = mark;
+            nb = ml;
+            if (ml >= 8 && !memcmp(mark + ml - 8, "</think>", 8)) r->force_armed = 1;
+        } else if ((uint32_t)id < tok_n_vocab(s->tok)) {
+            st = tok_stream_push(r->ts, id, &bytes, &nb, &e);
+        }
     }
     double now = srv_now();
 
@@ -837,6 +919,11 @@ static void prefill_step(srv_server *s, srv_req *r) {
     }
     r->n_past += chunk;
     r->feed_off += chunk;
+    if (s->prefix_cache) { /* the prompt's blocks are reusable as soon as they are full */
+        pthread_mutex_lock(&s->mu);
+        publish_prefix_locked(s, r);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (last) draw(s, r, s->logits);
 }
 
@@ -981,6 +1068,8 @@ void srv_get_stats(srv_server *s, srv_stats *o) {
     o->preemptions = s->n_preemptions;
     o->prompt_tokens = s->prompt_tokens;
     o->generated_tokens = s->generated_tokens;
+    o->prefix_query_tokens = s->prefix_query_tokens;
+    o->prefix_hit_tokens = s->prefix_hit_tokens;
     o->load_seconds = s->load_seconds;
     o->load_bytes = s->load_bytes;
     pthread_mutex_unlock(&s->mu);

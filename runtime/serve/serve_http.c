@@ -24,7 +24,8 @@ static const double e2e_bounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 #define NB(a) ((uint32_t)(sizeof a / sizeof a[0]))
 
 static const char *const ep_names[SRV_EP_COUNT] = {"completions", "chat_completions", "models",
-                                                   "health", "metrics", "other"};
+                                                   "health", "metrics", "tokenize", "detokenize",
+                                                   "model", "other"};
 
 /* Per-HTTP-request state. Referenced by the connection and, while streaming, by the response. */
 typedef struct conn_ctx {
@@ -82,6 +83,15 @@ static void wait_tick(srv_req *r, pthread_mutex_t *mu) {
 
 /* ---- replies ---- */
 
+/* --cors ORIGIN: browsers at ORIGIN ("*": any) may call the API. */
+static void add_cors(srv_server *s, struct MHD_Response *resp) {
+    if (!s->cfg.cors_origin) return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", s->cfg.cors_origin);
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+}
+
 static enum MHD_Result reply(conn_ctx *c, int code, const char *ctype, char *body) {
     if (!body) {
         code = 500;
@@ -104,6 +114,7 @@ static enum MHD_Result reply(conn_ctx *c, int code, const char *ctype, char *bod
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_cors(c->s, resp);
     if (code == 429 || code == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (code == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result ok = MHD_queue_response(c->conn, (unsigned)code, resp);
@@ -220,6 +231,15 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_cache_block_tokens %u\n", s->cfg.block_tokens);
     sb_metric(&b, "glm5_cache_usage_ratio", "gauge", "fraction of cache blocks in use");
     sb_printf(&b, "glm5_cache_usage_ratio %.6f\n", total ? (double)used / total : 0.0);
+    sb_metric(&b, "glm5_prefix_cache_queries_total", "counter", "prompt tokens looked up in the prefix cache");
+    sb_printf(&b, "glm5_prefix_cache_queries_total %llu\n", (unsigned long long)s->prefix_query_tokens);
+    sb_metric(&b, "glm5_prefix_cache_hits_total", "counter", "prompt tokens whose cache blocks were reused");
+    sb_printf(&b, "glm5_prefix_cache_hits_total %llu\n", (unsigned long long)s->prefix_hit_tokens);
+    const rt_eng *ke = s->load == SRV_READY ? s->eng : NULL;
+    sb_metric(&b, "glm5_prefix_cache_blocks", "gauge", "cached blocks no sequence holds (reusable, counted free)");
+    sb_printf(&b, "glm5_prefix_cache_blocks %u\n", ke ? rt_eng_pool_n_cached(ke) : 0);
+    sb_metric(&b, "glm5_prefix_cache_evictions_total", "counter", "cached blocks reused for other tokens");
+    sb_printf(&b, "glm5_prefix_cache_evictions_total %llu\n", ke ? (unsigned long long)rt_eng_pool_n_evicted(ke) : 0ull);
     sb_metric(&b, "glm5_model_loaded", "gauge", "1 once the model is loaded");
     sb_printf(&b, "glm5_model_loaded %d\n", s->load == SRV_READY);
     sb_metric(&b, "glm5_model_load_seconds", "gauge", "time to open, read and set up the weights");
@@ -374,6 +394,7 @@ static enum MHD_Result generate(conn_ctx *c) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        add_cors(s, resp);
         enum MHD_Result ok = MHD_queue_response(c->conn, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);
         c->responded = 1;
@@ -401,6 +422,33 @@ static enum MHD_Result generate(conn_ctx *c) {
     return reply(c, 200, "application/json", body);
 }
 
+/* GET /v1/models/{id}: the model object, or 404 as vLLM answers an unknown id. The id is the
+ * URL's rest as libmicrohttpd gives it (percent-decoded). */
+static enum MHD_Result model_info(conn_ctx *c) {
+    srv_server *s = c->s;
+    const char *id = !strncmp(c->url, "/v1/", 4) ? c->url + 11 : c->url + 8;
+    if (strcmp(id, s->model_name) != 0)
+        return reply_error(c, 404, "model", "The model `%.150s` does not exist.", id);
+    pthread_mutex_lock(&s->mu);
+    char *m = srv_api_model_json(s);
+    pthread_mutex_unlock(&s->mu);
+    return reply(c, 200, "application/json", m);
+}
+
+static enum MHD_Result tokenize(conn_ctx *c) {
+    srv_server *s = c->s;
+    g5_error le = {0};
+    if (c->too_big) return generate(c); /* its 413 */
+    if (srv_get_load_state(s, &le) != SRV_READY) return reply_error(c, 503, NULL, "the model is not loaded");
+    char msg[768], *out = NULL;
+    const char *param = NULL;
+    int rc = c->ep == SRV_EP_TOKENIZE
+                 ? srv_api_tokenize(s, c->body ? c->body : "", c->body_len, &out, msg, sizeof msg, &param)
+                 : srv_api_detokenize(s, c->body ? c->body : "", c->body_len, &out, msg, sizeof msg, &param);
+    if (rc) return reply_error(c, rc, param, "%s", msg);
+    return reply(c, 200, "application/json", out);
+}
+
 static int auth_ok(conn_ctx *c) {
     const char *key = c->s->api_key;
     const char *h = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -419,12 +467,17 @@ static srv_ep route(const char *url) {
     if (!strcmp(url, "/v1/models") || !strcmp(url, "/models")) return SRV_EP_MODELS;
     if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
     if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
+    if (!strcmp(url, "/tokenize")) return SRV_EP_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return SRV_EP_DETOKENIZE;
+    if (!strncmp(url, "/v1/models/", 11) || !strncmp(url, "/models/", 8)) return SRV_EP_MODEL;
     return SRV_EP_OTHER;
 }
 
 static enum MHD_Result dispatch(conn_ctx *c, const char *method) {
     srv_server *s = c->s;
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(method, "OPTIONS") && s->cfg.cors_origin) /* a CORS preflight: no key needed */
+        return reply(c, 204, "text/plain", strdup(""));
     if (c->ep == SRV_EP_HEALTH) {
         if (!get) return reply_error(c, 405, NULL, "use GET for %s", c->url);
         g5_error le = {0};
@@ -446,6 +499,13 @@ static enum MHD_Result dispatch(conn_ctx *c, const char *method) {
         pthread_mutex_unlock(&s->mu);
         return reply(c, 200, "application/json", m);
     }
+    case SRV_EP_MODEL:
+        if (!get) return reply_error(c, 405, NULL, "use GET for %s", c->url);
+        return model_info(c);
+    case SRV_EP_TOKENIZE:
+    case SRV_EP_DETOKENIZE:
+        if (!post) return reply_error(c, 405, NULL, "use POST for %s", c->url);
+        return tokenize(c);
     case SRV_EP_COMPLETIONS:
     case SRV_EP_CHAT:
         if (!post) return reply_error(c, 405, NULL, "use POST for %s", c->url);
@@ -567,6 +627,7 @@ void srv_config_default(srv_config *c) {
     c->prefill_chunk = 256;
     c->max_body = 1u << 20;
     c->prefault = 1;
+    c->prefix_cache = 1;
     /* Slow clients (half-sent requests) each hold a connection until the timeout: the limits sit
      * far above a batch's worth, so they cannot lock out /health or fresh clients. */
     c->max_connections = 512;
@@ -656,7 +717,10 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
     s->model_name = cfg->model_name && *cfg->model_name ? strdup(cfg->model_name) : base_name(cfg->model_path);
     s->host = strdup(cfg->host && *cfg->host ? cfg->host : "127.0.0.1");
     s->api_key = cfg->api_key && *cfg->api_key ? strdup(cfg->api_key) : NULL;
-    if (!s->model_path || !s->model_name || !s->host || (cfg->api_key && *cfg->api_key && !s->api_key)) {
+    s->cors = cfg->cors_origin && *cfg->cors_origin ? strdup(cfg->cors_origin) : NULL;
+    s->cfg.cors_origin = s->cors;
+    if (!s->model_path || !s->model_name || !s->host || (cfg->api_key && *cfg->api_key && !s->api_key) ||
+        (cfg->cors_origin && *cfg->cors_origin && !s->cors)) {
         srv_free(s);
         return g5_fail(err, G5_ERR_NOMEM, "server");
     }
@@ -717,6 +781,7 @@ void srv_free(srv_server *s) {
     free(s->model_name);
     free(s->host);
     free(s->api_key);
+    free(s->cors);
     pthread_cond_destroy(&s->engine_cv);
     pthread_cond_destroy(&s->load_cv);
     pthread_mutex_destroy(&s->mu);

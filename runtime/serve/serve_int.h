@@ -15,6 +15,7 @@
 #include "runtime/engine.h"
 #include "runtime/serve/serve.h"
 #include "runtime/text/chat.h"
+#include "runtime/text/chat_parse.h"
 #include "runtime/text/sample.h"
 #include "runtime/text/tokenizer.h"
 
@@ -39,6 +40,15 @@ typedef struct srv_params {
     size_t n_stops;
     int32_t *prompt;          /* [n_prompt] */
     uint32_t n_prompt;
+    /* chat */
+    int think;                /* the prompt ends inside <think>: the output starts with reasoning */
+    int tools;                /* tool calls are parsed out of the output (tools given, tool_choice
+                                 not "none") */
+    int parallel_tool_calls;  /* 0: only the first tool call is returned */
+    struct json_t *tool_defs; /* the request's tools (argument types), or NULL; owned */
+    int32_t *force;           /* [n_force] tokens forced once the reasoning is over (tool_choice
+                                 "required" or a named function: "<tool_call>" [+ the name]) */
+    uint32_t n_force;
 } srv_params;
 void srv_params_clear(srv_params *p);
 
@@ -72,10 +82,14 @@ typedef struct srv_req {
     int32_t *feed;             /* tokens to run before the next draw: the prompt, then each
                                   drawn token; after a preemption the prompt and all output */
     uint32_t n_feed, feed_off, cap_feed;
+    uint32_t force_pos;        /* p.force tokens drawn so far */
+    int prefix_looked_up;      /* the prompt was looked up in the prefix cache */
+    int force_armed;           /* the reasoning is over: forcing may start */
 
     /* shared (under mu) */
     srv_rstate state;
     int cancelled;
+    uint32_t cached_tokens;    /* prompt tokens taken from the prefix cache */
     int32_t *out_ids;          /* [n_out] generated tokens (an end-of-generation token is not
                                   part of the output) */
     float *out_lp;             /* [n_out] their log-probabilities (if p.logprobs) */
@@ -90,6 +104,10 @@ typedef struct srv_req {
     int err_http;              /* != 0: failed; the HTTP status to report, errmsg says why */
     char errmsg[256];
     pthread_cond_t cv;         /* signalled on every change */
+    /* the HTTP side's view of a streamed chat answer (under mu) */
+    chat_parser *cp;
+    size_t cp_fed;             /* text bytes fed to cp */
+    size_t sent_r, sent_c, sent_calls; /* reasoning / content bytes and tool calls sent */
 } srv_req;
 
 /* Prometheus histogram with fixed upper bounds. */
@@ -110,6 +128,9 @@ typedef enum srv_ep {
     SRV_EP_MODELS,
     SRV_EP_HEALTH,
     SRV_EP_METRICS,
+    SRV_EP_TOKENIZE,
+    SRV_EP_DETOKENIZE,
+    SRV_EP_MODEL,             /* GET /v1/models/{id} */
     SRV_EP_OTHER,
     SRV_EP_COUNT
 } srv_ep;
@@ -121,7 +142,7 @@ int srv_code_slot(int code);
 
 struct srv_server {
     srv_config cfg;            /* strings point at the copies below */
-    char *model_path, *model_name, *host, *api_key;
+    char *model_path, *model_name, *host, *api_key, *cors;
     struct MHD_Daemon *daemon;
     uint16_t port;
     double t_start;
@@ -160,6 +181,8 @@ struct srv_server {
     uint64_t n_requests[SRV_EP_COUNT][SRV_CODE_SLOTS];
     uint64_t n_completions, n_cancelled, n_preemptions, n_failed;
     uint64_t prompt_tokens, generated_tokens;
+    int prefix_cache;          /* CPU pool with prefix caching (set at load) */
+    uint64_t prefix_query_tokens, prefix_hit_tokens;
     srv_hist ttft, tpot, e2e;
     double load_seconds;
     uint64_t load_bytes;
@@ -204,9 +227,16 @@ char *srv_api_error_json(int http_status, const char *msg, const char *param);
 char *srv_api_response_json(srv_server *s, const srv_req *r);
 /* One SSE event ("data: ...\n\n") for outputs [from_tok, r->n_out) and text [from_text, upto),
  * with the finish reason when final. Under mu. */
-char *srv_api_stream_chunk(srv_server *s, const srv_req *r, uint32_t from_tok, size_t from_text,
+char *srv_api_stream_chunk(srv_server *s, srv_req *r, uint32_t from_tok, size_t from_text,
                            size_t upto, int first, int final);
 char *srv_api_stream_usage(srv_server *s, const srv_req *r);
 char *srv_api_models_json(srv_server *s);
+/* One model object (GET /v1/models/{id}). */
+char *srv_api_model_json(srv_server *s);
+/* POST /tokenize and /detokenize: 0 and *out (JSON), or an HTTP status with msg and *param. */
+int srv_api_tokenize(srv_server *s, const char *body, size_t len, char **out, char *msg, size_t cap,
+                     const char **param);
+int srv_api_detokenize(srv_server *s, const char *body, size_t len, char **out, char *msg, size_t cap,
+                       const char **param);
 
 #endif

@@ -80,6 +80,7 @@ static int ends_with(const char *s, const char *suffix) {
 
 void chat_options_default(chat_options *o) {
     if (!o) return;
+    memset(o, 0, sizeof *o);
     o->format = CHAT_FORMAT_GLM5;
     o->add_generation_prompt = 1;
     o->enable_thinking = 1;
@@ -94,6 +95,10 @@ g5_status chat_build_prompt(const chat_message *msgs, size_t n_msgs, const chat_
         return g5_fail(err, G5_ERR_INVALID_ARG, "chat_build_prompt: unknown format %d",
                        (int)opts->format);
     int glm45 = opts->format == CHAT_FORMAT_GLM45;
+    if (opts->n_tools && !opts->tools)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "chat_build_prompt: NULL tools");
+    if (glm45 && opts->n_tools)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "chat_build_prompt: tools in the GLM-4.5 format");
 
     size_t last_user = (size_t)-1;
     for (size_t i = 0; i < n_msgs; i++) {
@@ -105,10 +110,39 @@ g5_status chat_build_prompt(const chat_message *msgs, size_t n_msgs, const chat_
             return g5_fail(err, G5_ERR_INVALID_ARG, "chat_build_prompt: message %zu has unknown "
                            "role '%.64s'", i, r);
         if (!strcmp(r, "user")) last_user = i;
+        if (msgs[i].n_tool_calls && (glm45 || strcmp(r, "assistant") || !msgs[i].tool_calls))
+            return g5_fail(err, G5_ERR_UNSUPPORTED, "chat_build_prompt: message %zu: tool calls "
+                           "need an assistant message in the GLM-5 format", i);
+        for (size_t k = 0; k < msgs[i].n_tool_calls; k++) {
+            const chat_tool_call *tc = &msgs[i].tool_calls[k];
+            if (!tc->name || (tc->n_args && (!tc->arg_keys || !tc->arg_values)))
+                return g5_fail(err, G5_ERR_INVALID_ARG, "chat_build_prompt: message %zu tool call "
+                               "%zu has a NULL field", i, k);
+            for (size_t a = 0; a < tc->n_args; a++)
+                if (!tc->arg_keys[a] || !tc->arg_values[a])
+                    return g5_fail(err, G5_ERR_INVALID_ARG, "chat_build_prompt: message %zu tool "
+                                   "call %zu argument %zu is NULL", i, k, a);
+        }
     }
+    for (size_t t = 0; t < opts->n_tools; t++)
+        if (!opts->tools[t])
+            return g5_fail(err, G5_ERR_INVALID_ARG, "chat_build_prompt: tool %zu is NULL", t);
 
     outbuf o = {out, cap, 0};
     puts_(&o, "[gMASK]<sop>");
+    if (opts->n_tools) {
+        puts_(&o, "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user "
+                  "query.\n\nYou are provided with function signatures within <tools></tools> XML "
+                  "tags:\n<tools>\n");
+        for (size_t t = 0; t < opts->n_tools; t++) {
+            puts_(&o, opts->tools[t]);
+            puts_(&o, "\n");
+        }
+        puts_(&o, "</tools>\n\nFor each function call, output the function name and arguments within "
+                  "the following XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key>"
+                  "<arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>"
+                  "{arg-value-2}</arg_value>...</tool_call>");
+    }
     for (size_t i = 0; i < n_msgs; i++) {
         const char *role = msgs[i].role, *content = msgs[i].content;
         if (!strcmp(role, "system")) {
@@ -121,7 +155,14 @@ g5_status chat_build_prompt(const chat_message *msgs, size_t n_msgs, const chat_
                 puts_(&o, "/nothink");
         } else if (!strcmp(role, "assistant")) {
             span reasoning, visible;
-            split_reasoning(content, &reasoning, &visible);
+            if (msgs[i].reasoning) { /* reasoning_content given: content is all visible */
+                reasoning.b = msgs[i].reasoning;
+                reasoning.e = reasoning.b + strlen(reasoning.b);
+                visible.b = content;
+                visible.e = content + strlen(content);
+            } else {
+                split_reasoning(content, &reasoning, &visible);
+            }
             /* The templates test the reasoning before stripping it, so "<think> </think>" keeps
              * an empty <think></think> block. */
             int keep = (last_user == (size_t)-1 || i > last_user) && reasoning.e > reasoning.b;
@@ -138,6 +179,19 @@ g5_status chat_build_prompt(const chat_message *msgs, size_t n_msgs, const chat_
             if (v.e > v.b) {
                 if (glm45) puts_(&o, "\n");
                 put(&o, v.b, (size_t)(v.e - v.b));
+            }
+            for (size_t k = 0; k < msgs[i].n_tool_calls; k++) {
+                const chat_tool_call *tc = &msgs[i].tool_calls[k];
+                puts_(&o, "<tool_call>");
+                puts_(&o, tc->name);
+                for (size_t a = 0; a < tc->n_args; a++) {
+                    puts_(&o, "<arg_key>");
+                    puts_(&o, tc->arg_keys[a]);
+                    puts_(&o, "</arg_key><arg_value>");
+                    puts_(&o, tc->arg_values[a]);
+                    puts_(&o, "</arg_value>");
+                }
+                puts_(&o, "</tool_call>");
             }
         } else { /* tool */
             if (i == 0 || strcmp(msgs[i - 1].role, "tool")) puts_(&o, "<|observation|>");

@@ -291,7 +291,7 @@ static void *client_main(void *arg) {
     ccase *c = arg;
     char body[65536];
     snprintf(body, sizeof body,
-             "{\"model\":\"x\",\"prompt\":%s,\"max_tokens\":%u,\"temperature\":0,\"stream\":%s,\"return_token_ids\":true}",
+             "{\"prompt\":%s,\"max_tokens\":%u,\"temperature\":0,\"stream\":%s,\"return_token_ids\":true}",
              c->ids_json, c->max_tokens, c->stream ? "true" : "false");
     if (c->bar) pthread_barrier_wait(c->bar);
     char *resp = NULL;
@@ -436,7 +436,7 @@ static int run_client(uint16_t port, const char *path) {
     const double cancelled0 = get_metric(port, "glm5_requests_cancelled_total");
     char body[65536];
     snprintf(body, sizeof body,
-             "{\"model\":\"x\",\"prompt\":%s,\"max_tokens\":300,\"temperature\":0,\"stream\":true}", cs[0].ids_json);
+             "{\"prompt\":%s,\"max_tokens\":300,\"temperature\":0,\"stream\":true}", cs[0].ids_json);
     int fd = tcp_connect(port);
     int got_event = 0;
     if (fd >= 0 && http_send_req(fd, "POST", "/v1/completions", NULL, body, strlen(body)) == 0) {
