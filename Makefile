@@ -1,5 +1,5 @@
 # glm5-shard build. `make` builds everything into build/ (binaries in build/bin/);
-# `make test` runs the CPU suite; `make check` runs it under ASan+UBSan; `make fuzz` runs the
+# `make test` runs the include layering check and the CPU suite; `make check` runs it under ASan+UBSan; `make fuzz` runs the
 # libFuzzer targets for FUZZ_SECONDS each. No GPU is needed for any of these.
 
 CC       ?= gcc
@@ -98,7 +98,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
+# The include layering check (scripts/check_includes.sh, with its self-test) runs first.
 test: all
+	@bash scripts/check_includes.sh
 	@BUILD=$(BUILD) bash scripts/run_tests.sh $(TESTS)
 
 check:
