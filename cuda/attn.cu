@@ -247,7 +247,7 @@ constexpr int AC_TK = 32;    /* keys per tile; == warp size: one warp updates th
 constexpr int AC_HG = 2;     /* heads per block: each latent row read from shared memory serves them all */
 constexpr int AC_NC = 18;    /* row columns per lane in the score phase: kv_lora + rope <= 576 */
 constexpr int AC_NO = 2;     /* output columns per thread: kv_lora <= 512 */
-constexpr int AC_MAXCL = 16; /* blocks per cluster (16 is a non-portable size, used when it fits) */
+constexpr int AC_MAXCL = CUK_ATTEND_SPLIT_CLUSTER_MAX; /* blocks per cluster (16 is non-portable, used when it fits) */
 
 struct ac_args {
     cuk_mla_dims d;
@@ -511,13 +511,6 @@ __global__ void __launch_bounds__(AC_THREADS) k_attend_split(ac_args a) {
 
 } // namespace
 
-#define LAUNCH_CHECK(what)                                                                    \
-    do {                                                                                      \
-        cudaError_t e_ = cudaGetLastError();                                                  \
-        if (e_ != cudaSuccess)                                                                \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
-    } while (0)
-
 static g5_status check_dims(const char *what, const cuk_mla_dims *d, g5_error *err) {
     if (!d) return BAD("%s: no dims", what);
     if (d->n_tok < 1 || d->n_tok > 65535 * ABS_TOK) return BAD("%s: n_tok=%d out of range", what, d->n_tok);
@@ -543,15 +536,8 @@ static int use_old(void) { return cuk_attn_old(); }
 
 /* Largest dynamic shared memory a block may opt into on the current device (0: unknown). */
 static int smem_optin(void) {
-    static int v = -1;
-    if (v < 0) {
-        int dev = 0, n = 0;
-        v = cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess
-                ? n
-                : 0;
-    }
-    return v;
+    const cuk_device *d = cuk_device_current(); /* cuda/cuk_device.h */
+    return d ? (int)d->smem_optin : 0;
 }
 
 extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const float *kvb,
@@ -573,13 +559,13 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
         dim3 grid((unsigned)d->n_head, (unsigned)((d->kv_lora + AB_COLS - 1) / AB_COLS),
                   (unsigned)((d->n_tok + AB_TOK - 1) / AB_TOK));
         k_absorb_split<<<grid, AB_THREADS, smem_split, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, vec, qlat);
-        LAUNCH_CHECK("mla_absorb");
+        CUK_CHECK_LAUNCH("mla_absorb");
         return G5_OK;
     }
     const size_t smem = (size_t)ABS_TOK * d->nope * sizeof(float);
     dim3 grid((unsigned)d->n_head, (unsigned)((d->n_tok + ABS_TOK - 1) / ABS_TOK));
     k_absorb<<<grid, ABS_THREADS, smem, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, qlat);
-    LAUNCH_CHECK("mla_absorb");
+    CUK_CHECK_LAUNCH("mla_absorb");
     return G5_OK;
 }
 
@@ -642,7 +628,7 @@ static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float
     cfg.attrs = at;
     cfg.numAttrs = 1;
     CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_split<T>, a));
-    LAUNCH_CHECK("mla_attend");
+    CUK_CHECK_LAUNCH("mla_attend");
     return G5_OK;
 }
 
@@ -676,7 +662,7 @@ static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *ql
     dim3 grid((unsigned)d->n_head, (unsigned)d->n_tok);
     k_attend<T><<<grid, ATT_THREADS, smem, st>>>(*d, q, qlat, lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel,
                                                  max_sel, scale, out);
-    LAUNCH_CHECK("mla_attend");
+    CUK_CHECK_LAUNCH("mla_attend");
     return G5_OK;
 }
 

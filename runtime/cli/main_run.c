@@ -50,7 +50,7 @@ typedef struct args {
     const char *dump_logits;
     long n_predict;
     int chat, think, ids, quiet;
-    int cuda, fast, no_verify, kv_cache, cuda_graph;
+    int cuda, fast, no_verify, kv_cache, cuda_graph, nccl;
     long check, tp, gpu0;
     int draft;                   /* --draft mtp */
     uint32_t threads;
@@ -76,6 +76,8 @@ static void usage(FILE *f) {
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
             "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default off)\n"
+            "  --collective auto|nccl  GPU: between ranks (auto: none for one rank, a device-side\n"
+            "                       sum on one GPU, NCCL across GPUs; nccl: also for TP 1)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
             "                       print per layer/stage differences (and the MTP block's\n"
             "                       draft logits); exit 3 past tolerance\n"
@@ -154,6 +156,11 @@ static int parse_args(int argc, char **argv, args *a) {
             NEED();
             if (!strcmp(v, "on")) a->cuda_graph = 1;
             else if (!strcmp(v, "off")) a->cuda_graph = 0;
+            else BAD();
+        } else if (!strcmp(o, "--collective")) {
+            NEED();
+            if (!strcmp(v, "auto")) a->nccl = 0;
+            else if (!strcmp(v, "nccl")) a->nccl = 1;
             else BAD();
         } else if (!strcmp(o, "--kv-cache")) {
             NEED();
@@ -449,7 +456,9 @@ int main(int argc, char **argv) {
     g5_status st;
     rt_comm *comm = NULL;
     /* first: MPI may rewrite argv */
-    if ((st = rt_comm_create(&argc, &argv, &comm, &e))) return fail(&e, st, "processes");
+    rt_comm_env cenv;
+    rt_comm_env_read(&cenv, getenv);
+    if ((st = rt_comm_create(&cenv, &argc, &argv, &comm, &e))) return fail(&e, st, "processes");
     const int lead = rt_comm_rank(comm) == 0;
     if (rt_comm_size(comm) > 1) snprintf(g_who, sizeof g_who, "rank %u: ", rt_comm_rank(comm));
     args a;
@@ -502,6 +511,7 @@ int main(int argc, char **argv) {
         go.cache = (rt_gpu_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
         go.load.verify = !a.no_verify;
         go.cuda_graph = a.cuda_graph;
+        go.collective = a.nccl ? RT_GPU_COLL_NCCL : RT_GPU_COLL_AUTO;
         if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = a.model;
         if ((st = rt_gpu_model_create(m, &go, &en.g, &e))) { rc = fail(&e, st, "GPU"); goto out; }
         const rt_gpu_info *gi = rt_gpu_model_info(en.g);
