@@ -102,3 +102,14 @@ $(GPU_DIR)/obj/tests/gpu/bench_decode.o: tests/gpu/bench_decode.c
 $(GPU_DECODE_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_decode.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
+
+# tests/gpu/bench_peer (bench/peer.sh): a whole model from a blob set, measured as llama-bench
+# measures llama.cpp (pp N, tg M at depth d, batched decode). Linked like glm5-run.
+GPU_PEER_BENCH := $(GPU_DIR)/tests/bench_peer
+gpu-model: $(GPU_PEER_BENCH)
+$(GPU_DIR)/obj/tests/gpu/bench_peer.o: tests/gpu/bench_peer.c
+	@mkdir -p $(dir $@)
+	$(CC) $(GPU_CFLAGS) -c $< -o $@
+$(GPU_PEER_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_peer.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@

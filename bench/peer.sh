@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The peer benchmark, in one device call: the model llama.cpp was measured on (`glm5-shard synth
+# --preset glm5 --layers 12 --experts 64`, 17.35 GiB, UD-Q4_K_XL-like mix), converted at TP 1,
+# run by tests/gpu/bench_peer (llama-bench's pp512 / pp4096, tg64 at depth 512 / 4096 / 16384,
+# and batched decode at 1 / 8 / 32 sequences) in fast and precise mode. llama.cpp's figures on the
+# same file and GPU (llama-bench -ngl 99 -fa on, unslothai/llama.cpp d32676d7): pp512 8042,
+# pp4096 7053; tg after 512 / 4096 / 16384 tokens 229.5 / 213.2 / 173.5 tok/s.
+#
+#   OUT=/tmp/out bash bench/peer.sh        # on the GPU machine (logs: $OUT/peer.log)
+#
+# Environment: as bench/decode.sh (B, CC, DEPS, SKIP_BUILD), plus W (work folder on the device's
+# disk, default /tmp/g5peer), PRECISIONS (default "fast precise"), ARGS (more bench_peer options),
+# LAYERS / EXPERTS (default 12 / 64), LIMIT (seconds per bench_peer run, default 300).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/g5peer-out}
+W=${W:-/tmp/g5peer}
+mkdir -p "$OUT" "$W"
+source bench/common.sh
+SECONDS=0
+{
+bench_header
+bench_build "$OUT/build_peer.log" "$B/bin/glm5-shard" "$B/gpu/tests/bench_peer" || exit 3
+gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}.gguf
+if [ ! -f "$gguf" ]; then
+  t0=$SECONDS
+  "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" -o "$gguf" || exit 3
+  echo "synth $(du -h "$gguf" | cut -f1) in $((SECONDS - t0)) s"
+fi
+if [ ! -f "$W/tp1/blobset.g5s" ]; then
+  t0=$SECONDS
+  "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$W/tp1" "$gguf" || exit 3
+  echo "convert TP 1 in $((SECONDS - t0)) s"
+fi
+rc=0
+for p in ${PRECISIONS:-fast precise}; do
+  echo "== bench_peer --precision $p"
+  timeout "${LIMIT:-300}" "$B/gpu/tests/bench_peer" -m "$W/tp1" --precision "$p" ${ARGS:-} || rc=1
+done
+echo "peer.sh rc=$rc total ${SECONDS}s"
+} 2>&1 | tee "$OUT/peer.log"

@@ -1,0 +1,244 @@
+/* The peer benchmark (bench/peer.sh): glm5-run's GPU path on a whole model from a blob set (or a
+ * GGUF), measured the way llama-bench measures llama.cpp on the same file, so the two sets of
+ * tok/s can stand side by side:
+ *   pp N        prefill of an N-token prompt into an empty sequence (logits of the last position
+ *               only), after one untimed warm-up of the same size; median of --reps runs
+ *   tg M @ d    M single-token decode steps after a d-token prefill (llama-bench -d d -n M):
+ *               tokens / seconds of the steps alone, after 2 untimed warm-up steps
+ *   batch B @ d B sequences, each prefilled with d tokens, then M batched decode steps
+ *               (rt_gpu_forward_batch): aggregate tok/s, what glm5-serve's decode loop does
+ * Prompts are random token ids (fixed seed). The ceiling measured in the same run is the
+ * device-to-device copy rate; each decode figure is also given as a ratio to the bytes one token
+ * must read (rank 0's tensors with the routed experts at n_expert_used / n_expert, one embedding
+ * row, no NextN block) at that rate.
+ *
+ *   bench_peer -m DIR|FILE.gguf [--precision fast|precise] [--pp 512,4096] [--tg 64]
+ *              [--depth 512,4096,16384] [--batch 1,8,32] [--batch-depth 512] [--reps 3]
+ *              [--cuda-graph on|off] [--no-verify] */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "format/status.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
+#include "runtime/gpu/gpu_model.h"
+#include "tests/gpu/bench_util.h"
+
+enum { MAX_LIST = 16 };
+
+typedef struct list {
+    uint32_t v[MAX_LIST];
+    uint32_t n;
+} list;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void parse_list(const char *s, list *l) {
+    l->n = 0;
+    while (*s && l->n < MAX_LIST) {
+        char *end;
+        unsigned long x = strtoul(s, &end, 10);
+        if (end == s || x == 0 || x > (1u << 24)) {
+            fprintf(stderr, "bench_peer: bad list '%s'\n", s);
+            exit(2);
+        }
+        l->v[l->n++] = (uint32_t)x;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+            fprintf(stderr, "bench_peer: bad list '%s'\n", s);
+            exit(2);
+        }
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Device-to-device copy rate in bytes/s (read + write counted), 2 GiB buffers, median of 5. */
+static double copy_rate(void) {
+    const size_t n = (size_t)1 << 31;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[5];
+    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+    for (int i = 0; i < 5; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t[i] = ms * 1e-3;
+    }
+    qsort(t, 5, sizeof t[0], cmp_d);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * (double)n / t[2];
+}
+
+/* Bytes one decode token reads from rank 0's tensors (see the top comment). */
+static double token_bytes(const rt_wset *ws, const glm5_hparams *hp) {
+    const rt_weights *w = rt_wset_rank(ws, rt_wset_rank_first(ws));
+    double sum = 0;
+    for (uint64_t i = 0; i < rt_weights_n_tensors(w); i++) {
+        const rt_tensor *t = rt_weights_tensor(w, i);
+        unsigned il;
+        if (sscanf(t->name, "blk.%u.", &il) == 1 && il >= hp->n_layer_main) continue;
+        double b = (double)t->nbytes;
+        if (strstr(t->name, "_exps.")) b *= (double)hp->n_expert_used / hp->n_expert;
+        if (!strcmp(t->name, "token_embd.weight")) b /= (double)t->ne[1];
+        sum += b;
+    }
+    return sum;
+}
+
+static void fill_tokens(int32_t *ids, uint32_t n, uint32_t vocab, uint64_t *seed) {
+    for (uint32_t i = 0; i < n; i++) {
+        *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((*seed >> 33) % vocab);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL;
+    int fast = 1, graph = 1, verify = 1;
+    uint32_t tg = 64, reps = 3, batch_depth = 512;
+    list pp, depth, batch;
+    parse_list("512,4096", &pp);
+    parse_list("512,4096,16384", &depth);
+    parse_list("1,8,32", &batch);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-verify")) { verify = 0; continue; }
+        if (!v) { fprintf(stderr, "bench_peer: %s needs a value\n", a); return 2; }
+        i++;
+        if (!strcmp(a, "-m")) model = v;
+        else if (!strcmp(a, "--precision")) fast = !strcmp(v, "fast");
+        else if (!strcmp(a, "--pp")) parse_list(v, &pp);
+        else if (!strcmp(a, "--depth")) parse_list(v, &depth);
+        else if (!strcmp(a, "--batch")) parse_list(v, &batch);
+        else if (!strcmp(a, "--tg")) tg = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--reps")) reps = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--batch-depth")) batch_depth = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--cuda-graph")) graph = !strcmp(v, "on");
+        else { fprintf(stderr, "bench_peer: unknown option %s\n", a); return 2; }
+    }
+    if (!model || !tg || !reps || reps > 64) {
+        fprintf(stderr, "usage: bench_peer -m DIR|FILE.gguf [options] (see the source's top comment)\n");
+        return 2;
+    }
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    rt_gpu_model *g = NULL;
+    GK(rt_wset_open(model, &ws, &err_));
+    rt_model_opts mo = {0};
+    GK(rt_model_create(ws, &mo, &m, &err_));
+    const glm5_hparams *hp = rt_model_hparams(m);
+    rt_gpu_opts go;
+    rt_gpu_opts_default(&go);
+    go.precision = fast ? RT_GPU_FAST : RT_GPU_PRECISE;
+    go.cuda_graph = graph;
+    go.load.verify = verify;
+    if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = model;
+    double t0 = now_s();
+    GK(rt_gpu_model_create(m, &go, &g, &err_));
+    const rt_gpu_info *gi = rt_gpu_model_info(g);
+    const char *prec = fast ? "fast" : "precise";
+    printf("bench_peer: %s (%s), %s, %u layers (%u main), %u experts (%u used), vocab %u; GPU %s, %s, cache %s, "
+           "graph %s; load %.2f s (%.2f GB)\n", model, rt_wset_source(ws), prec, hp->n_layer, hp->n_layer_main,
+           hp->n_expert, hp->n_expert_used, hp->n_vocab, gi->device_name, gi->precision, gi->cache,
+           gi->cuda_graph ? "on" : "off", now_s() - t0, gi->weight_bytes / 1e9);
+    const double rate = copy_rate(), tb = token_bytes(ws, hp), floor_s = tb / rate;
+    printf("ceiling: device copy %.0f GB/s; one decode token reads %.1f MB -> floor %.3f ms (%.0f tok/s)\n",
+           rate / 1e9, tb / 1e6, floor_s * 1e3, 1.0 / floor_s);
+
+    uint32_t max_n = batch_depth + tg + 4;
+    for (uint32_t i = 0; i < pp.n; i++) max_n = pp.v[i] > max_n ? pp.v[i] : max_n;
+    for (uint32_t i = 0; i < depth.n; i++) max_n = depth.v[i] + tg + 4 > max_n ? depth.v[i] + tg + 4 : max_n;
+    int32_t *ids = malloc(sizeof *ids * max_n);
+    float *logits = malloc(sizeof *logits * (size_t)hp->n_vocab * 64);
+    if (!ids || !logits) return 1;
+    uint64_t seed = 42;
+    rt_gpu_outputs out = {.logits = logits};
+    char summary[4096];
+    size_t sl = 0;
+    summary[0] = 0;
+
+    for (uint32_t i = 0; i < pp.n; i++) {
+        const uint32_t n = pp.v[i];
+        double t[64];
+        fill_tokens(ids, n, hp->n_vocab, &seed);
+        for (uint32_t r = 0; r <= reps; r++) { /* r = 0: warm-up */
+            rt_gpu_reset(g);
+            double a = now_s();
+            GK(rt_gpu_forward(g, ids, n, &out, &err_));
+            if (r) t[r - 1] = now_s() - a;
+        }
+        qsort(t, reps, sizeof t[0], cmp_d);
+        const double med = t[reps / 2];
+        printf("pp%u %s: %.1f tok/s (median of %u: %.4f s; min %.4f, max %.4f)\n", n, prec, n / med, reps, med, t[0],
+               t[reps - 1]);
+        sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| pp%u | %.0f |\n", n, n / med);
+    }
+    for (uint32_t i = 0; i < depth.n; i++) {
+        const uint32_t d = depth.v[i];
+        fill_tokens(ids, d + tg + 2, hp->n_vocab, &seed);
+        rt_gpu_reset(g);
+        GK(rt_gpu_forward(g, ids, d, &out, &err_));
+        for (uint32_t s = 0; s < 2; s++) GK(rt_gpu_forward(g, ids + d + s, 1, &out, &err_));
+        double a = now_s();
+        for (uint32_t s = 0; s < tg; s++) GK(rt_gpu_forward(g, ids + d + 2 + s, 1, &out, &err_));
+        const double per = (now_s() - a) / tg;
+        printf("tg%u @ %u %s: %.1f tok/s (%.3f ms per token; ratio to the floor %.2f)\n", tg, d, prec, 1.0 / per,
+               per * 1e3, per / floor_s);
+        sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| tg%u @ d%u | %.1f |\n", tg, d, 1.0 / per);
+    }
+    for (uint32_t i = 0; i < batch.n; i++) {
+        const uint32_t B = batch.v[i];
+        if (B > 64) continue;
+        rt_gpu_seq *seqs[64] = {0};
+        int32_t tok[64];
+        for (uint32_t b = 0; b < B; b++) {
+            GK(rt_gpu_seq_create(g, batch_depth + tg + 4, &seqs[b], &err_));
+            fill_tokens(ids, batch_depth, hp->n_vocab, &seed);
+            GK(rt_gpu_forward_seq(g, seqs[b], ids, batch_depth, &out, &err_));
+        }
+        fill_tokens(tok, B, hp->n_vocab, &seed);
+        GK(rt_gpu_forward_batch(g, seqs, tok, B, logits, &err_)); /* warm-up */
+        double a = now_s();
+        for (uint32_t s = 0; s < tg; s++) {
+            fill_tokens(tok, B, hp->n_vocab, &seed);
+            GK(rt_gpu_forward_batch(g, seqs, tok, B, logits, &err_));
+        }
+        const double dt = now_s() - a;
+        printf("batch %u @ %u %s: %.1f tok/s aggregate (%.3f ms per step)\n", B, batch_depth, prec, B * tg / dt,
+               dt / tg * 1e3);
+        sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| batch %u @ d%u | %.1f |\n", B, batch_depth,
+                               B * tg / dt);
+        for (uint32_t b = 0; b < B; b++) rt_gpu_seq_free(seqs[b]);
+    }
+    printf("\n| %s (tok/s) | glm5-run |\n| --- | --- |\n%s", prec, summary);
+    free(ids);
+    free(logits);
+    rt_gpu_model_free(g);
+    rt_model_free(m);
+    rt_wset_free(ws);
+    return 0;
+}
