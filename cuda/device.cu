@@ -11,40 +11,55 @@
 static cuk_device g_dev[CUK_MAX_DEVICES];
 static int g_have[CUK_MAX_DEVICES];
 
-static g5_status read_device(int ordinal, cuk_device *d, g5_error *err) {
+/* Attribute queries only (cheap, and allowed while a stream is being captured: the first launch
+ * of a kernel may come inside a graph capture); the name through the device properties only
+ * where asked for (start-up, cuk_device_get). */
+static g5_status read_device(int ordinal, int with_name, cuk_device *d, g5_error *err) {
     memset(d, 0, sizeof *d);
     d->ordinal = ordinal;
-    cudaDeviceProp prop;
-    CUK_CHECK(cudaGetDeviceProperties(&prop, ordinal));
-    snprintf(d->name, sizeof d->name, "%s", prop.name);
-    d->cc_major = prop.major;
-    d->cc_minor = prop.minor;
-    d->sm_count = prop.multiProcessorCount;
-    d->smem_optin = prop.sharedMemPerBlockOptin;
-    d->smem_per_sm = prop.sharedMemPerMultiprocessor;
-    int cl = 0;
-    CUK_CHECK(cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, ordinal));
-    d->cluster_launch = cl != 0;
+    int v[6] = {0};
+    CUK_CHECK(cudaDeviceGetAttribute(&v[0], cudaDevAttrComputeCapabilityMajor, ordinal));
+    CUK_CHECK(cudaDeviceGetAttribute(&v[1], cudaDevAttrComputeCapabilityMinor, ordinal));
+    CUK_CHECK(cudaDeviceGetAttribute(&v[2], cudaDevAttrMultiProcessorCount, ordinal));
+    CUK_CHECK(cudaDeviceGetAttribute(&v[3], cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
+    CUK_CHECK(cudaDeviceGetAttribute(&v[4], cudaDevAttrMaxSharedMemoryPerMultiprocessor, ordinal));
+    CUK_CHECK(cudaDeviceGetAttribute(&v[5], cudaDevAttrClusterLaunch, ordinal));
+    d->cc_major = v[0];
+    d->cc_minor = v[1];
+    d->sm_count = v[2];
+    d->smem_optin = (size_t)v[3];
+    d->smem_per_sm = (size_t)v[4];
+    d->cluster_launch = v[5] != 0;
+    if (with_name) {
+        cudaDeviceProp prop;
+        CUK_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+        snprintf(d->name, sizeof d->name, "%s", prop.name);
+    } else {
+        snprintf(d->name, sizeof d->name, "CUDA device %d", ordinal);
+    }
     return G5_OK;
 }
 
-extern "C" g5_status cuk_device_get(int ordinal, cuk_device *out, g5_error *err) {
+/* g_have: 0 none, 1 read without the name, 2 with it. */
+static g5_status get(int ordinal, int with_name, cuk_device *out, g5_error *err) {
     if (ordinal < 0) return g5_fail(err, G5_ERR_INVALID_ARG, "device %d", ordinal);
     const int slot = ordinal < CUK_MAX_DEVICES ? ordinal : -1;
-    if (slot >= 0 && __atomic_load_n(&g_have[slot], __ATOMIC_ACQUIRE)) {
+    if (slot >= 0 && __atomic_load_n(&g_have[slot], __ATOMIC_ACQUIRE) >= 1 + with_name) {
         *out = g_dev[slot];
         return G5_OK;
     }
     cuk_device d;
-    g5_status st = read_device(ordinal, &d, err);
+    g5_status st = read_device(ordinal, with_name, &d, err);
     if (st) return st;
-    if (slot >= 0) {
+    if (slot >= 0 && __atomic_load_n(&g_have[slot], __ATOMIC_ACQUIRE) < 1 + with_name) {
         g_dev[slot] = d;
-        __atomic_store_n(&g_have[slot], 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_have[slot], 1 + with_name, __ATOMIC_RELEASE);
     }
     *out = d;
     return G5_OK;
 }
+
+extern "C" g5_status cuk_device_get(int ordinal, cuk_device *out, g5_error *err) { return get(ordinal, 1, out, err); }
 
 extern "C" const cuk_device *cuk_device_current(void) {
     int dev = 0;
@@ -52,7 +67,7 @@ extern "C" const cuk_device *cuk_device_current(void) {
     if (!__atomic_load_n(&g_have[dev], __ATOMIC_ACQUIRE)) {
         cuk_device d;
         g5_error e;
-        if (cuk_device_get(dev, &d, &e)) return NULL;
+        if (get(dev, 0, &d, &e)) return NULL;
     }
     return &g_dev[dev];
 }
