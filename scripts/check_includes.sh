@@ -4,7 +4,8 @@
 #
 #   format/          format/ only
 #   convert/         format/
-#   cuda/            format/quant.h (the type table) and format/status.h only
+#   cuda/            format/quant.h (the type table; format/quant_blocks.h, its decoders shared
+#                    with the device) and format/status.h only
 #   runtime/cpu/     format/
 #   runtime/text/    format/
 #   runtime/gpu/     runtime/cpu/, cuda/, format/
@@ -16,7 +17,8 @@
 # Besides: quoted includes name the file from the repository root ("runtime/cpu/model.h") or,
 # without a slash, a file of the same folder; never "..". A private header (*_int.h,
 # *_internal.cuh, *_impl.h) is included from its own folder only. CUDA, cuBLAS and NCCL headers
-# appear only in cuda/ and runtime/gpu/; <mpi.h> only in runtime/cpu/comm.c.
+# appear only in cuda/ and runtime/gpu/ (elsewhere only in a branch that nvcc alone takes:
+# #ifdef __CUDACC__); <mpi.h> only in runtime/cpu/comm.c.
 # ALLOW below lists the edges still waiting for their fix, each with the reason; one that no
 # longer occurs is reported so that it can be deleted.
 #
@@ -42,7 +44,7 @@ check() {
             \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null | sort)
     [ -n "$files" ] || { echo "check_includes: no library sources under $root"; return 1; }
     # shellcheck disable=SC2086
-    (cd "$root" && grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' $files) |
+    (cd "$root" && grep -HnE '^[[:space:]]*#[[:space:]]*(include[[:space:]]*[<"]|if|elif|else|endif)' $files) |
     awk -v allow="$allow" '
     function room(p,   a, n) {
         n = split(p, a, "/")
@@ -54,7 +56,7 @@ check() {
     BEGIN {
         ok["format"] = " format "
         ok["convert"] = " convert format "
-        ok["cuda"] = " cuda format/quant.h format/status.h "
+        ok["cuda"] = " cuda format/quant.h format/quant_blocks.h format/status.h "
         ok["runtime/cpu"] = " runtime/cpu format "
         ok["runtime/text"] = " runtime/text format "
         ok["runtime/gpu"] = " runtime/gpu runtime/cpu cuda format "
@@ -73,9 +75,16 @@ check() {
         rest = substr($0, length(file) + 2); line = rest; sub(/:.*/, "", line)
         text = substr(rest, length(line) + 2)
         from = room(file); sys = ""; inc = ""; target = ""; why = ""
+        if (file != cur) { cur = file; depth = 0 }
+        # if-nesting: guard[d] is 1 inside a branch that only nvcc takes (__CUDACC__ or __CUDA_ARCH__)
+        if (text ~ /^[ \t]*#[ \t]*if/) { guard[++depth] = text ~ /__CUDACC__|__CUDA_ARCH__/ && text !~ /!|ifndef/; next }
+        if (text ~ /^[ \t]*#[ \t]*(elif|else)/) { if (depth) guard[depth] = 0; next }
+        if (text ~ /^[ \t]*#[ \t]*endif/) { if (depth) depth--; next }
+        cudaonly = 0
+        for (i = 1; i <= depth; i++) if (guard[i]) cudaonly = 1
         if (match(text, /<[^>]*>/)) {
             sys = substr(text, RSTART + 1, RLENGTH - 2)
-            if (sys ~ /^(cuda|cublas|nccl|cooperative_groups|cub\/|mma\.h)/ && from != "cuda" && from != "runtime/gpu")
+            if (sys ~ /^(cuda|cublas|nccl|cooperative_groups|cub\/|mma\.h)/ && from != "cuda" && from != "runtime/gpu" && !cudaonly)
                 why = "<" sys "> outside cuda/ and runtime/gpu/"
             else if (sys == "mpi.h" && file != "runtime/cpu/comm.c")
                 why = "<mpi.h> outside runtime/cpu/comm.c"
@@ -177,6 +186,14 @@ if [ "$self" = 1 ]; then
     expect_fail cli-convert      runtime/cli/main_run.c '#include "convert/convert.h"'
     expect_fail dotdot           runtime/cpu/model.c   '#include "../../format/quant.h"'
     expect_fail mpi-elsewhere    runtime/cpu/model.c   '#include <mpi.h>'
+    expect_fail cuda-header-host format/quant.h        $'#ifdef __CUDACC__\n#else\n#include <cuda_fp16.h>\n#endif'
+    expect_fail cuda-header-not  format/quant.h        $'#ifndef __CUDACC__\n#include <cuda_fp16.h>\n#endif'
+    # a device-only branch may name a CUDA header outside cuda/ (format's decoders shared with it)
+    plant_clean
+    printf '#if defined(__CUDACC__)\n#include <cuda_fp16.h>\n#endif\n' >>"$tmp/t/format/quant.h"
+    if check "$tmp/t" "" >"$tmp/out" 2>&1; then passed=$((passed + 1)); else
+        echo "FAIL self-test nvcc-only branch:"; cat "$tmp/out"; failed=$((failed + 1))
+    fi
     # An allowance lets exactly its edge through.
     plant_clean
     printf '#include "runtime/cpu/model_impl.h"\n' >>"$tmp/t/runtime/gpu/gpu_model.c"
