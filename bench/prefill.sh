@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GLM-5 prefill of a 4096-token prompt at one TP 8 rank's shapes on one GPU, in one device call
 # (issue 6, benchmark 4): build tests/gpu/bench_decode and run its --prefill mode: tokens/s for
-# each product path (the prefill GEMM path with bf16, tf32, f32 compute, and the GEMV kernels),
+# each product path (the prefill GEMM path with f16, f32 compute, and the GEMV kernels),
 # the stage split, and the weight-product FLOP rate against cuBLAS bf16 GEMMs of the same shapes
 # measured in the same run (the matrix-unit utilization).
 #
@@ -9,7 +9,7 @@
 #
 # Environment: as bench/decode.sh (B, CC, DEPS, SKIP_BUILD, LIMIT, ARGS), plus LAYERS (default 78;
 # fewer are scaled to 78 by the stage split and say so), TOKENS (4096), GEMM (the variants,
-# default bf16,tf32,f32,gemv; "default" = as G5_PREFILL_GEMM says), CAP (seconds per variant
+# default f16,f32,gemv; "default" = the mode's own), CAP (seconds per variant
 # before the rest is extrapolated, default 30).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,6 @@ bench_header
 bench_build "$OUT/build_prefill.log" "$B/gpu/tests/bench_decode" || exit 3
 echo "== bench_decode --prefill"
 timeout "${LIMIT:-480}" "$B/gpu/tests/bench_decode" --prefill --layers "${LAYERS:-78}" \
-  --prefill-tokens "${TOKENS:-4096}" --gemm "${GEMM:-bf16,tf32,f32,gemv}" --prefill-cap "${CAP:-30}" ${ARGS:-}
+  --prefill-tokens "${TOKENS:-4096}" --gemm "${GEMM:-f16,f32,gemv}" --prefill-cap "${CAP:-30}" ${ARGS:-}
 echo "bench_decode rc=$? ; prefill.sh total ${SECONDS}s"
 } 2>&1 | tee "$OUT/prefill.log"

@@ -184,14 +184,35 @@ void convert_i_set_id(const shard_plan *p, const blob_source_desc *src, uint32_t
     XXH3_freeState(st);
 }
 
-g5_status convert_i_meta_image(const gguf_ctx *src, uint8_t **buf, uint64_t *len, g5_error *err) {
+/* The source's keys (split.* left out: the source table records the layout), with the indexer
+ * schedule as the plan resolved it: glm-dsa.attention.indexer.types always written (replacing
+ * the source's), glm5shard.indexer.source saying where it came from and, when shared layers'
+ * duplicate indexer tensors were left out, glm5shard.indexer.dropped saying so. */
+g5_status convert_i_meta_image(const gguf_ctx *src, const shard_plan *p, uint8_t **buf, uint64_t *len,
+                               g5_error *err) {
+    static const char tkey[] = GLM5_ARCH ".attention.indexer.types";
     gguf_writer *w = gguf_writer_create();
     if (!w) return g5_fail(err, G5_ERR_NOMEM, "metadata image");
     g5_status st = G5_OK;
     for (int64_t i = 0, n = gguf_get_n_kv(src); i < n && !st; i++) {
         const char *k = gguf_get_key(src, i);
-        if (strncmp(k, "split.", 6) == 0) continue;
+        if (strncmp(k, "split.", 6) == 0 || strcmp(k, tkey) == 0 || strncmp(k, "glm5shard.indexer.", 18) == 0)
+            continue;
         if ((st = gguf_writer_copy_kv(w, src, i))) g5_fail(err, st, "metadata: copying key '%s'", k);
+    }
+    const glm5_hparams *hp = &p->hp;
+    if (!st && (st = gguf_writer_set_arr(w, tkey, GGUF_VT_BOOL, hp->idx_full, hp->n_layer_main)))
+        g5_fail(err, st, "metadata: writing %s", tkey);
+    const char *why = glm5_idx_source_name(hp->idx_source);
+    if (!st && (st = gguf_writer_set_str(w, "glm5shard.indexer.source", why, strlen(why))))
+        g5_fail(err, st, "metadata: writing glm5shard.indexer.source");
+    if (!st && p->src_unused) {
+        char m[256];
+        snprintf(m, sizeof m, "%llu indexer tensors of shared layers (%llu bytes) left out: those layers "
+                 "reuse a full layer's top-k and never read them", (unsigned long long)p->src_unused,
+                 (unsigned long long)p->src_unused_bytes);
+        if ((st = gguf_writer_set_str(w, "glm5shard.indexer.dropped", m, strlen(m))))
+            g5_fail(err, st, "metadata: writing glm5shard.indexer.dropped");
     }
     if (!st && (st = gguf_writer_write_buffer(w, buf, len))) g5_fail(err, st, "metadata: serializing");
     gguf_writer_free(w);
@@ -590,7 +611,7 @@ g5_status convert_run_hooked(const char *model, const char *outdir, const conver
     res->source_tensor_bytes = p->src_tensor_bytes;
     res->n_tensors_in = p->n_src_tensors;
     res->n_tensors_out = p->n_tensors;
-    if ((st = convert_i_meta_image(src, &meta, &meta_len, err))) goto done;
+    if ((st = convert_i_meta_image(src, p, &meta, &meta_len, err))) goto done;
     if (opt->dry_run) goto done;
 
     res->ranks = calloc(p->tp, sizeof *res->ranks);

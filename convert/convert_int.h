@@ -47,7 +47,8 @@ void convert_i_set_id(const shard_plan *p, const blob_source_desc *src, uint32_t
 
 /* The metadata image carried by every blob: a tensor-less GGUF v3 with all of the source's kv
  * pairs except split.* (which describe the source's file layout, recorded in the source table). */
-g5_status convert_i_meta_image(const gguf_ctx *src, uint8_t **buf, uint64_t *len, g5_error *err);
+g5_status convert_i_meta_image(const gguf_ctx *src, const shard_plan *p, uint8_t **buf, uint64_t *len,
+                               g5_error *err);
 
 /* Blob tensor descriptors of the plan for rank r (names point into the plan). */
 void convert_i_writer_tensors(const shard_plan *p, uint32_t rank, blob_writer_tensor *out);

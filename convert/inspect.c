@@ -170,10 +170,15 @@ static json_t *hparams_json(const glm5_hparams *hp) {
     json_object_set_new(h, "expert_weights_norm", json_boolean(hp->expert_weights_norm));
     json_object_set_new(h, "rope_theta", json_real(hp->rope_theta));
     json_object_set_new(h, "rms_eps", json_real(hp->rms_eps));
-    uint32_t n_full = 0;
-    for (uint32_t il = 0; il < hp->n_layer_main && il < GLM5_MAX_LAYERS; il++)
-        n_full += hp->idx_full[il];
-    json_object_set_new(h, "indexer_full_layers", json_integer(n_full));
+    json_object_set_new(h, "indexer_full_layers", json_integer(glm5_n_idx_full(hp)));
+    json_object_set_new(h, "model_version", json_string(glm5_version_name(hp->version)));
+    char sched[1024];
+    glm5_idx_schedule_str(hp, sched, sizeof sched);
+    json_object_set_new(h, "indexer_schedule", json_string(sched));
+    json_object_set_new(h, "indexer_schedule_source", json_string(glm5_idx_source_name(hp->idx_source)));
+    json_t *types = json_array();
+    for (uint32_t il = 0; il < hp->n_layer_main; il++) json_array_append_new(types, json_boolean(hp->idx_full[il]));
+    json_object_set_new(h, "indexer_full", types);
     return h;
 }
 
@@ -215,6 +220,7 @@ static json_t *audit_glm5(const gguf_ctx *ctx) {
     json_object_set_new(a, "problems", json_array());
     json_object_set_new(a, "unknown", json_array());
     json_object_set_new(a, "missing", json_array());
+    json_object_set_new(a, "unused_shared_indexer", json_array()); /* duplicates a converter drops */
     json_object_set_new(a, "shape_mismatch", json_array());
     json_object_set_new(a, "unsupported_type", json_array());
     json_object_set_new(a, "groups", json_array());
@@ -241,6 +247,7 @@ static json_t *audit_glm5(const gguf_ctx *ctx) {
                 (unsigned long long)n_tok, hp->n_vocab);
 
     json_t *unknown = json_object_get(a, "unknown"), *missing = json_object_get(a, "missing");
+    json_t *unused = json_object_get(a, "unused_shared_indexer");
     json_t *shapes = json_object_get(a, "shape_mismatch");
     json_t *types = json_object_get(a, "unsupported_type"), *groups = json_object_get(a, "groups");
     const int64_t nt = gguf_get_n_tensors(ctx);
@@ -252,7 +259,8 @@ static json_t *audit_glm5(const gguf_ctx *ctx) {
             problem(a, "unknown tensor '%s' (not part of this GLM-5 model)", t->name);
             continue;
         }
-        add_group(groups, glm5_role_group(s.role), t->nbytes);
+        if (s.unused) json_array_append_new(unused, jstr(t->name, strlen(t->name)));
+        add_group(groups, s.unused ? "indexer, unused" : glm5_role_group(s.role), t->nbytes);
         int same = 1;
         for (int d = 0; d < 4; d++) same &= t->ne[d] == s.ne[d];
         if (!same) {
@@ -570,8 +578,13 @@ g5_status inspect_print_text(const json_t *r, const inspect_opts *o, FILE *f) {
                    "v_head %lld\n",
                 HV("n_head"), HV("q_lora"), HV("kv_lora"), HV("qk_nope"), HV("qk_rope"),
                 HV("v_head"));
-        fprintf(f, "  indexer: %lld heads x %lld, top_k %lld, %lld full layers\n",
-                HV("idx_n_head"), HV("idx_head_dim"), HV("idx_top_k"), HV("indexer_full_layers"));
+        fprintf(f, "  model: %s; RoPE theta %.6g\n", json_string_value(json_object_get(hp, "model_version")),
+                json_real_value(json_object_get(hp, "rope_theta")));
+        fprintf(f, "  indexer: %lld heads x %lld, top_k %lld, %lld of %lld main layers full (%s), the "
+                   "others share the previous full layer's top-k\n",
+                HV("idx_n_head"), HV("idx_head_dim"), HV("idx_top_k"), HV("indexer_full_layers"),
+                HV("n_layer_main"), json_string_value(json_object_get(hp, "indexer_schedule")));
+        fprintf(f, "  indexer schedule: %s\n", json_string_value(json_object_get(hp, "indexer_schedule_source")));
         fprintf(f, "  FFN: dense %lld; %lld experts of %lld, %lld used, %lld shared, groups %lld/%lld, "
                    "scale %.4g, gating %s\n",
                 HV("n_ff"), HV("n_expert"), HV("n_ff_exp"), HV("n_expert_used"),
@@ -592,6 +605,9 @@ g5_status inspect_print_text(const json_t *r, const inspect_opts *o, FILE *f) {
         const json_t *arr = json_object_get(a, lists[l]);
         fprintf(f, "  %s tensors: %zu\n", lists[l], json_array_size(arr));
     }
+    if (json_array_size(json_object_get(a, "unused_shared_indexer")))
+        fprintf(f, "  unused tensors: %zu (shared layers' duplicate indexer tensors; convert leaves them out)\n",
+                json_array_size(json_object_get(a, "unused_shared_indexer")));
     fprintf(f, "  shape mismatches: %zu, unsupported types: %zu\n",
             json_array_size(json_object_get(a, "shape_mismatch")),
             json_array_size(json_object_get(a, "unsupported_type")));
@@ -875,6 +891,12 @@ static void print_blobset_text(const json_t *r, FILE *f) {
                     (long long)json_integer_value(json_object_get(hp, "n_head")),
                     (long long)json_integer_value(json_object_get(hp, "n_expert")),
                     (long long)json_integer_value(json_object_get(hp, "n_vocab")));
+        if (json_is_object(hp))
+            fprintf(f, "         %s; indexer on %lld of %lld main layers (%s), the others share its top-k\n",
+                    json_string_value(json_object_get(hp, "model_version")),
+                    (long long)json_integer_value(json_object_get(hp, "indexer_full_layers")),
+                    (long long)json_integer_value(json_object_get(hp, "n_layer_main")),
+                    json_string_value(json_object_get(hp, "indexer_schedule")));
     }
     if (json_object_get(r, "plan")) {
         fprintf(f, "\nplan (per rank):\n");

@@ -422,6 +422,10 @@ static int cmd_convert(int argc, char **argv) {
         if (res->n_ranks_reused) printf("; %u ranks kept by --resume", res->n_ranks_reused);
         printf("\n");
     }
+    if (res->plan && res->plan->src_unused)
+        printf("left out: %" PRIu64 " indexer tensors of shared layers (%" PRIu64 " bytes): IndexShare layers reuse "
+               "a full layer's top-k and never read them (recorded as glm5shard.indexer.dropped)\n",
+               res->plan->src_unused, res->plan->src_unused_bytes);
     convert_result_free(res);
     if (fflush(stdout) != 0) return EXIT_ERROR;
     return rc;

@@ -231,6 +231,12 @@ static g5_status plan_core(const gguf_ctx *src, const shard_options *opt, shard_
         const gguf_tensor *g = gguf_get_tensor(src, ord[k].idx);
         int32_t layer;
         glm5_role role = glm5_classify(g->name, &layer);
+        if (layer >= 0 && glm5_role_is_indexer(role) && !glm5_layer_has_indexer(hp, (uint32_t)layer)) {
+            p->src_dropped++; /* not read: it is not part of the model */
+            p->src_unused++;
+            p->src_unused_bytes += g->nbytes;
+            continue;
+        }
         p->src_tensor_bytes += g->nbytes;
         shard_tensor *t = &p->tensors[nt];
         memset(t, 0, sizeof *t);

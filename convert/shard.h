@@ -62,7 +62,10 @@ typedef struct shard_plan {
     uint64_t data_size;       /* per-rank data region size (tensors padded to 4096) */
     uint64_t n_src_tensors;
     uint64_t src_tensor_bytes; /* all source tensor bytes (each read once) */
-    uint64_t src_dropped;     /* source tensors not carried (attn_k_b/attn_v_b) */
+    uint64_t src_dropped;     /* source tensors not carried (attn_k_b/attn_v_b, and the next) */
+    uint64_t src_unused;      /* shared layers' duplicate indexer tensors (IndexShare: those
+                               * layers reuse a full layer's top-k, the runtime never reads them) */
+    uint64_t src_unused_bytes;
 } shard_plan;
 
 typedef struct shard_options {

@@ -148,6 +148,8 @@ g5_status synth_hparams(const synth_opts *o, glm5_hparams *hp, g5_error *err) {
     hp->idx_n_head = d.idx_n_head;
     hp->idx_head_dim = d.idx_head_dim;
     hp->idx_top_k = d.idx_top_k;
+    hp->rope_scale_factor = 1.0f;
+    hp->idx_source = GLM5_IDX_SRC_KEY; /* the file states the schedule (all full) */
     memset(hp->idx_full, 1, sizeof hp->idx_full);
     return G5_OK;
 }

@@ -28,13 +28,14 @@ void cuk_blas_free(cuk_blas *b); /* accepts NULL; the device it was made on must
  *                  float32 products and sums, no TF32, no reduced-precision split-K.
  *   CUK_GEMM_TF32  float32 w and x, CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores round both
  *                  inputs to TF32 (10-bit mantissa), float32 accumulation.
- *   CUK_GEMM_BF16  bf16 w and x, float32 accumulation (CUBLAS_COMPUTE_32F). */
-enum { CUK_GEMM_F32 = 0, CUK_GEMM_TF32 = 1, CUK_GEMM_BF16 = 2 };
+ *   CUK_GEMM_BF16  bf16 w and x, float32 accumulation (CUBLAS_COMPUTE_32F).
+ *   CUK_GEMM_F16   fp16 w and x, float32 accumulation (CUBLAS_COMPUTE_32F). */
+enum { CUK_GEMM_F32 = 0, CUK_GEMM_TF32 = 1, CUK_GEMM_BF16 = 2, CUK_GEMM_F16 = 3 };
 
 /* y[t][i] = sum_j W[i][j] * x[t][j] for t < n, i < m, j < k (y overwritten). */
 typedef struct cuk_gemm_args {
     uint32_t mode;       /* CUK_GEMM_* */
-    const void *w;       /* [m][ldw]: float32 (F32, TF32) or bf16 (BF16) */
+    const void *w;       /* [m][ldw]: float32 (F32, TF32), bf16 (BF16) or fp16 (F16) */
     int64_t ldw;         /* >= k */
     const void *x;       /* [n][ldx], the same element type as w */
     int64_t ldx;         /* >= k */
@@ -46,6 +47,26 @@ typedef struct cuk_gemm_args {
 /* One cublasGemmEx on `stream` (the handle is set to it). Deterministic: the same shapes on the
  * same device and cuBLAS version give the same bits. */
 g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream stream, g5_error *err);
+
+/* The general form, column-major as cuBLAS: for b < batch,
+ *   C_b (m x n) = op(A_b) op(B_b) + beta C_b,  X_b = X + b * stride_x (elements),
+ * op(A) m x k (A k x m when trans_a), op(B) k x n (B n x k when trans_b); A and B both float32
+ * (F32, TF32) or both bf16 (BF16), C float32. One cublasGemmStridedBatchedEx (batch 1 included). */
+typedef struct cuk_gemm_ex_args {
+    uint32_t mode;               /* CUK_GEMM_* */
+    int trans_a, trans_b;
+    int64_t m, n, k;             /* each 1 .. INT32_MAX */
+    const void *a;
+    int64_t lda, stride_a;
+    const void *b;
+    int64_t ldb, stride_b;
+    float beta;
+    float *c;
+    int64_t ldc, stride_c;
+    int32_t batch;               /* >= 1 */
+} cuk_gemm_ex_args;
+
+g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_stream stream, g5_error *err);
 
 /* ---- MoE grouping ---- */
 

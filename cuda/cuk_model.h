@@ -34,6 +34,13 @@ g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t n_
                            const int32_t *rows, int64_t n, float *out, int64_t ldo,
                            cuk_stream stream, g5_error *err);
 
+/* cuk_dequant_rows with each value rounded once to out_type (CUK_BF16 or CUK_F16, nearest even)
+ * as it is stored: the fast-mode prefill GEMM's weight tiles, one pass, no float32 copy.
+ * out: [n][ldo] of out_type. */
+g5_status cuk_dequant_rows_16(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w,
+                              const int32_t *rows, int64_t n, void *out, uint32_t out_type, int64_t ldo,
+                              cuk_stream stream, g5_error *err);
+
 /* ---- elementwise ---- */
 
 /* Storage types of the latent cache (and of converted activations). */

@@ -130,11 +130,30 @@ extern "C" void cuk_blas_free(cuk_blas *b) {
     delete b;
 }
 
+/* The element and compute types of a mode, the handle bound to the stream, and the math mode
+ * (pedantic for F32: no TF32, no reduced-precision split-K). */
+static g5_status prepare(cuk_blas *b, uint32_t mode, cuk_stream stream, cudaDataType *in_t, cublasComputeType_t *ct,
+                         g5_error *err) {
+    if (mode != CUK_GEMM_F32 && mode != CUK_GEMM_TF32 && mode != CUK_GEMM_BF16 && mode != CUK_GEMM_F16)
+        return BAD("gemm: mode %u", mode);
+    *in_t = mode == CUK_GEMM_BF16 ? CUDA_R_16BF : mode == CUK_GEMM_F16 ? CUDA_R_16F : CUDA_R_32F;
+    *ct = mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
+          : mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                  : CUBLAS_COMPUTE_32F;
+    CUK_CHECK(cublasSetStream(b->h, (cudaStream_t)stream));
+    CUK_CHECK(cublasSetMathMode(b->h, mode == CUK_GEMM_F32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    return G5_OK;
+}
+
+#define CK_PREP(call)                                                                         \
+    do {                                                                                      \
+        const g5_status st_ = (call);                                                         \
+        if (st_) return st_;                                                                  \
+    } while (0)
+
 extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream stream, g5_error *err) {
     if (!b || !a) return BAD("gemm: NULL handle or arguments");
     if (!a->w || !a->x || !a->y) return BAD("gemm: NULL pointer");
-    if (a->mode != CUK_GEMM_F32 && a->mode != CUK_GEMM_TF32 && a->mode != CUK_GEMM_BF16)
-        return BAD("gemm: mode %u", a->mode);
     if (a->k < 1 || a->m < 1 || a->n < 1 || a->k > INT32_MAX || a->m > INT32_MAX || a->n > INT32_MAX)
         return BAD("gemm: k=%lld m=%lld n=%lld must be 1 .. INT32_MAX", (long long)a->k, (long long)a->m,
                    (long long)a->n);
@@ -142,19 +161,37 @@ extern "C" g5_status cuk_gemm(cuk_blas *b, const cuk_gemm_args *a, cuk_stream st
         a->ldy > INT32_MAX)
         return BAD("gemm: ldw=%lld ldx=%lld (k=%lld), ldy=%lld (m=%lld)", (long long)a->ldw, (long long)a->ldx,
                    (long long)a->k, (long long)a->ldy, (long long)a->m);
-    const bool bf = a->mode == CUK_GEMM_BF16;
-    const cudaDataType in_t = bf ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasComputeType_t ct = a->mode == CUK_GEMM_F32    ? CUBLAS_COMPUTE_32F_PEDANTIC
-                                   : a->mode == CUK_GEMM_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                              : CUBLAS_COMPUTE_32F;
-    CUK_CHECK(cublasSetStream(b->h, (cudaStream_t)stream));
-    CUK_CHECK(cublasSetMathMode(b->h, a->mode == CUK_GEMM_F32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    cudaDataType in_t;
+    cublasComputeType_t ct;
+    CK_PREP(prepare(b, a->mode, stream, &in_t, &ct, err));
     const float one = 1.0f, zero = 0.0f;
     /* Row-major y[n][m] = x[n][k] W[m][k]^T is, column-major, y^T (m x n) = W^T' x^T: W's rows
      * are the columns of a k x m matrix (lda = ldw), taken transposed. */
     CUK_CHECK(cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->m, (int)a->n, (int)a->k, &one, a->w, in_t,
                            (int)a->ldw, a->x, in_t, (int)a->ldx, &zero, a->y, CUDA_R_32F, (int)a->ldy, ct,
                            CUBLAS_GEMM_DEFAULT));
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_gemm_ex(cuk_blas *b, const cuk_gemm_ex_args *a, cuk_stream stream, g5_error *err) {
+    if (!b || !a) return BAD("gemm_ex: NULL handle or arguments");
+    if (!a->a || !a->b || !a->c) return BAD("gemm_ex: NULL pointer");
+    if (a->k < 1 || a->m < 1 || a->n < 1 || a->batch < 1 || a->k > INT32_MAX || a->m > INT32_MAX || a->n > INT32_MAX)
+        return BAD("gemm_ex: k=%lld m=%lld n=%lld batch=%d", (long long)a->k, (long long)a->m, (long long)a->n,
+                   a->batch);
+    const int64_t ra = a->trans_a ? a->k : a->m, rb = a->trans_b ? a->n : a->k;
+    if (a->lda < ra || a->ldb < rb || a->ldc < a->m || a->lda > INT32_MAX || a->ldb > INT32_MAX || a->ldc > INT32_MAX)
+        return BAD("gemm_ex: lda=%lld ldb=%lld ldc=%lld for m=%lld n=%lld k=%lld", (long long)a->lda,
+                   (long long)a->ldb, (long long)a->ldc, (long long)a->m, (long long)a->n, (long long)a->k);
+    cudaDataType in_t;
+    cublasComputeType_t ct;
+    CK_PREP(prepare(b, a->mode, stream, &in_t, &ct, err));
+    const float one = 1.0f;
+    CUK_CHECK(cublasGemmStridedBatchedEx(b->h, a->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, (int)a->m, (int)a->n, (int)a->k, &one,
+                                         a->a, in_t, (int)a->lda, a->stride_a, a->b, in_t, (int)a->ldb, a->stride_b,
+                                         &a->beta, a->c, CUDA_R_32F, (int)a->ldc, a->stride_c, a->batch, ct,
+                                         CUBLAS_GEMM_DEFAULT));
     return G5_OK;
 }
 

@@ -66,6 +66,14 @@ $(GPU_GRAPH_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_graph.o $(GPU_RT_OBJ) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
+# tests/gpu/test_gpu_glm52: GLM-5.2 (IndexShare) in precise mode against transformers
+# (tests/data/glm52-tiny); linked like test_gpu_model (it needs the whole runtime).
+GPU_GLM52_TEST := $(GPU_DIR)/tests/test_gpu_glm52
+gpu-model: $(GPU_GLM52_TEST)
+$(GPU_GLM52_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_glm52.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
+
 # tests/gpu/test_gpu_mtp: the NextN/MTP block on the GPU (runtime/gpu/gpu_mtp.c) against
 # rt_model_mtp on the oracle; linked like test_gpu_model (it needs the whole runtime).
 GPU_MTP_TEST := $(GPU_DIR)/tests/test_gpu_mtp

@@ -169,30 +169,37 @@ __device__ void deq_block(uint32_t type, const uint8_t *b, float *y) {
     }
 }
 
-/* One thread per (row, block). Float types use pseudo-blocks of 8 elements. */
+/* One thread per (row, block). Float types use pseudo-blocks of 8 elements. OutT float: the
+ * CPU's values bit for bit; OutT __nv_bfloat16: the same values rounded to nearest even (the
+ * fast-mode prefill GEMM's weight tiles, written without a float32 copy). */
+__device__ __forceinline__ void put_out(float *y, int j, float v) { y[j] = v; }
+__device__ __forceinline__ void put_out(__nv_bfloat16 *y, int j, float v) { y[j] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void put_out(__half *y, int j, float v) { y[j] = __float2half_rn(v); }
+
+template <typename OutT>
 __global__ void k_dequant_rows(uint32_t type, const uint8_t *__restrict__ w, int64_t row_bytes,
                                int64_t n_rows_w, const int32_t *__restrict__ rows, int64_t n,
-                               int64_t nblk, int blk, int bb, float *__restrict__ out, int64_t ldo) {
+                               int64_t nblk, int blk, int bb, OutT *__restrict__ out, int64_t ldo) {
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n * nblk) return;
     const int64_t i = g / nblk, bi = g % nblk;
     const int64_t r = rows ? (int64_t)rows[i] : i;
-    float *y = out + i * ldo + bi * blk;
+    OutT *y = out + i * ldo + bi * blk;
     if (r < 0 || r >= n_rows_w) {
-        for (int j = 0; j < blk; j++) y[j] = __int_as_float(0x7fc00000);
+        for (int j = 0; j < blk; j++) put_out(y, j, __int_as_float(0x7fc00000));
         return;
     }
     const uint8_t *b = w + r * row_bytes + bi * (int64_t)bb;
     if (type == QT_F32) {
-        for (int j = 0; j < blk; j++) y[j] = __uint_as_float(rd32(b + 4 * j));
+        for (int j = 0; j < blk; j++) put_out(y, j, __uint_as_float(rd32(b + 4 * j)));
     } else if (type == QT_F16) {
-        for (int j = 0; j < blk; j++) y[j] = rdh(b + 2 * j);
+        for (int j = 0; j < blk; j++) put_out(y, j, rdh(b + 2 * j));
     } else if (type == QT_BF16) {
-        for (int j = 0; j < blk; j++) y[j] = __uint_as_float(rd16(b + 2 * j) << 16);
+        for (int j = 0; j < blk; j++) put_out(y, j, __uint_as_float(rd16(b + 2 * j) << 16));
     } else {
         float tmp[256];
         deq_block(type, b, tmp);
-        for (int j = 0; j < blk; j++) y[j] = tmp[j];
+        for (int j = 0; j < blk; j++) put_out(y, j, tmp[j]);
     }
 }
 
@@ -537,10 +544,44 @@ unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) 
 
 } // namespace
 
-extern "C" g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k,
-                                      int64_t n_rows_w, const int32_t *rows, int64_t n,
-                                      float *out, int64_t ldo, cuk_stream stream,
-                                      g5_error *err) {
+/* Grid: one warp (DQ_W threads) per DQ_W consecutive (row, block) pairs of a quantized type
+ * (blocks of 32 or 256 elements). Each thread decodes its block with deq_block straight into
+ * shared memory (rows padded by one float: the threads' writes of one index fall in distinct
+ * banks), then the warp stores the DQ_W blocks, each as 32-lane runs of consecutive elements, so
+ * the 16-bit tiles are written coalesced and no per-thread stack array exists. Same values as
+ * k_dequant_rows, rounded once to OutT. */
+constexpr int DQ_W = 32;
+
+template <typename OutT>
+__global__ void __launch_bounds__(DQ_W)
+    k_dequant_rows_sh(uint32_t type, const uint8_t *__restrict__ w, int64_t row_bytes, int64_t n_rows_w,
+                      const int32_t *__restrict__ rows, int64_t n, int64_t nblk, int blk, int bb,
+                      OutT *__restrict__ out, int64_t ldo) {
+    __shared__ float sh[DQ_W * 257];
+    const int lane = threadIdx.x;
+    const int64_t g0 = (int64_t)blockIdx.x * DQ_W, g = g0 + lane, total = n * nblk;
+    if (g < total) {
+        const int64_t i = g / nblk, bi = g % nblk;
+        const int64_t r = rows ? (int64_t)rows[i] : i;
+        float *y = sh + lane * 257;
+        if (r < 0 || r >= n_rows_w) {
+            for (int j = 0; j < blk; j++) y[j] = __int_as_float(0x7fc00000);
+        } else {
+            deq_block(type, w + r * row_bytes + bi * (int64_t)bb, y);
+        }
+    }
+    __syncwarp();
+    for (int u = 0; u < DQ_W && g0 + u < total; u++) {
+        const int64_t gu = g0 + u, i = gu / nblk, bi = gu % nblk;
+        OutT *y = out + i * ldo + bi * blk;
+        const float *src = sh + u * 257;
+        for (int j = lane; j < blk; j += DQ_W) put_out(y, j, src[j]);
+    }
+}
+
+template <typename OutT>
+static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w, const int32_t *rows,
+                              int64_t n, OutT *out, int64_t ldo, cuk_stream stream, g5_error *err) {
     if (!cuk_gemv_supported(w_type)) return BAD("dequant_rows: type %u (%s) not supported", w_type, quant_type_name(w_type));
     if (!w || !out) return BAD("dequant_rows: NULL pointer");
     if (n < 1 || k < 1 || n_rows_w < 1) return BAD("dequant_rows: n=%lld k=%lld n_rows_w=%lld must be positive", (long long)n, (long long)k, (long long)n_rows_w);
@@ -556,10 +597,29 @@ extern "C" g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k,
     if (quant_row_bytes(w_type, (uint64_t)k, &row_bytes)) return BAD("dequant_rows: row bytes of k=%lld", (long long)k);
     const int64_t nblk = k / blk;
     if (n > INT64_MAX / nblk) return BAD("dequant_rows: n * blocks overflows");
-    k_dequant_rows<<<grid_for(n * nblk, 128), 128, 0, (cudaStream_t)stream>>>(
-        w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
+    if (sizeof(OutT) == 2 && blk >= DQ_W)
+        k_dequant_rows_sh<OutT><<<grid_for(n * nblk, DQ_W), DQ_W, 0, (cudaStream_t)stream>>>(
+            w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
+    else
+        k_dequant_rows<OutT><<<grid_for(n * nblk, 128), 128, 0, (cudaStream_t)stream>>>(
+            w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
     CUK_CHECK_LAUNCH("dequant_rows");
     return G5_OK;
+}
+
+extern "C" g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k,
+                                      int64_t n_rows_w, const int32_t *rows, int64_t n,
+                                      float *out, int64_t ldo, cuk_stream stream,
+                                      g5_error *err) {
+    return dequant_rows(w_type, w, k, n_rows_w, rows, n, out, ldo, stream, err);
+}
+
+extern "C" g5_status cuk_dequant_rows_16(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w,
+                                         const int32_t *rows, int64_t n, void *out, uint32_t out_type, int64_t ldo,
+                                         cuk_stream stream, g5_error *err) {
+    if (out_type == CUK_BF16) return dequant_rows(w_type, w, k, n_rows_w, rows, n, (__nv_bfloat16 *)out, ldo, stream, err);
+    if (out_type == CUK_F16) return dequant_rows(w_type, w, k, n_rows_w, rows, n, (__half *)out, ldo, stream, err);
+    return BAD("dequant_rows_16: out_type %u (bf16 or f16)", out_type);
 }
 
 extern "C" g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, int64_t ldu,

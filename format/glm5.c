@@ -1,5 +1,6 @@
 #include "glm5.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,10 @@ static g5_status hp_f32(const gguf_ctx *ctx, const char *suffix, float *out, int
     if (st == G5_OK) *out = (float)d;
     return st;
 }
+
+static g5_status rope_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err);
+static uint32_t version_of(const gguf_ctx *ctx, const glm5_hparams *hp);
+static g5_status schedule_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err);
 
 g5_status glm5_hparams_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err) {
     memset(hp, 0, sizeof *hp);
@@ -131,8 +136,107 @@ g5_status glm5_hparams_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err
         return g5_fail(err, G5_ERR_MODEL, GLM5_ARCH ".expert_gating_func = %u (1 softmax, 2 sigmoid)",
                        hp->expert_gating_func);
 
-    memset(hp->idx_full, 1, sizeof hp->idx_full);
+    if ((st = rope_read(ctx, hp, err))) return st;
+    hp->version = version_of(ctx, hp);
+    return schedule_read(ctx, hp, err);
+}
+
+/* ---- version, RoPE and the indexer schedule ---- */
+
+const char *glm5_version_name(uint32_t v) {
+    return v == GLM5_VERSION_5 ? "GLM-5" : v == GLM5_VERSION_5_1 ? "GLM-5.1"
+         : v == GLM5_VERSION_5_2 ? "GLM-5.2" : "GLM-5 family";
+}
+
+const char *glm5_idx_source_name(uint32_t src) {
+    switch (src) {
+    case GLM5_IDX_SRC_KEY: return "metadata key " GLM5_ARCH ".attention.indexer.types";
+    case GLM5_IDX_SRC_TENSORS: return "inferred from the layers that carry indexer tensors";
+    case GLM5_IDX_SRC_GLM52: return "inferred: GLM-5.2's published schedule (offset 3, every 4th)";
+    default: return "every layer (no IndexShare)";
+    }
+}
+
+/* A version named in one general.* string: "GLM-5.2", "glm5.1", "GLM_5", "GLM 5.2-FP8". */
+static uint32_t version_in(const char *s, uint64_t n) {
+    for (uint64_t i = 0; i + 3 < n; i++) {
+        if ((s[i] | 32) != 'g' || (s[i + 1] | 32) != 'l' || (s[i + 2] | 32) != 'm') continue;
+        uint64_t j = i + 3;
+        if (j < n && (s[j] == '-' || s[j] == '_' || s[j] == ' ')) j++;
+        if (j >= n || s[j] != '5') continue;
+        j++;
+        if (j < n && s[j] >= '0' && s[j] <= '9') continue; /* GLM-50 is not GLM-5 */
+        if (j + 1 < n && s[j] == '.' && s[j + 1] >= '0' && s[j + 1] <= '9') {
+            if (j + 2 < n && s[j + 2] >= '0' && s[j + 2] <= '9') return GLM5_VERSION_UNKNOWN;
+            return s[j + 1] == '2' ? GLM5_VERSION_5_2 : s[j + 1] == '1' ? GLM5_VERSION_5_1
+                 : s[j + 1] == '0' ? GLM5_VERSION_5 : 100u + (uint32_t)(s[j + 1] - '0');
+        }
+        return GLM5_VERSION_5;
+    }
+    return GLM5_VERSION_UNKNOWN;
+}
+
+/* From general.name / basename / finetune; otherwise GLM-5.2's hyperparameters (rope_theta 8e6,
+ * context 1,048,576) name it; values >= 100 are a later "GLM-5.x" this code does not know. */
+static uint32_t version_of(const gguf_ctx *ctx, const glm5_hparams *hp) {
+    static const char *const keys[] = {"general.basename", "general.name", "general.finetune"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        const char *v;
+        uint64_t n;
+        if (gguf_find_key(ctx, keys[k]) < 0 || gguf_get_str(ctx, keys[k], &v, &n, NULL) != G5_OK) continue;
+        uint32_t ver = version_in(v, n);
+        if (ver != GLM5_VERSION_UNKNOWN) return ver;
+    }
+    if (hp->n_ctx_train == 1048576u && hp->rope_theta == 8e6f) return GLM5_VERSION_5_2;
+    return GLM5_VERSION_UNKNOWN;
+}
+
+/* GLM-5, 5.1 and 5.2 declare no RoPE scaling (rope_parameters.rope_type "default"); a file that
+ * declares one is refused rather than run with positions it was not trained on. */
+static g5_status rope_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err) {
+    g5_status st;
+    hp->rope_scaling = GLM5_ROPE_SCALING_NONE;
+    hp->rope_scale_factor = 1.0f;
+    const char *tkey = GLM5_ARCH ".rope.scaling.type";
+    if ((st = hp_f32(ctx, "rope.scaling.factor", &hp->rope_scale_factor, 0, 1.0f, err))) return st;
+    if ((st = hp_u32(ctx, "rope.scaling.original_context_length", &hp->rope_orig_ctx, 0, 0, err))) return st;
+    int none = 1;
+    if (gguf_find_key(ctx, tkey) >= 0) {
+        const char *v;
+        uint64_t n;
+        if ((st = gguf_get_str(ctx, tkey, &v, &n, err))) return st;
+        none = n == 4 && !memcmp(v, "none", 4);
+        if (!none)
+            return g5_fail(err, G5_ERR_UNSUPPORTED, "%s = '%.*s': RoPE scaling is not implemented (GLM-5, "
+                           "5.1 and 5.2 declare none)", tkey, (int)(n > 32 ? 32 : n), v);
+    }
+    if (hp->rope_scale_factor != 1.0f)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, GLM5_ARCH ".rope.scaling.factor = %g: RoPE scaling is not "
+                       "implemented (GLM-5, 5.1 and 5.2 declare none)", (double)hp->rope_scale_factor);
+    if (!(hp->rope_theta > 1.0f) || !isfinite(hp->rope_theta))
+        return g5_fail(err, G5_ERR_MODEL, GLM5_ARCH ".rope.freq_base = %g (must be finite and > 1)",
+                       (double)hp->rope_theta);
+    return G5_OK;
+}
+
+/* Which of layer il's five indexer tensors the file carries (a bit per role). */
+static unsigned idx_tensors_in(const gguf_ctx *ctx, uint32_t il) {
+    static const char *const names[] = {"indexer.attn_q_b.weight", "indexer.attn_k.weight",
+                                        "indexer.k_norm.weight", "indexer.k_norm.bias",
+                                        "indexer.proj.weight"};
+    unsigned m = 0;
+    for (unsigned k = 0; k < 5; k++) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "blk.%u.%s", il, names[k]);
+        if (gguf_find_tensor(ctx, nm)) m |= 1u << k;
+    }
+    return m;
+}
+
+static g5_status schedule_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err) {
+    g5_status st;
     const char *tkey = GLM5_ARCH ".attention.indexer.types";
+    memset(hp->idx_full, 1, sizeof hp->idx_full);
     if (gguf_find_key(ctx, tkey) >= 0) {
         gguf_vtype et;
         uint64_t n;
@@ -145,12 +249,86 @@ g5_status glm5_hparams_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err
             return g5_fail(err, G5_ERR_MODEL, "%s has %llu entries, expected %u", tkey,
                            (unsigned long long)n, hp->n_layer_main);
         if ((st = gguf_get_arr_data(ctx, tkey, &data, err))) return st;
-        for (uint64_t i = 0; i < n; i++) hp->idx_full[i] = ((const uint8_t *)data)[i] ? 1 : 0;
+        /* an entry for a NextN block is ignored: it always runs its own indexer */
+        for (uint64_t i = 0; i < hp->n_layer_main; i++) hp->idx_full[i] = ((const uint8_t *)data)[i] ? 1 : 0;
         if (!hp->idx_full[0])
             return g5_fail(err, G5_ERR_MODEL, "%s: layer 0 is 'shared' but has no layer to share from",
                            tkey);
+        hp->idx_source = GLM5_IDX_SRC_KEY;
+        return G5_OK;
     }
+    /* No key. A file with tensors (not a blob's metadata image) tells which layers carry them. */
+    if (gguf_get_n_tensors(ctx) > 0) {
+        uint32_t n_with = 0;
+        for (uint32_t il = 0; il < hp->n_layer_main; il++) {
+            unsigned m = idx_tensors_in(ctx, il);
+            if (m != 0 && m != 0x1f)
+                return g5_fail(err, G5_ERR_MODEL,
+                               "layer %u carries only some of its indexer tensors and the file has no %s: "
+                               "cannot tell whether it is a full or a shared layer", il, tkey);
+            hp->idx_full[il] = m == 0x1f;
+            n_with += hp->idx_full[il];
+        }
+        if (n_with < hp->n_layer_main) {
+            if (!hp->idx_full[0])
+                return g5_fail(err, G5_ERR_MODEL, "layer 0 has no indexer tensors (and no %s): the first "
+                               "layer must run the indexer", tkey);
+            if (hp->version == GLM5_VERSION_5 || hp->version == GLM5_VERSION_5_1)
+                return g5_fail(err, G5_ERR_MODEL, "the file names %s, which runs the indexer on every layer, "
+                               "but %u of %u layers carry no indexer tensors",
+                               glm5_version_name(hp->version), hp->n_layer_main - n_with, hp->n_layer_main);
+            hp->idx_source = GLM5_IDX_SRC_TENSORS;
+            return G5_OK;
+        }
+        memset(hp->idx_full, 1, sizeof hp->idx_full);
+    }
+    if (hp->version >= 100u)
+        return g5_fail(err, G5_ERR_MODEL, "the file names GLM-5.%u, whose indexer schedule is not known "
+                       "here, and has no %s", hp->version - 100u, tkey);
+    if (hp->version == GLM5_VERSION_5_2) {
+        /* Published GLM-5.2 GGUFs duplicate the indexer on every layer and carry no key; their
+         * config.json says layers < 3 and then every 4th run it (llama.cpp's and SGLang's rule). */
+        for (uint32_t il = 0; il < hp->n_layer_main; il++)
+            hp->idx_full[il] = il < GLM5_52_SKIP_OFFSET ||
+                               (il - GLM5_52_SKIP_OFFSET) % GLM5_52_TOPK_FREQ == GLM5_52_TOPK_FREQ - 1;
+        hp->idx_source = GLM5_IDX_SRC_GLM52;
+        return G5_OK;
+    }
+    hp->idx_source = GLM5_IDX_SRC_ALL_FULL;
     return G5_OK;
+}
+
+uint32_t glm5_idx_src_layer(const glm5_hparams *hp, uint32_t il) {
+    if (il >= hp->n_layer_main) return il;
+    while (il > 0 && !hp->idx_full[il]) il--;
+    return il;
+}
+
+uint32_t glm5_n_idx_full(const glm5_hparams *hp) {
+    uint32_t n = 0;
+    for (uint32_t il = 0; il < hp->n_layer_main; il++) n += hp->idx_full[il];
+    return n;
+}
+
+void glm5_idx_schedule_str(const glm5_hparams *hp, char *buf, size_t cap) {
+    size_t o = 0;
+    if (!cap) return;
+    buf[0] = 0;
+    for (uint32_t il = 0; il < hp->n_layer_main; il++) {
+        if (!hp->idx_full[il]) continue;
+        uint32_t e = il;
+        while (e + 1 < hp->n_layer_main && hp->idx_full[e + 1]) e++;
+        char item[32];
+        int k = e > il ? snprintf(item, sizeof item, "%s%u-%u", o ? "," : "", il, e)
+                       : snprintf(item, sizeof item, "%s%u", o ? "," : "", il);
+        if (o + (size_t)k + 4 >= cap) {
+            snprintf(buf + o, cap - o, ",...");
+            return;
+        }
+        memcpy(buf + o, item, (size_t)k + 1);
+        o += (size_t)k;
+        il = e;
+    }
 }
 
 /* ---- roles ---- */
@@ -220,6 +398,11 @@ const char *glm5_role_name(glm5_role r) {
 const char *glm5_role_group(glm5_role r) {
     const role_desc *d = role_find(r);
     return d ? d->group : "unknown";
+}
+
+int glm5_role_is_indexer(glm5_role r) {
+    return r == GLM5_ROLE_IDX_Q_B || r == GLM5_ROLE_IDX_K || r == GLM5_ROLE_IDX_K_NORM ||
+           r == GLM5_ROLE_IDX_K_NORM_BIAS || r == GLM5_ROLE_IDX_PROJ;
 }
 
 glm5_role glm5_classify(const char *name, int32_t *layer) {
@@ -302,8 +485,10 @@ static size_t layer_roles(const glm5_hparams *hp, uint32_t il, glm5_role *out, i
     ADD(GLM5_ROLE_ATTN_Q_B, 0); ADD(GLM5_ROLE_ATTN_KV_A, 0); ADD(GLM5_ROLE_ATTN_KV_A_NORM, 0);
     ADD(GLM5_ROLE_ATTN_K_B, 0); ADD(GLM5_ROLE_ATTN_V_B, 0); ADD(GLM5_ROLE_ATTN_KV_B, 1);
     ADD(GLM5_ROLE_ATTN_OUT, 0);
-    ADD(GLM5_ROLE_IDX_Q_B, 0); ADD(GLM5_ROLE_IDX_K, 0); ADD(GLM5_ROLE_IDX_K_NORM, 0);
-    ADD(GLM5_ROLE_IDX_K_NORM_BIAS, 0); ADD(GLM5_ROLE_IDX_PROJ, 0);
+    if (glm5_layer_has_indexer(hp, il)) { /* shared layers reuse an earlier layer's top-k */
+        ADD(GLM5_ROLE_IDX_Q_B, 0); ADD(GLM5_ROLE_IDX_K, 0); ADD(GLM5_ROLE_IDX_K_NORM, 0);
+        ADD(GLM5_ROLE_IDX_K_NORM_BIAS, 0); ADD(GLM5_ROLE_IDX_PROJ, 0);
+    }
     ADD(GLM5_ROLE_FFN_NORM, 0);
     if (glm5_layer_is_dense(hp, il)) {
         ADD(GLM5_ROLE_FFN_GATE, 0); ADD(GLM5_ROLE_FFN_UP, 0); ADD(GLM5_ROLE_FFN_DOWN, 0);
@@ -385,6 +570,11 @@ g5_status glm5_spec_for(const glm5_hparams *hp, const char *name, glm5_tensor_sp
             fill_spec(hp, r, layer, opt[k], out);
             return G5_OK;
         }
+    if (glm5_role_is_indexer(r) && !glm5_layer_has_indexer(hp, (uint32_t)layer)) {
+        fill_spec(hp, r, layer, 1, out);
+        out->unused = 1;
+        return G5_OK;
+    }
     return G5_ERR_NOT_FOUND;
 }
 

@@ -42,10 +42,46 @@ typedef struct glm5_hparams {
     uint32_t idx_n_head;       /* attention.indexer.head_count */
     uint32_t idx_head_dim;     /* attention.indexer.key_length */
     uint32_t idx_top_k;        /* attention.indexer.top_k */
+    /* RoPE as the file states it (rope.freq_base; GLM-5.2's rope_parameters.rope_theta is written
+     * there by the converters) and any declared long-context scaling. */
+    uint32_t rope_scaling;     /* GLM5_ROPE_SCALING_NONE: any other declared type is refused */
+    float rope_scale_factor;   /* rope.scaling.factor (1; another value is refused) */
+    uint32_t rope_orig_ctx;    /* rope.scaling.original_context_length (0 when absent) */
+    uint32_t version;          /* GLM5_VERSION_*: from general.* names or the hyperparameters */
+    uint32_t idx_source;       /* GLM5_IDX_SRC_*: how the indexer schedule was determined */
     /* Per main layer: 1 if the layer runs its own indexer ("full"), 0 if it reuses the previous
-     * full layer's top-k choice ("shared"). All 1 when the key is absent. */
+     * full layer's top-k choice ("shared"); NextN blocks always run their own. See
+     * specs/model-family.md for how it is read or inferred. */
     uint8_t idx_full[GLM5_MAX_LAYERS];
 } glm5_hparams;
+
+enum { GLM5_ROPE_SCALING_NONE = 0 };
+enum { GLM5_VERSION_UNKNOWN = 0, GLM5_VERSION_5 = 1, GLM5_VERSION_5_1 = 2, GLM5_VERSION_5_2 = 3 };
+enum {
+    GLM5_IDX_SRC_KEY = 0,      /* glm-dsa.attention.indexer.types */
+    GLM5_IDX_SRC_TENSORS = 1,  /* inferred: the layers that carry indexer tensors */
+    GLM5_IDX_SRC_GLM52 = 2,    /* inferred: GLM-5.2's published schedule (file says GLM-5.2) */
+    GLM5_IDX_SRC_ALL_FULL = 3  /* GLM-5 / GLM-5.1 (and DeepSeek-V3.2-style files): every layer */
+};
+/* GLM-5.2's config.json: index_skip_topk_offset 3, index_topk_freq 4 (layers 0, 1, 2 full, then
+ * every 4th: 6, 10, ..., 74; 21 of 78). */
+#define GLM5_52_SKIP_OFFSET 3u
+#define GLM5_52_TOPK_FREQ 4u
+
+/* "GLM-5", "GLM-5.1", "GLM-5.2", or "GLM-5 family" when unknown. */
+const char *glm5_version_name(uint32_t version);
+/* "metadata key", "indexer tensors present", "GLM-5.2 published schedule", "every layer". */
+const char *glm5_idx_source_name(uint32_t src);
+/* The layer whose top-k layer il uses (il itself for full layers and NextN blocks). */
+uint32_t glm5_idx_src_layer(const glm5_hparams *hp, uint32_t il);
+/* Number of main layers that run their own indexer. */
+uint32_t glm5_n_idx_full(const glm5_hparams *hp);
+/* Whether layer il runs an indexer (a full main layer or a NextN block). */
+static inline int glm5_layer_has_indexer(const glm5_hparams *hp, uint32_t il) {
+    return il >= hp->n_layer_main || hp->idx_full[il];
+}
+/* The full layers as ranges, "0-2,6,10,14" (truncated with "..." to cap). */
+void glm5_idx_schedule_str(const glm5_hparams *hp, char *buf, size_t cap);
 
 /* Reads and validates the hyperparameters (general.architecture must be glm-dsa). Every missing
  * or inconsistent key is named in the error. */
@@ -104,6 +140,7 @@ const char *glm5_role_name(glm5_role r);  /* "attn_q_b" */
 /* The audit's coarse group: "attention", "indexer", "dense FFN", "experts", "shared expert",
  * "router", "NextN block", "norms", "embedding/output". */
 const char *glm5_role_group(glm5_role r);
+int glm5_role_is_indexer(glm5_role r);
 
 typedef struct glm5_tensor_spec {
     char name[96];
@@ -112,6 +149,8 @@ typedef struct glm5_tensor_spec {
     uint32_t n_dims;
     uint64_t ne[4];
     int optional;              /* may be absent from a GGUF */
+    int unused;                /* part of the file but not of the model: a shared layer's
+                                  indexer tensor (IndexShare; the runtime never reads it) */
 } glm5_tensor_spec;
 
 /* Number of expected tensors (optional ones included) and the i-th one, in a fixed order:
@@ -120,7 +159,9 @@ uint64_t glm5_n_expected(const glm5_hparams *hp);
 g5_status glm5_expected_tensor(const glm5_hparams *hp, uint64_t i, glm5_tensor_spec *out);
 /* Classifies a tensor name; *layer = -1 for globals. GLM5_ROLE_UNKNOWN if it matches nothing. */
 glm5_role glm5_classify(const char *name, int32_t *layer);
-/* The expected spec for a name (role, shape). G5_ERR_NOT_FOUND if not part of the model. */
+/* The expected spec for a name (role, shape). G5_ERR_NOT_FOUND if not part of the model. A
+ * shared layer's indexer tensor gets its spec with unused = 1 (such layers are not expected to
+ * carry them, but published GGUFs duplicate them there). */
 g5_status glm5_spec_for(const glm5_hparams *hp, const char *name, glm5_tensor_spec *out);
 
 /* Rebuilds HF's kv_b_proj for heads [h0, h1) of one layer, as float32 rows:

@@ -236,7 +236,18 @@ static double check_set(const char *model, const char *dir, uint32_t tp, int ep,
         int64_t j = gguf_find_key(m, k);
         same += j >= 0 && values_equal(src, i, m, j);
     }
-    T_CHECK(same == n_src_kv && gguf_get_n_kv(m) == n_src_kv, "metadata: %lld of %lld keys equal, blob has %lld",
+    /* plus the resolved indexer schedule (specs/blob-format.md "Metadata") */
+    int64_t extra = 0;
+    for (int64_t j = 0; j < gguf_get_n_kv(m); j++) {
+        const char *k = gguf_get_key(m, j);
+        if (gguf_find_key(src, k) >= 0) continue;
+        extra++;
+        T_CHECK(strcmp(k, "glm-dsa.attention.indexer.types") == 0 || strncmp(k, "glm5shard.indexer.", 18) == 0,
+                "metadata: only the schedule keys are added (%s)", k);
+    }
+    T_CHECK(gguf_find_key(m, "glm-dsa.attention.indexer.types") >= 0 && gguf_find_key(m, "glm5shard.indexer.source") >= 0,
+            "metadata: the blob records the indexer schedule");
+    T_CHECK(same == n_src_kv && gguf_get_n_kv(m) == n_src_kv + extra, "metadata: %lld of %lld keys equal, blob has %lld",
             (long long)same, (long long)n_src_kv, (long long)gguf_get_n_kv(m));
     /* Every source tensor: replicated byte-identical, or split and reassembling exactly. */
     const blob_tensor *bt[64];

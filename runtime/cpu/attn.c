@@ -8,7 +8,10 @@
  *   score(t, s) = (q_nope . W_UK latent_s + q_pe . k_pe_s) / sqrt(qk_nope + qk_rope)
  *   out_h = sum_s softmax(score)_s W_UV latent_s, over the keys the indexer selected
  * RoPE rotates adjacent pairs (interleaved) with theta from the metadata, for both MLA and the
- * indexer (checked against the oracle: the split-half variant does not reproduce it).
+ * indexer (checked against the oracle: the split-half variant does not reproduce it; transformers
+ * 5.24's GLM-MoE-DSA indexer says interleaved too, and tests/data/glm52-tiny agrees).
+ * IndexShare (GLM-5.2): a shared layer (!L->has_indexer) skips all of the indexer and attends the
+ * keys in w->sel, which the last full layer left there (specs/model-family.md).
  * Indexer: iq = idx_q_b(qr) per head [rope part (first qk_rope dims) | rest],
  *   ik = LayerNorm(idx_k(h)) with weight and bias, same RoPE on its first qk_rope dims,
  *   w = idx_proj(h) / sqrt(idx_head_dim * idx_n_head),

@@ -230,6 +230,7 @@ static g5_status tf_reserve(rt_gpu_check *c, uint32_t need, g5_error *err) {
         float *a = realloc(c->tf_cache[il].lat, (size_t)nc * lw * sizeof(float));
         if (!a) return g5_fail(err, G5_ERR_NOMEM, "check: latent cache");
         c->tf_cache[il].lat = a;
+        if (!hp->idx_full[il]) continue; /* a shared layer keeps no indexer keys */
         float *b = realloc(c->tf_cache[il].idxk, (size_t)nc * iw * sizeof(float));
         if (!b) return g5_fail(err, G5_ERR_NOMEM, "check: indexer cache");
         c->tf_cache[il].idxk = b;

@@ -43,7 +43,7 @@ g5_status rt_gpu_debug_set_context(rt_gpu_model *g, uint32_t n_past, uint64_t se
             for (uint32_t il = 0; il < hp->n_layer_main && !st; il++) {
                 st = cuk_convert(d, (int64_t)W, gm_seq_lat(g, s, r, il), g->lat_type, (int64_t)LW, n_past, (int64_t)LW,
                                  cs, err);
-                if (!st)
+                if (!st && hp->idx_full[il]) /* shared layers keep no indexer keys */
                     st = cuk_convert(d + LW, (int64_t)W, gm_seq_idxk(g, s, r, il), CUK_F32, (int64_t)ID, n_past,
                                      (int64_t)ID, cs, err);
                 if (!st) st = cuk_scale(d, (int64_t)cnt, -0.999f, cs, err);

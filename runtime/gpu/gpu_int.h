@@ -160,7 +160,7 @@ struct rt_gpu_model {
 /* One rank's caches of a sequence. */
 typedef struct seq_rank {
     void *lat;                       /* [Lm][cap][KVW] latents of the model's lat_type */
-    float *idxk;                     /* [Lm][cap][ID] indexer keys */
+    float *idxk;                     /* [full layers][cap][ID] indexer keys (gm_seq_idxk) */
 } seq_rank;
 
 struct rt_gpu_seq {

@@ -4,12 +4,12 @@
 #include "runtime/gpu/gpu_linear.h"
 
 #include <cuda_runtime_api.h>
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/cuk_gemm.h"
 #include "cuda/cuk_model.h"
+#include "cuda/cuk_prefill.h"
 #include "format/quant.h"
 #include "runtime/gpu/gpu_int.h"
 
@@ -39,10 +39,11 @@ struct gl_lin {
     rt_gpu_info *info;
     int armed;
     dbuf tile32;                 /* dequantized weight rows, float32 */
-    dbuf tile16;                 /* the same rounded to bf16 (BF16 compute) */
-    dbuf xb;                     /* bf16 copy of a product's input */
+    dbuf tile16;                 /* the same rounded to bf16 or fp16 (16-bit computes) */
+    dbuf xb;                     /* 16-bit copy of a product's input */
     dbuf grp;                    /* expert token lists, weights, counts */
     dbuf ex;                     /* per-expert gathered inputs, gate, up, down outputs */
+    dbuf att;                    /* fast prefill attention/indexer: packed keys, queries, scores */
     int32_t *hcnt;               /* host copy of the counts */
     size_t hcnt_cap;
 };
@@ -68,66 +69,24 @@ static g5_status grow(gl_lin *l, dbuf *b, size_t need, const char *what, g5_erro
     return G5_OK;
 }
 
-static g5_status env_int(const char *name, int64_t *out, int *set, g5_error *err) {
-    *set = 0;
-    const char *v = getenv(name);
-    if (!v || !*v) return G5_OK;
-    if (!strcmp(v, "off")) {
-        *out = 0;
-        *set = 1;
-        return G5_OK;
-    }
-    char *end = NULL;
-    errno = 0;
-    const long long x = strtoll(v, &end, 10);
-    if (errno || *end || x > INT32_MAX)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "%s=%s: want a token count (or 0/off)", name, v);
-    *out = x > 0 ? x : 0;
-    *set = 1;
-    return G5_OK;
-}
-
 g5_status gl_lin_cfg_resolve(const rt_gpu_opts *o, gl_lin_cfg *c, g5_error *err) {
     memset(c, 0, sizeof *c);
     rt_gpu_gemm g = o->gemm;
-    if (g == RT_GPU_GEMM_DEFAULT) {
-        const char *v = getenv("G5_PREFILL_GEMM");
-        if (v && *v) {
-            if (!strcmp(v, "f32")) g = RT_GPU_GEMM_F32;
-            else if (!strcmp(v, "tf32")) g = RT_GPU_GEMM_TF32;
-            else if (!strcmp(v, "bf16")) g = RT_GPU_GEMM_BF16;
-            else return g5_fail(err, G5_ERR_INVALID_ARG, "G5_PREFILL_GEMM=%s: want f32, tf32 or bf16", v);
-        }
-    }
-    if (g == RT_GPU_GEMM_DEFAULT) g = o->precision == RT_GPU_BF16ACT ? RT_GPU_GEMM_BF16 : RT_GPU_GEMM_F32;
-    if (g != RT_GPU_GEMM_F32 && g != RT_GPU_GEMM_TF32 && g != RT_GPU_GEMM_BF16)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "gemm compute %d", (int)g);
+    if (g == RT_GPU_GEMM_DEFAULT) g = o->precision == RT_GPU_PRECISE ? RT_GPU_GEMM_F32 : RT_GPU_GEMM_F16;
+    if (g != RT_GPU_GEMM_F32 && g != RT_GPU_GEMM_F16)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "gemm compute %d (f32 or f16)", (int)g);
     if (o->precision == RT_GPU_PRECISE) g = RT_GPU_GEMM_F32;
-    c->mode = g == RT_GPU_GEMM_TF32 ? CUK_GEMM_TF32 : g == RT_GPU_GEMM_BF16 ? CUK_GEMM_BF16 : CUK_GEMM_F32;
-    int set;
-    if (o->gemm_min < 0) {
-        c->min_tokens = 0;
-    } else if (o->gemm_min > 0) {
-        c->min_tokens = o->gemm_min;
-    } else {
-        CK(env_int("G5_PREFILL_GEMM_MIN", &c->min_tokens, &set, err));
-        if (!set) c->min_tokens = DEFAULT_MIN_TOKENS;
-    }
-    if (o->gemm_min_expert > 0) {
-        c->min_rows_expert = o->gemm_min_expert;
-    } else if (o->gemm_min_expert < 0) {
-        c->min_rows_expert = INT32_MAX;
-    } else {
-        CK(env_int("G5_PREFILL_GEMM_MIN_EXPERT", &c->min_rows_expert, &set, err));
-        if (!set) c->min_rows_expert = DEFAULT_MIN_ROWS_EXPERT;
-        if (c->min_rows_expert == 0) c->min_rows_expert = INT32_MAX; /* "off": every expert by GEMV */
-    }
+    c->mode = g == RT_GPU_GEMM_F16 ? CUK_GEMM_F16 : CUK_GEMM_F32;
+    c->min_tokens = o->gemm_min < 0 ? 0 : o->gemm_min > 0 ? o->gemm_min : DEFAULT_MIN_TOKENS;
+    c->min_rows_expert = o->gemm_min_expert > 0   ? o->gemm_min_expert
+                         : o->gemm_min_expert < 0 ? INT32_MAX
+                                                  : DEFAULT_MIN_ROWS_EXPERT;
     c->tile_bytes = (uint64_t)(o->gemm_tile_kb ? o->gemm_tile_kb : DEFAULT_TILE_KB) * 1024u;
     return G5_OK;
 }
 
 const char *gl_lin_mode_name(uint32_t mode) {
-    return mode == CUK_GEMM_TF32 ? "tf32" : mode == CUK_GEMM_BF16 ? "bf16" : "f32";
+    return mode == CUK_GEMM_F16 ? "f16" : "f32";
 }
 
 g5_status gl_lin_create(const gl_lin_cfg *c, cuk_stream stream, rt_gpu_info *info, gl_lin **out,
@@ -152,12 +111,13 @@ g5_status gl_lin_create(const gl_lin_cfg *c, cuk_stream stream, rt_gpu_info *inf
 
 void gl_lin_free(gl_lin *l) {
     if (!l) return;
-    if (l->tile32.p || l->tile16.p || l->xb.p || l->grp.p || l->ex.p) cudaStreamSynchronize((cudaStream_t)l->st);
+    if (l->tile32.p || l->tile16.p || l->xb.p || l->grp.p || l->ex.p || l->att.p) cudaStreamSynchronize((cudaStream_t)l->st);
     cudaFree(l->tile32.p);
     cudaFree(l->tile16.p);
     cudaFree(l->xb.p);
     cudaFree(l->grp.p);
     cudaFree(l->ex.p);
+    cudaFree(l->att.p);
     cuk_blas_free(l->blas);
     free(l->hcnt);
     free(l);
@@ -189,40 +149,38 @@ g5_status gl_lin_matmul(gl_lin *l, const gl_wmat *w, const float *x, int64_t ldx
                         int64_t ldy, int keep_f32, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
     const uint32_t mode = keep_f32 ? CUK_GEMM_F32 : l->cfg.mode;
-    const int bf = mode == CUK_GEMM_BF16;
+    const int bf = mode == CUK_GEMM_F16; /* 16-bit inputs */
+    const uint32_t et = CUK_F16;
     const int64_t k = w->k, m = w->m;
     if (k < 1 || m < 1 || n < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "matmul: k=%lld m=%lld n=%lld",
                                                 (long long)k, (long long)m, (long long)n);
     const void *xin = x;
     int64_t ldxin = ldx;
     if (bf) {
-        CK(grow(l, &l->xb, (size_t)n * (size_t)k * 2, "bf16 input", err));
-        CK(cuk_convert(x, ldx, l->xb.p, CUK_BF16, k, n, k, l->st, err));
+        CK(grow(l, &l->xb, (size_t)n * (size_t)k * 2, "16-bit input", err));
+        CK(cuk_convert(x, ldx, l->xb.p, et, k, n, k, l->st, err));
         xin = l->xb.p;
         ldxin = k;
     }
-    if ((w->type == QT_F32 && !bf) || (w->type == QT_BF16 && bf))
+    if ((w->type == QT_F32 && !bf) || (w->type == QT_F16 && bf))
         return gemm(l, mode, w->w, k, xin, ldxin, k, m, n, y, ldy, err);
     uint64_t rb = 0;
     if (quant_row_bytes(w->type, (uint64_t)k, &rb))
         return g5_fail(err, G5_ERR_INVALID_ARG, "matmul: %s rows of %lld elements", quant_type_name(w->type),
                        (long long)k);
-    /* rows per chunk: the float32 tile (rc x k) within tile_bytes */
-    int64_t rc = (int64_t)(l->cfg.tile_bytes / ((uint64_t)k * 4));
+    /* rows per chunk: the tile (rc x k, float32 or 16-bit) within tile_bytes */
+    const uint64_t es = bf ? 2 : 4;
+    int64_t rc = (int64_t)(l->cfg.tile_bytes / ((uint64_t)k * es));
     if (rc < 1) rc = 1;
     if (rc > m) rc = m;
-    CK(grow(l, &l->tile32, (size_t)rc * (size_t)k * 4, "weight tile", err));
-    if (bf) CK(grow(l, &l->tile16, (size_t)rc * (size_t)k * 2, "bf16 weight tile", err));
+    dbuf *tb = bf ? &l->tile16 : &l->tile32;
+    CK(grow(l, tb, (size_t)rc * (size_t)k * es, "weight tile", err));
     for (int64_t r0 = 0; r0 < m; r0 += rc) {
         const int64_t c = m - r0 < rc ? m - r0 : rc;
         const uint8_t *wr = (const uint8_t *)w->w + (uint64_t)r0 * rb;
-        CK(cuk_dequant_rows(w->type, wr, k, c, NULL, c, l->tile32.p, k, l->st, err));
-        const void *tile = l->tile32.p;
-        if (bf) {
-            CK(cuk_convert(l->tile32.p, k, l->tile16.p, CUK_BF16, k, c, k, l->st, err));
-            tile = l->tile16.p;
-        }
-        CK(gemm(l, mode, tile, k, xin, ldxin, k, c, n, y + r0, ldy, err));
+        if (bf) CK(cuk_dequant_rows_16(w->type, wr, k, c, NULL, c, tb->p, et, k, l->st, err));
+        else CK(cuk_dequant_rows(w->type, wr, k, c, NULL, c, tb->p, k, l->st, err));
+        CK(gemm(l, mode, tb->p, k, xin, ldxin, k, c, n, y + r0, ldy, err));
     }
     return G5_OK;
 }
@@ -237,6 +195,84 @@ static g5_status gemv_rows(gl_lin *l, const gl_wmat *w, const float *x, int64_t 
         CK(cuk_gemv(&a, l->st, err));
     }
     return G5_OK;
+}
+
+/* Bound of the 16-bit copies of a batch of experts' gate, up and down weights (fast mode): the
+ * experts of a layer are dequantized a batch at a time, one launch per tensor and batch. */
+#define MOE_WTILE_BYTES (4ull << 30)
+
+int gl_lin_fast(const gl_lin *l) { return l && l->cfg.mode == CUK_GEMM_F16; }
+static uint32_t et_of(const gl_lin *l) { (void)l; return CUK_F16; }
+
+/* Fast mode's experts after grouping (l->hcnt holds the counts): one compact list of all local
+ * experts' rows, their inputs gathered to 16 bits in one launch, each batch of experts' weights
+ * dequantized to 16 bits in three launches, three 16-bit GEMMs per expert with rows, one SwiGLU and
+ * one weighted combine for the whole layer. */
+static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, const float *rw, const int32_t *cnt,
+                          uint64_t rb_gu, uint64_t rb_d, g5_error *err) {
+    const int64_t n = a->n, E = a->E, FE = a->FE, NL = a->n_local, U = a->top_k;
+    int64_t tot = 0;
+    for (int64_t e = 0; e < NL; e++) tot += l->hcnt[e];
+    if (tot == 0) return G5_OK; /* y already zero */
+    const uint64_t sz_cr = up256((uint64_t)tot * 4), sz_inv = up256((uint64_t)n * U * 4);
+    const uint64_t sz_x = up256((uint64_t)tot * E * 2), sz_g = up256((uint64_t)tot * FE * 4);
+    const uint64_t sz_h = up256((uint64_t)tot * FE * 2), sz_d = up256((uint64_t)tot * E * 4);
+    CK(grow(l, &l->ex, 2 * sz_cr + sz_inv + sz_x + 2 * sz_g + sz_h + sz_d, "expert rows", err));
+    uint8_t *p = l->ex.p;
+    int32_t *crow = (int32_t *)(void *)p;
+    float *crw = (float *)(void *)(p + sz_cr);
+    int32_t *inv = (int32_t *)(void *)(p + 2 * sz_cr);
+    void *xb = p + 2 * sz_cr + sz_inv;
+    float *gs = (float *)(void *)((uint8_t *)xb + sz_x);
+    float *us = (float *)(void *)((uint8_t *)gs + sz_g);
+    void *hb = (uint8_t *)us + sz_g;
+    float *ds = (float *)(void *)((uint8_t *)hb + sz_h);
+    const cuk_moe_compact_args ca = {a->ids, (int32_t)n, (int32_t)U, a->exp0, (int32_t)NL, rows, rw, n, cnt,
+                                     crow, crw, inv};
+    CK(cuk_moe_compact(&ca, l->st, err));
+    const uint32_t et = et_of(l), md = l->cfg.mode;
+    CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
+    /* experts per weight batch */
+    const uint64_t per_e = (uint64_t)3 * FE * E * 2;
+    int64_t EB = (int64_t)(MOE_WTILE_BYTES / per_e);
+    if (EB < 1) EB = 1;
+    if (EB > NL) EB = NL;
+    CK(grow(l, &l->tile16, (size_t)EB * per_e, "expert weight tiles", err));
+    uint8_t *wg16 = l->tile16.p, *wu16 = wg16 + (uint64_t)EB * FE * E * 2, *wd16 = wu16 + (uint64_t)EB * FE * E * 2;
+    int64_t off = 0;
+    for (int64_t e0 = 0; e0 < NL; e0 += EB) {
+        const int64_t eb = NL - e0 < EB ? NL - e0 : EB;
+        int64_t rows_b = 0;
+        for (int64_t e = e0; e < e0 + eb; e++) rows_b += l->hcnt[e];
+        if (rows_b == 0) continue;
+        CK(cuk_dequant_rows_16(a->gu_type, (const uint8_t *)a->w_gate + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
+                               eb * FE, wg16, et, E, l->st, err));
+        CK(cuk_dequant_rows_16(a->gu_type, (const uint8_t *)a->w_up + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
+                               eb * FE, wu16, et, E, l->st, err));
+        CK(cuk_dequant_rows_16(a->down_type, (const uint8_t *)a->w_down + (uint64_t)e0 * E * rb_d, FE, eb * E, NULL,
+                               eb * E, wd16, et, FE, l->st, err));
+        int64_t o = off;
+        for (int64_t e = e0; e < e0 + eb; e++) {
+            const int64_t c = l->hcnt[e];
+            if (c <= 0) continue;
+            const uint8_t *x = (const uint8_t *)xb + (uint64_t)o * E * 2;
+            CK(gemm(l, md, wg16 + (uint64_t)(e - e0) * FE * E * 2, E, x, E, E, FE, c, gs + o * FE, FE, err));
+            CK(gemm(l, md, wu16 + (uint64_t)(e - e0) * FE * E * 2, E, x, E, E, FE, c, us + o * FE, FE, err));
+            o += c;
+        }
+        CK(cuk_silu_mul_16(gs + off * FE, us + off * FE, rows_b, FE, (uint8_t *)hb + (uint64_t)off * FE * 2, et,
+                           l->st, err));
+        o = off;
+        for (int64_t e = e0; e < e0 + eb; e++) {
+            const int64_t c = l->hcnt[e];
+            if (c <= 0) continue;
+            CK(gemm(l, md, wd16 + (uint64_t)(e - e0) * E * FE * 2, FE,
+                    (const uint8_t *)hb + (uint64_t)o * FE * 2, FE, FE, E, c, ds + o * E, E, err));
+            o += c;
+        }
+        off = o;
+    }
+    return cuk_moe_combine(ds, E, inv, crw, (int32_t)n, (int32_t)U, a->y, a->ldy, l->st, err);
 }
 
 g5_status gl_lin_moe(gl_lin *l, const gl_moe_args *a, g5_error *err) {
@@ -281,6 +317,7 @@ g5_status gl_lin_moe(gl_lin *l, const gl_moe_args *a, g5_error *err) {
     CUK_CHECK(cudaStreamSynchronize(st));
     if (l->hcnt[NL])
         return g5_fail(err, G5_ERR_INTERNAL, "moe: %d routed expert ids outside [0, %d)", l->hcnt[NL], a->n_expert);
+    if (gl_lin_fast(l)) return moe_fast(l, a, rows, rw, cnt, rb_gu, rb_d, err);
     for (int64_t e = 0; e < NL; e++) {
         const int64_t c = l->hcnt[e];
         if (c <= 0) continue;
@@ -306,6 +343,97 @@ g5_status gl_lin_moe(gl_lin *l, const gl_moe_args *a, g5_error *err) {
             CK(cuk_scatter_add_rows(ds, E, er, ew, cc, E, a->y, a->ldy, n, l->st, err));
         }
         if (!by_gemm && l->info) l->info->gemm_expert_gemv++;
+    }
+    return G5_OK;
+}
+
+/* ---- fast mode: attention and indexer of a prompt as tensor-core products ---- */
+
+/* Bytes of score chunk per query row budgeted: the score and probability rows of a chunk of
+ * query tokens stay within this (chunks of whole tokens, at least one). */
+#define ATT_CHUNK_BYTES (512ull << 20)
+
+static g5_status gemm_ex(gl_lin *l, const cuk_gemm_ex_args *a, g5_error *err) {
+    CK(cuk_gemm_ex(l->blas, a, l->st, err));
+    if (l->info) l->info->gemm_calls++;
+    return G5_OK;
+}
+
+g5_status gl_lin_absorb(gl_lin *l, const cuk_mla_dims *d, const float *q, const float *kvb, int32_t head_rows,
+                        float *qlat, g5_error *err) {
+    if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
+    const int64_t H = d->n_head, NR = d->nope + d->rope, KL = d->kv_lora;
+    /* column-major per head: qlat^T (KL x n) = W_UK^T (KL x nope, kvb rows as columns) q_nope^T */
+    const cuk_gemm_ex_args a = {CUK_GEMM_TF32, 0, 0, KL, d->n_tok, d->nope, kvb, KL, (int64_t)head_rows * KL,
+                                q, H * NR, NR, 0.0f, qlat, H * KL, KL, (int32_t)H};
+    return gemm_ex(l, &a, err);
+}
+
+g5_status gl_lin_wuv(gl_lin *l, const float *kvb_uv, int64_t head_stride, int32_t n_head, int64_t kv_lora,
+                     int64_t v_head, const float *olat, int64_t n, float *ao, g5_error *err) {
+    if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
+    /* per head: ao^T (V x n) = (W_UV rows as columns)^T olat^T */
+    const cuk_gemm_ex_args a = {CUK_GEMM_TF32, 1, 0, v_head, n, kv_lora, kvb_uv, kv_lora, head_stride, olat,
+                                (int64_t)n_head * kv_lora, kv_lora, 0.0f, ao, (int64_t)n_head * v_head, v_head,
+                                n_head};
+    return gemm_ex(l, &a, err);
+}
+
+static int64_t up8(int64_t v) { return (v + 7) & ~(int64_t)7; }
+
+g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const float *k, int32_t n_tok,
+                            int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc, g5_error *err) {
+    if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
+    const int64_t P = pos0 + n_tok, ld = up8(P);
+    int64_t ct = (int64_t)(ATT_CHUNK_BYTES / ((uint64_t)n_head * (uint64_t)ld * 4));
+    if (ct < 1) ct = 1;
+    if (ct > n_tok) ct = n_tok;
+    CK(grow(l, &l->att, (size_t)ct * (size_t)n_head * (size_t)ld * 4, "indexer scores", err));
+    float *s = l->att.p;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += ct) {
+        const int64_t c = n_tok - t0 < ct ? n_tok - t0 : ct, pc = pos0 + t0 + c;
+        /* s[(t - t0) * n_head + h][j] = q[t][h] . k[j], j < pc (TF32 products, float32 sums) */
+        const cuk_gemm_ex_args a = {CUK_GEMM_TF32, 1, 0, pc, c * n_head, dim, k, dim, 0, q + t0 * n_head * dim,
+                                    dim, 0, 0.0f, s, ld, 0, 1};
+        CK(gemm_ex(l, &a, err));
+        const cuk_idx_reduce_args r = {s, ld, w, (int32_t)c, n_head, t0, pos0, sc, ld_sc};
+        CK(cuk_idx_reduce(&r, l->st, err));
+    }
+    return G5_OK;
+}
+
+g5_status gl_lin_mla_attend(gl_lin *l, const gl_mla_args *a, g5_error *err) {
+    if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
+    const int64_t n = a->d.n_tok, H = a->d.n_head, KL = a->d.kv_lora, W = KL + a->d.rope;
+    const int64_t P = a->pos0 + n, ld = up8(P);
+    int64_t ct = (int64_t)(ATT_CHUNK_BYTES / ((uint64_t)H * (uint64_t)ld * 6));
+    if (ct < 1) ct = 1;
+    if (ct > n) ct = n;
+    const uint64_t kb_b = up256((uint64_t)P * W * 2), qb_b = up256((uint64_t)n * H * W * 2);
+    const uint64_t s_b = up256((uint64_t)ct * H * ld * 4), p_b = (uint64_t)ct * H * ld * 2;
+    CK(grow(l, &l->att, kb_b + qb_b + s_b + p_b, "attention scratch", err));
+    uint8_t *base = l->att.p;
+    void *kb = base, *qb = base + kb_b;
+    float *s = (float *)(void *)(base + kb_b + qb_b);
+    void *pb = base + kb_b + qb_b + s_b;
+    const uint32_t et = et_of(l), md = l->cfg.mode;
+    const cuk_mla_pack_k_args pk = {a->lat, a->lat_type, a->fresh, a->pos0, P, (int32_t)W, kb, et};
+    CK(cuk_mla_pack_k(&pk, l->st, err));
+    const cuk_mla_pack_q_args pq = {a->q, a->qlat, (int32_t)n, (int32_t)H, a->d.nope, a->d.rope, (int32_t)KL, qb, et};
+    CK(cuk_mla_pack_q(&pq, l->st, err));
+    for (int64_t t0 = 0; t0 < n; t0 += ct) {
+        const int64_t c = n - t0 < ct ? n - t0 : ct, pc = a->pos0 + t0 + c;
+        /* s[(t - t0) * H + h][j] = [qlat | q_pe][t][h] . [c_kv | k_pe][j] (16-bit in, f32 sums) */
+        const cuk_gemm_ex_args sg = {md, 1, 0, pc, c * H, W, kb, W, 0,
+                                     (const uint8_t *)qb + (uint64_t)t0 * H * W * 2, W, 0, 0.0f, s, ld, 0, 1};
+        CK(gemm_ex(l, &sg, err));
+        const cuk_mla_softmax_args sm = {s, pb, ld, pc, (int32_t)(c * H), (int32_t)H, t0, a->pos0, a->sel,
+                                         a->ld_sel, a->n_sel, a->max_sel, a->scale, et};
+        CK(cuk_mla_softmax(&sm, l->st, err));
+        /* out[(t) * H + h][0..KL) = sum_j p[.][j] c_kv[j] */
+        const cuk_gemm_ex_args og = {md, 0, 0, KL, c * H, pc, kb, W, 0, pb, ld, 0, 0.0f,
+                                     a->out + t0 * H * KL, KL, 0, 1};
+        CK(gemm_ex(l, &og, err));
     }
     return G5_OK;
 }

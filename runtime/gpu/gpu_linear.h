@@ -2,12 +2,16 @@
  * call it directly to time it against the GEMV kernels).
  *
  * A forward call of one sequence with many tokens runs each weight product as a GEMM: the
- * weight (quantized in ggml layout) is dequantized in row chunks into a float32 (or bf16)
- * scratch tile bounded by opts.gemm_tile_kb and multiplied by cuBLAS. Weights already stored as
- * float32 (or bf16 for the bf16 compute) are used in place. The routed experts are grouped by
- * expert: each local expert's tokens are gathered, run through gate/up GEMMs, SwiGLU and the
- * down GEMM, and added back weighted into the output, experts in ascending order, which (the
- * router's ids being ascending per token) is each token's slot order.
+ * weight (quantized in ggml layout) is dequantized in row chunks into a float32 (precise) or fp16
+ * (fast) scratch tile bounded by opts.gemm_tile_kb and multiplied by cuBLAS. Weights already
+ * stored in the compute's type are used in place. The routed experts are grouped by expert:
+ * precise mode gathers each local expert's tokens, runs gate/up GEMMs, SwiGLU and the down GEMM
+ * and adds them back weighted, experts in ascending order, which (the router's ids being
+ * ascending per token) is each token's slot order; fast mode does the same with one compact row
+ * list for all experts, a batch of experts' weights dequantized per launch and one combine.
+ * Fast mode also runs the attention, the indexer scores, the MLA absorption and W_UV of a prompt
+ * as products (the functions at the end; specs/numerics.md "Fast mode: the tensor-core
+ * prefill").
  *
  * One gl_lin per rank, made on the rank's device for the rank's stream; it owns the rank's
  * cuBLAS handle and its scratch buffers (grown on demand, never shrunk, freed with it). Built
@@ -18,11 +22,12 @@
 #include <stdint.h>
 
 #include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
 #include "runtime/gpu/gpu_model.h"
 
 typedef struct gl_lin gl_lin;
 
-/* The resolved options (environment included); the same for every rank. */
+/* The resolved options; the same for every rank. */
 typedef struct gl_lin_cfg {
     uint32_t mode;               /* CUK_GEMM_* for products whose inputs may be rounded */
     int64_t min_tokens;          /* calls of at least this many tokens; 0: the path is off */
@@ -30,11 +35,10 @@ typedef struct gl_lin_cfg {
     uint64_t tile_bytes;         /* bound of each dequantized weight tile */
 } gl_lin_cfg;
 
-/* opts (precision, gemm, gemm_min, gemm_min_expert, gemm_tile_kb) and the environment
- * (G5_PREFILL_GEMM, G5_PREFILL_GEMM_MIN, G5_PREFILL_GEMM_MIN_EXPERT, each read only where the
- * option is left at 0/DEFAULT) into c. A malformed value is G5_ERR_INVALID_ARG. */
+/* opts (precision, gemm, gemm_min, gemm_min_expert, gemm_tile_kb) into c; a gemm compute other
+ * than DEFAULT, F32 or F16 is G5_ERR_INVALID_ARG. */
 g5_status gl_lin_cfg_resolve(const rt_gpu_opts *o, gl_lin_cfg *c, g5_error *err);
-const char *gl_lin_mode_name(uint32_t mode); /* "f32", "tf32", "bf16" */
+const char *gl_lin_mode_name(uint32_t mode); /* "f32", "f16" */
 
 /* On the current device, for work on `stream`. info (may be NULL) receives the counters. */
 g5_status gl_lin_create(const gl_lin_cfg *c, cuk_stream stream, rt_gpu_info *info, gl_lin **out,
@@ -84,5 +88,44 @@ typedef struct gl_moe_args {
 } gl_moe_args;
 
 g5_status gl_lin_moe(gl_lin *l, const gl_moe_args *a, g5_error *err);
+
+/* ---- fast mode (fp16 compute): the attention and indexer of a prompt on tensor cores ---- */
+
+/* 1 if the products run in fp16 (fast mode): the attention/indexer functions below apply. */
+int gl_lin_fast(const gl_lin *l);
+
+/* cuk_mla_absorb as one batched TF32 product over the heads (float32 q and kv_b). */
+g5_status gl_lin_absorb(gl_lin *l, const cuk_mla_dims *d, const float *q, const float *kvb, int32_t head_rows,
+                        float *qlat, g5_error *err);
+
+/* ao[t][h][0..v_head) = W_UV[h] olat[t][h] for t < n, h < n_head: one batched TF32 product.
+ * kvb_uv: head 0's first W_UV row ([v_head][kv_lora] float32), head h at + h * head_stride;
+ * olat: [n][n_head][kv_lora]; ao: [n][n_head][v_head]. */
+g5_status gl_lin_wuv(gl_lin *l, const float *kvb_uv, int64_t head_stride, int32_t n_head, int64_t kv_lora,
+                     int64_t v_head, const float *olat, int64_t n, float *ao, g5_error *err);
+
+/* cuk_idx_scores' result (same arguments) from TF32 products in chunks of tokens, then the
+ * ReLU-weighted head sum in float32 (cuk_idx_reduce). */
+g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const float *k, int32_t n_tok,
+                            int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc, g5_error *err);
+
+/* cuk_mla_attend_fresh's result for one sequence (same arguments) from fp16 tensor-core products
+ * with a float32 softmax (cuda/cuk_prefill.h): keys packed to bf16 once, then per chunk of query
+ * tokens S = Q K^T, the masked softmax, O = P V. */
+typedef struct gl_mla_args {
+    cuk_mla_dims d;
+    const float *q, *qlat;
+    const void *lat;
+    uint32_t lat_type;
+    const float *fresh;          /* NULL: every key from lat */
+    int64_t pos0;
+    const int32_t *sel;
+    int64_t ld_sel;
+    const int32_t *n_sel;
+    int32_t max_sel;
+    float scale;
+    float *out;
+} gl_mla_args;
+g5_status gl_lin_mla_attend(gl_lin *l, const gl_mla_args *a, g5_error *err);
 
 #endif

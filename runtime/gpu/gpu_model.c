@@ -438,14 +438,23 @@ uint8_t *gm_seq_lat(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint
     if (il >= g->hp.n_layer_main) return s->mrk[r].lat;
     return (uint8_t *)s->rk[r].lat + (uint64_t)il * s->cap * gm_lat_w(&g->hp) * g->lat_es;
 }
+/* Indexer keys exist for full layers only (IndexShare: a shared layer reuses a full layer's
+ * top-k and keeps no keys): slot = full layers before il. NULL for a shared layer. */
+static uint64_t idx_slot(const glm5_hparams *hp, uint32_t il) {
+    uint64_t k = 0;
+    for (uint32_t j = 0; j < il; j++) k += hp->idx_full[j];
+    return k;
+}
 float *gm_seq_idxk(const rt_gpu_model *g, const rt_gpu_seq *s, uint32_t r, uint32_t il) {
     if (il >= g->hp.n_layer_main) return s->mrk[r].idxk;
-    return s->rk[r].idxk + (uint64_t)il * s->cap * g->hp.idx_head_dim;
+    if (!g->hp.idx_full[il]) return NULL;
+    return s->rk[r].idxk + idx_slot(&g->hp, il) * s->cap * g->hp.idx_head_dim;
 }
 
 uint64_t rt_gpu_seq_bytes(const rt_gpu_model *g, uint32_t positions) {
     const glm5_hparams *hp = &g->hp;
-    const uint64_t per = (uint64_t)hp->n_layer_main * (gm_lat_w(hp) * g->lat_es + (uint64_t)hp->idx_head_dim * 4);
+    const uint64_t per = (uint64_t)hp->n_layer_main * gm_lat_w(hp) * g->lat_es +
+                         (uint64_t)glm5_n_idx_full(hp) * hp->idx_head_dim * 4;
     return per * positions * g->T;
 }
 
@@ -456,13 +465,14 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
     rt_gpu_model *g = s->g;
     const glm5_hparams *hp = &g->hp;
     const uint64_t LW = gm_lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main, es = g->lat_es;
+    const uint64_t Lf = glm5_n_idx_full(hp); /* layers with indexer keys */
     seq_rank *nr = calloc(g->T, sizeof *nr);
     if (!nr) return g5_fail(err, G5_ERR_NOMEM, "sequence caches");
     g5_status st = G5_OK;
     for (uint32_t r = 0; r < g->T && !st; r++) {
         cudaError_t ce = cudaSetDevice(g->rk[r].dev);
         if (ce == cudaSuccess) ce = cudaMalloc(&nr[r].lat, (size_t)(Lm * nc * LW * es));
-        if (ce == cudaSuccess) ce = cudaMalloc((void **)&nr[r].idxk, (size_t)(Lm * nc * ID * sizeof(float)));
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&nr[r].idxk, (size_t)(Lf * nc * ID * sizeof(float)));
         if (ce != cudaSuccess) {
             (void)cudaGetLastError(); /* an allocation failure must not surface at a later launch check */
             st = g5_fail(err, ce == cudaErrorMemoryAllocation ? G5_ERR_NOMEM : G5_ERR_INTERNAL,
@@ -476,8 +486,8 @@ static g5_status seq_resize(rt_gpu_seq *s, uint32_t nc, g5_error *err) {
         for (uint32_t il = 0; il < Lm && ce == cudaSuccess; il++) {
             ce = cudaMemcpyAsync((uint8_t *)nr[r].lat + (uint64_t)il * nc * LW * es, gm_seq_lat(g, s, r, il),
                                  (size_t)s->n_past * LW * es, cudaMemcpyDeviceToDevice, rk->st);
-            if (ce == cudaSuccess)
-                ce = cudaMemcpyAsync(nr[r].idxk + (uint64_t)il * nc * ID, gm_seq_idxk(g, s, r, il),
+            if (ce == cudaSuccess && hp->idx_full[il])
+                ce = cudaMemcpyAsync(nr[r].idxk + idx_slot(hp, il) * nc * ID, gm_seq_idxk(g, s, r, il),
                                      (size_t)s->n_past * ID * 4, cudaMemcpyDeviceToDevice, rk->st);
         }
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
@@ -756,6 +766,9 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const uint32_t n = pl->n;
     const int one = pl->n_seg == 1;
     const float eps = hp->rms_eps, theta = hp->rope_theta;
+    /* fast mode, one sequence, many tokens: indexer scores, absorption, attention and W_UV as
+     * tensor-core products (gpu_linear.h) */
+    const int tc = one && !g->graph_bound && gl_lin_use(rk->lin, n) && gl_lin_fast(rk->lin);
     /* a graph step being captured (g->graph_bound): nothing below may depend on pl->pos0, which
      * only holds the capturing step's position */
     const uint32_t bound = g->graph_bound;
@@ -766,7 +779,9 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     CUK_CHECK(cudaSetDevice(rk->dev));
     CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
     PMARK("attn", "attn_norm (+ residual add)");
-    CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx, err)); /* qr feeds the indexer */
+    /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
+     * whose indexer still picks in float32 */
+    CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
     PMARK("attn", "q_a gemv");
     CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
     PMARK("attn", "q_a_norm");
@@ -796,11 +811,11 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     if (L->has_idx) {
         /* new keys straight into a single sequence's cache, else staged in rk->ikf */
         float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
-        CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, 1, err));
+        CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
         PMARK("attn", "idx_q_b gemv");
-        CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, 1, err));
+        CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, !tc, err));
         PMARK("attn", "idx_k gemv");
-        CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, 1, err));
+        CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, !tc, err));
         PMARK("attn", "idx_proj gemv");
         /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
         CK(cuk_idx_prep(rk->iq, ik, rk->iw, L->idx_k_norm, L->idx_k_norm_b, (int32_t)n, (int32_t)IH, (int32_t)ID,
@@ -822,8 +837,12 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
             if (!one)
                 CUK_CHECK(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
                                    cudaMemcpyDeviceToDevice, rk->st));
-            CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
-                              (int32_t)ID, p0, rk->sc, P, cs, err));
+            if (tc)
+                CK(gl_lin_idx_scores(rk->lin, rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, p0, rk->sc, P,
+                                     err));
+            else
+                CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
+                                  (int32_t)ID, p0, rk->sc, P, cs, err));
             PMARK("attn", "idx_scores");
             CK(cuk_idx_topk(rk->sc, P, (int32_t)pl->len[i], p0, (int32_t)K, rk->sel + t0 * K, K, rk->n_sel + t0,
                             cs, err));
@@ -835,7 +854,8 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
     PMARK("attn", "q rope");
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
-    CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
+    if (tc) CK(gl_lin_absorb(rk->lin, &d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, err));
+    else CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
     PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
@@ -843,7 +863,13 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         CK(cuk_mla_attend_dev(&d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
                               g->lat_type == CUK_F32 ? NULL : rk->latf, rk->pos, bound, rk->sel, K, rk->n_sel,
                               (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
-    for (uint32_t i = 0; i < pl->n_seg && !bound; i++) {
+    if (tc) {
+        const gl_mla_args ma = {d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
+                                g->lat_type == CUK_F32 ? NULL : rk->latf, pl->pos0[0], rk->sel, K, rk->n_sel,
+                                (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat};
+        CK(gl_lin_mla_attend(rk->lin, &ma, err));
+    }
+    for (uint32_t i = 0; i < pl->n_seg && !bound && !tc; i++) {
         const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
         const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
         CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
@@ -853,7 +879,9 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                                 rk->olat + t0 * H * KL, cs, err));
     }
     PMARK("attn", "mla_attend");
-    if (gl_lin_use(rk->lin, n)) {
+    if (tc) {
+        CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
+    } else if (gl_lin_use(rk->lin, n)) {
         for (int64_t h = 0; h < H; h++) {
             const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
             CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));

@@ -70,10 +70,11 @@
  * at least gemm_min tokens (default 32) dequantizes each weight in row chunks into a scratch
  * tile and multiplies with cuBLAS, the routed experts grouped by expert. Precise mode: float32
  * weights and inputs, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32), so it differs from the GEMV path
- * only by summation order. Fast mode picks the compute (opts.gemm or G5_PREFILL_GEMM): f32 (the
- * default until measured otherwise), tf32 (tensor cores; inputs and weights rounded to 10-bit
- * mantissas) or bf16 (both rounded to bf16, the bf16 input path measured above); bf16act defaults
- * to bf16. The router and the indexer products run in float32 (pedantic) in every mode. Decode
+ * only by summation order. Fast and bf16act modes (the default compute, opts.gemm F16): weights
+ * and inputs rounded to fp16, float32 accumulation on the tensor cores; there the indexer scores
+ * (TF32 products, float32 sums and top-k), the MLA absorption and W_UV (TF32) and the attention
+ * (fp16 products, float32 softmax) run as products too (specs/numerics.md "Fast mode"). The
+ * router and the indexer's projections run in float32 (pedantic) in every mode. Decode
  * steps, CUDA-graph captures and batched decode (rt_gpu_forward_batch) keep the GEMV kernels.
  *
  * Everything here is built only with CUDA (cuda/model.mk defines G5_WITH_CUDA). One caller at a
@@ -100,10 +101,10 @@ typedef enum rt_gpu_cache {
 } rt_gpu_cache;
 
 /* Compute of the prefill GEMM path's weight products (specs/numerics.md "Prefill GEMM"):
- * F32 float32 (cuBLAS pedantic), TF32 tensor cores on float32 data (inputs rounded to 10-bit
- * mantissas), BF16 weights and inputs rounded to bf16; float32 accumulation in all three. */
+ * F32 float32 (cuBLAS pedantic), F16 weights and inputs rounded to fp16, float32 accumulation.
+ * (TF32 and bf16 variants were measured and withdrawn: bench/RESULTS.md.) */
 typedef enum rt_gpu_gemm {
-    RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_TF32, RT_GPU_GEMM_BF16
+    RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_F16 = 4
 } rt_gpu_gemm;
 
 /* The collective between ranks. AUTO: none for one rank, the device-side sum when all ranks share
@@ -119,15 +120,13 @@ typedef struct rt_gpu_opts {
     /* The prefill GEMM path: a forward call of one sequence with at least gemm_min tokens runs
      * its weight products as dequantize-to-scratch + cuBLAS GEMM, the routed experts grouped
      * by expert; decode steps (and batched decode) keep the GEMV kernels. */
-    int gemm_min;                /* tokens from which a call uses it; 0: default (32, or the
-                                    environment's G5_PREFILL_GEMM_MIN); < 0: never */
+    int gemm_min;                /* tokens from which a call uses it; 0: default (32); < 0: never */
     int gemm_min_expert;         /* within the grouped experts, an expert with fewer rows than
                                     this runs the GEMV kernels on its gathered rows; 0: default
-                                    (32, or G5_PREFILL_GEMM_MIN_EXPERT); < 0: every expert so */
-    rt_gpu_gemm gemm;            /* fast and bf16act modes; precise is always F32. DEFAULT: the
-                                    environment's G5_PREFILL_GEMM=f32|tf32|bf16, else F32 for
-                                    fast and BF16 for bf16act. The router and the indexer
-                                    products are F32 in every mode. */
+                                    (32); < 0: every expert so */
+    rt_gpu_gemm gemm;            /* fast and bf16act modes; precise is always F32. DEFAULT: F16
+                                    (F32 only for measurement). The router and the indexer
+                                    projections are F32 in every mode. */
     uint32_t gemm_tile_kb;       /* bound of the dequantized weight tile per rank (weights
                                     are dequantized in row chunks that fit); 0: 262144 (256 MB) */
     const char *blob_dir;        /* the blob set the CPU model's weight set was opened from:
@@ -154,7 +153,7 @@ typedef struct rt_gpu_info {
                                     per change of bucket, sequence or buffers; the rest replay) */
     uint64_t graph_instantiations; /* captures instantiated (each rank's executable graph; no
                                     update in place: runtime/gpu/gpu_graph.c says why) */
-    const char *gemm;            /* the prefill GEMM path's compute: "f32", "tf32", "bf16" */
+    const char *gemm;            /* the prefill GEMM path's compute: "f32", "f16" */
     int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
     uint64_t gemm_calls;         /* cuBLAS GEMMs run so far (all ranks) */
     uint64_t gemm_expert_gemv;   /* grouped experts run by GEMV (fewer rows than gemm_min_expert) */

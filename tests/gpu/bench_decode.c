@@ -39,8 +39,8 @@
  * microseconds, launched one by one and inside a CUDA graph.
  *
  * Prefill (--prefill): tokens/s for a 4096-token prompt through rt_gpu_forward, once per product
- * path (--gemm: the GEMV kernels; the prefill GEMM path with f32, tf32, bf16 compute; "default":
- * as the environment's G5_PREFILL_GEMM says), each on a fresh GPU model: a probe of 256 tokens
+ * path (--gemm: the GEMV kernels; the prefill GEMM path with f32, f16 compute; "default":
+ * the mode's own, f16 for fast), each on a fresh GPU model: a probe of 256 tokens
  * first, then the prompt in --chunk calls (if the probe says the whole would take longer than
  * --prefill-cap seconds: chunks of 512 until the cap, the rate extrapolated). Which path really
  * ran is read from rt_gpu_info's GEMM counters. Also: the per-stage split (a re-run of the last
@@ -54,7 +54,7 @@
  *
  * Usage: bench_decode [--decode] [--prefill] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx 1024,8192,32768]
  *        [--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N]
- *        [--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,tf32,bf16,default]
+ *        [--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default]
  *        [--threads N] [--seed S] */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -96,7 +96,7 @@ typedef struct opts {
     uint32_t prefill_tokens, chunk;
     double prefill_cap;
     rt_gpu_precision prefill_prec;
-    const char *gemm_list;       /* prefill variants: gemv, f32, tf32, bf16, default */
+    const char *gemm_list;       /* prefill variants: gemv, f32, f16, default */
     uint32_t threads;
     uint64_t seed;
 } opts;
@@ -834,8 +834,7 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     go.precision = o->prefill_prec;
     if (!strcmp(variant, "gemv")) go.gemm_min = -1;
     else if (!strcmp(variant, "f32")) go.gemm = RT_GPU_GEMM_F32;
-    else if (!strcmp(variant, "tf32")) go.gemm = RT_GPU_GEMM_TF32;
-    else if (!strcmp(variant, "bf16")) go.gemm = RT_GPU_GEMM_BF16;
+    else if (!strcmp(variant, "f16")) go.gemm = RT_GPU_GEMM_F16;
     /* "default": the options left at 0, the environment decides */
     rt_gpu_model *g = NULL;
     GK(rt_gpu_model_create(R->m, &go, &g, &err_));
@@ -893,11 +892,9 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
 static void run_prefill(rank_model *R, const opts *o, cublasHandle_t cb) {
     const glm5_hparams *hp = &R->hp;
     const uint32_t N = o->prefill_tokens, V = hp->n_vocab;
-    const char *env = getenv("G5_PREFILL_GEMM");
     printf("\n== prefill: %u-token prompt, %u main layers (%u dense), %s mode, one rank of TP%u (collectives not "
-           "run); G5_PREFILL_GEMM=%s (used by the 'default' variant only)\n",
-           N, hp->n_layer_main, hp->n_leading_dense, o->prefill_prec == RT_GPU_FAST ? "fast" : "precise", TP,
-           env ? env : "(unset)");
+           "run)\n",
+           N, hp->n_layer_main, hp->n_leading_dense, o->prefill_prec == RT_GPU_FAST ? "fast" : "precise", TP);
     gemm_shape shapes[64];
     double wflops = 0;
     const uint32_t ns = prefill_gemms(R, N, shapes, &wflops);
@@ -942,7 +939,7 @@ static int parse_list(const char *s, uint32_t *out, uint32_t max) {
 static void usage(void) {
     fprintf(stderr, "usage: bench_decode [--decode] [--prefill] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx A,B,..] "
                     "[--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N] "
-                    "[--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,tf32,bf16,default] "
+                    "[--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default] "
                     "[--threads N] [--seed S]\n");
     exit(2);
 }
@@ -960,7 +957,7 @@ int main(int argc, char **argv) {
     o.chunk = 4096;
     o.prefill_cap = 30;
     o.prefill_prec = RT_GPU_FAST;
-    o.gemm_list = "bf16,tf32,f32,gemv";
+    o.gemm_list = "f16,f32,gemv";
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
     o.threads = nc > 0 ? (uint32_t)nc : 1;
     o.seed = 1;

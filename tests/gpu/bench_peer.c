@@ -14,7 +14,9 @@
  *
  *   bench_peer -m DIR|FILE.gguf [--precision fast|precise] [--pp 512,4096] [--tg 64]
  *              [--depth 512,4096,16384] [--batch 1,8,32] [--batch-depth 512] [--reps 3]
- *              [--cuda-graph on|off] [--no-verify] */
+ *              [--cuda-graph on|off] [--no-verify] [--profile]
+ * --profile: after the pp runs, rt_gpu_debug_profile's sub-step table of the last pp size (the
+ * prompt's work again with an event between sub-steps: where prefill time goes). */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -118,7 +120,7 @@ static void fill_tokens(int32_t *ids, uint32_t n, uint32_t vocab, uint64_t *seed
 
 int main(int argc, char **argv) {
     const char *model = NULL;
-    int fast = 1, graph = 1, verify = 1;
+    int fast = 1, graph = 1, verify = 1, profile = 0;
     uint32_t tg = 64, reps = 3, batch_depth = 512;
     list pp, depth, batch;
     parse_list("512,4096", &pp);
@@ -127,6 +129,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-verify")) { verify = 0; continue; }
+        if (!strcmp(a, "--profile")) { profile = 1; continue; }
         if (!v) { fprintf(stderr, "bench_peer: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "-m")) model = v;
@@ -196,6 +199,10 @@ int main(int argc, char **argv) {
         printf("pp%u %s: %.1f tok/s (median of %u: %.4f s; min %.4f, max %.4f)\n", n, prec, n / med, reps, med, t[0],
                t[reps - 1]);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| pp%u | %.0f |\n", n, n / med);
+    }
+    if (profile && pp.n) { /* the last forward call was the last pp size's */
+        printf("profile of pp%u (%s):\n", pp.v[pp.n - 1], prec);
+        GK(rt_gpu_debug_profile(g, pp.v[pp.n - 1], stdout, &err_));
     }
     for (uint32_t i = 0; i < depth.n; i++) {
         const uint32_t d = depth.v[i];

@@ -13,10 +13,11 @@
  *    the indexer's top-k on prompt 2, the greedy continuation with the cache; for TP=1 blobs.
  *    TP=2, TP=2 --ep, TP=4 --ep (all ranks on one GPU, device-side sum) and the GGUF source:
  *    prompts 0 and 1 against the oracle and against TP=1 (rel L2 <= 1e-4).
- * 4. Fast mode with f32/bf16/f16 latent caches and precise mode with bf16/f16 caches: argmax
- *    agreement with the oracle on prompts 0 and 1 >= 0.99 (the issue's target) and in the dense
- *    regime where the reference's top-2 gap > 0.01; fast mode also with the cache read back
- *    (prompt 1 decoded one token per call; checked for the f32 cache, printed for bf16/f16).
+ * 4. Fast mode with f32/bf16/f16 latent caches and precise mode with bf16/f16 caches: precise:
+ *    argmax agreement with the oracle on prompts 0 and 1 >= 0.99 and in the dense regime where
+ *    the reference's top-2 gap > 0.01; fast: the fast bar (fast_bar: issue 13's policy), also
+ *    with the cache read back (prompt 1 decoded one token per call; checked for the f32 cache,
+ *    printed for bf16/f16).
  *    The bf16-product-input mode (RT_GPU_BF16ACT) is printed only.
  * 5. --check's machinery (rt_gpu_check) on prompt 1 plus decode steps: every stage within 1e-4
  *    of the CPU stage fed the same input.
@@ -26,8 +27,9 @@
  *    above, greedy continuation included) and against the GEMV path (logits and every layer's hidden
  *    states within 1e-5 on prompts 0 and 1), also with the experts run by GEMV on their gathered
  *    rows, with 64 KB tiles (row-chunked dequantization), and for TP=2 and TP=2 --ep (vs TP=1
- *    within 1e-4); fast mode with the f32/tf32/bf16 computes: argmax agreement printed for
- *    prompts 0/1/2 (checked >= 0.99 on prompts 0/1 for f32).
+ *    within 1e-4); fast mode with the f32 and f16 (default) computes: argmax agreement printed
+ *    for prompts 0/1/2 (checked >= 0.99 on prompts 0/1 for f32; the fast bar, below, for the
+ *    default f16, the tensor-core attention and indexer of gpu_linear.h included).
  * Also row conversion to bf16/f16 (bit-exact vs format/quant.c). Runs on the device only
  * (`make test-gpu`, GLM5_SHARED as for the CPU tests). */
 #include <cuda_runtime_api.h>
@@ -97,6 +99,36 @@ static void test_dequant(void) {
                     "dequant %s k=%lld: %llu elements differ from quant_dequantize, %llu padding written, "
                     "%llu of the out-of-range rows not NaN", qi->name, (long long)k, (unsigned long long)bad,
                     (unsigned long long)pad_bad, (unsigned long long)nan_bad);
+            /* the 16-bit tiles of fast mode's prefill: the same values, rounded once */
+            for (int o = 0; o < 2; o++) {
+                const uint32_t ot = o ? CUK_F16 : CUK_BF16;
+                uint16_t *g16 = xmalloc((size_t)n * ldo * 2);
+                uint16_t *d16 = dalloc((size_t)n * ldo * 2);
+                CK(cudaMemset(d16, 0xA5, (size_t)n * ldo * 2));
+                T_CHECK(cuk_dequant_rows_16(type, dw, k, nrw, drows, n, d16, ot, ldo, NULL, &e) == G5_OK, "%s 16: %s",
+                        qi->name, e.msg);
+                get(g16, d16, (size_t)n * ldo * 2);
+                uint64_t bad16 = 0, pad16 = 0, nan16 = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    for (int64_t j = k; j < ldo; j++) pad16 += g16[i * ldo + j] != 0xA5A5;
+                    if (rows[i] < 0 || rows[i] >= nrw) {
+                        for (int64_t j = 0; j < k; j++) {
+                            const uint16_t h = g16[i * ldo + j];
+                            nan16 += o ? !((h & 0x7c00) == 0x7c00 && (h & 0x03ff)) : !((h & 0x7f80) == 0x7f80 && (h & 0x7f));
+                        }
+                        continue;
+                    }
+                    quant_dequantize(type, w + rows[i] * rb, (uint64_t)k, ref);
+                    for (int64_t j = 0; j < k; j++)
+                        bad16 += g16[i * ldo + j] != (o ? quant_f32_to_f16(ref[j]) : quant_f32_to_bf16(ref[j]));
+                }
+                T_CHECK(bad16 == 0 && pad16 == 0 && nan16 == 0,
+                        "dequant_16 %s %s k=%lld: %llu elements differ from quant_dequantize rounded, %llu padding "
+                        "written, %llu of the out-of-range rows not NaN", qi->name, o ? "f16" : "bf16", (long long)k,
+                        (unsigned long long)bad16, (unsigned long long)pad16, (unsigned long long)nan16);
+                free(g16);
+                cudaFree(d16);
+            }
             free(w);
             free(ref);
             free(got);
@@ -104,7 +136,7 @@ static void test_dequant(void) {
             cudaFree(drows);
             cudaFree(dout);
         }
-    printf("dequant_rows: 13 types x 2 widths, bit-exact vs quant_dequantize\n");
+    printf("dequant_rows: 13 types x 2 widths, bit-exact vs quant_dequantize (float32, and rounded to bf16/f16)\n");
 }
 
 static void test_route(void) {
@@ -926,6 +958,30 @@ static uint32_t argmax_agree(const prompt *p, const float *lg, uint32_t V, char 
     return agree;
 }
 
+/* Fast mode's fidelity bar (issue 13, specs/numerics.md "Fast mode"): on prompts 0 and 1 the
+ * argmax equals the oracle's at every dense position (< 32 = index_topk: no indexer choice yet)
+ * whose reference top-2 gap exceeds 0.1; logits rel L2 on prompts 0/1/2 no worse than llama.cpp's
+ * default path on the same file (0.09 / 0.26 / 0.51, ../shared/oracle/README.md). */
+static const double k_fast_rel_l2[3] = {0.09, 0.26, 0.51};
+
+static void fast_bar(const char *name, int i, const prompt *p, const float *lg, uint32_t V) {
+    uint32_t sure = 0, sure_n = 0;
+    char miss[512] = "";
+    int mo = 0;
+    for (uint32_t t = 0; t < p->n && t < 32; t++) {
+        if (top2_gap(p->ref + (size_t)t * V, V) <= 0.1f) continue;
+        sure_n++;
+        if (argmax(lg + (size_t)t * V, V) == (uint32_t)p->argmax[t]) sure++;
+        else if (mo < 400) mo += snprintf(miss + mo, sizeof miss - (size_t)mo, " %u", t);
+    }
+    const double rel = rel_l2(lg, p->ref, (size_t)p->n * V);
+    printf("%s: prompt %d: fast bar: dense argmax %u/%u where the gap > 0.1%s%s, logits rel L2 %.3e (bar %.2f)\n",
+           name, i, sure, sure_n, mo ? "; misses at" : "", miss, rel, i < 3 ? k_fast_rel_l2[i] : 0.0);
+    if (i < 2) T_CHECK(sure == sure_n, "%s: prompt %d dense argmax where the gap > 0.1: %u/%u", name, i, sure, sure_n);
+    if (i < 3) T_CHECK(rel <= k_fast_rel_l2[i], "%s: prompt %d logits rel L2 %.3e above %.2f", name, i, rel,
+                       k_fast_rel_l2[i]);
+}
+
 /* The cache read back: prompt 1 as a 32-token prefill, then one token per call (each call
  * attends the earlier tokens through the latent cache, in its storage type). With an f32
  * cache that is the precise arithmetic in another order: held to the precise tolerance. The
@@ -950,7 +1006,8 @@ static void decode_path(rt_gpu_model *g, const oracle *o, uint32_t V, const char
         printf("mode %s: prompt 1 as prefill 0..%u + %u single-token calls (cache read back): argmax agreement "
                "%.4f (%u/%u), logits rel L2 %.3e; misses at%s\n", name, first - 1, p->n - first,
                (double)agree / p->n, agree, p->n, rel, miss);
-        if (f32_cache) T_CHECK(rel <= k_tol_logits[1], "%s decode path: logits rel L2 %.3e", name, rel);
+        /* the 32-token prefill runs fast mode's bf16 products: the fast bar, whatever the cache */
+        if (f32_cache) fast_bar(name, 1, p, lg, V);
     }
     free(lg);
 }
@@ -1021,7 +1078,8 @@ static void test_modes(const char *dir, const oracle *o) {
                  * gap exceeds 0.01 (the float32 paths' criterion, test_oracle_logits). The
                  * bf16-input mode is only measured: its 3e-3 per-stage rounding flips near-tied
                  * indexer/router choices on this random model (the oracle's README). */
-                if (cfg[c].prec != RT_GPU_BF16ACT) {
+                if (cfg[c].prec == RT_GPU_FAST) fast_bar(cfg[c].name, i, p, lg, V);
+                if (cfg[c].prec == RT_GPU_PRECISE) {
                     T_CHECK(sure == sure_n, "%s: prompt %d argmax up to position 31 where the gap > 0.01: %u/%u",
                             cfg[c].name, i, sure, sure_n);
                     T_CHECK(agree >= 0.99 * p->n, "%s: prompt %d argmax agreement %u/%u below 0.99", cfg[c].name, i,
@@ -1213,8 +1271,7 @@ static void test_prefill_gemm(const char *dir, const char *dir_tp2, const char *
     static const struct { rt_gpu_gemm mode; const char *name; } fc[] = {
         {RT_GPU_GEMM_DEFAULT, "gemm off (GEMV), fast"},
         {RT_GPU_GEMM_F32, "gemm fast forced f32"},
-        {RT_GPU_GEMM_TF32, "gemm fast forced tf32"},
-        {RT_GPU_GEMM_BF16, "gemm fast forced bf16"},
+        {RT_GPU_GEMM_DEFAULT, "gemm fast forced (default: f16)"},
     };
     for (size_t c = 0; c < sizeof fc / sizeof fc[0]; c++) {
         g = gemm_model(m, dir, RT_GPU_FAST, c ? 1 : -1, 1, fc[c].mode, 0, fc[c].name);
@@ -1232,6 +1289,7 @@ static void test_prefill_gemm(const char *dir, const char *dir_tp2, const char *
                 if (i < 2 && fc[c].mode == RT_GPU_GEMM_F32)
                     T_CHECK(agree >= 0.99 * p->n, "%s: prompt %d argmax agreement %u/%u below 0.99", fc[c].name, i,
                             agree, p->n);
+                if (c == 2) fast_bar(fc[c].name, i, p, lg, V); /* the default: checked */
             }
             free(lg);
         }
