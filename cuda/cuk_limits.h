@@ -8,7 +8,10 @@
  * most 8), or is marked DEVICE: its launcher sizes it from the device's properties at start-up
  * (the opt-in limit, the cluster size cudaOccupancyMaxPotentialClusterSize grants) and falls back
  * to the kernel named in `fallback`, which itself fits. Byte counts are for GLM-5's shapes (MLA
- * nope 192, rope 64, kv_lora 512; DSA indexer 32 heads x 128, top-k 2048): the largest launch. */
+ * nope 192, rope 64, kv_lora 512; DSA indexer 32 heads x 128, top-k 2048): the largest launch.
+ * Static shared memory (__shared__ arrays) is bounded by ptxas at 48 KB for every target, so the
+ * table lists the dynamic part and the clusters; a kernel with neither (the prefill kernels of
+ * attn_prefill.cu and moe_prefill.cu, the row kernels) fits both targets as built. */
 #ifndef G5_CUK_LIMITS_H
 #define G5_CUK_LIMITS_H
 
