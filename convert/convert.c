@@ -1,6 +1,7 @@
 /* glm5-shard convert: the streaming converter (see convert.h for the design). */
 #include "convert/convert.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -567,6 +568,50 @@ static g5_status ensure_dir(const char *dir, g5_error *err) {
     return G5_OK;
 }
 
+/* Whether name is a blob-set file: rank-RRRRR-of-TTTTT.g5b (or its .tmp) or the set record; *tp
+ * receives TTTTT for a rank file, 0 for the record. */
+static int set_file(const char *name, uint32_t *tp) {
+    unsigned r, t;
+    int n = -1;
+    *tp = 0;
+    if (!strcmp(name, BLOB_SET_RECORD) || !strcmp(name, BLOB_SET_RECORD ".tmp")) return 1;
+    if (sscanf(name, "rank-%5u-of-%5u.g5b%n", &r, &t, &n) != 2 || n < 0) return 0;
+    if (name[n] && strcmp(name + n, ".tmp") != 0) return 0;
+    *tp = t;
+    return 1;
+}
+
+/* The output directory may hold only this conversion's own set (for --resume): another set's
+ * files are refused unless force, which removes every set file first (a new set never sits
+ * beside stale ranks of an old one). Other files are left alone. */
+static g5_status claim_outdir(const char *outdir, uint32_t tp, int resume, int force, g5_error *err) {
+    DIR *d = opendir(outdir);
+    if (!d) return errno == ENOENT ? G5_OK : g5_fail(err, G5_ERR_IO, "%s: %s", outdir, strerror(errno));
+    g5_status st = G5_OK;
+    char first[300] = "";
+    uint32_t n_found = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL && !st;) {
+        uint32_t t;
+        if (!set_file(de->d_name, &t)) continue;
+        if (resume && (t == tp || t == 0) && !force) continue; /* this plan's ranks, or the record */
+        if (!force) {
+            if (!n_found++) snprintf(first, sizeof first, "%s", de->d_name);
+            continue;
+        }
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", outdir, de->d_name);
+        if (unlink(path) != 0 && errno != ENOENT)
+            st = g5_fail(err, G5_ERR_IO, "%s: cannot remove the old set's file: %s", path, strerror(errno));
+    }
+    closedir(d);
+    if (!st && n_found)
+        st = g5_fail(err, G5_ERR_EXISTS,
+                     "%s already holds a blob set (%s%s): refusing to mix sets; --force removes the old set's "
+                     "files first%s", outdir, first, n_found > 1 ? " and others" : "",
+                     resume ? "" : ", --resume keeps the ranks of this same conversion");
+    return st;
+}
+
 g5_status convert_run(const char *model, const char *outdir, const convert_options *opt,
                       convert_result **out, g5_error *err) {
     return convert_run_hooked(model, outdir, opt, NULL, out, err);
@@ -626,6 +671,7 @@ g5_status convert_run_hooked(const char *model, const char *outdir, const conver
         res->ranks[r].rank = r;
         rank_path(outdir, r, p->tp, res->ranks[r].path, sizeof res->ranks[r].path);
     }
+    if ((st = claim_outdir(outdir, p->tp, opt->resume, opt->force, err))) goto done;
     if ((st = ensure_dir(outdir, err))) goto done;
     const uint32_t jobs = opt->jobs ? opt->jobs : p->tp;
     if (opt->resume) {

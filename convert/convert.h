@@ -64,6 +64,7 @@ typedef struct convert_options {
     uint32_t jobs;            /* writer threads (each serves ranks r = k mod jobs) and verify
                                * threads for --resume; 0 = T */
     int resume;               /* keep rank files that verify and belong to this plan; redo the rest */
+    int force;                /* outdir holds another set: remove its files first (else refused) */
     int dry_run;              /* build and check the plan only; write nothing */
     convert_progress_fn progress;  /* may be NULL */
     void *progress_user;
@@ -110,7 +111,10 @@ typedef struct convert_result {
 void convert_result_free(convert_result *r); /* accepts NULL; frees ranks and plan */
 
 /* Converts `model` (a .gguf, or any split of a set) into outdir (created if absent; its parent
- * must exist). On a refusal (G5_ERR_SHARDING, G5_ERR_MODEL) nothing is written or removed. On
+ * must exist). On a refusal (G5_ERR_SHARDING, G5_ERR_MODEL, G5_ERR_EXISTS: outdir holds another
+ * set's files, rank-*-of-*.g5b or blobset.g5s, and neither --force nor, for this conversion's own
+ * ranks, --resume was given) nothing is written or removed; with force every such file is removed
+ * before the first byte is written. On
  * any failure after writing began, the temporary files are removed (except for the crash
  * simulation hook), no set record exists, and an existing set record in outdir was removed
  * before the first byte was written (so stale and new ranks cannot be mistaken for a set).

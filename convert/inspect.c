@@ -237,14 +237,9 @@ static json_t *audit_glm5(const gguf_ctx *ctx) {
     }
     json_object_set_new(a, "hparams", hparams_json(hp));
 
-    /* The tokenizer must fit the embedding. */
-    gguf_vtype et;
-    uint64_t n_tok;
-    if (gguf_find_key(ctx, "tokenizer.ggml.tokens") >= 0 &&
-        gguf_get_arr(ctx, "tokenizer.ggml.tokens", &et, &n_tok, NULL) == G5_OK &&
-        n_tok > hp->n_vocab)
-        problem(a, "tokenizer.ggml.tokens has %llu entries, more than the vocabulary %u",
-                (unsigned long long)n_tok, hp->n_vocab);
+    /* The tokenizer as the runtime needs it (glm5_tokenizer_check). */
+    g5_error_clear(&e);
+    if (glm5_tokenizer_check(ctx, hp->n_vocab, &e) != G5_OK) problem(a, "%s", e.msg);
 
     json_t *unknown = json_object_get(a, "unknown"), *missing = json_object_get(a, "missing");
     json_t *unused = json_object_get(a, "unused_shared_indexer");
@@ -299,6 +294,11 @@ static json_t *audit_glm5(const gguf_ctx *ctx) {
         problem(a, "missing tensor '%s' (%s, %s)", s.name, glm5_role_name(s.role),
                 glm5_role_group(s.role));
     }
+    /* What the audit found nothing against must also pass the one validation convert and the
+     * runtime apply (tensor values, anything the list above does not cover). */
+    g5_error_clear(&e);
+    if (json_array_size(json_object_get(a, "problems")) == 0 && glm5_model_validate(ctx, hp, &e) != G5_OK)
+        problem(a, "%s", e.msg);
     json_object_set_new(a, "passed",
                         json_boolean(json_array_size(json_object_get(a, "problems")) == 0));
     free(hp);

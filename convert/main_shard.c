@@ -4,7 +4,6 @@
  * (unreadable or corrupt input, refusal, I/O). */
 #include <errno.h>
 #include <math.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +13,11 @@
 
 #include <jansson.h>
 
+#include "format/mapguard.h"
 #include "convert/convert.h"
 #include "convert/inspect.h"
 #include "convert/synth.h"
+#include "format/args.h"
 #include "format/gguf.h"
 #include "format/quant.h"
 #include "format/status.h"
@@ -48,10 +49,12 @@ static void usage(FILE *f) {
             "        the tensors and sizes without writing\n"
             "\n"
             "  convert --tp T [--ep] [--kv-b-type f32|bf16|f16|q8_0] [--jobs N] [--resume]\n"
-            "        [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
+            "        [--force] [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
             "        one checksummed blob per tensor-parallel rank (MODEL: any split of a set);\n"
             "        --ep places whole experts on ranks; --dry-run prints the plan and checks\n"
-            "        it; --resume keeps ranks that verify; progress on stderr (a terminal)\n"
+            "        it; --resume keeps ranks that verify; an OUTDIR holding another set is\n"
+            "        refused unless --force, which removes that set's files first;\n"
+            "        progress on stderr (a terminal)\n"
             "  verify OUTDIR [--deep MODEL.gguf] [--jobs N] [--quiet] [--json]\n"
             "        check every checksum of a blob set (like xxhsum -c); --deep re-derives\n"
             "        every slice (and kv_b) from the source GGUF and compares\n"
@@ -68,53 +71,26 @@ static int fail_usage(const char *fmt, const char *arg) {
     return EXIT_USAGE;
 }
 
-/* getopt_long with opterr = 0 and a ':'-prefixed optstring returns '?' for an unknown option
- * and ':' for a missing argument; name the culprit ourselves. */
-static int bad_option(const char *cmd, int c, char **argv) {
-    const char *arg = argv[optind - 1];
-    fprintf(stderr, "%s: %s: %s '%s'\n(try '%s --help')\n", prog, cmd,
-            c == ':' ? "missing argument for" : "unknown option", arg, prog);
-    return EXIT_USAGE;
+/* One command's options and positional arguments (format/args.h): 0 parsed, -1 help (printed),
+ * or EXIT_USAGE with the message printed. */
+static int parse_cmd(const char *cmd, const g5_arg *tab, size_t n, int argc, char **argv, const char **pos,
+                     size_t max_pos, size_t *n_pos) {
+    char msg[512];
+    g5_args_result r = g5_args_parse(tab, n, argc, argv, 1, pos, max_pos, n_pos, msg, sizeof msg);
+    if (r == G5_ARGS_HELP) {
+        usage(stdout);
+        return -1;
+    }
+    if (r) {
+        fprintf(stderr, "%s: %s: %s\n(try '%s --help')\n", prog, cmd, msg, prog);
+        return EXIT_USAGE;
+    }
+    return 0;
 }
 
 static int fail_error(const g5_error *e) {
     fprintf(stderr, "%s: error: %s\n", prog, e->msg[0] ? e->msg : g5_strerror(e->status));
     return EXIT_ERROR;
-}
-
-/* Parses an unsigned integer with an optional K/M/G/T suffix (powers of 1024). */
-static int parse_size(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-') return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s) return -1;
-    uint64_t mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1ull << 10; break;
-        case 'm': case 'M': mul = 1ull << 20; break;
-        case 'g': case 'G': mul = 1ull << 30; break;
-        case 't': case 'T': mul = 1ull << 40; break;
-        default: return -1;
-        }
-        end++;
-        if (*end == 'i' || *end == 'I') end++;
-        if (*end == 'b' || *end == 'B') end++;
-        if (*end) return -1;
-    }
-    if (g5_mul_u64(v, mul, out)) return -1;
-    return 0;
-}
-
-static int parse_u64(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-') return -1;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || *end) return -1;
-    *out = v;
-    return 0;
 }
 
 /* ---- inspect ---- */
@@ -137,35 +113,24 @@ static int print_report(json_t *rep, int json, const inspect_opts *io, const cha
 }
 
 static int cmd_inspect(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"json", no_argument, 0, 'j'},       {"dump", required_argument, 0, 'd'},
-        {"output", required_argument, 0, 'o'}, {"max-array", required_argument, 0, 'm'},
-        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
-    };
     int json = 0;
     const char *dump = NULL, *out = NULL;
     inspect_opts io;
     inspect_opts_init(&io);
-    optind = 1;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":jd:o:m:h", opts, NULL)) != -1) {
-        uint64_t v;
-        switch (c) {
-        case 'j': json = 1; break;
-        case 'd': dump = optarg; break;
-        case 'o': out = optarg; break;
-        case 'm':
-            if (parse_u64(optarg, &v) || v > 1000000)
-                return fail_usage("inspect: bad --max-array '%s'", optarg);
-            io.max_array = (uint32_t)v;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: return bad_option("inspect", c, argv);
-        }
-    }
-    if (optind + 1 != argc) return fail_usage("inspect: expected one FILE.gguf or OUTDIR%s", "");
-    const char *path = argv[optind];
+    int64_t max_array = io.max_array;
+    const g5_arg tab[] = {
+        {.name = "--json", .alias = "-j", .kind = G5_ARG_FLAG, .dst = &json},
+        {.name = "--dump", .alias = "-d", .kind = G5_ARG_STR, .dst = &dump},
+        {.name = "--output", .alias = "-o", .kind = G5_ARG_STR, .dst = &out},
+        {.name = "--max-array", .alias = "-m", .kind = G5_ARG_INT, .dst = &max_array, .lo = 0, .hi = 1000000},
+    };
+    const char *pos[2];
+    size_t np = 0;
+    int pr = parse_cmd("inspect", tab, sizeof tab / sizeof tab[0], argc, argv, pos, 2, &np);
+    if (pr) return pr < 0 ? 0 : pr;
+    io.max_array = (uint32_t)max_array;
+    if (np != 1) return fail_usage("inspect: expected one FILE.gguf or OUTDIR%s", "");
+    const char *path = pos[0];
     if (dump && !out) return fail_usage("inspect: --dump %s needs -o OUT.f32", dump);
     if (out && !dump) return fail_usage("inspect: -o %s is only for --dump", out);
 
@@ -223,58 +188,35 @@ static int synth_dry_run(const synth_opts *so) {
 }
 
 static int cmd_synth(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"preset", required_argument, 0, 'p'},     {"layers", required_argument, 0, 'l'},
-        {"experts", required_argument, 0, 'e'},    {"tp-friendly", no_argument, 0, 't'},
-        {"seed", required_argument, 0, 's'},       {"split-size", required_argument, 0, 'S'},
-        {"output", required_argument, 0, 'o'},     {"dry-run", no_argument, 0, 'n'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
-    };
     int dry_run = 0;
     synth_opts so;
     synth_opts_init(&so);
-    const char *out = NULL;
-    int have_preset = 0;
+    const char *out = NULL, *preset = NULL;
+    int64_t layers = 0, experts = 0;
+    int have_layers = 0, have_experts = 0, have_split = 0;
+    uint64_t seed = so.seed, split = 0;
     g5_error e;
     g5_error_clear(&e);
-    optind = 1;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":p:l:e:ts:S:o:nh", opts, NULL)) != -1) {
-        uint64_t v;
-        switch (c) {
-        case 'p':
-            if (synth_preset_from_name(optarg, &so.preset, &e))
-                return fail_usage("synth: unknown --preset '%s' (tiny, glm5)", optarg);
-            have_preset = 1;
-            break;
-        case 'l':
-            if (parse_u64(optarg, &v) || v < 1 || v > 511)
-                return fail_usage("synth: bad --layers '%s' (1..511)", optarg);
-            so.n_layers = (int64_t)v;
-            break;
-        case 'e':
-            if (parse_u64(optarg, &v) || v < 1 || v > 65536)
-                return fail_usage("synth: bad --experts '%s' (1..65536)", optarg);
-            so.n_experts = (int64_t)v;
-            break;
-        case 't': so.tp_friendly = 1; break;
-        case 's':
-            if (parse_u64(optarg, &v)) return fail_usage("synth: bad --seed '%s'", optarg);
-            so.seed = v;
-            break;
-        case 'S':
-            if (parse_size(optarg, &v) || v == 0)
-                return fail_usage("synth: bad --split-size '%s'", optarg);
-            so.split_size = v;
-            break;
-        case 'o': out = optarg; break;
-        case 'n': dry_run = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: return bad_option("synth", c, argv);
-        }
-    }
-    if (optind != argc) return fail_usage("synth: unexpected argument '%s'", argv[optind]);
+    const g5_arg tab[] = {
+        {.name = "--preset", .alias = "-p", .kind = G5_ARG_STR, .dst = &preset},
+        {.name = "--layers", .alias = "-l", .kind = G5_ARG_INT, .dst = &layers, .lo = 1, .hi = 511, .seen = &have_layers},
+        {.name = "--experts", .alias = "-e", .kind = G5_ARG_INT, .dst = &experts, .lo = 1, .hi = 65536,
+         .seen = &have_experts},
+        {.name = "--tp-friendly", .alias = "-t", .kind = G5_ARG_FLAG, .dst = &so.tp_friendly},
+        {.name = "--seed", .alias = "-s", .kind = G5_ARG_U64, .dst = &seed},
+        {.name = "--split-size", .alias = "-S", .kind = G5_ARG_SIZE, .dst = &split, .lo = 1, .seen = &have_split},
+        {.name = "--output", .alias = "-o", .kind = G5_ARG_STR, .dst = &out},
+        {.name = "--dry-run", .alias = "-n", .kind = G5_ARG_FLAG, .dst = &dry_run},
+    };
+    int pr = parse_cmd("synth", tab, sizeof tab / sizeof tab[0], argc, argv, NULL, 0, NULL);
+    if (pr) return pr < 0 ? 0 : pr;
+    int have_preset = preset != NULL;
+    if (preset && synth_preset_from_name(preset, &so.preset, &e))
+        return fail_usage("synth: unknown --preset '%s' (tiny, glm5)", preset);
+    if (have_layers) so.n_layers = layers;
+    if (have_experts) so.n_experts = experts;
+    so.seed = seed;
+    if (have_split) so.split_size = split;
     if (!have_preset) return fail_usage("synth: --preset tiny|glm5 is required%s", "");
     if (dry_run) return synth_dry_run(&so);
     if (!out) return fail_usage("synth: -o FILE.gguf is required%s", "");
@@ -329,55 +271,39 @@ static int print_json_text(char *txt) {
 }
 
 static int cmd_convert(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"tp", required_argument, 0, 't'},        {"ep", no_argument, 0, 'E'},
-        {"kv-b-type", required_argument, 0, 'k'}, {"jobs", required_argument, 0, 'j'},
-        {"resume", no_argument, 0, 'r'},          {"dry-run", no_argument, 0, 'n'},
-        {"quiet", no_argument, 0, 'q'},           {"json", no_argument, 0, 'J'},
-        {"output", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
     convert_options co;
     convert_options_init(&co);
     int quiet = 0, json = 0;
-    const char *out = NULL;
-    opterr = 0;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, ":t:Ek:j:rnqJo:h", opts, NULL)) != -1) {
-        uint64_t v;
-        switch (c) {
-        case 't':
-            if (parse_u64(optarg, &v) || v < 1 || v > 65536)
-                return fail_usage("convert: bad --tp '%s' (1..65536)", optarg);
-            co.tp = (uint32_t)v;
-            break;
-        case 'E': co.ep = 1; break;
-        case 'k': {
-            int t = quant_type_from_name(optarg);
-            if (t != QT_F32 && t != QT_BF16 && t != QT_F16 && t != QT_Q8_0)
-                return fail_usage("convert: bad --kv-b-type '%s' (f32, bf16, f16, q8_0)", optarg);
-            co.kv_b_type = (uint32_t)t;
-            break;
-        }
-        case 'j':
-            if (parse_u64(optarg, &v) || v > 4096)
-                return fail_usage("convert: bad --jobs '%s'", optarg);
-            co.jobs = (uint32_t)v;
-            break;
-        case 'r': co.resume = 1; break;
-        case 'n': co.dry_run = 1; break;
-        case 'q': quiet = 1; break;
-        case 'J': json = 1; break;
-        case 'o': out = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return bad_option("convert", c, argv);
-        }
+    const char *out = NULL, *kvb = NULL;
+    int64_t tp = 0, jobs = co.jobs;
+    const g5_arg tab[] = {
+        {.name = "--tp", .alias = "-t", .kind = G5_ARG_INT, .dst = &tp, .lo = 1, .hi = 65536},
+        {.name = "--ep", .alias = "-E", .kind = G5_ARG_FLAG, .dst = &co.ep},
+        {.name = "--kv-b-type", .alias = "-k", .kind = G5_ARG_STR, .dst = &kvb},
+        {.name = "--jobs", .alias = "-j", .kind = G5_ARG_INT, .dst = &jobs, .lo = 0, .hi = 4096},
+        {.name = "--resume", .alias = "-r", .kind = G5_ARG_FLAG, .dst = &co.resume},
+        {.name = "--force", .alias = "-F", .kind = G5_ARG_FLAG, .dst = &co.force},
+        {.name = "--dry-run", .alias = "-n", .kind = G5_ARG_FLAG, .dst = &co.dry_run},
+        {.name = "--quiet", .alias = "-q", .kind = G5_ARG_FLAG, .dst = &quiet},
+        {.name = "--json", .alias = "-J", .kind = G5_ARG_FLAG, .dst = &json},
+        {.name = "--output", .alias = "-o", .kind = G5_ARG_STR, .dst = &out},
+    };
+    const char *pos[2];
+    size_t np = 0;
+    int pr = parse_cmd("convert", tab, sizeof tab / sizeof tab[0], argc, argv, pos, 2, &np);
+    if (pr) return pr < 0 ? 0 : pr;
+    co.tp = (uint32_t)tp;
+    co.jobs = (uint32_t)jobs;
+    if (kvb) {
+        int t = quant_type_from_name(kvb);
+        if (t != QT_F32 && t != QT_BF16 && t != QT_F16 && t != QT_Q8_0)
+            return fail_usage("convert: bad --kv-b-type '%s' (f32, bf16, f16, q8_0)", kvb);
+        co.kv_b_type = (uint32_t)t;
     }
     if (co.tp == 0) return fail_usage("convert: --tp T is required%s", "");
-    if (optind + 1 != argc) return fail_usage("convert: expected one MODEL.gguf%s", "");
+    if (np != 1) return fail_usage("convert: expected one MODEL.gguf%s", "");
     if (!out && !co.dry_run) return fail_usage("convert: -o OUTDIR is required%s", "");
-    const char *model = argv[optind];
+    const char *model = pos[0];
     progress_state ps = {!quiet && !json && isatty(STDERR_FILENO), 0, CONVERT_PHASE_PLAN};
     co.progress = progress_cb;
     co.progress_user = &ps;
@@ -432,33 +358,23 @@ static int cmd_convert(int argc, char **argv) {
 }
 
 static int cmd_verify(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"deep", required_argument, 0, 'd'}, {"jobs", required_argument, 0, 'j'},
-        {"quiet", no_argument, 0, 'q'},      {"json", no_argument, 0, 'J'},
-        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
-    };
     convert_verify_options vo;
     convert_verify_options_init(&vo);
     int quiet = 0, json = 0;
-    opterr = 0;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, ":d:j:qJh", opts, NULL)) != -1) {
-        uint64_t v;
-        switch (c) {
-        case 'd': vo.deep_source = optarg; break;
-        case 'j':
-            if (parse_u64(optarg, &v) || v > 4096) return fail_usage("verify: bad --jobs '%s'", optarg);
-            vo.jobs = (uint32_t)v;
-            break;
-        case 'q': quiet = 1; break;
-        case 'J': json = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: return bad_option("verify", c, argv);
-        }
-    }
-    if (optind + 1 != argc) return fail_usage("verify: expected one OUTDIR%s", "");
-    const char *dir = argv[optind];
+    int64_t jobs = vo.jobs;
+    const g5_arg tab[] = {
+        {.name = "--deep", .alias = "-d", .kind = G5_ARG_STR, .dst = &vo.deep_source},
+        {.name = "--jobs", .alias = "-j", .kind = G5_ARG_INT, .dst = &jobs, .lo = 0, .hi = 4096},
+        {.name = "--quiet", .alias = "-q", .kind = G5_ARG_FLAG, .dst = &quiet},
+        {.name = "--json", .alias = "-J", .kind = G5_ARG_FLAG, .dst = &json},
+    };
+    const char *pos[2];
+    size_t np = 0;
+    int pr = parse_cmd("verify", tab, sizeof tab / sizeof tab[0], argc, argv, pos, 2, &np);
+    if (pr) return pr < 0 ? 0 : pr;
+    vo.jobs = (uint32_t)jobs;
+    if (np != 1) return fail_usage("verify: expected one OUTDIR%s", "");
+    const char *dir = pos[0];
     progress_state ps = {!quiet && !json && isatty(STDERR_FILENO), 0, CONVERT_PHASE_VERIFY};
     vo.progress = progress_cb;
     vo.progress_user = &ps;
@@ -512,6 +428,7 @@ static int cmd_verify(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install(prog, EXIT_ERROR); /* an input truncated under us: an error, never SIGBUS */
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;

@@ -167,7 +167,8 @@ static g5_status plan_core(const gguf_ctx *src, const shard_options *opt, shard_
     p->tp = opt->tp;
     p->ep = opt->ep;
     p->kv_b_type = opt->kv_b_type;
-    if ((st = glm5_hparams_read(src, &p->hp, err))) goto fail;
+    /* the runtime's own validation: convert writes nothing glm5-run would refuse */
+    if ((st = glm5_model_validate(src, &p->hp, err))) goto fail;
     const glm5_hparams *hp = &p->hp;
     const int64_t n = gguf_get_n_tensors(src);
     p->n_src_tensors = (uint64_t)n;

@@ -700,7 +700,8 @@ g5_status synth_write(const synth_opts *o, const char *path, synth_result *res, 
         res->n_tensors = p->n_tensors;
         res->data_bytes = p->data_bytes;
     }
-    uint64_t first = 0;
+    uint64_t first = 0, set_bytes = 0;
+    uint32_t n_done = 0;
     for (uint32_t k = 0; k < p->n_splits; k++) {
         char fpath[4096];
         if (!o->split_size) {
@@ -740,18 +741,30 @@ g5_status synth_write(const synth_opts *o, const char *path, synth_result *res, 
             }
         }
         fill_ctx fc = {p->tensors, first, o->seed};
+        if (o->test_fail_after_bytes)
+            gguf_writer_set_test_fail_after(w, o->test_fail_after_bytes > set_bytes ? o->test_fail_after_bytes - set_bytes : 1);
         if ((st = gguf_writer_write_file(w, fpath, fill_tensor, &fc, err))) goto done;
+        n_done = k + 1;
         gguf_writer_free(w);
         w = NULL;
+        struct stat sb;
+        if (stat(fpath, &sb) == 0) set_bytes += (uint64_t)sb.st_size;
         if (res) {
-            struct stat sb;
             if (k == 0) snprintf(res->first_path, sizeof res->first_path, "%s", fpath);
-            if (stat(fpath, &sb) == 0) res->file_bytes += (uint64_t)sb.st_size;
+            res->file_bytes = set_bytes;
         }
         first = last;
     }
     st = G5_OK;
 done:
+    /* A set is written as a set: a failure removes the splits already in place (the failing one
+     * removed its own temporary file). */
+    for (uint32_t k = 0; st && k < n_done; k++) {
+        char fpath[4096];
+        if (!o->split_size) snprintf(fpath, sizeof fpath, "%s", path);
+        else if (synth_split_path(path, k, p->n_splits, fpath, sizeof fpath)) continue;
+        unlink(fpath);
+    }
     gguf_writer_free(w);
     synth_plan_free(p);
     return st;

@@ -40,6 +40,8 @@ typedef struct synth_opts {
     uint64_t seed;
     uint64_t split_size; /* 0: one file; otherwise at most this many tensor-data bytes per split
                           * (a single larger tensor gets a split of its own) */
+    uint64_t test_fail_after_bytes; /* test hook: the write that takes the set (all splits
+                          * together) past this many bytes fails with ENOSPC (0: off) */
 } synth_opts;
 
 void synth_opts_init(synth_opts *o); /* tiny, preset defaults, seed 1, one file */

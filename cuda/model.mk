@@ -11,7 +11,7 @@
 # MPI_LIBS (Makefile) is empty where MPI is absent; where present the runtime archive's comm.o
 # needs it.
 
-GPU_RT_SRC      := $(wildcard runtime/gpu/gpu_*.c)
+GPU_RT_SRC      := $(wildcard runtime/gpu/gpu_*.c) runtime/engine_gpu.c
 GPU_RT_OBJ      := $(patsubst %.c,$(GPU_DIR)/obj/%.o,$(GPU_RT_SRC))
 GPU_CFLAGS       = $(CFLAGS) -DG5_WITH_CUDA -isystem $(CUDA_HOME)/include
 GPU_STATIC_LIBS := -Wl,-Bstatic -ljansson -lpcre2-8 -lzstd -lxxhash -Wl,-Bdynamic
@@ -33,11 +33,11 @@ $(GPU_DIR)/bin/glm5-run: $(GPU_DIR)/obj/runtime/cli/main_run.o $(GPU_RT_OBJ) $(L
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
-# glm5-serve --device cuda: serve_gpu.c (the backend) and serve_notls.c (GnuTLS stubs for the
-# static libmicrohttpd, which the GPU machine has no GnuTLS for) built with G5_WITH_CUDA ahead of
-# the CPU archive; tests/gpu/test_gpu_serve checks batched against one-at-a-time decoding and is
+# glm5-serve --device cuda: the engine's CUDA implementation (runtime/engine_gpu.c, in GPU_RT_OBJ)
+# and serve_notls.c (GnuTLS stubs for the static libmicrohttpd, which the GPU machine has no
+# GnuTLS for) built with G5_WITH_CUDA ahead of the CPU archive; tests/gpu/test_gpu_serve checks batched against one-at-a-time decoding and is
 # the concurrent client of tests/gpu/serve_gpu.sh.
-GPU_SERVE_OBJ  := $(GPU_DIR)/obj/runtime/serve/serve_gpu.o $(GPU_DIR)/obj/runtime/serve/serve_notls.o
+GPU_SERVE_OBJ  := $(GPU_DIR)/obj/runtime/serve/serve_notls.o
 GPU_SERVE_TEST := $(GPU_DIR)/tests/test_gpu_serve
 gpu: $(GPU_DIR)/bin/glm5-serve
 gpu-model: $(GPU_DIR)/bin/glm5-serve $(GPU_SERVE_TEST)

@@ -1,4 +1,5 @@
 #include "blob.h"
+#include "mapguard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -466,8 +467,10 @@ g5_status blob_open(const char *path, blob **out, g5_error *err) {
     int e = errno;
     close(fd);
     if (map == MAP_FAILED) return g5_fail(err, G5_ERR_IO, "%s: mmap: %s", path, strerror(e));
+    g5_mapguard_add(map, len, path); /* a truncation under us: an error, not a crash */
     g5_status st = blob_parse_buffer(map, len, path, 0, out, err);
     if (st) {
+        g5_mapguard_remove(map);
         munmap(map, len);
         return st;
     }
@@ -483,7 +486,10 @@ void blob_free(blob *b) {
     free(b->sources);
     free(b->tensors);
     free(b->by_name);
-    if (b->map) munmap(b->map, b->map_len);
+    if (b->map) {
+        g5_mapguard_remove(b->map);
+        munmap(b->map, b->map_len);
+    }
     free(b->path);
     free(b);
 }

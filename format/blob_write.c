@@ -1,5 +1,6 @@
 /* Blob writer (streaming): layout, hashing while writing, PATH.tmp + fsync + rename. */
 #include "blob.h"
+#include "mapguard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -277,6 +278,7 @@ g5_status blob_writer_create(const char *path, const blob_writer_params *p,
         st = g5_fail(err, G5_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
         goto fail;
     }
+    g5_mapguard_add_output(w->tmp); /* removed by the SIGBUS handler if a source vanishes */
     XXH3_128bits_reset(w->cst);
     *out = w;
     return G5_OK;
@@ -385,6 +387,7 @@ g5_status blob_writer_finish(blob_writer *w, uint8_t out_hash[16], g5_error *err
         return g5_fail(err, G5_ERR_IO, "%s: rename to %s: %s", w->tmp, w->path, strerror(errno));
     }
     w->finished = 1;
+    g5_mapguard_remove_output(w->tmp);
     if (out_hash) memcpy(out_hash, h + H_HASH_HDR, 16);
     return blob_i_fsync_dir_of(w->path, err);
 }
@@ -393,6 +396,7 @@ void blob_writer_abort(blob_writer *w, int keep_tmp) {
     if (!w) return;
     if (w->fd >= 0) close(w->fd);
     if (!w->finished && !keep_tmp && w->tmp && w->fd >= 0) unlink(w->tmp);
+    g5_mapguard_remove_output(w->tmp);
     free(w->path);
     free(w->tmp);
     free(w->index);

@@ -2,6 +2,7 @@
  * with mmap (gguf_open). Only the header, kv and tensor-info regions are read; tensor data is
  * never touched. Every count, length and offset taken from the image is checked before use. */
 #include "gguf.h"
+#include "mapguard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -198,7 +199,10 @@ static void split_release(gguf_split *s) {
     free(s->key_pool);
     free(s->name_pool);
     free(s->name);
-    if (s->map) munmap(s->map, (size_t)s->len);
+    if (s->map) {
+        g5_mapguard_remove(s->map);
+        munmap(s->map, (size_t)s->len);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -239,7 +243,12 @@ static g5_status parse_value(rd *r, gguf_kv *kv, uint32_t type_id) {
         const uint8_t *p = r->b + r->pos;
         switch (type) {
         case GGUF_VT_UINT8: v->v.u = p[0]; break;
-        case GGUF_VT_BOOL: v->v.u = p[0]; break;
+        case GGUF_VT_BOOL:
+            if (p[0] > 1) /* GGUF bools are 0 or 1; anything else is damage, not "true" */
+                return g5_fail_at(r->err, G5_ERR_FORMAT, r->pos, "%s: %s: boolean value %u (must be 0 or 1)",
+                                  r->file, r->what, p[0]);
+            v->v.u = p[0];
+            break;
         case GGUF_VT_INT8: v->v.i = (int8_t)p[0]; break;
         case GGUF_VT_UINT16: v->v.u = g5_rd_u16(p); break;
         case GGUF_VT_INT16: v->v.i = (int16_t)g5_rd_u16(p); break;
@@ -286,6 +295,10 @@ static g5_status parse_value(rd *r, gguf_kv *kv, uint32_t type_id) {
     v->v.arr.n = n;
     v->v.arr.data = r->b + r->pos;
     if (et != GGUF_VT_STRING) {
+        for (uint64_t j = 0; et == GGUF_VT_BOOL && j < n; j++)
+            if (r->b[r->pos + j] > 1)
+                return g5_fail_at(r->err, G5_ERR_FORMAT, r->pos + j, "%s: %s: element %llu is boolean value %u (must be 0 or 1)",
+                                  r->file, r->what, (unsigned long long)j, r->b[r->pos + j]);
         r->pos += n * min_elem;
         return G5_OK;
     }
@@ -718,12 +731,16 @@ static g5_status open_one(const char *path, const char *sibling_of, uint32_t no,
             return g5_fail(err, G5_ERR_IO, "%s: mmap of %llu bytes failed: %s", path,
                            (unsigned long long)len, strerror(e));
         }
+        g5_mapguard_add(map, (size_t)len, path); /* a truncation under us: an error, not a crash */
     }
     close(fd);
     gguf_ctx *ctx;
     g5_status st = ctx_new(path, &ctx, err);
     if (st) {
-        if (map) munmap(map, (size_t)len);
+        if (map) {
+            g5_mapguard_remove(map);
+            munmap(map, (size_t)len);
+        }
         return st;
     }
     static const uint8_t empty[1];

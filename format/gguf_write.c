@@ -2,6 +2,7 @@
  * field), so copying a pair from a parsed file is a byte copy and the header is a concatenation.
  * Tensor data is streamed one tensor at a time. */
 #include "gguf_write.h"
+#include "mapguard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +41,7 @@ struct gguf_writer {
     wkv *kvs;
     int64_t n_t, cap_t;
     wtensor *ts;
+    uint64_t fail_after;   /* test hook: writes past this many file bytes fail with ENOSPC (0: off) */
 };
 
 static const uint8_t scalar_size[GGUF_VT_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
@@ -163,6 +165,8 @@ g5_status gguf_writer_set_str(gguf_writer *w, const char *key, const char *s, ui
     if (len) memcpy(v + 8, s, (size_t)len);
     return put_kv(w, key, GGUF_VT_STRING, v, len + 8);
 }
+
+void gguf_writer_set_test_fail_after(gguf_writer *w, uint64_t bytes) { w->fail_after = bytes; }
 
 void gguf_writer_set_alignment(gguf_writer *w, uint64_t alignment) {
     if (!w) return;
@@ -403,7 +407,15 @@ g5_status gguf_writer_write_buffer(const gguf_writer *w, uint8_t **buf, uint64_t
     return G5_OK;
 }
 
-static g5_status write_all(int fd, const void *p, uint64_t n, const char *path, g5_error *err) {
+/* Bytes written so far and the injected full-disk point of the file being written. */
+typedef struct wpos {
+    uint64_t done, fail_after;
+} wpos;
+
+static g5_status write_all(int fd, const void *p, uint64_t n, const char *path, g5_error *err, wpos *wp) {
+    if (wp->fail_after && wp->done + n > wp->fail_after)
+        return g5_fail(err, G5_ERR_IO, "%s: write failed: %s (injected by the test hook)", path, strerror(ENOSPC));
+    wp->done += n;
     const uint8_t *b = p;
     while (n) {
         size_t chunk = n > (1u << 30) ? (1u << 30) : (size_t)n;
@@ -465,7 +477,9 @@ g5_status gguf_writer_write_file(const gguf_writer *w, const char *path, gguf_fi
         st = g5_fail(err, G5_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
-    st = write_all(fd, hdr, hlen, tmp, err);
+    g5_mapguard_add_output(tmp);
+    wpos wp = {0, w->fail_after};
+    st = write_all(fd, hdr, hlen, tmp, err, &wp);
     static const uint8_t zeros[GW_MAX_ALIGNMENT > 4096 ? 4096 : GW_MAX_ALIGNMENT];
     uint64_t off = 0;
     for (int64_t i = 0; i < w->n_t && !st; i++) {
@@ -480,13 +494,13 @@ g5_status gguf_writer_write_file(const gguf_writer *w, const char *path, gguf_fi
             }
             src = scratch;
         }
-        st = write_all(fd, src, t->nbytes, tmp, err);
+        st = write_all(fd, src, t->nbytes, tmp, err, &wp);
         off += t->nbytes;
         uint64_t pad = pad_to(off, w->alignment);
         off += pad;
         while (!st && pad) {
             uint64_t k = pad > sizeof zeros ? sizeof zeros : pad;
-            st = write_all(fd, zeros, k, tmp, err);
+            st = write_all(fd, zeros, k, tmp, err, &wp);
             pad -= k;
         }
     }
@@ -498,6 +512,7 @@ g5_status gguf_writer_write_file(const gguf_writer *w, const char *path, gguf_fi
         st = g5_fail(err, G5_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
     if (st) unlink(tmp);
     else fsync_dir_of(path);
+    g5_mapguard_remove_output(tmp);
 out:
     free(tmp);
     free(scratch);

@@ -56,6 +56,10 @@ g5_status gguf_writer_header_bytes(const gguf_writer *w, uint8_t **buf, uint64_t
 /* Fills dst (nbytes) with tensor i's data. Return G5_OK or an error that aborts the write. */
 typedef g5_status (*gguf_fill_fn)(void *user, int64_t i, uint8_t *dst, uint64_t nbytes);
 
+/* Test hook: a write that would take the file past `bytes` fails with ENOSPC (0: off), as a
+ * full disk would; the temporary file is removed as on any write error. */
+void gguf_writer_set_test_fail_after(gguf_writer *w, uint64_t bytes);
+
 /* Writes the whole file: PATH.tmp, fsync, rename. Tensors without data come from fill. */
 g5_status gguf_writer_write_file(const gguf_writer *w, const char *path, gguf_fill_fn fill,
                                  void *user, g5_error *err);

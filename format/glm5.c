@@ -126,6 +126,37 @@ g5_status glm5_hparams_read(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err
     };
     for (size_t i = 0; i < sizeof nz / sizeof nz[0]; i++)
         if (nz[i].v == 0) return g5_fail(err, G5_ERR_MODEL, GLM5_ARCH ".%s is 0", nz[i].name);
+    /* Upper bounds far above any real model, so that every product the loaders size buffers
+     * with (heads x head dims x latent rank x 4 bytes, experts x widths, ...) fits in 64 bits and
+     * an absurd value is named here, before any allocation, not reported as out of memory. */
+    struct { const char *name; uint32_t v, max; } cap[] = {
+        {"embedding_length", hp->n_embd, 1u << 20}, {"vocab", hp->n_vocab, 1u << 28},
+        {"feed_forward_length", hp->n_ff, 1u << 22}, {"expert_feed_forward_length", hp->n_ff_exp, 1u << 22},
+        {"attention.head_count", hp->n_head, 1u << 16}, {"attention.head_count_kv", hp->n_head_kv, 1u << 16},
+        {"attention.q_lora_rank", hp->q_lora, 1u << 20}, {"attention.kv_lora_rank", hp->kv_lora, 1u << 20},
+        {"attention.key_length_mla", key_len_mla, 1u << 20}, {"attention.value_length_mla", hp->v_head, 1u << 20},
+        {"expert_count", hp->n_expert, 1u << 16}, {"expert_shared_count", hp->n_expert_shared, 1u << 16},
+        {"attention.indexer.head_count", hp->idx_n_head, 1u << 16},
+        {"attention.indexer.key_length", hp->idx_head_dim, 1u << 20},
+        {"attention.indexer.top_k", hp->idx_top_k, 1u << 30},
+        {"leading_dense_block_count", hp->n_leading_dense, GLM5_MAX_LAYERS},
+    };
+    for (size_t i = 0; i < sizeof cap / sizeof cap[0]; i++)
+        if (cap[i].v > cap[i].max)
+            return g5_fail(err, G5_ERR_MODEL, GLM5_ARCH ".%s = %u (must be at most %u)", cap[i].name, cap[i].v,
+                           cap[i].max);
+    if (gguf_find_key(ctx, GLM5_ARCH ".context_length") >= 0 && hp->n_ctx_train == 0)
+        return g5_fail(err, G5_ERR_MODEL, GLM5_ARCH ".context_length is 0 (must be at least 1)");
+    /* NaN compares false both ways: the checks are written so that NaN fails them. */
+    struct { const char *name; float v; float lo, hi; } fl[] = {
+        {"attention.layer_norm_rms_epsilon", hp->rms_eps, 0.0f, 1.0f},
+        {"rope.freq_base", hp->rope_theta, 0.0f, 1e30f},
+        {"expert_weights_scale", hp->expert_weights_scale, 0.0f, 1e30f},
+    };
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+        if (!(fl[i].v > fl[i].lo && fl[i].v < fl[i].hi))
+            return g5_fail(err, G5_ERR_MODEL, GLM5_ARCH ".%s = %g (must be finite, in (%g, %g))", fl[i].name,
+                           (double)fl[i].v, (double)fl[i].lo, (double)fl[i].hi);
     if (hp->n_expert_used > hp->n_expert)
         return g5_fail(err, G5_ERR_MODEL, "expert_used_count %u > expert_count %u",
                        hp->n_expert_used, hp->n_expert);

@@ -164,6 +164,29 @@ glm5_role glm5_classify(const char *name, int32_t *layer);
  * carry them, but published GGUFs duplicate them there). */
 g5_status glm5_spec_for(const glm5_hparams *hp, const char *name, glm5_tensor_spec *out);
 
+/* ---- validation (glm5_check.c): one set of rules for convert, inspect and the runtime ----
+ *
+ * glm5_hparams_read range-checks every hyperparameter (zero, absurdly large, NaN or infinite
+ * values are named) before anything is sized from it. On top of that: */
+
+/* The tokenizer metadata the runtime's tokenizer needs: model "gpt2", pre "glm4"/"chatglm-bpe",
+ * tokens (strings, as many as the vocabulary, at least 256), merges (strings "LEFT RIGHT"),
+ * token_type (i32, one per token, 0..6) if present, special ids (bos, eos, eot, eom, unknown,
+ * padding) integers inside the vocabulary if present. The first problem names the key. */
+g5_status glm5_tokenizer_check(const gguf_ctx *ctx, uint32_t n_vocab, g5_error *err);
+/* One tensor: a GLM-5 name, the shape the hyperparameters give (ne: the whole tensor's), a type
+ * both the converter and the runtime support (quant_check_supported); with data (nbytes long,
+ * may be NULL), a 1-D tensor's values (norm weights, biases) must all be finite. */
+g5_status glm5_tensor_check(const glm5_hparams *hp, const char *name, uint32_t type, const uint64_t ne[4],
+                            const void *data, uint64_t nbytes, g5_error *err);
+/* glm5_hparams_read + glm5_tokenizer_check (what a blob's embedded metadata must pass). */
+g5_status glm5_meta_validate(const gguf_ctx *meta, glm5_hparams *hp, g5_error *err);
+/* A whole GGUF: glm5_meta_validate, glm5_tensor_check on every tensor (with its data), every
+ * required tensor present (attn_kv_b or attn_k_b + attn_v_b per layer, not both). Used by
+ * `convert` before writing anything, by `inspect`'s audit, and by the runtime's GGUF open before
+ * any allocation sized from the hyperparameters. */
+g5_status glm5_model_validate(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err);
+
 /* Rebuilds HF's kv_b_proj for heads [h0, h1) of one layer, as float32 rows:
  *   out: [(h1-h0) * (qk_nope + v_head), kv_lora] row-major, i.e. in ggml order
  *   ne = {kv_lora, (h1-h0)*(qk_nope+v_head)}. Per head: qk_nope rows of W_UK, then v_head rows

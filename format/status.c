@@ -33,6 +33,7 @@ static const char *const g5_status_names[G5_STATUS_COUNT] = {
     [G5_ERR_MODEL] = "inconsistent model",
     [G5_ERR_MISMATCH] = "mismatched blob set",
     [G5_ERR_COMPRESS] = "compression error",
+    [G5_ERR_EXISTS] = "output exists",
     [G5_ERR_INTERNAL] = "internal error",
 };
 

@@ -42,6 +42,7 @@ typedef enum g5_status {
     G5_ERR_MODEL,           /* model hyperparameters or tensor set inconsistent */
     G5_ERR_MISMATCH,        /* blobs from another rank/source/plan */
     G5_ERR_COMPRESS,        /* zstd failure */
+    G5_ERR_EXISTS,          /* the output place holds something we refuse to replace */
     G5_ERR_INTERNAL,
     G5_STATUS_COUNT
 } g5_status;

@@ -12,7 +12,10 @@
     } while (0)
 
 struct rt_drafter {
-    rt_draft_ops ops;
+    rt_eng_seq *s;
+    uint32_t n_vocab, n_embd;
+    rt_draft_observer obs;
+    void *obs_user;
     float *lg;                   /* [2][V] the last verifying call's logits */
     float *hid;                  /* [2][E] its hidden states */
     float *dr;                   /* [V] draft logits */
@@ -28,7 +31,7 @@ struct rt_drafter {
 
 static g5_status pairs_reserve(rt_drafter *d, uint64_t need, g5_error *err) {
     if (need <= d->cap) return G5_OK;
-    const uint64_t E = d->ops.n_embd;
+    const uint64_t E = d->n_embd;
     uint64_t nc = d->cap ? d->cap : 4, bytes;
     while (nc < need) nc *= 2;
     if (nc > UINT32_MAX || g5_mul_u64(nc, E * sizeof(float), &bytes) || bytes > SIZE_MAX)
@@ -45,19 +48,22 @@ static g5_status pairs_reserve(rt_drafter *d, uint64_t need, g5_error *err) {
 
 /* Appends (hidden state at p, token at p + 1) for the next MTP call (capacity reserved). */
 static void pair_add(rt_drafter *d, const float *h, int32_t next) {
-    const size_t E = d->ops.n_embd;
+    const size_t E = d->n_embd;
     memcpy(d->ph + (size_t)d->np * E, h, E * sizeof(float));
     d->pt[d->np++] = next;
 }
 
-g5_status rt_drafter_create(const rt_draft_ops *ops, rt_drafter **out, g5_error *err) {
+g5_status rt_drafter_create(rt_eng_seq *s, rt_drafter **out, g5_error *err) {
     *out = NULL;
-    if (!ops->n_vocab || !ops->n_embd || !ops->forward || !ops->mtp || !ops->drop_last)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "draft: incomplete engine operations");
+    if (!s) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: no sequence");
+    const rt_eng *e = rt_eng_seq_engine(s);
+    if (!rt_eng_has_mtp(e)) return g5_fail(err, G5_ERR_UNSUPPORTED, "draft: the model has no NextN/MTP block");
     rt_drafter *d = calloc(1, sizeof *d);
     if (!d) return g5_fail(err, G5_ERR_NOMEM, "drafter");
-    d->ops = *ops;
-    const size_t V = ops->n_vocab, E = ops->n_embd;
+    d->s = s;
+    d->n_vocab = rt_eng_hparams(e)->n_vocab;
+    d->n_embd = rt_eng_hparams(e)->n_embd;
+    const size_t V = d->n_vocab, E = d->n_embd;
     d->lg = malloc(2 * V * sizeof(float));
     d->hid = malloc(2 * E * sizeof(float));
     d->dr = malloc(V * sizeof(float));
@@ -70,6 +76,11 @@ g5_status rt_drafter_create(const rt_draft_ops *ops, rt_drafter **out, g5_error 
     }
     *out = d;
     return G5_OK;
+}
+
+void rt_drafter_set_observer(rt_drafter *d, rt_draft_observer fn, void *user) {
+    d->obs = fn;
+    d->obs_user = user;
 }
 
 void rt_drafter_free(rt_drafter *d) {
@@ -89,20 +100,22 @@ void rt_drafter_get_stats(const rt_drafter *d, rt_draft_stats *out) { *out = d->
  * becomes the last one. */
 static g5_status settle(rt_drafter *d, g5_error *err) {
     if (!d->pending) return G5_OK;
-    TRY(d->ops.drop_last(&d->ops, err));
+    const uint32_t n_past = rt_eng_seq_n_past(d->s);
+    if (!n_past) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: nothing to drop");
+    TRY(rt_eng_truncate(d->s, n_past - 1, rt_eng_seq_mtp_n_past(d->s), err));
     d->pending = 0;
-    memcpy(d->hlast, d->hid, d->ops.n_embd * sizeof(float));
+    memcpy(d->hlast, d->hid, d->n_embd * sizeof(float));
     return G5_OK;
 }
 
 g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float *logits, int all, g5_error *err) {
     if (n == 0) return G5_OK;
-    const size_t E = d->ops.n_embd;
+    const size_t E = d->n_embd;
     float *hidden = malloc((size_t)n * E * sizeof(float));
     if (!hidden) return g5_fail(err, G5_ERR_NOMEM, "draft: hidden states of %u tokens", n);
     g5_status st = settle(d, err);
     if (!st) st = pairs_reserve(d, (uint64_t)d->np + n, err);
-    if (!st) st = d->ops.forward(&d->ops, ids, n, logits, all, hidden, err);
+    if (!st) st = rt_eng_prefill(d->s, ids, n, &(rt_eng_out){.logits = logits, .all_logits = all, .hidden = hidden}, err);
     if (!st) {
         d->st.forwards++;
         if (d->have_last) pair_add(d, d->hlast, ids[0]);
@@ -115,7 +128,7 @@ g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float
 }
 
 g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err) {
-    const size_t V = d->ops.n_vocab, E = d->ops.n_embd;
+    const size_t V = d->n_vocab, E = d->n_embd;
     if (!d->have_last) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: a step before the prompt");
     TRY(pairs_reserve(d, (uint64_t)d->np + 2, err));
     if (d->pending && y == d->dtok) { /* accepted: the logits after y are there */
@@ -128,47 +141,19 @@ g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err
     }
     TRY(settle(d, err));
     pair_add(d, d->hlast, y);
-    TRY(d->ops.mtp(&d->ops, d->ph, d->pt, d->np, d->dr, err));
+    const uint32_t p0 = rt_eng_seq_mtp_n_past(d->s);
+    TRY(rt_eng_mtp(d->s, d->ph, d->pt, d->np, d->dr, 0, err));
+    if (d->obs) TRY(d->obs(d->obs_user, p0, d->ph, d->pt, d->np, d->dr, err));
     d->np = 0;
     uint32_t best = 0; /* greedy draft; ties to the lowest id */
     for (uint32_t v = 1; v < V; v++)
         if (d->dr[v] > d->dr[best]) best = v;
     const int32_t two[2] = {y, (int32_t)best};
-    TRY(d->ops.forward(&d->ops, two, 2, d->lg, 1, d->hid, err));
+    TRY(rt_eng_prefill(d->s, two, 2, &(rt_eng_out){.logits = d->lg, .all_logits = 1, .hidden = d->hid}, err));
     d->st.forwards++;
     d->st.drafted++;
     d->dtok = two[1];
     d->pending = 1;
     memcpy(logits, d->lg, V * sizeof(float));
     return G5_OK;
-}
-
-/* ---- the CPU model's operations ---- */
-
-static g5_status cpu_forward(const rt_draft_ops *o, const int32_t *ids, uint32_t n, float *logits, int all,
-                             float *hidden, g5_error *err) {
-    const rt_outputs out = {.logits = logits, .all_logits = all, .hidden = hidden};
-    return rt_model_forward(o->ctx, o->ctx2, ids, n, &out, err);
-}
-
-static g5_status cpu_mtp(const rt_draft_ops *o, const float *hidden, const int32_t *next, uint32_t n, float *draft,
-                         g5_error *err) {
-    return rt_model_mtp(o->ctx, o->ctx2, hidden, next, n, draft, 0, err);
-}
-
-static g5_status cpu_drop_last(const rt_draft_ops *o, g5_error *err) {
-    rt_state *s = o->ctx2;
-    if (!rt_state_n_past(s)) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: nothing to drop");
-    return rt_state_truncate(s, rt_state_n_past(s) - 1, rt_state_mtp_n_past(s), err);
-}
-
-void rt_draft_ops_cpu(rt_model *m, rt_state *s, rt_draft_ops *out) {
-    memset(out, 0, sizeof *out);
-    out->ctx = m;
-    out->ctx2 = s;
-    out->n_vocab = rt_model_hparams(m)->n_vocab;
-    out->n_embd = rt_model_hparams(m)->n_embd;
-    out->forward = cpu_forward;
-    out->mtp = cpu_mtp;
-    out->drop_last = cpu_drop_last;
 }

@@ -1,6 +1,5 @@
-/* Self-speculative decoding with the NextN/MTP block (glm5-run --draft mtp), on any engine that
- * offers the four operations of rt_draft_ops (the CPU model: rt_draft_ops_cpu; the GPU model:
- * rt_gpu_draft_ops in gpu_model.h).
+/* Self-speculative decoding with the NextN/MTP block (glm5-run --draft mtp) on one sequence of
+ * an engine (engine.h: the CPU model or the GPU model alike).
  *
  * Each step drafts one token: the MTP block, fed the main model's final-normed hidden state of
  * the last position and the token just chosen there (plus any pairs it has not seen yet), gives
@@ -11,7 +10,7 @@
  * d's position is dropped from the main caches and the step drafts again from the new choice.
  * Acceptance is an exact match with the token the caller chose from the main model's own
  * logits, so the output equals plain decoding wherever a two-token call gives the logits of two
- * one-token calls (the CPU reference: bit for bit).
+ * one-token calls (the CPU reference: bit for bit; the GPU: gpu_model.h, "MTP").
  *
  * MTP position p holds (hidden state at main position p, token at p + 1); rejected drafts never
  * reach the MTP block, so its caches need no truncation. */
@@ -21,25 +20,7 @@
 #include <stdint.h>
 
 #include "format/status.h"
-#include "runtime/cpu/model.h"
-
-typedef struct rt_draft_ops {
-    void *ctx, *ctx2;            /* the engine's objects (CPU: model, state; GPU: model) */
-    uint32_t n_vocab, n_embd;
-    /* n tokens appended to the sequence: logits (all ? [n][V] : [V], the last) and the
-     * final-normed hidden states [n][E] */
-    g5_status (*forward)(const struct rt_draft_ops *o, const int32_t *ids, uint32_t n, float *logits, int all,
-                         float *hidden, g5_error *err);
-    /* the MTP block over n (hidden [n][E], next token) pairs at its next positions: the last
-     * pair's draft logits [V] */
-    g5_status (*mtp)(const struct rt_draft_ops *o, const float *hidden, const int32_t *next, uint32_t n, float *draft,
-                     g5_error *err);
-    /* forgets the sequence's last main position */
-    g5_status (*drop_last)(const struct rt_draft_ops *o, g5_error *err);
-} rt_draft_ops;
-
-/* The ops of a CPU model and its state (the model must have a NextN block). */
-void rt_draft_ops_cpu(rt_model *m, rt_state *s, rt_draft_ops *out);
+#include "runtime/engine.h"
 
 typedef struct rt_drafter rt_drafter;
 
@@ -49,13 +30,21 @@ typedef struct rt_draft_stats {
     uint64_t forwards;           /* main-model forward calls, the prompt's included */
 } rt_draft_stats;
 
-/* After a failed call a drafter (and its sequence) must not be used again. */
-g5_status rt_drafter_create(const rt_draft_ops *ops, rt_drafter **out, g5_error *err);
+/* A drafter on sequence s (its engine must have a NextN block; s outlives the drafter). After a
+ * failed call a drafter (and its sequence) must not be used again. */
+g5_status rt_drafter_create(rt_eng_seq *s, rt_drafter **out, g5_error *err);
 void rt_drafter_free(rt_drafter *d); /* accepts NULL */
 /* The prompt (the sequence empty or not): logits all ? [n][V] : [V] (the last). */
 g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float *logits, int all, g5_error *err);
 /* Token y was chosen after the last logits given: the logits [V] of the position after y. */
 g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err);
 void rt_drafter_get_stats(const rt_drafter *d, rt_draft_stats *out);
+
+/* Called after each MTP call with its n input pairs (at MTP positions p0 .. p0 + n - 1) and the
+ * draft logits [n_vocab] of the last, which it may rewrite (tests drive both the accept and the
+ * reject path with it); a failure fails the step. NULL: none. */
+typedef g5_status (*rt_draft_observer)(void *user, uint32_t p0, const float *hidden, const int32_t *next,
+                                       uint32_t n, float *draft, g5_error *err);
+void rt_drafter_set_observer(rt_drafter *d, rt_draft_observer fn, void *user);
 
 #endif

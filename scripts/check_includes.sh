@@ -30,11 +30,6 @@
 set -u
 
 ALLOW='
-runtime/gpu/gpu_model.h runtime/draft.h        the GPU drafter adapter moves above runtime/gpu with the engine interface (issue 12 item 2)
-runtime/gpu/gpu_int.h runtime/cpu/model_impl.h the GPU model is built from the CPU model private structs until the engine interface (issue 12 item 2)
-runtime/gpu/gpu_model.c runtime/cpu/model_impl.h  (issue 12 item 2)
-runtime/gpu/gpu_mtp.c runtime/cpu/model_impl.h    (issue 12 item 2)
-runtime/gpu/gpu_check.c runtime/cpu/model_impl.h  --check copies CPU stages until they are public (issue 12 item 2)
 '
 
 # check ROOT ALLOW: prints one line per violation ("file:line: reason"), returns 1 if any.

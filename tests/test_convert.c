@@ -367,6 +367,10 @@ static int write_model(const char *path, const mdims *d) {
         lens[i] = strlen(tok[i]);
     }
     gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", strs, lens, d->n_vocab);
+    /* the tokenizer keys the runtime needs (glm5_tokenizer_check), no merges */
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2", 4);
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "glm4", 4);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, NULL, 0);
     free(tok);
     free(strs);
     free(lens);
@@ -709,11 +713,18 @@ static void test_interruption(void) {
     T_CHECK(st == G5_OK && res && !res->ranks[0].reused && res->ranks[1].reused, "a damaged rank is redone: %s", e.msg);
     convert_result_free(res);
     T_CHECK(dirs_equal(dir2, ref, 2), "equal after repairing resume");
-    /* Without --resume an existing set is rewritten, not trusted. */
+    /* Without --resume an existing set is refused (untouched); --force rewrites it, not trusted. */
     o.resume = 0;
     res = NULL;
     st = convert_run(model, dir2, &o, &res, &e);
-    T_CHECK(st == G5_OK && res && res->n_ranks_reused == 0, "plain rerun rewrites");
+    T_CHECK(st == G5_ERR_EXISTS && strstr(e.msg, "--force"), "plain rerun refused: %s", e.msg);
+    convert_result_free(res);
+    T_CHECK(dirs_equal(dir2, ref, 2), "refused rerun leaves the set");
+    o.force = 1;
+    res = NULL;
+    st = convert_run(model, dir2, &o, &res, &e);
+    o.force = 0;
+    T_CHECK(st == G5_OK && res && res->n_ranks_reused == 0, "--force rerun rewrites");
     convert_result_free(res);
     T_CHECK(dirs_equal(dir2, ref, 2), "rerun is deterministic");
 }
@@ -794,8 +805,11 @@ static void test_output_failures(void) {
     convert_options o;
     convert_options_init(&o);
     o.tp = 2;
+    o.force = 1;
     st = convert_run_hooked(model, good, &o, &full, NULL, &e);
     T_CHECK(st == G5_ERR_IO, "full over an old set: %s", e.msg);
+    T_CHECK(n_dir_entries(good) == 0, "--force removed the old set first; the failed new one left nothing (%d entries)",
+            n_dir_entries(good));
     T_CHECK(verify(good, NULL, NULL, &e) != G5_OK, "the old set no longer verifies as a set");
     /* A directory where nothing can be created. */
     char ro[4200];

@@ -7,16 +7,17 @@
  *    so both paths run with a known count; it also checks every pair the drafter feeds the block:
  *    at MTP position p, the main model's hidden state at p (bit for bit that of the plain run)
  *    and the token at p + 1, positions consecutive.
- * Also the refusals: a step before the prompt, incomplete operations. */
+ * Everything runs through the engine (runtime/engine.h) on the CPU.
+ * Also the refusals: a step before the prompt, no sequence. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "runtime/draft.h"
-#include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
+#include "runtime/draft.h"
+#include "runtime/engine.h"
 #include "tests/test_util.h"
 
 enum { N_PROMPT = 40, N_GEN = 30 };
@@ -36,27 +37,23 @@ typedef struct plain {
     float *lg;                   /* [N_GEN][V] */
 } plain;
 
-/* The stand-in MTP operation (see the top). */
+/* The stand-in MTP operation (see the top): an observer of the real block's calls. */
 typedef struct cheat {
-    rt_draft_ops real;
     const plain *pl;
-    rt_state *s;
     uint32_t E, V;
     uint32_t bad_pairs, calls;
 } cheat;
 
-static g5_status cheat_mtp(const rt_draft_ops *o, const float *hidden, const int32_t *next, uint32_t n, float *draft,
-                           g5_error *err) {
-    cheat *c = o->ctx2;
-    const uint32_t p0 = rt_state_mtp_n_past(c->s);
+static g5_status cheat_mtp(void *user, uint32_t p0, const float *hidden, const int32_t *next, uint32_t n,
+                           float *draft, g5_error *err) {
+    (void)err;
+    cheat *c = user;
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t p = p0 + i;
         const int ok = p + 1 < N_PROMPT + N_GEN && next[i] == c->pl->seq[p + 1] &&
                        memcmp(hidden + (size_t)i * c->E, c->pl->hid + (size_t)p * c->E, c->E * sizeof(float)) == 0;
         c->bad_pairs += !ok;
     }
-    g5_status st = c->real.mtp(&c->real, hidden, next, n, draft, err);
-    if (st) return st;
     c->calls++;
     /* the last pair is (hidden at q, token at q + 1): the draft guesses the token at q + 2 */
     const uint32_t q2 = p0 + n + 1;
@@ -69,25 +66,19 @@ static g5_status cheat_mtp(const rt_draft_ops *o, const float *hidden, const int
     return G5_OK;
 }
 
-static g5_status cheat_forward(const rt_draft_ops *o, const int32_t *ids, uint32_t n, float *logits, int all,
-                               float *hidden, g5_error *err) {
-    const cheat *c = o->ctx2;
-    return c->real.forward(&c->real, ids, n, logits, all, hidden, err);
-}
-
-static g5_status cheat_drop(const rt_draft_ops *o, g5_error *err) {
-    const cheat *c = o->ctx2;
-    return c->real.drop_last(&c->real, err);
-}
-
 /* Greedy decoding through a drafter; the tokens and logits must be the plain run's. */
-static void run_drafted(rt_model *m, const plain *pl, const rt_draft_ops *ops, const char *label,
-                        rt_draft_stats *stats) {
-    const uint32_t V = rt_model_hparams(m)->n_vocab;
+static void run_drafted(rt_eng *en, const plain *pl, cheat *c, const char *label, rt_draft_stats *stats) {
+    const uint32_t V = rt_eng_hparams(en)->n_vocab;
     g5_error e = {0};
+    rt_eng_seq *s = NULL;
     rt_drafter *d = NULL;
-    T_CHECK(rt_drafter_create(ops, &d, &e) == G5_OK, "%s: create: %s", label, e.msg);
-    if (!d) return;
+    T_CHECK(rt_eng_seq_create(en, 0, &s, &e) == G5_OK, "%s: sequence: %s", label, e.msg);
+    if (s) T_CHECK(rt_drafter_create(s, &d, &e) == G5_OK, "%s: create: %s", label, e.msg);
+    if (!d) {
+        rt_eng_seq_free(s);
+        return;
+    }
+    if (c) rt_drafter_set_observer(d, cheat_mtp, c);
     float *lg = malloc((size_t)V * sizeof(float));
     uint32_t tok_bad = 0, lg_bad = 0;
     g5_status st = rt_drafter_prompt(d, pl->seq, N_PROMPT, lg, 0, &e);
@@ -111,6 +102,7 @@ static void run_drafted(rt_model *m, const plain *pl, const rt_draft_ops *ops, c
             (unsigned long long)stats->drafted, (unsigned long long)stats->accepted, N_GEN - 1);
     free(lg);
     rt_drafter_free(d);
+    rt_eng_seq_free(s);
 }
 
 int main(void) {
@@ -122,16 +114,18 @@ int main(void) {
     }
     g5_error e = {0};
     rt_wset *ws = NULL;
-    rt_model *m = NULL;
+    rt_eng *en = NULL;
     T_CHECK(rt_wset_open_gguf(T_ORACLE_GGUF, &ws, &e) == G5_OK, "open: %s", e.msg);
-    rt_model_opts mo = {.n_threads = 2, .mla = RT_MLA_ABSORBED};
-    if (ws) T_CHECK(rt_model_create(ws, &mo, &m, &e) == G5_OK, "model: %s", e.msg);
-    if (!m) {
+    rt_eng_opts eo;
+    rt_eng_opts_default(&eo);
+    eo.n_threads = 2;
+    if (ws) T_CHECK(rt_eng_create(ws, &eo, &en, &e) == G5_OK && rt_eng_load(en, &e) == G5_OK, "engine: %s", e.msg);
+    if (!en) {
         rt_wset_free(ws);
         return t_report("test_draft");
     }
-    T_CHECK(rt_model_has_mtp(m), "the oracle has a NextN block");
-    const uint32_t V = rt_model_hparams(m)->n_vocab, E = rt_model_hparams(m)->n_embd;
+    T_CHECK(rt_eng_has_mtp(en), "the oracle has a NextN block");
+    const uint32_t V = rt_eng_hparams(en)->n_vocab, E = rt_eng_hparams(en)->n_embd;
 
     /* the plain run */
     plain pl;
@@ -142,71 +136,57 @@ int main(void) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         pl.seq[i] = (int32_t)((rng >> 33) % V);
     }
-    rt_state *s = NULL;
-    T_CHECK(rt_state_create(m, &s, &e) == G5_OK, "state: %s", e.msg);
-    rt_outputs o = {.logits = pl.lg, .hidden = pl.hid};
-    g5_status st = rt_model_forward(m, s, pl.seq, N_PROMPT, &o, &e);
+    rt_eng_seq *s = NULL;
+    g5_status st = rt_eng_seq_create(en, 0, &s, &e);
+    T_CHECK(st == G5_OK, "sequence: %s", e.msg);
+    rt_eng_out o = {.logits = pl.lg, .hidden = pl.hid};
+    if (!st) st = rt_eng_prefill(s, pl.seq, N_PROMPT, &o, &e);
     for (uint32_t j = 0; j < N_GEN && !st; j++) {
         pl.seq[N_PROMPT + j] = (int32_t)argmax_f(pl.lg + (size_t)j * V, V);
         if (j + 1 == N_GEN) break;
         o.logits = pl.lg + (size_t)(j + 1) * V;
         o.hidden = pl.hid + (size_t)(N_PROMPT + j) * E;
-        st = rt_model_forward(m, s, &pl.seq[N_PROMPT + j], 1, &o, &e);
+        st = rt_eng_prefill(s, &pl.seq[N_PROMPT + j], 1, &o, &e);
     }
     T_CHECK(st == G5_OK, "plain run: %s", e.msg);
     /* the last generated token's hidden state (the stand-in compares up to it) */
     if (!st) {
         o.logits = NULL;
         o.hidden = pl.hid + (size_t)(N_PROMPT + N_GEN - 1) * E;
-        st = rt_model_forward(m, s, &pl.seq[N_PROMPT + N_GEN - 1], 1, &o, &e);
+        st = rt_eng_prefill(s, &pl.seq[N_PROMPT + N_GEN - 1], 1, &o, &e);
     }
-    rt_state_free(s);
+    rt_eng_seq_free(s);
     s = NULL;
 
     if (!st) {
         /* the model's own block */
         rt_draft_stats ds;
-        T_CHECK(rt_state_create(m, &s, &e) == G5_OK, "state: %s", e.msg);
-        rt_draft_ops ops;
-        rt_draft_ops_cpu(m, s, &ops);
-        run_drafted(m, &pl, &ops, "draft, the oracle's MTP block", &ds);
+        run_drafted(en, &pl, NULL, "draft, the oracle's MTP block", &ds);
         T_CHECK(ds.forwards == 1 + ds.drafted, "forward calls %llu", (unsigned long long)ds.forwards);
-        rt_state_free(s);
 
         /* the stand-in: right twice, wrong once */
-        T_CHECK(rt_state_create(m, &s, &e) == G5_OK, "state: %s", e.msg);
-        cheat c = {.pl = &pl, .s = s, .E = E, .V = V};
-        rt_draft_ops_cpu(m, s, &c.real);
-        rt_draft_ops ch = c.real;
-        ch.ctx2 = &c;
-        ch.forward = cheat_forward;
-        ch.mtp = cheat_mtp;
-        ch.drop_last = cheat_drop;
-        run_drafted(m, &pl, &ch, "draft, stand-in MTP right 2 of 3", &ds);
+        cheat c = {.pl = &pl, .E = E, .V = V};
+        run_drafted(en, &pl, &c, "draft, stand-in MTP right 2 of 3", &ds);
         printf("stand-in MTP: %u calls, %u pairs not (hidden at p, token at p + 1)\n", c.calls, c.bad_pairs);
         T_CHECK(c.bad_pairs == 0, "%u MTP input pairs wrong", c.bad_pairs);
         T_CHECK(ds.accepted >= (N_GEN - 1) / 3, "only %llu drafts accepted", (unsigned long long)ds.accepted);
         T_CHECK(ds.forwards < N_GEN, "%llu forward calls: no saving", (unsigned long long)ds.forwards);
-        rt_state_free(s);
-        s = NULL;
 
         /* refusals */
-        T_CHECK(rt_state_create(m, &s, &e) == G5_OK, "state: %s", e.msg);
-        rt_draft_ops ops2;
-        rt_draft_ops_cpu(m, s, &ops2);
+        T_CHECK(rt_eng_seq_create(en, 0, &s, &e) == G5_OK, "sequence: %s", e.msg);
         rt_drafter *d = NULL;
         float *lg = malloc((size_t)V * sizeof(float));
-        T_CHECK(rt_drafter_create(&ops2, &d, &e) == G5_OK, "create: %s", e.msg);
+        if (s) T_CHECK(rt_drafter_create(s, &d, &e) == G5_OK, "create: %s", e.msg);
         if (d) T_CHECK(rt_drafter_step(d, 1, lg, &e) == G5_ERR_INVALID_ARG, "a step before the prompt accepted");
         rt_drafter_free(d);
-        ops2.mtp = NULL;
-        T_CHECK(rt_drafter_create(&ops2, &d, &e) == G5_ERR_INVALID_ARG, "incomplete operations accepted");
+        d = NULL;
+        T_CHECK(rt_drafter_create(NULL, &d, &e) == G5_ERR_INVALID_ARG && !d, "a drafter without a sequence accepted");
         free(lg);
-        rt_state_free(s);
+        rt_eng_seq_free(s);
     }
     free(pl.hid);
     free(pl.lg);
-    rt_model_free(m);
+    rt_eng_free(en);
     rt_wset_free(ws);
     return t_report("test_draft");
 }

@@ -249,7 +249,7 @@ int main(void) {
     T_CHECK(run(bad4, NULL) == 2, "malformed --tokens: exit 2");
     snprintf(path, sizeof path, "%s/absent.gguf", dir);
     char *bad5[] = {g_bin, "-m", path, "--tokens", "1", NULL};
-    T_CHECK(run(bad5, NULL) == 1, "absent model: exit 1");
+    T_CHECK(run(bad5, NULL) == 3, "absent model: exit 3");
     char *bad6[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--device", "cuda", NULL};
     T_CHECK(run(bad6, NULL) == 2, "unavailable device: exit 2");
     char *bad7[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--tp", "2", NULL};

@@ -14,7 +14,8 @@
 #include "format/quant.h"
 #include "runtime/cpu/cpu_ops.h"
 #include "runtime/cpu/model.h"
-#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/cpu_ops.h"
+#include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 

@@ -4,12 +4,15 @@
  *
  * Streams the generated text to stdout (or the ids with --ids); timing goes to stderr.
  * --dump-logits FILE writes the logits of every prompt position as little-endian float32
- * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1 a
- * runtime failure (its message on stderr), 2 a usage error, 3 --check found a difference past
- * tolerance.
+ * [n_prompt_tokens, n_vocab] (temporary file, fsync, rename). Exit status: 0 success, 1
+ * --check found a difference past tolerance, 2 a usage error (a prompt past the context
+ * included), 3 an error (its message on stderr: unreadable, corrupt or refused model files, I/O,
+ * a failure while running).
  *
  * --device cuda needs the CUDA build (build/gpu/bin/glm5-run, `make gpu`, which defines
- * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens.
+ * G5_WITH_CUDA); --check N runs the CPU reference beside the GPU for the first N tokens. Every
+ * forward call goes through the engine (runtime/engine.h), on either device; the options through
+ * the programs' shared parser (format/args.h).
  *
  * Under a launcher (`mpirun -np P`, `srun -n P`; comm.h) each of the P processes opens and runs
  * T / P of the blob set's T ranks (the other ranks' files may be absent on its node); they agree
@@ -26,35 +29,42 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "format/args.h"
 #include "format/blob.h"
 #include "format/glm5.h"
-#include "runtime/text/chat.h"
+#include "format/mapguard.h"
 #include "runtime/cpu/comm.h"
+#include "runtime/cpu/weights.h"
 #include "runtime/draft.h"
-#include "runtime/cpu/model.h"
+#include "runtime/engine.h"
+#include "runtime/text/chat.h"
 #include "runtime/text/sample.h"
 #include "runtime/text/tokenizer.h"
-#include "runtime/cpu/weights.h"
-#ifdef G5_WITH_CUDA
-#include "runtime/gpu/gpu_model.h"
-#endif
 
 #define MAX_STOPS 16
 
+/* Exit status, the same table as glm5-shard's and glm5-serve's (README "Commands"): 0 success,
+ * 1 a check failed (--check past tolerance), 2 usage (also a prompt past the context), 3 an
+ * error (unreadable, corrupt or refused input, I/O, a failure while running). */
+#define EXIT_CHECK 1
+#define EXIT_USAGE 2
+#define EXIT_ERR 3
+
 typedef struct args {
     const char *model;
-    const char *device;
     const char *prompt;
     const char *tokens;
     const char *system;
     const char *dump_logits;
-    long n_predict;
+    int64_t n_predict;
     int chat, think, ids, quiet;
     int cuda, fast, no_verify, kv_cache, cuda_graph, nccl;
-    long check, tp, gpu0;
+    int64_t check, tp, gpu0;
+    int64_t ctx_size;            /* --ctx-size (0: the model's context_length) */
+    int truncate;                /* --truncate: cut a prompt past the context to its end */
     int draft;                   /* --draft mtp */
-    uint32_t threads;
-    rt_mla_mode mla;
+    int64_t threads;             /* 0: online cores */
+    int mla;                     /* rt_mla_mode */
     samp_params sp;
     const char *stops[MAX_STOPS];
     size_t n_stops;
@@ -80,14 +90,19 @@ static void usage(FILE *f) {
             "                       sum on one GPU, NCCL across GPUs; nccl: also for TP 1)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
             "                       print per layer/stage differences (and the MTP block's\n"
-            "                       draft logits); exit 3 past tolerance\n"
-            "  --no-verify          GPU: skip the blob checksums while loading\n"
+            "                       draft logits); exit 1 past tolerance\n"
+            "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  -p, --prompt TEXT    prompt text (special tokens such as [gMASK] are recognized)\n"
             "  --tokens IDS         prompt token ids, comma-separated\n"
             "  --chat               wrap the prompt as a user message in GLM's chat format\n"
             "  --system TEXT        system message (with --chat)\n"
             "  --no-think           chat: thinking off\n"
-            "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt)\n"
+            "  -n N                 tokens to generate (default 64; 0: only evaluate the prompt);\n"
+            "                       generation stops at the context length\n"
+            "  --ctx-size N         context length, at most the model's context_length (default:\n"
+            "                       that); a longer prompt is refused (exit 2) unless --truncate\n"
+            "  --truncate           keep the end of a prompt past the context (leaving room for\n"
+            "                       min(-n, context/2) generated tokens)\n"
             "  --draft mtp|none     greedy decoding drafting one token per step with the MTP block,\n"
             "                       verified by a two-token forward pass; prints the acceptance rate\n"
             "                       (one process only; default none)\n"
@@ -106,172 +121,75 @@ static void usage(FILE *f) {
             "  -q, --quiet          no timing on stderr\n");
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
-}
-
-static int parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return 0;
-    *out = v;
-    return 1;
-}
-
+/* 1 ok, 0 usage error (printed), -1 help. */
 static int parse_args(int argc, char **argv, args *a) {
     memset(a, 0, sizeof *a);
     a->n_predict = 64;
     a->think = 1;
-    a->device = "cpu";
     a->mla = RT_MLA_ABSORBED;
     samp_params_default(&a->sp);
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long lv;
-#define NEED() do { if (!v) { fprintf(stderr, "glm5-run: %s needs a value\n", o); return 0; } i++; } while (0)
-#define BAD() do { fprintf(stderr, "glm5-run: bad value for %s: '%s'\n", o, v); return 0; } while (0)
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            return -1;
-        } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
-            NEED(); a->model = v;
-        } else if (!strcmp(o, "--device")) {
-            NEED(); a->device = v;
-        } else if (!strcmp(o, "--tp")) {
-            NEED(); if (!parse_long(v, 1, 4096, &a->tp)) BAD();
-        } else if (!strcmp(o, "--gpu0")) {
-            NEED(); if (!parse_long(v, 0, 4095, &a->gpu0)) BAD();
-        } else if (!strcmp(o, "--precision")) {
-            NEED();
-            if (!strcmp(v, "precise")) a->fast = 0;
-            else if (!strcmp(v, "fast")) a->fast = 1;
-            else BAD();
-        } else if (!strcmp(o, "--cuda-graph")) {
-            NEED();
-            if (!strcmp(v, "on")) a->cuda_graph = 1;
-            else if (!strcmp(v, "off")) a->cuda_graph = 0;
-            else BAD();
-        } else if (!strcmp(o, "--collective")) {
-            NEED();
-            if (!strcmp(v, "auto")) a->nccl = 0;
-            else if (!strcmp(v, "nccl")) a->nccl = 1;
-            else BAD();
-        } else if (!strcmp(o, "--kv-cache")) {
-            NEED();
-            if (!strcmp(v, "f32")) a->kv_cache = 1;
-            else if (!strcmp(v, "bf16")) a->kv_cache = 2;
-            else if (!strcmp(v, "f16")) a->kv_cache = 3;
-            else BAD();
-        } else if (!strcmp(o, "--draft")) {
-            NEED();
-            if (!strcmp(v, "mtp")) a->draft = 1;
-            else if (!strcmp(v, "none")) a->draft = 0;
-            else BAD();
-        } else if (!strcmp(o, "--check")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &a->check)) BAD();
-        } else if (!strcmp(o, "--no-verify")) {
-            a->no_verify = 1;
-        } else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
-            NEED(); a->prompt = v;
-        } else if (!strcmp(o, "--tokens")) {
-            NEED(); a->tokens = v;
-        } else if (!strcmp(o, "--system")) {
-            NEED(); a->system = v;
-        } else if (!strcmp(o, "--chat")) {
-            a->chat = 1;
-        } else if (!strcmp(o, "--no-think")) {
-            a->think = 0;
-        } else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &a->n_predict)) BAD();
-        } else if (!strcmp(o, "--temp")) {
-            NEED(); if (!parse_float(v, &a->sp.temperature)) BAD();
-        } else if (!strcmp(o, "--top-k")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &lv)) BAD(); a->sp.top_k = (int32_t)lv;
-        } else if (!strcmp(o, "--top-p")) {
-            NEED(); if (!parse_float(v, &a->sp.top_p)) BAD();
-        } else if (!strcmp(o, "--min-p")) {
-            NEED(); if (!parse_float(v, &a->sp.min_p)) BAD();
-        } else if (!strcmp(o, "--repeat-penalty")) {
-            NEED(); if (!parse_float(v, &a->sp.repeat_penalty) || a->sp.repeat_penalty <= 0) BAD();
-        } else if (!strcmp(o, "--repeat-last-n")) {
-            NEED(); if (!parse_long(v, 0, INT32_MAX, &lv)) BAD(); a->sp.repeat_last_n = (int32_t)lv;
-        } else if (!strcmp(o, "--seed")) {
-            NEED();
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD();
-            a->sp.seed = s;
-        } else if (!strcmp(o, "--stop")) {
-            NEED();
-            if (a->n_stops == MAX_STOPS) { fprintf(stderr, "glm5-run: at most %d --stop\n", MAX_STOPS); return 0; }
-            a->stops[a->n_stops++] = v;
-        } else if (!strcmp(o, "--ids")) {
-            a->ids = 1;
-        } else if (!strcmp(o, "--dump-logits")) {
-            NEED(); a->dump_logits = v;
-        } else if (!strcmp(o, "--threads") || !strcmp(o, "-t")) {
-            NEED(); if (!parse_long(v, 1, 1024, &lv)) BAD(); a->threads = (uint32_t)lv;
-        } else if (!strcmp(o, "--mla")) {
-            NEED();
-            if (!strcmp(v, "absorbed")) a->mla = RT_MLA_ABSORBED;
-            else if (!strcmp(v, "expanded")) a->mla = RT_MLA_EXPANDED;
-            else BAD();
-        } else if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) {
-            a->quiet = 1;
-        } else {
-            fprintf(stderr, "glm5-run: unknown option '%s'\n", o);
-            return 0;
-        }
-#undef NEED
-#undef BAD
+    int64_t top_k = a->sp.top_k, last_n = a->sp.repeat_last_n;
+    int no_think = 0;
+    static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
+    static const char *const onoff[] = {"off", "on", NULL}, *const caches[] = {"f32", "bf16", "f16", NULL};
+    static const char *const drafts[] = {"none", "mtp", NULL}, *const mlas[] = {"absorbed", "expanded", NULL};
+    static const char *const colls[] = {"auto", "nccl", NULL};
+    static const int v01[] = {0, 1}, v123[] = {1, 2, 3}, vmla[] = {RT_MLA_ABSORBED, RT_MLA_EXPANDED};
+    const g5_arg tab[] = {
+        {.name = "--model", .alias = "-m", .kind = G5_ARG_STR, .dst = &a->model},
+        {.name = "--device", .kind = G5_ARG_CHOICE, .dst = &a->cuda, .choices = devices, .values = v01},
+        {.name = "--tp", .kind = G5_ARG_INT, .dst = &a->tp, .lo = 1, .hi = 4096},
+        {.name = "--gpu0", .kind = G5_ARG_INT, .dst = &a->gpu0, .lo = 0, .hi = 4095},
+        {.name = "--precision", .kind = G5_ARG_CHOICE, .dst = &a->fast, .choices = precisions, .values = v01},
+        {.name = "--cuda-graph", .kind = G5_ARG_CHOICE, .dst = &a->cuda_graph, .choices = onoff, .values = v01},
+        {.name = "--collective", .kind = G5_ARG_CHOICE, .dst = &a->nccl, .choices = colls, .values = v01},
+        {.name = "--kv-cache", .kind = G5_ARG_CHOICE, .dst = &a->kv_cache, .choices = caches, .values = v123},
+        {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &a->draft, .choices = drafts, .values = v01},
+        {.name = "--check", .kind = G5_ARG_INT, .dst = &a->check, .lo = 0, .hi = INT32_MAX},
+        {.name = "--no-verify", .kind = G5_ARG_FLAG, .dst = &a->no_verify},
+        {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &a->ctx_size, .lo = 1, .hi = INT32_MAX},
+        {.name = "--truncate", .kind = G5_ARG_FLAG, .dst = &a->truncate},
+        {.name = "--prompt", .alias = "-p", .kind = G5_ARG_STR, .dst = &a->prompt},
+        {.name = "--tokens", .kind = G5_ARG_STR, .dst = &a->tokens},
+        {.name = "--system", .kind = G5_ARG_STR, .dst = &a->system},
+        {.name = "--chat", .kind = G5_ARG_FLAG, .dst = &a->chat},
+        {.name = "--no-think", .kind = G5_ARG_FLAG, .dst = &no_think},
+        {.name = "--n-predict", .alias = "-n", .kind = G5_ARG_INT, .dst = &a->n_predict, .lo = 0, .hi = INT32_MAX},
+        {.name = "--temp", .kind = G5_ARG_FLOAT, .dst = &a->sp.temperature, .flo = 0, .fhi = 1e6},
+        {.name = "--top-k", .kind = G5_ARG_INT, .dst = &top_k, .lo = 0, .hi = INT32_MAX},
+        {.name = "--top-p", .kind = G5_ARG_FLOAT, .dst = &a->sp.top_p, .flo = 0, .fhi = 1},
+        {.name = "--min-p", .kind = G5_ARG_FLOAT, .dst = &a->sp.min_p, .flo = 0, .fhi = 1},
+        {.name = "--repeat-penalty", .kind = G5_ARG_FLOAT, .dst = &a->sp.repeat_penalty, .flo = 1e-6, .fhi = 1e6},
+        {.name = "--repeat-last-n", .kind = G5_ARG_INT, .dst = &last_n, .lo = 0, .hi = INT32_MAX},
+        {.name = "--seed", .kind = G5_ARG_U64, .dst = &a->sp.seed},
+        {.name = "--stop", .kind = G5_ARG_LIST, .dst = a->stops, .count = &a->n_stops, .max = MAX_STOPS},
+        {.name = "--ids", .kind = G5_ARG_FLAG, .dst = &a->ids},
+        {.name = "--dump-logits", .kind = G5_ARG_STR, .dst = &a->dump_logits},
+        {.name = "--threads", .alias = "-t", .kind = G5_ARG_INT, .dst = &a->threads, .lo = 1, .hi = 1024},
+        {.name = "--mla", .kind = G5_ARG_CHOICE, .dst = &a->mla, .choices = mlas, .values = vmla},
+        {.name = "--quiet", .alias = "-q", .kind = G5_ARG_FLAG, .dst = &a->quiet},
+    };
+    char msg[512];
+    g5_args_result r = g5_args_parse(tab, sizeof tab / sizeof tab[0], argc, argv, 1, NULL, 0, NULL, msg, sizeof msg);
+    if (r == G5_ARGS_HELP) return -1;
+    if (r) {
+        fprintf(stderr, "glm5-run: %s\n", msg);
+        return 0;
     }
+    a->sp.top_k = (int32_t)top_k;
+    a->sp.repeat_last_n = (int32_t)last_n;
+    if (no_think) a->think = 0;
     if (!a->model) { fprintf(stderr, "glm5-run: -m is required\n"); return 0; }
     if (!!a->prompt == !!a->tokens) { fprintf(stderr, "glm5-run: give exactly one of -p and --tokens\n"); return 0; }
     if (a->chat && !a->prompt) { fprintf(stderr, "glm5-run: --chat needs -p\n"); return 0; }
-    a->cuda = !strcmp(a->device, "cuda");
-    if (strcmp(a->device, "cpu") != 0 && !a->cuda) {
-        fprintf(stderr, "glm5-run: unknown device '%s' (cpu or cuda)\n", a->device);
-        return 0;
-    }
-#ifndef G5_WITH_CUDA
-    if (a->cuda) {
+    if (a->cuda && !rt_eng_cuda_available()) {
         fprintf(stderr, "glm5-run: this build has no CUDA; use build/gpu/bin/glm5-run (make gpu)\n");
         return 0;
     }
-#endif
     if (a->check && !a->cuda) { fprintf(stderr, "glm5-run: --check compares the GPU with the CPU: needs --device cuda\n"); return 0; }
     if (a->draft && a->sp.temperature > 0) { fprintf(stderr, "glm5-run: --draft mtp is greedy only (--temp 0)\n"); return 0; }
     if (a->draft && a->check) { fprintf(stderr, "glm5-run: --draft mtp and --check cannot be combined\n"); return 0; }
     return 1;
-}
-
-/* Where forward passes run: the CPU model, or the GPU (with the CPU beside it under --check). */
-typedef struct engine {
-    rt_model *m;
-    rt_state *s;
-#ifdef G5_WITH_CUDA
-    rt_gpu_model *g;
-    rt_gpu_check *chk;
-#endif
-} engine;
-
-static g5_status eng_forward(engine *en, const int32_t *ids, uint32_t n, float *logits, int all,
-                             g5_error *e) {
-#ifdef G5_WITH_CUDA
-    if (en->g) {
-        rt_gpu_outputs go = {.logits = logits, .all_logits = all};
-        return en->chk ? rt_gpu_check_forward(en->chk, ids, n, &go, e) : rt_gpu_forward(en->g, ids, n, &go, e);
-    }
-#endif
-    rt_outputs ro = {.logits = logits, .all_logits = all};
-    return rt_model_forward(en->m, en->s, ids, n, &ro, e);
 }
 
 static double now_s(void) {
@@ -285,7 +203,7 @@ static char g_who[32];
 
 static int fail(const g5_error *e, g5_status st, const char *what) {
     fprintf(stderr, "glm5-run: %s%s: %s (%s)\n", g_who, what, e->msg[0] ? e->msg : g5_strerror(st), g5_strerror(st));
-    return 1;
+    return EXIT_ERR;
 }
 
 /* Points where the processes agree that all got there (SYNC_LOAD: weights and model, before any
@@ -328,7 +246,7 @@ static int share_prompt(rt_comm *c, int32_t **ids, size_t *n_ids, int *all_logit
         if (!ni || !nl) {
             fprintf(stderr, "glm5-run: %sout of memory for process 0's prompt of %llu tokens\n", g_who,
                     (unsigned long long)hdr[0]);
-            return 1;
+            return EXIT_ERR;
         }
         *logits = nl;
         *n_ids = (size_t)hdr[0];
@@ -340,12 +258,14 @@ static int share_prompt(rt_comm *c, int32_t **ids, size_t *n_ids, int *all_logit
 
 /* Process p opens its ranks of a blob set; a GGUF (one rank) cannot be divided. 0, or the exit
  * status. */
-static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
+static int open_weights(const args *a, rt_comm *comm, rt_wset **ws, rt_wset_load_info *li) {
     g5_error e = {0};
     g5_status st;
     const uint32_t P = rt_comm_size(comm);
+    /* the GPU loader verifies the blobs itself as it streams them */
+    rt_wset_opts wo = {.no_verify = a->no_verify || a->cuda, .jobs = a->threads};
     if (P == 1) {
-        if ((st = rt_wset_open(a->model, ws, &e))) return fail(&e, st, a->model);
+        if ((st = rt_wset_open_ex(a->model, &wo, ws, li, &e))) return fail(&e, st, a->model);
         return 0;
     }
     struct stat sb;
@@ -360,7 +280,7 @@ static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
     const uint32_t T = rec.tp;
     blob_set_record_clear(&rec);
     if (a->tp && (uint32_t)a->tp != T) {
-        fprintf(stderr, "glm5-run: %s--tp %ld: %s holds %u rank%s (blobs)\n", g_who, a->tp, a->model, T, T > 1 ? "s" : "");
+        fprintf(stderr, "glm5-run: %s--tp %ld: %s holds %u rank%s (blobs)\n", g_who, (long)a->tp, a->model, T, T > 1 ? "s" : "");
         return 2;
     }
     uint32_t first, count;
@@ -370,7 +290,45 @@ static int open_weights(const args *a, rt_comm *comm, rt_wset **ws) {
                 g_who, a->model, T, T > 1 ? "s" : "", P, T, P, T % P, T, P);
         return 2;
     }
-    if ((st = rt_wset_open_blobs_ranks(a->model, first, count, ws, &e))) return fail(&e, st, a->model);
+    wo.first = first;
+    wo.count = count;
+    if ((st = rt_wset_open_ex(a->model, &wo, ws, li, &e))) return fail(&e, st, a->model);
+    return 0;
+}
+
+/* The context: the model's context_length, or --ctx-size below it. A prompt past it is refused
+ * with both numbers (or, with --truncate, cut to its end); generation is bounded to what is
+ * left. 0, or the exit status. */
+static int fit_context(args *a, const glm5_hparams *hp, int32_t *ids, size_t *n_ids) {
+    const uint64_t model_ctx = hp->n_ctx_train;
+    if (a->ctx_size && model_ctx && (uint64_t)a->ctx_size > model_ctx) {
+        fprintf(stderr, "glm5-run: --ctx-size %ld exceeds the model's context length %llu\n", a->ctx_size,
+                (unsigned long long)model_ctx);
+        return 2;
+    }
+    const uint64_t ctx = a->ctx_size ? (uint64_t)a->ctx_size : model_ctx;
+    if (!ctx) return 0; /* the model states none */
+    const char *src = a->ctx_size ? "--ctx-size" : "the model's context_length";
+    if (*n_ids > ctx) {
+        if (!a->truncate) {
+            fprintf(stderr, "glm5-run: the prompt has %zu tokens; the context length is %llu (%s): shorten it, or "
+                    "--truncate to keep its end\n", *n_ids, (unsigned long long)ctx, src);
+            return 2;
+        }
+        uint64_t room = (uint64_t)a->n_predict < ctx / 2 ? (uint64_t)a->n_predict : ctx / 2;
+        size_t keep = (size_t)(ctx - room);
+        fprintf(stderr, "glm5-run: --truncate: the prompt of %zu tokens cut to its last %zu (context length %llu, %s)\n",
+                *n_ids, keep, (unsigned long long)ctx, src);
+        memmove(ids, ids + (*n_ids - keep), keep * sizeof *ids);
+        *n_ids = keep;
+    }
+    if (*n_ids + (uint64_t)a->n_predict > ctx) {
+        long left = (long)(ctx - *n_ids);
+        if (!a->quiet)
+            fprintf(stderr, "glm5-run: generation stops at the context length %llu (%s): at most %ld of -n %ld tokens\n",
+                    (unsigned long long)ctx, src, left, a->n_predict);
+        a->n_predict = left;
+    }
     return 0;
 }
 
@@ -452,6 +410,7 @@ static int dump_logits(const char *path, const float *logits, size_t count) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install("glm5-run", EXIT_ERR); /* a weight file truncated under us: an error, never SIGBUS */
     g5_error e = {0};
     g5_status st;
     rt_comm *comm = NULL;
@@ -473,8 +432,8 @@ int main(int argc, char **argv) {
     int unclean = 0; /* failed inside an exchange: the others may wait for this process forever */
     int all_logits = a.dump_logits != NULL;
     rt_wset *ws = NULL;
-    rt_model *m = NULL;
-    rt_state *s = NULL;
+    rt_eng *en = NULL;
+    rt_eng_seq *seq = NULL;
     tok_ctx *tok = NULL;
     tok_stream *stream = NULL;
     samp_ctx *samp = NULL;
@@ -482,59 +441,49 @@ int main(int argc, char **argv) {
     size_t n_ids = 0;
     float *logits = NULL;
     char *text = NULL, *gen = NULL;
-    int rc = 1;
-    engine en = {0};
+    int rc = EXIT_ERR;
     rt_drafter *dr = NULL;
 
     double t0 = now_s();
-    if ((rc = open_weights(&a, comm, &ws))) goto out;
-    rc = 1;
+    rt_wset_load_info li = {0};
+    if ((rc = open_weights(&a, comm, &ws, &li))) goto out;
+    rc = EXIT_ERR;
     if (a.tp && (uint32_t)a.tp != rt_wset_n_ranks(ws)) {
         fprintf(stderr, "glm5-run: --tp %ld: %s holds %u rank%s (%s); write a TP %ld set with "
-                "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", a.tp, a.model, rt_wset_n_ranks(ws),
-                rt_wset_n_ranks(ws) > 1 ? "s" : "", rt_wset_source(ws), a.tp, a.tp);
+                "`glm5-shard convert --tp %ld -o DIR MODEL.gguf`\n", (long)a.tp, a.model, rt_wset_n_ranks(ws),
+                rt_wset_n_ranks(ws) > 1 ? "s" : "", rt_wset_source(ws), (long)a.tp, (long)a.tp);
         rc = 2;
         goto out;
     }
-    rt_model_opts mo = {.n_threads = a.threads, .mla = a.mla, .comm = comm};
-    if ((st = rt_model_create(ws, &mo, &m, &e))) { rc = fail(&e, st, "model"); goto out; }
+    rt_eng_opts eo;
+    rt_eng_opts_default(&eo);
+    eo.device = a.cuda ? RT_ENG_CUDA : RT_ENG_CPU;
+    eo.n_threads = (uint32_t)a.threads;
+    eo.mla = (rt_mla_mode)a.mla;
+    eo.comm = comm;
+    eo.gpu0 = (int)a.gpu0;
+    eo.precision = a.fast ? RT_ENG_FAST : RT_ENG_PRECISE;
+    eo.cache = (rt_eng_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
+    eo.verify = !a.no_verify;
+    eo.cuda_graph = a.cuda_graph;
+    eo.collective_nccl = a.nccl;
+    eo.check_tokens = (uint32_t)a.check;
+    if (a.check && (a.fast || a.kv_cache > 1)) { /* bf16/f16 rounding: the float32 tolerances would not hold */
+        eo.check_tol_stage = 5e-2;
+        eo.check_tol_logits = 5e-2;
+        eo.check_min_overlap = 0.9;
+    }
+    if ((st = rt_eng_create(ws, &eo, &en, &e))) { rc = fail(&e, st, "model"); goto out; }
     if ((st = tok_create(rt_wset_meta(ws), &tok, &e))) { rc = fail(&e, st, "tokenizer"); goto out; }
     if ((rc = agree(comm, 0, &n_synced))) goto out;
-    rc = 1;
-    const glm5_hparams *hp = rt_model_hparams(m);
-#ifdef G5_WITH_CUDA
-    if (a.cuda) {
-        rt_gpu_opts go;
-        rt_gpu_opts_default(&go);
-        go.device0 = (int)a.gpu0;
-        go.precision = a.fast ? RT_GPU_FAST : RT_GPU_PRECISE;
-        go.cache = (rt_gpu_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
-        go.load.verify = !a.no_verify;
-        go.cuda_graph = a.cuda_graph;
-        go.collective = a.nccl ? RT_GPU_COLL_NCCL : RT_GPU_COLL_AUTO;
-        if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = a.model;
-        if ((st = rt_gpu_model_create(m, &go, &en.g, &e))) { rc = fail(&e, st, "GPU"); goto out; }
-        const rt_gpu_info *gi = rt_gpu_model_info(en.g);
-        if (!a.quiet && lead)
-            fprintf(stderr, "glm5-run: GPU %s: %u rank%s on %u device%s (collective %s), %s, %s latent cache; weights "
-                    "%.3f GB in %.3f s (%.2f GB/s, %u reader threads, checksums %s, %llu O_DIRECT / %llu buffered reads)\n",
-                    gi->device_name, gi->n_ranks, gi->n_ranks > 1 ? "s" : "", gi->n_devices, gi->n_devices > 1 ? "s" : "",
-                    gi->collective, gi->precision, gi->cache, gi->load.bytes / 1e9, gi->load.seconds, gi->load.gb_per_s, gi->load.n_threads,
-                    go.blob_dir ? (gi->load.verified ? "verified" : "skipped") : "n/a (not a blob set)",
-                    (unsigned long long)gi->load.direct_reads, (unsigned long long)gi->load.buffered_reads);
-        if (a.check) {
-            rt_gpu_check_opts co;
-            rt_gpu_check_opts_default(&co);
-            co.n_tokens = (uint32_t)a.check;
-            if (a.fast || a.kv_cache > 1) { /* bf16/f16 rounding: the float32 tolerances would not hold */
-                co.tol_stage = 5e-2;
-                co.tol_logits = 5e-2;
-                co.min_overlap = 0.9;
-            }
-            if ((st = rt_gpu_check_create(m, en.g, &co, &en.chk, &e))) { rc = fail(&e, st, "check"); goto out; }
-        }
+    rc = EXIT_ERR;
+    const glm5_hparams *hp = rt_eng_hparams(en);
+    if ((st = rt_eng_load(en, &e))) { rc = fail(&e, st, "engine"); goto out; }
+    if (a.cuda && !a.quiet && lead) {
+        char line[1024];
+        rt_eng_describe(en, line, sizeof line);
+        fprintf(stderr, "glm5-run: %s\n", line);
     }
-#endif
     double t_load = now_s() - t0;
 
     if (a.tokens) {
@@ -583,40 +532,34 @@ int main(int argc, char **argv) {
             goto out;
         }
     if (n_ids > UINT32_MAX / 2) { fprintf(stderr, "glm5-run: prompt too long\n"); rc = 2; goto out; }
+    if ((rc = fit_context(&a, hp, ids, &n_ids))) goto out;
+    rc = EXIT_ERR;
 
     const size_t V = hp->n_vocab;
     logits = malloc((a.dump_logits ? n_ids : 1) * V * sizeof(float));
     if (!logits) { fprintf(stderr, "glm5-run: out of memory for %zu x %zu logits\n", n_ids, V); goto out; }
-    if ((st = rt_state_create(m, &s, &e))) { rc = fail(&e, st, "state"); goto out; }
-    en.m = m;
-    en.s = s;
+    if ((st = rt_eng_seq_create(en, 0, &seq, &e))) { rc = fail(&e, st, "state"); goto out; }
     if (a.draft) {
-        if (!rt_model_has_mtp(m) || rt_comm_size(comm) > 1) {
+        if (!rt_eng_has_mtp(en) || rt_comm_size(comm) > 1) {
             fprintf(stderr, "glm5-run: --draft mtp needs a model with a NextN/MTP block and one process\n");
             rc = 2;
             goto out;
         }
-        rt_draft_ops dops;
-#ifdef G5_WITH_CUDA
-        if (en.g) rt_gpu_draft_ops(en.g, &dops);
-        else
-#endif
-            rt_draft_ops_cpu(m, s, &dops);
-        if ((st = rt_drafter_create(&dops, &dr, &e))) { rc = fail(&e, st, "drafter"); goto out; }
+        if ((st = rt_drafter_create(seq, &dr, &e))) { rc = fail(&e, st, "drafter"); goto out; }
     }
     if ((st = samp_create(&a.sp, hp->n_vocab, &samp, &e))) { rc = fail(&e, st, "sampler"); goto out; }
     if ((st = tok_stream_create(tok, 0, &stream, &e))) { rc = fail(&e, st, "decoder"); goto out; }
     if ((rc = agree(comm, 0, &n_synced))) goto out;
-    rc = 1;
+    rc = EXIT_ERR;
     if (rt_comm_size(comm) > 1 && (rc = share_prompt(comm, &ids, &n_ids, &all_logits, &logits, hp->n_vocab))) {
         unclean = 1;
         goto out;
     }
-    rc = 1;
+    rc = EXIT_ERR;
 
     double t1 = now_s();
     st = dr ? rt_drafter_prompt(dr, ids, (uint32_t)n_ids, logits, all_logits, &e)
-            : eng_forward(&en, ids, (uint32_t)n_ids, logits, all_logits, &e);
+            : rt_eng_prefill(seq, ids, (uint32_t)n_ids, &(rt_eng_out){.logits = logits, .all_logits = all_logits}, &e);
     if (st) { rc = fail(&e, st, "prompt"); unclean = 1; goto out; }
     double t_prompt = now_s() - t1;
     if (!lead) { /* process 0 samples: feed what it broadcasts until it says stop */
@@ -624,10 +567,10 @@ int main(int argc, char **argv) {
             int32_t next;
             if ((st = rt_comm_bcast(comm, &next, sizeof next, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
             if (next < 0) {
-                rc = next == -1 ? 0 : 1; /* -2: process 0 failed and said why */
+                rc = next == -1 ? 0 : EXIT_ERR; /* -2: process 0 failed and said why */
                 goto out;
             }
-            if ((st = eng_forward(&en, &next, 1, logits, 0, &e))) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
+            if ((st = rt_eng_prefill(seq, &next, 1, &(rt_eng_out){.logits = logits}, &e))) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
         }
     }
     bc_open = rt_comm_size(comm) > 1;
@@ -675,7 +618,7 @@ int main(int argc, char **argv) {
         }
         if (stopped || n_gen == a.n_predict) break;
         if (bc_open && (st = rt_comm_bcast(comm, &id, sizeof id, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
-        st = dr ? rt_drafter_step(dr, id, logits, &e) : eng_forward(&en, &id, 1, logits, 0, &e);
+        st = dr ? rt_drafter_step(dr, id, logits, &e) : rt_eng_prefill(seq, &id, 1, &(rt_eng_out){.logits = logits}, &e);
         if (st) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
         last = logits;
     }
@@ -691,13 +634,20 @@ int main(int argc, char **argv) {
     if (a.ids || n_gen) fputc('\n', stdout);
     fflush(stdout);
     double t_gen = now_s() - t2;
+    char load_what[160];
+    if (li.verified)
+        snprintf(load_what, sizeof load_what, "checksums verified: %.3f GB in %.2f s, %u threads", li.bytes / 1e9,
+                 li.seconds, li.jobs);
+    else
+        snprintf(load_what, sizeof load_what, "checksums %s", strcmp(rt_wset_source(ws), "blobs") ? "n/a (not a blob set)"
+                 : a.cuda ? (a.no_verify ? "skipped (--no-verify)" : "verified by the GPU loader") : "skipped (--no-verify)");
     if (!a.quiet)
         fprintf(stderr,
-                "glm5-run: %s on %s, %u rank%s (%u process%s), %u threads; load %.2f s; prompt %zu tokens in %.2f s "
+                "glm5-run: %s on %s, %u rank%s (%u process%s), %u threads; load %.2f s (%s); prompt %zu tokens in %.2f s "
                 "(%.1f tok/s); generated %ld tokens in %.2f s (%.2f tok/s)\n",
-                rt_wset_source(ws), a.cuda ? "cuda" : "cpu", rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
+                rt_wset_source(ws), a.cuda ? "cuda" : "cpu", rt_eng_n_ranks(en), rt_eng_n_ranks(en) > 1 ? "s" : "",
                 rt_comm_size(comm), rt_comm_size(comm) > 1 ? "es" : "",
-                rt_model_n_threads(m), t_load, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
+                rt_eng_n_threads(en), t_load, load_what, n_ids, t_prompt, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
                 n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9));
     if (dr && !a.quiet) {
         rt_draft_stats ds;
@@ -707,18 +657,15 @@ int main(int argc, char **argv) {
                 ds.drafted ? 100.0 * (double)ds.accepted / (double)ds.drafted : 0.0, (unsigned long long)ds.forwards, n_gen);
     }
     rc = 0;
-#ifdef G5_WITH_CUDA
-    if (en.chk) {
-        rt_gpu_check_summary cs;
-        rt_gpu_check_get_summary(en.chk, &cs);
+    rt_eng_check_result cs;
+    if (en && rt_eng_check_result_get(en, &cs)) {
         fprintf(stderr, "glm5-run: check %s over %u tokens: stage max rel diff attn %.3e moe %.3e, layer %.3e, "
                 "logits rel L2 %.3e, top-k overlap >= %.4f", cs.ok ? "PASSED" : "FAILED", cs.n_tokens,
                 cs.max_stage_attn, cs.max_stage_ffn, cs.max_layer, cs.logits_rel_l2, cs.min_overlap_mean);
         if (cs.mtp_n) fprintf(stderr, ", MTP draft logits rel L2 %.3e over %u positions", cs.mtp_rel_l2, cs.mtp_n);
         fputc('\n', stderr);
-        if (!cs.ok) rc = 3;
+        if (!cs.ok) rc = EXIT_CHECK;
     }
-#endif
 out:
     if (unclean && rt_comm_size(comm) > 1) {
         fflush(stdout);
@@ -729,14 +676,10 @@ out:
         int32_t stop = rc ? -2 : -1;
         if ((st = rt_comm_bcast(comm, &stop, sizeof stop, 0, &e)) && !rc) rc = fail(&e, st, "token broadcast");
     }
-    while (n_synced < N_SYNC) rc = agree(comm, rc ? rc : 1, &n_synced);
-#ifdef G5_WITH_CUDA
-    rt_gpu_check_free(en.chk);
-#endif
-    rt_drafter_free(dr); /* before the models its operations use */
-#ifdef G5_WITH_CUDA
-    rt_gpu_model_free(en.g);
-#endif
+    while (n_synced < N_SYNC) rc = agree(comm, rc ? rc : EXIT_ERR, &n_synced);
+    rt_drafter_free(dr); /* before the sequence it drafts for */
+    rt_eng_seq_free(seq);
+    rt_eng_free(en);
     free(gen);
     free(text);
     free(logits);
@@ -744,8 +687,6 @@ out:
     tok_stream_free(stream);
     samp_free(samp);
     tok_free(tok);
-    rt_state_free(s);
-    rt_model_free(m);
     rt_wset_free(ws);
     rt_comm_free(comm);
     return rc;

@@ -1,9 +1,10 @@
 /* glm5-serve: OpenAI-compatible HTTP server for a GLM-5 blob set or GGUF (see runtime/serve/serve.h).
  *
  * Logs to stderr (the listening address first, then one line per request). Stops on SIGINT or
- * SIGTERM. Exit status: 0 after a signal, 1 when the server cannot start or the model fails to
- * load, 2 on a usage error or when a launcher (mpirun/srun) started several processes: one
- * glm5-serve drives every rank. */
+ * SIGTERM. Exit status (the table of glm5-shard and glm5-run): 0 after a signal, 2 on a usage
+ * error or when a launcher (mpirun/srun) started several processes (one glm5-serve drives every
+ * rank), 3 when the server cannot start or the model fails to load (a corrupt or refused set, a
+ * weight file truncated under it). */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -13,6 +14,8 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "format/args.h"
+#include "format/mapguard.h"
 #include "runtime/cpu/comm.h"
 #include "runtime/serve/serve.h"
 
@@ -32,22 +35,17 @@ static void usage(FILE *f) {
             "  --gpu0 K             first CUDA device (default 0)\n"
             "  --precision precise|fast  GPU arithmetic, as glm5-run (default precise)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
-            "  --no-verify          GPU: skip the blob checksums while loading\n"
+            "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
             "  --max-body BYTES     request body limit (default 1048576)\n"
+            "  --max-connections N  simultaneous connections, one thread each (default 512, at least\n"
+            "                       max-batch + max-queue + 32; raise `ulimit -n` to go far above)\n"
+            "  --max-connections-per-ip N  from one address (default 256)\n"
+            "  --timeout S          close a connection idle (or sending its request) this long\n"
+            "                       (default 30; 0: never); not counted while waiting for the model\n"
             "  --name ID            model id reported by the API (default: the file's base name)\n"
             "  --no-prefault        do not read all weight pages at load\n");
-}
-
-static int parse_u(const char *s, unsigned long lo, unsigned long hi, unsigned long *out) {
-    char *end;
-    errno = 0;
-    if (!s || *s == '-') return 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
 }
 
 static void log_line(void *user, const char *line) {
@@ -62,6 +60,7 @@ static void log_line(void *user, const char *line) {
 }
 
 int main(int argc, char **argv) {
+    g5_mapguard_install("glm5-serve", 3); /* a weight file truncated under us: an error, never SIGBUS */
     {
         /* several processes (mpirun/srun) would each serve the whole model: not supported */
         rt_comm *comm = NULL;
@@ -81,101 +80,59 @@ int main(int argc, char **argv) {
     srv_config_default(&c);
     c.log = log_line;
     c.api_key = getenv("GLM5_API_KEY");
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        unsigned long u;
-#define NEED()                                                                   \
-    do {                                                                         \
-        if (!v) {                                                                \
-            fprintf(stderr, "glm5-serve: %s needs a value\n", o);                \
-            return 2;                                                            \
-        }                                                                        \
-        i++;                                                                     \
-    } while (0)
-#define NUM(lo, hi)                                                              \
-    do {                                                                         \
-        NEED();                                                                  \
-        if (!parse_u(v, lo, hi, &u)) {                                           \
-            fprintf(stderr, "glm5-serve: bad value for %s: '%s'\n", o, v);       \
-            return 2;                                                            \
-        }                                                                        \
-    } while (0)
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
-            NEED();
-            c.model_path = v;
-        } else if (!strcmp(o, "--host")) {
-            NEED();
-            c.host = v;
-        } else if (!strcmp(o, "--port")) {
-            NUM(0, 65535);
-            c.port = (uint16_t)u;
-        } else if (!strcmp(o, "--api-key")) {
-            NEED();
-            c.api_key = v;
-        } else if (!strcmp(o, "--max-batch")) {
-            NUM(1, 4096);
-            c.max_batch = (uint32_t)u;
-        } else if (!strcmp(o, "--max-queue")) {
-            NUM(1, 1000000);
-            c.max_queue = (uint32_t)u;
-        } else if (!strcmp(o, "--ctx-size") || !strcmp(o, "-c")) {
-            NUM(2, 1ul << 30);
-            c.ctx_size = (uint32_t)u;
-        } else if (!strcmp(o, "--block-tokens")) {
-            NUM(1, 65536);
-            c.block_tokens = (uint32_t)u;
-        } else if (!strcmp(o, "--threads") || !strcmp(o, "-t")) {
-            NUM(0, 4096);
-            c.n_threads = (uint32_t)u;
-        } else if (!strcmp(o, "--max-body")) {
-            NUM(1024, 1ul << 30);
-            c.max_body = u;
-        } else if (!strcmp(o, "--name")) {
-            NEED();
-            c.model_name = v;
-        } else if (!strcmp(o, "--no-prefault")) {
-            c.prefault = 0;
-        } else if (!strcmp(o, "--device")) {
-            NEED();
-            if (!strcmp(v, "cpu")) c.device = SRV_DEVICE_CPU;
-            else if (!strcmp(v, "cuda")) c.device = SRV_DEVICE_CUDA;
-            else {
-                fprintf(stderr, "glm5-serve: unknown device '%s' (cpu or cuda)\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--gpu0")) {
-            NUM(0, 4095);
-            c.gpu0 = (int)u;
-        } else if (!strcmp(o, "--precision")) {
-            NEED();
-            if (!strcmp(v, "precise")) c.gpu_fast = 0;
-            else if (!strcmp(v, "fast")) c.gpu_fast = 1;
-            else {
-                fprintf(stderr, "glm5-serve: bad value for --precision: '%s' (precise or fast)\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--kv-cache")) {
-            NEED();
-            if (!strcmp(v, "f32")) c.gpu_kv_cache = 1; /* rt_gpu_cache: 1 f32, 2 bf16, 3 f16 */
-            else if (!strcmp(v, "bf16")) c.gpu_kv_cache = 2;
-            else if (!strcmp(v, "f16")) c.gpu_kv_cache = 3;
-            else {
-                fprintf(stderr, "glm5-serve: bad value for --kv-cache: '%s' (f32, bf16 or f16)\n", v);
-                return 2;
-            }
-        } else if (!strcmp(o, "--no-verify")) {
-            c.gpu_no_verify = 1;
-        } else {
-            fprintf(stderr, "glm5-serve: unknown option '%s'\n", o);
-            usage(stderr);
-            return 2;
-        }
-#undef NUM
-#undef NEED
+    int64_t port = c.port, max_batch = c.max_batch, max_queue = c.max_queue, ctx = c.ctx_size;
+    int64_t block = c.block_tokens, threads = c.n_threads, body = (int64_t)c.max_body, gpu0 = c.gpu0;
+    int64_t max_conn = c.max_connections, max_per_ip = c.max_per_ip, timeout = c.timeout_s;
+    int device = (int)c.device;
+    static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
+    static const char *const caches[] = {"f32", "bf16", "f16", NULL};
+    static const int vdev[] = {SRV_DEVICE_CPU, SRV_DEVICE_CUDA}, v01[] = {0, 1};
+    static const int vcache[] = {1, 2, 3}; /* srv_config.gpu_kv_cache: 1 f32, 2 bf16, 3 f16 */
+    const g5_arg tab[] = {
+        {.name = "--model", .alias = "-m", .kind = G5_ARG_STR, .dst = &c.model_path},
+        {.name = "--host", .kind = G5_ARG_STR, .dst = &c.host},
+        {.name = "--port", .kind = G5_ARG_INT, .dst = &port, .lo = 0, .hi = 65535},
+        {.name = "--api-key", .kind = G5_ARG_STR, .dst = &c.api_key},
+        {.name = "--max-batch", .kind = G5_ARG_INT, .dst = &max_batch, .lo = 1, .hi = 4096},
+        {.name = "--max-queue", .kind = G5_ARG_INT, .dst = &max_queue, .lo = 1, .hi = 1000000},
+        {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &ctx, .lo = 2, .hi = 1l << 30},
+        {.name = "--block-tokens", .kind = G5_ARG_INT, .dst = &block, .lo = 1, .hi = 65536},
+        {.name = "--threads", .alias = "-t", .kind = G5_ARG_INT, .dst = &threads, .lo = 0, .hi = 4096},
+        {.name = "--max-connections", .kind = G5_ARG_INT, .dst = &max_conn, .lo = 1, .hi = 1000000},
+        {.name = "--max-connections-per-ip", .kind = G5_ARG_INT, .dst = &max_per_ip, .lo = 1, .hi = 1000000},
+        {.name = "--timeout", .kind = G5_ARG_INT, .dst = &timeout, .lo = 0, .hi = 1000000},
+        {.name = "--max-body", .kind = G5_ARG_INT, .dst = &body, .lo = 1024, .hi = 1l << 30},
+        {.name = "--name", .kind = G5_ARG_STR, .dst = &c.model_name},
+        {.name = "--no-prefault", .kind = G5_ARG_OFF, .dst = &c.prefault},
+        {.name = "--device", .kind = G5_ARG_CHOICE, .dst = &device, .choices = devices, .values = vdev},
+        {.name = "--gpu0", .kind = G5_ARG_INT, .dst = &gpu0, .lo = 0, .hi = 4095},
+        {.name = "--precision", .kind = G5_ARG_CHOICE, .dst = &c.gpu_fast, .choices = precisions, .values = v01},
+        {.name = "--kv-cache", .kind = G5_ARG_CHOICE, .dst = &c.gpu_kv_cache, .choices = caches, .values = vcache},
+        {.name = "--no-verify", .kind = G5_ARG_FLAG, .dst = &c.gpu_no_verify},
+    };
+    char msg[512];
+    g5_args_result r = g5_args_parse(tab, sizeof tab / sizeof tab[0], argc, argv, 1, NULL, 0, NULL, msg, sizeof msg);
+    if (r == G5_ARGS_HELP) {
+        usage(stdout);
+        return 0;
     }
+    if (r) {
+        fprintf(stderr, "glm5-serve: %s\n", msg);
+        usage(stderr);
+        return 2;
+    }
+    c.port = (uint16_t)port;
+    c.max_batch = (uint32_t)max_batch;
+    c.max_queue = (uint32_t)max_queue;
+    c.ctx_size = (uint32_t)ctx;
+    c.block_tokens = (uint32_t)block;
+    c.n_threads = (uint32_t)threads;
+    c.max_body = (uint64_t)body;
+    c.max_connections = (uint32_t)max_conn;
+    c.max_per_ip = (uint32_t)max_per_ip;
+    c.timeout_s = (uint32_t)timeout;
+    c.gpu0 = (int)gpu0;
+    c.device = (srv_device)device;
     if (!c.model_path) {
         fprintf(stderr, "glm5-serve: -m is required\n");
         usage(stderr);
@@ -199,12 +156,13 @@ int main(int argc, char **argv) {
     g5_status st = srv_create(&c, &s, &e);
     if (st != G5_OK) {
         fprintf(stderr, "glm5-serve: %s (%s)\n", e.msg[0] ? e.msg : g5_strerror(st), g5_strerror(st));
-        return 1;
+        return 3;
     }
     char line[512];
-    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s)",
+    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s; "
+             "connections <= %u, <= %u per address, idle timeout %u s)",
              c.host, srv_port(s), c.device == SRV_DEVICE_CUDA ? "cuda" : "cpu", c.max_batch, c.max_queue, c.ctx_size,
-             c.api_key && *c.api_key ? ", API key required" : "");
+             c.api_key && *c.api_key ? ", API key required" : "", c.max_connections, c.max_per_ip, c.timeout_s);
     log_line(NULL, line);
 
     int rc = 0;
@@ -220,7 +178,7 @@ int main(int argc, char **argv) {
         if (srv_get_load_state(s, &le) == SRV_FAILED) {
             fprintf(stderr, "glm5-serve: cannot load %s: %s (%s)\n", c.model_path, le.msg,
                     g5_strerror(le.status));
-            rc = 1;
+            rc = 3;
             break;
         }
     }

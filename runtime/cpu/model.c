@@ -340,6 +340,17 @@ rt_comm *rt_model_comm(const rt_model *m) { return m->comm; }
 uint32_t rt_model_n_threads(const rt_model *m) { return m->n_threads; }
 void rt_model_set_mla(rt_model *m, rt_mla_mode mode) { m->mla = mode; }
 int rt_model_has_mtp(const rt_model *m) { return m->has_mtp; }
+const rt_wset *rt_model_wset(const rt_model *m) { return m->ws; }
+
+g5_status rt_model_rank_tensors(const rt_model *m, uint32_t i, rt_rank_tensors *out, g5_error *err) {
+    if (i >= m->n_local) return g5_fail(err, G5_ERR_INVALID_ARG, "local rank %u of %u", i, m->n_local);
+    const rt_rank *rk = &m->ranks[i];
+    *out = (rt_rank_tensors){.r = rk->r, .w = rk->w, .H_l = rk->H_l, .ff_l = rk->ff_l, .ffe_l = rk->ffe_l,
+                             .n_exp_l = rk->n_exp_l, .exp0 = rk->exp0, .max_ncols = rk->max_ncols,
+                             .max_rows = rk->max_rows, .tok_embd = rk->tok_embd, .output = rk->output,
+                             .output_norm = rk->output_norm, .layers = rk->layers, .n_layers = m->hp.n_layer};
+    return G5_OK;
+}
 
 /* ---- state ---- */
 
@@ -500,8 +511,8 @@ static size_t work_layout(const rt_model *m, const rt_rank *rk, uint32_t n, uint
     return c.off;
 }
 
-static g5_status work_alloc(const rt_model *m, rt_rank *rk, uint32_t n, uint32_t P, uint8_t **mem,
-                            rt_work *w, g5_error *err) {
+g5_status rt_work_alloc(const rt_model *m, rt_rank *rk, uint32_t n, uint32_t P, uint8_t **mem,
+                        rt_work *w, g5_error *err) {
     size_t bytes = work_layout(m, rk, n, P, NULL, w);
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64))
@@ -601,7 +612,7 @@ static void expert_mat(const rt_tensor *t, uint32_t e_l, uint64_t ncols, rt_mat 
     (void)rt_mat_view(t->type, t->data, ncols, (uint64_t)e_l * rows, rows, out, NULL); /* checked */
 }
 
-static void ffn_moe(rt_fwd *f, rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n) {
+void rt_ffn_moe(rt_fwd *f, rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n) {
     rt_model *m = f->m;
     const glm5_hparams *hp = &m->hp;
     const uint32_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
@@ -670,7 +681,7 @@ static void layer_forward(rt_fwd *f, rt_rank *rk, rt_work *w, uint32_t il) {
     if (L->dense)
         rt_ffn_dense(rk, L, w, n, E);
     else
-        ffn_moe(f, rk, L, w, n);
+        rt_ffn_moe(f, rk, L, w, n);
     rt_allreduce_add(f, rk, w, n);
 }
 
@@ -707,7 +718,7 @@ static void *rank_main(void *arg) {
     const uint32_t n = f->n, E = hp->n_embd;
     uint8_t *mem = NULL;
     rt_work w;
-    j->st = work_alloc(m, rk, n, j->P, &mem, &w, &j->err);
+    j->st = rt_work_alloc(m, rk, n, j->P, &mem, &w, &j->err);
     const size_t xb = rt_xchg_bytes(m, n);
     if (!j->st && xb && rk == m->ranks) { /* the exchange buffer, before any collective */
         f->xb = xb == SIZE_MAX ? NULL : malloc(xb);

@@ -75,6 +75,7 @@ uint32_t rt_model_n_ranks(const rt_model *m);    /* T, over all processes */
 uint32_t rt_model_rank_first(const rt_model *m); /* this process's ranks: [first, first + n_local) */
 uint32_t rt_model_n_local(const rt_model *m);
 rt_comm *rt_model_comm(const rt_model *m);       /* opts.comm (NULL: single process) */
+const rt_wset *rt_model_wset(const rt_model *m); /* the set it was created over */
 uint32_t rt_model_n_threads(const rt_model *m);
 void rt_model_set_mla(rt_model *m, rt_mla_mode mode);
 int rt_model_has_mtp(const rt_model *m); /* a NextN block is present */
@@ -150,5 +151,35 @@ g5_status rt_model_forward_batch(rt_model *m, rt_state *const *states, const int
  * blocks only the first is run. */
 g5_status rt_model_mtp(rt_model *m, rt_state *s, const float *hidden, const int32_t *next_tokens,
                        uint32_t n, float *draft_logits, int all_logits, g5_error *err);
+
+/* model.c: chooses one token's experts. logits [n_expert] become the gating scores (sigmoid, or
+ * softmax when expert_gating_func = 1); the choice is by score + bias (bias may be NULL) among
+ * the topk_group best groups (a group scores the sum of its two best choice values); the weights
+ * are the chosen experts' unbiased scores, normalized if expert_weights_norm, times
+ * expert_weights_scale. ch/cw [n_expert_used] come out in ascending expert order (the order the
+ * experts' outputs are summed in). Ties go to the lower index. Scratch: choice [n_expert],
+ * allowed [n_expert], gscore [n_group]. The GPU's router kernel is tested against it. */
+void rt_moe_route(const glm5_hparams *hp, float *logits, const float *bias, float *choice,
+                  uint8_t *allowed, float *gscore, int32_t *ch, float *cw);
+
+/* ---- stage runs (the GPU --check) ----
+ * One stage of one main layer recomputed on the CPU from a caller's input (the GPU's own input
+ * to that stage), with the forward pass's own code (attn.c's rt_attn_layer, model.c's FFN/MoE),
+ * on caches of the stage run's own, so that each difference is that stage's own error. Needs a
+ * model of one rank (G5_ERR_UNSUPPORTED otherwise). A call is rt_stage_begin for n tokens at
+ * positions pos0 .., then, layer by layer in order, rt_stage_attn and rt_stage_ffn; positions
+ * must follow on from the previous call's (the attention writes its caches at them). */
+typedef struct rt_stage rt_stage;
+g5_status rt_stage_create(rt_model *m, rt_stage **out, g5_error *err);
+void rt_stage_free(rt_stage *s); /* accepts NULL */
+g5_status rt_stage_begin(rt_stage *s, uint32_t pos0, uint32_t n, g5_error *err);
+/* Main layer il's attention over its input x [n][n_embd]: out [n][n_embd] (the output projection,
+ * before the residual add); sel [n][idx_top_k] (may be NULL): the key positions each token
+ * attended, ascending, -1 padded. */
+void rt_stage_attn(rt_stage *s, uint32_t il, const float *x, float *out, int32_t *sel);
+/* Main layer il's FFN or MoE from the residual stream xmid [n][n_embd] after the attention
+ * (RMSNorm'ed here): out [n][n_embd]; experts [n][n_expert_used] (may be NULL; MoE layers only):
+ * the routed experts, ascending. */
+void rt_stage_ffn(rt_stage *s, uint32_t il, const float *xmid, float *out, int32_t *experts);
 
 #endif

@@ -9,54 +9,8 @@
 #include "runtime/cpu/cpu_ops.h"
 #include "runtime/cpu/kvcache.h"
 #include "runtime/cpu/model.h"
+#include "runtime/cpu/model_tensors.h"
 
-/* transformers' GlmMoeDsaIndexer uses nn.LayerNorm(index_head_dim, eps=1e-6) for k_norm; the
- * GGUF carries no key for it. */
-#define RT_IDX_NORM_EPS 1e-6f
-
-/* How a rank holds a matrix that TP may split: its whole, its rows (outputs; results are
- * gathered), or its columns (inputs; partial results are summed). */
-typedef enum rt_split { RT_SPLIT_NONE = 0, RT_SPLIT_ROWS, RT_SPLIT_COLS } rt_split;
-
-/* An output projection over the vocabulary, split by rows (tokens) across ranks: this rank
- * writes columns col0 .. col0 + mat.nrows of the logits (write = 0: another rank writes them). */
-typedef struct rt_head {
-    rt_mat mat;
-    uint32_t col0;
-    int write;
-} rt_head;
-
-typedef struct rt_layer {
-    int present;                 /* the layer's tensors were found (main layers, NextN block) */
-    int dense, nextn, has_indexer;
-    /* attention (q_b, kv_b, o split by heads) */
-    float *attn_norm, *q_a_norm, *kv_a_norm;          /* [n_embd] [q_lora] [kv_lora] */
-    rt_mat q_a;                  /* [q_lora] rows of n_embd */
-    rt_mat q_b;                  /* [H_l * (qk_nope + qk_rope)] rows of q_lora */
-    rt_mat kv_a;                 /* [kv_lora + qk_rope] rows of n_embd */
-    rt_mat kv_b;                 /* [H_l * (qk_nope + v_head)] rows of kv_lora */
-    rt_mat o;                    /* [n_embd] rows of H_l * v_head */
-    /* indexer (replicated) */
-    rt_mat idx_q_b;              /* [idx_n_head * idx_head_dim] rows of q_lora */
-    rt_mat idx_k;                /* [idx_head_dim] rows of n_embd */
-    rt_mat idx_proj;             /* [idx_n_head] rows of n_embd */
-    float *idx_k_norm, *idx_k_norm_b;                 /* [idx_head_dim] */
-    /* FFN */
-    float *ffn_norm;
-    rt_mat ffn_gate, ffn_up, ffn_down;                /* dense: [ff_l] rows; down [n_embd] rows */
-    rt_mat router;                                    /* [n_expert] rows of n_embd */
-    float *router_b;                                  /* [n_expert] */
-    const rt_tensor *exp_gate, *exp_up, *exp_down;    /* 3D, n_exp_l experts */
-    rt_mat sh_gate, sh_up, sh_down;
-    int sh_contrib;              /* this rank adds the shared expert (split, or rank 0 if whole) */
-    uint32_t sh_l;               /* shared expert rows here */
-    /* NextN */
-    rt_mat eh_proj;
-    rt_split eh_split;
-    float *enorm, *hnorm, *shared_head_norm;
-    rt_mat nextn_embed;          /* .data NULL when absent (token_embd is used) */
-    rt_head nextn_head;          /* .mat.data NULL when absent (output is used) */
-} rt_layer;
 
 typedef struct rt_rank {
     uint32_t r;                  /* global rank index (m->ranks[i].r = m->rank0 + i) */
@@ -223,20 +177,19 @@ void rt_gather_vocab(rt_fwd *f, rt_rank *rk, const rt_head *head, float *logits,
  * choice (no indexer), w->sel already holds it. Expanded MLA needs all rows in one state. */
 void rt_attn_layer(rt_fwd *f, rt_rank *rk, rt_layer *L, rt_layer_cache *C, rt_work *w);
 
-/* model.c: chooses one token's experts. logits [n_expert] become the gating scores (sigmoid, or
- * softmax when expert_gating_func = 1); the choice is by score + bias (bias may be NULL) among
- * the topk_group best groups (a group scores the sum of its two best choice values); the weights
- * are the chosen experts' unbiased scores, normalized if expert_weights_norm, times
- * expert_weights_scale. ch/cw [n_expert_used] come out in ascending expert order (the order the
- * experts' outputs are summed in). Ties go to the lower index. Scratch: choice [n_expert],
- * allowed [n_expert], gscore [n_group]. */
 /* The FFN stages on one rank (w->h holds the normed input; the output lands in w->part):
- * the dense SwiGLU FFN, and the routed experts (choices already in w->ch_e / w->ch_w for all
- * n tokens) plus the shared expert. Shared with the GPU --check, which recomputes each stage. */
+ * the dense SwiGLU FFN; the MoE (the router on this rank's token rows, the choices exchanged,
+ * then the routed experts and the shared expert); the routed experts (choices already in
+ * w->ch_e / w->ch_w for all n tokens) plus the shared expert. The stage runs (stages.c, the
+ * public rt_stage_* of model.h) call them too. */
 void rt_ffn_dense(rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n, uint32_t E);
+void rt_ffn_moe(rt_fwd *f, rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n);
 void rt_ffn_experts(rt_rank *rk, const rt_layer *L, rt_work *w, uint32_t n, const glm5_hparams *hp);
-void rt_moe_route(const glm5_hparams *hp, float *logits, const float *bias, float *choice,
-                  uint8_t *allowed, float *gscore, int32_t *ch, float *cw);
+
+/* One rank's work buffers for a call of n tokens over P positions (one allocation, *mem, to
+ * free), and the rank's pool scratch for them. */
+g5_status rt_work_alloc(const rt_model *m, rt_rank *rk, uint32_t n, uint32_t P, uint8_t **mem, rt_work *w,
+                        g5_error *err);
 
 /* Scratch each pool worker needs for attention and indexer tasks over P positions. */
 size_t rt_attn_scratch(const glm5_hparams *hp, uint32_t P);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "format/blob.h"
 #include "format/glm5.h"
@@ -136,8 +138,11 @@ g5_status rt_wset_open_gguf(const char *path, rt_wset **out, g5_error *err) {
     g5_status st = gguf_open(path, &ws->gguf, err);
     if (st) goto fail;
     ws->meta = ws->gguf;
-    glm5_hparams hp;
-    if ((st = glm5_hparams_read(ws->gguf, &hp, err))) goto fail;
+    glm5_hparams hp; /* validated with every tensor before kv_b buffers are sized from it */
+    if ((st = glm5_model_validate(ws->gguf, &hp, err))) {
+        g5_error_prefix(err, "%s", path);
+        goto fail;
+    }
     rt_weights *w = &ws->ranks[0];
     int64_t nt = gguf_get_n_tensors(ws->gguf);
     for (int64_t i = 0; i < nt; i++) {
@@ -236,16 +241,51 @@ g5_status rt_wset_from_tables(const gguf_ctx *meta, uint32_t n_ranks, int expert
 
 static void close_blob_set(void *s) { blob_set_free(s); }
 
-g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err) {
-    return rt_wset_open_blobs_ranks(dir, 0, 0, out, err);
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t count, rt_wset **out,
-                                   g5_error *err) {
+/* Hashes the opened ranks' data (every tensor and chunk hash), all ranks at once. */
+static g5_status verify_blobs(const blob_set *set, uint32_t jobs, rt_wset_load_info *info, g5_error *err) {
+    const uint32_t first = blob_set_first(set), n = blob_set_count(set);
+    const blob **bl = malloc(n * sizeof *bl);
+    blob_verify_stats *vs = calloc(n, sizeof *vs);
+    if (!bl || !vs) {
+        free(bl);
+        free(vs);
+        return g5_fail(err, G5_ERR_NOMEM, "checksum verification");
+    }
+    for (uint32_t i = 0; i < n; i++) bl[i] = blob_set_rank(set, first + i);
+    if (!jobs) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        jobs = nc > 0 ? (uint32_t)nc : 1;
+    }
+    double t0 = now_s();
+    g5_status st = blob_verify_data(bl, n, jobs, vs, NULL, NULL, 0, err);
+    info->seconds = now_s() - t0;
+    info->jobs = jobs;
+    for (uint32_t i = 0; i < n; i++) {
+        info->bytes += vs[i].bytes;
+        blob_verify_stats_clear(&vs[i]);
+    }
+    info->verified = st == G5_OK;
+    free(bl);
+    free(vs);
+    return st;
+}
+
+static g5_status open_blobs(const char *dir, const rt_wset_opts *o, rt_wset **out, rt_wset_load_info *info,
+                            g5_error *err) {
     *out = NULL;
     blob_set *set = NULL;
-    g5_status st = count ? blob_set_open_ranks(dir, first, count, &set, err) : blob_set_open(dir, &set, err);
+    g5_status st = o->count ? blob_set_open_ranks(dir, o->first, o->count, &set, err) : blob_set_open(dir, &set, err);
     if (st) return st;
+    if (!o->no_verify && (st = verify_blobs(set, o->jobs, info, err))) {
+        blob_set_free(set);
+        return st;
+    }
     const uint32_t T = blob_set_tp(set);
     rt_wset *ws = T ? wset_new(T) : NULL;
     if (!ws) {
@@ -260,18 +300,40 @@ g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t cou
     const blob *b0 = blob_set_rank(set, ws->first);
     ws->meta = blob_get_meta(b0);
     ws->ep = blob_get_info(b0)->placement == BLOB_PLACE_EP;
+    glm5_hparams *hp = malloc(sizeof *hp);
+    if (!hp || (st = glm5_meta_validate(ws->meta, hp, err))) {
+        if (!hp) st = g5_fail(err, G5_ERR_NOMEM, "hyperparameters");
+        free(hp);
+        g5_error_prefix(err, "%s", blob_get_path(b0));
+        rt_wset_free(ws);
+        return st;
+    }
     for (uint32_t r = ws->first; r < ws->first + ws->count; r++) {
         const blob *b = blob_set_rank(set, r);
         rt_weights *w = &ws->ranks[r];
         const uint64_t nt = blob_n_tensors(b);
         for (uint64_t i = 0; i < nt; i++) {
             const blob_tensor *bt = blob_get_tensor(b, i);
+            /* 1-D tensors are whole on every rank: their values are checked too */
+            if ((st = glm5_tensor_check(hp, bt->name, bt->type, bt->ne_global, bt->n_dims == 1 ? bt->data : NULL,
+                                        bt->size, err))) {
+                g5_error_prefix(err, "%s", blob_get_path(b));
+                free(hp);
+                goto fail;
+            }
             rt_tensor t = {bt->name, bt->type, bt->n_dims,
                            {bt->ne[0], bt->ne[1], bt->ne[2], bt->ne[3]}, bt->size, bt->data};
-            if ((st = add_tensor(w, &t, err))) goto fail;
+            if ((st = add_tensor(w, &t, err))) {
+                free(hp);
+                goto fail;
+            }
         }
-        if ((st = finish(w, err))) goto fail;
+        if ((st = finish(w, err))) {
+            free(hp);
+            goto fail;
+        }
     }
+    free(hp);
     *out = ws;
     return G5_OK;
 fail:
@@ -280,8 +342,33 @@ fail:
     return st;
 }
 
-g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err) {
+const blob_set *rt_wset_blobs(const rt_wset *ws) {
+    return ws->close_src == close_blob_set ? ws->src : NULL;
+}
+
+g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err) {
+    return rt_wset_open_blobs_ranks(dir, 0, 0, out, err);
+}
+
+g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t count, rt_wset **out,
+                                   g5_error *err) {
+    rt_wset_opts o = {.first = first, .count = count};
+    rt_wset_load_info info = {0};
+    return open_blobs(dir, &o, out, &info, err);
+}
+
+g5_status rt_wset_open_ex(const char *path, const rt_wset_opts *o, rt_wset **out, rt_wset_load_info *info,
+                          g5_error *err) {
+    rt_wset_opts def = {0};
+    rt_wset_load_info scratch;
+    if (!o) o = &def;
+    if (!info) info = &scratch;
+    memset(info, 0, sizeof *info);
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return rt_wset_open_blobs(path, out, err);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return open_blobs(path, o, out, info, err);
     return rt_wset_open_gguf(path, out, err);
+}
+
+g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err) {
+    return rt_wset_open_ex(path, NULL, out, NULL, err);
 }

@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "format/blob.h"
 #include "format/gguf.h"
 #include "format/status.h"
 
@@ -29,12 +30,35 @@ typedef struct rt_tensor {
 typedef struct rt_weights rt_weights; /* one rank */
 typedef struct rt_wset rt_wset;       /* all ranks */
 
-/* A directory is opened as a blob set, anything else as a GGUF (split sets included). */
+/* How a set is opened. Blob data is checked against every tensor's XXH3-128 (and the 64 MiB
+ * chunk hashes) while it is read in, by `jobs` threads (blob_verify_data) unless no_verify: a
+ * corrupt tensor fails the open, naming the rank file, the tensor and its byte range. A GGUF has
+ * no checksums; it is validated (glm5_model_validate) like every other source. */
+typedef struct rt_wset_opts {
+    int no_verify;       /* skip the blob checksums (glm5-run/glm5-serve --no-verify) */
+    uint32_t jobs;       /* hashing threads (0: online CPUs) */
+    uint32_t first, count; /* blob ranks [first, first + count) only; count 0: all */
+} rt_wset_opts;
+
+/* What the open did, for the load line. */
+typedef struct rt_wset_load_info {
+    int verified;        /* 1: every opened blob's data hashed and matched */
+    uint64_t bytes;      /* data bytes hashed */
+    double seconds;      /* hashing time */
+    uint32_t jobs;       /* threads used */
+} rt_wset_load_info;
+
+/* A directory is opened as a blob set, anything else as a GGUF (split sets included). `o` NULL:
+ * verify everything with all CPUs; info may be NULL. */
+g5_status rt_wset_open_ex(const char *path, const rt_wset_opts *o, rt_wset **out,
+                          rt_wset_load_info *info, g5_error *err);
+/* rt_wset_open_ex with the default options (checksums verified). */
 g5_status rt_wset_open(const char *path, rt_wset **out, g5_error *err);
 g5_status rt_wset_open_gguf(const char *path, rt_wset **out, g5_error *err);
 g5_status rt_wset_open_blobs(const char *dir, rt_wset **out, g5_error *err);
 /* Only ranks [first, first + count) of the set (count 0: all): what one process of a
- * multi-process run needs (blob_set_open_ranks); the other ranks' files may be absent. */
+ * multi-process run needs (blob_set_open_ranks); the other ranks' files may be absent. Both
+ * verify the checksums (rt_wset_open_ex for options). */
 g5_status rt_wset_open_blobs_ranks(const char *dir, uint32_t first, uint32_t count, rt_wset **out,
                                    g5_error *err);
 /* A set from caller-built tensor tables (tests, synthetic models): rank r has counts[r] tensors
@@ -52,6 +76,8 @@ const gguf_ctx *rt_wset_meta(const rt_wset *ws);
 /* NULL if out of range or not opened. */
 const rt_weights *rt_wset_rank(const rt_wset *ws, uint32_t rank);
 const char *rt_wset_source(const rt_wset *ws); /* "gguf", "blobs" or "tables" */
+/* The open blob set behind a "blobs" set (the GPU loader reads its files); NULL otherwise. */
+const blob_set *rt_wset_blobs(const rt_wset *ws);
 
 /* NULL if this rank has no tensor of that name. */
 const rt_tensor *rt_weights_find(const rt_weights *w, const char *name);

@@ -15,7 +15,7 @@
 #include "cuda/cuk_model.h"
 #include "runtime/gpu/gpu_linear.h"
 #include "runtime/gpu/gpu_model.h"
-#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/model_tensors.h"
 
 #if defined(__has_include)
 #if __has_include(<nccl.h>)
@@ -75,7 +75,8 @@ typedef struct gl_rank {
     int dev;
     cudaStream_t st;
     int own_stream;
-    const rt_rank *c;                /* the CPU model's rank */
+    const rt_rank_tensors *c;        /* the CPU model's tensor table of this rank (&ctab) */
+    rt_rank_tensors ctab;
     void *wmem;                      /* all tensor data, one allocation */
     uint64_t wbytes;
     uint8_t *xmem;                   /* float32 extras */

@@ -20,7 +20,7 @@
 #include "format/blob.h"
 #include "format/quant.h"
 #include "runtime/gpu/gpu_linear.h"
-#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/model_tensors.h"
 
 #include "cuda/gemv_select.h"
 #include "cuda/cuk_head_gemv.h"
@@ -155,7 +155,7 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
 
 static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
-    const rt_rank *c = rk->c;
+    const rt_rank_tensors *c = rk->c;
     const uint64_t E = hp->n_embd, KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
     const uint64_t kvb_rows = (uint64_t)c->H_l * (NOPE + V);
     const uint32_t NL = hp->n_layer_main + (g->has_mtp ? 1 : 0); /* the NextN layer last */
@@ -260,12 +260,12 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     rt_gpu_model *g = calloc(1, sizeof *g);
     if (!g) return g5_fail(err, G5_ERR_NOMEM, "GPU model");
     g->cpu = cpu;
-    g->hp = cpu->hp;
+    g->hp = *rt_model_hparams(cpu);
     g->T = rt_model_n_local(cpu);
     g->T_all = rt_model_n_ranks(cpu);
     g->first = rt_model_rank_first(cpu);
     g->comm = rt_model_comm(cpu);
-    g->has_mtp = cpu->has_mtp;
+    g->has_mtp = rt_model_has_mtp(cpu);
     const int fast = opts->precision != RT_GPU_PRECISE;
     const int bf16act = opts->precision == RT_GPU_BF16ACT;
     rt_gpu_cache ct = opts->cache ? opts->cache : fast ? RT_GPU_CACHE_BF16 : RT_GPU_CACHE_F32;
@@ -274,7 +274,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     g->info.precision = bf16act ? "bf16act" : fast ? "fast" : "precise";
     g->info.cache = g->lat_type == CUK_BF16 ? "bf16" : g->lat_type == CUK_F16 ? "f16" : "f32";
     g->rk = calloc(g->T, sizeof *g->rk);
-    blob_set *set = NULL;
+    const blob_set *set = opts->blobs;
     g5_status st = G5_OK;
     if (!g->rk) {
         st = g5_fail(err, G5_ERR_NOMEM, "GPU ranks");
@@ -317,19 +317,20 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     g->info.gemm = gl_lin_mode_name(lcfg.mode);
     g->info.gemm_min = (int)lcfg.min_tokens;
     g->info.gemm_min_expert = (int)lcfg.min_rows_expert;
-    if (opts->blob_dir) {
-        /* this process's ranks only: the other ranks' files need not be on its node */
-        if ((st = blob_set_open_ranks(opts->blob_dir, g->first, g->T, &set, err))) goto loaded;
-        if (blob_set_tp(set) != g->T_all) {
-            st = g5_fail(err, G5_ERR_MISMATCH, "%s holds %u ranks, the model %u", opts->blob_dir, blob_set_tp(set),
-                         g->T_all);
+    if (set) { /* the weight set's own blobs: this process's ranks must be open in it */
+        if (blob_set_tp(set) != g->T_all || blob_set_first(set) > g->first ||
+            blob_set_first(set) + blob_set_count(set) < g->first + g->T) {
+            st = g5_fail(err, G5_ERR_MISMATCH, "the blob set holds ranks %u..%u of %u, the model runs %u..%u of %u",
+                         blob_set_first(set), blob_set_first(set) + blob_set_count(set) - 1, blob_set_tp(set), g->first,
+                         g->first + g->T - 1, g->T_all);
             goto loaded;
         }
     }
     const double t0 = gm_now_s();
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
-        rk->c = &cpu->ranks[r];
+        if ((st = rt_model_rank_tensors(cpu, r, &rk->ctab, err))) goto loaded;
+        rk->c = &rk->ctab;
         rk->fast = bf16act;
         if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
             st = g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(ce));
@@ -375,11 +376,9 @@ loaded:
     if (g->coll == COLL_NCCL && (st = gm_nccl_init(g, err))) goto fail;
 #endif
     if ((st = rt_gpu_seq_create(g, 0, &g->def, err))) goto fail;
-    blob_set_free(set);
     *out = g;
     return G5_OK;
 fail:
-    blob_set_free(set);
     rt_gpu_model_free(g);
     return st;
 }
@@ -916,7 +915,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
 g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
-    const rt_rank *c = rk->c;
+    const rt_rank_tensors *c = rk->c;
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
     CUK_CHECK(cudaSetDevice(rk->dev));

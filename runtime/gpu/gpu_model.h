@@ -1,10 +1,12 @@
 /* The GLM-5 forward pass on CUDA GPUs, mirroring the CPU reference (model.h) stage for stage.
  *
- * A GPU model is built from a CPU model (rt_model): that one already found and checked every
- * tensor of every rank against the hyperparameters and the shard layout, and it stays the
- * numerical reference (rt_gpu_check, `glm5-run --check`). The weights go to the GPU once per
- * rank: from the blob files by the checksumming reader threads (gpu_load.h), or, for a GGUF or
- * tables source, copied from the weight set's host memory. Norm weights and the router bias
+ * A GPU model is built from a CPU model (rt_model) through its public tensor table
+ * (runtime/cpu/model_tensors.h: that model already found and checked every tensor of every rank
+ * against the hyperparameters and the shard layout), and the CPU model stays the numerical
+ * reference (rt_gpu_check, `glm5-run --check`). The weights go to the GPU once per rank: from
+ * the files of the blob set the weight set already holds open (opts.blobs, rt_wset_blobs) by the
+ * checksumming reader threads (gpu_load.h), or, for a GGUF or tables source, copied from the
+ * weight set's host memory. Programs create it through the engine (runtime/engine.h). Norm weights and the router bias
  * (dequantized by the CPU model) and attn_kv_b as float32 (for the query absorption) are small
  * extra copies beside them.
  *
@@ -87,7 +89,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime/draft.h"
 #include "runtime/gpu/gpu_load.h"
 #include "runtime/cpu/model.h"
 
@@ -129,8 +130,9 @@ typedef struct rt_gpu_opts {
                                     projections are F32 in every mode. */
     uint32_t gemm_tile_kb;       /* bound of the dequantized weight tile per rank (weights
                                     are dequantized in row chunks that fit); 0: 262144 (256 MB) */
-    const char *blob_dir;        /* the blob set the CPU model's weight set was opened from:
-                                    loaded by the reader threads (checksums per opts.load);
+    const blob_set *blobs;       /* the open blob set the CPU model's weight set was opened
+                                    from (rt_wset_blobs): its files are loaded by the reader
+                                    threads (checksums per opts.load), never opened again;
                                     NULL: copy from the weight set's host memory */
     rt_gpu_load_opts load;
     int cuda_graph;              /* 1: single-token calls (decode steps) run as one CUDA graph
@@ -264,12 +266,12 @@ uint32_t rt_gpu_mtp_n_past(const rt_gpu_model *g);
  * rejected draft tokens), as rt_state_truncate; neither may exceed the current count. The memory
  * stays reserved. (rt_gpu_seq_reset and rt_gpu_reset forget the MTP positions too.) */
 g5_status rt_gpu_seq_truncate(rt_gpu_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
-/* Drafting with the block (draft.h, glm5-run --draft mtp) on the default sequence. The output
- * equals plain decoding where a two-token verifying call gives each row the bits of a one-token
- * call: the GEMV kernels' rows are width-independent within one kernel family (gemv_in), and in
- * precise mode the attention reads the same float32 latents; in fast mode the second token reads
- * the first one's latent in float32 where a plain step reads it rounded from the cache. */
-void rt_gpu_draft_ops(rt_gpu_model *g, rt_draft_ops *out);
+/* Drafting (runtime/draft.h, glm5-run --draft mtp) runs on these calls through the engine
+ * (runtime/engine.h). Its output equals plain decoding where a two-token verifying call gives
+ * each row the bits of a one-token call: the GEMV kernels' rows are width-independent within one
+ * kernel family (gemv_in), and in precise mode the attention reads the same float32 latents; in
+ * fast mode the second token reads the first one's latent in float32 where a plain step reads it
+ * rounded from the cache. */
 
 /* ---- --check: the CPU reference beside the GPU (gpu_check.c) ---- */
 

@@ -19,7 +19,7 @@
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
 #include "runtime/gpu/gpu_int.h"
-#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/model_tensors.h"
 
 /* ---- setup ---- */
 
@@ -248,35 +248,6 @@ g5_status rt_gpu_mtp_seq(rt_gpu_model *g, rt_gpu_seq *s, const float *hidden, co
 g5_status rt_gpu_mtp(rt_gpu_model *g, const float *hidden, const int32_t *next_tokens, uint32_t n,
                      float *draft_logits, int all_logits, g5_error *err) {
     return rt_gpu_mtp_seq(g, g->def, hidden, next_tokens, n, draft_logits, all_logits, err);
-}
-
-/* ---- drafting (draft.h) on the default sequence ---- */
-
-static g5_status dr_forward(const rt_draft_ops *o, const int32_t *ids, uint32_t n, float *logits, int all,
-                            float *hidden, g5_error *err) {
-    const rt_gpu_outputs out = {.logits = logits, .all_logits = all, .hidden = hidden};
-    return rt_gpu_forward(o->ctx, ids, n, &out, err);
-}
-
-static g5_status dr_mtp(const rt_draft_ops *o, const float *hidden, const int32_t *next, uint32_t n, float *draft,
-                        g5_error *err) {
-    return rt_gpu_mtp(o->ctx, hidden, next, n, draft, 0, err);
-}
-
-static g5_status dr_drop_last(const rt_draft_ops *o, g5_error *err) {
-    rt_gpu_seq *s = ((rt_gpu_model *)o->ctx)->def;
-    if (!s->n_past) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: nothing to drop");
-    return rt_gpu_seq_truncate(s, s->n_past - 1, s->mtp_n_past, err);
-}
-
-void rt_gpu_draft_ops(rt_gpu_model *g, rt_draft_ops *out) {
-    memset(out, 0, sizeof *out);
-    out->ctx = g;
-    out->n_vocab = g->hp.n_vocab;
-    out->n_embd = g->hp.n_embd;
-    out->forward = dr_forward;
-    out->mtp = dr_mtp;
-    out->drop_last = dr_drop_last;
 }
 
 #else

@@ -75,7 +75,12 @@ typedef struct srv_config {
     uint32_t n_threads;      /* model threads (0: online cores) */
     uint32_t prefill_chunk;  /* most prompt tokens one sequence runs per step (default 256) */
     uint64_t max_body;       /* request body limit in bytes (default 1 MiB); larger: 413 */
-    uint32_t max_connections;/* simultaneous connections (default max_batch + max_queue + 32) */
+    uint32_t max_connections;/* simultaneous connections (default 512, at least max_batch +
+                                max_queue + 32); one thread each */
+    uint32_t max_per_ip;     /* simultaneous connections from one address (default 256) */
+    uint32_t timeout_s;      /* a connection idle this long is closed, also one that has sent
+                                only part of its request (default 30; 0: never). Not counted
+                                while a generation request waits for the model */
     int prefault;            /* touch every weight page at load (default 1): measures the read
                                 rate and keeps first requests from paying for page faults
                                 (CPU only: the CUDA loader reads the blob files itself) */
@@ -83,7 +88,7 @@ typedef struct srv_config {
     int gpu0;                /* CUDA: first device; rank r on (gpu0 + r) % n_devices */
     int gpu_fast;            /* CUDA: --precision fast (default precise) */
     int gpu_kv_cache;        /* CUDA: latent cache type, rt_gpu_cache (0: precision's default) */
-    int gpu_no_verify;       /* CUDA: skip the blob checksums while loading */
+    int gpu_no_verify;       /* skip the blob checksums while loading (CPU: rt_wset_open_ex; CUDA: the loader) */
     srv_log_fn log;          /* may be NULL */
     void *log_user;
 } srv_config;

@@ -1,13 +1,14 @@
-/* glm5-serve engine: model loading, the request queue, continuous batching over per-sequence
- * rt_states (CPU) or GPU sequences (CUDA, serve_gpu.c), and the cache block allocator.
+/* glm5-serve engine: model loading, the request queue, continuous batching over engine
+ * sequences (runtime/engine.h: the CPU model's paged states, or GPU sequences), and the cache
+ * block allocator.
  *
- * The cache blocks are real: one rt_kvpool (--ctx-size / block_tokens blocks) holds every
- * sequence's paged latent and indexer-key caches, and the srv_blocks the metrics read is a view
- * of that pool, so a sequence's blocks are in use exactly while its rt_state holds them.
+ * The cache blocks are real: the engine's shared pool (--ctx-size / block_tokens blocks) holds
+ * every sequence's paged latent and indexer-key caches, and the srv_blocks the metrics read is a
+ * view of that pool, so a sequence's blocks are in use exactly while its sequence holds them.
  * Each engine iteration runs every sequence that is decoding (one token to feed) in one
- * rt_model_forward_batch call, and every sequence with prompt left to prefill one chunk on its
- * own. On CUDA the same loop runs the decoding sequences in one rt_gpu_forward_batch call and
- * prefills a sequence's whole pending prompt in one call (as glm5-run does, so that a greedy
+ * rt_eng_decode call, and every sequence with prompt left to prefill one chunk on its own
+ * (rt_eng_prefill). On CUDA the same loop runs the decoding sequences in one rt_eng_decode call
+ * and prefills a sequence's whole pending prompt in one call (as glm5-run does, so that a greedy
  * request gives glm5-run's tokens whatever the cache type); the GPU caches are reserved at load
  * (max_batch x ctx_size positions), so nothing is preempted there, and the block allocator
  * counts the blocks of those caches that hold tokens. */
@@ -55,29 +56,89 @@ void srv_hist_observe(srv_hist *h, double v) {
         }
 }
 
+int srv_cuda_available(void) { return rt_eng_cuda_available(); }
+
+/* ---- CUDA batch places ---- */
+
+struct srv_slots {
+    rt_eng_seq **seq;          /* [n_slots] */
+    uint8_t *busy;             /* [n_slots] */
+    uint32_t n_slots;
+    uint64_t bytes;
+};
+
+g5_status srv_slots_create(rt_eng *e, uint32_t n_slots, uint32_t max_ctx, srv_slots **out, g5_error *err) {
+    *out = NULL;
+    srv_slots *b = calloc(1, sizeof *b);
+    if (!b) return g5_fail(err, G5_ERR_NOMEM, "GPU sequences");
+    b->n_slots = n_slots;
+    b->seq = calloc(n_slots, sizeof *b->seq);
+    b->busy = calloc(n_slots, 1);
+    if (!b->seq || !b->busy) {
+        srv_slots_free(b);
+        return g5_fail(err, G5_ERR_NOMEM, "GPU sequences: %u slots", n_slots);
+    }
+    for (uint32_t i = 0; i < n_slots; i++) {
+        g5_status st = rt_eng_seq_create(e, max_ctx, &b->seq[i], err);
+        if (st) {
+            g5_error_prefix(err, "GPU caches (--max-batch %u x --ctx-size %u positions, %.3f GB)", n_slots, max_ctx,
+                            (double)rt_eng_seq_bytes(e, max_ctx) * n_slots / 1e9);
+            srv_slots_free(b);
+            return st;
+        }
+    }
+    b->bytes = rt_eng_seq_bytes(e, max_ctx) * n_slots;
+    *out = b;
+    return G5_OK;
+}
+
+void srv_slots_free(srv_slots *b) {
+    if (!b) return;
+    for (uint32_t i = 0; b->seq && i < b->n_slots; i++) rt_eng_seq_free(b->seq[i]);
+    free(b->seq);
+    free(b->busy);
+    free(b);
+}
+
+uint64_t srv_slots_bytes(const srv_slots *b) { return b->bytes; }
+
+int srv_slots_take(srv_slots *b) {
+    for (uint32_t i = 0; i < b->n_slots; i++)
+        if (!b->busy[i]) {
+            b->busy[i] = 1;
+            rt_eng_seq_reset(b->seq[i]);
+            return (int)i;
+        }
+    return -1;
+}
+
+void srv_slots_put(srv_slots *b, int slot) {
+    if (slot < 0 || (uint32_t)slot >= b->n_slots) return;
+    rt_eng_seq_reset(b->seq[slot]);
+    b->busy[slot] = 0;
+}
+
+rt_eng_seq *srv_slots_seq(const srv_slots *b, int slot) {
+    if (slot < 0 || (uint32_t)slot >= b->n_slots || !b->busy[slot]) return NULL;
+    return b->seq[slot];
+}
+
 /* ---- block allocator ---- */
 
 struct srv_blocks {
     uint32_t n_total, block_tokens, n_free;
     uint32_t *free_ids; /* stack of free block ids */
     uint8_t *used;      /* [n_total]: catches a block returned twice */
-    rt_kvpool *pool;    /* set: the counts are the pool's (owned); the tables are not used */
+    const rt_eng *pool; /* set: the counts are the engine pool's; the tables are not used */
 };
 
-g5_status srv_blocks_create_pool(const rt_model *m, uint32_t n_blocks, uint32_t block_tokens,
-                                 srv_blocks **out, g5_error *err) {
-    g5_status st = srv_blocks_create(1, block_tokens, out, err);
+g5_status srv_blocks_create_pool(const rt_eng *e, srv_blocks **out, g5_error *err) {
+    g5_status st = srv_blocks_create(1, rt_eng_pool_block_tokens(e), out, err);
     if (st) return st;
-    if ((st = rt_kvpool_create(m, n_blocks, block_tokens, &(*out)->pool, err))) {
-        srv_blocks_free(*out);
-        *out = NULL;
-        return st;
-    }
-    (*out)->n_total = n_blocks;
+    (*out)->pool = e;
+    (*out)->n_total = rt_eng_pool_n_blocks(e);
     return G5_OK;
 }
-
-rt_kvpool *srv_blocks_pool(const srv_blocks *b) { return b->pool; }
 
 g5_status srv_blocks_create(uint32_t n_blocks, uint32_t block_tokens, srv_blocks **out,
                             g5_error *err) {
@@ -104,14 +165,13 @@ g5_status srv_blocks_create(uint32_t n_blocks, uint32_t block_tokens, srv_blocks
 
 void srv_blocks_free(srv_blocks *b) {
     if (!b) return;
-    rt_kvpool_free(b->pool);
     free(b->free_ids);
     free(b->used);
     free(b);
 }
 
 uint32_t srv_blocks_n_total(const srv_blocks *b) { return b->n_total; }
-uint32_t srv_blocks_n_free(const srv_blocks *b) { return b->pool ? rt_kvpool_n_free(b->pool) : b->n_free; }
+uint32_t srv_blocks_n_free(const srv_blocks *b) { return b->pool ? rt_eng_pool_n_free(b->pool) : b->n_free; }
 uint32_t srv_blocks_block_tokens(const srv_blocks *b) { return b->block_tokens; }
 
 uint32_t srv_blocks_needed(const srv_blocks *b, uint64_t n_tokens) {
@@ -191,16 +251,16 @@ srv_req *srv_req_new(srv_server *s, srv_params *p) {
 
 /* Frees the engine's resources of r; its state returns its blocks to the pool (under mu). */
 static void req_drop_engine_locked(srv_server *s, srv_req *r) {
-    rt_state_free(r->st);
+    rt_eng_seq_free(r->st);
     r->st = NULL;
-    if (r->gslot >= 0) srv_gpu_slot_put(s->gpu, r->gslot);
+    if (r->gslot >= 0) srv_slots_put(s->gpu, r->gslot);
     r->gslot = -1;
     if (r->gblocks.ids) srv_blocks_release(s->blocks, &r->gblocks);
     r->n_past = 0;
 }
 
 static void req_destroy(srv_req *r) {
-    rt_state_free(r->st);
+    rt_eng_seq_free(r->st);
     free(r->gblocks.ids);
     samp_free(r->samp);
     tok_stream_free(r->ts);
@@ -351,36 +411,54 @@ static void *loader_main(void *arg) {
     double t0 = srv_now();
     g5_error e = {0};
     rt_wset *ws = NULL;
-    rt_model *m = NULL;
+    rt_eng *eng = NULL;
     tok_ctx *tok = NULL;
     srv_blocks *blocks = NULL;
-    srv_gpu *gpu = NULL;
+    srv_slots *gpu = NULL;
     float *logits = NULL;
     uint64_t bytes = 0;
     const int cuda = s->cfg.device == SRV_DEVICE_CUDA;
     srv_log(s, "loading %s%s", s->model_path, cuda ? " for CUDA" : "");
-    g5_status st = rt_wset_open(s->model_path, &ws, &e);
+    /* CPU: checksums verified here (a corrupt set never serves); CUDA: by the GPU loader */
+    rt_wset_opts wo = {.no_verify = s->cfg.gpu_no_verify || cuda, .jobs = s->cfg.n_threads};
+    rt_wset_load_info li = {0};
+    g5_status st = rt_wset_open_ex(s->model_path, &wo, &ws, &li, &e);
+    if (st == G5_OK && li.verified)
+        srv_log(s, "checksums verified: %.3f GB in %.2f s, %u threads", li.bytes / 1e9, li.seconds, li.jobs);
+    else if (st == G5_OK && !cuda && !strcmp(rt_wset_source(ws), "blobs"))
+        srv_log(s, "checksums skipped (--no-verify)");
     if (st == G5_OK) {
         volatile uint64_t sink = prefault(ws, s->cfg.prefault && !cuda, &bytes);
         (void)sink;
     }
-    rt_model_opts mo = {.n_threads = s->cfg.n_threads, .mla = RT_MLA_ABSORBED};
-    if (st == G5_OK) st = rt_model_create(ws, &mo, &m, &e);
+    rt_eng_opts eo;
+    rt_eng_opts_default(&eo);
+    eo.device = cuda ? RT_ENG_CUDA : RT_ENG_CPU;
+    eo.n_threads = s->cfg.n_threads;
+    eo.mla = RT_MLA_ABSORBED;
+    eo.gpu0 = s->cfg.gpu0;
+    eo.precision = s->cfg.gpu_fast ? RT_ENG_FAST : RT_ENG_PRECISE;
+    eo.cache = (rt_eng_cache)s->cfg.gpu_kv_cache;
+    eo.verify = !s->cfg.gpu_no_verify;
+    if (!cuda) { /* one pool of --ctx-size positions for every sequence */
+        eo.kv_block_tokens = s->cfg.block_tokens;
+        eo.kv_blocks = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
+    }
+    if (st == G5_OK) st = rt_eng_create(ws, &eo, &eng, &e);
     if (st == G5_OK) st = tok_create(rt_wset_meta(ws), &tok, &e);
+    if (st == G5_OK) st = rt_eng_load(eng, &e);
     uint32_t max_ctx = 0, n_vocab = 0;
     if (st == G5_OK) {
-        const glm5_hparams *hp = rt_model_hparams(m);
+        const glm5_hparams *hp = rt_eng_hparams(eng);
         n_vocab = hp->n_vocab;
         if (tok_n_vocab(tok) < n_vocab) n_vocab = tok_n_vocab(tok);
         max_ctx = s->cfg.ctx_size;
         if (hp->n_ctx_train && hp->n_ctx_train < max_ctx) max_ctx = hp->n_ctx_train;
-        uint32_t nb = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
         if (!cuda) {
-            st = srv_blocks_create_pool(m, nb, s->cfg.block_tokens, &blocks, &e);
+            st = srv_blocks_create_pool(eng, &blocks, &e);
         } else {
-            const char *blob_dir = strcmp(rt_wset_source(ws), "blobs") == 0 ? s->model_path : NULL;
             const uint64_t per = max_ctx / s->cfg.block_tokens + (max_ctx % s->cfg.block_tokens != 0);
-            st = srv_gpu_create(s, m, blob_dir, s->cfg.max_batch, max_ctx, &gpu, &e);
+            st = srv_slots_create(eng, s->cfg.max_batch, max_ctx, &gpu, &e);
             if (st == G5_OK && per * s->cfg.max_batch > UINT32_MAX)
                 st = g5_fail(&e, G5_ERR_INVALID_ARG, "%u sequences x %llu cache blocks", s->cfg.max_batch,
                              (unsigned long long)per);
@@ -388,7 +466,7 @@ static void *loader_main(void *arg) {
         }
     }
     if (st == G5_OK) {
-        logits = malloc((size_t)s->cfg.max_batch * rt_model_hparams(m)->n_vocab * sizeof *logits);
+        logits = malloc((size_t)s->cfg.max_batch * rt_eng_hparams(eng)->n_vocab * sizeof *logits);
         if (!logits) st = g5_fail(&e, G5_ERR_NOMEM, "logits");
     }
     if (st == G5_OK) check_chat_template(s, rt_wset_meta(ws));
@@ -396,7 +474,7 @@ static void *loader_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     if (st == G5_OK) {
         s->ws = ws;
-        s->m = m;
+        s->eng = eng;
         s->tok = tok;
         s->blocks = blocks;
         s->gpu = gpu;
@@ -416,25 +494,26 @@ static void *loader_main(void *arg) {
     pthread_cond_broadcast(&s->load_cv);
     pthread_mutex_unlock(&s->mu);
     if (st == G5_OK) {
-        const glm5_hparams *hp = rt_model_hparams(m);
+        const glm5_hparams *hp = rt_eng_hparams(eng);
         srv_log(s, "model loaded: %s, %u rank%s, %u threads, vocab %u, %u layers; %.3f GB in %.2f s "
                    "(%.2f GB/s); context %u tokens per sequence, cache %u blocks of %u tokens",
-                rt_wset_source(ws), rt_model_n_ranks(m), rt_model_n_ranks(m) > 1 ? "s" : "",
-                rt_model_n_threads(m), hp->n_vocab, hp->n_layer_main, bytes / 1e9, dt,
+                rt_wset_source(ws), rt_eng_n_ranks(eng), rt_eng_n_ranks(eng) > 1 ? "s" : "",
+                rt_eng_n_threads(eng), hp->n_vocab, hp->n_layer_main, bytes / 1e9, dt,
                 dt > 0 ? bytes / 1e9 / dt : 0.0, max_ctx, srv_blocks_n_total(blocks),
                 srv_blocks_block_tokens(blocks));
         if (gpu) {
             char line[1024];
-            srv_gpu_describe(gpu, line, sizeof line);
-            srv_log(s, "%s", line);
+            rt_eng_describe(eng, line, sizeof line);
+            srv_log(s, "%s; caches %.3f GB for %u sequences x %u positions", line, srv_slots_bytes(gpu) / 1e9,
+                    s->cfg.max_batch, max_ctx);
         }
     } else {
         srv_log(s, "model load failed: %s (%s)", e.msg, g5_strerror(st));
         free(logits);
-        srv_gpu_free(gpu);
+        srv_slots_free(gpu);
         srv_blocks_free(blocks);
         tok_free(tok);
-        rt_model_free(m);
+        rt_eng_free(eng);
         rt_wset_free(ws);
     }
     return NULL;
@@ -522,18 +601,18 @@ static void admit_locked(srv_server *s) {
         g5_error e = {0};
         g5_status st = G5_OK;
         if (s->gpu) {
-            if (r->gslot < 0 && (r->gslot = srv_gpu_slot_take(s->gpu)) < 0)
+            if (r->gslot < 0 && (r->gslot = srv_slots_take(s->gpu)) < 0)
                 st = g5_fail(&e, G5_ERR_INTERNAL, "no free GPU sequence with %u running", s->n_running);
         } else if (!r->st) {
-            st = rt_state_create_paged(s->m, srv_blocks_pool(s->blocks), &r->st, &e);
+            st = rt_eng_seq_create(s->eng, 0, &r->st, &e);
         }
         if (st == G5_OK && !r->samp) {
-            st = samp_create(&r->p.sp, rt_model_hparams(s->m)->n_vocab, &r->samp, &e);
+            st = samp_create(&r->p.sp, rt_eng_hparams(s->eng)->n_vocab, &r->samp, &e);
             if (st == G5_OK)
                 for (uint32_t i = 0; i < r->p.n_prompt; i++) samp_accept(r->samp, r->p.prompt[i]);
         }
         if (st == G5_OK && !r->ts) st = tok_stream_create(s->tok, 0, &r->ts, &e);
-        if (st == G5_OK && !s->gpu) st = rt_state_reserve(r->st, r->n_past + pending, &e);
+        if (st == G5_OK && !s->gpu) st = rt_eng_seq_reserve(r->st, r->n_past + pending, &e);
         r->state = SRV_R_RUNNING;
         r->admit_no = ++s->admit_counter;
         s->running[s->n_running++] = r;
@@ -623,9 +702,9 @@ static int reserve_locked(srv_server *s, srv_req *r, uint32_t n_tokens) {
     }
     for (;;) {
         g5_error e = {0};
-        if (rt_state_reserve(r->st, n_tokens, &e) == G5_OK) return 1;
+        if (rt_eng_seq_reserve(r->st, n_tokens, &e) == G5_OK) return 1;
         const uint32_t bt = srv_blocks_block_tokens(s->blocks);
-        const uint32_t need = (n_tokens + bt - 1) / bt - rt_state_n_blocks(r->st);
+        const uint32_t need = (n_tokens + bt - 1) / bt - rt_eng_seq_n_blocks(r->st);
         if (need <= srv_blocks_n_free(s->blocks)) { /* not the pool: out of memory */
             retire_locked(s, r, NULL, 500, e.msg);
             return 0;
@@ -646,7 +725,7 @@ static int reserve_locked(srv_server *s, srv_req *r, uint32_t n_tokens) {
  * publishes it, or finishes r. */
 static void draw(srv_server *s, srv_req *r, const float *logits) {
     g5_error e = {0};
-    const uint32_t V = rt_model_hparams(s->m)->n_vocab;
+    const uint32_t V = rt_eng_hparams(s->eng)->n_vocab;
     int32_t id = -1;
     float lp = 0;
     srv_top top[SRV_MAX_TOP_LOGPROBS];
@@ -740,12 +819,15 @@ static void prefill_step(srv_server *s, srv_req *r) {
 
     int last = chunk == rem;
     g5_status st;
-    if (s->gpu) {
-        st = srv_gpu_prefill(s->gpu, r->gslot, r->feed + r->feed_off, chunk, last ? s->logits : NULL, &e);
-    } else {
-        rt_outputs out = {.logits = last ? s->logits : NULL};
-        st = rt_model_forward(s->m, r->st, r->feed + r->feed_off, chunk, &out, &e);
-    }
+    rt_eng_seq *q = s->gpu ? srv_slots_seq(s->gpu, r->gslot) : r->st;
+    const rt_eng_out out = {.logits = s->logits};
+    if (!q)
+        st = g5_fail(&e, G5_ERR_INTERNAL, "GPU slot %d is not in use", r->gslot);
+    else if (s->gpu && (uint64_t)rt_eng_seq_n_past(q) + chunk > s->max_ctx) /* sized at load: never grow here */
+        st = g5_fail(&e, G5_ERR_BOUNDS, "sequence of %u + %u tokens exceeds the context %u", rt_eng_seq_n_past(q), chunk,
+                     s->max_ctx);
+    else
+        st = rt_eng_prefill(q, r->feed + r->feed_off, chunk, last ? &out : NULL, &e);
     if (st != G5_OK) {
         pthread_mutex_lock(&s->mu);
         /* CUDA: work buffers for a long prompt may not fit next to the reserved caches */
@@ -759,7 +841,7 @@ static void prefill_step(srv_server *s, srv_req *r) {
 }
 
 /* One token for each of the n decoding sequences in dec, in one batched forward call. */
-static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_state **sts, int *slots, int32_t *toks) {
+static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks) {
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++)
         if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1);
@@ -770,14 +852,19 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_state **sts
     pthread_mutex_unlock(&s->mu);
     if (!k) return;
     for (uint32_t i = 0; i < k; i++) {
-        sts[i] = dec[i]->st;
-        slots[i] = dec[i]->gslot;
+        sts[i] = s->gpu ? srv_slots_seq(s->gpu, dec[i]->gslot) : dec[i]->st;
         toks[i] = dec[i]->feed[dec[i]->feed_off];
     }
     g5_error e = {0};
-    const uint32_t V = rt_model_hparams(s->m)->n_vocab;
-    g5_status st = s->gpu ? srv_gpu_decode(s->gpu, slots, toks, k, s->logits, &e)
-                          : rt_model_forward_batch(s->m, sts, toks, k, s->logits, &e);
+    const uint32_t V = rt_eng_hparams(s->eng)->n_vocab;
+    g5_status st = G5_OK;
+    for (uint32_t i = 0; i < k && !st; i++) {
+        if (!sts[i]) st = g5_fail(&e, G5_ERR_INTERNAL, "GPU slot %d is not in use", dec[i]->gslot);
+        else if (s->gpu && rt_eng_seq_n_past(sts[i]) + 1ull > s->max_ctx)
+            st = g5_fail(&e, G5_ERR_BOUNDS, "sequence of %u + 1 tokens exceeds the context %u", rt_eng_seq_n_past(sts[i]),
+                         s->max_ctx);
+    }
+    if (!st) st = rt_eng_decode(s->eng, sts, toks, k, s->logits, &e);
     if (st != G5_OK) {
         pthread_mutex_lock(&s->mu);
         for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
@@ -795,10 +882,9 @@ static void *engine_main(void *arg) {
     srv_server *s = arg;
     const size_t mb = s->cfg.max_batch;
     srv_req **batch = malloc(mb * sizeof *batch), **dec = malloc(mb * sizeof *dec);
-    rt_state **sts = malloc(mb * sizeof *sts);
-    int *slots = malloc(mb * sizeof *slots);
+    rt_eng_seq **sts = malloc(mb * sizeof *sts);
     int32_t *toks = malloc(mb * sizeof *toks);
-    const int ok = batch && dec && sts && slots && toks;
+    const int ok = batch && dec && sts && toks;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         if (s->load != SRV_READY || !ok) {
@@ -819,7 +905,7 @@ static void *engine_main(void *arg) {
             if (batch[i]->n_feed - batch[i]->feed_off == 1) dec[nd++] = batch[i];
         }
         pthread_mutex_unlock(&s->mu);
-        if (nd) decode_step(s, dec, nd, sts, slots, toks);
+        if (nd) decode_step(s, dec, nd, sts, toks);
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
         pthread_mutex_lock(&s->mu);
@@ -839,7 +925,6 @@ static void *engine_main(void *arg) {
     free(batch);
     free(dec);
     free(sts);
-    free(slots);
     free(toks);
     return NULL;
 }

@@ -314,7 +314,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         c->out = NULL;
         c->out_len = c->out_off = 0;
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
+        MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u); /* waiting for tokens */
         if (!fill_stream(c)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)c->s->cfg.timeout_s);
     }
     size_t n = c->out_len - c->out_off;
     if (n > max) n = max;
@@ -356,6 +358,9 @@ static enum MHD_Result generate(conn_ctx *c) {
     rc = srv_submit(s, r, msg, sizeof msg);
     if (rc) return reply_error(c, rc, rc == 400 ? "max_tokens" : NULL, "%s", msg);
     c->stream = r->p.stream;
+    /* The request is in: waiting for the model is not the client idling (restored, which restarts
+     * the idle timer, once there is something to send). */
+    MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
 
     if (r->p.stream) {
         atomic_fetch_add(&c->refs, 1);
@@ -386,6 +391,7 @@ static enum MHD_Result generate(conn_ctx *c) {
             return MHD_NO;
         }
     }
+    MHD_set_connection_option(c->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->cfg.timeout_s);
     char *body = NULL;
     int err = r->err_http;
     if (err) snprintf(msg, sizeof msg, "%s", r->errmsg);
@@ -561,6 +567,11 @@ void srv_config_default(srv_config *c) {
     c->prefill_chunk = 256;
     c->max_body = 1u << 20;
     c->prefault = 1;
+    /* Slow clients (half-sent requests) each hold a connection until the timeout: the limits sit
+     * far above a batch's worth, so they cannot lock out /health or fresh clients. */
+    c->max_connections = 512;
+    c->max_per_ip = 256;
+    c->timeout_s = 30;
 }
 
 static int bind_listen(const char *host, uint16_t port, uint16_t *bound, g5_error *err) {
@@ -653,7 +664,9 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
     s->cfg.model_name = s->model_name;
     s->cfg.host = s->host;
     s->cfg.api_key = s->api_key;
-    if (!s->cfg.max_connections) s->cfg.max_connections = s->cfg.max_batch + s->cfg.max_queue + 32;
+    if (s->cfg.max_connections < s->cfg.max_batch + s->cfg.max_queue + 32)
+        s->cfg.max_connections = s->cfg.max_batch + s->cfg.max_queue + 32;
+    if (!s->cfg.max_per_ip || s->cfg.max_per_ip > s->cfg.max_connections) s->cfg.max_per_ip = s->cfg.max_connections;
     s->t_start = srv_now();
     s->created = (long)time(NULL);
     s->ttft = (srv_hist){.bounds = ttft_bounds, .n = NB(ttft_bounds)};
@@ -668,7 +681,8 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
         0, NULL, NULL, on_access, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, s,
         MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_END);
     if (!s->daemon) {
         close(fd);
@@ -693,9 +707,9 @@ void srv_free(srv_server *s) {
     s->daemon = NULL;
     free(s->logits);
     srv_blocks_free(s->blocks);
-    srv_gpu_free(s->gpu); /* its GPU model refers to the CPU model */
+    srv_slots_free(s->gpu); /* sequences before their engine */
     tok_free(s->tok);
-    rt_model_free(s->m);
+    rt_eng_free(s->eng);
     rt_wset_free(s->ws);
     free(s->waiting);
     free(s->running);

@@ -11,12 +11,12 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "runtime/text/chat.h"
-#include "runtime/cpu/model.h"
-#include "runtime/text/sample.h"
-#include "runtime/serve/serve.h"
-#include "runtime/text/tokenizer.h"
 #include "runtime/cpu/weights.h"
+#include "runtime/engine.h"
+#include "runtime/serve/serve.h"
+#include "runtime/text/chat.h"
+#include "runtime/text/sample.h"
+#include "runtime/text/tokenizer.h"
 
 #define SRV_MAX_STOPS 16
 #define SRV_MAX_STOP_LEN 1024
@@ -63,8 +63,8 @@ typedef struct srv_req {
     uint64_t admit_no;         /* order of (latest) admission; preemption takes the largest */
 
     /* engine-private */
-    rt_state *st;              /* CPU: paged caches from the server's pool; held only while RUNNING */
-    int gslot;                 /* CUDA: its GPU sequence (srv_gpu slot) while RUNNING, else -1 */
+    rt_eng_seq *st;            /* CPU: paged caches from the engine's pool; held only while RUNNING */
+    int gslot;                 /* CUDA: its GPU sequence (srv_slots) while RUNNING, else -1 */
     srv_btable gblocks;        /* CUDA: the blocks (accounting only) covering its cached tokens */
     samp_ctx *samp;
     tok_stream *ts;
@@ -138,7 +138,7 @@ struct srv_server {
     srv_load_state load;
     g5_error load_err;
     rt_wset *ws;
-    rt_model *m;
+    rt_eng *eng;               /* the model on its device (runtime/engine.h) */
     tok_ctx *tok;
     uint32_t n_vocab;
     uint32_t max_ctx;          /* longest sequence (prompt + output) */
@@ -146,7 +146,7 @@ struct srv_server {
     srv_blocks *blocks;        /* CPU: a view of the kv pool (srv_blocks_create_pool); CUDA: a
                                   plain allocator of max_batch x ctx_size tokens, the GPU caches
                                   reserved at load, whose blocks sequences hold as they fill */
-    struct srv_gpu *gpu;       /* CUDA backend (NULL on the CPU) */
+    struct srv_slots *gpu;     /* CUDA: the GPU sequences reserved at load (NULL on the CPU) */
     float *logits;             /* [max_batch][n_vocab] engine scratch */
 
     srv_req **waiting;         /* FIFO; preempted requests go back to the front */
@@ -166,11 +166,9 @@ struct srv_server {
 };
 
 /* serve_engine.c */
-/* A block allocator whose counts are those of a real rt_kvpool of n_blocks blocks for m (the
- * pool is owned and freed by srv_blocks_free; srv_blocks_reserve is not used with it). */
-g5_status srv_blocks_create_pool(const rt_model *m, uint32_t n_blocks, uint32_t block_tokens,
-                                 srv_blocks **out, g5_error *err);
-rt_kvpool *srv_blocks_pool(const srv_blocks *b);
+/* A block allocator whose counts are those of the engine's shared cache pool (opts.kv_blocks;
+ * srv_blocks_reserve is not used with it). */
+g5_status srv_blocks_create_pool(const rt_eng *e, srv_blocks **out, g5_error *err);
 g5_status srv_engine_start(srv_server *s, g5_error *err);
 void srv_engine_stop(srv_server *s);         /* after the HTTP daemon has stopped */
 srv_req *srv_req_new(srv_server *s, srv_params *p); /* takes over p's contents; refs = 1 */
@@ -183,25 +181,17 @@ void srv_cancel_locked(srv_server *s, srv_req *r);
 void srv_log(srv_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double srv_now(void);
 
-/* serve_gpu.c: the CUDA backend (a build without CUDA has stubs that fail). Engine thread only,
- * except create (loader) and free (after the engine stopped). Slots are GPU sequences with
- * caches for max_ctx positions, created up front. */
-typedef struct srv_gpu srv_gpu;
-g5_status srv_gpu_create(srv_server *s, const rt_model *m, const char *blob_dir, uint32_t n_slots,
-                         uint32_t max_ctx, srv_gpu **out, g5_error *err);
-void srv_gpu_free(srv_gpu *g); /* accepts NULL */
-/* One line about the device, precision, cache type and the caches' size, for the log. */
-void srv_gpu_describe(const srv_gpu *g, char *buf, size_t cap);
-uint64_t srv_gpu_load_bytes(const srv_gpu *g);
-int srv_gpu_slot_take(srv_gpu *g);            /* a free slot (its sequence empty), or -1 */
-void srv_gpu_slot_put(srv_gpu *g, int slot);  /* back to the free list */
-/* n tokens of slot's sequence at its next positions; logits (host [n_vocab], may be NULL) of the
- * last one. */
-g5_status srv_gpu_prefill(srv_gpu *g, int slot, const int32_t *toks, uint32_t n, float *logits,
-                          g5_error *err);
-/* One token for each of the n slots (distinct), logits [n][n_vocab]. */
-g5_status srv_gpu_decode(srv_gpu *g, const int *slots, const int32_t *toks, uint32_t n,
-                         float *logits, g5_error *err);
+/* CUDA batch places: engine sequences with caches for max_ctx positions each, all created at load
+ * (a full GPU shows then, not in the middle of a request). Engine thread only, except create
+ * (loader) and free (after the engine stopped). */
+typedef struct srv_slots srv_slots;
+g5_status srv_slots_create(rt_eng *e, uint32_t n_slots, uint32_t max_ctx, srv_slots **out, g5_error *err);
+void srv_slots_free(srv_slots *g); /* accepts NULL */
+int srv_slots_take(srv_slots *g);            /* a free slot (its sequence empty), or -1 */
+void srv_slots_put(srv_slots *g, int slot);  /* back to the free list */
+/* The slot's sequence; NULL if slot is not in use. */
+rt_eng_seq *srv_slots_seq(const srv_slots *g, int slot);
+uint64_t srv_slots_bytes(const srv_slots *g); /* device memory of all slots' caches */
 
 /* serve_api.c */
 /* Parses and validates a request body. Returns 0 (p filled), or an HTTP status with msg and

@@ -19,7 +19,7 @@
  * filled by all cores into one host mapping, each tensor in a range of its own (the GPU model's
  * copy path then gives each tensor its own device memory: nothing shares a device range, so no
  * small matrix is read from L2 across layers), pinned when cudaHostRegister allows, then
- * rt_wset_from_tables -> rt_model_create -> rt_gpu_model_create (blob_dir NULL).
+ * rt_wset_from_tables -> rt_model_create -> rt_gpu_model_create (blobs NULL).
  *
  * Decode (--decode): for precise and fast mode, CUDA graphs off and on, and each context length,
  * the caches are filled with random finite values up to the context (rt_gpu_debug_set_context:

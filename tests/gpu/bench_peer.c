@@ -159,7 +159,7 @@ int main(int argc, char **argv) {
     go.precision = fast ? RT_GPU_FAST : RT_GPU_PRECISE;
     go.cuda_graph = graph;
     go.load.verify = verify;
-    if (!strcmp(rt_wset_source(ws), "blobs")) go.blob_dir = model;
+    go.blobs = rt_wset_blobs(ws); /* the set opened above (NULL for a GGUF) */
     double t0 = now_s();
     GK(rt_gpu_model_create(m, &go, &g, &err_));
     const rt_gpu_info *gi = rt_gpu_model_info(g);

@@ -226,7 +226,7 @@ static int run(const char *dir, rt_comm *comm, const char *label, float **lgp, u
     rt_gpu_opts go;
     rt_gpu_opts_default(&go);
     go.collective = g_collective;
-    go.blob_dir = dir;
+    if (!st) go.blobs = rt_wset_blobs(rt_model_wset(m));
     if (!st) st = rt_gpu_model_create(m, &go, &g, &e);
     T_CHECK(st == G5_OK, "%s: create: %s", label, e.msg);
     if (st) goto out;

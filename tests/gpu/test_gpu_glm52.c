@@ -158,7 +158,7 @@ int main(void) {
                 rt_gpu_opts go;
                 rt_gpu_opts_default(&go);
                 go.precision = RT_GPU_PRECISE;
-                go.blob_dir = dir;
+                go.blobs = rt_wset_blobs(rt_model_wset(m));
                 go.cuda_graph = graph;
                 rt_gpu_model *g = NULL;
                 char lab[160];

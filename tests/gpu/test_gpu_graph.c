@@ -25,7 +25,7 @@
 #include "tests/oracle_ref.h"
 #include "cuda/attn_select.h"
 #include "runtime/gpu/gpu_model.h"
-#include "runtime/cpu/model_impl.h"
+#include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
 #include "tests/test_util.h"
 
@@ -41,7 +41,7 @@ static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision 
     rt_gpu_opts go;
     rt_gpu_opts_default(&go);
     go.precision = prec;
-    go.blob_dir = dir;
+    go.blobs = dir ? rt_wset_blobs(rt_model_wset(m)) : NULL;
     go.cuda_graph = use_graph;
     if (nccl) go.collective = RT_GPU_COLL_NCCL;
     rt_gpu_model *g = NULL;
@@ -148,7 +148,7 @@ static void test_graph_shrink(const char *dir) {
     for (int use = 0; use < 2 && ok; use++) {
         rt_gpu_opts go;
         rt_gpu_opts_default(&go);
-        go.blob_dir = dir;
+        go.blobs = rt_wset_blobs(rt_model_wset(m));
         go.cuda_graph = use;
         rt_gpu_model *g = NULL;
         ok = rt_gpu_model_create(m, &go, &g, &e) == G5_OK;

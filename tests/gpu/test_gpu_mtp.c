@@ -24,7 +24,7 @@
  * 2. Step by step (one position per call) equals all at once (TOL_PRECISE, same outlier rule);
  *    truncation (rt_gpu_seq_truncate) and re-running the last positions gives the same bits;
  *    a bad token or truncation past the count is refused and changes nothing.
- * 3. Greedy decoding with the drafter (rt_gpu_draft_ops, TP=1 precise and TP=2) gives plain
+ * 3. Greedy decoding with the drafter (runtime/draft.h on a CUDA engine, runtime/engine.h: TP=1 precise and TP=2) gives plain
  *    greedy decoding's tokens, its logits within TOL_PRECISE (bit-identical rows counted).
  * 4. TP=2 blobs (eh_proj replicated; ranks on one GPU, device-side sum), and TP=2 weight tables
  *    made here with eh_proj split by rows and by columns; the row-split set also carries a
@@ -44,6 +44,8 @@
 #include "runtime/gpu/gpu_model.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
+#include "runtime/draft.h"
+#include "runtime/engine.h"
 #include "tests/test_util.h"
 #include "tests/oracle_ref.h"
 
@@ -129,7 +131,7 @@ static int open_setup(rt_wset *ws, const char *blob_dir, const rt_gpu_opts *go, 
     if (!s->m) return 0;
     T_CHECK(rt_model_has_mtp(s->m), "%s: the oracle has a NextN block", label);
     rt_gpu_opts o = *go;
-    o.blob_dir = blob_dir;
+    o.blobs = blob_dir ? rt_wset_blobs(ws) : NULL;
     const g5_status st = rt_gpu_model_create(s->m, &o, &s->g, &e);
     if (st == G5_ERR_UNSUPPORTED && unsupported) {
         *unsupported = 1;
@@ -264,10 +266,10 @@ static void run_steps(setup *s, const prompt *p, int pi, int fast, const char *l
     free(one);
 }
 
-/* Greedy decoding of prompt p with the drafter (rt_gpu_draft_ops: every step a draft, mostly
+/* Greedy decoding of prompt p with the drafter (draft.h on an engine: every step a draft, mostly
  * rejected on the random oracle, so the main caches drop a position nearly every step) against
  * plain one-token steps: the same tokens; logits rows bit-identical counted (expected in precise
- * mode: see rt_gpu_draft_ops) and their largest difference printed. */
+ * mode: gpu_model.h, "MTP") and their largest difference printed. */
 static void run_draft(setup *s, const prompt *p, const char *label) {
     enum { N_GEN = 24 };
     const uint32_t V = rt_model_hparams(s->m)->n_vocab;
@@ -285,10 +287,18 @@ static void run_draft(setup *s, const prompt *p, const char *label) {
     }
     T_CHECK(st == G5_OK, "%s: plain greedy: %s", label, e.msg);
     rt_gpu_reset(s->g);
-    rt_draft_ops ops;
-    rt_gpu_draft_ops(s->g, &ops);
+    /* the drafter runs on an engine of its own over the same set (precise, default options, as
+     * the callers' GPU model) */
+    rt_eng_opts eo;
+    rt_eng_opts_default(&eo);
+    eo.device = RT_ENG_CUDA;
+    rt_eng *en = NULL;
+    rt_eng_seq *sq = NULL;
     rt_drafter *d = NULL;
-    if (!st) T_CHECK((st = rt_drafter_create(&ops, &d, &e)) == G5_OK, "%s: drafter: %s", label, e.msg);
+    if (!st) T_CHECK((st = rt_eng_create(s->ws, &eo, &en, &e)) == G5_OK, "%s: engine: %s", label, e.msg);
+    if (!st) T_CHECK((st = rt_eng_load(en, &e)) == G5_OK, "%s: engine load: %s", label, e.msg);
+    if (!st) T_CHECK((st = rt_eng_seq_create(en, 0, &sq, &e)) == G5_OK, "%s: sequence: %s", label, e.msg);
+    if (!st) T_CHECK((st = rt_drafter_create(sq, &d, &e)) == G5_OK, "%s: drafter: %s", label, e.msg);
     if (!st) T_CHECK((st = rt_drafter_prompt(d, p->ids, p->n, lg, 0, &e)) == G5_OK, "%s: prompt: %s", label, e.msg);
     uint32_t tok_bad = 0, same = 0;
     double worst = 0;
@@ -308,6 +318,8 @@ static void run_draft(setup *s, const prompt *p, const char *label) {
     T_CHECK(!st && tok_bad == 0, "%s: drafted greedy decoding differs in %u tokens", label, tok_bad);
     T_CHECK(worst <= TOL_PRECISE, "%s: drafted logits differ by %.3e", label, worst);
     rt_drafter_free(d);
+    rt_eng_seq_free(sq);
+    rt_eng_free(en);
     rt_gpu_reset(s->g);
     free(pl);
     free(lg);

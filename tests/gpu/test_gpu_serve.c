@@ -93,7 +93,7 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     T_CHECK(rt_model_create(ws, &mo, &m, &e) == G5_OK, "%s: CPU model: %s", c->name, e.msg);
     rt_gpu_opts go;
     rt_gpu_opts_default(&go);
-    go.blob_dir = dir;
+    go.blobs = rt_wset_blobs(ws);
     go.precision = c->prec;
     go.cache = c->cache;
     go.cuda_graph = c->graph;

@@ -1,0 +1,158 @@
+/* The engine: the one interface glm5-run, the MTP drafter (draft.h) and glm5-serve run the model
+ * through, whatever the device.
+ *
+ * An engine is a weight set (a blob set or a GGUF, opened once) with the CPU reference model
+ * over it (runtime/cpu/model.h) and, for RT_ENG_CUDA, the GPU model built from that set and the
+ * CPU model's public tensor table (runtime/gpu/gpu_model.h, runtime/cpu/model_tensors.h): the
+ * GPU loads the blobs of the set the CPU side already opened (checksummed reader threads), or
+ * copies a GGUF's tensors from host memory. Sequences (rt_eng_seq) are the per-sequence state:
+ * the CPU model's rt_state (its own growing cache pool, or pages from the engine's shared pool
+ * when opts.kv_blocks is set) or a GPU sequence.
+ *
+ * Calls:
+ *  - rt_eng_prefill: n tokens of one sequence at its next positions (a prompt, a prompt chunk,
+ *    one decode step of one sequence, the drafter's two-token verification); logits of the last
+ *    position or of all, and the final-normed hidden states (the MTP block's input).
+ *  - rt_eng_decode: one decode step for a batch of distinct sequences, one token each.
+ *  - rt_eng_mtp: the NextN/MTP block's draft logits (rt_model_mtp).
+ *  - rt_eng_truncate: forget positions (rejected draft tokens).
+ * Each call is the device model's own call with the same arguments (rt_model_forward,
+ * rt_model_forward_batch, rt_gpu_forward_seq, rt_gpu_forward_batch, ...), so results are those
+ * of the models: the CPU bit for bit, the GPU as gpu_model.h says.
+ *
+ * --check (opts.check_tokens > 0, CUDA): the CPU reference runs beside the GPU on the engine's
+ * first sequence (prefill calls only) until that many tokens were checked (rt_gpu_check);
+ * rt_eng_check_result_get gives the verdict.
+ *
+ * Processes (opts.comm of size P > 1): every call is collective as in model.h / gpu_model.h.
+ * An engine is used by one thread at a time. Everything builds without CUDA; there
+ * RT_ENG_CUDA fails with G5_ERR_UNSUPPORTED (rt_eng_cuda_available() is 0). */
+#ifndef G5_RT_ENGINE_H
+#define G5_RT_ENGINE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "format/glm5.h"
+#include "format/status.h"
+#include "runtime/cpu/comm.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
+
+typedef struct rt_eng rt_eng;
+typedef struct rt_eng_seq rt_eng_seq;
+
+typedef enum rt_eng_device { RT_ENG_CPU = 0, RT_ENG_CUDA = 1 } rt_eng_device;
+/* GPU arithmetic (specs/numerics.md): precise float32, or fast (bf16 latent cache by default). */
+typedef enum rt_eng_precision { RT_ENG_PRECISE = 0, RT_ENG_FAST = 1 } rt_eng_precision;
+/* GPU latent cache type; DEFAULT: f32 when precise, bf16 when fast. */
+typedef enum rt_eng_cache {
+    RT_ENG_CACHE_DEFAULT = 0, RT_ENG_CACHE_F32, RT_ENG_CACHE_BF16, RT_ENG_CACHE_F16
+} rt_eng_cache;
+
+typedef struct rt_eng_opts {
+    rt_eng_device device;
+    /* the CPU model (the whole model on the CPU; with CUDA the tensor table and --check) */
+    uint32_t n_threads;          /* 0: online cores */
+    rt_mla_mode mla;
+    rt_comm *comm;               /* the run's processes; NULL: one */
+    /* CPU: with kv_blocks > 0 every sequence takes its cache blocks from one pool of kv_blocks
+     * blocks of kv_block_tokens positions (rt_kvpool; a full pool fails a call with
+     * G5_ERR_NOMEM and changes nothing); 0: each sequence grows a private pool */
+    uint32_t kv_blocks, kv_block_tokens;
+    /* CUDA */
+    int gpu0;                    /* first device */
+    rt_eng_precision precision;
+    rt_eng_cache cache;
+    int verify;                  /* checksum the blobs while loading (default 1) */
+    int cuda_graph;              /* decode steps as CUDA graph launches */
+    int collective_nccl;         /* NCCL between ranks also for TP 1 (rt_gpu_opts.collective) */
+    uint32_t check_tokens;       /* --check: tokens to compare with the CPU (0: none) */
+    double check_tol_stage, check_tol_logits, check_min_overlap; /* 0: rt_gpu_check's defaults */
+    FILE *check_report;          /* NULL: stderr */
+} rt_eng_opts;
+
+void rt_eng_opts_default(rt_eng_opts *o);
+int rt_eng_cuda_available(void); /* 1 in the CUDA build */
+
+/* An engine over an open weight set (which must outlive it), in two steps, so that the processes
+ * of a launch can agree that every one has its CPU model before the GPU's collectives start:
+ * rt_eng_create builds the CPU model (every tensor of the local ranks found and checked);
+ * rt_eng_load then puts the model on its device: CUDA: the GPU model on the same set, whose blob
+ * files the GPU loader reads through the set's open blobs (never reopened); collective across
+ * the processes. CPU: the shared cache pool. Sequences need a loaded engine. */
+g5_status rt_eng_create(const rt_wset *ws, const rt_eng_opts *o, rt_eng **out, g5_error *err);
+g5_status rt_eng_load(rt_eng *e, g5_error *err);
+/* Opens path (a blob set directory or a GGUF; with several processes this process's ranks of a
+ * blob set), then rt_eng_create and rt_eng_load over it; the engine owns the set. */
+g5_status rt_eng_open(const char *path, const rt_eng_opts *o, rt_eng **out, g5_error *err);
+void rt_eng_free(rt_eng *e); /* accepts NULL; free its sequences first */
+
+rt_eng_device rt_eng_device_of(const rt_eng *e);
+const glm5_hparams *rt_eng_hparams(const rt_eng *e);
+const rt_wset *rt_eng_wset(const rt_eng *e);
+uint32_t rt_eng_n_ranks(const rt_eng *e);
+uint32_t rt_eng_n_threads(const rt_eng *e);
+int rt_eng_has_mtp(const rt_eng *e);
+/* One line about the GPU model (device, ranks, collective, precision, cache, load rate and
+ * checksums); "" on the CPU. */
+void rt_eng_describe(const rt_eng *e, char *buf, size_t cap);
+uint64_t rt_eng_load_bytes(const rt_eng *e); /* bytes the GPU loader moved (0 on the CPU) */
+/* Device memory of one sequence's caches for `positions` positions (CUDA; 0 on the CPU). */
+uint64_t rt_eng_seq_bytes(const rt_eng *e, uint32_t positions);
+
+/* ---- sequences ---- */
+
+/* A sequence with room for `reserve` positions now (0: none yet; caches grow on demand). */
+g5_status rt_eng_seq_create(rt_eng *e, uint32_t reserve, rt_eng_seq **out, g5_error *err);
+void rt_eng_seq_free(rt_eng_seq *s); /* accepts NULL; a paged one gives its blocks back */
+void rt_eng_seq_reset(rt_eng_seq *s); /* empty again (MTP positions too) */
+rt_eng *rt_eng_seq_engine(const rt_eng_seq *s);
+uint32_t rt_eng_seq_n_past(const rt_eng_seq *s);
+uint32_t rt_eng_seq_mtp_n_past(const rt_eng_seq *s);
+/* Room for positions [0, n_tokens) now (all or nothing), so calls up to that length cannot run
+ * out of cache. */
+g5_status rt_eng_seq_reserve(rt_eng_seq *s, uint32_t n_tokens, g5_error *err);
+uint32_t rt_eng_seq_n_blocks(const rt_eng_seq *s); /* CPU: cache blocks held; CUDA: 0 */
+/* Forgets positions >= n_past of the main caches and >= mtp_n_past of the MTP block's. */
+g5_status rt_eng_truncate(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
+
+/* The shared pool (opts.kv_blocks; all 0 without one). */
+uint32_t rt_eng_pool_n_blocks(const rt_eng *e);
+uint32_t rt_eng_pool_n_free(const rt_eng *e);
+uint32_t rt_eng_pool_block_tokens(const rt_eng *e);
+
+/* ---- forward calls ---- */
+
+typedef struct rt_eng_out {
+    float *logits;               /* all_logits ? [n][n_vocab] : [n_vocab] (the last position) */
+    int all_logits;
+    float *hidden;               /* [n][n_embd] final-normed hidden states (may be NULL) */
+} rt_eng_out;
+
+/* n tokens of s at positions n_past .. n_past + n - 1, appended to its caches (out may be NULL). */
+g5_status rt_eng_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
+                         g5_error *err);
+/* One decode step: tokens[i] for seqs[i] (distinct sequences of e) at its next position;
+ * logits [n_seq][n_vocab] (may be NULL). On failure no sequence has advanced. */
+g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                        float *logits, g5_error *err);
+/* The NextN/MTP block at s's MTP positions mtp_n_past .. + n - 1 over n pairs (hidden [n][n_embd],
+ * the token after it); draft_logits all ? [n][n_vocab] : [n_vocab]. G5_ERR_UNSUPPORTED without
+ * a NextN block. */
+g5_status rt_eng_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next_tokens, uint32_t n,
+                     float *draft_logits, int all_logits, g5_error *err);
+
+/* ---- --check ---- */
+
+typedef struct rt_eng_check_result {
+    int ok;                      /* every checked value within tolerance */
+    uint32_t n_tokens;           /* tokens checked */
+    double max_stage_attn, max_stage_ffn, max_layer, logits_rel_l2, min_overlap_mean;
+    double mtp_rel_l2;           /* the NextN block's draft logits; mtp_n positions (0: none) */
+    uint32_t mtp_n;
+} rt_eng_check_result;
+/* 1 and *out filled when the engine runs a check; 0 otherwise. */
+int rt_eng_check_result_get(const rt_eng *e, rt_eng_check_result *out);
+
+#endif

@@ -1,0 +1,207 @@
+/* The engine's CUDA implementation (engine.h) over the GPU model (runtime/gpu/gpu_model.h). Built
+ * for real only with G5_WITH_CUDA (cuda/model.mk compiles this file again for build/gpu); the CPU
+ * build's copy says there is no CUDA implementation (rt_eng_gpu_ops() == NULL). */
+#include "runtime/engine_int.h"
+
+#ifdef G5_WITH_CUDA
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/gpu/gpu_model.h"
+
+typedef struct eng_gpu {
+    rt_gpu_model *g;
+    rt_gpu_check *chk;           /* --check (on the default sequence) */
+    int def_taken;               /* the default sequence belongs to an rt_eng_seq */
+    int blobs;                   /* loaded from a blob set (else copied from host memory) */
+    rt_gpu_seq **batch;          /* [cap] decode step scratch */
+    uint32_t cap;
+} eng_gpu;
+
+static rt_gpu_seq *gseq(const rt_eng_seq *s) { return s->dev; }
+
+static g5_status gpu_create(rt_eng *e, g5_error *err) {
+    eng_gpu *x = calloc(1, sizeof *x);
+    if (!x) return g5_fail(err, G5_ERR_NOMEM, "GPU engine");
+    e->dev = x;
+    const rt_eng_opts *o = &e->o;
+    rt_gpu_opts go;
+    rt_gpu_opts_default(&go);
+    go.device0 = o->gpu0;
+    go.precision = o->precision == RT_ENG_FAST ? RT_GPU_FAST : RT_GPU_PRECISE;
+    go.cache = o->cache == RT_ENG_CACHE_F32    ? RT_GPU_CACHE_F32
+               : o->cache == RT_ENG_CACHE_BF16 ? RT_GPU_CACHE_BF16
+               : o->cache == RT_ENG_CACHE_F16  ? RT_GPU_CACHE_F16
+                                               : RT_GPU_CACHE_DEFAULT;
+    go.load.verify = o->verify;
+    go.cuda_graph = o->cuda_graph;
+    go.collective = o->collective_nccl ? RT_GPU_COLL_NCCL : RT_GPU_COLL_AUTO;
+    go.blobs = rt_wset_blobs(e->ws);
+    x->blobs = go.blobs != NULL;
+    g5_status st = rt_gpu_model_create(e->m, &go, &x->g, err);
+    if (st) {
+        g5_error_prefix(err, "GPU");
+        return st;
+    }
+    if (o->check_tokens) {
+        rt_gpu_check_opts co;
+        rt_gpu_check_opts_default(&co);
+        co.n_tokens = o->check_tokens;
+        if (o->check_tol_stage > 0) co.tol_stage = o->check_tol_stage;
+        if (o->check_tol_logits > 0) co.tol_logits = o->check_tol_logits;
+        if (o->check_min_overlap > 0) co.min_overlap = o->check_min_overlap;
+        co.report = o->check_report;
+        if ((st = rt_gpu_check_create(e->m, x->g, &co, &x->chk, err))) {
+            g5_error_prefix(err, "check");
+            return st;
+        }
+    }
+    return G5_OK;
+}
+
+static void gpu_destroy(rt_eng *e) {
+    eng_gpu *x = e->dev;
+    if (!x) return;
+    rt_gpu_check_free(x->chk);
+    rt_gpu_model_free(x->g);
+    free(x->batch);
+    free(x);
+    e->dev = NULL;
+}
+
+static void gpu_describe(const rt_eng *e, char *buf, size_t cap) {
+    const eng_gpu *x = e->dev;
+    const rt_gpu_info *gi = rt_gpu_model_info(x->g);
+    snprintf(buf, cap,
+             "GPU %s: %u rank%s on %u device%s (collective %s), %s, %s latent cache; weights %.3f GB in %.3f s "
+             "(%.2f GB/s, %u reader threads, checksums %s, %llu O_DIRECT / %llu buffered reads)",
+             gi->device_name, gi->n_ranks, gi->n_ranks > 1 ? "s" : "", gi->n_devices, gi->n_devices > 1 ? "s" : "",
+             gi->collective, gi->precision, gi->cache, gi->load.bytes / 1e9, gi->load.seconds, gi->load.gb_per_s,
+             gi->load.n_threads, x->blobs ? (gi->load.verified ? "verified" : "skipped") : "n/a (not a blob set)",
+             (unsigned long long)gi->load.direct_reads, (unsigned long long)gi->load.buffered_reads);
+}
+
+static uint64_t gpu_load_bytes(const rt_eng *e) { return rt_gpu_model_info(((const eng_gpu *)e->dev)->g)->load.bytes; }
+
+static uint64_t gpu_seq_bytes(const rt_eng *e, uint32_t positions) {
+    return rt_gpu_seq_bytes(((const eng_gpu *)e->dev)->g, positions);
+}
+
+static int gpu_check_result(const rt_eng *e, rt_eng_check_result *out) {
+    const eng_gpu *x = e->dev;
+    if (!x->chk) return 0;
+    rt_gpu_check_summary cs;
+    rt_gpu_check_get_summary(x->chk, &cs);
+    *out = (rt_eng_check_result){.ok = cs.ok, .n_tokens = cs.n_tokens, .max_stage_attn = cs.max_stage_attn,
+                                 .max_stage_ffn = cs.max_stage_ffn, .max_layer = cs.max_layer,
+                                 .logits_rel_l2 = cs.logits_rel_l2, .min_overlap_mean = cs.min_overlap_mean,
+                                 .mtp_rel_l2 = cs.mtp_rel_l2, .mtp_n = cs.mtp_n};
+    return 1;
+}
+
+/* The first sequence is the GPU model's default one: what --check (rt_gpu_check_forward) runs. */
+static g5_status gpu_seq_create(rt_eng_seq *s, uint32_t reserve, g5_error *err) {
+    eng_gpu *x = s->e->dev;
+    if (!x->def_taken) {
+        rt_gpu_seq *d = rt_gpu_default_seq(x->g);
+        rt_gpu_seq_reset(d);
+        if (reserve) {
+            g5_status st = rt_gpu_seq_reserve(d, reserve, err);
+            if (st) return st;
+        }
+        x->def_taken = 1;
+        s->def = 1;
+        s->dev = d;
+        return G5_OK;
+    }
+    rt_gpu_seq *q = NULL;
+    g5_status st = rt_gpu_seq_create(x->g, reserve, &q, err);
+    if (!st) s->dev = q;
+    return st;
+}
+
+static void gpu_seq_free(rt_eng_seq *s) {
+    eng_gpu *x = s->e->dev;
+    if (s->def) {
+        rt_gpu_seq_reset(gseq(s));
+        x->def_taken = 0;
+    } else {
+        rt_gpu_seq_free(gseq(s));
+    }
+}
+
+static void gpu_seq_reset(rt_eng_seq *s) { rt_gpu_seq_reset(gseq(s)); }
+static uint32_t gpu_n_past(const rt_eng_seq *s) { return rt_gpu_seq_n_past(gseq(s)); }
+static uint32_t gpu_mtp_n_past(const rt_eng_seq *s) { return rt_gpu_seq_mtp_n_past(gseq(s)); }
+
+static g5_status gpu_reserve(rt_eng_seq *s, uint32_t n, g5_error *err) {
+    if (n <= rt_gpu_seq_capacity(gseq(s))) return G5_OK;
+    return rt_gpu_seq_reserve(gseq(s), n, err);
+}
+
+static uint32_t gpu_n_blocks(const rt_eng_seq *s) {
+    (void)s;
+    return 0;
+}
+
+static g5_status gpu_truncate(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err) {
+    return rt_gpu_seq_truncate(gseq(s), n_past, mtp_n_past, err);
+}
+
+static g5_status gpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
+                             g5_error *err) {
+    eng_gpu *x = s->e->dev;
+    const rt_gpu_outputs go = {.logits = out ? out->logits : NULL,
+                               .all_logits = out ? out->all_logits : 0,
+                               .hidden = out ? out->hidden : NULL};
+    if (s->def && x->chk) return rt_gpu_check_forward(x->chk, tokens, n, &go, err);
+    const int any = out && (out->logits || out->hidden);
+    return rt_gpu_forward_seq(x->g, gseq(s), tokens, n, any ? &go : NULL, err);
+}
+
+static g5_status gpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                            float *logits, g5_error *err) {
+    eng_gpu *x = e->dev;
+    if (n_seq > x->cap) {
+        rt_gpu_seq **b = realloc(x->batch, (size_t)n_seq * sizeof *b);
+        if (!b) return g5_fail(err, G5_ERR_NOMEM, "decode step of %u sequences", n_seq);
+        x->batch = b;
+        x->cap = n_seq;
+    }
+    for (uint32_t i = 0; i < n_seq; i++) x->batch[i] = gseq(seqs[i]);
+    return rt_gpu_forward_batch(x->g, x->batch, tokens, n_seq, logits, err);
+}
+
+static g5_status gpu_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next, uint32_t n, float *draft, int all,
+                         g5_error *err) {
+    return rt_gpu_mtp_seq(((eng_gpu *)s->e->dev)->g, gseq(s), hidden, next, n, draft, all, err);
+}
+
+static const rt_eng_ops gpu_ops = {
+    .create = gpu_create,
+    .destroy = gpu_destroy,
+    .describe = gpu_describe,
+    .load_bytes = gpu_load_bytes,
+    .seq_bytes = gpu_seq_bytes,
+    .check_result = gpu_check_result,
+    .seq_create = gpu_seq_create,
+    .seq_free = gpu_seq_free,
+    .seq_reset = gpu_seq_reset,
+    .n_past = gpu_n_past,
+    .mtp_n_past = gpu_mtp_n_past,
+    .reserve = gpu_reserve,
+    .n_blocks = gpu_n_blocks,
+    .truncate = gpu_truncate,
+    .prefill = gpu_prefill,
+    .decode = gpu_decode,
+    .mtp = gpu_mtp,
+};
+
+const rt_eng_ops *rt_eng_gpu_ops(void) { return &gpu_ops; }
+
+#else /* !G5_WITH_CUDA */
+
+const rt_eng_ops *rt_eng_gpu_ops(void) { return NULL; }
+
+#endif

@@ -1,0 +1,53 @@
+/* Internals of the engine (engine.h) shared by its CPU implementation (engine.c) and its GPU one
+ * (engine_gpu.c). Not a public interface. */
+#ifndef G5_RT_ENGINE_INT_H
+#define G5_RT_ENGINE_INT_H
+
+#include "runtime/engine.h"
+
+/* A device's implementation of the engine's calls. */
+typedef struct rt_eng_ops {
+    g5_status (*create)(rt_eng *e, g5_error *err); /* rt_eng_load: e->m is there; sets e->dev */
+    void (*destroy)(rt_eng *e);
+    void (*describe)(const rt_eng *e, char *buf, size_t cap);
+    uint64_t (*load_bytes)(const rt_eng *e);
+    uint64_t (*seq_bytes)(const rt_eng *e, uint32_t positions);
+    int (*check_result)(const rt_eng *e, rt_eng_check_result *out);
+    g5_status (*seq_create)(rt_eng_seq *s, uint32_t reserve, g5_error *err); /* sets s->dev */
+    void (*seq_free)(rt_eng_seq *s);
+    void (*seq_reset)(rt_eng_seq *s);
+    uint32_t (*n_past)(const rt_eng_seq *s);
+    uint32_t (*mtp_n_past)(const rt_eng_seq *s);
+    g5_status (*reserve)(rt_eng_seq *s, uint32_t n_tokens, g5_error *err);
+    uint32_t (*n_blocks)(const rt_eng_seq *s);
+    g5_status (*truncate)(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
+    g5_status (*prefill)(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out, g5_error *err);
+    g5_status (*decode)(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq, float *logits,
+                        g5_error *err);
+    g5_status (*mtp)(rt_eng_seq *s, const float *hidden, const int32_t *next, uint32_t n, float *draft, int all,
+                     g5_error *err);
+} rt_eng_ops;
+
+struct rt_eng {
+    rt_eng_opts o;
+    const rt_wset *ws;
+    rt_wset *own_ws;             /* rt_eng_open's */
+    rt_model *m;                 /* the CPU model (the reference, and the GPU's tensor table) */
+    rt_kvpool *pool;             /* CPU, opts.kv_blocks */
+    rt_state **states;           /* CPU: [cap_states] decode step scratch */
+    uint32_t cap_states;
+    const rt_eng_ops *ops;
+    void *dev;                   /* the device model's context (CUDA: engine_gpu.c's) */
+    int loaded;                  /* rt_eng_load succeeded */
+};
+
+struct rt_eng_seq {
+    rt_eng *e;
+    void *dev;                   /* CPU: rt_state; CUDA: rt_gpu_seq */
+    int def;                     /* CUDA: the GPU model's default sequence (--check runs on it) */
+};
+
+/* engine_gpu.c: the CUDA implementation; NULL in a build without CUDA. */
+const rt_eng_ops *rt_eng_gpu_ops(void);
+
+#endif

@@ -1,0 +1,172 @@
+/* The engine (runtime/engine.h) on the CPU, on the oracle: every call is the CPU model's own call,
+ * so its results are bit-identical to rt_model_* on a model of its own over the same set:
+ * prefill (last and all logits, hidden states), a batched decode step of three sequences (each
+ * row equal to that sequence's one-token call), truncation and replay, the MTP block; the
+ * shared pool's counts and its exhaustion (G5_ERR_NOMEM, nothing changed); the refusals: a
+ * sequence before rt_eng_load, a decode with another engine's sequence, and RT_ENG_CUDA in a
+ * build without CUDA. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
+#include "runtime/engine.h"
+#include "tests/test_util.h"
+
+enum { NP = 12, NS = 3 };
+
+static int same(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+int main(void) {
+    struct stat sb;
+    if (stat(T_ORACLE_GGUF, &sb) != 0) {
+        printf("oracle missing at %s\n", T_ORACLE_GGUF);
+        T_CHECK(0, "oracle present");
+        return t_report("test_engine");
+    }
+    g5_error e = {0};
+    rt_wset *ws = NULL;
+    T_CHECK(rt_wset_open_gguf(T_ORACLE_GGUF, &ws, &e) == G5_OK, "open: %s", e.msg);
+    if (!ws) return t_report("test_engine");
+    rt_eng_opts eo;
+    rt_eng_opts_default(&eo);
+    eo.n_threads = 2;
+    rt_eng *en = NULL, *en2 = NULL;
+    rt_model *m = NULL;
+    const rt_model_opts mo = {.n_threads = 2, .mla = RT_MLA_ABSORBED};
+    T_CHECK(rt_eng_create(ws, &eo, &en, &e) == G5_OK, "engine: %s", e.msg);
+    T_CHECK(rt_model_create(ws, &mo, &m, &e) == G5_OK, "reference model: %s", e.msg);
+    if (!en || !m) goto out;
+    rt_eng_seq *sq[NS] = {0};
+    T_CHECK(rt_eng_seq_create(en, 0, &sq[0], &e) == G5_ERR_INVALID_ARG && !sq[0], "a sequence before rt_eng_load");
+    T_CHECK(rt_eng_load(en, &e) == G5_OK, "load: %s", e.msg);
+    T_CHECK(rt_eng_device_of(en) == RT_ENG_CPU && rt_eng_n_ranks(en) == 1 && rt_eng_has_mtp(en) == rt_model_has_mtp(m),
+            "engine facts");
+    char line[64] = "x";
+    rt_eng_describe(en, line, sizeof line);
+    T_CHECK(line[0] == 0 && rt_eng_load_bytes(en) == 0 && rt_eng_pool_n_blocks(en) == 0, "CPU: no GPU line, no pool");
+    rt_eng_check_result cr;
+    T_CHECK(!rt_eng_check_result_get(en, &cr), "no check on the CPU");
+    const glm5_hparams *hp = rt_eng_hparams(en);
+    const size_t V = hp->n_vocab, E = hp->n_embd;
+    float *la = malloc(NP * V * sizeof(float)), *lb = malloc(NP * V * sizeof(float));
+    float *ha = malloc(NP * E * sizeof(float)), *hb = malloc(NP * E * sizeof(float));
+    float *da = malloc(NS * V * sizeof(float)), *db = malloc(NS * V * sizeof(float));
+    int32_t toks[NS][NP];
+    uint64_t rng = 0x1234;
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < NP; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            toks[s][i] = (int32_t)((rng >> 33) % V);
+        }
+    rt_state *st[NS] = {0};
+    int ok = 1;
+    for (int s = 0; s < NS && ok; s++) {
+        ok = rt_eng_seq_create(en, 0, &sq[s], &e) == G5_OK && rt_state_create(m, &st[s], &e) == G5_OK;
+        T_CHECK(ok, "sequence %d: %s", s, e.msg);
+        const uint32_t n = NP - (uint32_t)s; /* different lengths */
+        const rt_eng_out eout = {.logits = la, .all_logits = s == 0, .hidden = ha};
+        const rt_outputs mout = {.logits = lb, .all_logits = s == 0, .hidden = hb};
+        ok = ok && rt_eng_prefill(sq[s], toks[s], n, &eout, &e) == G5_OK &&
+             rt_model_forward(m, st[s], toks[s], n, &mout, &e) == G5_OK;
+        T_CHECK(ok, "prefill %d: %s", s, e.msg);
+        if (ok)
+            T_CHECK(same(la, lb, (s == 0 ? n : 1) * V) && same(ha, hb, n * E), "prefill %d bit-identical", s);
+        T_CHECK(rt_eng_seq_n_past(sq[s]) == n, "n_past %u", rt_eng_seq_n_past(sq[s]));
+    }
+    if (ok) { /* a batched step against each sequence's own one-token call */
+        const int32_t next[NS] = {5, 7, 11};
+        rt_state *sts[NS] = {st[0], st[1], st[2]};
+        ok = rt_eng_decode(en, sq, next, NS, da, &e) == G5_OK && rt_model_forward_batch(m, sts, next, NS, db, &e) == G5_OK;
+        T_CHECK(ok, "decode: %s", e.msg);
+        if (ok) T_CHECK(same(da, db, NS * V), "batched decode bit-identical to rt_model_forward_batch");
+        /* and to one-token calls: drop the step, run it per sequence */
+        for (int s = 0; s < NS && ok; s++) {
+            const uint32_t n = rt_eng_seq_n_past(sq[s]);
+            ok = rt_eng_truncate(sq[s], n - 1, rt_eng_seq_mtp_n_past(sq[s]), &e) == G5_OK &&
+                 rt_eng_seq_n_past(sq[s]) == n - 1 &&
+                 rt_eng_prefill(sq[s], &next[s], 1, &(rt_eng_out){.logits = la}, &e) == G5_OK;
+            T_CHECK(ok && same(la, da + (size_t)s * V, V), "sequence %d: truncated and replayed one token: %s", s, e.msg);
+        }
+    }
+    if (ok && rt_eng_has_mtp(en)) { /* the MTP block on the engine's sequence and on the model's state */
+        const int32_t nx[2] = {3, 4};
+        for (int i = 0; i < 2; i++) memcpy(ha + i * E, hb, E * sizeof(float));
+        ok = rt_eng_mtp(sq[1], ha, nx, 2, da, 1, &e) == G5_OK && rt_model_mtp(m, st[1], ha, nx, 2, db, 1, &e) == G5_OK;
+        T_CHECK(ok && same(da, db, 2 * V) && rt_eng_seq_mtp_n_past(sq[1]) == 2, "MTP bit-identical: %s", e.msg);
+    }
+    rt_eng_seq_reset(sq[2]);
+    T_CHECK(rt_eng_seq_n_past(sq[2]) == 0 && rt_eng_seq_mtp_n_past(sq[2]) == 0, "reset");
+    /* another engine's sequence is refused */
+    T_CHECK(rt_eng_create(ws, &eo, &en2, &e) == G5_OK && rt_eng_load(en2, &e) == G5_OK, "second engine: %s", e.msg);
+    if (en2) {
+        rt_eng_seq *o = NULL;
+        T_CHECK(rt_eng_seq_create(en2, 0, &o, &e) == G5_OK, "sequence of the second engine");
+        rt_eng_seq *mix[2] = {sq[0], o};
+        const int32_t t2[2] = {1, 2};
+        if (o) T_CHECK(rt_eng_decode(en, mix, t2, 2, da, &e) == G5_ERR_INVALID_ARG, "another engine's sequence refused");
+        rt_eng_seq_free(o);
+    }
+    for (int s = 0; s < NS; s++) {
+        rt_eng_seq_free(sq[s]);
+        rt_state_free(st[s]);
+    }
+    /* the shared pool: 4 blocks of 8 positions */
+    {
+        rt_eng *ep = NULL;
+        rt_eng_opts po = eo;
+        po.kv_blocks = 4;
+        po.kv_block_tokens = 8;
+        T_CHECK(rt_eng_create(ws, &po, &ep, &e) == G5_OK && rt_eng_load(ep, &e) == G5_OK, "pooled engine: %s", e.msg);
+        rt_eng_seq *a = NULL, *b = NULL;
+        if (ep) {
+            T_CHECK(rt_eng_pool_n_blocks(ep) == 4 && rt_eng_pool_n_free(ep) == 4 && rt_eng_pool_block_tokens(ep) == 8,
+                    "pool counts");
+            T_CHECK(rt_eng_seq_create(ep, 20, &a, &e) == G5_OK && rt_eng_seq_n_blocks(a) == 3 &&
+                        rt_eng_pool_n_free(ep) == 1,
+                    "a sequence reserving 20 positions holds 3 blocks (%u free)", rt_eng_pool_n_free(ep));
+            T_CHECK(rt_eng_seq_create(ep, 0, &b, &e) == G5_OK, "second sequence");
+            if (b) {
+                g5_status s2 = rt_eng_prefill(b, toks[0], NP, NULL, &e);
+                T_CHECK(s2 == G5_ERR_NOMEM && rt_eng_seq_n_past(b) == 0, "pool exhausted: %s (%s)", g5_strerror(s2), e.msg);
+            }
+            rt_eng_seq_free(a);
+            T_CHECK(rt_eng_pool_n_free(ep) == 4, "blocks back on free (%u)", rt_eng_pool_n_free(ep));
+            if (b) T_CHECK(rt_eng_prefill(b, toks[0], NP, NULL, &e) == G5_OK, "then it fits: %s", e.msg);
+            rt_eng_seq_free(b);
+        }
+        rt_eng_free(ep);
+        po.device = RT_ENG_CPU;
+        po.kv_block_tokens = 0;
+        ep = NULL;
+        T_CHECK(rt_eng_create(ws, &po, &ep, &e) == G5_ERR_INVALID_ARG && !ep, "a pool without a block size refused");
+    }
+    /* CUDA in this build */
+    {
+        rt_eng *eg = NULL;
+        rt_eng_opts go = eo;
+        go.device = RT_ENG_CUDA;
+        const g5_status s3 = rt_eng_create(ws, &go, &eg, &e);
+        if (rt_eng_cuda_available()) {
+            printf("CUDA build: the RT_ENG_CUDA refusal is not checked here (tests/gpu)\n");
+            if (!s3) rt_eng_free(eg);
+        } else {
+            T_CHECK(s3 == G5_ERR_UNSUPPORTED && !eg && strstr(e.msg, "CUDA"), "RT_ENG_CUDA without CUDA: %s", e.msg);
+        }
+    }
+    free(la);
+    free(lb);
+    free(ha);
+    free(hb);
+    free(da);
+    free(db);
+out:
+    rt_eng_free(en2);
+    rt_eng_free(en);
+    rt_model_free(m);
+    rt_wset_free(ws);
+    return t_report("test_engine");
+}
