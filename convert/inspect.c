@@ -60,6 +60,13 @@ static json_t *ju64(uint64_t v) {
     return json_string(b);
 }
 
+/* weights, bytes_per_weight and bits_per_weight of a type total (what fits where). */
+static void put_per_weight(json_t *e, uint64_t bytes, uint64_t elems) {
+    json_object_set_new(e, "weights", ju64(elems));
+    json_object_set_new(e, "bytes_per_weight", json_real(elems ? (double)bytes / (double)elems : 0.0));
+    json_object_set_new(e, "bits_per_weight", json_real(elems ? 8.0 * (double)bytes / (double)elems : 0.0));
+}
+
 static json_t *jshape(const uint64_t *ne, uint32_t n_dims) {
     json_t *a = json_array();
     for (uint32_t d = 0; d < n_dims && a; d++) json_array_append_new(a, ju64(ne[d]));
@@ -377,27 +384,33 @@ g5_status inspect_gguf(const gguf_ctx *ctx, const char *path, const inspect_opts
     json_object_set_new(r, "total_bytes", ju64(total));
 
     /* totals by type, in type-id order */
+    uint64_t total_elems = 0;
     qsort(tids, (size_t)nt, sizeof *tids, cmp_u32);
     json_t *totals = json_array();
     for (int64_t i = 0; i < nt;) {
         uint32_t ty = tids[i];
-        uint64_t cnt = 0, bytes = 0;
+        uint64_t cnt = 0, bytes = 0, elems = 0;
         for (int64_t k = 0; k < nt; k++) {
             const gguf_tensor *t = gguf_get_tensor(ctx, k);
             if (t->type == ty) {
                 cnt++;
                 bytes += t->nbytes;
+                elems += t->n_elems;
             }
         }
         json_t *e = json_object();
         json_object_set_new(e, "type", json_string(quant_type_name(ty)));
         json_object_set_new(e, "count", ju64(cnt));
         json_object_set_new(e, "bytes", ju64(bytes));
+        put_per_weight(e, bytes, elems);
+        total_elems += elems;
         json_array_append_new(totals, e);
         while (i < nt && tids[i] == ty) i++;
     }
     free(tids);
     json_object_set_new(r, "totals_by_type", totals);
+    json_object_set_new(r, "total_weights", ju64(total_elems));
+    json_object_set_new(r, "total_bits_per_weight", json_real(total_elems ? 8.0 * (double)total / (double)total_elems : 0.0));
 
     const char *arch;
     uint64_t alen;
@@ -483,6 +496,15 @@ static uint64_t jget_u64(const json_t *o, const char *k) {
     return 0;
 }
 
+static void print_type_total(FILE *f, const json_t *e) {
+    char hb[32];
+    fprintf(f, "  %-7s %6llu tensors %16llu bytes  %-12s %13llu weights  %7.4f bits/weight\n",
+            json_string_value(json_object_get(e, "type")), (unsigned long long)jget_u64(e, "count"),
+            (unsigned long long)jget_u64(e, "bytes"), human(jget_u64(e, "bytes"), hb, sizeof hb),
+            (unsigned long long)jget_u64(e, "weights"),
+            json_real_value(json_object_get(e, "bits_per_weight")));
+}
+
 g5_status inspect_print_text(const json_t *r, const inspect_opts *o, FILE *f) {
     inspect_opts dflt;
     if (!o) {
@@ -548,16 +570,14 @@ g5_status inspect_print_text(const json_t *r, const inspect_opts *o, FILE *f) {
     }
 
     fprintf(f, "\ntotals by type:\n");
-    json_array_foreach(json_object_get(r, "totals_by_type"), i, e) {
-        fprintf(f, "  %-7s %6llu tensors %16llu bytes  (%s)\n",
-                json_string_value(json_object_get(e, "type")),
-                (unsigned long long)jget_u64(e, "count"), (unsigned long long)jget_u64(e, "bytes"),
-                human(jget_u64(e, "bytes"), hb, sizeof hb));
-    }
-    fprintf(f, "  %-7s %6lld tensors %16llu bytes  (%s)\n", "total",
+    json_array_foreach(json_object_get(r, "totals_by_type"), i, e)
+        print_type_total(f, e);
+    fprintf(f, "  %-7s %6lld tensors %16llu bytes  %-12s %13llu weights  %7.4f bits/weight\n", "total",
             (long long)json_integer_value(json_object_get(r, "n_tensors")),
             (unsigned long long)jget_u64(r, "total_bytes"),
-            human(jget_u64(r, "total_bytes"), hb, sizeof hb));
+            human(jget_u64(r, "total_bytes"), hb, sizeof hb),
+            (unsigned long long)jget_u64(r, "total_weights"),
+            json_real_value(json_object_get(r, "total_bits_per_weight")));
 
     const json_t *a = json_object_get(r, "audit");
     const json_t *arch = json_object_get(a, "architecture");
@@ -710,13 +730,15 @@ static void blobset_tables(json_t *r, const blob *b0) {
         json_object_set_new(e, "bytes_per_rank", ju64(bytes));
         json_array_append_new(plan, e);
     }
+    uint64_t all_bytes = 0, all_elems = 0;
     for (uint32_t ty = 0; ty < QT_TYPE_LIMIT; ty++) {
-        uint64_t cnt = 0, bytes = 0;
+        uint64_t cnt = 0, bytes = 0, elems = 0;
         for (uint64_t i = 0; i < nt; i++) {
             const blob_tensor *t = blob_get_tensor(b0, i);
             if (t->type == ty) {
                 cnt++;
                 bytes += t->size;
+                elems += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
             }
         }
         if (!cnt) continue;
@@ -724,8 +746,17 @@ static void blobset_tables(json_t *r, const blob *b0) {
         json_object_set_new(e, "type", json_string(quant_type_name(ty)));
         json_object_set_new(e, "count", ju64(cnt));
         json_object_set_new(e, "bytes", ju64(bytes));
+        put_per_weight(e, bytes, elems);
         json_array_append_new(totals, e);
+        all_bytes += bytes;
+        all_elems += elems;
     }
+    json_t *tot = json_object();
+    json_object_set_new(tot, "type", json_string("total"));
+    json_object_set_new(tot, "count", ju64(nt));
+    json_object_set_new(tot, "bytes", ju64(all_bytes));
+    put_per_weight(tot, all_bytes, all_elems);
+    json_object_set_new(r, "total_per_rank", tot);
     json_object_set_new(r, "n_tensors", ju64(nt));
     json_object_set_new(r, "tensors", tensors);
     json_object_set_new(r, "plan", plan);
@@ -925,10 +956,8 @@ static void print_blobset_text(const json_t *r, FILE *f) {
         }
         fprintf(f, "\ntotals by type (per rank):\n");
         json_array_foreach(json_object_get(r, "totals_by_type"), i, e)
-            fprintf(f, "  %-7s %6llu tensors %16llu bytes  (%s)\n",
-                    json_string_value(json_object_get(e, "type")),
-                    (unsigned long long)jget_u64(e, "count"), (unsigned long long)jget_u64(e, "bytes"),
-                    human(jget_u64(e, "bytes"), hb, sizeof hb));
+            print_type_total(f, e);
+        if (json_object_get(r, "total_per_rank")) print_type_total(f, json_object_get(r, "total_per_rank"));
     }
     json_array_foreach(json_object_get(r, "problems"), i, e)
         fprintf(f, "problem: %s\n", json_string_value(e));

@@ -42,11 +42,15 @@ static void usage(FILE *f) {
             "  inspect FILE.gguf --dump TENSOR -o OUT.f32\n"
             "        write one tensor dequantized to little-endian float32 (ggml order)\n"
             "  synth --preset tiny|glm5 [--layers N] [--experts N] [--tp-friendly] [--seed S]\n"
-            "        [--split-size BYTES] [--dry-run] -o FILE.gguf\n"
+            "        [--split-size BYTES] [--types PRESET] [--type-map ROLE=TYPE,...]\n"
+            "        [--dry-run] -o FILE.gguf\n"
             "        write a synthetic GLM-5 GGUF (random weights, real layout); with\n"
             "        --split-size, FILE-0000k-of-0000n.gguf (BYTES may end in K, M, G: x1024);\n"
             "        --layers bounds the main layers (the NextN layer stays); --dry-run lists\n"
-            "        the tensors and sizes without writing\n"
+            "        the tensors and sizes without writing; --types picks a type mix\n"
+            "        (ud-q4_k_xl: the default, ud-q3_k_xl, ud-q2_k_xl, ud-iq2_xxs, ud-iq1_m,\n"
+            "        ud-iq1_s, ud-fp4), --type-map then sets roles (ffn_up_exps=IQ2_XXS;\n"
+            "        groups exps, exps_gate_up, shexp, ffn, ffn_gate_up, attn)\n"
             "\n"
             "  convert --tp T [--ep] [--kv-b-type f32|bf16|f16|q8_0] [--jobs N] [--resume]\n"
             "        [--force] [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
@@ -189,6 +193,7 @@ static int synth_dry_run(const synth_opts *so) {
 
 static int cmd_synth(int argc, char **argv) {
     int dry_run = 0;
+    const char *type_preset = NULL, *type_map = NULL;
     synth_opts so;
     synth_opts_init(&so);
     const char *out = NULL, *preset = NULL;
@@ -207,6 +212,8 @@ static int cmd_synth(int argc, char **argv) {
         {.name = "--split-size", .alias = "-S", .kind = G5_ARG_SIZE, .dst = &split, .lo = 1, .seen = &have_split},
         {.name = "--output", .alias = "-o", .kind = G5_ARG_STR, .dst = &out},
         {.name = "--dry-run", .alias = "-n", .kind = G5_ARG_FLAG, .dst = &dry_run},
+        {.name = "--types", .alias = "-T", .kind = G5_ARG_STR, .dst = &type_preset},
+        {.name = "--type-map", .alias = "-M", .kind = G5_ARG_STR, .dst = &type_map},
     };
     int pr = parse_cmd("synth", tab, sizeof tab / sizeof tab[0], argc, argv, NULL, 0, NULL);
     if (pr) return pr < 0 ? 0 : pr;
@@ -218,6 +225,9 @@ static int cmd_synth(int argc, char **argv) {
     so.seed = seed;
     if (have_split) so.split_size = split;
     if (!have_preset) return fail_usage("synth: --preset tiny|glm5 is required%s", "");
+    /* the preset first, the map's items on top of it */
+    if (type_preset && synth_type_preset(type_preset, &so, &e)) return fail_usage("%s", e.msg);
+    if (type_map && synth_type_map_parse(type_map, &so, &e)) return fail_usage("%s", e.msg);
     if (dry_run) return synth_dry_run(&so);
     if (!out) return fail_usage("synth: -o FILE.gguf is required%s", "");
     synth_result res;

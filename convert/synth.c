@@ -500,14 +500,19 @@ static g5_status plan_build(const synth_opts *o, synth_plan **out, g5_error *err
         snprintf(t->name, sizeof t->name, "%s", s.name);
         t->role = s.role;
         t->layer = s.layer;
-        t->type = synth_role_type(s.role);
+        t->type = synth_opts_role_type(o, s.role);
         t->n_dims = s.n_dims;
         memcpy(t->ne, s.ne, sizeof t->ne);
         uint64_t rows = s.ne[1] * s.ne[2] * s.ne[3], row_bytes;
         if ((st = quant_row_bytes(t->type, s.ne[0], &row_bytes)) ||
             g5_mul_u64(row_bytes, rows, &t->nbytes)) {
-            st = g5_fail(err, st ? st : G5_ERR_OVERFLOW, "synth: tensor '%s': %s row of %llu",
-                         s.name, quant_type_name(t->type), (unsigned long long)s.ne[0]);
+            const quant_type_info *qi = quant_type_get(t->type);
+            st = st == G5_ERR_ALIGN
+                     ? g5_fail(err, st, "synth: tensor '%s': ne[0] = %llu is not a multiple of %s's "
+                               "%u-element block", s.name, (unsigned long long)s.ne[0],
+                               quant_type_name(t->type), qi ? qi->block_elems : 0)
+                     : g5_fail(err, st ? st : G5_ERR_OVERFLOW, "synth: tensor '%s': %s row of %llu",
+                               s.name, quant_type_name(t->type), (unsigned long long)s.ne[0]);
             synth_plan_free(p);
             return st;
         }

@@ -42,6 +42,7 @@ typedef struct synth_opts {
                           * (a single larger tensor gets a split of its own) */
     uint64_t test_fail_after_bytes; /* test hook: the write that takes the set (all splits
                           * together) past this many bytes fails with ENOSPC (0: off) */
+    uint8_t role_type[GLM5_ROLE_COUNT]; /* ggml type + 1 per role; 0: synth_role_type's mix */
 } synth_opts;
 
 void synth_opts_init(synth_opts *o); /* tiny, preset defaults, seed 1, one file */
@@ -55,6 +56,22 @@ g5_status synth_hparams(const synth_opts *o, glm5_hparams *hp, g5_error *err);
 
 /* The ggml type synth uses for a role (mirrors the oracle's UD-Q4_K_XL mix). */
 uint32_t synth_role_type(glm5_role r);
+
+/* The type a role gets under the options' type map (synth_role_type where none is set). */
+uint32_t synth_opts_role_type(const synth_opts *o, glm5_role r);
+
+/* Applies "ROLE=TYPE,..." to o->role_type: ROLE is a tensor role (glm5_role_name: ffn_up_exps,
+ * attn_k_b, token_embd, nextn.eh_proj, ...) or a group (exps, exps_gate_up, shexp, ffn,
+ * ffn_gate_up, attn); TYPE any type quant_check_supported accepts (case-insensitive). Norms,
+ * the router and biases stay F32 (refused). Later items override earlier ones. A width the
+ * type's block does not divide is refused by synth_plan_build, naming the tensor. */
+g5_status synth_type_map_parse(const char *spec, synth_opts *o, g5_error *err);
+
+/* Replaces o->role_type by a preset mimicking a published mix: ud-q4_k_xl (the default mix),
+ * ud-q3_k_xl, ud-q2_k_xl, ud-iq2_xxs, ud-iq1_m, ud-iq1_s, and ud-fp4 (MXFP4, NVFP4, TQ1_0,
+ * TQ2_0). Between them every supported block type appears in some role. */
+g5_status synth_type_preset(const char *name, synth_opts *o, g5_error *err);
+const char *synth_type_preset_names(void); /* "ud-q4_k_xl, ud-q3_k_xl, ..." */
 
 /* Name of split k (0-based) of n for an output path: "DIR/NAME.gguf" ->
  * "DIR/NAME-%05u-of-%05u.gguf" (1-based in the name, like llama.cpp's gguf-split). */

@@ -61,7 +61,7 @@ $(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.cu $(GPU_ARCH_STAMP)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # Only the format/ objects cuda/ and the tests use (no xxhash/zstd/jansson needed on a GPU box).
-GPU_FORMAT_OBJ := $(BUILD)/obj/format/quant.o $(BUILD)/obj/format/status.o
+GPU_FORMAT_OBJ := $(BUILD)/obj/format/quant.o $(BUILD)/obj/format/quant_lowbit.o $(BUILD)/obj/format/status.o
 
 $(GPU_DIR)/tests/%: $(GPU_DIR)/obj/tests/gpu/%.o $(GPU_LIB) $(GPU_FORMAT_OBJ)
 	@mkdir -p $(dir $@)

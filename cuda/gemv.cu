@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda/cuk_internal.cuh"
+#include "cuda/gemv_lowbit.h"
 #include "cuda/gemv_select.h"
 #include "cuda/gemv_tc.cuh" /* tc::applies; the kernels are instantiated per type */
 
@@ -128,7 +129,7 @@ static int gpu_block(uint32_t type) {
     case QT_F32: case QT_F16: case QT_BF16: return 1;
     case QT_Q8_0: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_IQ4_NL: return 32;
     case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS: return 256;
-    default: return 0;
+    default: return cuk::lowbit_block(type); /* cuda/gemv_lowbit.cu */
     }
 }
 
@@ -204,6 +205,7 @@ extern "C" g5_status cuk_gemv(const cuk_gemv_args *a, cuk_stream stream, g5_erro
     if (a->ldy < a->m) return BAD("gemv: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     int done = 0;
     TRY_TC(gemv_run, a->w_type, a->m * a->k, false, a, (cudaStream_t)stream, &done, err);
+    if (cuk::lowbit_handles(a->w_type)) return cuk::lowbit_gemv(a, (cudaStream_t)stream, err);
     DISPATCH(gemv_run, a->w_type, a, (cudaStream_t)stream, err)
 }
 
@@ -237,6 +239,7 @@ extern "C" g5_status cuk_moe_gate_up(const cuk_moe_gate_up_args *a, cuk_stream s
     if (a->ldo < a->m) return BAD("moe_gate_up: ldo=%lld < m=%lld", (long long)a->ldo, (long long)a->m);
     int done = 0;
     TRY_TC(gate_up_run, a->w_type, a->m * a->k, true, a, (cudaStream_t)stream, &done, err);
+    if (cuk::lowbit_handles(a->w_type)) return cuk::lowbit_gate_up(a, (cudaStream_t)stream, err);
     DISPATCH(gate_up_run, a->w_type, a, (cudaStream_t)stream, err)
 }
 
@@ -256,5 +259,6 @@ extern "C" g5_status cuk_moe_down(const cuk_moe_down_args *a, cuk_stream stream,
     if (a->ldy < a->m) return BAD("moe_down: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     int done = 0;
     TRY_TC(down_run, a->w_type, a->m * a->k, true, a, (cudaStream_t)stream, &done, err);
+    if (cuk::lowbit_handles(a->w_type)) return cuk::lowbit_down(a, (cudaStream_t)stream, err);
     DISPATCH(down_run, a->w_type, a, (cudaStream_t)stream, err)
 }

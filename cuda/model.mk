@@ -82,6 +82,14 @@ $(GPU_MTP_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_mtp.o $(GPU_RT_OBJ) $(LIBS) $
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
+# tests/gpu/test_gpu_types: every weight type in every role (synth's type presets) against the CPU;
+# linked like test_gpu_model (it needs the whole runtime and convert/'s synth).
+GPU_TYPES_TEST := $(GPU_DIR)/tests/test_gpu_types
+gpu-model: $(GPU_TYPES_TEST)
+$(GPU_TYPES_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_types.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
+
 # tests/gpu/test_gpu_comm: the GPU model and the processes of a launch (runtime/gpu/gpu_coll.c); one
 # process on the device, or `mpirun -np P` of it on a build with MPI (no GPU needed there).
 GPU_COMM_TEST := $(GPU_DIR)/tests/test_gpu_comm

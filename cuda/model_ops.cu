@@ -9,6 +9,7 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 #include "cuda/rowops.cuh"
+#include "format/quant_blocks.h"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
@@ -164,7 +165,8 @@ __device__ void deq_block(uint32_t type, const uint8_t *b, float *y) {
         }
         break;
     }
-    default: /* F32/F16/BF16 are handled by the caller */
+    default: /* the low-bit types: format/quant_blocks.h, as the CPU; F32/F16/BF16: the caller */
+        if (qb_handles(type)) qb_dequant_block(type, b, y);
         break;
     }
 }

@@ -5,6 +5,7 @@
  * fields are read byte by byte through the little-endian helpers, never by casting structs, so
  * the code does not depend on host endianness or alignment. */
 #include "quant.h"
+#include "quant_int.h"
 
 #include <math.h>
 #include <string.h>
@@ -17,7 +18,8 @@ enum {
     B_Q4_0 = 18, B_Q4_1 = 20, B_Q5_0 = 22, B_Q5_1 = 24, B_Q8_0 = 34, B_Q8_1 = 36,
     B_Q2_K = 84, B_Q3_K = 110, B_Q4_K = 144, B_Q5_K = 176, B_Q6_K = 210, B_Q8_K = 292,
     B_IQ2_XXS = 66, B_IQ2_XS = 74, B_IQ3_XXS = 98, B_IQ1_S = 50, B_IQ4_NL = 18, B_IQ3_S = 110,
-    B_IQ2_S = 82, B_IQ4_XS = 136, B_IQ1_M = 56, B_TQ1_0 = 54, B_TQ2_0 = 66, B_MXFP4 = 17
+    B_IQ2_S = 82, B_IQ4_XS = 136, B_IQ1_M = 56, B_TQ1_0 = 54, B_TQ2_0 = 66, B_MXFP4 = 17,
+    B_NVFP4 = 36
 };
 
 /* Field offsets inside each block (sizes in the comments), matching the ggml struct layouts. */
@@ -71,24 +73,26 @@ static const quant_type_info type_table[] = {
     {QT_Q5_K, "Q5_K", QK_K, B_Q5_K, 1},
     {QT_Q6_K, "Q6_K", QK_K, B_Q6_K, 1},
     {QT_Q8_K, "Q8_K", QK_K, B_Q8_K, 0},
-    {QT_IQ2_XXS, "IQ2_XXS", QK_K, B_IQ2_XXS, 0},
-    {QT_IQ2_XS, "IQ2_XS", QK_K, B_IQ2_XS, 0},
-    {QT_IQ3_XXS, "IQ3_XXS", QK_K, B_IQ3_XXS, 0},
-    {QT_IQ1_S, "IQ1_S", QK_K, B_IQ1_S, 0},
+    {QT_IQ2_XXS, "IQ2_XXS", QK_K, B_IQ2_XXS, 1},
+    {QT_IQ2_XS, "IQ2_XS", QK_K, B_IQ2_XS, 1},
+    {QT_IQ3_XXS, "IQ3_XXS", QK_K, B_IQ3_XXS, 1},
+    {QT_IQ1_S, "IQ1_S", QK_K, B_IQ1_S, 1},
     {QT_IQ4_NL, "IQ4_NL", QK32, B_IQ4_NL, 1},
-    {QT_IQ3_S, "IQ3_S", QK_K, B_IQ3_S, 0},
-    {QT_IQ2_S, "IQ2_S", QK_K, B_IQ2_S, 0},
+    {QT_IQ3_S, "IQ3_S", QK_K, B_IQ3_S, 1},
+    {QT_IQ2_S, "IQ2_S", QK_K, B_IQ2_S, 1},
     {QT_IQ4_XS, "IQ4_XS", QK_K, B_IQ4_XS, 1},
     {QT_I8, "I8", 1, 1, 0},
     {QT_I16, "I16", 1, 2, 0},
     {QT_I32, "I32", 1, 4, 0},
     {QT_I64, "I64", 1, 8, 0},
     {QT_F64, "F64", 1, 8, 0},
-    {QT_IQ1_M, "IQ1_M", QK_K, B_IQ1_M, 0},
+    {QT_IQ1_M, "IQ1_M", QK_K, B_IQ1_M, 1},
     {QT_BF16, "BF16", 1, 2, 1},
-    {QT_TQ1_0, "TQ1_0", QK_K, B_TQ1_0, 0},
-    {QT_TQ2_0, "TQ2_0", QK_K, B_TQ2_0, 0},
-    {QT_MXFP4, "MXFP4", QK32, B_MXFP4, 0},
+    {QT_TQ1_0, "TQ1_0", QK_K, B_TQ1_0, 1},
+    {QT_TQ2_0, "TQ2_0", QK_K, B_TQ2_0, 1},
+    {QT_MXFP4, "MXFP4", QK32, B_MXFP4, 1},
+    {QT_NVFP4, "NVFP4", 64, B_NVFP4, 1},
+    {QT_Q1_0, "Q1_0", 128, 18, 0}, /* sizes only: gguf-py has no dequantizer to check one against */
 };
 #define N_TYPES (sizeof type_table / sizeof type_table[0])
 
@@ -467,9 +471,9 @@ g5_status quant_dequantize(uint32_t type, const void *src, uint64_t n_elems, flo
         return G5_OK;
     default: break;
     }
-    deq_block_fn fn = block_dequantizer(type);
-    if (!fn) return G5_ERR_INTERNAL;
     const uint64_t nb = n_elems / t->block_elems;
+    deq_block_fn fn = block_dequantizer(type);
+    if (!fn) return quant_lowbit_dequant(type, s, nb, dst);
     for (uint64_t i = 0; i < nb; i++) fn(s + i * t->block_bytes, dst + i * t->block_elems);
     return G5_OK;
 }
@@ -523,8 +527,7 @@ static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-/* Uniform in [lo, hi). */
-static float rng_uniform(uint64_t *s, float lo, float hi) {
+float quant_rng_uniform(uint64_t *s, float lo, float hi) {
     return lo + (hi - lo) * (float)((rng_next(s) >> 40) * (1.0 / 16777216.0));
 }
 
@@ -537,7 +540,7 @@ static void rng_bytes(uint64_t *s, uint8_t *p, size_t n) {
 
 /* A positive fp16 scale in [lo, hi). */
 static void put_scale(uint64_t *s, uint8_t *p, float lo, float hi) {
-    g5_wr_u16(p, quant_f32_to_f16(rng_uniform(s, lo, hi)));
+    g5_wr_u16(p, quant_f32_to_f16(quant_rng_uniform(s, lo, hi)));
 }
 
 /* Scale ranges are chosen so |dequantized| stays around 0.01..1 given each type's largest
@@ -547,23 +550,23 @@ static void fill_block(uint32_t type, uint8_t *b, uint64_t *s) {
     rng_bytes(s, b, t->block_bytes);
     switch (type) {
     case QT_F32:
-        g5_wr_u32(b, f32_bits(rng_uniform(s, -1.0f, 1.0f)));
+        g5_wr_u32(b, f32_bits(quant_rng_uniform(s, -1.0f, 1.0f)));
         break;
     case QT_F16:
-        g5_wr_u16(b, quant_f32_to_f16(rng_uniform(s, -1.0f, 1.0f)));
+        g5_wr_u16(b, quant_f32_to_f16(quant_rng_uniform(s, -1.0f, 1.0f)));
         break;
     case QT_BF16:
-        g5_wr_u16(b, quant_f32_to_bf16(rng_uniform(s, -1.0f, 1.0f)));
+        g5_wr_u16(b, quant_f32_to_bf16(quant_rng_uniform(s, -1.0f, 1.0f)));
         break;
     case QT_Q4_0: put_scale(s, b, 0.01f, 0.12f); break;
     case QT_Q4_1:
         put_scale(s, b, 0.01f, 0.06f);
-        g5_wr_u16(b + 2, quant_f32_to_f16(rng_uniform(s, -0.5f, 0.0f)));
+        g5_wr_u16(b + 2, quant_f32_to_f16(quant_rng_uniform(s, -0.5f, 0.0f)));
         break;
     case QT_Q5_0: put_scale(s, b, 0.005f, 0.06f); break;
     case QT_Q5_1:
         put_scale(s, b, 0.005f, 0.03f);
-        g5_wr_u16(b + 2, quant_f32_to_f16(rng_uniform(s, -0.5f, 0.0f)));
+        g5_wr_u16(b + 2, quant_f32_to_f16(quant_rng_uniform(s, -0.5f, 0.0f)));
         break;
     case QT_Q8_0: put_scale(s, b, 0.001f, 0.008f); break;
     case QT_Q2_K:
@@ -579,7 +582,7 @@ static void fill_block(uint32_t type, uint8_t *b, uint64_t *s) {
     case QT_Q6_K: put_scale(s, b + Q6K_D, 0.00005f, 0.0002f); break;
     case QT_IQ4_NL: put_scale(s, b, 0.001f, 0.008f); break;
     case QT_IQ4_XS: put_scale(s, b, 0.00005f, 0.0002f); break;
-    default: break;
+    default: (void)quant_lowbit_fill(type, b, s); break;
     }
 }
 

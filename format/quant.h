@@ -21,7 +21,7 @@ enum {
     QT_Q8_K = 15, QT_IQ2_XXS = 16, QT_IQ2_XS = 17, QT_IQ3_XXS = 18, QT_IQ1_S = 19,
     QT_IQ4_NL = 20, QT_IQ3_S = 21, QT_IQ2_S = 22, QT_IQ4_XS = 23, QT_I8 = 24, QT_I16 = 25,
     QT_I32 = 26, QT_I64 = 27, QT_F64 = 28, QT_IQ1_M = 29, QT_BF16 = 30, QT_TQ1_0 = 34,
-    QT_TQ2_0 = 35, QT_MXFP4 = 39,
+    QT_TQ2_0 = 35, QT_MXFP4 = 39, QT_NVFP4 = 40, QT_Q1_0 = 41,
     QT_TYPE_LIMIT = 64 /* ids >= this are unknown */
 };
 
@@ -53,7 +53,7 @@ g5_status quant_row_bytes(uint32_t type, uint64_t n_elems, uint64_t *out);
  * src must hold exactly the row bytes for n_elems. */
 g5_status quant_dequantize(uint32_t type, const void *src, uint64_t n_elems, float *dst);
 
-/* Quantizers used by the converter (--kv-b-type) and synth: F32, F16, BF16, Q8_0.
+/* Quantizers used by the converter (--kv-b-type): F32, F16, BF16, Q8_0.
  * Q8_0 follows ggml's reference quantize_row_q8_0 (round to nearest, d = amax/127). */
 g5_status quant_quantize(uint32_t type, const float *src, uint64_t n_elems, void *dst);
 

@@ -111,7 +111,7 @@ static const tspec rich_tensors[] = {
     {"w.f32", QT_F32, 2, {3, 5, 1, 1}, 60},
     {"w.q8", QT_Q8_0, 2, {64, 3, 1, 1}, 2 * 34 * 3},
     {"w.q4k", QT_Q4_K, 2, {256, 2, 1, 1}, 144 * 2},
-    {"w.iq2xxs", QT_IQ2_XXS, 1, {256, 1, 1, 1}, 66}, /* known to ggml, not dequantizable here */
+    {"w.iq2xxs", QT_IQ2_XXS, 1, {256, 1, 1, 1}, 66}, /* an i-quant: 256 elements in 66 bytes */
     {"w.f16", QT_F16, 3, {4, 3, 2, 1}, 48},
     {"w.4d", QT_F32, 4, {2, 3, 2, 2}, 96},
 };

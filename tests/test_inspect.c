@@ -381,7 +381,7 @@ static void test_audit_failures(const char *dir) {
     expect_audit_failure(dir, "extra", &d, "unknown", "blk.1.attn_sinks.weight");
     memset(&d, 0, sizeof d);
     d.retype = "blk.0.ffn_gate.weight";
-    d.new_type = QT_IQ2_XXS; /* a real ggml type we do not dequantize */
+    d.new_type = QT_Q8_K; /* a real ggml type we do not dequantize (never a weight type) */
     expect_audit_failure(dir, "retyped", &d, "unsupported_type", "blk.0.ffn_gate.weight");
 }
 

@@ -60,13 +60,13 @@ static void test_type_table(void) {
         {3, "Q4_1", 32, 20, 1},      {6, "Q5_0", 32, 22, 1},      {7, "Q5_1", 32, 24, 1},
         {8, "Q8_0", 32, 34, 1},      {9, "Q8_1", 32, 36, 0},      {10, "Q2_K", 256, 84, 1},
         {11, "Q3_K", 256, 110, 1},   {12, "Q4_K", 256, 144, 1},   {13, "Q5_K", 256, 176, 1},
-        {14, "Q6_K", 256, 210, 1},   {15, "Q8_K", 256, 292, 0},   {16, "IQ2_XXS", 256, 66, 0},
-        {17, "IQ2_XS", 256, 74, 0},  {18, "IQ3_XXS", 256, 98, 0}, {19, "IQ1_S", 256, 50, 0},
-        {20, "IQ4_NL", 32, 18, 1},   {21, "IQ3_S", 256, 110, 0},  {22, "IQ2_S", 256, 82, 0},
+        {14, "Q6_K", 256, 210, 1},   {15, "Q8_K", 256, 292, 0},   {16, "IQ2_XXS", 256, 66, 1},
+        {17, "IQ2_XS", 256, 74, 1},  {18, "IQ3_XXS", 256, 98, 1}, {19, "IQ1_S", 256, 50, 1},
+        {20, "IQ4_NL", 32, 18, 1},   {21, "IQ3_S", 256, 110, 1},  {22, "IQ2_S", 256, 82, 1},
         {23, "IQ4_XS", 256, 136, 1}, {24, "I8", 1, 1, 0},         {25, "I16", 1, 2, 0},
         {26, "I32", 1, 4, 0},        {27, "I64", 1, 8, 0},        {28, "F64", 1, 8, 0},
-        {29, "IQ1_M", 256, 56, 0},   {30, "BF16", 1, 2, 1},       {34, "TQ1_0", 256, 54, 0},
-        {35, "TQ2_0", 256, 66, 0},   {39, "MXFP4", 32, 17, 0},
+        {29, "IQ1_M", 256, 56, 1},   {30, "BF16", 1, 2, 1},       {34, "TQ1_0", 256, 54, 1},
+        {35, "TQ2_0", 256, 66, 1},   {39, "MXFP4", 32, 17, 1},    {40, "NVFP4", 64, 36, 1},    {41, "Q1_0", 128, 18, 0},
     };
     const size_t nw = sizeof want / sizeof want[0];
     int known = 0;
@@ -128,11 +128,11 @@ static void test_row_bytes(void) {
 static void test_refusals(void) {
     g5_error err;
     memset(&err, 0, sizeof err);
-    T_CHECK(quant_check_supported(QT_IQ2_XXS, &err) == G5_ERR_UNSUPPORTED && err.status == G5_ERR_UNSUPPORTED,
-            "IQ2_XXS status");
-    T_CHECK(strcmp(err.msg, "IQ2_XXS (16): not supported") == 0, "message '%s'", err.msg);
-    T_CHECK(quant_check_supported(QT_MXFP4, &err) == G5_ERR_UNSUPPORTED &&
-                strcmp(err.msg, "MXFP4 (39): not supported") == 0, "message '%s'", err.msg);
+    T_CHECK(quant_check_supported(QT_Q8_K, &err) == G5_ERR_UNSUPPORTED && err.status == G5_ERR_UNSUPPORTED,
+            "Q8_K status");
+    T_CHECK(strcmp(err.msg, "Q8_K (15): not supported") == 0, "message '%s'", err.msg);
+    T_CHECK(quant_check_supported(QT_I32, &err) == G5_ERR_UNSUPPORTED &&
+                strcmp(err.msg, "I32 (26): not supported") == 0, "message '%s'", err.msg);
     T_CHECK(quant_check_supported(77, &err) == G5_ERR_TENSOR_TYPE && err.status == G5_ERR_TENSOR_TYPE,
             "unknown status");
     T_CHECK(strcmp(err.msg, "type id 77: unknown") == 0, "message '%s'", err.msg);
@@ -141,7 +141,7 @@ static void test_refusals(void) {
 
     uint8_t buf[512] = {0};
     float out[256];
-    T_CHECK(quant_dequantize(QT_IQ2_XXS, buf, 256, out) == G5_ERR_UNSUPPORTED, "dequant IQ2_XXS");
+    T_CHECK(quant_dequantize(QT_Q8_1, buf, 32, out) == G5_ERR_UNSUPPORTED, "dequant Q8_1");
     T_CHECK(quant_dequantize(QT_Q8_K, buf, 256, out) == G5_ERR_UNSUPPORTED, "dequant Q8_K");
     T_CHECK(quant_dequantize(QT_I32, buf, 4, out) == G5_ERR_UNSUPPORTED, "dequant I32");
     T_CHECK(quant_dequantize(99, buf, 256, out) == G5_ERR_TENSOR_TYPE, "dequant unknown");
@@ -154,7 +154,7 @@ static void test_refusals(void) {
     T_CHECK(quant_quantize(200, out, 256, buf) == G5_ERR_TENSOR_TYPE, "quantize unknown");
     T_CHECK(quant_quantize(QT_Q8_0, out, 31, buf) == G5_ERR_ALIGN, "quantize misaligned");
     uint64_t st = 1;
-    T_CHECK(quant_fill_random(QT_IQ2_XXS, buf, 1, &st) == G5_ERR_UNSUPPORTED, "fill IQ2_XXS");
+    T_CHECK(quant_fill_random(QT_Q8_K, buf, 1, &st) == G5_ERR_UNSUPPORTED, "fill Q8_K");
     T_CHECK(quant_fill_random(64, buf, 1, &st) == G5_ERR_TENSOR_TYPE, "fill unknown");
 }
 
@@ -567,9 +567,11 @@ static void test_quantize(void) {
 }
 
 static void test_fill_random(void) {
-    for (size_t ti = 0; ti < N_SUPPORTED; ti++) {
-        const uint32_t type = supported_types[ti];
+    int n_types = 0;
+    for (uint32_t type = 0; type < QT_TYPE_LIMIT; type++) {
         const quant_type_info *t = quant_type_get(type);
+        if (!t || !t->supported) continue;
+        n_types++;
         const uint64_t nblk = t->block_elems == 1 ? 4096 : 4096 / t->block_elems + 8;
         const uint64_t n = nblk * t->block_elems;
         uint8_t *a = malloc(nblk * t->block_bytes), *b2 = malloc(nblk * t->block_bytes);
@@ -602,6 +604,63 @@ static void test_fill_random(void) {
         T_CHECK(memcmp(a, b2, nblk * t->block_bytes) != 0, "%s: another seed gives other data", t->name);
         free(a), free(b2), free(y);
     }
+    T_CHECK(n_types == 26, "%d supported types filled", n_types);
+}
+
+/* Every type against gguf-py: tests/data/quant_fixture.bin (tests/data/gen_quant_fixture.py)
+ * holds random blocks with extreme scales and the float32 values gguf-py's quants module gives;
+ * ours must be the same bits. Every supported block type must be in the fixture. */
+static void test_gguf_py_fixture(void) {
+    size_t len = 0;
+    uint8_t *buf = t_read_file("tests/data/quant_fixture.bin", &len);
+    T_CHECK(buf != NULL, "cannot read tests/data/quant_fixture.bin");
+    if (!buf) return;
+    T_CHECK(len >= 12 && memcmp(buf, "G5QFIX1", 8) == 0, "fixture magic");
+    const uint32_t n_cases = len >= 12 ? (uint32_t)(buf[8] | buf[9] << 8 | buf[10] << 16 | (uint32_t)buf[11] << 24) : 0;
+    int seen[QT_TYPE_LIMIT] = {0};
+    size_t off = 12, n_vals = 0;
+    for (uint32_t c = 0; c < n_cases; c++) {
+        if (off + 8 > len) {
+            T_CHECK(0, "fixture truncated at case %u", c);
+            break;
+        }
+        const uint32_t type = (uint32_t)(buf[off] | buf[off + 1] << 8 | buf[off + 2] << 16 | (uint32_t)buf[off + 3] << 24);
+        const uint32_t nb = (uint32_t)(buf[off + 4] | buf[off + 5] << 8 | buf[off + 6] << 16 | (uint32_t)buf[off + 7] << 24);
+        off += 8;
+        const quant_type_info *t = quant_type_get(type);
+        T_CHECK(t != NULL && t->supported, "fixture type %u is not supported", type);
+        if (!t) break;
+        const size_t raw = (size_t)nb * t->block_bytes, n = (size_t)nb * t->block_elems;
+        if (off + raw + 4 * n > len) {
+            T_CHECK(0, "fixture truncated in %s", t->name);
+            break;
+        }
+        float *y = malloc(n * sizeof *y);
+        if (!y) break;
+        T_CHECK(quant_dequantize(type, buf + off, n, y) == G5_OK, "%s: dequantize", t->name);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t got, want = (uint32_t)(buf[off + raw + 4 * i] | buf[off + raw + 4 * i + 1] << 8 |
+                                             buf[off + raw + 4 * i + 2] << 16 |
+                                             (uint32_t)buf[off + raw + 4 * i + 3] << 24);
+            memcpy(&got, &y[i], 4);
+            if (got != want && !bad++) first = i;
+        }
+        T_CHECK(bad == 0, "%s: %zu of %zu values differ from gguf-py (first at %zu, block %zu)",
+                t->name, bad, n, first, first / t->block_elems);
+        seen[type] = 1;
+        n_vals += n;
+        off += raw + 4 * n;
+        free(y);
+    }
+    T_CHECK(off == len, "fixture has %zu trailing bytes", len - off);
+    for (uint32_t type = 0; type < QT_TYPE_LIMIT; type++) {
+        const quant_type_info *t = quant_type_get(type);
+        if (t && t->supported && type != QT_F32)
+            T_CHECK(seen[type], "%s is missing from the fixture", t->name);
+    }
+    printf("gguf-py fixture: %u types, %zu values compared\n", n_cases, n_vals);
+    free(buf);
 }
 
 int main(void) {
@@ -614,5 +673,6 @@ int main(void) {
     test_hand_built();
     test_quantize();
     test_fill_random();
+    test_gguf_py_fixture();
     return t_report("test_quant");
 }

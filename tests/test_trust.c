@@ -241,7 +241,7 @@ typedef struct edit {
 
 static const edit k_edits[] = {
     {"output_norm as I8", E_RETYPE, "output_norm.weight", QT_I8, 0, 0, "I8"},
-    {"attn_output as IQ2_XXS", E_RETYPE, "blk.1.attn_output.weight", QT_IQ2_XXS, 0, 0, "IQ2_XXS"},
+    {"attn_output as Q8_K", E_RETYPE, "blk.1.attn_output.weight", QT_Q8_K, 0, 0, "Q8_K"},
     {"no tokenizer.ggml.tokens", E_DROP_KEY, "tokenizer.ggml.tokens", 0, 0, 0, "tokenizer.ggml.tokens"},
     {"no tokenizer.ggml.merges", E_DROP_KEY, "tokenizer.ggml.merges", 0, 0, 0, "tokenizer.ggml.merges"},
     {"tokens as integers", E_TOKENS_INT, NULL, 0, 0, 0, "tokenizer.ggml.tokens"},

@@ -396,6 +396,13 @@ int main(int argc, char **argv) {
     const uint32_t more[] = {QT_Q6_K, QT_Q5_K, QT_IQ4_XS, QT_BF16};
     for (int t = 0; t < 4; t++) bench_gemv(more[t], 19360, 6144, 1, CUK_ACT_F32, x, y);
     bench_moe(QT_Q6_K, x, y, h, ids, wts);
+    /* the low-bit types (cuda/gemv_lowbit.cu): the lm_head shape and the experts */
+    const uint32_t low[] = {QT_Q2_K, QT_Q3_K, QT_IQ1_S, QT_IQ1_M, QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S,
+                            QT_IQ3_XXS, QT_IQ3_S, QT_TQ1_0, QT_TQ2_0, QT_MXFP4, QT_NVFP4};
+    for (size_t t = 0; t < sizeof low / sizeof low[0]; t++) {
+        bench_gemv(low[t], 19360, 6144, 1, CUK_ACT_F32, x, y);
+        bench_moe(low[t], x, y, h, ids, wts);
+    }
 done:
     CK(cudaFree(pool));
     CK(cudaFree(x)); CK(cudaFree(y)); CK(cudaFree(h)); CK(cudaFree(wts)); CK(cudaFree(ids));

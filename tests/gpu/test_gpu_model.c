@@ -2,7 +2,7 @@
  *
  * 1. Kernels against the CPU on fresh random inputs, outputs poisoned before each run, GLM-5's
  *    per-rank shapes among the cases: row dequantization (bit-exact vs quant_dequantize, every
- *    GEMV type), the MoE router (vs runtime/cpu/model.c's rt_moe_route), the indexer scores (vs a
+ *    type the CPU dequantizes), the MoE router (vs runtime/cpu/model.c's rt_moe_route), the indexer scores (vs a
  *    float64 reference) and top-k (exact, vs a sort, with many ties), MLA absorption and
  *    attention (vs float32 / float64 references), SwiGLU.
  * 2. Loader: the oracle converted to blobs here; the device copy equals the file's data region
@@ -65,13 +65,12 @@
 /* ---- 1. kernels ---- */
 
 static void test_dequant(void) {
-    static const uint32_t types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0,
-                                     QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
     static const int64_t ks[] = {512, 6144};
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-        for (size_t ki = 0; ki < 2; ki++) {
-            const uint32_t type = types[ti];
+    int n_types = 0; /* every type the CPU dequantizes */
+    for (uint32_t type = 0; type < QT_TYPE_LIMIT; type++)
+        for (size_t ki = 0; ki < 2 && quant_type_get(type) && quant_type_get(type)->supported; ki++) {
             const quant_type_info *qi = quant_type_get(type);
+            n_types += ki == 0;
             const int64_t k = ks[ki], nrw = 7, n = 6, ldo = k + 8;
             uint64_t rb;
             quant_row_bytes(type, (uint64_t)k, &rb);
@@ -137,7 +136,9 @@ static void test_dequant(void) {
             cudaFree(drows);
             cudaFree(dout);
         }
-    printf("dequant_rows: 13 types x 2 widths, bit-exact vs quant_dequantize (float32, and rounded to bf16/f16)\n");
+    T_CHECK(n_types == 26, "%d types dequantized", n_types);
+    printf("dequant_rows: %d types x 2 widths, bit-exact vs quant_dequantize (float32, and rounded to bf16/f16)\n",
+           n_types);
 }
 
 static void test_route(void) {

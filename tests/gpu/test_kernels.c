@@ -95,7 +95,11 @@ static const shape SHAPES[] = {
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
 static const uint32_t TYPES[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0,
-                                 QT_Q5_1, QT_IQ4_NL, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS};
+                                 QT_Q5_1, QT_IQ4_NL, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS,
+                                 /* the low-bit types (cuda/gemv_lowbit.cu) */
+                                 QT_Q2_K, QT_Q3_K, QT_IQ1_S, QT_IQ1_M, QT_IQ2_XXS, QT_IQ2_XS,
+                                 QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_TQ1_0, QT_TQ2_0, QT_MXFP4,
+                                 QT_NVFP4};
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t row_bytes(uint32_t type, int64_t k) {
@@ -755,8 +759,8 @@ static void test_validation(void) {
     expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "w is not 16-byte aligned", "gemv w align");
     a = ok, a.x = (uint8_t *)x + 4;
     expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "x is not 16-byte aligned", "gemv x align");
-    a = ok, a.w_type = QT_Q2_K;
-    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_UNSUPPORTED, "Q2_K", "gemv type");
+    a = ok, a.w_type = QT_Q8_K;
+    expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_UNSUPPORTED, "Q8_K", "gemv type");
     a = ok, a.x_type = 7;
     expect_bad(cuk_gemv(&a, NULL, &err), &err, G5_ERR_INVALID_ARG, "type 7", "gemv x_type");
     a = ok, a.w_type = QT_Q8_0, a.k = 48;

@@ -1,0 +1,203 @@
+/* Every weight type on the GPU, in every role, against the CPU.
+ *
+ * 1. Every type the CPU dequantizes has GPU kernels (their row dequantization, the embedding
+ *    lookup and the prefill GEMM's tiles, is checked bit-exact vs quant_dequantize by
+ *    tests/gpu/test_gpu_model.c's test_dequant, for every such type).
+ * 2. The tiny model of each of synth's type presets (ud-q3_k_xl, ud-q2_k_xl, ud-iq2_xxs, ud-iq1_m,
+ *    ud-iq1_s, ud-fp4: together every block type, on the embedding, attention, dense FFN, shared
+ *    and routed experts and the NextN block), converted to TP 1 and TP 2 --ep blobs, run in
+ *    precise mode against the CPU model of the same blobs: a 40-token prompt through the GEMV
+ *    path (gemm_min off) and through the prefill GEMM path (gemm_min 1, experts too), logits of
+ *    every position; then the NextN block (rt_gpu_mtp) on the CPU's hidden states; then 3 decode
+ *    steps; each within 1e-5 relative L2 of the CPU (the same calls in the same order). Then `--check`'s machinery (rt_gpu_check)
+ *    on the prompt and two decode steps must pass.
+ * The GEMV / MoE kernels of each type alone are in tests/gpu/test_kernels.c (TYPES). Runs on the
+ * device only (`make test-gpu`); needs no reference data. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "format/quant.h"
+#include "runtime/cpu/model.h"
+#include "runtime/cpu/weights.h"
+#include "runtime/gpu/gpu_model.h"
+#include "tests/test_util.h"
+
+#define G5_TEST_NAME "test_gpu_types"
+#define G5_TEST_SEED 0x7e5757a1ull
+#include "tests/gpu/gpu_test_util.h"
+
+#define TOL 1e-5
+
+/* ---- 1. every type is a GPU type (its row dequantization: tests/gpu/test_gpu_model.c) ---- */
+
+static void test_supported(void) {
+    int n = 0;
+    for (uint32_t type = 0; type < QT_TYPE_LIMIT; type++) {
+        const quant_type_info *qi = quant_type_get(type);
+        if (!qi || !qi->supported) continue;
+        T_CHECK(cuk_gemv_supported(type), "%s: the CPU dequantizes it, the GPU refuses it", qi->name);
+        n++;
+    }
+    printf("%d types: the CPU and the GPU accept the same ones\n", n);
+}
+
+/* ---- 2. the preset models ---- */
+
+static const char *const k_presets[] = {"ud-q3_k_xl", "ud-q2_k_xl", "ud-iq2_xxs",
+                                        "ud-iq1_m",   "ud-iq1_s",   "ud-fp4"};
+#define N_PRESETS (sizeof k_presets / sizeof k_presets[0])
+enum { N_PROMPT = 40, N_DECODE = 3 };
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void expect_close(const float *got, const float *ref, size_t n, const char *label, const char *what) {
+    const double r = rel_l2(got, ref, n);
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) finite &= isfinite(got[i]) != 0;
+    printf("%s: %s rel L2 vs the CPU %.3e\n", label, what, r);
+    T_CHECK(finite && r <= TOL, "%s: %s differ from the CPU by %.3e (finite %d)", label, what, r, finite);
+}
+
+static rt_gpu_model *gpu_of(rt_model *m, const char *dir, int gemm, const char *label) {
+    rt_gpu_opts go;
+    rt_gpu_opts_default(&go);
+    go.precision = RT_GPU_PRECISE;
+    go.blobs = dir ? rt_wset_blobs(rt_model_wset(m)) : NULL;
+    go.gemm_min = gemm ? 1 : -1;
+    go.gemm_min_expert = gemm ? 1 : -1;
+    rt_gpu_model *g = NULL;
+    g5_error e = {0};
+    T_CHECK(rt_gpu_model_create(m, &go, &g, &e) == G5_OK, "%s: GPU model: %s", label, e.msg);
+    return g;
+}
+
+/* One blob set: the CPU reference, then the GPU's GEMV and GEMM paths, decode and NextN. */
+static void check_blobs(const char *dir, uint32_t tp, const char *preset) {
+    char label[128];
+    snprintf(label, sizeof label, "%s TP %u%s", preset, tp, tp > 1 ? " --ep" : "");
+    g5_error e = {0};
+    rt_wset *ws = NULL;
+    rt_model *m = NULL;
+    rt_state *s = NULL;
+    T_CHECK(rt_wset_open_blobs(dir, &ws, &e) == G5_OK, "%s: open: %s", label, e.msg);
+    rt_model_opts mo = {.n_threads = 0, .mla = RT_MLA_ABSORBED};
+    if (ws) T_CHECK(rt_model_create(ws, &mo, &m, &e) == G5_OK, "%s: CPU model: %s", label, e.msg);
+    if (m) T_CHECK(rt_state_create(m, &s, &e) == G5_OK, "%s: CPU state: %s", label, e.msg);
+    if (!s) {
+        rt_model_free(m), rt_wset_free(ws);
+        return;
+    }
+    const uint32_t V = rt_model_hparams(m)->n_vocab, E = rt_model_hparams(m)->n_embd;
+    int32_t tok[N_PROMPT + N_DECODE], next[N_PROMPT];
+    for (int i = 0; i < N_PROMPT + N_DECODE; i++) tok[i] = (int32_t)((i * 977 + 13) % V);
+    for (int i = 0; i < N_PROMPT; i++) next[i] = tok[i + 1];
+    float *ref = xmalloc((size_t)N_PROMPT * V * 4), *got = xmalloc((size_t)N_PROMPT * V * 4);
+    float *hid = xmalloc((size_t)N_PROMPT * E * 4);
+    float *dref = xmalloc((size_t)N_PROMPT * V * 4), *dgot = xmalloc((size_t)N_PROMPT * V * 4);
+    float *sref = xmalloc((size_t)N_DECODE * V * 4), *sgot = xmalloc((size_t)V * 4);
+    rt_outputs co = {.logits = ref, .all_logits = 1, .hidden = hid};
+    int ok = rt_model_forward(m, s, tok, N_PROMPT, &co, &e) == G5_OK;
+    ok = ok && rt_model_mtp(m, s, hid, next, N_PROMPT, dref, 1, &e) == G5_OK;
+    for (int i = 0; ok && i < N_DECODE; i++) {
+        rt_outputs c1 = {.logits = sref + (size_t)i * V};
+        ok = rt_model_forward(m, s, &tok[N_PROMPT + i], 1, &c1, &e) == G5_OK;
+    }
+    T_CHECK(ok, "%s: CPU reference: %s", label, e.msg);
+    for (int gemm = 0; ok && gemm < 2; gemm++) {
+        char lb[160];
+        snprintf(lb, sizeof lb, "%s, %s path", label, gemm ? "prefill GEMM" : "GEMV");
+        rt_gpu_model *g = gpu_of(m, dir, gemm, lb);
+        if (!g) continue;
+        rt_gpu_outputs go = {.logits = got, .all_logits = 1};
+        if (rt_gpu_forward(g, tok, N_PROMPT, &go, &e) == G5_OK) expect_close(got, ref, (size_t)N_PROMPT * V, lb, "prompt logits");
+        else T_CHECK(0, "%s: forward: %s", lb, e.msg);
+        T_CHECK(rt_gpu_has_mtp(g), "%s: NextN block on the GPU", lb);
+        if (rt_gpu_mtp(g, hid, next, N_PROMPT, dgot, 1, &e) == G5_OK)
+            expect_close(dgot, dref, (size_t)N_PROMPT * V, lb, "NextN draft logits");
+        else T_CHECK(0, "%s: NextN: %s", lb, e.msg);
+        for (int i = 0; i < N_DECODE; i++) {
+            rt_gpu_outputs g1 = {.logits = sgot};
+            char what[64];
+            snprintf(what, sizeof what, "decode step %d logits", i + 1);
+            if (rt_gpu_forward(g, &tok[N_PROMPT + i], 1, &g1, &e) == G5_OK) expect_close(sgot, sref + (size_t)i * V, V, lb, what);
+            else T_CHECK(0, "%s: decode: %s", lb, e.msg);
+        }
+        if (!gemm) { /* --check's machinery on the GEMV model */
+            rt_gpu_reset(g);
+            rt_gpu_check_opts cko;
+            rt_gpu_check_opts_default(&cko);
+            cko.n_tokens = 100000;
+            cko.report = stdout;
+            rt_gpu_check *c = NULL;
+            T_CHECK(rt_gpu_check_create(m, g, &cko, &c, &e) == G5_OK, "%s: check create: %s", lb, e.msg);
+            rt_gpu_outputs gl = {.logits = sgot};
+            int cok = c && rt_gpu_check_forward(c, tok, N_PROMPT, &gl, &e) == G5_OK;
+            for (int i = 0; cok && i < 2; i++) cok = rt_gpu_check_forward(c, &tok[N_PROMPT + i], 1, &gl, &e) == G5_OK;
+            T_CHECK(cok, "%s: checked forward: %s", lb, e.msg);
+            if (c) {
+                rt_gpu_check_summary sm;
+                rt_gpu_check_get_summary(c, &sm);
+                printf("%s: --check over %u tokens: %s, logits rel L2 %.3e\n", lb, sm.n_tokens, sm.ok ? "ok" : "FAILED",
+                       sm.logits_rel_l2);
+                T_CHECK(sm.ok, "%s: --check failed", lb);
+            }
+            rt_gpu_check_free(c);
+        }
+        rt_gpu_model_free(g);
+    }
+    free(ref), free(got), free(hid), free(dref), free(dgot), free(sref), free(sgot);
+    rt_state_free(s);
+    rt_model_free(m);
+    rt_wset_free(ws);
+}
+
+static void test_models(const char *tmp) {
+    for (size_t p = 0; p < N_PRESETS; p++) {
+        g5_error e = {0};
+        synth_opts o;
+        synth_opts_init(&o);
+        o.seed = 31 + p;
+        char gguf[4200], d1[4200], d2[4200];
+        snprintf(gguf, sizeof gguf, "%s/%s.gguf", tmp, k_presets[p]);
+        snprintf(d1, sizeof d1, "%s/%s-tp1", tmp, k_presets[p]);
+        snprintf(d2, sizeof d2, "%s/%s-tp2ep", tmp, k_presets[p]);
+        if (synth_type_preset(k_presets[p], &o, &e) != G5_OK || synth_write(&o, gguf, NULL, &e) != G5_OK) {
+            T_CHECK(0, "%s: synth: %s", k_presets[p], e.msg);
+            continue;
+        }
+        convert_options co;
+        convert_options_init(&co);
+        co.tp = 1;
+        if (convert_run(gguf, d1, &co, NULL, &e) == G5_OK) check_blobs(d1, 1, k_presets[p]);
+        else T_CHECK(0, "%s: convert TP 1: %s", k_presets[p], e.msg);
+        co.tp = 2;
+        co.ep = 1;
+        if (convert_run(gguf, d2, &co, NULL, &e) == G5_OK) check_blobs(d2, 2, k_presets[p]);
+        else T_CHECK(0, "%s: convert TP 2 --ep: %s", k_presets[p], e.msg);
+    }
+}
+
+int main(void) {
+    if (!t_need_device()) return t_report(G5_TEST_NAME);
+    test_supported();
+    const char *tmp = t_tmpdir();
+    test_models(tmp);
+    t_rmtree(tmp);
+    return t_report(G5_TEST_NAME);
+}
