@@ -1,5 +1,5 @@
 # glm5-shard build. `make` builds everything into build/ (binaries in build/bin/);
-# `make test` runs the CPU suite; `make check` runs it under ASan+UBSan; `make fuzz` runs the
+# `make test` runs the include layering check and the CPU suite; `make check` runs it under ASan+UBSan; `make fuzz` runs the
 # libFuzzer targets for FUZZ_SECONDS each. No GPU is needed for any of these.
 
 CC       ?= gcc
@@ -98,11 +98,21 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
+# The include layering check (scripts/check_includes.sh, with its self-test) runs first.
 test: all
+	@bash scripts/check_includes.sh
 	@BUILD=$(BUILD) bash scripts/run_tests.sh $(TESTS)
 
+# `make check` also runs tests/gpu/load_stub (runtime/gpu/gpu_load.c's threads against a CUDA stub,
+# under ASan+UBSan, no GPU) where the CUDA headers are installed; without them it says so.
+LOAD_STUB_CUDA_H := $(firstword $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h /usr/local/cuda/include/cuda_runtime_api.h /usr/include/cuda_runtime_api.h))
 check:
 	$(MAKE) BUILD=build/asan SAN=1 OPT=-O1 test
+	@if [ -n "$(LOAD_STUB_CUDA_H)" ]; then \
+	  B=build/asan SAN=address,undefined CUDA_HOME=$(patsubst %/include/cuda_runtime_api.h,%,$(LOAD_STUB_CUDA_H)) \
+	    bash tests/gpu/load_stub/run.sh >build/asan/load_stub.log 2>&1; rc=$$?; \
+	  tail -1 build/asan/load_stub.log; [ $$rc -eq 0 ] || { grep FAIL build/asan/load_stub.log | head -20; exit 1; }; \
+	else echo "check_load: skipped: no cuda_runtime_api.h (tests/gpu/load_stub needs the CUDA headers, not a GPU)"; fi
 
 # libFuzzer targets: each links the library sources compiled by clang with the fuzzer runtime.
 FUZZ_SECONDS ?= 30

@@ -15,6 +15,8 @@
 #include <xxhash.h>
 
 #include "convert/convert_int.h"
+#include "convert/convert_test.h"
+#include "format/blob_test.h"
 #include "format/gguf_write.h"
 #include "format/quant.h"
 
@@ -242,20 +244,10 @@ const char *convert_phase_name(convert_phase p) {
     return (unsigned)p < sizeof n / sizeof n[0] ? n[p] : "?";
 }
 
-static uint64_t env_u64(const char *name) {
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    return *end ? 0 : (uint64_t)x;
-}
-
 void convert_options_init(convert_options *o) {
     memset(o, 0, sizeof *o);
     o->kv_b_type = QT_F32;
     o->progress_interval_s = 0.5;
-    o->test_stop_after_bytes = env_u64("G5_TEST_FAIL_AFTER_BYTES");
-    o->test_fail_write_after_bytes = env_u64("G5_TEST_FAIL_WRITE");
 }
 
 void convert_result_free(convert_result *r) {
@@ -622,6 +614,13 @@ static g5_status claim_outdir(const char *outdir, uint32_t tp, int resume, int f
 
 g5_status convert_run(const char *model, const char *outdir, const convert_options *opt,
                       convert_result **out, g5_error *err) {
+    return convert_run_hooked(model, outdir, opt, NULL, out, err);
+}
+
+g5_status convert_run_hooked(const char *model, const char *outdir, const convert_options *opt,
+                             const convert_test_hooks *hooks, convert_result **out, g5_error *err) {
+    static const convert_test_hooks no_hooks;
+    if (!hooks) hooks = &no_hooks;
     if (out) *out = NULL;
     const double t0 = convert_i_now();
     progress_state pr = {opt, t0, 0};
@@ -711,9 +710,9 @@ g5_status convert_run(const char *model, const char *outdir, const convert_optio
             bp.meta_zstd_level = 9;
             bp.n_sources = n_src;
             bp.sources = sources;
-            bp.fail_write_after_bytes = opt->test_fail_write_after_bytes;
             wrote = 1;
             if ((st = blob_writer_create(res->ranks[r].path, &bp, wt, p->n_tensors, &writers[r], err))) goto done;
+            blob_writer_test_fail_after(writers[r], hooks->fail_write_after_bytes);
             if (blob_writer_file_size(writers[r]) == 0 || blob_writer_tensor_offset(writers[r], p->n_tensors) != p->data_size) {
                 st = g5_fail(err, G5_ERR_INTERNAL, "%s: writer layout differs from the plan", res->ranks[r].path);
                 goto done;
@@ -730,7 +729,7 @@ g5_status convert_run(const char *model, const char *outdir, const convert_optio
         ps->wranks = wranks;
         ps->n_wranks = n_w;
         ps->nthreads = jobs < n_w ? jobs : n_w;
-        ps->stop_after = opt->test_stop_after_bytes;
+        ps->stop_after = hooks->stop_after_bytes;
         pthread_mutex_init(&ps->lock, NULL);
         pthread_cond_init(&ps->cv_item, NULL);
         pthread_cond_init(&ps->cv_space, NULL);

@@ -69,19 +69,10 @@ typedef struct convert_options {
     convert_progress_fn progress;  /* may be NULL */
     void *progress_user;
     double progress_interval_s;    /* default 0.5 */
-    /* Test hooks (0 = off). convert_options_init() reads them from the environment:
-     *   G5_TEST_FAIL_AFTER_BYTES=N  simulate a crash once N bytes have been written in total
-     *                               (all ranks): stop at once, leave the temporary files as a
-     *                               killed process would, write no set record, return
-     *                               G5_ERR_INTERNAL ("stopped by test hook ...").
-     *   G5_TEST_FAIL_WRITE=N        the write that would take any rank file past N bytes fails
-     *                               with ENOSPC (an injected full disk): handled like a real
-     *                               write error (temporary files removed, G5_ERR_IO). */
-    uint64_t test_stop_after_bytes;
-    uint64_t test_fail_write_after_bytes;
 } convert_options;
 
-/* Defaults: tp 0 (must be set), no ep, F32 kv_b, jobs 0, progress every 0.5 s, hooks from env. */
+/* Defaults: tp 0 (must be set), no ep, F32 kv_b, jobs 0, progress every 0.5 s. (Fault
+ * injection for tests: convert/convert_test.h.) */
 void convert_options_init(convert_options *o);
 
 typedef struct convert_rank_result {

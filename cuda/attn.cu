@@ -265,7 +265,7 @@ constexpr int AH_THREADS = 256;
 constexpr int AH_HB = 8;      /* heads per block: one warp each in the score phase */
 constexpr int AH_TK = 32;     /* keys per tile: one lane each in the score phase */
 constexpr int AH_NU = 9;      /* 8-element pieces of a tile per thread: AH_TK x (kv_lora + rope) / 8 <= 9 x 256 */
-constexpr int AH_MAXCL = 16;
+constexpr int AH_MAXCL = CUK_ATTEND_SPLIT_CLUSTER_MAX;
 
 /* grid (CL, ceil(n_head / AH_HB), n_tok), clusters of (CL, 1, 1), AH_THREADS threads. Token t's
  * n_sel[t] selected keys are split into CL contiguous chunks, block `rank` takes one for heads
@@ -494,13 +494,6 @@ __global__ void __launch_bounds__(AH_THREADS) k_attend_hg(ac_args a) {
 
 } // namespace
 
-#define LAUNCH_CHECK(what)                                                                    \
-    do {                                                                                      \
-        cudaError_t e_ = cudaGetLastError();                                                  \
-        if (e_ != cudaSuccess)                                                                \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
-    } while (0)
-
 static g5_status check_dims(const char *what, const cuk_mla_dims *d, g5_error *err) {
     if (!d) return BAD("%s: no dims", what);
     if (d->n_tok < 1 || d->n_tok > 65535 * ABS_TOK) return BAD("%s: n_tok=%d out of range", what, d->n_tok);
@@ -520,15 +513,8 @@ static int use_old(void) { return cuk_attn_old(); }
 
 /* Largest dynamic shared memory a block may opt into on the current device (0: unknown). */
 static int smem_optin(void) {
-    static int v = -1;
-    if (v < 0) {
-        int dev = 0, n = 0;
-        v = cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess
-                ? n
-                : 0;
-    }
-    return v;
+    const cuk_device *d = cuk_device_current(); /* cuda/cuk_device.h */
+    return d ? (int)d->smem_optin : 0;
 }
 
 extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const float *kvb,
@@ -550,13 +536,13 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
         dim3 grid((unsigned)d->n_head, (unsigned)((d->kv_lora + AB_COLS - 1) / AB_COLS),
                   (unsigned)((d->n_tok + AB_TOK - 1) / AB_TOK));
         k_absorb_split<<<grid, AB_THREADS, smem_split, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, vec, qlat);
-        LAUNCH_CHECK("mla_absorb");
+        CUK_CHECK_LAUNCH("mla_absorb");
         return G5_OK;
     }
     const size_t smem = (size_t)ABS_TOK * d->nope * sizeof(float);
     dim3 grid((unsigned)d->n_head, (unsigned)((d->n_tok + ABS_TOK - 1) / ABS_TOK));
     k_absorb<<<grid, ABS_THREADS, smem, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, qlat);
-    LAUNCH_CHECK("mla_absorb");
+    CUK_CHECK_LAUNCH("mla_absorb");
     return G5_OK;
 }
 
@@ -593,7 +579,7 @@ static g5_status attend_hg_launch(const ac_args &a, int cl, size_t smem, cudaStr
     cfg.attrs = at;
     cfg.numAttrs = 1;
     CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_hg<T>, a));
-    LAUNCH_CHECK("mla_attend");
+    CUK_CHECK_LAUNCH("mla_attend");
     return G5_OK;
 }
 
@@ -674,7 +660,7 @@ static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *ql
     dim3 grid((unsigned)d->n_head, (unsigned)d->n_tok);
     k_attend<T><<<grid, ATT_THREADS, smem, st>>>(*d, q, qlat, lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel,
                                                  max_sel, scale, out);
-    LAUNCH_CHECK("mla_attend");
+    CUK_CHECK_LAUNCH("mla_attend");
     return G5_OK;
 }
 

@@ -1,15 +1,23 @@
 # CUDA targets, included by the top Makefile. Never part of `all`/`test`: CI has no GPU.
 #   make gpu        builds $(BUILD)/gpu/libg5cuda.a and the GPU test/bench programs
 #   make test-gpu   runs the GPU tests (tests/gpu/test_*.c), `N passed, N failed` last
-# CUDA_ARCH picks the target (90 = Hopper); NVCC and CUDA_HOME may be overridden.
+# One binary for the devices in the field: SASS for every CUDA_ARCH (default 90 = Hopper H100/H200
+# and 120 = Blackwell RTX PRO 6000) plus PTX of CUDA_PTX (default the first, compute_90) that the
+# driver compiles for anything newer. `make gpu CUDA_ARCH=90` builds one target (faster to
+# compile); objects are rebuilt when the choice changes. NVCC and CUDA_HOME may be overridden.
+# Every kernel's shared memory and cluster size fit both targets or are chosen from the device
+# at start-up (cuda/cuk_device.h; tests/test_kernel_limits checks the table against sm_120).
 
 NVCC      ?= nvcc
-CUDA_ARCH ?= 90
+CUDA_ARCH ?= 90 120
+CUDA_PTX  ?= $(firstword $(CUDA_ARCH))
+CUDA_PTX_GENCODE := -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX)
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) $(if $(CUDA_PTX),$(CUDA_PTX_GENCODE))
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # cuBLAS (cuda/gemm.cu) by its unversioned name where a development link exists, else the
 # runtime's soname (a machine with only libcublas.so.13 installed)
 CUBLAS_LINK ?= $(if $(wildcard $(CUDA_HOME)/lib64/libcublas.so /usr/lib/x86_64-linux-gnu/libcublas.so /usr/lib64/libcublas.so),-lcublas,-l:libcublas.so.13)
-NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -I. \
+NVCCFLAGS := -std=c++17 -O3 $(CUDA_GENCODE) -I. \
              -Xcompiler -Wall,-Wextra,-Wno-unknown-pragmas -Werror all-warnings -MMD -MP $(EXTRA_NVCCFLAGS)
 
 GPU_DIR        := $(BUILD)/gpu
@@ -28,7 +36,13 @@ GPU_BENCHES    := $(patsubst tests/gpu/%.c,$(GPU_DIR)/tests/%,$(GPU_BENCH_SRC)) 
 .PHONY: gpu test-gpu bench-gpu
 gpu: $(GPU_LIB) $(GPU_TESTS) $(GPU_BENCHES)
 
-$(GPU_DIR)/obj/cuda/%.o: cuda/%.cu
+# A stamp named after the targets: CUDA objects depend on it, so a new CUDA_ARCH/CUDA_PTX rebuilds them.
+GPU_ARCH_STAMP := $(GPU_DIR)/arch-sm$(subst $(eval) ,-,$(strip $(CUDA_ARCH)))-ptx$(CUDA_PTX).stamp
+$(GPU_ARCH_STAMP):
+	@mkdir -p $(dir $@)
+	@rm -f $(GPU_DIR)/arch-*.stamp && touch $@
+
+$(GPU_DIR)/obj/cuda/%.o: cuda/%.cu $(GPU_ARCH_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -42,7 +56,7 @@ $(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.c
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
 
 # Test and benchmark programs in CUDA C++ (kernel headers checked on the host; probe kernels).
-$(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.cu
+$(GPU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.cu $(GPU_ARCH_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -51,12 +65,17 @@ GPU_FORMAT_OBJ := $(BUILD)/obj/format/quant.o $(BUILD)/obj/format/quant_lowbit.o
 
 $(GPU_DIR)/tests/%: $(GPU_DIR)/obj/tests/gpu/%.o $(GPU_LIB) $(GPU_FORMAT_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) $^ $(CUBLAS_LINK) -lm -lpthread -o $@
+	$(NVCC) $(CUDA_GENCODE) $(filter-out %.stamp,$^) $(CUBLAS_LINK) -lm -lpthread -o $@
 
-# Per-case lines of the GPU tests also go to $(GPU_DIR)/test-gpu-detail.log.
-test-gpu: gpu
+# One verdict: every GPU test program, then tests/gpu/oracle_cli.sh (glm5-run --device cuda on the
+# oracle: greedy equality, --check verdicts, graph/draft/TP 2/NCCL variants, as assertions), the
+# grand total `N passed, N failed` last, non-zero exit on any failure. Per-case lines of the GPU
+# tests also go to $(GPU_DIR)/test-gpu-detail.log, the glm5-run reports to $(GPU_DIR)/oracle_cli/.
+# G5_TEST_TOL_SCALE=1e-9 make test-gpu plants a tolerance the precise runs cannot meet (it fails).
+test-gpu: gpu gpu-model $(BUILD)/bin/glm5-shard
 	@rm -f $(GPU_DIR)/test-gpu-detail.log
-	@G5_TEST_DETAIL=$(abspath $(GPU_DIR))/test-gpu-detail.log BUILD=$(BUILD) bash scripts/run_tests.sh $(GPU_TESTS)
+	@G5_TEST_DETAIL=$(abspath $(GPU_DIR))/test-gpu-detail.log OUT=$(abspath $(GPU_DIR))/oracle_cli BUILD=$(BUILD) \
+	  bash scripts/run_tests.sh $(GPU_TESTS) tests/gpu/oracle_cli.sh
 
 bench-gpu: gpu
 	@for b in $(GPU_BENCHES); do $$b || exit 1; done

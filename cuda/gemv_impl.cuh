@@ -881,7 +881,7 @@ static inline int pick_kc(int64_t tiles, int ks, int nchunks) {
     if (!cuk_gemv_split_mode()) return 1;
     const int64_t want = 32LL * sms_cached();
     int kc = 1;
-    while (kc < 8 && tiles * ks * kc < want && ks * (kc + 1) <= nchunks) kc++;
+    while (kc < CUK_GEMV_CLUSTER_MAX && tiles * ks * kc < want && ks * (kc + 1) <= nchunks) kc++;
     return kc;
 }
 
@@ -889,6 +889,7 @@ template <int T, int NV, int XT>
 static g5_status launch_gemv(const cuk_gemv_args *a, cudaStream_t st, g5_error *err) {
     constexpr int R = NV <= 4 ? 4 : 2;
     using Q = Tr<T>;
+    static_assert(smem_bytes<T, R, NV>() <= CUK_SMEM_NO_OPTIN, "k_gemv: no opt-in (cuda/cuk_limits.h)");
     const int nblk_row = (int)(a->k / Q::BLK);
     const int64_t rb = (int64_t)nblk_row * Q::BB;
     const int nchunks = (nblk_row + Q::NB - 1) / Q::NB;

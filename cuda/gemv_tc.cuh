@@ -36,7 +36,7 @@ namespace cuk {
 namespace tc {
 
 constexpr int NW = 8;                      /* warps per CTA */
-constexpr int SMEM_MAX = 112 * 1024;       /* two CTAs per SM */
+constexpr int SMEM_MAX = CUK_GEMV_TC_SMEM_PREF; /* two CTAs per SM; capped by the device (cuk_limits.h) */
 enum { M_GEMV = 0, M_GATE_UP = 1, M_DOWN = 2 };
 /* Kernel variants (cuda/gemv.cu picks one): quant form (magic exponent or subnormal) and D,
  * the chunks in flight per warp + 1, P: L2 prefetch of the next item. For one quant form all
@@ -627,8 +627,9 @@ static g5_status launch(const Params &p, int ny, cudaStream_t st, g5_error *err)
     static size_t allowed_dev[CUK_MAX_DEVICES]; /* per device, as attributes are (0: none yet) */
     size_t &allowed = allowed_dev[cuk_device_slot()];
     if (bytes > (allowed ? allowed : 48 * 1024)) {
-        CUK_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_MAX));
-        allowed = SMEM_MAX;
+        const size_t cap = cuk_device_smem_cap(SMEM_MAX);
+        CUK_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
+        allowed = cap;
     }
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
@@ -647,7 +648,7 @@ template <int T> bool applies(int64_t k_virtual, int kseg, int n) {
     const int nv = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 0;
     if (!nv || k_virtual > (1 << 20)) return false;
     const size_t bytes = nv == 1 ? Lay<1>::total((int)k_virtual) : nv == 2 ? Lay<2>::total((int)k_virtual) : Lay<4>::total((int)k_virtual);
-    return bytes <= (size_t)SMEM_MAX;
+    return bytes <= cuk_device_smem_cap(SMEM_MAX);
 }
 
 template <int T, int NV, int MODE, int XT>

@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(SL_WARPS * 32) k_scores_lane(const float *__re
     }
 }
 
-constexpr int TS_MAXCL = 16;
+constexpr int TS_MAXCL = CUK_TOPK_SPLIT_CLUSTER_MAX; /* cuda/cuk_limits.h */
 
 /* grid (CL, n_tok), clusters of (CL, 1, 1), TK_THREADS threads. The same radix select as k_topk
  * with token t's positions split into CL contiguous slices, one per block of its cluster: each
@@ -428,13 +428,6 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restri
 
 } // namespace
 
-#define LAUNCH_CHECK(what)                                                                    \
-    do {                                                                                      \
-        cudaError_t e_ = cudaGetLastError();                                                  \
-        if (e_ != cudaSuccess)                                                                \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
-    } while (0)
-
 static int use_old(void) { return cuk_attn_old(); } /* cuda/attn_select.h */
 
 static int g_lane = 1;
@@ -468,20 +461,20 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
         dim3 g3((unsigned)(want < cap ? want : cap), (unsigned)n_tok);
         k_scores_lane<<<g3, SL_WARPS * 32, 0, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, rows, P, sc,
                                                                         ld_sc);
-        LAUNCH_CHECK("idx_scores");
+        CUK_CHECK_LAUNCH("idx_scores");
         return G5_OK;
     }
     if ((!use_old() || rows) && n_head <= SS_MAXH && dim % 4 == 0 && ((uintptr_t)k & 15) == 0 && smem <= 48 * 1024) {
         dim3 g2((unsigned)((P + SS_THREADS - 1) / SS_THREADS), (unsigned)n_tok);
         k_scores_split<<<g2, SS_THREADS, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, rows, P, sc,
                                                                           ld_sc);
-        LAUNCH_CHECK("idx_scores");
+        CUK_CHECK_LAUNCH("idx_scores");
         return G5_OK;
     }
     if (rows) return BAD("idx_scores_multi: n_head=%d x dim=%d not covered (cuk_idx_multi_fits)", n_head, dim);
     dim3 grid((unsigned)((P + SC_WARPS - 1) / SC_WARPS), (unsigned)n_tok);
     k_scores<<<grid, SC_WARPS * 32, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, P, sc, ld_sc);
-    LAUNCH_CHECK("idx_scores");
+    CUK_CHECK_LAUNCH("idx_scores");
     return G5_OK;
 }
 
@@ -537,12 +530,12 @@ static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t
         cfg.numAttrs = 1;
         cudaError_t e = cudaLaunchKernelEx(&cfg, k_topk_split, sc, ld_sc, pos0, dpos, rows, P, k, sel, ld_sel, n_sel);
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "idx_topk: %s", cudaGetErrorString(e));
-        LAUNCH_CHECK("idx_topk");
+        CUK_CHECK_LAUNCH("idx_topk");
         return G5_OK;
     }
     k_topk<<<(unsigned)n_tok, TK_THREADS, 0, (cudaStream_t)stream>>>(sc, ld_sc, pos0, dpos, rows, P, k, sel, ld_sel,
                                                                         n_sel);
-    LAUNCH_CHECK("idx_topk");
+    CUK_CHECK_LAUNCH("idx_topk");
     return G5_OK;
 }
 

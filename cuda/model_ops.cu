@@ -563,13 +563,6 @@ unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) 
 
 } // namespace
 
-#define LAUNCH_CHECK(what)                                                                    \
-    do {                                                                                      \
-        cudaError_t e_ = cudaGetLastError();                                                  \
-        if (e_ != cudaSuccess)                                                                \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s: %s", what, cudaGetErrorString(e_));     \
-    } while (0)
-
 /* Grid: one thread per (row i, 32-element sub-block) of a block type, 256 per CTA. Each thread
  * decodes its sub-block with cuda/deq_sub.h's deq_sub (the CPU's operations, so deq_block's
  * values) into registers, rounds once to OutT and stores 64 bytes, as four 16-byte vectors when
@@ -678,7 +671,7 @@ static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t
         if (blk >= 32 && !deq_sub_handles(w_type)) {
             k_dequant_rows_sh<OutT><<<grid_for(n * nblk, DQ_W), DQ_W, 0, (cudaStream_t)stream>>>(
                 w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
-            LAUNCH_CHECK("dequant_rows");
+            CUK_CHECK_LAUNCH("dequant_rows");
             return G5_OK;
         }
         if (blk >= 32) {
@@ -687,13 +680,13 @@ static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t
             if (n > INT64_MAX / nsub) return BAD("dequant_rows: n * sub-blocks overflows");
             k_dequant_sub16<OutT><<<grid_for(n * nsub, 256), 256, 0, (cudaStream_t)stream>>>(
                 w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nsub, spb, bb, out, ldo, vec);
-            LAUNCH_CHECK("dequant_rows");
+            CUK_CHECK_LAUNCH("dequant_rows");
             return G5_OK;
         }
     }
     k_dequant_rows<OutT><<<grid_for(n * nblk, 128), 128, 0, (cudaStream_t)stream>>>(
         w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
-    LAUNCH_CHECK("dequant_rows");
+    CUK_CHECK_LAUNCH("dequant_rows");
     return G5_OK;
 }
 
@@ -719,7 +712,7 @@ extern "C" g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, i
     if (n_rows < 1 || dim < 1) return BAD("silu_mul: n_rows=%lld dim=%lld must be positive", (long long)n_rows, (long long)dim);
     if (ldg < dim || ldu < dim || ldy < dim) return BAD("silu_mul: leading dimension below dim=%lld", (long long)dim);
     k_silu_mul<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(g, ldg, u, ldu, y, ldy, n_rows, dim);
-    LAUNCH_CHECK("silu_mul");
+    CUK_CHECK_LAUNCH("silu_mul");
     return G5_OK;
 }
 
@@ -731,7 +724,7 @@ extern "C" g5_status cuk_convert(const float *x, int64_t ldx, void *y, uint32_t 
     if (ldx < dim || ldy < dim) return BAD("convert: leading dimension below dim=%lld", (long long)dim);
     if ((uintptr_t)y % 4) return BAD("convert: y is not 4-byte aligned");
     k_convert<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, y, y_type, ldy, n_rows, dim);
-    LAUNCH_CHECK("convert");
+    CUK_CHECK_LAUNCH("convert");
     return G5_OK;
 }
 
@@ -749,7 +742,7 @@ extern "C" g5_status cuk_cache_write_rows(const float *lat_new, int64_t lat_w, v
     if (per > INT64_MAX / n_rows || cap > INT64_MAX / per) return BAD("cache_write_rows: sizes overflow");
     k_cache_write<<<grid_for(n_rows * per, 256), 256, 0, (cudaStream_t)stream>>>(lat_new, lat_w, lat, lat_type, key_new,
                                                                                  key_w, key, cap, pos, n_rows);
-    LAUNCH_CHECK("cache_write_rows");
+    CUK_CHECK_LAUNCH("cache_write_rows");
     return G5_OK;
 }
 
@@ -764,7 +757,7 @@ extern "C" g5_status cuk_cache_write_multi(const float *lat_new, int64_t lat_w, 
     const int64_t per = lat_w + (key_new ? key_w : 0);
     k_cache_write_multi<<<grid_for((int64_t)n_tok * per, 256), 256, 0, (cudaStream_t)stream>>>(
         lat_new, lat_w, lat_type, key_new, key_w, rows, n_tok);
-    LAUNCH_CHECK("cache_write_multi");
+    CUK_CHECK_LAUNCH("cache_write_multi");
     return G5_OK;
 }
 
@@ -772,7 +765,7 @@ extern "C" g5_status cuk_scale(float *x, int64_t n, float s, cuk_stream stream, 
     if (!x) return BAD("scale: NULL pointer");
     if (n < 1) return BAD("scale: n=%lld must be positive", (long long)n);
     k_scale<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, n, s);
-    LAUNCH_CHECK("scale");
+    CUK_CHECK_LAUNCH("scale");
     return G5_OK;
 }
 
@@ -790,7 +783,7 @@ extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g
     const size_t smem = (size_t)((a->n_expert + 3) / 4 * 4 + 2 * a->n_expert + a->n_group) * sizeof(float) +
                         (2 * ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;
     k_route<<<(unsigned)a->n_tok, threads, smem, (cudaStream_t)stream>>>(*a);
-    LAUNCH_CHECK("moe_route");
+    CUK_CHECK_LAUNCH("moe_route");
     return G5_OK;
 }
 
@@ -800,7 +793,7 @@ extern "C" g5_status cuk_moe_localize(const int32_t *ids, const float *wts, int6
     if (!ids || !wts || !ids_out || !wts_out) return BAD("moe_localize: NULL pointer");
     if (cnt < 1 || n_local < 1 || exp0 < 0) return BAD("moe_localize: cnt=%lld n_local=%d exp0=%d", (long long)cnt, n_local, exp0);
     k_localize<<<grid_for(cnt, 256), 256, 0, (cudaStream_t)stream>>>(ids, wts, cnt, exp0, n_local, ids_out, wts_out);
-    LAUNCH_CHECK("moe_localize");
+    CUK_CHECK_LAUNCH("moe_localize");
     return G5_OK;
 }
 
@@ -826,6 +819,6 @@ extern "C" g5_status cuk_idx_prep(float *q, float *k, float *w, const float *k_n
     for (int i = 0; i < n_pairs; i++) inv.inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot); /* as cuk_rope */
     k_idx_prep<<<(unsigned)(n_tok < IP_MAX_CTAS ? n_tok : IP_MAX_CTAS), IP_T, 0, (cudaStream_t)stream>>>(
         q, k, w, k_norm_w, k_norm_b, n_tok, n_head, dim, n_pairs, pos, inv, eps, w_scale);
-    LAUNCH_CHECK("idx_prep");
+    CUK_CHECK_LAUNCH("idx_prep");
     return G5_OK;
 }

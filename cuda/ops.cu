@@ -27,7 +27,7 @@ constexpr int NORM_THREADS = 256; /* argmax */
  * (norm_shape), so a row's reduction order, hence its bits, is the same whatever the number of
  * rows in the launch, and the same for the fused add + norm as for the plain norm. */
 constexpr int NR_T = 256; /* threads per CTA at most */
-constexpr int NR_CL = 8;  /* CTAs per row (cluster) at most: the portable cluster size */
+constexpr int NR_CL = CUK_NORM_CLUSTER_MAX; /* CTAs per row (cluster) at most: the portable cluster size */
 constexpr int NR_NC = 4;  /* float4 chunks per thread held in registers */
 constexpr int64_t NR_MAX_CLUSTERS = 1 << 20; /* rows per launch wave (rows loop past it) */
 

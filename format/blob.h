@@ -205,7 +205,6 @@ typedef struct blob_writer_params {
     uint32_t n_sources;
     const blob_source_desc *sources;
     uint64_t chunk_size;         /* 0: BLOB_DEFAULT_CHUNK_SIZE; else a power of two >= 4096 */
-    uint64_t fail_write_after_bytes; /* test hook: writes past this file size fail (ENOSPC) */
 } blob_writer_params;
 
 /* Lays the file out (tensor sizes follow from type and local shape), opens PATH.tmp and

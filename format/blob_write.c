@@ -13,6 +13,7 @@
 #include <zstd.h>
 
 #include "blob_int.h"
+#include "blob_test.h"
 
 /* ---- writing ---- */
 
@@ -104,6 +105,10 @@ static g5_status emit(blob_writer *w, const uint8_t *data, uint64_t len, g5_erro
 
 static const uint8_t k_zeros[BLOB_DATA_ALIGN];
 
+void blob_writer_test_fail_after(blob_writer *w, uint64_t file_bytes) {
+    if (w) w->fail_after = file_bytes;
+}
+
 g5_status blob_writer_create(const char *path, const blob_writer_params *p,
                              const blob_writer_tensor *tensors, uint64_t n, blob_writer **out,
                              g5_error *err) {
@@ -122,7 +127,6 @@ g5_status blob_writer_create(const char *path, const blob_writer_params *p,
     w->fd = -1;
     w->chunk_size = cs;
     w->n_tensors = n;
-    w->fail_after = p->fail_write_after_bytes;
     uint8_t *zmeta = NULL;
     const uint8_t *meta = p->meta;
     uint64_t meta_size = p->meta_len;

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs each test program given on the command line from the repository root. Every program
-# prints `NAME: N passed, M failed` as its last line; a program that crashes or exits non-zero
+# (or script: NAME is its file name without .sh) prints `NAME: N passed, M failed` as its last line; a program that crashes or exits non-zero
 # without reporting counts as one failure. Prints the grand total last.
 set -u
 passed=0; failed=0
 for t in "$@"; do
-  name=$(basename "$t")
+  name=$(basename "$t" .sh)
   out=$("$t" 2>&1); rc=$?
   summary=$(printf '%s\n' "$out" | grep -E "^$name: [0-9]+ passed, [0-9]+ failed$" | tail -1)
   if [ -z "$summary" ]; then

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "format/blob.h"
+#include "format/blob_test.h"
 #include "format/gguf_write.h"
 #include "format/quant.h"
 #include "tests/test_util.h"
@@ -108,11 +109,11 @@ static g5_status write_blob(const char *path, const wopts *o, g5_error *e) {
     p.n_sources = 2;
     p.sources = src;
     p.chunk_size = 4096;
-    p.fail_write_after_bytes = o->fail_after;
     blob_writer *w;
     g5_status st = blob_writer_create(path, &p, wt, NT, &w, e);
     free(meta);
     if (st) return st;
+    blob_writer_test_fail_after(w, o->fail_after);
     /* One stream of all tensors, in pieces of varying size crossing tensor boundaries. */
     uint64_t total = 0;
     for (int i = 0; i < NT; i++) total += k_t[i].size;

@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "convert/convert.h"
+#include "convert/convert_test.h"
 #include "convert/synth.h"
 #include "format/blob.h"
 #include "format/glm5.h"
@@ -652,9 +653,9 @@ static void test_interruption(void) {
     convert_options o;
     convert_options_init(&o);
     o.tp = 2;
-    o.test_stop_after_bytes = 9 << 20;
+    const convert_test_hooks crash = {.stop_after_bytes = 9 << 20};
     convert_result *res = NULL;
-    g5_status st = convert_run(model, dir, &o, &res, &e);
+    g5_status st = convert_run_hooked(model, dir, &o, &crash, &res, &e);
     T_CHECK(st == G5_ERR_INTERNAL && strstr(e.msg, "test hook"), "stopped: %s", e.msg);
     convert_result_free(res);
     T_CHECK(verify(dir, NULL, NULL, &e) != G5_OK, "an interrupted conversion does not verify");
@@ -662,7 +663,6 @@ static void test_interruption(void) {
     T_CHECK(blob_set_open(dir, &s, &e) != G5_OK, "nor open as a set");
     blob_set_free(s);
     T_CHECK(access(path2(dir, "rank-00000-of-00002.g5b.tmp"), F_OK) == 0, "temporary files left as by a crash");
-    o.test_stop_after_bytes = 0;
     o.resume = 1;
     res = NULL;
     st = convert_run(model, dir, &o, &res, &e);
@@ -789,10 +789,13 @@ static void test_output_failures(void) {
     uint8_t h0[16], h1[16];
     file_hash(model, h0);
     g5_error e;
-    /* An injected full disk, through the environment hook. */
-    setenv("G5_TEST_FAIL_WRITE", "100000", 1);
-    g5_status st = convert(model, dir, 2, 0, QT_F32, NULL, &e);
-    unsetenv("G5_TEST_FAIL_WRITE");
+    /* An injected full disk (convert/convert_test.h). */
+    convert_options fo;
+    convert_options_init(&fo);
+    fo.tp = 2;
+    fo.jobs = 2;
+    const convert_test_hooks full = {.fail_write_after_bytes = 100000};
+    g5_status st = convert_run_hooked(model, dir, &fo, &full, NULL, &e);
     T_CHECK(st == G5_ERR_IO && strstr(e.msg, "No space left on device") && strstr(e.msg, ".g5b.tmp"), "full: %s", e.msg);
     T_CHECK(n_dir_entries(dir) == 0, "nothing left in the output directory (%d entries)", n_dir_entries(dir));
     T_CHECK(verify(dir, NULL, NULL, &e) != G5_OK, "nothing verifies");
@@ -803,8 +806,7 @@ static void test_output_failures(void) {
     convert_options_init(&o);
     o.tp = 2;
     o.force = 1;
-    o.test_fail_write_after_bytes = 100000;
-    st = convert_run(model, good, &o, NULL, &e);
+    st = convert_run_hooked(model, good, &o, &full, NULL, &e);
     T_CHECK(st == G5_ERR_IO, "full over an old set: %s", e.msg);
     T_CHECK(n_dir_entries(good) == 0, "--force removed the old set first; the failed new one left nothing (%d entries)",
             n_dir_entries(good));

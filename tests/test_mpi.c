@@ -100,7 +100,9 @@ static int worker(int argc, char **argv) {
     rt_model *m = NULL;
     g5_error e = {0};
     int rc = 1;
-    if (rt_comm_create(&argc, &argv, &c, &e)) {
+    rt_comm_env env;
+    rt_comm_env_read(&env, getenv);
+    if (rt_comm_create(&env, &argc, &argv, &c, &e)) {
         fprintf(stderr, "worker: %s\n", e.msg);
         return 1;
     }
@@ -176,10 +178,41 @@ static int same(const char *a, const char *b) {
     return t_file_equal(pa, pb);
 }
 
+/* A fake environment for rt_comm_env_read: "NAME=value" entries of g_fake_env. */
+static const char *const *g_fake_env;
+static char *fake_lookup(const char *name) {
+    const size_t n = strlen(name);
+    for (const char *const *p = g_fake_env; *p; p++)
+        if (!strncmp(*p, name, n) && (*p)[n] == '=') return (char *)(*p + n + 1);
+    return NULL;
+}
+
+static void env_checks(void) {
+    static const struct { const char *vars[4]; int launched; unsigned long size; } k[] = {
+        {{NULL}, 0, 0},
+        {{"HOME=/root", "OMPI_COMM_WORLDX=4", NULL}, 0, 0},
+        {{"OMPI_COMM_WORLD_SIZE=4", NULL}, 1, 4},
+        {{"PMI_SIZE=3", NULL}, 1, 3},
+        {{"SLURM_STEP_NUM_TASKS=2", "SLURM_PROCID=0", NULL}, 1, 2},
+        {{"SLURM_PROCID=5", NULL}, 1, 6},
+        {{"PMIX_RANK=0", NULL}, 1, 0},
+        {{"OMPI_COMM_WORLD_SIZE=x", NULL}, 1, 0},
+        {{"PMI_SIZE=", NULL}, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        g_fake_env = k[i].vars;
+        rt_comm_env env = {.launched = 7, .size = 7};
+        rt_comm_env_read(&env, fake_lookup);
+        T_CHECK(env.launched == k[i].launched && env.size == k[i].size, "launcher env case %zu: launched %d size %lu",
+                i, env.launched, env.size);
+    }
+}
+
 static void unit_checks(void) {
+    env_checks();
     g5_error e = {0};
     rt_comm *c = NULL;
-    T_CHECK(rt_comm_create(NULL, NULL, &c, &e) == G5_OK && c, "single communicator: %s", e.msg);
+    T_CHECK(rt_comm_create(NULL, NULL, NULL, &c, &e) == G5_OK && c, "single communicator: %s", e.msg);
     if (!c) return;
     T_CHECK(rt_comm_rank(c) == 0 && rt_comm_size(c) == 1 && rt_comm_local_rank(c) == 0 && rt_comm_local_size(c) == 1 &&
                 !strcmp(rt_comm_kind(c), "single"),

@@ -61,7 +61,7 @@ typedef struct args {
     const char *dump_logits;
     int64_t n_predict;
     int chat, think, ids, quiet;
-    int cuda, fast, no_verify, kv_cache, cuda_graph;
+    int cuda, fast, no_verify, kv_cache, cuda_graph, nccl;
     int64_t check, tp, gpu0;
     int64_t ctx_size;            /* --ctx-size (0: the model's context_length) */
     int truncate;                /* --truncate: cut a prompt past the context to its end */
@@ -91,6 +91,8 @@ static void usage(FILE *f) {
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
             "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default off)\n"
+            "  --collective auto|nccl  GPU: between ranks (auto: none for one rank, a device-side\n"
+            "                       sum on one GPU, NCCL across GPUs; nccl: also for TP 1)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
             "                       print per layer/stage differences (and the MTP block's\n"
             "                       draft logits); exit 1 past tolerance\n"
@@ -172,6 +174,7 @@ static int parse_args(int argc, char **argv, args *a) {
     static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
     static const char *const onoff[] = {"off", "on", NULL}, *const caches[] = {"f32", "bf16", "f16", NULL};
     static const char *const drafts[] = {"none", "mtp", NULL}, *const mlas[] = {"absorbed", "expanded", NULL};
+    static const char *const colls[] = {"auto", "nccl", NULL};
     static const int v01[] = {0, 1}, v123[] = {1, 2, 3}, vmla[] = {RT_MLA_ABSORBED, RT_MLA_EXPANDED};
     const g5_arg tab[] = {
         {.name = "--model", .alias = "-m", .kind = G5_ARG_STR, .dst = &a->model},
@@ -180,6 +183,7 @@ static int parse_args(int argc, char **argv, args *a) {
         {.name = "--gpu0", .kind = G5_ARG_INT, .dst = &a->gpu0, .lo = 0, .hi = 4095},
         {.name = "--precision", .kind = G5_ARG_CHOICE, .dst = &a->fast, .choices = precisions, .values = v01},
         {.name = "--cuda-graph", .kind = G5_ARG_CHOICE, .dst = &a->cuda_graph, .choices = onoff, .values = v01},
+        {.name = "--collective", .kind = G5_ARG_CHOICE, .dst = &a->nccl, .choices = colls, .values = v01},
         {.name = "--kv-cache", .kind = G5_ARG_CHOICE, .dst = &a->kv_cache, .choices = caches, .values = v123},
         {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &a->draft, .choices = drafts, .values = v01},
         {.name = "--check", .kind = G5_ARG_INT, .dst = &a->check, .lo = 0, .hi = INT32_MAX},
@@ -457,7 +461,9 @@ int main(int argc, char **argv) {
     g5_status st;
     rt_comm *comm = NULL;
     /* first: MPI may rewrite argv */
-    if ((st = rt_comm_create(&argc, &argv, &comm, &e))) return fail(&e, st, "processes");
+    rt_comm_env cenv;
+    rt_comm_env_read(&cenv, getenv);
+    if ((st = rt_comm_create(&cenv, &argc, &argv, &comm, &e))) return fail(&e, st, "processes");
     const int lead = rt_comm_rank(comm) == 0;
     if (rt_comm_size(comm) > 1) snprintf(g_who, sizeof g_who, "rank %u: ", rt_comm_rank(comm));
     args a;
@@ -512,6 +518,7 @@ int main(int argc, char **argv) {
     eo.cache = (rt_eng_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
     eo.verify = !a.no_verify;
     eo.cuda_graph = a.cuda_graph;
+    eo.collective_nccl = a.nccl;
     eo.check_tokens = (uint32_t)a.check;
     if (a.check && (a.fast || a.kv_cache > 1)) { /* bf16/f16 rounding: the float32 tolerances would not hold */
         eo.check_tol_stage = 5e-2;

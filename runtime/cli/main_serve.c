@@ -72,7 +72,9 @@ int main(int argc, char **argv) {
         /* several processes (mpirun/srun) would each serve the whole model: not supported */
         rt_comm *comm = NULL;
         g5_error ce = {0};
-        g5_status cst = rt_comm_create(&argc, &argv, &comm, &ce);
+        rt_comm_env cenv;
+        rt_comm_env_read(&cenv, getenv);
+        g5_status cst = rt_comm_create(&cenv, &argc, &argv, &comm, &ce);
         uint32_t np = rt_comm_size(comm);
         rt_comm_free(comm);
         if (cst || np > 1) {

@@ -2,7 +2,7 @@
  * the process and the build has MPI (G5_WITH_MPI, set by the Makefile when pkg-config finds
  * ompi-c or mpi; `make MPI=0` leaves it out).
  *
- * MPI is initialized only when the environment shows a launcher, so that a plain `glm5-run`
+ * MPI is initialized only when the launcher's environment (rt_comm_env, read by main()) shows one, so that a plain `glm5-run`
  * never pays for (or depends on) MPI's start-up, and a build with MPI behaves like one without
  * it outside mpirun/srun. Errors return (MPI_ERRORS_RETURN) and become g5 errors. MPI counts
  * and displacements are ints: an all-gather whose layout does not fit them falls back to
@@ -30,39 +30,34 @@ struct rt_comm {
 /* Largest piece of one broadcast (well under INT_MAX bytes). */
 #define COMM_CHUNK ((size_t)1 << 30)
 
-/* A positive integer environment variable, or 0. */
-static unsigned long env_count(const char *name) {
-    const char *v = getenv(name);
+/* A decimal count (a value set but not one counts as 0). */
+static unsigned long count_of(const char *v) {
     if (!v || !*v) return 0;
     char *end;
     unsigned long n = strtoul(v, &end, 10);
     return *end ? 0 : n;
 }
 
-static int env_has(const char *name) {
-    const char *v = getenv(name);
-    return v && *v;
-}
-
-/* What the launcher says: 1 if one started this process; *size its process count (0: unknown). */
-static int launcher_env(unsigned long *size) {
+void rt_comm_env_read(rt_comm_env *env, char *(*lookup)(const char *name)) {
     static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"};
-    *size = 0;
-    int found = 0;
-    for (size_t i = 0; i < sizeof size_vars / sizeof size_vars[0]; i++)
-        if (env_has(size_vars[i])) {
-            found = 1;
-            if (!*size) *size = env_count(size_vars[i]);
+    memset(env, 0, sizeof *env);
+    for (size_t i = 0; i < sizeof size_vars / sizeof size_vars[0]; i++) {
+        const char *v = lookup(size_vars[i]);
+        if (v && *v) {
+            env->launched = 1;
+            if (!env->size) env->size = count_of(v);
         }
+    }
     /* PMIx and srun give ranks; a rank above 0 means several processes even without a size */
-    const char *rank_vars[] = {"PMIX_RANK", "SLURM_PROCID"};
-    for (size_t i = 0; i < 2; i++)
-        if (env_has(rank_vars[i])) {
-            found = 1;
-            unsigned long r = env_count(rank_vars[i]);
-            if (r + 1 > *size && r > 0) *size = r + 1;
+    static const char *const rank_vars[] = {"PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof rank_vars / sizeof rank_vars[0]; i++) {
+        const char *v = lookup(rank_vars[i]);
+        if (v && *v) {
+            env->launched = 1;
+            unsigned long r = count_of(v);
+            if (r + 1 > env->size && r > 0) env->size = r + 1;
         }
-    return found;
+    }
 }
 
 static g5_status single(rt_comm **out, g5_error *err) {
@@ -83,11 +78,11 @@ static g5_status mpi_fail(g5_error *err, int code, const char *what) {
 }
 #endif
 
-g5_status rt_comm_create(int *argc, char ***argv, rt_comm **out, g5_error *err) {
+g5_status rt_comm_create(const rt_comm_env *env, int *argc, char ***argv, rt_comm **out, g5_error *err) {
     *out = NULL;
-    unsigned long size = 0;
-    const int launched = launcher_env(&size);
+    const int launched = env && env->launched;
 #ifndef G5_WITH_MPI
+    const unsigned long size = env ? env->size : 0;
     (void)argc;
     (void)argv;
     if (launched && size > 1)

@@ -25,13 +25,24 @@
 
 typedef struct rt_comm rt_comm;
 
-/* A launcher started this process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, or under srun
- * SLURM_STEP_NUM_TASKS / SLURM_PROCID in the environment) and the build has MPI: initializes MPI
+/* What the launcher told this process through its environment: mpirun OMPI_COMM_WORLD_SIZE,
+ * MPICH/Hydra PMI_SIZE, PMIx PMIX_RANK, srun SLURM_STEP_NUM_TASKS / SLURM_PROCID. Library code
+ * reads no environment: main() fills this from the process's (rt_comm_env_read) and passes it in. */
+typedef struct rt_comm_env {
+    int launched;                /* a launcher started this process */
+    unsigned long size;          /* the process count it gives (0: unknown) */
+} rt_comm_env;
+
+/* Fills *env from LOOKUP (the C library's environment lookup in main(), or a test's table): a
+ * variable's value, or NULL when unset. */
+void rt_comm_env_read(rt_comm_env *env, char *(*lookup)(const char *name));
+
+/* ENV (NULL: no launcher) says a launcher started this process and the build has MPI: initializes MPI
  * (MPI_Init_thread, FUNNELED) and returns the world, local rank and size from
  * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); otherwise the single-process communicator. argc/argv may be NULL. G5_ERR_UNSUPPORTED
  * when a launcher started several processes but the build has no MPI (every process would
  * otherwise run the whole model alone). */
-g5_status rt_comm_create(int *argc, char ***argv, rt_comm **out, g5_error *err);
+g5_status rt_comm_create(const rt_comm_env *env, int *argc, char ***argv, rt_comm **out, g5_error *err);
 void rt_comm_free(rt_comm *c); /* accepts NULL; finalizes MPI when rt_comm_create initialized it */
 
 uint32_t rt_comm_rank(const rt_comm *c);       /* 0 .. size - 1; 0 for NULL */

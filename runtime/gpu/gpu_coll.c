@@ -16,6 +16,7 @@
 
 #include "runtime/cpu/comm.h"
 #include "runtime/gpu/gpu_int.h"
+#include "cuda/cuk_device.h"
 
 /* ---- agreement: every process learns whether all got through a step ----
  * Each process sends its status (and, failed, its message) with a step's payload; all then fail
@@ -57,16 +58,22 @@ static g5_status agree(rt_comm *c, g5_status st, const void *mine, size_t len, v
 
 /* ---- devices ---- */
 
-g5_status gm_coll_place(rt_gpu_model *g, int device0, int ndev, g5_error *err) {
+g5_status gm_coll_place(rt_gpu_model *g, const rt_gpu_opts *opts, int ndev, g5_error *err) {
     const uint32_t P = rt_comm_size(g->comm), lr = rt_comm_local_rank(g->comm);
+    const int device0 = opts->device0, want_nccl = opts->collective == RT_GPU_COLL_NCCL;
+    if (opts->collective != RT_GPU_COLL_AUTO && opts->collective != RT_GPU_COLL_NCCL)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "collective %d: not one of auto, nccl", (int)opts->collective);
     if (P == 1) {
         const uint32_t used = g->T < (uint32_t)ndev ? g->T : (uint32_t)ndev;
         g->info.n_devices = used;
         if (g->T == 1) {
-            /* G5_GPU_COLLECTIVE=nccl: a one-rank NCCL communicator instead of none, so that the NCCL
+            /* opts.collective NCCL: a one-rank NCCL communicator instead of none, so that the NCCL
              * path (library, communicator, all-reduce) runs, and is tested, on a machine with one GPU */
-            const char *ce = getenv("G5_GPU_COLLECTIVE");
-            g->coll = ce && !strcmp(ce, "nccl") ? COLL_NCCL : COLL_NONE;
+            g->coll = want_nccl ? COLL_NCCL : COLL_NONE;
+        } else if (used == 1 && want_nccl) {
+            return g5_fail(err, G5_ERR_UNSUPPORTED,
+                           "collective nccl: %u ranks on one device (NCCL takes one GPU per rank; auto sums on the device)",
+                           g->T);
         } else if (used == 1) {
             g->coll = COLL_DEVICE;
         } else if (g->T <= (uint32_t)ndev) {
@@ -91,6 +98,14 @@ g5_status gm_coll_place(rt_gpu_model *g, int device0, int ndev, g5_error *err) {
 #endif
     for (uint32_t r = 0; r < g->T; r++)
         g->rk[r].dev = g->coll == COLL_DEVICE ? device0 : (int)(((uint64_t)device0 + (uint64_t)lr * g->T + r) % (uint64_t)ndev);
+    /* each device's context read once, and checked against the kernels' table (cuda/cuk_limits.h)
+     * before anything is loaded: a device that cannot run a kernel is named with the limit */
+    for (uint32_t r = 0; r < g->T; r++) {
+        cuk_device d;
+        g5_status st = cuk_device_get(g->rk[r].dev, &d, err);
+        if (!st) st = cuk_device_check(&d, err);
+        if (st) return st;
+    }
     return G5_OK;
 }
 
@@ -308,8 +323,7 @@ g5_status gm_nccl_open(rt_gpu_model *g, g5_error *err) {
     SYM(error_string, "ncclGetErrorString");
 #undef SYM
     if (rt_comm_rank(g->comm) == 0) {
-        ncclResult_t nr = a->get_unique_id(&a->id);
-        if (nr != ncclSuccess) return g5_fail(err, G5_ERR_INTERNAL, "ncclGetUniqueId: %s", a->error_string(nr));
+        CUK_CHECK_NCCL(a->get_unique_id(&a->id), a->error_string);
     }
     return G5_OK;
 }

@@ -77,7 +77,7 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
     /* events on rank 0's stream, which every rank shares here: ev[0] before the embedding, then
      * one after each stage, which kind[] names */
     enum { K_EMBD, K_ATTN, K_ADD, K_DENSE, K_MOE, K_HEAD };
-    CU(cudaSetDevice(r0->dev));
+    CUK_CHECK(cudaSetDevice(r0->dev));
     const uint32_t n_ev = (uint32_t)(4 * Lm + 3);
     cudaEvent_t *ev = calloc(n_ev, sizeof *ev);
     uint8_t *kind = calloc(n_ev, 1);
@@ -152,7 +152,7 @@ static g5_status prof_replay(rt_gpu_model *g, const fplan *pl, g5_error *err) {
     const uint32_t n = pl->n;
     const uint64_t E = hp->n_embd;
     gl_rank *rk = &g->rk[0];
-    CU(cudaSetDevice(rk->dev));
+    CUK_CHECK(cudaSetDevice(rk->dev));
     PMARK("step", "start");
     for (uint32_t r = 0; r < g->T; r++) {
         rk = &g->rk[r];
@@ -192,7 +192,7 @@ enum { PROF_ROWS = 96 };
 static g5_status prof_collect(const gprof *p, prof_row *rows, uint32_t *n_rows, int v, g5_error *err) {
     for (uint32_t i = 1; i < p->n; i++) {
         float ms = 0;
-        CU(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+        CUK_CHECK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
         uint32_t j = 0;
         while (j < *n_rows && (strcmp(rows[j].stage, p->stage[i]) || strcmp(rows[j].label, p->label[i]))) j++;
         if (j == *n_rows) {
@@ -209,13 +209,13 @@ static g5_status prof_collect(const gprof *p, prof_row *rows, uint32_t *n_rows, 
 /* Milliseconds of one graph launch (the mean of 3 after a warm-up launch). */
 static g5_status prof_time_graph(cudaGraphExec_t ge, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double *ms,
                                  g5_error *err) {
-    CU(cudaGraphLaunch(ge, st));
-    CU(cudaEventRecord(e0, st));
-    for (int i = 0; i < 3; i++) CU(cudaGraphLaunch(ge, st));
-    CU(cudaEventRecord(e1, st));
-    CU(cudaEventSynchronize(e1));
+    CUK_CHECK(cudaGraphLaunch(ge, st));
+    CUK_CHECK(cudaEventRecord(e0, st));
+    for (int i = 0; i < 3; i++) CUK_CHECK(cudaGraphLaunch(ge, st));
+    CUK_CHECK(cudaEventRecord(e1, st));
+    CUK_CHECK(cudaEventSynchronize(e1));
     float f = 0;
-    CU(cudaEventElapsedTime(&f, e0, e1));
+    CUK_CHECK(cudaEventElapsedTime(&f, e0, e1));
     *ms = f / 3;
     return G5_OK;
 }
@@ -225,7 +225,7 @@ static g5_status prof_time_graph(cudaGraphExec_t ge, cudaStream_t st, cudaEvent_
 static g5_status prof_capture(rt_gpu_model *g, const fplan *pl, gprof *p, cudaGraphExec_t *ge, g5_error *err) {
     gl_rank *r0 = &g->rk[0];
     *ge = NULL;
-    CU(cudaStreamBeginCapture(r0->st, cudaStreamCaptureModeThreadLocal));
+    CUK_CHECK(cudaStreamBeginCapture(r0->st, cudaStreamCaptureModeThreadLocal));
     if (p) {
         p->n = 0;
         p->external = 1;
@@ -303,7 +303,7 @@ static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, FILE *report, g
     gl_rank *r0 = &g->rk[0];
     const fplan pl = *plp;
     const uint32_t n = pl.n;
-    CU(cudaSetDevice(r0->dev));
+    CUK_CHECK(cudaSetDevice(r0->dev));
     gprof p;
     memset(&p, 0, sizeof p);
     p.cap = 64u * hp->n_layer_main * g->T + 64u;

@@ -127,8 +127,8 @@ static g5_status nccl_warm(rt_gpu_model *g, struct gm_graph *gr, g5_error *err) 
         return g5_fail(err, G5_ERR_INTERNAL, "ncclAllReduce (before the graph capture): %s",
                        a->error_string(nr != ncclSuccess ? nr : ne));
     for (uint32_t r = 0; r < g->T; r++) {
-        CU(cudaSetDevice(g->rk[r].dev));
-        CU(cudaStreamSynchronize(g->rk[r].st));
+        CUK_CHECK(cudaSetDevice(g->rk[r].dev));
+        CUK_CHECK(cudaStreamSynchronize(g->rk[r].st));
     }
     gr->nccl_warm = 1;
 #else
@@ -241,21 +241,21 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
         if (!gr->rk[r].exec) continue;
-        CU(cudaSetDevice(rk->dev));
-        CU(cudaGraphLaunch(gr->rk[r].exec, rk->st));
+        CUK_CHECK(cudaSetDevice(rk->dev));
+        CUK_CHECK(cudaGraphLaunch(gr->rk[r].exec, rk->st));
     }
     g->info.graph_steps++;
     const uint64_t E = g->hp.n_embd;
     if (out && out->hidden) {
-        CU(cudaSetDevice(r0->dev));
-        CU(cudaMemcpyAsync(out->hidden, r0->h, E * 4, cudaMemcpyDeviceToHost, r0->st));
+        CUK_CHECK(cudaSetDevice(r0->dev));
+        CUK_CHECK(cudaMemcpyAsync(out->hidden, r0->h, E * 4, cudaMemcpyDeviceToHost, r0->st));
     }
     if (out && out->logits)
         for (uint32_t r = 0; r < g->T; r++) {
             gl_rank *rk = &g->rk[r];
             if (!rk->head_write) continue;
-            CU(cudaSetDevice(rk->dev));
-            CU(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
+            CUK_CHECK(cudaSetDevice(rk->dev));
+            CUK_CHECK(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
                                rk->st));
         }
     return G5_OK;

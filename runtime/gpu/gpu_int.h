@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cuda/cuk.h"
+#include "cuda/cuk_check.h"
 #include "cuda/cuk_model.h"
 #include "runtime/gpu/gpu_linear.h"
 #include "runtime/gpu/gpu_model.h"
@@ -176,13 +177,6 @@ struct rt_gpu_seq {
     seq_rank *mrk;                   /* [T], or NULL */
 };
 
-#define CU(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t ce_ = (call);                                                             \
-        if (ce_ != cudaSuccess)                                                               \
-            return g5_fail(err, G5_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,  \
-                           cudaGetErrorString(ce_));                                          \
-    } while (0)
 #define CK(call)                                                                              \
     do {                                                                                      \
         g5_status st_ = (call);                                                               \
@@ -270,7 +264,7 @@ void gm_graph_free(rt_gpu_model *g); /* g->graph, each rank's executable graph o
 /* rk[i].dev for each local rank, g->coll and info.n_devices, by the rules of gpu_model.h
  * ("Processes and devices"); ndev devices visible, device0 the first to use. Local: no
  * exchange. */
-g5_status gm_coll_place(rt_gpu_model *g, int device0, int ndev, g5_error *err);
+g5_status gm_coll_place(rt_gpu_model *g, const rt_gpu_opts *opts, int ndev, g5_error *err);
 /* Several processes: every process learns the others' status so far (st: this one's) and the
  * GPUs of all ranks; fails alike on all of them when one failed or two ranks share a GPU (which
  * NCCL refuses). One process: returns st. */

@@ -55,7 +55,7 @@ static uint64_t up256(uint64_t b) { return (b + 255) & ~(uint64_t)255; }
 static g5_status grow(gl_lin *l, dbuf *b, size_t need, const char *what, g5_error *err) {
     if (need <= b->cap) return G5_OK;
     if (b->p) {
-        CU(cudaStreamSynchronize((cudaStream_t)l->st));
+        CUK_CHECK(cudaStreamSynchronize((cudaStream_t)l->st));
         cudaFree(b->p);
         b->p = NULL;
         b->cap = 0;
@@ -309,12 +309,12 @@ g5_status gl_lin_moe(gl_lin *l, const gl_moe_args *a, g5_error *err) {
     float *us = (float *)(void *)((uint8_t *)l->ex.p + 2 * sz_x + sz_h);
     const cudaStream_t st = (cudaStream_t)l->st;
 
-    CU(cudaMemset2DAsync(a->y, (size_t)a->ldy * 4, 0, (size_t)E * 4, (size_t)n, st));
+    CUK_CHECK(cudaMemset2DAsync(a->y, (size_t)a->ldy * 4, 0, (size_t)E * 4, (size_t)n, st));
     const cuk_moe_group_args ga = {a->ids, a->wts, (int32_t)n, a->top_k, a->top_k, a->n_expert, a->exp0,
                                    (int32_t)NL, rows, rw, n, cnt};
     CK(cuk_moe_group(&ga, l->st, err));
-    CU(cudaMemcpyAsync(l->hcnt, cnt, (size_t)(NL + 1) * 4, cudaMemcpyDeviceToHost, st));
-    CU(cudaStreamSynchronize(st));
+    CUK_CHECK(cudaMemcpyAsync(l->hcnt, cnt, (size_t)(NL + 1) * 4, cudaMemcpyDeviceToHost, st));
+    CUK_CHECK(cudaStreamSynchronize(st));
     if (l->hcnt[NL])
         return g5_fail(err, G5_ERR_INTERNAL, "moe: %d routed expert ids outside [0, %d)", l->hcnt[NL], a->n_expert);
     if (gl_lin_fast(l)) return moe_fast(l, a, rows, rw, cnt, rb_gu, rb_d, err);

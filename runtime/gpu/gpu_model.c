@@ -91,7 +91,7 @@ static g5_status put_f32(gl_rank *rk, const float *host, uint64_t n, const float
         return g5_fail(err, G5_ERR_INTERNAL, "rank %u: extras arena too small", rk->rg);
     float *d = (float *)(void *)(rk->xmem + rk->xoff);
     rk->xoff += bytes;
-    if (host) CU(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (host) CUK_CHECK(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
     *out = d;
     return G5_OK;
 }
@@ -112,7 +112,7 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
     const uint64_t nt = rt_weights_n_tensors(w);
     rk->segs = calloc(nt ? nt : 1, sizeof *rk->segs);
     if (!rk->segs) return g5_fail(err, G5_ERR_NOMEM, "rank %u: tensor table", rk->rg);
-    CU(cudaSetDevice(rk->dev));
+    CUK_CHECK(cudaSetDevice(rk->dev));
     if (b) {
         CK(rt_gpu_load_blob(b, rk->dev, &o->load, &rk->wmem, ls, err));
         const blob_info *in = blob_get_info(b);
@@ -129,13 +129,13 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
         uint64_t total = 0;
         for (uint64_t i = 0; i < nt; i++) total += up256(rt_weights_tensor(w, i)->nbytes);
         const double t0 = gm_now_s();
-        CU(cudaMalloc(&rk->wmem, total ? total : 256));
+        CUK_CHECK(cudaMalloc(&rk->wmem, total ? total : 256));
         rk->wbytes = total;
         uint64_t off = 0;
         for (uint64_t i = 0; i < nt; i++) {
             const rt_tensor *t = rt_weights_tensor(w, i);
             uint8_t *d = (uint8_t *)rk->wmem + off;
-            if (t->nbytes) CU(cudaMemcpy(d, t->data, t->nbytes, cudaMemcpyHostToDevice));
+            if (t->nbytes) CUK_CHECK(cudaMemcpy(d, t->data, t->nbytes, cudaMemcpyHostToDevice));
             rk->segs[i] = (seg){(const uint8_t *)t->data, t->nbytes, d};
             off += up256(t->nbytes);
         }
@@ -164,8 +164,8 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
     for (uint32_t il = 0; il < NL; il++)
         cap += up256(E * 4) * 2 + up256(hp->q_lora * 4) + up256(KL * 4) + up256(hp->idx_head_dim * 4) * 2 +
                up256((uint64_t)hp->n_expert * 4) + up256(kvb_rows * KL * 4);
-    CU(cudaSetDevice(rk->dev));
-    CU(cudaMalloc((void **)&rk->xmem, cap));
+    CUK_CHECK(cudaSetDevice(rk->dev));
+    CUK_CHECK(cudaMalloc((void **)&rk->xmem, cap));
     rk->xcap = cap;
     rk->L = calloc(NL, sizeof *rk->L);
     if (!rk->L) return g5_fail(err, G5_ERR_NOMEM, "layers");
@@ -241,7 +241,7 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
         }
     }
     if (g->has_mtp) CK(gm_mtp_setup_rank(g, rk, err));
-    CU(cudaDeviceSynchronize()); /* kv_b dequantization */
+    CUK_CHECK(cudaDeviceSynchronize()); /* kv_b dequantization */
     return G5_OK;
 }
 
@@ -296,7 +296,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     else if (opts->device0 < 0 || opts->device0 >= ndev)
         st = g5_fail(err, G5_ERR_INVALID_ARG, "device %d of %d", opts->device0, ndev);
     else
-        st = gm_coll_place(g, opts->device0, ndev, err);
+        st = gm_coll_place(g, opts, ndev, err);
     if ((st = gm_coll_agree_devices(g, st, err))) goto fail;
     g->info.collective = g->coll == COLL_NONE ? "none" : g->coll == COLL_DEVICE ? "device-sum" : "nccl";
     /* runtime/gpu/gpu_graph.c: one capture per stream (rank 0's for the device-side sum, each rank's
@@ -611,10 +611,10 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
 /* Work buffers for n rows and sc_need indexer scores (the largest tokens x positions of one
  * sequence in the call). */
 static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t sc_need, g5_error *err) {
-    CU(cudaSetDevice(rk->dev));
+    CUK_CHECK(cudaSetDevice(rk->dev));
     if (n > rk->ncap) {
         if (rk->work) {
-            CU(cudaStreamSynchronize(rk->st));
+            CUK_CHECK(cudaStreamSynchronize(rk->st));
             cudaFree(rk->work);
             rk->work = NULL;
             rk->ncap = 0;
@@ -634,7 +634,7 @@ static g5_status work_reserve(rt_gpu_model *g, gl_rank *rk, uint32_t n, uint64_t
     const uint64_t need = sc_need;
     if (need > rk->sc_cap) {
         if (rk->sc) {
-            CU(cudaStreamSynchronize(rk->st));
+            CUK_CHECK(cudaStreamSynchronize(rk->st));
             cudaFree(rk->sc);
             rk->sc = NULL;
             rk->sc_cap = 0;
@@ -782,7 +782,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                       (!L->has_idx || cuk_idx_multi_fits((int32_t)IH, (int32_t)ID));
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     const int64_t mpb = rk->multi;
-    CU(cudaSetDevice(rk->dev));
+    CUK_CHECK(cudaSetDevice(rk->dev));
     CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
     PMARK("attn", "attn_norm (+ residual add)");
     /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
@@ -800,7 +800,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
                             : rk->latf;
     CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
-    CU(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
+    CUK_CHECK(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
     CK(cuk_rope(lat_new, n, KVW, 1, KVW, KL, R, theta, rk->pos, cs, err));
     if (bound && !L->has_idx)
         CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, NULL, 0, NULL,
@@ -810,7 +810,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
         const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
         if (g->lat_type == CUK_F32)
-            CU(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
+            CUK_CHECK(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
         else
             CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
     }
@@ -850,7 +850,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
             float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
             const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
             if (!one)
-                CU(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
+                CUK_CHECK(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
                                    cudaMemcpyDeviceToDevice, rk->st));
             if (tc)
                 CK(gl_lin_idx_scores(rk->lin, rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, p0, rk->sc, P,
@@ -940,7 +940,7 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
     const rt_rank_tensors *c = rk->c;
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
-    CU(cudaSetDevice(rk->dev));
+    CUK_CHECK(cudaSetDevice(rk->dev));
     const char *const S = L->dense ? "dense" : "moe";
     CK(gm_norm_x(rk, L->ffn_norm, n, E, hp->rms_eps, err));
     PMARK(S, "ffn_norm (+ residual add)");
@@ -1038,16 +1038,16 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
         CK(cuk_add(rk->moe, rk->part, rk->part, (int64_t)n * E, cs, err));
         PMARK(S, "experts + shared add");
     } else {
-        CU(cudaMemcpyAsync(rk->part, rk->moe, (size_t)n * E * 4, cudaMemcpyDeviceToDevice, rk->st));
+        CUK_CHECK(cudaMemcpyAsync(rk->part, rk->moe, (size_t)n * E * 4, cudaMemcpyDeviceToDevice, rk->st));
         PMARK(S, "experts copy to part");
     }
     return G5_OK;
 }
 
 static g5_status d2h(const gl_rank *rk, void *dst, const void *src, size_t bytes, g5_error *err) {
-    CU(cudaSetDevice(rk->dev));
-    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, rk->st));
-    CU(cudaStreamSynchronize(rk->st));
+    CUK_CHECK(cudaSetDevice(rk->dev));
+    CUK_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, rk->st));
+    CUK_CHECK(cudaStreamSynchronize(rk->st));
     return G5_OK;
 }
 
@@ -1060,7 +1060,7 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
     const float *sum = r0->part;
     if (g->coll == COLL_NONE) {
         if (dbg && r0->ob) {
-            CU(cudaSetDevice(r0->dev));
+            CUK_CHECK(cudaSetDevice(r0->dev));
             CK(cuk_add(r0->oa, r0->ob, r0->part, cnt, (cuk_stream)r0->st, err));
             r0->oa = r0->part;
             r0->ob = NULL;
@@ -1069,8 +1069,8 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
         r0->pb = r0->ob;
         sum = r0->oa;
     } else if (g->coll == COLL_DEVICE) {
-        CU(cudaSetDevice(r0->dev));
-        CU(cudaMemcpyAsync(r0->red, r0->part, (size_t)cnt * 4, cudaMemcpyDeviceToDevice, r0->st));
+        CUK_CHECK(cudaSetDevice(r0->dev));
+        CUK_CHECK(cudaMemcpyAsync(r0->red, r0->part, (size_t)cnt * 4, cudaMemcpyDeviceToDevice, r0->st));
         for (uint32_t r = 1; r < g->T; r++) CK(cuk_add(r0->red, g->rk[r].part, r0->red, cnt, (cuk_stream)r0->st, err));
         for (uint32_t r = 0; r < g->T; r++) { /* red is rewritten only by the next collective */
             g->rk[r].pa = r0->red;
@@ -1083,7 +1083,7 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
         ncclResult_t nr = a->group_start();
         for (uint32_t r = 0; r < g->T && nr == ncclSuccess; r++) {
             gl_rank *rk = &g->rk[r];
-            CU(cudaSetDevice(rk->dev));
+            CUK_CHECK(cudaSetDevice(rk->dev));
             nr = a->all_reduce(rk->part, rk->part, (size_t)cnt, ncclFloat32, ncclSum, rk->comm, rk->st);
         }
         ncclResult_t ne = a->group_end();
@@ -1112,7 +1112,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
     const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
-        CU(cudaSetDevice(rk->dev));
+        CUK_CHECK(cudaSetDevice(rk->dev));
         CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
                             (int64_t)E, (cuk_stream)rk->st, err));
         rk->pa = rk->pb = NULL;
@@ -1126,7 +1126,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
         for (uint32_t r = 0; r < g->T; r++) CK(gm_ffn_stage(g, &g->rk[r], il, n, err));
         CK(gm_collective(g, n, out && out->ffn_out ? out->ffn_out + il * nE : NULL, err));
         if (out && out->layer_hidden) {
-            CU(cudaSetDevice(r0->dev));
+            CUK_CHECK(cudaSetDevice(r0->dev));
             CK(flush_x(r0, n, (int64_t)E, err));
             CK(d2h(r0, out->layer_hidden + (il + 1) * nE, r0->x, nE * 4, err));
         }
@@ -1142,7 +1142,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
     }
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
-        CU(cudaSetDevice(rk->dev));
+        CUK_CHECK(cudaSetDevice(rk->dev));
         CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
     }
     if (!graph && out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
@@ -1151,7 +1151,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
         for (uint32_t r = 0; r < g->T; r++) {
             gl_rank *rk = &g->rk[r];
             if (!rk->head_write) continue;
-            CU(cudaSetDevice(rk->dev));
+            CUK_CHECK(cudaSetDevice(rk->dev));
             const int64_t VL = rk->head.m;
             for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
                 const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
@@ -1159,7 +1159,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
                  * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
                 CK(gm_gemv(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
                 if (!graph)
-                    CU(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
+                    CUK_CHECK(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
                                          VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
             }
         }
@@ -1258,8 +1258,8 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     for (uint32_t r = 0; r < g->T; r++) {
         g->rk[r].batch_rows = 0;
         g->rk[r].multi = 0;
-        CU(cudaSetDevice(g->rk[r].dev));
-        CU(cudaStreamSynchronize(g->rk[r].st));
+        CUK_CHECK(cudaSetDevice(g->rk[r].dev));
+        CUK_CHECK(cudaStreamSynchronize(g->rk[r].st));
     }
     /* several processes: each wrote only its ranks' vocabulary columns */
     if (out && out->logits) CK(gm_coll_gather_logits(g, out->logits, out->all_logits ? n : 1, err));

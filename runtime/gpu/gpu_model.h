@@ -23,8 +23,8 @@
  * so are the other outputs, which every rank holds alike after the all-reduces. NCCL sums in its
  * own order: the device-side sum and the CPU model are matched within float32 rounding, not bit
  * for bit.
- * Environment G5_GPU_COLLECTIVE=nccl runs a one-rank model through a one-rank NCCL communicator
- * (the only way to run the NCCL path where one GPU is available).
+ * opts.collective = RT_GPU_COLL_NCCL (glm5-run --collective nccl) runs a one-rank model through a
+ * one-rank NCCL communicator (the only way to run the NCCL path where one GPU is available).
  *
  * Processes and devices (n_gpus: the CUDA devices this process sees; i: a local rank):
  *  - One process (no launcher, or P = 1): rank i on device (device0 + i) % n_gpus. T = 1: no
@@ -108,8 +108,14 @@ typedef enum rt_gpu_gemm {
     RT_GPU_GEMM_DEFAULT = 0, RT_GPU_GEMM_F32, RT_GPU_GEMM_F16 = 4
 } rt_gpu_gemm;
 
+/* The collective between ranks. AUTO: none for one rank, the device-side sum when all ranks share
+ * one GPU, NCCL across GPUs or processes. NCCL: NCCL also for a single rank (a one-rank
+ * communicator: the NCCL path tested on one GPU); ranks sharing one GPU are then refused. */
+typedef enum rt_gpu_coll { RT_GPU_COLL_AUTO = 0, RT_GPU_COLL_NCCL = 1 } rt_gpu_coll;
+
 typedef struct rt_gpu_opts {
     int device0;                 /* first CUDA device */
+    rt_gpu_coll collective;      /* default AUTO */
     rt_gpu_precision precision;
     rt_gpu_cache cache;
     /* The prefill GEMM path: a forward call of one sequence with at least gemm_min tokens runs

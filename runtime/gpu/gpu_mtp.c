@@ -131,7 +131,7 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
         gl_rank *rk = &g->rk[r];
         const gl_mtp *M = &rk->mtp;
         const cuk_stream cs = (cuk_stream)rk->st;
-        CU(cudaSetDevice(rk->dev));
+        CUK_CHECK(cudaSetDevice(rk->dev));
         rk->pa = rk->pb = NULL;
         CK(cuk_dequant_rows(M->embd.type, M->embd.w, E, M->embd.m, rk->tok, n, rk->cat, 2 * E, cs, err));
         CK(cuk_rms_norm(rk->cat, 2 * E, M->enorm, rk->cat, 2 * E, n, E, eps, cs, err));
@@ -141,11 +141,11 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
             continue;
         }
         /* x = 0 + the sum over ranks of part (below) */
-        CU(cudaMemsetAsync(rk->x, 0, (size_t)n * E * 4, rk->st));
+        CUK_CHECK(cudaMemsetAsync(rk->x, 0, (size_t)n * E * 4, rk->st));
         if (split == RT_SPLIT_COLS) {
             CK(gm_gemv(rk, &M->eh, rk->cat + (int64_t)rk->rg * M->eh.k, 2 * E, n, rk->part, E, err));
         } else {
-            CU(cudaMemsetAsync(rk->part, 0, (size_t)n * E * 4, rk->st));
+            CUK_CHECK(cudaMemsetAsync(rk->part, 0, (size_t)n * E * 4, rk->st));
             CK(gm_gemv(rk, &M->eh, rk->cat, 2 * E, n, rk->part + (int64_t)rk->rg * M->eh.m, E, err));
         }
         rk->oa = rk->part;
@@ -158,7 +158,7 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
     CK(gm_collective(g, n, NULL, err));
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
-        CU(cudaSetDevice(rk->dev));
+        CUK_CHECK(cudaSetDevice(rk->dev));
         CK(gm_norm_x(rk, rk->mtp.head_norm, n, E, eps, err));
     }
     if (!draft) return G5_OK;
@@ -167,12 +167,12 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
         gl_rank *rk = &g->rk[r];
         const gl_mtp *M = &rk->mtp;
         if (!M->head_write) continue;
-        CU(cudaSetDevice(rk->dev));
+        CUK_CHECK(cudaSetDevice(rk->dev));
         const int64_t VL = M->head.m;
         for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
             const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
             CK(gm_gemv(rk, &M->head, rk->h + (int64_t)t0 * E, E, c, rk->lg, VL, err));
-            CU(cudaMemcpy2DAsync(draft + (int64_t)(t0 - first) * V + M->head_col0, (size_t)V * 4, rk->lg,
+            CUK_CHECK(cudaMemcpy2DAsync(draft + (int64_t)(t0 - first) * V + M->head_col0, (size_t)V * 4, rk->lg,
                                  (size_t)VL * 4, (size_t)VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
         }
     }
@@ -237,8 +237,8 @@ g5_status rt_gpu_mtp_seq(rt_gpu_model *g, rt_gpu_seq *s, const float *hidden, co
     const fplan pl = {.n = n, .n_seg = 1, .seq = seqs, .pos0 = &pos0, .len = &n, .row0 = &row0};
     CK(mtp_device(g, &pl, draft_logits, all_logits, err));
     for (uint32_t r = 0; r < g->T; r++) {
-        CU(cudaSetDevice(g->rk[r].dev));
-        CU(cudaStreamSynchronize(g->rk[r].st));
+        CUK_CHECK(cudaSetDevice(g->rk[r].dev));
+        CUK_CHECK(cudaStreamSynchronize(g->rk[r].st));
     }
     CK(gm_coll_gather_logits(g, draft_logits, all_logits ? n : 1, err));
     s->mtp_n_past = P;

@@ -83,14 +83,9 @@
 #define MAX_CTX 8
 
 #include "tests/gpu/bench_util.h"
-#define CB(call)                                                                                   \
-    do {                                                                                           \
-        cublasStatus_t b_ = (call);                                                                \
-        if (b_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #call, (int)b_);  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+/* A cuBLAS call (cuda/cuk_check.h's family). */
+static inline int cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+#define CB(call) CUK_TRY_OR_(cublasStatus_t, call, cublas_ok, cublasGetStatusString, exit(1))
 
 typedef struct opts {
     int decode, prefill, dry, plan_only;

@@ -8,15 +8,10 @@
 #define BENCH_EXIT 1
 #endif
 
-/* A CUDA runtime call. */
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t ce_ = (call);                                                                  \
-        if (ce_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(ce_)); \
-            exit(BENCH_EXIT);                                                                      \
-        }                                                                                          \
-    } while (0)
+#include "cuda/cuk_check.h"
+
+/* A CUDA runtime call (cuda/cuk_check.h). */
+#define CK(call) CUK_CHECK_OR(call, exit(BENCH_EXIT))
 
 /* A g5_status call; it may report into `g5_error err_`, which this macro declares. */
 #define GK(call)                                                                                   \

@@ -10,16 +10,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* A failed CUDA call ends the program with the report so far: later checks would only repeat it. */
-#define CK(call)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));   \
-            t_failed++;                                                                          \
-            exit(t_report(G5_TEST_NAME));                                                        \
-        }                                                                                        \
-    } while (0)
+#include "cuda/cuk_check.h"
+
+/* A failed CUDA call ends the program with the report so far: later checks would only repeat it
+ * (cuda/cuk_check.h). */
+#define CK(call) CUK_CHECK_OR(call, (fflush(stdout), t_failed++, exit(t_report(G5_TEST_NAME))))
 
 /* The two things a GPU test cannot do without: when one is missing the test fails (a GPU test
  * that ran nothing must not pass) and the caller returns t_report(G5_TEST_NAME) at once. */

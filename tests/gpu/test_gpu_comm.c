@@ -6,7 +6,7 @@
  * the vocabulary tiling check; then on the oracle converted here: a GPU model built on a CPU model
  * that has a single-process rt_comm gives bit-identical logits (prompt, all positions, then greedy
  * decode steps) to one built with comm NULL, for TP=1 and for TP=2 on one device (device-side
- * sum), with info.n_processes 1 and n_local_ranks = n_ranks; G5_GPU_COLLECTIVE=nccl runs TP=1
+ * sum), with info.n_processes 1 and n_local_ranks = n_ranks; opts.collective NCCL runs TP=1
  * through a one-rank NCCL communicator (made by ncclGetUniqueId + ncclCommInitRank in a group,
  * the code path of several processes), logits within 1e-6 relative of the plain run and the same
  * greedy tokens.
@@ -211,6 +211,8 @@ static uint32_t argmax(const float *x, uint32_t n) {
 /* The prompt's logits at every position, then N_DECODE greedy steps' logits, into *lg
  * [N_PROMPT + N_DECODE][*V] (malloc'ed here); the tokens chosen into ids. 0 on failure
  * (reported). */
+static rt_gpu_coll g_collective; /* what run() asks for */
+
 static int run(const char *dir, rt_comm *comm, const char *label, float **lgp, uint32_t *Vp, int32_t *ids,
                rt_gpu_info *info) {
     g5_error e = {0};
@@ -223,6 +225,7 @@ static int run(const char *dir, rt_comm *comm, const char *label, float **lgp, u
     if (!st) st = rt_model_create(ws, &mo, &m, &e);
     rt_gpu_opts go;
     rt_gpu_opts_default(&go);
+    go.collective = g_collective;
     if (!st) go.blobs = rt_wset_blobs(rt_model_wset(m));
     if (!st) st = rt_gpu_model_create(m, &go, &g, &e);
     T_CHECK(st == G5_OK, "%s: create: %s", label, e.msg);
@@ -294,12 +297,12 @@ static void test_gpu(rt_comm *comm) {
         free(a);
         free(b);
     }
-    /* the NCCL path on one GPU; the environment is read at creation */
+    /* the NCCL path on one GPU */
     float *a = NULL, *b = NULL;
     uint32_t Va = 0, Vb = 0;
-    setenv("G5_GPU_COLLECTIVE", "nccl", 1);
-    const int rb = run(dir[0], comm, "TP=1, G5_GPU_COLLECTIVE=nccl", &b, &Vb, ib, &gb);
-    unsetenv("G5_GPU_COLLECTIVE");
+    g_collective = RT_GPU_COLL_NCCL;
+    const int rb = run(dir[0], comm, "TP=1, collective nccl", &b, &Vb, ib, &gb);
+    g_collective = RT_GPU_COLL_AUTO;
     if (rb && run(dir[0], NULL, "TP=1, no collective", &a, &Va, ia, &ga)) {
         T_CHECK(!strcmp(gb.collective, "nccl"), "collective %s", gb.collective);
         const double rel = rel_l2(b, a, rows * Va);
@@ -317,7 +320,9 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     rt_comm *comm = NULL;
     g5_error e = {0};
-    g5_status st = rt_comm_create(&argc, &argv, &comm, &e);
+    rt_comm_env cenv;
+    rt_comm_env_read(&cenv, getenv);
+    g5_status st = rt_comm_create(&cenv, &argc, &argv, &comm, &e);
     T_CHECK(st == G5_OK, "rt_comm_create: %s", e.msg);
     if (st) return t_report("test_gpu_comm");
     test_same_gpu();

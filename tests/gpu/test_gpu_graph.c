@@ -3,7 +3,7 @@
  *
  * - prompt 1 plus 65 greedy decode steps, tokens and logits bit-identical to plain launches (TP=1
  *   precise and fast, TP=2 on one device, and TP=1 through a one-rank NCCL communicator:
- *   G5_GPU_COLLECTIVE=nccl, its all-reduces captured into the graph), the step captured once and
+ *   opts.collective NCCL, its all-reduces captured into the graph), the step captured once and
  *   replayed (one capture, one instantiation); both timed.
  * - from synthetic contexts (rt_gpu_debug_set_context) decode steps across the graph's buckets
  *   (1024 keys, the capacity; 16384: the score kernel changes) with a prefill chunk between them
@@ -43,10 +43,9 @@ static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision 
     go.precision = prec;
     go.blobs = dir ? rt_wset_blobs(rt_model_wset(m)) : NULL;
     go.cuda_graph = use_graph;
-    if (nccl) setenv("G5_GPU_COLLECTIVE", "nccl", 1);
+    if (nccl) go.collective = RT_GPU_COLL_NCCL;
     rt_gpu_model *g = NULL;
     T_CHECK(rt_gpu_model_create(m, &go, &g, e) == G5_OK, "%s graph=%d: %s", name, use_graph, e->msg);
-    if (nccl) unsetenv("G5_GPU_COLLECTIVE");
     if (g)
         T_CHECK(!strcmp(rt_gpu_model_info(g)->collective, nccl ? "nccl" : rt_model_n_ranks(m) > 1 ? "device-sum" : "none"),
                 "%s: collective %s", name, rt_gpu_model_info(g)->collective);

@@ -18,7 +18,7 @@
  * values are what to tighten them with.
  *
  * 1. TP=1 blobs: precise (f32 cache), fast with bf16/f16/f32 caches, precise with the prefill
- *    GEMM path forced (gemm_min 1), and a one-rank NCCL communicator (G5_GPU_COLLECTIVE=nccl;
+ *    GEMM path forced (gemm_min 1), and a one-rank NCCL communicator (opts.collective NCCL;
  *    skipped where libnccl is absent): all positions of prompts 0..2 in one call vs the CPU;
  *    the MTP position count after it.
  * 2. Step by step (one position per call) equals all at once (TOL_PRECISE, same outlier rule);
@@ -453,7 +453,7 @@ int main(void) {
         go.precision = cfg[c].prec;
         go.cache = cfg[c].cache;
         if (cfg[c].gemm_min) go.gemm_min = cfg[c].gemm_min;
-        if (cfg[c].nccl) setenv("G5_GPU_COLLECTIVE", "nccl", 1);
+        if (cfg[c].nccl) go.collective = RT_GPU_COLL_NCCL;
         rt_wset *ws = NULL;
         T_CHECK(rt_wset_open_blobs(dirs[0], &ws, &e) == G5_OK, "open: %s", e.msg);
         setup s;
@@ -465,7 +465,6 @@ int main(void) {
             if (c == 0) run_draft(&s, &o.p[1], cfg[c].name);
         }
         if (ws) close_setup(&s);
-        if (cfg[c].nccl) unsetenv("G5_GPU_COLLECTIVE");
     }
     {
         rt_wset *ws = NULL;
