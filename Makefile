@@ -42,6 +42,20 @@ endif
 ifneq ($(wildcard runtime/cli/main_serve.c),)
 BINS  += $(BUILD)/bin/glm5-serve
 endif
+# A fresh clone on a fresh machine: every build goal first probes the headers (and Open MPI)
+# and, when one is missing, runs scripts/deps.sh (before MPI is detected below). Quiet when all
+# are present. If the install fails (no root, no network) the build goes on and says what is
+# missing; G5_NO_DEPS=1 skips the probe.
+DEPS_GOALS := all test check fuzz gpu gpu-model test-gpu bench-gpu
+ifneq ($(filter $(DEPS_GOALS),$(or $(MAKECMDGOALS),all)),)
+ifneq ($(G5_NO_DEPS),1)
+DEPS_RC := $(shell CC='$(CC)' MPI='$(MPI)' G5_MPI_HOME='$(G5_MPI_HOME)' bash scripts/deps.sh --if-missing >&2 || echo failed)
+ifeq ($(DEPS_RC),failed)
+$(warning scripts/deps.sh could not install the build's dependencies (see above); run it as root)
+endif
+endif
+endif
+
 # MPI (runtime/cpu/comm.c: several processes under mpirun/srun) when pkg-config finds Open MPI
 # (ompi-c) or another `mpi` package; `make MPI=0` builds without it (the GPU machines have
 # none of their own: see G5_MPI_HOME below). Only comm.c sees mpi.h; every program linking the
