@@ -49,7 +49,7 @@ endif
 DEPS_GOALS := all test check fuzz gpu gpu-model test-gpu bench-gpu
 ifneq ($(filter $(DEPS_GOALS),$(or $(MAKECMDGOALS),all)),)
 ifneq ($(G5_NO_DEPS),1)
-DEPS_RC := $(shell CC='$(CC)' MPI='$(MPI)' G5_MPI_HOME='$(G5_MPI_HOME)' bash scripts/deps.sh --if-missing >&2 || echo failed)
+DEPS_RC := $(shell CC='$(CC)' EXTRA_CFLAGS='$(EXTRA_CFLAGS)' MPI='$(MPI)' G5_MPI_HOME='$(G5_MPI_HOME)' bash scripts/deps.sh --if-missing >&2 || echo failed)
 ifeq ($(DEPS_RC),failed)
 $(warning scripts/deps.sh could not install the build's dependencies (see above); run it as root)
 endif

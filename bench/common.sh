@@ -5,6 +5,9 @@
 #   bench_build LOG TARGET  builds TARGET with the static dependencies of DEPS unless SKIP_BUILD=1;
 #                           on failure prints the errors and returns non-zero
 B=${B:-build/dev}
+# The GPU machines have no network and no Debian -dev packages (gpu-deps/ stands in): the
+# Makefile's dependency probe (scripts/deps.sh --if-missing) must not try to install them there.
+export G5_NO_DEPS=1
 CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
 DEPS=${DEPS:-gpu-deps}
 

@@ -6,6 +6,7 @@
 # failures, so one device call answers both "correct?" and "how fast?".
 # Needs nvcc and a GPU. Usage: [BUILD=build/dev] [TEST=0] bench/gemv.sh [iters]
 set -euo pipefail
+export G5_NO_DEPS=1  # no network or -dev packages on the GPU machine: no dependency probe
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}

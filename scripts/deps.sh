@@ -21,7 +21,7 @@ if [ "${1:-}" = "--if-missing" ]; then
     printf '%s\n' '#include <stddef.h>' '#include <stdint.h>' '#include <sys/types.h>' \
       '#include <sys/socket.h>' '#include <xxhash.h>' '#include <zstd.h>' \
       '#define PCRE2_CODE_UNIT_WIDTH 8' '#include <pcre2.h>' '#include <jansson.h>' \
-      '#include <microhttpd.h>' | "${CC:-cc}" -E -x c - >/dev/null 2>&1 || return 1
+      '#include <microhttpd.h>' | "${CC:-cc}" ${EXTRA_CFLAGS:-} -E -x c - >/dev/null 2>&1 || return 1
     # MPI=0 builds, and G5_MPI_HOME bundles (scripts/gpu-mpi.sh), need no system Open MPI
     [ "${MPI:-auto}" = 0 ] || [ -n "${G5_MPI_HOME:-}" ] && return 0
     pkg-config --exists ompi-c 2>/dev/null || pkg-config --exists mpi 2>/dev/null

@@ -6,6 +6,9 @@
 # and always: GGUF (the oracle's model), P1 (prompt 1's ids, comma-separated), GREEDY (the
 # oracle's 24 greedy ids after P1), NCCL_NVLS_ENABLE=0 (exported: NVLink multicast stays off).
 export NCCL_NVLS_ENABLE=0
+# The GPU machines have no network and no Debian -dev packages (gpu-deps/ stands in): the
+# Makefile's dependency probe (scripts/deps.sh --if-missing) must not try to install them there.
+export G5_NO_DEPS=1
 : "${GLM5_SHARED:=$PWD/oracle-carry}"
 export GLM5_SHARED
 CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}

@@ -16,6 +16,7 @@
 # (b) with the same binaries on the CPU (a dry run of the script and the client without a GPU)
 # and skips (a).
 set -u
+export G5_NO_DEPS=1  # no network or -dev packages on the GPU machine: no dependency probe
 OUT=${OUT:-/tmp/g5serve}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
