@@ -6,6 +6,7 @@
  * request has a prompt of in-range ids that fits the context, and its stop strings are within
  * the limits. The server is a bare srv_server with a small in-memory vocabulary (no model). */
 #include "runtime/serve/serve_int.h"
+#include "fuzz/fuzz_vocab.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,45 +16,16 @@
 
 static srv_server g_srv;
 
-static size_t put_cp(uint32_t cp, char *o) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    o[0] = (char)(0xc0 | cp >> 6);
-    o[1] = (char)(0x80 | (cp & 63));
-    return 2;
-}
-
 /* All 256 byte symbols plus the chat template's special tokens, so rendered prompts encode. */
 static tok_ctx *make_vocab(void) {
-    static char sym[256][4];
-    static const char *extra[] = {"[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
-                                  "<|observation|>", "<think>", "</think>", "<tool_call>",
-                                  "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
-                                  "</arg_value>", "<tool_response>", "</tool_response>",
-                                  "<|endoftext|>", "th", "the"};
-    enum { N_EXTRA = 19, N_MERGES = 2 };
-    static const char *merges[] = {"t h", "th e"};
-    const char *toks[256 + N_EXTRA];
-    uint64_t lens[256 + N_EXTRA];
-    int32_t types[256 + N_EXTRA];
-    uint32_t next = 256;
-    for (uint32_t b = 0; b < 256; b++) { /* GPT-2 bytes_to_unicode */
-        int printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-        lens[b] = put_cp(printable ? b : next++, sym[b]);
-        toks[b] = sym[b];
-        types[b] = 1;
-    }
-    for (int i = 0; i < N_EXTRA; i++) {
-        toks[256 + i] = extra[i];
-        lens[256 + i] = strlen(extra[i]);
-        types[256 + i] = i < N_EXTRA - 2 ? 3 : 1;
-    }
-    uint64_t mlens[N_MERGES];
-    for (int i = 0; i < N_MERGES; i++) mlens[i] = strlen(merges[i]);
-    tok_vocab_desc d = {256 + N_EXTRA, toks, lens, types, N_MERGES, merges, mlens,
-                        -1, 256 + 16, -1, -1, -1, -1};
-    tok_ctx *t = NULL;
-    if (tok_create_from_vocab(&d, &t, NULL) != G5_OK) abort();
-    return t;
+    static const char *const extra[] = {"[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                                        "<|observation|>", "<think>", "</think>", "<tool_call>",
+                                        "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+                                        "</arg_value>", "<tool_response>", "</tool_response>",
+                                        "<|endoftext|>", "th", "the"};
+    static const int32_t extra_type[] = {3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1};
+    static const char *const merges[] = {"t h", "th e"};
+    return fuzz_byte_vocab(extra, extra_type, 19, merges, 2, 256 + 16);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -6,6 +6,7 @@
 #include "runtime/text/chat.h"
 #include "runtime/text/sample.h"
 #include "runtime/text/tokenizer.h"
+#include "fuzz/fuzz_vocab.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,44 +14,14 @@
 
 static tok_ctx *g_tok;
 
-static size_t put_cp(uint32_t cp, char *o) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    o[0] = (char)(0xc0 | cp >> 6);
-    o[1] = (char)(0x80 | (cp & 63));
-    return 2;
-}
-
 static tok_ctx *make_vocab(void) {
-    static char sym[256][4];
-    static const char *extra[] = {"\xc4\xa0\xc4\xa0", "th", "the", "\xc4\xa0t", "\xc4\xa0the",
-                                  "in", "ing", "\xc4\x8a\xc4\x8a", "<|user|>", "[gMASK]", "<sop>",
-                                  "<x>", "<|assistant|>"};
+    static const char *const extra[] = {"\xc4\xa0\xc4\xa0", "th", "the", "\xc4\xa0t", "\xc4\xa0the",
+                                        "in", "ing", "\xc4\x8a\xc4\x8a", "<|user|>", "[gMASK]", "<sop>",
+                                        "<x>", "<|assistant|>"};
     static const int32_t extra_type[] = {1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 4, 3};
-    static const char *merges[] = {"\xc4\xa0 \xc4\xa0", "t h", "th e", "\xc4\xa0 t",
-                                   "\xc4\xa0t he", "i n", "in g", "\xc4\x8a \xc4\x8a"};
-    enum { N_EXTRA = 13, N_MERGES = 8 };
-    const char *toks[256 + N_EXTRA];
-    uint64_t lens[256 + N_EXTRA];
-    int32_t types[256 + N_EXTRA];
-    uint32_t next = 256;
-    for (uint32_t b = 0; b < 256; b++) { /* GPT-2 bytes_to_unicode */
-        int printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-        lens[b] = put_cp(printable ? b : next++, sym[b]);
-        toks[b] = sym[b];
-        types[b] = 1;
-    }
-    for (int i = 0; i < N_EXTRA; i++) {
-        toks[256 + i] = extra[i];
-        lens[256 + i] = strlen(extra[i]);
-        types[256 + i] = extra_type[i];
-    }
-    uint64_t mlens[N_MERGES];
-    for (int i = 0; i < N_MERGES; i++) mlens[i] = strlen(merges[i]);
-    tok_vocab_desc d = {256 + N_EXTRA, toks, lens, types, N_MERGES, merges, mlens,
-                        -1, 256 + 8, -1, -1, -1, -1};
-    tok_ctx *t = NULL;
-    if (tok_create_from_vocab(&d, &t, NULL) != G5_OK) abort();
-    return t;
+    static const char *const merges[] = {"\xc4\xa0 \xc4\xa0", "t h", "th e", "\xc4\xa0 t",
+                                         "\xc4\xa0t he", "i n", "in g", "\xc4\x8a \xc4\x8a"};
+    return fuzz_byte_vocab(extra, extra_type, 13, merges, 8, 256 + 8);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
