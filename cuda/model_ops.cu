@@ -8,6 +8,7 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
+#include "cuda/deq_sub.h"
 #include "cuda/rowops.cuh"
 #include "format/quant_blocks.h"
 
@@ -562,7 +563,58 @@ unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) 
 
 } // namespace
 
-/* Grid: one warp (DQ_W threads) per DQ_W consecutive (row, block) pairs of a quantized type
+/* Grid: one thread per (row i, 32-element sub-block) of a block type, 256 per CTA. Each thread
+ * decodes its sub-block with cuda/deq_sub.h's deq_sub (the CPU's operations, so deq_block's
+ * values) into registers, rounds once to OutT and stores 64 bytes, as four 16-byte vectors when
+ * the output rows allow it: every thread busy and no staging buffer (the former kernel decoded
+ * a whole 256-element block per thread through 33 KB of shared memory per warp, about 6 warps
+ * per SM; bench/RESULTS.md, the pp512 profile). */
+__device__ __forceinline__ uint32_t pack2(float a, float b, __half *) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *(const uint32_t *)(const void *)&h;
+}
+__device__ __forceinline__ uint32_t pack2(float a, float b, __nv_bfloat16 *) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(const uint32_t *)(const void *)&h;
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(256)
+    k_dequant_sub16(uint32_t type, const uint8_t *__restrict__ w, int64_t row_bytes, int64_t n_rows_w,
+                    const int32_t *__restrict__ rows, int64_t n, int64_t nsub, int spb, int bb,
+                    OutT *__restrict__ out, int64_t ldo, int vec) {
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n * nsub) return;
+    const int64_t i = g / nsub, sb = g % nsub, bi = sb / spb;
+    const int s = (int)(sb % spb);
+    const int64_t r = rows ? (int64_t)rows[i] : i;
+    float y[32];
+    if (r < 0 || r >= n_rows_w) {
+#pragma unroll
+        for (int j = 0; j < 32; j++) y[j] = __int_as_float(0x7fc00000);
+    } else {
+        deq_sub(type, w + r * row_bytes + bi * (int64_t)bb, s, y);
+    }
+    OutT *o = out + i * ldo + sb * 32;
+    uint32_t p[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) p[j] = pack2(y[2 * j], y[2 * j + 1], o);
+    if (vec) {
+        uint4 *o4 = (uint4 *)(void *)o;
+#pragma unroll
+        for (int q = 0; q < 4; q++) o4[q] = make_uint4(p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]);
+    } else {
+        uint16_t *o2 = (uint16_t *)(void *)o;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            o2[2 * j] = (uint16_t)(p[j] & 0xffffu);
+            o2[2 * j + 1] = (uint16_t)(p[j] >> 16);
+        }
+    }
+}
+
+/* The types deq_sub does not decode (the low-bit ones of format/quant_blocks.h).
+ * Grid: one warp (DQ_W threads) per DQ_W consecutive (row, block) pairs of a quantized type
  * (blocks of 32 or 256 elements). Each thread decodes its block with deq_block straight into
  * shared memory (rows padded by one float: the threads' writes of one index fall in distinct
  * banks), then the warp stores the DQ_W blocks, each as 32-lane runs of consecutive elements, so
@@ -615,12 +667,25 @@ static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t
     if (quant_row_bytes(w_type, (uint64_t)k, &row_bytes)) return BAD("dequant_rows: row bytes of k=%lld", (long long)k);
     const int64_t nblk = k / blk;
     if (n > INT64_MAX / nblk) return BAD("dequant_rows: n * blocks overflows");
-    if (sizeof(OutT) == 2 && blk >= DQ_W)
-        k_dequant_rows_sh<OutT><<<grid_for(n * nblk, DQ_W), DQ_W, 0, (cudaStream_t)stream>>>(
-            w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
-    else
-        k_dequant_rows<OutT><<<grid_for(n * nblk, 128), 128, 0, (cudaStream_t)stream>>>(
-            w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
+    if constexpr (sizeof(OutT) == 2) {
+        if (blk >= 32 && !deq_sub_handles(w_type)) {
+            k_dequant_rows_sh<OutT><<<grid_for(n * nblk, DQ_W), DQ_W, 0, (cudaStream_t)stream>>>(
+                w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
+            CUK_CHECK_LAUNCH("dequant_rows");
+            return G5_OK;
+        }
+        if (blk >= 32) {
+            const int spb = blk / 32, vec = (uintptr_t)out % 16 == 0 && ldo % 8 == 0;
+            const int64_t nsub = nblk * spb;
+            if (n > INT64_MAX / nsub) return BAD("dequant_rows: n * sub-blocks overflows");
+            k_dequant_sub16<OutT><<<grid_for(n * nsub, 256), 256, 0, (cudaStream_t)stream>>>(
+                w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nsub, spb, bb, out, ldo, vec);
+            CUK_CHECK_LAUNCH("dequant_rows");
+            return G5_OK;
+        }
+    }
+    k_dequant_rows<OutT><<<grid_for(n * nblk, 128), 128, 0, (cudaStream_t)stream>>>(
+        w_type, (const uint8_t *)w, (int64_t)row_bytes, n_rows_w, rows, n, nblk, blk, bb, out, ldo);
     CUK_CHECK_LAUNCH("dequant_rows");
     return G5_OK;
 }
