@@ -70,6 +70,7 @@ typedef struct rt_eng_opts {
     int collective_nccl;         /* NCCL between ranks also for TP 1 (rt_gpu_opts.collective) */
     uint32_t check_tokens;       /* --check: tokens to compare with the CPU (0: none) */
     double check_tol_stage, check_tol_logits, check_min_overlap; /* 0: rt_gpu_check's defaults */
+                                 /* fast precision checks stage by stage (rt_gpu_check_opts.stagewise) */
     FILE *check_report;          /* NULL: stderr */
 } rt_eng_opts;
 
@@ -160,6 +161,7 @@ typedef struct rt_eng_check_result {
     int ok;                      /* every checked value within tolerance */
     uint32_t n_tokens;           /* tokens checked */
     double max_stage_attn, max_stage_ffn, max_layer, logits_rel_l2, min_overlap_mean;
+    double head_rel_l2;          /* the output head from the GPU's last layer (one rank) */
     double mtp_rel_l2;           /* the NextN block's draft logits; mtp_n positions (0: none) */
     uint32_t mtp_n;
 } rt_eng_check_result;

@@ -51,6 +51,7 @@ static g5_status gpu_create(rt_eng *e, g5_error *err) {
         if (o->check_tol_stage > 0) co.tol_stage = o->check_tol_stage;
         if (o->check_tol_logits > 0) co.tol_logits = o->check_tol_logits;
         if (o->check_min_overlap > 0) co.min_overlap = o->check_min_overlap;
+        co.stagewise = o->precision == RT_ENG_FAST;
         co.report = o->check_report;
         if ((st = rt_gpu_check_create(e->m, x->g, &co, &x->chk, err))) {
             g5_error_prefix(err, "check");
@@ -96,7 +97,7 @@ static int gpu_check_result(const rt_eng *e, rt_eng_check_result *out) {
     *out = (rt_eng_check_result){.ok = cs.ok, .n_tokens = cs.n_tokens, .max_stage_attn = cs.max_stage_attn,
                                  .max_stage_ffn = cs.max_stage_ffn, .max_layer = cs.max_layer,
                                  .logits_rel_l2 = cs.logits_rel_l2, .min_overlap_mean = cs.min_overlap_mean,
-                                 .mtp_rel_l2 = cs.mtp_rel_l2, .mtp_n = cs.mtp_n};
+                                 .head_rel_l2 = cs.head_rel_l2, .mtp_rel_l2 = cs.mtp_rel_l2, .mtp_n = cs.mtp_n};
     return 1;
 }
 

@@ -197,5 +197,8 @@ void rt_stage_attn(rt_stage *s, uint32_t il, const float *x, float *out, int32_t
  * (RMSNorm'ed here): out [n][n_embd]; experts [n][n_expert_used] (may be NULL; MoE layers only):
  * the routed experts, ascending. */
 void rt_stage_ffn(rt_stage *s, uint32_t il, const float *xmid, float *out, int32_t *experts);
+/* The output head (final RMSNorm and lm_head) over the last main layer's output x [n][n_embd]:
+ * logits [n][n_vocab]. */
+void rt_stage_head(rt_stage *s, const float *x, float *logits);
 
 #endif

@@ -102,3 +102,12 @@ void rt_stage_ffn(rt_stage *s, uint32_t il, const float *xmid, float *out, int32
     }
     memcpy(out, s->w.part, (size_t)n * E * sizeof(float));
 }
+
+void rt_stage_head(rt_stage *s, const float *x, float *logits) {
+    rt_model *m = s->m;
+    const glm5_hparams *hp = &m->hp;
+    rt_rank *rk = &m->ranks[0];
+    const uint32_t E = hp->n_embd, n = s->n;
+    for (uint32_t t = 0; t < n; t++) rt_rmsnorm(x + (size_t)t * E, rk->output_norm, E, hp->rms_eps, s->w.h + (size_t)t * E);
+    rt_matmul(rk->pool, &rk->output.mat, s->w.h, E, n, logits, hp->n_vocab); /* one rank: all columns */
+}

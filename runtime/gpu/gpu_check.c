@@ -9,7 +9,10 @@
  *    the GPU's post-attention residual) by the CPU model's public stage functions (rt_stage_*,
  *    model.h: the forward pass's own attention and FFN/MoE code), with its own caches fed the
  *    same way. Its differences are each stage's own error, which is what localizes a wrong
- *    kernel. */
+ *    kernel. The output head is a stage too (the CPU's head over the GPU's last layer output).
+ * Precise mode is judged on both; fast mode (opts.stagewise) on the stage run alone where there is
+ * one: its fp16 products flip near-tied indexer/router choices of the random-weight oracle, and a
+ * flip changes that token's layer output by 10-60%, which then travels end to end. */
 #ifdef G5_WITH_CUDA
 
 #include <math.h>
@@ -223,10 +226,10 @@ g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t 
     uint8_t *skip = malloc(N);
     const int stages = c->stage != NULL;
     float *s_att = stages ? malloc(N * E * sizeof(float)) : NULL, *s_ffn = stages ? malloc(N * E * sizeof(float)) : NULL;
-    float *xmid = stages ? malloc(N * E * sizeof(float)) : NULL;
+    float *xmid = stages ? malloc(N * E * sizeof(float)) : NULL, *s_lg = stages ? malloc(N * V * sizeof(float)) : NULL;
     int32_t *s_sel = stages ? malloc(N * K * sizeof(int32_t)) : NULL, *s_ex = stages ? malloc(N * U * sizeof(int32_t)) : NULL;
     if (!g_lh || !g_att || !g_ffn || !g_tk || !g_lg || !c_lh || !c_tk || !c_lg || !g_hid || !g_ex || !skip ||
-        (stages && (!s_att || !s_ffn || !xmid || !s_sel || !s_ex))) {
+        (stages && (!s_att || !s_ffn || !xmid || !s_lg || !s_sel || !s_ex))) {
         st = g5_fail(err, G5_ERR_NOMEM, "check buffers for %u tokens", n);
         goto done;
     }
@@ -295,20 +298,28 @@ g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t 
         if (d_lay > c->sum.max_layer || d_lay != d_lay) c->sum.max_layer = d_lay;
         if (ov_used < c->sum.min_overlap_mean) c->sum.min_overlap_mean = ov_used;
     }
+    const int judged = !(c->o.stagewise && stages); /* the end-to-end logits join the verdict */
+    if (stages) {
+        rt_stage_head(c->stage, g_lh + Lm * N * E, s_lg);
+        const double hrel = rel_l2(g_lg, s_lg, N * V);
+        const int hok = hrel <= c->o.tol_logits;
+        ok &= hok;
+        if (rf) fprintf(rf, "check: head logits rel L2 %.3e (tolerance %.1e), argmax agrees at %u/%u positions (output head "
+                "from the GPU's last layer output)%s\n", hrel, c->o.tol_logits, argmax_agree(g_lg, s_lg, n, V), n,
+                hok ? "" : "  <-- past tolerance");
+        if (hrel > c->sum.head_rel_l2 || hrel != hrel) c->sum.head_rel_l2 = hrel;
+    }
     const double lrel = rel_l2(g_lg, c_lg, N * V);
     const uint32_t agree = argmax_agree(g_lg, c_lg, n, V);
     const int lok = lrel <= c->o.tol_logits;
-    ok &= lok;
+    if (judged) ok &= lok;
     if (rf) fprintf(rf, "check: logits rel L2 %.3e (tolerance %.1e), argmax agrees at %u/%u positions%s\n", lrel,
-            c->o.tol_logits, agree, n, lok ? "" : "  <-- past tolerance");
+            c->o.tol_logits, agree, n, !judged ? "  (end to end: reported, not judged)" : lok ? "" : "  <-- past tolerance");
     if (lrel > c->sum.logits_rel_l2 || lrel != lrel) c->sum.logits_rel_l2 = lrel;
     if (rt_model_has_mtp(m) && (st = check_mtp(c, tokens, n, g_hid, &ok, err))) goto done;
     c->sum.ok &= ok;
     c->checked += n;
     c->sum.n_tokens = c->checked;
-    if (stages) {
-        /* the stage caches are complete for these positions now (rt_attn_layer wrote them) */
-    }
     if (out) {
         if (out->logits)
             memcpy(out->logits, out->all_logits ? g_lg : g_lg + (N - 1) * V,
@@ -324,6 +335,7 @@ done:
     free(s_att);
     free(s_ffn);
     free(xmid);
+    free(s_lg);
     free(s_sel);
     free(s_ex);
     free(g_lh);

@@ -282,6 +282,12 @@ typedef struct rt_gpu_check_opts {
     double tol_stage;            /* max relative difference per stage (default 1e-3) */
     double tol_logits;           /* logits relative L2 (default 1e-3) */
     double min_overlap;          /* indexer top-k overlap, mean per layer (default 0.95) */
+    int stagewise;               /* 0 (default): the end-to-end logits join the verdict; 1 (fast
+                                    mode): with stage runs (one rank) the verdict is stage by
+                                    stage (attention, FFN/MoE, output head, NextN block, each from
+                                    the GPU's own input) and the end-to-end figures are reported
+                                    only: 16-bit rounding flips near-tied indexer/router choices,
+                                    and a flip's effect travels to every later token */
     FILE *report;                /* where the per-layer table goes (stderr if NULL; written by
                                     process 0 only) */
 } rt_gpu_check_opts;
@@ -317,6 +323,8 @@ uint32_t rt_gpu_check_n_checked(const rt_gpu_check *c);
 typedef struct rt_gpu_check_summary {
     uint32_t n_tokens;
     double max_stage_attn, max_stage_ffn, max_layer, logits_rel_l2, min_overlap_mean;
+    double head_rel_l2;          /* output head's logits from the GPU's last layer output (stage
+                                    runs; largest per call) */
     double mtp_rel_l2;           /* NextN block's draft logits (largest per call), both sides fed
                                     the GPU's hidden states; mtp_n positions checked (0: no block) */
     uint32_t mtp_n;

@@ -4,8 +4,10 @@
 # greedy continuations equal to the oracle's 24 tokens (precise at TP 1, TP 2 on one GPU, with
 # --cuda-graph on, through a one-rank NCCL communicator, with --draft mtp at TP 1 and TP 2);
 # --check verdicts (precise TP 1/TP 2/NCCL/bf16 kv_b PASSED, its logits rel. L2 within the
-# tolerance below; fast mode as specs/numerics.md states it: f32 cache PASSED and greedy equal,
-# f16 cache greedy equal, bf16 cache a run that completes); fast --cuda-graph on equal to fast
+# tolerance below; fast mode as specs/numerics.md states it: PASSED stage by stage with every
+# cache type, the end-to-end logits reported; fast's greedy ids are not the oracle's: fp16
+# products flip near-tied indexer choices, test_gpu_model holds fast mode to the fidelity bar);
+# fast --cuda-graph on equal to fast
 # plain launches (graph replay is bit-identical); the GGUF source and --no-verify runs complete.
 # Prints `ok`/`FAIL` per assertion and `oracle_cli: N passed, M failed` last; exits non-zero on
 # any failure.
@@ -34,12 +36,14 @@ bad() { echo "FAIL $1"; failed=$((failed + 1)); }
 # expect NAME COND-RESULT(0 = holds) DETAIL
 expect() { if [ "$2" -eq 0 ]; then ok "$1"; else bad "$1: $3"; fi; }
 n_ids() { echo "$1" | wc -w; }
-# --check's summary line ("glm5-run: check PASSED over N tokens: ..., logits rel L2 X, ..."): the
-# worst logits rel. L2 over the checked tokens, X <= TOL
+# --check's summary line ("glm5-run: check PASSED over N tokens: ..., layer L, logits rel L2 X,
+# head logits rel L2 H, ..."): the worst end-to-end logits rel. L2 (or, as `logits_within FILE TOL
+# head`, the output head's) over the checked tokens, X <= TOL
 summary() { grep -E "^glm5-run: check (PASSED|FAILED)" "$1" | tail -1; }
 logits_within() {
-    local x
-    x=$(summary "$1" | sed -E 's/.*logits rel L2 ([^ ,]+).*/\1/')
+    local x key=", logits rel L2"
+    [ "${3:-}" = head ] && key=", head logits rel L2"
+    x=$(summary "$1" | sed -nE "s/.*$key ([^ ,]+).*/\1/p")
     [ -n "$x" ] && awk -v x="$x" -v t="$2" 'BEGIN { exit !(x + 0 <= t + 0) }'
 }
 
@@ -99,20 +103,15 @@ for cfg in tp1:precise tp2:precise tp1:fast; do
     fi
 done
 
+# fast mode: stage by stage within glm5-run's fast tolerance (5e-2) with every cache type, the
+# end-to-end logits reported ("reported, not judged"), and 24 tokens
 for kc in f32 f16 bf16; do
     ids=$(gen -m "$W/tp1" --precision fast --kv-cache $kc --check 100 2>"$OUT/check_fast_$kc.txt"); rc=$?
     summary "$OUT/check_fast_$kc.txt"
-    case $kc in
-    f32)
-        expect "fast/f32: --check exit 0" $rc "exit $rc"
-        [ "$ids" = "$GREEDY" ]; expect "fast/f32: greedy equals the oracle's" $? "got $ids" ;;
-    f16)
-        # --check past the float32 tolerance is the documented state (a flipped near-tied key)
-        expect "fast/f16: --check completes (exit 0 or 3)" $(( rc != 0 && rc != 3 )) "exit $rc"
-        [ "$ids" = "$GREEDY" ]; expect "fast/f16: greedy equals the oracle's" $? "got $ids" ;;
-    bf16)
-        expect "fast/bf16: --check completes (exit 0 or 3), 24 tokens" $(( (rc != 0 && rc != 3) || $(n_ids "$ids") != 24 )) "exit $rc: $ids" ;;
-    esac
+    expect "fast/$kc: --check PASSED (exit 0), 24 tokens" $(( rc != 0 || $(n_ids "$ids") != 24 )) "exit $rc: $ids"
+    logits_within "$OUT/check_fast_$kc.txt" 5e-2 head; expect "fast/$kc: head logits rel L2 <= 5e-2" $? "$(summary "$OUT/check_fast_$kc.txt")"
+    grep -q "reported, not judged" "$OUT/check_fast_$kc.txt"
+    expect "fast/$kc: the end-to-end logits are reported" $? "no end-to-end line"
 done
 
 "$RUN" -m "$GGUF" --device cuda -p "The quick brown fox" -n 16 --temp 0 >"$OUT/gguf_text.txt" 2>&1

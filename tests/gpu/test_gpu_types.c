@@ -9,8 +9,12 @@
  *    precise mode against the CPU model of the same blobs: a 40-token prompt through the GEMV
  *    path (gemm_min off) and through the prefill GEMM path (gemm_min 1, experts too), logits of
  *    every position; then the NextN block (rt_gpu_mtp) on the CPU's hidden states; then 3 decode
- *    steps; each within 1e-5 relative L2 of the CPU (the same calls in the same order). Then `--check`'s machinery (rt_gpu_check)
- *    on the prompt and two decode steps must pass.
+ *    steps, each against the CPU (the same calls in the same order) within the oracle's precise
+ *    tolerances (tests/oracle_ref.h: 1e-3 logits rel L2 for a step, 5e-3 for a whole prompt,
+ *    whose f32 rounding differences travel through near-tied indexer/router choices of random
+ *    weights; measured 2026-12-01 on the H200: at most 1.3e-3 for a prompt, 1.9e-4 for a step).
+ *    Then `--check`'s machinery (rt_gpu_check: each stage from the GPU's own inputs within 1e-3)
+ *    on the prompt and two decode steps must pass, on both paths.
  * The GEMV / MoE kernels of each type alone are in tests/gpu/test_kernels.c (TYPES). Runs on the
  * device only (`make test-gpu`); needs no reference data. */
 #include <cuda_runtime_api.h>
@@ -34,7 +38,7 @@
 #define G5_TEST_SEED 0x7e5757a1ull
 #include "tests/gpu/gpu_test_util.h"
 
-#define TOL 1e-5
+static const double k_tol_prompt = 5e-3, k_tol_step = 1e-3; /* see above */
 
 /* ---- 1. every type is a GPU type (its row dequantization: tests/gpu/test_gpu_model.c) ---- */
 
@@ -66,12 +70,12 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void expect_close(const float *got, const float *ref, size_t n, const char *label, const char *what) {
+static void expect_close(const float *got, const float *ref, size_t n, const char *label, const char *what, double tol) {
     const double r = rel_l2(got, ref, n);
     int finite = 1;
     for (size_t i = 0; i < n; i++) finite &= isfinite(got[i]) != 0;
     printf("%s: %s rel L2 vs the CPU %.3e\n", label, what, r);
-    T_CHECK(finite && r <= TOL, "%s: %s differ from the CPU by %.3e (finite %d)", label, what, r, finite);
+    T_CHECK(finite && r <= tol, "%s: %s differ from the CPU by %.3e > %.0e (finite %d)", label, what, r, tol, finite);
 }
 
 static rt_gpu_model *gpu_of(rt_model *m, rt_wset *ws, int gemm, const char *label) {
@@ -125,20 +129,20 @@ static void check_blobs(const char *dir, uint32_t tp, const char *preset) {
         rt_gpu_model *g = gpu_of(m, ws, gemm, lb);
         if (!g) continue;
         rt_gpu_outputs go = {.logits = got, .all_logits = 1};
-        if (rt_gpu_forward(g, tok, N_PROMPT, &go, &e) == G5_OK) expect_close(got, ref, (size_t)N_PROMPT * V, lb, "prompt logits");
+        if (rt_gpu_forward(g, tok, N_PROMPT, &go, &e) == G5_OK) expect_close(got, ref, (size_t)N_PROMPT * V, lb, "prompt logits", k_tol_prompt);
         else T_CHECK(0, "%s: forward: %s", lb, e.msg);
         T_CHECK(rt_gpu_has_mtp(g), "%s: NextN block on the GPU", lb);
         if (rt_gpu_mtp(g, hid, next, N_PROMPT, dgot, 1, &e) == G5_OK)
-            expect_close(dgot, dref, (size_t)N_PROMPT * V, lb, "NextN draft logits");
+            expect_close(dgot, dref, (size_t)N_PROMPT * V, lb, "NextN draft logits", k_tol_step);
         else T_CHECK(0, "%s: NextN: %s", lb, e.msg);
         for (int i = 0; i < N_DECODE; i++) {
             rt_gpu_outputs g1 = {.logits = sgot};
             char what[64];
             snprintf(what, sizeof what, "decode step %d logits", i + 1);
-            if (rt_gpu_forward(g, &tok[N_PROMPT + i], 1, &g1, &e) == G5_OK) expect_close(sgot, sref + (size_t)i * V, V, lb, what);
+            if (rt_gpu_forward(g, &tok[N_PROMPT + i], 1, &g1, &e) == G5_OK) expect_close(sgot, sref + (size_t)i * V, V, lb, what, k_tol_step);
             else T_CHECK(0, "%s: decode: %s", lb, e.msg);
         }
-        if (!gemm) { /* --check's machinery on the GEMV model */
+        { /* --check's machinery on the same model */
             rt_gpu_reset(g);
             rt_gpu_check_opts cko;
             rt_gpu_check_opts_default(&cko);
