@@ -147,6 +147,9 @@ static void check_blobs(const char *dir, uint32_t tp, const char *preset) {
             rt_gpu_check_opts cko;
             rt_gpu_check_opts_default(&cko);
             cko.n_tokens = 100000;
+            cko.tol_logits = k_tol_prompt; /* as the prompt logits above: these random weights' logits are
+                                              ill-conditioned (measured: last layer within 1.2e-5, head
+                                              2.4e-7, end to end 1.3e-3 on ud-q3_k_xl's GEMM path) */
             cko.report = stdout;
             rt_gpu_check *c = NULL;
             T_CHECK(rt_gpu_check_create(m, g, &cko, &c, &e) == G5_OK, "%s: check create: %s", lb, e.msg);
