@@ -72,6 +72,7 @@ $(GPU_DIR)/tests/%: $(GPU_DIR)/obj/tests/gpu/%.o $(GPU_LIB) $(GPU_FORMAT_OBJ)
 # grand total `N passed, N failed` last, non-zero exit on any failure. Per-case lines of the GPU
 # tests also go to $(GPU_DIR)/test-gpu-detail.log, the glm5-run reports to $(GPU_DIR)/oracle_cli/.
 # G5_TEST_TOL_SCALE=1e-9 make test-gpu plants a tolerance the precise runs cannot meet (it fails).
+# TEST_JOBS=8 runs the programs side by side (scripts/run_tests.sh; the report keeps the order).
 test-gpu: gpu gpu-model $(BUILD)/bin/glm5-shard
 	@rm -f $(GPU_DIR)/test-gpu-detail.log
 	@G5_TEST_DETAIL=$(abspath $(GPU_DIR))/test-gpu-detail.log OUT=$(abspath $(GPU_DIR))/oracle_cli BUILD=$(BUILD) \
