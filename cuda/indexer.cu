@@ -99,6 +99,45 @@ __device__ int block_scan(int v, int *ws, int *total) {
     return r;
 }
 
+/* A radix pass's decision, by warp 0 (lane l owns bins 8l .. 8l + 7): with S(b) the count in bins
+ * b .. 255, the bin b = the largest one in 1 .. 255 with S(b) >= rem (0 if none) and above =
+ * S(b + 1), the count in the bins over it: what a walk down from bin 255 finds, in ~30 steps
+ * instead of up to 255 dependent ones. Every lane returns the same. */
+__device__ __forceinline__ void pick_bin(const uint32_t *h, int rem, int lane, int *b_out, uint32_t *above_out) {
+    uint32_t v[8], own = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        v[k] = h[8 * lane + k];
+        own += v[k];
+    }
+    uint32_t suf = own; /* bins 8 lane .. 255 */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t x = __shfl_down_sync(0xffffffffu, suf, o);
+        if (lane + o < 32) suf += x;
+    }
+    uint32_t S[8], run = suf - own; /* S(8 lane + k); run: bins past this lane's */
+#pragma unroll
+    for (int k = 7; k >= 0; k--) {
+        run += v[k];
+        S[k] = run;
+    }
+    int mine = -1;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (8 * lane + k >= 1 && S[k] >= (uint32_t)rem) mine = 8 * lane + k;
+    int b = mine;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+    if (b < 0) b = 0;
+    uint32_t ab = 0; /* S(b + 1), from the lane that owns b */
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (8 * lane + k == b) ab = S[k] - v[k];
+    *above_out = __shfl_sync(0xffffffffu, ab, b >> 3);
+    *b_out = b;
+}
+
 /* one block per query token */
 __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0_h, const int32_t *__restrict__ dpos,
                        const cuk_seq_row *__restrict__ rows, int64_t bound, int32_t K, int32_t *__restrict__ sel,
@@ -135,16 +174,15 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
             if ((key & hi) == (prefix & hi)) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int rem = s_remaining;
-            uint32_t above = 0;
-            int b = 255;
-            for (; b > 0; b--) {
-                if (above + hist[b] >= (uint32_t)rem) break;
-                above += hist[b];
+        if (threadIdx.x < 32) {
+            const int rem = s_remaining;
+            int b;
+            uint32_t above;
+            pick_bin(hist, rem, threadIdx.x, &b, &above);
+            if (threadIdx.x == 0) {
+                s_remaining = rem - (int)above;
+                s_prefix = prefix | ((uint32_t)b << shift);
             }
-            s_remaining = rem - (int)above;
-            s_prefix = prefix | ((uint32_t)b << shift);
         }
         __syncthreads();
     }
@@ -372,16 +410,15 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restri
             tot[i] = v;
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (threadIdx.x < 32) {
             const int rem = s_remaining;
-            uint32_t above = 0;
-            int b = 255;
-            for (; b > 0; b--) {
-                if (above + tot[b] >= (uint32_t)rem) break;
-                above += tot[b];
+            int b;
+            uint32_t above;
+            pick_bin(tot, rem, threadIdx.x, &b, &above);
+            if (threadIdx.x == 0) {
+                s_remaining = rem - (int)above;
+                s_prefix = prefix | ((uint32_t)b << shift);
             }
-            s_remaining = rem - (int)above;
-            s_prefix = prefix | ((uint32_t)b << shift);
         }
         __syncthreads();
     }
