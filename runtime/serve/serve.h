@@ -120,6 +120,16 @@ typedef struct srv_config {
                                 on every reply, and OPTIONS preflights answered 204 */
     int prefix_cache;        /* reuse cache blocks of earlier requests' token prefixes (default 1;
                                 CPU only: the GPU sequences' caches cannot share blocks yet) */
+    int draft_mtp;           /* --draft mtp: speculative decoding with the model's NextN/MTP block
+                                (one draft token per sequence and step, verified in the batched
+                                step; greedy requests keep the argmax, sampled ones use
+                                speculative sampling). Default 0; the prefix cache is off with it */
+    /* --draft mtp, tests: each request's drafter calls this after every MTP call, as draft.h's
+     * rt_draft_observer (it may rewrite the draft logits: tests drive the accept path with it);
+     * engine thread. NULL: none */
+    g5_status (*draft_observer)(void *user, uint32_t p0, const float *hidden, const int32_t *next, uint32_t n,
+                                float *draft, g5_error *err);
+    void *draft_observer_user;
     srv_device device;       /* default SRV_DEVICE_CPU */
     int gpu0;                /* CUDA: first device; rank r on (gpu0 + r) % n_devices */
     int gpu_fast;            /* CUDA: --precision fast (default precise) */
@@ -155,6 +165,7 @@ typedef struct srv_stats {
     uint64_t preemptions;
     uint64_t prompt_tokens, generated_tokens;
     uint64_t prefix_query_tokens, prefix_hit_tokens; /* prompt tokens looked up / reused */
+    uint64_t draft_proposed, draft_accepted;          /* --draft mtp: draft tokens verified / kept */
     double load_seconds;
     uint64_t load_bytes;
 } srv_stats;
