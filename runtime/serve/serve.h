@@ -19,6 +19,23 @@
  * are unchanged: the model gives bit-identical results whether tokens are fed together or one
  * at a time, and the sampler keeps its state).
  *
+ * MTP speculative decoding (draft_mtp, --draft mtp): each request has a drafter (runtime/draft.h)
+ * on its sequence; its prompt chunks keep their final-normed hidden states for the NextN block.
+ * A decode step then (1) lets every sequence whose newest token is its pending draft (accepted)
+ * draw from the logits its verification already produced, (2) runs each sequence's MTP block
+ * over its new (hidden state, token) pairs and draws a draft with the request's own sampler
+ * (greedy: its argmax), (3) verifies all [token, draft] rows in one batched call
+ * (rt_eng_decode_rows: one weight pass on the CPU) and (4) draws each next token from its first
+ * row with samp_sample_spec: greedy keeps the argmax (outputs identical to plain decoding),
+ * sampled requests keep the draft with probability min(1, p/q), else draw from max(0, p - q)
+ * (the model's distribution). A rejected draft's position is truncated before the next
+ * verification; the second row's logits wait for the step that accepts it. No draft is made
+ * when the context is full or the next token is the request's last. /metrics counts drafts
+ * verified and accepted. The prefix cache is off with it (the MTP block's caches and hidden
+ * states are not cached by prefix yet); after a preemption a sampled request's tokens may differ
+ * from an unpreempted run (the same distribution: the drafter restarts, so the random stream is
+ * used differently); greedy ones never do.
+ *
  * A client that goes away (its socket reads EOF/hangs up while it waits, or a write fails) has
  * its request cancelled; the engine drops the sequence and frees its blocks before its next step.
  *
