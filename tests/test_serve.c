@@ -1116,7 +1116,7 @@ static void test_preemption(ref *R, const oracle *o) {
 enum { MTP_NC = 6, MTP_NP = 6, MTP_NG = 16 };
 typedef struct mtp_cheat {
     pthread_mutex_t mu;
-    int32_t full[MTP_NC][MTP_NP + MTP_NG]; /* prompt, then the greedy continuation */
+    int32_t full[MTP_NC][MTP_NP + 32]; /* prompt, then the greedy continuation */
     uint32_t n_full[MTP_NC];
     uint64_t calls, steered;
     uint32_t V;
@@ -1150,7 +1150,7 @@ static void test_draft_mtp(ref *R, const oracle *o) {
     static mtp_cheat ch;
     pthread_mutex_init(&ch.mu, NULL);
     ch.V = R->V;
-    int32_t want[MTP_NC][MTP_NG];
+    int32_t want[MTP_NC][MTP_NG + 16];
     uint32_t nw[MTP_NC];
     for (int i = 0; i < MTP_NC; i++) {
         const int32_t *p = o->p2 + 37 * i;
@@ -1218,6 +1218,46 @@ static void test_draft_mtp(ref *R, const oracle *o) {
             ids_equal(g[0].ids, g[0].n, g[1].ids, g[1].n));
     T_CHECK(g[2].status == 200 && !ids_equal(g[0].ids, g[0].n, g[2].ids, g[2].n), "sampled with draft: seeds 11 and 12 agree");
     T_CHECK(metric(port, "glm5_draft_tokens_total") > drafted, "sampled requests draft too");
+    srv_free(s);
+
+    /* a pool of 4 blocks of 8 tokens: drafting sequences preempt each other (their drafters start
+     * again from the recomputed prompt and output) and one request fills the whole context */
+    c.ctx_size = 32;
+    c.block_tokens = 8;
+    s = start_server(T_ORACLE_GGUF, &c, &lb);
+    if (!s) return;
+    port = srv_port(s);
+    T_CHECK(wait_health(port, 60), "health");
+    enum { NQ = 3 };
+    int32_t wq[NQ][32];
+    uint32_t nq[NQ];
+    pthread_barrier_init(&bar, NULL, NQ);
+    for (int i = 0; i < NQ; i++) {
+        const int32_t *p = o->p2 + 37 * i;
+        nq[i] = ref_greedy(R, p, MTP_NP, 20, wq[i]);
+        jobs[i] = (client_job){.port = port, .stream = i == 1, .bar = &bar};
+        jobs[i].body = completion_body(p, MTP_NP, NULL, 20, jobs[i].stream, NULL);
+        pthread_create(&th[i], NULL, client_main, &jobs[i]);
+    }
+    for (int i = 0; i < NQ; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < NQ; i++) {
+        T_CHECK(jobs[i].g.status == 200 && ids_equal(jobs[i].g.ids, jobs[i].g.n, wq[i], nq[i]),
+                "draft + preemption client %d: %d, %u vs %u tokens", i, jobs[i].g.status, jobs[i].g.n, nq[i]);
+        free(jobs[i].body);
+    }
+    pthread_barrier_destroy(&bar);
+    nq[0] = ref_greedy(R, o->p2, MTP_NP, 32 - MTP_NP, wq[0]);
+    char *body = completion_body(o->p2, MTP_NP, NULL, 32 - MTP_NP, 0, NULL);
+    gen gf;
+    gen_request(port, "/v1/completions", body, 0, &gf);
+    free(body);
+    T_CHECK(gf.status == 200 && ids_equal(gf.ids, gf.n, wq[0], nq[0]) && (nq[0] < 32 - MTP_NP || !strcmp(gf.finish, "length")),
+            "draft filling the context: %d, %u vs %u tokens, finish %s", gf.status, gf.n, nq[0], gf.finish);
+    srv_get_stats(s, &st);
+    printf("draft mtp with a 4-block pool: %llu preemptions, %llu drafts verified, %llu accepted\n",
+           (unsigned long long)st.preemptions, (unsigned long long)st.draft_proposed, (unsigned long long)st.draft_accepted);
+    T_CHECK(st.preemptions > 0 && st.draft_accepted > 0 && st.blocks_in_use == 0, "draft + preemption: %llu preemptions, "
+            "%u blocks in use", (unsigned long long)st.preemptions, st.blocks_in_use);
     srv_free(s);
     pthread_mutex_destroy(&ch.mu);
 }

@@ -990,6 +990,12 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
     }
 }
 
+/* No draft when it cannot be used: the context has no room for it, or the next token is the
+ * request's last. */
+static int want_draft(const srv_server *s, const srv_req *r) {
+    return (uint64_t)r->n_past + 2 <= s->max_ctx && r->n_out + 1 < r->p.max_tokens;
+}
+
 /* --draft mtp: one step of the n decoding sequences in dec. A sequence whose token is its
  * pending draft (accepted) has the logits after it already and draws at once; then every one
  * runs its MTP block for a draft of the token after its newest one and all are verified in one
@@ -1021,7 +1027,7 @@ static void decode_step_mtp(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq
     }
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++)
-        if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 2);
+        if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1 + want_draft(s, dec[i]));
     uint32_t k = 0; /* a reservation may have preempted or retired sequences reserved before it */
     for (uint32_t i = 0; i < n; i++)
         if (is_live_locked(dec[i])) dec[k++] = dec[i];
@@ -1036,10 +1042,8 @@ static void decode_step_mtp(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq
             st = g5_fail(&e, G5_ERR_INTERNAL, "GPU slot %d is not in use, or no drafter", r->gslot);
             break;
         }
-        /* no draft when it cannot be used: the context is full, or the next token is the last */
-        const int want = (uint64_t)r->n_past + 2 <= s->max_ctx && r->n_out + 1 < r->p.max_tokens;
         const float *ready = NULL;
-        st = rt_drafter_begin(r->dr, r->feed[r->feed_off], want, &ready, toks + rows, &nt[i], &e);
+        st = rt_drafter_begin(r->dr, r->feed[r->feed_off], want_draft(s, r), &ready, toks + rows, &nt[i], &e);
         if (!st && (ready || !nt[i])) st = g5_fail(&e, G5_ERR_INTERNAL, "draft: a verified draft twice");
         if (!st && s->gpu && (uint64_t)rt_eng_seq_n_past(sts[i]) + nt[i] > s->max_ctx)
             st = g5_fail(&e, G5_ERR_BOUNDS, "sequence of %u + %u tokens exceeds the context %u", rt_eng_seq_n_past(sts[i]),
