@@ -261,6 +261,12 @@ int main(void) {
         T_CHECK(sout[0] && sout[2] && (slen[0] != slen[2] || memcmp(sout[0], sout[2], slen[0])),
                 "--draft mtp sampling: seeds 5 and 6 gave the same ids");
         for (int k = 0; k < 3; k++) free(sout[k]);
+        /* top-k 1: sampling's code path, greedy's tokens (p and q one-hot) */
+        char *argv_g[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", csv1, "-n", nbuf, "--temp", "0", "--ids", "-q", NULL};
+        T_CHECK(run(argv_g, path) == 0, "plain greedy");
+        char *argv_k[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", csv1, "-n", nbuf, "--temp", "0.9", "--top-k", "1",
+                          "--draft", "mtp", "--ids", "-q", NULL};
+        T_CHECK(run(argv_k, path2) == 0 && t_file_equal(path, path2), "--draft mtp --temp 0.9 --top-k 1 differs from greedy");
     }
     char *bad11[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--draft", "eagle", NULL};
     T_CHECK(run(bad11, NULL) == 2, "--draft eagle: exit 2");

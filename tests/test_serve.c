@@ -12,7 +12,8 @@
  *  - preemption when the block pool is exhausted leaves outputs unchanged;
  *  - --draft mtp: 6 concurrent greedy clients get the plain greedy tokens with accepted and
  *    rejected drafts verified in the batched step, the draft counters in /metrics move; seeded
- *    sampled requests with drafts are reproducible;
+ *    sampled requests with drafts are reproducible, and top_k 1 ones are greedy decoding; the
+ *    same under preemption and up to a full context;
  *  - a blob set (TP 2) written by the converter;
  *  - metrics deltas for a known request; one log line per request. */
 #include <arpa/inet.h>
@@ -1218,6 +1219,17 @@ static void test_draft_mtp(ref *R, const oracle *o) {
             ids_equal(g[0].ids, g[0].n, g[1].ids, g[1].n));
     T_CHECK(g[2].status == 200 && !ids_equal(g[0].ids, g[0].n, g[2].ids, g[2].n), "sampled with draft: seeds 11 and 12 agree");
     T_CHECK(metric(port, "glm5_draft_tokens_total") > drafted, "sampled requests draft too");
+    /* sampling with top_k 1: the speculative rule on one-hot p and q must give plain greedy
+     * decoding, steered drafts accepted and the others replaced by the argmax */
+    const double acc1 = metric(port, "glm5_draft_accepted_tokens_total");
+    for (int i = 0; i < 2; i++) {
+        char *body = completion_body(o->p2 + 37 * i, MTP_NP, NULL, MTP_NG, i, "\"temperature\":0.9,\"top_k\":1,\"seed\":3");
+        gen_request(port, "/v1/completions", body, i, &g[0]);
+        free(body);
+        T_CHECK(g[0].status == 200 && ids_equal(g[0].ids, g[0].n, want[i], nw[i]),
+                "sampled, top_k 1, with draft: client %d differs from plain greedy (%u vs %u tokens)", i, g[0].n, nw[i]);
+    }
+    T_CHECK(metric(port, "glm5_draft_accepted_tokens_total") > acc1, "sampled drafts accepted");
     srv_free(s);
 
     /* a pool of 4 blocks of 8 tokens: drafting sequences preempt each other (their drafters start
