@@ -26,6 +26,8 @@ struct rt_drafter {
     int have_last;
     int pending;                 /* the main caches end with the unverified draft token dtok */
     int32_t dtok;
+    uint32_t verifying;          /* rt_drafter_begin asked for this many tokens to be run */
+    samp_ctx *samp;              /* draws the draft (NULL: the draft logits' argmax) */
     rt_draft_stats st;
 };
 
@@ -127,33 +129,90 @@ g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float
     return st;
 }
 
-g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err) {
+g5_status rt_drafter_begin(rt_drafter *d, int32_t y, int draft, const float **ready, int32_t tokens[2], uint32_t *n_verify,
+                           g5_error *err) {
     const size_t V = d->n_vocab, E = d->n_embd;
+    *ready = NULL;
+    *n_verify = 0;
     if (!d->have_last) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: a step before the prompt");
+    if (d->verifying) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: a step before the last one's verification");
     TRY(pairs_reserve(d, (uint64_t)d->np + 2, err));
     if (d->pending && y == d->dtok) { /* accepted: the logits after y are there */
         d->pending = 0;
         d->st.accepted++;
-        memcpy(logits, d->lg + V, V * sizeof(float));
         pair_add(d, d->hid, y);
         memcpy(d->hlast, d->hid + E, E * sizeof(float));
+        *ready = d->lg + V;
         return G5_OK;
     }
     TRY(settle(d, err));
     pair_add(d, d->hlast, y);
-    const uint32_t p0 = rt_eng_seq_mtp_n_past(d->s);
-    TRY(rt_eng_mtp(d->s, d->ph, d->pt, d->np, d->dr, 0, err));
-    if (d->obs) TRY(d->obs(d->obs_user, p0, d->ph, d->pt, d->np, d->dr, err));
-    d->np = 0;
-    uint32_t best = 0; /* greedy draft; ties to the lowest id */
-    for (uint32_t v = 1; v < V; v++)
-        if (d->dr[v] > d->dr[best]) best = v;
-    const int32_t two[2] = {y, (int32_t)best};
-    TRY(rt_eng_prefill(d->s, two, 2, &(rt_eng_out){.logits = d->lg, .all_logits = 1, .hidden = d->hid}, err));
+    tokens[0] = y;
+    *n_verify = 1;
+    if (draft) {
+        const uint32_t p0 = rt_eng_seq_mtp_n_past(d->s);
+        TRY(rt_eng_mtp(d->s, d->ph, d->pt, d->np, d->dr, 0, err));
+        if (d->obs) TRY(d->obs(d->obs_user, p0, d->ph, d->pt, d->np, d->dr, err));
+        d->np = 0;
+        int32_t best = 0;
+        if (d->samp) { /* drawn from the request's own chain (greedy: its argmax) */
+            TRY(samp_sample(d->samp, d->dr, &best, err));
+        } else { /* greedy draft; ties to the lowest id */
+            for (uint32_t v = 1; v < V; v++)
+                if (d->dr[v] > d->dr[best]) best = (int32_t)v;
+        }
+        tokens[1] = best;
+        *n_verify = 2;
+    }
+    d->verifying = *n_verify;
+    d->dtok = *n_verify == 2 ? tokens[1] : -1;
+    return G5_OK;
+}
+
+g5_status rt_drafter_end(rt_drafter *d, const float *logits, const float *hidden, g5_error *err) {
+    const size_t V = d->n_vocab, E = d->n_embd;
+    const uint32_t n = d->verifying;
+    if (!n) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: no verification pending");
+    d->verifying = 0;
     d->st.forwards++;
-    d->st.drafted++;
-    d->dtok = two[1];
-    d->pending = 1;
+    if (logits != d->lg) memcpy(d->lg, logits, n * V * sizeof(float));
+    if (hidden != d->hid) memcpy(d->hid, hidden, n * E * sizeof(float));
+    if (n == 2) {
+        d->st.drafted++;
+        d->pending = 1;
+    } else {
+        memcpy(d->hlast, d->hid, E * sizeof(float));
+    }
+    return G5_OK;
+}
+
+void rt_drafter_abort(rt_drafter *d) { d->verifying = 0; }
+
+const float *rt_drafter_draft(const rt_drafter *d, int32_t *tok) {
+    if (!d->pending) return NULL;
+    *tok = d->dtok;
+    return d->dr;
+}
+
+void rt_drafter_set_sampler(rt_drafter *d, samp_ctx *samp) { d->samp = samp; }
+
+g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err) {
+    const size_t V = d->n_vocab;
+    const float *ready;
+    int32_t two[2];
+    uint32_t n;
+    TRY(rt_drafter_begin(d, y, 1, &ready, two, &n, err));
+    if (ready) {
+        memcpy(logits, ready, V * sizeof(float));
+        return G5_OK;
+    }
+    /* d->lg / d->hid are the verification's outputs directly */
+    g5_status st = rt_eng_prefill(d->s, two, n, &(rt_eng_out){.logits = d->lg, .all_logits = 1, .hidden = d->hid}, err);
+    if (st) {
+        rt_drafter_abort(d);
+        return st;
+    }
+    TRY(rt_drafter_end(d, d->lg, d->hid, err));
     memcpy(logits, d->lg, V * sizeof(float));
     return G5_OK;
 }

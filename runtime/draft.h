@@ -12,6 +12,16 @@
  * logits, so the output equals plain decoding wherever a two-token call gives the logits of two
  * one-token calls (the CPU reference: bit for bit; the GPU: gpu_model.h, "MTP").
  *
+ * Sampling (rt_drafter_set_sampler): the draft is drawn from the caller's sampler over the draft
+ * logits (its chain: penalties, top-k/p, temperature; greedy: its argmax), and the caller chooses
+ * the next token with samp_sample_spec(target logits, rt_drafter_draft's logits and token), so
+ * the draft is kept with probability min(1, p/q) and the output distribution is the model's
+ * (a rejected draft is never the token chosen, so "chosen == draft" still means accepted).
+ *
+ * A step in two halves (rt_drafter_begin, then the caller runs the tokens it names, then
+ * rt_drafter_end) lets a server verify the drafts of many sequences in one batched call
+ * (rt_eng_decode_rows); rt_drafter_step is begin + one rt_eng_prefill + end.
+ *
  * MTP position p holds (hidden state at main position p, token at p + 1); rejected drafts never
  * reach the MTP block, so its caches need no truncation. */
 #ifndef G5_RT_DRAFT_H
@@ -21,6 +31,7 @@
 
 #include "format/status.h"
 #include "runtime/engine.h"
+#include "runtime/text/sample.h"
 
 typedef struct rt_drafter rt_drafter;
 
@@ -39,6 +50,25 @@ g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float
 /* Token y was chosen after the last logits given: the logits [V] of the position after y. */
 g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err);
 void rt_drafter_get_stats(const rt_drafter *d, rt_draft_stats *out);
+
+/* The first half of rt_drafter_step: token y was chosen after the last logits given. If y is the
+ * pending draft (accepted), *ready points at the logits [V] after y (valid until the next call
+ * on d) and *n_verify = 0: nothing to run. Otherwise a rejected draft's position is dropped and,
+ * with draft set, the MTP block drafts the token after y: tokens[0 .. *n_verify) = [y, draft]
+ * (or [y] without draft) must be run on the sequence, and their logits [n][V] and hidden states
+ * [n][E] handed to rt_drafter_end before any other call (or rt_drafter_abort if that failed). */
+g5_status rt_drafter_begin(rt_drafter *d, int32_t y, int draft, const float **ready, int32_t tokens[2], uint32_t *n_verify,
+                           g5_error *err);
+g5_status rt_drafter_end(rt_drafter *d, const float *logits, const float *hidden, g5_error *err);
+/* The verifying call failed (the sequence has not advanced): begin's state is forgotten; the
+ * drafter must not be used again (its pairs may name positions that never ran). */
+void rt_drafter_abort(rt_drafter *d);
+/* The pending (unverified) draft: its token in *tok and the draft logits [V] it was drawn from,
+ * valid until the next call on d; NULL when none is pending. */
+const float *rt_drafter_draft(const rt_drafter *d, int32_t *tok);
+/* The draft is drawn with samp (which must outlive its use here; NULL: the draft logits' argmax,
+ * the default). */
+void rt_drafter_set_sampler(rt_drafter *d, samp_ctx *samp);
 
 /* Called after each MTP call with its n input pairs (at MTP positions p0 .. p0 + n - 1) and the
  * draft logits [n_vocab] of the last, which it may rewrite (tests drive both the accept and the

@@ -97,6 +97,19 @@ static g5_status cpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *t
     return rt_model_forward_batch(e->m, e->states, tokens, n_seq, logits, err);
 }
 
+static g5_status cpu_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                                 const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
+    if (n_seq > e->cap_states) {
+        rt_state **b = realloc(e->states, (size_t)n_seq * sizeof *b);
+        if (!b) return g5_fail(err, G5_ERR_NOMEM, "decode step of %u sequences", n_seq);
+        e->states = b;
+        e->cap_states = n_seq;
+    }
+    for (uint32_t i = 0; i < n_seq; i++) e->states[i] = seqs[i]->dev;
+    const rt_outputs ro = {.logits = out ? out->logits : NULL, .all_logits = 1, .hidden = out ? out->hidden : NULL};
+    return rt_model_forward_rows(e->m, e->states, n_tok, n_seq, tokens, &ro, err);
+}
+
 static g5_status cpu_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next, uint32_t n, float *draft, int all,
                          g5_error *err) {
     return rt_model_mtp(s->e->m, s->dev, hidden, next, n, draft, all, err);
@@ -119,6 +132,7 @@ static const rt_eng_ops cpu_ops = {
     .truncate = cpu_truncate,
     .prefill = cpu_prefill,
     .decode = cpu_decode,
+    .decode_rows = cpu_decode_rows,
     .mtp = cpu_mtp,
 };
 
@@ -282,6 +296,32 @@ g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *token
     for (uint32_t i = 0; i < n_seq; i++)
         if (seqs[i]->e != e) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: sequence %u is another engine's", i);
     return e->ops->decode(e, seqs, tokens, n_seq, logits, err);
+}
+
+g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                             const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
+    for (uint32_t i = 0; i < n_seq; i++) {
+        if (seqs[i]->e != e) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: sequence %u is another engine's", i);
+        if (!n_tok[i]) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: sequence %u has no tokens", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: rows %u and %u share a sequence", j, i);
+    }
+    if (e->ops->decode_rows) return e->ops->decode_rows(e, seqs, n_tok, n_seq, tokens, out, err);
+    const uint32_t V = rt_eng_hparams(e)->n_vocab, E = rt_eng_hparams(e)->n_embd;
+    uint32_t done = 0, r0 = 0;
+    g5_status st = G5_OK;
+    for (; done < n_seq; done++) {
+        const rt_eng_out o = {.logits = out && out->logits ? out->logits + (size_t)r0 * V : NULL, .all_logits = 1,
+                              .hidden = out && out->hidden ? out->hidden + (size_t)r0 * E : NULL};
+        if ((st = e->ops->prefill(seqs[done], tokens + r0, n_tok[done], &o, err))) break;
+        r0 += n_tok[done];
+    }
+    for (uint32_t i = 0; st && i < done; i++) { /* all or nothing: the calls that ran are undone */
+        rt_eng_seq *q = seqs[i];
+        g5_error e2 = {0};
+        (void)e->ops->truncate(q, e->ops->n_past(q) - n_tok[i], e->ops->mtp_n_past(q), &e2);
+    }
+    return st;
 }
 
 g5_status rt_eng_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next_tokens, uint32_t n,

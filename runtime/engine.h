@@ -14,6 +14,8 @@
  *    one decode step of one sequence, the drafter's two-token verification); logits of the last
  *    position or of all, and the final-normed hidden states (the MTP block's input).
  *  - rt_eng_decode: one decode step for a batch of distinct sequences, one token each.
+ *  - rt_eng_decode_rows: one step for a batch of distinct sequences, a few tokens each (the
+ *    server's MTP verification: [chosen, draft] per sequence), with hidden states.
  *  - rt_eng_mtp: the NextN/MTP block's draft logits (rt_model_mtp).
  *  - rt_eng_truncate: forget positions (rejected draft tokens).
  * Each call is the device model's own call with the same arguments (rt_model_forward,
@@ -149,6 +151,15 @@ g5_status rt_eng_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const
  * logits [n_seq][n_vocab] (may be NULL). On failure no sequence has advanced. */
 g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                         float *logits, g5_error *err);
+/* Batched rows, the speculative verification of several sequences in one step: n_tok[i] >= 1
+ * consecutive tokens for seqs[i] (distinct sequences of e) at its next positions; tokens and
+ * out's rows grouped by sequence in order: logits [rows][n_vocab] (all_logits is implied) and
+ * hidden [rows][n_embd] (out and either may be NULL). CPU: one weight pass over all rows
+ * (rt_model_forward_rows, bit-identical to a prefill of each sequence alone); CUDA: one
+ * rt_eng_prefill per sequence (no batched multi-token GPU call yet). On failure no sequence
+ * has advanced. */
+g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                             const int32_t *tokens, const rt_eng_out *out, g5_error *err);
 /* The NextN/MTP block at s's MTP positions mtp_n_past .. + n - 1 over n pairs (hidden [n][n_embd],
  * the token after it); draft_logits all ? [n][n_vocab] : [n_vocab]. G5_ERR_UNSUPPORTED without
  * a NextN block. */

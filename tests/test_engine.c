@@ -1,7 +1,8 @@
 /* The engine (runtime/engine.h) on the CPU, on the oracle: every call is the CPU model's own call,
  * so its results are bit-identical to rt_model_* on a model of its own over the same set:
  * prefill (last and all logits, hidden states), a batched decode step of three sequences (each
- * row equal to that sequence's one-token call), truncation and replay, the MTP block; the
+ * row equal to that sequence's one-token call), truncation and replay, batched rows of several
+ * tokens per sequence (rt_eng_decode_rows, equal to each sequence's own call), the MTP block; the
  * shared pool's counts and its exhaustion (G5_ERR_NOMEM, nothing changed); the refusals: a
  * sequence before rt_eng_load, a decode with another engine's sequence, and RT_ENG_CUDA in a
  * build without CUDA. */
@@ -91,6 +92,27 @@ int main(void) {
                  rt_eng_prefill(sq[s], &next[s], 1, &(rt_eng_out){.logits = la}, &e) == G5_OK;
             T_CHECK(ok && same(la, da + (size_t)s * V, V), "sequence %d: truncated and replayed one token: %s", s, e.msg);
         }
+    }
+    if (ok) { /* batched rows (MTP verification): 2, 1 and 2 tokens against each sequence's own call */
+        const uint32_t nt[NS] = {2, 1, 2};
+        const int32_t rt[5] = {9, 13, 17, 19, 23};
+        float *rl = malloc(5 * V * sizeof(float)), *rh = malloc(5 * E * sizeof(float));
+        ok = rl && rh && rt_eng_decode_rows(en, sq, nt, NS, rt, &(rt_eng_out){.logits = rl, .hidden = rh}, &e) == G5_OK;
+        T_CHECK(ok, "decode rows: %s", e.msg);
+        for (uint32_t s = 0, r0 = 0; s < NS && ok; r0 += nt[s++]) {
+            const rt_outputs mout = {.logits = lb, .all_logits = 1, .hidden = hb};
+            ok = rt_model_forward(m, st[s], rt + r0, nt[s], &mout, &e) == G5_OK;
+            T_CHECK(ok && same(rl + (size_t)r0 * V, lb, nt[s] * V) && same(rh + (size_t)r0 * E, hb, nt[s] * E) &&
+                        rt_eng_seq_n_past(sq[s]) == rt_state_n_past(st[s]),
+                    "rows of sequence %u bit-identical to its own %u-token call: %s", s, nt[s], e.msg);
+        }
+        rt_eng_seq *dup[2] = {sq[0], sq[0]};
+        const uint32_t n_dup[2] = {1, 1};
+        const uint32_t n_past0 = rt_eng_seq_n_past(sq[0]);
+        T_CHECK(rt_eng_decode_rows(en, dup, n_dup, 2, rt, NULL, &e) == G5_ERR_INVALID_ARG && rt_eng_seq_n_past(sq[0]) == n_past0,
+                "rows sharing a sequence refused");
+        free(rl);
+        free(rh);
     }
     if (ok && rt_eng_has_mtp(en)) { /* the MTP block on the engine's sequence and on the model's state */
         const int32_t nx[2] = {3, 4};

@@ -1,6 +1,6 @@
 /* glm5-run end to end ($BUILD/bin/glm5-run, default build/): --dump-logits against the oracle
  * from the GGUF and from a TP=2 blob set, --ids greedy continuation against the oracle's, stop
- * strings, --draft mtp against plain greedy decoding, and usage errors. */
+ * strings, --draft mtp against plain greedy decoding, --draft mtp sampling with a seed, and usage errors. */
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
@@ -233,8 +233,41 @@ int main(void) {
         T_CHECK(t_file_equal(path, path2), "--draft mtp ids differ from plain greedy decoding on %s", dsrc[k]);
         free(err_out);
     }
-    char *bad10[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--draft", "mtp", "--temp", "0.8", NULL};
-    T_CHECK(run(bad10, NULL) == 2, "--draft mtp with sampling: exit 2");
+    /* --draft mtp with sampling (speculative sampling; tests/test_sample.c proves the rule): runs,
+     * reports its drafts, and a seed gives the same ids every time (another seed other ids) */
+    {
+        char *sout[3] = {0};
+        size_t slen[3] = {0};
+        const char *seeds[3] = {"5", "5", "6"};
+        for (int k = 0; k < 3; k++) {
+            char cmd[16384], *err_out = NULL;
+            snprintf(cmd, sizeof cmd, "'%s' -m '%s' --tokens %s -n 24 --temp 0.9 --seed %s --ids --draft mtp 2>&1 >'%s'",
+                     g_bin, T_ORACLE_GGUF, csv1, seeds[k], path2);
+            const int drc = t_run_capture(cmd, &err_out);
+            const char *line = err_out ? strstr(err_out, "draft mtp: ") : NULL;
+            if (k == 0)
+                printf("glm5-run --draft mtp --temp 0.9: exit %d, %.*s\n", drc, line ? (int)strcspn(line, "\n") : 4,
+                       line ? line : "none");
+            unsigned long long nd = 0, na = 0;
+            const int got = line ? sscanf(line, "draft mtp: %llu drafted, %llu accepted", &nd, &na) : 0;
+            /* 24 tokens: 23 steps, each one verifying a new draft or taking an accepted one */
+            T_CHECK(drc == 0 && got == 2 && nd >= 1 && nd + na == 23, "--draft mtp --temp 0.9 --seed %s (exit %d, %llu drafted, "
+                    "%llu accepted)", seeds[k], drc, nd, na);
+            sout[k] = slurp(path2, &slen[k]);
+            free(err_out);
+        }
+        T_CHECK(sout[0] && sout[1] && slen[0] > 24 && slen[0] == slen[1] && !memcmp(sout[0], sout[1], slen[0]),
+                "--draft mtp sampling with one seed is not deterministic");
+        T_CHECK(sout[0] && sout[2] && (slen[0] != slen[2] || memcmp(sout[0], sout[2], slen[0])),
+                "--draft mtp sampling: seeds 5 and 6 gave the same ids");
+        for (int k = 0; k < 3; k++) free(sout[k]);
+        /* top-k 1: sampling's code path, greedy's tokens (p and q one-hot) */
+        char *argv_g[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", csv1, "-n", nbuf, "--temp", "0", "--ids", "-q", NULL};
+        T_CHECK(run(argv_g, path) == 0, "plain greedy");
+        char *argv_k[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", csv1, "-n", nbuf, "--temp", "0.9", "--top-k", "1",
+                          "--draft", "mtp", "--ids", "-q", NULL};
+        T_CHECK(run(argv_k, path2) == 0 && t_file_equal(path, path2), "--draft mtp --temp 0.9 --top-k 1 differs from greedy");
+    }
     char *bad11[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--draft", "eagle", NULL};
     T_CHECK(run(bad11, NULL) == 2, "--draft eagle: exit 2");
 

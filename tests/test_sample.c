@@ -353,11 +353,105 @@ static void test_stops(void) {
     T_CHECK(samp_stop_find("abc", 3, 3, empty, 1, &pos) == -1, "empty stops never match");
 }
 
+/* Speculative sampling: drafts drawn from q, verified against p, must come out distributed as p.
+ * p and q are worked out here (softmax of the top-k logits at the temperature), differ in
+ * their supports (top-k keeps other tokens), and are far enough apart that keeping every draft
+ * would fail the same bound. */
+static void softmax_topk(const float *l, int n, int k, double temp, double *out) {
+    for (int i = 0; i < n; i++) {
+        int better_n = 0;
+        for (int j = 0; j < n; j++) better_n += l[j] > l[i] || (l[j] == l[i] && j < i);
+        out[i] = better_n < k ? exp(l[i] / temp) : 0;
+    }
+    double z = 0;
+    for (int i = 0; i < n; i++) z += out[i];
+    for (int i = 0; i < n; i++) out[i] /= z;
+}
+
+static void test_speculative(void) {
+    enum { V = 6, N = 200000 };
+    const float tl[V] = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f}; /* top-4: 1, 4, 0, 2 */
+    const float dl[V] = {2.5f, 0.0f, -2.0f, 1.0f, 1.2f, 0.8f}; /* top-4: 0, 4, 3, 5 */
+    samp_params sp = base();
+    sp.temperature = 0.7f;
+    sp.top_k = 4;
+    sp.seed = 7;
+    double p[V], q[V];
+    softmax_topk(tl, V, 4, 0.7, p);
+    softmax_topk(dl, V, 4, 0.7, q);
+    samp_ctx *s = NULL;
+    T_CHECK(samp_create(&sp, V, &s, NULL) == G5_OK, "create");
+    if (!s) return;
+    long cnt[V] = {0}, cnt_q[V] = {0}, n_acc = 0, bad = 0, fails = 0;
+    for (int t = 0; t < N; t++) {
+        int32_t x = -1, id = -1;
+        int acc = -1;
+        fails += samp_sample(s, dl, &x, NULL) != G5_OK;
+        fails += samp_sample_spec(s, tl, dl, x, &id, &acc, NULL) != G5_OK;
+        if (x < 0 || x >= V || id < 0 || id >= V) {
+            bad++;
+            continue;
+        }
+        cnt_q[x]++;
+        cnt[id]++;
+        n_acc += acc == 1;
+        bad += (acc == 1) != (id == x); /* a rejection never yields the draft */
+    }
+    T_CHECK(fails == 0 && bad == 0, "%ld failed calls, %ld inconsistent results", fails, bad);
+    double worst = 0, worst_q = 0, acc_want = 0;
+    for (int i = 0; i < V; i++) {
+        const double sd = sqrt(p[i] * (1 - p[i]) / N) + 1e-9;
+        const double dev = fabs((double)cnt[i] / N - p[i]) / sd, dev_q = fabs((double)cnt_q[i] / N - p[i]) / sd;
+        if (dev > worst) worst = dev;
+        if (dev_q > worst_q) worst_q = dev_q;
+        acc_want += p[i] < q[i] ? p[i] : q[i];
+    }
+    T_CHECK(worst < 5, "output frequencies off p by %.1f standard deviations", worst);
+    T_CHECK(worst_q > 50, "the drafts alone are within %.1f standard deviations of p: the test proves nothing", worst_q);
+    T_CHECK(cnt[3] == 0 && cnt[5] == 0, "tokens outside p's top-k came out (%ld, %ld)", cnt[3], cnt[5]);
+    const double acc = (double)n_acc / N, sd_acc = sqrt(acc_want * (1 - acc_want) / N);
+    T_CHECK(fabs(acc - acc_want) < 5 * sd_acc, "acceptance rate %.4f, want sum min(p, q) = %.4f", acc, acc_want);
+    samp_free(s);
+
+    /* the same seed, the same tokens */
+    samp_ctx *a = NULL, *b = NULL;
+    samp_create(&sp, V, &a, NULL);
+    samp_create(&sp, V, &b, NULL);
+    int same = a && b;
+    for (int t = 0; t < 1000 && same; t++) {
+        int32_t xa, xb, ia, ib;
+        samp_sample(a, dl, &xa, NULL);
+        samp_sample(b, dl, &xb, NULL);
+        samp_sample_spec(a, tl, dl, xa, &ia, NULL, NULL);
+        samp_sample_spec(b, tl, dl, xb, &ib, NULL, NULL);
+        same = xa == xb && ia == ib;
+    }
+    T_CHECK(same, "speculative sampling is not reproducible");
+    samp_free(a);
+    samp_free(b);
+
+    /* greedy: the target's argmax whatever the draft */
+    sp.temperature = 0;
+    samp_ctx *g = NULL;
+    samp_create(&sp, V, &g, NULL);
+    int32_t id = -1;
+    int acc1 = -1, acc2 = -1;
+    T_CHECK(g && samp_sample_spec(g, tl, dl, 0, &id, &acc1, NULL) == G5_OK && id == 1 && acc1 == 0, "greedy reject: %d", id);
+    T_CHECK(g && samp_sample_spec(g, tl, dl, 1, &id, &acc2, NULL) == G5_OK && id == 1 && acc2 == 1, "greedy accept: %d", id);
+    T_CHECK(g && samp_sample_spec(g, tl, dl, V, &id, NULL, NULL) == G5_OK && id == 1, "greedy, draft out of range");
+    samp_free(g);
+    sp.temperature = 1;
+    samp_create(&sp, V, &g, NULL);
+    T_CHECK(g && samp_sample_spec(g, tl, dl, V, &id, NULL, NULL) == G5_ERR_INVALID_ARG, "draft token out of range");
+    samp_free(g);
+}
+
 int main(void) {
     test_greedy();
     test_reproducible();
     test_filters();
     test_penalties();
     test_stops();
+    test_speculative();
     return t_report("test_sample");
 }

@@ -108,9 +108,11 @@ static void usage(FILE *f) {
             "                       that); a longer prompt is refused (exit 2) unless --truncate\n"
             "  --truncate           keep the end of a prompt past the context (leaving room for\n"
             "                       min(-n, context/2) generated tokens)\n"
-            "  --draft mtp|none     greedy decoding drafting one token per step with the MTP block,\n"
-            "                       verified by a two-token forward pass; prints the acceptance rate\n"
-            "                       (one process only; default none)\n"
+            "  --draft mtp|none     speculative decoding drafting one token per step with the MTP\n"
+            "                       block, verified by a two-token forward pass (greedy: kept when it\n"
+            "                       is the argmax; sampling: speculative sampling, so the output\n"
+            "                       distribution is the model's); prints the acceptance rate (one\n"
+            "                       process only; default none)\n"
             "  --temp T             temperature (default 0.8; 0 = greedy)\n"
             "  --top-k K            (default 40; 0 = off)\n"
             "  --top-p P            (default 0.95; 1 = off)\n"
@@ -233,7 +235,6 @@ static int parse_args(int argc, char **argv, args *a) {
         return 0;
     }
     if (a->check && !a->cuda) { fprintf(stderr, "glm5-run: --check compares the GPU with the CPU: needs --device cuda\n"); return 0; }
-    if (a->draft && a->sp.temperature > 0) { fprintf(stderr, "glm5-run: --draft mtp is greedy only (--temp 0)\n"); return 0; }
     if (a->draft && a->check) { fprintf(stderr, "glm5-run: --draft mtp and --check cannot be combined\n"); return 0; }
     return 1;
 }
@@ -600,6 +601,7 @@ int main(int argc, char **argv) {
         if ((st = rt_drafter_create(seq, &dr, &e))) { rc = fail(&e, st, "drafter"); goto out; }
     }
     if ((st = samp_create(&a.sp, hp->n_vocab, &samp, &e))) { rc = fail(&e, st, "sampler"); goto out; }
+    if (dr) rt_drafter_set_sampler(dr, samp); /* drafts drawn by the same chain they are verified with */
     if ((st = tok_stream_create(tok, 0, &stream, &e))) { rc = fail(&e, st, "decoder"); goto out; }
     if ((rc = agree(comm, 0, &n_synced))) goto out;
     rc = EXIT_ERR;
@@ -637,8 +639,10 @@ int main(int argc, char **argv) {
     int stopped = 0;
     double t2 = now_s();
     while (n_gen < a.n_predict && !stopped) {
-        int32_t id;
-        if ((st = samp_sample(samp, last, &id, &e))) { rc = fail(&e, st, "sampling"); goto out; }
+        int32_t id, x = -1;
+        const float *q = dr ? rt_drafter_draft(dr, &x) : NULL; /* a draft pending verification */
+        st = q ? samp_sample_spec(samp, last, q, x, &id, NULL, &e) : samp_sample(samp, last, &id, &e);
+        if (st) { rc = fail(&e, st, "sampling"); goto out; }
         if (tok_is_eog(tok, id)) break;
         samp_accept(samp, id);
         n_gen++;

@@ -51,6 +51,11 @@ static void usage(FILE *f) {
             "                       preflights answered (default: none)\n"
             "  --no-prefix-cache    do not reuse cache blocks of earlier prompts (CPU; the GPU\n"
             "                       caches are never shared)\n"
+            "  --draft mtp|none     speculative decoding with the model's NextN/MTP block: one draft\n"
+            "                       token per sequence and step, verified in the batched step (greedy:\n"
+            "                       kept when it is the argmax; sampled: speculative sampling, the\n"
+            "                       model's distribution); counters in /metrics; turns the prefix\n"
+            "                       cache off (default none)\n"
             "  --version            print the version and exit\n"
             "  --no-prefault        do not read all weight pages at load\n");
 }
@@ -92,7 +97,7 @@ int main(int argc, char **argv) {
     int64_t max_conn = c.max_connections, max_per_ip = c.max_per_ip, timeout = c.timeout_s;
     int device = (int)c.device, version = 0;
     static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
-    static const char *const caches[] = {"f32", "bf16", "f16", NULL};
+    static const char *const caches[] = {"f32", "bf16", "f16", NULL}, *const drafts[] = {"none", "mtp", NULL};
     static const int vdev[] = {SRV_DEVICE_CPU, SRV_DEVICE_CUDA}, v01[] = {0, 1};
     static const int vcache[] = {1, 2, 3}; /* srv_config.gpu_kv_cache: 1 f32, 2 bf16, 3 f16 */
     const g5_arg tab[] = {
@@ -112,6 +117,7 @@ int main(int argc, char **argv) {
         {.name = "--name", .alias = "--alias", .kind = G5_ARG_STR, .dst = &c.model_name},
         {.name = "--cors", .kind = G5_ARG_STR, .dst = &c.cors_origin},
         {.name = "--no-prefix-cache", .kind = G5_ARG_OFF, .dst = &c.prefix_cache},
+        {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &c.draft_mtp, .choices = drafts, .values = v01},
         {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
         {.name = "--no-prefault", .kind = G5_ARG_OFF, .dst = &c.prefault},
         {.name = "--device", .kind = G5_ARG_CHOICE, .dst = &device, .choices = devices, .values = vdev},
@@ -173,10 +179,10 @@ int main(int argc, char **argv) {
         return 3;
     }
     char line[512];
-    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s; "
+    snprintf(line, sizeof line, "listening on http://%s:%u (device %s, max batch %u, queue %u, context %u%s%s; "
              "connections <= %u, <= %u per address, idle timeout %u s)",
              c.host, srv_port(s), c.device == SRV_DEVICE_CUDA ? "cuda" : "cpu", c.max_batch, c.max_queue, c.ctx_size,
-             c.api_key && *c.api_key ? ", API key required" : "", c.max_connections, c.max_per_ip, c.timeout_s);
+             c.draft_mtp ? ", draft mtp" : "", c.api_key && *c.api_key ? ", API key required" : "", c.max_connections, c.max_per_ip, c.timeout_s);
     log_line(NULL, line);
 
     int rc = 0;

@@ -911,7 +911,35 @@ g5_status rt_model_forward(rt_model *m, rt_state *s, const int32_t *tokens, uint
 g5_status rt_model_forward_batch(rt_model *m, rt_state *const *states, const int32_t *tokens,
                                  uint32_t n_seq, float *logits, g5_error *err) {
     if (n_seq == 0) return G5_OK;
-    g5_status st = check_tokens(m, tokens, n_seq, err);
+    uint32_t *ones = malloc((size_t)n_seq * sizeof *ones);
+    if (!ones) return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
+    for (uint32_t i = 0; i < n_seq; i++) ones[i] = 1;
+    const rt_outputs o = {.logits = logits, .all_logits = 1};
+    g5_status st = rt_model_forward_rows(m, states, ones, n_seq, tokens, &o, err);
+    free(ones);
+    return st;
+}
+
+/* Undoes the first n_done sequences of a failed rows call: positions and cache blocks back. */
+static void rows_undo(rt_state *const *states, const uint32_t *n_tok, const uint32_t *had, uint32_t n_done,
+                      int advanced) {
+    for (uint32_t i = 0; i < n_done; i++) {
+        if (advanced) states[i]->n_past -= n_tok[i];
+        rt_kvtab_shrink_blocks(&states[i]->main, had[i]);
+    }
+}
+
+g5_status rt_model_forward_rows(rt_model *m, rt_state *const *states, const uint32_t *n_tok, uint32_t n_seq,
+                                const int32_t *tokens, const rt_outputs *out, g5_error *err) {
+    if (n_seq == 0) return G5_OK;
+    uint64_t rows64 = 0;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        if (!n_tok[i]) return g5_fail(err, G5_ERR_INVALID_ARG, "batch row group %u: no tokens", i);
+        rows64 += n_tok[i];
+    }
+    if (rows64 > UINT32_MAX / 2) return g5_fail(err, G5_ERR_OVERFLOW, "batch of %llu rows", (unsigned long long)rows64);
+    const uint32_t rows = (uint32_t)rows64;
+    g5_status st = check_tokens(m, tokens, rows, err);
     if (st) return st;
     uint32_t P = 0;
     for (uint32_t i = 0; i < n_seq; i++) {
@@ -919,57 +947,64 @@ g5_status rt_model_forward_batch(rt_model *m, rt_state *const *states, const int
         if (!s || s->m != m) return g5_fail(err, G5_ERR_INVALID_ARG, "batch row %u: no state, or one of another model", i);
         for (uint32_t j = 0; j < i; j++)
             if (states[j] == s) return g5_fail(err, G5_ERR_INVALID_ARG, "batch rows %u and %u share a state", j, i);
-        if (s->n_past == UINT32_MAX) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
-        if (s->n_past + 1 > P) P = s->n_past + 1;
+        if (s->n_past > UINT32_MAX - n_tok[i]) return g5_fail(err, G5_ERR_OVERFLOW, "position overflow");
+        if (s->n_past + n_tok[i] > P) P = s->n_past + n_tok[i];
     }
-    const uint32_t V = m->hp.n_vocab;
+    const uint32_t V = m->hp.n_vocab, E = m->hp.n_embd;
+    float *lg = out ? out->logits : NULL, *hid = out ? out->hidden : NULL;
+    uint32_t *had = malloc((size_t)n_seq * sizeof *had);
+    if (!had) return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
     if (m->mla == RT_MLA_EXPANDED) {
         /* the expanded form gathers keys by position within one sequence: one call each (the
          * same arithmetic per row, so the same bits) */
-        uint32_t *had = malloc((size_t)n_seq * sizeof *had);
-        if (!had) return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
-        uint32_t done = 0;
+        uint32_t done = 0, r0 = 0;
         for (; done < n_seq && !st; done++) {
-            rt_outputs o = {.logits = logits ? logits + (size_t)done * V : NULL};
+            rt_outputs o = {.logits = lg ? lg + (size_t)r0 * V : NULL, .all_logits = 1,
+                            .hidden = hid ? hid + (size_t)r0 * E : NULL};
             had[done] = states[done]->main.n;
-            st = rt_model_forward(m, states[done], tokens + done, 1, &o, err);
+            st = rt_model_forward(m, states[done], tokens + r0, n_tok[done], &o, err);
+            r0 += n_tok[done];
         }
-        if (st) /* all or nothing: undo the rows that ran */
-            for (uint32_t i = 0; i + 1 < done; i++) {
-                states[i]->n_past--;
-                rt_kvtab_shrink_blocks(&states[i]->main, had[i]);
-            }
+        if (st) rows_undo(states, n_tok, had, done - 1, 1); /* all or nothing: undo the calls that ran */
         free(had);
         return st;
     }
-    uint32_t *had = malloc((size_t)n_seq * sizeof *had), *pos = malloc((size_t)n_seq * sizeof *pos);
-    if (!had || !pos) {
+    rt_state **ss = malloc((size_t)rows * sizeof *ss);
+    uint32_t *pos = malloc((size_t)rows * sizeof *pos);
+    if (!ss || !pos) {
         free(had);
+        free(ss);
         free(pos);
-        return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
+        return g5_fail(err, G5_ERR_NOMEM, "batch of %u rows", rows);
     }
     uint32_t nres = 0;
-    for (; nres < n_seq; nres++) {
+    for (uint32_t r = 0; nres < n_seq; nres++) {
         rt_state *s = states[nres];
         had[nres] = s->main.n;
-        pos[nres] = s->n_past;
-        if ((st = rt_kvtab_reserve(&s->main, (uint64_t)s->n_past + 1, err))) {
+        for (uint32_t t = 0; t < n_tok[nres]; t++, r++) {
+            ss[r] = s;
+            pos[r] = s->n_past + t;
+        }
+        if ((st = rt_kvtab_reserve(&s->main, (uint64_t)s->n_past + n_tok[nres], err))) {
             g5_error_prefix(err, "batch row %u", nres);
             break;
         }
     }
     if (!st) {
-        rt_fwd f = {.m = m, .s = NULL, .n = n_seq, .pos0 = 0, .ss = states, .pos = pos};
-        rt_outputs o = {.logits = logits, .all_logits = 1};
+        /* rows of one state at consecutive positions: every row's cache entry is written before
+         * any row attends, and each row sees the positions up to its own, as in a prefill */
+        rt_fwd f = {.m = m, .s = NULL, .n = rows, .pos0 = 0, .ss = ss, .pos = pos};
+        rt_outputs o = {.logits = lg, .all_logits = 1, .hidden = hid};
         rank_job proto = {.mtp = 0, .tokens = tokens, .out = &o, .P = P};
         st = run_ranks(&f, &proto, err);
     }
     if (st) {
-        for (uint32_t i = 0; i < nres; i++) rt_kvtab_shrink_blocks(&states[i]->main, had[i]);
+        rows_undo(states, n_tok, had, st && nres < n_seq ? nres + 1 : nres, 0);
     } else {
-        for (uint32_t i = 0; i < n_seq; i++) states[i]->n_past++;
+        for (uint32_t i = 0; i < n_seq; i++) states[i]->n_past += n_tok[i];
     }
     free(had);
+    free(ss);
     free(pos);
     return st;
 }

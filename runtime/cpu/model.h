@@ -158,6 +158,16 @@ g5_status rt_model_forward(rt_model *m, rt_state *s, const int32_t *tokens, uint
 g5_status rt_model_forward_batch(rt_model *m, rt_state *const *states, const int32_t *tokens,
                                  uint32_t n_seq, float *logits, g5_error *err);
 
+/* Batched rows (speculative verification): n_tok[i] >= 1 consecutive tokens for states[i]
+ * (distinct states), at positions rt_state_n_past(states[i]) ..; tokens [sum n_tok] grouped by
+ * state in order, and so are out's rows: logits [rows][n_vocab] and hidden [rows][n_embd] (out
+ * and either may be NULL; all_logits is implied, the debugging outputs are not written). One
+ * weight pass over all rows, as rt_model_forward_batch (which is this call with n_tok all 1);
+ * bit-identical to rt_model_forward of each state alone with its n_tok[i] tokens. On failure no
+ * state has changed. */
+g5_status rt_model_forward_rows(rt_model *m, rt_state *const *states, const uint32_t *n_tok, uint32_t n_seq,
+                                const int32_t *tokens, const rt_outputs *out, g5_error *err);
+
 /* The first NextN/MTP block at MTP positions mtp_n_past .. + n - 1: for each i, from the main
  * model's final-normed hidden state hidden[i] (position p) and the token that follows it,
  * next_tokens[i] (position p + 1), the draft logits for the token after that.

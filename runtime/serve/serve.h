@@ -19,6 +19,23 @@
  * are unchanged: the model gives bit-identical results whether tokens are fed together or one
  * at a time, and the sampler keeps its state).
  *
+ * MTP speculative decoding (draft_mtp, --draft mtp): each request has a drafter (runtime/draft.h)
+ * on its sequence; its prompt chunks keep their final-normed hidden states for the NextN block.
+ * A decode step then (1) lets every sequence whose newest token is its pending draft (accepted)
+ * draw from the logits its verification already produced, (2) runs each sequence's MTP block
+ * over its new (hidden state, token) pairs and draws a draft with the request's own sampler
+ * (greedy: its argmax), (3) verifies all [token, draft] rows in one batched call
+ * (rt_eng_decode_rows: one weight pass on the CPU) and (4) draws each next token from its first
+ * row with samp_sample_spec: greedy keeps the argmax (outputs identical to plain decoding),
+ * sampled requests keep the draft with probability min(1, p/q), else draw from max(0, p - q)
+ * (the model's distribution). A rejected draft's position is truncated before the next
+ * verification; the second row's logits wait for the step that accepts it. No draft is made
+ * when the context is full or the next token is the request's last. /metrics counts drafts
+ * verified and accepted. The prefix cache is off with it (the MTP block's caches and hidden
+ * states are not cached by prefix yet); after a preemption a sampled request's tokens may differ
+ * from an unpreempted run (the same distribution: the drafter restarts, so the random stream is
+ * used differently); greedy ones never do.
+ *
  * A client that goes away (its socket reads EOF/hangs up while it waits, or a write fails) has
  * its request cancelled; the engine drops the sequence and frees its blocks before its next step.
  *
@@ -120,6 +137,16 @@ typedef struct srv_config {
                                 on every reply, and OPTIONS preflights answered 204 */
     int prefix_cache;        /* reuse cache blocks of earlier requests' token prefixes (default 1;
                                 CPU only: the GPU sequences' caches cannot share blocks yet) */
+    int draft_mtp;           /* --draft mtp: speculative decoding with the model's NextN/MTP block
+                                (one draft token per sequence and step, verified in the batched
+                                step; greedy requests keep the argmax, sampled ones use
+                                speculative sampling). Default 0; the prefix cache is off with it */
+    /* --draft mtp, tests: each request's drafter calls this after every MTP call, as draft.h's
+     * rt_draft_observer (it may rewrite the draft logits: tests drive the accept path with it);
+     * engine thread. NULL: none */
+    g5_status (*draft_observer)(void *user, uint32_t p0, const float *hidden, const int32_t *next, uint32_t n,
+                                float *draft, g5_error *err);
+    void *draft_observer_user;
     srv_device device;       /* default SRV_DEVICE_CPU */
     int gpu0;                /* CUDA: first device; rank r on (gpu0 + r) % n_devices */
     int gpu_fast;            /* CUDA: --precision fast (default precise) */
@@ -155,6 +182,7 @@ typedef struct srv_stats {
     uint64_t preemptions;
     uint64_t prompt_tokens, generated_tokens;
     uint64_t prefix_query_tokens, prefix_hit_tokens; /* prompt tokens looked up / reused */
+    uint64_t draft_proposed, draft_accepted;          /* --draft mtp: draft tokens verified / kept */
     double load_seconds;
     uint64_t load_bytes;
 } srv_stats;

@@ -258,6 +258,8 @@ static void publish_prefix_locked(srv_server *s, srv_req *r);
 
 static void req_drop_engine_locked(srv_server *s, srv_req *r) {
     publish_prefix_locked(s, r);
+    rt_drafter_free(r->dr); /* before its sequence */
+    r->dr = NULL;
     rt_eng_seq_free(r->st);
     r->st = NULL;
     if (r->gslot >= 0) srv_slots_put(s->gpu, r->gslot);
@@ -267,6 +269,7 @@ static void req_drop_engine_locked(srv_server *s, srv_req *r) {
 }
 
 static void req_destroy(srv_req *r) {
+    rt_drafter_free(r->dr);
     rt_eng_seq_free(r->st);
     free(r->gblocks.ids);
     samp_free(r->samp);
@@ -450,13 +453,16 @@ static void *loader_main(void *arg) {
     eo.cache = (rt_eng_cache)s->cfg.gpu_kv_cache;
     eo.verify = !s->cfg.gpu_no_verify;
     if (!cuda) { /* one pool of --ctx-size positions for every sequence */
-        eo.kv_prefix_cache = s->cfg.prefix_cache;
+        eo.kv_prefix_cache = s->cfg.prefix_cache && !s->cfg.draft_mtp;
         eo.kv_block_tokens = s->cfg.block_tokens;
         eo.kv_blocks = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
     }
     if (st == G5_OK) st = rt_eng_create(ws, &eo, &eng, &e);
     if (st == G5_OK) st = tok_create(rt_wset_meta(ws), &tok, &e);
     if (st == G5_OK) st = rt_eng_load(eng, &e);
+    if (st == G5_OK && s->cfg.draft_mtp && !rt_eng_has_mtp(eng))
+        st = g5_fail(&e, G5_ERR_UNSUPPORTED, "--draft mtp: %s has no NextN/MTP block", s->model_path);
+    float *hidden = NULL;
     uint32_t max_ctx = 0, n_vocab = 0;
     if (st == G5_OK) {
         const glm5_hparams *hp = rt_eng_hparams(eng);
@@ -475,9 +481,11 @@ static void *loader_main(void *arg) {
             if (st == G5_OK) st = srv_blocks_create((uint32_t)(per * s->cfg.max_batch), s->cfg.block_tokens, &blocks, &e);
         }
     }
-    if (st == G5_OK) {
-        logits = malloc((size_t)s->cfg.max_batch * rt_eng_hparams(eng)->n_vocab * sizeof *logits);
-        if (!logits) st = g5_fail(&e, G5_ERR_NOMEM, "logits");
+    if (st == G5_OK) { /* with draft: two rows (the chosen token and the draft) per sequence */
+        const size_t rows = (size_t)s->cfg.max_batch * (s->cfg.draft_mtp ? 2 : 1);
+        logits = malloc(rows * rt_eng_hparams(eng)->n_vocab * sizeof *logits);
+        if (s->cfg.draft_mtp) hidden = malloc(rows * rt_eng_hparams(eng)->n_embd * sizeof *hidden);
+        if (!logits || (s->cfg.draft_mtp && !hidden)) st = g5_fail(&e, G5_ERR_NOMEM, "logits");
     }
     if (st == G5_OK) check_chat_template(s, rt_wset_meta(ws));
     double dt = srv_now() - t0;
@@ -489,9 +497,11 @@ static void *loader_main(void *arg) {
         s->blocks = blocks;
         s->gpu = gpu;
         s->logits = logits;
+        s->hidden = hidden;
+        s->draft = s->cfg.draft_mtp;
         s->n_vocab = n_vocab;
         s->max_ctx = max_ctx;
-        s->prefix_cache = s->cfg.prefix_cache && !cuda;
+        s->prefix_cache = s->cfg.prefix_cache && !cuda && !s->cfg.draft_mtp;
         s->load_seconds = dt;
         s->load_bytes = bytes;
         s->load = SRV_READY;
@@ -520,10 +530,14 @@ static void *loader_main(void *arg) {
         }
         srv_log(s, "prefix cache: %s", s->prefix_cache ? "on (cache blocks shared by token prefix)"
                                        : cuda ? "off (the GPU sequences' caches cannot share blocks yet)"
+                                       : s->cfg.draft_mtp && s->cfg.prefix_cache ? "off (not combined with --draft mtp yet)"
                                               : "off (--no-prefix-cache)");
+        if (s->draft)
+            srv_log(s, "draft: mtp (one NextN draft token per sequence and step, verified in the batched step)");
     } else {
         srv_log(s, "model load failed: %s (%s)", e.msg, g5_strerror(st));
         free(logits);
+        free(hidden);
         srv_slots_free(gpu);
         srv_blocks_free(blocks);
         tok_free(tok);
@@ -657,6 +671,13 @@ static void admit_locked(srv_server *s) {
             st = samp_create(&r->p.sp, rt_eng_hparams(s->eng)->n_vocab, &r->samp, &e);
             if (st == G5_OK)
                 for (uint32_t i = 0; i < r->p.n_prompt; i++) samp_accept(r->samp, r->p.prompt[i]);
+        }
+        if (st == G5_OK && s->draft && !r->dr) {
+            rt_eng_seq *q = s->gpu ? srv_slots_seq(s->gpu, r->gslot) : r->st;
+            st = q ? rt_drafter_create(q, &r->dr, &e) : g5_fail(&e, G5_ERR_INTERNAL, "no sequence to draft for");
+            if (st == G5_OK) rt_drafter_set_sampler(r->dr, r->samp);
+            if (st == G5_OK && s->cfg.draft_observer)
+                rt_drafter_set_observer(r->dr, s->cfg.draft_observer, s->cfg.draft_observer_user);
         }
         if (st == G5_OK && !r->ts) st = tok_stream_create(s->tok, 0, &r->ts, &e);
         if (st == G5_OK && !s->gpu) st = rt_eng_seq_reserve(r->st, r->n_past + pending, &e);
@@ -793,7 +814,9 @@ static void draw(srv_server *s, srv_req *r, const float *logits) {
     int32_t id = -1;
     float lp = 0;
     srv_top top[SRV_MAX_TOP_LOGPROBS];
-    g5_status st = samp_sample(r->samp, logits, &id, &e);
+    int32_t x = -1; /* --draft mtp: a draft pending verification, whose logits follow these */
+    const float *q = r->dr ? rt_drafter_draft(r->dr, &x) : NULL;
+    g5_status st = q ? samp_sample_spec(r->samp, logits, q, x, &id, NULL, &e) : samp_sample(r->samp, logits, &id, &e);
     if (st == G5_OK && r->force_armed && r->force_pos < r->p.n_force) id = r->p.force[r->force_pos++];
     if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
         st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);
@@ -908,6 +931,8 @@ static void prefill_step(srv_server *s, srv_req *r) {
     else if (s->gpu && (uint64_t)rt_eng_seq_n_past(q) + chunk > s->max_ctx) /* sized at load: never grow here */
         st = g5_fail(&e, G5_ERR_BOUNDS, "sequence of %u + %u tokens exceeds the context %u", rt_eng_seq_n_past(q), chunk,
                      s->max_ctx);
+    else if (r->dr) /* the drafter keeps the hidden states for its MTP block */
+        st = rt_drafter_prompt(r->dr, r->feed + r->feed_off, chunk, s->logits, 0, &e);
     else
         st = rt_eng_prefill(q, r->feed + r->feed_off, chunk, last ? &out : NULL, &e);
     if (st != G5_OK) {
@@ -965,13 +990,94 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
     }
 }
 
+/* No draft when it cannot be used: the context has no room for it, or the next token is the
+ * request's last. */
+static int want_draft(const srv_server *s, const srv_req *r) {
+    return (uint64_t)r->n_past + 2 <= s->max_ctx && r->n_out + 1 < r->p.max_tokens;
+}
+
+/* --draft mtp: one step of the n decoding sequences in dec. A sequence whose token is its
+ * pending draft (accepted) has the logits after it already and draws at once; then every one
+ * runs its MTP block for a draft of the token after its newest one and all are verified in one
+ * batched call of [token, draft] rows (rt_eng_decode_rows); each then draws from its first row
+ * (speculative sampling against the draft), the second row waiting for the next step. */
+static void decode_step_mtp(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks, uint32_t *nt) {
+    const uint32_t V = rt_eng_hparams(s->eng)->n_vocab, E = rt_eng_hparams(s->eng)->n_embd;
+    g5_error e = {0};
+    for (uint32_t i = 0; i < n; i++) { /* accepted drafts */
+        srv_req *r = dec[i];
+        int32_t x;
+        pthread_mutex_lock(&s->mu);
+        const int live = is_live_locked(r);
+        pthread_mutex_unlock(&s->mu);
+        if (!live || !r->dr || !rt_drafter_draft(r->dr, &x) || x != r->feed[r->feed_off]) continue;
+        const float *ready = NULL;
+        int32_t two[2];
+        uint32_t nv = 0;
+        g5_status st = rt_drafter_begin(r->dr, x, 0, &ready, two, &nv, &e);
+        if (st == G5_OK && !ready) st = g5_fail(&e, G5_ERR_INTERNAL, "draft: an accepted draft without its logits");
+        pthread_mutex_lock(&s->mu);
+        if (st == G5_OK) s->draft_accepted++;
+        else retire_locked(s, r, NULL, 500, e.msg);
+        pthread_mutex_unlock(&s->mu);
+        if (st != G5_OK) continue;
+        r->n_past++;
+        r->feed_off++;
+        draw(s, r, ready);
+    }
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < n; i++)
+        if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1 + want_draft(s, dec[i]));
+    uint32_t k = 0; /* a reservation may have preempted or retired sequences reserved before it */
+    for (uint32_t i = 0; i < n; i++)
+        if (is_live_locked(dec[i])) dec[k++] = dec[i];
+    pthread_mutex_unlock(&s->mu);
+    if (!k) return;
+    uint32_t rows = 0, drafted = 0;
+    g5_status st = G5_OK;
+    for (uint32_t i = 0; i < k && !st; i++) {
+        srv_req *r = dec[i];
+        sts[i] = s->gpu ? srv_slots_seq(s->gpu, r->gslot) : r->st;
+        if (!sts[i] || !r->dr) {
+            st = g5_fail(&e, G5_ERR_INTERNAL, "GPU slot %d is not in use, or no drafter", r->gslot);
+            break;
+        }
+        const float *ready = NULL;
+        st = rt_drafter_begin(r->dr, r->feed[r->feed_off], want_draft(s, r), &ready, toks + rows, &nt[i], &e);
+        if (!st && (ready || !nt[i])) st = g5_fail(&e, G5_ERR_INTERNAL, "draft: a verified draft twice");
+        if (!st && s->gpu && (uint64_t)rt_eng_seq_n_past(sts[i]) + nt[i] > s->max_ctx)
+            st = g5_fail(&e, G5_ERR_BOUNDS, "sequence of %u + %u tokens exceeds the context %u", rt_eng_seq_n_past(sts[i]),
+                         nt[i], s->max_ctx);
+        rows += nt[i];
+        drafted += nt[i] == 2;
+    }
+    if (!st) st = rt_eng_decode_rows(s->eng, sts, nt, k, toks, &(rt_eng_out){.logits = s->logits, .hidden = s->hidden}, &e);
+    for (uint32_t i = 0, r0 = 0; i < k && !st; r0 += nt[i++])
+        st = rt_drafter_end(dec[i]->dr, s->logits + (size_t)r0 * V, s->hidden + (size_t)r0 * E, &e);
+    if (st != G5_OK) { /* the drafters cannot be trusted any more: every sequence of the step fails */
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->draft_proposed += drafted;
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0, r0 = 0; i < k; r0 += nt[i++]) {
+        dec[i]->n_past++;
+        dec[i]->feed_off++;
+        draw(s, dec[i], s->logits + (size_t)r0 * V);
+    }
+}
+
 static void *engine_main(void *arg) {
     srv_server *s = arg;
     const size_t mb = s->cfg.max_batch;
     srv_req **batch = malloc(mb * sizeof *batch), **dec = malloc(mb * sizeof *dec);
     rt_eng_seq **sts = malloc(mb * sizeof *sts);
-    int32_t *toks = malloc(mb * sizeof *toks);
-    const int ok = batch && dec && sts && toks;
+    int32_t *toks = malloc(2 * mb * sizeof *toks); /* --draft mtp: two rows per sequence */
+    uint32_t *ntok = malloc(mb * sizeof *ntok);
+    const int ok = batch && dec && sts && toks && ntok;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         if (s->load != SRV_READY || !ok) {
@@ -992,7 +1098,8 @@ static void *engine_main(void *arg) {
             if (batch[i]->n_feed - batch[i]->feed_off == 1) dec[nd++] = batch[i];
         }
         pthread_mutex_unlock(&s->mu);
-        if (nd) decode_step(s, dec, nd, sts, toks);
+        if (nd && s->draft) decode_step_mtp(s, dec, nd, sts, toks, ntok);
+        else if (nd) decode_step(s, dec, nd, sts, toks);
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
         pthread_mutex_lock(&s->mu);
@@ -1013,6 +1120,7 @@ static void *engine_main(void *arg) {
     free(dec);
     free(sts);
     free(toks);
+    free(ntok);
     return NULL;
 }
 
@@ -1070,6 +1178,8 @@ void srv_get_stats(srv_server *s, srv_stats *o) {
     o->generated_tokens = s->generated_tokens;
     o->prefix_query_tokens = s->prefix_query_tokens;
     o->prefix_hit_tokens = s->prefix_hit_tokens;
+    o->draft_proposed = s->draft_proposed;
+    o->draft_accepted = s->draft_accepted;
     o->load_seconds = s->load_seconds;
     o->load_bytes = s->load_bytes;
     pthread_mutex_unlock(&s->mu);

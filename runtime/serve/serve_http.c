@@ -235,6 +235,13 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_prefix_cache_queries_total %llu\n", (unsigned long long)s->prefix_query_tokens);
     sb_metric(&b, "glm5_prefix_cache_hits_total", "counter", "prompt tokens whose cache blocks were reused");
     sb_printf(&b, "glm5_prefix_cache_hits_total %llu\n", (unsigned long long)s->prefix_hit_tokens);
+    sb_metric(&b, "glm5_draft_tokens_total", "counter", "MTP draft tokens verified (--draft mtp)");
+    sb_printf(&b, "glm5_draft_tokens_total %llu\n", (unsigned long long)s->draft_proposed);
+    sb_metric(&b, "glm5_draft_accepted_tokens_total", "counter", "MTP draft tokens kept (--draft mtp)");
+    sb_printf(&b, "glm5_draft_accepted_tokens_total %llu\n", (unsigned long long)s->draft_accepted);
+    sb_metric(&b, "glm5_draft_acceptance_ratio", "gauge", "draft tokens kept / verified (0 before any)");
+    sb_printf(&b, "glm5_draft_acceptance_ratio %.6f\n",
+              s->draft_proposed ? (double)s->draft_accepted / (double)s->draft_proposed : 0.0);
     const rt_eng *ke = s->load == SRV_READY ? s->eng : NULL;
     sb_metric(&b, "glm5_prefix_cache_blocks", "gauge", "cached blocks no sequence holds (reusable, counted free)");
     sb_printf(&b, "glm5_prefix_cache_blocks %u\n", ke ? rt_eng_pool_n_cached(ke) : 0);
@@ -770,6 +777,7 @@ void srv_free(srv_server *s) {
     if (s->daemon) MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
     free(s->logits);
+    free(s->hidden);
     srv_blocks_free(s->blocks);
     srv_slots_free(s->gpu); /* sequences before their engine */
     tok_free(s->tok);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "runtime/cpu/weights.h"
+#include "runtime/draft.h"
 #include "runtime/engine.h"
 #include "runtime/serve/serve.h"
 #include "runtime/text/chat.h"
@@ -77,8 +78,9 @@ typedef struct srv_req {
     int gslot;                 /* CUDA: its GPU sequence (srv_slots) while RUNNING, else -1 */
     srv_btable gblocks;        /* CUDA: the blocks (accounting only) covering its cached tokens */
     samp_ctx *samp;
+    rt_drafter *dr;            /* --draft mtp: the drafter on its sequence while RUNNING */
     tok_stream *ts;
-    uint32_t n_past;           /* tokens in st's caches */
+    uint32_t n_past;           /* tokens in st's caches (an unverified draft token not counted) */
     int32_t *feed;             /* tokens to run before the next draw: the prompt, then each
                                   drawn token; after a preemption the prompt and all output */
     uint32_t n_feed, feed_off, cap_feed;
@@ -168,7 +170,9 @@ struct srv_server {
                                   plain allocator of max_batch x ctx_size tokens, the GPU caches
                                   reserved at load, whose blocks sequences hold as they fill */
     struct srv_slots *gpu;     /* CUDA: the GPU sequences reserved at load (NULL on the CPU) */
-    float *logits;             /* [max_batch][n_vocab] engine scratch */
+    float *logits;             /* [max_batch][n_vocab] engine scratch ([2 max_batch] with draft) */
+    float *hidden;             /* --draft mtp: [2 max_batch][n_embd] the verification's states */
+    int draft;                 /* --draft mtp (set at load) */
 
     srv_req **waiting;         /* FIFO; preempted requests go back to the front */
     uint32_t n_waiting, cap_waiting;
@@ -183,6 +187,7 @@ struct srv_server {
     uint64_t prompt_tokens, generated_tokens;
     int prefix_cache;          /* CPU pool with prefix caching (set at load) */
     uint64_t prefix_query_tokens, prefix_hit_tokens;
+    uint64_t draft_proposed, draft_accepted;
     srv_hist ttft, tpot, e2e;
     double load_seconds;
     uint64_t load_bytes;

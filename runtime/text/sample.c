@@ -10,6 +10,7 @@ struct samp_ctx {
     uint32_t n_vocab;
     uint64_t rng[4];
     samp_cand *cand;   /* [n_vocab] working set */
+    float *qp;         /* [n_vocab] speculative sampling: q by id (0 off the draft's set) */
     int32_t *hist;     /* ring of the last repeat_last_n accepted ids */
     int32_t *sorted;   /* scratch for counting the window */
     uint32_t hist_cap, hist_n, hist_head;
@@ -90,6 +91,7 @@ g5_status samp_create(const samp_params *p, uint32_t n_vocab, samp_ctx **out, g5
 void samp_free(samp_ctx *s) {
     if (!s) return;
     free(s->cand);
+    free(s->qp);
     free(s->hist);
     free(s->sorted);
     free(s);
@@ -282,6 +284,70 @@ g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *e
     }
     *id = s->cand[m - 1].id; /* r rounded up to the total */
     return G5_OK;
+}
+
+g5_status samp_sample_spec(samp_ctx *s, const float *target_logits, const float *draft_logits, int32_t x,
+                           int32_t *id, int *accepted, g5_error *err) {
+    if (accepted) *accepted = 0;
+    if (!s || !target_logits || !draft_logits || !id)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "samp_sample_spec: bad arguments");
+    if (!(s->p.temperature > 0)) {
+        g5_status st = samp_sample(s, target_logits, id, err);
+        if (!st && accepted) *accepted = *id == x;
+        return st;
+    }
+    if (x < 0 || (uint32_t)x >= s->n_vocab)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "samp_sample_spec: draft token %d outside the vocabulary (%u)", x,
+                       s->n_vocab);
+    if (!s->qp && !(s->qp = calloc(s->n_vocab, sizeof *s->qp)))
+        return g5_fail(err, G5_ERR_NOMEM, "samp_sample_spec: out of memory for %u probabilities", s->n_vocab);
+    size_t mq, m;
+    g5_status st = run_chain(s, draft_logits, &mq, err);
+    if (st != G5_OK) return st;
+    /* q as samp_sample draws: the kept probabilities renormalized (so are p's below) */
+    double qsum = 0;
+    for (size_t i = 0; i < mq; i++) qsum += s->cand[i].p;
+    for (size_t i = 0; i < mq; i++) s->qp[s->cand[i].id] = (float)(s->cand[i].p / qsum);
+    const double qx = s->qp[x];
+    st = run_chain(s, target_logits, &m, err);
+    if (st == G5_OK) {
+        double px = 0, sum = 0;
+        for (size_t i = 0; i < m; i++) {
+            if (s->cand[i].id == x) px = s->cand[i].p;
+            sum += s->cand[i].p;
+        }
+        px /= sum;
+        if (samp_rand(s) * qx < px) {
+            *id = x;
+            if (accepted) *accepted = 1;
+        } else {
+            /* the residual max(0, p - q): zero at x, since rejection means p(x) < q(x) */
+            double rs = 0;
+            for (size_t i = 0; i < m; i++) {
+                double w = (double)s->cand[i].p / sum - s->qp[s->cand[i].id];
+                s->cand[i].p = w > 0 ? (float)w : 0.0f;
+                rs += s->cand[i].p;
+            }
+            int32_t pick = -1;
+            if (rs > 0) {
+                double r = samp_rand(s) * rs, cum = 0;
+                for (size_t i = 0; i < m && pick < 0; i++) {
+                    if (!(s->cand[i].p > 0)) continue;
+                    cum += s->cand[i].p;
+                    if (r < cum) pick = s->cand[i].id;
+                }
+                for (size_t i = m; pick < 0 && i-- > 0;) /* r rounded up to the total */
+                    if (s->cand[i].p > 0) pick = s->cand[i].id;
+            } else { /* p == q up to rounding (and x rejected): p itself, without x */
+                for (size_t i = 0; i < m && pick < 0; i++)
+                    if (s->cand[i].id != x) pick = s->cand[i].id;
+                if (pick < 0) pick = x;
+            }
+            *id = pick;
+        }
+    }
+    memset(s->qp, 0, (size_t)s->n_vocab * sizeof *s->qp);
+    return st;
 }
 
 /* ---- stop strings ---- */

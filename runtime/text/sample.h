@@ -65,6 +65,15 @@ g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size
 /* Runs the chain and draws one token. Does not call samp_accept. */
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err);
 
+/* Speculative sampling: x was drawn from the chain's distribution q over draft_logits (a
+ * draft model's, with this context in the same state, e.g. samp_sample on them); draws the next
+ * token so that its distribution is the chain's p over target_logits whatever q is: x is kept
+ * with probability min(1, p(x) / q(x)), otherwise the token comes from normalize(max(0, p - q))
+ * (never x then). Greedy mode: the argmax of target_logits (samp_sample), no randomness used.
+ * *accepted (may be NULL): 1 if the result is x. Does not call samp_accept. */
+g5_status samp_sample_spec(samp_ctx *s, const float *target_logits, const float *draft_logits, int32_t x,
+                           int32_t *id, int *accepted, g5_error *err);
+
 /* The next raw random number in [0, 1) (53 bits), for tests and callers that need one. */
 double samp_rand(samp_ctx *s);
 

@@ -6,7 +6,10 @@
 #      --max-batch 8, so half the requests queue and join the running batch later; TP 2 precise
 #      on one device): glm5-run's greedy ids for 16 prompts of 4 .. 79 tokens (max_tokens 12 .. 42),
 #      then glm5-serve on the same blobs and 16 concurrent clients (test_gpu_serve --client)
-#      whose ids must equal glm5-run's, twice, then a client that hangs up mid-stream.
+#      whose ids must equal glm5-run's, twice, then a client that hangs up mid-stream; and TP 1
+#      precise with --draft mtp for both programs (MTP speculative decoding: the server's greedy
+#      ids must equal glm5-run's, its draft counters from /metrics are printed, and the client
+#      time against tp1_precise's is the cost of drafting on the oracle's random MTP block).
 # Everything goes to $OUT (log, build.log, test_gpu_serve.log, serve_*.log, cases_*.tsv).
 #
 #   GLM5_SHARED=... OUT=... bash tests/gpu/serve_gpu.sh
@@ -89,6 +92,12 @@ run_config() { # name blobdir max_batch extra-flags...
   SECONDS=0
   $B/gpu/tests/test_gpu_serve --client "$port" "$cases"
   echo "$name: client rc=$? in ${SECONDS}s"
+  if exec 3<>/dev/tcp/127.0.0.1/"$port"; then # the draft counters (0 without --draft mtp)
+    printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+    grep -E '^glm5_(draft|generation_tokens)' <&3 | tr '\n' ' '
+    echo
+    exec 3<&-
+  fi
   kill -TERM $pid
   wait $pid
   echo "$name: glm5-serve rc=$? after SIGTERM"
@@ -97,4 +106,5 @@ run_config() { # name blobdir max_batch extra-flags...
 run_config tp1_precise $W/tp1 16
 run_config tp1_fast $W/tp1 8 --precision fast
 run_config tp2_precise $W/tp2 16
+run_config tp1_precise_draft $W/tp1 16 --draft mtp
 } 2>&1 | tee "$OUT/log"
