@@ -527,7 +527,10 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
     if (st) return st;
     if (!q || !kvb || !qlat) return BAD("mla_absorb: NULL pointer");
     if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
-    const size_t smem_split = ((size_t)d->nope * AB_COLS + (size_t)AB_TOK * d->nope) * sizeof(float);
+    /* qs holds the block's tokens only: a decode step's blocks (1 token) then fit 8 per SM, so
+     * the 64-head, 16-slice grid runs in one wave */
+    const size_t smem_split =
+        ((size_t)d->nope * AB_COLS + (size_t)(d->n_tok < AB_TOK ? d->n_tok : AB_TOK) * d->nope) * sizeof(float);
     if (!use_old() && (smem_split <= 48 * 1024 || (int64_t)smem_split <= smem_optin())) {
         static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per device (0: none yet) */
         size_t &allowed = allowed_dev[cuk_device_slot()];
