@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # GEMV bandwidth on the GPU at GLM-5's per-rank shapes, against a cudaMemcpy D2D measured in the
-# same run (tests/gpu/bench_gemv.c), every kernel family (simt, tc, tc_sub, tc_sub3, tc_sub2p,
-# tc_sub3p, auto: cuda/gemv_select.h) side by side.
+# same run (tests/gpu/bench_gemv.c), each line with the kernels the launcher picked (tc or simt).
 # First runs tests/gpu/test_kernels (TEST=0 skips it) and prints its Q4_K/Q8_0 lines and
 # failures, so one device call answers both "correct?" and "how fast?".
 # Needs nvcc and a GPU. Usage: [BUILD=build/dev] [TEST=0] bench/gemv.sh [iters]

@@ -2,13 +2,13 @@
  * W_UK and the attention itself, for prefill and decode alike (each query token attends the
  * key positions the indexer chose for it).
  *
- * Two implementations of each launcher. The default ones spread a token's work over many SMs:
- * absorption over column slices of W_UK, attention (k_attend_hg) over a thread-block cluster that
- * splits the selected keys, 8 heads per block sharing each latent tile (flash-decoding: each
- * block keeps a running max / sum / weighted latent sum per head, the cluster combines them
- * through distributed shared memory, so no global scratch is needed). The first ("old") ones,
- * one block per (head, token), run prefill-sized launches, the shapes the others do not cover,
- * and comparisons (cuk_attn_set_old, cuda/attn_select.h). */
+ * Two kernels for each launcher, chosen by the shape. The split ones spread a token's work over
+ * many SMs: absorption over column slices of W_UK, attention (k_attend_hg) over a thread-block
+ * cluster that splits the selected keys, 8 heads per block sharing each latent tile
+ * (flash-decoding: each block keeps a running max / sum / weighted latent sum per head, the
+ * cluster combines them through distributed shared memory, so no global scratch is needed). The
+ * first ones, one block per (head, token), run prefill-sized launches and the shapes the split
+ * ones do not cover. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/attn_select.h"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 
@@ -507,13 +506,6 @@ static g5_status check_dims(const char *what, const cuk_mla_dims *d, g5_error *e
     return G5_OK;
 }
 
-/* cuda/attn_select.h: set only by benchmarks and tests (library code reads no environment). */
-static int g_old = 0;
-
-extern "C" void cuk_attn_set_old(int old) { g_old = old > 0; }
-extern "C" int cuk_attn_old(void) { return g_old; }
-static int use_old(void) { return cuk_attn_old(); }
-
 /* Largest dynamic shared memory a block may opt into on the current device (0: unknown). */
 static int smem_optin(void) {
     const cuk_device *d = cuk_device_current(); /* cuda/cuk_device.h */
@@ -531,7 +523,7 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const
      * the 64-head, 16-slice grid runs in one wave */
     const size_t smem_split =
         ((size_t)d->nope * AB_COLS + (size_t)(d->n_tok < AB_TOK ? d->n_tok : AB_TOK) * d->nope) * sizeof(float);
-    if (!use_old() && (smem_split <= 48 * 1024 || (int64_t)smem_split <= smem_optin())) {
+    if (smem_split <= 48 * 1024 || (int64_t)smem_split <= smem_optin()) {
         static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per device (0: none yet) */
         size_t &allowed = allowed_dev[cuk_device_slot()];
         if (smem_split > (allowed ? allowed : 48 * 1024)) {
@@ -656,7 +648,7 @@ static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *ql
      * tokens x 8 heads at 4k, 5.1 ms vs 11.9 ms). */
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
-    if (!use_old() && (int64_t)d->n_tok * d->n_head < 2 * (int64_t)sms && split_fits(d, lat, sizeof(T), fresh))
+    if ((int64_t)d->n_tok * d->n_head < 2 * (int64_t)sms && split_fits(d, lat, sizeof(T), fresh))
         return attend_split(d, q, qlat, lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel, max_sel, scale, out,
                             st, err);
     if (smem > 48 * 1024) {

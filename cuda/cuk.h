@@ -36,21 +36,13 @@ enum { CUK_ACT_F32 = 0, CUK_ACT_BF16 = 1 };
  * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS). */
 int cuk_gemv_supported(uint32_t type);
 
-/* Which GEMV kernels cuk_gemv, cuk_moe_gate_up and cuk_moe_down use (process-wide, for
- * benchmarks and tests; not thread-safe against concurrent launches). CUK_GEMV_AUTO (default):
- * the tensor-core kernels where cuk_gemv_tc_applies says so, else the CUDA-core ones;
- * CUK_GEMV_SIMT: CUDA-core only; CUK_GEMV_TC_SUB: tensor cores with the quants as f16
- * subnormals (AUTO's tensor-core kernel too; cuda/gemv_select.h names the other variants). All
- * keep float32 inputs. */
-enum { CUK_GEMV_AUTO = 0, CUK_GEMV_SIMT = 1, CUK_GEMV_TC_SUB = 2 };
-void cuk_gemv_set_impl(int impl);
-int cuk_gemv_get_impl(void);
-
-/* 1 if the tensor-core path takes a GEMV of this type, k and n (Q4_K or Q8_0, k % 256 == 0
- * and the converted x of one vector fits in shared memory, k <= about 16K). It runs up to 4
- * vectors per pass over W (2 for k > 4096, 1 for k > 8192): larger n costs more passes. Each
- * output vector is bit-identical whatever n is. */
-int cuk_gemv_tc_applies(uint32_t type, int64_t k, int32_t n);
+/* 1 if cuk_gemv runs a GEMV of this type and shape on the tensor cores: Q4_K with m * k >= 2^25
+ * weights (the MoE launchers: every Q4_K expert shape that fits), k % 256 == 0 and the
+ * converted x of one vector fits in shared memory (k <= about 16K). From the weight shape, never
+ * from n: that path runs up to 4 vectors per pass over W (2 for k > 4096, 1 for k > 8192), so
+ * larger n costs more passes, and each output vector is bit-identical whatever n is. Every other
+ * call runs the CUDA-core kernels. Both keep float32 inputs. */
+int cuk_gemv_takes_tc(uint32_t type, int64_t m, int64_t k, int32_t n);
 
 /* y[v][i] = sum_j W[i][j] * x[v][j] for v < n, i < m, j < k. */
 typedef struct cuk_gemv_args {

@@ -24,7 +24,6 @@
 
 /* The constants the kernels use (the .cu files of cuda/ take them from here). */
 #define CUK_GEMV_TC_SMEM_PREF (112u * 1024) /* gemv_tc.cuh: two CTAs per SM on sm_90; capped by the device */
-#define CUK_GEMV_CLUSTER_MAX 8              /* gemv_impl.cuh: split over CTAs of a cluster (kc) */
 #define CUK_NORM_CLUSTER_MAX 8              /* ops.cu: CTAs per row of the norms (NR_CL) */
 #define CUK_ATTEND_SPLIT_CLUSTER_MAX 16     /* attn.cu: non-portable, only where the device grants it */
 #define CUK_TOPK_SPLIT_CLUSTER_MAX 16       /* indexer.cu: non-portable, only where the device grants it */
@@ -49,7 +48,7 @@ typedef struct cuk_kernel_limit {
 /* The table. Static data in the header so that the CPU test needs no CUDA. */
 static const cuk_kernel_limit cuk_kernel_limits[] = {
     /* gemv_impl.cuh: static_assert'ed below CUK_SMEM_NO_OPTIN per instantiation */
-    {"k_gemv / k_gate_up / k_down", CUK_SMEM_NO_OPTIN, CUK_GEMV_CLUSTER_MAX, 0, 0, NULL},
+    {"k_gemv / k_gate_up / k_down", CUK_SMEM_NO_OPTIN, 1, 0, 0, NULL},
     {"k_tc (tensor-core GEMV)", CUK_GEMV_TC_SMEM_PREF, 1, 0, 1, "k_gemv (shapes whose x pieces exceed the cap)"},
     /* attn.cu: (nope * AB_COLS + AB_TOK * nope) floats */
     {"k_absorb_split", (CUK_G5_NOPE * 32 + 16 * CUK_G5_NOPE) * 4, 1, 0, 1, "k_absorb"},

@@ -2,12 +2,9 @@
  * ggml type to the per-type instantiations (cuda/gemv_<type>.cu, kernels in gemv_impl.cuh). */
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/gemv_lowbit.h"
-#include "cuda/gemv_select.h"
 #include "cuda/gemv_tc.cuh" /* tc::applies; the kernels are instantiated per type */
 
 namespace cuk {
@@ -16,89 +13,34 @@ template <int T> g5_status gate_up_run(const cuk_moe_gate_up_args *, cudaStream_
 template <int T> g5_status down_run(const cuk_moe_down_args *, cudaStream_t, g5_error *);
 } // namespace cuk
 CUK_GEMV_TC_EXTERN(QT_Q4_K)
-CUK_GEMV_TC_EXTERN(QT_Q8_0)
 
-/* ---- kernel family selection (cuk_gemv_set_impl, cuda/gemv_select.h) ---- */
+/* ---- which kernels a call runs ---- */
 
-/* Families beyond cuk.h's enum (internal values). */
-enum { IMPL_TC = 3, IMPL_TC_SUB3 = 4, IMPL_TC_SUB2P = 5, IMPL_TC_SUB3P = 6, N_IMPL = 7 };
-static const char *const IMPL_NAMES[N_IMPL] = {"auto", "simt", "tc_sub", "tc", "tc_sub3", "tc_sub2p", "tc_sub3p"};
-
-/* Process-wide, set only by benchmarks and tests (no environment: library code reads none). */
-static int g_impl = CUK_GEMV_AUTO;
-
-static int impl_now(void) { return g_impl; }
-
-/* Measured on H200 (bench/NOTES.md): the tensor-core Q4_K kernels win on the 119M-weight
- * lm_head and the MoE experts, the CUDA-core ones on the 3-13M-weight attention/dense shapes
- * and on every Q8_0 shape. */
+/* Measured on H200 (bench/NOTES.md, GEMV rounds 1-3): the tensor-core Q4_K kernels win on the
+ * 119M-weight lm_head and the MoE experts, the CUDA-core ones on the 3-13M-weight attention/dense
+ * shapes and on every Q8_0 shape. */
 static int64_t tc_min(void) { return 1LL << 25; }
 
-/* Default "old": the cluster split gains ~1 us per few-row GEMV at one row but loses 3-8 us at 8
- * rows (bench_gemv decode shapes, H200), and the batched decode step of the server runs the same
- * launches for up to 16 rows: the choice may not depend on n. */
-static int g_split = 0; /* cuk_gemv_split_mode: set only by benchmarks and tests */
-
-extern "C" int cuk_gemv_split_mode(void) { return g_split; }
-extern "C" void cuk_gemv_set_split_mode(int mode) { g_split = mode ? 1 : 0; }
-
-extern "C" void cuk_gemv_set_impl(int impl) {
-    g_impl = impl >= 0 && impl < N_IMPL ? impl : CUK_GEMV_AUTO;
-}
-extern "C" int cuk_gemv_get_impl(void) { return impl_now(); }
-extern "C" int cuk_gemv_set_impl_name(const char *name) {
-    for (int i = 0; name && i < N_IMPL; i++)
-        if (!strcmp(name, IMPL_NAMES[i])) {
-            g_impl = i;
-            return 1;
-        }
-    return 0;
-}
-extern "C" const char *cuk_gemv_impl_name(void) { return IMPL_NAMES[impl_now()]; }
-
-extern "C" int cuk_gemv_tc_applies(uint32_t type, int64_t k, int32_t n) {
-    if (k <= 0 || k > (1LL << 20) || n < 1 || n > CUK_GEMV_MAX_N) return 0;
-    if (type == QT_Q4_K) return cuk::tc::max_nv<QT_Q4_K>(k) > 0;
-    if (type == QT_Q8_0) return cuk::tc::max_nv<QT_Q8_0>(k) > 0;
-    return 0;
-}
-
-/* The tensor-core variant (cuk::tc::V_*) for a call, or -1: CUDA-core kernels. weights: m * k
- * of one matrix; moe: an expert launcher. Never depends on n (see cuda/gemv_select.h). */
-static int tc_var(uint32_t type, int64_t weights, bool moe) {
-    switch (impl_now()) {
-    case CUK_GEMV_SIMT: return -1;
-    case CUK_GEMV_TC_SUB: return cuk::tc::V_SUB2;
-    case IMPL_TC: return cuk::tc::V_MAGIC2;
-    case IMPL_TC_SUB3: return cuk::tc::V_SUB3;
-    case IMPL_TC_SUB2P: return cuk::tc::V_SUB2P;
-    case IMPL_TC_SUB3P: return cuk::tc::V_SUB3P;
-    default:
-        if (type != QT_Q4_K) return -1;
-        /* tc_sub: round 2 measured it ahead of tc_sub3p on the lm_head (37.0 vs 41.4 us) and
-         * MoE gate+up (13.9 vs 16.4 us), and within 0.5 us of tc_sub3 on MoE down */
-        return moe || weights >= tc_min() ? cuk::tc::V_SUB2 : -1;
-    }
+/* 1: the tensor-core kernels for a call of this type; weights: m * k of one matrix; moe: an
+ * expert launcher. From the weight shape alone, never from n: a batched launch keeps the bits
+ * of one-vector launches. */
+static bool tc_picked(uint32_t type, int64_t weights, bool moe) {
+    return type == QT_Q4_K && (moe || weights >= tc_min());
 }
 
 extern "C" int cuk_gemv_takes_tc(uint32_t type, int64_t m, int64_t k, int32_t n) {
-    return cuk_gemv_tc_applies(type, k, n) && m > 0 && tc_var(type, m * k, false) >= 0;
+    if (k <= 0 || k > (1LL << 20) || n < 1 || n > CUK_GEMV_MAX_N || m <= 0) return 0;
+    return tc_picked(type, m * k, false) && cuk::tc::max_nv<QT_Q4_K>(k) > 0;
 }
 
-/* Runs the tensor-core kernel of fn for Q4_K/Q8_0 where tc_var picks one; *done = 0: not
- * taken (the shape does not fit it, or the CUDA-core kernels were picked). */
+/* Runs the tensor-core kernel of fn where tc_picked says so; *done = 0: not taken (the shape
+ * does not fit it, or the CUDA-core kernels were picked). */
 #define TRY_TC(fn, type, weights, moe, a, s, done, err)                                         \
     do {                                                                                        \
-        const int var_ = tc_var(type, weights, moe);                                            \
         *(done) = 0;                                                                            \
-        if (var_ >= 0) {                                                                        \
-            if ((type) == QT_Q4_K) {                                                            \
-                g5_status st_ = cuk::tc::fn<QT_Q4_K>(a, var_, done, s, err);                    \
-                if (st_ != G5_OK || *(done)) return st_;                                        \
-            } else if ((type) == QT_Q8_0) {                                                     \
-                g5_status st_ = cuk::tc::fn<QT_Q8_0>(a, var_, done, s, err);                    \
-                if (st_ != G5_OK || *(done)) return st_;                                        \
-            }                                                                                   \
+        if (tc_picked(type, weights, moe)) {                                                    \
+            g5_status st_ = cuk::tc::fn<QT_Q4_K>(a, done, s, err);                              \
+            if (st_ != G5_OK || *(done)) return st_;                                            \
         }                                                                                       \
     } while (0)
 

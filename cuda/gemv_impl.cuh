@@ -24,7 +24,6 @@
 #ifndef G5_GEMV_IMPL_CUH
 #define G5_GEMV_IMPL_CUH
 
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
@@ -32,7 +31,6 @@
 #include <string.h>
 
 #include "cuda/cuk_internal.cuh"
-#include "cuda/gemv_select.h"
 
 namespace cuk {
 
@@ -642,11 +640,9 @@ template <int T, int R, int NV> struct Smem {
     }
 };
 
-/* Plain GEMV. Grid: x = row-tile groups, y = kc CTAs of one cluster splitting k (kc = 1: no
- * cluster); block: 4 warps. The CTA covers 4/ks row tiles of R rows; the S = ks * kc warps of
- * a tile (ks in each CTA of the cluster) split its chunks: chunk c goes to split c % S, split
- * blockIdx.y * ks + warp % ks. The splits are summed in split order (CTA 0 reads the others'
- * partials through distributed shared memory), so timing never changes a bit. Each thread
+/* Plain GEMV. Grid: row-tile groups; block: 4 warps. The CTA covers 4/ks row tiles of R rows;
+ * the S = ks warps of a tile split its chunks: chunk c goes to warp c % S of the tile. The splits
+ * are summed in split order, so timing never changes a bit. Each thread
  * copies its 16-byte pieces of the tile's chunks, decodes GPL groups of 8 elements per row per
  * chunk and accumulates R x NV partial sums; the warp (then the tile's warps, in order) sums
  * them and lanes l < R*NV store y[l % NV][m0 + l / NV]. */
@@ -654,7 +650,7 @@ template <int T, int R, int NV, int XT>
 __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 registers */
     k_gemv(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int nblk_row, int nchunks,
            const void *__restrict__ x, int64_t ldx, int nvec, float *__restrict__ y, int64_t ldy,
-           int ks, int kc) {
+           int ks) {
     using Q = Tr<T>;
     using G = Geo<T, R>;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -663,8 +659,8 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 re
     const int tpc = WARPS / ks;
     const int64_t m0 = ((int64_t)blockIdx.x * tpc + warp / ks) * R;
     const int kw = warp % ks;
-    /* split index of this warp among the S = ks * kc splits of its tile; chunk c -> c % S */
-    const int sidx = (int)blockIdx.y * ks + kw, S = ks * kc;
+    /* split index of this warp among the S = ks splits of its tile; chunk c -> c % S */
+    const int sidx = kw, S = ks;
     const uint8_t *wend = w + m * rb;
     const uint8_t *rowp[R];
 #pragma unroll
@@ -691,23 +687,7 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 re
     stream<T, R, NV, XT, false>(get, nit, sm.warp, sm.tab, ldx, nvec, lane, acc);
     warp_sum<R, NV>(acc);
     float val = pick<R, NV>(acc, lane);
-    if (kc > 1) {
-        /* The cluster's CTAs (blockIdx.y = 0..kc-1, one tile group) hold splits j * ks + w;
-         * CTA 0 reads them all through distributed shared memory in split order. */
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        if (lane < R * NV) sm.red[warp * R * NV + lane] = val;
-        cl.sync();
-        const bool mine = blockIdx.y == 0 && kw == 0;
-        val = 0.0f;
-        if (mine && lane < R * NV)
-            for (int j = 0; j < kc; j++) {
-                const float *rr = cl.map_shared_rank(sm.red, j);
-                for (int q = 0; q < ks; q++) val += rr[(warp + q) * R * NV + lane];
-            }
-        cl.sync(); /* no CTA leaves while another still reads its shared memory */
-        if (!mine) return;
-    } else if (ks > 1) {
+    if (ks > 1) {
         if (lane < R * NV) sm.red[warp * R * NV + lane] = val;
         __syncthreads();
         if (kw != 0) return;
@@ -871,20 +851,6 @@ static inline int pick_ks(int64_t tiles, int nchunks) {
     return ks;
 }
 
-/* Split over CTAs of a cluster (kc, 1..8) on top of the ks warps of a CTA, for shapes with
- * few row tiles (k_gemv): grows until the launch has about 32 warps per multiprocessor (8
- * CTAs) or every split has one chunk. Without it a 32..576-row GEMV at k = 6144 runs on 8..144
- * CTAs whose warps walk 3..6 chunks one after another, each waiting a full memory latency.
- * Weight shape only (tiles at R = 4), like ks: a row's bits never depend on n.
- * cuk_gemv_split_mode() == 0 (the default) keeps kc = 1, the previous launches. */
-static inline int pick_kc(int64_t tiles, int ks, int nchunks) {
-    if (!cuk_gemv_split_mode()) return 1;
-    const int64_t want = 32LL * sms_cached();
-    int kc = 1;
-    while (kc < CUK_GEMV_CLUSTER_MAX && tiles * ks * kc < want && ks * (kc + 1) <= nchunks) kc++;
-    return kc;
-}
-
 template <int T, int NV, int XT>
 static g5_status launch_gemv(const cuk_gemv_args *a, cudaStream_t st, g5_error *err) {
     constexpr int R = NV <= 4 ? 4 : 2;
@@ -898,31 +864,11 @@ static g5_status launch_gemv(const cuk_gemv_args *a, cudaStream_t st, g5_error *
      * row's summation order then never depends on how many vectors share the launch, so a
      * batched decode step (rt_gpu_forward_batch) reproduces one-vector launches bit for bit */
     const int ks = pick_ks((a->m + 3) / 4, nchunks);
-    const int kc = pick_kc((a->m + 3) / 4, ks, nchunks);
     const int tpc = WARPS / ks;
     const int64_t grid = (tiles + tpc - 1) / tpc;
     if (grid > 0x7fffffff) return g5_fail(err, G5_ERR_INVALID_ARG, "gemv: m=%lld too large", (long long)a->m);
-    if (kc == 1) {
-        k_gemv<T, R, NV, XT><<<(unsigned)grid, WARPS * 32, smem_bytes<T, R, NV>(), st>>>(
-            (const uint8_t *)a->w, rb, a->m, nblk_row, nchunks, a->x, a->ldx, a->n, a->y, a->ldy,
-            ks, 1);
-    } else {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)grid, (unsigned)kc, 1);
-        cfg.blockDim = dim3(WARPS * 32, 1, 1);
-        cfg.dynamicSmemBytes = smem_bytes<T, R, NV>();
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 1;
-        at[0].val.clusterDim.y = (unsigned)kc;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        CUK_CHECK(cudaLaunchKernelEx(&cfg, k_gemv<T, R, NV, XT>, (const uint8_t *)a->w, rb, a->m,
-                                     nblk_row, nchunks, a->x, (int64_t)a->ldx, (int)a->n, a->y,
-                                     (int64_t)a->ldy, ks, kc));
-    }
+    k_gemv<T, R, NV, XT><<<(unsigned)grid, WARPS * 32, smem_bytes<T, R, NV>(), st>>>(
+        (const uint8_t *)a->w, rb, a->m, nblk_row, nchunks, a->x, a->ldx, a->n, a->y, a->ldy, ks);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

@@ -1,6 +1,6 @@
-/* Tensor-core dequantizing GEMV (plain, MoE gate+up fused, MoE down) for Q4_K and Q8_0, float32
- * activations. Included by cuda/gemv_q4_k.cu and cuda/gemv_q8_0.cu (CUK_GEMV_TC_INSTANTIATE);
- * cuda/gemv.cu picks this path or the CUDA-core one (gemv_impl.cuh) per call.
+/* Tensor-core dequantizing GEMV (plain, MoE gate+up fused, MoE down) for Q4_K, float32
+ * activations. Included by cuda/gemv_q4_k.cu (CUK_GEMV_TC_INSTANTIATE); cuda/gemv.cu picks this
+ * path or the CUDA-core one (gemv_impl.cuh) per call, by the weight shape.
  *
  * Why: the CUDA-core kernels spend about 2 instructions per weight on building a float and
  * multiplying it (measured instruction-bound at 0.38 of HBM for Q4_K). Here one mma.m16n8k16
@@ -10,10 +10,9 @@
  * - x is split into three f16 pieces, x * 2^e = h + m + l (e per vector, chosen from max|x| so
  *   that h cannot overflow; h, m, l carry 33 significant bits, so the split is exact to
  *   2^-25 * 2^14 of max|x|, below float32 rounding). The pieces are the mma's B columns.
- * - Quants are exact f16 values: either subnormals (nibble or byte placed in the low mantissa
- *   bits: q * 2^-24 exactly, "SUB") or normals with the magic exponent of 1024 (1024 + 16 q,
- *   1024 + 128 + q: "magic"; the offset times sum(x) is taken out again with the per-group
- *   x sums). f16 x f16 products are exact in the f32 accumulator.
+ * - Quants are exact f16 values: subnormals (the nibble placed in the low mantissa bits:
+ *   q * 2^-24 exactly, or 16 q * 2^-24 for a high nibble). f16 x f16 products are exact in the
+ *   f32 accumulator.
  * - Per 32-element group the mma result D (f32) is scaled: y += a * D - b * sum(x_group), with
  *   a, b from the block's scales; warps, then lanes, are summed in a fixed order.
  *
@@ -38,15 +37,14 @@ namespace tc {
 constexpr int NW = 8;                      /* warps per CTA */
 constexpr int SMEM_MAX = CUK_GEMV_TC_SMEM_PREF; /* two CTAs per SM; capped by the device (cuk_limits.h) */
 enum { M_GEMV = 0, M_GATE_UP = 1, M_DOWN = 2 };
-/* Kernel variants (cuda/gemv.cu picks one): quant form (magic exponent or subnormal) and D,
- * the chunks in flight per warp + 1, P: L2 prefetch of the next item. For one quant form all
- * give the same bits; magic and subnormal differ in float32 rounding. */
-enum { V_MAGIC2 = 0, V_SUB2 = 1, V_SUB3 = 2, V_SUB2P = 3, V_SUB3P = 4 };
+/* Chunks in flight per warp + 1. Measured against deeper staging (3), an L2 prefetch of the next
+ * item and magic-exponent quants (bench/NOTES.md, GEMV rounds 2 and 3): this one was fastest,
+ * the others are gone. */
+constexpr int DEPTH = 2;
 
 template <int T> struct TT;
 /* CH: elements per chunk (a warp's unit of k), BB/BLK: block bytes/elements. */
 template <> struct TT<QT_Q4_K> { static constexpr int CH = 256, BLK = 256, BB = 144; };
-template <> struct TT<QT_Q8_0> { static constexpr int CH = 128, BLK = 32, BB = 34; };
 
 template <int NV> struct NvGeo {
     static constexpr int NP = (NV + 1) / 2;   /* vector pairs = mmas per tile */
@@ -95,11 +93,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t ldg32(const uint8_t *p) {
-    uint32_t v;
-    asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
-    return v;
-}
 __device__ __forceinline__ uint2 ldg64(const uint8_t *p) {
     uint2 v;
     asm volatile("ld.global.nc.L1::no_allocate.v2.b32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
@@ -111,15 +104,6 @@ __device__ __forceinline__ uint4 ldg128(const uint8_t *p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-}
-__device__ __forceinline__ uint32_t ldg16(const uint8_t *p) {
-    unsigned short v;
-    asm volatile("ld.global.nc.b16 %0, [%1];\n" : "=h"(v) : "l"(p));
-    return v;
-}
-/* Asks L2 to fetch bytes (a multiple of 16) at p (16-byte aligned); no registers wait on it. */
-__device__ __forceinline__ void prefetch_l2(const uint8_t *p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ float h2f(uint32_t bits) {
     return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
@@ -144,10 +128,6 @@ template <> struct Raw<QT_Q4_K> {
     uint4 hdr;      /* header (d, dmin, scales) of the row this lane decodes scales for */
     uint2 q[2][4];  /* [row g / g+8][pair p]: qs bytes 32p + 8t .. +7 */
 };
-template <> struct Raw<QT_Q8_0> {
-    uint32_t w[2][4][3]; /* [row][block][aligned words covering qs bytes 8t .. 8t+7] */
-    uint32_t d[2][4];    /* f16 bits of the block scale */
-};
 
 /* rowp[0], rowp[1]: chunk start in rows g and g+8. */
 __device__ __forceinline__ void load_raw(Raw<QT_Q4_K> &r, const uint8_t *const rowp[2], int t) {
@@ -157,22 +137,6 @@ __device__ __forceinline__ void load_raw(Raw<QT_Q4_K> &r, const uint8_t *const r
 #pragma unroll
         for (int p = 0; p < 4; p++) r.q[h][p] = ldg64(rowp[h] + 16 + 32 * p + 8 * t);
 }
-/* Q8_0 chunks start 8-byte aligned (rows are multiples of 272 bytes, chunks of 136), so the
- * lane's 8 quant bytes at 34 b + 2 + 8 t are 4-byte aligned for odd b and 2 off for even b. */
-__device__ __forceinline__ void load_raw(Raw<QT_Q8_0> &r, const uint8_t *const rowp[2], int t) {
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            const uint8_t *bp = rowp[h] + 34 * b;
-            const uint8_t *q = bp + 2 + 8 * t - ((b & 1) ? 0 : 2);
-            r.w[h][b][0] = ldg32(q);
-            r.w[h][b][1] = ldg32(q + 4);
-            r.w[h][b][2] = (b & 1) ? 0u : ldg32(q + 8);
-            r.d[h][b] = ldg16(bp);
-        }
-}
-
 /* Component i (a compile-time constant after unrolling) of v, kept in registers. */
 __device__ __forceinline__ float f4get(const float4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -187,7 +151,7 @@ __device__ __forceinline__ uint2 ldb(const uint2 *bs, int G, int j, int pi, int 
 
 /* acc[pi][0..1] (rows g, g+8 of vector 2 pi + t/2) += the chunk's contribution.
  * G0: the chunk's first 32-element group in the virtual k; sab: this warp's a/b area. */
-template <int NV, bool SUB>
+template <int NV>
 __device__ __forceinline__ void chunk_math(const Raw<QT_Q4_K> &r, const uint2 *bs, const float *sx,
                                            int ngrp, float *sab, int G0, int lane, int boff,
                                            float (&acc)[NvGeo<NV>::NP][2]) {
@@ -207,9 +171,9 @@ __device__ __forceinline__ void chunk_math(const Raw<QT_Q4_K> &r, const uint2 *b
             const float fs = __uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7440u | i)) - 8388608.0f;
             const float fm = __uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7440u | i)) - 8388608.0f;
             const float d1 = d * fs, m1 = dmin * fm;
-            /* SUB: D = 2^-24 * (1 or 16) * sum(q x); magic: D = 1024 sum(x) + 16 sum(q x). */
-            a[i] = SUB ? d1 * ((i & 1) ? 1048576.0f : 16777216.0f) : d1 * 0.0625f;
-            b[i] = SUB ? m1 : fmaf(64.0f, d1, m1);
+            /* D = 2^-24 * (1 or 16) * sum(q x) */
+            a[i] = d1 * ((i & 1) ? 1048576.0f : 16777216.0f);
+            b[i] = m1;
         }
         *(float4 *)(sab + rr * 8 + 4 * h) = make_float4(a[0], a[1], a[2], a[3]);
         *(float4 *)(sab + 128 + rr * 8 + 4 * h) = make_float4(b[0], b[1], b[2], b[3]);
@@ -231,7 +195,6 @@ __device__ __forceinline__ void chunk_math(const Raw<QT_Q4_K> &r, const uint2 *b
         u = fmaf(-bg.w, x3, u), v = fmaf(-bg8.w, x3, v);
         acc[pi][0] = u, acc[pi][1] = v;
     }
-    constexpr uint32_t M = SUB ? 0u : 0x64006400u;
 #pragma unroll
     for (int s = 0; s < 8; s++) {
         const int p = s >> 1;
@@ -241,15 +204,12 @@ __device__ __forceinline__ void chunk_math(const Raw<QT_Q4_K> &r, const uint2 *b
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const uint32_t u = j ? r.q[h][p].y : r.q[h][p].x;
-                if (s & 1) { /* high nibbles: 16 q (+1024) */
-                    A[j][h][0] = (u & 0x00F000F0u) | M;
-                    A[j][h][1] = ((u >> 8) & 0x00F000F0u) | M;
-                } else if (SUB) { /* low nibbles: q * 2^-24 */
+                if (s & 1) { /* high nibbles: 16 q * 2^-24 */
+                    A[j][h][0] = u & 0x00F000F0u;
+                    A[j][h][1] = (u >> 8) & 0x00F000F0u;
+                } else { /* low nibbles: q * 2^-24 */
                     A[j][h][0] = u & 0x000F000Fu;
                     A[j][h][1] = (u >> 8) & 0x000F000Fu;
-                } else { /* low nibbles moved up: 1024 + 16 q, like the high ones */
-                    A[j][h][0] = ((u << 4) & 0x00F000F0u) | M;
-                    A[j][h][1] = ((u >> 4) & 0x00F000F0u) | M;
                 }
             }
 #pragma unroll
@@ -267,48 +227,6 @@ __device__ __forceinline__ void chunk_math(const Raw<QT_Q4_K> &r, const uint2 *b
     __syncwarp(); /* sab is rewritten by the next chunk */
 }
 
-template <int NV, bool SUB>
-__device__ __forceinline__ void chunk_math(const Raw<QT_Q8_0> &r, const uint2 *bs, const float *sx,
-                                           int ngrp, float *, int G0, int lane, int boff,
-                                           float (&acc)[NvGeo<NV>::NP][2]) {
-    constexpr int NP = NvGeo<NV>::NP, CP = NvGeo<NV>::CP;
-    const int t = lane & 3;
-    /* SUB: (q + 128) * 2^-24 (subnormal); magic: 1024 + 128 + q. */
-    constexpr uint32_t M = SUB ? 0u : 0x64646464u;
-    constexpr float FA = SUB ? 16777216.0f : 1.0f, FB = SUB ? 128.0f : 1152.0f;
-#pragma unroll
-    for (int b = 0; b < 4; b++) {
-        uint32_t A[2][2][2]; /* [tile j][row half][reg r] */
-        float a[2], bb[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t *w = r.w[h][b];
-            const uint32_t u0 = (b & 1) ? w[0] : __funnelshift_r(w[0], w[1], 16);
-            const uint32_t u1 = (b & 1) ? w[1] : __funnelshift_r(w[1], w[2], 16);
-            const uint32_t v0 = u0 ^ 0x80808080u, v1 = u1 ^ 0x80808080u;
-            A[0][h][0] = __byte_perm(v0, M, 0x4240u);
-            A[0][h][1] = __byte_perm(v0, M, 0x4341u);
-            A[1][h][0] = __byte_perm(v1, M, 0x4240u);
-            A[1][h][1] = __byte_perm(v1, M, 0x4341u);
-            const float d = h2f(r.d[h][b]);
-            a[h] = d * FA, bb[h] = d * FB;
-        }
-#pragma unroll
-        for (int pi = 0; pi < NP; pi++) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const uint2 bv = ldb<NP, CP>(bs, G0 + b, j, pi, boff);
-                mma16816(d, A[j][0][0], A[j][1][0], A[j][0][1], A[j][1][1], bv.x, bv.y);
-            }
-            /* the offset term once per vector: in the lane holding pieces h and m */
-            const float s = (t & 1) ? 0.0f : sx[(2 * pi + (t >> 1)) * ngrp + G0 + b];
-            acc[pi][0] = fmaf(a[0], d[0] + d[1], fmaf(-bb[0], s, acc[pi][0]));
-            acc[pi][1] = fmaf(a[1], d[2] + d[3], fmaf(-bb[1], s, acc[pi][1]));
-        }
-    }
-}
-
 /* x of vector v (v < NV), virtual element kk (4-aligned), as float4. */
 template <int MODE, int XT>
 __device__ __forceinline__ float4 ldxv(const Params &p, int tok, int v, int kk) {
@@ -322,18 +240,15 @@ __device__ __forceinline__ float4 ldxv(const Params &p, int tok, int v, int kk) 
 
 /* The tensor-core GEMV. Grid: x = persistent CTAs over items, y = token (MoE) or 1; block: 8
  * warps. Each warp walks its (item, chunk) steps, items blockIdx.x, +gridDim.x, ..., chunks
- * warp, warp + 8, ... of each, as one stream with D - 1 chunks loaded ahead in registers: the
+ * warp, warp + 8, ... of each, as one stream with DEPTH - 1 chunks loaded ahead in registers: the
  * first loads go out before the prologue, and the loads run on across item ends (an item's
  * last chunk is followed by the next item's first without a gap in the memory pipe).
  * Prologue: the CTA turns x (NV vectors, or the token's top_k expert inputs for down) into f16
  * pieces in shared memory, with the per-32 sums and per-vector scales. Per step the warp
  * decodes its chunk of the item's 16 A rows into mma fragments and accumulates
  * a * D - b * sum(x) per lane; after an item's last step the CTA sums the warps in order and
- * threads o < outputs store y (gate_up: silu(gate) * up). PF: when a warp's loads enter an
- * item, it also asks L2 for its share (A rows 2 warp, 2 warp + 1) of the CTA's next item, so
- * that more bytes are on their way from HBM than the registers can hold. D and PF change only
- * the timing: they give the same bits. */
-template <int T, int NV, int XT, int MODE, bool SUB, int D, bool PF>
+ * threads o < outputs store y (gate_up: silu(gate) * up). */
+template <int T, int NV, int XT, int MODE>
 __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
     constexpr int NP = NvGeo<NV>::NP, CP = NvGeo<NV>::CP;
     using Q = TT<T>;
@@ -420,50 +335,16 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
         rows_of(u, c, rp, ws);
         load_raw(r, rp, t);
     };
-    /* L2 prefetch of this warp's share of item it (PF) */
-    auto prefetch = [&](int64_t it) {
-        if (it >= p.items) return;
-        Cur u;
-        u.it = it;
-        set_item(u);
-        if (u.bad) return;
-        if constexpr (MODE == M_DOWN) {
-            const int64_t rows = p.m - u.m0 < 16 ? p.m - u.m0 : 16;
-            for (int s = warp + NW * lane; s < p.top_k; s += NW * 32)
-                prefetch_l2(p.w0 + (int64_t)p.ids[(int64_t)tok * p.ld_ids + s] * p.mat + u.m0 * p.rb,
-                            (uint32_t)(rows * p.rb));
-        } else {
-            const int r = 2 * warp + lane; /* A row */
-            if (lane < 2) {
-                int64_t row;
-                const uint8_t *w;
-                if constexpr (MODE == M_GATE_UP) {
-                    row = u.m0 + (r & 7);
-                    const int e = p.ids[(int64_t)tok * p.ld_ids + u.slot];
-                    w = (r < 8 ? p.w0 : p.w1) + (int64_t)e * p.mat;
-                } else {
-                    row = u.m0 + r;
-                    w = p.w0;
-                }
-                if (row < p.m) prefetch_l2(w + row * p.rb, (uint32_t)p.rb);
-            }
-        }
-    };
+    constexpr int D = DEPTH;
     Raw<T> buf[D];
     Cur ld, cs; /* the load and the math cursors */
     ld.it = blockIdx.x, ld.ci = 0;
     set_item(ld);
     cs = ld;
-    if constexpr (PF) {
-        prefetch(ld.it);
-        prefetch(ld.it + gridDim.x);
-    }
 #pragma unroll
     for (int i = 0; i < D - 1; i++) {
         if (i < nsteps) issue(buf[i], ld);
         advance(ld);
-        if constexpr (PF)
-            if (ld.ci == 0) prefetch(ld.it + gridDim.x);
     }
 
     /* ---- prologue: scales, pieces, group sums ---- */
@@ -588,8 +469,6 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
             if (s0 + i < nsteps) {
                 if (s0 + i + D - 1 < nsteps) issue(buf[(i + D - 1) % D], ld);
                 advance(ld);
-                if constexpr (PF)
-                    if (ld.ci == 0) prefetch(ld.it + gridDim.x);
                 const int c = warp + NW * cs.ci;
                 if (!cs.bad && c < nch) {
                     const uint8_t *rp[2];
@@ -599,14 +478,14 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
                         float part[NP][2];
 #pragma unroll
                         for (int pi = 0; pi < NP; pi++) part[pi][0] = part[pi][1] = 0.0f;
-                        chunk_math<NV, SUB>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, part);
+                        chunk_math<NV>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, part);
 #pragma unroll
                         for (int pi = 0; pi < NP; pi++) {
                             acc[pi][0] = fmaf(ws, part[pi][0], acc[pi][0]);
                             acc[pi][1] = fmaf(ws, part[pi][1], acc[pi][1]);
                         }
                     } else {
-                        chunk_math<NV, SUB>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, acc);
+                        chunk_math<NV>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, acc);
                     }
                 }
                 if (cs.ci == cpw - 1) finish(cs);
@@ -618,11 +497,11 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
 
 /* ---- host side ---- */
 
-template <int T, int NV, int XT, int MODE, bool SUB, int D, bool PF>
+template <int T, int NV, int XT, int MODE>
 static g5_status launch(const Params &p, int ny, cudaStream_t st, g5_error *err) {
     const int K = p.kseg * p.nseg;
     const size_t bytes = Lay<NV>::total(K);
-    auto kern = k_tc<T, NV, XT, MODE, SUB, D, PF>;
+    auto kern = k_tc<T, NV, XT, MODE>;
     /* Dynamic shared memory above 48 KB needs an opt-in, once per kernel (this instantiation). */
     static size_t allowed_dev[CUK_MAX_DEVICES]; /* per device, as attributes are (0: none yet) */
     size_t &allowed = allowed_dev[cuk_device_slot()];
@@ -651,19 +530,9 @@ template <int T> bool applies(int64_t k_virtual, int kseg, int n) {
     return bytes <= cuk_device_smem_cap(SMEM_MAX);
 }
 
-template <int T, int NV, int MODE, int XT>
-static g5_status run_var(const Params &p, int ny, int var, cudaStream_t st, g5_error *err) {
-    switch (var) {
-    case V_MAGIC2: return launch<T, NV, XT, MODE, false, 2, false>(p, ny, st, err);
-    case V_SUB3: return launch<T, NV, XT, MODE, true, 3, false>(p, ny, st, err);
-    case V_SUB2P: return launch<T, NV, XT, MODE, true, 2, true>(p, ny, st, err);
-    case V_SUB3P: return launch<T, NV, XT, MODE, true, 3, true>(p, ny, st, err);
-    default: return launch<T, NV, XT, MODE, true, 2, false>(p, ny, st, err);
-    }
-}
 template <int T, int NV, int MODE>
-static g5_status run_nv(const Params &p, int ny, bool bf, int var, cudaStream_t st, g5_error *err) {
-    return bf ? run_var<T, NV, MODE, 1>(p, ny, var, st, err) : run_var<T, NV, MODE, 0>(p, ny, var, st, err);
+static g5_status run_nv(const Params &p, int ny, bool bf, cudaStream_t st, g5_error *err) {
+    return bf ? launch<T, NV, 1, MODE>(p, ny, st, err) : launch<T, NV, 0, MODE>(p, ny, st, err);
 }
 
 /* The entry points cuda/gemv.cu calls after validation; *done = 0 when the shape is not
@@ -677,7 +546,7 @@ template <int T> int max_nv(int64_t k) {
  * arithmetic does not depend on its group (same lane, same order, mma columns independent), so
  * y[v] is bit-identical whatever n is: batched decode steps reproduce one-vector launches. */
 template <int T>
-g5_status gemv_run(const cuk_gemv_args *a, int var, int *done, cudaStream_t st, g5_error *err) {
+g5_status gemv_run(const cuk_gemv_args *a, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
     const int nvm = max_nv<T>(a->k);
     if (!nvm) return G5_OK;
@@ -696,16 +565,16 @@ g5_status gemv_run(const cuk_gemv_args *a, int var, int *done, cudaStream_t st, 
         p.x = (const uint8_t *)a->x + (size_t)v0 * a->ldx * (bf ? 2 : 4);
         p.y = a->y + (int64_t)v0 * a->ldy;
         p.nvec = nn;
-        const g5_status s = nn == 1   ? run_nv<T, 1, M_GEMV>(p, 1, bf, var, st, err)
-                            : nn == 2 ? run_nv<T, 2, M_GEMV>(p, 1, bf, var, st, err)
-                                      : run_nv<T, 4, M_GEMV>(p, 1, bf, var, st, err);
+        const g5_status s = nn == 1   ? run_nv<T, 1, M_GEMV>(p, 1, bf, st, err)
+                            : nn == 2 ? run_nv<T, 2, M_GEMV>(p, 1, bf, st, err)
+                                      : run_nv<T, 4, M_GEMV>(p, 1, bf, st, err);
         if (s != G5_OK) return s;
     }
     return G5_OK;
 }
 
 template <int T>
-g5_status gate_up_run(const cuk_moe_gate_up_args *a, int var, int *done, cudaStream_t st, g5_error *err) {
+g5_status gate_up_run(const cuk_moe_gate_up_args *a, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
     if (!applies<T>(a->k, (int)a->k, 1)) return G5_OK;
     Params p = {};
@@ -719,11 +588,11 @@ g5_status gate_up_run(const cuk_moe_gate_up_args *a, int var, int *done, cudaStr
     p.tiles = (a->m + 7) / 8;
     p.items = p.tiles * a->top_k;
     *done = 1;
-    return run_nv<T, 1, M_GATE_UP>(p, a->n_tok, a->x_type == CUK_ACT_BF16, var, st, err);
+    return run_nv<T, 1, M_GATE_UP>(p, a->n_tok, a->x_type == CUK_ACT_BF16, st, err);
 }
 
 template <int T>
-g5_status down_run(const cuk_moe_down_args *a, int var, int *done, cudaStream_t st, g5_error *err) {
+g5_status down_run(const cuk_moe_down_args *a, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
     if (!applies<T>(a->k * a->top_k, (int)a->k, 1)) return G5_OK;
     Params p = {};
@@ -737,7 +606,7 @@ g5_status down_run(const cuk_moe_down_args *a, int var, int *done, cudaStream_t 
     p.y = a->y, p.ldy = a->ldy;
     p.items = (a->m + 15) / 16;
     *done = 1;
-    return run_nv<T, 1, M_DOWN>(p, a->n_tok, a->h_type == CUK_ACT_BF16, var, st, err);
+    return run_nv<T, 1, M_DOWN>(p, a->n_tok, a->h_type == CUK_ACT_BF16, st, err);
 }
 
 } // namespace tc
@@ -746,11 +615,10 @@ g5_status down_run(const cuk_moe_down_args *a, int var, int *done, cudaStream_t 
 #define CUK_GEMV_TC_INSTANTIATE(T)                                                              \
     namespace cuk {                                                                             \
     namespace tc {                                                                              \
-    template g5_status gemv_run<T>(const cuk_gemv_args *, int, int *, cudaStream_t, g5_error *); \
-    template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, int, int *, cudaStream_t,  \
+    template g5_status gemv_run<T>(const cuk_gemv_args *, int *, cudaStream_t, g5_error *);    \
+    template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, int *, cudaStream_t,       \
                                       g5_error *);                                              \
-    template g5_status down_run<T>(const cuk_moe_down_args *, int, int *, cudaStream_t,        \
-                                   g5_error *);                                                 \
+    template g5_status down_run<T>(const cuk_moe_down_args *, int *, cudaStream_t, g5_error *); \
     }                                                                                           \
     }
 
@@ -758,11 +626,11 @@ g5_status down_run(const cuk_moe_down_args *a, int var, int *done, cudaStream_t 
 #define CUK_GEMV_TC_EXTERN(T)                                                                   \
     namespace cuk {                                                                             \
     namespace tc {                                                                              \
-    extern template g5_status gemv_run<T>(const cuk_gemv_args *, int, int *, cudaStream_t,     \
+    extern template g5_status gemv_run<T>(const cuk_gemv_args *, int *, cudaStream_t,          \
                                           g5_error *);                                          \
-    extern template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, int, int *,         \
-                                             cudaStream_t, g5_error *);                         \
-    extern template g5_status down_run<T>(const cuk_moe_down_args *, int, int *, cudaStream_t, \
+    extern template g5_status gate_up_run<T>(const cuk_moe_gate_up_args *, int *, cudaStream_t, \
+                                             g5_error *);                                       \
+    extern template g5_status down_run<T>(const cuk_moe_down_args *, int *, cudaStream_t,      \
                                           g5_error *);                                          \
     }                                                                                           \
     }

@@ -8,10 +8,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cuda/attn_select.h"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
-#include "cuda/idx_select.h"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
@@ -206,7 +204,7 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
     if (threadIdx.x == 0) n_sel[t] = K;
 }
 
-/* ---- split implementations (the default; cuk_attn_set_old(1) selects the ones above) ---- */
+/* ---- split implementations (decode-sized launches; the ones above take the other shapes) ---- */
 
 namespace cg = cooperative_groups;
 
@@ -465,12 +463,6 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restri
 
 } // namespace
 
-static int use_old(void) { return cuk_attn_old(); } /* cuda/attn_select.h */
-
-static int g_lane = 1;
-extern "C" void cuk_idx_scores_set_lane(int on) { g_lane = on != 0; } /* cuda/idx_select.h */
-extern "C" int cuk_idx_scores_lane(void) { return g_lane; }
-
 /* cuk_idx_scores and cuk_idx_scores_dev. P: the key count the launch is shaped for (pos0 +
  * n_tok, or the bound when the position is read from dpos); the kernels read the position and
  * skip keys past it, so the grid only has to cover P. */
@@ -486,7 +478,7 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
     /* The lane kernel (same bits as the thread-per-key one) wins for decode steps up to ~16k keys
      * (bench_attn, H200: 1k 9.5 vs 26.0 us, 8k 13.1 vs 26.9) and loses beyond and in prefill
      * (32k 39.5 vs 31.8; 512 tokens at 4k 1549 vs 840). */
-    if (!use_old() && g_lane && (n_tok <= 4 || rows) && P <= 16384 && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
+    if ((n_tok <= 4 || rows) && P <= 16384 && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
         ((uintptr_t)q & 15) == 0) {
         /* enough warps to fill the SMs (about 2 blocks each), a key group per warp at most; the
          * warps stride over the key groups, so a grid made for more keys than there are is
@@ -501,7 +493,7 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
         CUK_CHECK_LAUNCH("idx_scores");
         return G5_OK;
     }
-    if ((!use_old() || rows) && n_head <= SS_MAXH && dim % 4 == 0 && ((uintptr_t)k & 15) == 0 && smem <= 48 * 1024) {
+    if (n_head <= SS_MAXH && dim % 4 == 0 && ((uintptr_t)k & 15) == 0 && smem <= 48 * 1024) {
         dim3 g2((unsigned)((P + SS_THREADS - 1) / SS_THREADS), (unsigned)n_tok);
         k_scores_split<<<g2, SS_THREADS, smem, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, rows, P, sc,
                                                                           ld_sc);
@@ -545,7 +537,7 @@ static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t
      * vs 86.3 us). The selection is exact, so the cluster size never changes a result. */
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
-    if (!use_old() && n_tok < sms) {
+    if (n_tok < sms) {
         const cudaStream_t st = (cudaStream_t)stream;
         /* 16-block clusters are non-portable: used where one fits (checked once per device) */
         static int max_cl_dev[CUK_MAX_DEVICES];

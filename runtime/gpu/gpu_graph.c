@@ -26,8 +26,6 @@
 
 #include <stdlib.h>
 
-#include "cuda/attn_select.h"
-#include "cuda/idx_select.h"
 #include "runtime/gpu/gpu_int.h"
 
 /* Per rank, the addresses a captured step holds: the work buffers (their layout follows ncap),
@@ -53,7 +51,6 @@ struct gm_graph {
     uint32_t cap, bound;             /* the sequence's capacity (its caches' layer stride); the
                                         bucket (g->graph_bound of the capture) */
     int logits;                      /* the head GEMVs were captured (out->logits) */
-    int attn_old, idx_lane;          /* the process-wide kernel choices (attn_select.h, idx_select.h) */
     grank rk[];                      /* [T] */
 };
 
@@ -72,9 +69,7 @@ static gkey_rank key_rank(const rt_gpu_model *g, const fplan *pl, uint32_t r) {
 
 static int key_same(const struct gm_graph *k, const rt_gpu_model *g, const fplan *pl, uint32_t bound, int logits) {
     const rt_gpu_seq *s = pl->seq[0];
-    if (!k->valid || k->seq != s || k->cap != s->cap || k->bound != bound || k->logits != logits ||
-        k->attn_old != cuk_attn_old() || k->idx_lane != cuk_idx_scores_lane())
-        return 0;
+    if (!k->valid || k->seq != s || k->cap != s->cap || k->bound != bound || k->logits != logits) return 0;
     for (uint32_t r = 0; r < g->T; r++) {
         const gkey_rank a = key_rank(g, pl, r), *b = &k->rk[r].key;
         if (a.work != b->work || a.sc != b->sc || a.lat != b->lat || a.idxk != b->idxk || a.ncap != b->ncap ||
@@ -89,8 +84,6 @@ static void key_store(struct gm_graph *k, const rt_gpu_model *g, const fplan *pl
     k->cap = pl->seq[0]->cap;
     k->bound = bound;
     k->logits = logits;
-    k->attn_old = cuk_attn_old();
-    k->idx_lane = cuk_idx_scores_lane();
     for (uint32_t r = 0; r < g->T; r++) k->rk[r].key = key_rank(g, pl, r);
     k->valid = 1;
 }

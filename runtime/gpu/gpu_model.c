@@ -22,7 +22,6 @@
 #include "runtime/gpu/gpu_linear.h"
 #include "runtime/cpu/model_tensors.h"
 
-#include "cuda/gemv_select.h"
 #include "cuda/cuk_head_gemv.h"
 #include "runtime/gpu/gpu_int.h"
 

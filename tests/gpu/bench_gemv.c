@@ -2,23 +2,21 @@
  * cudaMemcpy measured in the same run. Weights rotate over copies filling >= 1 GiB so that L2
  * (50-60 MB) holds none of them between launches. Prints one line per case:
  * bytes of weights read per launch, time per launch, GB/s, and the ratio to the copy rate
- * counted as bytes read + bytes written (both are DRAM traffic per second).
- * Each Q4_K/Q8_0 case runs every kernel family of cuda/gemv_select.h (simt = CUDA cores; tc,
- * tc_sub, tc_sub3, tc_sub2p, tc_sub3p = tensor-core variants; auto = the default choice, shown
- * as auto:simt or auto:tc) on the same weights and random x; "diff" is
- * max|y - y_simt| / max|y_simt|, "=sub" says whether a tc_sub* variant gave tc_sub's bits.
- * First, the GEMVs of one decode step at their own types, graph-timed, under both k-split
- * modes (bench_decode_shape); BENCH_GEMV_DECODE_ONLY=1 stops after them.
+ * counted as bytes read + bytes written (both are DRAM traffic per second). Each GEMV line says
+ * which kernels ran it (tc: tensor cores, simt: CUDA cores; cuk_gemv_takes_tc), the MoE lines
+ * run what cuk_moe_gate_up / cuk_moe_down pick (tensor cores for Q4_K). The kernel variants
+ * that lost (magic-exponent and deeper or prefetching tensor-core kernels, tensor cores for
+ * Q8_0, the cluster k-split of the CUDA-core kernels) are gone; their numbers are in
+ * bench/NOTES.md and bench/RESULTS.md.
+ * First, the GEMVs of one decode step at their own types, graph-timed (bench_decode_shape);
+ * BENCH_GEMV_DECODE_ONLY=1 stops after them.
  * Usage: bench_gemv [iters]  (default 50) */
 #include <cuda_runtime_api.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cuda/cuk.h"
-#include "cuda/gemv_select.h"
 #include "format/quant.h"
 
 #include "tests/gpu/bench_util.h"
@@ -26,9 +24,6 @@
 #define POOL_BYTES (1ull << 30)
 
 static int iters = 50;
-/* simt first (the reference), tc_sub before its same-bits variants */
-static const char *const IMPL_NAME[] = {"simt", "tc", "tc_sub", "tc_sub3", "tc_sub2p", "tc_sub3p", "auto"};
-#define N_IMPLS 7
 static double copy_rw_gbs; /* bytes read + written per second, GB/s */
 
 static uint8_t *pool;      /* device, POOL_BYTES */
@@ -57,53 +52,11 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
     return ms;
 }
 
-/* bits: 1/0 = same/different bits than tc_sub, -1: not compared */
-static void report(const char *what, const char *impl, double bytes, double ms_per, double diff, int bits) {
+static void report(const char *what, const char *impl, double bytes, double ms_per) {
     const double gbs = bytes / (ms_per * 1e-3) / 1e9;
-    printf("%-46s %-9s %7.1f MB %8.2f us %6.0f GB/s  ratio %.3f", what, impl, bytes / 1e6,
-           ms_per * 1e3, gbs, gbs / copy_rw_gbs);
-    if (diff >= 0) printf("  diff %.1e", diff);
-    if (bits >= 0) printf("  =sub %s", bits ? "yes" : "NO");
-    printf("\n");
+    printf("%-46s %-7s %7.1f MB %8.2f us %6.0f GB/s  ratio %.3f\n", what, impl, bytes / 1e6, ms_per * 1e3, gbs,
+           gbs / copy_rw_gbs);
     fflush(stdout);
-}
-
-/* max|a - b| / max|b| over n device floats (b: host copy of the reference). */
-static double max_diff(const float *dy, const float *ref, size_t n) {
-    float *h = malloc(n * sizeof(float));
-    if (!h) exit(2);
-    CK(cudaMemcpy(h, dy, n * sizeof(float), cudaMemcpyDeviceToHost));
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs((double)h[i] - ref[i]);
-        if (d > md || d != d) md = d;
-        if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
-    }
-    free(h);
-    return mr > 0 ? md / mr : md;
-}
-
-/* Implementations to run for type (tensor-core ones only where they exist). */
-static int n_impls(uint32_t type) { return type == QT_Q4_K || type == QT_Q8_0 ? N_IMPLS : 1; }
-
-/* Sets family im; returns its label ("auto:tc" ...). */
-static const char *set_impl(int im, int tc_taken) {
-    if (!cuk_gemv_set_impl_name(IMPL_NAME[im])) {
-        fprintf(stderr, "unknown GEMV family %s\n", IMPL_NAME[im]);
-        exit(1);
-    }
-    if (strcmp(IMPL_NAME[im], "auto")) return IMPL_NAME[im];
-    return tc_taken ? "auto:tc" : "auto:simt";
-}
-
-/* 1 if y (n floats on the device) equals h bit for bit. */
-static int same_bits(const float *dy, const float *h, size_t n) {
-    float *t = malloc(n * sizeof(float));
-    if (!t) exit(2);
-    CK(cudaMemcpy(t, dy, n * sizeof(float), cudaMemcpyDeviceToHost));
-    const int same = memcmp(t, h, n * sizeof(float)) == 0;
-    free(t);
-    return same;
 }
 
 static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_type, float *x, float *y) {
@@ -116,50 +69,27 @@ static void bench_gemv(uint32_t type, int64_t m, int64_t k, int n, uint32_t x_ty
     CK(cudaEventCreate(&b));
     cuk_gemv_args g = {.w_type = type, .w = pool, .k = k, .m = m, .x = x, .x_type = x_type,
                        .ldx = k, .n = n, .y = y, .ldy = m};
-    const size_t ny = (size_t)n * (size_t)m;
-    float *ref = malloc(ny * sizeof(float)), *ref_sub = malloc(ny * sizeof(float));
-    if (!ref || !ref_sub) exit(2);
     char what[128];
     snprintf(what, sizeof what, "gemv %s m=%lld k=%lld n=%d x=%s", quant_type_name(type),
              (long long)m, (long long)k, n, x_type == CUK_ACT_BF16 ? "bf16" : "f32");
-    for (int im = 0; im < n_impls(type); im++) {
-        set_impl(im, 0);
-        const int tc = im > 0 && cuk_gemv_takes_tc(type, m, k, n);
-        const char *label = set_impl(im, tc);
-        if (im > 0 && !tc && strcmp(IMPL_NAME[im], "auto")) continue; /* would repeat simt */
-        g.w = pool;
+    for (int i = 0; i < 3; i++) GK(cuk_gemv(&g, NULL, &err_));
+    CK(cudaEventRecord(a, NULL));
+    for (int i = 0; i < iters; i++) {
+        g.w = pool + (uint64_t)(i % copies) * pool_copy;
         GK(cuk_gemv(&g, NULL, &err_));
-        CK(cudaDeviceSynchronize());
-        double diff = -1;
-        if (im == 0) CK(cudaMemcpy(ref, y, ny * sizeof(float), cudaMemcpyDeviceToHost));
-        else diff = max_diff(y, ref, ny);
-        int bits = -1;
-        if (!strcmp(IMPL_NAME[im], "tc_sub")) CK(cudaMemcpy(ref_sub, y, ny * sizeof(float), cudaMemcpyDeviceToHost));
-        else if (!strncmp(IMPL_NAME[im], "tc_sub", 6)) bits = same_bits(y, ref_sub, ny);
-        for (int i = 0; i < 2; i++) GK(cuk_gemv(&g, NULL, &err_));
-        CK(cudaEventRecord(a, NULL));
-        for (int i = 0; i < iters; i++) {
-            g.w = pool + (uint64_t)(i % copies) * pool_copy;
-            GK(cuk_gemv(&g, NULL, &err_));
-        }
-        CK(cudaEventRecord(b, NULL));
-        CK(cudaEventSynchronize(b));
-        report(what, label, (double)bytes, time_ms(a, b) / iters, diff, bits);
     }
-    cuk_gemv_set_impl(CUK_GEMV_AUTO);
-    free(ref), free(ref_sub);
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    report(what, cuk_gemv_takes_tc(type, m, k, n) ? "tc" : "simt", (double)bytes, time_ms(a, b) / iters);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
 }
 
 /* One decode-step GEMV shape (one GLM-5 TP 8 rank, types of synth's glm5 preset as
- * tests/gpu/bench_decode runs them) at n vectors, under both k-split modes of the CUDA-core
- * kernels (cuk_gemv_set_split_mode: "old" = warps of one CTA, "cluster" = + CTAs of a cluster)
- * and the default family. Timed as the decode runs: >= `iters` launches on rotating weight copies
- * (>= 256 MB of them, so that L2 keeps none)
- * captured into one CUDA graph (no host launch cost in the time), mean per launch of 3 graph
- * launches after a warm-up one. Prints the byte floor at the copy rate beside it; "diff" is
- * cluster against old (the split changes the summation order, not the math). */
+ * tests/gpu/bench_decode runs them) at n vectors. Timed as the decode runs: >= `iters` launches
+ * on rotating weight copies (>= 256 MB of them, so that L2 keeps none) captured into one CUDA
+ * graph (no host launch cost in the time), mean per launch of 3 graph launches after a warm-up
+ * one. Prints the byte floor at the copy rate beside it. */
 static void bench_decode_shape(const char *name, uint32_t type, int64_t m, int64_t k, int n, float *x, float *y) {
     uint64_t rb = 0;
     quant_row_bytes(type, (uint64_t)k, &rb);
@@ -175,49 +105,32 @@ static void bench_decode_shape(const char *name, uint32_t type, int64_t m, int64
     CK(cudaEventCreate(&b));
     cuk_gemv_args g = {.w_type = type, .w = pool, .k = k, .m = m, .x = x, .x_type = CUK_ACT_F32,
                        .ldx = k, .n = n, .y = y, .ldy = m};
-    const size_t ny = (size_t)n * (size_t)m;
-    float *ref = malloc(ny * sizeof(float));
-    if (!ref) exit(2);
     char what[128];
     snprintf(what, sizeof what, "decode %-8s %-4s m=%lld k=%lld n=%d", name, quant_type_name(type),
              (long long)m, (long long)k, n);
-    static const char *const MODE[2] = {"old", "cluster"};
-    cuk_gemv_set_impl(CUK_GEMV_AUTO);
-    const int mode0 = cuk_gemv_split_mode();
-    for (int mode = 0; mode < 2; mode++) {
-        cuk_gemv_set_split_mode(mode);
-        g.w = pool;
+    GK(cuk_gemv(&g, (cuk_stream)st, &err_));
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t graph;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < nl; i++) {
+        g.w = pool + (uint64_t)(i % copies) * pool_copy;
         GK(cuk_gemv(&g, (cuk_stream)st, &err_));
-        CK(cudaStreamSynchronize(st));
-        double diff = -1;
-        if (mode == 0) CK(cudaMemcpy(ref, y, ny * sizeof(float), cudaMemcpyDeviceToHost));
-        else diff = max_diff(y, ref, ny);
-        cudaGraph_t graph;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < nl; i++) {
-            g.w = pool + (uint64_t)(i % copies) * pool_copy;
-            GK(cuk_gemv(&g, (cuk_stream)st, &err_));
-        }
-        CK(cudaStreamEndCapture(st, &graph));
-        CK(cudaGraphInstantiate(&ge, graph, 0));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(a, st));
-        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        const double us = time_ms(a, b) / (3.0 * nl) * 1e3;
-        printf("%-44s %-8s %-4s %7.3f MB %7.2f us  floor %5.2f us  x%5.2f", what, MODE[mode],
-               cuk_gemv_takes_tc(type, m, k, n) ? "tc" : "simt", bytes / 1e6, us,
-               bytes / (copy_rw_gbs * 1e3), us / (bytes / (copy_rw_gbs * 1e3)));
-        if (diff >= 0) printf("  diff %.1e", diff);
-        printf("\n");
-        fflush(stdout);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(graph));
     }
-    cuk_gemv_set_split_mode(mode0);
-    free(ref);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&ge, graph, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(a, st));
+    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    const double us = time_ms(a, b) / (3.0 * nl) * 1e3;
+    printf("%-44s %-4s %7.3f MB %7.2f us  floor %5.2f us  x%5.2f\n", what,
+           cuk_gemv_takes_tc(type, m, k, n) ? "tc" : "simt", bytes / 1e6, us, bytes / (copy_rw_gbs * 1e3),
+           us / (bytes / (copy_rw_gbs * 1e3)));
+    fflush(stdout);
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(graph));
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
     CK(cudaStreamDestroy(st));
@@ -238,7 +151,7 @@ static void bench_decode_shapes(float *x, float *y) {
         {"ffn_up", QT_Q4_K, 1536, 6144},  {"ffn_down", QT_Q4_K, 6144, 1536},
         {"lm_head", QT_Q6_K, 19360, 6144},
     };
-    printf("== decode-step GEMV shapes: graph-timed, split old vs cluster (floor = bytes at the copy rate)\n");
+    printf("== decode-step GEMV shapes: graph-timed (floor = bytes at the copy rate)\n");
     for (size_t i = 0; i < sizeof D / sizeof D[0]; i++)
         for (int n = 1; n <= 8; n += 7) bench_decode_shape(D[i].name, D[i].type, D[i].m, D[i].k, n, x, y);
 }
@@ -261,61 +174,30 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
                            .wts = wts, .top_k = K, .ld_ids = K, .ld_wts = K, .h = h,
                            .h_type = CUK_ACT_F32, .ldh = FF, .n_tok = 1, .y = y, .ldy = EMBD};
     const int pairs = copies / 2;
-    float ref_h[8 * 256], sub_h[8 * 256], *ref_y = malloc(sizeof(float) * EMBD), *sub_y = malloc(sizeof(float) * EMBD);
-    if (!ref_y || !sub_y) exit(2);
     char what[128];
-    for (int im = 0; im < n_impls(type); im++) {
-        set_impl(im, 0);
-        /* auto: simt or tc, told by whether it reproduces simt's bits */
-        const int is_auto = !strcmp(IMPL_NAME[im], "auto"), is_sub = !strcmp(IMPL_NAME[im], "tc_sub");
-        const int sub_var = !is_sub && !strncmp(IMPL_NAME[im], "tc_sub", 6);
-        const char *label = IMPL_NAME[im];
-        int bits = -1;
-        /* gate+up: correctness on copy 0 (x random), then timing over the pool */
-        g.w_gate = pool, g.w_up = pool + pool_copy;
+    /* gate+up, timed over the pool */
+    for (int i = 0; i < iters + 3; i++) {
+        if (i == 3) CK(cudaEventRecord(a, NULL));
+        const int c = i % pairs;
+        g.w_gate = pool + (uint64_t)(2 * c) * pool_copy;
+        g.w_up = pool + (uint64_t)(2 * c + 1) * pool_copy;
         GK(cuk_moe_gate_up(&g, NULL, &err_));
-        CK(cudaDeviceSynchronize());
-        double diff = -1;
-        if (im == 0) CK(cudaMemcpy(ref_h, h, sizeof ref_h, cudaMemcpyDeviceToHost));
-        else diff = max_diff(h, ref_h, 8 * 256);
-        if (is_auto) label = same_bits(h, ref_h, 8 * 256) ? "auto:simt" : "auto:tc";
-        if (is_sub) CK(cudaMemcpy(sub_h, h, sizeof sub_h, cudaMemcpyDeviceToHost));
-        if (sub_var) bits = same_bits(h, sub_h, 8 * 256);
-        for (int i = 0; i < iters + 3; i++) {
-            if (i == 3) CK(cudaEventRecord(a, NULL));
-            const int c = i % pairs;
-            g.w_gate = pool + (uint64_t)(2 * c) * pool_copy;
-            g.w_up = pool + (uint64_t)(2 * c + 1) * pool_copy;
-            GK(cuk_moe_gate_up(&g, NULL, &err_));
-        }
-        CK(cudaEventRecord(b, NULL));
-        CK(cudaEventSynchronize(b));
-        snprintf(what, sizeof what, "moe_gate_up %s 8 of 32, 2x %dx%d", quant_type_name(type), FF, EMBD);
-        report(what, label, (double)(2 * K * FF) * rb_up, time_ms(a, b) / iters, diff, bits);
-
-        /* down: h = the reference gate/up output (random-looking, nonzero) */
-        CK(cudaMemcpy(h, ref_h, sizeof ref_h, cudaMemcpyHostToDevice));
-        d.w = pool;
-        GK(cuk_moe_down(&d, NULL, &err_));
-        CK(cudaDeviceSynchronize());
-        diff = -1;
-        if (im == 0) CK(cudaMemcpy(ref_y, y, sizeof(float) * EMBD, cudaMemcpyDeviceToHost));
-        else diff = max_diff(y, ref_y, EMBD);
-        if (is_auto) label = same_bits(y, ref_y, EMBD) ? "auto:simt" : "auto:tc";
-        if (is_sub) CK(cudaMemcpy(sub_y, y, sizeof(float) * EMBD, cudaMemcpyDeviceToHost));
-        if (sub_var) bits = same_bits(y, sub_y, EMBD);
-        for (int i = 0; i < iters + 3; i++) {
-            if (i == 3) CK(cudaEventRecord(a, NULL));
-            d.w = pool + (uint64_t)(i % copies) * pool_copy;
-            GK(cuk_moe_down(&d, NULL, &err_));
-        }
-        CK(cudaEventRecord(b, NULL));
-        CK(cudaEventSynchronize(b));
-        snprintf(what, sizeof what, "moe_down %s 8 of 32, %dx%d", quant_type_name(type), EMBD, FF);
-        report(what, label, (double)K * EMBD * rb_dn, time_ms(a, b) / iters, diff, bits);
     }
-    cuk_gemv_set_impl(CUK_GEMV_AUTO);
-    free(ref_y), free(sub_y);
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    snprintf(what, sizeof what, "moe_gate_up %s 8 of 32, 2x %dx%d", quant_type_name(type), FF, EMBD);
+    report(what, "moe", (double)(2 * K * FF) * rb_up, time_ms(a, b) / iters);
+
+    /* down: h = the gate/up output of the last call (random-looking, nonzero) */
+    for (int i = 0; i < iters + 3; i++) {
+        if (i == 3) CK(cudaEventRecord(a, NULL));
+        d.w = pool + (uint64_t)(i % copies) * pool_copy;
+        GK(cuk_moe_down(&d, NULL, &err_));
+    }
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    snprintf(what, sizeof what, "moe_down %s 8 of 32, %dx%d", quant_type_name(type), EMBD, FF);
+    report(what, "moe", (double)K * EMBD * rb_dn, time_ms(a, b) / iters);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
 }

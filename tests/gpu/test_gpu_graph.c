@@ -7,8 +7,8 @@
  *   replayed (one capture, one instantiation); both timed.
  * - from synthetic contexts (rt_gpu_debug_set_context) decode steps across the graph's buckets
  *   (1024 keys, the capacity; 16384: the score kernel changes) with a prefill chunk between them
- *   that reallocates the work buffers, also with the old attention kernels and through one-rank
- *   NCCL: logits bit-identical to plain launches, one capture per bucket or buffer change.
+ *   that reallocates the work buffers, also through one-rank NCCL: logits bit-identical to plain
+ *   launches, one capture per bucket or buffer change.
  * - contexts that shrink (16380 then 1020 keys on one sequence): bit-identical and finite.
  *
  * Several GPUs (NCCL between them, one process or one per GPU) are run by tests/gpu/multi_gpu.sh
@@ -23,7 +23,6 @@
 
 #include "convert/convert.h"
 #include "tests/oracle_ref.h"
-#include "cuda/attn_select.h"
 #include "runtime/gpu/gpu_model.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
@@ -193,22 +192,21 @@ static void test_graph_shrink(const char *dir) {
  * work buffers change), no more. */
 static void test_graph_buckets(const char *dir, const char *dir_tp2) {
     static const struct {
-        int tp2, old, nccl;
+        int tp2, nccl;
         rt_gpu_precision prec;
         uint32_t ctx, steps, chunk_at, captures;
         const char *name;
     } cfg[] = {
         /* capacity 2048; keys 1021..1024 (bound 1024), 1025, 1026 (bound 2048), the chunk, then
          * 1047.. (work buffers reallocated): 3 captures */
-        {0, 0, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 precise, ctx 1020"},
-        {0, 0, 0, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast (bf16 cache), ctx 1020"},
-        {0, 1, 0, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast, old attention kernels, ctx 1020"},
-        {1, 0, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=2 (device-sum) precise, ctx 1020"},
+        {0, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 precise, ctx 1020"},
+        {0, 0, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast (bf16 cache), ctx 1020"},
+        {1, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=2 (device-sum) precise, ctx 1020"},
         /* the same through a one-rank NCCL communicator: its all-reduces inside the captures */
-        {0, 0, 1, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 one-rank NCCL precise, ctx 1020"},
+        {0, 1, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 one-rank NCCL precise, ctx 1020"},
         /* capacity 32768; keys 16381..16384 (bound 16384, lane scores), 16385..16388 (bound
          * 24576, thread-per-key scores): 2 captures; no chunk */
-        {0, 0, 0, RT_GPU_PRECISE, 16380, 8, 99, 2, "graph buckets TP=1 precise, ctx 16380"},
+        {0, 0, RT_GPU_PRECISE, 16380, 8, 99, 2, "graph buckets TP=1 precise, ctx 16380"},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const char *d = cfg[c].tp2 ? dir_tp2 : dir;
@@ -221,7 +219,6 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
         const uint32_t V = m ? rt_model_hparams(m)->n_vocab : 0, n = cfg[c].steps;
         float *la = xmalloc((size_t)n * V * 4), *lb = xmalloc((size_t)n * V * 4);
         rt_gpu_info ia, ib;
-        cuk_attn_set_old(cfg[c].old);
         if (m && graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, la, &ia, cfg[c].name) &&
             graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 1, cfg[c].ctx, n, cfg[c].chunk_at, V, lb, &ib, cfg[c].name)) {
             uint32_t same = 0, finite = 0;
@@ -243,7 +240,6 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
                     cfg[c].name, (unsigned long long)ib.graph_steps, (unsigned long long)ib.graph_captures,
                     (unsigned long long)ib.graph_instantiations);
         }
-        cuk_attn_set_old(-1);
         free(la);
         free(lb);
         rt_model_free(m);

@@ -46,7 +46,6 @@
 
 #include "convert/convert.h"
 #include "tests/oracle_ref.h"
-#include "cuda/attn_select.h"
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
 #include "format/blob.h"

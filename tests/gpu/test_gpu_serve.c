@@ -3,7 +3,7 @@
  *
  * Without arguments (make test-gpu, tests/gpu/run_device.sh): the oracle (../shared/oracle,
  * $GLM5_SHARED) converted to blobs at TP 1 and TP 2; per configuration (precise, precise with
- * the CUDA-core GEMV kernels only, precise with the one-token reference through CUDA graphs, fast
+ * the one-token reference through CUDA graphs, fast
  * with its bf16 cache, fast with an f16 cache, TP 2 on one device) 18 sequences of different prompt lengths (1 .. 250 tokens: some above the
  * indexer's top-k, so the selection differs per sequence) are prefilled, then decoded for 10
  * steps twice over: one rt_gpu_forward_batch call per step (batches of 18 rows, more than one
@@ -60,7 +60,6 @@ typedef struct bcfg {
     rt_gpu_precision prec;
     rt_gpu_cache cache;
     int graph;
-    int simt;                    /* CUDA-core GEMV kernels only (cuk_gemv_set_impl) */
 } bcfg;
 
 static uint32_t argmax(const float *x, uint32_t n) {
@@ -105,7 +104,6 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     }
     const rt_gpu_info *gi = rt_gpu_model_info(g);
     const uint32_t V = rt_model_hparams(m)->n_vocab;
-    cuk_gemv_set_impl(c->simt ? CUK_GEMV_SIMT : CUK_GEMV_AUTO);
     printf("%s: %u rank(s), collective %s, %s, %s cache, graphs %s\n", c->name, gi->n_ranks, gi->collective,
            gi->precision, gi->cache, gi->cuda_graph ? "on" : "off");
 
@@ -210,7 +208,6 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     rt_gpu_model_free(g);
     rt_model_free(m);
     rt_wset_free(ws);
-    cuk_gemv_set_impl(CUK_GEMV_AUTO);
 }
 
 static int run_batch_tests(void) {
@@ -222,13 +219,12 @@ static int run_batch_tests(void) {
         have[t] = t_oracle_blobs(tmp, (uint32_t)(t + 1), dirs[t], sizeof dirs[t]);
     }
     static const bcfg cfg[] = {
-        {"TP=1 precise", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 0},
-        {"TP=1 precise, CUDA-core GEMV kernels only", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 1},
-        {"TP=1 precise, one-token calls as CUDA graphs", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 1, 0},
-        {"TP=1 fast (bf16 cache)", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
-        {"TP=1 fast, f16 cache", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0, 0},
-        {"TP=2 precise", 1, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 0},
-        {"TP=2 fast (bf16 cache)", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
+        {"TP=1 precise", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0},
+        {"TP=1 precise, one-token calls as CUDA graphs", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 1},
+        {"TP=1 fast (bf16 cache)", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0},
+        {"TP=1 fast, f16 cache", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0},
+        {"TP=2 precise", 1, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0},
+        {"TP=2 fast (bf16 cache)", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
         if (have[cfg[i].tp2]) batch_vs_single(&cfg[i], dirs[cfg[i].tp2]);

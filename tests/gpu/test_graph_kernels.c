@@ -4,7 +4,8 @@
  *    cuk_idx_topk / cuk_mla_attend_fresh at the same position, for bounds from the position
  *    itself to 32 times it, across the lane/thread-per-key score kernels' 16384-key edge, the
  *    top-k cluster sizes, the f32 cache and the bf16/f16 caches with fresh rows, one and three
- *    query tokens, and the old kernels (cuk_attn_set_old(1));
+ *    query tokens, and prefill-sized launches (one block per token for the top-k, per (head,
+ *    token) for the attention: the kernels the split ones leave those shapes to);
  *  - cuk_cache_write_rows writes what cuk_convert writes, at the device positions, and nothing
  *    for a position outside the capacity;
  *  - a device position past the bound writes no score, a top-k count of 0 and NaN attention rows;
@@ -18,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/attn_select.h"
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
 #include "tests/test_util.h"
@@ -63,8 +63,7 @@ static int64_t n_poisoned(const float *d, int64_t from, int64_t to) {
 
 /* Scores and top-k for n query tokens ending at key count P: host launchers vs device-position
  * ones shaped for `bound` keys. */
-static void scores_topk_case(int64_t P, int64_t bound, int n, int old) {
-    cuk_attn_set_old(old);
+static void scores_topk_case(int64_t P, int64_t bound, int n) {
     const int64_t pos0 = P - n, ld = bound;
     float *q = rand_dev((size_t)n * IH * ID, -1, 1), *w = rand_dev((size_t)n * IH, -0.2f, 0.2f);
     float *k = rand_dev((size_t)bound * ID, -1, 1);
@@ -84,13 +83,12 @@ static void scores_topk_case(int64_t P, int64_t bound, int n, int old) {
     const int t_eq = same_dev(selh, seld, (size_t)n * TOPK * 4) && same_dev(nh, nd, (size_t)n * 4);
     /* the last token's row: keys past P untouched (the bound's extra blocks wrote nothing) */
     const int64_t past = n_poisoned(sd + (int64_t)(n - 1) * ld, P, ld);
-    printf("idx_scores/topk_dev P=%lld bound=%lld n=%d%s: scores %s, top-k %s, %lld/%lld past P untouched\n",
-           (long long)P, (long long)bound, n, old ? " (old kernels)" : "", s_eq ? "bit-identical" : "DIFFER",
-           t_eq ? "identical" : "DIFFERS", (long long)past, (long long)(ld - P));
-    T_CHECK(s_eq && t_eq && past == ld - P, "P=%lld bound=%lld n=%d old=%d", (long long)P, (long long)bound, n, old);
+    printf("idx_scores/topk_dev P=%lld bound=%lld n=%d: scores %s, top-k %s, %lld/%lld past P untouched\n",
+           (long long)P, (long long)bound, n, s_eq ? "bit-identical" : "DIFFER", t_eq ? "identical" : "DIFFERS",
+           (long long)past, (long long)(ld - P));
+    T_CHECK(s_eq && t_eq && past == ld - P, "P=%lld bound=%lld n=%d", (long long)P, (long long)bound, n);
     cudaFree(q), cudaFree(w), cudaFree(k), cudaFree(sh), cudaFree(sd), cudaFree(selh), cudaFree(seld);
     cudaFree(nh), cudaFree(nd), cudaFree(dpos);
-    cuk_attn_set_old(-1);
 }
 
 /* n tokens' selections: the last min(cnt, TOPK) ... spread over the causal range, ascending,
@@ -119,14 +117,13 @@ static void *rand_cache(uint32_t type, int64_t rows) {
     return c;
 }
 
-static void attend_case(uint32_t type, int64_t P, int64_t bound, int n, int old) {
-    cuk_attn_set_old(old);
+static void attend_case(uint32_t type, int64_t P, int64_t bound, int n) {
     const int64_t pos0 = P - n;
     const cuk_mla_dims d = {n, H, NOPE, ROPE, KL};
     float *q = rand_dev((size_t)n * H * (NOPE + ROPE), -1, 1), *ql = rand_dev((size_t)n * H * KL, -0.3f, 0.3f);
     void *lat = rand_cache(type, bound);
     float *fresh = type == CUK_F32 ? NULL : rand_dev((size_t)n * KVW, -1, 1);
-    int32_t nsel_h[8];
+    int32_t *nsel_h = xmalloc((size_t)n * 4);
     int32_t *sel_h = make_sel(pos0, n, nsel_h);
     int32_t *sel = dup_d(sel_h, (size_t)n * TOPK * 4), *nsel = dup_d(nsel_h, (size_t)n * 4), *dpos = dev_i32((int32_t)pos0);
     float *oh = dalloc((size_t)n * H * KL * 4), *od = dalloc((size_t)n * H * KL * 4);
@@ -140,14 +137,13 @@ static void attend_case(uint32_t type, int64_t P, int64_t bound, int n, int old)
             "attend_dev: %s", e.msg);
     const int eq = same_dev(oh, od, (size_t)n * H * KL * 4);
     const int64_t nan = n_poisoned(oh, 0, (int64_t)n * H * KL);
-    printf("mla_attend_dev cache %s P=%lld bound=%lld n=%d%s: %s\n", type == CUK_F32 ? "f32" : type == CUK_BF16 ? "bf16" : "f16",
-           (long long)P, (long long)bound, n, old ? " (old kernels)" : "", eq ? "bit-identical" : "DIFFERS");
-    T_CHECK(eq && nan == 0, "attend type %u P=%lld bound=%lld n=%d old=%d: %lld unwritten", type, (long long)P,
-            (long long)bound, n, old, (long long)nan);
-    free(sel_h);
+    printf("mla_attend_dev cache %s P=%lld bound=%lld n=%d: %s\n", type == CUK_F32 ? "f32" : type == CUK_BF16 ? "bf16" : "f16",
+           (long long)P, (long long)bound, n, eq ? "bit-identical" : "DIFFERS");
+    T_CHECK(eq && nan == 0, "attend type %u P=%lld bound=%lld n=%d: %lld unwritten", type, (long long)P,
+            (long long)bound, n, (long long)nan);
+    free(sel_h), free(nsel_h);
     cudaFree(q), cudaFree(ql), cudaFree(lat), cudaFree(fresh), cudaFree(sel), cudaFree(nsel), cudaFree(dpos);
     cudaFree(oh), cudaFree(od);
-    cuk_attn_set_old(-1);
 }
 
 static void test_cache_write(void) {
@@ -291,23 +287,32 @@ int main(void) {
         return t_report(G5_TEST_NAME);
     }
     /* key counts (P) and the buckets runtime/gpu/gpu_graph.c would use, plus the extremes */
-    static const struct { int64_t P, bound; int n, old; } sc[] = {
-        {1, 1024, 1, 0},     {900, 1024, 1, 0},     {1024, 1024, 1, 0},    {3000, 4096, 1, 0},
-        {5000, 5000, 1, 0},  {16384, 16384, 1, 0},  {16385, 32768, 1, 0},  {40000, 65536, 1, 0},
-        {3000, 4096, 3, 0},  {3000, 4096, 1, 1},    {20000, 32768, 1, 1},
+    static const struct { int64_t P, bound; int n; } sc[] = {
+        {1, 1024, 1},     {900, 1024, 1},     {1024, 1024, 1},    {3000, 4096, 1},
+        {5000, 5000, 1},  {16384, 16384, 1},  {16385, 32768, 1},  {40000, 65536, 1},
+        {3000, 4096, 3},
         /* a top-k cluster launched larger than the plain one (8 vs 16 blocks at 8193 keys, 2 vs
          * 16 at 2049: only the plain count gets positions), the 32768 -> 65536 doubling, the
          * 8192-multiple buckets above 16384 (gpu_graph.c) and three tokens across a cluster edge */
-        {8193, 16384, 1, 0}, {2049, 65536, 1, 0},   {32769, 65536, 1, 0},  {32769, 40960, 1, 0},
-        {16385, 24576, 1, 0}, {4097, 16384, 3, 0},
+        {8193, 16384, 1}, {2049, 65536, 1},   {32769, 65536, 1},  {32769, 40960, 1},
+        {16385, 24576, 1}, {4097, 16384, 3},
     };
-    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) scores_topk_case(sc[i].P, sc[i].bound, sc[i].n, sc[i].old);
-    static const struct { uint32_t type; int64_t P, bound; int n, old; } at[] = {
-        {CUK_F32, 100, 1024, 1, 0},    {CUK_F32, 5000, 8192, 1, 0},   {CUK_BF16, 5000, 8192, 1, 0},
-        {CUK_F16, 2049, 4096, 1, 0},   {CUK_BF16, 3000, 4096, 3, 0},  {CUK_BF16, 5000, 8192, 1, 1},
-        {CUK_F32, 5000, 5000, 1, 1},
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) scores_topk_case(sc[i].P, sc[i].bound, sc[i].n);
+    /* prefill-sized launches: a token per SM or more runs the one-block-per-token top-k
+     * (cuda/indexer.cu), tokens x heads >= 2 per SM the one-block-per-(head, token) attention
+     * (cuda/attn.cu) */
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    scores_topk_case(3000, 4096, sms);
+    scores_topk_case(20000, 32768, sms + 3);
+    static const struct { uint32_t type; int64_t P, bound; int n; } at[] = {
+        {CUK_F32, 100, 1024, 1},    {CUK_F32, 5000, 8192, 1},   {CUK_BF16, 5000, 8192, 1},
+        {CUK_F16, 2049, 4096, 1},   {CUK_BF16, 3000, 4096, 3},
     };
-    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) attend_case(at[i].type, at[i].P, at[i].bound, at[i].n, at[i].old);
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) attend_case(at[i].type, at[i].P, at[i].bound, at[i].n);
+    const int n_pre = (2 * sms + H - 1) / H;
+    attend_case(CUK_BF16, 5000, 8192, n_pre);
+    attend_case(CUK_F32, 5000, 5000, n_pre + 1);
     test_cache_write();
     test_bad_position();
     test_graph_replay();

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "cuda/cuk.h"
-#include "cuda/gemv_select.h"
 #include "format/quant.h"
 #include "tests/test_util.h"
 
@@ -88,7 +87,7 @@ static const shape SHAPES[] = {
     {"odd", 37, 512, {1, 7, 13}, 1},
     {"one_block", 5, 256, {1, 16}, 0},
     {"tail", 3, 1280, {1}, 0},
-    /* decode shapes with few rows: the cluster k-split (kc > 1) of the CUDA-core kernels */
+    /* decode shapes with few rows: split-K over the warps of a CTA */
     {"idx_proj", 32, 6144, {1, 8}, 1},
     {"kv_a", 576, 6144, {1}, 0},
 };
@@ -121,13 +120,9 @@ static void fill_weights(uint32_t type, uint8_t *w, uint64_t bytes) {
     }
 }
 
-static const char *impl_name(void) { return cuk_gemv_impl_name(); }
-
-static void set_impl(const char *name) {
-    if (!cuk_gemv_set_impl_name(name)) {
-        printf("FAIL: unknown GEMV family %s\n", name);
-        exit(2);
-    }
+/* The kernels a GEMV of this shape runs (cuk_gemv_takes_tc), for messages. */
+static const char *path_name(uint32_t type, int64_t m, int64_t k, int n) {
+    return cuk_gemv_takes_tc(type, m, k, n) ? "tc" : "simt";
 }
 
 /* x element i of a case: uniform in [-1, 1], or (wide) spread over 2^-20 .. 2^17 in magnitude
@@ -184,15 +179,14 @@ static void gemv_case_x(uint32_t type, const uint8_t *hw, const void *dw, const 
         for (int64_t i = m; i < ldy; i++) pad_ok &= is_poison(hy[v * ldy + i]);
     double l2, mx;
     const int ok = compare(got, ref, (size_t)(n * m), &l2, &mx);
-    T_CHECK(ok, "gemv[%s] %s %s m=%lld k=%lld n=%d x=%s%s: relL2 %.3e relmax %.3e", impl_name(),
+    T_CHECK(ok, "gemv[%s] %s %s m=%lld k=%lld n=%d x=%s%s: relL2 %.3e relmax %.3e", path_name(type, m, k, n),
             quant_type_name(type), sh->name, (long long)m, (long long)k, n,
             x_type == CUK_ACT_BF16 ? "bf16" : "f32", wide ? " wide" : "", l2, mx);
-    T_CHECK(pad_ok, "gemv[%s] %s %s n=%d: wrote past m into the row padding", impl_name(),
+    T_CHECK(pad_ok, "gemv[%s] %s %s n=%d: wrote past m into the row padding", path_name(type, m, k, n),
             quant_type_name(type), sh->name, n);
-    note("  gemv[%-6s] %-6s %-10s m=%-5lld k=%-5lld n=%-2d x=%s%s tc=%d relL2 %.2e relmax %.2e\n",
-         impl_name(), quant_type_name(type), sh->name, (long long)m, (long long)k, n,
-         x_type == CUK_ACT_BF16 ? "bf16" : "f32 ", wide ? " wide" : "",
-         cuk_gemv_takes_tc(type, m, k, n), l2, mx);
+    note("  gemv[%-4s] %-6s %-10s m=%-5lld k=%-5lld n=%-2d x=%s%s relL2 %.2e relmax %.2e\n",
+         path_name(type, m, k, n), quant_type_name(type), sh->name, (long long)m, (long long)k, n,
+         x_type == CUK_ACT_BF16 ? "bf16" : "f32 ", wide ? " wide" : "", l2, mx);
     free(hx), free(hxb), free(hy), free(ref), free(got);
     CK(cudaFree(dx));
     CK(cudaFree(dy));
@@ -204,7 +198,7 @@ static void gemv_case(uint32_t type, const uint8_t *hw, const void *dw, const sh
 }
 
 /* Batched decode relies on it: y[v] of an n-vector launch must equal, bit for bit, a
- * one-vector launch on x[v] (every kernel family; the tensor-core path splits large n into
+ * one-vector launch on x[v] (both kernel families; the tensor-core path splits large n into
  * several passes). Weights dw: m rows of k. */
 static void batch_identity_case(uint32_t type, const void *dw, int64_t m, int64_t k, int n) {
     const int64_t ldx = k, ldy = m;
@@ -229,49 +223,43 @@ static void batch_identity_case(uint32_t type, const void *dw, int64_t m, int64_
         same &= memcmp(h1, hy + v * ldy, sizeof(float) * (size_t)m) == 0;
     }
     T_CHECK(same, "gemv[%s] %s m=%lld k=%lld: n=%d launch differs from one-vector launches",
-            impl_name(), quant_type_name(type), (long long)m, (long long)k, n);
-    note("  gemv[%-6s] %-6s m=%lld k=%lld n=%d bit-identical to n=1: %s\n", impl_name(),
+            path_name(type, m, k, n), quant_type_name(type), (long long)m, (long long)k, n);
+    note("  gemv[%-4s] %-6s m=%lld k=%lld n=%d bit-identical to n=1: %s\n", path_name(type, m, k, n),
          quant_type_name(type), (long long)m, (long long)k, n, same ? "yes" : "NO");
     free(hx), free(hy), free(h1);
     CK(cudaFree(dx)); CK(cudaFree(dy)); CK(cudaFree(d1));
-}
-
-/* The tensor-core variants that differ only in prefetching (tc_sub3, tc_sub2p, tc_sub3p) must
- * give tc_sub's bits. Weights dw: m rows of k; leaves the family at tc_sub. */
-static void variant_identity_case(uint32_t type, const void *dw, int64_t m, int64_t k, int n) {
-    static const char *const VARS[] = {"tc_sub3", "tc_sub2p", "tc_sub3p"};
-    const size_t ny = (size_t)n * (size_t)m;
-    float *hx = xmalloc(sizeof(float) * (size_t)(n * k));
-    for (int64_t i = 0; i < n * k; i++) hx[i] = unif(-1.0f, 1.0f);
-    float *dx = dalloc(sizeof(float) * (size_t)(n * k)), *dy = dalloc(sizeof(float) * ny);
-    CK(cudaMemcpy(dx, hx, sizeof(float) * (size_t)(n * k), cudaMemcpyHostToDevice));
-    float *ref = xmalloc(sizeof(float) * ny), *got = xmalloc(sizeof(float) * ny);
-    g5_error err = {0};
-    cuk_gemv_args a = {.w_type = type, .w = dw, .k = k, .m = m, .x = dx, .x_type = CUK_ACT_F32,
-                       .ldx = k, .n = n, .y = dy, .ldy = m};
-    set_impl("tc_sub");
-    T_CHECK(cuk_gemv(&a, NULL, &err) == G5_OK, "variant identity %s: %s", quant_type_name(type), err.msg);
-    CK(cudaMemcpy(ref, dy, sizeof(float) * ny, cudaMemcpyDeviceToHost));
-    for (int i = 0; i < 3; i++) {
-        set_impl(VARS[i]);
-        poison(dy, sizeof(float) * ny);
-        T_CHECK(cuk_gemv(&a, NULL, &err) == G5_OK, "variant identity %s: %s", quant_type_name(type), err.msg);
-        CK(cudaMemcpy(got, dy, sizeof(float) * ny, cudaMemcpyDeviceToHost));
-        const int same = memcmp(got, ref, sizeof(float) * ny) == 0;
-        T_CHECK(same, "gemv[%s] %s m=%lld k=%lld n=%d: bits differ from tc_sub", VARS[i],
-                quant_type_name(type), (long long)m, (long long)k, n);
-        note("  gemv[%-8s] %-6s m=%lld k=%lld n=%d bit-identical to tc_sub: %s\n", VARS[i],
-             quant_type_name(type), (long long)m, (long long)k, n, same ? "yes" : "NO");
-    }
-    set_impl("tc_sub");
-    free(hx), free(ref), free(got);
-    CK(cudaFree(dx)); CK(cudaFree(dy));
 }
 
 /* $G5_TEST_QUICK=1: only the small shapes and one MoE type (for runs under compute-sanitizer). */
 static int quick(void) {
     const char *q = getenv("G5_TEST_QUICK");
     return q && *q == '1';
+}
+
+/* The tensor-core kernels (Q4_K, >= 2^25 weights) on the widths they run: 1, 2 and 4 vectors
+ * per pass at k = 4096 (n = 5 and 16: several passes), 1 and 2 at k = 6144, f32, bf16 and wide
+ * x, and batched launches against one-vector ones. hw/dw hold Q4_K weights for the lm_head shape
+ * (the largest here). */
+static void test_gemv_tc(const uint8_t *hw, const void *dw, float *rowbuf) {
+    static const shape TC[] = {
+        {"tc_4096", 8192, 4096, {1, 2, 3, 4, 5, 16}, 1},
+        {"lm_head", 19360, 6144, {2, 3}, 1},
+    };
+    for (size_t s = 0; s < sizeof TC / sizeof TC[0]; s++) {
+        const shape *sh = &TC[s];
+        T_CHECK(cuk_gemv_takes_tc(QT_Q4_K, sh->m, sh->k, 1), "Q4_K %s m=%lld k=%lld: not on the tensor cores",
+                sh->name, (long long)sh->m, (long long)sh->k);
+        for (int i = 0; i < 8 && sh->ns[i]; i++) gemv_case(QT_Q4_K, hw, dw, sh, sh->ns[i], CUK_ACT_F32, rowbuf);
+        gemv_case(QT_Q4_K, hw, dw, sh, 1, CUK_ACT_BF16, rowbuf);
+        gemv_case(QT_Q4_K, hw, dw, sh, 3, CUK_ACT_BF16, rowbuf);
+        gemv_case_x(QT_Q4_K, hw, dw, sh, 1, CUK_ACT_F32, rowbuf, 1);
+        gemv_case_x(QT_Q4_K, hw, dw, sh, 2, CUK_ACT_F32, rowbuf, 1);
+        batch_identity_case(QT_Q4_K, dw, sh->m, sh->k, 7);
+        batch_identity_case(QT_Q4_K, dw, sh->m, sh->k, 16);
+    }
+    /* below 2^25 weights the CUDA-core kernels take Q4_K */
+    T_CHECK(!cuk_gemv_takes_tc(QT_Q4_K, 1536, 6144, 1) && !cuk_gemv_takes_tc(QT_Q8_0, 19360, 6144, 1),
+            "Q4_K 1536 x 6144 and Q8_0 on the CUDA-core kernels");
 }
 
 static void test_gemv(void) {
@@ -286,14 +274,10 @@ static void test_gemv(void) {
     uint8_t *hw = xmalloc(max_bytes);
     float *rowbuf = xmalloc(sizeof(float) * (size_t)max_k);
     void *dw = dalloc(max_bytes);
-    /* Every type with the default kernels (auto: tensor cores only for the large Q4_K shapes);
-     * Q4_K and Q8_0 again with the CUDA-core ones and with the tensor-core variants: subnormal
-     * quants (tc_sub; its prefetch variants must give the same bits), magic-exponent quants
-     * (tc), and the deepest prefetching variant (tc_sub3p) on every shape. */
-    static const char *const EXTRA[] = {"simt", "tc_sub", "tc", "tc_sub3p"};
-    for (size_t t = 0; t < N_TYPES + 8; t++) {
-        const uint32_t type = t < N_TYPES ? TYPES[t] : (t - N_TYPES) % 2 ? QT_Q8_0 : QT_Q4_K;
-        set_impl(t < N_TYPES ? "auto" : EXTRA[(t - N_TYPES) / 2]);
+    /* Every type on every shape: the tensor cores for the Q4_K shapes of >= 2^25 weights (the
+     * lm_head here), the CUDA-core kernels for the rest. */
+    for (size_t t = 0; t < N_TYPES; t++) {
+        const uint32_t type = TYPES[t];
         uint64_t bytes = 0;
         for (size_t s = 0; s < N_SHAPES; s++) {
             const uint64_t b = row_bytes(type, SHAPES[s].k) * (uint64_t)SHAPES[s].m;
@@ -310,27 +294,15 @@ static void test_gemv(void) {
                 gemv_case(type, hw, dw, &SHAPES[s], SHAPES[s].ns[2] ? SHAPES[s].ns[2] : 4,
                           CUK_ACT_BF16, rowbuf);
             }
-            if (s == 0 && t < N_TYPES) {
-                /* cluster k-split shapes (32..576 rows at k = 6144), R = 4 and R = 2 tiles */
+            if (s == 0) {
+                /* split-K shapes (32..576 rows at k = 6144), R = 4 and R = 2 tiles */
                 batch_identity_case(type, dw, 32, 6144, 8);
                 batch_identity_case(type, dw, 576, 6144, 16);
                 batch_identity_case(type, dw, 256, 6144, 3);
-                /* the other split (cuk_gemv_set_split_mode(1); the default is old) stays correct */
-                const int mode0 = cuk_gemv_split_mode();
-                cuk_gemv_set_split_mode(!mode0);
-                gemv_case(type, hw, dw, &SHAPES[N_SHAPES - 2], 8, CUK_ACT_F32, rowbuf);
-                batch_identity_case(type, dw, 32, 6144, 8);
-                batch_identity_case(type, dw, 576, 6144, 16);
-                cuk_gemv_set_split_mode(mode0);
             }
             if (s == 0 && (type == QT_Q4_K || type == QT_Q8_0)) {
                 batch_identity_case(type, dw, 2048, 2048, 7);
                 batch_identity_case(type, dw, 1536, 6144, 5);
-                if (t >= N_TYPES && !strcmp(cuk_gemv_impl_name(), "tc_sub")) {
-                    variant_identity_case(type, dw, SHAPES[0].m, SHAPES[0].k, 1);
-                    variant_identity_case(type, dw, SHAPES[0].m, SHAPES[0].k, 2);
-                    variant_identity_case(type, dw, 1536, 6144, 3);
-                }
             }
             /* x over 37 binades (some above the f16 range) */
             if (SHAPES[s].m * SHAPES[s].k <= 5000000) {
@@ -338,8 +310,8 @@ static void test_gemv(void) {
                 gemv_case_x(type, hw, dw, &SHAPES[s], 2, CUK_ACT_F32, rowbuf, 1);
             }
         }
+        if (type == QT_Q4_K && !quick()) test_gemv_tc(hw, dw, rowbuf);
     }
-    cuk_gemv_set_impl(CUK_GEMV_AUTO);
     free(hw), free(rowbuf);
     CK(cudaFree(dw));
 }
@@ -436,12 +408,12 @@ static void test_moe_type(uint32_t type, int bad_id) {
         }
     double l2, mx;
     int ok = compare(got, ref, nref, &l2, &mx);
-    T_CHECK(ok, "moe_gate_up[%s] %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e",
-            impl_name(), tn, E_LOCAL, TOP_K, FF, EMBD, N_TOK, l2, mx);
+    T_CHECK(ok, "moe_gate_up %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e",
+            tn, E_LOCAL, TOP_K, FF, EMBD, N_TOK, l2, mx);
     T_CHECK(pad_ok, "moe_gate_up %s: wrote into the row padding", tn);
     if (bad_id) T_CHECK(bad_ok, "moe_gate_up %s: out-of-range id's row is not NaN", tn);
-    note("  moe_gate_up[%-6s] %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
-         impl_name(), tn, FF, EMBD, E_LOCAL, TOP_K, N_TOK, l2, mx);
+    note("  moe_gate_up %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
+         tn, FF, EMBD, E_LOCAL, TOP_K, N_TOK, l2, mx);
 
     /* Down: h random (independent of the gate/up output). */
     float *hh = xmalloc(sizeof(float) * N_TOK * TOP_K * FF);
@@ -481,12 +453,12 @@ static void test_moe_type(uint32_t type, int bad_id) {
         }
     }
     ok = compare(got2, ref2, nref, &l2, &mx);
-    T_CHECK(ok, "moe_down[%s] %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e",
-            impl_name(), tn, E_LOCAL, TOP_K, EMBD, FF, N_TOK, l2, mx);
+    T_CHECK(ok, "moe_down %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e",
+            tn, E_LOCAL, TOP_K, EMBD, FF, N_TOK, l2, mx);
     T_CHECK(pad_ok, "moe_down %s: wrote into the row padding", tn);
     if (bad_id) T_CHECK(bad_ok, "moe_down %s: token with an out-of-range id is not NaN", tn);
-    note("  moe_down[%-6s]    %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
-         impl_name(), tn, EMBD, FF, E_LOCAL, TOP_K, N_TOK, l2, mx);
+    note("  moe_down    %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
+         tn, EMBD, FF, E_LOCAL, TOP_K, N_TOK, l2, mx);
 
     /* bf16 activations, token 0 only (ids of token 0 are valid). */
     if (!bad_id) {
@@ -512,7 +484,7 @@ static void test_moe_type(uint32_t type, int bad_id) {
             }
         }
         ok = compare(got, ref, nref, &l2, &mx);
-        T_CHECK(ok, "moe_gate_up[%s] %s x=bf16: relL2 %.3e relmax %.3e", impl_name(), tn, l2, mx);
+        T_CHECK(ok, "moe_gate_up %s x=bf16: relL2 %.3e relmax %.3e", tn, l2, mx);
         free(hxb), free(xr);
         CK(cudaFree(dxb));
     }
@@ -529,16 +501,8 @@ static void test_moe(void) {
         return;
     }
     for (size_t t = 0; t < N_TYPES; t++) test_moe_type(TYPES[t], 0);
-    test_moe_type(QT_Q4_K, 1);
-    test_moe_type(QT_Q8_0, 1);
-    static const char *const FAMS[] = {"simt", "tc_sub", "tc", "tc_sub3p"};
-    for (int f = 0; f < 4; f++) {
-        set_impl(FAMS[f]);
-        test_moe_type(QT_Q4_K, 0);
-        test_moe_type(QT_Q8_0, 0);
-        test_moe_type(QT_Q4_K, 1);
-    }
-    cuk_gemv_set_impl(CUK_GEMV_AUTO);
+    test_moe_type(QT_Q4_K, 1); /* the tensor-core kernels */
+    test_moe_type(QT_Q8_0, 1); /* the CUDA-core ones */
 }
 
 /* ---------------- norms, rope, add, argmax ---------------- */
