@@ -85,8 +85,8 @@ static g5_status cpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, c
     return rt_model_forward(s->e->m, s->dev, tokens, n, &ro, err);
 }
 
-static g5_status cpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
-                            float *logits, g5_error *err) {
+/* e->states[0 .. n_seq) = the sequences' CPU states (the array grows as needed). */
+static g5_status gather_states(rt_eng *e, rt_eng_seq *const *seqs, uint32_t n_seq, g5_error *err) {
     if (n_seq > e->cap_states) {
         rt_state **b = realloc(e->states, (size_t)n_seq * sizeof *b);
         if (!b) return g5_fail(err, G5_ERR_NOMEM, "decode step of %u sequences", n_seq);
@@ -94,18 +94,20 @@ static g5_status cpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *t
         e->cap_states = n_seq;
     }
     for (uint32_t i = 0; i < n_seq; i++) e->states[i] = seqs[i]->dev;
+    return G5_OK;
+}
+
+static g5_status cpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                            float *logits, g5_error *err) {
+    g5_status st = gather_states(e, seqs, n_seq, err);
+    if (st) return st;
     return rt_model_forward_batch(e->m, e->states, tokens, n_seq, logits, err);
 }
 
 static g5_status cpu_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                                  const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
-    if (n_seq > e->cap_states) {
-        rt_state **b = realloc(e->states, (size_t)n_seq * sizeof *b);
-        if (!b) return g5_fail(err, G5_ERR_NOMEM, "decode step of %u sequences", n_seq);
-        e->states = b;
-        e->cap_states = n_seq;
-    }
-    for (uint32_t i = 0; i < n_seq; i++) e->states[i] = seqs[i]->dev;
+    g5_status st = gather_states(e, seqs, n_seq, err);
+    if (st) return st;
     const rt_outputs ro = {.logits = out ? out->logits : NULL, .all_logits = 1, .hidden = out ? out->hidden : NULL};
     return rt_model_forward_rows(e->m, e->states, n_tok, n_seq, tokens, &ro, err);
 }

@@ -386,6 +386,36 @@ static inline int load_oracle(oracle *o) {
     return ok;
 }
 
+/* The oracle's model, tokenizer and prompts for a test program named `name`: 0 (with the
+ * failed check recorded) when they are missing; ref_close frees what ref_open made. */
+static inline int ref_open(ref *R, oracle *o, const char *name) {
+    struct stat sb;
+    memset(R, 0, sizeof *R);
+    if (stat(T_ORACLE_GGUF, &sb) != 0) {
+        printf("%s: oracle model not found (%s)\n", name, T_ORACLE_GGUF);
+        T_CHECK(0, "oracle model present");
+        return 0;
+    }
+    T_CHECK(load_oracle(o), "oracle reference.json");
+    g5_error e = {0};
+    rt_model_opts mo = {.n_threads = 1, .mla = RT_MLA_ABSORBED};
+    int ok = rt_wset_open(T_ORACLE_GGUF, &R->ws, &e) == G5_OK && rt_model_create(R->ws, &mo, &R->m, &e) == G5_OK &&
+             tok_create(rt_wset_meta(R->ws), &R->tok, &e) == G5_OK;
+    T_CHECK(ok, "reference model: %s", e.msg);
+    if (ok) {
+        R->V = rt_model_hparams(R->m)->n_vocab;
+        ok = (R->logits = malloc(R->V * sizeof(float))) != NULL;
+    }
+    return ok;
+}
+static inline void ref_close(ref *R) {
+    free(R->logits);
+    tok_free(R->tok);
+    rt_model_free(R->m);
+    rt_wset_free(R->ws);
+    memset(R, 0, sizeof *R);
+}
+
 /* ---- concurrent clients ---- */
 
 typedef struct client_job {

@@ -172,27 +172,13 @@ static void test_draft_mtp(ref *R, const oracle *o) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    struct stat sb;
-    if (stat(T_ORACLE_GGUF, &sb) != 0) {
-        printf("oracle model not found (%s)\n", T_ORACLE_GGUF);
-        T_CHECK(0, "oracle model present");
+    static oracle o;
+    ref R;
+    if (!ref_open(&R, &o, "test_serve_mtp")) {
+        ref_close(&R);
         return t_report("test_serve_mtp");
     }
-    static oracle o;
-    T_CHECK(load_oracle(&o), "oracle reference.json");
-    ref R = {0};
-    g5_error e = {0};
-    rt_model_opts mo = {.n_threads = 1, .mla = RT_MLA_ABSORBED};
-    int ok = rt_wset_open(T_ORACLE_GGUF, &R.ws, &e) == G5_OK && rt_model_create(R.ws, &mo, &R.m, &e) == G5_OK &&
-             tok_create(rt_wset_meta(R.ws), &R.tok, &e) == G5_OK;
-    T_CHECK(ok, "reference model: %s", e.msg);
-    if (!ok) return t_report("test_serve_mtp");
-    R.V = rt_model_hparams(R.m)->n_vocab;
-    R.logits = malloc(R.V * sizeof(float));
     test_draft_mtp(&R, &o);
-    free(R.logits);
-    tok_free(R.tok);
-    rt_model_free(R.m);
-    rt_wset_free(R.ws);
+    ref_close(&R);
     return t_report("test_serve_mtp");
 }
