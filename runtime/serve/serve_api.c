@@ -330,25 +330,38 @@ static int parse_msg_calls(json_t *tcs, size_t idx, msg_store *ms, size_t *bytes
     return 0;
 }
 
+static void free_texts(char **t, size_t n) {
+    for (size_t i = 0; t && i < n; i++) free(t[i]);
+    free(t);
+}
+
 /* tools: [{"type": "function", "function": {"name": ..., ...}}]; each rendered as its tojson
- * text. Returns the number of tools (0: none or null), -1 on error. */
+ * text. Returns the number of tools (0: none or null) and sets *texts (the caller frees them),
+ * or -1 on error with *texts NULL and nothing left allocated. */
 static int parse_tools(json_t *root, char ***texts, size_t *bytes, pctx *c) {
+    *texts = NULL;
     json_t *tools = json_object_get(root, "tools");
     if (!tools || json_is_null(tools)) return 0;
     if (!json_is_array(tools)) return bad(c, "tools", "'tools' must be an array");
     size_t n = json_array_size(tools);
     if (n > 1024) return bad(c, "tools", "at most 1024 tools");
-    *texts = calloc(n ? n : 1, sizeof **texts);
-    if (!*texts) return bad(c, "tools", "out of memory");
+    char **tx = calloc(n ? n : 1, sizeof *tx);
+    if (!tx) return bad(c, "tools", "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *t = json_array_get(tools, i), *ty = json_object_get(t, "type"), *fn = json_object_get(t, "function");
         if (!json_is_object(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "function") != 0 ||
             !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")) ||
-            json_string_length(json_object_get(fn, "name")) == 0)
+            json_string_length(json_object_get(fn, "name")) == 0) {
+            free_texts(tx, i); /* the texts of tools[0 .. i) made so far */
             return bad(c, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
-        if (!((*texts)[i] = tojson(t))) return bad(c, "tools", "out of memory");
-        *bytes += strlen((*texts)[i]) + 2;
+        }
+        if (!(tx[i] = tojson(t))) {
+            free_texts(tx, i);
+            return bad(c, "tools", "out of memory");
+        }
+        *bytes += strlen(tx[i]) + 2;
     }
+    *texts = tx;
     return (int)n;
 }
 
@@ -504,8 +517,7 @@ static int parse_messages(srv_server *s, json_t *root, srv_params *p, pctx *c) {
     if (rc == 0) rc = encode_text(s, text, need, &p->prompt, &p->n_prompt, "messages", c);
     free(text);
     for (size_t i = 0; st && i < n; i++) msg_store_clear(&st[i]);
-    for (int i = 0; tools && i < n_tools; i++) free(tools[i]);
-    free(tools);
+    free_texts(tools, n_tools > 0 ? (size_t)n_tools : 0);
     free(st);
     free(cm);
     return rc;
