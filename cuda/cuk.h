@@ -60,11 +60,43 @@ typedef struct cuk_gemv_args {
 
 g5_status cuk_gemv(const cuk_gemv_args *a, cuk_stream stream, g5_error *err);
 
+/* Routing plan of one MoE call: the (token, slot) pairs p = t * top_k + s grouped by expert, so
+ * that the expert kernels decode each expert's weights once for all of its tokens (a batched
+ * decode step routes many tokens to the same experts). Built on the device by cuk_moe_plan from
+ * ids and wts; int32 words, P = n_tok * top_k, G = P (capacity):
+ *   [0]                 n_groups
+ *   [1, 1+G)            group expert e
+ *   [1+G, 1+2G)         group start: its pairs are list[start .. start + count)
+ *   [1+2G, 1+3G)        group count, 1..CUK_MOE_GROUP
+ *   [1+3G, 1+3G+P)      list: the pairs, by expert, then by pair index
+ *   [1+3G+P, 1+3G+2P)   flag per pair: 1 computed, 0 skipped (weight 0: another rank's expert),
+ *                       -1 id outside [0, n_expert) (the token's output becomes NaN)
+ * An expert with more than CUK_MOE_GROUP pairs has several groups. Deterministic: the plan
+ * depends on ids and wts only. */
+#define CUK_MOE_GROUP 4
+#define CUK_MOE_PLAN_MAX_PAIRS 4096
+int64_t cuk_moe_plan_words(int32_t n_tok, int32_t top_k);
+
+typedef struct cuk_moe_plan_args {
+    const int32_t *ids;  /* [n_tok][ld_ids], device */
+    const float *wts;    /* [n_tok][ld_wts], device */
+    int32_t n_tok, top_k;
+    int64_t ld_ids, ld_wts;
+    int32_t n_expert;    /* local experts: ids index [0, n_expert) */
+    int32_t *plan;       /* [cuk_moe_plan_words(n_tok, top_k)], device */
+} cuk_moe_plan_args;
+
+/* n_tok * top_k <= CUK_MOE_PLAN_MAX_PAIRS (callers split larger batches). One CTA. */
+g5_status cuk_moe_plan(const cuk_moe_plan_args *a, cuk_stream stream, g5_error *err);
+
 /* Routed experts, gate and up fused: for token t < n_tok and slot s < top_k, with
  * e = ids[t * ld_ids + s] (device memory, 0 <= e < n_expert),
  *   out[(t * top_k + s) * ldo + i] = silu(Wg[e] x_t)[i] * (Wu[e] x_t)[i]   for i < m,
  * silu(g) = g / (1 + exp(-g)). Wg and Wu are [n_expert][m][row_bytes] of the same type.
- * An id outside [0, n_expert) cannot be checked on the host: its output row is written as NaN. */
+ * The pairs computed are the plan's (cuk_moe_plan of the same ids and wts): rows of skipped
+ * pairs (weight 0) are left as they were; an id outside [0, n_expert) cannot be checked on the
+ * host: its output row is written as NaN (low-bit types) or left (the others; cuk_moe_down
+ * poisons the token). Each pair's row is bit-identical whatever n_tok is. */
 typedef struct cuk_moe_gate_up_args {
     uint32_t w_type;
     const void *w_gate;  /* [n_expert][m][row_bytes] */
@@ -81,6 +113,7 @@ typedef struct cuk_moe_gate_up_args {
     int32_t n_tok;
     float *out;          /* [n_tok * top_k][ldo] */
     int64_t ldo;         /* >= m */
+    const int32_t *plan; /* cuk_moe_plan of ids (and the routing weights), device */
 } cuk_moe_gate_up_args;
 
 g5_status cuk_moe_gate_up(const cuk_moe_gate_up_args *a, cuk_stream stream, g5_error *err);
@@ -88,8 +121,9 @@ g5_status cuk_moe_gate_up(const cuk_moe_gate_up_args *a, cuk_stream stream, g5_e
 /* Routed experts, down projection with the routing weights applied and the experts summed:
  *   y[t * ldy + i] = sum_{s < top_k} wts[t * ld_wts + s] * (Wd[e_s] h_{t,s})[i]   for i < m,
  * with e_s = ids[t * ld_ids + s] and h_{t,s} = h + (t * top_k + s) * ldh (the layout
- * cuk_moe_gate_up writes). The sum over s runs in a fixed order: results are deterministic.
- * An out-of-range id makes the token's output row NaN. */
+ * cuk_moe_gate_up writes). Each computed pair's product goes to part (float32), then the slots
+ * are summed in slot order (pairs of weight 0 skipped): y[t] is bit-identical whatever n_tok
+ * is. An out-of-range id makes the token's output row NaN. */
 typedef struct cuk_moe_down_args {
     uint32_t w_type;
     const void *w;       /* [n_expert][m][row_bytes] */
@@ -107,6 +141,9 @@ typedef struct cuk_moe_down_args {
     int32_t n_tok;
     float *y;            /* [n_tok][ldy] */
     int64_t ldy;         /* >= m */
+    const int32_t *plan; /* cuk_moe_plan of ids and wts, device */
+    float *part;         /* [n_tok * top_k][ldp] scratch, device (low-bit types: unused) */
+    int64_t ldp;         /* >= m */
 } cuk_moe_down_args;
 
 g5_status cuk_moe_down(const cuk_moe_down_args *a, cuk_stream stream, g5_error *err);

@@ -158,6 +158,9 @@ extern "C" g5_status cuk_moe_gate_up(const cuk_moe_gate_up_args *a, cuk_stream s
     if (st != G5_OK) return st;
     if (!a->out) return BAD("moe_gate_up: out is NULL");
     if (a->ldo < a->m) return BAD("moe_gate_up: ldo=%lld < m=%lld", (long long)a->ldo, (long long)a->m);
+    if (!a->plan) return BAD("moe_gate_up: plan is NULL");
+    if ((int64_t)a->n_tok * a->top_k > CUK_MOE_PLAN_MAX_PAIRS)
+        return BAD("moe_gate_up: n_tok=%d x top_k=%d pairs exceed %d", (int)a->n_tok, (int)a->top_k, CUK_MOE_PLAN_MAX_PAIRS);
     int done = 0;
     TRY_TC(gate_up_run, a->w_type, a->m * a->k, true, a, (cudaStream_t)stream, &done, err);
     if (cuk::lowbit_handles(a->w_type)) return cuk::lowbit_gate_up(a, (cudaStream_t)stream, err);
@@ -178,6 +181,13 @@ extern "C" g5_status cuk_moe_down(const cuk_moe_down_args *a, cuk_stream stream,
     if (st != G5_OK) return st;
     if (!a->y) return BAD("moe_down: y is NULL");
     if (a->ldy < a->m) return BAD("moe_down: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+    if (!a->plan) return BAD("moe_down: plan is NULL");
+    if ((int64_t)a->n_tok * a->top_k > CUK_MOE_PLAN_MAX_PAIRS)
+        return BAD("moe_down: n_tok=%d x top_k=%d pairs exceed %d", (int)a->n_tok, (int)a->top_k, CUK_MOE_PLAN_MAX_PAIRS);
+    if (!cuk::lowbit_handles(a->w_type)) {
+        if (!a->part) return BAD("moe_down: part is NULL");
+        if (a->ldp < a->m) return BAD("moe_down: ldp=%lld < m=%lld", (long long)a->ldp, (long long)a->m);
+    }
     int done = 0;
     TRY_TC(down_run, a->w_type, a->m * a->k, true, a, (cudaStream_t)stream, &done, err);
     if (cuk::lowbit_handles(a->w_type)) return cuk::lowbit_down(a, (cudaStream_t)stream, err);

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "cuda/cuk_internal.cuh"
+#include "cuda/moe_plan.cuh"
 
 namespace cuk {
 
@@ -440,14 +441,16 @@ __device__ __forceinline__ float group_dot(const float *f, const float *s, const
 }
 
 /* acc[r][v] += the chunk's contribution (rows r < R, vectors v < NV; vectors >= nvec read
- * vector 0 and are ignored by the caller). x: the chunk's first element of vector 0.
+ * vector 0 and are ignored by the caller). x: the chunk's first element of vector 0; vector v
+ * starts v * ldx elements after it, or vo[v] (GATH: the MoE kernels' gathered rows, vo[v] = 0
+ * for v >= nvec).
  * NV <= 4: x of all vectors is loaded first and each row is decoded and used in turn;
  * NV > 4: all rows are decoded first and each vector's x is loaded and used in turn. */
-template <int T, int R, int NV, int XT>
+template <int T, int R, int NV, int XT, bool GATH>
 __device__ __forceinline__ void compute(const uint8_t *stage, const float2 *sc, const float *tab,
                                         const uint8_t *const *gseg, int nblk, const void *x,
-                                        int64_t ldx, int nvec, const LanePlan<T, R> &lp,
-                                        int lane, float (&acc)[R][NV]) {
+                                        int64_t ldx, const int64_t *vo, int nvec,
+                                        const LanePlan<T, R> &lp, int lane, float (&acc)[R][NV]) {
     using Q = Tr<T>;
     using G = Geo<T, R>;
     constexpr int EB = run_b<T>();
@@ -492,7 +495,7 @@ __device__ __forceinline__ void compute(const uint8_t *stage, const float2 *sc, 
             float sxa[NV], sxb[NV];
 #pragma unroll
             for (int v = 0; v < NV; v++) {
-                const int64_t o = (int64_t)(v < nvec ? v : 0) * ldx + xo;
+                const int64_t o = (GATH ? vo[v] : (int64_t)(v < nvec ? v : 0) * ldx) + xo;
                 xa[v] = ldx4<XT>(x, o);
                 xb[v] = ldx4<XT>(x, o + EB);
                 sxa[v] = sxb[v] = 0.0f;
@@ -518,7 +521,7 @@ __device__ __forceinline__ void compute(const uint8_t *stage, const float2 *sc, 
                        tab, f[r], s[r]);
 #pragma unroll
             for (int v = 0; v < NV; v++) {
-                const int64_t o = (int64_t)(v < nvec ? v : 0) * ldx + xo;
+                const int64_t o = (GATH ? vo[v] : (int64_t)(v < nvec ? v : 0) * ldx) + xo;
                 const float4 xa = ldx4<XT>(x, o), xb = ldx4<XT>(x, o + EB);
                 float sxa = 0.0f, sxb = 0.0f;
                 if constexpr (Q::KIND == K_AFFINE) {
@@ -535,20 +538,20 @@ __device__ __forceinline__ void compute(const uint8_t *stage, const float2 *sc, 
 }
 
 /* One item of a warp's work list: the chunk's R row segments (global), their tensor ends, the
- * number of blocks, the x pointer of the chunk's first element and a scale for the result. */
+ * number of blocks and the x pointer of the chunk's first element. */
 template <int R> struct Item {
     const uint8_t *gseg[R];
     const uint8_t *wend[R];
     int nblk;
     const void *x;
-    float scale;
 };
 
 /* Streams a warp through items 0..nit-1 of `get` (get(i, item)), STAGES chunks in flight, and
- * adds every item's contribution (times item.scale if SCALED) to acc. */
-template <int T, int R, int NV, int XT, bool SCALED, class Get>
+ * adds every item's contribution to acc. */
+template <int T, int R, int NV, int XT, bool GATH, class Get>
 __device__ __forceinline__ void stream(const Get &get, int nit, uint8_t *wsm, const float *tab,
-                                       int64_t ldx, int nvec, int lane, float (&acc)[R][NV]) {
+                                       int64_t ldx, const int64_t *vo, int nvec, int lane,
+                                       float (&acc)[R][NV]) {
     using G = Geo<T, R>;
     float2 *sc = (float2 *)(wsm + G::STAGES * G::STAGE);
     const LanePlan<T, R> lp(lane);
@@ -578,20 +581,7 @@ __device__ __forceinline__ void stream(const Get &get, int nit, uint8_t *wsm, co
             coop_scales<T, R>(st, it.gseg, it.nblk, sc, lane);
             __syncwarp();
         }
-        if constexpr (SCALED) {
-            float t[R][NV];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int v = 0; v < NV; v++) t[r][v] = 0.0f;
-            compute<T, R, NV, XT>(st, sc, tab, it.gseg, it.nblk, it.x, ldx, nvec, lp, lane, t);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int v = 0; v < NV; v++) acc[r][v] = fmaf(it.scale, t[r][v], acc[r][v]);
-        } else {
-            compute<T, R, NV, XT>(st, sc, tab, it.gseg, it.nblk, it.x, ldx, nvec, lp, lane, acc);
-        }
+        compute<T, R, NV, XT, GATH>(st, sc, tab, it.gseg, it.nblk, it.x, ldx, vo, nvec, lp, lane, acc);
         __syncwarp(); /* the next iteration's copy overwrites a buffer read here */
     }
 }
@@ -676,7 +666,6 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 re
         const int left = nblk_row - c * Q::NB;
         it.nblk = left < Q::NB ? left : Q::NB;
         it.x = (const uint8_t *)x + (size_t)c * G::CE * xsz;
-        it.scale = 1.0f;
     };
     float acc[R][NV];
 #pragma unroll
@@ -684,7 +673,7 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 re
 #pragma unroll
         for (int v = 0; v < NV; v++) acc[r][v] = 0.0f;
     const int nit = sidx < nchunks ? (nchunks - sidx + S - 1) / S : 0;
-    stream<T, R, NV, XT, false>(get, nit, sm.warp, sm.tab, ldx, nvec, lane, acc);
+    stream<T, R, NV, XT, false>(get, nit, sm.warp, sm.tab, ldx, nullptr, nvec, lane, acc);
     warp_sum<R, NV>(acc);
     float val = pick<R, NV>(acc, lane);
     if (ks > 1) {
@@ -701,32 +690,37 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 re
     }
 }
 
-/* MoE gate+up, fused. Grid: x = row-tile groups of one expert, y = slot s < top_k, z = token;
- * block: 4 warps. A warp's tile is RH = 2 rows of Wg[e] and the same 2 rows of Wu[e] (R = 4
- * rows sharing each x load); split-K over ks warps as in k_gemv. Lanes 0, 1 store
- * silu(g) * u for their row. */
-template <int T, int XT>
-__global__ void __launch_bounds__(WARPS * 32, 6)
+/* MoE gate+up, fused, by expert group (the plan, cuda/cuk.h). Grid: x = row-tile groups of
+ * one expert, y = group g of the plan (CTAs of g >= n_groups return at once); block: 4 warps.
+ * The group's NV <= CUK_MOE_GROUP pairs are the vectors: their tokens' x rows, gathered. A
+ * warp's tile is RH = 2 rows of Wg[e] and the same 2 rows of Wu[e] (R = 4 rows sharing each x
+ * load); split-K over ks warps as in k_gemv. Lanes l < RH * NV store silu(g) * u of row
+ * l / NV for vector l % NV in its pair's out row. A vector's arithmetic is the one-vector
+ * launch's (same lanes, same order), so rows never depend on n_tok. */
+template <int T, int NV, int XT>
+__global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 6 : 2)
     k_gate_up(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, int64_t rb,
-              int64_t m, int n_expert, int nblk_row, int nchunks, const int32_t *__restrict__ ids,
-              int64_t ld_ids, int top_k, const void *__restrict__ x, int64_t ldx,
+              int64_t m, int n_expert, int nblk_row, int nchunks, const int32_t *__restrict__ plan,
+              int n_pairs, int top_k, const void *__restrict__ x, int64_t ldx,
               float *__restrict__ out, int64_t ldo, int ks) {
-    constexpr int R = 4, RH = 2, NV = 1;
+    constexpr int R = 4, RH = 2;
     using Q = Tr<T>;
     using G = Geo<T, R>;
+    const PlanView pv(plan, n_pairs);
+    const int grp = blockIdx.y;
+    if (grp >= pv.n_groups()) return; /* uniform over the CTA */
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     Smem<T, R, NV> sm(smem, warp);
-    const int s = blockIdx.y, t = blockIdx.z;
     const int tpc = WARPS / ks;
     const int64_t m0 = ((int64_t)blockIdx.x * tpc + warp / ks) * RH;
     const int kw = warp % ks;
-    float *o = out + ((int64_t)t * top_k + s) * ldo;
-    const int e = ids[(int64_t)t * ld_ids + s];
-    if (e < 0 || e >= n_expert) { /* uniform over the CTA */
-        if (kw == 0 && lane < RH && m0 + lane < m) o[m0 + lane] = __int_as_float(0x7fc00000);
-        return;
-    }
+    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
+    const size_t xsz = XT == CUK_ACT_F32 ? 4 : 2;
+    int64_t vo[NV]; /* x row of vector v relative to vector 0's, in elements */
+    const int64_t row0 = (int64_t)(pv.pair(pos0) / top_k) * ldx;
+#pragma unroll
+    for (int v = 0; v < NV; v++) vo[v] = v < nvec ? (int64_t)(pv.pair(pos0 + v) / top_k) * ldx - row0 : 0;
     const int64_t eoff = (int64_t)e * m * rb;
     const uint8_t *endg = wg + (int64_t)n_expert * m * rb, *endu = wu + (int64_t)n_expert * m * rb;
     const uint8_t *rowp[R];
@@ -736,8 +730,7 @@ __global__ void __launch_bounds__(WARPS * 32, 6)
         rowp[r] = wg + eoff + row * rb;
         rowp[RH + r] = wu + eoff + row * rb;
     }
-    const void *xt = (const uint8_t *)x + (size_t)t * ldx * (XT == CUK_ACT_F32 ? 4 : 2);
-    const size_t xsz = XT == CUK_ACT_F32 ? 4 : 2;
+    const uint8_t *xt = (const uint8_t *)x + (size_t)row0 * xsz;
     auto get = [&](int i, Item<R> &it) {
         const int c = kw + i * ks;
 #pragma unroll
@@ -747,87 +740,96 @@ __global__ void __launch_bounds__(WARPS * 32, 6)
         }
         const int left = nblk_row - c * Q::NB;
         it.nblk = left < Q::NB ? left : Q::NB;
-        it.x = (const uint8_t *)xt + (size_t)c * G::CE * xsz;
-        it.scale = 1.0f;
+        it.x = xt + (size_t)c * G::CE * xsz;
     };
     float acc[R][NV];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int v = 0; v < NV; v++) acc[r][v] = 0.0f;
     const int nit = kw < nchunks ? (nchunks - kw + ks - 1) / ks : 0;
-    stream<T, R, NV, XT, false>(get, nit, sm.warp, sm.tab, ldx, 1, lane, acc);
+    stream<T, R, NV, XT, true>(get, nit, sm.warp, sm.tab, ldx, vo, nvec, lane, acc);
     warp_sum<R, NV>(acc);
     float val = pick<R, NV>(acc, lane);
     if (ks > 1) {
-        if (lane < R) sm.red[warp * R + lane] = val;
+        if (lane < R * NV) sm.red[warp * R * NV + lane] = val;
         __syncthreads();
         if (kw != 0) return;
         val = 0.0f;
-        if (lane < R)
-            for (int j = 0; j < ks; j++) val += sm.red[(warp + j) * R + lane];
+        if (lane < R * NV)
+            for (int j = 0; j < ks; j++) val += sm.red[(warp + j) * R * NV + lane];
     }
-    /* lanes 0..RH-1 hold gate rows, RH..R-1 the up rows */
-    const float up = __shfl_down_sync(0xffffffffu, val, RH);
-    if (lane < RH && m0 + lane < m) o[m0 + lane] = val / (1.0f + expf(-val)) * up;
+    /* lane r * NV + v holds row r of vector v: rows 0..RH-1 gate, RH..R-1 up */
+    const float up = __shfl_down_sync(0xffffffffu, val, RH * NV);
+    const int r = lane / NV, v = lane % NV;
+    if (lane < RH * NV && v < nvec && m0 + r < m) {
+        float *o = out + (int64_t)pv.pair(pos0 + v) * ldo;
+        o[m0 + r] = val / (1.0f + expf(-val)) * up;
+    }
 }
 
-/* MoE down. Grid: x = row tiles of R = 4 rows, y = token; block: 4 warps. The CTA's work list
- * is (slot s, chunk c) for s < top_k, c < nchunks, item i = s * nchunks + c, and warp w takes
- * items w, w + 4, ...: each thread copies and decodes its pieces of Wd[e_s] rows m0..m0+3,
- * multiplies with h_{t,s} and adds the result times wts[s]; the 4 warps are summed in order. */
-template <int T, int XT>
-__global__ void __launch_bounds__(WARPS * 32, 6)
+/* MoE down by expert group: k_gemv over Wd[e] for the group's NV vectors (its pairs' h rows,
+ * gathered); row i of vector v goes to part[pair_v][i]. Grid: x = row-tile groups, y = plan
+ * group; block: 4 warps, split-K over ks warps of a tile, summed in order. */
+template <int T, int NV, int XT>
+__global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 6 : 2)
     k_down(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int n_expert, int nblk_row,
-           int nchunks, const int32_t *__restrict__ ids, int64_t ld_ids,
-           const float *__restrict__ wts, int64_t ld_wts, int top_k, const void *__restrict__ h,
-           int64_t ldh, float *__restrict__ y, int64_t ldy) {
-    constexpr int R = 4, NV = 1;
+           int nchunks, const int32_t *__restrict__ plan, int n_pairs, const void *__restrict__ h,
+           int64_t ldh, float *__restrict__ part, int64_t ldp, int ks) {
+    constexpr int R = 4;
     using Q = Tr<T>;
     using G = Geo<T, R>;
+    const PlanView pv(plan, n_pairs);
+    const int grp = blockIdx.y;
+    if (grp >= pv.n_groups()) return;
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     Smem<T, R, NV> sm(smem, warp);
-    const int t = blockIdx.y;
-    const int64_t m0 = (int64_t)blockIdx.x * R;
-    float *yt = y + (int64_t)t * ldy;
-    const int32_t *idt = ids + (int64_t)t * ld_ids;
-    for (int s = 0; s < top_k; s++) {
-        const int e = idt[s];
-        if (e < 0 || e >= n_expert) {
-            if (warp == 0 && lane < R && m0 + lane < m) yt[m0 + lane] = __int_as_float(0x7fc00000);
-            return;
-        }
-    }
-    const uint8_t *wend = w + (int64_t)n_expert * m * rb;
+    const int tpc = WARPS / ks;
+    const int64_t m0 = ((int64_t)blockIdx.x * tpc + warp / ks) * R;
+    const int kw = warp % ks;
+    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
     const size_t xsz = XT == CUK_ACT_F32 ? 4 : 2;
+    int64_t vo[NV];
+    const int64_t row0 = (int64_t)pv.pair(pos0) * ldh;
+#pragma unroll
+    for (int v = 0; v < NV; v++) vo[v] = v < nvec ? (int64_t)pv.pair(pos0 + v) * ldh - row0 : 0;
+    const uint8_t *we = w + (int64_t)e * m * rb;
+    const uint8_t *wend = w + (int64_t)n_expert * m * rb;
+    const uint8_t *rowp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rowp[r] = we + (m0 + r < m ? m0 + r : m - 1) * rb;
+    const uint8_t *ht = (const uint8_t *)h + (size_t)row0 * xsz;
     auto get = [&](int i, Item<R> &it) {
-        const int ig = warp + i * WARPS;
-        const int s = ig / nchunks, c = ig % nchunks;
-        const uint8_t *base = w + (int64_t)idt[s] * m * rb + (int64_t)c * G::CB;
+        const int c = kw + i * ks;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            it.gseg[r] = base + (m0 + r < m ? m0 + r : m - 1) * rb;
+            it.gseg[r] = rowp[r] + (int64_t)c * G::CB;
             it.wend[r] = wend;
         }
         const int left = nblk_row - c * Q::NB;
         it.nblk = left < Q::NB ? left : Q::NB;
-        it.x = (const uint8_t *)h + ((size_t)((int64_t)t * top_k + s) * ldh + (size_t)c * G::CE) * xsz;
-        it.scale = wts[(int64_t)t * ld_wts + s];
+        it.x = ht + (size_t)c * G::CE * xsz;
     };
     float acc[R][NV];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
-    const int total = top_k * nchunks;
-    const int nit = warp < total ? (total - warp + WARPS - 1) / WARPS : 0;
-    stream<T, R, NV, XT, true>(get, nit, sm.warp, sm.tab, ldh, 1, lane, acc);
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int v = 0; v < NV; v++) acc[r][v] = 0.0f;
+    const int nit = kw < nchunks ? (nchunks - kw + ks - 1) / ks : 0;
+    stream<T, R, NV, XT, true>(get, nit, sm.warp, sm.tab, ldh, vo, nvec, lane, acc);
     warp_sum<R, NV>(acc);
-    const float val = pick<R, NV>(acc, lane);
-    if (lane < R) sm.red[warp * R + lane] = val;
-    __syncthreads();
-    if (warp == 0 && lane < R && m0 + lane < m) {
-        float sum = 0.0f;
-        for (int j = 0; j < WARPS; j++) sum += sm.red[j * R + lane];
-        yt[m0 + lane] = sum;
+    float val = pick<R, NV>(acc, lane);
+    if (ks > 1) {
+        if (lane < R * NV) sm.red[warp * R * NV + lane] = val;
+        __syncthreads();
+        if (kw != 0) return;
+        val = 0.0f;
+        if (lane < R * NV)
+            for (int j = 0; j < ks; j++) val += sm.red[(warp + j) * R * NV + lane];
     }
+    const int r = lane / NV, v = lane % NV;
+    if (lane < R * NV && v < nvec && m0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + m0 + r] = val;
 }
 
 /* ---- host side: launch one type (arguments already validated by cuda/gemv.cu) ---- */
@@ -886,7 +888,12 @@ template <int T> g5_status gemv_run(const cuk_gemv_args *a, cudaStream_t st, g5_
     }
 }
 
-template <int T, int XT>
+/* Vectors per expert-kernel launch from the batch size: a plan group holds at most
+ * min(n_tok, CUK_MOE_GROUP) pairs. Only the register tiling depends on it, never the bits. */
+static inline int moe_nv(int n_tok) { return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4; }
+static_assert(CUK_MOE_GROUP == 4, "moe_nv: groups of 4");
+
+template <int T, int NV, int XT>
 static g5_status launch_gate_up(const cuk_moe_gate_up_args *a, cudaStream_t st, g5_error *err) {
     using Q = Tr<T>;
     const int nblk_row = (int)(a->k / Q::BLK);
@@ -896,39 +903,53 @@ static g5_status launch_gate_up(const cuk_moe_gate_up_args *a, cudaStream_t st, 
     const int ks = pick_ks(tiles_e * a->top_k, nchunks); /* not n_tok: see launch_gemv */
     const int tpc = WARPS / ks;
     const int64_t gx = (tiles_e + tpc - 1) / tpc;
+    const int n_pairs = a->n_tok * a->top_k;
     if (gx > 0x7fffffff) return g5_fail(err, G5_ERR_INVALID_ARG, "moe_gate_up: m=%lld too large", (long long)a->m);
-    const dim3 grid((unsigned)gx, (unsigned)a->top_k, (unsigned)a->n_tok);
-    k_gate_up<T, XT><<<grid, WARPS * 32, smem_bytes<T, 4, 1>(), st>>>(
+    const dim3 grid((unsigned)gx, (unsigned)n_pairs);
+    k_gate_up<T, NV, XT><<<grid, WARPS * 32, smem_bytes<T, 4, NV>(), st>>>(
         (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, a->n_expert, nblk_row,
-        nchunks, a->ids, a->ld_ids, a->top_k, a->x, a->ldx, a->out, a->ldo, ks);
+        nchunks, a->plan, n_pairs, a->top_k, a->x, a->ldx, a->out, a->ldo, ks);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
 template <int T>
 g5_status gate_up_run(const cuk_moe_gate_up_args *a, cudaStream_t st, g5_error *err) {
-    return a->x_type == CUK_ACT_BF16 ? launch_gate_up<T, 1>(a, st, err)
-                                     : launch_gate_up<T, 0>(a, st, err);
+    const bool bf = a->x_type == CUK_ACT_BF16;
+    switch (moe_nv(a->n_tok)) {
+    case 1: return bf ? launch_gate_up<T, 1, 1>(a, st, err) : launch_gate_up<T, 1, 0>(a, st, err);
+    case 2: return bf ? launch_gate_up<T, 2, 1>(a, st, err) : launch_gate_up<T, 2, 0>(a, st, err);
+    default: return bf ? launch_gate_up<T, 4, 1>(a, st, err) : launch_gate_up<T, 4, 0>(a, st, err);
+    }
 }
 
-template <int T, int XT>
+template <int T, int NV, int XT>
 static g5_status launch_down(const cuk_moe_down_args *a, cudaStream_t st, g5_error *err) {
     using Q = Tr<T>;
     const int nblk_row = (int)(a->k / Q::BLK);
     const int64_t rb = (int64_t)nblk_row * Q::BB;
     const int nchunks = (nblk_row + Q::NB - 1) / Q::NB;
-    const int64_t gx = (a->m + 3) / 4;
+    const int64_t tiles = (a->m + 3) / 4;
+    const int ks = pick_ks(tiles * a->top_k, nchunks); /* from the shape and top_k, not n_tok */
+    const int tpc = WARPS / ks;
+    const int64_t gx = (tiles + tpc - 1) / tpc;
+    const int n_pairs = a->n_tok * a->top_k;
     if (gx > 0x7fffffff) return g5_fail(err, G5_ERR_INVALID_ARG, "moe_down: m=%lld too large", (long long)a->m);
-    const dim3 grid((unsigned)gx, (unsigned)a->n_tok);
-    k_down<T, XT><<<grid, WARPS * 32, smem_bytes<T, 4, 1>(), st>>>(
-        (const uint8_t *)a->w, rb, a->m, a->n_expert, nblk_row, nchunks, a->ids, a->ld_ids,
-        a->wts, a->ld_wts, a->top_k, a->h, a->ldh, a->y, a->ldy);
+    const dim3 grid((unsigned)gx, (unsigned)n_pairs);
+    k_down<T, NV, XT><<<grid, WARPS * 32, smem_bytes<T, 4, NV>(), st>>>(
+        (const uint8_t *)a->w, rb, a->m, a->n_expert, nblk_row, nchunks, a->plan, n_pairs, a->h,
+        a->ldh, a->part, a->ldp, ks);
     CUK_CHECK(cudaGetLastError());
-    return G5_OK;
+    return moe_combine(a, st, err);
 }
 
 template <int T> g5_status down_run(const cuk_moe_down_args *a, cudaStream_t st, g5_error *err) {
-    return a->h_type == CUK_ACT_BF16 ? launch_down<T, 1>(a, st, err) : launch_down<T, 0>(a, st, err);
+    const bool bf = a->h_type == CUK_ACT_BF16;
+    switch (moe_nv(a->n_tok)) {
+    case 1: return bf ? launch_down<T, 1, 1>(a, st, err) : launch_down<T, 1, 0>(a, st, err);
+    case 2: return bf ? launch_down<T, 2, 1>(a, st, err) : launch_down<T, 2, 0>(a, st, err);
+    default: return bf ? launch_down<T, 4, 1>(a, st, err) : launch_down<T, 4, 0>(a, st, err);
+    }
 }
 
 } // namespace cuk

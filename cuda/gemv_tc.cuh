@@ -30,6 +30,7 @@
 #define G5_GEMV_TC_CUH
 
 #include "cuda/gemv_impl.cuh"
+#include "cuda/moe_plan.cuh"
 
 namespace cuk {
 namespace tc {
@@ -68,21 +69,16 @@ struct Params {
     int64_t rb;             /* bytes per row (k elements) */
     int64_t m;              /* rows per matrix */
     int64_t mat;            /* bytes per expert matrix (m * rb) */
-    int n_expert;
-    const int32_t *ids;
-    int64_t ld_ids;
+    const int32_t *plan;    /* MoE: cuk_moe_plan (cuda/cuk.h) of n_pairs pairs */
+    int n_pairs;
     int top_k;
-    const float *wts;
-    int64_t ld_wts;
     const void *x;          /* gemv: [nvec][ldx]; gate_up: [n_tok][ldx]; down: [n_tok*top_k][ldx] */
     int64_t ldx;
-    int nvec;
-    int kseg;               /* k of one matrix row */
-    int nseg;               /* segments of the virtual k (down: top_k, else 1) */
-    float *y;
+    int nvec;               /* gemv: vectors of this launch */
+    int k;                  /* k of one matrix row */
+    float *y;               /* gemv: [nvec][ldy]; MoE: [n_tok*top_k][ldy] by pair */
     int64_t ldy;
-    int64_t items;          /* items per grid.y */
-    int64_t tiles;          /* row tiles per matrix (gate_up: of 8 rows, else of 16) */
+    int64_t items;          /* row tiles per matrix (gate_up: of 8 rows, else of 16) */
 };
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -227,23 +223,21 @@ __device__ __forceinline__ void chunk_math(const Raw<QT_Q4_K> &r, const uint2 *b
     __syncwarp(); /* sab is rewritten by the next chunk */
 }
 
-/* x of vector v (v < NV), virtual element kk (4-aligned), as float4. */
-template <int MODE, int XT>
-__device__ __forceinline__ float4 ldxv(const Params &p, int tok, int v, int kk) {
-    const int seg = kk / p.kseg, j = kk - seg * p.kseg;
-    int64_t row;
-    if constexpr (MODE == M_GEMV) row = v;
-    else if constexpr (MODE == M_GATE_UP) row = tok;
-    else row = (int64_t)tok * p.top_k + seg;
-    return ldx4<XT>(p.x, row * p.ldx + j);
+/* x row of vector v: gemv: v; MoE: the v-th pair of the CTA's group from list position pos0
+ * (gate_up: its token's row, down: the pair's h row). */
+template <int MODE>
+__device__ __forceinline__ int64_t xrow(const Params &p, const PlanView &pv, int pos0, int v) {
+    if constexpr (MODE == M_GEMV) return v;
+    else if constexpr (MODE == M_GATE_UP) return pv.pair(pos0 + v) / p.top_k;
+    else return pv.pair(pos0 + v);
 }
 
-/* The tensor-core GEMV. Grid: x = persistent CTAs over items, y = token (MoE) or 1; block: 8
- * warps. Each warp walks its (item, chunk) steps, items blockIdx.x, +gridDim.x, ..., chunks
+/* The tensor-core GEMV. Grid: x = persistent CTAs over items, y = plan group (MoE; CTAs past
+ * n_groups return at once) or 1, z = which NV vectors of the group (MoE); block: 8 warps. Each warp walks its (item, chunk) steps, items blockIdx.x, +gridDim.x, ..., chunks
  * warp, warp + 8, ... of each, as one stream with DEPTH - 1 chunks loaded ahead in registers: the
  * first loads go out before the prologue, and the loads run on across item ends (an item's
  * last chunk is followed by the next item's first without a gap in the memory pipe).
- * Prologue: the CTA turns x (NV vectors, or the token's top_k expert inputs for down) into f16
+ * Prologue: the CTA turns x (NV vectors: gemv's, or the group's pairs' rows) into f16
  * pieces in shared memory, with the per-32 sums and per-vector scales. Per step the warp
  * decodes its chunk of the item's 16 A rows into mma fragments and accumulates
  * a * D - b * sum(x) per lane; after an item's last step the CTA sums the warps in order and
@@ -254,8 +248,18 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
     using Q = TT<T>;
     extern __shared__ __align__(16) uint8_t smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int tok = blockIdx.y;
-    const int K = p.kseg * p.nseg, ngrp = K / 32;
+    const PlanView pv(p.plan, p.n_pairs);
+    int eid = 0, pos0 = 0, nvec = p.nvec;
+    if constexpr (MODE != M_GEMV) {
+        const int grp = blockIdx.y;
+        if (grp >= pv.n_groups()) return; /* uniform over the CTA */
+        const int v0 = blockIdx.z * NV;
+        nvec = pv.count(grp) - v0;
+        if (nvec <= 0) return;
+        nvec = nvec < NV ? nvec : NV;
+        eid = pv.expert(grp), pos0 = pv.start(grp) + v0;
+    }
+    const int K = p.k, ngrp = K / 32;
     uint2 *bs = (uint2 *)smem;
     float *sx = (float *)(smem + Lay<NV>::b_bytes(K));
     float *sab = (float *)((uint8_t *)sx + Lay<NV>::sx_bytes(K));
@@ -263,49 +267,36 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
     float *misc = red + Lay<NV>::RED / sizeof(float); /* [NW][NV] maxima, then 2 NP scales */
     float *inv = misc + NW * NV;
 
-    /* Down: one bad id poisons the token; gate_up: the slot (checked per item). */
-    bool tok_bad = false;
-    if constexpr (MODE == M_DOWN)
-        for (int s = 0; s < p.top_k; s++) {
-            const int e = p.ids[(int64_t)tok * p.ld_ids + s];
-            tok_bad |= e < 0 || e >= p.n_expert;
-        }
-
     constexpr int GPC = Q::CH / 32;                  /* groups per chunk */
-    const int nch = K / Q::CH, cps = p.kseg / Q::CH; /* chunks, chunks per segment */
+    const int nch = K / Q::CH;                       /* chunks */
     const int cpw = (nch + NW - 1) / NW;             /* steps per item (chunks per warp) */
     const int64_t cbytes = (int64_t)(Q::CH / Q::BLK) * Q::BB;
     const int64_t nit = (p.items - blockIdx.x + gridDim.x - 1) / gridDim.x; /* this CTA's items */
     const int64_t nsteps = nit * cpw;
 
-    /* A step's item: first A rows m0, gate_up slot, rows g and g+8 at k = 0, bad (no loads,
-     * NaN out). Past the last item: bad. */
+    /* A step's item: first A rows m0, rows g and g+8 at k = 0; past the last item: bad (no
+     * loads, no math). */
     struct Cur {
         int64_t it, m0;
-        int ci, slot;
+        int ci;
         bool bad;
         const uint8_t *base[2];
     };
+    const int64_t eoff = (int64_t)eid * p.mat;
     auto set_item = [&](Cur &u) {
         u.bad = u.it >= p.items;
         const int64_t it = u.bad ? 0 : u.it;
         if constexpr (MODE == M_GATE_UP) {
-            u.slot = (int)(it / p.tiles);
-            u.m0 = (it - (int64_t)u.slot * p.tiles) * 8;
-            const int e = p.ids[(int64_t)tok * p.ld_ids + u.slot];
-            const bool eb = e < 0 || e >= p.n_expert;
-            u.bad |= eb;
+            u.m0 = it * 8;
             const int64_t row = u.m0 + g < p.m ? u.m0 + g : p.m - 1;
-            u.base[0] = p.w0 + (eb ? 0 : (int64_t)e * p.mat) + row * p.rb;
-            u.base[1] = p.w1 + (eb ? 0 : (int64_t)e * p.mat) + row * p.rb;
+            u.base[0] = p.w0 + eoff + row * p.rb;
+            u.base[1] = p.w1 + eoff + row * p.rb;
         } else {
-            u.slot = 0;
             u.m0 = it * 16;
             const int64_t r0 = u.m0 + g < p.m ? u.m0 + g : p.m - 1;
             const int64_t r1 = u.m0 + g + 8 < p.m ? u.m0 + g + 8 : p.m - 1;
-            u.base[0] = p.w0 + r0 * p.rb;
-            u.base[1] = p.w0 + r1 * p.rb;
-            u.bad |= tok_bad;
+            u.base[0] = p.w0 + eoff + r0 * p.rb;
+            u.base[1] = p.w0 + eoff + r1 * p.rb;
         }
     };
     auto advance = [&](Cur &u) {
@@ -315,24 +306,10 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
             set_item(u);
         }
     };
-    /* rows g, g+8 at chunk c of cursor u's item; ws: the down mode's expert weight */
-    auto rows_of = [&](const Cur &u, int c, const uint8_t *(&rp)[2], float &ws) {
-        ws = 1.0f;
-        if constexpr (MODE == M_DOWN) {
-            const int s = c / cps, lc = c - s * cps;
-            const int64_t eo = (int64_t)p.ids[(int64_t)tok * p.ld_ids + s] * p.mat + lc * cbytes;
-            rp[0] = u.base[0] + eo, rp[1] = u.base[1] + eo;
-            ws = p.wts[(int64_t)tok * p.ld_wts + s];
-        } else {
-            rp[0] = u.base[0] + c * cbytes, rp[1] = u.base[1] + c * cbytes;
-        }
-    };
     auto issue = [&](Raw<T> &r, const Cur &u) {
         const int c = warp + NW * u.ci;
         if (u.bad || c >= nch) return;
-        const uint8_t *rp[2];
-        float ws;
-        rows_of(u, c, rp, ws);
+        const uint8_t *rp[2] = {u.base[0] + c * cbytes, u.base[1] + c * cbytes};
         load_raw(r, rp, t);
     };
     constexpr int D = DEPTH;
@@ -355,8 +332,8 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
         for (int i = tid; i < K / 4; i += NW * 32)
 #pragma unroll
             for (int v = 0; v < NV; v++)
-                if (v < p.nvec) {
-                    const float4 q = ldxv<MODE, XT>(p, tok, v, 4 * i);
+                if (v < nvec) {
+                    const float4 q = ldx4<XT>(p.x, xrow<MODE>(p, pv, pos0, v) * p.ldx + 4 * i);
                     mx[v] = fmaxf(mx[v], fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
                 }
 #pragma unroll
@@ -375,7 +352,7 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
             if (a > 0.0f) frexpf(a, &ex); /* a < 2^ex: x * 2^(14 - ex) < 2^14, no f16 overflow */
             int e = 14 - ex;
             e = e < -126 ? -126 : e > 126 ? 126 : e;
-            scale[v] = v < p.nvec ? ldexpf(1.0f, e) : 0.0f;
+            scale[v] = v < nvec ? ldexpf(1.0f, e) : 0.0f;
             if (tid == 0) inv[v] = ldexpf(1.0f, -e);
         }
         if (tid < 2 * NP && tid >= NV) inv[tid] = 0.0f;
@@ -389,7 +366,7 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
 #pragma unroll
             for (int vv = 0; vv < NV; vv++)
                 if (vv == v) sc = scale[vv];
-            if (v < p.nvec) q = ldxv<MODE, XT>(p, tok, v, 4 * i);
+            if (v < nvec) q = ldx4<XT>(p.x, xrow<MODE>(p, pv, pos0, v) * p.ldx + 4 * i);
             q.x *= sc, q.y *= sc, q.z *= sc, q.w *= sc;
             uint32_t h0, m0, l0, h1, m1, l1, h2, m2, l2, h3, m3, l3;
             split3(q.x, h0, m0, l0);
@@ -434,15 +411,22 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
         }
         __syncthreads();
         if constexpr (MODE == M_GATE_UP) {
-            if (tid < 8) {
+            /* gate row r in A row r (comp 0), up row r in A row r + 8 (comp 1) */
+            if (tid < 8 * NV) {
+                const int r = tid & 7, v = tid >> 3;
+                const int src = r * 4 + 2 * (v & 1);
                 float gs = 0.0f, us = 0.0f;
                 for (int w = 0; w < NW; w++) {
-                    gs += red[(w * NP * 32 + tid * 4) * 2 + 0];
-                    us += red[(w * NP * 32 + tid * 4) * 2 + 1];
+                    gs += red[((w * NP + (v >> 1)) * 32 + src) * 2 + 0];
+                    us += red[((w * NP + (v >> 1)) * 32 + src) * 2 + 1];
                 }
-                gs *= inv[0], us *= inv[0];
-                float *o = p.y + ((int64_t)tok * p.top_k + u.slot) * p.ldy;
-                if (u.m0 + tid < p.m) o[u.m0 + tid] = u.bad ? __int_as_float(0x7fc00000) : gs / (1.0f + expf(-gs)) * us;
+                float iv = 0.0f;
+#pragma unroll
+                for (int vv = 0; vv < NV; vv++)
+                    if (vv == v) iv = inv[vv];
+                gs *= iv, us *= iv;
+                if (u.m0 + r < p.m && v < nvec)
+                    p.y[(int64_t)pv.pair(pos0 + v) * p.ldy + u.m0 + r] = gs / (1.0f + expf(-gs)) * us;
             }
         } else {
             if (tid < 16 * NV) {
@@ -454,9 +438,8 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
 #pragma unroll
                 for (int vv = 0; vv < NV; vv++)
                     if (vv == v) val = sum * inv[vv];
-                if (u.bad) val = __int_as_float(0x7fc00000);
-                const int64_t yrow = MODE == M_DOWN ? tok : v;
-                if (u.m0 + r < p.m && v < p.nvec) p.y[yrow * p.ldy + u.m0 + r] = val;
+                const int64_t yrow = MODE == M_DOWN ? (int64_t)pv.pair(pos0 + v) : v;
+                if (u.m0 + r < p.m && v < nvec) p.y[yrow * p.ldy + u.m0 + r] = val;
             }
         }
         __syncthreads(); /* red is reused by the next item */
@@ -470,24 +453,7 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
                 if (s0 + i + D - 1 < nsteps) issue(buf[(i + D - 1) % D], ld);
                 advance(ld);
                 const int c = warp + NW * cs.ci;
-                if (!cs.bad && c < nch) {
-                    const uint8_t *rp[2];
-                    float ws;
-                    rows_of(cs, c, rp, ws);
-                    if constexpr (MODE == M_DOWN) {
-                        float part[NP][2];
-#pragma unroll
-                        for (int pi = 0; pi < NP; pi++) part[pi][0] = part[pi][1] = 0.0f;
-                        chunk_math<NV>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, part);
-#pragma unroll
-                        for (int pi = 0; pi < NP; pi++) {
-                            acc[pi][0] = fmaf(ws, part[pi][0], acc[pi][0]);
-                            acc[pi][1] = fmaf(ws, part[pi][1], acc[pi][1]);
-                        }
-                    } else {
-                        chunk_math<NV>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, acc);
-                    }
-                }
+                if (!cs.bad && c < nch) chunk_math<NV>(buf[i], bs, sx, ngrp, wsab, c * GPC, lane, boff, acc);
                 if (cs.ci == cpw - 1) finish(cs);
                 advance(cs);
             }
@@ -498,9 +464,8 @@ __global__ void __launch_bounds__(NW * 32, 2) k_tc(const Params p) {
 /* ---- host side ---- */
 
 template <int T, int NV, int XT, int MODE>
-static g5_status launch(const Params &p, int ny, cudaStream_t st, g5_error *err) {
-    const int K = p.kseg * p.nseg;
-    const size_t bytes = Lay<NV>::total(K);
+static g5_status launch(const Params &p, int ny, int nz, int64_t busy_y, cudaStream_t st, g5_error *err) {
+    const size_t bytes = Lay<NV>::total(p.k);
     auto kern = k_tc<T, NV, XT, MODE>;
     /* Dynamic shared memory above 48 KB needs an opt-in, once per kernel (this instantiation). */
     static size_t allowed_dev[CUK_MAX_DEVICES]; /* per device, as attributes are (0: none yet) */
@@ -512,34 +477,41 @@ static g5_status launch(const Params &p, int ny, cudaStream_t st, g5_error *err)
     }
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
-    int64_t per_y = (2LL * sms + ny - 1) / ny;
+    /* two CTAs per SM over the grid.y entries expected to have work (MoE: most groups of a
+     * large batch are empty, their CTAs return at once) */
+    int64_t per_y = (2LL * sms + busy_y - 1) / busy_y;
     if (per_y < 1) per_y = 1;
     const int64_t gx = p.items < per_y ? p.items : per_y;
-    kern<<<dim3((unsigned)gx, (unsigned)ny), NW * 32, bytes, st>>>(p);
+    kern<<<dim3((unsigned)gx, (unsigned)ny, (unsigned)nz), NW * 32, bytes, st>>>(p);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
 /* 1 if the tensor-core path takes this shape: k a multiple of the chunk, NV <= 4 and the x
  * pieces fit in shared memory. */
-template <int T> bool applies(int64_t k_virtual, int kseg, int n) {
-    if (kseg % TT<T>::CH || kseg % 256) return false;
+template <int T> bool applies(int64_t k, int n) {
+    if (k % TT<T>::CH || k % 256) return false;
     const int nv = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 0;
-    if (!nv || k_virtual > (1 << 20)) return false;
-    const size_t bytes = nv == 1 ? Lay<1>::total((int)k_virtual) : nv == 2 ? Lay<2>::total((int)k_virtual) : Lay<4>::total((int)k_virtual);
+    if (!nv || k > (1 << 20)) return false;
+    const size_t bytes = nv == 1 ? Lay<1>::total((int)k) : nv == 2 ? Lay<2>::total((int)k) : Lay<4>::total((int)k);
     return bytes <= cuk_device_smem_cap(SMEM_MAX);
 }
 
-template <int T, int NV, int MODE>
-static g5_status run_nv(const Params &p, int ny, bool bf, cudaStream_t st, g5_error *err) {
-    return bf ? launch<T, NV, 1, MODE>(p, ny, st, err) : launch<T, NV, 0, MODE>(p, ny, st, err);
+template <int T, int MODE>
+static g5_status run_nv(const Params &p, int nv, int ny, int64_t busy_y, bool bf, cudaStream_t st, g5_error *err) {
+    const int nz = MODE == M_GEMV ? 1 : CUK_MOE_GROUP / nv;
+    switch (nv) {
+    case 1: return bf ? launch<T, 1, 1, MODE>(p, ny, nz, busy_y, st, err) : launch<T, 1, 0, MODE>(p, ny, nz, busy_y, st, err);
+    case 2: return bf ? launch<T, 2, 1, MODE>(p, ny, nz, busy_y, st, err) : launch<T, 2, 0, MODE>(p, ny, nz, busy_y, st, err);
+    default: return bf ? launch<T, 4, 1, MODE>(p, ny, nz, busy_y, st, err) : launch<T, 4, 0, MODE>(p, ny, nz, busy_y, st, err);
+    }
 }
 
 /* The entry points cuda/gemv.cu calls after validation; *done = 0 when the shape is not
  * handled here (the caller then uses the CUDA-core kernels). */
 /* Vectors per launch for k: 4, 2 or 1 as the x pieces fit in shared memory, 0: no TC path. */
 template <int T> int max_nv(int64_t k) {
-    return applies<T>(k, (int)k, 4) ? 4 : applies<T>(k, (int)k, 2) ? 2 : applies<T>(k, (int)k, 1) ? 1 : 0;
+    return applies<T>(k, 4) ? 4 : applies<T>(k, 2) ? 2 : applies<T>(k, 1) ? 1 : 0;
 }
 
 /* n > max_nv runs as several launches over groups of vectors (each re-reads W). A vector's
@@ -555,7 +527,7 @@ g5_status gemv_run(const cuk_gemv_args *a, int *done, cudaStream_t st, g5_error 
     p.rb = a->k / TT<T>::BLK * TT<T>::BB;
     p.m = a->m;
     p.ldx = a->ldx;
-    p.kseg = (int)a->k, p.nseg = 1;
+    p.k = (int)a->k;
     p.ldy = a->ldy;
     p.items = (a->m + 15) / 16;
     *done = 1;
@@ -565,48 +537,55 @@ g5_status gemv_run(const cuk_gemv_args *a, int *done, cudaStream_t st, g5_error 
         p.x = (const uint8_t *)a->x + (size_t)v0 * a->ldx * (bf ? 2 : 4);
         p.y = a->y + (int64_t)v0 * a->ldy;
         p.nvec = nn;
-        const g5_status s = nn == 1   ? run_nv<T, 1, M_GEMV>(p, 1, bf, st, err)
-                            : nn == 2 ? run_nv<T, 2, M_GEMV>(p, 1, bf, st, err)
-                                      : run_nv<T, 4, M_GEMV>(p, 1, bf, st, err);
+        const g5_status s = run_nv<T, M_GEMV>(p, nn == 1 ? 1 : nn == 2 ? 2 : 4, 1, 1, bf, st, err);
         if (s != G5_OK) return s;
     }
     return G5_OK;
 }
 
+/* Vectors per CTA of the MoE modes: a plan group's pairs (at most min(n_tok, 4)), as many as
+ * fit; the z grid covers the rest of a group of 4. grid.y: the plan's group capacity. */
+template <int T> static int moe_nv_tc(int64_t k, int n_tok) {
+    const int want = n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4;
+    const int fit = max_nv<T>(k);
+    return want < fit ? want : fit;
+}
+
 template <int T>
 g5_status gate_up_run(const cuk_moe_gate_up_args *a, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
-    if (!applies<T>(a->k, (int)a->k, 1)) return G5_OK;
+    if (!applies<T>(a->k, 1)) return G5_OK;
     Params p = {};
     p.w0 = (const uint8_t *)a->w_gate, p.w1 = (const uint8_t *)a->w_up;
     p.rb = a->k / TT<T>::BLK * TT<T>::BB;
     p.m = a->m, p.mat = p.rb * a->m;
-    p.n_expert = a->n_expert, p.ids = a->ids, p.ld_ids = a->ld_ids, p.top_k = a->top_k;
-    p.x = a->x, p.ldx = a->ldx, p.nvec = 1;
-    p.kseg = (int)a->k, p.nseg = 1;
+    p.n_pairs = a->n_tok * a->top_k, p.plan = a->plan, p.top_k = a->top_k;
+    p.x = a->x, p.ldx = a->ldx;
+    p.k = (int)a->k;
     p.y = a->out, p.ldy = a->ldo;
-    p.tiles = (a->m + 7) / 8;
-    p.items = p.tiles * a->top_k;
+    p.items = (a->m + 7) / 8;
     *done = 1;
-    return run_nv<T, 1, M_GATE_UP>(p, a->n_tok, a->x_type == CUK_ACT_BF16, st, err);
+    const int64_t busy = p.n_pairs < a->n_expert ? p.n_pairs : a->n_expert;
+    return run_nv<T, M_GATE_UP>(p, moe_nv_tc<T>(a->k, a->n_tok), p.n_pairs, busy, a->x_type == CUK_ACT_BF16, st, err);
 }
 
 template <int T>
 g5_status down_run(const cuk_moe_down_args *a, int *done, cudaStream_t st, g5_error *err) {
     *done = 0;
-    if (!applies<T>(a->k * a->top_k, (int)a->k, 1)) return G5_OK;
+    if (!applies<T>(a->k, 1)) return G5_OK;
     Params p = {};
     p.w0 = (const uint8_t *)a->w;
     p.rb = a->k / TT<T>::BLK * TT<T>::BB;
     p.m = a->m, p.mat = p.rb * a->m;
-    p.n_expert = a->n_expert, p.ids = a->ids, p.ld_ids = a->ld_ids, p.top_k = a->top_k;
-    p.wts = a->wts, p.ld_wts = a->ld_wts;
-    p.x = a->h, p.ldx = a->ldh, p.nvec = 1;
-    p.kseg = (int)a->k, p.nseg = a->top_k;
-    p.y = a->y, p.ldy = a->ldy;
+    p.n_pairs = a->n_tok * a->top_k, p.plan = a->plan, p.top_k = a->top_k;
+    p.x = a->h, p.ldx = a->ldh;
+    p.k = (int)a->k;
+    p.y = a->part, p.ldy = a->ldp;
     p.items = (a->m + 15) / 16;
     *done = 1;
-    return run_nv<T, 1, M_DOWN>(p, a->n_tok, a->h_type == CUK_ACT_BF16, st, err);
+    const int64_t busy = p.n_pairs < a->n_expert ? p.n_pairs : a->n_expert;
+    const g5_status s = run_nv<T, M_DOWN>(p, moe_nv_tc<T>(a->k, a->n_tok), p.n_pairs, busy, a->h_type == CUK_ACT_BF16, st, err);
+    return s != G5_OK ? s : moe_combine(a, st, err);
 }
 
 } // namespace tc

@@ -108,6 +108,8 @@ typedef struct gl_rank {
     void *xb;                        /* bf16 copies of product inputs (fast mode) */
     gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
+    int32_t *mplan;                  /* MoE routing plans, one per GM_MOE_CHUNK tokens (cuk_moe_plan) */
+    float *mpart;                    /* [GM_MOE_CHUNK * n_used][n_embd]: routed down products by pair */
     float *sc;                       /* [n][P] indexer scores */
     uint64_t sc_cap;
     cuk_seq_row *mrows;              /* [n_layer_main][n] a batched decode step's per-sequence caches
@@ -249,6 +251,9 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
 /* graph_bound of a step of a sequence at key count P (its capacity cap >= P): the power of
  * two >= P (at least GM_GRAPH_MIN_BOUND) up to GM_GRAPH_STEP_FROM, above it the multiple of
  * GM_GRAPH_STEP >= P; at most cap. */
+/* Tokens per routed-expert call on the decode (GEMV) path: n_used pairs each stay within
+ * CUK_MOE_PLAN_MAX_PAIRS (top_k <= 64) and rk->mpart is sized for this many tokens. */
+#define GM_MOE_CHUNK 64u
 #define GM_GRAPH_MIN_BOUND 1024u
 #define GM_GRAPH_STEP_FROM 16384u
 #define GM_GRAPH_STEP 8192u

@@ -599,6 +599,9 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
+    const uint64_t nch = (N + GM_MOE_CHUNK - 1) / GM_MOE_CHUNK, chn = N < GM_MOE_CHUNK ? N : GM_MOE_CHUNK;
+    rk->mplan = take(&c, nch * (uint64_t)cuk_moe_plan_words(GM_MOE_CHUNK, (int32_t)U) * 4);
+    rk->mpart = take(&c, chn * U * E * F);
     rk->sel = take(&c, N * hp->idx_top_k * 4);
     rk->n_sel = take(&c, N * 4);
     rk->tok = take(&c, N * 4);
@@ -1011,17 +1014,38 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             CK(gemv_in(rk, &L->sh_up, xin, xt, ld, n, rk->gb, SL, err));
             PMARK(S, "shared up gemv");
         }
-        cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids, (int32_t)U,
-                                   U, xin, xt, ld, (int32_t)n, rk->gu, FE};
-        CK(cuk_moe_gate_up(&gu, cs, err));
-        PMARK(S, "moe_gate_up");
+        /* tokens in chunks of GM_MOE_CHUNK (a plan's pair limit and the size of rk->mpart); every
+         * chunk's gate_up runs before gu is converted into rk->xb, which holds xin until then */
+        const size_t xs = xt == CUK_ACT_BF16 ? 2 : 4;
+        const int64_t pw = cuk_moe_plan_words(GM_MOE_CHUNK, (int32_t)U);
+        for (uint32_t t0 = 0; t0 < n; t0 += GM_MOE_CHUNK) {
+            const uint32_t nc = n - t0 < GM_MOE_CHUNK ? n - t0 : GM_MOE_CHUNK;
+            int32_t *plan = rk->mplan + (int64_t)(t0 / GM_MOE_CHUNK) * pw;
+            const cuk_moe_plan_args pa = {ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)nc, (int32_t)U,
+                                          U, U, (int32_t)c->n_exp_l, plan};
+            CK(cuk_moe_plan(&pa, cs, err));
+            PMARK(S, "moe_plan");
+            cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l,
+                                       ids + (int64_t)t0 * U, (int32_t)U, U,
+                                       (const uint8_t *)xin + (size_t)t0 * (size_t)ld * xs, xt, ld, (int32_t)nc,
+                                       rk->gu + (int64_t)t0 * U * FE, FE, plan};
+            CK(cuk_moe_gate_up(&gu, cs, err));
+            PMARK(S, "moe_gate_up");
+        }
         const void *hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
         if (st) return st;
         if (rk->fast) PMARK(S, "bf16 convert of gate*up");
-        cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l, ids, wts, (int32_t)U, U,
-                                U, hin, xt, ld, (int32_t)n, rk->moe, E};
-        CK(cuk_moe_down(&dn, cs, err));
-        PMARK(S, "moe_down");
+        const size_t hs = xt == CUK_ACT_BF16 ? 2 : 4;
+        for (uint32_t t0 = 0; t0 < n; t0 += GM_MOE_CHUNK) {
+            const uint32_t nc = n - t0 < GM_MOE_CHUNK ? n - t0 : GM_MOE_CHUNK;
+            const int32_t *plan = rk->mplan + (int64_t)(t0 / GM_MOE_CHUNK) * pw;
+            cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
+                                    ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
+                                    (const uint8_t *)hin + (size_t)t0 * U * (size_t)ld * hs, xt, ld, (int32_t)nc,
+                                    rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
+            CK(cuk_moe_down(&dn, cs, err));
+            PMARK(S, "moe_down (+ slot sum)");
+        }
     }
     if (L->sh_contrib) {
         CK(cuk_silu_mul(rk->ga, SL, rk->gb, SL, rk->ga, SL, n, SL, cs, err));

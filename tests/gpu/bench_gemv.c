@@ -167,12 +167,19 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
+    int32_t *plan = NULL;
+    float *part = NULL;
+    CK(cudaMalloc((void **)&plan, sizeof(int32_t) * (size_t)cuk_moe_plan_words(1, K)));
+    CK(cudaMalloc((void **)&part, sizeof(float) * K * EMBD));
+    const cuk_moe_plan_args pa = {ids, wts, 1, K, K, K, E, plan};
+    GK(cuk_moe_plan(&pa, NULL, &err_));
     cuk_moe_gate_up_args g = {.w_type = type, .k = EMBD, .m = FF, .n_expert = E, .ids = ids,
                               .top_k = K, .ld_ids = K, .x = x, .x_type = CUK_ACT_F32, .ldx = EMBD,
-                              .n_tok = 1, .out = h, .ldo = FF};
+                              .n_tok = 1, .out = h, .ldo = FF, .plan = plan};
     cuk_moe_down_args d = {.w_type = type, .k = FF, .m = EMBD, .n_expert = E, .ids = ids,
                            .wts = wts, .top_k = K, .ld_ids = K, .ld_wts = K, .h = h,
-                           .h_type = CUK_ACT_F32, .ldh = FF, .n_tok = 1, .y = y, .ldy = EMBD};
+                           .h_type = CUK_ACT_F32, .ldh = FF, .n_tok = 1, .y = y, .ldy = EMBD,
+                           .plan = plan, .part = part, .ldp = EMBD};
     const int pairs = copies / 2;
     char what[128];
     /* gate+up, timed over the pool */
@@ -198,6 +205,8 @@ static void bench_moe(uint32_t type, float *x, float *y, float *h, int32_t *ids,
     CK(cudaEventSynchronize(b));
     snprintf(what, sizeof what, "moe_down %s 8 of 32, %dx%d", quant_type_name(type), EMBD, FF);
     report(what, "moe", (double)K * EMBD * rb_dn, time_ms(a, b) / iters);
+    CK(cudaFree(plan));
+    CK(cudaFree(part));
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
 }

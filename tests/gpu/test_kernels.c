@@ -318,14 +318,19 @@ static void test_gemv(void) {
 
 /* ---------------- MoE ---------------- */
 
-enum { E_LOCAL = 32, TOP_K = 8, N_TOK = 3, FF = 256, EMBD = 6144 };
+enum { E_LOCAL = 32, TOP_K = 8, N_TOK = 6, FF = 256, EMBD = 6144 };
 
-/* Distinct random expert ids per token. */
+/* Distinct random expert ids per token; expert 3 in slot 0 of every token (6 pairs: two plan
+ * groups of one expert). */
 static void pick_ids(int32_t *ids) {
     for (int t = 0; t < N_TOK; t++)
         for (int s = 0; s < TOP_K; s++) {
             int32_t e;
             int dup;
+            if (s == 0) {
+                ids[t * TOP_K] = 3;
+                continue;
+            }
             do {
                 e = (int32_t)(rnd() % E_LOCAL);
                 dup = 0;
@@ -341,6 +346,44 @@ static double dot_row(uint32_t type, const uint8_t *row, int64_t k, const float 
     for (int64_t j = 0; j < k; j++) s += (double)buf[j] * x[j];
     return s;
 }
+
+/* cuk_moe_plan of n_tok tokens into a new device buffer; checks the plan on the host against
+ * ids and wts (every computed pair once, grouped by expert in pair order, groups of <= 4). */
+static int32_t *moe_plan(const int32_t *did, const float *dwts, const int32_t *ids, const float *wts, int n_tok) {
+    const int64_t words = cuk_moe_plan_words(n_tok, TOP_K);
+    int32_t *dplan = dalloc(sizeof(int32_t) * words);
+    g5_error err = {0};
+    cuk_moe_plan_args pa = {did, dwts, n_tok, TOP_K, TOP_K, TOP_K, E_LOCAL, dplan};
+    T_CHECK(cuk_moe_plan(&pa, NULL, &err) == G5_OK, "moe_plan: %s", err.msg);
+    CK(cudaDeviceSynchronize());
+    int32_t *h = xmalloc(sizeof(int32_t) * words);
+    CK(cudaMemcpy(h, dplan, sizeof(int32_t) * words, cudaMemcpyDeviceToHost));
+    const int P = n_tok * TOP_K, ng = h[0];
+    const int32_t *ge = h + 1, *gs = ge + P, *gc = gs + P, *list = gc + P, *flag = list + P;
+    int ok = ng >= 1 && ng <= P, seen[N_TOK * TOP_K] = {0}, npos = 0, prev_e = -1, prev_p = -1;
+    for (int g = 0; ok && g < ng; g++) {
+        ok &= gc[g] >= 1 && gc[g] <= CUK_MOE_GROUP && gs[g] == npos && ge[g] >= prev_e;
+        if (ge[g] != prev_e) prev_p = -1;
+        for (int j = 0; ok && j < gc[g]; j++) {
+            const int p = list[gs[g] + j];
+            ok &= p >= 0 && p < P && !seen[p] && p > prev_p && ids[p] == ge[g] && wts[p] != 0.0f;
+            if (ok) seen[p] = 1, prev_p = p;
+        }
+        ok &= gc[g] == CUK_MOE_GROUP || g + 1 == ng || ge[g + 1] != ge[g];
+        prev_e = ge[g];
+        npos += gc[g];
+    }
+    for (int p = 0; ok && p < P; p++) {
+        const int want = ids[p] < 0 || ids[p] >= E_LOCAL ? -1 : wts[p] == 0.0f ? 0 : 1;
+        ok &= flag[p] == want && seen[p] == (want == 1);
+    }
+    T_CHECK(ok, "moe_plan n_tok=%d: groups, list or flags wrong (%d groups)", n_tok, ng);
+    free(h);
+    return dplan;
+}
+
+/* Bitwise equality of n floats (NaN payloads included). */
+static int same_bits(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
 
 static void test_moe_type(uint32_t type, int bad_id) {
     const char *tn = quant_type_name(type);
@@ -360,8 +403,9 @@ static void test_moe_type(uint32_t type, int bad_id) {
     float wts[N_TOK * TOP_K];
     pick_ids(ids);
     for (int i = 0; i < N_TOK * TOP_K; i++) wts[i] = unif(0.05f, 0.5f);
-    const int bad_t = 1, bad_s = 5;
+    const int bad_t = 1, bad_s = 5, zero_t = 2, zero_s = 4;
     if (bad_id) ids[bad_t * TOP_K + bad_s] = E_LOCAL + 7;
+    wts[zero_t * TOP_K + zero_s] = 0.0f; /* another rank's expert: skipped */
     float *hx = xmalloc(sizeof(float) * N_TOK * EMBD);
     for (int i = 0; i < N_TOK * EMBD; i++) hx[i] = unif(-1.0f, 1.0f);
     const int64_t ldo = FF + 4, ldy = EMBD + 4;
@@ -372,12 +416,16 @@ static void test_moe_type(uint32_t type, int bad_id) {
     CK(cudaMemcpy(dwts, wts, sizeof wts, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dx, hx, sizeof(float) * N_TOK * EMBD, cudaMemcpyHostToDevice));
     poison(dout, sizeof(float) * N_TOK * TOP_K * ldo);
+    int32_t *dplan = moe_plan(did, dwts, ids, wts, N_TOK);
+    const int lowbit = !(type == QT_F32 || type == QT_F16 || type == QT_BF16 || type == QT_Q8_0 || type == QT_Q4_0 ||
+                         type == QT_Q4_1 || type == QT_Q5_0 || type == QT_Q5_1 || type == QT_IQ4_NL || type == QT_Q4_K ||
+                         type == QT_Q5_K || type == QT_Q6_K || type == QT_IQ4_XS);
 
     g5_error err = {0};
     cuk_moe_gate_up_args gu = {.w_type = type, .w_gate = dg, .w_up = du, .k = EMBD, .m = FF,
                                .n_expert = E_LOCAL, .ids = did, .top_k = TOP_K, .ld_ids = TOP_K,
                                .x = dx, .x_type = CUK_ACT_F32, .ldx = EMBD, .n_tok = N_TOK,
-                               .out = dout, .ldo = ldo};
+                               .out = dout, .ldo = ldo, .plan = dplan};
     g5_status st = cuk_moe_gate_up(&gu, NULL, &err);
     T_CHECK(st == G5_OK, "moe_gate_up %s: %s", tn, err.msg);
     CK(cudaDeviceSynchronize());
@@ -394,8 +442,12 @@ static void test_moe_type(uint32_t type, int bad_id) {
         for (int s = 0; s < TOP_K; s++) {
             const float *o = hout + (t * TOP_K + s) * ldo;
             for (int64_t i = FF; i < ldo; i++) pad_ok &= is_poison(o[i]);
-            if (bad_id && t == bad_t && s == bad_s) {
-                for (int i = 0; i < FF; i++) bad_ok &= isnan(o[i]) && !is_poison(o[i]);
+            if (bad_id && t == bad_t && s == bad_s) { /* low-bit: NaN; grouped kernels: not computed */
+                for (int i = 0; i < FF; i++) bad_ok &= lowbit ? isnan(o[i]) && !is_poison(o[i]) : is_poison(o[i]);
+                continue;
+            }
+            if (t == zero_t && s == zero_s && !lowbit) { /* skipped pair: row untouched */
+                for (int i = 0; i < FF; i++) bad_ok &= is_poison(o[i]);
                 continue;
             }
             const int e = ids[t * TOP_K + s];
@@ -411,7 +463,7 @@ static void test_moe_type(uint32_t type, int bad_id) {
     T_CHECK(ok, "moe_gate_up %s E=%d top_k=%d m=%d k=%d n_tok=%d: relL2 %.3e relmax %.3e",
             tn, E_LOCAL, TOP_K, FF, EMBD, N_TOK, l2, mx);
     T_CHECK(pad_ok, "moe_gate_up %s: wrote into the row padding", tn);
-    if (bad_id) T_CHECK(bad_ok, "moe_gate_up %s: out-of-range id's row is not NaN", tn);
+    T_CHECK(bad_ok, "moe_gate_up %s: the row of an out-of-range id or a skipped pair is wrong", tn);
     note("  moe_gate_up %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
          tn, FF, EMBD, E_LOCAL, TOP_K, N_TOK, l2, mx);
 
@@ -424,7 +476,9 @@ static void test_moe_type(uint32_t type, int bad_id) {
     cuk_moe_down_args dn = {.w_type = type, .w = dd, .k = FF, .m = EMBD, .n_expert = E_LOCAL,
                             .ids = did, .wts = dwts, .top_k = TOP_K, .ld_ids = TOP_K,
                             .ld_wts = TOP_K, .h = dh, .h_type = CUK_ACT_F32, .ldh = FF,
-                            .n_tok = N_TOK, .y = dy, .ldy = ldy};
+                            .n_tok = N_TOK, .y = dy, .ldy = ldy, .plan = dplan, .part = NULL, .ldp = EMBD};
+    float *dpart = dalloc(sizeof(float) * N_TOK * TOP_K * EMBD);
+    dn.part = dpart;
     st = cuk_moe_down(&dn, NULL, &err);
     T_CHECK(st == G5_OK, "moe_down %s: %s", tn, err.msg);
     CK(cudaDeviceSynchronize());
@@ -460,6 +514,35 @@ static void test_moe_type(uint32_t type, int bad_id) {
     note("  moe_down    %-6s m=%d k=%d E=%d top_k=%d n_tok=%d relL2 %.2e relmax %.2e\n",
          tn, EMBD, FF, E_LOCAL, TOP_K, N_TOK, l2, mx);
 
+    /* Each token alone (n_tok = 1, its own plan) gives the batched rows bit for bit. */
+    {
+        float *one = xmalloc(sizeof(float) * TOP_K * ldo), *oney = xmalloc(sizeof(float) * ldy);
+        int same = 1, samey = 1;
+        for (int t = 0; t < N_TOK; t++) {
+            int32_t *p1 = moe_plan(did + t * TOP_K, dwts + t * TOP_K, ids + t * TOP_K, wts + t * TOP_K, 1);
+            cuk_moe_gate_up_args g1 = gu;
+            g1.ids = did + t * TOP_K, g1.x = dx + t * EMBD, g1.n_tok = 1, g1.out = dout, g1.plan = p1;
+            poison(dout, sizeof(float) * TOP_K * ldo);
+            T_CHECK(cuk_moe_gate_up(&g1, NULL, &err) == G5_OK, "moe_gate_up n_tok=1: %s", err.msg);
+            cuk_moe_down_args d1 = dn;
+            d1.ids = did + t * TOP_K, d1.wts = dwts + t * TOP_K, d1.h = dh + (int64_t)t * TOP_K * FF, d1.n_tok = 1;
+            d1.y = dy, d1.plan = p1;
+            T_CHECK(cuk_moe_down(&d1, NULL, &err) == G5_OK, "moe_down n_tok=1: %s", err.msg);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(one, dout, sizeof(float) * TOP_K * ldo, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(oney, dy, sizeof(float) * ldy, cudaMemcpyDeviceToHost));
+            for (int s2 = 0; s2 < TOP_K; s2++) {
+                if ((bad_id && t == bad_t && s2 == bad_s) || (t == zero_t && s2 == zero_s)) continue;
+                same &= same_bits(one + s2 * ldo, hout + (t * TOP_K + s2) * ldo, FF);
+            }
+            samey &= same_bits(oney, hy + t * ldy, EMBD);
+            CK(cudaFree(p1));
+        }
+        T_CHECK(same, "moe_gate_up %s: n_tok=1 rows differ from the n_tok=%d launch", tn, N_TOK);
+        T_CHECK(samey, "moe_down %s: n_tok=1 rows differ from the n_tok=%d launch", tn, N_TOK);
+        free(one), free(oney);
+    }
+
     /* bf16 activations, token 0 only (ids of token 0 are valid). */
     if (!bad_id) {
         uint16_t *hxb = xmalloc(sizeof(uint16_t) * EMBD);
@@ -468,7 +551,8 @@ static void test_moe_type(uint32_t type, int bad_id) {
         uint16_t *dxb = dalloc(sizeof(uint16_t) * EMBD);
         CK(cudaMemcpy(dxb, hxb, sizeof(uint16_t) * EMBD, cudaMemcpyHostToDevice));
         poison(dout, sizeof(float) * N_TOK * TOP_K * ldo);
-        gu.x = dxb, gu.x_type = CUK_ACT_BF16, gu.n_tok = 1;
+        int32_t *p0 = moe_plan(did, dwts, ids, wts, 1);
+        gu.x = dxb, gu.x_type = CUK_ACT_BF16, gu.n_tok = 1, gu.plan = p0;
         st = cuk_moe_gate_up(&gu, NULL, &err);
         T_CHECK(st == G5_OK, "moe_gate_up bf16 %s: %s", tn, err.msg);
         CK(cudaDeviceSynchronize());
@@ -487,12 +571,14 @@ static void test_moe_type(uint32_t type, int bad_id) {
         T_CHECK(ok, "moe_gate_up %s x=bf16: relL2 %.3e relmax %.3e", tn, l2, mx);
         free(hxb), free(xr);
         CK(cudaFree(dxb));
+        CK(cudaFree(p0));
     }
 
     free(hg), free(hu), free(hd), free(hx), free(hout), free(buf), free(ref), free(got);
     free(hh), free(hy), free(ref2), free(got2);
     CK(cudaFree(dg)); CK(cudaFree(du)); CK(cudaFree(dd)); CK(cudaFree(did)); CK(cudaFree(dwts));
     CK(cudaFree(dx)); CK(cudaFree(dout)); CK(cudaFree(dy)); CK(cudaFree(dh));
+    CK(cudaFree(dplan)); CK(cudaFree(dpart));
 }
 
 static void test_moe(void) {
@@ -738,12 +824,30 @@ static void test_validation(void) {
     expect_bad(cuk_moe_gate_up(&g, NULL, &err), &err, G5_ERR_INVALID_ARG, "ld_ids=1", "gate_up ld_ids");
     g.ld_ids = 2, g.ldo = 7;
     expect_bad(cuk_moe_gate_up(&g, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldo=7", "gate_up ldo");
+    g.ldo = 8;
+    expect_bad(cuk_moe_gate_up(&g, NULL, &err), &err, G5_ERR_INVALID_ARG, "plan is NULL", "gate_up plan");
     cuk_moe_down_args d = {.w_type = QT_Q6_K, .w = w, .k = 256, .m = 8, .n_expert = 4,
                            .ids = x, .wts = NULL, .top_k = 2, .ld_ids = 2, .ld_wts = 2,
                            .h = x, .h_type = CUK_ACT_F32, .ldh = 256, .n_tok = 1, .y = y, .ldy = 8};
     expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "wts is NULL", "down wts");
     d.wts = y, d.n_tok = 0;
     expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "n_tok=0", "down n_tok");
+    d.n_tok = 1;
+    expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "plan is NULL", "down plan");
+    d.plan = (const int32_t *)x;
+    expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "part is NULL", "down part");
+    d.part = y, d.ldp = 7;
+    expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldp=7", "down ldp");
+    d.ldp = 8, d.n_tok = 2049;
+    expect_bad(cuk_moe_down(&d, NULL, &err), &err, G5_ERR_INVALID_ARG, "exceed 4096", "down pairs");
+    cuk_moe_plan_args pa = {(const int32_t *)x, y, 513, 8, 8, 8, 64, (int32_t *)x};
+    expect_bad(cuk_moe_plan(&pa, NULL, &err), &err, G5_ERR_INVALID_ARG, "pairs outside 1..4096", "plan pairs");
+    pa.n_tok = 1, pa.n_expert = 5000;
+    expect_bad(cuk_moe_plan(&pa, NULL, &err), &err, G5_ERR_INVALID_ARG, "n_expert=5000", "plan n_expert");
+    pa.n_expert = 64, pa.ld_wts = 4;
+    expect_bad(cuk_moe_plan(&pa, NULL, &err), &err, G5_ERR_INVALID_ARG, "ld_wts=4", "plan ld_wts");
+    pa.ld_wts = 8, pa.wts = NULL;
+    expect_bad(cuk_moe_plan(&pa, NULL, &err), &err, G5_ERR_INVALID_ARG, "is NULL", "plan wts");
 
     expect_bad(cuk_rms_norm(x, 8, y, y, 8, 1, 0, 1e-5f, NULL, &err), &err, G5_ERR_INVALID_ARG,
                "dim=0", "rms_norm dim");
