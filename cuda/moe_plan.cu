@@ -9,8 +9,8 @@
 
 namespace cuk {
 
-constexpr int PLAN_T = 1024;
-constexpr int PLAN_MAX_EXPERTS = 4096; /* per-expert counters in shared memory */
+constexpr int PLAN_T = 256;
+constexpr int PLAN_MAX_EXPERTS = 1024; /* per-expert counters in shared memory */
 
 /* Exclusive prefix sum of v over the CTA (PLAN_T threads), in thread order; *total gets the sum. */
 __device__ int block_excl_scan(int v, int *swarp, int *total) {
@@ -30,7 +30,7 @@ __device__ int block_excl_scan(int v, int *swarp, int *total) {
             const int u = __shfl_up_sync(0xffffffffu, w, o);
             if (lane >= o) w += u;
         }
-        swarp[lane] = w; /* inclusive over warps */
+        if (lane < PLAN_T / 32) swarp[lane] = w; /* inclusive over warps */
     }
     __syncthreads();
     const int before = (warp ? swarp[warp - 1] : 0) + inc - v;
@@ -40,14 +40,15 @@ __device__ int block_excl_scan(int v, int *swarp, int *total) {
 }
 
 /* One CTA of PLAN_T threads. Phase 1: each pair's flag and the per-expert counts (shared
- * atomics: counts do not depend on their order). Phase 2: experts' list offsets and group
- * offsets by prefix sums over experts (thread j owns experts j*EPT .. +EPT-1). Phase 3: pair p's
- * rank among the computed pairs of its expert with a smaller index (a scan over the pairs
- * before it: P <= CUK_MOE_PLAN_MAX_PAIRS), so the list is sorted by (expert, pair). */
+ * atomics: counts do not depend on their order). Phase 2: experts' list starts and group
+ * starts by prefix sums over experts (thread j owns experts j*EPT .. +EPT-1) and the group
+ * entries. Phase 3, one warp over the pairs in chunks of 32, in order: a pair's rank among its
+ * expert's computed pairs = the expert's running count + its peers before it in the chunk
+ * (match_any), so the list is sorted by (expert, pair). */
 __global__ void __launch_bounds__(PLAN_T) k_moe_plan(const int32_t *__restrict__ ids, const float *__restrict__ wts,
                                                      int n_tok, int top_k, int64_t ld_ids, int64_t ld_wts,
                                                      int n_expert, int32_t *__restrict__ plan) {
-    __shared__ int cnt[PLAN_MAX_EXPERTS], goff[PLAN_MAX_EXPERTS];
+    __shared__ int cnt[PLAN_MAX_EXPERTS], start[PLAN_MAX_EXPERTS];
     __shared__ int swarp[32];
     const int P = n_tok * top_k, G = P;
     int32_t *g_e = plan + 1, *g_start = g_e + G, *g_cnt = g_start + G, *list = g_cnt + G, *flag = list + P;
@@ -74,34 +75,33 @@ __global__ void __launch_bounds__(PLAN_T) k_moe_plan(const int32_t *__restrict__
     int g_off = block_excl_scan(g_sum, swarp, &n_groups);
     for (int i = 0; i < ept; i++)
         if (e0 + i < n_expert) {
-            const int c = cnt[e0 + i];
-            cnt[e0 + i] = c_off; /* now the expert's list start */
-            goff[e0 + i] = g_off;
+            const int e = e0 + i, c = cnt[e];
+            start[e] = c_off;
+            for (int r = 0, gi = g_off; r < c; r += CUK_MOE_GROUP, gi++) {
+                g_e[gi] = e;
+                g_start[gi] = c_off + r;
+                g_cnt[gi] = c - r < CUK_MOE_GROUP ? c - r : CUK_MOE_GROUP;
+            }
             c_off += c;
             g_off += (c + CUK_MOE_GROUP - 1) / CUK_MOE_GROUP;
+            cnt[e] = 0; /* the running count of phase 3 */
         }
     __syncthreads();
-    for (int p = threadIdx.x; p < P; p += PLAN_T) {
-        if (flag[p] != 1) continue;
-        const int e = ids[(int64_t)(p / top_k) * ld_ids + p % top_k];
-        int rank = 0;
-        for (int q = 0; q < p; q++) {
-            const int tq = q / top_k, sq = q - tq * top_k;
-            rank += flag[q] == 1 && ids[(int64_t)tq * ld_ids + sq] == e;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        for (int base = 0; base < P; base += 32) {
+            const int p = base + lane;
+            int key = -1;
+            if (p < P && flag[p] == 1) key = ids[(int64_t)(p / top_k) * ld_ids + p % top_k];
+            const unsigned peers = __match_any_sync(0xffffffffu, key);
+            const int leader = __ffs(peers) - 1;
+            int run = key >= 0 && lane == leader ? cnt[key] : 0;
+            run = __shfl_sync(0xffffffffu, run, leader);
+            if (key >= 0) list[start[key] + run + __popc(peers & ((1u << lane) - 1u))] = p;
+            __syncwarp();
+            if (key >= 0 && lane == leader) cnt[key] = run + __popc(peers);
+            __syncwarp();
         }
-        list[cnt[e] + rank] = p;
-        if (rank % CUK_MOE_GROUP == 0) {
-            const int gi = goff[e] + rank / CUK_MOE_GROUP;
-            g_e[gi] = e;
-            g_start[gi] = cnt[e] + rank;
-        }
-    }
-    __syncthreads();
-    /* group counts: from the list starts of consecutive experts */
-    for (int e = threadIdx.x; e < n_expert; e += PLAN_T) {
-        const int start = cnt[e], end = e + 1 < n_expert ? cnt[e + 1] : n_pairs;
-        for (int r = 0, gi = goff[e]; r < end - start; r += CUK_MOE_GROUP, gi++)
-            g_cnt[gi] = end - start - r < CUK_MOE_GROUP ? end - start - r : CUK_MOE_GROUP;
     }
     if (threadIdx.x == 0) plan[0] = n_groups;
 }
