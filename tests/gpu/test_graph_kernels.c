@@ -266,11 +266,14 @@ static void test_graph_replay(void) {
         if (!s) s = cuk_mla_attend_fresh(&d, qq, ql, lat[1], CUK_BF16, latf, p, P, sel[1], TOPK, ns[1], TOPK, scale, o[1], cs, &e);
         T_CHECK(s == G5_OK, "host launches: %s", e.msg);
         CK(cudaStreamSynchronize(st));
-        const int eq = same_dev(sc[0], sc[1], (size_t)P * 4) && same_dev(sel[0], sel[1], TOPK * 4) &&
-                       same_dev(ns[0], ns[1], 4) && same_dev(o[0], o[1], (size_t)H * KL * 4) &&
-                       same_dev(lat[0], lat[1], (size_t)cap * KVW * 2) && same_dev(key[0], key[1], (size_t)cap * ID * 4);
-        printf("graph replay at position %d (captured once, bound %lld): %s\n", p, (long long)bound,
-               eq ? "bit-identical to the host launches" : "DIFFERS");
+        const int e_sc = same_dev(sc[0], sc[1], (size_t)P * 4), e_sel = same_dev(sel[0], sel[1], TOPK * 4);
+        const int e_ns = same_dev(ns[0], ns[1], 4), e_o = same_dev(o[0], o[1], (size_t)H * KL * 4);
+        const int e_lat = same_dev(lat[0], lat[1], (size_t)cap * KVW * 2);
+        const int e_key = same_dev(key[0], key[1], (size_t)cap * ID * 4);
+        const int eq = e_sc && e_sel && e_ns && e_o && e_lat && e_key;
+        printf("graph replay at position %d (captured once, bound %lld): %s%s%s%s%s%s%s\n", p, (long long)bound,
+               eq ? "bit-identical to the host launches" : "DIFFERS in", e_sc ? "" : " scores", e_sel ? "" : " selection",
+               e_ns ? "" : " count", e_o ? "" : " output", e_lat ? "" : " latents", e_key ? "" : " keys");
         T_CHECK(eq, "graph replay at position %d", p);
     }
     cudaGraphExecDestroy(ge);
