@@ -607,6 +607,25 @@ template <int R, int NV> __device__ __forceinline__ float pick(const float (&a)[
     return out;
 }
 
+/* The tile's total for lane l < R * NV (row l / NV, vector l % NV): the warp's sums, then the
+ * tile's ks split-K warps added in order through shared memory. false: a warp other than the
+ * tile's first, which stores nothing. Uniform over the CTA when ks > 1 (__syncthreads). */
+template <int R, int NV>
+__device__ __forceinline__ bool tile_total(float (&acc)[R][NV], float *red, int warp, int kw, int ks, int lane,
+                                           float &val) {
+    warp_sum<R, NV>(acc);
+    val = pick<R, NV>(acc, lane);
+    if (ks > 1) {
+        if (lane < R * NV) red[warp * R * NV + lane] = val;
+        __syncthreads();
+        if (kw != 0) return false;
+        val = 0.0f;
+        if (lane < R * NV)
+            for (int j = 0; j < ks; j++) val += red[(warp + j) * R * NV + lane];
+    }
+    return true;
+}
+
 /* ggml's kvalues_iq4nl, the non-linear 4-bit levels of IQ4_NL and IQ4_XS. */
 #define CUK_IQ4_LEVELS                                                                          \
     {-127.0f, -104.0f, -83.0f, -65.0f, -49.0f, -35.0f, -22.0f, -10.0f,                          \
@@ -674,16 +693,8 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 8 : 1) /* NV 1: <= 64 re
         for (int v = 0; v < NV; v++) acc[r][v] = 0.0f;
     const int nit = sidx < nchunks ? (nchunks - sidx + S - 1) / S : 0;
     stream<T, R, NV, XT, false>(get, nit, sm.warp, sm.tab, ldx, nullptr, nvec, lane, acc);
-    warp_sum<R, NV>(acc);
-    float val = pick<R, NV>(acc, lane);
-    if (ks > 1) {
-        if (lane < R * NV) sm.red[warp * R * NV + lane] = val;
-        __syncthreads();
-        if (kw != 0) return;
-        val = 0.0f;
-        if (lane < R * NV)
-            for (int j = 0; j < ks; j++) val += sm.red[(warp + j) * R * NV + lane];
-    }
+    float val;
+    if (!tile_total<R, NV>(acc, sm.red, warp, kw, ks, lane, val)) return;
     if (lane < R * NV) {
         const int r = lane / NV, v = lane % NV;
         if (m0 + r < m && v < nvec) y[(int64_t)v * ldy + m0 + r] = val;
@@ -749,16 +760,8 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 6 : 2)
         for (int v = 0; v < NV; v++) acc[r][v] = 0.0f;
     const int nit = kw < nchunks ? (nchunks - kw + ks - 1) / ks : 0;
     stream<T, R, NV, XT, true>(get, nit, sm.warp, sm.tab, ldx, vo, nvec, lane, acc);
-    warp_sum<R, NV>(acc);
-    float val = pick<R, NV>(acc, lane);
-    if (ks > 1) {
-        if (lane < R * NV) sm.red[warp * R * NV + lane] = val;
-        __syncthreads();
-        if (kw != 0) return;
-        val = 0.0f;
-        if (lane < R * NV)
-            for (int j = 0; j < ks; j++) val += sm.red[(warp + j) * R * NV + lane];
-    }
+    float val;
+    if (!tile_total<R, NV>(acc, sm.red, warp, kw, ks, lane, val)) return;
     /* lane r * NV + v holds row r of vector v: rows 0..RH-1 gate, RH..R-1 up */
     const float up = __shfl_down_sync(0xffffffffu, val, RH * NV);
     const int r = lane / NV, v = lane % NV;
@@ -818,16 +821,8 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 6 : 2)
         for (int v = 0; v < NV; v++) acc[r][v] = 0.0f;
     const int nit = kw < nchunks ? (nchunks - kw + ks - 1) / ks : 0;
     stream<T, R, NV, XT, true>(get, nit, sm.warp, sm.tab, ldh, vo, nvec, lane, acc);
-    warp_sum<R, NV>(acc);
-    float val = pick<R, NV>(acc, lane);
-    if (ks > 1) {
-        if (lane < R * NV) sm.red[warp * R * NV + lane] = val;
-        __syncthreads();
-        if (kw != 0) return;
-        val = 0.0f;
-        if (lane < R * NV)
-            for (int j = 0; j < ks; j++) val += sm.red[(warp + j) * R * NV + lane];
-    }
+    float val;
+    if (!tile_total<R, NV>(acc, sm.red, warp, kw, ks, lane, val)) return;
     const int r = lane / NV, v = lane % NV;
     if (lane < R * NV && v < nvec && m0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + m0 + r] = val;
 }
