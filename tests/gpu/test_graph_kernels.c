@@ -237,6 +237,10 @@ static void test_graph_replay(void) {
     float *key[2] = {rand_dev((size_t)cap * ID, -1, 1), dalloc((size_t)cap * ID * 4)};
     CK(cudaMemcpy(lat[1], lat[0], (size_t)cap * KVW * 2, cudaMemcpyDeviceToDevice));
     CK(cudaMemcpy(key[1], key[0], (size_t)cap * ID * 4, cudaMemcpyDeviceToDevice));
+    /* a device-to-device cudaMemcpy (and one from pageable memory) may return before the copy
+     * lands, and st does not wait for the legacy stream: without this the host launches below
+     * could read lat[1] / key[1] half copied (seen as DIFFERS when other processes load the GPU) */
+    CK(cudaDeviceSynchronize());
     float *sc[2] = {dalloc((size_t)bound * 4), dalloc((size_t)bound * 4)};
     int32_t *sel[2] = {dalloc(TOPK * 4), dalloc(TOPK * 4)}, *ns[2] = {dalloc(4), dalloc(4)};
     float *o[2] = {dalloc((size_t)H * KL * 4), dalloc((size_t)H * KL * 4)};
