@@ -306,11 +306,8 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
      * two-GPU machine was lent only before this path existed): plain launches there. One NCCL
      * rank per process (mpirun, one process per GPU: what NCCL recommends) keeps graphs. */
     if (g->coll == COLL_NCCL && g->T > 1) g->info.cuda_graph = 0;
-    /* NCCL's support for graph-captured and plain collectives outstanding at once is documented
-     * to deadlock when one thread launches the graphs of several communicators; every forward
-     * call here ends with each rank's stream synchronized, so no two are ever outstanding and
-     * the stream-ordered mode serves (read at ncclCommInitRank; a value set by the user wins) */
-    if (g->info.cuda_graph && g->coll == COLL_NCCL) setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
+    /* graphs under NCCL want NCCL_GRAPH_MIXING_SUPPORT=0 in the environment, which the program
+     * sets (gpu_model.h, rt_gpu_model_create: library code reads and writes no environment) */
     gl_lin_cfg lcfg;
     if ((st = gl_lin_cfg_resolve(opts, &lcfg, err))) goto loaded;
     g->info.gemm = gl_lin_mode_name(lcfg.mode);
