@@ -9,7 +9,7 @@
 # whose work setup_rank's cudaDeviceSynchronize completes before any stream runs; elsewhere use
 # the *Async form on the stream that reads the data (rk->st).
 #
-#   bash scripts/check_gpu_streams.sh [--root DIR] [--no-self-test]
+#   bash scripts/check_gpu_streams.sh
 #
 # Prints `check_gpu_streams: N passed, N failed` last (the tree, then planted cases in a
 # temporary tree); exits non-zero on any violation or failed self-test case.
@@ -65,42 +65,32 @@ check() {
     END { exit bad }' $files)
 }
 
-root=.
-self=1
-while [ $# -gt 0 ]; do
-    case $1 in
-        --root) root=$2; shift 2 ;;
-        --no-self-test) self=0; shift ;;
-        *) echo "usage: $0 [--root DIR] [--no-self-test]" >&2; exit 2 ;;
-    esac
-done
-
+[ $# -eq 0 ] || { echo "usage: $0 (from the repository root)" >&2; exit 2; }
 passed=0; failed=0
-if check "$root" "$ALLOW"; then passed=$((passed + 1)); else
-    echo "FAIL: synchronous CUDA copies in runtime/gpu of $root (above; scripts/check_gpu_streams.sh)"
+if check . "$ALLOW"; then passed=$((passed + 1)); else
+    echo "FAIL: synchronous CUDA copies in runtime/gpu (above; scripts/check_gpu_streams.sh)"
     failed=$((failed + 1))
 fi
 
-if [ "$self" = 1 ]; then
-    tmp=$(mktemp -d) || exit 1
-    trap 'rm -rf "$tmp"' EXIT
-    mkdir -p "$tmp/runtime/gpu"
-    # expect NAME WANT BODY: a runtime/gpu/gpu_model.c of BODY must pass (WANT 0) or fail naming it (1)
-    expect() {
-        printf '%b\n' "$3" >"$tmp/runtime/gpu/gpu_model.c"
-        check "$tmp" "$ALLOW" >"$tmp/out" 2>&1
-        local rc=$?
-        if [ "$2" = 0 ] && [ $rc -eq 0 ]; then passed=$((passed + 1))
-        elif [ "$2" = 1 ] && [ $rc -ne 0 ] && grep -q '^runtime/gpu/gpu_model.c:' "$tmp/out"; then passed=$((passed + 1))
-        else echo "FAIL self-test $1 (want $2, got $rc):"; cat "$tmp/out"; failed=$((failed + 1)); fi
-    }
-    expect async 0 'static int f(void) {\n    return cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, st);\n}'
-    expect allowed 0 'static g5_status put_f32(gl_rank *rk) {\n    CUK_CHECK(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice));\n}'
-    expect comment 0 'static int f(void) {\n    /* not cudaMemcpy(d, h) */ return 0; // nor cudaMemset(d, 0, n)\n    /* nor\n     * cudaMemcpy (d, h) */\n}'
-    expect memcpy 1 'g5_status rt_gpu_debug_set_context(rt_gpu_model *g) {\n    ce = cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);\n}'
-    expect memset 1 'static int f(void) {\n    return cudaMemset (d, 0, n);\n}'
-    expect memcpy2d 1 'static int f(void) {\n    CUK_CHECK(cudaMemcpy2D(d, 4, h, 4, 4, 1, cudaMemcpyHostToDevice));\n}'
-    expect after-allowed 1 'static g5_status put_f32(void) {\n    return 0;\n}\nstatic int g(void) {\n    return cudaMemcpy(d, h, n, cudaMemcpyDeviceToDevice);\n}'
-fi
+# the self-test: planted files in a temporary tree
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/runtime/gpu"
+# expect NAME WANT BODY: a runtime/gpu/gpu_model.c of BODY must pass (WANT 0) or fail naming it (1)
+expect() {
+    printf '%b\n' "$3" >"$tmp/runtime/gpu/gpu_model.c"
+    check "$tmp" "$ALLOW" >"$tmp/out" 2>&1
+    local rc=$?
+    if [ "$2" = 0 ] && [ $rc -eq 0 ]; then passed=$((passed + 1))
+    elif [ "$2" = 1 ] && [ $rc -ne 0 ] && grep -q '^runtime/gpu/gpu_model.c:' "$tmp/out"; then passed=$((passed + 1))
+    else echo "FAIL self-test $1 (want $2, got $rc):"; cat "$tmp/out"; failed=$((failed + 1)); fi
+}
+expect async 0 'static int f(void) {\n    return cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, st);\n}'
+expect allowed 0 'static g5_status put_f32(gl_rank *rk) {\n    CUK_CHECK(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice));\n}'
+expect comment 0 'static int f(void) {\n    /* not cudaMemcpy(d, h) */ return 0; // nor cudaMemset(d, 0, n)\n    /* nor\n     * cudaMemcpy (d, h) */\n}'
+expect memcpy 1 'g5_status rt_gpu_debug_set_context(rt_gpu_model *g) {\n    ce = cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);\n}'
+expect memset 1 'static int f(void) {\n    return cudaMemset (d, 0, n);\n}'
+expect memcpy2d 1 'static int f(void) {\n    CUK_CHECK(cudaMemcpy2D(d, 4, h, 4, 4, 1, cudaMemcpyHostToDevice));\n}'
+expect after-allowed 1 'static g5_status put_f32(void) {\n    return 0;\n}\nstatic int g(void) {\n    return cudaMemcpy(d, h, n, cudaMemcpyDeviceToDevice);\n}'
 echo "check_gpu_streams: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
