@@ -106,9 +106,7 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
     MARK(K_EMBD);
     for (uint32_t r = 0; r < g->T && !st; r++) {
         gl_rank *rk = &g->rk[r];
-        st = cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
-                              (int64_t)E, (cuk_stream)rk->st, err);
-        rk->pa = rk->pb = NULL;
+        st = gm_embed(rk, n, (int64_t)E, err);
     }
     MARK(K_EMBD);
     for (uint32_t il = 0; il < Lm && !st; il++) {
@@ -160,9 +158,7 @@ static g5_status prof_replay(rt_gpu_model *g, const fplan *pl, g5_error *err) {
     PMARK("step", "start");
     for (uint32_t r = 0; r < g->T; r++) {
         rk = &g->rk[r];
-        CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
-                            (int64_t)E, (cuk_stream)rk->st, err));
-        rk->pa = rk->pb = NULL;
+        CK(gm_embed(rk, n, (int64_t)E, err));
     }
     PMARK("step", "embedding");
     for (uint32_t il = 0; il < hp->n_layer_main; il++) {
