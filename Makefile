@@ -112,9 +112,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# The include layering check (scripts/check_includes.sh, with its self-test) runs first.
+# The include layering check (scripts/check_includes.sh) and the GPU runtime's stream check
+# (scripts/check_gpu_streams.sh: no synchronous legacy-stream copies), each with its self-test,
+# run first.
 test: all
 	@bash scripts/check_includes.sh
+	@bash scripts/check_gpu_streams.sh
 	@BUILD=$(BUILD) bash scripts/run_tests.sh $(TESTS)
 
 # `make check` also runs tests/gpu/load_stub (runtime/gpu/gpu_load.c's threads against a CUDA stub,

@@ -512,9 +512,12 @@ static int smem_optin(void) {
     return d ? (int)d->smem_optin : 0;
 }
 
-extern "C" g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const float *kvb,
-                                    int32_t head_rows, float *qlat, cuk_stream stream,
-                                    g5_error *err) {
+extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("mla_absorb: no args");
+    const cuk_mla_dims *const d = &a->d;
+    const float *const q = a->q, *const kvb = a->kvb;
+    const int32_t head_rows = a->head_rows;
+    float *const qlat = a->qlat;
     g5_status st = check_dims("mla_absorb", d, err);
     if (st) return st;
     if (!q || !kvb || !qlat) return BAD("mla_absorb: NULL pointer");
@@ -597,32 +600,32 @@ static g5_status attend_hg_smem(int KVW, size_t *smem_out, g5_error *err) {
     return G5_OK;
 }
 
-template <typename T>
-static g5_status attend_split(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
-                              const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *dpos, int64_t bound,
-                              const int32_t *sel, int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
-                              float *out, cudaStream_t st, g5_error *err) {
-    size_t smem = 0;
-    g5_status sst = attend_hg_smem<T>(d->kv_lora + d->rope, &smem, err);
-    if (sst) return sst;
-    const int cl = hg_cluster<T>(d, max_sel, smem, st);
+/* The operands every attention launch shares, from either args struct (cuk_mla_attend_args,
+ * cuk_attend_multi_args); the rest zero. */
+template <typename A>
+static ac_args ac_common(const A *m) {
     ac_args a;
     memset(&a, 0, sizeof a);
-    a.d = *d;
-    a.q = q;
-    a.qlat = qlat;
-    a.lat = lat;
-    a.fresh = fresh;
-    a.fresh0 = fresh0;
-    a.n_pos = n_pos;
-    a.dpos = dpos;
-    a.bound = bound;
-    a.sel = sel;
-    a.ld_sel = ld_sel;
-    a.n_sel = n_sel;
-    a.max_sel = max_sel;
-    a.scale = scale;
-    a.out = out;
+    a.d = m->d;
+    a.q = m->q;
+    a.qlat = m->qlat;
+    a.fresh = m->fresh;
+    a.sel = m->sel;
+    a.ld_sel = m->ld_sel;
+    a.n_sel = m->n_sel;
+    a.max_sel = m->max_sel;
+    a.scale = m->scale;
+    a.out = m->out;
+    return a;
+}
+
+/* a: a one-sequence launch's operands (rows NULL) */
+template <typename T>
+static g5_status attend_split(const ac_args &a, cudaStream_t st, g5_error *err) {
+    size_t smem = 0;
+    g5_status sst = attend_hg_smem<T>(a.d.kv_lora + a.d.rope, &smem, err);
+    if (sst) return sst;
+    const int cl = hg_cluster<T>(&a.d, a.max_sel, smem, st);
     return attend_hg_launch<T>(a, cl, smem, st, err);
 }
 
@@ -638,93 +641,82 @@ static int split_fits(const cuk_mla_dims *d, const void *lat, size_t es, const f
     return smem <= 48 * 1024 || (int64_t)smem <= smem_optin();
 }
 
+/* a.lat of T; smem: k_attend's shared memory */
 template <typename T>
-static g5_status attend_t(const cuk_mla_dims *d, const float *q, const float *qlat, const T *lat,
-                          const float *fresh, int64_t fresh0, int64_t n_pos, const int32_t *dpos, int64_t bound,
-                          const int32_t *sel, int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
-                          float *out, size_t smem, cudaStream_t st, g5_error *err) {
+static g5_status attend_t(const ac_args &a, size_t smem, cudaStream_t st, g5_error *err) {
     /* The split kernel exists for the few (token, head) pairs of a decode step; once those pairs
      * alone fill the SMs twice (prefill) the one-block-per-pair kernel is faster (bench_attn: 512
      * tokens x 8 heads at 4k, 5.1 ms vs 11.9 ms). */
     static int sms = 0;
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
-    if ((int64_t)d->n_tok * d->n_head < 2 * (int64_t)sms && split_fits(d, lat, sizeof(T), fresh))
-        return attend_split(d, q, qlat, lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel, max_sel, scale, out,
-                            st, err);
+    if ((int64_t)a.d.n_tok * a.d.n_head < 2 * (int64_t)sms && split_fits(&a.d, a.lat, sizeof(T), a.fresh))
+        return attend_split<T>(a, st, err);
     if (smem > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(k_attend<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "mla_attend: %zu bytes of shared memory: %s", smem, cudaGetErrorString(e));
     }
-    dim3 grid((unsigned)d->n_head, (unsigned)d->n_tok);
-    k_attend<T><<<grid, ATT_THREADS, smem, st>>>(*d, q, qlat, lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel,
-                                                 max_sel, scale, out);
+    dim3 grid((unsigned)a.d.n_head, (unsigned)a.d.n_tok);
+    k_attend<T><<<grid, ATT_THREADS, smem, st>>>(a.d, a.q, a.qlat, (const T *)a.lat, a.fresh, a.fresh0, a.n_pos, a.dpos,
+                                                 a.bound, a.sel, a.ld_sel, a.n_sel, a.max_sel, a.scale, a.out);
     CUK_CHECK_LAUNCH("mla_attend");
     return G5_OK;
 }
 
-extern "C" g5_status cuk_mla_attend(const cuk_mla_dims *d, const float *q, const float *qlat,
-                                    const void *lat, uint32_t lat_type, int64_t n_pos,
-                                    const int32_t *sel, int64_t ld_sel, const int32_t *n_sel,
-                                    int32_t max_sel, float scale, float *out, cuk_stream stream,
-                                    g5_error *err) {
-    return cuk_mla_attend_fresh(d, q, qlat, lat, lat_type, NULL, n_pos, n_pos, sel, ld_sel, n_sel, max_sel, scale,
-                                out, stream, err);
-}
-
-/* cuk_mla_attend_fresh and cuk_mla_attend_dev (dpos non-NULL: fresh0 and n_pos are read from
- * it at run time, within bound). */
-static g5_status mla_attend(const cuk_mla_dims *d, const float *q, const float *qlat, const void *lat,
-                            uint32_t lat_type, const float *fresh, int64_t fresh0, int64_t n_pos,
-                            const int32_t *dpos, int64_t bound, const int32_t *sel, int64_t ld_sel,
-                            const int32_t *n_sel, int32_t max_sel, float scale, float *out, cuk_stream stream,
-                            g5_error *err) {
-    if (!q || !qlat || !lat || !sel || !n_sel || !out) return BAD("mla_attend: NULL pointer");
-    if (max_sel < 1 || max_sel > 16384 || ld_sel < max_sel)
-        return BAD("mla_attend: max_sel=%d outside 1..16384 or above ld_sel=%lld", max_sel, (long long)ld_sel);
-    if (d->n_tok > 65535) return BAD("mla_attend: n_tok=%d above 65535", d->n_tok);
-    const size_t smem = (size_t)(d->kv_lora + d->rope) * sizeof(float) + (size_t)max_sel * (sizeof(float) + sizeof(int32_t));
+/* cuk_mla_attend_fresh and cuk_mla_attend_dev: m's operands, with fresh, fresh0 and n_pos as
+ * given (dpos non-NULL: fresh0 and n_pos are read from it at run time, within bound). */
+static g5_status mla_attend(const cuk_mla_attend_args *m, const float *fresh, int64_t fresh0, int64_t n_pos,
+                            const int32_t *dpos, int64_t bound, cuk_stream stream, g5_error *err) {
+    if (!m->q || !m->qlat || !m->lat || !m->sel || !m->n_sel || !m->out) return BAD("mla_attend: NULL pointer");
+    if (m->max_sel < 1 || m->max_sel > 16384 || m->ld_sel < m->max_sel)
+        return BAD("mla_attend: max_sel=%d outside 1..16384 or above ld_sel=%lld", m->max_sel, (long long)m->ld_sel);
+    if (m->d.n_tok > 65535) return BAD("mla_attend: n_tok=%d above 65535", m->d.n_tok);
+    const size_t smem =
+        (size_t)(m->d.kv_lora + m->d.rope) * sizeof(float) + (size_t)m->max_sel * (sizeof(float) + sizeof(int32_t));
+    ac_args a = ac_common(m);
+    a.lat = m->lat;
+    a.fresh = fresh;
+    a.fresh0 = fresh0;
+    a.n_pos = n_pos;
+    a.dpos = dpos;
+    a.bound = bound;
     const cudaStream_t cs = (cudaStream_t)stream;
-    switch (lat_type) {
-    case CUK_F32:
-        return attend_t(d, q, qlat, (const float *)lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel, max_sel,
-                        scale, out, smem, cs, err);
-    case CUK_BF16:
-        return attend_t(d, q, qlat, (const __nv_bfloat16 *)lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel,
-                        max_sel, scale, out, smem, cs, err);
-    case CUK_F16:
-        return attend_t(d, q, qlat, (const __half *)lat, fresh, fresh0, n_pos, dpos, bound, sel, ld_sel, n_sel, max_sel,
-                        scale, out, smem, cs, err);
-    default: return BAD("mla_attend: lat_type %u is none of CUK_F32, CUK_BF16, CUK_F16", lat_type);
+    switch (m->lat_type) {
+    case CUK_F32: return attend_t<float>(a, smem, cs, err);
+    case CUK_BF16: return attend_t<__nv_bfloat16>(a, smem, cs, err);
+    case CUK_F16: return attend_t<__half>(a, smem, cs, err);
+    default: return BAD("mla_attend: lat_type %u is none of CUK_F32, CUK_BF16, CUK_F16", m->lat_type);
     }
 }
 
-extern "C" g5_status cuk_mla_attend_fresh(const cuk_mla_dims *d, const float *q, const float *qlat,
-                                          const void *lat, uint32_t lat_type, const float *fresh,
-                                          int64_t fresh0, int64_t n_pos, const int32_t *sel,
-                                          int64_t ld_sel, const int32_t *n_sel, int32_t max_sel,
-                                          float scale, float *out, cuk_stream stream, g5_error *err) {
-    g5_status st = check_dims("mla_attend", d, err);
+/* cuk_mla_attend (fresh NULL) and cuk_mla_attend_fresh */
+static g5_status attend_host(const cuk_mla_attend_args *a, const float *fresh, cuk_stream stream, g5_error *err) {
+    g5_status st = check_dims("mla_attend", &a->d, err);
     if (st) return st;
+    const int64_t n_pos = a->n_pos;
     if (n_pos < 1) return BAD("mla_attend: n_pos=%lld must be positive", (long long)n_pos);
-    if (fresh && (fresh0 < 0 || fresh0 >= n_pos))
-        return BAD("mla_attend: fresh0=%lld outside 0..n_pos-1 (%lld)", (long long)fresh0, (long long)n_pos - 1);
-    if (!fresh) fresh0 = n_pos;
-    return mla_attend(d, q, qlat, lat, lat_type, fresh, fresh0, n_pos, NULL, 0, sel, ld_sel, n_sel, max_sel, scale, out,
-                      stream, err);
+    if (fresh && (a->fresh0 < 0 || a->fresh0 >= n_pos))
+        return BAD("mla_attend: fresh0=%lld outside 0..n_pos-1 (%lld)", (long long)a->fresh0, (long long)n_pos - 1);
+    return mla_attend(a, fresh, fresh ? a->fresh0 : n_pos, n_pos, NULL, 0, stream, err);
 }
 
-extern "C" g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, const float *qlat,
-                                        const void *lat, uint32_t lat_type, const float *fresh,
-                                        const int32_t *pos0_dev, int64_t pos_bound, const int32_t *sel,
-                                        int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
-                                        float *out, cuk_stream stream, g5_error *err) {
-    g5_status st = check_dims("mla_attend_dev", d, err);
+extern "C" g5_status cuk_mla_attend(const cuk_mla_attend_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("mla_attend: no args");
+    return attend_host(a, NULL, stream, err);
+}
+
+extern "C" g5_status cuk_mla_attend_fresh(const cuk_mla_attend_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("mla_attend_fresh: no args");
+    return attend_host(a, a->fresh, stream, err);
+}
+
+extern "C" g5_status cuk_mla_attend_dev(const cuk_mla_attend_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("mla_attend_dev: no args");
+    g5_status st = check_dims("mla_attend_dev", &a->d, err);
     if (st) return st;
-    if (!pos0_dev) return BAD("mla_attend_dev: NULL position");
-    if (pos_bound < d->n_tok || pos_bound > 2147483647)
-        return BAD("mla_attend_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, d->n_tok);
-    return mla_attend(d, q, qlat, lat, lat_type, fresh, 0, 0, pos0_dev, pos_bound, sel, ld_sel, n_sel, max_sel, scale,
-                      out, stream, err);
+    if (!a->pos0_dev) return BAD("mla_attend_dev: NULL position");
+    if (a->pos_bound < a->d.n_tok || a->pos_bound > 2147483647)
+        return BAD("mla_attend_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)a->pos_bound, a->d.n_tok);
+    return mla_attend(a, a->fresh, 0, 0, a->pos0_dev, a->pos_bound, stream, err);
 }
 
 extern "C" int cuk_mla_attend_multi_fits(const cuk_mla_dims *d, uint32_t lat_type) {
@@ -745,19 +737,8 @@ static g5_status attend_multi_t(const cuk_attend_multi_args *m, cudaStream_t st,
     /* the one-token launch's cluster size (hg_cluster never looks at n_tok): each token's keys
      * split alike, so its bits are those of a one-token call */
     const int cl = hg_cluster<T>(&m->d, m->max_sel, smem, st);
-    ac_args a;
-    memset(&a, 0, sizeof a);
-    a.d = m->d;
-    a.q = m->q;
-    a.qlat = m->qlat;
-    a.fresh = m->fresh;
+    ac_args a = ac_common(m);
     a.bound = m->pos_bound;
-    a.sel = m->sel;
-    a.ld_sel = m->ld_sel;
-    a.n_sel = m->n_sel;
-    a.max_sel = m->max_sel;
-    a.scale = m->scale;
-    a.out = m->out;
     a.rows = m->rows;
     return attend_hg_launch<T>(a, cl, smem, st, err);
 }

@@ -154,27 +154,49 @@ g5_status cuk_rms_norm(const float *x, int64_t ldx, const float *w, float *y, in
                        int64_t n_rows, int64_t dim, float eps, cuk_stream stream, g5_error *err);
 
 /* x[r] += (b ? a[r] + b[r] : a[r]), then y[r] = cuk_rms_norm of the new x[r]: bit for bit
- * what cuk_add (a + b first) then cuk_add into x then cuk_rms_norm give, in one launch.
- * a, b (b may be NULL): [n_rows][lda]; y must not alias x, a or b. */
-g5_status cuk_add_rms_norm(float *x, int64_t ldx, const float *a, const float *b, int64_t lda,
-                           const float *w, float *y, int64_t ldy, int64_t n_rows, int64_t dim,
-                           float eps, cuk_stream stream, g5_error *err);
+ * what cuk_add (a + b first) then cuk_add into x then cuk_rms_norm give, in one launch. */
+typedef struct cuk_add_rms_norm_args {
+    float *x;            /* [n_rows][ldx], updated in place */
+    int64_t ldx;
+    const float *a;      /* [n_rows][lda] */
+    const float *b;      /* [n_rows][lda], or NULL */
+    int64_t lda;
+    const float *w;      /* [dim] */
+    float *y;            /* [n_rows][ldy]; must not alias x, a or b */
+    int64_t ldy;
+    int64_t n_rows, dim;
+    float eps;
+} cuk_add_rms_norm_args;
+g5_status cuk_add_rms_norm(const cuk_add_rms_norm_args *a, cuk_stream stream, g5_error *err);
 
 /* y[r] = (x[r] - mean) / sqrt(var + eps) * w + b (biased variance; mean and variance in
- * float64, two passes). y may equal x. */
-g5_status cuk_layer_norm(const float *x, int64_t ldx, const float *w, const float *b, float *y,
-                         int64_t ldy, int64_t n_rows, int64_t dim, float eps, cuk_stream stream,
-                         g5_error *err);
+ * float64, two passes). */
+typedef struct cuk_layer_norm_args {
+    const float *x;      /* [n_rows][ldx] */
+    int64_t ldx;
+    const float *w, *b;  /* [dim] each */
+    float *y;            /* [n_rows][ldy]; may equal x */
+    int64_t ldy;
+    int64_t n_rows, dim;
+    float eps;
+} cuk_layer_norm_args;
+g5_status cuk_layer_norm(const cuk_layer_norm_args *a, cuk_stream stream, g5_error *err);
 
 /* Interleaved rotary embedding in place ("NORM" mode: adjacent pairs). For token t, head h and
  * pair i < n_rot / 2, with p = x + t * tok_stride + h * head_stride + rot_off:
  *   (p[2i], p[2i+1]) rotated by angle pos[t] * inv_i, inv_i = 1 / theta^(2i / n_rot),
  * with inv_i and the angle formed in float32 exactly as the CPU reference does (inv_i computed
- * on the host with powf, passed by value), cos/sin taken in float64 of the float angle.
- * pos: [n_tok] int32, device. n_rot even, 2..256. */
-g5_status cuk_rope(float *x, int64_t n_tok, int64_t tok_stride, int64_t n_head,
-                   int64_t head_stride, int64_t rot_off, int64_t n_rot, float theta,
-                   const int32_t *pos, cuk_stream stream, g5_error *err);
+ * on the host with powf, passed by value), cos/sin taken in float64 of the float angle. */
+typedef struct cuk_rope_args {
+    float *x;            /* [n_tok][tok_stride], heads head_stride apart within a token */
+    int64_t n_tok, tok_stride;
+    int64_t n_head, head_stride;
+    int64_t rot_off;     /* the first rotated element of a head */
+    int64_t n_rot;       /* rotated elements per head: even, 2..256 */
+    float theta;
+    const int32_t *pos;  /* [n_tok] int32, device */
+} cuk_rope_args;
+g5_status cuk_rope(const cuk_rope_args *a, cuk_stream stream, g5_error *err);
 
 /* y[i] = a[i] + b[i] for i < n (y may equal a or b). */
 g5_status cuk_add(const float *a, const float *b, float *y, int64_t n, cuk_stream stream,

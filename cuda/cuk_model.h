@@ -4,7 +4,9 @@
  *
  * Same conventions as cuk.h: C-linkage launchers that validate every shape on the host
  * (G5_ERR_INVALID_ARG naming the argument), enqueue on `stream`, never synchronize, never
- * allocate, and report a CUDA error as G5_ERR_INTERNAL naming the call. Indices that live in
+ * allocate, and report a CUDA error as G5_ERR_INTERNAL naming the call. A launcher with many
+ * operands takes them in an args struct (NULL refused, naming the launcher); where several
+ * launchers share one struct, each names the fields it reads and ignores the others. Indices that live in
  * device memory (token ids, expert ids, selected key positions) cannot be checked on the host:
  * an out-of-range one turns the affected output row into NaN rather than reading out of bounds.
  *
@@ -25,21 +27,27 @@ extern "C" {
 
 /* ---- dequantization ---- */
 
-/* out[i][0..k) = row rows[i] of W dequantized to float32, for i < n (rows == NULL: row i).
- * W: [n_rows_w][row_bytes] of w_type (any type cuk_gemv_supported accepts), k elements per row
- * (a multiple of the type's block). The results equal format/quant.c's quant_dequantize bit for
- * bit (same float operations, no fused multiply-add). A row id outside [0, n_rows_w) gives a
- * NaN row. out: [n][ldo], ldo >= k. */
-g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w,
-                           const int32_t *rows, int64_t n, float *out, int64_t ldo,
-                           cuk_stream stream, g5_error *err);
+typedef struct cuk_dequant_rows_args {
+    uint32_t w_type;         /* ggml type of W: any type cuk_gemv_supported accepts */
+    const void *w;           /* W: [n_rows_w][row_bytes] */
+    int64_t k;               /* elements per row, a multiple of the type's block */
+    int64_t n_rows_w;
+    const int32_t *rows;     /* [n], device: the rows to take; NULL: rows 0 .. n - 1 */
+    int64_t n;
+    void *out;               /* [n][ldo]: float32 (cuk_dequant_rows) or out_type (_16) */
+    uint32_t out_type;       /* cuk_dequant_rows_16 only: CUK_BF16 or CUK_F16 (cuk_dequant_rows
+                                writes float32 whatever it holds) */
+    int64_t ldo;             /* >= k */
+} cuk_dequant_rows_args;
 
-/* cuk_dequant_rows with each value rounded once to out_type (CUK_BF16 or CUK_F16, nearest even)
- * as it is stored: the fast-mode prefill GEMM's weight tiles, one pass, no float32 copy.
- * out: [n][ldo] of out_type. */
-g5_status cuk_dequant_rows_16(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w,
-                              const int32_t *rows, int64_t n, void *out, uint32_t out_type, int64_t ldo,
-                              cuk_stream stream, g5_error *err);
+/* out[i][0..k) = row rows[i] of W dequantized to float32, for i < n. The results equal
+ * format/quant.c's quant_dequantize bit for bit (same float operations, no fused multiply-add).
+ * A row id outside [0, n_rows_w) gives a NaN row. */
+g5_status cuk_dequant_rows(const cuk_dequant_rows_args *a, cuk_stream stream, g5_error *err);
+
+/* cuk_dequant_rows with each value rounded once to out_type (nearest even) as it is stored: the
+ * fast-mode prefill GEMM's weight tiles, one pass, no float32 copy. */
+g5_status cuk_dequant_rows_16(const cuk_dequant_rows_args *a, cuk_stream stream, g5_error *err);
 
 /* ---- elementwise ---- */
 
@@ -52,13 +60,22 @@ g5_status cuk_convert(const float *x, int64_t ldx, void *y, uint32_t y_type, int
                       int64_t n_rows, int64_t dim, cuk_stream stream, g5_error *err);
 
 /* A step's cache writes at positions held in device memory (a CUDA-graph decode step, below):
- * for r < n_rows, row pos[r] of lat ([cap][lat_w] of lat_type) = lat_new[r] ([n_rows][lat_w]
- * float32) rounded as cuk_convert rounds, and, unless key_new is NULL, row pos[r] of key
- * ([cap][key_w] float32) = key_new[r] ([n_rows][key_w]); one launch for both. pos: [n_rows],
- * device; a row whose pos[r] is outside [0, cap) is not written. */
-g5_status cuk_cache_write_rows(const float *lat_new, int64_t lat_w, void *lat, uint32_t lat_type,
-                               const float *key_new, int64_t key_w, float *key, int64_t cap,
-                               const int32_t *pos, int64_t n_rows, cuk_stream stream, g5_error *err);
+ * for r < n_rows, row pos[r] of lat = lat_new[r] rounded as cuk_convert rounds, and, unless
+ * key_new is NULL, row pos[r] of key = key_new[r]; one launch for both. A row whose pos[r] is
+ * outside [0, cap) is not written. */
+typedef struct cuk_cache_write_rows_args {
+    const float *lat_new;    /* [n_rows][lat_w] float32 */
+    int64_t lat_w;
+    void *lat;               /* [cap][lat_w] of lat_type: the latent cache */
+    uint32_t lat_type;       /* CUK_F32, CUK_BF16, CUK_F16 */
+    const float *key_new;    /* [n_rows][key_w] float32, or NULL (no key rows) */
+    int64_t key_w;
+    float *key;              /* [cap][key_w] float32: the indexer key cache */
+    int64_t cap;
+    const int32_t *pos;      /* [n_rows], device */
+    int64_t n_rows;
+} cuk_cache_write_rows_args;
+g5_status cuk_cache_write_rows(const cuk_cache_write_rows_args *a, cuk_stream stream, g5_error *err);
 
 /* y[r][i] = silu(g[r][i]) * u[r][i], silu(v) = v / (1 + exp(-v)); y may equal g or u. */
 g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, int64_t ldu, float *y,
@@ -113,53 +130,101 @@ typedef struct cuk_mla_dims {
 } cuk_mla_dims;
 
 /* qlat[t][h][c] = sum over d < nope, in order, of q_nope[t][h][d] * W_UK[h][d][c], with
- * W_UK[h][d] = row h * head_rows + d of kvb ([n_head * head_rows][kv_lora] float32, the kv_b
- * layout: nope W_UK rows then v_head W_UV rows per head). */
-g5_status cuk_mla_absorb(const cuk_mla_dims *d, const float *q, const float *kvb,
-                         int32_t head_rows, float *qlat, cuk_stream stream, g5_error *err);
+ * W_UK[h][d] = row h * head_rows + d of kvb (the kv_b layout: nope W_UK rows then v_head W_UV
+ * rows per head). */
+typedef struct cuk_mla_absorb_args {
+    cuk_mla_dims d;
+    const float *q;          /* [n_tok][n_head][nope + rope] */
+    const float *kvb;        /* [n_head * head_rows][kv_lora] float32 */
+    int32_t head_rows;       /* >= nope */
+    float *qlat;             /* [n_tok][n_head][kv_lora] */
+} cuk_mla_absorb_args;
+g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err);
+
+/* Forward declaration: one sequence's caches and position (below, "several sequences"). */
+typedef struct cuk_seq_row cuk_seq_row;
+
+/* The operands of the one-sequence attention launchers: cuk_mla_attend and cuk_mla_attend_fresh
+ * (positions from the host), cuk_mla_attend_dev (from device memory, below). */
+typedef struct cuk_mla_attend_args {
+    cuk_mla_dims d;
+    const float *q;          /* [n_tok][n_head][nope + rope] */
+    const float *qlat;       /* [n_tok][n_head][kv_lora] */
+    const void *lat;         /* [>= n_pos][kv_lora + rope] of lat_type: the latent cache */
+    uint32_t lat_type;       /* CUK_F32, CUK_BF16, CUK_F16 */
+    const float *fresh;      /* _fresh, _dev: float32 rows [n_pos - fresh0][kv_lora + rope] of the
+                                call's own positions, or NULL (lat alone); cuk_mla_attend: ignored */
+    int64_t fresh0;          /* _fresh: the first position read from fresh (with fresh) */
+    int64_t n_pos;           /* cuk_mla_attend, _fresh: key positions 0 .. n_pos - 1 */
+    const int32_t *pos0_dev; /* _dev: [1], device: the first query token's position */
+    int64_t pos_bound;       /* _dev: the caller's bound on pos0 + n_tok */
+    const int32_t *sel;      /* [n_tok][ld_sel], device: selected key positions, ascending */
+    int64_t ld_sel;          /* >= max_sel */
+    const int32_t *n_sel;    /* [n_tok], device: how many of sel[t] to attend */
+    int32_t max_sel;         /* 1..16384: the most any n_sel[t] may hold */
+    float scale;
+    float *out;              /* [n_tok][n_head][kv_lora] */
+} cuk_mla_attend_args;
 
 /* For each token and head, over the n_sel[t] key positions sel[t][0..] (ascending):
  *   score_j = (qlat . lat[s_j][0..kv_lora) + q_pe . lat[s_j][kv_lora..]) * scale,
- * with the cache elements of lat_type (CUK_F32, CUK_BF16, CUK_F16) read as float32,
+ * with the cache elements of lat_type read as float32,
  *   p = softmax(score) (max-subtracted, sum in double),
  *   out = sum_j p_j lat[s_j][0..kv_lora), j ascending.
- * sel: [n_tok][ld_sel] (ld_sel >= 1, at most max_sel <= ld_sel read per token), n_sel: [n_tok]
- * (device). A position outside [0, n_pos) or a count outside [1, max_sel] gives a NaN row. */
-g5_status cuk_mla_attend(const cuk_mla_dims *d, const float *q, const float *qlat,
-                         const void *lat, uint32_t lat_type, int64_t n_pos, const int32_t *sel,
-                         int64_t ld_sel,
-                         const int32_t *n_sel, int32_t max_sel, float scale, float *out,
-                         cuk_stream stream, g5_error *err);
+ * Reads d, q, qlat, lat, lat_type, n_pos, sel, ld_sel, n_sel, max_sel, scale, out. A position
+ * outside [0, n_pos) or a count outside [1, max_sel] gives a NaN row. */
+g5_status cuk_mla_attend(const cuk_mla_attend_args *a, cuk_stream stream, g5_error *err);
 
 /* cuk_mla_attend with two key sources: positions < fresh0 are read from the cache lat
- * (lat_type), positions fresh0 .. n_pos - 1 from fresh, float32 [n_pos - fresh0][kv_lora + rope]
- * (the latents a forward call has just computed, before they were rounded into the cache).
- * fresh NULL: lat alone (fresh0 ignored). Within one call attention thus sees its own tokens at
- * full precision whatever the cache type; only later calls read them back rounded. */
-g5_status cuk_mla_attend_fresh(const cuk_mla_dims *d, const float *q, const float *qlat,
-                               const void *lat, uint32_t lat_type, const float *fresh,
-                               int64_t fresh0, int64_t n_pos, const int32_t *sel, int64_t ld_sel,
-                               const int32_t *n_sel, int32_t max_sel, float scale, float *out,
-                               cuk_stream stream, g5_error *err);
+ * (lat_type), positions fresh0 .. n_pos - 1 from fresh (the latents a forward call has just
+ * computed, before they were rounded into the cache). fresh NULL: lat alone (fresh0 ignored).
+ * Within one call attention thus sees its own tokens at full precision whatever the cache type;
+ * only later calls read them back rounded. Reads cuk_mla_attend's fields and fresh, fresh0. */
+g5_status cuk_mla_attend_fresh(const cuk_mla_attend_args *a, cuk_stream stream, g5_error *err);
 
 /* ---- DSA lightning indexer ---- */
 
+/* The operands of the score launchers: cuk_idx_scores (position from the host), _dev (from
+ * device memory) and _multi (several sequences), below. */
+typedef struct cuk_idx_scores_args {
+    const float *q;          /* [n_tok][n_head][dim] */
+    const float *w;          /* [n_tok][n_head] */
+    const float *k;          /* [>= pos0 + n_tok][dim]: the key cache (_multi: ignored, rows) */
+    int32_t n_tok, n_head, dim;
+    int64_t pos0;            /* cuk_idx_scores: the first query token's position */
+    const int32_t *pos0_dev; /* _dev: [1], device */
+    const cuk_seq_row *rows; /* _multi: [n_tok], device */
+    int64_t pos_bound;       /* _dev, _multi */
+    float *sc;               /* [n_tok][ld_sc] */
+    int64_t ld_sc;           /* >= pos0 + n_tok (_dev, _multi: >= pos_bound) */
+} cuk_idx_scores_args;
+
 /* For token t (position pos0 + t) and every key position s <= pos0 + t:
  *   sc[t][s] = sum over h < n_head, in order, of w[t][h] * max(0, q[t][h] . k[s])
- * (the relu as the CPU's `if (d > 0) acc += w * d`). q: [n_tok][n_head][dim], w:
- * [n_tok][n_head], k: [>= pos0 + n_tok][dim], sc: [n_tok][ld_sc] with ld_sc >= pos0 + n_tok;
- * entries past pos0 + t are left untouched. */
-g5_status cuk_idx_scores(const float *q, const float *w, const float *k, int32_t n_tok,
-                         int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc,
-                         cuk_stream stream, g5_error *err);
+ * (the relu as the CPU's `if (d > 0) acc += w * d`); entries past pos0 + t are left untouched.
+ * Reads q, w, k, n_tok, n_head, dim, pos0, sc, ld_sc. */
+g5_status cuk_idx_scores(const cuk_idx_scores_args *a, cuk_stream stream, g5_error *err);
+
+/* The operands of the top-k launchers: cuk_idx_topk, _dev and _multi, as the score launchers. */
+typedef struct cuk_idx_topk_args {
+    const float *sc;         /* [n_tok][ld_sc]: cuk_idx_scores' output */
+    int64_t ld_sc;
+    int32_t n_tok;
+    int64_t pos0;            /* cuk_idx_topk */
+    const int32_t *pos0_dev; /* _dev: [1], device */
+    const cuk_seq_row *rows; /* _multi: [n_tok], device */
+    int64_t pos_bound;       /* _dev, _multi */
+    int32_t k;               /* keys to select, >= 1 */
+    int32_t *sel;            /* [n_tok][ld_sel], device */
+    int64_t ld_sel;          /* >= k */
+    int32_t *n_sel;          /* [n_tok], device */
+} cuk_idx_topk_args;
 
 /* Top-k key selection from the scores: token t sees positions 0 .. p = pos0 + t. If p + 1 <= k
  * it attends all of them: sel[t] = 0 .. p, then -1 padding, n_sel[t] = p + 1. Otherwise the k
  * best positions by score (ties to the lower position; -0 equals +0), ascending, n_sel[t] = k.
- * sel: [n_tok][ld_sel], ld_sel >= k. Exact: no tolerance involved. */
-g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0, int32_t k,
-                       int32_t *sel, int64_t ld_sel, int32_t *n_sel, cuk_stream stream,
-                       g5_error *err);
+ * Exact: no tolerance involved. Reads sc, ld_sc, n_tok, pos0, k, sel, ld_sel, n_sel. */
+g5_status cuk_idx_topk(const cuk_idx_topk_args *a, cuk_stream stream, g5_error *err);
 
 /* ---- positions in device memory (CUDA-graph decode steps) ----
  *
@@ -176,18 +241,11 @@ g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t po
  * at the same position; a shape made for more positions only adds blocks that find nothing to
  * do, and the top-k result does not depend on its cluster size (the selection is exact). A
  * device position outside [0, pos_bound - n_tok] writes no scores, a top-k count of 0, and
- * NaN attention rows (never a read or write out of bounds). */
-g5_status cuk_idx_scores_dev(const float *q, const float *w, const float *k, int32_t n_tok,
-                             int32_t n_head, int32_t dim, const int32_t *pos0_dev, int64_t pos_bound,
-                             float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err);
-g5_status cuk_idx_topk_dev(const float *sc, int64_t ld_sc, int32_t n_tok, const int32_t *pos0_dev,
-                           int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
-                           cuk_stream stream, g5_error *err);
-g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, const float *qlat,
-                             const void *lat, uint32_t lat_type, const float *fresh,
-                             const int32_t *pos0_dev, int64_t pos_bound, const int32_t *sel,
-                             int64_t ld_sel, const int32_t *n_sel, int32_t max_sel, float scale,
-                             float *out, cuk_stream stream, g5_error *err);
+ * NaN attention rows (never a read or write out of bounds). Each reads its host-position form's
+ * fields with pos0_dev and pos_bound in place of pos0 (the attention: of fresh0 and n_pos). */
+g5_status cuk_idx_scores_dev(const cuk_idx_scores_args *a, cuk_stream stream, g5_error *err);
+g5_status cuk_idx_topk_dev(const cuk_idx_topk_args *a, cuk_stream stream, g5_error *err);
+g5_status cuk_mla_attend_dev(const cuk_mla_attend_args *a, cuk_stream stream, g5_error *err);
 
 /* ---- several sequences in one launch (batched decode steps) ----
  *
@@ -201,12 +259,12 @@ g5_status cuk_mla_attend_dev(const cuk_mla_dims *d, const float *q, const float 
  * pos_bound: the caller's bound on every pos + 1 (the grid is shaped for it; ld_sc >= it). A
  * row whose pos is outside [0, min(cap, pos_bound)) writes nothing, a top-k count of 0 and a NaN
  * attention row. */
-typedef struct cuk_seq_row {
+struct cuk_seq_row {
     void *lat;     /* [cap][kv_lora + rope] of the model's cache type */
     float *idxk;   /* [cap][idx dim], or NULL (a layer without indexer) */
     int32_t cap;   /* positions the two caches hold */
     int32_t pos;   /* the query token's position */
-} cuk_seq_row;
+};
 
 /* lat_new [n_tok][lat_w] rounded to lat_type into rows[t].lat at rows[t].pos, and (key_new
  * non-NULL) key_new [n_tok][key_w] into rows[t].idxk: cuk_cache_write_rows' rounding. */
@@ -215,15 +273,12 @@ g5_status cuk_cache_write_multi(const float *lat_new, int64_t lat_w, uint32_t la
                                 g5_error *err);
 /* 1 if cuk_idx_scores_multi covers n_head x dim (at most 32 heads, dim a multiple of 4). */
 int cuk_idx_multi_fits(int32_t n_head, int32_t dim);
-/* cuk_idx_scores for token t over rows[t].idxk: q [n_tok][n_head][dim], w [n_tok][n_head],
- * sc [n_tok][ld_sc] (keys 0 .. rows[t].pos). */
-g5_status cuk_idx_scores_multi(const float *q, const float *w, const cuk_seq_row *rows, int32_t n_tok,
-                               int32_t n_head, int32_t dim, int64_t pos_bound, float *sc, int64_t ld_sc,
-                               cuk_stream stream, g5_error *err);
-/* cuk_idx_topk for token t over its rows[t].pos + 1 scores. */
-g5_status cuk_idx_topk_multi(const float *sc, int64_t ld_sc, int32_t n_tok, const cuk_seq_row *rows,
-                             int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
-                             cuk_stream stream, g5_error *err);
+/* cuk_idx_scores for token t over rows[t].idxk (keys 0 .. rows[t].pos). Reads q, w, rows,
+ * n_tok, n_head, dim, pos_bound, sc, ld_sc. */
+g5_status cuk_idx_scores_multi(const cuk_idx_scores_args *a, cuk_stream stream, g5_error *err);
+/* cuk_idx_topk for token t over its rows[t].pos + 1 scores. Reads sc, ld_sc, n_tok, rows,
+ * pos_bound, k, sel, ld_sel, n_sel. */
+g5_status cuk_idx_topk_multi(const cuk_idx_topk_args *a, cuk_stream stream, g5_error *err);
 
 /* cuk_mla_attend_fresh for several sequences: token t attends its selection over rows[t].lat;
  * fresh (non-NULL for a 16-bit cache) holds the tokens' own float32 rows [n_tok][kv_lora + rope],
@@ -247,14 +302,24 @@ int cuk_mla_attend_multi_fits(const cuk_mla_dims *d, uint32_t lat_type);
 g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *a, cuk_stream stream, g5_error *err);
 
 /* The indexer's per-token preparation after its projections, in one launch (at decode four
- * latency-bound launches were ~11 us): q [n_tok][n_head][dim] roped in place (cuk_rope with
- * rot_off 0, n_rot, theta, pos), k [n_tok][dim] LayerNormed in place (k_norm_w, k_norm_b [dim],
- * eps) then roped the same way, w [n_tok][n_head] *= w_scale. Bit for bit those four launches
- * (cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale), which it falls back to for dim > 128. n_rot
- * even, 2..dim. */
-g5_status cuk_idx_prep(float *q, float *k, float *w, const float *k_norm_w, const float *k_norm_b,
-                       int32_t n_tok, int32_t n_head, int32_t dim, int32_t n_rot, float theta,
-                       const int32_t *pos, float eps, float w_scale, cuk_stream stream, g5_error *err);
+ * latency-bound launches were ~11 us): q roped in place (cuk_rope with rot_off 0, n_rot, theta,
+ * pos), k LayerNormed in place (k_norm_w, k_norm_b, eps) then roped the same way, w *= w_scale.
+ * Bit for bit those four launches (cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale), which it
+ * falls back to for dim > 128. */
+typedef struct cuk_idx_prep_args {
+    float *q;                /* [n_tok][n_head][dim] */
+    float *k;                /* [n_tok][dim] */
+    float *w;                /* [n_tok][n_head] */
+    const float *k_norm_w;   /* [dim] */
+    const float *k_norm_b;   /* [dim] */
+    int32_t n_tok, n_head, dim;
+    int32_t n_rot;           /* even, 2..dim */
+    float theta;
+    const int32_t *pos;      /* [n_tok], device */
+    float eps;
+    float w_scale;
+} cuk_idx_prep_args;
+g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream, g5_error *err);
 
 #ifdef __cplusplus
 }

@@ -507,22 +507,25 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
     return G5_OK;
 }
 
-extern "C" g5_status cuk_idx_scores(const float *q, const float *w, const float *k,
-                                    int32_t n_tok, int32_t n_head, int32_t dim, int64_t pos0,
-                                    float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_idx_scores(const cuk_idx_scores_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("idx_scores: no args");
+    const int64_t pos0 = a->pos0, ld_sc = a->ld_sc;
     if (pos0 < 0) return BAD("idx_scores: pos0=%lld is negative", (long long)pos0);
-    if (ld_sc < pos0 + n_tok) return BAD("idx_scores: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
-    return idx_scores(q, w, k, n_tok, n_head, dim, pos0, NULL, NULL, pos0 + n_tok, sc, ld_sc, stream, err);
+    if (ld_sc < pos0 + a->n_tok)
+        return BAD("idx_scores: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + a->n_tok));
+    return idx_scores(a->q, a->w, a->k, a->n_tok, a->n_head, a->dim, pos0, NULL, NULL, pos0 + a->n_tok, a->sc, ld_sc,
+                      stream, err);
 }
 
-extern "C" g5_status cuk_idx_scores_dev(const float *q, const float *w, const float *k, int32_t n_tok,
-                                        int32_t n_head, int32_t dim, const int32_t *pos0_dev, int64_t pos_bound,
-                                        float *sc, int64_t ld_sc, cuk_stream stream, g5_error *err) {
-    if (!pos0_dev) return BAD("idx_scores_dev: NULL position");
-    if (pos_bound < n_tok || pos_bound > 2147483647)
-        return BAD("idx_scores_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, n_tok);
+extern "C" g5_status cuk_idx_scores_dev(const cuk_idx_scores_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("idx_scores_dev: no args");
+    const int64_t pos_bound = a->pos_bound, ld_sc = a->ld_sc;
+    if (!a->pos0_dev) return BAD("idx_scores_dev: NULL position");
+    if (pos_bound < a->n_tok || pos_bound > 2147483647)
+        return BAD("idx_scores_dev: pos_bound=%lld outside n_tok=%d..2^31-1", (long long)pos_bound, a->n_tok);
     if (ld_sc < pos_bound) return BAD("idx_scores_dev: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);
-    return idx_scores(q, w, k, n_tok, n_head, dim, 0, pos0_dev, NULL, pos_bound, sc, ld_sc, stream, err);
+    return idx_scores(a->q, a->w, a->k, a->n_tok, a->n_head, a->dim, 0, a->pos0_dev, NULL, pos_bound, a->sc, ld_sc,
+                      stream, err);
 }
 
 /* cuk_idx_topk and cuk_idx_topk_dev; P as for idx_scores. */
@@ -568,18 +571,25 @@ static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t
     return G5_OK;
 }
 
-extern "C" g5_status cuk_idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t pos0,
-                                  int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
-                                  cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_idx_topk(const cuk_idx_topk_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("idx_topk: no args");
+    const float *const sc = a->sc;
+    const int64_t ld_sc = a->ld_sc, pos0 = a->pos0, ld_sel = a->ld_sel;
+    const int32_t n_tok = a->n_tok, k = a->k;
+    int32_t *const sel = a->sel, *const n_sel = a->n_sel;
     if (n_tok < 1) return BAD("idx_topk: n_tok=%d must be positive", n_tok);
     if (pos0 < 0 || pos0 > 2147483647 - (int64_t)n_tok) return BAD("idx_topk: pos0=%lld out of range", (long long)pos0);
     if (ld_sc < pos0 + n_tok) return BAD("idx_topk: ld_sc=%lld < pos0 + n_tok = %lld", (long long)ld_sc, (long long)(pos0 + n_tok));
     return idx_topk(sc, ld_sc, n_tok, pos0, NULL, NULL, pos0 + n_tok, k, sel, ld_sel, n_sel, stream, err);
 }
 
-extern "C" g5_status cuk_idx_topk_dev(const float *sc, int64_t ld_sc, int32_t n_tok, const int32_t *pos0_dev,
-                                      int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
-                                      cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_idx_topk_dev(const cuk_idx_topk_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("idx_topk_dev: no args");
+    const float *const sc = a->sc;
+    const int64_t ld_sc = a->ld_sc, pos_bound = a->pos_bound, ld_sel = a->ld_sel;
+    const int32_t n_tok = a->n_tok, k = a->k;
+    const int32_t *const pos0_dev = a->pos0_dev;
+    int32_t *const sel = a->sel, *const n_sel = a->n_sel;
     if (!pos0_dev) return BAD("idx_topk_dev: NULL position");
     if (n_tok < 1) return BAD("idx_topk_dev: n_tok=%d must be positive", n_tok);
     if (pos_bound < n_tok || pos_bound > 2147483647)
@@ -593,9 +603,13 @@ extern "C" int cuk_idx_multi_fits(int32_t n_head, int32_t dim) {
            ((size_t)n_head * dim + n_head) * sizeof(float) <= 48 * 1024;
 }
 
-extern "C" g5_status cuk_idx_scores_multi(const float *q, const float *w, const cuk_seq_row *rows, int32_t n_tok,
-                                          int32_t n_head, int32_t dim, int64_t pos_bound, float *sc, int64_t ld_sc,
-                                          cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_idx_scores_multi(const cuk_idx_scores_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("idx_scores_multi: no args");
+    const float *const q = a->q, *const w = a->w;
+    const cuk_seq_row *const rows = a->rows;
+    const int32_t n_tok = a->n_tok, n_head = a->n_head, dim = a->dim;
+    const int64_t pos_bound = a->pos_bound, ld_sc = a->ld_sc;
+    float *const sc = a->sc;
     if (!rows) return BAD("idx_scores_multi: NULL rows");
     if (!cuk_idx_multi_fits(n_head, dim)) return BAD("idx_scores_multi: n_head=%d x dim=%d not covered", n_head, dim);
     if (pos_bound < 1 || pos_bound > 2147483647) return BAD("idx_scores_multi: pos_bound=%lld", (long long)pos_bound);
@@ -604,9 +618,13 @@ extern "C" g5_status cuk_idx_scores_multi(const float *q, const float *w, const 
     return idx_scores(q, w, NULL, n_tok, n_head, dim, 0, NULL, rows, pos_bound, sc, ld_sc, stream, err);
 }
 
-extern "C" g5_status cuk_idx_topk_multi(const float *sc, int64_t ld_sc, int32_t n_tok, const cuk_seq_row *rows,
-                                        int64_t pos_bound, int32_t k, int32_t *sel, int64_t ld_sel, int32_t *n_sel,
-                                        cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_idx_topk_multi(const cuk_idx_topk_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("idx_topk_multi: no args");
+    const float *const sc = a->sc;
+    const cuk_seq_row *const rows = a->rows;
+    const int64_t ld_sc = a->ld_sc, pos_bound = a->pos_bound, ld_sel = a->ld_sel;
+    const int32_t n_tok = a->n_tok, k = a->k;
+    int32_t *const sel = a->sel, *const n_sel = a->n_sel;
     if (!rows) return BAD("idx_topk_multi: NULL rows");
     if (pos_bound < 1 || pos_bound > 2147483647) return BAD("idx_topk_multi: pos_bound=%lld", (long long)pos_bound);
     if (ld_sc < pos_bound) return BAD("idx_topk_multi: ld_sc=%lld < pos_bound=%lld", (long long)ld_sc, (long long)pos_bound);

@@ -650,8 +650,12 @@ __global__ void __launch_bounds__(DQ_W)
 }
 
 template <typename OutT>
-static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w, const int32_t *rows,
-                              int64_t n, OutT *out, int64_t ldo, cuk_stream stream, g5_error *err) {
+static g5_status dequant_rows(const cuk_dequant_rows_args *a, cuk_stream stream, g5_error *err) {
+    const uint32_t w_type = a->w_type;
+    const void *const w = a->w;
+    const int32_t *const rows = a->rows;
+    OutT *const out = (OutT *)a->out;
+    const int64_t k = a->k, n_rows_w = a->n_rows_w, n = a->n, ldo = a->ldo;
     if (!cuk_gemv_supported(w_type)) return BAD("dequant_rows: type %u (%s) not supported", w_type, quant_type_name(w_type));
     if (!w || !out) return BAD("dequant_rows: NULL pointer");
     if (n < 1 || k < 1 || n_rows_w < 1) return BAD("dequant_rows: n=%lld k=%lld n_rows_w=%lld must be positive", (long long)n, (long long)k, (long long)n_rows_w);
@@ -690,19 +694,16 @@ static g5_status dequant_rows(uint32_t w_type, const void *w, int64_t k, int64_t
     return G5_OK;
 }
 
-extern "C" g5_status cuk_dequant_rows(uint32_t w_type, const void *w, int64_t k,
-                                      int64_t n_rows_w, const int32_t *rows, int64_t n,
-                                      float *out, int64_t ldo, cuk_stream stream,
-                                      g5_error *err) {
-    return dequant_rows(w_type, w, k, n_rows_w, rows, n, out, ldo, stream, err);
+extern "C" g5_status cuk_dequant_rows(const cuk_dequant_rows_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("dequant_rows: no args");
+    return dequant_rows<float>(a, stream, err);
 }
 
-extern "C" g5_status cuk_dequant_rows_16(uint32_t w_type, const void *w, int64_t k, int64_t n_rows_w,
-                                         const int32_t *rows, int64_t n, void *out, uint32_t out_type, int64_t ldo,
-                                         cuk_stream stream, g5_error *err) {
-    if (out_type == CUK_BF16) return dequant_rows(w_type, w, k, n_rows_w, rows, n, (__nv_bfloat16 *)out, ldo, stream, err);
-    if (out_type == CUK_F16) return dequant_rows(w_type, w, k, n_rows_w, rows, n, (__half *)out, ldo, stream, err);
-    return BAD("dequant_rows_16: out_type %u (bf16 or f16)", out_type);
+extern "C" g5_status cuk_dequant_rows_16(const cuk_dequant_rows_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("dequant_rows_16: no args");
+    if (a->out_type == CUK_BF16) return dequant_rows<__nv_bfloat16>(a, stream, err);
+    if (a->out_type == CUK_F16) return dequant_rows<__half>(a, stream, err);
+    return BAD("dequant_rows_16: out_type %u (bf16 or f16)", a->out_type);
 }
 
 extern "C" g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, int64_t ldu,
@@ -728,9 +729,14 @@ extern "C" g5_status cuk_convert(const float *x, int64_t ldx, void *y, uint32_t 
     return G5_OK;
 }
 
-extern "C" g5_status cuk_cache_write_rows(const float *lat_new, int64_t lat_w, void *lat, uint32_t lat_type,
-                                          const float *key_new, int64_t key_w, float *key, int64_t cap,
-                                          const int32_t *pos, int64_t n_rows, cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_cache_write_rows(const cuk_cache_write_rows_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("cache_write_rows: no args");
+    const float *const lat_new = a->lat_new, *const key_new = a->key_new;
+    void *const lat = a->lat;
+    float *const key = a->key;
+    const uint32_t lat_type = a->lat_type;
+    const int64_t lat_w = a->lat_w, key_w = a->key_w, cap = a->cap, n_rows = a->n_rows;
+    const int32_t *const pos = a->pos;
     if (!lat_new || !lat || !pos || (key_new && !key)) return BAD("cache_write_rows: NULL pointer");
     if (lat_type != CUK_F32 && lat_type != CUK_BF16 && lat_type != CUK_F16)
         return BAD("cache_write_rows: lat_type %u", lat_type);
@@ -797,18 +803,25 @@ extern "C" g5_status cuk_moe_localize(const int32_t *ids, const float *wts, int6
     return G5_OK;
 }
 
-extern "C" g5_status cuk_idx_prep(float *q, float *k, float *w, const float *k_norm_w, const float *k_norm_b,
-                                  int32_t n_tok, int32_t n_head, int32_t dim, int32_t n_rot, float theta,
-                                  const int32_t *pos, float eps, float w_scale, cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("idx_prep: no args");
+    float *const q = a->q, *const k = a->k, *const w = a->w;
+    const float *const k_norm_w = a->k_norm_w, *const k_norm_b = a->k_norm_b;
+    const int32_t n_tok = a->n_tok, n_head = a->n_head, dim = a->dim, n_rot = a->n_rot;
+    const int32_t *const pos = a->pos;
+    const float theta = a->theta, eps = a->eps, w_scale = a->w_scale;
     if (!q || !k || !w || !k_norm_w || !k_norm_b || !pos) return BAD("idx_prep: NULL pointer");
     if (n_tok < 1 || n_head < 1 || dim < 1)
         return BAD("idx_prep: n_tok=%d n_head=%d dim=%d must be positive", n_tok, n_head, dim);
     if (n_rot < 2 || n_rot % 2 || n_rot > dim) return BAD("idx_prep: n_rot=%d must be even and in 2..dim=%d", n_rot, dim);
     if (dim > IP_MAX_DIM || n_rot / 2 > IP_MAX_PAIRS || (int64_t)n_head * n_rot / 2 > 0x7fffffff) {
         /* beyond the fused kernel's one-warp key row: the separate launches */
-        g5_status st = cuk_rope(q, n_tok, (int64_t)n_head * dim, n_head, dim, 0, n_rot, theta, pos, stream, err);
-        if (!st) st = cuk_layer_norm(k, dim, k_norm_w, k_norm_b, k, dim, n_tok, dim, eps, stream, err);
-        if (!st) st = cuk_rope(k, n_tok, dim, 1, dim, 0, n_rot, theta, pos, stream, err);
+        const cuk_rope_args rq = {q, n_tok, (int64_t)n_head * dim, n_head, dim, 0, n_rot, theta, pos};
+        const cuk_layer_norm_args ln = {k, dim, k_norm_w, k_norm_b, k, dim, n_tok, dim, eps};
+        const cuk_rope_args rk = {k, n_tok, dim, 1, dim, 0, n_rot, theta, pos};
+        g5_status st = cuk_rope(&rq, stream, err);
+        if (!st) st = cuk_layer_norm(&ln, stream, err);
+        if (!st) st = cuk_rope(&rk, stream, err);
         if (!st) st = cuk_scale(w, (int64_t)n_tok * n_head, w_scale, stream, err);
         return st;
     }

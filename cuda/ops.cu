@@ -362,10 +362,12 @@ extern "C" g5_status cuk_rms_norm(const float *x, int64_t ldx, const float *w, f
     return launch_norm<NK_RMS>(p, (cudaStream_t)stream, err);
 }
 
-extern "C" g5_status cuk_add_rms_norm(float *x, int64_t ldx, const float *a, const float *b,
-                                      int64_t lda, const float *w, float *y, int64_t ldy,
-                                      int64_t n_rows, int64_t dim, float eps, cuk_stream stream,
-                                      g5_error *err) {
+extern "C" g5_status cuk_add_rms_norm(const cuk_add_rms_norm_args *args, cuk_stream stream, g5_error *err) {
+    if (!args) return BAD("add_rms_norm: no args");
+    float *const x = args->x, *const y = args->y;
+    const float *const a = args->a, *const b = args->b, *const w = args->w;
+    const int64_t ldx = args->ldx, lda = args->lda, ldy = args->ldy, n_rows = args->n_rows, dim = args->dim;
+    const float eps = args->eps;
     g5_status st = check_rows("add_rms_norm", x, y, ldx, ldy, n_rows, dim, err);
     if (st != G5_OK) return st;
     if (!a) return BAD("add_rms_norm: a is NULL");
@@ -377,9 +379,12 @@ extern "C" g5_status cuk_add_rms_norm(float *x, int64_t ldx, const float *a, con
     return launch_norm<NK_ADD_RMS>(p, (cudaStream_t)stream, err);
 }
 
-extern "C" g5_status cuk_layer_norm(const float *x, int64_t ldx, const float *w, const float *b,
-                                    float *y, int64_t ldy, int64_t n_rows, int64_t dim, float eps,
-                                    cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_layer_norm(const cuk_layer_norm_args *args, cuk_stream stream, g5_error *err) {
+    if (!args) return BAD("layer_norm: no args");
+    const float *const x = args->x, *const w = args->w, *const b = args->b;
+    float *const y = args->y;
+    const int64_t ldx = args->ldx, ldy = args->ldy, n_rows = args->n_rows, dim = args->dim;
+    const float eps = args->eps;
     g5_status st = check_rows("layer_norm", x, y, ldx, ldy, n_rows, dim, err);
     if (st != G5_OK) return st;
     if (!w) return BAD("layer_norm: w is NULL");
@@ -389,9 +394,13 @@ extern "C" g5_status cuk_layer_norm(const float *x, int64_t ldx, const float *w,
     return launch_norm<NK_LAYER>(p, (cudaStream_t)stream, err);
 }
 
-extern "C" g5_status cuk_rope(float *x, int64_t n_tok, int64_t tok_stride, int64_t n_head,
-                              int64_t head_stride, int64_t rot_off, int64_t n_rot, float theta,
-                              const int32_t *pos, cuk_stream stream, g5_error *err) {
+extern "C" g5_status cuk_rope(const cuk_rope_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("rope: no args");
+    float *const x = a->x;
+    const int32_t *const pos = a->pos;
+    const int64_t n_tok = a->n_tok, tok_stride = a->tok_stride, n_head = a->n_head, head_stride = a->head_stride;
+    const int64_t rot_off = a->rot_off, n_rot = a->n_rot;
+    const float theta = a->theta;
     if (!x) return BAD("rope: x is NULL");
     if (!pos) return BAD("rope: pos is NULL");
     if (n_rot < 2 || n_rot > 2 * ROPE_MAX_PAIRS || n_rot % 2)

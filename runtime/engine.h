@@ -68,7 +68,8 @@ typedef struct rt_eng_opts {
     rt_eng_precision precision;
     rt_eng_cache cache;
     int verify;                  /* checksum the blobs while loading (default 1) */
-    int cuda_graph;              /* decode steps as CUDA graph launches */
+    int cuda_graph;              /* decode steps as CUDA graph launches (under NCCL the program
+                                    sets NCCL_GRAPH_MIXING_SUPPORT first: rt_gpu_model_create) */
     int collective_nccl;         /* NCCL between ranks also for TP 1 (rt_gpu_opts.collective) */
     uint32_t check_tokens;       /* --check: tokens to compare with the CPU (0: none) */
     double check_tol_stage, check_tol_logits, check_min_overlap; /* 0: rt_gpu_check's defaults */

@@ -480,6 +480,10 @@ int main(int argc, char **argv) {
         rt_comm_free(comm);
         return pa < 0 ? 0 : 2;
     }
+    /* CUDA graphs under NCCL (--collective nccl, or one rank per process under a launcher):
+     * NCCL_GRAPH_MIXING_SUPPORT=0 before any communicator exists, a value the user set kept
+     * (runtime/gpu/gpu_model.h, rt_gpu_model_create, says why) */
+    if (a.cuda && a.cuda_graph) setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
     int n_synced = 0;
     int bc_open = 0; /* process 0: the others wait for the next token */
     int unclean = 0; /* failed inside an exchange: the others may wait for this process forever */

@@ -38,7 +38,11 @@ g5_status rt_gpu_debug_set_context(rt_gpu_model *g, uint32_t n_past, uint64_t se
             float *d = NULL;
             cudaError_t ce = cudaSetDevice(rk->dev);
             if (ce == cudaSuccess) ce = cudaMalloc((void **)&d, cnt * sizeof *d);
-            if (ce == cudaSuccess) ce = cudaMemcpy(d, h, cnt * sizeof *d, cudaMemcpyHostToDevice);
+            /* on the rank's stream, ahead of the conversions that read d: a cudaMemcpy (the
+             * legacy stream) from pageable memory may return before its last DMA has landed,
+             * and nothing orders it with rk->st (non-blocking), so the conversions could read
+             * part of d stale; h outlives the copy (the synchronization below) */
+            if (ce == cudaSuccess) ce = cudaMemcpyAsync(d, h, cnt * sizeof *d, cudaMemcpyHostToDevice, rk->st);
             if (ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "context fill: %s", cudaGetErrorString(ce));
             for (uint32_t il = 0; il < hp->n_layer_main && !st; il++) {
                 st = cuk_convert(d, (int64_t)W, gm_seq_lat(g, s, r, il), g->lat_type, (int64_t)LW, n_past, (int64_t)LW,
@@ -102,9 +106,7 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
     MARK(K_EMBD);
     for (uint32_t r = 0; r < g->T && !st; r++) {
         gl_rank *rk = &g->rk[r];
-        st = cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
-                              (int64_t)E, (cuk_stream)rk->st, err);
-        rk->pa = rk->pb = NULL;
+        st = gm_embed(rk, n, (int64_t)E, err);
     }
     MARK(K_EMBD);
     for (uint32_t il = 0; il < Lm && !st; il++) {
@@ -156,9 +158,7 @@ static g5_status prof_replay(rt_gpu_model *g, const fplan *pl, g5_error *err) {
     PMARK("step", "start");
     for (uint32_t r = 0; r < g->T; r++) {
         rk = &g->rk[r];
-        CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
-                            (int64_t)E, (cuk_stream)rk->st, err));
-        rk->pa = rk->pb = NULL;
+        CK(gm_embed(rk, n, (int64_t)E, err));
     }
     PMARK("step", "embedding");
     for (uint32_t il = 0; il < hp->n_layer_main; il++) {

@@ -237,6 +237,8 @@ g5_status gm_mtp_setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err);
 void gm_mtp_seq_free(rt_gpu_seq *s);
 /* rk->h = RMSNorm(x) * w over n rows, the pending residual add folded in first. */
 g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err);
+/* rk->x = the token embeddings of rk->tok [n] (E wide), the pending residual add cleared. */
+g5_status gm_embed(gl_rank *rk, uint32_t n, int64_t E, g5_error *err);
 g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                   int64_t ldy, g5_error *err);
 g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err);

@@ -145,6 +145,15 @@ static g5_status gemm(gl_lin *l, uint32_t mode, const void *w, int64_t ldw, cons
     return G5_OK;
 }
 
+/* out [rows][k] = rows 0 .. rows - 1 of w (type, k elements each) dequantized: float32
+ * (et CUK_F32) or rounded to et (CUK_BF16, CUK_F16). */
+static g5_status dequant(gl_lin *l, uint32_t type, const void *w, int64_t k, int64_t rows, void *out, uint32_t et,
+                         g5_error *err) {
+    const cuk_dequant_rows_args a = {.w_type = type, .w = w, .k = k, .n_rows_w = rows, .n = rows, .out = out,
+                                     .out_type = et, .ldo = k};
+    return et == CUK_F32 ? cuk_dequant_rows(&a, l->st, err) : cuk_dequant_rows_16(&a, l->st, err);
+}
+
 g5_status gl_lin_matmul(gl_lin *l, const gl_wmat *w, const float *x, int64_t ldx, int64_t n, float *y,
                         int64_t ldy, int keep_f32, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
@@ -178,8 +187,7 @@ g5_status gl_lin_matmul(gl_lin *l, const gl_wmat *w, const float *x, int64_t ldx
     for (int64_t r0 = 0; r0 < m; r0 += rc) {
         const int64_t c = m - r0 < rc ? m - r0 : rc;
         const uint8_t *wr = (const uint8_t *)w->w + (uint64_t)r0 * rb;
-        if (bf) CK(cuk_dequant_rows_16(w->type, wr, k, c, NULL, c, tb->p, et, k, l->st, err));
-        else CK(cuk_dequant_rows(w->type, wr, k, c, NULL, c, tb->p, k, l->st, err));
+        CK(dequant(l, w->type, wr, k, c, tb->p, bf ? et : CUK_F32, err));
         CK(gemm(l, mode, tb->p, k, xin, ldxin, k, c, n, y + r0, ldy, err));
     }
     return G5_OK;
@@ -245,12 +253,9 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
         int64_t rows_b = 0;
         for (int64_t e = e0; e < e0 + eb; e++) rows_b += l->hcnt[e];
         if (rows_b == 0) continue;
-        CK(cuk_dequant_rows_16(a->gu_type, (const uint8_t *)a->w_gate + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
-                               eb * FE, wg16, et, E, l->st, err));
-        CK(cuk_dequant_rows_16(a->gu_type, (const uint8_t *)a->w_up + (uint64_t)e0 * FE * rb_gu, E, eb * FE, NULL,
-                               eb * FE, wu16, et, E, l->st, err));
-        CK(cuk_dequant_rows_16(a->down_type, (const uint8_t *)a->w_down + (uint64_t)e0 * E * rb_d, FE, eb * E, NULL,
-                               eb * E, wd16, et, FE, l->st, err));
+        CK(dequant(l, a->gu_type, (const uint8_t *)a->w_gate + (uint64_t)e0 * FE * rb_gu, E, eb * FE, wg16, et, err));
+        CK(dequant(l, a->gu_type, (const uint8_t *)a->w_up + (uint64_t)e0 * FE * rb_gu, E, eb * FE, wu16, et, err));
+        CK(dequant(l, a->down_type, (const uint8_t *)a->w_down + (uint64_t)e0 * E * rb_d, FE, eb * E, wd16, et, err));
         int64_t o = off;
         for (int64_t e = e0; e < e0 + eb; e++) {
             const int64_t c = l->hcnt[e];
@@ -359,13 +364,13 @@ static g5_status gemm_ex(gl_lin *l, const cuk_gemm_ex_args *a, g5_error *err) {
     return G5_OK;
 }
 
-g5_status gl_lin_absorb(gl_lin *l, const cuk_mla_dims *d, const float *q, const float *kvb, int32_t head_rows,
-                        float *qlat, g5_error *err) {
+g5_status gl_lin_absorb(gl_lin *l, const cuk_mla_absorb_args *ab, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
+    const cuk_mla_dims *d = &ab->d;
     const int64_t H = d->n_head, NR = d->nope + d->rope, KL = d->kv_lora;
     /* column-major per head: qlat^T (KL x n) = W_UK^T (KL x nope, kvb rows as columns) q_nope^T */
-    const cuk_gemm_ex_args a = {CUK_GEMM_TF32, 0, 0, KL, d->n_tok, d->nope, kvb, KL, (int64_t)head_rows * KL,
-                                q, H * NR, NR, 0.0f, qlat, H * KL, KL, (int32_t)H};
+    const cuk_gemm_ex_args a = {CUK_GEMM_TF32, 0, 0, KL, d->n_tok, d->nope, ab->kvb, KL, (int64_t)ab->head_rows * KL,
+                                ab->q, H * NR, NR, 0.0f, ab->qlat, H * KL, KL, (int32_t)H};
     return gemm_ex(l, &a, err);
 }
 
@@ -381,9 +386,12 @@ g5_status gl_lin_wuv(gl_lin *l, const float *kvb_uv, int64_t head_stride, int32_
 
 static int64_t up8(int64_t v) { return (v + 7) & ~(int64_t)7; }
 
-g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const float *k, int32_t n_tok,
-                            int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc, g5_error *err) {
+g5_status gl_lin_idx_scores(gl_lin *l, const cuk_idx_scores_args *sa, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
+    const float *const q = sa->q, *const w = sa->w, *const k = sa->k;
+    const int32_t n_tok = sa->n_tok, n_head = sa->n_head, dim = sa->dim;
+    const int64_t pos0 = sa->pos0, ld_sc = sa->ld_sc;
+    float *const sc = sa->sc;
     const int64_t P = pos0 + n_tok, ld = up8(P);
     int64_t ct = (int64_t)(ATT_CHUNK_BYTES / ((uint64_t)n_head * (uint64_t)ld * 4));
     if (ct < 1) ct = 1;
@@ -402,20 +410,23 @@ g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const flo
     return G5_OK;
 }
 
-g5_status gl_lin_mla_attend(gl_lin *l, const gl_mla_args *a, g5_error *err) {
+g5_status gl_lin_mla_attend(gl_lin *l, const cuk_mla_attend_args *a, g5_error *err) {
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
     const int64_t n = a->d.n_tok, H = a->d.n_head, KL = a->d.kv_lora, W = KL + a->d.rope;
-    const int64_t P = a->pos0 + n;
+    const int64_t P = a->n_pos, pos0 = P - n;
+    if (pos0 < 0 || (a->fresh && a->fresh0 != pos0))
+        return g5_fail(err, G5_ERR_INTERNAL, "mla attend (tensor cores): %lld positions, %lld query tokens, fresh "
+                       "from %lld", (long long)P, (long long)n, (long long)a->fresh0);
     const uint64_t kb_b = up256((uint64_t)P * W * 2), qb_b = up256((uint64_t)n * H * W * 2);
     CK(grow(l, &l->att, kb_b + qb_b, "attention scratch", err));
     uint8_t *base = l->att.p;
     void *kb = base, *qb = base + kb_b;
     const uint32_t et = et_of(l);
-    const cuk_mla_pack_k_args pk = {a->lat, a->lat_type, a->fresh, a->pos0, P, (int32_t)W, kb, et};
+    const cuk_mla_pack_k_args pk = {a->lat, a->lat_type, a->fresh, pos0, P, (int32_t)W, kb, et};
     CK(cuk_mla_pack_k(&pk, l->st, err));
     const cuk_mla_pack_q_args pq = {a->q, a->qlat, (int32_t)n, (int32_t)H, a->d.nope, a->d.rope, (int32_t)KL, qb, et};
     CK(cuk_mla_pack_q(&pq, l->st, err));
-    const cuk_mla_flash_args fa = {qb, kb, (int32_t)n, (int32_t)H, (int32_t)KL, a->d.rope, a->pos0, a->sel,
+    const cuk_mla_flash_args fa = {qb, kb, (int32_t)n, (int32_t)H, (int32_t)KL, a->d.rope, pos0, a->sel,
                                    a->ld_sel, a->n_sel, a->max_sel, a->scale, a->out, et};
     return cuk_mla_flash(&fa, l->st, err);
 }

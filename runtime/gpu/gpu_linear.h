@@ -94,9 +94,9 @@ g5_status gl_lin_moe(gl_lin *l, const gl_moe_args *a, g5_error *err);
 /* 1 if the products run in fp16 (fast mode): the attention/indexer functions below apply. */
 int gl_lin_fast(const gl_lin *l);
 
-/* cuk_mla_absorb as one batched TF32 product over the heads (float32 q and kv_b). */
-g5_status gl_lin_absorb(gl_lin *l, const cuk_mla_dims *d, const float *q, const float *kvb, int32_t head_rows,
-                        float *qlat, g5_error *err);
+/* cuk_mla_absorb (same arguments) as one batched TF32 product over the heads (float32 q and
+ * kv_b). */
+g5_status gl_lin_absorb(gl_lin *l, const cuk_mla_absorb_args *a, g5_error *err);
 
 /* ao[t][h][0..v_head) = W_UV[h] olat[t][h] for t < n, h < n_head: one batched TF32 product.
  * kvb_uv: head 0's first W_UV row ([v_head][kv_lora] float32), head h at + h * head_stride;
@@ -106,26 +106,12 @@ g5_status gl_lin_wuv(gl_lin *l, const float *kvb_uv, int64_t head_stride, int32_
 
 /* cuk_idx_scores' result (same arguments) from TF32 products in chunks of tokens, then the
  * ReLU-weighted head sum in float32 (cuk_idx_reduce). */
-g5_status gl_lin_idx_scores(gl_lin *l, const float *q, const float *w, const float *k, int32_t n_tok,
-                            int32_t n_head, int32_t dim, int64_t pos0, float *sc, int64_t ld_sc, g5_error *err);
+g5_status gl_lin_idx_scores(gl_lin *l, const cuk_idx_scores_args *a, g5_error *err);
 
-/* cuk_mla_attend_fresh's result for one sequence (same arguments) on the tensor cores: keys and
- * queries packed to fp16 once, then the fused kernel cuk_mla_flash (fp16 products with float32
- * sums, a float32 online softmax over each query's selected keys; cuda/cuk_prefill.h). */
-typedef struct gl_mla_args {
-    cuk_mla_dims d;
-    const float *q, *qlat;
-    const void *lat;
-    uint32_t lat_type;
-    const float *fresh;          /* NULL: every key from lat */
-    int64_t pos0;
-    const int32_t *sel;
-    int64_t ld_sel;
-    const int32_t *n_sel;
-    int32_t max_sel;
-    float scale;
-    float *out;
-} gl_mla_args;
-g5_status gl_lin_mla_attend(gl_lin *l, const gl_mla_args *a, g5_error *err);
+/* cuk_mla_attend_fresh's result for one sequence (same arguments; its query tokens are the last
+ * d.n_tok of the n_pos positions) on the tensor cores: keys and queries packed to fp16 once, then
+ * the fused kernel cuk_mla_flash (fp16 products with float32 sums, a float32 online softmax over
+ * each query's selected keys; cuda/cuk_prefill.h). */
+g5_status gl_lin_mla_attend(gl_lin *l, const cuk_mla_attend_args *a, g5_error *err);
 
 #endif

@@ -198,8 +198,10 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
         } else {
             const float *d = NULL;
             CK(put_f32(rk, NULL, kvb_rows * KL, &d, err));
-            CK(cuk_dequant_rows(cl->kv_b.type, kvq, (int64_t)KL, (int64_t)kvb_rows, NULL, (int64_t)kvb_rows,
-                                (float *)d, (int64_t)KL, NULL, err));
+            const cuk_dequant_rows_args dq = {.w_type = cl->kv_b.type, .w = kvq, .k = (int64_t)KL,
+                                              .n_rows_w = (int64_t)kvb_rows, .n = (int64_t)kvb_rows,
+                                              .out = (float *)d, .ldo = (int64_t)KL};
+            CK(cuk_dequant_rows(&dq, NULL, err));
             L->kvb = d;
         }
         if (L->has_idx) {
@@ -306,11 +308,8 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
      * two-GPU machine was lent only before this path existed): plain launches there. One NCCL
      * rank per process (mpirun, one process per GPU: what NCCL recommends) keeps graphs. */
     if (g->coll == COLL_NCCL && g->T > 1) g->info.cuda_graph = 0;
-    /* NCCL's support for graph-captured and plain collectives outstanding at once is documented
-     * to deadlock when one thread launches the graphs of several communicators; every forward
-     * call here ends with each rank's stream synchronized, so no two are ever outstanding and
-     * the stream-ordered mode serves (read at ncclCommInitRank; a value set by the user wins) */
-    if (g->info.cuda_graph && g->coll == COLL_NCCL) setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
+    /* graphs under NCCL want NCCL_GRAPH_MIXING_SUPPORT=0 in the environment, which the program
+     * sets (gpu_model.h, rt_gpu_model_create: library code reads and writes no environment) */
     gl_lin_cfg lcfg;
     if ((st = gl_lin_cfg_resolve(opts, &lcfg, err))) goto loaded;
     g->info.gemm = gl_lin_mode_name(lcfg.mode);
@@ -678,7 +677,17 @@ void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, c
 g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err) {
     const cuk_stream cs = (cuk_stream)rk->st;
     if (!rk->pa) return cuk_rms_norm(rk->x, E, w, rk->h, E, n, E, eps, cs, err);
-    CK(cuk_add_rms_norm(rk->x, E, rk->pa, rk->pb, E, w, rk->h, E, n, E, eps, cs, err));
+    const cuk_add_rms_norm_args an = {.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pb, .lda = E, .w = w,
+                                      .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
+    CK(cuk_add_rms_norm(&an, cs, err));
+    rk->pa = rk->pb = NULL;
+    return G5_OK;
+}
+
+g5_status gm_embed(gl_rank *rk, uint32_t n, int64_t E, g5_error *err) {
+    const cuk_dequant_rows_args dq = {.w_type = rk->tok_embd.type, .w = rk->tok_embd.w, .k = E,
+                                      .n_rows_w = rk->tok_embd.m, .rows = rk->tok, .n = n, .out = rk->x, .ldo = E};
+    CK(cuk_dequant_rows(&dq, (cuk_stream)rk->st, err));
     rk->pa = rk->pb = NULL;
     return G5_OK;
 }
@@ -758,6 +767,84 @@ g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx,
 }
 
 
+/* The attention stage's indexer (a layer with one of its own): the query, key and weight
+ * projections and their preparation, then the scores and the top-k selection into rk->sel and
+ * rk->n_sel: of a graph step (g->graph_bound; its new latent and key rows written first, by *cw),
+ * of a batched decode step (multi) or of each sequence in turn. */
+static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi,
+                              cuk_cache_write_rows_args *cw, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, QL = hp->q_lora, R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const int64_t K = hp->idx_top_k, KVW = (int64_t)hp->kv_lora + R, mpb = rk->multi;
+    const uint32_t n = pl->n, bound = g->graph_bound;
+    const int one = pl->n_seg == 1;
+    const float theta = hp->rope_theta;
+    const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
+    /* new keys straight into a single sequence's cache, else staged in rk->ikf */
+    float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
+    CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
+    PMARK("attn", "idx_q_b gemv");
+    CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, !tc, err));
+    PMARK("attn", "idx_k gemv");
+    CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, !tc, err));
+    PMARK("attn", "idx_proj gemv");
+    /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
+    const cuk_idx_prep_args ip = {.q = rk->iq, .k = ik, .w = rk->iw, .k_norm_w = L->idx_k_norm,
+                                  .k_norm_b = L->idx_k_norm_b, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
+                                  .dim = (int32_t)ID, .n_rot = (int32_t)R, .theta = theta, .pos = rk->pos,
+                                  .eps = RT_IDX_NORM_EPS, .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH))};
+    CK(cuk_idx_prep(&ip, cs, err));
+    PMARK("attn", "idx rope+norm+rope+scale (cuk_idx_prep)");
+    /* the scores and selections of the call's tokens: bound, multi or per sequence below */
+    cuk_idx_scores_args sa = {.q = rk->iq, .w = rk->iw, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
+                              .dim = (int32_t)ID, .sc = rk->sc};
+    cuk_idx_topk_args ta = {.sc = rk->sc, .n_tok = (int32_t)n, .k = (int32_t)K, .sel = rk->sel, .ld_sel = K,
+                            .n_sel = rk->n_sel};
+    if (bound) { /* the latent and key rows in one launch, then the kernels' device-position forms */
+        cw->key_new = rk->ikf;
+        cw->key_w = ID;
+        cw->key = gm_seq_idxk(g, pl->seq[0], rk->r, il);
+        sa.k = cw->key;
+        CK(cuk_cache_write_rows(cw, cs, err));
+        sa.pos0_dev = ta.pos0_dev = rk->pos;
+        sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = bound;
+        CK(cuk_idx_scores_dev(&sa, cs, err));
+        CK(cuk_idx_topk_dev(&ta, cs, err));
+    }
+    if (multi) { /* new rows, scores and selections of all sequences, a launch each */
+        CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, rk->ikf, ID, rows, (int32_t)n, cs, err));
+        sa.rows = ta.rows = rows;
+        sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = mpb;
+        CK(cuk_idx_scores_multi(&sa, cs, err));
+        PMARK("attn", "idx_scores");
+        CK(cuk_idx_topk_multi(&ta, cs, err));
+        PMARK("attn", "idx_topk");
+    }
+    /* per sequence, in stream order: the score buffer is reused by each */
+    for (uint32_t i = 0; i < pl->n_seg && !bound && !multi; i++) {
+        float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
+        const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
+        if (!one)
+            CUK_CHECK(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
+                               cudaMemcpyDeviceToDevice, rk->st));
+        sa.q = rk->iq + t0 * IH * ID;
+        sa.w = rk->iw + t0 * IH;
+        sa.k = kc;
+        sa.n_tok = ta.n_tok = (int32_t)pl->len[i];
+        sa.pos0 = ta.pos0 = p0;
+        sa.ld_sc = ta.ld_sc = P;
+        ta.sel = rk->sel + t0 * K;
+        ta.n_sel = rk->n_sel + t0;
+        CK(tc ? gl_lin_idx_scores(rk->lin, &sa, err) : cuk_idx_scores(&sa, cs, err)); /* tc: one sequence */
+        PMARK("attn", "idx_scores");
+        CK(cuk_idx_topk(&ta, cs, err));
+        PMARK("attn", "idx_topk");
+    }
+    return G5_OK;
+}
+
 g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
@@ -803,10 +890,14 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                             : rk->latf;
     CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
     CUK_CHECK(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
-    CK(cuk_rope(lat_new, n, KVW, 1, KVW, KL, R, theta, rk->pos, cs, err));
-    if (bound && !L->has_idx)
-        CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, NULL, 0, NULL,
-                                pl->seq[0]->cap, rk->pos, n, cs, err));
+    const cuk_rope_args rl = {.x = lat_new, .n_tok = n, .tok_stride = KVW, .n_head = 1, .head_stride = KVW,
+                              .rot_off = KL, .n_rot = R, .theta = theta, .pos = rk->pos};
+    CK(cuk_rope(&rl, cs, err));
+    /* a graph step's new rows (the keys too, with an indexer: below) */
+    cuk_cache_write_rows_args cw = {.lat_new = rk->latf, .lat_w = KVW, .lat_type = g->lat_type,
+                                    .lat = bound ? gm_seq_lat(g, pl->seq[0], rk->r, il) : NULL,
+                                    .cap = bound ? pl->seq[0]->cap : 0, .pos = rk->pos, .n_rows = n};
+    if (bound && !L->has_idx) CK(cuk_cache_write_rows(&cw, cs, err));
     if (multi && !L->has_idx) CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, NULL, 0, rows, (int32_t)n, cs, err));
     for (uint32_t i = 0; i < pl->n_seg && !direct && !bound && !multi; i++) {
         uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
@@ -817,89 +908,50 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
             CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
     }
     PMARK("attn", "latent norm+rope+cache write");
-    if (L->has_idx) {
-        /* new keys straight into a single sequence's cache, else staged in rk->ikf */
-        float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
-        CK(gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
-        PMARK("attn", "idx_q_b gemv");
-        CK(gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, !tc, err));
-        PMARK("attn", "idx_k gemv");
-        CK(gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, !tc, err));
-        PMARK("attn", "idx_proj gemv");
-        /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
-        CK(cuk_idx_prep(rk->iq, ik, rk->iw, L->idx_k_norm, L->idx_k_norm_b, (int32_t)n, (int32_t)IH, (int32_t)ID,
-                        (int32_t)R, theta, rk->pos, RT_IDX_NORM_EPS, (float)(1.0 / sqrt((double)ID * (double)IH)),
-                        cs, err));
-        PMARK("attn", "idx rope+norm+rope+scale (cuk_idx_prep)");
-        if (bound) { /* the latent and key rows in one launch, then the kernels' device-position forms */
-            float *kc = gm_seq_idxk(g, pl->seq[0], rk->r, il);
-            CK(cuk_cache_write_rows(rk->latf, KVW, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type, rk->ikf, ID, kc,
-                                    pl->seq[0]->cap, rk->pos, n, cs, err));
-            CK(cuk_idx_scores_dev(rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, rk->pos, bound, rk->sc,
-                                  bound, cs, err));
-            CK(cuk_idx_topk_dev(rk->sc, bound, (int32_t)n, rk->pos, bound, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
-        }
-        if (multi) { /* new rows, scores and selections of all sequences, a launch each */
-            CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, rk->ikf, ID, rows, (int32_t)n, cs, err));
-            CK(cuk_idx_scores_multi(rk->iq, rk->iw, rows, (int32_t)n, (int32_t)IH, (int32_t)ID, mpb, rk->sc, mpb, cs,
-                                    err));
-            PMARK("attn", "idx_scores");
-            CK(cuk_idx_topk_multi(rk->sc, mpb, (int32_t)n, rows, mpb, (int32_t)K, rk->sel, K, rk->n_sel, cs, err));
-            PMARK("attn", "idx_topk");
-        }
-        /* per sequence, in stream order: the score buffer is reused by each */
-        for (uint32_t i = 0; i < pl->n_seg && !bound && !multi; i++) {
-            float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
-            const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
-            if (!one)
-                CUK_CHECK(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
-                                   cudaMemcpyDeviceToDevice, rk->st));
-            if (tc)
-                CK(gl_lin_idx_scores(rk->lin, rk->iq, rk->iw, kc, (int32_t)n, (int32_t)IH, (int32_t)ID, p0, rk->sc, P,
-                                     err));
-            else
-                CK(cuk_idx_scores(rk->iq + t0 * IH * ID, rk->iw + t0 * IH, kc, (int32_t)pl->len[i], (int32_t)IH,
-                                  (int32_t)ID, p0, rk->sc, P, cs, err));
-            PMARK("attn", "idx_scores");
-            CK(cuk_idx_topk(rk->sc, P, (int32_t)pl->len[i], p0, (int32_t)K, rk->sel + t0 * K, K, rk->n_sel + t0,
-                            cs, err));
-            PMARK("attn", "idx_topk");
-        }
-    }
+    if (L->has_idx) CK(attn_indexer(g, rk, il, pl, tc, multi, &cw, err));
     CK(gm_gemv(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
-    CK(cuk_rope(rk->q, n, H * (NOPE + R), H, NOPE + R, NOPE, R, theta, rk->pos, cs, err));
+    const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
+                              .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
+    CK(cuk_rope(&rq, cs, err));
     PMARK("attn", "q rope");
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
-    if (tc) CK(gl_lin_absorb(rk->lin, &d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, err));
-    else CK(cuk_mla_absorb(&d, rk->q, L->kvb, (int32_t)(NOPE + V), rk->qlat, cs, err));
+    const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
+                                    .qlat = rk->qlat};
+    CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
     PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
-    if (bound)
-        CK(cuk_mla_attend_dev(&d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
-                              g->lat_type == CUK_F32 ? NULL : rk->latf, rk->pos, bound, rk->sel, K, rk->n_sel,
-                              (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat, cs, err));
+    cuk_mla_attend_args at = {.d = d, .q = rk->q, .qlat = rk->qlat, .lat = gm_seq_lat(g, pl->seq[0], rk->r, il),
+                              .lat_type = g->lat_type, .fresh = g->lat_type == CUK_F32 ? NULL : rk->latf,
+                              .pos0_dev = rk->pos, .pos_bound = bound, .sel = rk->sel, .ld_sel = K,
+                              .n_sel = rk->n_sel, .max_sel = (int32_t)K,
+                              .scale = (float)(1.0 / sqrt((double)(NOPE + R))), .out = rk->olat};
+    if (bound) CK(cuk_mla_attend_dev(&at, cs, err));
     if (multi) {
         const cuk_attend_multi_args ma = {dm, rk->q, rk->qlat, g->lat_type,
                                           g->lat_type == CUK_F32 ? NULL : rk->latf, rows, mpb, rk->sel, K,
                                           rk->n_sel, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat};
         CK(cuk_mla_attend_multi(&ma, cs, err));
     }
-    if (tc) {
-        const gl_mla_args ma = {d, rk->q, rk->qlat, gm_seq_lat(g, pl->seq[0], rk->r, il), g->lat_type,
-                                g->lat_type == CUK_F32 ? NULL : rk->latf, pl->pos0[0], rk->sel, K, rk->n_sel,
-                                (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat};
-        CK(gl_lin_mla_attend(rk->lin, &ma, err));
+    if (tc) { /* one sequence: the call's tokens are its last n positions */
+        at.fresh0 = pl->pos0[0];
+        at.n_pos = (int64_t)pl->pos0[0] + n;
+        CK(gl_lin_mla_attend(rk->lin, &at, err));
     }
     for (uint32_t i = 0; i < pl->n_seg && !bound && !multi && !tc; i++) {
         const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
-        const cuk_mla_dims di = {(int32_t)pl->len[i], (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
-        CK(cuk_mla_attend_fresh(&di, rk->q + t0 * H * (NOPE + R), rk->qlat + t0 * H * KL,
-                                gm_seq_lat(g, pl->seq[i], rk->r, il), g->lat_type,
-                                g->lat_type == CUK_F32 ? NULL : rk->latf + t0 * KVW, p0, P, rk->sel + t0 * K, K,
-                                rk->n_sel + t0, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))),
-                                rk->olat + t0 * H * KL, cs, err));
+        at.d.n_tok = (int32_t)pl->len[i];
+        at.q = rk->q + t0 * H * (NOPE + R);
+        at.qlat = rk->qlat + t0 * H * KL;
+        at.lat = gm_seq_lat(g, pl->seq[i], rk->r, il);
+        at.fresh = g->lat_type == CUK_F32 ? NULL : rk->latf + t0 * KVW;
+        at.fresh0 = p0;
+        at.n_pos = P;
+        at.sel = rk->sel + t0 * K;
+        at.n_sel = rk->n_sel + t0;
+        at.out = rk->olat + t0 * H * KL;
+        CK(cuk_mla_attend_fresh(&at, cs, err));
     }
     PMARK("attn", "mla_attend");
     if (tc) {
@@ -1136,9 +1188,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
         CUK_CHECK(cudaSetDevice(rk->dev));
-        CK(cuk_dequant_rows(rk->tok_embd.type, rk->tok_embd.w, (int64_t)E, rk->tok_embd.m, rk->tok, n, rk->x,
-                            (int64_t)E, (cuk_stream)rk->st, err));
-        rk->pa = rk->pb = NULL;
+        CK(gm_embed(rk, n, (int64_t)E, err));
     }
     gl_rank *r0 = &g->rk[0];
     const uint64_t nE = (uint64_t)n * E;

@@ -167,6 +167,16 @@ typedef struct rt_gpu_info {
                                     counts above cover all processes) */
 } rt_gpu_info;
 
+/* A GPU model of the CPU model's ranks in this process (opts NULL: rt_gpu_opts_default).
+ * The environment is the program's: a program that may run opts.cuda_graph under NCCL (a
+ * one-rank communicator, or one rank per process under mpirun) sets NCCL_GRAPH_MIXING_SUPPORT=0
+ * before the first rt_gpu_model_create, keeping a value the user gave: NCCL reads it when a
+ * communicator is made. Why: NCCL's default mode keeps
+ * graph-captured and plain collectives outstanding at once correct, and is documented as able to
+ * deadlock when one thread launches the graphs of several communicators; every forward call here
+ * ends with each rank's stream synchronized, so no two collectives are ever outstanding and the
+ * stream-ordered mode (0) serves. glm5-run (runtime/cli/main_run.c) and tests/gpu/test_gpu_graph
+ * do so. */
 g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_gpu_model **out,
                               g5_error *err);
 void rt_gpu_model_free(rt_gpu_model *g); /* accepts NULL */
@@ -201,8 +211,8 @@ typedef struct rt_gpu_outputs {
  * (info.graph_captures; runtime/gpu/gpu_graph.c says why buckets). Each output is computed with the
  * same operations in the same order as in the plain path, so the results are bit-identical.
  * Under NCCL every rank's stream is captured into a graph of its own, NCCL's all-reduces
- * included, and each rank's graph is launched on its stream (NCCL_GRAPH_MIXING_SUPPORT is set to
- * 0 unless the environment has it: runtime/gpu/gpu_model.c says why). */
+ * included, and each rank's graph is launched on its stream (the program sets
+ * NCCL_GRAPH_MIXING_SUPPORT=0 first: rt_gpu_model_create says why). */
 g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
                          const rt_gpu_outputs *out, g5_error *err);
 

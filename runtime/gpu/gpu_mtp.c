@@ -133,7 +133,9 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
         const cuk_stream cs = (cuk_stream)rk->st;
         CUK_CHECK(cudaSetDevice(rk->dev));
         rk->pa = rk->pb = NULL;
-        CK(cuk_dequant_rows(M->embd.type, M->embd.w, E, M->embd.m, rk->tok, n, rk->cat, 2 * E, cs, err));
+        const cuk_dequant_rows_args dq = {.w_type = M->embd.type, .w = M->embd.w, .k = E, .n_rows_w = M->embd.m,
+                                          .rows = rk->tok, .n = n, .out = rk->cat, .ldo = 2 * E};
+        CK(cuk_dequant_rows(&dq, cs, err));
         CK(cuk_rms_norm(rk->cat, 2 * E, M->enorm, rk->cat, 2 * E, n, E, eps, cs, err));
         CK(cuk_rms_norm(rk->x, E, M->hnorm, rk->cat + E, 2 * E, n, E, eps, cs, err));
         if (split == RT_SPLIT_NONE) {

@@ -80,19 +80,21 @@ static void run_one(const cfg *c, const bufs *b, launcher l, int copy) {
     const int n = c->n_tok;
     const int64_t pos0 = c->P - n;
     const cuk_mla_dims d = {n, H, NOPE, R, KL};
+    const cuk_mla_absorb_args ab = {.d = d, .q = b->q, .kvb = (const float *)((const uint8_t *)b->kvb + copy * b->kvb_b),
+                                    .head_rows = HR, .qlat = b->qlat};
+    const cuk_idx_scores_args sa = {.q = b->iq, .w = b->iw, .k = (const float *)((const uint8_t *)b->ik + copy * b->ik_b),
+                                    .n_tok = n, .n_head = IH, .dim = ID, .pos0 = pos0, .sc = b->sc, .ld_sc = c->P};
+    const cuk_idx_topk_args ta = {.sc = b->sc, .ld_sc = c->P, .n_tok = n, .pos0 = pos0, .k = TOPK, .sel = b->sel,
+                                  .ld_sel = TOPK, .n_sel = b->ns};
+    const cuk_mla_attend_args at = {.d = d, .q = b->q, .qlat = b->qlat, .lat = b->lat + copy * b->lat_b, .lat_type = c->lt,
+                                    .fresh = b->fresh, .fresh0 = pos0, .n_pos = c->P, .sel = b->sel, .ld_sel = TOPK,
+                                    .n_sel = b->ns, .max_sel = TOPK, .scale = (float)(1.0 / sqrt((double)QW)),
+                                    .out = b->out};
     switch (l) {
-    case L_ABSORB:
-        GK(cuk_mla_absorb(&d, b->q, (const float *)((const uint8_t *)b->kvb + copy * b->kvb_b), HR, b->qlat, NULL, E));
-        break;
-    case L_SCORES:
-        GK(cuk_idx_scores(b->iq, b->iw, (const float *)((const uint8_t *)b->ik + copy * b->ik_b), n, IH, ID, pos0, b->sc,
-                          c->P, NULL, E));
-        break;
-    case L_TOPK: GK(cuk_idx_topk(b->sc, c->P, n, pos0, TOPK, b->sel, TOPK, b->ns, NULL, E)); break;
-    case L_ATTEND:
-        GK(cuk_mla_attend_fresh(&d, b->q, b->qlat, b->lat + copy * b->lat_b, c->lt, b->fresh, pos0, c->P, b->sel, TOPK,
-                                b->ns, TOPK, (float)(1.0 / sqrt((double)QW)), b->out, NULL, E));
-        break;
+    case L_ABSORB: GK(cuk_mla_absorb(&ab, NULL, E)); break;
+    case L_SCORES: GK(cuk_idx_scores(&sa, NULL, E)); break;
+    case L_TOPK: GK(cuk_idx_topk(&ta, NULL, E)); break;
+    case L_ATTEND: GK(cuk_mla_attend_fresh(&at, NULL, E)); break;
     default: break;
     }
 }

@@ -592,7 +592,8 @@ static int check_add_norm(uint32_t dim) {
             }
             GK(cuk_add(x1, add, x1, (int64_t)cnt, NULL, &err_));
             GK(cuk_rms_norm(x1, d, w, y1, d, rows, d, 1e-5f, NULL, &err_));
-            GK(cuk_add_rms_norm(x2, d, a, two ? b : NULL, d, w, y2, d, rows, d, 1e-5f, NULL, &err_));
+            const cuk_add_rms_norm_args an = {x2, d, a, two ? b : NULL, d, w, y2, d, rows, d, 1e-5f};
+            GK(cuk_add_rms_norm(&an, NULL, &err_));
             CK(cudaDeviceSynchronize());
             float *hx1 = xcalloc(cnt, 4), *hx2 = xcalloc(cnt, 4), *hy1 = xcalloc(cnt, 4), *hy2 = xcalloc(cnt, 4);
             CK(cudaMemcpy(hx1, x1, cnt * 4, cudaMemcpyDeviceToHost));

@@ -183,7 +183,8 @@ static void test_gemm_kernels(void) {
  * float32 tile (bf16: then round it and the input), then one GEMM. */
 static g5_status gemm_path(cuk_blas *b, uint32_t mode, uint32_t type, const void *w, int64_t k, int64_t m,
                            const float *x, int64_t n, float *y, float *tile, void *tile16, void *xb, g5_error *e) {
-    g5_status st = cuk_dequant_rows(type, w, k, m, NULL, m, tile, k, NULL, e);
+    const cuk_dequant_rows_args dq = {.w_type = type, .w = w, .k = k, .n_rows_w = m, .n = m, .out = tile, .ldo = k};
+    g5_status st = cuk_dequant_rows(&dq, NULL, e);
     const void *wt = tile, *xt = x;
     if (!st && mode == CUK_GEMM_BF16) {
         st = cuk_convert(tile, k, tile16, CUK_BF16, k, m, k, NULL, e);

@@ -8,7 +8,7 @@
  * - from synthetic contexts (rt_gpu_debug_set_context) decode steps across the graph's buckets
  *   (1024 keys, the capacity; 16384: the score kernel changes) with a prefill chunk between them
  *   that reallocates the work buffers, also through one-rank NCCL: logits bit-identical to plain
- *   launches, one capture per bucket or buffer change.
+ *   launches (and two plain runs to each other), one capture per bucket or buffer change.
  * - contexts that shrink (16380 then 1020 keys on one sequence): bit-identical and finite.
  *
  * Several GPUs (NCCL between them, one process or one per GPU) are run by tests/gpu/multi_gpu.sh
@@ -33,8 +33,8 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/oracle_blobs.h"
 
-/* A GPU model of the blobs in dir; nccl: through a one-rank NCCL communicator (the environment
- * switch is read at creation only). */
+/* A GPU model of the blobs in dir; nccl: through a one-rank NCCL communicator (main sets the
+ * environment NCCL reads when it is made). */
 static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision prec, int nccl, int use_graph,
                                  const char *name, g5_error *e) {
     rt_gpu_opts go;
@@ -217,13 +217,21 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
         T_CHECK(rt_wset_open_blobs(d, &ws, &e) == G5_OK && rt_model_create(ws, &mo, &m, &e) == G5_OK, "%s: %s",
                 cfg[c].name, e.msg);
         const uint32_t V = m ? rt_model_hparams(m)->n_vocab : 0, n = cfg[c].steps;
-        float *la = xmalloc((size_t)n * V * 4), *lb = xmalloc((size_t)n * V * 4);
-        rt_gpu_info ia, ib;
+        float *la = xmalloc((size_t)n * V * 4), *lb = xmalloc((size_t)n * V * 4), *lc = xmalloc((size_t)n * V * 4);
+        rt_gpu_info ia, ib, ic;
+        /* a second plain run (lc) first: two models without graphs must agree bit for bit, which
+         * tells a context or plain-path difference from a graph one */
         if (m && graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, la, &ia, cfg[c].name) &&
+            graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, lc, &ic, cfg[c].name) &&
             graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 1, cfg[c].ctx, n, cfg[c].chunk_at, V, lb, &ib, cfg[c].name)) {
-            uint32_t same = 0, finite = 0;
+            const int plain_same = !memcmp(la, lc, (size_t)n * V * 4);
+            printf("%s: two plain runs %s\n", cfg[c].name, plain_same ? "bit-identical" : "DIFFER");
+            T_CHECK(plain_same, "%s: two plain runs from the same synthetic context bit-identical", cfg[c].name);
+            uint32_t same = 0, finite = 0, first_diff = n;
             for (uint32_t i = 0; i < n; i++) {
-                same += !memcmp(la + (size_t)i * V, lb + (size_t)i * V, (size_t)V * 4);
+                const int eq = !memcmp(la + (size_t)i * V, lb + (size_t)i * V, (size_t)V * 4);
+                same += eq;
+                if (!eq && first_diff == n) first_diff = i;
                 uint32_t f = 1;
                 for (uint32_t v = 0; v < V; v++) f &= isfinite(lb[(size_t)i * V + v]) != 0;
                 finite += f;
@@ -232,6 +240,11 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
                    "(expected %u), %llu instantiations\n", cfg[c].name, same, n, finite,
                    (unsigned long long)ib.graph_steps, (unsigned long long)ib.graph_captures, cfg[c].captures,
                    (unsigned long long)ib.graph_instantiations);
+            /* where it starts tells the causes apart: step 0 (every step differs) is the context
+             * or the first capture, the first graph step after a bucket change or the chunk
+             * (chunk_at) a later capture */
+            if (first_diff < n)
+                printf("%s: first differing step %u of %u\n", cfg[c].name, first_diff, n);
             T_CHECK(same == n && finite == n, "%s: logits with graphs bit-identical to the plain run's", cfg[c].name);
             T_CHECK(ib.graph_steps == n - (cfg[c].chunk_at < n) && ib.graph_captures == cfg[c].captures &&
                         ib.graph_instantiations >= 1 && ib.graph_instantiations <= ib.graph_captures &&
@@ -242,6 +255,7 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
         }
         free(la);
         free(lb);
+        free(lc);
         rt_model_free(m);
         rt_wset_free(ws);
     }
@@ -302,6 +316,9 @@ static void test_graphs(const char *dir, const char *dir_tp2, const oracle *o) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IONBF, 0); /* a crash must not eat the lines before it */
+    /* the one-rank NCCL cases capture NCCL's all-reduces: the program's part, before any
+     * communicator (runtime/gpu/gpu_model.h, rt_gpu_model_create, says why) */
+    setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
     if (!t_need_device() || !t_need_oracle()) return t_report(G5_TEST_NAME);
     oracle o;
     const int have = load_oracle(&o, 2048);

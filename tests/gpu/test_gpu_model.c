@@ -82,7 +82,9 @@ static void test_dequant(void) {
             float *dout = dalloc((size_t)n * ldo * sizeof(float));
             CK(cudaMemset(dout, 0xFF, (size_t)n * ldo * sizeof(float)));
             g5_error e = {0};
-            T_CHECK(cuk_dequant_rows(type, dw, k, nrw, drows, n, dout, ldo, NULL, &e) == G5_OK, "%s: %s", qi->name, e.msg);
+            cuk_dequant_rows_args dq = {.w_type = type, .w = dw, .k = k, .n_rows_w = nrw, .rows = drows, .n = n,
+                                        .out = dout, .ldo = ldo};
+            T_CHECK(cuk_dequant_rows(&dq, NULL, &e) == G5_OK, "%s: %s", qi->name, e.msg);
             get(got, dout, (size_t)n * ldo * sizeof(float));
             uint64_t bad = 0, pad_bad = 0, nan_bad = 0;
             for (int64_t i = 0; i < n; i++) {
@@ -104,8 +106,9 @@ static void test_dequant(void) {
                 uint16_t *g16 = xmalloc((size_t)n * ldo * 2);
                 uint16_t *d16 = dalloc((size_t)n * ldo * 2);
                 CK(cudaMemset(d16, 0xA5, (size_t)n * ldo * 2));
-                T_CHECK(cuk_dequant_rows_16(type, dw, k, nrw, drows, n, d16, ot, ldo, NULL, &e) == G5_OK, "%s 16: %s",
-                        qi->name, e.msg);
+                dq.out = d16;
+                dq.out_type = ot;
+                T_CHECK(cuk_dequant_rows_16(&dq, NULL, &e) == G5_OK, "%s 16: %s", qi->name, e.msg);
                 get(g16, d16, (size_t)n * ldo * 2);
                 uint64_t bad16 = 0, pad16 = 0, nan16 = 0;
                 for (int64_t i = 0; i < n; i++) {
@@ -267,7 +270,9 @@ static void test_topk(void) {
         CK(cudaMemset(dsel, 0x7F, (size_t)n * lds * 4));
         CK(cudaMemset(dns, 0x7F, (size_t)n * 4));
         g5_error e = {0};
-        T_CHECK(cuk_idx_topk(dsc, ld, n, pos0, K, dsel, lds, dns, NULL, &e) == G5_OK, "topk: %s", e.msg);
+        const cuk_idx_topk_args ta = {.sc = dsc, .ld_sc = ld, .n_tok = n, .pos0 = pos0, .k = K, .sel = dsel,
+                                      .ld_sel = lds, .n_sel = dns};
+        T_CHECK(cuk_idx_topk(&ta, NULL, &e) == G5_OK, "topk: %s", e.msg);
         int32_t *sel = xmalloc((size_t)n * lds * 4), *ns = xmalloc((size_t)n * 4);
         get(sel, dsel, (size_t)n * lds * 4);
         get(ns, dns, (size_t)n * 4);
@@ -318,7 +323,9 @@ static void test_scores(void) {
         float *dsc = dalloc((size_t)n * ld * 4);
         CK(cudaMemset(dsc, 0xFF, (size_t)n * ld * 4));
         g5_error e = {0};
-        T_CHECK(cuk_idx_scores(dq, dw, dk, n, IH, ID, pos0, dsc, ld, NULL, &e) == G5_OK, "scores: %s", e.msg);
+        const cuk_idx_scores_args sa = {.q = dq, .w = dw, .k = dk, .n_tok = n, .n_head = IH, .dim = ID, .pos0 = pos0,
+                                        .sc = dsc, .ld_sc = ld};
+        T_CHECK(cuk_idx_scores(&sa, NULL, &e) == G5_OK, "scores: %s", e.msg);
         float *sc = xmalloc((size_t)n * ld * 4);
         get(sc, dsc, (size_t)n * ld * 4);
         double maxerr = 0, maxref = 0;
@@ -387,8 +394,12 @@ static void test_mla(void) {
         const cuk_mla_dims d = {n, H, NOPE, R, KL};
         const float scale = (float)(1.0 / sqrt((double)(NOPE + R)));
         g5_error e = {0};
-        T_CHECK(cuk_mla_absorb(&d, dq, dkvb, (int32_t)HR, dql, NULL, &e) == G5_OK, "absorb: %s", e.msg);
-        T_CHECK(cuk_mla_attend(&d, dq, dql, dlat, CUK_F32, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
+        const cuk_mla_absorb_args ab = {.d = d, .q = dq, .kvb = dkvb, .head_rows = (int32_t)HR, .qlat = dql};
+        T_CHECK(cuk_mla_absorb(&ab, NULL, &e) == G5_OK, "absorb: %s", e.msg);
+        /* the f32 cache alone; below also the 16-bit caches and float32 fresh rows */
+        cuk_mla_attend_args at = {.d = d, .q = dq, .qlat = dql, .lat = dlat, .lat_type = CUK_F32, .n_pos = P, .sel = dsel,
+                                  .ld_sel = K, .n_sel = dns, .max_sel = K, .scale = scale, .out = dout};
+        T_CHECK(cuk_mla_attend(&at, NULL, &e) == G5_OK, "attend: %s", e.msg);
         float *ql = xmalloc((size_t)n * H * KL * 4), *out = xmalloc((size_t)n * H * KL * 4);
         get(ql, dql, (size_t)n * H * KL * 4);
         get(out, dout, (size_t)n * H * KL * 4);
@@ -449,6 +460,9 @@ static void test_mla(void) {
                 latq[i] = lt == CUK_BF16 ? quant_bf16_to_f32(raw[i]) : quant_f16_to_f32(raw[i]);
             }
             void *dlt = dup_d(raw, (size_t)P * KVW * 2);
+            cuk_mla_attend_args atc = at;
+            atc.lat = dlt;
+            atc.lat_type = lt;
             /* fr = 1: positions from fresh0 on come from float32 rows beside the cache
              * (cuk_mla_attend_fresh: a forward call's own tokens), the rest from the cache */
             for (int fr = 0; fr < 2; fr++) {
@@ -461,11 +475,12 @@ static void test_mla(void) {
                 fresh0 = P - P / 3 < last ? P - P / 3 : last;
             }
             CK(cudaMemset(dout, 0xFF, (size_t)n * H * KL * 4));
+            atc.fresh = dlat + fresh0 * KVW;
+            atc.fresh0 = fresh0;
             if (fr)
-                T_CHECK(cuk_mla_attend_fresh(&d, dq, dql, dlt, lt, dlat + fresh0 * KVW, fresh0, P, dsel, K, dns, K, scale,
-                                             dout, NULL, &e) == G5_OK, "attend_fresh: %s", e.msg);
+                T_CHECK(cuk_mla_attend_fresh(&atc, NULL, &e) == G5_OK, "attend_fresh: %s", e.msg);
             else
-                T_CHECK(cuk_mla_attend(&d, dq, dql, dlt, lt, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
+                T_CHECK(cuk_mla_attend(&atc, NULL, &e) == G5_OK, "attend: %s", e.msg);
             get(out, dout, (size_t)n * H * KL * 4);
             double terr = 0, tmax = 0;
             int64_t n_fresh = 0;
@@ -506,8 +521,9 @@ static void test_mla(void) {
             if (fr) T_CHECK(n_fresh > 0, "mla config %zu: no selected key among the float32 rows", c);
             }
             /* a fresh0 outside the positions is refused */
-            T_CHECK(cuk_mla_attend_fresh(&d, dq, dql, dlt, lt, dlat, P, P, dsel, K, dns, K, scale, dout, NULL, &e) ==
-                        G5_ERR_INVALID_ARG, "fresh0 = n_pos accepted");
+            atc.fresh = dlat;
+            atc.fresh0 = P;
+            T_CHECK(cuk_mla_attend_fresh(&atc, NULL, &e) == G5_ERR_INVALID_ARG, "fresh0 = n_pos accepted");
             free(raw);
             free(latq);
             cudaFree(dlt);
@@ -516,7 +532,7 @@ static void test_mla(void) {
         if (n > 1) {
             int32_t badpos = (int32_t)P + 5;
             CK(cudaMemcpy(dsel + K, &badpos, 4, cudaMemcpyHostToDevice)); /* token 1, key 0 */
-            T_CHECK(cuk_mla_attend(&d, dq, dql, dlat, CUK_F32, P, dsel, K, dns, K, scale, dout, NULL, &e) == G5_OK, "attend: %s", e.msg);
+            T_CHECK(cuk_mla_attend(&at, NULL, &e) == G5_OK, "attend: %s", e.msg);
             get(out, dout, (size_t)n * H * KL * 4);
             int nan_rows = 0;
             for (int h = 0; h < H; h++) nan_rows += is_nan(out[((int64_t)1 * H + h) * KL]);

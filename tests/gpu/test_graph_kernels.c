@@ -75,10 +75,19 @@ static void scores_topk_case(int64_t P, int64_t bound, int n) {
     CK(cudaMemset(selh, 0x7F, (size_t)n * TOPK * 4));
     CK(cudaMemset(seld, 0x7F, (size_t)n * TOPK * 4));
     g5_error e = {0};
-    T_CHECK(cuk_idx_scores(q, w, k, n, IH, ID, pos0, sh, ld, NULL, &e) == G5_OK, "scores: %s", e.msg);
-    T_CHECK(cuk_idx_scores_dev(q, w, k, n, IH, ID, dpos, bound, sd, ld, NULL, &e) == G5_OK, "scores_dev: %s", e.msg);
-    T_CHECK(cuk_idx_topk(sh, ld, n, pos0, TOPK, selh, TOPK, nh, NULL, &e) == G5_OK, "topk: %s", e.msg);
-    T_CHECK(cuk_idx_topk_dev(sd, ld, n, dpos, bound, TOPK, seld, TOPK, nd, NULL, &e) == G5_OK, "topk_dev: %s", e.msg);
+    /* one set of operands for both forms: the host form reads pos0, the device form pos0_dev */
+    cuk_idx_scores_args sa = {.q = q, .w = w, .k = k, .n_tok = n, .n_head = IH, .dim = ID, .pos0 = pos0,
+                              .pos0_dev = dpos, .pos_bound = bound, .sc = sh, .ld_sc = ld};
+    cuk_idx_topk_args ta = {.sc = sh, .ld_sc = ld, .n_tok = n, .pos0 = pos0, .pos0_dev = dpos, .pos_bound = bound,
+                            .k = TOPK, .sel = selh, .ld_sel = TOPK, .n_sel = nh};
+    T_CHECK(cuk_idx_scores(&sa, NULL, &e) == G5_OK, "scores: %s", e.msg);
+    sa.sc = sd;
+    T_CHECK(cuk_idx_scores_dev(&sa, NULL, &e) == G5_OK, "scores_dev: %s", e.msg);
+    T_CHECK(cuk_idx_topk(&ta, NULL, &e) == G5_OK, "topk: %s", e.msg);
+    ta.sc = sd;
+    ta.sel = seld;
+    ta.n_sel = nd;
+    T_CHECK(cuk_idx_topk_dev(&ta, NULL, &e) == G5_OK, "topk_dev: %s", e.msg);
     const int s_eq = same_dev(sh, sd, (size_t)n * ld * 4);
     const int t_eq = same_dev(selh, seld, (size_t)n * TOPK * 4) && same_dev(nh, nd, (size_t)n * 4);
     /* the last token's row: keys past P untouched (the bound's extra blocks wrote nothing) */
@@ -131,10 +140,12 @@ static void attend_case(uint32_t type, int64_t P, int64_t bound, int n) {
     CK(cudaMemset(od, 0xFF, (size_t)n * H * KL * 4));
     const float scale = (float)(1.0 / sqrt((double)(NOPE + ROPE)));
     g5_error e = {0};
-    T_CHECK(cuk_mla_attend_fresh(&d, q, ql, lat, type, fresh, pos0, P, sel, TOPK, nsel, TOPK, scale, oh, NULL, &e) == G5_OK,
-            "attend: %s", e.msg);
-    T_CHECK(cuk_mla_attend_dev(&d, q, ql, lat, type, fresh, dpos, bound, sel, TOPK, nsel, TOPK, scale, od, NULL, &e) == G5_OK,
-            "attend_dev: %s", e.msg);
+    cuk_mla_attend_args at = {.d = d, .q = q, .qlat = ql, .lat = lat, .lat_type = type, .fresh = fresh, .fresh0 = pos0,
+                              .n_pos = P, .pos0_dev = dpos, .pos_bound = bound, .sel = sel, .ld_sel = TOPK,
+                              .n_sel = nsel, .max_sel = TOPK, .scale = scale, .out = oh};
+    T_CHECK(cuk_mla_attend_fresh(&at, NULL, &e) == G5_OK, "attend: %s", e.msg);
+    at.out = od;
+    T_CHECK(cuk_mla_attend_dev(&at, NULL, &e) == G5_OK, "attend_dev: %s", e.msg);
     const int eq = same_dev(oh, od, (size_t)n * H * KL * 4);
     const int64_t nan = n_poisoned(oh, 0, (int64_t)n * H * KL);
     printf("mla_attend_dev cache %s P=%lld bound=%lld n=%d: %s\n", type == CUK_F32 ? "f32" : type == CUK_BF16 ? "bf16" : "f16",
@@ -162,8 +173,10 @@ static void test_cache_write(void) {
         CK(cudaMemset(kref, 0xFF, (size_t)CAP * ID * 4));
         int32_t *pos = dup_d(pos_h, sizeof pos_h);
         g5_error e = {0};
-        T_CHECK(cuk_cache_write_rows(lat_new, KVW, lat, type, key_new, ID, key, CAP, pos, N, NULL, &e) == G5_OK,
-                "cache_write_rows: %s", e.msg);
+        const cuk_cache_write_rows_args cw = {.lat_new = lat_new, .lat_w = KVW, .lat = lat, .lat_type = type,
+                                              .key_new = key_new, .key_w = ID, .key = key, .cap = CAP, .pos = pos,
+                                              .n_rows = N};
+        T_CHECK(cuk_cache_write_rows(&cw, NULL, &e) == G5_OK, "cache_write_rows: %s", e.msg);
         for (int r = 0; r < N; r++) {
             if (pos_h[r] >= CAP) continue;
             T_CHECK(cuk_convert(lat_new + (size_t)r * KVW, KVW, lref + (size_t)pos_h[r] * KVW * es, type, KVW, 1, KVW, NULL,
@@ -187,8 +200,12 @@ static void test_bad_position(void) {
     CK(cudaMemset(sc, 0xFF, (size_t)bound * 4));
     CK(cudaMemset(ns, 0x7F, 4));
     g5_error e = {0};
-    T_CHECK(cuk_idx_scores_dev(q, w, k, 1, IH, ID, dpos, bound, sc, bound, NULL, &e) == G5_OK, "%s", e.msg);
-    T_CHECK(cuk_idx_topk_dev(sc, bound, 1, dpos, bound, TOPK, sel, TOPK, ns, NULL, &e) == G5_OK, "%s", e.msg);
+    cuk_idx_scores_args sa = {.q = q, .w = w, .k = k, .n_tok = 1, .n_head = IH, .dim = ID, .pos0_dev = dpos,
+                              .pos_bound = bound, .sc = sc, .ld_sc = bound};
+    cuk_idx_topk_args ta = {.sc = sc, .ld_sc = bound, .n_tok = 1, .pos0_dev = dpos, .pos_bound = bound, .k = TOPK,
+                            .sel = sel, .ld_sel = TOPK, .n_sel = ns};
+    T_CHECK(cuk_idx_scores_dev(&sa, NULL, &e) == G5_OK, "%s", e.msg);
+    T_CHECK(cuk_idx_topk_dev(&ta, NULL, &e) == G5_OK, "%s", e.msg);
     int32_t nsh = -1;
     get(&nsh, ns, 4);
     const int64_t untouched = n_poisoned(sc, 0, bound);
@@ -198,8 +215,10 @@ static void test_bad_position(void) {
     int32_t ns1 = 1, sel1 = 0;
     int32_t *dns1 = dup_d(&ns1, 4), *dsel1 = dup_d(&sel1, 4);
     float *o = dalloc((size_t)H * KL * 4);
-    T_CHECK(cuk_mla_attend_dev(&d, qq, ql, lat, CUK_F32, NULL, dpos, bound, dsel1, 1, dns1, 1, 0.1f, o, NULL, &e) == G5_OK,
-            "%s", e.msg);
+    cuk_mla_attend_args at = {.d = d, .q = qq, .qlat = ql, .lat = lat, .lat_type = CUK_F32, .pos0_dev = dpos,
+                              .pos_bound = bound, .sel = dsel1, .ld_sel = 1, .n_sel = dns1, .max_sel = 1, .scale = 0.1f,
+                              .out = o};
+    T_CHECK(cuk_mla_attend_dev(&at, NULL, &e) == G5_OK, "%s", e.msg);
     float *oh = xmalloc((size_t)H * KL * 4);
     get(oh, o, (size_t)H * KL * 4);
     int nan = 0;
@@ -208,12 +227,17 @@ static void test_bad_position(void) {
            (long long)bound, (long long)bound, (long long)untouched, (long long)bound, nsh, nan, H * KL);
     T_CHECK(untouched == bound && nsh == 0 && nan == H * KL, "bad position handling");
     /* and the host checks of the bound itself */
-    T_CHECK(cuk_idx_scores_dev(q, w, k, 1, IH, ID, dpos, bound, sc, bound - 1, NULL, &e) == G5_ERR_INVALID_ARG,
-            "ld_sc below the bound refused");
-    T_CHECK(cuk_idx_topk_dev(sc, bound, 2, dpos, 1, TOPK, sel, TOPK, ns, NULL, &e) == G5_ERR_INVALID_ARG,
-            "bound below n_tok refused");
-    T_CHECK(cuk_mla_attend_dev(&d, qq, ql, lat, CUK_F32, NULL, NULL, bound, dsel1, 1, dns1, 1, 0.1f, o, NULL, &e) ==
-                G5_ERR_INVALID_ARG, "NULL device position refused");
+    sa.ld_sc = bound - 1;
+    T_CHECK(cuk_idx_scores_dev(&sa, NULL, &e) == G5_ERR_INVALID_ARG, "ld_sc below the bound refused");
+    ta.n_tok = 2;
+    ta.pos_bound = 1;
+    T_CHECK(cuk_idx_topk_dev(&ta, NULL, &e) == G5_ERR_INVALID_ARG, "bound below n_tok refused");
+    at.pos0_dev = NULL;
+    T_CHECK(cuk_mla_attend_dev(&at, NULL, &e) == G5_ERR_INVALID_ARG, "NULL device position refused");
+    T_CHECK(cuk_mla_attend_dev(NULL, NULL, &e) == G5_ERR_INVALID_ARG && cuk_idx_scores(NULL, NULL, &e) == G5_ERR_INVALID_ARG &&
+                cuk_idx_topk_dev(NULL, NULL, &e) == G5_ERR_INVALID_ARG &&
+                cuk_cache_write_rows(NULL, NULL, &e) == G5_ERR_INVALID_ARG,
+            "NULL args refused");
     free(oh);
     cudaFree(q), cudaFree(w), cudaFree(k), cudaFree(sc), cudaFree(sel), cudaFree(ns), cudaFree(dpos);
     cudaFree(qq), cudaFree(ql), cudaFree(lat), cudaFree(dns1), cudaFree(dsel1), cudaFree(o);
@@ -248,10 +272,19 @@ static void test_graph_replay(void) {
     g5_error e = {0};
     /* [0]: the graph */
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    g5_status s = cuk_cache_write_rows(latf, KVW, lat[0], CUK_BF16, kn, ID, key[0], cap, dpos, 1, cs, &e);
-    if (!s) s = cuk_idx_scores_dev(q, w, key[0], 1, IH, ID, dpos, bound, sc[0], bound, cs, &e);
-    if (!s) s = cuk_idx_topk_dev(sc[0], bound, 1, dpos, bound, TOPK, sel[0], TOPK, ns[0], cs, &e);
-    if (!s) s = cuk_mla_attend_dev(&d, qq, ql, lat[0], CUK_BF16, latf, dpos, bound, sel[0], TOPK, ns[0], TOPK, scale, o[0], cs, &e);
+    const cuk_cache_write_rows_args cw = {.lat_new = latf, .lat_w = KVW, .lat = lat[0], .lat_type = CUK_BF16,
+                                          .key_new = kn, .key_w = ID, .key = key[0], .cap = cap, .pos = dpos, .n_rows = 1};
+    cuk_idx_scores_args sa = {.q = q, .w = w, .k = key[0], .n_tok = 1, .n_head = IH, .dim = ID, .pos0_dev = dpos,
+                              .pos_bound = bound, .sc = sc[0], .ld_sc = bound};
+    cuk_idx_topk_args ta = {.sc = sc[0], .ld_sc = bound, .n_tok = 1, .pos0_dev = dpos, .pos_bound = bound, .k = TOPK,
+                            .sel = sel[0], .ld_sel = TOPK, .n_sel = ns[0]};
+    cuk_mla_attend_args at = {.d = d, .q = qq, .qlat = ql, .lat = lat[0], .lat_type = CUK_BF16, .fresh = latf,
+                              .pos0_dev = dpos, .pos_bound = bound, .sel = sel[0], .ld_sel = TOPK, .n_sel = ns[0],
+                              .max_sel = TOPK, .scale = scale, .out = o[0]};
+    g5_status s = cuk_cache_write_rows(&cw, cs, &e);
+    if (!s) s = cuk_idx_scores_dev(&sa, cs, &e);
+    if (!s) s = cuk_idx_topk_dev(&ta, cs, &e);
+    if (!s) s = cuk_mla_attend_dev(&at, cs, &e);
     cudaGraph_t graph = NULL;
     CK(cudaStreamEndCapture(st, &graph));
     T_CHECK(s == G5_OK, "capture: %s", e.msg);
@@ -265,9 +298,15 @@ static void test_graph_replay(void) {
         /* [1]: the host launchers at p */
         s = cuk_convert(latf, KVW, (uint8_t *)lat[1] + (size_t)p * KVW * 2, CUK_BF16, KVW, 1, KVW, cs, &e);
         CK(cudaMemcpyAsync(key[1] + (size_t)p * ID, kn, ID * 4, cudaMemcpyDeviceToDevice, st));
-        if (!s) s = cuk_idx_scores(q, w, key[1], 1, IH, ID, p, sc[1], P, cs, &e);
-        if (!s) s = cuk_idx_topk(sc[1], P, 1, p, TOPK, sel[1], TOPK, ns[1], cs, &e);
-        if (!s) s = cuk_mla_attend_fresh(&d, qq, ql, lat[1], CUK_BF16, latf, p, P, sel[1], TOPK, ns[1], TOPK, scale, o[1], cs, &e);
+        const cuk_idx_scores_args sh = {.q = q, .w = w, .k = key[1], .n_tok = 1, .n_head = IH, .dim = ID, .pos0 = p,
+                                        .sc = sc[1], .ld_sc = P};
+        const cuk_idx_topk_args th = {.sc = sc[1], .ld_sc = P, .n_tok = 1, .pos0 = p, .k = TOPK, .sel = sel[1],
+                                      .ld_sel = TOPK, .n_sel = ns[1]};
+        cuk_mla_attend_args ah = at; /* the capture's operands, at p, on the copies */
+        ah.lat = lat[1], ah.fresh0 = p, ah.n_pos = P, ah.sel = sel[1], ah.n_sel = ns[1], ah.out = o[1];
+        if (!s) s = cuk_idx_scores(&sh, cs, &e);
+        if (!s) s = cuk_idx_topk(&th, cs, &e);
+        if (!s) s = cuk_mla_attend_fresh(&ah, cs, &e);
         T_CHECK(s == G5_OK, "host launches: %s", e.msg);
         CK(cudaStreamSynchronize(st));
         const int e_sc = same_dev(sc[0], sc[1], (size_t)P * 4), e_sel = same_dev(sel[0], sel[1], TOPK * 4);

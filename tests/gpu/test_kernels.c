@@ -613,7 +613,8 @@ static void test_norms(void) {
         for (int kind = 0; kind < 2; kind++) {
             poison(dy, sizeof(float) * rows * ldy);
             g5_status st = kind == 0 ? cuk_rms_norm(dx, ldx, dw, dy, ldy, rows, dim, eps, NULL, &err)
-                                     : cuk_layer_norm(dx, ldx, dw, db, dy, ldy, rows, dim, eps, NULL, &err);
+                                     : cuk_layer_norm(&(cuk_layer_norm_args){dx, ldx, dw, db, dy, ldy, rows, dim, eps},
+                                                      NULL, &err);
             T_CHECK(st == G5_OK, "%s: %s", kind ? "layer_norm" : "rms_norm", err.msg);
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(hy, dy, sizeof(float) * rows * ldy, cudaMemcpyDeviceToHost));
@@ -682,8 +683,8 @@ static void test_rope(void) {
         CK(cudaMemcpy(dx, hx, sizeof(float) * n, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dp, pos, sizeof pos, cudaMemcpyHostToDevice));
         g5_error err = {0};
-        g5_status st = cuk_rope(dx, n_tok, tok_stride, nh, hd, cases[c].rot_off, cases[c].n_rot,
-                                cases[c].theta, dp, NULL, &err);
+        g5_status st = cuk_rope(&(cuk_rope_args){dx, n_tok, tok_stride, nh, hd, cases[c].rot_off, cases[c].n_rot,
+                                cases[c].theta, dp}, NULL, &err);
         T_CHECK(st == G5_OK, "rope: %s", err.msg);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(hy, dx, sizeof(float) * n, cudaMemcpyDeviceToHost));
@@ -851,11 +852,11 @@ static void test_validation(void) {
 
     expect_bad(cuk_rms_norm(x, 8, y, y, 8, 1, 0, 1e-5f, NULL, &err), &err, G5_ERR_INVALID_ARG,
                "dim=0", "rms_norm dim");
-    expect_bad(cuk_layer_norm(x, 4, y, y, y, 8, 1, 8, 1e-5f, NULL, &err), &err, G5_ERR_INVALID_ARG,
+    expect_bad(cuk_layer_norm(&(cuk_layer_norm_args){x, 4, y, y, y, 8, 1, 8, 1e-5f}, NULL, &err), &err, G5_ERR_INVALID_ARG,
                "ldx=4", "layer_norm ldx");
-    expect_bad(cuk_rope(x, 1, 64, 1, 64, 0, 63, 1e4f, x, NULL, &err), &err, G5_ERR_INVALID_ARG,
+    expect_bad(cuk_rope(&(cuk_rope_args){x, 1, 64, 1, 64, 0, 63, 1e4f, x}, NULL, &err), &err, G5_ERR_INVALID_ARG,
                "n_rot=63", "rope n_rot");
-    expect_bad(cuk_rope(x, 2, 60, 1, 64, 0, 64, 1e4f, x, NULL, &err), &err, G5_ERR_INVALID_ARG,
+    expect_bad(cuk_rope(&(cuk_rope_args){x, 2, 60, 1, 64, 0, 64, 1e4f, x}, NULL, &err), &err, G5_ERR_INVALID_ARG,
                "tok_stride=60", "rope tok_stride");
     expect_bad(cuk_add(x, NULL, y, 4, NULL, &err), &err, G5_ERR_INVALID_ARG, "b is NULL", "add b");
     expect_bad(cuk_argmax(x, 4, 1, 8, y, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldx=4", "argmax ldx");

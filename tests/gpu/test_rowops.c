@@ -64,10 +64,11 @@ static void test_norms(void) {
             double maxerr[2] = {0, 0};
             for (int kind = 0; kind < 2; kind++) {
                 /* all rows in one launch vs one launch per row */
-                ok &= (kind ? cuk_layer_norm(dx, ld, dw, dbias, dy, ld, n, dim, eps, NULL, &e)
+                ok &= (kind ? cuk_layer_norm(&(cuk_layer_norm_args){dx, ld, dw, dbias, dy, ld, n, dim, eps}, NULL, &e)
                             : cuk_rms_norm(dx, ld, dw, dy, ld, n, dim, eps, NULL, &e)) == G5_OK;
                 for (int64_t r = 0; r < n; r++)
-                    ok &= (kind ? cuk_layer_norm(dx + r * ld, ld, dw, dbias, dy1 + r * ld, ld, 1, dim, eps, NULL, &e)
+                    ok &= (kind ? cuk_layer_norm(&(cuk_layer_norm_args){dx + r * ld, ld, dw, dbias, dy1 + r * ld, ld, 1, dim,
+                                                                        eps}, NULL, &e)
                                 : cuk_rms_norm(dx + r * ld, ld, dw, dy1 + r * ld, ld, 1, dim, eps, NULL, &e)) == G5_OK;
                 get_rows(y, dy, n, ld, dim);
                 get_rows(y1, dy1, n, ld, dim);
@@ -94,7 +95,8 @@ static void test_norms(void) {
             for (int wb = 0; wb < 2; wb++) {
                 CK(cudaMemcpy(dx1, dx, N * 4, cudaMemcpyDeviceToDevice));
                 CK(cudaMemcpy(dx2, dx, N * 4, cudaMemcpyDeviceToDevice));
-                ok &= cuk_add_rms_norm(dx1, ld, da, wb ? db : NULL, ld, dw, dy, ld, n, dim, eps, NULL, &e) == G5_OK;
+                const cuk_add_rms_norm_args an = {dx1, ld, da, wb ? db : NULL, ld, dw, dy, ld, n, dim, eps};
+                ok &= cuk_add_rms_norm(&an, NULL, &e) == G5_OK;
                 for (int64_t r = 0; r < n; r++) {
                     const float *ar = da + r * ld;
                     if (wb) {
@@ -114,8 +116,9 @@ static void test_norms(void) {
                         (long long)ld, wb);
                 CK(cudaMemcpy(dx1, dx, N * 4, cudaMemcpyDeviceToDevice));
                 for (int64_t r = 0; r < n; r++)
-                    ok &= cuk_add_rms_norm(dx1 + r * ld, ld, da + r * ld, wb ? db + r * ld : NULL, ld, dw, dy1 + r * ld,
-                                           ld, 1, dim, eps, NULL, &e) == G5_OK;
+                    ok &= cuk_add_rms_norm(&(cuk_add_rms_norm_args){dx1 + r * ld, ld, da + r * ld, wb ? db + r * ld : NULL,
+                                                                    ld, dw, dy1 + r * ld, ld, 1, dim, eps},
+                                           NULL, &e) == G5_OK;
                 get_rows(y1, dy1, n, ld, dim);
                 get_rows(x2, dx1, n, ld, dim);
                 T_CHECK(ok && same_bits(y, y1, (size_t)(n * dim)) && same_bits(x1, x2, (size_t)(n * dim)),
@@ -140,8 +143,9 @@ static void test_rope(void) {
     float *dx = dup_d(hx, N * 4), *dx1 = dup_d(hx, N * 4);
     int32_t *dpos = dup_d(hpos, sizeof hpos);
     g5_error e = {0};
-    int ok = cuk_rope(dx, n, H * W, H, W, NOPE, R, theta, dpos, NULL, &e) == G5_OK;
-    for (int64_t t = 0; t < n; t++) ok &= cuk_rope(dx1 + t * H * W, 1, H * W, H, W, NOPE, R, theta, dpos + t, NULL, &e) == G5_OK;
+    int ok = cuk_rope(&(cuk_rope_args){dx, n, H * W, H, W, NOPE, R, theta, dpos}, NULL, &e) == G5_OK;
+    for (int64_t t = 0; t < n; t++)
+        ok &= cuk_rope(&(cuk_rope_args){dx1 + t * H * W, 1, H * W, H, W, NOPE, R, theta, dpos + t}, NULL, &e) == G5_OK;
     get(y, dx, N * 4);
     get(y1, dx1, N * 4);
     T_CHECK(ok, "rope: %s", e.msg);
@@ -185,10 +189,11 @@ static void test_idx_prep(void) {
         float *dkw = dup_d(hkw, (size_t)ID * 4), *dkb = dup_d(hkb, (size_t)ID * 4);
         int32_t *dpos = dup_d(hpos, sizeof hpos);
         g5_error e = {0};
-        int ok = cuk_idx_prep(q1, k1, w1, dkw, dkb, n, IH, ID, R, theta, dpos, eps, ws, NULL, &e) == G5_OK;
-        ok &= cuk_rope(q2, n, (int64_t)IH * ID, IH, ID, 0, R, theta, dpos, NULL, &e) == G5_OK;
-        ok &= cuk_layer_norm(k2, ID, dkw, dkb, k2, ID, n, ID, eps, NULL, &e) == G5_OK;
-        ok &= cuk_rope(k2, n, ID, 1, ID, 0, R, theta, dpos, NULL, &e) == G5_OK;
+        const cuk_idx_prep_args ip = {q1, k1, w1, dkw, dkb, n, IH, ID, R, theta, dpos, eps, ws};
+        int ok = cuk_idx_prep(&ip, NULL, &e) == G5_OK;
+        ok &= cuk_rope(&(cuk_rope_args){q2, n, (int64_t)IH * ID, IH, ID, 0, R, theta, dpos}, NULL, &e) == G5_OK;
+        ok &= cuk_layer_norm(&(cuk_layer_norm_args){k2, ID, dkw, dkb, k2, ID, n, ID, eps}, NULL, &e) == G5_OK;
+        ok &= cuk_rope(&(cuk_rope_args){k2, n, ID, 1, ID, 0, R, theta, dpos}, NULL, &e) == G5_OK;
         ok &= cuk_scale(w2, (int64_t)NW, ws, NULL, &e) == G5_OK;
         T_CHECK(ok, "idx_prep: %s", e.msg);
         float *a = xmalloc(NQ * 4), *b = xmalloc(NQ * 4);
