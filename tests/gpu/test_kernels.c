@@ -17,6 +17,7 @@
 
 #include "cuda/cuk.h"
 #include "format/quant.h"
+#include "format/quant_blocks.h"
 #include "tests/test_util.h"
 
 #define G5_TEST_NAME "test_kernels"
@@ -417,9 +418,7 @@ static void test_moe_type(uint32_t type, int bad_id) {
     CK(cudaMemcpy(dx, hx, sizeof(float) * N_TOK * EMBD, cudaMemcpyHostToDevice));
     poison(dout, sizeof(float) * N_TOK * TOP_K * ldo);
     int32_t *dplan = moe_plan(did, dwts, ids, wts, N_TOK);
-    const int lowbit = !(type == QT_F32 || type == QT_F16 || type == QT_BF16 || type == QT_Q8_0 || type == QT_Q4_0 ||
-                         type == QT_Q4_1 || type == QT_Q5_0 || type == QT_Q5_1 || type == QT_IQ4_NL || type == QT_Q4_K ||
-                         type == QT_Q5_K || type == QT_Q6_K || type == QT_IQ4_XS);
+    const int lowbit = qb_handles(type); /* the per-pair kernels of cuda/gemv_lowbit.cu */
 
     g5_error err = {0};
     cuk_moe_gate_up_args gu = {.w_type = type, .w_gate = dg, .w_up = du, .k = EMBD, .m = FF,
