@@ -28,6 +28,7 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_prefill.h"
+#include "cuda/mma.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
@@ -42,28 +43,13 @@ constexpr int SMEM_B = SQ_B + 2 * SK_B + SP_B + (2 * FBN + 4 * FBM + 3 * FBM) * 
 __device__ __forceinline__ uint32_t sw(int r, int c) { return (uint32_t)(r * ROWB + ((c ^ (r & 7)) << 4)); }
 __device__ __forceinline__ uint32_t swp(int r, int c) { return (uint32_t)(r * FBN * 2 + ((c ^ (r & 7)) << 4)); }
 
-__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+using cuk::cp16;
+using cuk::cp_commit;
+using cuk::cp_wait;
+using cuk::ldsm4;
+using cuk::ldsm4t;
 
-__device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t *r, uint32_t a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) { cuk::mma_f16(c, a, b0, b1); }
 
 /* The key list of one pass: key u < cnt is position u (dense) or sel[u]; a listed position outside
  * [0, plim] marks the pass's token bad (*bad) and loads as zeros, masked. */

@@ -27,6 +27,7 @@
 #define CUK_NORM_CLUSTER_MAX 8              /* ops.cu: CTAs per row of the norms (NR_CL) */
 #define CUK_ATTEND_SPLIT_CLUSTER_MAX 16     /* attn.cu: non-portable, only where the device grants it */
 #define CUK_TOPK_SPLIT_CLUSTER_MAX 16       /* indexer.cu: non-portable, only where the device grants it */
+#define CUK_MOE_MM_SMEM ((64 + 2 * 128) * (128 + 8) * 2) /* moe_mm.cu: input tile + gate and up weight tiles, fp16 */
 
 /* GLM-5's shapes the byte counts below are taken at. */
 #define CUK_G5_NOPE 192
@@ -61,6 +62,7 @@ static const cuk_kernel_limit cuk_kernel_limits[] = {
     {"k_scores_split / k_scores", (CUK_G5_IDX_HEADS * CUK_G5_IDX_DIM + CUK_G5_IDX_HEADS) * 4, 1, 0, 0, NULL},
     {"k_topk_split", 0, CUK_PORTABLE_CLUSTER, CUK_TOPK_SPLIT_CLUSTER_MAX, 0, "k_topk"},
     {"k_norm", 0, CUK_NORM_CLUSTER_MAX, 0, 0, NULL},
+    {"k_moe_mm", CUK_MOE_MM_SMEM, 1, 0, 0, NULL},
 };
 #define CUK_N_KERNEL_LIMITS (sizeof cuk_kernel_limits / sizeof cuk_kernel_limits[0])
 

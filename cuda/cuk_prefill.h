@@ -121,6 +121,35 @@ g5_status cuk_silu_mul_16(const float *g, const float *u, int64_t n_rows, int64_
 g5_status cuk_moe_combine(const float *d, int64_t m, const int32_t *inv, const float *crw, int32_t n_tok,
                           int32_t top_k, float *y, int64_t ldy, cuk_stream stream, g5_error *err);
 
+/* Rows of one CTA of cuk_moe_mm: an expert with c rows has ceil(c / CUK_MOE_MM_BM) row tiles. */
+#define CUK_MOE_MM_BM 64
+
+/* 1 when cuk_moe_mm takes weights of w_type with rows of k elements and n rows per expert: the
+ * types cuda/deq_sub.h decodes, k a multiple of 128, n of 8. */
+int cuk_moe_mm_takes(uint32_t w_type, int64_t k, int64_t n);
+
+/* Every local expert's product in one launch, weights decoded inside the tile (cuda/moe_mm.cu):
+ * for each expert e < n_local with rows i in [off_e, off_e + cnt[e]) of the compact list
+ * (off_e = cnt[0] + .. + cnt[e - 1], cuk_moe_compact's order):
+ *   w1 NULL:  out[i][c] = sum_j W0_e[c][j] x[i][j]                    (float32 out)
+ *   w1 set:   out[i][c] = fp16(silu(W0_e x_i)[c] * (W1_e x_i)[c])     (fp16 out; gate, up)
+ * for c < n, with W rounded to fp16 from its float32 decode (the values cuk_dequant_rows_16
+ * gives), x fp16, products on the tensor cores, float32 sums. W0, W1: [n_local][n][k] of w_type
+ * (rows as in the blob); x: [sum cnt][k] fp16; out: [sum cnt][ldo]; x and out 16-byte aligned.
+ * n_tiles: the sum over experts of ceil(cnt[e] / CUK_MOE_MM_BM) (the caller's count of cnt,
+ * device array, which the kernel reads again; a count below 0 counts as 0). */
+typedef struct cuk_moe_mm_args {
+    uint32_t w_type;
+    const void *w0, *w1;
+    int64_t k, n;
+    const void *x;
+    const int32_t *cnt;
+    int32_t n_local, n_tiles;
+    void *out;
+    int64_t ldo;
+} cuk_moe_mm_args;
+g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -240,6 +240,21 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
     CK(cuk_moe_compact(&ca, l->st, err));
     const uint32_t et = et_of(l), md = l->cfg.mode;
     CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
+    if (cuk_moe_mm_takes(a->gu_type, E, FE) && cuk_moe_mm_takes(a->down_type, FE, E)) {
+        /* weights decoded inside the product's tiles: no 16-bit copy of them in memory */
+        int64_t tiles = 0;
+        for (int64_t e = 0; e < NL; e++)
+            tiles += l->hcnt[e] > 0 ? (l->hcnt[e] + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM : 0;
+        if (tiles > INT32_MAX) return g5_fail(err, G5_ERR_INVALID_ARG, "moe: %lld row tiles", (long long)tiles);
+        const cuk_moe_mm_args gu = {a->gu_type, a->w_gate, a->w_up, E, FE, xb, cnt, (int32_t)NL, (int32_t)tiles,
+                                    hb, FE};
+        CK(cuk_moe_mm(&gu, l->st, err));
+        const cuk_moe_mm_args dn = {a->down_type, a->w_down, NULL, FE, E, hb, cnt, (int32_t)NL, (int32_t)tiles,
+                                    ds, E};
+        CK(cuk_moe_mm(&dn, l->st, err));
+        if (l->info) l->info->gemm_calls += 2;
+        return cuk_moe_combine(ds, E, inv, crw, (int32_t)n, (int32_t)U, a->y, a->ldy, l->st, err);
+    }
     /* experts per weight batch */
     const uint64_t per_e = (uint64_t)3 * FE * E * 2;
     int64_t EB = (int64_t)(MOE_WTILE_BYTES / per_e);

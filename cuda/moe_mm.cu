@@ -1,0 +1,277 @@
+/* Fast-mode MoE prefill products with the weights decoded inside the tile (cuda/cuk_prefill.h,
+ * cuk_moe_mm): every local expert's rows of one layer in one launch, the quantized weights read
+ * once per (expert, row tile) straight from the blob layout and turned into fp16 in shared
+ * memory, never written back to global memory. Before this kernel the experts' weights were
+ * dequantized to an fp16 copy in global memory (2 bytes per weight written and read back: 4.8 GB
+ * per GLM-5 layer of 64 experts) and multiplied by cuBLAS one expert at a time.
+ *
+ * Grid: x = row tiles of CUK_MOE_MM_BM compact rows over all experts (expert by expert, each
+ * expert's rows split into tiles of 64; a CTA finds its expert and rows by a scan of cnt), y =
+ * tiles of 128 output columns. 256 threads (8 warps); warp w owns rows 32 (w & 1) .. + 32 and
+ * columns 32 (w >> 1) .. + 32 of the tile, as 2 x 4 mma.sync m16n8k16 fragments (fp16 inputs,
+ * float32 accumulators) per weight matrix. Per k step of 128: the input tile (64 x 128 fp16) comes
+ * by cp.async while the threads decode the weight tile, one 32-element sub-block per thread and
+ * step (deq_sub.h: bit for bit the CPU's float32 values, then rounded to fp16 as
+ * cuk_dequant_rows_16 rounds them), then 8 k16 steps of mma. Two CTAs per SM overlap one's decode
+ * with the other's products. Shared rows are padded by 16 bytes so ldmatrix is conflict-free.
+ * gate_up (two matrices): out = fp16(silu(gate) * up) per element (cuk_silu_mul_16's arithmetic);
+ * one matrix: out = the float32 product. */
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_model.h"
+#include "cuda/cuk_prefill.h"
+#include "cuda/deq_sub.h"
+#include "cuda/mma.cuh"
+
+#define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
+
+namespace {
+
+constexpr int BM = CUK_MOE_MM_BM, BN = 128, BK = 128, NT = 256;
+constexpr int LDS = BK + 8;                  /* halves per shared row */
+constexpr int SX_B = BM * LDS * 2, SW_B = BN * LDS * 2;
+constexpr int SUBS = BK / 32;                /* sub-blocks per weight row and k step */
+constexpr uint32_t N_TYPE_IDS = 64;          /* above every ggml type id (format/quant.h) */
+static_assert(SX_B + 2 * SW_B == CUK_MOE_MM_SMEM, "cuk_limits.h's entry");
+
+struct MmParams {
+    const uint8_t *w[2];   /* [n_local][n] rows of rb bytes */
+    int64_t rb, ew;        /* bytes per weight row, per expert matrix */
+    int64_t bb;            /* bytes per quant block */
+    int qk;                /* elements per quant block */
+    int k, n;
+    const __half *x;       /* [rows][k] */
+    const int32_t *cnt;
+    int n_local;
+    void *out;
+    int64_t ldo;
+};
+
+__device__ __forceinline__ int warp_incl(int v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
+/* sh[16..18] = (expert, first compact row, rows) of row tile `tile` (rows 0: no such tile).
+ * All threads; sh has 20 ints. */
+__device__ void find_tile(const int32_t *__restrict__ cnt, int n_local, int tile, int *sh) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) sh[18] = 0;
+    int base_t = 0, base_r = 0;
+    for (int c0 = 0; c0 < n_local; c0 += NT) {
+        const int e = c0 + tid;
+        const int c = e < n_local ? max(cnt[e], 0) : 0, t = (c + BM - 1) / BM;
+        const int it = warp_incl(t, lane), ir = warp_incl(c, lane);
+        if (lane == 31) {
+            sh[warp] = it;
+            sh[8 + warp] = ir;
+        }
+        __syncthreads();
+        int wt = 0, wr = 0, tt = 0, tr = 0;
+        for (int w = 0; w < NT / 32; w++) {
+            if (w < warp) {
+                wt += sh[w];
+                wr += sh[8 + w];
+            }
+            tt += sh[w];
+            tr += sh[8 + w];
+        }
+        const int incl = base_t + wt + it, excl = incl - t;
+        if (t > 0 && tile >= excl && tile < incl) {
+            const int m0 = (tile - excl) * BM;
+            sh[16] = e;
+            sh[17] = base_r + wr + ir - c + m0;
+            sh[18] = min(BM, c - m0);
+        }
+        base_t += tt;
+        base_r += tr;
+        __syncthreads();
+    }
+}
+
+template <int T, int NM>
+__global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ int sh[20];
+    find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
+    const int e = sh[16], row0 = sh[17], nr = sh[18];
+    if (nr <= 0) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
+    const int n0 = (int)blockIdx.y * BN;
+    const uint32_t sx = (uint32_t)__cvta_generic_to_shared(smem);
+    const __half *xr = p.x + (int64_t)row0 * p.k; // [nr][k]
+    const uint8_t *wb[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) wb[m] = p.w[m] + (int64_t)e * p.ew;
+
+    float acc[NM][2][4][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[m][i][j][q] = 0.0f;
+
+    for (int k0 = 0; k0 < p.k; k0 += BK) {
+        for (int i = tid; i < BM * BK / 8; i += NT) {
+            const int r = i / (BK / 8), c = i % (BK / 8);
+            const bool ok = r < nr;
+            cuk::cp16(sx + (uint32_t)(r * LDS + c * 8) * 2, xr + (int64_t)(ok ? r : 0) * p.k + k0 + c * 8, ok);
+        }
+        cuk::cp_commit();
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            for (int j = tid; j < BN * SUBS; j += NT) {
+                const int r = j / SUBS, sl = j % SUBS, row = n0 + r;
+                float y[32];
+                if (row < p.n) {
+                    const int e0 = k0 + 32 * sl;
+                    deq_sub(T, wb[m] + (int64_t)row * p.rb + (int64_t)(e0 / p.qk) * p.bb, (e0 % p.qk) / 32, y);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < 32; q++) y[q] = 0.0f;
+                }
+                uint4 *dst = (uint4 *)(void *)(smem + SX_B + m * SW_B + (r * LDS + 32 * sl) * 2);
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    uint4 v;
+                    __half2 h0 = __floats2half2_rn(y[8 * q], y[8 * q + 1]), h1 = __floats2half2_rn(y[8 * q + 2], y[8 * q + 3]);
+                    __half2 h2 = __floats2half2_rn(y[8 * q + 4], y[8 * q + 5]), h3 = __floats2half2_rn(y[8 * q + 6], y[8 * q + 7]);
+                    v.x = *(uint32_t *)&h0;
+                    v.y = *(uint32_t *)&h1;
+                    v.z = *(uint32_t *)&h2;
+                    v.w = *(uint32_t *)&h3;
+                    dst[q] = v;
+                }
+            }
+        }
+        cuk::cp_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                cuk::ldsm4(a[mi], sx + (uint32_t)((wm * 32 + mi * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                const uint32_t swm = sx + SX_B + m * SW_B;
+#pragma unroll
+                for (int nj = 0; nj < 2; nj++) {
+                    uint32_t b[4];
+                    const int br = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    cuk::ldsm4(b, swm + (uint32_t)(br * LDS + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) {
+                        cuk::mma_f16(acc[m][mi][2 * nj], a[mi], b[0], b[1]);
+                        cuk::mma_f16(acc[m][mi][2 * nj + 1], a[mi], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const int g = lane >> 2, c4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = wm * 32 + mi * 16 + g + 8 * hr, col = n0 + wn * 32 + ni * 8 + 2 * c4;
+                if (r >= nr || col >= p.n) continue;
+                const float *v0 = &acc[0][mi][ni][2 * hr];
+                if constexpr (NM == 2) {
+                    const float *v1 = &acc[1][mi][ni][2 * hr];
+                    float o[2];
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        const float s = v0[q] / (1.0f + expf(-v0[q]));
+                        o[q] = __fmul_rn(s, v1[q]);
+                    }
+                    *(__half2 *)((__half *)p.out + (int64_t)(row0 + r) * p.ldo + col) = __floats2half2_rn(o[0], o[1]);
+                } else {
+                    *(float2 *)((float *)p.out + (int64_t)(row0 + r) * p.ldo + col) = make_float2(v0[0], v0[1]);
+                }
+            }
+}
+
+typedef void (*mm_fn)(MmParams);
+
+template <int NM> mm_fn pick(uint32_t t) {
+    switch (t) {
+    case QT_Q4_0: return k_moe_mm<QT_Q4_0, NM>;
+    case QT_Q4_1: return k_moe_mm<QT_Q4_1, NM>;
+    case QT_Q5_0: return k_moe_mm<QT_Q5_0, NM>;
+    case QT_Q5_1: return k_moe_mm<QT_Q5_1, NM>;
+    case QT_Q8_0: return k_moe_mm<QT_Q8_0, NM>;
+    case QT_IQ4_NL: return k_moe_mm<QT_IQ4_NL, NM>;
+    case QT_Q4_K: return k_moe_mm<QT_Q4_K, NM>;
+    case QT_Q5_K: return k_moe_mm<QT_Q5_K, NM>;
+    case QT_Q6_K: return k_moe_mm<QT_Q6_K, NM>;
+    case QT_IQ4_XS: return k_moe_mm<QT_IQ4_XS, NM>;
+    default: return nullptr;
+    }
+}
+
+} // namespace
+
+extern "C" int cuk_moe_mm_takes(uint32_t w_type, int64_t k, int64_t n) {
+    return deq_sub_handles(w_type) && k >= BK && k % BK == 0 && k <= 0x7fffffff && n >= 8 && n % 8 == 0 &&
+           n <= 0x7fffffff;
+}
+
+extern "C" g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_error *err) {
+    if (!a || !a->w0 || !a->x || !a->cnt || !a->out) return BAD("moe_mm: NULL pointer");
+    if (!cuk_moe_mm_takes(a->w_type, a->k, a->n))
+        return BAD("moe_mm: %s weights of %lld x %lld (deq_sub types, k a multiple of %d, n of 8)",
+                   quant_type_name(a->w_type), (long long)a->n, (long long)a->k, BK);
+    if (a->n_local < 1 || a->n_tiles < 0 || a->ldo < a->n || a->ldo % 2)
+        return BAD("moe_mm: n_local=%d n_tiles=%d ldo=%lld", a->n_local, a->n_tiles, (long long)a->ldo);
+    if (((uintptr_t)a->x | (uintptr_t)a->out) % 16)
+        return BAD("moe_mm: x or out not 16-byte aligned");
+    if ((a->n + BN - 1) / BN > 65535) return BAD("moe_mm: n=%lld", (long long)a->n);
+    if (a->n_tiles == 0) return G5_OK;
+    const quant_type_info *ti = quant_type_get(a->w_type);
+    uint64_t rb = 0;
+    if (!ti || quant_row_bytes(a->w_type, (uint64_t)a->k, &rb)) return BAD("moe_mm: row size");
+    const int nm = a->w1 ? 2 : 1;
+    MmParams p;
+    p.w[0] = (const uint8_t *)a->w0;
+    p.w[1] = (const uint8_t *)(a->w1 ? a->w1 : a->w0);
+    p.rb = (int64_t)rb;
+    p.ew = (int64_t)rb * a->n;
+    p.bb = ti->block_bytes;
+    p.qk = (int)ti->block_elems;
+    p.k = (int)a->k;
+    p.n = (int)a->n;
+    p.x = (const __half *)a->x;
+    p.cnt = a->cnt;
+    p.n_local = a->n_local;
+    p.out = a->out;
+    p.ldo = a->ldo;
+    const mm_fn fn = nm == 2 ? pick<2>(a->w_type) : pick<1>(a->w_type);
+    const size_t smem = (size_t)SX_B + (size_t)nm * SW_B;
+    /* the shared-memory limit is raised once per device and kernel (a repeat is harmless) */
+    static bool raised[CUK_MAX_DEVICES][2][N_TYPE_IDS];
+    const int slot = cuk_device_slot();
+    const uint32_t ti_ix = a->w_type < N_TYPE_IDS ? a->w_type : 0;
+    if (!raised[slot][nm - 1][ti_ix]) {
+        CUK_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised[slot][nm - 1][ti_ix] = true;
+    }
+    const dim3 grid((unsigned)a->n_tiles, (unsigned)((a->n + BN - 1) / BN));
+    fn<<<grid, NT, smem, (cudaStream_t)stream>>>(p);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}

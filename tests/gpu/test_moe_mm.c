@@ -1,0 +1,193 @@
+/* cuk_moe_mm (cuda/moe_mm.cu), fast mode's MoE prefill products with the weights decoded inside
+ * the tile, against a float64 host reference built from the same inputs: the weights decoded by
+ * quant_dequantize and rounded to fp16 (what the kernel multiplies), fp16 inputs. For every type
+ * the kernel takes: gate+up with SwiGLU to fp16 and the single product to float32, on expert
+ * counts that exercise empty experts, one row, a full tile, a tile plus one, several tiles, more
+ * than 256 experts (the tile scan's second chunk) and an output width that is not a multiple of
+ * the 128-column tile. Output padding (ldo > n) is poisoned and must stay untouched; every row
+ * must be written. Bounds: fp16 outputs within one fp16 rounding of the float64 value (plus 1e-4
+ * absolute: float32 sums), float32 outputs rel L2 <= 1e-5 per case; a wrong row, column or
+ * expert gives O(1). Runs on the device only. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_prefill.h"
+#include "format/quant.h"
+#include "tests/test_util.h"
+
+#define G5_TEST_NAME "test_moe_mm"
+#define G5_TEST_SEED 0x3e3a11ull
+#include "tests/gpu/gpu_test_util.h"
+
+static const uint32_t TYPES[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
+                                 QT_IQ4_NL, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS};
+#define N_TYPES (sizeof TYPES / sizeof TYPES[0])
+
+typedef struct mcase {
+    const char *name;
+    int n_local, k, n;
+    const int *cnt; /* NULL: counts 0 except the last expert, 70 rows */
+} mcase;
+
+static const int CNT_A[] = {0, 1, 64, 65, 130};
+static const int CNT_B[] = {3, 0, 0, 17};
+
+static uint64_t rbytes(uint32_t t, int64_t k) {
+    uint64_t rb = 0;
+    if (quant_row_bytes(t, (uint64_t)k, &rb)) {
+        printf("FAIL: quant_row_bytes(%s, %lld)\n", quant_type_name(t), (long long)k);
+        exit(2);
+    }
+    return rb;
+}
+
+/* w: [n_local][n][k] blocks of t -> wf [n_local][n][k] float32 values of their fp16 rounding */
+static void decode16(uint32_t t, const uint8_t *w, int64_t rows, int64_t k, float *wf) {
+    const uint64_t rb = rbytes(t, k);
+    for (int64_t r = 0; r < rows; r++) {
+        if (quant_dequantize(t, w + r * rb, (uint64_t)k, wf + r * k) != G5_OK) {
+            printf("FAIL: quant_dequantize(%s)\n", quant_type_name(t));
+            exit(2);
+        }
+        for (int64_t j = 0; j < k; j++) wf[r * k + j] = quant_f16_to_f32(quant_f32_to_f16(wf[r * k + j]));
+    }
+}
+
+static void run_case(uint32_t t, const mcase *c) {
+    const int NL = c->n_local, k = c->k, n = c->n, ldo = n + 8;
+    int *cnt = xmalloc((size_t)NL * sizeof *cnt);
+    int tot = 0, tiles = 0;
+    for (int e = 0; e < NL; e++) {
+        cnt[e] = c->cnt ? c->cnt[e] : e == NL - 1 ? 70 : 0;
+        tot += cnt[e];
+        tiles += (cnt[e] + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM;
+    }
+    const uint64_t rb = rbytes(t, k), wbytes = (uint64_t)NL * n * rb;
+    const quant_type_info *ti = quant_type_get(t);
+    uint8_t *hw[2];
+    float *wf[2];
+    for (int m = 0; m < 2; m++) {
+        hw[m] = xmalloc(wbytes);
+        uint64_t st = rnd();
+        if (quant_fill_random(t, hw[m], wbytes / ti->block_bytes, &st) != G5_OK) {
+            printf("FAIL: quant_fill_random(%s)\n", ti->name);
+            exit(2);
+        }
+        wf[m] = xmalloc((size_t)NL * n * k * sizeof(float));
+        decode16(t, hw[m], (int64_t)NL * n, k, wf[m]);
+    }
+    uint16_t *hx = xmalloc((size_t)tot * k * 2);
+    for (int64_t i = 0; i < (int64_t)tot * k; i++) hx[i] = quant_f32_to_f16(unif(-1, 1));
+    void *dw0 = dup_d(hw[0], wbytes), *dw1 = dup_d(hw[1], wbytes), *dx = dup_d(hx, (size_t)tot * k * 2);
+    void *dcnt = dup_d(cnt, (size_t)NL * 4);
+    const size_t ob16 = (size_t)tot * ldo * 2, ob32 = (size_t)tot * ldo * 4;
+    void *dh = dalloc(ob16), *dd = dalloc(ob32);
+    CK(cudaMemset(dh, 0xff, ob16)); /* fp16 NaN poison */
+    CK(cudaMemset(dd, 0xff, ob32)); /* float32 NaN poison */
+    g5_error err = {0};
+    const cuk_moe_mm_args gu = {t, dw0, dw1, k, n, dx, dcnt, NL, tiles, dh, ldo};
+    const cuk_moe_mm_args dn = {t, dw0, NULL, k, n, dx, dcnt, NL, tiles, dd, ldo};
+    const g5_status s1 = cuk_moe_mm(&gu, NULL, &err), s2 = s1 ? s1 : cuk_moe_mm(&dn, NULL, &err);
+    T_CHECK(s1 == G5_OK && s2 == G5_OK, "%s %s: launch (%s)", ti->name, c->name, err.msg);
+    uint16_t *oh = xmalloc(ob16);
+    float *od = xmalloc(ob32);
+    get(oh, dh, ob16);
+    get(od, dd, ob32);
+    int bad_h = 0, pad = 0;
+    double e2 = 0, r2 = 0, worst = 0;
+    int row = 0;
+    for (int e = 0; e < NL; e++)
+        for (int i = 0; i < cnt[e]; i++, row++) {
+            for (int col = 0; col < ldo; col++) {
+                const uint16_t gh = oh[(int64_t)row * ldo + col];
+                const float gd = od[(int64_t)row * ldo + col];
+                if (col >= n) {
+                    pad += gh != 0xffff || !isnan(gd);
+                    continue;
+                }
+                double g = 0, u = 0;
+                const float *w0 = wf[0] + ((int64_t)e * n + col) * k, *w1 = wf[1] + ((int64_t)e * n + col) * k;
+                const uint16_t *xr = hx + (int64_t)row * k;
+                for (int j = 0; j < k; j++) {
+                    const double xv = quant_f16_to_f32(xr[j]);
+                    g += (double)w0[j] * xv;
+                    u += (double)w1[j] * xv;
+                }
+                const double h = g / (1.0 + exp(-g)) * u, hg = quant_f16_to_f32(gh);
+                if (!(fabs(hg - h) <= fabs(h) * (1.0 / 1024) + 1e-4)) {
+                    if (bad_h < 3) printf("  %s %s: h[%d][%d] = %.6g, want %.6g\n", ti->name, c->name, row, col, hg, h);
+                    bad_h++;
+                }
+                const double d = (double)gd - g;
+                e2 += d * d;
+                r2 += g * g;
+                if (!(fabs(d) <= worst)) worst = isnan(d) ? INFINITY : fabs(d);
+            }
+        }
+    const double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+    T_CHECK(bad_h == 0, "%s %s: gate_up %d of %d elements off by more than one fp16 rounding", ti->name, c->name,
+            bad_h, tot * n);
+    T_CHECK(rel <= 1e-5, "%s %s: product rel L2 %.3g (worst |d| %.3g)", ti->name, c->name, rel, worst);
+    T_CHECK(pad == 0, "%s %s: %d padding elements written", ti->name, c->name, pad);
+    printf("moe_mm %s %s: rows %d, tiles %d, product rel L2 %.3g\n", ti->name, c->name, tot, tiles, rel);
+    cudaFree(dw0);
+    cudaFree(dw1);
+    cudaFree(dx);
+    cudaFree(dcnt);
+    cudaFree(dh);
+    cudaFree(dd);
+    for (int m = 0; m < 2; m++) {
+        free(hw[m]);
+        free(wf[m]);
+    }
+    free(hx);
+    free(oh);
+    free(od);
+    free(cnt);
+}
+
+static void check_refusals(void) {
+    g5_error err = {0};
+    int dummy_cnt = 1;
+    void *d = dalloc(1 << 20), *dc = dup_d(&dummy_cnt, 4);
+    const cuk_moe_mm_args ok = {QT_Q4_K, d, NULL, 256, 128, d, dc, 1, 1, d, 128};
+    cuk_moe_mm_args a = ok;
+    a.w_type = QT_Q2_K;
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q2_K"), "Q2_K refused by name: %s",
+            err.msg);
+    a = ok;
+    a.k = 192;
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "k = 192 refused");
+    a = ok;
+    a.x = NULL;
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "NULL x refused");
+    a = ok;
+    a.ldo = 127;
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "ldo < n refused");
+    a = ok;
+    a.out = (uint8_t *)d + 4;
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "unaligned out refused");
+    T_CHECK(!cuk_moe_mm_takes(QT_IQ2_XXS, 256, 128) && cuk_moe_mm_takes(QT_Q6_K, 6144, 2048) &&
+                !cuk_moe_mm_takes(QT_Q4_K, 256, 100),
+            "cuk_moe_mm_takes");
+    cudaFree(d);
+    cudaFree(dc);
+}
+
+int main(void) {
+    if (!t_need_device()) return t_report(G5_TEST_NAME);
+    const mcase cases[] = {
+        {"5 experts 0/1/64/65/130 rows, k 512, n 136", 5, 512, 136, CNT_A},
+        {"4 experts 3/0/0/17 rows, k 256, n 256", 4, 256, 256, CNT_B},
+        {"300 experts, rows only in the last, k 256, n 64", 300, 256, 64, NULL},
+    };
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) run_case(TYPES[ti], &cases[ci]);
+    check_refusals();
+    return t_report(G5_TEST_NAME);
+}
