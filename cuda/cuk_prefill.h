@@ -124,8 +124,8 @@ g5_status cuk_moe_combine(const float *d, int64_t m, const int32_t *inv, const f
 /* Rows of one CTA of cuk_moe_mm: an expert with c rows has ceil(c / CUK_MOE_MM_BM) row tiles. */
 #define CUK_MOE_MM_BM 64
 
-/* 1 when cuk_moe_mm takes weights of w_type with rows of k elements and n rows per expert: the
- * types cuda/deq_sub.h decodes, k a multiple of 128, n of 8. */
+/* 1 when cuk_moe_mm takes weights of w_type with rows of k elements and n rows per expert:
+ * Q4_K or Q5_K, k a multiple of 256, n of 8. */
 int cuk_moe_mm_takes(uint32_t w_type, int64_t k, int64_t n);
 
 /* Every local expert's product in one launch, weights decoded inside the tile (cuda/moe_mm.cu):
@@ -137,7 +137,8 @@ int cuk_moe_mm_takes(uint32_t w_type, int64_t k, int64_t n);
  * gives), x fp16, products on the tensor cores, float32 sums. W0, W1: [n_local][n][k] of w_type
  * (rows as in the blob); x: [sum cnt][k] fp16; out: [sum cnt][ldo]; x and out 16-byte aligned.
  * n_tiles: the sum over experts of ceil(cnt[e] / CUK_MOE_MM_BM) (the caller's count of cnt,
- * device array, which the kernel reads again; a count below 0 counts as 0). */
+ * device array, which the kernel reads again; a count below 0 counts as 0). cnt NULL: a dense
+ * product, n_local = 1 and `rows` rows (n_tiles = ceil(rows / CUK_MOE_MM_BM)). */
 typedef struct cuk_moe_mm_args {
     uint32_t w_type;
     const void *w0, *w1;
@@ -147,6 +148,7 @@ typedef struct cuk_moe_mm_args {
     int32_t n_local, n_tiles;
     void *out;
     int64_t ldo;
+    int32_t rows;                /* cnt NULL only */
 } cuk_moe_mm_args;
 g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_error *err);
 

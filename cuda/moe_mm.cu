@@ -10,10 +10,14 @@
  * tiles of 128 output columns. 256 threads (8 warps); warp w owns rows 32 (w & 1) .. + 32 and
  * columns 32 (w >> 1) .. + 32 of the tile, as 2 x 4 mma.sync m16n8k16 fragments (fp16 inputs,
  * float32 accumulators) per weight matrix. Per k step of 128: the input tile (64 x 128 fp16) comes
- * by cp.async while the threads decode the weight tile, one 32-element sub-block per thread and
- * step (deq_sub.h: bit for bit the CPU's float32 values, then rounded to fp16 as
- * cuk_dequant_rows_16 rounds them), then 8 k16 steps of mma. Two CTAs per SM overlap one's decode
- * with the other's products. Shared rows are padded by 16 bytes so ldmatrix is conflict-free.
+ * by cp.async while each thread decodes one weight row's 64 elements of the step (a pair of
+ * sub-blocks, whose raw bytes it loaded with 16-byte loads during the previous step's products)
+ * into the fp16 tile, then 8 k16 steps of mma. Two CTAs per SM overlap one's decode with the
+ * other's products. Shared rows are padded by 16 bytes so ldmatrix is conflict-free. Types:
+ * Q4_K and Q5_K (the experts of the UD-Q4_K_XL files); cuk_moe_mm_takes says no to the others,
+ * which run the dequantized-copy path (runtime/gpu/gpu_linear.c). A first version decoding any
+ * deq_sub.h type with its byte loads straight from global memory ran at 55 TFLOP/s, slower than
+ * that path (bench/RESULTS.md).
  * gate_up (two matrices): out = fp16(silu(gate) * up) per element (cuk_silu_mul_16's arithmetic);
  * one matrix: out = the float32 product. */
 #include <cuda_fp16.h>
@@ -23,7 +27,6 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_prefill.h"
-#include "cuda/deq_sub.h"
 #include "cuda/mma.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
@@ -33,19 +36,18 @@ namespace {
 constexpr int BM = CUK_MOE_MM_BM, BN = 128, BK = 128, NT = 256;
 constexpr int LDS = BK + 8;                  /* halves per shared row */
 constexpr int SX_B = BM * LDS * 2, SW_B = BN * LDS * 2;
-constexpr int SUBS = BK / 32;                /* sub-blocks per weight row and k step */
 constexpr uint32_t N_TYPE_IDS = 64;          /* above every ggml type id (format/quant.h) */
 static_assert(SX_B + 2 * SW_B == CUK_MOE_MM_SMEM, "cuk_limits.h's entry");
+static_assert(BN * 2 == NT && BK == 128, "one weight job (a row's sub-block pair) per thread and k step");
 
 struct MmParams {
     const uint8_t *w[2];   /* [n_local][n] rows of rb bytes */
     int64_t rb, ew;        /* bytes per weight row, per expert matrix */
     int64_t bb;            /* bytes per quant block */
-    int qk;                /* elements per quant block */
     int k, n;
     const __half *x;       /* [rows][k] */
-    const int32_t *cnt;
-    int n_local;
+    const int32_t *cnt;    /* NULL: one expert of `rows` rows */
+    int n_local, rows;
     void *out;
     int64_t ldo;
 };
@@ -96,12 +98,90 @@ __device__ void find_tile(const int32_t *__restrict__ cnt, int n_local, int tile
     }
 }
 
+/* One weight job: the pair of 32-element sub-blocks (2 pr, 2 pr + 1) of a 256-element block, which
+ * share their 32 bytes of low nibbles: loaded with 16-byte loads one k step ahead, decoded from
+ * registers with cuda/deq_sub.h's float operations (so the same float32 values), rounded to fp16
+ * and stored as the tile row's 64 halves at dst (16-byte aligned, shared memory). */
+template <int T> struct Raw;
+template <> struct Raw<QT_Q4_K> { uint4 h, q0, q1; };
+template <> struct Raw<QT_Q5_K> { uint4 h, q0, q1, qh0, qh1; };
+
+__device__ __forceinline__ uint4 ld16(const uint8_t *p) { return __ldg((const uint4 *)(const void *)p); }
+
+template <int T> __device__ __forceinline__ void raw_load(Raw<T> &w, const uint8_t *blk, int pr) {
+    w.h = ld16(blk);
+    if constexpr (T == QT_Q4_K) {
+        w.q0 = ld16(blk + 16 + 32 * pr);
+        w.q1 = ld16(blk + 32 + 32 * pr);
+    } else {
+        w.qh0 = ld16(blk + 16);
+        w.qh1 = ld16(blk + 32);
+        w.q0 = ld16(blk + 48 + 32 * pr);
+        w.q1 = ld16(blk + 64 + 32 * pr);
+    }
+}
+
+/* byte i < 12 of the scales (bytes 4 .. 15 of the block) */
+__device__ __forceinline__ uint32_t scb(const uint4 &h, int i) {
+    const uint32_t w = i < 4 ? h.y : i < 8 ? h.z : h.w;
+    return (w >> (8 * (i & 3))) & 0xffu;
+}
+
+__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+    const __half2 v = __floats2half2_rn(a, b);
+    return *(const uint32_t *)&v;
+}
+
+template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int pr, uint4 *dst) {
+    const float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffffu)));
+    const float mn = __half2float(__ushort_as_half((unsigned short)(w.h.x >> 16)));
+    const uint32_t q[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+    uint32_t qh[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if constexpr (T == QT_Q5_K) {
+        qh[0] = w.qh0.x, qh[1] = w.qh0.y, qh[2] = w.qh0.z, qh[3] = w.qh0.w;
+        qh[4] = w.qh1.x, qh[5] = w.qh1.y, qh[6] = w.qh1.z, qh[7] = w.qh1.w;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int sb = 2 * pr + hh;
+        uint32_t sv, mv;
+        if (sb < 4) {
+            sv = scb(w.h, sb) & 63;
+            mv = scb(w.h, sb + 4) & 63;
+        } else {
+            sv = (scb(w.h, sb + 4) & 0xf) | ((scb(w.h, sb - 4) >> 6) << 4);
+            mv = (scb(w.h, sb + 4) >> 4) | ((scb(w.h, sb) >> 6) << 4);
+        }
+        const float dd = __fmul_rn(d, (float)sv), mm = __fmul_rn(mn, (float)mv);
+#pragma unroll
+        for (int c = 0; c < 4; c++) { /* elements 8 c .. 8 c + 7 of sub-block sb */
+            uint32_t o[4];
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float y[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int l = 8 * c + e + u, sh = 8 * (l & 3);
+                    uint32_t v = (q[l >> 2] >> (sh + 4 * hh)) & 0xfu;
+                    if constexpr (T == QT_Q5_K) v += ((qh[l >> 2] >> (sh + sb)) & 1u) << 4;
+                    y[u] = __fsub_rn(__fmul_rn(dd, (float)v), mm);
+                }
+                o[e / 2] = pack_h2(y[0], y[1]);
+            }
+            dst[4 * hh + c] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+}
+
 template <int T, int NM>
 __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int sh[20];
-    find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
-    const int e = sh[16], row0 = sh[17], nr = sh[18];
+    int e = 0, row0 = (int)blockIdx.x * BM, nr = min(BM, p.rows - row0);
+    if (p.cnt) {
+        find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
+        e = sh[16], row0 = sh[17], nr = sh[18];
+    }
     if (nr <= 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
     const int n0 = (int)blockIdx.y * BN;
@@ -121,7 +201,18 @@ __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[m][i][j][q] = 0.0f;
 
+    /* this thread's weight job per k step: row r of the tile, sub-block pair jp of the step's four */
+    const int r = tid >> 1, jp = tid & 1;
+    const bool row_ok = n0 + r < p.n;
+    const uint8_t *wrow[NM];
+    Raw<T> raw[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        wrow[m] = wb[m] + (int64_t)(row_ok ? n0 + r : 0) * p.rb;
+        raw_load<T>(raw[m], wrow[m], jp);
+    }
     for (int k0 = 0; k0 < p.k; k0 += BK) {
+        const int pr0 = (k0 % 256) / 64;
         for (int i = tid; i < BM * BK / 8; i += NT) {
             const int r = i / (BK / 8), c = i % (BK / 8);
             const bool ok = r < nr;
@@ -129,30 +220,11 @@ __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
         }
         cuk::cp_commit();
 #pragma unroll
-        for (int m = 0; m < NM; m++) {
-            for (int j = tid; j < BN * SUBS; j += NT) {
-                const int r = j / SUBS, sl = j % SUBS, row = n0 + r;
-                float y[32];
-                if (row < p.n) {
-                    const int e0 = k0 + 32 * sl;
-                    deq_sub(T, wb[m] + (int64_t)row * p.rb + (int64_t)(e0 / p.qk) * p.bb, (e0 % p.qk) / 32, y);
-                } else {
+        for (int m = 0; m < NM; m++) raw_decode<T>(raw[m], pr0 + jp, (uint4 *)(void *)(smem + SX_B + m * SW_B + (r * LDS + 64 * jp) * 2));
+        if (k0 + BK < p.k) {
+            const int kn = k0 + BK;
 #pragma unroll
-                    for (int q = 0; q < 32; q++) y[q] = 0.0f;
-                }
-                uint4 *dst = (uint4 *)(void *)(smem + SX_B + m * SW_B + (r * LDS + 32 * sl) * 2);
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    uint4 v;
-                    __half2 h0 = __floats2half2_rn(y[8 * q], y[8 * q + 1]), h1 = __floats2half2_rn(y[8 * q + 2], y[8 * q + 3]);
-                    __half2 h2 = __floats2half2_rn(y[8 * q + 4], y[8 * q + 5]), h3 = __floats2half2_rn(y[8 * q + 6], y[8 * q + 7]);
-                    v.x = *(uint32_t *)&h0;
-                    v.y = *(uint32_t *)&h1;
-                    v.z = *(uint32_t *)&h2;
-                    v.w = *(uint32_t *)&h3;
-                    dst[q] = v;
-                }
-            }
+            for (int m = 0; m < NM; m++) raw_load<T>(raw[m], wrow[m] + (int64_t)(kn / 256) * p.bb, (kn % 256) / 64 + jp);
         }
         cuk::cp_wait<0>();
         __syncthreads();
@@ -210,16 +282,8 @@ typedef void (*mm_fn)(MmParams);
 
 template <int NM> mm_fn pick(uint32_t t) {
     switch (t) {
-    case QT_Q4_0: return k_moe_mm<QT_Q4_0, NM>;
-    case QT_Q4_1: return k_moe_mm<QT_Q4_1, NM>;
-    case QT_Q5_0: return k_moe_mm<QT_Q5_0, NM>;
-    case QT_Q5_1: return k_moe_mm<QT_Q5_1, NM>;
-    case QT_Q8_0: return k_moe_mm<QT_Q8_0, NM>;
-    case QT_IQ4_NL: return k_moe_mm<QT_IQ4_NL, NM>;
     case QT_Q4_K: return k_moe_mm<QT_Q4_K, NM>;
     case QT_Q5_K: return k_moe_mm<QT_Q5_K, NM>;
-    case QT_Q6_K: return k_moe_mm<QT_Q6_K, NM>;
-    case QT_IQ4_XS: return k_moe_mm<QT_IQ4_XS, NM>;
     default: return nullptr;
     }
 }
@@ -227,19 +291,21 @@ template <int NM> mm_fn pick(uint32_t t) {
 } // namespace
 
 extern "C" int cuk_moe_mm_takes(uint32_t w_type, int64_t k, int64_t n) {
-    return deq_sub_handles(w_type) && k >= BK && k % BK == 0 && k <= 0x7fffffff && n >= 8 && n % 8 == 0 &&
+    return (w_type == QT_Q4_K || w_type == QT_Q5_K) && k >= 256 && k % 256 == 0 && k <= 0x7fffffff && n >= 8 && n % 8 == 0 &&
            n <= 0x7fffffff;
 }
 
 extern "C" g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_error *err) {
-    if (!a || !a->w0 || !a->x || !a->cnt || !a->out) return BAD("moe_mm: NULL pointer");
+    if (!a || !a->w0 || !a->x || !a->out) return BAD("moe_mm: NULL pointer");
     if (!cuk_moe_mm_takes(a->w_type, a->k, a->n))
-        return BAD("moe_mm: %s weights of %lld x %lld (deq_sub types, k a multiple of %d, n of 8)",
-                   quant_type_name(a->w_type), (long long)a->n, (long long)a->k, BK);
-    if (a->n_local < 1 || a->n_tiles < 0 || a->ldo < a->n || a->ldo % 2)
-        return BAD("moe_mm: n_local=%d n_tiles=%d ldo=%lld", a->n_local, a->n_tiles, (long long)a->ldo);
-    if (((uintptr_t)a->x | (uintptr_t)a->out) % 16)
-        return BAD("moe_mm: x or out not 16-byte aligned");
+        return BAD("moe_mm: %s weights of %lld x %lld (Q4_K or Q5_K, k a multiple of 256, n of 8)",
+                   quant_type_name(a->w_type), (long long)a->n, (long long)a->k);
+    if (a->n_local < 1 || a->n_tiles < 0 || a->ldo < a->n || a->ldo % 2 || (!a->cnt && a->n_local != 1) ||
+        (!a->cnt && (a->rows < 0 || a->n_tiles != (a->rows + BM - 1) / BM)))
+        return BAD("moe_mm: n_local=%d n_tiles=%d rows=%d ldo=%lld%s", a->n_local, a->n_tiles, a->rows,
+                   (long long)a->ldo, a->cnt ? "" : " (no counts)");
+    if (((uintptr_t)a->x | (uintptr_t)a->out | (uintptr_t)a->w0 | (uintptr_t)a->w1) % 16)
+        return BAD("moe_mm: weights, x or out not 16-byte aligned");
     if ((a->n + BN - 1) / BN > 65535) return BAD("moe_mm: n=%lld", (long long)a->n);
     if (a->n_tiles == 0) return G5_OK;
     const quant_type_info *ti = quant_type_get(a->w_type);
@@ -252,12 +318,12 @@ extern "C" g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_
     p.rb = (int64_t)rb;
     p.ew = (int64_t)rb * a->n;
     p.bb = ti->block_bytes;
-    p.qk = (int)ti->block_elems;
     p.k = (int)a->k;
     p.n = (int)a->n;
     p.x = (const __half *)a->x;
     p.cnt = a->cnt;
     p.n_local = a->n_local;
+    p.rows = a->rows;
     p.out = a->out;
     p.ldo = a->ldo;
     const mm_fn fn = nm == 2 ? pick<2>(a->w_type) : pick<1>(a->w_type);

@@ -4,6 +4,7 @@
 #include "runtime/gpu/gpu_linear.h"
 
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -240,17 +241,18 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
     CK(cuk_moe_compact(&ca, l->st, err));
     const uint32_t et = et_of(l), md = l->cfg.mode;
     CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
-    if (cuk_moe_mm_takes(a->gu_type, E, FE) && cuk_moe_mm_takes(a->down_type, FE, E)) {
+    const int aligned = (((uintptr_t)a->w_gate | (uintptr_t)a->w_up | (uintptr_t)a->w_down) & 15) == 0;
+    if (aligned && cuk_moe_mm_takes(a->gu_type, E, FE) && cuk_moe_mm_takes(a->down_type, FE, E)) {
         /* weights decoded inside the product's tiles: no 16-bit copy of them in memory */
         int64_t tiles = 0;
         for (int64_t e = 0; e < NL; e++)
             tiles += l->hcnt[e] > 0 ? (l->hcnt[e] + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM : 0;
         if (tiles > INT32_MAX) return g5_fail(err, G5_ERR_INVALID_ARG, "moe: %lld row tiles", (long long)tiles);
         const cuk_moe_mm_args gu = {a->gu_type, a->w_gate, a->w_up, E, FE, xb, cnt, (int32_t)NL, (int32_t)tiles,
-                                    hb, FE};
+                                    hb, FE, 0};
         CK(cuk_moe_mm(&gu, l->st, err));
         const cuk_moe_mm_args dn = {a->down_type, a->w_down, NULL, FE, E, hb, cnt, (int32_t)NL, (int32_t)tiles,
-                                    ds, E};
+                                    ds, E, 0};
         CK(cuk_moe_mm(&dn, l->st, err));
         if (l->info) l->info->gemm_calls += 2;
         return cuk_moe_combine(ds, E, inv, crw, (int32_t)n, (int32_t)U, a->y, a->ldy, l->st, err);

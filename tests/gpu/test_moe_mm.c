@@ -1,7 +1,7 @@
 /* cuk_moe_mm (cuda/moe_mm.cu), fast mode's MoE prefill products with the weights decoded inside
  * the tile, against a float64 host reference built from the same inputs: the weights decoded by
- * quant_dequantize and rounded to fp16 (what the kernel multiplies), fp16 inputs. For every type
- * the kernel takes: gate+up with SwiGLU to fp16 and the single product to float32, on expert
+ * quant_dequantize and rounded to fp16 (what the kernel multiplies), fp16 inputs. For the types
+ * the kernel takes (Q4_K, Q5_K; the others are refused and run the dequantized-copy path): gate+up with SwiGLU to fp16 and the single product to float32, on expert
  * counts that exercise empty experts, one row, a full tile, a tile plus one, several tiles, more
  * than 256 experts (the tile scan's second chunk) and an output width that is not a multiple of
  * the 128-column tile. Output padding (ldo > n) is poisoned and must stay untouched; every row
@@ -24,18 +24,19 @@
 #define G5_TEST_SEED 0x3e3a11ull
 #include "tests/gpu/gpu_test_util.h"
 
-static const uint32_t TYPES[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
-                                 QT_IQ4_NL, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS};
+static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K};
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 typedef struct mcase {
     const char *name;
     int n_local, k, n;
     const int *cnt; /* NULL: counts 0 except the last expert, 70 rows */
+    int dense;      /* 1: cnt NULL in the call, one expert of cnt[0] rows */
 } mcase;
 
 static const int CNT_A[] = {0, 1, 64, 65, 130};
 static const int CNT_B[] = {3, 0, 0, 17};
+static const int CNT_D[] = {150};
 
 static uint64_t rbytes(uint32_t t, int64_t k) {
     uint64_t rb = 0;
@@ -90,8 +91,9 @@ static void run_case(uint32_t t, const mcase *c) {
     CK(cudaMemset(dh, 0xff, ob16)); /* fp16 NaN poison */
     CK(cudaMemset(dd, 0xff, ob32)); /* float32 NaN poison */
     g5_error err = {0};
-    const cuk_moe_mm_args gu = {t, dw0, dw1, k, n, dx, dcnt, NL, tiles, dh, ldo};
-    const cuk_moe_mm_args dn = {t, dw0, NULL, k, n, dx, dcnt, NL, tiles, dd, ldo};
+    const int32_t *pc = c->dense ? NULL : dcnt;
+    const cuk_moe_mm_args gu = {t, dw0, dw1, k, n, dx, pc, NL, tiles, dh, ldo, c->dense ? tot : 0};
+    const cuk_moe_mm_args dn = {t, dw0, NULL, k, n, dx, pc, NL, tiles, dd, ldo, c->dense ? tot : 0};
     const g5_status s1 = cuk_moe_mm(&gu, NULL, &err), s2 = s1 ? s1 : cuk_moe_mm(&dn, NULL, &err);
     T_CHECK(s1 == G5_OK && s2 == G5_OK, "%s %s: launch (%s)", ti->name, c->name, err.msg);
     uint16_t *oh = xmalloc(ob16);
@@ -155,14 +157,18 @@ static void check_refusals(void) {
     g5_error err = {0};
     int dummy_cnt = 1;
     void *d = dalloc(1 << 20), *dc = dup_d(&dummy_cnt, 4);
-    const cuk_moe_mm_args ok = {QT_Q4_K, d, NULL, 256, 128, d, dc, 1, 1, d, 128};
+    const cuk_moe_mm_args ok = {QT_Q4_K, d, NULL, 256, 128, d, dc, 1, 1, d, 128, 0};
     cuk_moe_mm_args a = ok;
     a.w_type = QT_Q2_K;
     T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q2_K"), "Q2_K refused by name: %s",
             err.msg);
     a = ok;
-    a.k = 192;
-    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "k = 192 refused");
+    a.k = 384;
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "k = 384 refused");
+    a = ok;
+    a.cnt = NULL;
+    a.rows = 65; /* 2 tiles, not 1 */
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "dense: tiles not matching rows refused");
     a = ok;
     a.x = NULL;
     T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "NULL x refused");
@@ -172,8 +178,9 @@ static void check_refusals(void) {
     a = ok;
     a.out = (uint8_t *)d + 4;
     T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "unaligned out refused");
-    T_CHECK(!cuk_moe_mm_takes(QT_IQ2_XXS, 256, 128) && cuk_moe_mm_takes(QT_Q6_K, 6144, 2048) &&
-                !cuk_moe_mm_takes(QT_Q4_K, 256, 100),
+    T_CHECK(!cuk_moe_mm_takes(QT_IQ2_XXS, 256, 128) && !cuk_moe_mm_takes(QT_Q6_K, 6144, 2048) &&
+                cuk_moe_mm_takes(QT_Q4_K, 6144, 2048) && cuk_moe_mm_takes(QT_Q5_K, 2048, 6144) &&
+                !cuk_moe_mm_takes(QT_Q4_K, 256, 100) && !cuk_moe_mm_takes(QT_Q4_K, 384, 128),
             "cuk_moe_mm_takes");
     cudaFree(d);
     cudaFree(dc);
@@ -182,9 +189,10 @@ static void check_refusals(void) {
 int main(void) {
     if (!t_need_device()) return t_report(G5_TEST_NAME);
     const mcase cases[] = {
-        {"5 experts 0/1/64/65/130 rows, k 512, n 136", 5, 512, 136, CNT_A},
-        {"4 experts 3/0/0/17 rows, k 256, n 256", 4, 256, 256, CNT_B},
-        {"300 experts, rows only in the last, k 256, n 64", 300, 256, 64, NULL},
+        {"5 experts 0/1/64/65/130 rows, k 512, n 136", 5, 512, 136, CNT_A, 0},
+        {"4 experts 3/0/0/17 rows, k 256, n 256", 4, 256, 256, CNT_B, 0},
+        {"300 experts, rows only in the last, k 256, n 64", 300, 256, 64, NULL, 0},
+        {"dense (no counts), 150 rows, k 768, n 200", 1, 768, 200, CNT_D, 1},
     };
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) run_case(TYPES[ti], &cases[ci]);
