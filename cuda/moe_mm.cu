@@ -100,8 +100,14 @@ __device__ void find_tile(const int32_t *__restrict__ cnt, int n_local, int tile
 
 /* One weight job: the pair of 32-element sub-blocks (2 pr, 2 pr + 1) of a 256-element block, which
  * share their 32 bytes of low nibbles: loaded with 16-byte loads one k step ahead, decoded from
- * registers with cuda/deq_sub.h's float operations (so the same float32 values), rounded to fp16
- * and stored as the tile row's 64 halves at dst (16-byte aligned, shared memory). */
+ * registers two elements at a time in half2 arithmetic and stored as the tile row's 64 halves at
+ * dst (16-byte aligned, shared memory). A quant v (0 .. 31) becomes the fp16 1024 + v by a byte
+ * permute and a mask (0x64 is the high byte of 1024.0), 1024 is subtracted exactly, and the
+ * element is fma(v, fp16(d * sc), -fp16(dmin * m)) rounded once: about four integer and half
+ * operations per pair where the float32 decode of deq_sub.h (then rounded to fp16) took about
+ * seven per element and made the kernel decode-bound. The result differs from that value by at
+ * most 2^-9 of the sub-block's largest magnitude (the two fp16 scale factors and the rounding;
+ * tests/gpu/test_moe_mm.c): fast mode's weights are fp16 either way (specs/numerics.md). */
 template <int T> struct Raw;
 template <> struct Raw<QT_Q4_K> { uint4 h, q0, q1; };
 template <> struct Raw<QT_Q5_K> { uint4 h, q0, q1, qh0, qh1; };
@@ -127,9 +133,9 @@ __device__ __forceinline__ uint32_t scb(const uint4 &h, int i) {
     return (w >> (8 * (i & 3))) & 0xffu;
 }
 
-__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
-    const __half2 v = __floats2half2_rn(a, b);
-    return *(const uint32_t *)&v;
+/* the quants of bytes i0, i0 + 1 of x (low nibbles) as the half2 (1024 + v0, 1024 + v1) bits */
+__device__ __forceinline__ uint32_t nib2(uint32_t x, uint32_t sel) {
+    return __byte_perm(x, 0x64646464u, sel) & 0xff0fff0fu;
 }
 
 template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int pr, uint4 *dst) {
@@ -141,6 +147,7 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
         qh[0] = w.qh0.x, qh[1] = w.qh0.y, qh[2] = w.qh0.z, qh[3] = w.qh0.w;
         qh[4] = w.qh1.x, qh[5] = w.qh1.y, qh[6] = w.qh1.z, qh[7] = w.qh1.w;
     }
+    const __half2 k1024 = __float2half2_rn(1024.0f);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
         const int sb = 2 * pr + hh;
@@ -152,24 +159,27 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
             sv = (scb(w.h, sb + 4) & 0xf) | ((scb(w.h, sb - 4) >> 6) << 4);
             mv = (scb(w.h, sb + 4) >> 4) | ((scb(w.h, sb) >> 6) << 4);
         }
-        const float dd = __fmul_rn(d, (float)sv), mm = __fmul_rn(mn, (float)mv);
+        const __half2 dd = __float2half2_rn(__fmul_rn(d, (float)sv));
+        const __half2 nm = __float2half2_rn(-__fmul_rn(mn, (float)mv));
+        uint32_t o[16];
 #pragma unroll
-        for (int c = 0; c < 4; c++) { /* elements 8 c .. 8 c + 7 of sub-block sb */
-            uint32_t o[4];
-#pragma unroll
-            for (int e = 0; e < 8; e += 2) {
-                float y[2];
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int l = 8 * c + e + u, sh = 8 * (l & 3);
-                    uint32_t v = (q[l >> 2] >> (sh + 4 * hh)) & 0xfu;
-                    if constexpr (T == QT_Q5_K) v += ((qh[l >> 2] >> (sh + sb)) & 1u) << 4;
-                    y[u] = __fsub_rn(__fmul_rn(dd, (float)v), mm);
-                }
-                o[e / 2] = pack_h2(y[0], y[1]);
+        for (int i = 0; i < 8; i++) { /* elements 4 i .. 4 i + 3 of sub-block sb */
+            const uint32_t x = hh ? q[i] >> 4 : q[i];
+            uint32_t v[2] = {nib2(x, 0x4140u), nib2(x, 0x4342u)};
+            if constexpr (T == QT_Q5_K) {
+                const uint32_t t = qh[i] >> sb; /* bit 0 of each byte: that element's fifth bit */
+                v[0] |= (__byte_perm(t, 0u, 0x4140u) & 0x00010001u) << 4;
+                v[1] |= (__byte_perm(t, 0u, 0x4342u) & 0x00010001u) << 4;
             }
-            dst[4 * hh + c] = make_uint4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const __half2 hv = __hsub2(*(const __half2 *)&v[j], k1024);
+                const __half2 y = __hfma2(hv, dd, nm);
+                o[2 * i + j] = *(const uint32_t *)&y;
+            }
         }
+#pragma unroll
+        for (int c = 0; c < 4; c++) dst[4 * hh + c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
     }
 }
 

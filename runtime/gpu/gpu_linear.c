@@ -210,6 +210,12 @@ static g5_status gemv_rows(gl_lin *l, const gl_wmat *w, const float *x, int64_t 
  * experts of a layer are dequantized a batch at a time, one launch per tensor and batch. */
 #define MOE_WTILE_BYTES (4ull << 30)
 
+/* Up to this many rows per expert with rows (on average) the experts run cuk_moe_mm, which
+ * decodes each weight once per 64 rows inside its tiles; above it, dequantizing every weight once
+ * to an fp16 copy and running cuBLAS wins (tests/gpu/bench_moe_mm on GLM-5's shapes, H200:
+ * bench/RESULTS.md). */
+#define MOE_MM_MAX_ROWS 256
+
 int gl_lin_fast(const gl_lin *l) { return l && l->cfg.mode == CUK_GEMM_F16; }
 static uint32_t et_of(const gl_lin *l) { (void)l; return CUK_F16; }
 
@@ -242,7 +248,10 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
     const uint32_t et = et_of(l), md = l->cfg.mode;
     CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
     const int aligned = (((uintptr_t)a->w_gate | (uintptr_t)a->w_up | (uintptr_t)a->w_down) & 15) == 0;
-    if (aligned && cuk_moe_mm_takes(a->gu_type, E, FE) && cuk_moe_mm_takes(a->down_type, FE, E)) {
+    int64_t busy = 0;
+    for (int64_t e = 0; e < NL; e++) busy += l->hcnt[e] > 0;
+    if (aligned && tot <= busy * MOE_MM_MAX_ROWS && cuk_moe_mm_takes(a->gu_type, E, FE) &&
+        cuk_moe_mm_takes(a->down_type, FE, E)) {
         /* weights decoded inside the product's tiles: no 16-bit copy of them in memory */
         int64_t tiles = 0;
         for (int64_t e = 0; e < NL; e++)

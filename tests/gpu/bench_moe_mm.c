@@ -203,8 +203,8 @@ int main(void) {
     CK(cudaMalloc(&c.wd16, (size_t)NL * FE * E * 2));
     const double ceil_tf = blas_ceiling(&c);
     printf("moe_mm bench: cuBLAS bf16 8192^3: %.1f TFLOP/s (the ceiling)\n", ceil_tf);
-    const int Rs[] = {64, 512};
-    for (int ri = 0; ri < 2; ri++) {
+    const int Rs[] = {64, 128, 256, 512};
+    for (int ri = 0; ri < 4; ri++) {
         const int R = c.R = Rs[ri];
         const int64_t rows = (int64_t)NL * R;
         int32_t hc[NL];

@@ -1,6 +1,7 @@
 /* cuk_moe_mm (cuda/moe_mm.cu), fast mode's MoE prefill products with the weights decoded inside
- * the tile, against a float64 host reference built from the same inputs: the weights decoded by
- * quant_dequantize and rounded to fp16 (what the kernel multiplies), fp16 inputs. For the types
+ * the tile, against a float64 host reference built from the same inputs: the weights decoded as
+ * the kernel decodes them (its half2 arithmetic emulated exactly; that decode itself is checked
+ * against quant_dequantize, within 2^-9 of each sub-block's largest value), fp16 inputs. For the types
  * the kernel takes (Q4_K, Q5_K; the others are refused and run the dequantized-copy path): gate+up with SwiGLU to fp16 and the single product to float32, on expert
  * counts that exercise empty experts, one row, a full tile, a tile plus one, several tiles, more
  * than 256 experts (the tile scan's second chunk) and an output width that is not a multiple of
@@ -47,16 +48,76 @@ static uint64_t rbytes(uint32_t t, int64_t k) {
     return rb;
 }
 
-/* w: [n_local][n][k] blocks of t -> wf [n_local][n][k] float32 values of their fp16 rounding */
-static void decode16(uint32_t t, const uint8_t *w, int64_t rows, int64_t k, float *wf) {
-    const uint64_t rb = rbytes(t, k);
-    for (int64_t r = 0; r < rows; r++) {
-        if (quant_dequantize(t, w + r * rb, (uint64_t)k, wf + r * k) != G5_OK) {
-            printf("FAIL: quant_dequantize(%s)\n", quant_type_name(t));
-            exit(2);
+/* x rounded to the nearest fp16 (ties to even), from the exact double: no float32 step between */
+static float f16_rne(double x) {
+    if (x == 0 || !isfinite(x)) return (float)x;
+    int ex = 0;
+    (void)frexp(fabs(x), &ex); /* |x| = m 2^ex, m in [0.5, 1) */
+    const int lead = ex - 1 < -14 ? -14 : ex - 1;
+    const double ulp = ldexp(1.0, lead - 10), r = nearbyint(x / ulp) * ulp;
+    return quant_f16_to_f32(quant_f32_to_f16((float)r)); /* r is an fp16 value (or overflows) */
+}
+
+static float f32_mul(float a, float b) {
+    volatile float r = a * b;
+    return r;
+}
+
+/* The kernel's decode of one Q4_K / Q5_K block (cuda/moe_mm.cu raw_decode): per sub-block sb,
+ * dd = fp16(d * sc), nm = fp16(-(dmin * m)), element = fp16(v * dd + nm) with one rounding. */
+static void kdecode(uint32_t t, const uint8_t *b, float *y) {
+    const float d = quant_f16_to_f32((uint16_t)(b[0] | b[1] << 8)), mn = quant_f16_to_f32((uint16_t)(b[2] | b[3] << 8));
+    const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + (t == QT_Q5_K ? 48 : 16);
+    for (int sb = 0; sb < 8; sb++) {
+        int sv, mv;
+        if (sb < 4) {
+            sv = sc[sb] & 63;
+            mv = sc[sb + 4] & 63;
+        } else {
+            sv = (sc[sb + 4] & 0xf) | ((sc[sb - 4] >> 6) << 4);
+            mv = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
         }
-        for (int64_t j = 0; j < k; j++) wf[r * k + j] = quant_f16_to_f32(quant_f32_to_f16(wf[r * k + j]));
+        const double dd = quant_f16_to_f32(quant_f32_to_f16(f32_mul(d, (float)sv)));
+        const double nm = quant_f16_to_f32(quant_f32_to_f16(-f32_mul(mn, (float)mv)));
+        for (int l = 0; l < 32; l++) {
+            int v = (sb & 1) ? qs[32 * (sb / 2) + l] >> 4 : qs[32 * (sb / 2) + l] & 0xf;
+            if (t == QT_Q5_K && (qh[l] >> sb & 1)) v += 16;
+            y[32 * sb + l] = f16_rne(v * dd + nm);
+        }
     }
+}
+
+/* w: [rows][k] blocks of t -> wf [rows][k]: the fp16 values the kernel multiplies */
+static void decode16(uint32_t t, const uint8_t *w, int64_t rows, int64_t k, float *wf) {
+    const uint64_t rb = rbytes(t, k), bb = quant_type_get(t)->block_bytes;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < k / 256; j++) kdecode(t, w + r * rb + j * bb, wf + r * k + j * 256);
+}
+
+/* The kernel's decode against format/quant.c's exact float32 one, per element: within 2^-9 of
+ * the sub-block's largest magnitude M (each of fp16(d sc) v <= 2 M, fp16(dmin m) <= M and the
+ * result <= M carries at most 2^-11 relative rounding), plus 2^-24 for fp16 subnormals. */
+static void check_decode(uint32_t t) {
+    enum { NB = 512 };
+    const quant_type_info *ti = quant_type_get(t);
+    uint8_t *w = xmalloc((size_t)NB * ti->block_bytes);
+    float *a = xmalloc(NB * 256 * 4), *b = xmalloc(NB * 256 * 4);
+    uint64_t st = rnd();
+    if (quant_fill_random(t, w, NB, &st) || quant_dequantize(t, w, NB * 256, a)) {
+        printf("FAIL: random %s blocks\n", ti->name);
+        exit(2);
+    }
+    for (int i = 0; i < NB; i++) kdecode(t, w + (size_t)i * ti->block_bytes, b + i * 256);
+    int bad = 0;
+    for (int s = 0; s < NB * 8; s++) {
+        float mx = 0;
+        for (int l = 0; l < 32; l++) mx = fmaxf(mx, fabsf(a[32 * s + l]));
+        for (int l = 0; l < 32; l++) bad += !(fabsf(a[32 * s + l] - b[32 * s + l]) <= mx * (1.0f / 512) + 6e-8f);
+    }
+    T_CHECK(bad == 0, "%s: %d elements of the half2 decode off the exact one by more than 2^-9 of their sub-block", ti->name, bad);
+    free(w);
+    free(a);
+    free(b);
 }
 
 static void run_case(uint32_t t, const mcase *c) {
@@ -196,6 +257,7 @@ int main(void) {
     };
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) run_case(TYPES[ti], &cases[ci]);
+    for (size_t ti = 0; ti < N_TYPES; ti++) check_decode(TYPES[ti]);
     check_refusals();
     return t_report(G5_TEST_NAME);
 }
