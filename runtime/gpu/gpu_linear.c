@@ -210,18 +210,25 @@ static g5_status gemv_rows(gl_lin *l, const gl_wmat *w, const float *x, int64_t 
  * experts of a layer are dequantized a batch at a time, one launch per tensor and batch. */
 #define MOE_WTILE_BYTES (4ull << 30)
 
-/* Up to this many rows per expert with rows (on average) the experts run cuk_moe_mm, which
- * decodes each weight once per 64 rows inside its tiles; above it, dequantizing every weight once
- * to an fp16 copy and running cuBLAS wins (tests/gpu/bench_moe_mm on GLM-5's shapes, H200:
- * bench/RESULTS.md). */
-#define MOE_MM_MAX_ROWS 256
+/* Whether cuk_moe_mm beats the dequantized copy + cuBLAS for a layer's experts: `tiles` row tiles
+ * of CUK_MOE_MM_BM over `busy` experts with rows, `tot` rows. Both costs scale with an expert's
+ * weights; measured on GLM-5's shapes (tests/gpu/bench_moe_mm, H200, bench/RESULTS.md): cuk_moe_mm
+ * about 23.5 us per row tile (it decodes the expert's weights once per tile), the copy path about
+ * 72.7 us per expert it decodes plus 0.081 us per row (cuBLAS). Few rows per expert (short prompts,
+ * many experts: GLM-5 at 512 tokens has 16 rows per expert) go to cuk_moe_mm; many rows per
+ * expert (pp4096 on 64 experts: 512) to the copy. */
+static int moe_mm_wins(int64_t tiles, int64_t busy, int64_t tot) {
+    return tiles * 2350 <= busy * 7270 + tot * 8;
+}
 
 int gl_lin_fast(const gl_lin *l) { return l && l->cfg.mode == CUK_GEMM_F16; }
 static uint32_t et_of(const gl_lin *l) { (void)l; return CUK_F16; }
 
 /* Fast mode's experts after grouping (l->hcnt holds the counts): one compact list of all local
- * experts' rows, their inputs gathered to 16 bits in one launch, each batch of experts' weights
- * dequantized to 16 bits in three launches, three 16-bit GEMMs per expert with rows, one SwiGLU and
+ * experts' rows, their inputs gathered to 16 bits in one launch, then either cuk_moe_mm (gate+up
+ * with SwiGLU, then down: two launches, weights decoded inside the tiles) or, where moe_mm_wins
+ * says no or the types are others, each batch of experts' weights dequantized to 16 bits (three
+ * launches per run of experts with rows), three 16-bit GEMMs per expert with rows and one SwiGLU;
  * one weighted combine for the whole layer. */
 static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, const float *rw, const int32_t *cnt,
                           uint64_t rb_gu, uint64_t rb_d, g5_error *err) {
@@ -248,15 +255,14 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
     const uint32_t et = et_of(l), md = l->cfg.mode;
     CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
     const int aligned = (((uintptr_t)a->w_gate | (uintptr_t)a->w_up | (uintptr_t)a->w_down) & 15) == 0;
-    int64_t busy = 0;
-    for (int64_t e = 0; e < NL; e++) busy += l->hcnt[e] > 0;
-    if (aligned && tot <= busy * MOE_MM_MAX_ROWS && cuk_moe_mm_takes(a->gu_type, E, FE) &&
+    int64_t busy = 0, tiles = 0;
+    for (int64_t e = 0; e < NL; e++) {
+        busy += l->hcnt[e] > 0;
+        tiles += l->hcnt[e] > 0 ? (l->hcnt[e] + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM : 0;
+    }
+    if (aligned && tiles <= INT32_MAX && moe_mm_wins(tiles, busy, tot) && cuk_moe_mm_takes(a->gu_type, E, FE) &&
         cuk_moe_mm_takes(a->down_type, FE, E)) {
         /* weights decoded inside the product's tiles: no 16-bit copy of them in memory */
-        int64_t tiles = 0;
-        for (int64_t e = 0; e < NL; e++)
-            tiles += l->hcnt[e] > 0 ? (l->hcnt[e] + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM : 0;
-        if (tiles > INT32_MAX) return g5_fail(err, G5_ERR_INVALID_ARG, "moe: %lld row tiles", (long long)tiles);
         const cuk_moe_mm_args gu = {a->gu_type, a->w_gate, a->w_up, E, FE, xb, cnt, (int32_t)NL, (int32_t)tiles,
                                     hb, FE, 0};
         CK(cuk_moe_mm(&gu, l->st, err));
@@ -279,9 +285,22 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
         int64_t rows_b = 0;
         for (int64_t e = e0; e < e0 + eb; e++) rows_b += l->hcnt[e];
         if (rows_b == 0) continue;
-        CK(dequant(l, a->gu_type, (const uint8_t *)a->w_gate + (uint64_t)e0 * FE * rb_gu, E, eb * FE, wg16, et, err));
-        CK(dequant(l, a->gu_type, (const uint8_t *)a->w_up + (uint64_t)e0 * FE * rb_gu, E, eb * FE, wu16, et, err));
-        CK(dequant(l, a->down_type, (const uint8_t *)a->w_down + (uint64_t)e0 * E * rb_d, FE, eb * E, wd16, et, err));
+        for (int64_t r0 = e0; r0 < e0 + eb;) { /* runs of experts with rows: the others are not decoded */
+            if (l->hcnt[r0] <= 0) {
+                r0++;
+                continue;
+            }
+            int64_t r1 = r0;
+            while (r1 < e0 + eb && l->hcnt[r1] > 0) r1++;
+            const uint64_t j = (uint64_t)(r0 - e0), ne = (uint64_t)(r1 - r0);
+            CK(dequant(l, a->gu_type, (const uint8_t *)a->w_gate + (uint64_t)r0 * FE * rb_gu, E, (int64_t)ne * FE,
+                       wg16 + j * FE * E * 2, et, err));
+            CK(dequant(l, a->gu_type, (const uint8_t *)a->w_up + (uint64_t)r0 * FE * rb_gu, E, (int64_t)ne * FE,
+                       wu16 + j * FE * E * 2, et, err));
+            CK(dequant(l, a->down_type, (const uint8_t *)a->w_down + (uint64_t)r0 * E * rb_d, FE, (int64_t)ne * E,
+                       wd16 + j * E * FE * 2, et, err));
+            r0 = r1;
+        }
         int64_t o = off;
         for (int64_t e = e0; e < e0 + eb; e++) {
             const int64_t c = l->hcnt[e];
