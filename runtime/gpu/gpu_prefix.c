@@ -13,6 +13,7 @@
 #include "runtime/gpu/gpu_model.h"
 
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "runtime/gpu/gpu_int.h"
@@ -22,6 +23,7 @@ struct rt_gpu_prefix {
     uint32_t bt, n_blocks;
     uint64_t lat_bytes, block_bytes; /* per rank: a slot's latent part; the whole slot */
     uint8_t **mem;                   /* [T] each rank's slots */
+    uint64_t max_pitch;              /* the smallest cudaDevAttrMaxPitch of the ranks' devices */
 };
 
 static uint64_t up256(uint64_t b) { return (b + 255) & ~(uint64_t)255; }
@@ -50,8 +52,12 @@ g5_status rt_gpu_prefix_create(rt_gpu_model *g, uint32_t bt, uint32_t n_blocks, 
     p->n_blocks = n_blocks;
     p->lat_bytes = lat_part(g, bt);
     p->block_bytes = rt_gpu_prefix_block_bytes(g, bt);
+    p->max_pitch = UINT64_MAX;
     for (uint32_t r = 0; r < g->T; r++) {
+        int mp = 0;
         cudaError_t ce = cudaSetDevice(g->rk[r].dev);
+        if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&mp, cudaDevAttrMaxPitch, g->rk[r].dev);
+        if (ce == cudaSuccess && (uint64_t)(mp > 0 ? mp : 0) < p->max_pitch) p->max_pitch = (uint64_t)(mp > 0 ? mp : 0);
         if (ce == cudaSuccess) ce = cudaMalloc((void **)&p->mem[r], (size_t)(p->block_bytes * n_blocks));
         if (ce != cudaSuccess) {
             (void)cudaGetLastError(); /* must not surface at a later launch check */
@@ -81,6 +87,19 @@ void rt_gpu_prefix_free(rt_gpu_prefix *p) {
 uint32_t rt_gpu_prefix_n_blocks(const rt_gpu_prefix *p) { return p->n_blocks; }
 uint32_t rt_gpu_prefix_block_tokens(const rt_gpu_prefix *p) { return p->bt; }
 
+/* A 2-D device copy on st: h rows of w bytes; one cudaMemcpy2DAsync unless a pitch exceeds what
+ * it takes (max: cudaDevAttrMaxPitch, 2^31 - 1 on current GPUs, a sequence layer of ~900k float32
+ * latent positions), then one copy per row. */
+static cudaError_t copy2d(void *dst, uint64_t dp, const void *src, uint64_t sp, uint64_t w, uint64_t h, uint64_t max,
+                          cudaStream_t st) {
+    if (dp <= max && sp <= max)
+        return cudaMemcpy2DAsync(dst, dp, src, sp, w, h, cudaMemcpyDeviceToDevice, st);
+    cudaError_t ce = cudaSuccess;
+    for (uint64_t i = 0; i < h && ce == cudaSuccess; i++)
+        ce = cudaMemcpyAsync((uint8_t *)dst + i * dp, (const uint8_t *)src + i * sp, w, cudaMemcpyDeviceToDevice, st);
+    return ce;
+}
+
 /* Block `slot` of rank r and s's positions [k bt, (k+1) bt), copied one way (to_store) or the
  * other, on the rank's stream. */
 static g5_status move_block(const rt_gpu_prefix *p, rt_gpu_seq *s, uint32_t r, uint32_t k, uint32_t slot, int to_store,
@@ -89,26 +108,18 @@ static g5_status move_block(const rt_gpu_prefix *p, rt_gpu_seq *s, uint32_t r, u
     const glm5_hparams *hp = &g->hp;
     const gl_rank *rk = &g->rk[r];
     const uint64_t LW = gm_lat_w(hp), ID = hp->idx_head_dim, Lm = hp->n_layer_main, Lf = glm5_n_idx_full(hp);
-    const uint64_t bt = p->bt, cap = s->cap, es = g->lat_es;
+    const uint64_t bt = p->bt, cap = s->cap, es = g->lat_es, mp = p->max_pitch;
     uint8_t *blk = p->mem[r] + (uint64_t)slot * p->block_bytes;
     uint8_t *lat = (uint8_t *)s->rk[r].lat + (uint64_t)k * bt * LW * es;
     CUK_CHECK(cudaSetDevice(rk->dev));
     /* rows: layers; a row: bt positions' latents (pitch: a layer of the store, of the sequence) */
-    if (to_store)
-        CUK_CHECK(cudaMemcpy2DAsync(blk, bt * LW * es, lat, cap * LW * es, bt * LW * es, Lm, cudaMemcpyDeviceToDevice,
-                                    rk->st));
-    else
-        CUK_CHECK(cudaMemcpy2DAsync(lat, cap * LW * es, blk, bt * LW * es, bt * LW * es, Lm, cudaMemcpyDeviceToDevice,
-                                    rk->st));
+    const uint64_t lw = bt * LW * es, lp = cap * LW * es;
+    CUK_CHECK(to_store ? copy2d(blk, lw, lat, lp, lw, Lm, mp, rk->st) : copy2d(lat, lp, blk, lw, lw, Lm, mp, rk->st));
     if (Lf) {
         uint8_t *kb = blk + p->lat_bytes;
         uint8_t *ks = (uint8_t *)(s->rk[r].idxk + (uint64_t)k * bt * ID);
-        if (to_store)
-            CUK_CHECK(cudaMemcpy2DAsync(kb, bt * ID * 4, ks, cap * ID * 4, bt * ID * 4, Lf, cudaMemcpyDeviceToDevice,
-                                        rk->st));
-        else
-            CUK_CHECK(cudaMemcpy2DAsync(ks, cap * ID * 4, kb, bt * ID * 4, bt * ID * 4, Lf, cudaMemcpyDeviceToDevice,
-                                        rk->st));
+        const uint64_t kw = bt * ID * 4, kp = cap * ID * 4;
+        CUK_CHECK(to_store ? copy2d(kb, kw, ks, kp, kw, Lf, mp, rk->st) : copy2d(ks, kp, kb, kw, kw, Lf, mp, rk->st));
     }
     return G5_OK;
 }
