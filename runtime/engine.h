@@ -18,6 +18,7 @@
  *    server's MTP verification: [chosen, draft] per sequence), with hidden states.
  *  - rt_eng_mtp: the NextN/MTP block's draft logits (rt_model_mtp).
  *  - rt_eng_truncate: forget positions (rejected draft tokens).
+ *  - rt_eng_seq_attach_prefix / rt_eng_seq_publish_prefix: prefix caching (below).
  * Each call is the device model's own call with the same arguments (rt_model_forward,
  * rt_model_forward_batch, rt_gpu_forward_seq, rt_gpu_forward_batch, ...), so results are those
  * of the models: the CPU bit for bit, the GPU as gpu_model.h says.
@@ -181,7 +182,9 @@ typedef struct rt_eng_out {
     float *hidden;               /* [n][n_embd] final-normed hidden states (may be NULL) */
 } rt_eng_out;
 
-/* n tokens of s at positions n_past .. n_past + n - 1, appended to its caches (out may be NULL). */
+/* n tokens of s at positions n_past .. n_past + n - 1, appended to its caches (out may be NULL).
+ * CUDA with opts.prefix_block_tokens: run as GPU calls ending at the block ends (prefix caching
+ * above), all or nothing. */
 g5_status rt_eng_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
                          g5_error *err);
 /* One decode step: tokens[i] for seqs[i] (distinct sequences of e) at its next position;

@@ -14,6 +14,19 @@
  * default sequence (rt_gpu_forward) equals an explicit one, a bad batch is refused without
  * advancing anything, and the step times (batched vs one at a time) are printed.
  *
+ * Prefix caching (runtime/engine.h, the GPU prefix store), per configuration (TP 1 precise, with
+ * CUDA graphs, fast bf16 and f16 caches, TP 2 precise and fast on one device; blocks of 32
+ * tokens): requests on an engine with a store against the same requests on one without (same
+ * block split), each a prefill and 20 greedy decode steps whose 21 logits rows must be
+ * bit-identical, with the positions reused as the rules say: nothing at first, 3 blocks of a
+ * shared 100-token prefix, 4 for the same prompt again, and for the next turn of a chat (the
+ * prompt, its 20 generated ids, more) the prompt's 4 blocks but not the one decode steps
+ * completed; then a store of 3 blocks, whose evictions (7, exactly) leave partial hits that are
+ * still bit-identical. Over loopback, in-process glm5-serve --device cuda servers with and
+ * without the prefix cache (TP 1 precise and fast, TP 2 precise): four greedy completions of two
+ * prompts sharing 140 tokens report cached_tokens 0, 128, 128, 160 and the ids of the server
+ * without it; the hit counter and the store's block gauge move.
+ *
  * With --client PORT CASES: 16 (one per line of CASES: "max_tokens<TAB>ids,...<TAB>expected ids
  * separated by spaces") concurrent greedy /v1/completions requests (token-id prompts, half of
  * them streamed) against a running glm5-serve; each must return exactly the expected ids
