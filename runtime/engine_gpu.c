@@ -203,8 +203,8 @@ static g5_status gpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, c
         rt_eng_out o = {0}, *op = NULL;
         if (out) {
             o.all_logits = out->all_logits;
-            o.logits = out->logits && (out->all_logits || last) ? out->logits + (out->all_logits ? (size_t)done * hp->n_vocab : 0)
-                                                               : NULL;
+            const size_t row = out->all_logits ? (size_t)done * hp->n_vocab : 0;
+            o.logits = out->logits && (out->all_logits || last) ? out->logits + row : NULL;
             o.hidden = out->hidden ? out->hidden + (size_t)done * hp->n_embd : NULL;
             op = &o;
         }
