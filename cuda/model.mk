@@ -35,8 +35,9 @@ $(GPU_DIR)/bin/glm5-run: $(GPU_DIR)/obj/runtime/cli/main_run.o $(GPU_RT_OBJ) $(L
 
 # glm5-serve --device cuda: the engine's CUDA implementation (runtime/engine_gpu.c, in GPU_RT_OBJ)
 # and serve_notls.c (GnuTLS stubs for the static libmicrohttpd, which the GPU machine has no
-# GnuTLS for) built with G5_WITH_CUDA ahead of the CPU archive; tests/gpu/test_gpu_serve checks batched against one-at-a-time decoding and is
-# the concurrent client of tests/gpu/serve_gpu.sh.
+# GnuTLS for) built with G5_WITH_CUDA ahead of the CPU archive; tests/gpu/test_gpu_serve checks batched against one-at-a-time decoding and
+# the GPU prefix cache (engine and an in-process server, so it links like glm5-serve), and is the
+# concurrent client of tests/gpu/serve_gpu.sh.
 GPU_SERVE_OBJ  := $(GPU_DIR)/obj/runtime/serve/serve_notls.o
 GPU_SERVE_TEST := $(GPU_DIR)/tests/test_gpu_serve
 gpu: $(GPU_DIR)/bin/glm5-serve
@@ -46,9 +47,9 @@ $(GPU_DIR)/bin/glm5-serve: $(GPU_DIR)/obj/runtime/cli/main_serve.o $(GPU_SERVE_O
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic -lmicrohttpd -Wl,-Bdynamic $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
-$(GPU_SERVE_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_serve.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
+$(GPU_SERVE_TEST): $(GPU_DIR)/obj/tests/gpu/test_gpu_serve.o $(GPU_SERVE_OBJ) $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
+	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic -lmicrohttpd -Wl,-Bdynamic $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
 $(GPU_DIR)/obj/tests/gpu/test_gpu_model.o: $(GPU_MODEL_TEST_SRC)
 	@mkdir -p $(dir $@)

@@ -151,6 +151,10 @@ g5_status rt_eng_create(const rt_wset *ws, const rt_eng_opts *o, rt_eng **out, g
     if (o->device == RT_ENG_CUDA && !ops)
         return g5_fail(err, G5_ERR_UNSUPPORTED, "this build has no CUDA: use the CUDA build (build/gpu/bin, make gpu)");
     if (!ops) return g5_fail(err, G5_ERR_INVALID_ARG, "device %d", (int)o->device);
+    if ((o->prefix_block_tokens || o->prefix_cache_bytes) && o->device != RT_ENG_CUDA)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "a prefix store of %llu bytes in blocks of %u tokens (CUDA only; the "
+                       "CPU's prefix cache is the shared pool's)", (unsigned long long)o->prefix_cache_bytes,
+                       o->prefix_block_tokens);
     if (o->kv_blocks && (o->device != RT_ENG_CPU || !o->kv_block_tokens))
         return g5_fail(err, G5_ERR_INVALID_ARG, "a shared cache pool of %u blocks of %u tokens (CPU only)", o->kv_blocks,
                        o->kv_block_tokens);
@@ -238,18 +242,43 @@ int rt_eng_check_result_get(const rt_eng *e, rt_eng_check_result *out) {
 uint32_t rt_eng_pool_n_blocks(const rt_eng *e) { return e->pool ? rt_kvpool_n_blocks(e->pool) : 0; }
 uint32_t rt_eng_pool_n_free(const rt_eng *e) { return e->pool ? rt_kvpool_n_free(e->pool) : 0; }
 uint32_t rt_eng_pool_block_tokens(const rt_eng *e) { return e->pool ? rt_kvpool_block_tokens(e->pool) : 0; }
-uint32_t rt_eng_pool_n_cached(const rt_eng *e) { return e->pool && e->o.kv_prefix_cache ? rt_kvpool_n_cached(e->pool) : 0; }
-uint64_t rt_eng_pool_n_evicted(const rt_eng *e) { return e->pool && e->o.kv_prefix_cache ? rt_kvpool_n_evicted(e->pool) : 0; }
+void rt_eng_prefix_get_info(const rt_eng *e, rt_eng_prefix_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->loaded) return;
+    if (e->ops->prefix_info) {
+        e->ops->prefix_info(e, out);
+    } else if (e->pool && e->o.kv_prefix_cache) {
+        out->on = 1;
+        out->block_tokens = rt_kvpool_block_tokens(e->pool);
+        out->n_blocks = rt_kvpool_n_blocks(e->pool);
+        out->n_cached = rt_kvpool_n_cached(e->pool);
+        out->n_evicted = rt_kvpool_n_evicted(e->pool);
+    }
+}
+
+uint32_t rt_eng_pool_n_cached(const rt_eng *e) {
+    rt_eng_prefix_info pi;
+    rt_eng_prefix_get_info(e, &pi);
+    return pi.n_cached;
+}
+
+uint64_t rt_eng_pool_n_evicted(const rt_eng *e) {
+    rt_eng_prefix_info pi;
+    rt_eng_prefix_get_info(e, &pi);
+    return pi.n_evicted;
+}
 
 g5_status rt_eng_seq_attach_prefix(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
                                    g5_error *err) {
     *n_reused = 0;
-    if (s->e->o.device != RT_ENG_CPU || !s->e->pool || !s->e->o.kv_prefix_cache) return G5_OK;
+    if (s->e->ops->attach) return s->e->ops->attach(s, tokens, n, n_reused, err);
+    if (!s->e->pool || !s->e->o.kv_prefix_cache) return G5_OK;
     return rt_state_attach_prefix(s->dev, tokens, n, n_reused, err);
 }
 
 g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_error *err) {
-    if (s->e->o.device != RT_ENG_CPU || !s->e->pool || !s->e->o.kv_prefix_cache) return G5_OK;
+    if (s->e->ops->publish) return s->e->ops->publish(s, tokens, err);
+    if (!s->e->pool || !s->e->o.kv_prefix_cache) return G5_OK;
     return rt_state_publish_prefix(s->dev, tokens, err);
 }
 
@@ -274,7 +303,10 @@ void rt_eng_seq_free(rt_eng_seq *s) {
     free(s);
 }
 
-void rt_eng_seq_reset(rt_eng_seq *s) { s->e->ops->seq_reset(s); }
+void rt_eng_seq_reset(rt_eng_seq *s) {
+    s->e->ops->seq_reset(s);
+    s->n_exact = 0;
+}
 rt_eng *rt_eng_seq_engine(const rt_eng_seq *s) { return s->e; }
 uint32_t rt_eng_seq_n_past(const rt_eng_seq *s) { return s->e->ops->n_past(s); }
 uint32_t rt_eng_seq_mtp_n_past(const rt_eng_seq *s) { return s->e->ops->mtp_n_past(s); }
@@ -285,7 +317,12 @@ g5_status rt_eng_seq_reserve(rt_eng_seq *s, uint32_t n_tokens, g5_error *err) {
 }
 
 g5_status rt_eng_truncate(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err) {
-    return s->e->ops->truncate(s, n_past, mtp_n_past, err);
+    const g5_status st = s->e->ops->truncate(s, n_past, mtp_n_past, err);
+    if (!st && s->n_exact > n_past) { /* the blocks before n_past stay as they were written */
+        const uint32_t bt = s->e->o.prefix_block_tokens;
+        s->n_exact = bt ? n_past / bt * bt : 0;
+    }
+    return st;
 }
 
 g5_status rt_eng_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
@@ -321,7 +358,7 @@ g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t 
     for (uint32_t i = 0; st && i < done; i++) { /* all or nothing: the calls that ran are undone */
         rt_eng_seq *q = seqs[i];
         g5_error e2 = {0};
-        (void)e->ops->truncate(q, e->ops->n_past(q) - n_tok[i], e->ops->mtp_n_past(q), &e2);
+        (void)rt_eng_truncate(q, e->ops->n_past(q) - n_tok[i], e->ops->mtp_n_past(q), &e2);
     }
     return st;
 }

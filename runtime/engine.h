@@ -18,6 +18,7 @@
  *    server's MTP verification: [chosen, draft] per sequence), with hidden states.
  *  - rt_eng_mtp: the NextN/MTP block's draft logits (rt_model_mtp).
  *  - rt_eng_truncate: forget positions (rejected draft tokens).
+ *  - rt_eng_seq_attach_prefix / rt_eng_seq_publish_prefix: prefix caching (below).
  * Each call is the device model's own call with the same arguments (rt_model_forward,
  * rt_model_forward_batch, rt_gpu_forward_seq, rt_gpu_forward_batch, ...), so results are those
  * of the models: the CPU bit for bit, the GPU as gpu_model.h says.
@@ -62,9 +63,15 @@ typedef struct rt_eng_opts {
      * blocks of kv_block_tokens positions (rt_kvpool; a full pool fails a call with
      * G5_ERR_NOMEM and changes nothing); 0: each sequence grows a private pool */
     uint32_t kv_blocks, kv_block_tokens;
-    int kv_prefix_cache;         /* the shared pool shares full blocks by token prefix (below) */
+    int kv_prefix_cache;         /* prefix caching (below): CPU: the shared pool shares full blocks
+                                    by token prefix; CUDA: the prefix store of prefix_cache_bytes */
     /* CUDA */
     int gpu0;                    /* first device */
+    /* > 0: rt_eng_prefill runs its tokens in GPU calls that end at the multiples of this many
+     * positions (and at its last token), the prefix store's block; 0: one call (no store) */
+    uint32_t prefix_block_tokens;
+    uint64_t prefix_cache_bytes; /* with kv_prefix_cache: the prefix store's device memory per rank
+                                    (whole blocks of it; less than one: no store) */
     rt_eng_precision precision;
     rt_eng_cache cache;
     int verify;                  /* checksum the blobs while loading (default 1) */
@@ -126,16 +133,46 @@ g5_status rt_eng_truncate(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_past, g
 uint32_t rt_eng_pool_n_blocks(const rt_eng *e);
 uint32_t rt_eng_pool_n_free(const rt_eng *e);
 uint32_t rt_eng_pool_block_tokens(const rt_eng *e);
-/* Prefix caching of the shared pool (opts.kv_prefix_cache; runtime/cpu/model.h has the rules):
- * an empty sequence takes the cached blocks of the longest cached prefix of tokens[0, n) that
- * leaves one token to run (*n_reused: its n_past after); publish registers a sequence's full
- * blocks, tokens = its first n_past tokens. Without a prefix cache: nothing reused, nothing
- * registered. */
+/* Prefix caching (opts.kv_prefix_cache), one interface for both devices: full cache blocks are
+ * named by the chained hash of the tokens up to their end (rt_kv_prefix_hashes), and a later
+ * sequence whose tokens start alike skips running those positions. Attach: an empty sequence
+ * takes the blocks of the longest cached prefix of tokens[0, n) that is a whole number of blocks
+ * and leaves one token to run (*n_reused: its n_past after). Publish: registers a sequence's
+ * full blocks, tokens = its first n_past tokens. Without a prefix cache: nothing reused, nothing
+ * registered. Results are bit-identical with and without it:
+ *  - CPU (runtime/cpu/model.h has the rules): the shared pool's blocks themselves are shared
+ *    (reference counts; cached blocks no sequence holds are counted free and evicted oldest
+ *    first when the pool is short). Any split of the calls gives the same bits.
+ *  - CUDA: a device-side store (rt_gpu_prefix, runtime/prefix.h's index) of copies: blocks of
+ *    opts.prefix_block_tokens positions holding every cache a GPU sequence keeps per position
+ *    (each main layer's latent rows in the cache type as they are, the indexer keys), on every
+ *    rank, least recently used first out within opts.prefix_cache_bytes per rank. Attach copies
+ *    the blocks into the sequence's caches (device to device on each rank's stream), publish
+ *    copies a sequence's blocks out. The GPU's bits depend on how the positions were split into
+ *    calls (the prefill GEMM path from gemm_min tokens, fast mode reading earlier calls' latents
+ *    rounded from the cache), so with prefix_block_tokens every rt_eng_prefill is run in calls
+ *    that end at the blocks' ends, whether or not a store exists: a block is then the output of
+ *    the one call of exactly its positions after the blocks before it, which is what an attached
+ *    sequence's next call follows too. A sequence publishes only blocks it ran that way from
+ *    position 0 (or attached): never those written by decode steps (rt_eng_decode), a --check
+ *    run, or calls that began elsewhere. The NextN caches are not stored: drafting over an
+ *    attached prefix is not supported (glm5-serve keeps prefix caching off with --draft mtp on
+ *    both devices). */
 g5_status rt_eng_seq_attach_prefix(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
                                    g5_error *err);
 g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_error *err);
-uint32_t rt_eng_pool_n_cached(const rt_eng *e);  /* cached blocks no sequence holds */
-uint64_t rt_eng_pool_n_evicted(const rt_eng *e);
+/* CPU: cached blocks no sequence holds; CUDA: blocks in the store (none is held: they are copies) */
+uint32_t rt_eng_pool_n_cached(const rt_eng *e);
+uint64_t rt_eng_pool_n_evicted(const rt_eng *e); /* cached blocks dropped for others */
+typedef struct rt_eng_prefix_info {
+    int on;                      /* a prefix cache exists */
+    uint32_t block_tokens;       /* positions per block (CUDA: opts.prefix_block_tokens, 0 without) */
+    uint32_t n_blocks;           /* CPU: the pool's blocks; CUDA: the store's slots */
+    uint32_t n_cached;           /* rt_eng_pool_n_cached */
+    uint64_t n_evicted;
+    uint64_t block_bytes;        /* CUDA: one block on one rank */
+} rt_eng_prefix_info;
+void rt_eng_prefix_get_info(const rt_eng *e, rt_eng_prefix_info *out);
 
 /* ---- forward calls ---- */
 
@@ -145,7 +182,9 @@ typedef struct rt_eng_out {
     float *hidden;               /* [n][n_embd] final-normed hidden states (may be NULL) */
 } rt_eng_out;
 
-/* n tokens of s at positions n_past .. n_past + n - 1, appended to its caches (out may be NULL). */
+/* n tokens of s at positions n_past .. n_past + n - 1, appended to its caches (out may be NULL).
+ * CUDA with opts.prefix_block_tokens: run as GPU calls ending at the block ends (prefix caching
+ * above), all or nothing. */
 g5_status rt_eng_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
                          g5_error *err);
 /* One decode step: tokens[i] for seqs[i] (distinct sequences of e) at its next position;

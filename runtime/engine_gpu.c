@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/cpu/kvcache.h"
 #include "runtime/gpu/gpu_model.h"
+#include "runtime/prefix.h"
 
 typedef struct eng_gpu {
     rt_gpu_model *g;
@@ -17,9 +19,26 @@ typedef struct eng_gpu {
     int blobs;                   /* loaded from a blob set (else copied from host memory) */
     rt_gpu_seq **batch;          /* [cap] decode step scratch */
     uint32_t cap;
+    /* prefix caching (engine.h): the device store and its index, or NULL */
+    rt_gpu_prefix *pfx;
+    rt_pfx *idx;
+    uint64_t pfx_block_bytes;    /* one block on one rank (with prefix_block_tokens) */
 } eng_gpu;
 
 static rt_gpu_seq *gseq(const rt_eng_seq *s) { return s->dev; }
+
+/* The prefix store of opts.prefix_cache_bytes per rank in whole blocks (none below one). */
+static g5_status prefix_create(rt_eng *e, eng_gpu *x, g5_error *err) {
+    const rt_eng_opts *o = &e->o;
+    if (!o->prefix_block_tokens) return G5_OK;
+    x->pfx_block_bytes = rt_gpu_prefix_block_bytes(x->g, o->prefix_block_tokens);
+    if (!o->kv_prefix_cache || o->prefix_cache_bytes < x->pfx_block_bytes) return G5_OK;
+    const uint32_t nb = rt_pfx_slots_for(o->prefix_cache_bytes, x->pfx_block_bytes);
+    g5_status st = rt_gpu_prefix_create(x->g, o->prefix_block_tokens, nb, &x->pfx, err);
+    if (!st) st = rt_pfx_create(nb, &x->idx, err);
+    if (st) g5_error_prefix(err, "prefix cache (%llu MB per rank)", (unsigned long long)(o->prefix_cache_bytes >> 20));
+    return st;
+}
 
 static g5_status gpu_create(rt_eng *e, g5_error *err) {
     eng_gpu *x = calloc(1, sizeof *x);
@@ -58,12 +77,14 @@ static g5_status gpu_create(rt_eng *e, g5_error *err) {
             return st;
         }
     }
-    return G5_OK;
+    return prefix_create(e, x, err);
 }
 
 static void gpu_destroy(rt_eng *e) {
     eng_gpu *x = e->dev;
     if (!x) return;
+    rt_pfx_free(x->idx);
+    rt_gpu_prefix_free(x->pfx);
     rt_gpu_check_free(x->chk);
     rt_gpu_model_free(x->g);
     free(x->batch);
@@ -132,7 +153,10 @@ static void gpu_seq_free(rt_eng_seq *s) {
     }
 }
 
-static void gpu_seq_reset(rt_eng_seq *s) { rt_gpu_seq_reset(gseq(s)); }
+static void gpu_seq_reset(rt_eng_seq *s) {
+    rt_gpu_seq_reset(gseq(s));
+    s->n_exact = 0;
+}
 static uint32_t gpu_n_past(const rt_eng_seq *s) { return rt_gpu_seq_n_past(gseq(s)); }
 static uint32_t gpu_mtp_n_past(const rt_eng_seq *s) { return rt_gpu_seq_mtp_n_past(gseq(s)); }
 
@@ -150,8 +174,8 @@ static g5_status gpu_truncate(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_pas
     return rt_gpu_seq_truncate(gseq(s), n_past, mtp_n_past, err);
 }
 
-static g5_status gpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
-                             g5_error *err) {
+/* One GPU call of tokens [0, n) at s's next positions. */
+static g5_status gpu_call(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out, g5_error *err) {
     eng_gpu *x = s->e->dev;
     const rt_gpu_outputs go = {.logits = out ? out->logits : NULL,
                                .all_logits = out ? out->all_logits : 0,
@@ -159,6 +183,108 @@ static g5_status gpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, c
     if (s->def && x->chk) return rt_gpu_check_forward(x->chk, tokens, n, &go, err);
     const int any = out && (out->logits || out->hidden);
     return rt_gpu_forward_seq(x->g, gseq(s), tokens, n, any ? &go : NULL, err);
+}
+
+/* With opts.prefix_block_tokens (bt): the tokens in calls that end at the multiples of bt and at
+ * the last one (engine.h, prefix caching: what makes a block's bits those of one call of exactly
+ * its positions), each call's rows of the outputs in place; a call of exactly the block after
+ * s->n_exact extends it. All or nothing: on failure s is truncated back. */
+static g5_status gpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
+                             g5_error *err) {
+    const uint32_t bt = s->e->o.prefix_block_tokens;
+    if (!bt) return gpu_call(s, tokens, n, out, err);
+    eng_gpu *x = s->e->dev;
+    const glm5_hparams *hp = rt_eng_hparams(s->e);
+    const uint32_t p0 = rt_gpu_seq_n_past(gseq(s)), m0 = rt_gpu_seq_mtp_n_past(gseq(s)), exact0 = s->n_exact;
+    g5_status st = G5_OK;
+    for (uint32_t done = 0; done < n && !st;) {
+        const uint32_t p = p0 + done, len = rt_pfx_call_len(p, n - done, bt);
+        const int last = done + len == n;
+        rt_eng_out o = {0}, *op = NULL;
+        if (out) {
+            o.all_logits = out->all_logits;
+            const size_t row = out->all_logits ? (size_t)done * hp->n_vocab : 0;
+            o.logits = out->logits && (out->all_logits || last) ? out->logits + row : NULL;
+            o.hidden = out->hidden ? out->hidden + (size_t)done * hp->n_embd : NULL;
+            op = &o;
+        }
+        st = gpu_call(s, tokens + done, len, op, err);
+        if (!st && !(s->def && x->chk)) s->n_exact = rt_pfx_exact_after(s->n_exact, p, len, bt);
+        done += len;
+    }
+    if (st && rt_gpu_seq_n_past(gseq(s)) != p0) {
+        g5_error e2 = {0};
+        (void)rt_gpu_seq_truncate(gseq(s), p0, m0, &e2);
+        s->n_exact = exact0;
+    }
+    return st;
+}
+
+/* ---- prefix caching (engine.h) ---- */
+
+static g5_status gpu_attach(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused, g5_error *err) {
+    eng_gpu *x = s->e->dev;
+    const uint32_t bt = s->e->o.prefix_block_tokens;
+    *n_reused = 0;
+    if (!x->idx || n < 2 || (s->def && x->chk)) return G5_OK; /* --check's CPU side has no such prefix */
+    if (rt_gpu_seq_n_past(gseq(s)) || rt_gpu_seq_mtp_n_past(gseq(s)))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "prefix cache: attach to a sequence of %u positions (it must be empty)",
+                       rt_gpu_seq_n_past(gseq(s)));
+    const uint32_t nb = rt_pfx_attach_max(n, bt);
+    if (!nb) return G5_OK;
+    uint64_t *h = malloc((size_t)nb * sizeof *h);
+    uint32_t *slots = malloc((size_t)nb * sizeof *slots);
+    g5_status st = h && slots ? G5_OK : g5_fail(err, G5_ERR_NOMEM, "prefix cache: %u blocks", nb);
+    if (!st) {
+        rt_kv_prefix_hashes(tokens, nb, bt, h);
+        const uint32_t k = rt_pfx_find(x->idx, h, nb, slots);
+        st = rt_gpu_prefix_load(x->pfx, gseq(s), slots, k, err);
+        if (!st) {
+            s->n_exact = k * bt;
+            *n_reused = k * bt;
+        }
+    }
+    free(h);
+    free(slots);
+    return st;
+}
+
+static g5_status gpu_publish(rt_eng_seq *s, const int32_t *tokens, g5_error *err) {
+    eng_gpu *x = s->e->dev;
+    const uint32_t bt = s->e->o.prefix_block_tokens;
+    if (!x->idx) return G5_OK;
+    uint32_t exact = s->n_exact, np = rt_gpu_seq_n_past(gseq(s));
+    if (exact > np) exact = np / bt * bt;
+    const uint32_t nb = exact / bt;
+    if (!nb) return G5_OK;
+    uint64_t *h = malloc((size_t)nb * sizeof *h);
+    uint32_t *slots = malloc((size_t)nb * sizeof *slots);
+    uint8_t *fresh = malloc(nb);
+    g5_status st = h && slots && fresh ? G5_OK : g5_fail(err, G5_ERR_NOMEM, "prefix cache: %u blocks", nb);
+    if (!st) {
+        rt_kv_prefix_hashes(tokens, nb, bt, h);
+        const uint32_t m = rt_pfx_insert(x->idx, h, nb, slots, fresh);
+        for (uint32_t k = 0; k < m; k++) {
+            if (!fresh[k]) continue;
+            if (!st) st = rt_gpu_prefix_save(x->pfx, gseq(s), k, slots[k], err);
+            if (st) rt_pfx_drop(x->idx, slots[k]); /* not copied: never found */
+        }
+    }
+    free(h);
+    free(slots);
+    free(fresh);
+    return st;
+}
+
+static void gpu_prefix_info(const rt_eng *e, rt_eng_prefix_info *out) {
+    const eng_gpu *x = e->dev;
+    out->block_tokens = e->o.prefix_block_tokens;
+    out->block_bytes = x->pfx_block_bytes;
+    if (!x->idx) return;
+    out->on = 1;
+    out->n_blocks = rt_pfx_n_slots(x->idx);
+    out->n_cached = rt_pfx_n_used(x->idx);
+    out->n_evicted = rt_pfx_n_evicted(x->idx);
 }
 
 static g5_status gpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
@@ -197,6 +323,9 @@ static const rt_eng_ops gpu_ops = {
     .prefill = gpu_prefill,
     .decode = gpu_decode,
     .mtp = gpu_mtp,
+    .attach = gpu_attach,
+    .publish = gpu_publish,
+    .prefix_info = gpu_prefix_info,
 };
 
 const rt_eng_ops *rt_eng_gpu_ops(void) { return &gpu_ops; }

@@ -29,6 +29,10 @@ typedef struct rt_eng_ops {
                              const int32_t *tokens, const rt_eng_out *out, g5_error *err);
     g5_status (*mtp)(rt_eng_seq *s, const float *hidden, const int32_t *next, uint32_t n, float *draft, int all,
                      g5_error *err);
+    /* prefix caching (engine.h); NULL: the CPU pool's (engine.c) */
+    g5_status (*attach)(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused, g5_error *err);
+    g5_status (*publish)(rt_eng_seq *s, const int32_t *tokens, g5_error *err);
+    void (*prefix_info)(const rt_eng *e, rt_eng_prefix_info *out);
 } rt_eng_ops;
 
 struct rt_eng {
@@ -48,6 +52,8 @@ struct rt_eng_seq {
     rt_eng *e;
     void *dev;                   /* CPU: rt_state; CUDA: rt_gpu_seq */
     int def;                     /* CUDA: the GPU model's default sequence (--check runs on it) */
+    uint32_t n_exact;            /* CUDA: positions [0, n_exact) hold what block-aligned calls from
+                                    position 0 write (engine.h, prefix caching): what may be published */
 };
 
 /* engine_gpu.c: the CUDA implementation; NULL in a build without CUDA. */

@@ -165,6 +165,21 @@ int main(void) {
         po.kv_block_tokens = 0;
         ep = NULL;
         T_CHECK(rt_eng_create(ws, &po, &ep, &e) == G5_ERR_INVALID_ARG && !ep, "a pool without a block size refused");
+        /* prefix caching's interface on the CPU: the pool's, the GPU store's options refused */
+        po.kv_block_tokens = 8;
+        po.kv_prefix_cache = 1;
+        rt_eng_prefix_info pi = {.on = -1};
+        T_CHECK(rt_eng_create(ws, &po, &ep, &e) == G5_OK && rt_eng_load(ep, &e) == G5_OK, "prefix engine: %s", e.msg);
+        if (ep) rt_eng_prefix_get_info(ep, &pi);
+        T_CHECK(pi.on == 1 && pi.block_tokens == 8 && pi.n_blocks == 4 && pi.n_cached == 0 && pi.block_bytes == 0,
+                "CPU prefix info: on %d, %u blocks of %u", pi.on, pi.n_blocks, pi.block_tokens);
+        rt_eng_free(ep);
+        ep = NULL;
+        rt_eng_prefix_get_info(en, &pi);
+        T_CHECK(pi.on == 0 && pi.n_blocks == 0, "no pool: no prefix cache");
+        po.prefix_block_tokens = 32;
+        T_CHECK(rt_eng_create(ws, &po, &ep, &e) == G5_ERR_INVALID_ARG && !ep && strstr(e.msg, "CUDA only"),
+                "a GPU prefix store on the CPU refused: %s", e.msg);
     }
     /* CUDA in this build */
     {

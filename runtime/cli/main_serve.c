@@ -49,8 +49,12 @@ static void usage(FILE *f) {
             "                       a request naming another model gets 404\n"
             "  --cors ORIGIN        CORS headers for browsers at ORIGIN (\"*\": any); OPTIONS\n"
             "                       preflights answered (default: none)\n"
-            "  --no-prefix-cache    do not reuse cache blocks of earlier prompts (CPU; the GPU\n"
-            "                       caches are never shared)\n"
+            "  --no-prefix-cache    do not reuse cache blocks of earlier prompts\n"
+            "  --gpu-prefix-cache-mb N  cuda: device memory per rank for the prefix store, copies of\n"
+            "                       earlier prompts' cache blocks (default 2048; 0: none)\n"
+            "  --gpu-prefix-block N cuda: tokens per prefix block; prompts are prefilled in calls ending\n"
+            "                       at its multiples, with or without the store (default 256; 0: one\n"
+            "                       call per prompt, no prefix cache)\n"
             "  --draft mtp|none     speculative decoding with the model's NextN/MTP block: one draft\n"
             "                       token per sequence and step, verified in the batched step (greedy:\n"
             "                       kept when it is the argmax; sampled: speculative sampling, the\n"
@@ -95,6 +99,7 @@ int main(int argc, char **argv) {
     int64_t port = c.port, max_batch = c.max_batch, max_queue = c.max_queue, ctx = c.ctx_size;
     int64_t block = c.block_tokens, threads = c.n_threads, body = (int64_t)c.max_body, gpu0 = c.gpu0;
     int64_t max_conn = c.max_connections, max_per_ip = c.max_per_ip, timeout = c.timeout_s;
+    int64_t gpu_pfx_mb = c.gpu_prefix_cache_mb, gpu_pfx_block = c.gpu_prefix_block;
     int device = (int)c.device, version = 0;
     static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
     static const char *const caches[] = {"f32", "bf16", "f16", NULL}, *const drafts[] = {"none", "mtp", NULL};
@@ -117,6 +122,8 @@ int main(int argc, char **argv) {
         {.name = "--name", .alias = "--alias", .kind = G5_ARG_STR, .dst = &c.model_name},
         {.name = "--cors", .kind = G5_ARG_STR, .dst = &c.cors_origin},
         {.name = "--no-prefix-cache", .kind = G5_ARG_OFF, .dst = &c.prefix_cache},
+        {.name = "--gpu-prefix-cache-mb", .kind = G5_ARG_INT, .dst = &gpu_pfx_mb, .lo = 0, .hi = 1l << 24},
+        {.name = "--gpu-prefix-block", .kind = G5_ARG_INT, .dst = &gpu_pfx_block, .lo = 0, .hi = 65536},
         {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &c.draft_mtp, .choices = drafts, .values = v01},
         {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
         {.name = "--no-prefault", .kind = G5_ARG_OFF, .dst = &c.prefault},
@@ -151,6 +158,8 @@ int main(int argc, char **argv) {
     c.max_connections = (uint32_t)max_conn;
     c.max_per_ip = (uint32_t)max_per_ip;
     c.timeout_s = (uint32_t)timeout;
+    c.gpu_prefix_cache_mb = (uint32_t)gpu_pfx_mb;
+    c.gpu_prefix_block = (uint32_t)gpu_pfx_block;
     c.gpu0 = (int)gpu0;
     c.device = (srv_device)device;
     if (!c.model_path) {

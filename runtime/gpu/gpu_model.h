@@ -283,6 +283,28 @@ g5_status rt_gpu_seq_truncate(rt_gpu_seq *s, uint32_t n_past, uint32_t mtp_n_pas
  * fast mode the second token reads the first one's latent in float32 where a plain step reads it
  * rounded from the cache. */
 
+/* ---- prefix store: copies of cache blocks for later sequences (gpu_prefix.c) ----
+ * n_blocks slots on every rank, each holding bt positions of what a sequence keeps per
+ * position on that rank: every main layer's latent rows (the model's latent cache type, copied
+ * as they are) and every full layer's indexer keys. Nothing else of a sequence depends on its
+ * positions' tokens (the NextN caches are not stored: a sequence loaded from the store has no
+ * MTP positions). Copies are device to device on each rank's stream (cudaMemcpy2DAsync, one per
+ * cache kind, rank and block), ordered with the forward calls on that stream; a slot is
+ * overwritten only by a later save, so a load enqueued before it reads the old contents. Which
+ * slot holds which prefix is the caller's (runtime/prefix.h; the engine, runtime/engine.h). */
+typedef struct rt_gpu_prefix rt_gpu_prefix;
+uint64_t rt_gpu_prefix_block_bytes(const rt_gpu_model *g, uint32_t bt); /* one slot, per rank */
+g5_status rt_gpu_prefix_create(rt_gpu_model *g, uint32_t bt, uint32_t n_blocks, rt_gpu_prefix **out,
+                               g5_error *err);
+void rt_gpu_prefix_free(rt_gpu_prefix *p); /* accepts NULL; before the model */
+uint32_t rt_gpu_prefix_n_blocks(const rt_gpu_prefix *p);
+uint32_t rt_gpu_prefix_block_tokens(const rt_gpu_prefix *p);
+/* s's positions [k bt, (k+1) bt) (< its n_past) into slot `slot`, every rank. */
+g5_status rt_gpu_prefix_save(rt_gpu_prefix *p, const rt_gpu_seq *s, uint32_t k, uint32_t slot, g5_error *err);
+/* An empty s (no positions, MTP ones included) takes slots[0, n) as its positions [0, n bt) on
+ * every rank (its caches grown if needed) and then holds n bt positions. */
+g5_status rt_gpu_prefix_load(rt_gpu_prefix *p, rt_gpu_seq *s, const uint32_t *slots, uint32_t n, g5_error *err);
+
 /* ---- --check: the CPU reference beside the GPU (gpu_check.c) ---- */
 
 typedef struct rt_gpu_check rt_gpu_check;

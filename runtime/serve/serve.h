@@ -67,11 +67,17 @@
  *    guided_json/guided_regex/guided_choice/guided_grammar/structured_outputs (no constrained
  *    decoding), n or best_of other than 1, echo, suffix, logit_bias, tools/tool_choice on
  *    /v1/completions.
- *  - Prefix caching (CPU, prefix_cache): full cache blocks are named by the hash of the tokens
- *    up to their end (runtime/cpu/kvcache.h) and reused by later requests sharing the prefix;
+ *  - Prefix caching (prefix_cache): full cache blocks are named by the hash of the tokens up to
+ *    their end (runtime/cpu/kvcache.h) and reused by later requests sharing the prefix;
  *    usage.prompt_tokens_details.cached_tokens says how many prompt tokens were, and /metrics
  *    glm5_prefix_cache_{queries,hits,evictions}_total and glm5_prefix_cache_blocks count them.
- *    Outputs are bit-identical with and without it. The GPU sequences' caches are not shared.
+ *    Outputs are bit-identical with and without it. CPU: the shared pool's blocks of block_tokens
+ *    are shared. CUDA: a device-side store of copies, gpu_prefix_cache_mb per rank, of blocks of
+ *    gpu_prefix_block tokens (every layer's latent rows and indexer keys), least recently used
+ *    first out; prompts are prefilled in calls ending at the blocks' ends (with or without the
+ *    store: that is what makes a stored block the bits a fresh prefill writes; runtime/engine.h).
+ *    Only prompt blocks are stored (not those of generated tokens: a decode step writes other
+ *    bits than a prefill). Off with --draft mtp on both devices.
  *  - Defaults: temperature 1, top_p 1, top_k off, min_p off, max_tokens 16 for completions and
  *    the rest of the context for chat; seed random unless given. Penalties: frequency_penalty,
  *    presence_penalty, repetition_penalty (llama.cpp semantics, sample.h), over the prompt too.
@@ -94,8 +100,9 @@
 typedef struct srv_server srv_server;
 
 /* Where the model runs. CUDA needs the CUDA build (build/gpu/bin/glm5-serve, `make gpu-model`):
- * there every sequence gets its own GPU caches (rt_gpu_seq), each prompt is prefilled in one
- * call on its own, and every decoding sequence advances in one rt_gpu_forward_batch call per
+ * there every sequence gets its own GPU caches (rt_gpu_seq), each prompt is prefilled on its own
+ * (in calls ending at the multiples of gpu_prefix_block), and every decoding sequence advances
+ * in one rt_gpu_forward_batch call per
  * step; sampling stays on the host. The caches of max_batch sequences of ctx_size positions
  * each are allocated when the model loads (so no step allocates and none is preempted); the
  * block metrics count the blocks of those that hold cached tokens. */
@@ -135,8 +142,12 @@ typedef struct srv_config {
                                 (CPU only: the CUDA loader reads the blob files itself) */
     const char *cors_origin; /* NULL: no CORS headers; else Access-Control-Allow-Origin's value
                                 on every reply, and OPTIONS preflights answered 204 */
-    int prefix_cache;        /* reuse cache blocks of earlier requests' token prefixes (default 1;
-                                CPU only: the GPU sequences' caches cannot share blocks yet) */
+    int prefix_cache;        /* reuse cache blocks of earlier requests' token prefixes (default 1) */
+    uint32_t gpu_prefix_cache_mb; /* CUDA: the prefix store's device memory per rank in MiB (default
+                                2048; 0: no store) */
+    uint32_t gpu_prefix_block; /* CUDA: tokens per prefix block; prompts are prefilled in calls
+                                ending at its multiples (default 256; 0: one call per prompt and no
+                                store) */
     int draft_mtp;           /* --draft mtp: speculative decoding with the model's NextN/MTP block
                                 (one draft token per sequence and step, verified in the batched
                                 step; greedy requests keep the argmax, sampled ones use

@@ -8,10 +8,14 @@
  * Each engine iteration runs every sequence that is decoding (one token to feed) in one
  * rt_eng_decode call, and every sequence with prompt left to prefill one chunk on its own
  * (rt_eng_prefill). On CUDA the same loop runs the decoding sequences in one rt_eng_decode call
- * and prefills a sequence's whole pending prompt in one call (as glm5-run does, so that a greedy
- * request gives glm5-run's tokens whatever the cache type); the GPU caches are reserved at load
- * (max_batch x ctx_size positions), so nothing is preempted there, and the block allocator
- * counts the blocks of those caches that hold tokens. */
+ * and prefills a sequence's whole pending prompt in one rt_eng_prefill (which runs it in GPU calls
+ * ending at the multiples of --gpu-prefix-block, so a prompt up to that long is one call, as
+ * glm5-run runs it, and a greedy request gives glm5-run's tokens whatever the cache type); the GPU
+ * caches are reserved at load (max_batch x ctx_size positions), so nothing is preempted there, and
+ * the block allocator counts the blocks of those caches that hold tokens. Prefix caching on CUDA
+ * is the engine's device-side store of block copies (engine.h): a batch place's sequence takes
+ * the stored blocks of its prompt's prefix when admitted and gives its prompt's blocks to the
+ * store after its prefill and when it ends. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -418,6 +422,32 @@ static uint64_t prefault(const rt_wset *ws, int touch, uint64_t *bytes) {
     return sink;
 }
 
+/* The "prefix cache:" load line: on, or why not. */
+static void log_prefix(srv_server *s, const rt_eng *eng, int cuda) {
+    rt_eng_prefix_info pi;
+    rt_eng_prefix_get_info(eng, &pi);
+    const srv_config *c = &s->cfg;
+    char why[256];
+    if (pi.on && !cuda)
+        snprintf(why, sizeof why, "on (cache blocks shared by token prefix)");
+    else if (pi.on)
+        snprintf(why, sizeof why, "on (GPU store of %u blocks of %u tokens, %.1f MB per rank; prompts prefilled in calls "
+                 "ending at multiples of %u tokens)", pi.n_blocks, pi.block_tokens,
+                 (double)pi.n_blocks * pi.block_bytes / 1e6, pi.block_tokens);
+    else if (!c->prefix_cache)
+        snprintf(why, sizeof why, "off (--no-prefix-cache)");
+    else if (c->draft_mtp)
+        snprintf(why, sizeof why, "off (not combined with --draft mtp yet: the NextN block's positions are not cached)");
+    else if (cuda && !c->gpu_prefix_block)
+        snprintf(why, sizeof why, "off (--gpu-prefix-block 0: each prompt prefilled in one call)");
+    else if (cuda && !c->gpu_prefix_cache_mb)
+        snprintf(why, sizeof why, "off (--gpu-prefix-cache-mb 0)");
+    else
+        snprintf(why, sizeof why, "off (--gpu-prefix-cache-mb %u holds no block of %u tokens: %.1f MB per rank)",
+                 c->gpu_prefix_cache_mb, pi.block_tokens, pi.block_bytes / 1e6);
+    srv_log(s, "prefix cache: %s", why);
+}
+
 static void *loader_main(void *arg) {
     srv_server *s = arg;
     double t0 = srv_now();
@@ -452,10 +482,15 @@ static void *loader_main(void *arg) {
     eo.precision = s->cfg.gpu_fast ? RT_ENG_FAST : RT_ENG_PRECISE;
     eo.cache = (rt_eng_cache)s->cfg.gpu_kv_cache;
     eo.verify = !s->cfg.gpu_no_verify;
+    /* prefix caching: not with --draft mtp yet (the drafter's NextN positions are not cached) */
+    eo.kv_prefix_cache = s->cfg.prefix_cache && !s->cfg.draft_mtp;
     if (!cuda) { /* one pool of --ctx-size positions for every sequence */
-        eo.kv_prefix_cache = s->cfg.prefix_cache && !s->cfg.draft_mtp;
         eo.kv_block_tokens = s->cfg.block_tokens;
         eo.kv_blocks = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
+    } else { /* prompts in calls ending at the store's block ends, with or without the store */
+        eo.prefix_block_tokens = s->cfg.gpu_prefix_block;
+        eo.prefix_cache_bytes = (uint64_t)s->cfg.gpu_prefix_cache_mb << 20;
+        if (!eo.prefix_block_tokens || !eo.prefix_cache_bytes) eo.kv_prefix_cache = 0;
     }
     if (st == G5_OK) st = rt_eng_create(ws, &eo, &eng, &e);
     if (st == G5_OK) st = tok_create(rt_wset_meta(ws), &tok, &e);
@@ -475,6 +510,10 @@ static void *loader_main(void *arg) {
         } else {
             const uint64_t per = max_ctx / s->cfg.block_tokens + (max_ctx % s->cfg.block_tokens != 0);
             st = srv_slots_create(eng, s->cfg.max_batch, max_ctx, &gpu, &e);
+            rt_eng_prefix_info pi;
+            rt_eng_prefix_get_info(eng, &pi);
+            if (st && pi.on)
+                g5_error_prefix(&e, "next to the prefix store (--gpu-prefix-cache-mb %u)", s->cfg.gpu_prefix_cache_mb);
             if (st == G5_OK && per * s->cfg.max_batch > UINT32_MAX)
                 st = g5_fail(&e, G5_ERR_INVALID_ARG, "%u sequences x %llu cache blocks", s->cfg.max_batch,
                              (unsigned long long)per);
@@ -501,7 +540,9 @@ static void *loader_main(void *arg) {
         s->draft = s->cfg.draft_mtp;
         s->n_vocab = n_vocab;
         s->max_ctx = max_ctx;
-        s->prefix_cache = s->cfg.prefix_cache && !cuda && !s->cfg.draft_mtp;
+        rt_eng_prefix_info pi;
+        rt_eng_prefix_get_info(eng, &pi);
+        s->prefix_cache = pi.on;
         s->load_seconds = dt;
         s->load_bytes = bytes;
         s->load = SRV_READY;
@@ -528,10 +569,7 @@ static void *loader_main(void *arg) {
             srv_log(s, "%s; caches %.3f GB for %u sequences x %u positions", line, srv_slots_bytes(gpu) / 1e9,
                     s->cfg.max_batch, max_ctx);
         }
-        srv_log(s, "prefix cache: %s", s->prefix_cache ? "on (cache blocks shared by token prefix)"
-                                       : cuda ? "off (the GPU sequences' caches cannot share blocks yet)"
-                                       : s->cfg.draft_mtp && s->cfg.prefix_cache ? "off (not combined with --draft mtp yet)"
-                                              : "off (--no-prefix-cache)");
+        log_prefix(s, eng, cuda);
         if (s->draft)
             srv_log(s, "draft: mtp (one NextN draft token per sequence and step, verified in the batched step)");
     } else {
@@ -619,11 +657,12 @@ static void preempt_locked(srv_server *s, srv_req *r) {
     s->n_preemptions++;
 }
 
-/* A fresh state starts from the cached blocks of the longest cached prefix of its feed (the
- * prompt, after a preemption also the output so far). */
-static g5_status attach_prefix_locked(srv_server *s, srv_req *r, g5_error *e) {
+/* A fresh state (q: r->st, or on CUDA its batch place's sequence) starts from the cached blocks
+ * of the longest cached prefix of its feed (the prompt, after a preemption also the output so
+ * far). */
+static g5_status attach_prefix_locked(srv_server *s, srv_req *r, rt_eng_seq *q, g5_error *e) {
     uint32_t reused = 0;
-    g5_status st = rt_eng_seq_attach_prefix(r->st, r->feed, r->n_feed, &reused, e);
+    g5_status st = rt_eng_seq_attach_prefix(q, r->feed, r->n_feed, &reused, e);
     if (st) return st;
     r->n_past = reused;
     r->feed_off = reused;
@@ -638,7 +677,8 @@ static g5_status attach_prefix_locked(srv_server *s, srv_req *r, g5_error *e) {
 
 /* Registers the full blocks of r's state (tokens: the prompt, then the output) for reuse. */
 static void publish_prefix_locked(srv_server *s, srv_req *r) {
-    if (!s->prefix_cache || !r->st || !r->n_past) return;
+    rt_eng_seq *q = s->gpu ? srv_slots_seq(s->gpu, r->gslot) : r->st;
+    if (!s->prefix_cache || !q || !r->n_past) return;
     uint32_t n = r->n_past;
     int32_t *t = malloc((size_t)n * sizeof *t);
     if (!t) return; /* only a lost chance of reuse */
@@ -646,7 +686,7 @@ static void publish_prefix_locked(srv_server *s, srv_req *r) {
     memcpy(t, r->p.prompt, (size_t)np * sizeof *t);
     if (n > np) memcpy(t + np, r->out_ids, (size_t)(n - np) * sizeof *t);
     g5_error e = {0};
-    (void)rt_eng_seq_publish_prefix(r->st, t, &e);
+    (void)rt_eng_seq_publish_prefix(q, t, &e);
     free(t);
 }
 
@@ -660,11 +700,15 @@ static void admit_locked(srv_server *s) {
         g5_error e = {0};
         g5_status st = G5_OK;
         if (s->gpu) {
-            if (r->gslot < 0 && (r->gslot = srv_slots_take(s->gpu)) < 0)
-                st = g5_fail(&e, G5_ERR_INTERNAL, "no free GPU sequence with %u running", s->n_running);
+            if (r->gslot < 0) {
+                if ((r->gslot = srv_slots_take(s->gpu)) < 0)
+                    st = g5_fail(&e, G5_ERR_INTERNAL, "no free GPU sequence with %u running", s->n_running);
+                else if (s->prefix_cache) /* the store's blocks copied into the batch place's caches */
+                    st = attach_prefix_locked(s, r, srv_slots_seq(s->gpu, r->gslot), &e);
+            }
         } else if (!r->st) {
             st = rt_eng_seq_create(s->eng, 0, &r->st, &e);
-            if (st == G5_OK && s->prefix_cache) st = attach_prefix_locked(s, r, &e);
+            if (st == G5_OK && s->prefix_cache) st = attach_prefix_locked(s, r, r->st, &e);
             pending = r->n_feed - r->feed_off;
         }
         if (st == G5_OK && !r->samp) {

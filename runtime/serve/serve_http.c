@@ -243,7 +243,9 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_draft_acceptance_ratio %.6f\n",
               s->draft_proposed ? (double)s->draft_accepted / (double)s->draft_proposed : 0.0);
     const rt_eng *ke = s->load == SRV_READY ? s->eng : NULL;
-    sb_metric(&b, "glm5_prefix_cache_blocks", "gauge", "cached blocks no sequence holds (reusable, counted free)");
+    sb_metric(&b, "glm5_prefix_cache_blocks", "gauge",
+              s->gpu ? "blocks in the GPU prefix store (copies; --gpu-prefix-block tokens each)"
+                     : "cached blocks no sequence holds (reusable, counted free)");
     sb_printf(&b, "glm5_prefix_cache_blocks %u\n", ke ? rt_eng_pool_n_cached(ke) : 0);
     sb_metric(&b, "glm5_prefix_cache_evictions_total", "counter", "cached blocks reused for other tokens");
     sb_printf(&b, "glm5_prefix_cache_evictions_total %llu\n", ke ? (unsigned long long)rt_eng_pool_n_evicted(ke) : 0ull);
@@ -635,6 +637,8 @@ void srv_config_default(srv_config *c) {
     c->max_body = 1u << 20;
     c->prefault = 1;
     c->prefix_cache = 1;
+    c->gpu_prefix_cache_mb = 2048;
+    c->gpu_prefix_block = 256;
     /* Slow clients (half-sent requests) each hold a connection until the timeout: the limits sit
      * far above a batch's worth, so they cannot lock out /health or fresh clients. */
     c->max_connections = 512;
@@ -703,6 +707,10 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
     if (cfg->ctx_size < 2 || cfg->ctx_size > (1u << 30))
         return g5_fail(err, G5_ERR_INVALID_ARG, "--ctx-size %u: must be 2..2^30", cfg->ctx_size);
     if (cfg->prefill_chunk < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "prefill chunk must be >= 1");
+    if (cfg->gpu_prefix_block > 65536)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "--gpu-prefix-block %u: must be 0..65536", cfg->gpu_prefix_block);
+    if (cfg->gpu_prefix_cache_mb > (1u << 24))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "--gpu-prefix-cache-mb %u: must be 0..16777216", cfg->gpu_prefix_cache_mb);
     if (cfg->max_body < 1024) return g5_fail(err, G5_ERR_INVALID_ARG, "max body must be >= 1024 bytes");
     if (cfg->device != SRV_DEVICE_CPU && cfg->device != SRV_DEVICE_CUDA)
         return g5_fail(err, G5_ERR_INVALID_ARG, "device %d", (int)cfg->device);

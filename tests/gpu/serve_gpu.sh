@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # glm5-serve --device cuda on the GPU machine, one call: build, then
 #  (a) $B/gpu/tests/test_gpu_serve: rt_gpu_forward_batch against one rt_gpu_forward_seq call per
-#      sequence on the oracle at TP 1 and TP 2 (bit-identical logits rows required);
+#      sequence on the oracle at TP 1 and TP 2 (bit-identical logits rows required), and the GPU
+#      prefix cache (engine and in-process servers: reuse counts, bit-identical outputs);
 #  (b) per configuration (TP 1 precise with --max-batch 16; TP 1 fast (bf16 cache) with
 #      --max-batch 8, so half the requests queue and join the running batch later; TP 2 precise
 #      on one device): glm5-run's greedy ids for 16 prompts of 4 .. 79 tokens (max_tokens 12 .. 42),
@@ -54,7 +55,7 @@ if [ "$DEVICE" = cuda ]; then
   SECONDS=0
   $B/gpu/tests/test_gpu_serve >"$OUT/test_gpu_serve.log" 2>&1
   echo "test_gpu_serve rc=$? in ${SECONDS}s"
-  grep -E "FAIL|rows over|differs|: [0-9]+ passed" "$OUT/test_gpu_serve.log" | head -60
+  grep -E "FAIL|rows over|differs|prefix store|: [0-9]+ passed" "$OUT/test_gpu_serve.log" | head -60
 fi
 
 echo "== (b) glm5-serve --device $DEVICE, 16 concurrent greedy clients against glm5-run"

@@ -14,6 +14,19 @@
  * default sequence (rt_gpu_forward) equals an explicit one, a bad batch is refused without
  * advancing anything, and the step times (batched vs one at a time) are printed.
  *
+ * Prefix caching (runtime/engine.h, the GPU prefix store), per configuration (TP 1 precise, with
+ * CUDA graphs, fast bf16 and f16 caches, TP 2 precise and fast on one device; blocks of 32
+ * tokens): requests on an engine with a store against the same requests on one without (same
+ * block split), each a prefill and 20 greedy decode steps whose 21 logits rows must be
+ * bit-identical, with the positions reused as the rules say: nothing at first, 3 blocks of a
+ * shared 100-token prefix, 4 for the same prompt again, and for the next turn of a chat (the
+ * prompt, its 20 generated ids, more) the prompt's 4 blocks but not the one decode steps
+ * completed; then a store of 3 blocks, whose evictions (7, exactly) leave partial hits that are
+ * still bit-identical. Over loopback, in-process glm5-serve --device cuda servers with and
+ * without the prefix cache (TP 1 precise and fast, TP 2 precise): four greedy completions of two
+ * prompts sharing 140 tokens report cached_tokens 0, 128, 128, 160 and the ids of the server
+ * without it; the hit counter and the store's block gauge move.
+ *
  * With --client PORT CASES: 16 (one per line of CASES: "max_tokens<TAB>ids,...<TAB>expected ids
  * separated by spaces") concurrent greedy /v1/completions requests (token-id prompts, half of
  * them streamed) against a running glm5-serve; each must return exactly the expected ids
@@ -36,9 +49,11 @@
 
 #include "convert/convert.h"
 #include "cuda/cuk.h"
+#include "runtime/engine.h"
 #include "runtime/gpu/gpu_model.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
+#include "runtime/serve/serve.h"
 #include "tests/http_client.h"
 
 static double now_s(void) {
@@ -210,6 +225,247 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     rt_wset_free(ws);
 }
 
+/* ---- prefix caching (runtime/engine.h): the engine's GPU prefix store ---- */
+
+static int http_body(uint16_t port, const char *method, const char *path, const char *body, char **out);
+static double get_metric(uint16_t port, const char *name);
+static int idle_after(uint16_t port, double timeout_s);
+
+#define PBT 32     /* prefix block (small: the oracle's prompts span several) */
+#define PSTEPS 20  /* greedy decode steps per request */
+
+typedef struct pcfg {
+    const char *name;
+    int tp2;
+    rt_eng_precision prec;
+    rt_eng_cache cache;
+    int graph;
+} pcfg;
+
+static g5_status open_eng(const pcfg *c, const char *dir, int store, uint64_t bytes, rt_eng **out, g5_error *e) {
+    rt_eng_opts o;
+    rt_eng_opts_default(&o);
+    o.device = RT_ENG_CUDA;
+    o.precision = c->prec;
+    o.cache = c->cache;
+    o.cuda_graph = c->graph;
+    o.prefix_block_tokens = PBT;
+    o.kv_prefix_cache = store;
+    o.prefix_cache_bytes = bytes;
+    return rt_eng_open(dir, &o, out, e);
+}
+
+/* One request on e: attach (when use_store), prefill the rest, PSTEPS greedy steps, publish (when
+ * use_store). logits: [(1 + PSTEPS)][V], the prefill's last row then each step's; gen: the greedy
+ * ids (PSTEPS). Returns the reused positions, or -1 on an error (reported). */
+static int run_req(rt_eng *e, const int32_t *prompt, uint32_t n, int use_store, float *logits, int32_t *gen,
+                   const char *what) {
+    g5_error er = {0};
+    const uint32_t V = rt_eng_hparams(e)->n_vocab;
+    rt_eng_seq *q = NULL;
+    uint32_t reused = 0;
+    int ok = rt_eng_seq_create(e, 512, &q, &er) == G5_OK;
+    if (ok && use_store) ok = rt_eng_seq_attach_prefix(q, prompt, n, &reused, &er) == G5_OK;
+    if (ok) ok = rt_eng_seq_n_past(q) == reused;
+    const rt_eng_out out = {.logits = logits};
+    if (ok) ok = rt_eng_prefill(q, prompt + reused, n - reused, &out, &er) == G5_OK;
+    for (uint32_t t = 0; t < PSTEPS && ok; t++) {
+        gen[t] = (int32_t)argmax(logits + (size_t)t * V, V);
+        ok = rt_eng_decode(e, &q, &gen[t], 1, logits + (size_t)(t + 1) * V, &er) == G5_OK;
+    }
+    if (ok && use_store) {
+        int32_t *all = xmalloc((n + PSTEPS) * sizeof *all);
+        memcpy(all, prompt, n * sizeof *all);
+        memcpy(all + n, gen, PSTEPS * sizeof *all);
+        ok = rt_eng_seq_publish_prefix(q, all, &er) == G5_OK;
+        free(all);
+    }
+    T_CHECK(ok, "%s: %s", what, er.msg);
+    rt_eng_seq_free(q);
+    return ok ? (int)reused : -1;
+}
+
+/* The request on the store's engine `e` against the same request on the reference engine `r`
+ * (no store): reused positions as expected, every logits row bit-identical. */
+static void check_req(rt_eng *e, rt_eng *r, const int32_t *prompt, uint32_t n, int want_reused, const char *cfg,
+                      const char *what) {
+    const uint32_t V = rt_eng_hparams(e)->n_vocab;
+    float *la = xmalloc((size_t)(1 + PSTEPS) * V * 4), *lr = xmalloc((size_t)(1 + PSTEPS) * V * 4);
+    int32_t ga[PSTEPS], gr[PSTEPS];
+    char label[256];
+    snprintf(label, sizeof label, "%s: %s", cfg, what);
+    const int got = run_req(e, prompt, n, 1, la, ga, label);
+    const int ref = run_req(r, prompt, n, 0, lr, gr, label);
+    if (got >= 0 && ref >= 0) {
+        T_CHECK(got == want_reused, "%s: %d positions reused (want %d)", label, got, want_reused);
+        uint32_t bad = 0;
+        for (uint32_t t = 0; t <= PSTEPS; t++) {
+            const float *a = la + (size_t)t * V, *b = lr + (size_t)t * V;
+            if (!memcmp(a, b, (size_t)V * 4)) continue;
+            if (bad++ < 3)
+                printf("  %s: %s row %u (position %u) differs from the run without prefix caching: max |diff| %.3e, "
+                       "argmax %u vs %u\n", label, t ? "decode" : "prefill", t, n - 1 + t, max_abs_diff(a, b, V),
+                       argmax(a, V), argmax(b, V));
+        }
+        T_CHECK(bad == 0, "%s: %u of %u logits rows differ with prefix caching (%d positions reused)", label, bad,
+                1 + PSTEPS, got);
+    }
+    free(la);
+    free(lr);
+}
+
+static void prefix_engine(const pcfg *c, const char *dir) {
+    g5_error e = {0};
+    rt_eng *big = NULL, *small = NULL, *ref = NULL;
+    T_CHECK(open_eng(c, dir, 1, 64ull << 20, &big, &e) == G5_OK, "%s: engine with a prefix store: %s", c->name, e.msg);
+    T_CHECK(open_eng(c, dir, 0, 0, &ref, &e) == G5_OK, "%s: engine without: %s", c->name, e.msg);
+    rt_eng_prefix_info pi = {0}, pr = {0};
+    if (big) rt_eng_prefix_get_info(big, &pi);
+    if (ref) rt_eng_prefix_get_info(ref, &pr);
+    T_CHECK(pi.on && pi.block_tokens == PBT && pi.n_blocks > 8 && pi.block_bytes > 0 && !pr.on,
+            "%s: store on (%u blocks of %u tokens, %llu bytes each) and off", c->name, pi.n_blocks, pi.block_tokens,
+            (unsigned long long)pi.block_bytes);
+    /* three blocks: evictions */
+    if (pi.block_bytes)
+        T_CHECK(open_eng(c, dir, 1, 3 * pi.block_bytes + pi.block_bytes / 2, &small, &e) == G5_OK,
+                "%s: engine with a 3-block store: %s", c->name, e.msg);
+    if (!big || !ref || !small) goto done;
+    printf("%s: prefix store of %u blocks of %u tokens (%.3f MB per block and rank)\n", c->name, pi.n_blocks, PBT,
+           pi.block_bytes / 1e6);
+    const uint32_t V = rt_eng_hparams(big)->n_vocab;
+    int32_t A[150], B[160], D[100], E2[100], M[200];
+    for (int i = 0; i < 150; i++) A[i] = (int32_t)(rnd() % V);
+    memcpy(B, A, 100 * sizeof *B); /* 3 whole blocks shared */
+    for (int i = 100; i < 160; i++) B[i] = (int32_t)(rnd() % V);
+    for (int i = 0; i < 100; i++) D[i] = (int32_t)(rnd() % V);
+    memcpy(E2, A, 40 * sizeof *E2); /* 1 whole block shared */
+    for (int i = 40; i < 100; i++) E2[i] = (int32_t)(rnd() % V);
+
+    check_req(big, ref, A, 150, 0, c->name, "first request (nothing cached)");
+    check_req(big, ref, B, 160, 96, c->name, "second request sharing 100 tokens (3 blocks)");
+    check_req(big, ref, A, 150, 128, c->name, "the first prompt again (4 blocks, 22 tokens run)");
+    /* multi-turn: A, its first 20 greedy ids (as the run above generated them), more: the block
+     * that decode steps completed (positions 128..159) is not reused, the prompt's 4 are */
+    {
+        float *lg = xmalloc((size_t)(1 + PSTEPS) * V * 4);
+        int32_t gen[PSTEPS];
+        (void)run_req(ref, A, 150, 0, lg, gen, "multi-turn ids");
+        free(lg);
+        memcpy(M, A, 150 * sizeof *M);
+        memcpy(M + 150, gen, PSTEPS * sizeof *M);
+        for (int i = 150 + PSTEPS; i < 200; i++) M[i] = (int32_t)(rnd() % V);
+        check_req(big, ref, M, 200, 128, c->name, "next turn (the prompt's blocks, not the decoded one)");
+        check_req(big, ref, M, 200, 192, c->name, "the next turn again (its own prompt's 6 blocks)");
+    }
+    rt_eng_prefix_get_info(big, &pi);
+    T_CHECK(pi.n_cached >= 7 && pi.n_evicted == 0, "%s: %u blocks stored, %llu evicted", c->name, pi.n_cached,
+            (unsigned long long)pi.n_evicted);
+    /* a store of 3 blocks: A keeps its first 3; E2 shares the first and evicts the others; D
+     * evicts E2's */
+    check_req(small, ref, A, 150, 0, c->name, "3-block store: first request");
+    check_req(small, ref, A, 150, 96, c->name, "3-block store: again (3 of its 4 blocks kept)");
+    check_req(small, ref, E2, 100, 32, c->name, "3-block store: 1 block shared");
+    check_req(small, ref, A, 150, 32, c->name, "3-block store: A after E2 evicted its blocks 1, 2");
+    check_req(small, ref, D, 100, 0, c->name, "3-block store: unrelated prompt");
+    check_req(small, ref, D, 100, 96, c->name, "3-block store: unrelated prompt again (its 3 blocks)");
+    rt_eng_prefix_get_info(small, &pi);
+    T_CHECK(pi.n_blocks == 3 && pi.n_cached == 3 && pi.n_evicted == 7, "%s: 3-block store: %u of %u used, %llu evicted (want 7)",
+            c->name, pi.n_cached, pi.n_blocks, (unsigned long long)pi.n_evicted);
+done:
+    rt_eng_free(small);
+    rt_eng_free(big);
+    rt_eng_free(ref);
+}
+
+/* ---- prefix caching over loopback: glm5-serve --device cuda in process ---- */
+
+static srv_server *start_gpu_server(const char *model, const pcfg *c, int prefix) {
+    srv_config sc;
+    srv_config_default(&sc);
+    sc.model_path = model;
+    sc.port = 0;
+    sc.device = SRV_DEVICE_CUDA;
+    sc.max_batch = 4;
+    sc.ctx_size = 512;
+    sc.gpu_fast = c->prec == RT_ENG_FAST;
+    sc.gpu_prefix_block = PBT;
+    sc.gpu_prefix_cache_mb = 64;
+    sc.prefix_cache = prefix;
+    srv_server *s = NULL;
+    g5_error e = {0};
+    T_CHECK(srv_create(&sc, &s, &e) == G5_OK, "%s: server (prefix cache %d): %s", c->name, prefix, e.msg);
+    for (int i = 0; s && i < 6000 && srv_get_load_state(s, NULL) == SRV_LOADING; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    T_CHECK(s && srv_get_load_state(s, &e) == SRV_READY, "%s: server (prefix cache %d) loaded: %s", c->name, prefix,
+            e.msg);
+    return s;
+}
+
+/* One greedy completion of ids: its token ids and usage.prompt_tokens_details.cached_tokens. */
+static int complete_ids(uint16_t port, const int32_t *ids, uint32_t n, int32_t *out, uint32_t *n_out, long *cached) {
+    size_t cap = 64 + (size_t)n * 12;
+    char *body = xmalloc(cap), *p = body;
+    p += snprintf(p, cap, "{\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true,\"prompt\":[", PSTEPS);
+    for (uint32_t i = 0; i < n; i++) p += snprintf(p, cap - (size_t)(p - body), "%s%d", i ? "," : "", ids[i]);
+    snprintf(p, cap - (size_t)(p - body), "]}");
+    char *resp = NULL;
+    const int status = http_body(port, "POST", "/v1/completions", body, &resp);
+    free(body);
+    *n_out = 0;
+    *cached = -1;
+    json_t *j = status == 200 && resp ? json_loads(resp, 0, NULL) : NULL;
+    json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+    for (size_t k = 0; k < json_array_size(t) && *n_out < 64; k++) out[(*n_out)++] = (int32_t)json_integer_value(json_array_get(t, k));
+    json_t *d = json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens");
+    if (json_is_integer(d)) *cached = (long)json_integer_value(d);
+    json_decref(j);
+    free(resp);
+    return status;
+}
+
+static void prefix_server(const pcfg *c, const char *model) {
+    srv_server *on = start_gpu_server(model, c, 1), *off = start_gpu_server(model, c, 0);
+    if (on && off && srv_get_load_state(on, NULL) == SRV_READY && srv_get_load_state(off, NULL) == SRV_READY) {
+        const uint16_t pon = srv_port(on), poff = srv_port(off);
+        int32_t A[150], B[170];
+        for (int i = 0; i < 150; i++) A[i] = (int32_t)(10 + rnd() % 1500);
+        memcpy(B, A, 140 * sizeof *B); /* 4 blocks shared */
+        for (int i = 140; i < 170; i++) B[i] = (int32_t)(10 + rnd() % 1500);
+        const double h0 = get_metric(pon, "glm5_prefix_cache_hits_total");
+        static const struct { int b; long want; } seq[] = {{0, 0}, {1, 128}, {0, 128}, {1, 160}};
+        for (size_t k = 0; k < sizeof seq / sizeof seq[0]; k++) {
+            const int32_t *pr = seq[k].b ? B : A;
+            const uint32_t n = seq[k].b ? 170 : 150;
+            int32_t g1[64], g2[64];
+            uint32_t n1, n2;
+            long c1, c2;
+            const int s1 = complete_ids(pon, pr, n, g1, &n1, &c1), s2 = complete_ids(poff, pr, n, g2, &n2, &c2);
+            T_CHECK(s1 == 200 && s2 == 200 && n1 > 0, "%s: request %zu: status %d / %d, %u ids", c->name, k, s1, s2, n1);
+            T_CHECK(c1 == seq[k].want && c2 == 0, "%s: request %zu (prompt %s): cached_tokens %ld (want %ld), %ld without",
+                    c->name, k, seq[k].b ? "B" : "A", c1, seq[k].want, c2);
+            const int same = n1 == n2 && !memcmp(g1, g2, n1 * sizeof *g1);
+            if (!same) {
+                printf("  %s: request %zu ids with the cache:", c->name, k);
+                for (uint32_t i = 0; i < n1; i++) printf(" %d", g1[i]);
+                printf(" | without:");
+                for (uint32_t i = 0; i < n2; i++) printf(" %d", g2[i]);
+                printf("\n");
+            }
+            T_CHECK(same, "%s: request %zu: the same ids with and without the prefix cache", c->name, k);
+        }
+        const double h1 = get_metric(pon, "glm5_prefix_cache_hits_total");
+        T_CHECK(h1 - h0 == 128 + 128 + 160, "%s: glm5_prefix_cache_hits_total +%.0f (want 416)", c->name, h1 - h0);
+        T_CHECK(get_metric(pon, "glm5_prefix_cache_blocks") >= 5 && get_metric(poff, "glm5_prefix_cache_blocks") == 0,
+                "%s: glm5_prefix_cache_blocks %.0f / %.0f", c->name, get_metric(pon, "glm5_prefix_cache_blocks"),
+                get_metric(poff, "glm5_prefix_cache_blocks"));
+        T_CHECK(idle_after(pon, 10) && idle_after(poff, 10), "%s: servers idle after the requests", c->name);
+    }
+    srv_free(on);
+    srv_free(off);
+}
+
 static int run_batch_tests(void) {
     if (!t_need_device() || !t_need_oracle()) return t_report(G5_TEST_NAME);
     const char *tmp = t_tmpdir();
@@ -228,6 +484,19 @@ static int run_batch_tests(void) {
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
         if (have[cfg[i].tp2]) batch_vs_single(&cfg[i], dirs[cfg[i].tp2]);
+    static const pcfg pc[] = {
+        {"prefix, TP=1 precise", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0},
+        {"prefix, TP=1 precise, CUDA graphs", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 1},
+        {"prefix, TP=1 fast (bf16 cache)", 0, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0},
+        {"prefix, TP=1 fast, f16 cache", 0, RT_ENG_FAST, RT_ENG_CACHE_F16, 0},
+        {"prefix, TP=2 precise", 1, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0},
+        {"prefix, TP=2 fast (bf16 cache)", 1, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0},
+    };
+    for (size_t i = 0; i < sizeof pc / sizeof pc[0]; i++)
+        if (have[pc[i].tp2]) prefix_engine(&pc[i], dirs[pc[i].tp2]);
+    if (have[0]) prefix_server(&pc[0], dirs[0]);
+    if (have[0]) prefix_server(&pc[2], dirs[0]);
+    if (have[1]) prefix_server(&pc[4], dirs[1]);
     t_rmtree(tmp);
     return t_report(G5_TEST_NAME);
 }
