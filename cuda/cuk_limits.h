@@ -27,7 +27,7 @@
 #define CUK_NORM_CLUSTER_MAX 8              /* ops.cu: CTAs per row of the norms (NR_CL) */
 #define CUK_ATTEND_SPLIT_CLUSTER_MAX 16     /* attn.cu: non-portable, only where the device grants it */
 #define CUK_TOPK_SPLIT_CLUSTER_MAX 16       /* indexer.cu: non-portable, only where the device grants it */
-#define CUK_MOE_MM_SMEM (2 * (64 + 2 * 128) * (64 + 8) * 2) /* moe_mm.cu: two stages of input + gate and up tiles, fp16 */
+#define CUK_MOE_MM_SMEM ((64 + 2 * 128) * (128 + 8) * 2) /* moe_mm.cu: input tile + gate and up weight tiles, fp16 */
 
 /* GLM-5's shapes the byte counts below are taken at. */
 #define CUK_G5_NOPE 192

@@ -137,8 +137,7 @@ int cuk_moe_mm_takes(uint32_t w_type, int64_t k, int64_t n);
  * gives), x fp16, products on the tensor cores, float32 sums. W0, W1: [n_local][n][k] of w_type
  * (rows as in the blob); x: [sum cnt][k] fp16; out: [sum cnt][ldo]; x and out 16-byte aligned.
  * n_tiles: the sum over experts of ceil(cnt[e] / CUK_MOE_MM_BM) (the caller's count of cnt,
- * device array, which the kernel reads again; a count below 0 counts as 0). cnt NULL: a dense
- * product, n_local = 1 and `rows` rows (n_tiles = ceil(rows / CUK_MOE_MM_BM)). */
+ * device array, which the kernel reads again; a count below 0 counts as 0). */
 typedef struct cuk_moe_mm_args {
     uint32_t w_type;
     const void *w0, *w1;
@@ -148,7 +147,6 @@ typedef struct cuk_moe_mm_args {
     int32_t n_local, n_tiles;
     void *out;
     int64_t ldo;
-    int32_t rows;                /* cnt NULL only */
 } cuk_moe_mm_args;
 g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_error *err);
 

@@ -17,7 +17,10 @@
  * Q4_K and Q5_K (the experts of the UD-Q4_K_XL files); cuk_moe_mm_takes says no to the others,
  * which run the dequantized-copy path (runtime/gpu/gpu_linear.c). A first version decoding any
  * deq_sub.h type with its byte loads straight from global memory ran at 55 TFLOP/s, slower than
- * that path (bench/RESULTS.md).
+ * that path; a two-stage pipeline (k steps of 64, the next step's decode beside this step's
+ * products, one barrier per step) at 140 against this kernel's 200; and the kernel as a dense
+ * product (one expert, no counts) loses to the dequantized copy + cuBLAS at 512 rows and more
+ * (0.57 against 0.23 ms for 6144 x 16384 Q4_K): bench/RESULTS.md, Session 7.
  * gate_up (two matrices): out = fp16(silu(gate) * up) per element (cuk_silu_mul_16's arithmetic);
  * one matrix: out = the float32 product. */
 #include <cuda_fp16.h>
@@ -33,12 +36,12 @@
 
 namespace {
 
-constexpr int BM = CUK_MOE_MM_BM, BN = 128, BK = 64, NT = 256;
+constexpr int BM = CUK_MOE_MM_BM, BN = 128, BK = 128, NT = 256;
 constexpr int LDS = BK + 8;                  /* halves per shared row */
-constexpr int SX_B = BM * LDS * 2, SW_B = BN * LDS * 2, STAGE_B = SX_B + 2 * SW_B;
+constexpr int SX_B = BM * LDS * 2, SW_B = BN * LDS * 2;
 constexpr uint32_t N_TYPE_IDS = 64;          /* above every ggml type id (format/quant.h) */
-static_assert(2 * STAGE_B == CUK_MOE_MM_SMEM, "cuk_limits.h's entry");
-static_assert(BN * 2 == NT && BK == 64, "one weight job (a row's sub-block of the step's two) per thread and k step");
+static_assert(SX_B + 2 * SW_B == CUK_MOE_MM_SMEM, "cuk_limits.h's entry");
+static_assert(BN * 2 == NT && BK == 128, "one weight job (a row's sub-block pair) per thread and k step");
 
 struct MmParams {
     const uint8_t *w[2];   /* [n_local][n] rows of rb bytes */
@@ -46,8 +49,8 @@ struct MmParams {
     int64_t bb;            /* bytes per quant block */
     int k, n;
     const __half *x;       /* [rows][k] */
-    const int32_t *cnt;    /* NULL: one expert of `rows` rows */
-    int n_local, rows;
+    const int32_t *cnt;
+    int n_local;
     void *out;
     int64_t ldo;
 };
@@ -138,7 +141,7 @@ __device__ __forceinline__ uint32_t nib2(uint32_t x, uint32_t sel) {
     return __byte_perm(x, 0x64646464u, sel) & 0xff0fff0fu;
 }
 
-template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int sb, uint4 *dst) {
+template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int pr, uint4 *dst) {
     const float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffffu)));
     const float mn = __half2float(__ushort_as_half((unsigned short)(w.h.x >> 16)));
     const uint32_t q[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
@@ -148,8 +151,9 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
         qh[4] = w.qh1.x, qh[5] = w.qh1.y, qh[6] = w.qh1.z, qh[7] = w.qh1.w;
     }
     const __half2 k1024 = __float2half2_rn(1024.0f);
-    {
-        const int hh = sb & 1;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int sb = 2 * pr + hh;
         uint32_t sv, mv;
         if (sb < 4) {
             sv = scb(w.h, sb) & 63;
@@ -178,62 +182,24 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
             }
         }
 #pragma unroll
-        for (int c = 0; c < 4; c++) dst[c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
+        for (int c = 0; c < 4; c++) dst[4 * hh + c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
     }
-}
-
-/* The product of the stage at sx (input tile, then the NM weight tiles) into acc. */
-template <int NM>
-__device__ __forceinline__ void stage_mma(uint32_t sx, int wm, int wn, int lane, float (&acc)[NM][2][4][4]) {
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-        uint32_t a[2][4];
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-            cuk::ldsm4(a[mi], sx + (uint32_t)((wm * 32 + mi * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
-#pragma unroll
-        for (int m = 0; m < NM; m++) {
-            const uint32_t swm = sx + SX_B + m * SW_B;
-#pragma unroll
-            for (int nj = 0; nj < 2; nj++) {
-                uint32_t b[4];
-                const int br = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                cuk::ldsm4(b, swm + (uint32_t)(br * LDS + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    cuk::mma_f16(acc[m][mi][2 * nj], a[mi], b[0], b[1]);
-                    cuk::mma_f16(acc[m][mi][2 * nj + 1], a[mi], b[2], b[3]);
-                }
-            }
-        }
-    }
-}
-
-/* Input rows 0 .. nr - 1 (zeros past nr), columns k0 .. k0 + BK, into the stage at sx. */
-__device__ __forceinline__ void stage_x(uint32_t sx, const __half *xr, int64_t k, int nr, int k0, int tid) {
-#pragma unroll
-    for (int i = tid; i < BM * BK / 8; i += NT) {
-        const int r = i / (BK / 8), c = i % (BK / 8);
-        const bool ok = r < nr;
-        cuk::cp16(sx + (uint32_t)(r * LDS + c * 8) * 2, xr + (int64_t)(ok ? r : 0) * k + k0 + c * 8, ok);
-    }
-    cuk::cp_commit();
 }
 
 template <int T, int NM>
 __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int sh[20];
-    int e = 0, row0 = (int)blockIdx.x * BM, nr = min(BM, p.rows - row0);
-    if (p.cnt) {
-        find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
-        e = sh[16], row0 = sh[17], nr = sh[18];
-    }
+    find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
+    const int e = sh[16], row0 = sh[17], nr = sh[18];
     if (nr <= 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
-    const int n0 = (int)blockIdx.y * BN, nk = p.k / BK;
-    const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+    const int n0 = (int)blockIdx.y * BN;
+    const uint32_t sx = (uint32_t)__cvta_generic_to_shared(smem);
     const __half *xr = p.x + (int64_t)row0 * p.k; // [nr][k]
+    const uint8_t *wb[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) wb[m] = p.w[m] + (int64_t)e * p.ew;
 
     float acc[NM][2][4][4];
 #pragma unroll
@@ -245,40 +211,55 @@ __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[m][i][j][q] = 0.0f;
 
-    /* this thread's weight job per k step: row r of the tile, sub-block hf of the step's two */
-    const int r = tid & (BN - 1), hf = tid >> 7;
+    /* this thread's weight job per k step: row r of the tile, sub-block pair jp of the step's four */
+    const int r = tid >> 1, jp = tid & 1;
+    const bool row_ok = n0 + r < p.n;
     const uint8_t *wrow[NM];
     Raw<T> raw[NM];
 #pragma unroll
     for (int m = 0; m < NM; m++) {
-        wrow[m] = p.w[m] + (int64_t)e * p.ew + (int64_t)(n0 + r < p.n ? n0 + r : 0) * p.rb;
-        raw_load<T>(raw[m], wrow[m], 0);
+        wrow[m] = wb[m] + (int64_t)(row_ok ? n0 + r : 0) * p.rb;
+        raw_load<T>(raw[m], wrow[m], jp);
     }
-    /* step s's raw bytes: block s / 4, pair s % 4 (BK = 64: a sub-block pair per step) */
-    stage_x(s0, xr, p.k, nr, 0, tid);
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-        raw_decode<T>(raw[m], hf, (uint4 *)(void *)(smem + SX_B + m * SW_B + (r * LDS + 32 * hf) * 2));
-        const int s1 = min(1, nk - 1);
-        raw_load<T>(raw[m], wrow[m] + (int64_t)(s1 / 4) * p.bb, s1 % 4);
-    }
-    cuk::cp_wait<0>();
-    __syncthreads();
-    /* Per step: the next stage's input copy and weight decode (into the other buffer) alongside this
-     * stage's products, one barrier. The last step decodes its own data again into the unused
-     * buffer, which keeps the loop free of branches so that the two can interleave. */
-    for (int s = 0; s < nk; s++) {
-        const int cur = s & 1, s1 = min(s + 1, nk - 1), s2 = min(s + 2, nk - 1);
-        const uint32_t sc = s0 + cur * STAGE_B, sn = s0 + (cur ^ 1) * STAGE_B;
-        uint8_t *gn = smem + (cur ^ 1) * STAGE_B;
-        stage_x(sn, xr, p.k, nr, s1 * BK, tid);
-#pragma unroll
-        for (int m = 0; m < NM; m++) {
-            raw_decode<T>(raw[m], 2 * (s1 % 4) + hf, (uint4 *)(void *)(gn + SX_B + m * SW_B + (r * LDS + 32 * hf) * 2));
-            raw_load<T>(raw[m], wrow[m] + (int64_t)(s2 / 4) * p.bb, s2 % 4);
+    for (int k0 = 0; k0 < p.k; k0 += BK) {
+        const int pr0 = (k0 % 256) / 64;
+        for (int i = tid; i < BM * BK / 8; i += NT) {
+            const int r = i / (BK / 8), c = i % (BK / 8);
+            const bool ok = r < nr;
+            cuk::cp16(sx + (uint32_t)(r * LDS + c * 8) * 2, xr + (int64_t)(ok ? r : 0) * p.k + k0 + c * 8, ok);
         }
-        stage_mma<NM>(sc, wm, wn, lane, acc);
+        cuk::cp_commit();
+#pragma unroll
+        for (int m = 0; m < NM; m++) raw_decode<T>(raw[m], pr0 + jp, (uint4 *)(void *)(smem + SX_B + m * SW_B + (r * LDS + 64 * jp) * 2));
+        if (k0 + BK < p.k) {
+            const int kn = k0 + BK;
+#pragma unroll
+            for (int m = 0; m < NM; m++) raw_load<T>(raw[m], wrow[m] + (int64_t)(kn / 256) * p.bb, (kn % 256) / 64 + jp);
+        }
         cuk::cp_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                cuk::ldsm4(a[mi], sx + (uint32_t)((wm * 32 + mi * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                const uint32_t swm = sx + SX_B + m * SW_B;
+#pragma unroll
+                for (int nj = 0; nj < 2; nj++) {
+                    uint32_t b[4];
+                    const int br = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    cuk::ldsm4(b, swm + (uint32_t)(br * LDS + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) {
+                        cuk::mma_f16(acc[m][mi][2 * nj], a[mi], b[0], b[1]);
+                        cuk::mma_f16(acc[m][mi][2 * nj + 1], a[mi], b[2], b[3]);
+                    }
+                }
+            }
+        }
         __syncthreads();
     }
 
@@ -289,20 +270,20 @@ __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
         for (int ni = 0; ni < 4; ni++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                const int rr = wm * 32 + mi * 16 + g + 8 * hr, col = n0 + wn * 32 + ni * 8 + 2 * c4;
-                if (rr >= nr || col >= p.n) continue;
+                const int r = wm * 32 + mi * 16 + g + 8 * hr, col = n0 + wn * 32 + ni * 8 + 2 * c4;
+                if (r >= nr || col >= p.n) continue;
                 const float *v0 = &acc[0][mi][ni][2 * hr];
                 if constexpr (NM == 2) {
                     const float *v1 = &acc[1][mi][ni][2 * hr];
                     float o[2];
 #pragma unroll
                     for (int q = 0; q < 2; q++) {
-                        const float sv = v0[q] / (1.0f + expf(-v0[q]));
-                        o[q] = __fmul_rn(sv, v1[q]);
+                        const float s = v0[q] / (1.0f + expf(-v0[q]));
+                        o[q] = __fmul_rn(s, v1[q]);
                     }
-                    *(__half2 *)((__half *)p.out + (int64_t)(row0 + rr) * p.ldo + col) = __floats2half2_rn(o[0], o[1]);
+                    *(__half2 *)((__half *)p.out + (int64_t)(row0 + r) * p.ldo + col) = __floats2half2_rn(o[0], o[1]);
                 } else {
-                    *(float2 *)((float *)p.out + (int64_t)(row0 + rr) * p.ldo + col) = make_float2(v0[0], v0[1]);
+                    *(float2 *)((float *)p.out + (int64_t)(row0 + r) * p.ldo + col) = make_float2(v0[0], v0[1]);
                 }
             }
 }
@@ -325,14 +306,12 @@ extern "C" int cuk_moe_mm_takes(uint32_t w_type, int64_t k, int64_t n) {
 }
 
 extern "C" g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_error *err) {
-    if (!a || !a->w0 || !a->x || !a->out) return BAD("moe_mm: NULL pointer");
+    if (!a || !a->w0 || !a->x || !a->cnt || !a->out) return BAD("moe_mm: NULL pointer");
     if (!cuk_moe_mm_takes(a->w_type, a->k, a->n))
         return BAD("moe_mm: %s weights of %lld x %lld (Q4_K or Q5_K, k a multiple of 256, n of 8)",
                    quant_type_name(a->w_type), (long long)a->n, (long long)a->k);
-    if (a->n_local < 1 || a->n_tiles < 0 || a->ldo < a->n || a->ldo % 2 || (!a->cnt && a->n_local != 1) ||
-        (!a->cnt && (a->rows < 0 || a->n_tiles != (a->rows + BM - 1) / BM)))
-        return BAD("moe_mm: n_local=%d n_tiles=%d rows=%d ldo=%lld%s", a->n_local, a->n_tiles, a->rows,
-                   (long long)a->ldo, a->cnt ? "" : " (no counts)");
+    if (a->n_local < 1 || a->n_tiles < 0 || a->ldo < a->n || a->ldo % 2)
+        return BAD("moe_mm: n_local=%d n_tiles=%d ldo=%lld", a->n_local, a->n_tiles, (long long)a->ldo);
     if (((uintptr_t)a->x | (uintptr_t)a->out | (uintptr_t)a->w0 | (uintptr_t)a->w1) % 16)
         return BAD("moe_mm: weights, x or out not 16-byte aligned");
     if ((a->n + BN - 1) / BN > 65535) return BAD("moe_mm: n=%lld", (long long)a->n);
@@ -352,11 +331,10 @@ extern "C" g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_
     p.x = (const __half *)a->x;
     p.cnt = a->cnt;
     p.n_local = a->n_local;
-    p.rows = a->rows;
     p.out = a->out;
     p.ldo = a->ldo;
     const mm_fn fn = nm == 2 ? pick<2>(a->w_type) : pick<1>(a->w_type);
-    const size_t smem = 2 * (size_t)STAGE_B;
+    const size_t smem = (size_t)SX_B + (size_t)nm * SW_B;
     /* the shared-memory limit is raised once per device and kernel (a repeat is harmless) */
     static bool raised[CUK_MAX_DEVICES][2][N_TYPE_IDS];
     const int slot = cuk_device_slot();

@@ -264,10 +264,10 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
         cuk_moe_mm_takes(a->down_type, FE, E)) {
         /* weights decoded inside the product's tiles: no 16-bit copy of them in memory */
         const cuk_moe_mm_args gu = {a->gu_type, a->w_gate, a->w_up, E, FE, xb, cnt, (int32_t)NL, (int32_t)tiles,
-                                    hb, FE, 0};
+                                    hb, FE};
         CK(cuk_moe_mm(&gu, l->st, err));
         const cuk_moe_mm_args dn = {a->down_type, a->w_down, NULL, FE, E, hb, cnt, (int32_t)NL, (int32_t)tiles,
-                                    ds, E, 0};
+                                    ds, E};
         CK(cuk_moe_mm(&dn, l->st, err));
         if (l->info) l->info->gemm_calls += 2;
         return cuk_moe_combine(ds, E, inv, crw, (int32_t)n, (int32_t)U, a->y, a->ldy, l->st, err);

@@ -2,7 +2,9 @@
  * 2048, gate/up Q4_K, down Q5_K: the peer model's mix): cuk_moe_mm (weights decoded inside the
  * tile, two launches) against the path it replaced (the weights dequantized to an fp16 copy, three
  * launches, then one cuBLAS fp16 GEMM per expert and projection plus the SwiGLU), at R rows per
- * expert (64: a 512-token prompt with top-8 of 64 experts; 512: 4096 tokens). Prints ms per
+ * expert (16: what each of GLM-5's 256 experts gets from a 512-token prompt; 64: 512 tokens with
+ * top-8 of 64 experts, the peer model; 512: 4096 tokens of it). The two costs per row tile and per
+ * decoded expert behind runtime/gpu/gpu_linear.c's moe_mm_wins come from these lines. Prints ms per
  * layer and TFLOP/s of each, and the ceiling measured in the same run: cuBLAS bf16 on an
  * 8192^3 product. Weights: one random expert (quant_fill_random) copied to all 64. Median of 7
  * after 2 warm-ups. Usage: bench_moe_mm */
@@ -51,8 +53,8 @@ typedef struct ctx {
 
 static void run_fused(ctx *c) {
     const int tiles = NL * ((c->R + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM);
-    const cuk_moe_mm_args gu = {QT_Q4_K, c->wg, c->wu, E, FE, c->x, c->dcnt, NL, tiles, c->h, FE, 0};
-    const cuk_moe_mm_args dn = {QT_Q5_K, c->wd, NULL, FE, E, c->h, c->dcnt, NL, tiles, c->ds, E, 0};
+    const cuk_moe_mm_args gu = {QT_Q4_K, c->wg, c->wu, E, FE, c->x, c->dcnt, NL, tiles, c->h, FE};
+    const cuk_moe_mm_args dn = {QT_Q5_K, c->wd, NULL, FE, E, c->h, c->dcnt, NL, tiles, c->ds, E};
     GK(cuk_moe_mm(&gu, NULL, &err_));
     GK(cuk_moe_mm(&dn, NULL, &err_));
 }
@@ -133,65 +135,6 @@ static double blas_ceiling(ctx *c) {
     return 2.0 * S * S * S / (t[REPS / 2] * 1e-3) / 1e12;
 }
 
-/* One dense product (attn_output's shape: 16384 -> 6144) of Q4_K and Q5_K weights at 512 and
- * 4096 rows: cuk_moe_mm without counts against the dequantized copy + one cuBLAS fp16 GEMM. */
-static void dense_bench(ctx *c, double ceil_tf) {
-    enum { DK = 16384, DN = 6144 };
-    const uint32_t types[2] = {QT_Q4_K, QT_Q5_K};
-    const int rows_l[2] = {512, 4096};
-    void *x = NULL, *w16 = NULL;
-    float *y = NULL;
-    CK(cudaMalloc(&x, (size_t)4096 * DK * 2));
-    CK(cudaMemset(x, 0x3c, (size_t)4096 * DK * 2));
-    CK(cudaMalloc(&w16, (size_t)DN * DK * 2));
-    CK(cudaMalloc((void **)&y, (size_t)4096 * DN * 4));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int ti = 0; ti < 2; ti++) {
-        uint64_t rb = 0;
-        if (quant_row_bytes(types[ti], DK, &rb)) exit(1);
-        uint8_t *hw = malloc((size_t)DN * rb), *w = NULL;
-        uint64_t st = 777;
-        if (!hw || quant_fill_random(types[ti], hw, (size_t)DN * rb / quant_type_get(types[ti])->block_bytes, &st))
-            exit(1);
-        CK(cudaMalloc((void **)&w, (size_t)DN * rb));
-        CK(cudaMemcpy(w, hw, (size_t)DN * rb, cudaMemcpyHostToDevice));
-        free(hw);
-        for (int ri = 0; ri < 2; ri++) {
-            const int R = rows_l[ri];
-            float t[2][REPS];
-            for (int v = 0; v < 2; v++)
-                for (int i = -2; i < REPS; i++) {
-                    CK(cudaEventRecord(a, NULL));
-                    if (v == 0) {
-                        const cuk_moe_mm_args m = {types[ti], w, NULL, DK, DN, x, NULL, 1,
-                                                   (R + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM, y, DN, R};
-                        GK(cuk_moe_mm(&m, NULL, &err_));
-                    } else {
-                        deq(types[ti], w, DK, DN, w16);
-                        gemm16(c, w16, x, DK, DN, R, y);
-                    }
-                    CK(cudaEventRecord(b, NULL));
-                    CK(cudaEventSynchronize(b));
-                    if (i >= 0) CK(cudaEventElapsedTime(&t[v][i], a, b));
-                }
-            qsort(t[0], REPS, sizeof(float), cmpf);
-            qsort(t[1], REPS, sizeof(float), cmpf);
-            const double fl = 2.0 * R * DK * DN, f0 = fl / (t[0][REPS / 2] * 1e-3) / 1e12,
-                         f1 = fl / (t[1][REPS / 2] * 1e-3) / 1e12;
-            printf("moe_mm bench dense %s %d x %d, %d rows: fused %.3f ms (%.1f TFLOP/s, %.3f of cuBLAS bf16), "
-                   "dequantized copy + cuBLAS %.3f ms (%.1f TFLOP/s, %.3f)\n",
-                   quant_type_name(types[ti]), DN, DK, R, t[0][REPS / 2], f0, f0 / ceil_tf, t[1][REPS / 2], f1,
-                   f1 / ceil_tf);
-        }
-        cudaFree(w);
-    }
-    cudaFree(x);
-    cudaFree(w16);
-    cudaFree(y);
-}
-
 int main(void) {
     ctx c = {0};
     GK(cuk_blas_create(&c.blas, &err_));
@@ -203,8 +146,8 @@ int main(void) {
     CK(cudaMalloc(&c.wd16, (size_t)NL * FE * E * 2));
     const double ceil_tf = blas_ceiling(&c);
     printf("moe_mm bench: cuBLAS bf16 8192^3: %.1f TFLOP/s (the ceiling)\n", ceil_tf);
-    const int Rs[] = {64, 128, 256, 512};
-    for (int ri = 0; ri < 4; ri++) {
+    const int Rs[] = {16, 64, 128, 256, 512};
+    for (int ri = 0; ri < 5; ri++) {
         const int R = c.R = Rs[ri];
         const int64_t rows = (int64_t)NL * R;
         int32_t hc[NL];
@@ -234,7 +177,6 @@ int main(void) {
         cudaFree(c.us);
         cudaFree(c.ds);
     }
-    dense_bench(&c, ceil_tf);
     cuk_blas_free(c.blas);
     return 0;
 }

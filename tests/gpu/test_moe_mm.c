@@ -32,7 +32,6 @@ typedef struct mcase {
     const char *name;
     int n_local, k, n;
     const int *cnt; /* NULL: counts 0 except the last expert, 70 rows */
-    int dense;      /* 1: cnt NULL in the call, one expert of cnt[0] rows */
 } mcase;
 
 static const int CNT_A[] = {0, 1, 64, 65, 130};
@@ -152,9 +151,8 @@ static void run_case(uint32_t t, const mcase *c) {
     CK(cudaMemset(dh, 0xff, ob16)); /* fp16 NaN poison */
     CK(cudaMemset(dd, 0xff, ob32)); /* float32 NaN poison */
     g5_error err = {0};
-    const int32_t *pc = c->dense ? NULL : dcnt;
-    const cuk_moe_mm_args gu = {t, dw0, dw1, k, n, dx, pc, NL, tiles, dh, ldo, c->dense ? tot : 0};
-    const cuk_moe_mm_args dn = {t, dw0, NULL, k, n, dx, pc, NL, tiles, dd, ldo, c->dense ? tot : 0};
+    const cuk_moe_mm_args gu = {t, dw0, dw1, k, n, dx, dcnt, NL, tiles, dh, ldo};
+    const cuk_moe_mm_args dn = {t, dw0, NULL, k, n, dx, dcnt, NL, tiles, dd, ldo};
     const g5_status s1 = cuk_moe_mm(&gu, NULL, &err), s2 = s1 ? s1 : cuk_moe_mm(&dn, NULL, &err);
     T_CHECK(s1 == G5_OK && s2 == G5_OK, "%s %s: launch (%s)", ti->name, c->name, err.msg);
     uint16_t *oh = xmalloc(ob16);
@@ -218,7 +216,7 @@ static void check_refusals(void) {
     g5_error err = {0};
     int dummy_cnt = 1;
     void *d = dalloc(1 << 20), *dc = dup_d(&dummy_cnt, 4);
-    const cuk_moe_mm_args ok = {QT_Q4_K, d, NULL, 256, 128, d, dc, 1, 1, d, 128, 0};
+    const cuk_moe_mm_args ok = {QT_Q4_K, d, NULL, 256, 128, d, dc, 1, 1, d, 128};
     cuk_moe_mm_args a = ok;
     a.w_type = QT_Q2_K;
     T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q2_K"), "Q2_K refused by name: %s",
@@ -228,8 +226,7 @@ static void check_refusals(void) {
     T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "k = 384 refused");
     a = ok;
     a.cnt = NULL;
-    a.rows = 65; /* 2 tiles, not 1 */
-    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "dense: tiles not matching rows refused");
+    T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "NULL counts refused");
     a = ok;
     a.x = NULL;
     T_CHECK(cuk_moe_mm(&a, NULL, &err) == G5_ERR_INVALID_ARG, "NULL x refused");
@@ -250,10 +247,10 @@ static void check_refusals(void) {
 int main(void) {
     if (!t_need_device()) return t_report(G5_TEST_NAME);
     const mcase cases[] = {
-        {"5 experts 0/1/64/65/130 rows, k 512, n 136", 5, 512, 136, CNT_A, 0},
-        {"4 experts 3/0/0/17 rows, k 256, n 256", 4, 256, 256, CNT_B, 0},
-        {"300 experts, rows only in the last, k 256, n 64", 300, 256, 64, NULL, 0},
-        {"dense (no counts), 150 rows, k 768, n 200", 1, 768, 200, CNT_D, 1},
+        {"5 experts 0/1/64/65/130 rows, k 512, n 136", 5, 512, 136, CNT_A},
+        {"4 experts 3/0/0/17 rows, k 256, n 256", 4, 256, 256, CNT_B},
+        {"300 experts, rows only in the last, k 256, n 64", 300, 256, 64, NULL},
+        {"1 expert of 150 rows, k 768, n 200", 1, 768, 200, CNT_D},
     };
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) run_case(TYPES[ti], &cases[ci]);
