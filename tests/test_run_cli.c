@@ -152,7 +152,47 @@ int main(void) {
         strcpy(expect + off, "\n");
         T_CHECK(strcmp(gout, expect) == 0, "--ids greedy output '%s' expected '%s'", gout, expect);
     }
-    free(expect);
+    char *expect_ids = expect;
+    /* the prompt in calls of 7 tokens (--prefill-chunk): the CPU's logits do not depend on the
+     * split (bit for bit), and the greedy continuation, with and without MTP drafting, is the one above */
+    {
+        const size_t n1 = json_array_size(json_object_get(p1, "ids"));
+        snprintf(path, sizeof path, "%s/p1_one.f32", dir);
+        snprintf(path2, sizeof path2, "%s/p1_chunk.f32", dir);
+        float *one = dump(T_ORACLE_GGUF, csv1, path, n1 * V);
+        char *argv_c[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", csv1, "-n", "0", "-q", "--prefill-chunk", "7",
+                          "--dump-logits", path2, NULL};
+        T_CHECK(run(argv_c, NULL) == 0, "--prefill-chunk 7 run");
+        size_t clen = 0;
+        char *craw = slurp(path2, &clen);
+        T_CHECK(one && craw && clen == n1 * V * 4, "--prefill-chunk 7 dump size %zu", clen);
+        if (one && craw && clen == n1 * V * 4) {
+            size_t differ = 0;
+            for (size_t i = 0; i < n1 * V; i++) {
+                const uint32_t u = g5_rd_u32((const uint8_t *)craw + 4 * i);
+                float f;
+                memcpy(&f, &u, 4);
+                differ += memcmp(&f, &one[i], 4) != 0;
+            }
+            T_CHECK(differ == 0, "--prefill-chunk 7: %zu of %zu logits differ from one call", differ, n1 * V);
+        }
+        free(one);
+        free(craw);
+        for (int d = 0; d < 2 && expect_ids; d++) {
+            char *argv_d[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", csv1, "-n", nbuf, "--temp", "0", "--ids",
+                              "-q", "--prefill-chunk", "5", d ? "--draft" : NULL, "mtp", NULL};
+            T_CHECK(run(argv_d, outp) == 0, "--prefill-chunk 5%s run", d ? " --draft mtp" : "");
+            size_t dlen = 0;
+            char *dout = slurp(outp, &dlen);
+            T_CHECK(dout && strcmp(dout, expect_ids) == 0, "--prefill-chunk 5%s greedy '%s' expected '%s'",
+                    d ? " --draft mtp" : "", dout ? dout : "", expect_ids);
+            free(dout);
+        }
+        char *argv_z[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", csv1, "-n", "0", "-q", "--prefill-chunk", "0",
+                          NULL};
+        T_CHECK(run(argv_z, NULL) == 2, "--prefill-chunk 0 refused (exit 2)");
+    }
+    free(expect_ids);
     free(gout);
 
     /* text generation and a stop string taken from its own output */

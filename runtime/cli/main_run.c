@@ -51,6 +51,10 @@
 #define EXIT_USAGE 2
 #define EXIT_ERR 3
 
+/* Prompt tokens per forward call: the GPU's work buffers (attention scores, expert rows) are
+ * sized by the call, so a 128k-token prompt runs in calls of this many tokens. */
+#define DEFAULT_PREFILL_CHUNK 4096
+
 typedef struct args {
     const char *model;
     const char *prompt;
@@ -65,6 +69,7 @@ typedef struct args {
     int64_t check, tp, gpu0;
     int64_t ctx_size;            /* --ctx-size (0: the model's context_length) */
     int truncate;                /* --truncate: cut a prompt past the context to its end */
+    int64_t prefill_chunk;       /* --prefill-chunk: most prompt tokens per forward call */
     int draft;                   /* --draft mtp */
     int64_t threads;             /* 0: online cores */
     int mla;                     /* rt_mla_mode */
@@ -108,6 +113,10 @@ static void usage(FILE *f) {
             "                       that); a longer prompt is refused (exit 2) unless --truncate\n"
             "  --truncate           keep the end of a prompt past the context (leaving room for\n"
             "                       min(-n, context/2) generated tokens)\n"
+            "  --prefill-chunk N    run the prompt in forward calls of at most N tokens, each\n"
+            "                       appending to the cache, so a long prompt's work buffers stay\n"
+            "                       those of N tokens (default 4096; the GPU's bits depend on the\n"
+            "                       split: specs/numerics.md)\n"
             "  --draft mtp|none     speculative decoding drafting one token per step with the MTP\n"
             "                       block, verified by a two-token forward pass (greedy: kept when it\n"
             "                       is the argmax; sampling: speculative sampling, so the output\n"
@@ -168,6 +177,7 @@ static char *read_prompt(const char *path) {
 static int parse_args(int argc, char **argv, args *a) {
     memset(a, 0, sizeof *a);
     a->n_predict = 64;
+    a->prefill_chunk = DEFAULT_PREFILL_CHUNK;
     a->think = 1;
     a->mla = RT_MLA_ABSORBED;
     samp_params_default(&a->sp);
@@ -192,6 +202,7 @@ static int parse_args(int argc, char **argv, args *a) {
         {.name = "--no-verify", .kind = G5_ARG_FLAG, .dst = &a->no_verify},
         {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &a->ctx_size, .lo = 1, .hi = INT32_MAX},
         {.name = "--truncate", .kind = G5_ARG_FLAG, .dst = &a->truncate},
+        {.name = "--prefill-chunk", .kind = G5_ARG_INT, .dst = &a->prefill_chunk, .lo = 1, .hi = INT32_MAX},
         {.name = "--prompt", .alias = "-p", .kind = G5_ARG_STR, .dst = &a->prompt},
         {.name = "--file", .alias = "-f", .kind = G5_ARG_STR, .dst = &a->prompt_file},
         {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
@@ -456,6 +467,21 @@ static int dump_logits(const char *path, const float *logits, size_t count) {
     return ok;
 }
 
+/* The prompt in forward calls of at most `chunk` tokens (the last one's logits, or every
+ * position's with all_logits: logits [n][V]), through the drafter when there is one. */
+static g5_status prompt_chunks(rt_eng_seq *seq, rt_drafter *dr, const int32_t *ids, size_t n, size_t chunk,
+                               float *logits, int all_logits, size_t V, g5_error *e) {
+    for (size_t done = 0; done < n;) {
+        const uint32_t c = (uint32_t)(n - done < chunk ? n - done : chunk);
+        float *lg = all_logits ? logits + done * V : logits;
+        const g5_status st = dr ? rt_drafter_prompt(dr, ids + done, c, lg, all_logits, e)
+                                : rt_eng_prefill(seq, ids + done, c, &(rt_eng_out){.logits = lg, .all_logits = all_logits}, e);
+        if (st) return st;
+        done += c;
+    }
+    return G5_OK;
+}
+
 int main(int argc, char **argv) {
     g5_mapguard_install("glm5-run", EXIT_ERR); /* a weight file truncated under us: an error, never SIGBUS */
     g5_error e = {0};
@@ -616,8 +642,7 @@ int main(int argc, char **argv) {
     rc = EXIT_ERR;
 
     double t1 = now_s();
-    st = dr ? rt_drafter_prompt(dr, ids, (uint32_t)n_ids, logits, all_logits, &e)
-            : rt_eng_prefill(seq, ids, (uint32_t)n_ids, &(rt_eng_out){.logits = logits, .all_logits = all_logits}, &e);
+    st = prompt_chunks(seq, dr, ids, n_ids, (size_t)a.prefill_chunk, logits, all_logits, V, &e);
     if (st) { rc = fail(&e, st, "prompt"); unclean = 1; goto out; }
     double t_prompt = now_s() - t1;
     if (!lead) { /* process 0 samples: feed what it broadcasts until it says stop */
