@@ -50,6 +50,8 @@ struct rt_kvpool {
     uint32_t bt;                 /* tokens per block */
     uint32_t n_ranks, il0, nl, kvw, idw;
     size_t *lat_off, *idx_off;   /* [n_ranks * nl] float offsets in a block (idx: SIZE_MAX none) */
+    uint32_t hidw;               /* hidden-state floats per position (0: none; rt_kvpool_keep_rows) */
+    size_t hid_off;              /* float offset of the block's [bt][hidw] rows (once, not per rank) */
     size_t block_floats;
     int growable;
     uint32_t cap;                /* block ids that exist */
@@ -75,6 +77,10 @@ uint32_t rt_kvpool_n_free(const rt_kvpool *p);
 uint32_t rt_kvpool_block_tokens(const rt_kvpool *p);
 uint64_t rt_kvpool_block_bytes(const rt_kvpool *p);
 
+/* Adds to every block a [block_tokens][width] region of one float row per position (once per
+ * block, not per rank: the main model's final-normed hidden states, which the MTP drafter of a
+ * sequence attached to a cached prefix reads back, model.h). Before any block is handed out. */
+g5_status rt_kvpool_keep_rows(rt_kvpool *p, uint32_t width, g5_error *err);
 /* Turns prefix caching on (a fixed pool, before any block is handed out). */
 g5_status rt_kvpool_enable_prefix(rt_kvpool *p, g5_error *err);
 uint32_t rt_kvpool_n_cached(const rt_kvpool *p);   /* cached blocks no table holds */
@@ -122,6 +128,12 @@ static inline float *rt_kvtab_idx(const rt_kvtab *t, uint32_t r, uint32_t il, ui
     const rt_kvpool *p = t->pool;
     return t->ptr[pos / p->bt] + p->idx_off[(size_t)r * p->nl + (il - p->il0)] +
            (size_t)(pos % p->bt) * p->idw;
+}
+
+/* Position pos's row of the region of rt_kvpool_keep_rows (the pool must have one). */
+static inline float *rt_kvtab_row(const rt_kvtab *t, uint32_t pos) {
+    const rt_kvpool *p = t->pool;
+    return t->ptr[pos / p->bt] + p->hid_off + (size_t)(pos % p->bt) * p->hidw;
 }
 
 #endif
