@@ -13,7 +13,9 @@
  * A fixed pool holds at most n_blocks blocks and refuses more (G5_ERR_NOMEM, "kv pool
  * exhausted: ..."); a growable one (n_blocks = 0) doubles its id space instead. Block memory is
  * allocated when an id is first handed out and kept for reuse until the pool is freed.
- * A table is used by one thread at a time.
+ * A table is used by one thread at a time. A pool may also keep one row of floats per position
+ * (rt_kvpool_keep_rows: the main model's hidden states for the MTP drafter, model.h), a region
+ * of each block of its own, once per block.
  *
  * Prefix caching (rt_kvpool_enable_prefix, fixed pools): a full block's contents depend only on
  * the tokens at and before its positions, so a block can be named by the hash of its token
