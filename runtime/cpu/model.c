@@ -489,8 +489,6 @@ g5_status rt_kvpool_keep_hidden(rt_kvpool *p, g5_error *err) {
     return rt_kvpool_keep_rows(p, m->hp.n_embd, err);
 }
 
-int rt_kvpool_keeps_hidden(const rt_kvpool *p) { return p->hidw != 0; }
-
 g5_status rt_state_hidden(const rt_state *s, uint32_t p0, uint32_t n, float *out, g5_error *err) {
     const uint32_t E = s->m->hp.n_embd;
     if (s->main.pool->hidw != E)

@@ -142,7 +142,6 @@ g5_status rt_state_publish_prefix(rt_state *s, const int32_t *tokens, g5_error *
  * reads them back: the drafter (runtime/draft.h, rt_drafter_resume) then runs the MTP block over
  * the attached positions exactly as it would have after prefilling them. */
 g5_status rt_kvpool_keep_hidden(rt_kvpool *p, g5_error *err);
-int rt_kvpool_keeps_hidden(const rt_kvpool *p);
 /* out [n][n_embd] = the hidden states at positions p0 .. p0 + n - 1 (< n_past) of a state whose
  * pool keeps them; G5_ERR_UNSUPPORTED otherwise. */
 g5_status rt_state_hidden(const rt_state *s, uint32_t p0, uint32_t n, float *out, g5_error *err);
