@@ -129,6 +129,23 @@ g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float
     return st;
 }
 
+g5_status rt_drafter_resume(rt_drafter *d, const int32_t *ids, uint32_t n, g5_error *err) {
+    if (n == 0) return G5_OK;
+    if (d->have_last || d->np || d->pending || d->verifying || rt_eng_seq_mtp_n_past(d->s))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "draft: resuming over %u cached positions with a drafter in use", n);
+    if (rt_eng_seq_n_past(d->s) < n)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "draft: resuming over %u positions, the sequence holds %u", n,
+                       rt_eng_seq_n_past(d->s));
+    TRY(pairs_reserve(d, n, err));
+    /* position t's state goes straight into its pair slot; the last one becomes hlast */
+    TRY(rt_eng_seq_hidden(d->s, 0, n - 1, d->ph, err));
+    TRY(rt_eng_seq_hidden(d->s, n - 1, 1, d->hlast, err));
+    for (uint32_t t = 0; t + 1 < n; t++) d->pt[t] = ids[t + 1];
+    d->np = n - 1;
+    d->have_last = 1;
+    return G5_OK;
+}
+
 g5_status rt_drafter_begin(rt_drafter *d, int32_t y, int draft, const float **ready, int32_t tokens[2], uint32_t *n_verify,
                            g5_error *err) {
     const size_t V = d->n_vocab, E = d->n_embd;

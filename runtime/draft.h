@@ -47,6 +47,13 @@ g5_status rt_drafter_create(rt_eng_seq *s, rt_drafter **out, g5_error *err);
 void rt_drafter_free(rt_drafter *d); /* accepts NULL */
 /* The prompt (the sequence empty or not): logits all ? [n][V] : [V] (the last). */
 g5_status rt_drafter_prompt(rt_drafter *d, const int32_t *ids, uint32_t n, float *logits, int all, g5_error *err);
+/* The sequence already holds positions [0, n) of tokens ids[0, n) that the drafter has not seen
+ * (a prefix attached from the cache: rt_eng_seq_attach_prefix's n_reused), the drafter being
+ * new: their hidden states are read back from the cache (rt_eng_seq_hidden: CPU,
+ * opts.kv_prefix_hidden) and queued as the MTP inputs a prompt of those tokens would have left,
+ * so the following rt_drafter_prompt and steps make the same MTP calls, bit for bit, as if the
+ * prefix had been run. n = 0: nothing. */
+g5_status rt_drafter_resume(rt_drafter *d, const int32_t *ids, uint32_t n, g5_error *err);
 /* Token y was chosen after the last logits given: the logits [V] of the position after y. */
 g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err);
 void rt_drafter_get_stats(const rt_drafter *d, rt_draft_stats *out);

@@ -24,6 +24,7 @@ static g5_status cpu_create(rt_eng *e, g5_error *err) {
     g5_status st = G5_OK;
     if (e->o.kv_blocks) st = rt_kvpool_create(e->m, e->o.kv_blocks, e->o.kv_block_tokens, &e->pool, err);
     if (!st && e->pool && e->o.kv_prefix_cache) st = rt_kvpool_enable_prefix(e->pool, err);
+    if (!st && e->pool && e->o.kv_prefix_cache && e->o.kv_prefix_hidden) st = rt_kvpool_keep_hidden(e->pool, err);
     return st;
 }
 
@@ -147,6 +148,9 @@ g5_status rt_eng_create(const rt_wset *ws, const rt_eng_opts *o, rt_eng **out, g
         rt_eng_opts_default(&def);
         o = &def;
     }
+    if (o->kv_prefix_hidden && o->device != RT_ENG_CPU)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "hidden states kept with the prefix cache (MTP drafting over a cached "
+                       "prefix): CPU only, the GPU store holds no NextN inputs yet");
     const rt_eng_ops *ops = o->device == RT_ENG_CPU ? &cpu_ops : o->device == RT_ENG_CUDA ? rt_eng_gpu_ops() : NULL;
     if (o->device == RT_ENG_CUDA && !ops)
         return g5_fail(err, G5_ERR_UNSUPPORTED, "this build has no CUDA: use the CUDA build (build/gpu/bin, make gpu)");
@@ -280,6 +284,12 @@ g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_err
     if (s->e->ops->publish) return s->e->ops->publish(s, tokens, err);
     if (!s->e->pool || !s->e->o.kv_prefix_cache) return G5_OK;
     return rt_state_publish_prefix(s->dev, tokens, err);
+}
+
+g5_status rt_eng_seq_hidden(const rt_eng_seq *s, uint32_t p0, uint32_t n, float *out, g5_error *err) {
+    if (s->e->o.device != RT_ENG_CPU || !s->e->pool)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "hidden states of positions %u..: not kept (CPU shared pool only)", p0);
+    return rt_state_hidden(s->dev, p0, n, out, err);
 }
 
 g5_status rt_eng_seq_create(rt_eng *e, uint32_t reserve, rt_eng_seq **out, g5_error *err) {

@@ -65,6 +65,11 @@ typedef struct rt_eng_opts {
     uint32_t kv_blocks, kv_block_tokens;
     int kv_prefix_cache;         /* prefix caching (below): CPU: the shared pool shares full blocks
                                     by token prefix; CUDA: the prefix store of prefix_cache_bytes */
+    int kv_prefix_hidden;        /* CPU, with kv_prefix_cache: the shared pool's blocks also keep
+                                    the final-normed hidden states of their positions
+                                    (rt_kvpool_keep_hidden), so MTP drafting works over an attached
+                                    prefix (rt_eng_seq_hidden, draft.h rt_drafter_resume); CUDA:
+                                    refused (the GPU store holds no NextN inputs yet) */
     /* CUDA */
     int gpu0;                    /* first device */
     /* > 0: rt_eng_prefill runs its tokens in GPU calls that end at the multiples of this many
@@ -155,12 +160,20 @@ uint32_t rt_eng_pool_block_tokens(const rt_eng *e);
  *    the one call of exactly its positions after the blocks before it, which is what an attached
  *    sequence's next call follows too. A sequence publishes only blocks it ran that way from
  *    position 0 (or attached): never those written by decode steps (rt_eng_decode), a --check
- *    run, or calls that began elsewhere. The NextN caches are not stored: drafting over an
- *    attached prefix is not supported (glm5-serve keeps prefix caching off with --draft mtp on
- *    both devices). */
+ *    run, or calls that began elsewhere. The NextN block's inputs are not stored: drafting over
+ *    an attached prefix is not supported (glm5-serve keeps prefix caching off with --draft mtp
+ *    on the GPU).
+ * MTP drafting (CPU, opts.kv_prefix_hidden): the NextN block's own cache is private to the
+ * sequence and starts empty after an attach; its input at MTP position p is the main model's
+ * hidden state at p, which the cached blocks keep, so the drafter rebuilds the NextN cache of
+ * the attached positions from them (rt_eng_seq_hidden, rt_drafter_resume): one NextN layer over
+ * the prefix instead of every layer, and the same MTP call, bit for bit, as after a prefill. */
 g5_status rt_eng_seq_attach_prefix(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
                                    g5_error *err);
 g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_error *err);
+/* out [n][n_embd] = the final-normed hidden states at positions p0 .. p0 + n - 1 (< n_past) as
+ * the shared pool's blocks keep them (opts.kv_prefix_hidden, CPU); G5_ERR_UNSUPPORTED without. */
+g5_status rt_eng_seq_hidden(const rt_eng_seq *s, uint32_t p0, uint32_t n, float *out, g5_error *err);
 /* CPU: cached blocks no sequence holds; CUDA: blocks in the store (none is held: they are copies) */
 uint32_t rt_eng_pool_n_cached(const rt_eng *e);
 uint64_t rt_eng_pool_n_evicted(const rt_eng *e); /* cached blocks dropped for others */

@@ -90,6 +90,7 @@ typedef struct gen {
     char reasoning[65536];
     char finish[16];
     long prompt_tokens, completion_tokens;
+    long cached_tokens;          /* usage.prompt_tokens_details.cached_tokens (-1: none given) */
     int done_marker, n_events;
 } gen;
 
@@ -97,7 +98,7 @@ typedef struct gen {
 static inline int read_gen(const hresp *h, int stream, int chat, gen *g) {
     memset(g, 0, sizeof *g);
     g->status = h->status;
-    g->prompt_tokens = g->completion_tokens = -1;
+    g->prompt_tokens = g->completion_tokens = g->cached_tokens = -1;
     if (h->status != 200) return -1;
     json_t *objs;
     if (stream) {
@@ -119,6 +120,8 @@ static inline int read_gen(const hresp *h, int stream, int chat, gen *g) {
         if (json_is_object(u)) {
             g->prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
             g->completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+            json_t *ct = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+            if (json_is_integer(ct)) g->cached_tokens = (long)json_integer_value(ct);
         }
         json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
         if (!ch) continue;

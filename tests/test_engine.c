@@ -3,7 +3,10 @@
  * prefill (last and all logits, hidden states), a batched decode step of three sequences (each
  * row equal to that sequence's one-token call), truncation and replay, batched rows of several
  * tokens per sequence (rt_eng_decode_rows, equal to each sequence's own call), the MTP block; the
- * shared pool's counts and its exhaustion (G5_ERR_NOMEM, nothing changed); the refusals: a
+ * shared pool's counts and its exhaustion (G5_ERR_NOMEM, nothing changed); MTP drafting over a
+ * prefix attached from the cache (the pool keeping hidden states: rt_eng_seq_hidden equal to the
+ * prefill's, rt_drafter_resume giving the MTP calls and logits of a run without the cache, bit
+ * for bit; refused where not kept); the refusals: a
  * sequence before rt_eng_load, a decode with another engine's sequence, and RT_ENG_CUDA in a
  * build without CUDA. */
 #include <stdint.h>
@@ -14,12 +17,177 @@
 
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
+#include "runtime/draft.h"
 #include "runtime/engine.h"
 #include "tests/test_util.h"
 
 enum { NP = 12, NS = 3 };
 
 static int same(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+
+/* MTP calls seen by a drafter's observer: each call's first position, pair count and draft logits. */
+enum { MAXC = 16 };
+typedef struct mtp_log {
+    uint32_t n_calls, p0[MAXC], n[MAXC];
+    float *draft;                /* [MAXC][V] */
+    size_t V;
+} mtp_log;
+
+static g5_status log_mtp(void *user, uint32_t p0, const float *hidden, const int32_t *next, uint32_t n, float *draft,
+                         g5_error *err) {
+    (void)hidden, (void)next, (void)err;
+    mtp_log *l = user;
+    if (l->n_calls < MAXC) {
+        l->p0[l->n_calls] = p0;
+        l->n[l->n_calls] = n;
+        memcpy(l->draft + l->n_calls * l->V, draft, l->V * sizeof(float));
+    }
+    l->n_calls++;
+    return G5_OK;
+}
+
+/* A drafter on q: optionally resumed over q's first n_reused positions, then the rest of prompt
+ * [0, np) in one call and ng greedy steps; out_logits [ng + 1][V] (the prompt's, then each
+ * step's), out_ids [ng]. */
+static g5_status draft_run(rt_eng_seq *q, const int32_t *prompt, uint32_t np, uint32_t n_reused, uint32_t ng, size_t V,
+                           float *out_logits, int32_t *out_ids, mtp_log *l, rt_draft_stats *ds, g5_error *e) {
+    rt_drafter *d = NULL;
+    g5_status st = rt_drafter_create(q, &d, e);
+    if (!st) rt_drafter_set_observer(d, log_mtp, l);
+    if (!st) st = rt_drafter_resume(d, prompt, n_reused, e);
+    if (!st) st = rt_drafter_prompt(d, prompt + n_reused, np - n_reused, out_logits, 0, e);
+    for (uint32_t k = 0; k < ng && !st; k++) {
+        const float *lg = out_logits + k * V;
+        int32_t best = 0;
+        for (uint32_t v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = (int32_t)v;
+        out_ids[k] = best;
+        st = rt_drafter_step(d, best, out_logits + (k + 1) * V, e);
+    }
+    if (d) rt_drafter_get_stats(d, ds);
+    rt_drafter_free(d);
+    return st;
+}
+
+/* --draft mtp with the prefix cache: a sequence attached to a cached prefix, its drafter resumed
+ * from the hidden states the pool keeps, makes the MTP calls of a run without the cache and gets
+ * its logits, bit for bit. */
+static void test_prefix_draft(const rt_wset *ws, const rt_eng_opts *eo, rt_eng *plain) {
+    enum { PN = 21, G = 6, BT = 8 };
+    const glm5_hparams *hp = rt_eng_hparams(plain);
+    const size_t V = hp->n_vocab, E = hp->n_embd;
+    if (!rt_eng_has_mtp(plain)) {
+        T_CHECK(0, "the oracle has a NextN block");
+        return;
+    }
+    g5_error e = {0};
+    int32_t prompt[PN], ids_a[G], ids_b[G];
+    uint64_t rng = 0x9876;
+    for (int i = 0; i < PN; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[i] = (int32_t)((rng >> 33) % V);
+    }
+    float *lg_a = malloc((G + 1) * V * sizeof(float)), *lg_b = malloc((G + 1) * V * sizeof(float));
+    float *h_a = malloc((PN + G) * E * sizeof(float)), *h_b = malloc((PN + G) * E * sizeof(float));
+    mtp_log la = {.V = V, .draft = malloc(MAXC * V * sizeof(float))}, lb = {.V = V, .draft = malloc(MAXC * V * sizeof(float))};
+    rt_draft_stats da = {0}, db = {0};
+    rt_eng *ep = NULL;
+    rt_eng_seq *r = NULL, *a = NULL, *b = NULL;
+    /* the reference: no pool, no cache */
+    g5_status st = rt_eng_seq_create(plain, 0, &r, &e);
+    if (!st) st = draft_run(r, prompt, PN, 0, G, V, lg_a, ids_a, &la, &da, &e);
+    T_CHECK(!st, "reference drafting run: %s", e.msg);
+    T_CHECK(rt_eng_seq_hidden(r, 0, 1, h_b, &e) == G5_ERR_UNSUPPORTED, "no pool: hidden states not kept (%s)", e.msg);
+    rt_eng_opts po = *eo;
+    po.kv_blocks = 8;
+    po.kv_block_tokens = BT;
+    po.kv_prefix_cache = 1;
+    po.kv_prefix_hidden = 1;
+    st = st ? st : rt_eng_create(ws, &po, &ep, &e);
+    if (!st) st = rt_eng_load(ep, &e);
+    T_CHECK(!st, "prefix + hidden engine: %s", e.msg);
+    if (!st) { /* the first sequence runs the prompt (two calls), publishes it and ends */
+        st = rt_eng_seq_create(ep, 0, &a, &e);
+        if (!st) st = rt_eng_prefill(a, prompt, 13, &(rt_eng_out){.hidden = h_a}, &e);
+        if (!st) st = rt_eng_prefill(a, prompt + 13, PN - 13, &(rt_eng_out){.hidden = h_a + 13 * E}, &e);
+        if (!st) st = rt_eng_seq_hidden(a, 0, PN, h_b, &e);
+        T_CHECK(!st && same(h_a, h_b, PN * E), "the pool's hidden states are the prefill's: %s", e.msg);
+        if (!st) st = rt_eng_seq_publish_prefix(a, prompt, &e);
+        rt_eng_seq_free(a);
+        a = NULL;
+        T_CHECK(!st && rt_eng_pool_n_cached(ep) == 2, "2 blocks cached (%u): %s", rt_eng_pool_n_cached(ep), e.msg);
+    }
+    uint32_t reused = 0;
+    if (!st) st = rt_eng_seq_create(ep, 0, &b, &e);
+    if (!st) st = rt_eng_seq_attach_prefix(b, prompt, PN, &reused, &e);
+    T_CHECK(!st && reused == 2 * BT && rt_eng_seq_mtp_n_past(b) == 0, "attached %u positions, MTP %u", reused,
+            b ? rt_eng_seq_mtp_n_past(b) : 0);
+    if (!st) st = draft_run(b, prompt, PN, reused, G, V, lg_b, ids_b, &lb, &db, &e);
+    T_CHECK(!st, "drafting over the attached prefix: %s", e.msg);
+    if (!st) {
+        int calls = la.n_calls == lb.n_calls && la.n_calls <= MAXC && la.n_calls == G;
+        for (uint32_t k = 0; calls && k < la.n_calls; k++)
+            calls = la.p0[k] == lb.p0[k] && la.n[k] == lb.n[k] && same(la.draft + k * V, lb.draft + k * V, V);
+        T_CHECK(calls && la.p0[0] == 0 && la.n[0] == PN, "MTP calls as without the cache: %u and %u, first over %u pairs",
+                la.n_calls, lb.n_calls, lb.n[0]);
+        T_CHECK(same(lg_a, lg_b, (G + 1) * V) && !memcmp(ids_a, ids_b, sizeof ids_a), "logits and ids as without the cache");
+        T_CHECK(da.drafted == db.drafted && da.accepted == db.accepted && db.drafted == G && db.forwards == da.forwards,
+                "draft stats alike: %llu/%llu drafted, %llu/%llu accepted", (unsigned long long)da.drafted,
+                (unsigned long long)db.drafted, (unsigned long long)da.accepted, (unsigned long long)db.accepted);
+        /* the steps' positions keep their hidden states too (verification calls write them) */
+        const uint32_t nv = PN + G; /* the prompt and the steps' tokens; a pending draft after them */
+        int32_t full[PN + G];
+        memcpy(full, prompt, sizeof prompt);
+        memcpy(full + PN, ids_b, sizeof ids_b);
+        rt_eng_seq_reset(r);
+        st = rt_eng_prefill(r, full, nv, &(rt_eng_out){.hidden = h_a}, &e);
+        if (!st) st = rt_eng_seq_hidden(b, 0, nv, h_b, &e);
+        T_CHECK(!st && same(h_a, h_b, (size_t)nv * E), "hidden states of %u positions after the steps: %s", nv, e.msg);
+        T_CHECK(rt_eng_seq_hidden(b, 0, rt_eng_seq_n_past(b) + 1, h_b, &e) == G5_ERR_BOUNDS, "past n_past refused");
+    }
+    /* batched rows and decode steps keep their positions' states too */
+    rt_eng_seq *c = NULL;
+    if (ep && r && rt_eng_seq_create(ep, 0, &c, &e) == G5_OK) {
+        const uint32_t one[1] = {2};
+        st = rt_eng_prefill(c, prompt + 3, 5, NULL, &e);
+        if (!st) st = rt_eng_decode_rows(ep, &c, one, 1, prompt + 8, &(rt_eng_out){.hidden = h_a + 5 * E}, &e);
+        if (!st) st = rt_eng_decode(ep, &c, prompt + 10, 1, NULL, &e);
+        rt_eng_seq_reset(r);
+        if (!st) st = rt_eng_prefill(r, prompt + 3, 8, &(rt_eng_out){.hidden = h_b}, &e);
+        T_CHECK(!st && same(h_a + 5 * E, h_b + 5 * E, 2 * E), "rows' hidden states: %s", e.msg);
+        if (!st) st = rt_eng_seq_hidden(c, 0, 8, h_a, &e);
+        T_CHECK(!st && same(h_a, h_b, 8 * E), "prefill, rows and decode keep their hidden states: %s", e.msg);
+    }
+    rt_eng_seq_free(c);
+    /* a drafter in use cannot resume, nor one over more positions than the sequence holds */
+    rt_drafter *d = NULL;
+    rt_eng_seq_free(b);
+    b = NULL;
+    if (ep && rt_eng_seq_create(ep, 0, &b, &e) == G5_OK && rt_eng_seq_attach_prefix(b, prompt, PN, &reused, &e) == G5_OK &&
+        rt_drafter_create(b, &d, &e) == G5_OK) {
+        T_CHECK(reused == 2 * BT && rt_drafter_resume(d, prompt, reused + 1, &e) == G5_ERR_INVALID_ARG,
+                "resume past n_past refused (%u attached)", reused);
+        T_CHECK(rt_drafter_resume(d, prompt, reused, &e) == G5_OK && rt_drafter_resume(d, prompt, 4, &e) == G5_ERR_INVALID_ARG,
+                "resume twice refused");
+    }
+    rt_drafter_free(d);
+    rt_eng_seq_free(b);
+    rt_eng_seq_free(r);
+    rt_eng_free(ep);
+    /* the GPU store keeps no hidden states: refused whatever the build */
+    po.device = RT_ENG_CUDA;
+    po.kv_blocks = 0;
+    ep = NULL;
+    T_CHECK(rt_eng_create(ws, &po, &ep, &e) == G5_ERR_UNSUPPORTED && !ep && strstr(e.msg, "GPU store"),
+            "kv_prefix_hidden on CUDA refused: %s", e.msg);
+    free(lg_a);
+    free(lg_b);
+    free(h_a);
+    free(h_b);
+    free(la.draft);
+    free(lb.draft);
+}
 
 int main(void) {
     struct stat sb;
@@ -181,6 +349,7 @@ int main(void) {
         T_CHECK(rt_eng_create(ws, &po, &ep, &e) == G5_ERR_INVALID_ARG && !ep && strstr(e.msg, "CUDA only"),
                 "a GPU prefix store on the CPU refused: %s", e.msg);
     }
+    test_prefix_draft(ws, &eo, en);
     /* CUDA in this build */
     {
         rt_eng *eg = NULL;

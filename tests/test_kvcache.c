@@ -1,7 +1,9 @@
 /* The paged cache pool (runtime/cpu/kvcache.h) and paged decoding states (runtime/cpu/model.h):
  * allocation, exhaustion (all or nothing), reuse, the position -> (block, row) mapping of every
  * rank/layer region without overlap, truncation returning blocks, growable pools, concurrent
- * use from several threads, and on the oracle model the block accounting of paged states. */
+ * use from several threads, per-position rows (rt_kvpool_keep_rows: their own region of each
+ * block, copied by unshare, refused once blocks exist), and on the oracle model the block
+ * accounting of paged states. */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -341,7 +343,44 @@ static void test_prefix_states(void) {
     rt_wset_free(ws);
 }
 
+
+/* rt_kvpool_keep_rows: one row of W floats per position in a region of its own (the other regions
+ * keep their contents), copied with the block by unshare; refused after blocks were handed out. */
+static void test_rows(void) {
+    enum { W = 6 };
+    rt_kvlayout lay = layout();
+    rt_kvpool *p = NULL;
+    g5_error e = {0};
+    T_CHECK(rt_kvpool_create_layout(&lay, 4, BT, &p, &e) == G5_OK && rt_kvpool_enable_prefix(p, &e) == G5_OK, "pool");
+    if (!p) return;
+    const size_t plain = p->block_floats;
+    T_CHECK(rt_kvpool_keep_rows(p, W, &e) == G5_OK && p->block_floats == plain + BT * W && rt_kvpool_keep_rows(p, W, &e) == G5_OK,
+            "rows: block of %zu floats (was %zu)", p->block_floats, plain);
+    rt_kvtab a = {.pool = p}, b = {.pool = p};
+    int ok = rt_kvtab_reserve(&a, 2 * BT, &e) == G5_OK;
+    for (uint32_t pos = 0; ok && pos < 2 * BT; pos++)
+        for (uint32_t j = 0; j < W; j++) rt_kvtab_row(&a, pos)[j] = -(float)(pos * 16 + j) - 1;
+    ok = ok && fill_and_check(&a, 2 * BT); /* the other regions' writes leave the rows alone */
+    for (uint32_t pos = 0; ok && pos < 2 * BT; pos++) {
+        const float *r = rt_kvtab_row(&a, pos), *blk = a.ptr[pos / BT];
+        ok = r >= blk && r + W <= blk + p->block_floats;
+        for (uint32_t j = 0; ok && j < W; j++) ok = r[j] == -(float)(pos * 16 + j) - 1;
+    }
+    T_CHECK(ok, "rows in a region of their own");
+    uint64_t h[2] = {1, 2};
+    uint32_t k = 0;
+    rt_kvtab_publish(&a, h, 2);
+    T_CHECK(rt_kvtab_attach(&b, h, 2, &k, &e) == G5_OK && k == 2 && rt_kvtab_unshare(&b, 1, &e) == G5_OK &&
+                b.ids[1] != a.ids[1] && rt_kvtab_row(&b, BT + 3)[W - 1] == -(float)((BT + 3) * 16 + W - 1) - 1,
+            "unshare copies the rows");
+    T_CHECK(rt_kvpool_keep_rows(p, W + 1, &e) == G5_ERR_INVALID_ARG, "rows after blocks were handed out: %s", e.msg);
+    rt_kvtab_release(&a);
+    rt_kvtab_release(&b);
+    rt_kvpool_free(p);
+}
+
 int main(void) {
+    test_rows();
     test_prefix_pool();
     test_prefix_states();
     test_pool();

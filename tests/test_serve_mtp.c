@@ -2,7 +2,11 @@
  * greedy clients get plain greedy decoding's tokens with accepted and rejected drafts verified in
  * the batched step, the draft counters in /metrics move, seeded sampled requests with drafts are
  * reproducible and top_k 1 ones are greedy decoding; the same under preemption and up to a full
- * context. (tests/test_sample.c proves the speculative sampling rule itself.) */
+ * context; with the prefix cache (on by default, its blocks then keeping the hidden states the
+ * drafter rebuilds the NextN cache of a reused prefix from): requests sharing a long prefix report
+ * cached tokens and get the ids of a server without the cache and of plain greedy decoding, the
+ * draft counters of both servers equal (the same MTP calls), also after cached blocks were
+ * evicted. (tests/test_sample.c proves the speculative sampling rule itself.) */
 #include "tests/serve_harness.h"
 
 /* --draft mtp. The oracle's random MTP block almost never guesses right, so an observer rewrites
@@ -170,6 +174,117 @@ static void test_draft_mtp(ref *R, const oracle *o) {
     pthread_mutex_destroy(&ch.mu);
 }
 
+
+/* --draft mtp with the prefix cache. Requests in order, alike on a server with the cache and one
+ * without: A (100 tokens), B (A's first 80, then 30 others), C (100 others: its blocks evict
+ * cached ones from a pool of 10 blocks of 16), A again. An observer steers some drafts to the
+ * right token (as above, by the tokens of the MTP inputs), so drafts are accepted and rejected;
+ * since a drafter over an attached prefix makes the MTP calls of one that ran it, both servers
+ * must count the same drafts and acceptances. */
+enum { PX_NR = 4, PX_NG = 12, PX_MAX = 112 };
+typedef struct px_cheat {
+    int32_t full[PX_NR][PX_MAX + PX_NG];
+    uint32_t n_full[PX_NR];
+    uint64_t calls, steered;
+    uint32_t V;
+} px_cheat;
+
+static g5_status px_observer(void *user, uint32_t p0, const float *hidden, const int32_t *next, uint32_t n, float *draft,
+                             g5_error *err) {
+    (void)hidden, (void)err;
+    px_cheat *c = user; /* requests run one at a time: no lock needed */
+    const uint32_t want_pos = p0 + n + 1;
+    if (++c->calls % 3 == 0) return G5_OK;
+    for (int i = 0; i < PX_NR; i++) {
+        if (want_pos >= c->n_full[i]) continue;
+        int match = 1;
+        for (uint32_t j = 0; j < n && match; j++) match = c->full[i][p0 + j + 1] == next[j];
+        if (!match) continue;
+        float mx = draft[0];
+        for (uint32_t v = 1; v < c->V; v++) mx = draft[v] > mx ? draft[v] : mx;
+        draft[c->full[i][want_pos]] = mx + 100.0f;
+        c->steered++;
+        break;
+    }
+    return G5_OK;
+}
+
+static void test_prefix_mtp(ref *R) {
+    static int32_t pr[PX_NR][PX_MAX];
+    static px_cheat ch[2];
+    uint32_t np[PX_NR] = {100, 110, 100, 100};
+    for (int i = 0; i < 100; i++) pr[0][i] = (int32_t)(1500 + (i * 29) % 500);
+    memcpy(pr[1], pr[0], 80 * sizeof **pr);
+    for (int i = 80; i < 110; i++) pr[1][i] = (int32_t)(100 + i);
+    for (int i = 0; i < 100; i++) pr[2][i] = (int32_t)(700 + (i * 13) % 600);
+    memcpy(pr[3], pr[0], 100 * sizeof **pr);
+    int32_t want[PX_NR][PX_NG];
+    uint32_t nw[PX_NR];
+    for (int k = 0; k < 2; k++) ch[k].V = R->V;
+    for (int i = 0; i < PX_NR; i++) {
+        nw[i] = ref_greedy(R, pr[i], np[i], PX_NG, want[i]);
+        for (int k = 0; k < 2; k++) {
+            memcpy(ch[k].full[i], pr[i], np[i] * sizeof **pr);
+            memcpy(ch[k].full[i] + np[i], want[i], nw[i] * sizeof **pr);
+            ch[k].n_full[i] = np[i] + nw[i];
+        }
+    }
+    static gen g[2][PX_NR];
+    srv_stats st[2];
+    double evicted[2] = {0, 0}, hits[2] = {0, 0};
+    for (int k = 0; k < 2; k++) { /* k = 0: the prefix cache; 1: none */
+        srv_config c;
+        srv_config_default(&c);
+        c.draft_mtp = 1;
+        c.prefix_cache = k == 0;
+        c.ctx_size = 160;
+        c.block_tokens = 16;
+        c.draft_observer = px_observer;
+        c.draft_observer_user = &ch[k];
+        logbuf lb = {0};
+        srv_server *s = start_server(T_ORACLE_GGUF, &c, &lb);
+        if (!s) return;
+        const uint16_t port = srv_port(s);
+        T_CHECK(wait_health(port, 60), "health");
+        for (int i = 0; i < PX_NR; i++) {
+            char *body = completion_body(pr[i], np[i], NULL, PX_NG, i == 3, i == 3 ? "\"stream_options\":{\"include_usage\":true}" : NULL);
+            gen_request(port, "/v1/completions", body, i == 3, &g[k][i]);
+            free(body);
+        }
+        evicted[k] = metric(port, "glm5_prefix_cache_evictions_total");
+        hits[k] = metric(port, "glm5_prefix_cache_hits_total");
+        srv_get_stats(s, &st[k]);
+        T_CHECK(st[k].blocks_in_use == 0, "server %d: %u blocks in use after the requests", k, st[k].blocks_in_use);
+        srv_free(s);
+    }
+    static const char *const name[PX_NR] = {"A", "B (A's first 80 tokens)", "C (evicting)", "A again"};
+    for (int i = 0; i < PX_NR; i++) {
+        T_CHECK(g[0][i].status == 200 && g[1][i].status == 200, "request %s: %d / %d", name[i], g[0][i].status, g[1][i].status);
+        T_CHECK(ids_equal(g[0][i].ids, g[0][i].n, g[1][i].ids, g[1][i].n) && ids_equal(g[0][i].ids, g[0][i].n, want[i], nw[i]),
+                "request %s: the same %u ids with the cache, without it (%u) and in plain greedy decoding (%u)", name[i],
+                g[0][i].n, g[1][i].n, nw[i]);
+        T_CHECK(g[1][i].cached_tokens == 0, "no cache: request %s cached %ld", name[i], g[1][i].cached_tokens);
+    }
+    T_CHECK(g[0][0].cached_tokens == 0 && g[0][1].cached_tokens == 80 && g[0][2].cached_tokens == 0,
+            "cached tokens: A %ld, B %ld (want 80), C %ld", g[0][0].cached_tokens, g[0][1].cached_tokens,
+            g[0][2].cached_tokens);
+    T_CHECK(g[0][3].cached_tokens >= 0 && g[0][3].cached_tokens < 96 && evicted[0] > 0 && evicted[1] == 0,
+            "after C's evictions A again reuses %ld tokens (< 96); %.0f evictions", g[0][3].cached_tokens, evicted[0]);
+    T_CHECK(hits[0] == 80 + g[0][3].cached_tokens && hits[1] == 0, "hits counter %.0f", hits[0]);
+    printf("draft mtp + prefix cache: cached tokens %ld / %ld / %ld / %ld, %.0f evictions; drafts %llu verified, %llu "
+           "accepted (without the cache: %llu, %llu); %llu of %llu MTP calls steered\n",
+           g[0][0].cached_tokens, g[0][1].cached_tokens, g[0][2].cached_tokens, g[0][3].cached_tokens, evicted[0],
+           (unsigned long long)st[0].draft_proposed, (unsigned long long)st[0].draft_accepted,
+           (unsigned long long)st[1].draft_proposed, (unsigned long long)st[1].draft_accepted,
+           (unsigned long long)ch[0].steered, (unsigned long long)ch[0].calls);
+    T_CHECK(st[0].draft_proposed > 0 && st[0].draft_accepted > 0 && st[0].draft_accepted < st[0].draft_proposed,
+            "draft counters move with the cache: %llu verified, %llu accepted", (unsigned long long)st[0].draft_proposed,
+            (unsigned long long)st[0].draft_accepted);
+    T_CHECK(st[0].draft_proposed == st[1].draft_proposed && st[0].draft_accepted == st[1].draft_accepted &&
+                ch[0].calls == ch[1].calls && ch[0].steered == ch[1].steered,
+            "the same MTP calls and drafts with and without the cache");
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     static oracle o;
@@ -179,6 +294,7 @@ int main(void) {
         return t_report("test_serve_mtp");
     }
     test_draft_mtp(&R, &o);
+    test_prefix_mtp(&R);
     ref_close(&R);
     return t_report("test_serve_mtp");
 }

@@ -116,6 +116,26 @@ uint32_t rt_kvpool_n_free(const rt_kvpool *p) {
 }
 
 uint32_t rt_kvpool_block_tokens(const rt_kvpool *p) { return p->bt; }
+
+g5_status rt_kvpool_keep_rows(rt_kvpool *p, uint32_t width, g5_error *err) {
+    if (p->hidw == width) return G5_OK;
+    g5_status st = G5_OK;
+    pthread_mutex_lock(&p->mu);
+    for (uint32_t i = 0; i < p->cap && !st; i++)
+        if (p->mem[i]) st = g5_fail(err, G5_ERR_INVALID_ARG, "kv pool: rows of %u floats added after blocks were handed out",
+                                    width);
+    uint64_t base = p->hidw ? p->hid_off : p->block_floats, a, b, bytes;
+    if (!st && (g5_mul_u64(p->bt, width, &a) || g5_add_u64(base, a, &b) || g5_mul_u64(b, sizeof(float), &bytes) ||
+                bytes > (uint64_t)SIZE_MAX / 2))
+        st = g5_fail(err, G5_ERR_OVERFLOW, "kv pool: a block of %u tokens with rows of %u floats is too large", p->bt, width);
+    if (!st) {
+        p->hid_off = (size_t)base;
+        p->hidw = width;
+        p->block_floats = (size_t)b;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return st;
+}
 uint64_t rt_kvpool_block_bytes(const rt_kvpool *p) { return (uint64_t)p->block_floats * sizeof(float); }
 
 /* ---- prefix cache: hash table and LRU (under mu) ---- */

@@ -13,7 +13,9 @@
  * A fixed pool holds at most n_blocks blocks and refuses more (G5_ERR_NOMEM, "kv pool
  * exhausted: ..."); a growable one (n_blocks = 0) doubles its id space instead. Block memory is
  * allocated when an id is first handed out and kept for reuse until the pool is freed.
- * A table is used by one thread at a time.
+ * A table is used by one thread at a time. A pool may also keep one row of floats per position
+ * (rt_kvpool_keep_rows: the main model's hidden states for the MTP drafter, model.h), a region
+ * of each block of its own, once per block.
  *
  * Prefix caching (rt_kvpool_enable_prefix, fixed pools): a full block's contents depend only on
  * the tokens at and before its positions, so a block can be named by the hash of its token
@@ -50,6 +52,8 @@ struct rt_kvpool {
     uint32_t bt;                 /* tokens per block */
     uint32_t n_ranks, il0, nl, kvw, idw;
     size_t *lat_off, *idx_off;   /* [n_ranks * nl] float offsets in a block (idx: SIZE_MAX none) */
+    uint32_t hidw;               /* hidden-state floats per position (0: none; rt_kvpool_keep_rows) */
+    size_t hid_off;              /* float offset of the block's [bt][hidw] rows (once, not per rank) */
     size_t block_floats;
     int growable;
     uint32_t cap;                /* block ids that exist */
@@ -75,6 +79,10 @@ uint32_t rt_kvpool_n_free(const rt_kvpool *p);
 uint32_t rt_kvpool_block_tokens(const rt_kvpool *p);
 uint64_t rt_kvpool_block_bytes(const rt_kvpool *p);
 
+/* Adds to every block a [block_tokens][width] region of one float row per position (once per
+ * block, not per rank: the main model's final-normed hidden states, which the MTP drafter of a
+ * sequence attached to a cached prefix reads back, model.h). Before any block is handed out. */
+g5_status rt_kvpool_keep_rows(rt_kvpool *p, uint32_t width, g5_error *err);
 /* Turns prefix caching on (a fixed pool, before any block is handed out). */
 g5_status rt_kvpool_enable_prefix(rt_kvpool *p, g5_error *err);
 uint32_t rt_kvpool_n_cached(const rt_kvpool *p);   /* cached blocks no table holds */
@@ -122,6 +130,12 @@ static inline float *rt_kvtab_idx(const rt_kvtab *t, uint32_t r, uint32_t il, ui
     const rt_kvpool *p = t->pool;
     return t->ptr[pos / p->bt] + p->idx_off[(size_t)r * p->nl + (il - p->il0)] +
            (size_t)(pos % p->bt) * p->idw;
+}
+
+/* Position pos's row of the region of rt_kvpool_keep_rows (the pool must have one). */
+static inline float *rt_kvtab_row(const rt_kvtab *t, uint32_t pos) {
+    const rt_kvpool *p = t->pool;
+    return t->ptr[pos / p->bt] + p->hid_off + (size_t)(pos % p->bt) * p->hidw;
 }
 
 #endif

@@ -482,6 +482,23 @@ g5_status rt_state_publish_prefix(rt_state *s, const int32_t *tokens, g5_error *
     return G5_OK;
 }
 
+g5_status rt_kvpool_keep_hidden(rt_kvpool *p, g5_error *err) {
+    const rt_model *m = p->owner;
+    if (!m || p->il0 != 0 || p->nl != m->hp.n_layer_main)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "kv pool: hidden states kept only in a pool of a model's main layers");
+    return rt_kvpool_keep_rows(p, m->hp.n_embd, err);
+}
+
+g5_status rt_state_hidden(const rt_state *s, uint32_t p0, uint32_t n, float *out, g5_error *err) {
+    const uint32_t E = s->m->hp.n_embd;
+    if (s->main.pool->hidw != E)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "hidden states of positions %u..: the state's pool does not keep them", p0);
+    if (p0 > s->n_past || n > s->n_past - p0)
+        return g5_fail(err, G5_ERR_BOUNDS, "hidden states of positions %u + %u: the state holds %u", p0, n, s->n_past);
+    for (uint32_t t = 0; t < n; t++) memcpy(out + (size_t)t * E, rt_kvtab_row(&s->main, p0 + t), E * sizeof(float));
+    return G5_OK;
+}
+
 g5_status rt_state_reserve(rt_state *s, uint32_t n_tokens, g5_error *err) {
     return rt_kvtab_reserve(&s->main, n_tokens, err);
 }
@@ -788,6 +805,12 @@ static void *rank_main(void *arg) {
         for (uint32_t t = 0; t < n; t++)
             rt_rmsnorm(w.x + (size_t)t * E, rk->output_norm, E, hp->rms_eps, w.h + (size_t)t * E);
         if (tr && o->hidden) memcpy(o->hidden, w.h, (size_t)n * E * sizeof(float));
+        if (rk == m->ranks) /* pools keeping hidden states (rt_kvpool_keep_hidden) get each row's */
+            for (uint32_t t = 0; t < n; t++) {
+                const rt_state *st = rt_fwd_state(f, t);
+                if (st->main.pool->hidw)
+                    memcpy(rt_kvtab_row(&st->main, rt_fwd_pos(f, t)), w.h + (size_t)t * E, E * sizeof(float));
+            }
         if (o) {
             project_vocab(rk, &rk->output, w.h, n, E, hp->n_vocab, o->logits, o->all_logits);
             rt_gather_vocab(f, rk, &rk->output, o->logits, o->all_logits ? n : 1);

@@ -132,6 +132,19 @@ g5_status rt_state_attach_prefix(rt_state *s, const int32_t *tokens, uint32_t n,
                                  g5_error *err);
 /* Registers the state's full blocks for reuse; tokens: the state's first n_past tokens. */
 g5_status rt_state_publish_prefix(rt_state *s, const int32_t *tokens, g5_error *err);
+/* MTP drafting over a cached prefix: the NextN block of a state that attached a prefix has not
+ * seen those positions (its own cache stays private and starts empty), and its input at MTP
+ * position p is the main model's final-normed hidden state at p. rt_kvpool_keep_hidden (before
+ * any state uses the pool) makes every block also hold those hidden states, [block_tokens]
+ * [n_embd] once per block (not per rank): every forward call writes its rows' states there
+ * (rt_model_forward, _batch, _rows alike), so a cached block carries the states of its
+ * positions, bit-identical to what running the prefix again would give, and rt_state_hidden
+ * reads them back: the drafter (runtime/draft.h, rt_drafter_resume) then runs the MTP block over
+ * the attached positions exactly as it would have after prefilling them. */
+g5_status rt_kvpool_keep_hidden(rt_kvpool *p, g5_error *err);
+/* out [n][n_embd] = the hidden states at positions p0 .. p0 + n - 1 (< n_past) of a state whose
+ * pool keeps them; G5_ERR_UNSUPPORTED otherwise. */
+g5_status rt_state_hidden(const rt_state *s, uint32_t p0, uint32_t n, float *out, g5_error *err);
 
 /* What a forward call writes (any pointer may be NULL). */
 typedef struct rt_outputs {

@@ -31,8 +31,14 @@
  * (the model's distribution). A rejected draft's position is truncated before the next
  * verification; the second row's logits wait for the step that accepts it. No draft is made
  * when the context is full or the next token is the request's last. /metrics counts drafts
- * verified and accepted. The prefix cache is off with it (the MTP block's caches and hidden
- * states are not cached by prefix yet); after a preemption a sampled request's tokens may differ
+ * verified and accepted. With the prefix cache (CPU): the shared pool's blocks also keep the
+ * final-normed hidden state of each position (engine.h kv_prefix_hidden), and a request that
+ * attaches a cached prefix has its drafter rebuild the NextN block's cache of those positions
+ * from them (rt_drafter_resume: one NextN layer over the prefix, not the whole model), so its MTP
+ * calls, drafts and tokens are those of a run without the cache, bit for bit; an unverified
+ * draft's position is dropped before a finished or preempted request's blocks are published. On
+ * CUDA the prefix cache is off with --draft mtp (the GPU store holds no NextN inputs yet; the
+ * load line says so). After a preemption a sampled request's tokens may differ
  * from an unpreempted run (the same distribution: the drafter restarts, so the random stream is
  * used differently); greedy ones never do.
  *
@@ -77,7 +83,7 @@
  *    first out; prompts are prefilled in calls ending at the blocks' ends (with or without the
  *    store: that is what makes a stored block the bits a fresh prefill writes; runtime/engine.h).
  *    Only prompt blocks are stored (not those of generated tokens: a decode step writes other
- *    bits than a prefill). Off with --draft mtp on both devices.
+ *    bits than a prefill). With --draft mtp: on the CPU (above, "MTP"), off on CUDA.
  *  - Defaults: temperature 1, top_p 1, top_k off, min_p off, max_tokens 16 for completions and
  *    the rest of the context for chat; seed random unless given. Penalties: frequency_penalty,
  *    presence_penalty, repetition_penalty (llama.cpp semantics, sample.h), over the prompt too.

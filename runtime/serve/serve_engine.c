@@ -261,6 +261,11 @@ srv_req *srv_req_new(srv_server *s, srv_params *p) {
 static void publish_prefix_locked(srv_server *s, srv_req *r);
 
 static void req_drop_engine_locked(srv_server *s, srv_req *r) {
+    if (s->prefix_cache && r->st && rt_eng_seq_n_past(r->st) > r->n_past) {
+        /* --draft mtp: an unverified draft's position goes before the blocks are published */
+        g5_error e = {0};
+        if (rt_eng_truncate(r->st, r->n_past, rt_eng_seq_mtp_n_past(r->st), &e) != G5_OK) r->n_past = 0;
+    }
     publish_prefix_locked(s, r);
     rt_drafter_free(r->dr); /* before its sequence */
     r->dr = NULL;
@@ -428,7 +433,10 @@ static void log_prefix(srv_server *s, const rt_eng *eng, int cuda) {
     rt_eng_prefix_get_info(eng, &pi);
     const srv_config *c = &s->cfg;
     char why[256];
-    if (pi.on && !cuda)
+    if (pi.on && !cuda && c->draft_mtp)
+        snprintf(why, sizeof why, "on (cache blocks shared by token prefix, keeping the hidden states the NextN block "
+                 "rebuilds its cache of a reused prefix from)");
+    else if (pi.on && !cuda)
         snprintf(why, sizeof why, "on (cache blocks shared by token prefix)");
     else if (pi.on)
         snprintf(why, sizeof why, "on (GPU store of %u blocks of %u tokens, %.1f MB per rank; prompts prefilled in calls "
@@ -436,8 +444,9 @@ static void log_prefix(srv_server *s, const rt_eng *eng, int cuda) {
                  (double)pi.n_blocks * pi.block_bytes / 1e6, pi.block_tokens);
     else if (!c->prefix_cache)
         snprintf(why, sizeof why, "off (--no-prefix-cache)");
-    else if (c->draft_mtp)
-        snprintf(why, sizeof why, "off (not combined with --draft mtp yet: the NextN block's positions are not cached)");
+    else if (c->draft_mtp && cuda)
+        snprintf(why, sizeof why, "off (not combined with --draft mtp on the GPU yet: the GPU store does not hold the "
+                 "NextN block's caches or inputs)");
     else if (cuda && !c->gpu_prefix_block)
         snprintf(why, sizeof why, "off (--gpu-prefix-block 0: each prompt prefilled in one call)");
     else if (cuda && !c->gpu_prefix_cache_mb)
@@ -482,8 +491,11 @@ static void *loader_main(void *arg) {
     eo.precision = s->cfg.gpu_fast ? RT_ENG_FAST : RT_ENG_PRECISE;
     eo.cache = (rt_eng_cache)s->cfg.gpu_kv_cache;
     eo.verify = !s->cfg.gpu_no_verify;
-    /* prefix caching: not with --draft mtp yet (the drafter's NextN positions are not cached) */
-    eo.kv_prefix_cache = s->cfg.prefix_cache && !s->cfg.draft_mtp;
+    /* prefix caching: with --draft mtp on the CPU only, the pool's blocks then keeping the hidden
+     * states the drafter rebuilds the NextN cache of a reused prefix from (the GPU store holds no
+     * NextN inputs yet) */
+    eo.kv_prefix_cache = s->cfg.prefix_cache && !(s->cfg.draft_mtp && cuda);
+    eo.kv_prefix_hidden = eo.kv_prefix_cache && s->cfg.draft_mtp && !cuda;
     if (!cuda) { /* one pool of --ctx-size positions for every sequence */
         eo.kv_block_tokens = s->cfg.block_tokens;
         eo.kv_blocks = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
@@ -678,7 +690,7 @@ static g5_status attach_prefix_locked(srv_server *s, srv_req *r, rt_eng_seq *q, 
 /* Registers the full blocks of r's state (tokens: the prompt, then the output) for reuse. */
 static void publish_prefix_locked(srv_server *s, srv_req *r) {
     rt_eng_seq *q = s->gpu ? srv_slots_seq(s->gpu, r->gslot) : r->st;
-    if (!s->prefix_cache || !q || !r->n_past) return;
+    if (!s->prefix_cache || !q || !r->n_past || rt_eng_seq_n_past(q) != r->n_past) return; /* no unverified draft */
     uint32_t n = r->n_past;
     int32_t *t = malloc((size_t)n * sizeof *t);
     if (!t) return; /* only a lost chance of reuse */
@@ -720,6 +732,8 @@ static void admit_locked(srv_server *s) {
             rt_eng_seq *q = s->gpu ? srv_slots_seq(s->gpu, r->gslot) : r->st;
             st = q ? rt_drafter_create(q, &r->dr, &e) : g5_fail(&e, G5_ERR_INTERNAL, "no sequence to draft for");
             if (st == G5_OK) rt_drafter_set_sampler(r->dr, r->samp);
+            /* an attached prefix: the NextN block's inputs of those positions from the cache */
+            if (st == G5_OK && r->n_past) st = rt_drafter_resume(r->dr, r->feed, r->n_past, &e);
             if (st == G5_OK && s->cfg.draft_observer)
                 rt_drafter_set_observer(r->dr, s->cfg.draft_observer, s->cfg.draft_observer_user);
         }
