@@ -1,7 +1,9 @@
-/* The prefix store's index (prefix.h): an open-addressing table from hash to slot (linear
- * probing, deletion by backward shift, so no tombstones), a doubly linked LRU list over the
- * used slots (head: least recently used) and a stack of free slots. */
+/* The prefix store's index (prefix.h): a table from hash to slot (runtime/cpu/idtab.h, the one
+ * the CPU pool uses), a doubly linked LRU list over the used slots (head: least recently used)
+ * and a stack of free slots. */
 #include "runtime/prefix.h"
+
+#include "runtime/cpu/idtab.h"
 
 #include <stdlib.h>
 
@@ -60,39 +62,14 @@ uint64_t rt_pfx_n_evicted(const rt_pfx *x) { return x->n_evicted; }
 
 /* ---- the table ---- */
 
-static uint32_t home(const rt_pfx *x, uint64_t h) {
-    h ^= h >> 29; /* the hashes are XXH3 outputs already; this only mixes the high bits in */
-    return (uint32_t)h & x->mask;
-}
-
 uint32_t rt_pfx_slot_of(const rt_pfx *x, uint64_t h) {
-    for (uint32_t i = home(x, h);; i = (i + 1) & x->mask) {
-        const uint32_t e = x->ht[i];
-        if (!e) return RT_PFX_NONE;
-        if (x->hash[e - 1] == h) return e - 1;
-    }
+    const uint32_t id = rt_idtab_find(x->ht, x->mask, x->hash, h);
+    return id == RT_IDTAB_NONE ? RT_PFX_NONE : id;
 }
 
-static void ht_put(rt_pfx *x, uint32_t slot) {
-    uint32_t i = home(x, x->hash[slot]);
-    while (x->ht[i]) i = (i + 1) & x->mask;
-    x->ht[i] = slot + 1;
-}
+static void ht_put(rt_pfx *x, uint32_t slot) { rt_idtab_put(x->ht, x->mask, x->hash, slot); }
 
-static void ht_del(rt_pfx *x, uint32_t slot) {
-    uint32_t i = home(x, x->hash[slot]);
-    while (x->ht[i] != slot + 1) i = (i + 1) & x->mask;
-    /* backward shift: move later entries of the probe run into the hole where they may live */
-    for (uint32_t j = (i + 1) & x->mask; x->ht[j]; j = (j + 1) & x->mask) {
-        const uint32_t k = home(x, x->hash[x->ht[j] - 1]);
-        /* the entry at j may move to i unless its home lies cyclically in (i, j] */
-        const int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (stays) continue;
-        x->ht[i] = x->ht[j];
-        i = j;
-    }
-    x->ht[i] = 0;
-}
+static void ht_del(rt_pfx *x, uint32_t slot) { rt_idtab_del(x->ht, x->mask, x->hash, slot); }
 
 /* ---- the LRU list ---- */
 

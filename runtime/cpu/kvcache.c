@@ -1,6 +1,8 @@
 /* The block pool and block tables of the paged caches (kvcache.h). */
 #include "runtime/cpu/kvcache.h"
 
+#include "runtime/cpu/idtab.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -142,41 +144,19 @@ uint64_t rt_kvpool_block_bytes(const rt_kvpool *p) { return (uint64_t)p->block_f
 
 #define NO_ID UINT32_MAX
 
-static uint32_t ht_home(const rt_kvpool *p, uint64_t h) {
-    return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 32) & p->ht_mask;
-}
-
 static uint32_t ht_find(const rt_kvpool *p, uint64_t h) {
-    for (uint32_t i = ht_home(p, h);; i = (i + 1) & p->ht_mask) {
-        const uint32_t e = p->ht[i];
-        if (!e) return NO_ID;
-        if (p->bhash[e - 1] == h) return e - 1;
-    }
+    const uint32_t id = rt_idtab_find(p->ht, p->ht_mask, p->bhash, h);
+    return id == RT_IDTAB_NONE ? NO_ID : id;
 }
 
 static void ht_insert(rt_kvpool *p, uint32_t id) {
-    uint32_t i = ht_home(p, p->bhash[id]);
-    while (p->ht[i]) i = (i + 1) & p->ht_mask;
-    p->ht[i] = id + 1;
+    rt_idtab_put(p->ht, p->ht_mask, p->bhash, id);
     p->reg[id] = 1;
 }
 
-/* Linear probing deletion by backward shift: no tombstones. */
 static void ht_remove(rt_kvpool *p, uint32_t id) {
-    uint32_t i = ht_home(p, p->bhash[id]);
-    while (p->ht[i] != id + 1) i = (i + 1) & p->ht_mask;
-    p->ht[i] = 0;
+    rt_idtab_del(p->ht, p->ht_mask, p->bhash, id);
     p->reg[id] = 0;
-    for (uint32_t j = (i + 1) & p->ht_mask; p->ht[j]; j = (j + 1) & p->ht_mask) {
-        const uint32_t k = ht_home(p, p->bhash[p->ht[j] - 1]);
-        /* the entry at j may move to the hole at i if its home is not in (i, j] (cyclically) */
-        const int between = i <= j ? (k > i && k <= j) : (k > i || k <= j);
-        if (!between) {
-            p->ht[i] = p->ht[j];
-            p->ht[j] = 0;
-            i = j;
-        }
-    }
 }
 
 static void lru_push(rt_kvpool *p, uint32_t id) {
