@@ -10,7 +10,9 @@
 #
 # Environment: as bench/decode.sh (B, CC, DEPS, SKIP_BUILD), plus W (work folder on the device's
 # disk, default /tmp/g5peer), PRECISIONS (default "fast precise"), ARGS (more bench_peer options),
-# LAYERS / EXPERTS (default 12 / 64), LIMIT (seconds per bench_peer run, default 300).
+# LAYERS / EXPERTS (default 12 / 64), LIMIT (seconds per bench_peer run, default 300), LONG (a
+# long-prompt size run after the fast precision's table in calls of CHUNK tokens, as glm5-run
+# --prefill-chunk does; default 32768 in calls of 4096; LONG=0 skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/g5peer-out}
@@ -37,5 +39,10 @@ for p in ${PRECISIONS:-fast precise}; do
   echo "== bench_peer --precision $p"
   timeout "${LIMIT:-300}" "$B/gpu/tests/bench_peer" -m "$W/tp1" --precision "$p" ${ARGS:-} || rc=1
 done
+if [ "${LONG:-32768}" != 0 ]; then
+  echo "== bench_peer --precision fast --pp ${LONG:-32768} --chunk ${CHUNK:-4096}"
+  timeout "${LIMIT:-300}" "$B/gpu/tests/bench_peer" -m "$W/tp1" --precision fast --pp "${LONG:-32768}" \
+    --chunk "${CHUNK:-4096}" --depth 512 --batch 1 --tg 8 --reps 1 --no-verify || rc=1
+fi
 echo "peer.sh rc=$rc total ${SECONDS}s"
 } 2>&1 | tee "$OUT/peer.log"
