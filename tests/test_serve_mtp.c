@@ -23,26 +23,35 @@ typedef struct mtp_cheat {
     uint32_t V;
 } mtp_cheat;
 
+/* The steering both observers do: pair j of an MTP call is (hidden at position p0 + j, token at
+ * p0 + j + 1) and its draft is for position p0 + n + 1; the first of the nr known sequences
+ * (full[i], ld apart, n_full[i] tokens) whose tokens match next gets its token there raised far
+ * above every draft logit (the oracle's logits are small). Returns 1 when one was steered. */
+static int steer_draft(const int32_t *full, size_t ld, const uint32_t *n_full, int nr, uint32_t V, uint32_t p0,
+                       const int32_t *next, uint32_t n, float *draft) {
+    const uint32_t want_pos = p0 + n + 1;
+    for (int i = 0; i < nr; i++) {
+        const int32_t *f = full + (size_t)i * ld;
+        if (want_pos >= n_full[i]) continue;
+        int match = 1;
+        for (uint32_t j = 0; j < n && match; j++) match = f[p0 + j + 1] == next[j];
+        if (!match) continue;
+        float mx = draft[0];
+        for (uint32_t v = 1; v < V; v++) mx = draft[v] > mx ? draft[v] : mx;
+        draft[f[want_pos]] = mx + 100.0f;
+        return 1;
+    }
+    return 0;
+}
+
 static g5_status mtp_observer(void *user, uint32_t p0, const float *hidden, const int32_t *next, uint32_t n, float *draft,
                               g5_error *err) {
     (void)hidden, (void)err;
     mtp_cheat *c = user;
-    /* pair j: (hidden at position p0 + j, token at p0 + j + 1); the draft is for p0 + n + 1 */
-    const uint32_t want_pos = p0 + n + 1;
     pthread_mutex_lock(&c->mu);
     c->calls++;
-    int steer = c->calls % 3 != 0; /* two steps in three point at the right token */
-    for (int i = 0; i < MTP_NC && steer; i++) {
-        if (want_pos >= c->n_full[i]) continue;
-        int match = 1;
-        for (uint32_t j = 0; j < n && match; j++) match = c->full[i][p0 + j + 1] == next[j];
-        if (!match) continue;
-        float mx = draft[0];
-        for (uint32_t v = 1; v < c->V; v++) mx = draft[v] > mx ? draft[v] : mx;
-        draft[c->full[i][want_pos]] = mx + 100.0f; /* the oracle's logits are small: far above any */
-        c->steered++;
-        break;
-    }
+    if (c->calls % 3 != 0) /* two steps in three point at the right token */
+        c->steered += (uint64_t)steer_draft(&c->full[0][0], MTP_NP + 32, c->n_full, MTP_NC, c->V, p0, next, n, draft);
     pthread_mutex_unlock(&c->mu);
     return G5_OK;
 }
@@ -193,19 +202,8 @@ static g5_status px_observer(void *user, uint32_t p0, const float *hidden, const
                              g5_error *err) {
     (void)hidden, (void)err;
     px_cheat *c = user; /* requests run one at a time: no lock needed */
-    const uint32_t want_pos = p0 + n + 1;
     if (++c->calls % 3 == 0) return G5_OK;
-    for (int i = 0; i < PX_NR; i++) {
-        if (want_pos >= c->n_full[i]) continue;
-        int match = 1;
-        for (uint32_t j = 0; j < n && match; j++) match = c->full[i][p0 + j + 1] == next[j];
-        if (!match) continue;
-        float mx = draft[0];
-        for (uint32_t v = 1; v < c->V; v++) mx = draft[v] > mx ? draft[v] : mx;
-        draft[c->full[i][want_pos]] = mx + 100.0f;
-        c->steered++;
-        break;
-    }
+    c->steered += (uint64_t)steer_draft(&c->full[0][0], PX_MAX + PX_NG, c->n_full, PX_NR, c->V, p0, next, n, draft);
     return G5_OK;
 }
 
