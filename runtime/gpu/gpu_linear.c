@@ -236,32 +236,34 @@ static g5_status moe_fast(gl_lin *l, const gl_moe_args *a, const int32_t *rows, 
     int64_t tot = 0;
     for (int64_t e = 0; e < NL; e++) tot += l->hcnt[e];
     if (tot == 0) return G5_OK; /* y already zero */
-    const uint64_t sz_cr = up256((uint64_t)tot * 4), sz_inv = up256((uint64_t)n * U * 4);
-    const uint64_t sz_x = up256((uint64_t)tot * E * 2), sz_g = up256((uint64_t)tot * FE * 4);
-    const uint64_t sz_h = up256((uint64_t)tot * FE * 2), sz_d = up256((uint64_t)tot * E * 4);
-    CK(grow(l, &l->ex, 2 * sz_cr + sz_inv + sz_x + 2 * sz_g + sz_h + sz_d, "expert rows", err));
-    uint8_t *p = l->ex.p;
-    int32_t *crow = (int32_t *)(void *)p;
-    float *crw = (float *)(void *)(p + sz_cr);
-    int32_t *inv = (int32_t *)(void *)(p + 2 * sz_cr);
-    void *xb = p + 2 * sz_cr + sz_inv;
-    float *gs = (float *)(void *)((uint8_t *)xb + sz_x);
-    float *us = (float *)(void *)((uint8_t *)gs + sz_g);
-    void *hb = (uint8_t *)us + sz_g;
-    float *ds = (float *)(void *)((uint8_t *)hb + sz_h);
-    const cuk_moe_compact_args ca = {a->ids, (int32_t)n, (int32_t)U, a->exp0, (int32_t)NL, rows, rw, n, cnt,
-                                     crow, crw, inv};
-    CK(cuk_moe_compact(&ca, l->st, err));
-    const uint32_t et = et_of(l), md = l->cfg.mode;
-    CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
+    /* the form first: the float32 gate and up rows are the copy path's alone */
     const int aligned = (((uintptr_t)a->w_gate | (uintptr_t)a->w_up | (uintptr_t)a->w_down) & 15) == 0;
     int64_t busy = 0, tiles = 0;
     for (int64_t e = 0; e < NL; e++) {
         busy += l->hcnt[e] > 0;
         tiles += l->hcnt[e] > 0 ? (l->hcnt[e] + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM : 0;
     }
-    if (aligned && tiles <= INT32_MAX && moe_mm_wins(tiles, busy, tot) && cuk_moe_mm_takes(a->gu_type, E, FE) &&
-        cuk_moe_mm_takes(a->down_type, FE, E)) {
+    const int fused = aligned && tiles <= INT32_MAX && moe_mm_wins(tiles, busy, tot) &&
+                      cuk_moe_mm_takes(a->gu_type, E, FE) && cuk_moe_mm_takes(a->down_type, FE, E);
+    const uint64_t sz_cr = up256((uint64_t)tot * 4), sz_inv = up256((uint64_t)n * U * 4);
+    const uint64_t sz_x = up256((uint64_t)tot * E * 2), sz_g = fused ? 0 : up256((uint64_t)tot * FE * 4);
+    const uint64_t sz_h = up256((uint64_t)tot * FE * 2), sz_d = up256((uint64_t)tot * E * 4);
+    CK(grow(l, &l->ex, 2 * sz_cr + sz_inv + sz_x + sz_h + sz_d + 2 * sz_g, "expert rows", err));
+    uint8_t *p = l->ex.p;
+    int32_t *crow = (int32_t *)(void *)p;
+    float *crw = (float *)(void *)(p + sz_cr);
+    int32_t *inv = (int32_t *)(void *)(p + 2 * sz_cr);
+    void *xb = p + 2 * sz_cr + sz_inv;
+    void *hb = (uint8_t *)xb + sz_x;
+    float *ds = (float *)(void *)((uint8_t *)hb + sz_h);
+    float *gs = (float *)(void *)((uint8_t *)ds + sz_d); /* copy path only */
+    float *us = (float *)(void *)((uint8_t *)gs + sz_g);
+    const cuk_moe_compact_args ca = {a->ids, (int32_t)n, (int32_t)U, a->exp0, (int32_t)NL, rows, rw, n, cnt,
+                                     crow, crw, inv};
+    CK(cuk_moe_compact(&ca, l->st, err));
+    const uint32_t et = et_of(l), md = l->cfg.mode;
+    CK(cuk_gather_rows_16(a->x, a->ldx, n, crow, tot, E, xb, et, l->st, err));
+    if (fused) {
         /* weights decoded inside the product's tiles: no 16-bit copy of them in memory */
         const cuk_moe_mm_args gu = {a->gu_type, a->w_gate, a->w_up, E, FE, xb, cnt, (int32_t)NL, (int32_t)tiles,
                                     hb, FE};
