@@ -1,0 +1,107 @@
+/* int8-activation products for fast-mode decode (issue 14): an input vector is quantized per 32
+ * elements to int8 with one float32 scale, and the weights' integer quants are multiplied with it
+ * by __dp4a (4 products per instruction), exact in int32 per sub-block, then scaled in float32.
+ * specs/numerics.md says which tensor roles take this path (the routed and shared experts, the
+ * output head, the NextN input projection): only those whose products stay within the fast-mode
+ * bar on the oracle with int8 inputs.
+ *
+ * Quantization of x (one 32-element block, as the CPU emulation in tests/gpu/test_gemv_q8.c):
+ *   d = amax / 127 (float32 division), q[i] = rint(x[i] / d) (ties to even; 0 where d = 0),
+ *   s = d * (float)sum(q), stored as ds[2b] = d, ds[2b + 1] = s.
+ * Products: per weight sub-block, the int32 dot product of the integer quants with q is scaled by
+ * the weight scale and d; min terms (Q4_K, Q5_K) use s. Every output element is the sum of its
+ * row's units in a fixed lane and shuffle order: bits never depend on n or on the batch. */
+#ifndef G5_CUK_Q8_H
+#define G5_CUK_Q8_H
+
+#include <stdint.h>
+
+#include "cuda/cuk.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUK_Q8_BLOCK 32
+#define CUK_Q8_MAX_N 8 /* vectors per pass over the weights */
+
+/* An int8 operand: rows of q [rows][ldq] (bytes) and their block pairs ds [rows][ldds]
+ * (floats: d, s per block). */
+typedef struct cuk_q8_act {
+    const int8_t *q;   /* 16-byte aligned */
+    int64_t ldq;       /* bytes between rows; >= k, a multiple of 16 */
+    const float *ds;   /* 16-byte aligned */
+    int64_t ldds;      /* floats between rows; >= 2 * k / 32, a multiple of 4 */
+} cuk_q8_act;
+
+/* q, ds of x [n][ldx] (float32), k a multiple of 32 (of 64 for a Q8_0 product's input). */
+typedef struct cuk_q8_quantize_args {
+    const float *x;
+    int64_t ldx;       /* >= k */
+    int64_t k;
+    int64_t n;         /* rows, >= 1 */
+    int8_t *q;         /* [n][ldq] */
+    int64_t ldq;
+    float *ds;         /* [n][ldds] */
+    int64_t ldds;
+} cuk_q8_quantize_args;
+g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream stream, g5_error *err);
+
+/* 1 if the int8 kernels take weights of this type with rows of k elements: Q4_K, Q5_K, Q6_K
+ * (k % 256 == 0) and Q8_0 (k % 64 == 0). */
+int cuk_q8_takes(uint32_t w_type, int64_t k);
+
+/* y[v][i] = sum_j W[i][j] x'[v][j], x' the dequantized int8 rows of x, v < n <= CUK_Q8_MAX_N. */
+typedef struct cuk_gemv_q8_args {
+    uint32_t w_type;
+    const void *w;     /* [m][row_bytes], 16-byte aligned */
+    int64_t k, m;
+    cuk_q8_act x;      /* [n] rows */
+    int32_t n;
+    float *y;          /* [n][ldy] */
+    int64_t ldy;       /* >= m */
+} cuk_gemv_q8_args;
+g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
+
+/* cuk_moe_gate_up with int8 inputs: x holds the n_tok tokens' rows; out, plan, ids as there. */
+typedef struct cuk_moe_gate_up_q8_args {
+    uint32_t w_type;
+    const void *w_gate, *w_up; /* [n_expert][m][row_bytes] each */
+    int64_t k, m;
+    int32_t n_expert;
+    const int32_t *ids;
+    int32_t top_k;
+    int64_t ld_ids;
+    cuk_q8_act x;              /* [n_tok] rows */
+    int32_t n_tok;
+    float *out;                /* [n_tok * top_k][ldo] */
+    int64_t ldo;
+    const int32_t *plan;
+} cuk_moe_gate_up_q8_args;
+g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
+
+/* cuk_moe_down with int8 inputs: h holds the n_tok * top_k pairs' rows. */
+typedef struct cuk_moe_down_q8_args {
+    uint32_t w_type;
+    const void *w;             /* [n_expert][m][row_bytes] */
+    int64_t k, m;
+    int32_t n_expert;
+    const int32_t *ids;
+    const float *wts;
+    int32_t top_k;
+    int64_t ld_ids, ld_wts;
+    cuk_q8_act h;              /* [n_tok * top_k] rows */
+    int32_t n_tok;
+    float *y;                  /* [n_tok][ldy] */
+    int64_t ldy;
+    const int32_t *plan;
+    float *part;               /* [n_tok * top_k][ldp] scratch */
+    int64_t ldp;
+} cuk_moe_down_q8_args;
+g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,597 @@
+/* int8-activation GEMV and MoE expert kernels (API and numerics: cuda/cuk_q8.h).
+ *
+ * Layout of the work: a "unit" is 64 consecutive elements of a weight row's k (or, for Q6_K, 4
+ * runs of 16 that share one block half), so every type has k / 64 units per row and a unit's
+ * bytes are whole words of one block: Q4_K/Q5_K a 32-byte quant pair plus the block header (and
+ * Q5_K's 32 high-bit bytes), Q6_K 3 runs of 16 bytes (ql low, ql high, qh) at an even offset
+ * realigned by funnel shifts, Q8_0 two whole blocks (68 bytes from a 4-byte boundary). The
+ * matching x bytes are 16-byte loads of the int8 rows.
+ * - Grid (plain GEMV): one warp per R = 2 rows; 8 warps per CTA. Lane l takes units l, l + 32,
+ *   ... of both rows (loads of the two rows issued together), all NV vectors reuse each decoded
+ *   weight word. A butterfly sum over the warp gives every row's total; lane r * NV + v stores
+ *   row r of vector v. The unit order and the shuffle order depend on k only.
+ * - MoE: grid.y = plan group (cuda/cuk.h), its pairs the vectors; gate_up warps take 2 gate rows
+ *   and the same 2 up rows of the group's expert and store silu(g) * u, down warps 2 rows into
+ *   the pairs' part rows, summed over slots by moe_combine. */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_q8.h"
+#include "cuda/moe_plan.cuh"
+
+namespace cuk {
+namespace q8 {
+
+constexpr int WARPS = 8;
+
+__device__ __forceinline__ uint4 ldg128(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldg32(const void *p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float4 ldg_f4(const float *p) {
+    const uint4 u = ldg128(p);
+    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
+__device__ __forceinline__ float h2f(uint32_t bits) {
+    return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
+}
+__device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
+__device__ __forceinline__ uint32_t u4get(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+/* 16 bytes from an even address: 5 aligned words shifted into 4. */
+__device__ __forceinline__ void ld16_a2(const uint8_t *p, uint32_t (&o)[4]) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
+    uint32_t w[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) w[i] = ldg32(a + i);
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+/* One vector's int8 row (q) and block pairs (ds), both at the row's start. */
+struct Xrow {
+    const int8_t *q;
+    const float *ds;
+};
+
+/* ---- per type: the raw bytes of one unit, and its dot product with one x row ---- */
+
+template <int T> struct Raw;
+
+template <> struct Raw<QT_Q4_K> {
+    uint4 hdr, qa, qb;
+    __device__ void load(const uint8_t *row, int u) {
+        const uint8_t *bp = row + (int64_t)(u >> 2) * 144;
+        hdr = ldg128(bp);
+        qa = ldg128(bp + 16 + 32 * (u & 3));
+        qb = ldg128(bp + 32 + 32 * (u & 3));
+    }
+};
+template <> struct Raw<QT_Q5_K> {
+    uint4 hdr, ha, hb, qa, qb;
+    __device__ void load(const uint8_t *row, int u) {
+        const uint8_t *bp = row + (int64_t)(u >> 2) * 176;
+        hdr = ldg128(bp);
+        ha = ldg128(bp + 16);
+        hb = ldg128(bp + 32);
+        qa = ldg128(bp + 48 + 32 * (u & 3));
+        qb = ldg128(bp + 64 + 32 * (u & 3));
+    }
+};
+template <> struct Raw<QT_Q6_K> {
+    uint32_t la[4], lb[4], hq[4], sc[2], d;
+    __device__ void load(const uint8_t *row, int u) {
+        const int h = (u >> 1) & 1, i = u & 1;
+        const uint8_t *bp = row + (int64_t)(u >> 2) * 210;
+        ld16_a2(bp + 64 * h + 16 * i, la);
+        ld16_a2(bp + 64 * h + 32 + 16 * i, lb);
+        ld16_a2(bp + 128 + 32 * h + 16 * i, hq);
+        const uint8_t *sp = bp + 192 + 8 * h;
+        const uint32_t *a = (const uint32_t *)((uintptr_t)sp & ~(uintptr_t)3);
+        const uint32_t sh = ((uint32_t)(uintptr_t)sp & 3u) * 8u;
+        const uint32_t w0 = ldg32(a), w1 = ldg32(a + 1), w2 = ldg32(a + 2);
+        sc[0] = __funnelshift_r(w0, w1, sh);
+        sc[1] = __funnelshift_r(w1, w2, sh);
+        const uint32_t *dp = (const uint32_t *)((uintptr_t)(bp + 208) & ~(uintptr_t)3);
+        d = ldg32(dp) >> (((uint32_t)(uintptr_t)(bp + 208) & 3u) * 8u);
+    }
+};
+template <> struct Raw<QT_Q8_0> {
+    uint32_t w[17];
+    __device__ void load(const uint8_t *row, int u) {
+        const uint32_t *p = (const uint32_t *)(row + (int64_t)u * 68);
+#pragma unroll
+        for (int i = 0; i < 17; i++) w[i] = ldg32(p + i);
+    }
+};
+
+/* Q4_K/Q5_K sub-block j (0..7) scale and min from the 12 packed bytes (ggml get_scale_min_k4). */
+__device__ __forceinline__ void k4_scale(const uint4 &hdr, int j, float &d1, float &m1) {
+    const int jj = j & 3;
+    const uint32_t b0 = (hdr.y >> (8 * jj)) & 0xFFu, b1 = (hdr.z >> (8 * jj)) & 0xFFu;
+    const uint32_t b2 = (hdr.w >> (8 * jj)) & 0xFFu;
+    uint32_t sc, mn;
+    if (j < 4) {
+        sc = b0 & 63u;
+        mn = b1 & 63u;
+    } else {
+        sc = (b2 & 0xFu) | ((b0 >> 6) << 4);
+        mn = (b2 >> 4) | ((b1 >> 6) << 4);
+    }
+    d1 = h2f(hdr.x) * (float)sc;
+    m1 = h2f(hdr.x >> 16) * (float)mn;
+}
+
+/* The x row's 64 elements of unit u for the 64-element-contiguous types (blocks 2u, 2u + 1). */
+struct X64 {
+    uint4 q[4];
+    float4 ds; /* d0, s0, d1, s1 */
+    __device__ void load(const Xrow &x, int u) {
+        const int8_t *p = x.q + (int64_t)u * 64;
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = ldg128(p + 16 * i);
+        ds = ldg_f4(x.ds + (int64_t)u * 4);
+    }
+    __device__ uint32_t word(int i) const { return u4get(q[i >> 2], i & 3); }
+};
+
+/* Q6_K: quarter j's 16 elements of unit u (elements 256b + 128h + 32j + 16i ..) and the d of
+ * blocks 8b + 4h + j. */
+struct X6 {
+    uint4 q[4];
+    float4 da, db; /* d, s of blocks +0, +1 | +2, +3 */
+    __device__ void load(const Xrow &x, int u) {
+        const int64_t b = u >> 2, h = (u >> 1) & 1, i = u & 1;
+        const int8_t *p = x.q + b * 256 + h * 128 + 16 * i;
+#pragma unroll
+        for (int j = 0; j < 4; j++) q[j] = ldg128(p + 32 * j);
+        const float *dp = x.ds + (b * 8 + h * 4) * 2;
+        da = ldg_f4(dp);
+        db = ldg_f4(dp + 4);
+    }
+};
+
+template <int T> struct XOf { using type = X64; };
+template <> struct XOf<QT_Q6_K> { using type = X6; };
+
+__device__ __forceinline__ float dot(const Raw<QT_Q4_K> &w, const X64 &x, int u) {
+    const int p = u & 3;
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint32_t q = u4get(i < 4 ? w.qa : w.qb, i & 3);
+        s0 = dp4(q & 0x0F0F0F0Fu, x.word(i), s0);
+        s1 = dp4((q >> 4) & 0x0F0F0F0Fu, x.word(8 + i), s1);
+    }
+    float d0, m0, d1, m1;
+    k4_scale(w.hdr, 2 * p, d0, m0);
+    k4_scale(w.hdr, 2 * p + 1, d1, m1);
+    return (d0 * (x.ds.x * (float)s0) - m0 * x.ds.y) + (d1 * (x.ds.z * (float)s1) - m1 * x.ds.w);
+}
+
+__device__ __forceinline__ float dot(const Raw<QT_Q5_K> &w, const X64 &x, int u) {
+    const int p = u & 3;
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint32_t q = u4get(i < 4 ? w.qa : w.qb, i & 3);
+        const uint32_t qh = u4get(i < 4 ? w.ha : w.hb, i & 3);
+        const uint32_t lo = (q & 0x0F0F0F0Fu) | (((qh >> (2 * p)) & 0x01010101u) << 4);
+        const uint32_t hi = ((q >> 4) & 0x0F0F0F0Fu) | (((qh >> (2 * p + 1)) & 0x01010101u) << 4);
+        s0 = dp4(lo, x.word(i), s0);
+        s1 = dp4(hi, x.word(8 + i), s1);
+    }
+    float d0, m0, d1, m1;
+    k4_scale(w.hdr, 2 * p, d0, m0);
+    k4_scale(w.hdr, 2 * p + 1, d1, m1);
+    return (d0 * (x.ds.x * (float)s0) - m0 * x.ds.y) + (d1 * (x.ds.z * (float)s1) - m1 * x.ds.w);
+}
+
+__device__ __forceinline__ float dot(const Raw<QT_Q6_K> &w, const X6 &x, int u) {
+    const int i = u & 1;
+    int s[4] = {0, 0, 0, 0}, c[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t a = w.la[t], b = w.lb[t], h = w.hq[t];
+        const uint32_t q[4] = {(a & 0x0F0F0F0Fu) | ((h << 4) & 0x30303030u),
+                               (b & 0x0F0F0F0Fu) | ((h << 2) & 0x30303030u),
+                               ((a >> 4) & 0x0F0F0F0Fu) | (h & 0x30303030u),
+                               ((b >> 4) & 0x0F0F0F0Fu) | ((h >> 2) & 0x30303030u)};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t xw = u4get(x.q[j], t);
+            s[j] = dp4(q[j], xw, s[j]);
+            c[j] = dp4(0x01010101u, xw, c[j]);
+        }
+    }
+    const float d = h2f(w.d);
+    const float dx[4] = {x.da.x, x.da.z, x.db.x, x.db.z};
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        /* scale byte i + 2j of the half's 8 */
+        const int sb = i + 2 * j;
+        const int sc = (int)(int8_t)((w.sc[sb >> 2] >> (8 * (sb & 3))) & 0xFFu);
+        acc += (d * (float)sc) * (dx[j] * (float)(s[j] - 32 * c[j]));
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float dot(const Raw<QT_Q8_0> &w, const X64 &x, int) {
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        s0 = dp4(__funnelshift_r(w.w[i], w.w[i + 1], 16), x.word(i), s0);
+        s1 = dp4(w.w[9 + i], x.word(8 + i), s1);
+    }
+    return h2f(w.w[0]) * (x.ds.x * (float)s0) + h2f(w.w[8] >> 16) * (x.ds.z * (float)s1);
+}
+
+/* acc[r][v] += row r's units of this lane times vector v (v < nvec). */
+template <int T, int R, int NV>
+__device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int units, const Xrow (&xv)[NV], int nvec,
+                                         int lane, float (&acc)[R][NV]) {
+    using XT = typename XOf<T>::type;
+    for (int u = lane; u < units; u += 32) {
+        Raw<T> w[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) w[r].load(rowp[r], u);
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            if (v < nvec) {
+                XT x;
+                x.load(xv[v], u);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][v] += dot(w[r], x, u);
+            }
+        }
+    }
+}
+
+/* Butterfly sums: every lane ends with all totals. */
+template <int R, int NV> __device__ __forceinline__ void warp_sum(float (&a)[R][NV]) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int v = 0; v < NV; v++) a[r][v] += __shfl_xor_sync(0xffffffffu, a[r][v], off);
+}
+template <int R, int NV> __device__ __forceinline__ float pick(const float (&a)[R][NV], int l) {
+    float o = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+            if (l == r * NV + v) o = a[r][v];
+    return o;
+}
+
+/* Plain GEMV. Grid: ceil(m / (2 * WARPS)) CTAs of WARPS warps; warp w of CTA c takes rows
+ * 2 (c * WARPS + w) and the next. */
+template <int T, int NV>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
+              int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
+              int64_t ldy) {
+    constexpr int R = 2;
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 >= m) return;
+    const uint8_t *rowp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
+    Xrow xv[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
+    float acc[R][NV] = {};
+    rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+    warp_sum<R, NV>(acc);
+    const float val = pick<R, NV>(acc, lane);
+    const int r = lane / NV, v = lane % NV;
+    if (lane < R * NV && v < nvec && r0 + r < m) y[(int64_t)v * ldy + r0 + r] = val;
+}
+
+/* MoE gate+up. Grid: x = ceil(m / WARPS), y = plan group. Warp: gate row m0 and the same up row
+ * of the group's expert (R = 2 rows sharing each x load; 4 rows needed up to 179 registers). */
+template <int T, int NV>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    k_gate_up_q8(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, int64_t rb, int64_t m,
+                 int units, const int32_t *__restrict__ plan, int n_pairs, int top_k,
+                 const int8_t *__restrict__ xq, int64_t ldq, const float *__restrict__ xds, int64_t ldds,
+                 float *__restrict__ out, int64_t ldo) {
+    constexpr int R = 2, RH = 1;
+    const PlanView pv(plan, n_pairs);
+    const int grp = blockIdx.y;
+    if (grp >= pv.n_groups()) return;
+    const int lane = threadIdx.x & 31;
+    const int64_t m0 = ((int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5)) * RH;
+    if (m0 >= m) return;
+    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
+    const int64_t eoff = (int64_t)e * m * rb;
+    const uint8_t *rowp[R];
+#pragma unroll
+    for (int r = 0; r < RH; r++) {
+        const int64_t row = m0 + r < m ? m0 + r : m - 1;
+        rowp[r] = wg + eoff + row * rb;
+        rowp[RH + r] = wu + eoff + row * rb;
+    }
+    Xrow xv[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        const int64_t t = v < nvec ? pv.pair(pos0 + v) / top_k : 0;
+        xv[v] = Xrow{xq + t * ldq, xds + t * ldds};
+    }
+    float acc[R][NV] = {};
+    rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+    warp_sum<R, NV>(acc);
+    const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + RH * NV);
+    const int r = lane / NV, v = lane % NV;
+    if (lane < RH * NV && v < nvec && m0 + r < m)
+        out[(int64_t)pv.pair(pos0 + v) * ldo + m0 + r] = g / (1.0f + expf(-g)) * up;
+}
+
+/* MoE down. Grid: x = ceil(m / (2 * WARPS)), y = plan group; rows of the pairs' part rows. */
+template <int T, int NV>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
+              int n_pairs, const int8_t *__restrict__ hq, int64_t ldq, const float *__restrict__ hds, int64_t ldds,
+              float *__restrict__ part, int64_t ldp) {
+    constexpr int R = 2;
+    const PlanView pv(plan, n_pairs);
+    const int grp = blockIdx.y;
+    if (grp >= pv.n_groups()) return;
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 >= m) return;
+    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
+    const uint8_t *we = w + (int64_t)e * m * rb;
+    const uint8_t *rowp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
+    Xrow xv[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        const int64_t p = v < nvec ? pv.pair(pos0 + v) : 0;
+        xv[v] = Xrow{hq + p * ldq, hds + p * ldds};
+    }
+    float acc[R][NV] = {};
+    rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+    warp_sum<R, NV>(acc);
+    const float val = pick<R, NV>(acc, lane);
+    const int r = lane / NV, v = lane % NV;
+    if (lane < R * NV && v < nvec && r0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + r] = val;
+}
+
+/* Quantizer. Grid: (ceil(k / 32 / 8), n); block: 8 warps, warp = one 32-element block, lane =
+ * one element. A NaN or infinity in the block makes d NaN (the products then carry it). */
+__global__ void __launch_bounds__(256)
+    k_quantize(const float *__restrict__ x, int64_t ldx, int64_t k, int8_t *__restrict__ q, int64_t ldq,
+               float *__restrict__ ds, int64_t ldds) {
+    const int lane = threadIdx.x & 31;
+    const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), row = blockIdx.y;
+    if (b * 32 >= k) return;
+    const float v = x[row * ldx + b * 32 + lane];
+    float amax = fabsf(v);
+    const bool bad = __any_sync(0xffffffffu, !isfinite(v));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const int qi = d > 0.0f ? __float2int_rn(v / d) : 0;
+    int sum = qi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    q[row * ldq + b * 32 + lane] = (int8_t)qi;
+    if (lane == 0) {
+        const float dd = bad ? __int_as_float(0x7fc00000) : d;
+        ds[row * ldds + 2 * b] = dd;
+        ds[row * ldds + 2 * b + 1] = dd * (float)sum;
+    }
+}
+
+} // namespace q8
+} // namespace cuk
+
+using namespace cuk;
+
+#define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
+
+extern "C" int cuk_q8_takes(uint32_t t, int64_t k) {
+    if (k <= 0 || k > (1LL << 24)) return 0;
+    switch (t) {
+    case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return k % 256 == 0;
+    case QT_Q8_0: return k % 64 == 0;
+    default: return 0;
+    }
+}
+
+static int64_t row_bytes(uint32_t t, int64_t k) {
+    uint64_t rb = 0;
+    return quant_row_bytes(t, (uint64_t)k, &rb) == G5_OK ? (int64_t)rb : -1;
+}
+
+static g5_status check_q8(const char *what, const char *name, const cuk_q8_act *x, int64_t k, g5_error *err) {
+    if (!x->q || !x->ds) return BAD("%s: %s.q or %s.ds is NULL", what, name, name);
+    if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("%s: %s is not 16-byte aligned", what, name);
+    if (x->ldq < k || x->ldq % 16)
+        return BAD("%s: %s.ldq=%lld must be >= k=%lld and a multiple of 16", what, name, (long long)x->ldq, (long long)k);
+    if (x->ldds < 2 * (k / 32) || x->ldds % 4)
+        return BAD("%s: %s.ldds=%lld must be >= %lld and a multiple of 4", what, name, (long long)x->ldds,
+                   (long long)(2 * (k / 32)));
+    return G5_OK;
+}
+
+/* Weights: type, alignment, k, m and the total byte size of n_mat matrices. */
+static g5_status check_w(const char *what, uint32_t t, const void *w, int64_t k, int64_t m, int64_t n_mat,
+                         int64_t *rb, g5_error *err) {
+    if (!cuk_q8_takes(t, k))
+        return BAD("%s: type %s with k=%lld has no int8 kernel", what, quant_type_name(t), (long long)k);
+    if (!w || (uintptr_t)w % 16) return BAD("%s: weights NULL or not 16-byte aligned", what);
+    if (m <= 0 || m > (1LL << 31)) return BAD("%s: m=%lld outside 1..2^31", what, (long long)m);
+    *rb = row_bytes(t, k);
+    uint64_t tot = 0;
+    if (*rb <= 0 || g5_mul_u64((uint64_t)*rb, (uint64_t)m, &tot) || g5_mul_u64(tot, (uint64_t)n_mat, &tot) ||
+        tot > (uint64_t)INT64_MAX)
+        return BAD("%s: m=%lld rows of k=%lld overflow", what, (long long)m, (long long)k);
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("q8_quantize: args is NULL");
+    if (!a->x || !a->q || !a->ds) return BAD("q8_quantize: x, q or ds is NULL");
+    if (a->k <= 0 || a->k % 32 || a->k > (1LL << 24)) return BAD("q8_quantize: k=%lld is not a positive multiple of 32", (long long)a->k);
+    if (a->n < 1 || a->n > 65535) return BAD("q8_quantize: n=%lld outside 1..65535", (long long)a->n);
+    if (a->ldx < a->k) return BAD("q8_quantize: ldx=%lld < k=%lld", (long long)a->ldx, (long long)a->k);
+    const cuk_q8_act o = {a->q, a->ldq, a->ds, a->ldds};
+    g5_status st = check_q8("q8_quantize", "out", &o, a->k, err);
+    if (st != G5_OK) return st;
+    const dim3 grid((unsigned)((a->k / 32 + 7) / 8), (unsigned)a->n);
+    q8::k_quantize<<<grid, 256, 0, (cudaStream_t)stream>>>(a->x, a->ldx, a->k, a->q, a->ldq, a->ds, a->ldds);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+template <int T, int NV>
+static void launch_gemv(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+    const int64_t grid = (a->m + 2 * q8::WARPS - 1) / (2 * q8::WARPS);
+    q8::k_gemv_q8<T, NV><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m,
+                                                                    (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds,
+                                                                    a->x.ldds, a->n, a->y, a->ldy);
+}
+template <int T> static void gemv_nv(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+    static_assert(CUK_Q8_MAX_N == 8, "gemv_nv: widths 1, 2, 4, 8");
+    if (a->n <= 1) launch_gemv<T, 1>(a, rb, st);
+    else if (a->n <= 2) launch_gemv<T, 2>(a, rb, st);
+    else if (a->n <= 4) launch_gemv<T, 4>(a, rb, st);
+    else launch_gemv<T, 8>(a, rb, st);
+}
+
+#define Q8_DISPATCH(fn, t, ...)                                                                  \
+    switch (t) {                                                                                 \
+    case QT_Q4_K: fn<QT_Q4_K>(__VA_ARGS__); break;                                               \
+    case QT_Q5_K: fn<QT_Q5_K>(__VA_ARGS__); break;                                               \
+    case QT_Q6_K: fn<QT_Q6_K>(__VA_ARGS__); break;                                               \
+    default: fn<QT_Q8_0>(__VA_ARGS__); break;                                                    \
+    }
+
+extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("gemv_q8: args is NULL");
+    int64_t rb = 0;
+    g5_status st = check_w("gemv_q8", a->w_type, a->w, a->k, a->m, 1, &rb, err);
+    if (st != G5_OK) return st;
+    if (a->n < 1 || a->n > CUK_Q8_MAX_N) return BAD("gemv_q8: n=%d outside 1..%d", (int)a->n, CUK_Q8_MAX_N);
+    if ((st = check_q8("gemv_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
+    if (!a->y) return BAD("gemv_q8: y is NULL");
+    if (a->ldy < a->m) return BAD("gemv_q8: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+    Q8_DISPATCH(gemv_nv, a->w_type, a, rb, (cudaStream_t)stream)
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+static g5_status check_moe(const char *what, int32_t n_expert, const int32_t *ids, int32_t top_k, int64_t ld_ids,
+                           int32_t n_tok, const int32_t *plan, g5_error *err) {
+    if (n_expert < 1) return BAD("%s: n_expert=%d must be positive", what, (int)n_expert);
+    if (!ids || !plan) return BAD("%s: ids or plan is NULL", what);
+    if (top_k < 1 || top_k > n_expert) return BAD("%s: top_k=%d outside 1..%d", what, (int)top_k, (int)n_expert);
+    if (ld_ids < top_k) return BAD("%s: ld_ids=%lld < top_k=%d", what, (long long)ld_ids, (int)top_k);
+    if (n_tok < 1 || (int64_t)n_tok * top_k > CUK_MOE_PLAN_MAX_PAIRS)
+        return BAD("%s: n_tok=%d x top_k=%d outside 1..%d pairs", what, (int)n_tok, (int)top_k, CUK_MOE_PLAN_MAX_PAIRS);
+    return G5_OK;
+}
+
+/* Vectors per launch from the batch: a plan group holds at most min(n_tok, CUK_MOE_GROUP). */
+static int moe_nv(int n_tok) { return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4; }
+static_assert(CUK_MOE_GROUP == 4, "moe_nv: groups of 4");
+
+template <int T, int NV>
+static void launch_gu(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+    const int n_pairs = a->n_tok * a->top_k;
+    const dim3 grid((unsigned)((a->m + q8::WARPS - 1) / q8::WARPS), (unsigned)n_pairs);
+    q8::k_gate_up_q8<T, NV><<<grid, q8::WARPS * 32, 0, st>>>(
+        (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, (int)(a->k / 64), a->plan, n_pairs,
+        a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo);
+}
+template <int T> static void gu_nv(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+    switch (moe_nv(a->n_tok)) {
+    case 1: launch_gu<T, 1>(a, rb, st); break;
+    case 2: launch_gu<T, 2>(a, rb, st); break;
+    default: launch_gu<T, 4>(a, rb, st); break;
+    }
+}
+
+extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("moe_gate_up_q8: args is NULL");
+    int64_t rb = 0;
+    g5_status st = check_w("moe_gate_up_q8", a->w_type, a->w_gate, a->k, a->m, a->n_expert > 0 ? a->n_expert : 1,
+                           &rb, err);
+    if (st != G5_OK) return st;
+    if (!a->w_up || (uintptr_t)a->w_up % 16) return BAD("moe_gate_up_q8: w_up NULL or not 16-byte aligned");
+    if ((st = check_moe("moe_gate_up_q8", a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err)))
+        return st;
+    if ((st = check_q8("moe_gate_up_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
+    if (!a->out || a->ldo < a->m) return BAD("moe_gate_up_q8: out NULL or ldo=%lld < m=%lld", (long long)a->ldo, (long long)a->m);
+    Q8_DISPATCH(gu_nv, a->w_type, a, rb, (cudaStream_t)stream)
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+template <int T, int NV>
+static void launch_dn(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+    const int n_pairs = a->n_tok * a->top_k;
+    const dim3 grid((unsigned)((a->m + 2 * q8::WARPS - 1) / (2 * q8::WARPS)), (unsigned)n_pairs);
+    q8::k_down_q8<T, NV><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
+                                                          a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds, a->h.ldds,
+                                                          a->part, a->ldp);
+}
+template <int T> static void dn_nv(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+    switch (moe_nv(a->n_tok)) {
+    case 1: launch_dn<T, 1>(a, rb, st); break;
+    case 2: launch_dn<T, 2>(a, rb, st); break;
+    default: launch_dn<T, 4>(a, rb, st); break;
+    }
+}
+
+extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("moe_down_q8: args is NULL");
+    int64_t rb = 0;
+    g5_status st = check_w("moe_down_q8", a->w_type, a->w, a->k, a->m, a->n_expert > 0 ? a->n_expert : 1, &rb, err);
+    if (st != G5_OK) return st;
+    if ((st = check_moe("moe_down_q8", a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err)))
+        return st;
+    if (!a->wts || a->ld_wts < a->top_k) return BAD("moe_down_q8: wts NULL or ld_wts=%lld < top_k", (long long)a->ld_wts);
+    if ((st = check_q8("moe_down_q8", "h", &a->h, a->k, err)) != G5_OK) return st;
+    if (!a->y || a->ldy < a->m) return BAD("moe_down_q8: y NULL or ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+    if (!a->part || a->ldp < a->m) return BAD("moe_down_q8: part NULL or ldp=%lld < m=%lld", (long long)a->ldp, (long long)a->m);
+    Q8_DISPATCH(dn_nv, a->w_type, a, rb, (cudaStream_t)stream)
+    CUK_CHECK(cudaGetLastError());
+    /* the slot sum of cuk_moe_down (the same part layout and plan) */
+    cuk_moe_down_args c = {};
+    c.w_type = a->w_type;
+    c.k = a->k;
+    c.m = a->m;
+    c.n_expert = a->n_expert;
+    c.ids = a->ids;
+    c.wts = a->wts;
+    c.top_k = a->top_k;
+    c.ld_ids = a->ld_ids;
+    c.ld_wts = a->ld_wts;
+    c.n_tok = a->n_tok;
+    c.y = a->y;
+    c.ldy = a->ldy;
+    c.plan = a->plan;
+    c.part = a->part;
+    c.ldp = a->ldp;
+    return moe_combine(&c, (cudaStream_t)stream, err);
+}

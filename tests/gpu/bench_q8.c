@@ -1,0 +1,216 @@
+/* int8-activation GEMV (cuda/cuk_q8.h) against the float kernels fast decode ran before (cuk_gemv
+ * with bf16 x), n = 1 and 4, at the shapes of the roles that take it: the output head (154880 x
+ * 6144 Q6_K at TP 1, 19360 x 6144 at TP 8), the shared expert (2048 x 6144, 6144 x 2048), and the
+ * routed experts of one decode token (64 experts of 2048 x 6144 gate/up, 6144 x 2048 down, 8
+ * chosen: cuk_moe_gate_up/_down vs the _q8 ones). Weights rotate through copies filling >= 1 GiB
+ * so L2 holds none between launches; random blocks. Ceiling in the same run: D2D cudaMemcpy of
+ * 512 MiB (read + written). Prints us per launch (mean of iters after 3 warm-ups), GB/s of
+ * weight bytes and the ratio to the copy rate; the quantizer's time on its own.
+ * Usage: bench_q8 [iters] */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "cuda/cuk_q8.h"
+#include "format/quant.h"
+
+#include "tests/gpu/bench_util.h"
+
+#define POOL_BYTES (2ull << 30)
+
+static cudaEvent_t ev_a, ev_b;
+static int iters = 50;
+
+static float elapsed_ms(void) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, ev_a, ev_b));
+    return ms;
+}
+
+static double copy_rate(uint8_t *pool) {
+    const size_t half = POOL_BYTES / 2;
+    CK(cudaMemcpy(pool + half, pool, half, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(ev_a, NULL));
+    for (int i = 0; i < 10; i++) CK(cudaMemcpyAsync(pool + half, pool, half, cudaMemcpyDeviceToDevice, NULL));
+    CK(cudaEventRecord(ev_b, NULL));
+    CK(cudaEventSynchronize(ev_b));
+    return 2.0 * (double)half * 10 / (elapsed_ms() * 1e-3);
+}
+
+/* Fills the pool with copies of one random matrix set of `bytes`; returns the copy count. */
+static int fill_pool(uint8_t *pool, uint32_t t, uint64_t bytes, uint64_t *stride) {
+    const quant_type_info *ti = quant_type_get(t);
+    *stride = (bytes + 255) & ~255ull;
+    uint8_t *h = malloc(bytes);
+    if (!h) exit(2);
+    uint64_t st = 777;
+    if (quant_fill_random(t, h, bytes / ti->block_bytes, &st) != G5_OK) exit(2);
+    const int copies = (int)(POOL_BYTES / *stride);
+    CK(cudaMemcpy(pool, h, bytes, cudaMemcpyHostToDevice));
+    for (int i = 1; i < copies; i++) CK(cudaMemcpy(pool + i * *stride, pool, bytes, cudaMemcpyDeviceToDevice));
+    free(h);
+    return copies;
+}
+
+typedef struct ops {
+    void *x16;       /* bf16 [8][32768] */
+    float *xf;       /* f32 [8][32768] */
+    int8_t *q;       /* [8][32768] */
+    float *ds;       /* [8][2048] */
+    float *y, *part; /* [8 * 8][160000] */
+    int32_t *ids, *plan;
+    float *wts;
+} ops;
+
+static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t k, int n, double rate) {
+    uint64_t rb = 0, stride = 0;
+    if (quant_row_bytes(t, (uint64_t)k, &rb)) exit(2);
+    const uint64_t bytes = rb * (uint64_t)m;
+    const int copies = fill_pool(pool, t, bytes, &stride);
+    double us[2];
+    for (int v = 0; v < 2; v++) {
+        for (int i = -3; i < iters; i++) {
+            if (i == 0) CK(cudaEventRecord(ev_a, NULL));
+            const void *w = pool + (uint64_t)((i + 3) % copies) * stride;
+            if (v == 0) {
+                const cuk_gemv_args g = {t, w, k, m, o->x16, CUK_ACT_BF16, 32768, n, o->y, m};
+                GK(cuk_gemv(&g, NULL, &err_));
+            } else {
+                const cuk_gemv_q8_args g = {t, w, k, m, {o->q, 32768, o->ds, 2048}, n, o->y, m};
+                GK(cuk_gemv_q8(&g, NULL, &err_));
+            }
+        }
+        CK(cudaEventRecord(ev_b, NULL));
+        CK(cudaEventSynchronize(ev_b));
+        us[v] = elapsed_ms() * 1e3 / iters;
+    }
+    printf("| %s | %lld x %lld | %d | %.1f | %.2f (%.3f) | %.2f (%.3f) |\n", quant_type_name(t), (long long)m,
+           (long long)k, n, bytes / 1e6, us[0], bytes / (us[0] * 1e-6) / rate, us[1], bytes / (us[1] * 1e-6) / rate);
+    fflush(stdout);
+}
+
+/* One decode token's routed experts: NE experts of (FE x E gate, up: t_gu) and (E x FE down: t_dn). */
+static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, double rate) {
+    enum { NE = 64, TOPK = 8, E = 6144, FE = 2048 };
+    uint64_t rg = 0, rd = 0;
+    if (quant_row_bytes(t_gu, E, &rg) || quant_row_bytes(t_dn, FE, &rd)) exit(2);
+    const uint64_t mg = rg * FE, md = rd * E, set = NE * (2 * mg + md);
+    /* one pool copy: gate, up, down of all experts; experts differ per launch by rotating ids */
+    uint64_t stride = 0;
+    const quant_type_info *ti_g = quant_type_get(t_gu), *ti_d = quant_type_get(t_dn);
+    if (set > POOL_BYTES) exit(2);
+    uint8_t *h = malloc(set);
+    uint64_t st = 99;
+    if (!h || quant_fill_random(t_gu, h, 2 * NE * mg / ti_g->block_bytes, &st) ||
+        quant_fill_random(t_dn, h + 2 * NE * mg, NE * md / ti_d->block_bytes, &st))
+        exit(2);
+    CK(cudaMemcpy(pool, h, set, cudaMemcpyHostToDevice));
+    free(h);
+    stride = set;
+    const uint8_t *wg = pool, *wu = pool + NE * mg, *wd = pool + 2 * NE * mg;
+    /* 8 rotating id sets of 8 distinct experts: 64 experts, every launch new weights */
+    int32_t hid[8][TOPK];
+    float hw[TOPK];
+    for (int s = 0; s < 8; s++)
+        for (int j = 0; j < TOPK; j++) hid[s][j] = (s * TOPK + j * 9) % NE;
+    for (int j = 0; j < TOPK; j++) hw[j] = 0.125f;
+    CK(cudaMemcpy(o->ids, hid, sizeof hid, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(o->wts, hw, sizeof hw, cudaMemcpyHostToDevice));
+    const int64_t pw = cuk_moe_plan_words(1, TOPK);
+    for (int s = 0; s < 8; s++) {
+        const cuk_moe_plan_args pa = {o->ids + s * TOPK, o->wts, 1, TOPK, TOPK, TOPK, NE, o->plan + s * pw};
+        GK(cuk_moe_plan(&pa, NULL, &err_));
+    }
+    double us[2][2];
+    for (int v = 0; v < 2; v++)
+        for (int part = 0; part < 2; part++) {
+            for (int i = -3; i < iters; i++) {
+                if (i == 0) CK(cudaEventRecord(ev_a, NULL));
+                const int s = (i + 3) % 8;
+                const int32_t *ids = o->ids + s * TOPK, *plan = o->plan + s * pw;
+                if (v == 0 && part == 0) {
+                    const cuk_moe_gate_up_args g = {t_gu, wg, wu, E, FE, NE, ids, TOPK, TOPK, o->x16, CUK_ACT_BF16,
+                                                    32768, 1, o->y, FE, plan};
+                    GK(cuk_moe_gate_up(&g, NULL, &err_));
+                } else if (v == 0) {
+                    const cuk_moe_down_args d = {t_dn, wd, FE, E, NE, ids, o->wts, TOPK, TOPK, TOPK, o->x16,
+                                                 CUK_ACT_BF16, FE, 1, o->y, E, plan, o->part, E};
+                    GK(cuk_moe_down(&d, NULL, &err_));
+                } else if (part == 0) {
+                    const cuk_moe_gate_up_q8_args g = {t_gu, wg, wu, E, FE, NE, ids, TOPK, TOPK,
+                                                       {o->q, 32768, o->ds, 2048}, 1, o->y, FE, plan};
+                    GK(cuk_moe_gate_up_q8(&g, NULL, &err_));
+                } else {
+                    const cuk_moe_down_q8_args d = {t_dn, wd, FE, E, NE, ids, o->wts, TOPK, TOPK, TOPK,
+                                                    {o->q, 2048, o->ds, 128}, 1, o->y, E, plan, o->part, E};
+                    GK(cuk_moe_down_q8(&d, NULL, &err_));
+                }
+            }
+            CK(cudaEventRecord(ev_b, NULL));
+            CK(cudaEventSynchronize(ev_b));
+            us[v][part] = elapsed_ms() * 1e3 / iters;
+        }
+    const double bg = (double)TOPK * 2 * mg, bd = (double)TOPK * md;
+    printf("| experts gate+up %s (8 of 64) | %.1f MB | %.2f (%.3f) | %.2f (%.3f) |\n", ti_g->name, bg / 1e6, us[0][0],
+           bg / (us[0][0] * 1e-6) / rate, us[1][0], bg / (us[1][0] * 1e-6) / rate);
+    printf("| experts down %s (8 of 64, + slot sum) | %.1f MB | %.2f (%.3f) | %.2f (%.3f) |\n", ti_d->name, bd / 1e6,
+           us[0][1], bd / (us[0][1] * 1e-6) / rate, us[1][1], bd / (us[1][1] * 1e-6) / rate);
+    (void)stride;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) iters = atoi(argv[1]);
+    if (iters < 1) {
+        fprintf(stderr, "usage: bench_q8 [iters >= 1]\n");
+        return 2;
+    }
+    CK(cudaEventCreate(&ev_a));
+    CK(cudaEventCreate(&ev_b));
+    uint8_t *pool;
+    ops o;
+    CK(cudaMalloc((void **)&pool, POOL_BYTES));
+    CK(cudaMalloc(&o.x16, 8 * 32768 * 2));
+    CK(cudaMalloc((void **)&o.xf, 8 * 32768 * 4));
+    CK(cudaMalloc((void **)&o.q, 8 * 32768));
+    CK(cudaMalloc((void **)&o.ds, 8 * 2048 * 4));
+    CK(cudaMalloc((void **)&o.y, (size_t)64 * 160000 * 4));
+    CK(cudaMalloc((void **)&o.part, (size_t)64 * 160000 * 4));
+    CK(cudaMalloc((void **)&o.ids, 64 * 4));
+    CK(cudaMalloc((void **)&o.wts, 64 * 4));
+    CK(cudaMalloc((void **)&o.plan, 8 * (size_t)cuk_moe_plan_words(1, 8) * 4));
+    float *hx = malloc(8 * 32768 * 4);
+    if (!hx) return 2;
+    for (int i = 0; i < 8 * 32768; i++) hx[i] = (float)((i * 37 % 101) - 50) / 50.0f;
+    CK(cudaMemcpy(o.xf, hx, 8 * 32768 * 4, cudaMemcpyHostToDevice));
+    free(hx);
+    GK(cuk_convert(o.xf, 32768, o.x16, CUK_BF16, 32768, 8, 32768, NULL, &err_));
+    const cuk_q8_quantize_args qa = {o.xf, 32768, 32768, 8, o.q, 32768, o.ds, 2048};
+    GK(cuk_q8_quantize(&qa, NULL, &err_));
+    const double rate = copy_rate(pool);
+    /* the quantizer alone: one 6144 row, as before each decode product */
+    const cuk_q8_quantize_args q1 = {o.xf, 32768, 6144, 1, o.q + 8 * 0, 32768, o.ds, 2048};
+    CK(cudaEventRecord(ev_a, NULL));
+    for (int i = 0; i < iters; i++) GK(cuk_q8_quantize(&q1, NULL, &err_));
+    CK(cudaEventRecord(ev_b, NULL));
+    CK(cudaEventSynchronize(ev_b));
+    printf("bench_q8: D2D copy %.0f GB/s (read + written); quantize 1 x 6144: %.2f us per launch\n", rate / 1e9,
+           elapsed_ms() * 1e3 / iters);
+    GK(cuk_q8_quantize(&qa, NULL, &err_));
+    printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) |\n| --- | --- | --- | --- | --- | --- |\n");
+    const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
+    for (int ti = 0; ti < 4; ti++) {
+        gemv_row(pool, &o, types[ti], 19360, 6144, 1, rate);
+        gemv_row(pool, &o, types[ti], 2048, 6144, 1, rate);
+        gemv_row(pool, &o, types[ti], 6144, 2048, 1, rate);
+        gemv_row(pool, &o, types[ti], 19360, 6144, 4, rate);
+    }
+    gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 1, rate);
+    printf("| routed experts, one token | MB | cuk_moe_* bf16 us (ratio) | _q8 us (ratio) |\n| --- | --- | --- | --- |\n");
+    moe_row(pool, &o, QT_Q4_K, QT_Q5_K, rate);
+    moe_row(pool, &o, QT_Q5_K, QT_Q6_K, rate);
+    moe_row(pool, &o, QT_Q8_0, QT_Q8_0, rate);
+    return 0;
+}

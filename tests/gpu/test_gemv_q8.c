@@ -1,0 +1,366 @@
+/* The int8-activation kernels (cuda/gemv_q8.cu, API cuda/cuk_q8.h):
+ * - cuk_q8_quantize bit-exact against its CPU emulation here (d = amax / 127, q = rint(x / d),
+ *   s = d * sum q), including an all-zero block and a block holding a NaN (d NaN);
+ * - cuk_gemv_q8, cuk_moe_gate_up_q8 and cuk_moe_down_q8 for Q4_K, Q5_K, Q6_K and Q8_0 against a
+ *   float64 product of quant_dequantize's weights with the dequantized int8 rows d * q: rel L2
+ *   <= 1e-5 per output vector (float32 sums; a wrong block, scale, nibble or row gives O(1)),
+ *   shapes with odd m, one unit per lane and several, n = 1..8;
+ * - batch invariance: each vector of an n = 8 GEMV and each token of a 5-token MoE call
+ *   bit-identical to its one-vector launch; skipped (weight 0) pairs left untouched;
+ * - refusals: a type without a kernel, n outside 1..8, a misaligned ldq. Device only. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_q8.h"
+#include "format/quant.h"
+#include "tests/test_util.h"
+
+#define G5_TEST_NAME "test_gemv_q8"
+#define G5_TEST_SEED 0x9a8e11ull
+#include "tests/gpu/gpu_test_util.h"
+
+static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
+#define N_TYPES (sizeof TYPES / sizeof TYPES[0])
+
+/* The quantizer's CPU emulation for one row of k. */
+static void q8_host(const float *x, int64_t k, int8_t *q, float *ds) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = 0.0f;
+        int bad = 0;
+        for (int i = 0; i < 32; i++) {
+            const float v = x[32 * b + i];
+            bad |= !isfinite(v);
+            if (fabsf(v) > amax) amax = fabsf(v);
+        }
+        volatile float d = amax / 127.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            volatile float r = x[32 * b + i] / d;
+            const int qi = d > 0.0f ? (int)rintf(r) : 0;
+            q[32 * b + i] = (int8_t)qi;
+            sum += qi;
+        }
+        const float dd = bad ? NAN : d;
+        ds[2 * b] = dd;
+        ds[2 * b + 1] = dd * (float)sum;
+    }
+}
+
+/* Random rows with varied block magnitudes (some blocks 100x larger, some zero). */
+static void fill_x(float *x, int64_t n, int64_t k) {
+    for (int64_t i = 0; i < n * k; i++) x[i] = unif(-1.0f, 1.0f);
+    for (int64_t b = 0; b < n * k / 32; b++) {
+        const uint64_t r = rnd() % 16;
+        for (int i = 0; i < 32; i++) {
+            if (r == 0) x[32 * b + i] *= 100.0f;
+            if (r == 1) x[32 * b + i] = 0.0f;
+        }
+    }
+}
+
+/* Device q8 rows of x [n][k] (ldq = k rounded to 16, ldds = 2 k / 32 rounded to 4); the host copy
+ * of what the kernel wrote is checked against q8_host. */
+typedef struct dq8 {
+    int8_t *q;
+    float *ds;
+    int64_t ldq, ldds;
+    int8_t *hq;   /* host emulation */
+    float *hds;
+} dq8;
+
+static dq8 quantize(const float *x, int64_t n, int64_t k, const char *what) {
+    dq8 o;
+    o.ldq = (k + 15) / 16 * 16;
+    o.ldds = (2 * (k / 32) + 3) / 4 * 4;
+    o.q = dalloc((size_t)(n * o.ldq));
+    o.ds = dalloc((size_t)(n * o.ldds) * 4);
+    o.hq = xmalloc((size_t)(n * o.ldq));
+    o.hds = xmalloc((size_t)(n * o.ldds) * 4);
+    float *dx = dup_d(x, (size_t)(n * k) * 4);
+    g5_error err = {0};
+    const cuk_q8_quantize_args qa = {dx, k, k, n, o.q, o.ldq, o.ds, o.ldds};
+    T_CHECK(cuk_q8_quantize(&qa, NULL, &err) == G5_OK, "%s: quantize: %s", what, err.msg);
+    int8_t *gq = xmalloc((size_t)(n * o.ldq));
+    float *gds = xmalloc((size_t)(n * o.ldds) * 4);
+    get(gq, o.q, (size_t)(n * o.ldq));
+    get(gds, o.ds, (size_t)(n * o.ldds) * 4);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        q8_host(x + r * k, k, o.hq + r * o.ldq, o.hds + r * o.ldds);
+        bad += memcmp(gq + r * o.ldq, o.hq + r * o.ldq, (size_t)k) != 0;
+        for (int64_t b = 0; b < 2 * (k / 32); b++) {
+            const float a = gds[r * o.ldds + b], h = o.hds[r * o.ldds + b];
+            bad += !(bits(a) == bits(h) || (is_nan(a) && is_nan(h)));
+        }
+    }
+    T_CHECK(bad == 0, "%s: quantizer differs from its CPU emulation in %d rows/scales", what, bad);
+    free(gq);
+    free(gds);
+    CK(cudaFree(dx));
+    return o;
+}
+
+static void q8_free(dq8 *o) {
+    CK(cudaFree(o->q));
+    CK(cudaFree(o->ds));
+    free(o->hq);
+    free(o->hds);
+}
+
+/* Dequantized int8 row r of o (k elements) as doubles. */
+static void q8_row(const dq8 *o, int64_t r, int64_t k, double *xd) {
+    for (int64_t j = 0; j < k; j++) xd[j] = (double)o->hds[r * o->ldds + 2 * (j / 32)] * o->hq[r * o->ldq + j];
+}
+
+/* Random weights [n_mat * m][k] of t on the device, and their float32 dequantization. */
+static void *weights(uint32_t t, int64_t rows, int64_t k, float **wf) {
+    const quant_type_info *ti = quant_type_get(t);
+    const uint64_t nb = (uint64_t)rows * (uint64_t)k / ti->block_elems;
+    uint8_t *w = xmalloc((size_t)(nb * ti->block_bytes));
+    uint64_t st = rnd();
+    *wf = xmalloc((size_t)(rows * k) * 4);
+    if (quant_fill_random(t, w, nb, &st) || quant_dequantize(t, w, (uint64_t)(rows * k), *wf)) {
+        printf("FAIL: random %s weights\n", ti->name);
+        exit(2);
+    }
+    void *d = dup_d(w, (size_t)(nb * ti->block_bytes));
+    free(w);
+    return d;
+}
+
+static double dotd(const float *w, const double *x, int64_t k) {
+    double s = 0;
+    for (int64_t j = 0; j < k; j++) s += (double)w[j] * x[j];
+    return s;
+}
+
+static double rel_l2(const float *got, const double *ref, int64_t n) {
+    double e = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        e += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        r += ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(e / r) : sqrt(e);
+}
+
+static void test_quantize_nan(void) {
+    float x[64];
+    for (int i = 0; i < 64; i++) x[i] = unif(-2, 2);
+    x[40] = NAN;
+    dq8 o = quantize(x, 1, 64, "nan block");
+    float ds[4];
+    get(ds, o.ds, sizeof ds);
+    T_CHECK(!is_nan(ds[0]) && is_nan(ds[2]) && is_nan(ds[3]), "nan block: d of the NaN block is NaN, the other finite");
+    q8_free(&o);
+}
+
+static void test_gemv(uint32_t t, int64_t m, int64_t k) {
+    const char *tn = quant_type_name(t);
+    enum { N = 8 };
+    float *wf;
+    void *dw = weights(t, m, k, &wf);
+    float *x = xmalloc((size_t)(N * k) * 4);
+    fill_x(x, N, k);
+    dq8 o = quantize(x, N, k, tn);
+    float *dy = dalloc((size_t)(N * m) * 4), *dy1 = dalloc((size_t)m * 4);
+    float *y = xmalloc((size_t)(N * m) * 4), *y1 = xmalloc((size_t)m * 4);
+    double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)m * 8);
+    g5_error err = {0};
+    for (int n = 1; n <= N; n += n < 3 ? 2 : 5) { /* 1, 3, 8 */
+        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds}, n, dy, m};
+        T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_OK, "%s gemv n=%d: %s", tn, n, err.msg);
+        get(y, dy, (size_t)(n * m) * 4);
+        double worst = 0;
+        int same = 1;
+        for (int v = 0; v < n; v++) {
+            q8_row(&o, v, k, xd);
+            for (int64_t i = 0; i < m; i++) ref[i] = dotd(wf + i * k, xd, k);
+            const double e = rel_l2(y + v * m, ref, m);
+            if (!(e <= worst)) worst = e;
+            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds}, 1, dy1, m};
+            T_CHECK(cuk_gemv_q8(&a1, NULL, &err) == G5_OK, "%s gemv one: %s", tn, err.msg);
+            get(y1, dy1, (size_t)m * 4);
+            same &= memcmp(y1, y + v * m, (size_t)m * 4) == 0;
+        }
+        T_CHECK(worst <= 1e-5, "%s gemv m=%lld k=%lld n=%d: rel L2 %.3e <= 1e-5", tn, (long long)m, (long long)k, n, worst);
+        T_CHECK(same, "%s gemv m=%lld k=%lld n=%d: every vector bit-identical to its one-vector launch", tn,
+                (long long)m, (long long)k, n);
+        printf("  %s gemv m=%lld k=%lld n=%d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, worst);
+    }
+    q8_free(&o);
+    CK(cudaFree(dw));
+    CK(cudaFree(dy));
+    CK(cudaFree(dy1));
+    free(wf), free(x), free(y), free(y1), free(xd), free(ref);
+}
+
+enum { NE = 6, TOPK = 2, NTOK = 5 };
+
+static int32_t *plan_for(const int32_t *did, const float *dwts, int n_tok) {
+    int32_t *p = dalloc((size_t)cuk_moe_plan_words(n_tok, TOPK) * 4);
+    g5_error err = {0};
+    const cuk_moe_plan_args pa = {did, dwts, n_tok, TOPK, TOPK, TOPK, NE, p};
+    T_CHECK(cuk_moe_plan(&pa, NULL, &err) == G5_OK, "plan: %s", err.msg);
+    return p;
+}
+
+static void silu_ref(double g, double u, double *o) { *o = g / (1.0 + exp(-g)) * u; }
+
+/* gate_up (m rows per expert, k in) then down (k2 = m in, m2 = k out) for NTOK tokens. */
+static void test_moe(uint32_t t, int64_t m, int64_t k) {
+    const char *tn = quant_type_name(t);
+    float *wgf, *wuf, *wdf;
+    void *dwg = weights(t, NE * m, k, &wgf), *dwu = weights(t, NE * m, k, &wuf), *dwd = weights(t, NE * k, m, &wdf);
+    int32_t ids[NTOK * TOPK];
+    float wts[NTOK * TOPK];
+    for (int i = 0; i < NTOK * TOPK; i++) {
+        ids[i] = (int32_t)(rnd() % NE);
+        if (i % TOPK && ids[i] == ids[i - 1]) ids[i] = (ids[i] + 1) % NE;
+        wts[i] = unif(0.1f, 1.0f);
+    }
+    ids[3] = ids[0]; /* two tokens on one expert: a group of 2 */
+    if (ids[2] == ids[3]) ids[2] = (ids[3] + 1) % NE;
+    wts[5] = 0.0f;   /* a skipped pair */
+    int32_t *did = dup_d(ids, sizeof ids);
+    float *dwts = dup_d(wts, sizeof wts);
+    float *x = xmalloc((size_t)(NTOK * k) * 4);
+    fill_x(x, NTOK, k);
+    dq8 ox = quantize(x, NTOK, k, tn);
+    const int64_t P = NTOK * TOPK;
+    float *dout = dalloc((size_t)(P * m) * 4), *out = xmalloc((size_t)(P * m) * 4);
+    float *out1 = xmalloc((size_t)(P * m) * 4);
+    CK(cudaMemset(dout, 0xFF, (size_t)(P * m) * 4));
+    int32_t *plan = plan_for(did, dwts, NTOK);
+    g5_error err = {0};
+    const cuk_moe_gate_up_q8_args gu = {t, dwg, dwu, k, m, NE, did, TOPK, TOPK, {ox.q, ox.ldq, ox.ds, ox.ldds},
+                                        NTOK, dout, m, plan};
+    T_CHECK(cuk_moe_gate_up_q8(&gu, NULL, &err) == G5_OK, "%s gate_up: %s", tn, err.msg);
+    get(out, dout, (size_t)(P * m) * 4);
+    double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)(m > k ? m : k) * 8);
+    double worst = 0;
+    for (int64_t p = 0; p < P; p++) {
+        if (wts[p] == 0.0f) {
+            int kept = 1;
+            for (int64_t i = 0; i < m; i++) kept &= bits(out[p * m + i]) == POISON;
+            T_CHECK(kept, "%s gate_up: the skipped pair's row left untouched", tn);
+            continue;
+        }
+        q8_row(&ox, p / TOPK, k, xd);
+        const int64_t e = ids[p];
+        for (int64_t i = 0; i < m; i++)
+            silu_ref(dotd(wgf + (e * m + i) * k, xd, k), dotd(wuf + (e * m + i) * k, xd, k), &ref[i]);
+        const double er = rel_l2(out + p * m, ref, m);
+        if (!(er <= worst)) worst = er;
+    }
+    T_CHECK(worst <= 1e-5, "%s gate_up m=%lld k=%lld: rel L2 %.3e <= 1e-5", tn, (long long)m, (long long)k, worst);
+    printf("  %s moe gate_up m=%lld k=%lld: rel L2 %.2e\n", tn, (long long)m, (long long)k, worst);
+    /* token 1 alone (its own plan): bit-identical rows */
+    {
+        float *d1 = dalloc((size_t)(TOPK * m) * 4);
+        int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
+        const cuk_moe_gate_up_q8_args g1 = {t, dwg, dwu, k, m, NE, did + TOPK, TOPK, TOPK,
+                                            {ox.q + ox.ldq, ox.ldq, ox.ds + ox.ldds, ox.ldds}, 1, d1, m, p1};
+        T_CHECK(cuk_moe_gate_up_q8(&g1, NULL, &err) == G5_OK, "%s gate_up one: %s", tn, err.msg);
+        get(out1, d1, (size_t)(TOPK * m) * 4);
+        T_CHECK(memcmp(out1, out + TOPK * m, (size_t)(TOPK * m) * 4) == 0,
+                "%s gate_up: token 1 of 5 bit-identical to its one-token launch", tn);
+        CK(cudaFree(d1));
+        CK(cudaFree(p1));
+    }
+    /* down: h = the gate_up rows (skipped pair: zeros), quantized per pair row */
+    for (int64_t i = 0; i < m; i++) out[5 * m + i] = 0.0f;
+    dq8 oh = quantize(out, P, m, tn);
+    float *dy = dalloc((size_t)(NTOK * k) * 4), *dpart = dalloc((size_t)(P * k) * 4);
+    float *y = xmalloc((size_t)(NTOK * k) * 4), *y1 = xmalloc((size_t)k * 4);
+    const cuk_moe_down_q8_args dn = {t, dwd, m, k, NE, did, dwts, TOPK, TOPK, TOPK, {oh.q, oh.ldq, oh.ds, oh.ldds},
+                                     NTOK, dy, k, plan, dpart, k};
+    T_CHECK(cuk_moe_down_q8(&dn, NULL, &err) == G5_OK, "%s down: %s", tn, err.msg);
+    get(y, dy, (size_t)(NTOK * k) * 4);
+    double *hd = xmalloc((size_t)m * 8);
+    worst = 0;
+    for (int tk = 0; tk < NTOK; tk++) {
+        for (int64_t i = 0; i < k; i++) ref[i] = 0;
+        for (int s = 0; s < TOPK; s++) {
+            const int64_t p = tk * TOPK + s;
+            if (wts[p] == 0.0f) continue;
+            q8_row(&oh, p, m, hd);
+            for (int64_t i = 0; i < k; i++) ref[i] += (double)wts[p] * dotd(wdf + ((int64_t)ids[p] * k + i) * m, hd, m);
+        }
+        const double er = rel_l2(y + tk * k, ref, k);
+        if (!(er <= worst)) worst = er;
+    }
+    T_CHECK(worst <= 1e-5, "%s down m=%lld k=%lld: rel L2 %.3e <= 1e-5", tn, (long long)k, (long long)m, worst);
+    printf("  %s moe down m=%lld k=%lld: rel L2 %.2e\n", tn, (long long)k, (long long)m, worst);
+    {
+        float *d1 = dalloc((size_t)k * 4);
+        int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
+        const cuk_moe_down_q8_args d1a = {t, dwd, m, k, NE, did + TOPK, dwts + TOPK, TOPK, TOPK, TOPK,
+                                          {oh.q + TOPK * oh.ldq, oh.ldq, oh.ds + TOPK * oh.ldds, oh.ldds}, 1, d1, k,
+                                          p1, dpart, k};
+        T_CHECK(cuk_moe_down_q8(&d1a, NULL, &err) == G5_OK, "%s down one: %s", tn, err.msg);
+        get(y1, d1, (size_t)k * 4);
+        T_CHECK(memcmp(y1, y + k, (size_t)k * 4) == 0, "%s down: token 1 of 5 bit-identical to its one-token launch", tn);
+        CK(cudaFree(d1));
+        CK(cudaFree(p1));
+    }
+    q8_free(&ox);
+    q8_free(&oh);
+    CK(cudaFree(dwg));
+    CK(cudaFree(dwu));
+    CK(cudaFree(dwd));
+    CK(cudaFree(did));
+    CK(cudaFree(dwts));
+    CK(cudaFree(dout));
+    CK(cudaFree(plan));
+    CK(cudaFree(dy));
+    CK(cudaFree(dpart));
+    free(wgf), free(wuf), free(wdf), free(x), free(out), free(out1), free(xd), free(ref), free(y), free(y1), free(hd);
+}
+
+static void test_refusals(void) {
+    g5_error err = {0};
+    float *dx = dalloc(4096);
+    int8_t *q = dalloc(4096);
+    float *ds = dalloc(4096);
+    float *y = dalloc(4096);
+    void *w = dalloc(1 << 16);
+    cuk_gemv_q8_args a = {QT_Q4_0, w, 256, 4, {q, 256, ds, 16}, 1, y, 4};
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q4_0"), "refused: Q4_0 (%s)", err.msg);
+    a.w_type = QT_Q4_K;
+    a.n = 9;
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "n=9"), "refused: n=9 (%s)", err.msg);
+    a.n = 1;
+    a.x.ldq = 264;
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldq"), "refused: ldq 264 (%s)", err.msg);
+    a.x.ldq = 256;
+    a.k = 320;
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG, "refused: Q4_K k=320 (%s)", err.msg);
+    const cuk_q8_quantize_args qa = {dx, 48, 48, 1, q, 48, ds, 4};
+    T_CHECK(cuk_q8_quantize(&qa, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "k=48"), "refused: quantize k=48 (%s)", err.msg);
+    T_CHECK(cuk_q8_takes(QT_Q8_0, 64) && !cuk_q8_takes(QT_Q8_0, 96) && cuk_q8_takes(QT_Q6_K, 512) && !cuk_q8_takes(QT_F32, 64),
+            "cuk_q8_takes: Q8_0 k%%64, K-quants k%%256, nothing else");
+    CK(cudaFree(dx));
+    CK(cudaFree(q));
+    CK(cudaFree(ds));
+    CK(cudaFree(y));
+    CK(cudaFree(w));
+}
+
+int main(void) {
+    if (!t_need_device()) return t_report(G5_TEST_NAME);
+    test_quantize_nan();
+    test_refusals();
+    for (size_t i = 0; i < N_TYPES; i++) {
+        const uint32_t t = TYPES[i];
+        test_gemv(t, 37, 512);    /* 8 units per row: lanes 8..31 idle */
+        test_gemv(t, 64, 2048);   /* one unit per lane */
+        test_gemv(t, 9, 6144);    /* three units per lane, odd m */
+        test_moe(t, 256, 512);
+    }
+    return t_report(G5_TEST_NAME);
+}
