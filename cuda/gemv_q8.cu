@@ -28,14 +28,14 @@ constexpr int WARPS = 8;
 
 __device__ __forceinline__ uint4 ldg128(const void *p) {
     uint4 v;
-    asm volatile("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+    asm("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
 }
 __device__ __forceinline__ uint32_t ldg32(const void *p) {
     uint32_t v;
-    asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
     return v;
 }
 __device__ __forceinline__ float4 ldg_f4(const float *p) {
@@ -279,72 +279,79 @@ template <int R, int NV> __device__ __forceinline__ float pick(const float (&a)[
     return o;
 }
 
-/* Plain GEMV. Grid: ceil(m / (2 * WARPS)) CTAs of WARPS warps; warp w of CTA c takes rows
- * 2 (c * WARPS + w) and the next. */
-template <int T, int NV>
+/* Rows per warp: G groups of R rows, one after the other (G = 4 where a row has at most one unit
+ * per lane, so a warp keeps loads in flight across groups instead of exiting after one). */
+static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 ? 4 : 1; }
+
+/* Plain GEMV. Grid: ceil(m / (2 G WARPS)) CTAs of WARPS warps; warp w of CTA c takes the G row
+ * pairs from 2 G (c WARPS + w). */
+template <int T, int NV, int G>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
               int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
               int64_t ldy) {
     constexpr int R = 2;
     const int lane = threadIdx.x & 31;
-    const int64_t r0 = ((int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
-    if (r0 >= m) return;
-    const uint8_t *rowp[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
+    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
-    float acc[R][NV] = {};
-    rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
-    warp_sum<R, NV>(acc);
-    const float val = pick<R, NV>(acc, lane);
-    const int r = lane / NV, v = lane % NV;
-    if (lane < R * NV && v < nvec && r0 + r < m) y[(int64_t)v * ldy + r0 + r] = val;
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t r0 = (wi * G + gi) * R;
+        if (r0 >= m) return;
+        const uint8_t *rowp[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
+        float acc[R][NV] = {};
+        rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+        warp_sum<R, NV>(acc);
+        const float val = pick<R, NV>(acc, lane);
+        const int r = lane / NV, v = lane % NV;
+        if (lane < R * NV && v < nvec && r0 + r < m) y[(int64_t)v * ldy + r0 + r] = val;
+    }
 }
 
-/* MoE gate+up. Grid: x = ceil(m / WARPS), y = plan group. Warp: gate row m0 and the same up row
- * of the group's expert (R = 2 rows sharing each x load; 4 rows needed up to 179 registers). */
-template <int T, int NV>
+/* MoE gate+up. Grid: x = ceil(m / (G WARPS)), y = plan group. Warp: G times a gate row and the
+ * same up row of the group's expert (R = 2 rows sharing each x load; 4 rows needed up to 179
+ * registers). */
+template <int T, int NV, int G>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_gate_up_q8(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, int64_t rb, int64_t m,
                  int units, const int32_t *__restrict__ plan, int n_pairs, int top_k,
                  const int8_t *__restrict__ xq, int64_t ldq, const float *__restrict__ xds, int64_t ldds,
                  float *__restrict__ out, int64_t ldo) {
-    constexpr int R = 2, RH = 1;
+    constexpr int R = 2;
     const PlanView pv(plan, n_pairs);
     const int grp = blockIdx.y;
     if (grp >= pv.n_groups()) return;
     const int lane = threadIdx.x & 31;
-    const int64_t m0 = ((int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5)) * RH;
-    if (m0 >= m) return;
+    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
     const int64_t eoff = (int64_t)e * m * rb;
-    const uint8_t *rowp[R];
-#pragma unroll
-    for (int r = 0; r < RH; r++) {
-        const int64_t row = m0 + r < m ? m0 + r : m - 1;
-        rowp[r] = wg + eoff + row * rb;
-        rowp[RH + r] = wu + eoff + row * rb;
-    }
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) {
         const int64_t t = v < nvec ? pv.pair(pos0 + v) / top_k : 0;
         xv[v] = Xrow{xq + t * ldq, xds + t * ldds};
     }
-    float acc[R][NV] = {};
-    rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
-    warp_sum<R, NV>(acc);
-    const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + RH * NV);
-    const int r = lane / NV, v = lane % NV;
-    if (lane < RH * NV && v < nvec && m0 + r < m)
-        out[(int64_t)pv.pair(pos0 + v) * ldo + m0 + r] = g / (1.0f + expf(-g)) * up;
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t m0 = wi * G + gi;
+        if (m0 >= m) return;
+        const uint8_t *rowp[R] = {wg + eoff + m0 * rb, wu + eoff + m0 * rb};
+        float acc[R][NV] = {};
+        rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+        warp_sum<R, NV>(acc);
+        const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + NV);
+        if (lane < nvec) {
+            out[(int64_t)pv.pair(pos0 + lane) * ldo + m0] = g / (1.0f + expf(-g)) * up;
+        }
+    }
 }
 
-/* MoE down. Grid: x = ceil(m / (2 * WARPS)), y = plan group; rows of the pairs' part rows. */
-template <int T, int NV>
+/* MoE down. Grid: x = ceil(m / (2 G WARPS)), y = plan group; rows of the pairs' part rows. */
+template <int T, int NV, int G>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
               int n_pairs, const int8_t *__restrict__ hq, int64_t ldq, const float *__restrict__ hds, int64_t ldds,
@@ -354,25 +361,29 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     const int grp = blockIdx.y;
     if (grp >= pv.n_groups()) return;
     const int lane = threadIdx.x & 31;
-    const int64_t r0 = ((int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
-    if (r0 >= m) return;
+    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
     const uint8_t *we = w + (int64_t)e * m * rb;
-    const uint8_t *rowp[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) {
         const int64_t p = v < nvec ? pv.pair(pos0 + v) : 0;
         xv[v] = Xrow{hq + p * ldq, hds + p * ldds};
     }
-    float acc[R][NV] = {};
-    rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
-    warp_sum<R, NV>(acc);
-    const float val = pick<R, NV>(acc, lane);
-    const int r = lane / NV, v = lane % NV;
-    if (lane < R * NV && v < nvec && r0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + r] = val;
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t r0 = (wi * G + gi) * R;
+        if (r0 >= m) return;
+        const uint8_t *rowp[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
+        float acc[R][NV] = {};
+        rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+        warp_sum<R, NV>(acc);
+        const float val = pick<R, NV>(acc, lane);
+        const int r = lane / NV, v = lane % NV;
+        if (lane < R * NV && v < nvec && r0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + r] = val;
+    }
 }
 
 /* Quantizer. Grid: (ceil(k / 32 / 8), n); block: 8 warps, warp = one 32-element block, lane =
@@ -463,12 +474,17 @@ extern "C" g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream s
     return G5_OK;
 }
 
+template <int T, int NV, int G>
+static void launch_gemv_g(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+    const int64_t per = 2 * G * q8::WARPS, grid = (a->m + per - 1) / per;
+    q8::k_gemv_q8<T, NV, G><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m,
+                                                                       (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds,
+                                                                       a->x.ldds, a->n, a->y, a->ldy);
+}
 template <int T, int NV>
 static void launch_gemv(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    const int64_t grid = (a->m + 2 * q8::WARPS - 1) / (2 * q8::WARPS);
-    q8::k_gemv_q8<T, NV><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m,
-                                                                    (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds,
-                                                                    a->x.ldds, a->n, a->y, a->ldy);
+    if (q8::groups_for((int)(a->k / 64)) == 4) launch_gemv_g<T, NV, 4>(a, rb, st);
+    else launch_gemv_g<T, NV, 1>(a, rb, st);
 }
 template <int T> static void gemv_nv(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
     static_assert(CUK_Q8_MAX_N == 8, "gemv_nv: widths 1, 2, 4, 8");
@@ -515,13 +531,19 @@ static g5_status check_moe(const char *what, int32_t n_expert, const int32_t *id
 static int moe_nv(int n_tok) { return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4; }
 static_assert(CUK_MOE_GROUP == 4, "moe_nv: groups of 4");
 
-template <int T, int NV>
-static void launch_gu(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+template <int T, int NV, int G>
+static void launch_gu_g(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
     const int n_pairs = a->n_tok * a->top_k;
-    const dim3 grid((unsigned)((a->m + q8::WARPS - 1) / q8::WARPS), (unsigned)n_pairs);
-    q8::k_gate_up_q8<T, NV><<<grid, q8::WARPS * 32, 0, st>>>(
+    const int64_t per = G * q8::WARPS;
+    const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
+    q8::k_gate_up_q8<T, NV, G><<<grid, q8::WARPS * 32, 0, st>>>(
         (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, (int)(a->k / 64), a->plan, n_pairs,
         a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo);
+}
+template <int T, int NV>
+static void launch_gu(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+    if (q8::groups_for((int)(a->k / 64)) == 4) launch_gu_g<T, NV, 4>(a, rb, st);
+    else launch_gu_g<T, NV, 1>(a, rb, st);
 }
 template <int T> static void gu_nv(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
     switch (moe_nv(a->n_tok)) {
@@ -547,13 +569,19 @@ extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_st
     return G5_OK;
 }
 
+template <int T, int NV, int G>
+static void launch_dn_g(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+    const int n_pairs = a->n_tok * a->top_k;
+    const int64_t per = 2 * G * q8::WARPS;
+    const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
+    q8::k_down_q8<T, NV, G><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
+                                                             a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,
+                                                             a->h.ldds, a->part, a->ldp);
+}
 template <int T, int NV>
 static void launch_dn(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
-    const int n_pairs = a->n_tok * a->top_k;
-    const dim3 grid((unsigned)((a->m + 2 * q8::WARPS - 1) / (2 * q8::WARPS)), (unsigned)n_pairs);
-    q8::k_down_q8<T, NV><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
-                                                          a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds, a->h.ldds,
-                                                          a->part, a->ldp);
+    if (q8::groups_for((int)(a->k / 64)) == 4) launch_dn_g<T, NV, 4>(a, rb, st);
+    else launch_dn_g<T, NV, 1>(a, rb, st);
 }
 template <int T> static void dn_nv(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
     switch (moe_nv(a->n_tok)) {

@@ -122,7 +122,7 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
     for (uint32_t r = 0; r < g->T && !st; r++) {
         gl_rank *rk = &g->rk[r];
         st = gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err);
-        if (!st && rk->head_write) st = gm_gemv(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg,
+        if (!st && rk->head_write) st = gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg,
                                              rk->head.m, err);
     }
     MARK(K_HEAD);
@@ -174,7 +174,7 @@ static g5_status prof_replay(rt_gpu_model *g, const fplan *pl, g5_error *err) {
         rk = &g->rk[r];
         CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
         PMARK("step", "output_norm (+ residual add)");
-        if (rk->head_write) CK(gm_gemv(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg, rk->head.m, err));
+        if (rk->head_write) CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg, rk->head.m, err));
         PMARK("step", "lm_head gemv");
     }
     return G5_OK;

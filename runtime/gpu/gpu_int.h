@@ -90,6 +90,7 @@ typedef struct gl_rank {
     int head_write;
     const float *out_norm;
     int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
+    int q8;                          /* int8 inputs for gm_gemv_q8's roles (every mode but precise) */
     /* work buffers for up to ncap tokens */
     void *work;
     uint32_t ncap;
@@ -106,6 +107,9 @@ typedef struct gl_rank {
     int batch_rows;                  /* a batched decode step is running: GEMV launches use only
                                         widths whose kernel family is that of one row (gemv_k) */
     void *xb;                        /* bf16 copies of product inputs (fast mode) */
+    int8_t *q8q;                     /* int8 copies of product inputs, rows of k (fast mode, the
+                                        roles gm_gemv_q8 serves; cuda/cuk_q8.h) */
+    float *q8d;                      /* their (d, s) pairs per 32 elements, rows of k / 16 */
     gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
     int32_t *mplan;                  /* MoE routing plans, one per GM_MOE_CHUNK tokens (cuk_moe_plan) */
@@ -241,6 +245,11 @@ g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float ep
 g5_status gm_embed(gl_rank *rk, uint32_t n, int64_t E, g5_error *err);
 g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                   int64_t ldy, g5_error *err);
+/* gm_gemv with the input quantized to int8 per 32 elements in fast mode (cuda/cuk_q8.h) where the
+ * weight type has an int8 kernel and the call is not on the prefill GEMM path: only for the roles
+ * specs/numerics.md lists (output heads, routed and shared experts, the NextN projection). */
+g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                     int64_t ldy, g5_error *err);
 g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err);
 g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err);
 /* The device work of one forward call after the token and position uploads (gpu_model.c). With

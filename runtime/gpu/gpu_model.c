@@ -17,6 +17,7 @@
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
+#include "cuda/cuk_q8.h"
 #include "format/blob.h"
 #include "format/quant.h"
 #include "runtime/gpu/gpu_linear.h"
@@ -330,6 +331,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         if ((st = rt_model_rank_tensors(cpu, r, &rk->ctab, err))) goto loaded;
         rk->c = &rk->ctab;
         rk->fast = bf16act;
+        rk->q8 = fast;
         if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
             st = g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(ce));
             goto loaded;
@@ -596,6 +598,9 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     if (N * U * rk->c->ffe_l > xbn) xbn = N * U * rk->c->ffe_l;
     if (N * H * hp->kv_lora > xbn) xbn = N * H * hp->kv_lora; /* every head's W_UV input at once */
     rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
+    const uint64_t q8n = xbn > N * 2 * E ? xbn : N * 2 * E; /* + the NextN input [n][2E] */
+    rk->q8q = take(&c, rk->q8 ? q8n : 16);
+    rk->q8d = take(&c, rk->q8 ? q8n / 16 * 4 : 16);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
     const uint64_t nch = (N + GM_MOE_CHUNK - 1) / GM_MOE_CHUNK, chn = N < GM_MOE_CHUNK ? N : GM_MOE_CHUNK;
@@ -764,6 +769,41 @@ static g5_status gemv_in(const gl_rank *rk, const dmat *W, const void *xin, uint
 g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                       int64_t ldy, g5_error *err) {
     return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+}
+
+/* 1: a fast-mode product of W over n rows takes int8 inputs (GEMV path, a type with a kernel). */
+static int q8_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
+    return rk->q8 && !gl_lin_use(rk->lin, n) && cuk_q8_takes(W->type, W->k);
+}
+
+/* x [n][ldx] quantized into rk->q8q/q8d as rows of k (cuda/cuk_q8.h); *o describes them. */
+static g5_status q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, cuk_q8_act *o,
+                       g5_error *err) {
+    const cuk_q8_quantize_args qa = {x, ldx, k, n, rk->q8q, k, rk->q8d, k / 16};
+    CK(cuk_q8_quantize(&qa, (cuk_stream)rk->st, err));
+    *o = (cuk_q8_act){rk->q8q, k, rk->q8d, k / 16};
+    return G5_OK;
+}
+
+/* y[t] = W x'[t] for the int8 rows x (of W->k), in launches of CUK_Q8_MAX_N rows. */
+static g5_status gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
+                            int64_t ldy, g5_error *err) {
+    for (uint32_t t0 = 0; t0 < n; t0 += CUK_Q8_MAX_N) {
+        const uint32_t c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
+        const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m,
+                                    {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds},
+                                    (int32_t)c, y + (int64_t)t0 * ldy, ldy};
+        CK(cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
+    }
+    return G5_OK;
+}
+
+g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                     int64_t ldy, g5_error *err) {
+    if (!q8_takes(rk, W, n)) return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+    cuk_q8_act q;
+    CK(q8_in(rk, x, ldx, n, W->k, &q, err));
+    return gemv_q8_in(rk, W, &q, n, y, ldy, err);
 }
 
 
@@ -988,6 +1028,112 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     return G5_OK;
 }
 
+/* The MoE products of a decode step (or a short call): the shared expert's gate and up, then
+ * the routed experts by plan group (cuda/cuk.h), their down products summed over slots into
+ * rk->moe. Fast mode: int8 inputs for every product whose type has an int8 kernel (the roles of
+ * specs/numerics.md; h quantized once for the shared and routed gate/up), bf16 for the others;
+ * precise: float32. */
+static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, const int32_t *ids,
+                               const float *wts, uint32_t n, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const rt_rank_tensors *c = rk->c;
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, U = hp->n_expert_used, FE = c->ffe_l, SL = L->sh_l;
+    const char *const S = "moe";
+    const dmat eg = {L->exp_type, L->exp_gate, E, FE}, ed = {L->exp_down_type, L->exp_down, FE, E};
+    const int q8_gu = q8_takes(rk, &eg, n), q8_dn = q8_takes(rk, &ed, n);
+    const int q8_sh = L->sh_contrib && q8_takes(rk, &L->sh_gate, n) && L->sh_up.type == L->sh_gate.type;
+    g5_status st;
+    int64_t ld = E;
+    uint32_t xt = CUK_ACT_F32;
+    const void *xin = rk->h;
+    cuk_q8_act hq = {0};
+    if (q8_gu || q8_sh) {
+        CK(q8_in(rk, rk->h, E, n, E, &hq, err));
+        PMARK(S, "int8 quantize of h");
+    }
+    if (!q8_gu || (L->sh_contrib && !q8_sh)) {
+        /* h converted once (fast mode) for the products without int8 kernels; runs before rk->xb is
+         * reused for the routed down's input */
+        xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        if (rk->fast) PMARK(S, "bf16 convert of h");
+    }
+    if (L->sh_contrib) {
+        if (q8_sh) {
+            CK(gemv_q8_in(rk, &L->sh_gate, &hq, n, rk->ga, SL, err));
+            PMARK(S, "shared gate gemv (int8 input)");
+            CK(gemv_q8_in(rk, &L->sh_up, &hq, n, rk->gb, SL, err));
+            PMARK(S, "shared up gemv (int8 input)");
+        } else {
+            CK(gemv_in(rk, &L->sh_gate, xin, xt, ld, n, rk->ga, SL, err));
+            PMARK(S, "shared gate gemv");
+            CK(gemv_in(rk, &L->sh_up, xin, xt, ld, n, rk->gb, SL, err));
+            PMARK(S, "shared up gemv");
+        }
+    }
+    /* tokens in chunks of GM_MOE_CHUNK (a plan's pair limit and the size of rk->mpart); every
+     * chunk's gate_up runs before gu is converted into rk->xb (or rk->q8q), which holds the input
+     * until then */
+    const size_t xs = xt == CUK_ACT_BF16 ? 2 : 4;
+    const int64_t pw = cuk_moe_plan_words(GM_MOE_CHUNK, (int32_t)U);
+    for (uint32_t t0 = 0; t0 < n; t0 += GM_MOE_CHUNK) {
+        const uint32_t nc = n - t0 < GM_MOE_CHUNK ? n - t0 : GM_MOE_CHUNK;
+        int32_t *plan = rk->mplan + (int64_t)(t0 / GM_MOE_CHUNK) * pw;
+        const cuk_moe_plan_args pa = {ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)nc, (int32_t)U,
+                                      U, U, (int32_t)c->n_exp_l, plan};
+        CK(cuk_moe_plan(&pa, cs, err));
+        PMARK(S, "moe_plan");
+        if (q8_gu) {
+            const cuk_moe_gate_up_q8_args gu = {
+                L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids + (int64_t)t0 * U, (int32_t)U, U,
+                {hq.q + (int64_t)t0 * hq.ldq, hq.ldq, hq.ds + (int64_t)t0 * hq.ldds, hq.ldds}, (int32_t)nc,
+                rk->gu + (int64_t)t0 * U * FE, FE, plan};
+            CK(cuk_moe_gate_up_q8(&gu, cs, err));
+            PMARK(S, "moe_gate_up (int8 input)");
+        } else {
+            cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l,
+                                       ids + (int64_t)t0 * U, (int32_t)U, U,
+                                       (const uint8_t *)xin + (size_t)t0 * (size_t)ld * xs, xt, ld, (int32_t)nc,
+                                       rk->gu + (int64_t)t0 * U * FE, FE, plan};
+            CK(cuk_moe_gate_up(&gu, cs, err));
+            PMARK(S, "moe_gate_up");
+        }
+    }
+    const void *hin = NULL;
+    cuk_q8_act gq = {0};
+    if (q8_dn) {
+        CK(q8_in(rk, rk->gu, FE, (int64_t)n * U, FE, &gq, err));
+        PMARK(S, "int8 quantize of gate*up");
+    } else {
+        hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        if (rk->fast) PMARK(S, "bf16 convert of gate*up");
+    }
+    const size_t hs = xt == CUK_ACT_BF16 ? 2 : 4;
+    for (uint32_t t0 = 0; t0 < n; t0 += GM_MOE_CHUNK) {
+        const uint32_t nc = n - t0 < GM_MOE_CHUNK ? n - t0 : GM_MOE_CHUNK;
+        const int32_t *plan = rk->mplan + (int64_t)(t0 / GM_MOE_CHUNK) * pw;
+        if (q8_dn) {
+            const int64_t p0 = (int64_t)t0 * U;
+            const cuk_moe_down_q8_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
+                                             ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
+                                             {gq.q + p0 * gq.ldq, gq.ldq, gq.ds + p0 * gq.ldds, gq.ldds}, (int32_t)nc,
+                                             rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
+            CK(cuk_moe_down_q8(&dn, cs, err));
+            PMARK(S, "moe_down (int8 input, + slot sum)");
+        } else {
+            cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
+                                    ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
+                                    (const uint8_t *)hin + (size_t)t0 * U * (size_t)ld * hs, xt, ld, (int32_t)nc,
+                                    rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
+            CK(cuk_moe_down(&dn, cs, err));
+            PMARK(S, "moe_down (+ slot sum)");
+        }
+    }
+    return G5_OK;
+}
+
 g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
@@ -1052,57 +1198,12 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             PMARK(S, "shared gate+up (GEMM path)");
         }
     } else {
-        g5_status st;
-        int64_t ld;
-        uint32_t xt;
-        /* h converted once (fast mode) for the shared expert's gate and up and the routed gate/up:
-         * the shared products run first, before rk->xb is reused for the routed down's input */
-        const void *xin = act_in(rk, rk->h, E, n, E, &ld, &xt, 0, &st, err);
-        if (st) return st;
-        if (rk->fast) PMARK(S, "bf16 convert of h");
-        if (L->sh_contrib) {
-            CK(gemv_in(rk, &L->sh_gate, xin, xt, ld, n, rk->ga, SL, err));
-            PMARK(S, "shared gate gemv");
-            CK(gemv_in(rk, &L->sh_up, xin, xt, ld, n, rk->gb, SL, err));
-            PMARK(S, "shared up gemv");
-        }
-        /* tokens in chunks of GM_MOE_CHUNK (a plan's pair limit and the size of rk->mpart); every
-         * chunk's gate_up runs before gu is converted into rk->xb, which holds xin until then */
-        const size_t xs = xt == CUK_ACT_BF16 ? 2 : 4;
-        const int64_t pw = cuk_moe_plan_words(GM_MOE_CHUNK, (int32_t)U);
-        for (uint32_t t0 = 0; t0 < n; t0 += GM_MOE_CHUNK) {
-            const uint32_t nc = n - t0 < GM_MOE_CHUNK ? n - t0 : GM_MOE_CHUNK;
-            int32_t *plan = rk->mplan + (int64_t)(t0 / GM_MOE_CHUNK) * pw;
-            const cuk_moe_plan_args pa = {ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)nc, (int32_t)U,
-                                          U, U, (int32_t)c->n_exp_l, plan};
-            CK(cuk_moe_plan(&pa, cs, err));
-            PMARK(S, "moe_plan");
-            cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l,
-                                       ids + (int64_t)t0 * U, (int32_t)U, U,
-                                       (const uint8_t *)xin + (size_t)t0 * (size_t)ld * xs, xt, ld, (int32_t)nc,
-                                       rk->gu + (int64_t)t0 * U * FE, FE, plan};
-            CK(cuk_moe_gate_up(&gu, cs, err));
-            PMARK(S, "moe_gate_up");
-        }
-        const void *hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
-        if (st) return st;
-        if (rk->fast) PMARK(S, "bf16 convert of gate*up");
-        const size_t hs = xt == CUK_ACT_BF16 ? 2 : 4;
-        for (uint32_t t0 = 0; t0 < n; t0 += GM_MOE_CHUNK) {
-            const uint32_t nc = n - t0 < GM_MOE_CHUNK ? n - t0 : GM_MOE_CHUNK;
-            const int32_t *plan = rk->mplan + (int64_t)(t0 / GM_MOE_CHUNK) * pw;
-            cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
-                                    ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
-                                    (const uint8_t *)hin + (size_t)t0 * U * (size_t)ld * hs, xt, ld, (int32_t)nc,
-                                    rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
-            CK(cuk_moe_down(&dn, cs, err));
-            PMARK(S, "moe_down (+ slot sum)");
-        }
+        CK(moe_gemv_path(g, rk, L, ids, wts, n, err));
     }
     if (L->sh_contrib) {
         CK(cuk_silu_mul(rk->ga, SL, rk->gb, SL, rk->ga, SL, n, SL, cs, err));
         PMARK(S, "shared silu_mul");
-        CK(gm_gemv(rk, &L->sh_down, rk->ga, SL, n, rk->part, E, err));
+        CK(gm_gemv_q8(rk, &L->sh_down, rk->ga, SL, n, rk->part, E, err));
         PMARK(S, "shared down gemv");
     }
     /* one device: the next norm adds moe (+ part) to x itself; ranks to be summed need part */
@@ -1230,7 +1331,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
                 const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
                 /* ranks sharing a device share rk->lg's stream but not rk->lg: a graph keeps each
                  * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
-                CK(gm_gemv(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
+                CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
                 if (!graph)
                     CUK_CHECK(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
                                          VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));

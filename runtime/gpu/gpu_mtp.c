@@ -139,16 +139,16 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
         CK(cuk_rms_norm(rk->cat, 2 * E, M->enorm, rk->cat, 2 * E, n, E, eps, cs, err));
         CK(cuk_rms_norm(rk->x, E, M->hnorm, rk->cat + E, 2 * E, n, E, eps, cs, err));
         if (split == RT_SPLIT_NONE) {
-            CK(gm_gemv(rk, &M->eh, rk->cat, 2 * E, n, rk->x, E, err));
+            CK(gm_gemv_q8(rk, &M->eh, rk->cat, 2 * E, n, rk->x, E, err));
             continue;
         }
         /* x = 0 + the sum over ranks of part (below) */
         CUK_CHECK(cudaMemsetAsync(rk->x, 0, (size_t)n * E * 4, rk->st));
         if (split == RT_SPLIT_COLS) {
-            CK(gm_gemv(rk, &M->eh, rk->cat + (int64_t)rk->rg * M->eh.k, 2 * E, n, rk->part, E, err));
+            CK(gm_gemv_q8(rk, &M->eh, rk->cat + (int64_t)rk->rg * M->eh.k, 2 * E, n, rk->part, E, err));
         } else {
             CUK_CHECK(cudaMemsetAsync(rk->part, 0, (size_t)n * E * 4, rk->st));
-            CK(gm_gemv(rk, &M->eh, rk->cat, 2 * E, n, rk->part + (int64_t)rk->rg * M->eh.m, E, err));
+            CK(gm_gemv_q8(rk, &M->eh, rk->cat, 2 * E, n, rk->part + (int64_t)rk->rg * M->eh.m, E, err));
         }
         rk->oa = rk->part;
         rk->ob = NULL;
@@ -173,7 +173,7 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
         const int64_t VL = M->head.m;
         for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
             const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
-            CK(gm_gemv(rk, &M->head, rk->h + (int64_t)t0 * E, E, c, rk->lg, VL, err));
+            CK(gm_gemv_q8(rk, &M->head, rk->h + (int64_t)t0 * E, E, c, rk->lg, VL, err));
             CUK_CHECK(cudaMemcpy2DAsync(draft + (int64_t)(t0 - first) * V + M->head_col0, (size_t)V * 4, rk->lg,
                                  (size_t)VL * 4, (size_t)VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
         }

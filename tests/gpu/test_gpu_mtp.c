@@ -11,9 +11,12 @@
  * more than rounding does (~1e-6). Rows past ROW_OUTLIER (1e-4) relative L2 are therefore
  * counted, allowed only in the sparse regime (prompts 1 and 2, at most MAX_OUTLIER_FRAC of the
  * rows), and left out of the precise bound; prompt 0 (22 tokens < top-k 32: every key attended)
- * must have none. Fast mode's all-at-once call attends its own tokens from float32 latents, so it
- * is held to the same bound; a step-by-step fast run reads earlier tokens from the bf16/f16 cache:
- * argmax agreement >= 0.9 and relative L2 <= 5e-2 (glm5-run --check's fast tolerances). These
+ * must have none. Fast mode takes int8 inputs for the NextN projection, the experts and the head
+ * (specs/numerics.md), so its runs, all at once and step by step (earlier tokens read back from
+ * the bf16/f16 cache), are held to fast mode's own bar: draft argmax agreement >= 0.9 (what
+ * drafting needs) and draft logits no further from the CPU than the main model's fast bar for
+ * that prompt (0.09 / 0.26 / 0.51, llama.cpp's default path on the oracle; measured with int8
+ * inputs 8.5e-2 / 4.3e-2 / 6.0e-2: the NextN layer's router sees the int8 projection). These
  * bounds are set from the main model's measured differences (README "Numbers"); the printed
  * values are what to tighten them with.
  *
@@ -57,7 +60,7 @@
 #define TOL_PRECISE 1e-5
 #define ROW_OUTLIER 1e-4
 #define MAX_OUTLIER_FRAC 0.03
-#define TOL_FAST_STEP 5e-2
+static const double k_fast_rel_l2[3] = {0.09, 0.26, 0.51}; /* test_gpu_model's fast bar */
 #define MIN_ARGMAX_FAST_STEP 0.9
 
 /* Draft logits got [n][V] vs ref: overall and non-outlier rel L2, outlier rows, argmax agreement. */
@@ -171,8 +174,17 @@ static float *cpu_draft(rt_model *m, const prompt *p, const float *hid, const ch
     return d;
 }
 
+/* The fast bounds (see the file comment). */
+static void check_fast(const char *label, int prompt, const char *what, const cmp *c) {
+    printf("%s: prompt %d %s vs CPU: rel L2 %.3e, argmax agreement %.4f\n", label, prompt, what, c->rel_all, c->agree);
+    T_CHECK(c->nan_rows == 0, "%s: prompt %d: %u rows with NaN", label, prompt, c->nan_rows);
+    const double bar = k_fast_rel_l2[prompt < 2 ? prompt : 2];
+    T_CHECK(c->rel_all <= bar, "%s: prompt %d %s: rel L2 %.3e > %.2f", label, prompt, what, c->rel_all, bar);
+    T_CHECK(c->agree >= MIN_ARGMAX_FAST_STEP, "%s: prompt %d %s: argmax %.4f", label, prompt, what, c->agree);
+}
+
 /* All positions of prompts 0..n_prompts-1 in one GPU call each, against the CPU. */
-static void run_all(setup *s, const oracle *o, int n_prompts, const char *label) {
+static void run_all(setup *s, const oracle *o, int n_prompts, int fast, const char *label) {
     const glm5_hparams *hp = rt_model_hparams(s->m);
     const uint32_t V = hp->n_vocab;
     g5_error e = {0};
@@ -193,7 +205,10 @@ static void run_all(setup *s, const oracle *o, int n_prompts, const char *label)
             T_CHECK(rt_gpu_n_past(s->g) == p->n, "%s: main positions %u changed", label, rt_gpu_n_past(s->g));
             const cmp c = compare(got, ref, n, V);
             printf("%s: prompt %d: %.4f s for %u positions\n", label, i, secs, n);
-            check_precise(label, i, &c, i == 0);
+            if (fast)
+                check_fast(label, i, "all at once", &c);
+            else
+                check_precise(label, i, &c, i == 0);
         }
         free(hid);
         free(ref);
@@ -228,10 +243,7 @@ static void run_steps(setup *s, const prompt *p, int pi, int fast, const char *l
         } else {
             float *ref = cpu_draft(s->m, p, hid, label);
             const cmp c = compare(step, ref, n, V);
-            printf("%s: prompt %d step by step (cache read back) vs CPU: rel L2 %.3e, argmax agreement %.4f\n", label,
-                   pi, c.rel_all, c.agree);
-            T_CHECK(c.rel_all <= TOL_FAST_STEP, "%s: fast steps rel L2 %.3e", label, c.rel_all);
-            T_CHECK(c.agree >= MIN_ARGMAX_FAST_STEP, "%s: fast steps argmax %.4f", label, c.agree);
+            check_fast(label, pi, "step by step (cache read back)", &c);
             free(ref);
         }
     }
@@ -414,7 +426,7 @@ static void run_tables(const char *dir_tp2, const oracle *o) {
         setup s;
         rt_gpu_opts go;
         rt_gpu_opts_default(&go);
-        if (ws && open_setup(ws, NULL, &go, &s, cfg[c].name, NULL)) run_all(&s, o, 2, cfg[c].name);
+        if (ws && open_setup(ws, NULL, &go, &s, cfg[c].name, NULL)) run_all(&s, o, 2, 0, cfg[c].name);
         if (ws) close_setup(&s);
         free_tables(&t);
         rt_wset_free(src);
@@ -459,7 +471,7 @@ int main(void) {
         setup s;
         int unsup = 0;
         if (ws && open_setup(ws, dirs[0], &go, &s, cfg[c].name, cfg[c].nccl ? &unsup : NULL)) {
-            run_all(&s, &o, N_PROMPTS, cfg[c].name);
+            run_all(&s, &o, N_PROMPTS, cfg[c].prec != RT_GPU_PRECISE, cfg[c].name);
             if (cfg[c].steps)
                 for (int i = 0; i < 2; i++) run_steps(&s, &o.p[i], i, cfg[c].prec != RT_GPU_PRECISE, cfg[c].name);
             if (c == 0) run_draft(&s, &o.p[1], cfg[c].name);
@@ -473,7 +485,7 @@ int main(void) {
         rt_gpu_opts_default(&go);
         setup s;
         if (ws && open_setup(ws, dirs[1], &go, &s, "GPU MTP blobs TP=2 (eh_proj replicated)", NULL)) {
-            run_all(&s, &o, N_PROMPTS, "GPU MTP blobs TP=2 (eh_proj replicated)");
+            run_all(&s, &o, N_PROMPTS, 0, "GPU MTP blobs TP=2 (eh_proj replicated)");
             run_draft(&s, &o.p[1], "GPU MTP blobs TP=2 (eh_proj replicated)");
         }
         if (ws) close_setup(&s);
