@@ -8,6 +8,10 @@
  * Quantization of x (one 32-element block, as the CPU emulation in tests/gpu/test_gemv_q8.c):
  *   d = amax / 127 (float32 division), q[i] = rint(x[i] / d) (ties to even; 0 where d = 0),
  *   s = d * (float)sum(q), stored as ds[2b] = d, ds[2b + 1] = s.
+ * Two planes (planes = 2: about 16 bits of x, for the products whose inputs feed near-tied
+ * choices): the residual r = fma(-d, q, x) quantized again with d2 = d / 254 (q2 = rint(r / d2)),
+ * stored k bytes after q and k / 16 floats after ds as (d2, 0) pairs, and s = fma(d2, sum q2, s):
+ * the second plane is an ordinary int8 row whose products are added to the first's.
  * Products: per weight sub-block, the int32 dot product of the integer quants with q is scaled by
  * the weight scale and d; min terms (Q4_K, Q5_K) use s. Every output element is the sum of its
  * row's units in a fixed lane and shuffle order: bits never depend on n or on the batch. */
@@ -29,12 +33,14 @@ extern "C" {
  * (floats: d, s per block). */
 typedef struct cuk_q8_act {
     const int8_t *q;   /* 16-byte aligned */
-    int64_t ldq;       /* bytes between rows; >= k, a multiple of 16 */
+    int64_t ldq;       /* bytes between rows; >= planes * k, a multiple of 16 */
     const float *ds;   /* 16-byte aligned */
-    int64_t ldds;      /* floats between rows; >= 2 * k / 32, a multiple of 4 */
+    int64_t ldds;      /* floats between rows; >= planes * k / 16, a multiple of 4 */
+    int32_t planes;    /* 1 or 2 */
 } cuk_q8_act;
 
-/* q, ds of x [n][ldx] (float32), k a multiple of 32 (of 64 for a Q8_0 product's input). */
+/* q, ds of x [n][ldx] (float32), k a multiple of 32 (of 64 for a Q8_0 product's input and for
+ * two planes). */
 typedef struct cuk_q8_quantize_args {
     const float *x;
     int64_t ldx;       /* >= k */
@@ -44,6 +50,7 @@ typedef struct cuk_q8_quantize_args {
     int64_t ldq;
     float *ds;         /* [n][ldds] */
     int64_t ldds;
+    int32_t planes;    /* 1 or 2 */
 } cuk_q8_quantize_args;
 g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream stream, g5_error *err);
 

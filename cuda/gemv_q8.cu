@@ -239,11 +239,13 @@ __device__ __forceinline__ float dot(const Raw<QT_Q8_0> &w, const X64 &x, int) {
     return h2f(w.w[0]) * (x.ds.x * (float)s0) + h2f(w.w[8] >> 16) * (x.ds.z * (float)s1);
 }
 
-/* acc[r][v] += row r's units of this lane times vector v (v < nvec). */
-template <int T, int R, int NV>
+/* acc[r][v] += row r's units of this lane times vector v (v < nvec); P = 2: the second plane
+ * (the same layout k bytes and k / 16 floats further, s = 0) added after the first. */
+template <int T, int R, int NV, int P>
 __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int units, const Xrow (&xv)[NV], int nvec,
                                          int lane, float (&acc)[R][NV]) {
     using XT = typename XOf<T>::type;
+    const int64_t qo = (int64_t)units * 64, dso = (int64_t)units * 4;
     for (int u = lane; u < units; u += 32) {
         Raw<T> w[R];
 #pragma unroll
@@ -251,10 +253,13 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
 #pragma unroll
         for (int v = 0; v < NV; v++) {
             if (v < nvec) {
-                XT x;
-                x.load(xv[v], u);
 #pragma unroll
-                for (int r = 0; r < R; r++) acc[r][v] += dot(w[r], x, u);
+                for (int pl = 0; pl < P; pl++) {
+                    XT x;
+                    x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r][v] += dot(w[r], x, u);
+                }
             }
         }
     }
@@ -285,7 +290,7 @@ static __host__ __device__ constexpr int groups_for(int units) { return units <=
 
 /* Plain GEMV. Grid: ceil(m / (2 G WARPS)) CTAs of WARPS warps; warp w of CTA c takes the G row
  * pairs from 2 G (c WARPS + w). */
-template <int T, int NV, int G>
+template <int T, int NV, int G, int P>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
               int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
@@ -304,7 +309,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 #pragma unroll
         for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
         float acc[R][NV] = {};
-        rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
         warp_sum<R, NV>(acc);
         const float val = pick<R, NV>(acc, lane);
         const int r = lane / NV, v = lane % NV;
@@ -315,7 +320,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 /* MoE gate+up. Grid: x = ceil(m / (G WARPS)), y = plan group. Warp: G times a gate row and the
  * same up row of the group's expert (R = 2 rows sharing each x load; 4 rows needed up to 179
  * registers). */
-template <int T, int NV, int G>
+template <int T, int NV, int G, int P>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_gate_up_q8(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, int64_t rb, int64_t m,
                  int units, const int32_t *__restrict__ plan, int n_pairs, int top_k,
@@ -341,7 +346,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         if (m0 >= m) return;
         const uint8_t *rowp[R] = {wg + eoff + m0 * rb, wu + eoff + m0 * rb};
         float acc[R][NV] = {};
-        rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
         warp_sum<R, NV>(acc);
         const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + NV);
         if (lane < nvec) {
@@ -351,7 +356,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 }
 
 /* MoE down. Grid: x = ceil(m / (2 G WARPS)), y = plan group; rows of the pairs' part rows. */
-template <int T, int NV, int G>
+template <int T, int NV, int G, int P>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
               int n_pairs, const int8_t *__restrict__ hq, int64_t ldq, const float *__restrict__ hds, int64_t ldds,
@@ -378,7 +383,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 #pragma unroll
         for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
         float acc[R][NV] = {};
-        rows_dot<T, R, NV>(rowp, units, xv, nvec, lane, acc);
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
         warp_sum<R, NV>(acc);
         const float val = pick<R, NV>(acc, lane);
         const int r = lane / NV, v = lane % NV;
@@ -387,7 +392,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 }
 
 /* Quantizer. Grid: (ceil(k / 32 / 8), n); block: 8 warps, warp = one 32-element block, lane =
- * one element. A NaN or infinity in the block makes d NaN (the products then carry it). */
+ * one element. A NaN or infinity in the block makes d NaN (the products then carry it). P = 2:
+ * the residual x - d q as a second plane with d2 = d / 254, s the sum of both planes. */
+template <int P>
 __global__ void __launch_bounds__(256)
     k_quantize(const float *__restrict__ x, int64_t ldx, int64_t k, int8_t *__restrict__ q, int64_t ldq,
                float *__restrict__ ds, int64_t ldds) {
@@ -405,10 +412,25 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     q[row * ldq + b * 32 + lane] = (int8_t)qi;
+    const float dd = bad ? __int_as_float(0x7fc00000) : d;
+    float stot = dd * (float)sum;
+    if (P == 2) {
+        const float d2 = d / 254.0f, r = fmaf(-d, (float)qi, v);
+        int q2 = d2 > 0.0f ? __float2int_rn(r / d2) : 0;
+        q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
+        int sum2 = q2;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum2 += __shfl_xor_sync(0xffffffffu, sum2, o);
+        q[row * ldq + k + b * 32 + lane] = (int8_t)q2;
+        stot = fmaf(d2, (float)sum2, stot);
+        if (lane == 0) {
+            ds[row * ldds + k / 16 + 2 * b] = bad ? dd : d2;
+            ds[row * ldds + k / 16 + 2 * b + 1] = 0.0f;
+        }
+    }
     if (lane == 0) {
-        const float dd = bad ? __int_as_float(0x7fc00000) : d;
         ds[row * ldds + 2 * b] = dd;
-        ds[row * ldds + 2 * b + 1] = dd * (float)sum;
+        ds[row * ldds + 2 * b + 1] = stot;
     }
 }
 
@@ -436,11 +458,15 @@ static int64_t row_bytes(uint32_t t, int64_t k) {
 static g5_status check_q8(const char *what, const char *name, const cuk_q8_act *x, int64_t k, g5_error *err) {
     if (!x->q || !x->ds) return BAD("%s: %s.q or %s.ds is NULL", what, name, name);
     if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("%s: %s is not 16-byte aligned", what, name);
-    if (x->ldq < k || x->ldq % 16)
-        return BAD("%s: %s.ldq=%lld must be >= k=%lld and a multiple of 16", what, name, (long long)x->ldq, (long long)k);
-    if (x->ldds < 2 * (k / 32) || x->ldds % 4)
+    if (x->planes != 1 && x->planes != 2) return BAD("%s: %s.planes=%d is neither 1 nor 2", what, name, (int)x->planes);
+    if (x->planes == 2 && k % 64) return BAD("%s: two planes need k=%lld to be a multiple of 64", what, (long long)k);
+    const int64_t P = x->planes;
+    if (x->ldq < P * k || x->ldq % 16)
+        return BAD("%s: %s.ldq=%lld must be >= %lld and a multiple of 16", what, name, (long long)x->ldq,
+                   (long long)(P * k));
+    if (x->ldds < P * (k / 16) || x->ldds % 4)
         return BAD("%s: %s.ldds=%lld must be >= %lld and a multiple of 4", what, name, (long long)x->ldds,
-                   (long long)(2 * (k / 32)));
+                   (long long)(P * (k / 16)));
     return G5_OK;
 }
 
@@ -465,21 +491,29 @@ extern "C" g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream s
     if (a->k <= 0 || a->k % 32 || a->k > (1LL << 24)) return BAD("q8_quantize: k=%lld is not a positive multiple of 32", (long long)a->k);
     if (a->n < 1 || a->n > 65535) return BAD("q8_quantize: n=%lld outside 1..65535", (long long)a->n);
     if (a->ldx < a->k) return BAD("q8_quantize: ldx=%lld < k=%lld", (long long)a->ldx, (long long)a->k);
-    const cuk_q8_act o = {a->q, a->ldq, a->ds, a->ldds};
+    const cuk_q8_act o = {a->q, a->ldq, a->ds, a->ldds, a->planes};
     g5_status st = check_q8("q8_quantize", "out", &o, a->k, err);
     if (st != G5_OK) return st;
     const dim3 grid((unsigned)((a->k / 32 + 7) / 8), (unsigned)a->n);
-    q8::k_quantize<<<grid, 256, 0, (cudaStream_t)stream>>>(a->x, a->ldx, a->k, a->q, a->ldq, a->ds, a->ldds);
+    if (a->planes == 2)
+        q8::k_quantize<2><<<grid, 256, 0, (cudaStream_t)stream>>>(a->x, a->ldx, a->k, a->q, a->ldq, a->ds, a->ldds);
+    else
+        q8::k_quantize<1><<<grid, 256, 0, (cudaStream_t)stream>>>(a->x, a->ldx, a->k, a->q, a->ldq, a->ds, a->ldds);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
-template <int T, int NV, int G>
-static void launch_gemv_g(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+template <int T, int NV, int G, int P>
+static void launch_gemv_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
     const int64_t per = 2 * G * q8::WARPS, grid = (a->m + per - 1) / per;
-    q8::k_gemv_q8<T, NV, G><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m,
+    q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m,
                                                                        (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds,
                                                                        a->x.ldds, a->n, a->y, a->ldy);
+}
+template <int T, int NV, int G>
+static void launch_gemv_g(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+    if (a->x.planes == 2) launch_gemv_p<T, NV, G, 2>(a, rb, st);
+    else launch_gemv_p<T, NV, G, 1>(a, rb, st);
 }
 template <int T, int NV>
 static void launch_gemv(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
@@ -531,14 +565,19 @@ static g5_status check_moe(const char *what, int32_t n_expert, const int32_t *id
 static int moe_nv(int n_tok) { return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4; }
 static_assert(CUK_MOE_GROUP == 4, "moe_nv: groups of 4");
 
-template <int T, int NV, int G>
-static void launch_gu_g(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+template <int T, int NV, int G, int P>
+static void launch_gu_p(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
     const int n_pairs = a->n_tok * a->top_k;
     const int64_t per = G * q8::WARPS;
     const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
-    q8::k_gate_up_q8<T, NV, G><<<grid, q8::WARPS * 32, 0, st>>>(
+    q8::k_gate_up_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>(
         (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, (int)(a->k / 64), a->plan, n_pairs,
         a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo);
+}
+template <int T, int NV, int G>
+static void launch_gu_g(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+    if (a->x.planes == 2) launch_gu_p<T, NV, G, 2>(a, rb, st);
+    else launch_gu_p<T, NV, G, 1>(a, rb, st);
 }
 template <int T, int NV>
 static void launch_gu(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
@@ -569,14 +608,19 @@ extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_st
     return G5_OK;
 }
 
-template <int T, int NV, int G>
-static void launch_dn_g(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+template <int T, int NV, int G, int P>
+static void launch_dn_p(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
     const int n_pairs = a->n_tok * a->top_k;
     const int64_t per = 2 * G * q8::WARPS;
     const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
-    q8::k_down_q8<T, NV, G><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
+    q8::k_down_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
                                                              a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,
                                                              a->h.ldds, a->part, a->ldp);
+}
+template <int T, int NV, int G>
+static void launch_dn_g(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+    if (a->h.planes == 2) launch_dn_p<T, NV, G, 2>(a, rb, st);
+    else launch_dn_p<T, NV, G, 1>(a, rb, st);
 }
 template <int T, int NV>
 static void launch_dn(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {

@@ -599,8 +599,8 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     if (N * H * hp->kv_lora > xbn) xbn = N * H * hp->kv_lora; /* every head's W_UV input at once */
     rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
     const uint64_t q8n = xbn > N * 2 * E ? xbn : N * 2 * E; /* + the NextN input [n][2E] */
-    rk->q8q = take(&c, rk->q8 ? q8n : 16);
-    rk->q8d = take(&c, rk->q8 ? q8n / 16 * 4 : 16);
+    rk->q8q = take(&c, rk->q8 ? 2 * q8n : 16); /* two planes where gm_gemv_q8x2 runs */
+    rk->q8d = take(&c, rk->q8 ? 2 * q8n / 16 * 4 : 16);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
     const uint64_t nch = (N + GM_MOE_CHUNK - 1) / GM_MOE_CHUNK, chn = N < GM_MOE_CHUNK ? N : GM_MOE_CHUNK;
@@ -776,12 +776,13 @@ static int q8_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
     return rk->q8 && !gl_lin_use(rk->lin, n) && cuk_q8_takes(W->type, W->k);
 }
 
-/* x [n][ldx] quantized into rk->q8q/q8d as rows of k (cuda/cuk_q8.h); *o describes them. */
-static g5_status q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, cuk_q8_act *o,
-                       g5_error *err) {
-    const cuk_q8_quantize_args qa = {x, ldx, k, n, rk->q8q, k, rk->q8d, k / 16};
+/* x [n][ldx] quantized into rk->q8q/q8d as rows of k in `planes` planes (cuda/cuk_q8.h); *o
+ * describes them. */
+static g5_status q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int planes,
+                       cuk_q8_act *o, g5_error *err) {
+    const cuk_q8_quantize_args qa = {x, ldx, k, n, rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
     CK(cuk_q8_quantize(&qa, (cuk_stream)rk->st, err));
-    *o = (cuk_q8_act){rk->q8q, k, rk->q8d, k / 16};
+    *o = (cuk_q8_act){rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
     return G5_OK;
 }
 
@@ -791,19 +792,33 @@ static g5_status gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *
     for (uint32_t t0 = 0; t0 < n; t0 += CUK_Q8_MAX_N) {
         const uint32_t c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
         const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m,
-                                    {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds},
+                                    {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds,
+                                     x->planes},
                                     (int32_t)c, y + (int64_t)t0 * ldy, ldy};
         CK(cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
     }
     return G5_OK;
 }
 
-g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
-                     int64_t ldy, g5_error *err) {
+static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                         int64_t ldy, int planes, g5_error *err) {
     if (!q8_takes(rk, W, n)) return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
     cuk_q8_act q;
-    CK(q8_in(rk, x, ldx, n, W->k, &q, err));
+    CK(q8_in(rk, x, ldx, n, W->k, planes, &q, err));
     return gemv_q8_in(rk, W, &q, n, y, ldy, err);
+}
+
+g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                     int64_t ldy, g5_error *err) {
+    return gemv_q8p(rk, W, x, ldx, n, y, ldy, 1, err);
+}
+
+/* The attention projections and the dense FFN in fast mode: two int8 planes (about 16 bits of
+ * x; specs/numerics.md: one plane breaks the fast bar there). */
+static g5_status gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                           int64_t ldy, g5_error *err) {
+    if (rk->fast) return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err); /* RT_GPU_BF16ACT keeps its bf16 inputs */
+    return gemv_q8p(rk, W, x, ldx, n, y, ldy, 2, err);
 }
 
 
@@ -916,11 +931,12 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     PMARK("attn", "attn_norm (+ residual add)");
     /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
      * whose indexer still picks in float32 */
-    CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
+    if (rk->fast) CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
+    else CK(gemv_q8x2(rk, &L->q_a, rk->h, E, n, rk->qr, QL, err));
     PMARK("attn", "q_a gemv");
     CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
     PMARK("attn", "q_a_norm");
-    CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    CK(gemv_q8x2(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
     PMARK("attn", "kv_a gemv");
     /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
      * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
@@ -949,7 +965,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     }
     PMARK("attn", "latent norm+rope+cache write");
     if (L->has_idx) CK(attn_indexer(g, rk, il, pl, tc, multi, &cw, err));
-    CK(gm_gemv(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
+    CK(gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
     const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
                               .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
@@ -1021,7 +1037,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         }
     }
     PMARK("attn", "W_UV gemv (all heads, one launch)");
-    CK(gm_gemv(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
+    CK(gemv_q8x2(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
     PMARK("attn", "attn_output gemv");
     rk->oa = rk->part;
     rk->ob = NULL;
@@ -1049,7 +1065,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
     const void *xin = rk->h;
     cuk_q8_act hq = {0};
     if (q8_gu || q8_sh) {
-        CK(q8_in(rk, rk->h, E, n, E, &hq, err));
+        CK(q8_in(rk, rk->h, E, n, E, 1, &hq, err));
         PMARK(S, "int8 quantize of h");
     }
     if (!q8_gu || (L->sh_contrib && !q8_sh)) {
@@ -1087,7 +1103,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
         if (q8_gu) {
             const cuk_moe_gate_up_q8_args gu = {
                 L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids + (int64_t)t0 * U, (int32_t)U, U,
-                {hq.q + (int64_t)t0 * hq.ldq, hq.ldq, hq.ds + (int64_t)t0 * hq.ldds, hq.ldds}, (int32_t)nc,
+                {hq.q + (int64_t)t0 * hq.ldq, hq.ldq, hq.ds + (int64_t)t0 * hq.ldds, hq.ldds, hq.planes}, (int32_t)nc,
                 rk->gu + (int64_t)t0 * U * FE, FE, plan};
             CK(cuk_moe_gate_up_q8(&gu, cs, err));
             PMARK(S, "moe_gate_up (int8 input)");
@@ -1103,7 +1119,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
     const void *hin = NULL;
     cuk_q8_act gq = {0};
     if (q8_dn) {
-        CK(q8_in(rk, rk->gu, FE, (int64_t)n * U, FE, &gq, err));
+        CK(q8_in(rk, rk->gu, FE, (int64_t)n * U, FE, 1, &gq, err));
         PMARK(S, "int8 quantize of gate*up");
     } else {
         hin = act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
@@ -1118,7 +1134,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
             const int64_t p0 = (int64_t)t0 * U;
             const cuk_moe_down_q8_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
                                              ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
-                                             {gq.q + p0 * gq.ldq, gq.ldq, gq.ds + p0 * gq.ldds, gq.ldds}, (int32_t)nc,
+                                             {gq.q + p0 * gq.ldq, gq.ldq, gq.ds + p0 * gq.ldds, gq.ldds, gq.planes}, (int32_t)nc,
                                              rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
             CK(cuk_moe_down_q8(&dn, cs, err));
             PMARK(S, "moe_down (int8 input, + slot sum)");
@@ -1152,6 +1168,12 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             CK(gm_gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
             PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
             CK(gm_gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
+        } else if (!rk->fast && q8_takes(rk, &L->ffn_gate, n) && L->ffn_up.type == L->ffn_gate.type) {
+            cuk_q8_act hq; /* one two-plane quantization of h for both */
+            CK(q8_in(rk, rk->h, E, n, E, 2, &hq, err));
+            CK(gemv_q8_in(rk, &L->ffn_gate, &hq, n, rk->ga, F, err));
+            PMARK(S, "ffn_gate gemv (+ int8 quantize of h, two planes)");
+            CK(gemv_q8_in(rk, &L->ffn_up, &hq, n, rk->gb, F, err));
         } else { /* one conversion of h for both (fast mode) */
             g5_status st;
             int64_t ld;
@@ -1165,7 +1187,8 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
         PMARK(S, "ffn_up gemv");
         CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
         PMARK(S, "silu_mul");
-        CK(gm_gemv(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
+        if (rk->fast) CK(gm_gemv(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
+        else CK(gemv_q8x2(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
         PMARK(S, "ffn_down gemv");
         return G5_OK;
     }

@@ -60,6 +60,8 @@ typedef struct ops {
     float *xf;       /* f32 [8][32768] */
     int8_t *q;       /* [8][32768] */
     float *ds;       /* [8][2048] */
+    int8_t *q2;      /* [8][32768]: two planes of the current shape's k */
+    float *ds2;      /* [8][2048] */
     float *y, *part; /* [8 * 8][160000] */
     int32_t *ids, *plan;
     float *wts;
@@ -70,8 +72,10 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     if (quant_row_bytes(t, (uint64_t)k, &rb)) exit(2);
     const uint64_t bytes = rb * (uint64_t)m;
     const int copies = fill_pool(pool, t, bytes, &stride);
-    double us[2];
-    for (int v = 0; v < 2; v++) {
+    const cuk_q8_quantize_args q2a = {o->xf, 32768, k, n, o->q2, 32768, o->ds2, 2048, 2};
+    GK(cuk_q8_quantize(&q2a, NULL, &err_));
+    double us[3];
+    for (int v = 0; v < 3; v++) {
         for (int i = -3; i < iters; i++) {
             if (i == 0) CK(cudaEventRecord(ev_a, NULL));
             const void *w = pool + (uint64_t)((i + 3) % copies) * stride;
@@ -79,7 +83,8 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
                 const cuk_gemv_args g = {t, w, k, m, o->x16, CUK_ACT_BF16, 32768, n, o->y, m};
                 GK(cuk_gemv(&g, NULL, &err_));
             } else {
-                const cuk_gemv_q8_args g = {t, w, k, m, {o->q, 32768, o->ds, 2048}, n, o->y, m};
+                const cuk_q8_act x1 = {o->q, 32768, o->ds, 2048, 1}, x2 = {o->q2, 32768, o->ds2, 2048, 2};
+                const cuk_gemv_q8_args g = {t, w, k, m, v == 1 ? x1 : x2, n, o->y, m};
                 GK(cuk_gemv_q8(&g, NULL, &err_));
             }
         }
@@ -87,8 +92,9 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
         CK(cudaEventSynchronize(ev_b));
         us[v] = elapsed_ms() * 1e3 / iters;
     }
-    printf("| %s | %lld x %lld | %d | %.1f | %.2f (%.3f) | %.2f (%.3f) |\n", quant_type_name(t), (long long)m,
-           (long long)k, n, bytes / 1e6, us[0], bytes / (us[0] * 1e-6) / rate, us[1], bytes / (us[1] * 1e-6) / rate);
+    printf("| %s | %lld x %lld | %d | %.1f | %.2f (%.3f) | %.2f (%.3f) | %.2f (%.3f) |\n", quant_type_name(t),
+           (long long)m, (long long)k, n, bytes / 1e6, us[0], bytes / (us[0] * 1e-6) / rate, us[1],
+           bytes / (us[1] * 1e-6) / rate, us[2], bytes / (us[2] * 1e-6) / rate);
     fflush(stdout);
 }
 
@@ -145,11 +151,11 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
                     GK(cuk_moe_down(&d, NULL, &err_));
                 } else if (part == 0) {
                     const cuk_moe_gate_up_q8_args g = {t_gu, wg, wu, E, FE, NE, ids, TOPK, TOPK,
-                                                       {o->q, 32768, o->ds, 2048}, 1, o->y, FE, plan};
+                                                       {o->q, 32768, o->ds, 2048, 1}, 1, o->y, FE, plan};
                     GK(cuk_moe_gate_up_q8(&g, NULL, &err_));
                 } else {
                     const cuk_moe_down_q8_args d = {t_dn, wd, FE, E, NE, ids, o->wts, TOPK, TOPK, TOPK,
-                                                    {o->q, 2048, o->ds, 128}, 1, o->y, E, plan, o->part, E};
+                                                    {o->q, 2048, o->ds, 128, 1}, 1, o->y, E, plan, o->part, E};
                     GK(cuk_moe_down_q8(&d, NULL, &err_));
                 }
             }
@@ -180,6 +186,8 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&o.xf, 8 * 32768 * 4));
     CK(cudaMalloc((void **)&o.q, 8 * 32768));
     CK(cudaMalloc((void **)&o.ds, 8 * 2048 * 4));
+    CK(cudaMalloc((void **)&o.q2, 8 * 32768));
+    CK(cudaMalloc((void **)&o.ds2, 8 * 2048 * 4));
     CK(cudaMalloc((void **)&o.y, (size_t)64 * 160000 * 4));
     CK(cudaMalloc((void **)&o.part, (size_t)64 * 160000 * 4));
     CK(cudaMalloc((void **)&o.ids, 64 * 4));
@@ -191,11 +199,11 @@ int main(int argc, char **argv) {
     CK(cudaMemcpy(o.xf, hx, 8 * 32768 * 4, cudaMemcpyHostToDevice));
     free(hx);
     GK(cuk_convert(o.xf, 32768, o.x16, CUK_BF16, 32768, 8, 32768, NULL, &err_));
-    const cuk_q8_quantize_args qa = {o.xf, 32768, 32768, 8, o.q, 32768, o.ds, 2048};
+    const cuk_q8_quantize_args qa = {o.xf, 32768, 32768, 8, o.q, 32768, o.ds, 2048, 1};
     GK(cuk_q8_quantize(&qa, NULL, &err_));
     const double rate = copy_rate(pool);
     /* the quantizer alone: one 6144 row, as before each decode product */
-    const cuk_q8_quantize_args q1 = {o.xf, 32768, 6144, 1, o.q + 8 * 0, 32768, o.ds, 2048};
+    const cuk_q8_quantize_args q1 = {o.xf, 32768, 6144, 1, o.q2, 32768, o.ds2, 2048, 1};
     CK(cudaEventRecord(ev_a, NULL));
     for (int i = 0; i < iters; i++) GK(cuk_q8_quantize(&q1, NULL, &err_));
     CK(cudaEventRecord(ev_b, NULL));
@@ -203,7 +211,8 @@ int main(int argc, char **argv) {
     printf("bench_q8: D2D copy %.0f GB/s (read + written); quantize 1 x 6144: %.2f us per launch\n", rate / 1e9,
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
-    printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) |\n| --- | --- | --- | --- | --- | --- |\n");
+    printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes us (ratio) |\n"
+           "| --- | --- | --- | --- | --- | --- | --- |\n");
     const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
     for (int ti = 0; ti < 4; ti++) {
         gemv_row(pool, &o, types[ti], 19360, 6144, 1, rate);
@@ -212,6 +221,13 @@ int main(int argc, char **argv) {
         gemv_row(pool, &o, types[ti], 19360, 6144, 4, rate);
     }
     gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 1, rate);
+    /* the peer model's attention products: q_a, kv_a, q_b, attn_output; dense FFN gate, down */
+    gemv_row(pool, &o, QT_Q6_K, 2048, 6144, 1, rate);
+    gemv_row(pool, &o, QT_Q8_0, 576, 6144, 1, rate);
+    gemv_row(pool, &o, QT_Q5_K, 16384, 2048, 1, rate);
+    gemv_row(pool, &o, QT_Q5_K, 6144, 8192, 1, rate);
+    gemv_row(pool, &o, QT_Q4_K, 12288, 6144, 1, rate);
+    gemv_row(pool, &o, QT_Q4_K, 6144, 12288, 1, rate);
     printf("| routed experts, one token | MB | cuk_moe_* bf16 us (ratio) | _q8 us (ratio) |\n| --- | --- | --- | --- |\n");
     moe_row(pool, &o, QT_Q4_K, QT_Q5_K, rate);
     moe_row(pool, &o, QT_Q5_K, QT_Q6_K, rate);

@@ -1,6 +1,7 @@
 /* The int8-activation kernels (cuda/gemv_q8.cu, API cuda/cuk_q8.h):
  * - cuk_q8_quantize bit-exact against its CPU emulation here (d = amax / 127, q = rint(x / d),
- *   s = d * sum q), including an all-zero block and a block holding a NaN (d NaN);
+ *   s = d * sum q; the second plane of the residual), including an all-zero block and a block
+ *   holding a NaN (d NaN); one plane within 4e-3 of x, two within 3e-5 (rel L2);
  * - cuk_gemv_q8, cuk_moe_gate_up_q8 and cuk_moe_down_q8 for Q4_K, Q5_K, Q6_K and Q8_0 against a
  *   float64 product of quant_dequantize's weights with the dequantized int8 rows d * q: rel L2
  *   <= 1e-5 per output vector (float32 sums; a wrong block, scale, nibble or row gives O(1)),
@@ -27,8 +28,9 @@
 static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
-/* The quantizer's CPU emulation for one row of k. */
-static void q8_host(const float *x, int64_t k, int8_t *q, float *ds) {
+/* The quantizer's CPU emulation for one row of k (planes 2: the residual plane at q + k and
+ * ds + k / 16, as cuda/cuk_q8.h says). */
+static void q8_host(const float *x, int64_t k, int planes, int8_t *q, float *ds) {
     for (int64_t b = 0; b < k / 32; b++) {
         float amax = 0.0f;
         int bad = 0;
@@ -46,8 +48,24 @@ static void q8_host(const float *x, int64_t k, int8_t *q, float *ds) {
             sum += qi;
         }
         const float dd = bad ? NAN : d;
+        float stot = dd * (float)sum;
+        if (planes == 2) {
+            volatile float d2 = d / 254.0f;
+            int sum2 = 0;
+            for (int i = 0; i < 32; i++) {
+                const float r = fmaf(-d, (float)q[32 * b + i], x[32 * b + i]);
+                volatile float rr = r / d2;
+                int q2 = d2 > 0.0f ? (int)rintf(rr) : 0;
+                q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
+                q[k + 32 * b + i] = (int8_t)q2;
+                sum2 += q2;
+            }
+            stot = fmaf(d2, (float)sum2, stot);
+            ds[k / 16 + 2 * b] = bad ? dd : d2;
+            ds[k / 16 + 2 * b + 1] = 0.0f;
+        }
         ds[2 * b] = dd;
-        ds[2 * b + 1] = dd * (float)sum;
+        ds[2 * b + 1] = stot;
     }
 }
 
@@ -69,21 +87,23 @@ typedef struct dq8 {
     int8_t *q;
     float *ds;
     int64_t ldq, ldds;
+    int32_t planes;
     int8_t *hq;   /* host emulation */
     float *hds;
 } dq8;
 
-static dq8 quantize(const float *x, int64_t n, int64_t k, const char *what) {
+static dq8 quantize(const float *x, int64_t n, int64_t k, int planes, const char *what) {
     dq8 o;
-    o.ldq = (k + 15) / 16 * 16;
-    o.ldds = (2 * (k / 32) + 3) / 4 * 4;
+    o.planes = planes;
+    o.ldq = (planes * k + 15) / 16 * 16;
+    o.ldds = (planes * (k / 16) + 3) / 4 * 4;
     o.q = dalloc((size_t)(n * o.ldq));
     o.ds = dalloc((size_t)(n * o.ldds) * 4);
     o.hq = xmalloc((size_t)(n * o.ldq));
     o.hds = xmalloc((size_t)(n * o.ldds) * 4);
     float *dx = dup_d(x, (size_t)(n * k) * 4);
     g5_error err = {0};
-    const cuk_q8_quantize_args qa = {dx, k, k, n, o.q, o.ldq, o.ds, o.ldds};
+    const cuk_q8_quantize_args qa = {dx, k, k, n, o.q, o.ldq, o.ds, o.ldds, planes};
     T_CHECK(cuk_q8_quantize(&qa, NULL, &err) == G5_OK, "%s: quantize: %s", what, err.msg);
     int8_t *gq = xmalloc((size_t)(n * o.ldq));
     float *gds = xmalloc((size_t)(n * o.ldds) * 4);
@@ -91,9 +111,9 @@ static dq8 quantize(const float *x, int64_t n, int64_t k, const char *what) {
     get(gds, o.ds, (size_t)(n * o.ldds) * 4);
     int bad = 0;
     for (int64_t r = 0; r < n; r++) {
-        q8_host(x + r * k, k, o.hq + r * o.ldq, o.hds + r * o.ldds);
-        bad += memcmp(gq + r * o.ldq, o.hq + r * o.ldq, (size_t)k) != 0;
-        for (int64_t b = 0; b < 2 * (k / 32); b++) {
+        q8_host(x + r * k, k, planes, o.hq + r * o.ldq, o.hds + r * o.ldds);
+        bad += memcmp(gq + r * o.ldq, o.hq + r * o.ldq, (size_t)(planes * k)) != 0;
+        for (int64_t b = 0; b < planes * (k / 16); b++) {
             const float a = gds[r * o.ldds + b], h = o.hds[r * o.ldds + b];
             bad += !(bits(a) == bits(h) || (is_nan(a) && is_nan(h)));
         }
@@ -114,7 +134,10 @@ static void q8_free(dq8 *o) {
 
 /* Dequantized int8 row r of o (k elements) as doubles. */
 static void q8_row(const dq8 *o, int64_t r, int64_t k, double *xd) {
-    for (int64_t j = 0; j < k; j++) xd[j] = (double)o->hds[r * o->ldds + 2 * (j / 32)] * o->hq[r * o->ldq + j];
+    for (int64_t j = 0; j < k; j++) {
+        xd[j] = (double)o->hds[r * o->ldds + 2 * (j / 32)] * o->hq[r * o->ldq + j];
+        if (o->planes == 2) xd[j] += (double)o->hds[r * o->ldds + k / 16 + 2 * (j / 32)] * o->hq[r * o->ldq + k + j];
+    }
 }
 
 /* Random weights [n_mat * m][k] of t on the device, and their float32 dequantization. */
@@ -148,31 +171,55 @@ static double rel_l2(const float *got, const double *ref, int64_t n) {
     return r > 0 ? sqrt(e / r) : sqrt(e);
 }
 
-static void test_quantize_nan(void) {
+static void test_quantize_nan(int planes) {
     float x[64];
     for (int i = 0; i < 64; i++) x[i] = unif(-2, 2);
     x[40] = NAN;
-    dq8 o = quantize(x, 1, 64, "nan block");
-    float ds[4];
+    dq8 o = quantize(x, 1, 64, planes, "nan block");
+    float ds[8];
     get(ds, o.ds, sizeof ds);
-    T_CHECK(!is_nan(ds[0]) && is_nan(ds[2]) && is_nan(ds[3]), "nan block: d of the NaN block is NaN, the other finite");
+    T_CHECK(!is_nan(ds[0]) && is_nan(ds[2]) && is_nan(ds[3]), "nan block (%d planes): d of the NaN block is NaN, the other finite", planes);
+    if (planes == 2) T_CHECK(!is_nan(ds[4]) && is_nan(ds[6]), "nan block: the second plane's d too");
     q8_free(&o);
 }
 
-static void test_gemv(uint32_t t, int64_t m, int64_t k) {
+/* How close the dequantized rows are to x: one plane ~ 1/254 of each block's largest value per
+ * element, two planes ~ 1/254^2. */
+static void test_planes_error(void) {
+    enum { K = 4096 };
+    float *x = xmalloc(K * 4);
+    fill_x(x, 1, K);
+    for (int planes = 1; planes <= 2; planes++) {
+        dq8 o = quantize(x, 1, K, planes, "planes");
+        double *xd = xmalloc(K * 8), e = 0, r = 0;
+        q8_row(&o, 0, K, xd);
+        for (int i = 0; i < K; i++) {
+            e += (xd[i] - x[i]) * (xd[i] - x[i]);
+            r += (double)x[i] * x[i];
+        }
+        const double rel = sqrt(e / r), bound = planes == 1 ? 4e-3 : 3e-5;
+        T_CHECK(rel <= bound, "%d plane(s): dequantized x rel L2 %.3e <= %.0e", planes, rel, bound);
+        printf("  %d plane(s): x rel L2 %.2e\n", planes, rel);
+        free(xd);
+        q8_free(&o);
+    }
+    free(x);
+}
+
+static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
     const char *tn = quant_type_name(t);
     enum { N = 8 };
     float *wf;
     void *dw = weights(t, m, k, &wf);
     float *x = xmalloc((size_t)(N * k) * 4);
     fill_x(x, N, k);
-    dq8 o = quantize(x, N, k, tn);
+    dq8 o = quantize(x, N, k, planes, tn);
     float *dy = dalloc((size_t)(N * m) * 4), *dy1 = dalloc((size_t)m * 4);
     float *y = xmalloc((size_t)(N * m) * 4), *y1 = xmalloc((size_t)m * 4);
     double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)m * 8);
     g5_error err = {0};
     for (int n = 1; n <= N; n += n < 3 ? 2 : 5) { /* 1, 3, 8 */
-        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds}, n, dy, m};
+        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m};
         T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_OK, "%s gemv n=%d: %s", tn, n, err.msg);
         get(y, dy, (size_t)(n * m) * 4);
         double worst = 0;
@@ -182,15 +229,16 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k) {
             for (int64_t i = 0; i < m; i++) ref[i] = dotd(wf + i * k, xd, k);
             const double e = rel_l2(y + v * m, ref, m);
             if (!(e <= worst)) worst = e;
-            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds}, 1, dy1, m};
+            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds, o.planes}, 1, dy1, m};
             T_CHECK(cuk_gemv_q8(&a1, NULL, &err) == G5_OK, "%s gemv one: %s", tn, err.msg);
             get(y1, dy1, (size_t)m * 4);
             same &= memcmp(y1, y + v * m, (size_t)m * 4) == 0;
         }
-        T_CHECK(worst <= 1e-5, "%s gemv m=%lld k=%lld n=%d: rel L2 %.3e <= 1e-5", tn, (long long)m, (long long)k, n, worst);
-        T_CHECK(same, "%s gemv m=%lld k=%lld n=%d: every vector bit-identical to its one-vector launch", tn,
-                (long long)m, (long long)k, n);
-        printf("  %s gemv m=%lld k=%lld n=%d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, worst);
+        T_CHECK(worst <= 1e-5, "%s gemv m=%lld k=%lld n=%d planes %d: rel L2 %.3e <= 1e-5", tn, (long long)m,
+                (long long)k, n, planes, worst);
+        T_CHECK(same, "%s gemv m=%lld k=%lld n=%d planes %d: every vector bit-identical to its one-vector launch", tn,
+                (long long)m, (long long)k, n, planes);
+        printf("  %s gemv m=%lld k=%lld n=%d planes %d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, planes, worst);
     }
     q8_free(&o);
     CK(cudaFree(dw));
@@ -212,7 +260,7 @@ static int32_t *plan_for(const int32_t *did, const float *dwts, int n_tok) {
 static void silu_ref(double g, double u, double *o) { *o = g / (1.0 + exp(-g)) * u; }
 
 /* gate_up (m rows per expert, k in) then down (k2 = m in, m2 = k out) for NTOK tokens. */
-static void test_moe(uint32_t t, int64_t m, int64_t k) {
+static void test_moe(uint32_t t, int64_t m, int64_t k, int planes) {
     const char *tn = quant_type_name(t);
     float *wgf, *wuf, *wdf;
     void *dwg = weights(t, NE * m, k, &wgf), *dwu = weights(t, NE * m, k, &wuf), *dwd = weights(t, NE * k, m, &wdf);
@@ -230,14 +278,14 @@ static void test_moe(uint32_t t, int64_t m, int64_t k) {
     float *dwts = dup_d(wts, sizeof wts);
     float *x = xmalloc((size_t)(NTOK * k) * 4);
     fill_x(x, NTOK, k);
-    dq8 ox = quantize(x, NTOK, k, tn);
+    dq8 ox = quantize(x, NTOK, k, planes, tn);
     const int64_t P = NTOK * TOPK;
     float *dout = dalloc((size_t)(P * m) * 4), *out = xmalloc((size_t)(P * m) * 4);
     float *out1 = xmalloc((size_t)(P * m) * 4);
     CK(cudaMemset(dout, 0xFF, (size_t)(P * m) * 4));
     int32_t *plan = plan_for(did, dwts, NTOK);
     g5_error err = {0};
-    const cuk_moe_gate_up_q8_args gu = {t, dwg, dwu, k, m, NE, did, TOPK, TOPK, {ox.q, ox.ldq, ox.ds, ox.ldds},
+    const cuk_moe_gate_up_q8_args gu = {t, dwg, dwu, k, m, NE, did, TOPK, TOPK, {ox.q, ox.ldq, ox.ds, ox.ldds, ox.planes},
                                         NTOK, dout, m, plan};
     T_CHECK(cuk_moe_gate_up_q8(&gu, NULL, &err) == G5_OK, "%s gate_up: %s", tn, err.msg);
     get(out, dout, (size_t)(P * m) * 4);
@@ -264,7 +312,7 @@ static void test_moe(uint32_t t, int64_t m, int64_t k) {
         float *d1 = dalloc((size_t)(TOPK * m) * 4);
         int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
         const cuk_moe_gate_up_q8_args g1 = {t, dwg, dwu, k, m, NE, did + TOPK, TOPK, TOPK,
-                                            {ox.q + ox.ldq, ox.ldq, ox.ds + ox.ldds, ox.ldds}, 1, d1, m, p1};
+                                            {ox.q + ox.ldq, ox.ldq, ox.ds + ox.ldds, ox.ldds, ox.planes}, 1, d1, m, p1};
         T_CHECK(cuk_moe_gate_up_q8(&g1, NULL, &err) == G5_OK, "%s gate_up one: %s", tn, err.msg);
         get(out1, d1, (size_t)(TOPK * m) * 4);
         T_CHECK(memcmp(out1, out + TOPK * m, (size_t)(TOPK * m) * 4) == 0,
@@ -274,10 +322,10 @@ static void test_moe(uint32_t t, int64_t m, int64_t k) {
     }
     /* down: h = the gate_up rows (skipped pair: zeros), quantized per pair row */
     for (int64_t i = 0; i < m; i++) out[5 * m + i] = 0.0f;
-    dq8 oh = quantize(out, P, m, tn);
+    dq8 oh = quantize(out, P, m, planes, tn);
     float *dy = dalloc((size_t)(NTOK * k) * 4), *dpart = dalloc((size_t)(P * k) * 4);
     float *y = xmalloc((size_t)(NTOK * k) * 4), *y1 = xmalloc((size_t)k * 4);
-    const cuk_moe_down_q8_args dn = {t, dwd, m, k, NE, did, dwts, TOPK, TOPK, TOPK, {oh.q, oh.ldq, oh.ds, oh.ldds},
+    const cuk_moe_down_q8_args dn = {t, dwd, m, k, NE, did, dwts, TOPK, TOPK, TOPK, {oh.q, oh.ldq, oh.ds, oh.ldds, oh.planes},
                                      NTOK, dy, k, plan, dpart, k};
     T_CHECK(cuk_moe_down_q8(&dn, NULL, &err) == G5_OK, "%s down: %s", tn, err.msg);
     get(y, dy, (size_t)(NTOK * k) * 4);
@@ -300,7 +348,7 @@ static void test_moe(uint32_t t, int64_t m, int64_t k) {
         float *d1 = dalloc((size_t)k * 4);
         int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
         const cuk_moe_down_q8_args d1a = {t, dwd, m, k, NE, did + TOPK, dwts + TOPK, TOPK, TOPK, TOPK,
-                                          {oh.q + TOPK * oh.ldq, oh.ldq, oh.ds + TOPK * oh.ldds, oh.ldds}, 1, d1, k,
+                                          {oh.q + TOPK * oh.ldq, oh.ldq, oh.ds + TOPK * oh.ldds, oh.ldds, oh.planes}, 1, d1, k,
                                           p1, dpart, k};
         T_CHECK(cuk_moe_down_q8(&d1a, NULL, &err) == G5_OK, "%s down one: %s", tn, err.msg);
         get(y1, d1, (size_t)k * 4);
@@ -329,7 +377,7 @@ static void test_refusals(void) {
     float *ds = dalloc(4096);
     float *y = dalloc(4096);
     void *w = dalloc(1 << 16);
-    cuk_gemv_q8_args a = {QT_Q4_0, w, 256, 4, {q, 256, ds, 16}, 1, y, 4};
+    cuk_gemv_q8_args a = {QT_Q4_0, w, 256, 4, {q, 256, ds, 16, 1}, 1, y, 4};
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q4_0"), "refused: Q4_0 (%s)", err.msg);
     a.w_type = QT_Q4_K;
     a.n = 9;
@@ -338,9 +386,14 @@ static void test_refusals(void) {
     a.x.ldq = 264;
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldq"), "refused: ldq 264 (%s)", err.msg);
     a.x.ldq = 256;
+    a.x.planes = 2;
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldq"), "refused: two planes in ldq 256 (%s)", err.msg);
+    a.x.planes = 3;
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "planes"), "refused: planes 3 (%s)", err.msg);
+    a.x.planes = 1;
     a.k = 320;
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG, "refused: Q4_K k=320 (%s)", err.msg);
-    const cuk_q8_quantize_args qa = {dx, 48, 48, 1, q, 48, ds, 4};
+    const cuk_q8_quantize_args qa = {dx, 48, 48, 1, q, 48, ds, 4, 1};
     T_CHECK(cuk_q8_quantize(&qa, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "k=48"), "refused: quantize k=48 (%s)", err.msg);
     T_CHECK(cuk_q8_takes(QT_Q8_0, 64) && !cuk_q8_takes(QT_Q8_0, 96) && cuk_q8_takes(QT_Q6_K, 512) && !cuk_q8_takes(QT_F32, 64),
             "cuk_q8_takes: Q8_0 k%%64, K-quants k%%256, nothing else");
@@ -353,14 +406,17 @@ static void test_refusals(void) {
 
 int main(void) {
     if (!t_need_device()) return t_report(G5_TEST_NAME);
-    test_quantize_nan();
+    test_quantize_nan(1);
+    test_quantize_nan(2);
+    test_planes_error();
     test_refusals();
-    for (size_t i = 0; i < N_TYPES; i++) {
-        const uint32_t t = TYPES[i];
-        test_gemv(t, 37, 512);    /* 8 units per row: lanes 8..31 idle */
-        test_gemv(t, 64, 2048);   /* one unit per lane */
-        test_gemv(t, 9, 6144);    /* three units per lane, odd m */
-        test_moe(t, 256, 512);
-    }
+    for (int planes = 1; planes <= 2; planes++)
+        for (size_t i = 0; i < N_TYPES; i++) {
+            const uint32_t t = TYPES[i];
+            test_gemv(t, 37, 512, planes);   /* 8 units per row: lanes 8..31 idle */
+            test_gemv(t, 64, 2048, planes);  /* one unit per lane: 4 row pairs per warp */
+            test_gemv(t, 9, 6144, planes);   /* three units per lane, odd m */
+            test_moe(t, 256, 512, planes);
+        }
     return t_report(G5_TEST_NAME);
 }
