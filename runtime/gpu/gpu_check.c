@@ -176,11 +176,15 @@ static g5_status check_mtp(rt_gpu_check *c, const int32_t *tokens, uint32_t n, c
         if (!st) {
             const double rel = rel_l2(gd, cd, k * V);
             const uint32_t agree = argmax_agree(gd, cd, k, V);
-            const int mok = rel <= c->o.tol_logits;
+            /* fast mode: the NextN block's router sees its int8-input projection (specs/numerics.md),
+             * so near-tied expert choices flip as in the main model: its drafts are held to the fast
+             * bar's tightest value (0.09) with argmax agreement >= 0.9 */
+            const double tol = c->o.stagewise ? 0.09 : c->o.tol_logits;
+            const int mok = rel <= tol && (!c->o.stagewise || agree >= 0.9 * k);
             *ok &= mok;
             if (c->o.report)
                 fprintf(c->o.report, "check: mtp draft logits rel L2 %.3e (tolerance %.1e), argmax agrees at %u/%u "
-                        "positions (NextN block, both from the GPU's hidden states)%s\n", rel, c->o.tol_logits, agree,
+                        "positions (NextN block, both from the GPU's hidden states)%s\n", rel, tol, agree,
                         k, mok ? "" : "  <-- past tolerance");
             if (rel > c->sum.mtp_rel_l2 || rel != rel) c->sum.mtp_rel_l2 = rel;
             c->sum.mtp_n += k;

@@ -177,7 +177,7 @@ static void test_quantize_nan(int planes) {
     x[40] = NAN;
     dq8 o = quantize(x, 1, 64, planes, "nan block");
     float ds[8];
-    get(ds, o.ds, sizeof ds);
+    get(ds, o.ds, (size_t)planes * 4 * sizeof(float));
     T_CHECK(!is_nan(ds[0]) && is_nan(ds[2]) && is_nan(ds[3]), "nan block (%d planes): d of the NaN block is NaN, the other finite", planes);
     if (planes == 2) T_CHECK(!is_nan(ds[4]) && is_nan(ds[6]), "nan block: the second plane's d too");
     q8_free(&o);
