@@ -43,7 +43,8 @@ static void q8_host(const float *x, int64_t k, int planes, int8_t *q, float *ds)
         int sum = 0;
         for (int i = 0; i < 32; i++) {
             volatile float r = x[32 * b + i] / d;
-            const int qi = d > 0.0f ? (int)rintf(r) : 0;
+            /* the device's float-to-int conversion gives 0 for NaN */
+            const int qi = d > 0.0f && r == r ? (int)rintf(r) : 0;
             q[32 * b + i] = (int8_t)qi;
             sum += qi;
         }
@@ -55,7 +56,7 @@ static void q8_host(const float *x, int64_t k, int planes, int8_t *q, float *ds)
             for (int i = 0; i < 32; i++) {
                 const float r = fmaf(-d, (float)q[32 * b + i], x[32 * b + i]);
                 volatile float rr = r / d2;
-                int q2 = d2 > 0.0f ? (int)rintf(rr) : 0;
+                int q2 = d2 > 0.0f && rr == rr ? (int)rintf(rr) : 0;
                 q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
                 q[k + 32 * b + i] = (int8_t)q2;
                 sum2 += q2;
