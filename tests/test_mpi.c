@@ -132,20 +132,16 @@ static int worker(int argc, char **argv) {
 static char g_run[4096], g_self[4096], g_dir[4096];
 static char g_mpirun[8192]; /* the launch prefix: environment and mpirun options */
 
-/* Open MPI leaves allocations of its plugins behind at MPI_Finalize; under ASan's leak check
- * they would fail every launched process. Suppressed by library, with full stacks (the plugins'
- * own frames are unloaded by then and name no module), so leaks in our code are still reported. */
+/* Sanitizer builds: the launched processes run without LeakSanitizer. Its exit-time tracer
+ * crashed in them ("Tracer caught signal 11", 1 to 7 of the 64 checks per run on a Debian 12 CI-like
+ * machine, 2026-12-02, with Open MPI's own leaks suppressed by library), which is the sanitizer's
+ * failure, not the program's; the same code runs leak-checked in the one-process tests, and ASan
+ * and UBSan stay on in the launched processes. */
 static void set_mpirun(void) {
-    char supp[4200];
-    snprintf(supp, sizeof supp, "%s/lsan.supp", g_dir);
-    static const char rules[] = "leak:libmpi.so\nleak:libopen-pal.so\nleak:libopen-rte.so\nleak:libpmix.so\n"
-                                "leak:libhwloc.so\nleak:libevent\n";
-    t_write_file(supp, rules, sizeof rules - 1);
-    const char *asan = getenv("ASAN_OPTIONS"), *lsan = getenv("LSAN_OPTIONS");
-    snprintf(g_mpirun, sizeof g_mpirun,
-             "ASAN_OPTIONS='%s%sfast_unwind_on_malloc=0' LSAN_OPTIONS='%s%ssuppressions=%s' "
+    const char *asan = getenv("ASAN_OPTIONS");
+    snprintf(g_mpirun, sizeof g_mpirun, "ASAN_OPTIONS='%s%sfast_unwind_on_malloc=0:detect_leaks=0' "
              "mpirun --oversubscribe --bind-to none",
-             asan ? asan : "", asan && *asan ? ":" : "", lsan ? lsan : "", lsan && *lsan ? ":" : "", supp);
+             asan ? asan : "", asan && *asan ? ":" : "");
 }
 
 /* system() of a formatted command line; its exit status (-1 if it did not exit). */
