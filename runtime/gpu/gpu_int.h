@@ -107,9 +107,9 @@ typedef struct gl_rank {
     int batch_rows;                  /* a batched decode step is running: GEMV launches use only
                                         widths whose kernel family is that of one row (gemv_k) */
     void *xb;                        /* bf16 copies of product inputs (fast mode) */
-    int8_t *q8q;                     /* int8 copies of product inputs, rows of k (fast mode, the
-                                        roles gm_gemv_q8 serves; cuda/cuk_q8.h) */
-    float *q8d;                      /* their (d, s) pairs per 32 elements, rows of k / 16 */
+    int8_t *q8q;                     /* int8 copies of product inputs, rows of planes * k (fast
+                                        mode, the roles of specs/numerics.md; cuda/cuk_q8.h) */
+    float *q8d;                      /* their (d, s) pairs per 32 elements, rows of planes * k / 16 */
     gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
     int32_t *mplan;                  /* MoE routing plans, one per GM_MOE_CHUNK tokens (cuk_moe_plan) */

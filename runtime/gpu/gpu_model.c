@@ -599,7 +599,7 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     if (N * H * hp->kv_lora > xbn) xbn = N * H * hp->kv_lora; /* every head's W_UV input at once */
     rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
     const uint64_t q8n = xbn > N * 2 * E ? xbn : N * 2 * E; /* + the NextN input [n][2E] */
-    rk->q8q = take(&c, rk->q8 ? 2 * q8n : 16); /* two planes where gm_gemv_q8x2 runs */
+    rk->q8q = take(&c, rk->q8 ? 2 * q8n : 16); /* two planes where gemv_q8x2 runs */
     rk->q8d = take(&c, rk->q8 ? 2 * q8n / 16 * 4 : 16);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
@@ -813,11 +813,14 @@ g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t l
     return gemv_q8p(rk, W, x, ldx, n, y, ldy, 1, err);
 }
 
-/* The attention projections and the dense FFN in fast mode: two int8 planes (about 16 bits of
- * x; specs/numerics.md: one plane breaks the fast bar there). */
+/* 1: a product of the attention projections or the dense FFN takes two int8 planes (about 16 bits
+ * of x; specs/numerics.md: one plane breaks the fast bar there). RT_GPU_BF16ACT keeps its bf16
+ * inputs. */
+static int q8x2_takes(const gl_rank *rk, const dmat *W, uint32_t n) { return !rk->fast && q8_takes(rk, W, n); }
+
 static g5_status gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                            int64_t ldy, g5_error *err) {
-    if (rk->fast) return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err); /* RT_GPU_BF16ACT keeps its bf16 inputs */
+    if (!q8x2_takes(rk, W, n)) return gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
     return gemv_q8p(rk, W, x, ldx, n, y, ldy, 2, err);
 }
 
@@ -931,12 +934,17 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     PMARK("attn", "attn_norm (+ residual add)");
     /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
      * whose indexer still picks in float32 */
-    if (rk->fast) CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
-    else CK(gemv_q8x2(rk, &L->q_a, rk->h, E, n, rk->qr, QL, err));
+    /* q_a and kv_a read the same h: one two-plane quantization of it serves both */
+    const int qa8 = q8x2_takes(rk, &L->q_a, n), kva8 = q8x2_takes(rk, &L->kv_a, n);
+    cuk_q8_act hq = {0};
+    if (qa8 || kva8) CK(q8_in(rk, rk->h, E, n, E, 2, &hq, err));
+    if (qa8) CK(gemv_q8_in(rk, &L->q_a, &hq, n, rk->qr, QL, err));
+    else CK(gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
     PMARK("attn", "q_a gemv");
     CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
     PMARK("attn", "q_a_norm");
-    CK(gemv_q8x2(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    if (kva8) CK(gemv_q8_in(rk, &L->kv_a, &hq, n, rk->kv, KVW, err));
+    else CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
     PMARK("attn", "kv_a gemv");
     /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
      * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
@@ -1168,7 +1176,7 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             CK(gm_gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
             PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
             CK(gm_gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
-        } else if (!rk->fast && q8_takes(rk, &L->ffn_gate, n) && L->ffn_up.type == L->ffn_gate.type) {
+        } else if (q8x2_takes(rk, &L->ffn_gate, n) && L->ffn_up.type == L->ffn_gate.type) {
             cuk_q8_act hq; /* one two-plane quantization of h for both */
             CK(q8_in(rk, rk->h, E, n, E, 2, &hq, err));
             CK(gemv_q8_in(rk, &L->ffn_gate, &hq, n, rk->ga, F, err));
@@ -1187,8 +1195,7 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
         PMARK(S, "ffn_up gemv");
         CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
         PMARK(S, "silu_mul");
-        if (rk->fast) CK(gm_gemv(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
-        else CK(gemv_q8x2(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
+        CK(gemv_q8x2(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
         PMARK(S, "ffn_down gemv");
         return G5_OK;
     }
