@@ -32,6 +32,7 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/moe_plan.cuh"
+#include "cuda/warp_tile.cuh"
 
 namespace cuk {
 
@@ -584,27 +585,6 @@ __device__ __forceinline__ void stream(const Get &get, int nit, uint8_t *wsm, co
         compute<T, R, NV, XT, GATH>(st, sc, tab, it.gseg, it.nblk, it.x, ldx, vo, nvec, lp, lane, acc);
         __syncwarp(); /* the next iteration's copy overwrites a buffer read here */
     }
-}
-
-/* Butterfly sum over the warp: every lane ends with the totals. */
-template <int R, int NV> __device__ __forceinline__ void warp_sum(float (&a)[R][NV]) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int v = 0; v < NV; v++) a[r][v] += __shfl_xor_sync(0xffffffffu, a[r][v], off);
-}
-
-/* a[l / NV][l % NV] with compile-time register indices. */
-template <int R, int NV> __device__ __forceinline__ float pick(const float (&a)[R][NV], int l) {
-    float out = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int v = 0; v < NV; v++)
-            if (l == r * NV + v) out = a[r][v];
-    return out;
 }
 
 /* The tile's total for lane l < R * NV (row l / NV, vector l % NV): the warp's sums, then the

@@ -20,6 +20,7 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
 #include "cuda/moe_plan.cuh"
+#include "cuda/warp_tile.cuh"
 
 namespace cuk {
 namespace q8 {
@@ -263,25 +264,6 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
             }
         }
     }
-}
-
-/* Butterfly sums: every lane ends with all totals. */
-template <int R, int NV> __device__ __forceinline__ void warp_sum(float (&a)[R][NV]) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int v = 0; v < NV; v++) a[r][v] += __shfl_xor_sync(0xffffffffu, a[r][v], off);
-}
-template <int R, int NV> __device__ __forceinline__ float pick(const float (&a)[R][NV], int l) {
-    float o = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int v = 0; v < NV; v++)
-            if (l == r * NV + v) o = a[r][v];
-    return o;
 }
 
 /* Rows per warp: G groups of R rows, one after the other (G = 4 where a row has at most one unit
