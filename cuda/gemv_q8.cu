@@ -485,38 +485,47 @@ extern "C" g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream s
     return G5_OK;
 }
 
-template <int T, int NV, int G, int P>
-static void launch_gemv_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    const int64_t per = 2 * G * q8::WARPS, grid = (a->m + per - 1) / per;
-    q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m,
-                                                                       (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds,
-                                                                       a->x.ldds, a->n, a->y, a->ldy);
+/* The launch of one kernel instance: L<T, NV, G, P>::run. run_type picks the instance of a call
+ * from the weight type, the vector width nv (1, 2, 4 or 8 up to MAXNV), the row groups of k
+ * (q8::groups_for) and the planes of x. */
+template <template <int, int, int, int> class L, int T, int NV, class A>
+static void run_gp(const A *a, int64_t rb, int units, int planes, cudaStream_t st) {
+    const bool g4 = q8::groups_for(units) == 4;
+    if (planes == 2) {
+        if (g4) L<T, NV, 4, 2>::run(a, rb, st);
+        else L<T, NV, 1, 2>::run(a, rb, st);
+    } else {
+        if (g4) L<T, NV, 4, 1>::run(a, rb, st);
+        else L<T, NV, 1, 1>::run(a, rb, st);
+    }
 }
-template <int T, int NV, int G>
-static void launch_gemv_g(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    if (a->x.planes == 2) launch_gemv_p<T, NV, G, 2>(a, rb, st);
-    else launch_gemv_p<T, NV, G, 1>(a, rb, st);
+template <template <int, int, int, int> class L, int MAXNV, int T, class A>
+static void run_nv(const A *a, int nv, int64_t rb, int units, int planes, cudaStream_t st) {
+    static_assert(MAXNV == 4 || MAXNV == 8, "run_nv: widths 1, 2, 4 (, 8)");
+    if (nv <= 1) run_gp<L, T, 1>(a, rb, units, planes, st);
+    else if (nv <= 2) run_gp<L, T, 2>(a, rb, units, planes, st);
+    else if (MAXNV == 4 || nv <= 4) run_gp<L, T, 4>(a, rb, units, planes, st);
+    else if constexpr (MAXNV == 8) run_gp<L, T, 8>(a, rb, units, planes, st);
 }
-template <int T, int NV>
-static void launch_gemv(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    if (q8::groups_for((int)(a->k / 64)) == 4) launch_gemv_g<T, NV, 4>(a, rb, st);
-    else launch_gemv_g<T, NV, 1>(a, rb, st);
-}
-template <int T> static void gemv_nv(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    static_assert(CUK_Q8_MAX_N == 8, "gemv_nv: widths 1, 2, 4, 8");
-    if (a->n <= 1) launch_gemv<T, 1>(a, rb, st);
-    else if (a->n <= 2) launch_gemv<T, 2>(a, rb, st);
-    else if (a->n <= 4) launch_gemv<T, 4>(a, rb, st);
-    else launch_gemv<T, 8>(a, rb, st);
+template <template <int, int, int, int> class L, int MAXNV, class A>
+static void run_type(uint32_t t, const A *a, int nv, int64_t rb, int64_t k, int planes, cudaStream_t st) {
+    const int units = (int)(k / 64);
+    switch (t) {
+    case QT_Q4_K: run_nv<L, MAXNV, QT_Q4_K>(a, nv, rb, units, planes, st); break;
+    case QT_Q5_K: run_nv<L, MAXNV, QT_Q5_K>(a, nv, rb, units, planes, st); break;
+    case QT_Q6_K: run_nv<L, MAXNV, QT_Q6_K>(a, nv, rb, units, planes, st); break;
+    default: run_nv<L, MAXNV, QT_Q8_0>(a, nv, rb, units, planes, st); break;
+    }
 }
 
-#define Q8_DISPATCH(fn, t, ...)                                                                  \
-    switch (t) {                                                                                 \
-    case QT_Q4_K: fn<QT_Q4_K>(__VA_ARGS__); break;                                               \
-    case QT_Q5_K: fn<QT_Q5_K>(__VA_ARGS__); break;                                               \
-    case QT_Q6_K: fn<QT_Q6_K>(__VA_ARGS__); break;                                               \
-    default: fn<QT_Q8_0>(__VA_ARGS__); break;                                                    \
+template <int T, int NV, int G, int P> struct GemvL {
+    static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int64_t per = 2 * G * q8::WARPS, grid = (a->m + per - 1) / per;
+        q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
+            (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
+            a->ldy);
     }
+};
 
 extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
     if (!a) return BAD("gemv_q8: args is NULL");
@@ -527,7 +536,8 @@ extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g
     if ((st = check_q8("gemv_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
     if (!a->y) return BAD("gemv_q8: y is NULL");
     if (a->ldy < a->m) return BAD("gemv_q8: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
-    Q8_DISPATCH(gemv_nv, a->w_type, a, rb, (cudaStream_t)stream)
+    static_assert(CUK_Q8_MAX_N == 8, "cuk_gemv_q8: widths 1, 2, 4, 8");
+    run_type<GemvL, 8>(a->w_type, a, a->n, rb, a->k, a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
@@ -547,32 +557,16 @@ static g5_status check_moe(const char *what, int32_t n_expert, const int32_t *id
 static int moe_nv(int n_tok) { return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4; }
 static_assert(CUK_MOE_GROUP == 4, "moe_nv: groups of 4");
 
-template <int T, int NV, int G, int P>
-static void launch_gu_p(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
-    const int n_pairs = a->n_tok * a->top_k;
-    const int64_t per = G * q8::WARPS;
-    const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
-    q8::k_gate_up_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>(
-        (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, (int)(a->k / 64), a->plan, n_pairs,
-        a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo);
-}
-template <int T, int NV, int G>
-static void launch_gu_g(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
-    if (a->x.planes == 2) launch_gu_p<T, NV, G, 2>(a, rb, st);
-    else launch_gu_p<T, NV, G, 1>(a, rb, st);
-}
-template <int T, int NV>
-static void launch_gu(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
-    if (q8::groups_for((int)(a->k / 64)) == 4) launch_gu_g<T, NV, 4>(a, rb, st);
-    else launch_gu_g<T, NV, 1>(a, rb, st);
-}
-template <int T> static void gu_nv(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
-    switch (moe_nv(a->n_tok)) {
-    case 1: launch_gu<T, 1>(a, rb, st); break;
-    case 2: launch_gu<T, 2>(a, rb, st); break;
-    default: launch_gu<T, 4>(a, rb, st); break;
+template <int T, int NV, int G, int P> struct GateUpL {
+    static void run(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int n_pairs = a->n_tok * a->top_k;
+        const int64_t per = G * q8::WARPS;
+        const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
+        q8::k_gate_up_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>(
+            (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, (int)(a->k / 64), a->plan, n_pairs,
+            a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo);
     }
-}
+};
 
 extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
     if (!a) return BAD("moe_gate_up_q8: args is NULL");
@@ -585,37 +579,21 @@ extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_st
         return st;
     if ((st = check_q8("moe_gate_up_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
     if (!a->out || a->ldo < a->m) return BAD("moe_gate_up_q8: out NULL or ldo=%lld < m=%lld", (long long)a->ldo, (long long)a->m);
-    Q8_DISPATCH(gu_nv, a->w_type, a, rb, (cudaStream_t)stream)
+    run_type<GateUpL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
-template <int T, int NV, int G, int P>
-static void launch_dn_p(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
-    const int n_pairs = a->n_tok * a->top_k;
-    const int64_t per = 2 * G * q8::WARPS;
-    const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
-    q8::k_down_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
-                                                             a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,
-                                                             a->h.ldds, a->part, a->ldp);
-}
-template <int T, int NV, int G>
-static void launch_dn_g(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
-    if (a->h.planes == 2) launch_dn_p<T, NV, G, 2>(a, rb, st);
-    else launch_dn_p<T, NV, G, 1>(a, rb, st);
-}
-template <int T, int NV>
-static void launch_dn(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
-    if (q8::groups_for((int)(a->k / 64)) == 4) launch_dn_g<T, NV, 4>(a, rb, st);
-    else launch_dn_g<T, NV, 1>(a, rb, st);
-}
-template <int T> static void dn_nv(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
-    switch (moe_nv(a->n_tok)) {
-    case 1: launch_dn<T, 1>(a, rb, st); break;
-    case 2: launch_dn<T, 2>(a, rb, st); break;
-    default: launch_dn<T, 4>(a, rb, st); break;
+template <int T, int NV, int G, int P> struct DownL {
+    static void run(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int n_pairs = a->n_tok * a->top_k;
+        const int64_t per = 2 * G * q8::WARPS;
+        const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
+        q8::k_down_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
+                                                                 a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,
+                                                                 a->h.ldds, a->part, a->ldp);
     }
-}
+};
 
 extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
     if (!a) return BAD("moe_down_q8: args is NULL");
@@ -628,7 +606,7 @@ extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream s
     if ((st = check_q8("moe_down_q8", "h", &a->h, a->k, err)) != G5_OK) return st;
     if (!a->y || a->ldy < a->m) return BAD("moe_down_q8: y NULL or ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     if (!a->part || a->ldp < a->m) return BAD("moe_down_q8: part NULL or ldp=%lld < m=%lld", (long long)a->ldp, (long long)a->m);
-    Q8_DISPATCH(dn_nv, a->w_type, a, rb, (cudaStream_t)stream)
+    run_type<DownL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     /* the slot sum of cuk_moe_down (the same part layout and plan) */
     cuk_moe_down_args c = {};
