@@ -70,6 +70,13 @@ typedef struct cuk_gemv_q8_args {
 } cuk_gemv_q8_args;
 g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
 
+/* The same product on the tensor cores (cuda/gemv_q8t.cu): up to CUK_Q8T_MAX_N vectors in one
+ * pass, weights Q4_K, Q5_K, Q6_K or Q8_0 with k % 256 == 0 (cuk_q8t_takes). Its bits differ from
+ * cuk_gemv_q8's (another float32 summation order) and, like them, never depend on n. */
+#define CUK_Q8T_MAX_N 32
+int cuk_q8t_takes(uint32_t w_type, int64_t k);
+g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
+
 /* cuk_moe_gate_up with int8 inputs: x holds the n_tok tokens' rows; out, plan, ids as there. */
 typedef struct cuk_moe_gate_up_q8_args {
     uint32_t w_type;

@@ -1,5 +1,6 @@
-/* int8-activation GEMV (cuda/cuk_q8.h) against the float kernels fast decode ran before (cuk_gemv
- * with bf16 x), n = 1 and 4, at the shapes of the roles that take it: the output head (154880 x
+/* int8-activation GEMV (cuda/cuk_q8.h: the dp4a cuk_gemv_q8 and the tensor-core cuk_gemv_q8t, one
+ * and two planes) against the float kernels fast decode ran before (cuk_gemv with bf16 x), n = 1,
+ * 8 and 32, at the shapes of the roles that take it: the output head (154880 x
  * 6144 Q6_K at TP 1, 19360 x 6144 at TP 8), the shared expert (2048 x 6144, 6144 x 2048), and the
  * routed experts of one decode token (64 experts of 2048 x 6144 gate/up, 6144 x 2048 down, 8
  * chosen: cuk_moe_gate_up/_down vs the _q8 ones). Weights rotate through copies filling >= 1 GiB
@@ -56,17 +57,20 @@ static int fill_pool(uint8_t *pool, uint32_t t, uint64_t bytes, uint64_t *stride
 }
 
 typedef struct ops {
-    void *x16;       /* bf16 [8][32768] */
-    float *xf;       /* f32 [8][32768] */
-    int8_t *q;       /* [8][32768] */
-    float *ds;       /* [8][2048] */
-    int8_t *q2;      /* [8][32768]: two planes of the current shape's k */
-    float *ds2;      /* [8][2048] */
+    void *x16;       /* bf16 [32][32768] */
+    float *xf;       /* f32 [32][32768] */
+    int8_t *q;       /* [32][32768] */
+    float *ds;       /* [32][2048] */
+    int8_t *q2;      /* [32][32768]: two planes of the current shape's k */
+    float *ds2;      /* [32][2048] */
     float *y, *part; /* [8 * 8][160000] */
     int32_t *ids, *plan;
     float *wts;
 } ops;
 
+/* The variants of one shape at n vectors: cuk_gemv with bf16 x (n <= 8), cuk_gemv_q8 (dp4a, in
+ * launches of 8 as the runtime makes them) with one and two planes, cuk_gemv_q8t (tensor cores)
+ * with one and two planes. */
 static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t k, int n, double rate) {
     uint64_t rb = 0, stride = 0;
     if (quant_row_bytes(t, (uint64_t)k, &rb)) exit(2);
@@ -74,27 +78,41 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     const int copies = fill_pool(pool, t, bytes, &stride);
     const cuk_q8_quantize_args q2a = {o->xf, 32768, k, n, o->q2, 32768, o->ds2, 2048, 2};
     GK(cuk_q8_quantize(&q2a, NULL, &err_));
-    double us[3];
-    for (int v = 0; v < 3; v++) {
+    double us[5];
+    for (int v = 0; v < 5; v++) {
+        us[v] = -1;
+        if ((v == 0 && n > 8) || (v >= 3 && !cuk_q8t_takes(t, k))) continue;
         for (int i = -3; i < iters; i++) {
             if (i == 0) CK(cudaEventRecord(ev_a, NULL));
             const void *w = pool + (uint64_t)((i + 3) % copies) * stride;
+            const cuk_q8_act x1 = {o->q, 32768, o->ds, 2048, 1}, x2 = {o->q2, 32768, o->ds2, 2048, 2};
             if (v == 0) {
                 const cuk_gemv_args g = {t, w, k, m, o->x16, CUK_ACT_BF16, 32768, n, o->y, m};
                 GK(cuk_gemv(&g, NULL, &err_));
+            } else if (v <= 2) {
+                for (int t0 = 0; t0 < n; t0 += CUK_Q8_MAX_N) {
+                    cuk_q8_act x = v == 1 ? x1 : x2;
+                    x.q += t0 * x.ldq;
+                    x.ds += t0 * x.ldds;
+                    const int c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
+                    const cuk_gemv_q8_args g = {t, w, k, m, x, c, o->y + (int64_t)t0 * m, m};
+                    GK(cuk_gemv_q8(&g, NULL, &err_));
+                }
             } else {
-                const cuk_q8_act x1 = {o->q, 32768, o->ds, 2048, 1}, x2 = {o->q2, 32768, o->ds2, 2048, 2};
-                const cuk_gemv_q8_args g = {t, w, k, m, v == 1 ? x1 : x2, n, o->y, m};
-                GK(cuk_gemv_q8(&g, NULL, &err_));
+                const cuk_gemv_q8_args g = {t, w, k, m, v == 3 ? x1 : x2, n, o->y, m};
+                GK(cuk_gemv_q8t(&g, NULL, &err_));
             }
         }
         CK(cudaEventRecord(ev_b, NULL));
         CK(cudaEventSynchronize(ev_b));
         us[v] = elapsed_ms() * 1e3 / iters;
     }
-    printf("| %s | %lld x %lld | %d | %.1f | %.2f (%.3f) | %.2f (%.3f) | %.2f (%.3f) |\n", quant_type_name(t),
-           (long long)m, (long long)k, n, bytes / 1e6, us[0], bytes / (us[0] * 1e-6) / rate, us[1],
-           bytes / (us[1] * 1e-6) / rate, us[2], bytes / (us[2] * 1e-6) / rate);
+    printf("| %s | %lld x %lld | %d | %.1f |", quant_type_name(t), (long long)m, (long long)k, n, bytes / 1e6);
+    for (int v = 0; v < 5; v++) {
+        if (us[v] < 0) printf(" - |");
+        else printf(" %.2f (%.3f) |", us[v], bytes / (us[v] * 1e-6) / rate);
+    }
+    printf("\n");
     fflush(stdout);
 }
 
@@ -182,24 +200,24 @@ int main(int argc, char **argv) {
     uint8_t *pool;
     ops o;
     CK(cudaMalloc((void **)&pool, POOL_BYTES));
-    CK(cudaMalloc(&o.x16, 8 * 32768 * 2));
-    CK(cudaMalloc((void **)&o.xf, 8 * 32768 * 4));
-    CK(cudaMalloc((void **)&o.q, 8 * 32768));
-    CK(cudaMalloc((void **)&o.ds, 8 * 2048 * 4));
-    CK(cudaMalloc((void **)&o.q2, 8 * 32768));
-    CK(cudaMalloc((void **)&o.ds2, 8 * 2048 * 4));
+    CK(cudaMalloc(&o.x16, 32 * 32768 * 2));
+    CK(cudaMalloc((void **)&o.xf, 32 * 32768 * 4));
+    CK(cudaMalloc((void **)&o.q, 32 * 32768));
+    CK(cudaMalloc((void **)&o.ds, 32 * 2048 * 4));
+    CK(cudaMalloc((void **)&o.q2, 32 * 32768));
+    CK(cudaMalloc((void **)&o.ds2, 32 * 2048 * 4));
     CK(cudaMalloc((void **)&o.y, (size_t)64 * 160000 * 4));
     CK(cudaMalloc((void **)&o.part, (size_t)64 * 160000 * 4));
     CK(cudaMalloc((void **)&o.ids, 64 * 4));
     CK(cudaMalloc((void **)&o.wts, 64 * 4));
     CK(cudaMalloc((void **)&o.plan, 8 * (size_t)cuk_moe_plan_words(1, 8) * 4));
-    float *hx = malloc(8 * 32768 * 4);
+    float *hx = malloc(32 * 32768 * 4);
     if (!hx) return 2;
-    for (int i = 0; i < 8 * 32768; i++) hx[i] = (float)((i * 37 % 101) - 50) / 50.0f;
-    CK(cudaMemcpy(o.xf, hx, 8 * 32768 * 4, cudaMemcpyHostToDevice));
+    for (int i = 0; i < 32 * 32768; i++) hx[i] = (float)((i * 37 % 101) - 50) / 50.0f;
+    CK(cudaMemcpy(o.xf, hx, 32 * 32768 * 4, cudaMemcpyHostToDevice));
     free(hx);
-    GK(cuk_convert(o.xf, 32768, o.x16, CUK_BF16, 32768, 8, 32768, NULL, &err_));
-    const cuk_q8_quantize_args qa = {o.xf, 32768, 32768, 8, o.q, 32768, o.ds, 2048, 1};
+    GK(cuk_convert(o.xf, 32768, o.x16, CUK_BF16, 32768, 32, 32768, NULL, &err_));
+    const cuk_q8_quantize_args qa = {o.xf, 32768, 32768, 32, o.q, 32768, o.ds, 2048, 1};
     GK(cuk_q8_quantize(&qa, NULL, &err_));
     const double rate = copy_rate(pool);
     /* the quantizer alone: one 6144 row, as before each decode product */
@@ -211,23 +229,25 @@ int main(int argc, char **argv) {
     printf("bench_q8: D2D copy %.0f GB/s (read + written); quantize 1 x 6144: %.2f us per launch\n", rate / 1e9,
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
-    printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes us (ratio) |\n"
-           "| --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
+           "(ratio) | q8t two planes |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
-    for (int ti = 0; ti < 4; ti++) {
-        gemv_row(pool, &o, types[ti], 19360, 6144, 1, rate);
-        gemv_row(pool, &o, types[ti], 2048, 6144, 1, rate);
-        gemv_row(pool, &o, types[ti], 6144, 2048, 1, rate);
-        gemv_row(pool, &o, types[ti], 19360, 6144, 4, rate);
-    }
+    for (int ti = 0; ti < 4; ti++)
+        for (int n = 1; n <= 32; n *= n == 1 ? 8 : 4) gemv_row(pool, &o, types[ti], 19360, 6144, n, rate);
     gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 1, rate);
-    /* the peer model's attention products: q_a, kv_a, q_b, attn_output; dense FFN gate, down */
-    gemv_row(pool, &o, QT_Q6_K, 2048, 6144, 1, rate);
-    gemv_row(pool, &o, QT_Q8_0, 576, 6144, 1, rate);
-    gemv_row(pool, &o, QT_Q5_K, 16384, 2048, 1, rate);
-    gemv_row(pool, &o, QT_Q5_K, 6144, 8192, 1, rate);
-    gemv_row(pool, &o, QT_Q4_K, 12288, 6144, 1, rate);
-    gemv_row(pool, &o, QT_Q4_K, 6144, 12288, 1, rate);
+    gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 32, rate);
+    /* the peer model's attention products: q_a, kv_a, q_b, attn_output; dense FFN gate, down; the
+     * shared expert's gate and down */
+    for (int n = 1; n <= 32; n *= 32) {
+        gemv_row(pool, &o, QT_Q6_K, 2048, 6144, n, rate);
+        gemv_row(pool, &o, QT_Q8_0, 576, 6144, n, rate);
+        gemv_row(pool, &o, QT_Q5_K, 16384, 2048, n, rate);
+        gemv_row(pool, &o, QT_Q5_K, 6144, 8192, n, rate);
+        gemv_row(pool, &o, QT_Q4_K, 12288, 6144, n, rate);
+        gemv_row(pool, &o, QT_Q4_K, 6144, 12288, n, rate);
+        gemv_row(pool, &o, QT_Q4_K, 2048, 6144, n, rate);
+        gemv_row(pool, &o, QT_Q4_K, 6144, 2048, n, rate);
+    }
     printf("| routed experts, one token | MB | cuk_moe_* bf16 us (ratio) | _q8 us (ratio) |\n| --- | --- | --- | --- |\n");
     moe_row(pool, &o, QT_Q4_K, QT_Q5_K, rate);
     moe_row(pool, &o, QT_Q5_K, QT_Q6_K, rate);

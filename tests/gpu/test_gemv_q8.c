@@ -8,7 +8,8 @@
  *   shapes with odd m, one unit per lane and several, n = 1..8;
  * - batch invariance: each vector of an n = 8 GEMV and each token of a 5-token MoE call
  *   bit-identical to its one-vector launch; skipped (weight 0) pairs left untouched;
- * - refusals: a type without a kernel, n outside 1..8, a misaligned ldq. Device only. */
+ * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance;
+ * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -248,6 +249,80 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
     free(wf), free(x), free(y), free(y1), free(xd), free(ref);
 }
 
+/* cuk_gemv_q8t (the tensor-core kernel): n = 1..32 against float64, every vector bit-identical
+ * to its one-vector launch. */
+static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
+    const char *tn = quant_type_name(t);
+    enum { N = CUK_Q8T_MAX_N };
+    static const int NS[] = {1, 2, 5, 8, 17, 32};
+    float *wf;
+    void *dw = weights(t, m, k, &wf);
+    float *x = xmalloc((size_t)(N * k) * 4);
+    fill_x(x, N, k);
+    dq8 o = quantize(x, N, k, planes, tn);
+    float *dy = dalloc((size_t)(N * m) * 4), *dy1 = dalloc((size_t)m * 4);
+    float *y = xmalloc((size_t)(N * m) * 4), *y1 = xmalloc((size_t)m * 4);
+    double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)(N * m) * 8);
+    for (int v = 0; v < N; v++) {
+        q8_row(&o, v, k, xd);
+        for (int64_t i = 0; i < m; i++) ref[v * m + i] = dotd(wf + i * k, xd, k);
+    }
+    g5_error err = {0};
+    for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+        const int n = NS[ni];
+        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m};
+        T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_OK, "%s gemv_q8t n=%d: %s", tn, n, err.msg);
+        get(y, dy, (size_t)(n * m) * 4);
+        double worst = 0;
+        int same = 1;
+        for (int v = 0; v < n; v++) {
+            const double e = rel_l2(y + v * m, ref + v * m, m);
+            if (!(e <= worst)) worst = e;
+            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds, o.planes}, 1, dy1, m};
+            T_CHECK(cuk_gemv_q8t(&a1, NULL, &err) == G5_OK, "%s gemv_q8t one: %s", tn, err.msg);
+            get(y1, dy1, (size_t)m * 4);
+            same &= memcmp(y1, y + v * m, (size_t)m * 4) == 0;
+        }
+        T_CHECK(worst <= 1e-5, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: rel L2 %.3e <= 1e-5", tn, (long long)m,
+                (long long)k, n, planes, worst);
+        T_CHECK(same, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: every vector bit-identical to its one-vector launch",
+                tn, (long long)m, (long long)k, n, planes);
+        if (n == 1 || n == N)
+            printf("  %s gemv_q8t m=%lld k=%lld n=%d planes %d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, planes,
+                   worst);
+    }
+    q8_free(&o);
+    CK(cudaFree(dw));
+    CK(cudaFree(dy));
+    CK(cudaFree(dy1));
+    free(wf), free(x), free(y), free(y1), free(xd), free(ref);
+}
+
+static void test_refusals_t(void) {
+    g5_error err = {0};
+    void *w = dalloc(1 << 16);
+    int8_t *q = dalloc(64 * 1024);
+    float *ds = dalloc(64 * 256), *y = dalloc(64 * 256);
+    cuk_gemv_q8_args a = {QT_Q4_K, w, 256, 16, {q, 512, ds, 32, 1}, 33, y, 16};
+    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "n=33"), "q8t refused: n=33 (%s)", err.msg);
+    a.n = 1;
+    a.k = 320;
+    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "k=320"), "q8t refused: Q4_K k=320 (%s)", err.msg);
+    a.k = 256;
+    a.w_type = QT_Q4_0;
+    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q4_0"), "q8t refused: Q4_0 (%s)", err.msg);
+    a.w_type = QT_Q8_0;
+    a.x.ldq = 200;
+    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldq"), "q8t refused: ldq 200 (%s)", err.msg);
+    T_CHECK(cuk_q8t_takes(QT_Q8_0, 512) && !cuk_q8t_takes(QT_Q8_0, 64) && cuk_q8t_takes(QT_Q6_K, 6144) &&
+                !cuk_q8t_takes(QT_Q4_0, 256),
+            "cuk_q8t_takes: the four types with k %% 256, nothing else");
+    CK(cudaFree(w));
+    CK(cudaFree(q));
+    CK(cudaFree(ds));
+    CK(cudaFree(y));
+}
+
 enum { NE = 6, TOPK = 2, NTOK = 5 };
 
 static int32_t *plan_for(const int32_t *did, const float *dwts, int n_tok) {
@@ -411,6 +486,7 @@ int main(void) {
     test_quantize_nan(2);
     test_planes_error();
     test_refusals();
+    test_refusals_t();
     for (int planes = 1; planes <= 2; planes++)
         for (size_t i = 0; i < N_TYPES; i++) {
             const uint32_t t = TYPES[i];
@@ -418,6 +494,9 @@ int main(void) {
             test_gemv(t, 64, 2048, planes);  /* one unit per lane: 4 row pairs per warp */
             test_gemv(t, 9, 6144, planes);   /* three units per lane, odd m */
             test_moe(t, 256, 512, planes);
+            test_gemv_t(t, 37, 512, planes);  /* two steps, a part tile */
+            test_gemv_t(t, 64, 2048, planes); /* two warps per tile */
+            test_gemv_t(t, 9, 6144, planes);  /* eight warps per tile */
         }
     return t_report(G5_TEST_NAME);
 }
