@@ -10,6 +10,10 @@
  *    /metrics shows its cache blocks back to 0 and the request cancelled;
  *  - 429 when the queue is full, 401 without the API key, 503 while no model is loaded;
  *  - preemption when the block pool is exhausted leaves outputs unchanged;
+ *  - chunked prefill: srv_prefill_chunk's GPU chunks leave the engine's calls those of one call
+ *    (checked against rt_pfx_call_len for many block sizes, chunk sizes and positions); a long
+ *    prompt prefilled in 16-token chunks while another request decodes gives the ids it gives
+ *    alone, and the other request got a decode step between every two of its chunks;
  *  (--draft mtp: tests/test_serve_mtp.c; the helpers: tests/serve_harness.h)
  *  - a blob set (TP 2) written by the converter;
  *  - metrics deltas for a known request; one log line per request. */
@@ -37,6 +41,7 @@
 #include "runtime/serve/serve.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/cpu/weights.h"
+#include "runtime/prefix.h"
 #include "tests/test_util.h"
 
 #include "tests/serve_harness.h"
@@ -68,6 +73,47 @@ static void test_blocks(void) {
     T_CHECK(srv_blocks_n_free(b) == 10, "all back (%u)", srv_blocks_n_free(b));
     srv_blocks_free(b);
     T_CHECK(srv_blocks_create(0, 4, &b, NULL) == G5_ERR_INVALID_ARG, "0 blocks refused");
+}
+
+/* The ends of the GPU engine's calls (rt_pfx_call_len) for n tokens at p0, appended to ends. */
+static uint32_t call_ends(uint32_t p0, uint32_t n, uint32_t bt, uint32_t *ends, uint32_t k) {
+    for (uint32_t done = 0; done < n;) {
+        done += rt_pfx_call_len(p0 + done, n - done, bt);
+        ends[k++] = p0 + done;
+    }
+    return k;
+}
+
+/* srv_prefill_chunk: CPU chunks are min(rest, max); CUDA chunks are whole blocks (the rest at the
+ * end) and the engine calls of the chunks, one rt_eng_prefill each, end where those of one
+ * rt_eng_prefill of the whole rest end: the same calls, so the same bits. */
+static void test_prefill_chunk(void) {
+    T_CHECK(srv_prefill_chunk(100, 0, 16, 0, 256) == 16 && srv_prefill_chunk(10, 7, 16, 0, 256) == 10,
+            "CPU: min(rest, chunk)");
+    T_CHECK(srv_prefill_chunk(5000, 0, 256, 1, 0) == 5000, "CUDA, no prefix block: the whole rest");
+    T_CHECK(srv_prefill_chunk(5000, 0, 1000, 1, 256) == 768 && srv_prefill_chunk(5000, 512, 100, 1, 256) == 256 &&
+                srv_prefill_chunk(300, 256, 1000, 1, 256) == 300 && srv_prefill_chunk(5000, 10, 512, 1, 256) == 502,
+            "CUDA: whole blocks (at least one), ending at a block's end");
+    static const uint32_t bts[] = {1, 7, 32, 256}, maxes[] = {1, 5, 32, 100, 256, 1000, 4096};
+    static uint32_t a[2048], b[2048];
+    uint32_t bad = 0, cases = 0;
+    for (size_t i = 0; i < sizeof bts / sizeof bts[0]; i++)
+        for (size_t j = 0; j < sizeof maxes / sizeof maxes[0]; j++)
+            for (uint32_t p0 = 0; p0 <= 3 * bts[i] + 5; p0 += p0 < 2 * bts[i] ? bts[i] : 5)
+                for (uint32_t n = 1; n <= 900; n += 1 + n / 8) {
+                    const uint32_t bt = bts[i], mx = maxes[j], per = mx / bt ? mx / bt * bt : bt;
+                    uint32_t ka = call_ends(p0, n, bt, a, 0), kb = 0, ok = 1;
+                    for (uint32_t done = 0; done < n && ok;) {
+                        const uint32_t c = srv_prefill_chunk(n - done, p0 + done, mx, 1, bt);
+                        ok = c >= 1 && c <= n - done && c <= per && (done + c == n || (p0 + done + c) % bt == 0);
+                        kb = call_ends(p0 + done, c, bt, b, kb);
+                        done += c;
+                    }
+                    ok = ok && ka == kb && !memcmp(a, b, ka * sizeof *a);
+                    if (!ok && bad++ < 3) printf("  prefill chunks: block %u, chunk %u, at %u, %u tokens differ\n", bt, mx, p0, n);
+                    cases++;
+                }
+    T_CHECK(bad == 0, "CUDA prefill chunks make the engine calls of one call: %u of %u cases differ", bad, cases);
 }
 
 static void test_utf8(void) {
@@ -733,6 +779,65 @@ static void test_preemption(ref *R, const oracle *o) {
     srv_free(s);
 }
 
+/* Chunked prefill beside a decoding request (CPU; tests/gpu/test_gpu_serve.c has the GPU twin):
+ * prompt A (200 tokens, chunks of 16: 13) alone, then while B decodes: the same ids (the test's
+ * greedy reference's too), 13 chunks each time, and B decoded between every two of A's chunks
+ * (glm5_decode_steps_beside_prefill_total +12), with B's own ids unchanged. */
+static void test_chunked_prefill(ref *R, const oracle *o) {
+    srv_config c;
+    srv_config_default(&c);
+    c.max_batch = 4;
+    c.ctx_size = 2048;
+    c.prefill_chunk = 16;
+    c.prefix_cache = 0; /* A's second run prefills all of its prompt again */
+    logbuf lb = {0};
+    srv_server *s = start_server(T_ORACLE_GGUF, &c, &lb);
+    if (!s) return;
+    const uint16_t port = srv_port(s);
+    T_CHECK(wait_health(port, 60), "chunked prefill: health");
+    enum { NA = 200, GA = 8, GB = 150, CHUNKS = (NA + 15) / 16 };
+    static int32_t ra[GA], rb[GB];
+    const uint32_t nra = ref_greedy(R, o->p2, NA, GA, ra);
+    /* B: a short prompt whose greedy run reaches GB tokens (no end token: decoding all along) */
+    const int32_t *pb = NULL;
+    for (uint32_t off = 250; off + 8 <= o->n2 && !pb; off += 20)
+        if (ref_greedy(R, o->p2 + off, 8, GB, rb) == GB) pb = o->p2 + off;
+    T_CHECK(pb != NULL, "chunked prefill: a prompt B decoding %d tokens", GB);
+    char *ba = completion_body(o->p2, NA, NULL, GA, 0, NULL), *bb = pb ? completion_body(pb, 8, NULL, GB, 1, NULL) : NULL;
+    gen alone;
+    const double ch0 = metric(port, "glm5_prefill_chunks_total"), bs0 = metric(port, "glm5_decode_steps_beside_prefill_total");
+    gen_request(port, "/v1/completions", ba, 0, &alone);
+    const double ch1 = metric(port, "glm5_prefill_chunks_total"), bs1 = metric(port, "glm5_decode_steps_beside_prefill_total");
+    T_CHECK(alone.status == 200 && ids_equal(alone.ids, alone.n, ra, nra), "chunked prefill: A alone, rt greedy (%u vs %u)",
+            alone.n, nra);
+    T_CHECK(ch1 - ch0 == CHUNKS && bs1 == bs0, "chunked prefill: A alone in %.0f chunks (want %d), %.0f steps beside",
+            ch1 - ch0, CHUNKS, bs1 - bs0);
+    if (bb) {
+        client_job jb = {.port = port, .body = bb, .stream = 1};
+        const double g0 = metric(port, "glm5_generation_tokens_total");
+        pthread_t th;
+        pthread_create(&th, NULL, client_main, &jb);
+        double t0 = now_s();
+        while (metric(port, "glm5_generation_tokens_total") < g0 + 2 && now_s() - t0 < 30) sleep_ms(1);
+        const double c0 = metric(port, "glm5_prefill_chunks_total"), d0 = metric(port, "glm5_decode_steps_beside_prefill_total");
+        gen with;
+        gen_request(port, "/v1/completions", ba, 0, &with);
+        const double c1 = metric(port, "glm5_prefill_chunks_total"), d1 = metric(port, "glm5_decode_steps_beside_prefill_total");
+        pthread_join(th, NULL);
+        printf("chunked prefill: A (%d tokens) alone %.0f chunks; beside B %.0f chunks, %.0f of B's decode steps between "
+               "them\n", NA, ch1 - ch0, c1 - c0, d1 - d0);
+        T_CHECK(with.status == 200 && ids_equal(with.ids, with.n, alone.ids, alone.n),
+                "chunked prefill: A beside B gives A's ids alone (%u vs %u)", with.n, alone.n);
+        T_CHECK(jb.g.status == 200 && ids_equal(jb.g.ids, jb.g.n, rb, GB), "chunked prefill: B's ids (%u of %d)", jb.g.n, GB);
+        T_CHECK(c1 - c0 == CHUNKS, "chunked prefill: A beside B in %.0f chunks (want %d)", c1 - c0, CHUNKS);
+        T_CHECK(d1 - d0 == CHUNKS - 1, "chunked prefill: %.0f decode steps of B between A's chunks (want %d)", d1 - d0,
+                CHUNKS - 1);
+    }
+    free(ba);
+    free(bb);
+    srv_free(s);
+}
+
 /* No model: /health and generation are 503 (load fails), the rest still answers. */
 static void test_no_model(void) {
     srv_config c;
@@ -1000,6 +1105,7 @@ static void test_binary(ref *R, const char *bdir) {
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     test_blocks();
+    test_prefill_chunk();
     test_utf8();
     static oracle o;
     ref R;
@@ -1016,6 +1122,7 @@ int main(void) {
     double t1 = now_s();
     test_queue_and_auth(&o);
     test_preemption(&R, &o);
+    test_chunked_prefill(&R, &o);
     double t2 = now_s();
     test_blobs(&o);
     test_chat_template(&R);

@@ -14,7 +14,12 @@
  * sequence advances in one rt_model_forward_batch call, so the weights are read once per step).
  * Each sequence has its own rt_state whose latent/indexer cache lives in fixed-size token blocks
  * of one shared rt_kvpool, sized to ctx_size tokens for all sequences together; srv_blocks is a
- * view of that pool, so the metrics count the blocks that really hold caches. A sequence that needs a block when none is free preempts the most recently admitted
+ * view of that pool, so the metrics count the blocks that really hold caches. Prompts run in
+ * chunks (prefill_chunk): each engine iteration runs the decode step of every decoding sequence,
+ * then one chunk of each sequence with prompt left, so a long prompt delays the others' tokens
+ * by one chunk per step, not by its whole prefill (/metrics: glm5_prefill_chunks_total, and
+ * glm5_decode_steps_beside_prefill_total, the decode steps run while a prompt was part way
+ * through). A sequence that needs a block when none is free preempts the most recently admitted
  * one, which is recomputed later from its prompt and the tokens it already produced (results
  * are unchanged: the model gives bit-identical results whether tokens are fed together or one
  * at a time, and the sampler keeps its state).
@@ -107,9 +112,9 @@ typedef struct srv_server srv_server;
 
 /* Where the model runs. CUDA needs the CUDA build (build/gpu/bin/glm5-serve, `make gpu-model`):
  * there every sequence gets its own GPU caches (rt_gpu_seq), each prompt is prefilled on its own
- * (in calls ending at the multiples of gpu_prefix_block), and every decoding sequence advances
- * in one rt_gpu_forward_batch call per
- * step; sampling stays on the host. The caches of max_batch sequences of ctx_size positions
+ * (in calls ending at the multiples of gpu_prefix_block; its chunks are whole numbers of those
+ * blocks, prefill_chunk), and every decoding sequence advances in one rt_gpu_forward_batch call
+ * per step; sampling stays on the host. The caches of max_batch sequences of ctx_size positions
  * each are allocated when the model loads (so no step allocates and none is preempted); the
  * block metrics count the blocks of those that hold cached tokens. */
 typedef enum srv_device { SRV_DEVICE_CPU = 0, SRV_DEVICE_CUDA = 1 } srv_device;
@@ -135,7 +140,11 @@ typedef struct srv_config {
                                 context) */
     uint32_t block_tokens;   /* tokens per cache block (default 16) */
     uint32_t n_threads;      /* model threads (0: online cores) */
-    uint32_t prefill_chunk;  /* most prompt tokens one sequence runs per step (default 256) */
+    uint32_t prefill_chunk;  /* most prompt tokens one sequence runs per engine step (default
+                                256; srv_prefill_chunk). CUDA with gpu_prefix_block > 0: rounded
+                                down to whole blocks (at least one), so the GPU calls and bits
+                                are those of the whole prompt at once; gpu_prefix_block 0: the
+                                whole prompt in one step */
     uint64_t max_body;       /* request body limit in bytes (default 1 MiB); larger: 413 */
     uint32_t max_connections;/* simultaneous connections (default 512, at least max_batch +
                                 max_queue + 32); one thread each */
@@ -200,6 +209,9 @@ typedef struct srv_stats {
     uint64_t prompt_tokens, generated_tokens;
     uint64_t prefix_query_tokens, prefix_hit_tokens; /* prompt tokens looked up / reused */
     uint64_t draft_proposed, draft_accepted;          /* --draft mtp: draft tokens verified / kept */
+    uint64_t prefill_chunks;   /* prompt chunks run (one rt_eng_prefill each) */
+    uint64_t decode_steps_beside_prefill; /* decode steps run while a prompt was part way through
+                                             its chunks (the steps chunking let in) */
     double load_seconds;
     uint64_t load_bytes;
 } srv_stats;
@@ -229,6 +241,16 @@ g5_status srv_blocks_reserve(srv_blocks *b, srv_btable *t, uint64_t n_tokens, g5
 void srv_blocks_release(srv_blocks *b, srv_btable *t);
 
 /* ---- helpers shared with the tests ---- */
+/* The prompt tokens a sequence runs in one engine step: `rem` tokens left of its feed, the next
+ * at position n_past. CPU (cuda 0): min(rem, max_chunk); any split gives the same bits there.
+ * CUDA: the GPU's bits depend on how a prompt is split into calls, and the engine runs every
+ * rt_eng_prefill in calls ending at the multiples of gpu_block (engine.h), so a chunk that ends
+ * at such a multiple leaves the engine making exactly the calls of one rt_eng_prefill of the
+ * whole rest: the chunk is the largest multiple of gpu_block <= max_chunk (at least one block)
+ * less n_past's offset into its block (0 in the server: attached prefixes are whole blocks), or
+ * the rest when that is shorter. gpu_block 0 (one call per prompt): the whole rest. */
+uint32_t srv_prefill_chunk(uint32_t rem, uint32_t n_past, uint32_t max_chunk, int cuda, uint32_t gpu_block);
+
 /* What a tokenizer.chat_template (Jinja, not interpreted) looks like, by its literal markers:
  * GLM role tokens and "[gMASK]<sop>" without "/nothink" = the GLM-5 (and GLM-4.7) format that
  * chat.h builds; with "/nothink" = GLM-4.5/4.6; anything else = another format. */

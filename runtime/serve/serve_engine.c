@@ -7,10 +7,16 @@
  * view of that pool, so a sequence's blocks are in use exactly while its sequence holds them.
  * Each engine iteration runs every sequence that is decoding (one token to feed) in one
  * rt_eng_decode call, and every sequence with prompt left to prefill one chunk on its own
- * (rt_eng_prefill). On CUDA the same loop runs the decoding sequences in one rt_eng_decode call
- * and prefills a sequence's whole pending prompt in one rt_eng_prefill (which runs it in GPU calls
- * ending at the multiples of --gpu-prefix-block, so a prompt up to that long is one call, as
- * glm5-run runs it, and a greedy request gives glm5-run's tokens whatever the cache type); the GPU
+ * (rt_eng_prefill), so a long prompt holds the decoding sequences up for one chunk per step, not
+ * for its whole prefill. On CUDA the same loop runs the decoding sequences in one rt_eng_decode
+ * call and the prompts in chunks too (srv_prefill_chunk): the GPU engine runs every rt_eng_prefill
+ * in GPU calls ending at the multiples of --gpu-prefix-block (engine_gpu.c, rt_pfx_call_len: a
+ * call ends at the next multiple of the block after its first position, or at the last token),
+ * and a chunk here is a whole number of those blocks ending at such a multiple (or the rest of the
+ * prompt), so the engine makes exactly the calls of one rt_eng_prefill of the whole prompt, with
+ * the same bits: a prompt up to one block long is one call, as glm5-run runs it, and a greedy
+ * request gives the tokens of the same request alone whatever the chunk size (with
+ * --gpu-prefix-block 0 a prompt is one call and one step). The GPU
  * caches are reserved at load (max_batch x ctx_size positions), so nothing is preempted there, and
  * the block allocator counts the blocks of those caches that hold tokens. Prefix caching on CUDA
  * is the engine's device-side store of block copies (engine.h): a batch place's sequence takes
@@ -63,6 +69,16 @@ void srv_hist_observe(srv_hist *h, double v) {
 }
 
 int srv_cuda_available(void) { return rt_eng_cuda_available(); }
+
+uint32_t srv_prefill_chunk(uint32_t rem, uint32_t n_past, uint32_t max_chunk, int cuda, uint32_t gpu_block) {
+    if (!cuda) return rem < max_chunk ? rem : max_chunk;
+    if (!gpu_block) return rem; /* one GPU call per prompt: a split would change its bits */
+    const uint64_t per = max_chunk / gpu_block ? (uint64_t)(max_chunk / gpu_block) * gpu_block : gpu_block;
+    /* ends at a multiple of the block: n_past is one in the server (attached prefixes are whole
+     * blocks), and would be one again after the first chunk if it were not */
+    const uint64_t c = per - n_past % gpu_block;
+    return rem < c ? rem : (uint32_t)c;
+}
 
 /* ---- CUDA batch places ---- */
 
@@ -662,6 +678,7 @@ static void preempt_locked(srv_server *s, srv_req *r) {
     memcpy(r->feed + r->p.n_prompt, r->out_ids, (size_t)r->n_out * sizeof *r->feed);
     r->n_feed = n;
     r->feed_off = 0;
+    r->mid_prompt = 0;
     r->state = SRV_R_WAITING;
     memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
     s->waiting[0] = r;
@@ -972,8 +989,14 @@ static void prefill_step(srv_server *s, srv_req *r) {
         pthread_mutex_unlock(&s->mu);
         return;
     }
-    uint32_t rem = r->n_feed - r->feed_off;
-    uint32_t chunk = rem < s->cfg.prefill_chunk || s->gpu ? rem : s->cfg.prefill_chunk;
+    const uint32_t rem = r->n_feed - r->feed_off;
+    /* CUDA: the engine's prefix blocks are cfg.gpu_prefix_block (its opts at load). The drafter
+     * (--draft mtp) chunks alike: rt_drafter_prompt runs its chunk as one rt_eng_prefill (the same
+     * GPU calls, each giving the hidden states as before) and only queues the (hidden state, next
+     * token) pairs, across chunk ends too, for one MTP call at the first decode step, so its MTP
+     * calls do not depend on the chunks either; a chunk's last GPU call also computes logits (the
+     * head after the final norm: caches and hidden states unchanged), overwritten by the next */
+    const uint32_t chunk = srv_prefill_chunk(rem, r->n_past, s->cfg.prefill_chunk, s->gpu != NULL, s->cfg.gpu_prefix_block);
     if (!reserve_locked(s, r, r->n_past + chunk)) {
         pthread_mutex_unlock(&s->mu);
         return;
@@ -1002,11 +1025,11 @@ static void prefill_step(srv_server *s, srv_req *r) {
     }
     r->n_past += chunk;
     r->feed_off += chunk;
-    if (s->prefix_cache) { /* the prompt's blocks are reusable as soon as they are full */
-        pthread_mutex_lock(&s->mu);
-        publish_prefix_locked(s, r);
-        pthread_mutex_unlock(&s->mu);
-    }
+    pthread_mutex_lock(&s->mu);
+    s->prefill_chunks++;
+    r->mid_prompt = !last;
+    if (s->prefix_cache) publish_prefix_locked(s, r); /* the prompt's blocks are reusable as soon as they are full */
+    pthread_mutex_unlock(&s->mu);
     if (last) draw(s, r, s->logits);
 }
 
@@ -1149,11 +1172,13 @@ static void *engine_main(void *arg) {
             continue;
         }
         uint32_t n = s->n_running, nd = 0;
+        int beside = 0; /* a prompt part way through its chunks waits for this step */
         memcpy(batch, s->running, n * sizeof *batch);
         /* The step loop holds a reference to each: a step may retire or preempt another. */
         for (uint32_t i = 0; i < n; i++) {
             batch[i]->refs++;
             if (batch[i]->n_feed - batch[i]->feed_off == 1) dec[nd++] = batch[i];
+            beside |= batch[i]->mid_prompt;
         }
         pthread_mutex_unlock(&s->mu);
         if (nd && s->draft) decode_step_mtp(s, dec, nd, sts, toks, ntok);
@@ -1161,6 +1186,7 @@ static void *engine_main(void *arg) {
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
         pthread_mutex_lock(&s->mu);
+        if (nd && beside) s->decode_steps_beside_prefill++;
         for (uint32_t i = 0; i < n; i++)
             if (req_unref_locked(batch[i])) req_destroy(batch[i]);
     }
@@ -1238,6 +1264,8 @@ void srv_get_stats(srv_server *s, srv_stats *o) {
     o->prefix_hit_tokens = s->prefix_hit_tokens;
     o->draft_proposed = s->draft_proposed;
     o->draft_accepted = s->draft_accepted;
+    o->prefill_chunks = s->prefill_chunks;
+    o->decode_steps_beside_prefill = s->decode_steps_beside_prefill;
     o->load_seconds = s->load_seconds;
     o->load_bytes = s->load_bytes;
     pthread_mutex_unlock(&s->mu);

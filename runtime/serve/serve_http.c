@@ -210,6 +210,11 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_prompt_tokens_total %llu\n", (unsigned long long)s->prompt_tokens);
     sb_metric(&b, "glm5_generation_tokens_total", "counter", "tokens drawn (end-of-generation tokens included)");
     sb_printf(&b, "glm5_generation_tokens_total %llu\n", (unsigned long long)s->generated_tokens);
+    sb_metric(&b, "glm5_prefill_chunks_total", "counter", "prompt chunks run (at most one per sequence and engine step)");
+    sb_printf(&b, "glm5_prefill_chunks_total %llu\n", (unsigned long long)s->prefill_chunks);
+    sb_metric(&b, "glm5_decode_steps_beside_prefill_total", "counter",
+              "decode steps run while a prompt was part way through its chunks");
+    sb_printf(&b, "glm5_decode_steps_beside_prefill_total %llu\n", (unsigned long long)s->decode_steps_beside_prefill);
     sb_hist(&b, "glm5_time_to_first_token_seconds", "from arrival to the first drawn token", &s->ttft);
     sb_hist(&b, "glm5_time_per_output_token_seconds", "between consecutive drawn tokens", &s->tpot);
     sb_hist(&b, "glm5_request_duration_seconds", "from arrival to the end of generation", &s->e2e);
@@ -706,7 +711,7 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
         return g5_fail(err, G5_ERR_INVALID_ARG, "block tokens %u: must be 1..65536", cfg->block_tokens);
     if (cfg->ctx_size < 2 || cfg->ctx_size > (1u << 30))
         return g5_fail(err, G5_ERR_INVALID_ARG, "--ctx-size %u: must be 2..2^30", cfg->ctx_size);
-    if (cfg->prefill_chunk < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "prefill chunk must be >= 1");
+    if (cfg->prefill_chunk < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "--prefill-chunk %u: must be >= 1", cfg->prefill_chunk);
     if (cfg->gpu_prefix_block > 65536)
         return g5_fail(err, G5_ERR_INVALID_ARG, "--gpu-prefix-block %u: must be 0..65536", cfg->gpu_prefix_block);
     if (cfg->gpu_prefix_cache_mb > (1u << 24))

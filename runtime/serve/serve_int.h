@@ -87,6 +87,7 @@ typedef struct srv_req {
     uint32_t force_pos;        /* p.force tokens drawn so far */
     int prefix_looked_up;      /* the prompt was looked up in the prefix cache */
     int force_armed;           /* the reasoning is over: forcing may start */
+    int mid_prompt;            /* a chunk of its feed ran and more are left (under mu) */
 
     /* shared (under mu) */
     srv_rstate state;
@@ -188,6 +189,7 @@ struct srv_server {
     int prefix_cache;          /* CPU pool with prefix caching (set at load) */
     uint64_t prefix_query_tokens, prefix_hit_tokens;
     uint64_t draft_proposed, draft_accepted;
+    uint64_t prefill_chunks, decode_steps_beside_prefill; /* srv_stats */
     srv_hist ttft, tpot, e2e;
     double load_seconds;
     uint64_t load_bytes;
