@@ -25,7 +25,11 @@
  * still bit-identical. Over loopback, in-process glm5-serve --device cuda servers with and
  * without the prefix cache (TP 1 precise and fast, TP 2 precise): four greedy completions of two
  * prompts sharing 140 tokens report cached_tokens 0, 128, 128, 160 and the ids of the server
- * without it; the hit counter and the store's block gauge move.
+ * without it; the hit counter and the store's block gauge move. Chunked prefill (same
+ * configurations): a 300-token prompt on a server with --prefill-chunk 80 (2 blocks of 32) runs in
+ * 5 chunks and gives the ids of a server that runs each prompt in one step, alone and while
+ * another greedy request decodes; that one gets a decode step between every two chunks
+ * (glm5_decode_steps_beside_prefill_total) and keeps its own ids.
  *
  * With --client PORT CASES: 16 (one per line of CASES: "max_tokens<TAB>ids,...<TAB>expected ids
  * separated by spaces") concurrent greedy /v1/completions requests (token-id prompts, half of
@@ -379,9 +383,11 @@ done:
 
 /* ---- prefix caching over loopback: glm5-serve --device cuda in process ---- */
 
-static srv_server *start_gpu_server(const char *model, const pcfg *c, int prefix) {
+/* chunk: srv_config.prefill_chunk (0: the default) */
+static srv_server *start_gpu_server(const char *model, const pcfg *c, int prefix, uint32_t chunk) {
     srv_config sc;
     srv_config_default(&sc);
+    if (chunk) sc.prefill_chunk = chunk;
     sc.model_path = model;
     sc.port = 0;
     sc.device = SRV_DEVICE_CUDA;
@@ -403,11 +409,13 @@ static srv_server *start_gpu_server(const char *model, const pcfg *c, int prefix
     return s;
 }
 
-/* One greedy completion of ids: its token ids and usage.prompt_tokens_details.cached_tokens. */
-static int complete_ids(uint16_t port, const int32_t *ids, uint32_t n, int32_t *out, uint32_t *n_out, long *cached) {
-    size_t cap = 64 + (size_t)n * 12;
+/* One greedy completion of ids (max_tokens): up to cap token ids, usage.prompt_tokens_details.cached_tokens
+ * and the finish reason (finish may be NULL). */
+static int complete_req(uint16_t port, const int32_t *ids, uint32_t n, uint32_t max_tokens, int32_t *out, uint32_t cap_out,
+                        uint32_t *n_out, long *cached, char finish[16]) {
+    size_t cap = 96 + (size_t)n * 12;
     char *body = xmalloc(cap), *p = body;
-    p += snprintf(p, cap, "{\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true,\"prompt\":[", PSTEPS);
+    p += snprintf(p, cap, "{\"max_tokens\":%u,\"temperature\":0,\"return_token_ids\":true,\"prompt\":[", max_tokens);
     for (uint32_t i = 0; i < n; i++) p += snprintf(p, cap - (size_t)(p - body), "%s%d", i ? "," : "", ids[i]);
     snprintf(p, cap - (size_t)(p - body), "]}");
     char *resp = NULL;
@@ -416,17 +424,24 @@ static int complete_ids(uint16_t port, const int32_t *ids, uint32_t n, int32_t *
     *n_out = 0;
     *cached = -1;
     json_t *j = status == 200 && resp ? json_loads(resp, 0, NULL) : NULL;
-    json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
-    for (size_t k = 0; k < json_array_size(t) && *n_out < 64; k++) out[(*n_out)++] = (int32_t)json_integer_value(json_array_get(t, k));
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *t = json_object_get(ch, "token_ids");
+    for (size_t k = 0; k < json_array_size(t) && *n_out < cap_out; k++)
+        out[(*n_out)++] = (int32_t)json_integer_value(json_array_get(t, k));
     json_t *d = json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens");
     if (json_is_integer(d)) *cached = (long)json_integer_value(d);
+    if (finish) snprintf(finish, 16, "%s", json_is_string(json_object_get(ch, "finish_reason"))
+                                               ? json_string_value(json_object_get(ch, "finish_reason")) : "");
     json_decref(j);
     free(resp);
     return status;
 }
 
+static int complete_ids(uint16_t port, const int32_t *ids, uint32_t n, int32_t *out, uint32_t *n_out, long *cached) {
+    return complete_req(port, ids, n, PSTEPS, out, 64, n_out, cached, NULL);
+}
+
 static void prefix_server(const pcfg *c, const char *model) {
-    srv_server *on = start_gpu_server(model, c, 1), *off = start_gpu_server(model, c, 0);
+    srv_server *on = start_gpu_server(model, c, 1, 0), *off = start_gpu_server(model, c, 0, 0);
     if (on && off && srv_get_load_state(on, NULL) == SRV_READY && srv_get_load_state(off, NULL) == SRV_READY) {
         const uint16_t pon = srv_port(on), poff = srv_port(off);
         int32_t A[150], B[170];
@@ -466,6 +481,93 @@ static void prefix_server(const pcfg *c, const char *model) {
     srv_free(off);
 }
 
+/* ---- chunked prefill beside decoding (runtime/serve/serve_engine.c, srv_prefill_chunk) ---- */
+
+#define CNA 300    /* the long prompt: 9 blocks of PBT and 12 tokens */
+#define CCHUNK 80  /* --prefill-chunk: 2 blocks of PBT per chunk, so 5 chunks for CNA */
+#define CNB 10     /* the decoding request: its prompt and tokens */
+#define CGB 400
+
+typedef struct bjob {
+    uint16_t port;
+    const int32_t *prompt;
+    int32_t ids[CGB];
+    uint32_t n;
+    int status;
+} bjob;
+
+static void *bjob_main(void *arg) {
+    bjob *j = arg;
+    long cached;
+    j->status = complete_req(j->port, j->prompt, CNB, CGB, j->ids, CGB, &j->n, &cached, NULL);
+    return NULL;
+}
+
+/* A long prompt on a server whose chunks are 2 blocks: alone it runs in 5 chunks and gives the
+ * ids of a server running each prompt in one step (the old GPU behaviour: one rt_eng_prefill);
+ * sent while another request B decodes, it gives the same ids again, in 5 chunks, with B's
+ * decode steps between every two of them (glm5_decode_steps_beside_prefill_total +4) and B's own
+ * ids those of B alone. B is a prompt whose greedy run reaches CGB tokens (decoding throughout). */
+static void chunked_server(const pcfg *c, const char *model) {
+    srv_server *x = start_gpu_server(model, c, 0, CCHUNK), *y = start_gpu_server(model, c, 0, 1u << 30);
+    if (x && y && srv_get_load_state(x, NULL) == SRV_READY && srv_get_load_state(y, NULL) == SRV_READY) {
+        const uint16_t px = srv_port(x), py = srv_port(y);
+        const uint32_t want_chunks = (CNA + 2 * PBT - 1) / (2 * PBT);
+        int32_t A[CNA], one[64], alone[64], with[64];
+        static int32_t B[CNB], bref[CGB];
+        uint32_t n_one = 0, n_alone = 0, n_with = 0, n_bref = 0;
+        long cached;
+        char fin[16] = "";
+        for (int i = 0; i < CNA; i++) A[i] = (int32_t)(10 + rnd() % 1500);
+        for (int t = 0; t < 8 && strcmp(fin, "length"); t++) {
+            for (int i = 0; i < CNB; i++) B[i] = (int32_t)(10 + rnd() % 1500);
+            if (complete_req(px, B, CNB, CGB, bref, CGB, &n_bref, &cached, fin) != 200) break;
+        }
+        T_CHECK(!strcmp(fin, "length") && n_bref == CGB, "%s: a prompt B decoding %d tokens (%u, finish %s)", c->name, CGB,
+                n_bref, fin);
+        const int s1 = complete_ids(py, A, CNA, one, &n_one, &cached);
+        const double c0 = get_metric(px, "glm5_prefill_chunks_total");
+        const double d0 = get_metric(px, "glm5_decode_steps_beside_prefill_total");
+        const int s2 = complete_ids(px, A, CNA, alone, &n_alone, &cached);
+        const double c1 = get_metric(px, "glm5_prefill_chunks_total");
+        const double d1 = get_metric(px, "glm5_decode_steps_beside_prefill_total");
+        T_CHECK(s1 == 200 && s2 == 200 && n_one > 0 && n_alone == n_one && !memcmp(alone, one, n_one * sizeof *one),
+                "%s: A alone in chunks of 2 blocks gives the ids of A in one step (%d/%d, %u vs %u ids)", c->name, s2, s1,
+                n_alone, n_one);
+        T_CHECK(c1 - c0 == want_chunks && d1 == d0, "%s: A alone in %.0f chunks (want %u), %.0f decode steps beside",
+                c->name, c1 - c0, want_chunks, d1 - d0);
+        if (!strcmp(fin, "length")) {
+            bjob jb = {.port = px, .prompt = B};
+            const double g0 = get_metric(px, "glm5_generation_tokens_total");
+            pthread_t th;
+            pthread_create(&th, NULL, bjob_main, &jb);
+            const double t0 = now_s(); /* B is decoding once it has drawn two tokens */
+            while (get_metric(px, "glm5_generation_tokens_total") < g0 + 2 && now_s() - t0 < 30) {
+                struct timespec ts = {0, 200 * 1000};
+                nanosleep(&ts, NULL);
+            }
+            const double c2 = get_metric(px, "glm5_prefill_chunks_total");
+            const double d2 = get_metric(px, "glm5_decode_steps_beside_prefill_total");
+            const int s3 = complete_ids(px, A, CNA, with, &n_with, &cached);
+            const double c3 = get_metric(px, "glm5_prefill_chunks_total");
+            const double d3 = get_metric(px, "glm5_decode_steps_beside_prefill_total");
+            pthread_join(th, NULL);
+            printf("%s: A (%d tokens) in %.0f chunks beside B, %.0f of B's decode steps between them\n", c->name, CNA,
+                   c3 - c2, d3 - d2);
+            T_CHECK(s3 == 200 && n_with == n_alone && !memcmp(with, alone, n_alone * sizeof *alone),
+                    "%s: A beside a decoding request gives A's ids alone (%u vs %u ids)", c->name, n_with, n_alone);
+            T_CHECK(c3 - c2 == want_chunks, "%s: A beside B in %.0f chunks (want %u)", c->name, c3 - c2, want_chunks);
+            T_CHECK(d3 - d2 == want_chunks - 1, "%s: %.0f decode steps of B between A's chunks (want %u)", c->name, d3 - d2,
+                    want_chunks - 1);
+            T_CHECK(jb.status == 200 && jb.n == n_bref && !memcmp(jb.ids, bref, n_bref * sizeof *bref),
+                    "%s: B beside A's chunks gives B's ids alone (%d, %u vs %u ids)", c->name, jb.status, jb.n, n_bref);
+        }
+        T_CHECK(idle_after(px, 10) && idle_after(py, 10), "%s: chunked-prefill servers idle after the requests", c->name);
+    }
+    srv_free(x);
+    srv_free(y);
+}
+
 static int run_batch_tests(void) {
     if (!t_need_device() || !t_need_oracle()) return t_report(G5_TEST_NAME);
     const char *tmp = t_tmpdir();
@@ -497,6 +599,9 @@ static int run_batch_tests(void) {
     if (have[0]) prefix_server(&pc[0], dirs[0]);
     if (have[0]) prefix_server(&pc[2], dirs[0]);
     if (have[1]) prefix_server(&pc[4], dirs[1]);
+    if (have[0]) chunked_server(&pc[0], dirs[0]);
+    if (have[0]) chunked_server(&pc[2], dirs[0]);
+    if (have[1]) chunked_server(&pc[4], dirs[1]);
     t_rmtree(tmp);
     return t_report(G5_TEST_NAME);
 }
