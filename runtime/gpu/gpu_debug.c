@@ -1,6 +1,7 @@
 /* Benchmark and profiling hooks of the CUDA model (gpu_model.h: rt_gpu_debug_*), used by
- * tests/gpu/bench_decode.c: filling the caches to a context without running it, per-stage and
- * per-sub-step timings of the last forward call. Compiled to nothing unless G5_WITH_CUDA. */
+ * tests/gpu/bench_decode.c and tests/gpu/bench_peer.c: filling the caches to a context without
+ * running it, per-stage and per-sub-step timings of the last forward call, and for a prefill the
+ * sub-steps by class with each class's FLOP rate. Compiled to nothing unless G5_WITH_CUDA. */
 #ifdef G5_WITH_CUDA
 
 #include <math.h>
@@ -247,9 +248,184 @@ static g5_status prof_capture(rt_gpu_model *g, const fplan *pl, gprof *p, cudaGr
     return st;
 }
 
-static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, FILE *report, g5_error *err);
+/* ---- the class table of a prefill profile (rt_gpu_debug_profile, n > 1 tokens) ---- */
 
-g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err) {
+enum { PC_ATTN, PC_IDX, PC_DENSE, PC_MOE, PC_HEAD, PC_OTHER, PC_N };
+
+/* Every PMARK label of runtime/gpu/ (grep PMARK) and its class, but "start" (the first mark:
+ * no interval ends there); a label not listed here is charged to "other" and named under the
+ * table, so a new sub-step cannot hide in a class. */
+static const struct {
+    const char *label;
+    int cls;
+} k_prof_class[] = {
+    {"embedding", PC_OTHER},
+    {"collective after attention", PC_OTHER},
+    {"collective after FFN", PC_OTHER},
+    {"output_norm (+ residual add)", PC_OTHER},
+    {"lm_head gemv", PC_HEAD},
+    {"attn_norm (+ residual add)", PC_OTHER},
+    {"q_a gemv", PC_DENSE},
+    {"q_a_norm", PC_OTHER},
+    {"kv_a gemv", PC_DENSE},
+    {"latent norm+rope+cache write", PC_OTHER},
+    {"idx_q_b gemv", PC_IDX},
+    {"idx_k gemv", PC_IDX},
+    {"idx_proj gemv", PC_IDX},
+    {"idx rope+norm+rope+scale (cuk_idx_prep)", PC_IDX},
+    {"idx_scores", PC_IDX},
+    {"idx_topk", PC_IDX},
+    {"q_b gemv", PC_DENSE},
+    {"q rope", PC_OTHER},
+    {"mla_absorb", PC_ATTN},
+    {"mla_attend", PC_ATTN},
+    {"W_UV gemv (all heads, one launch)", PC_ATTN},
+    {"attn_output gemv", PC_DENSE},
+    {"ffn_norm (+ residual add)", PC_OTHER},
+    {"ffn_gate gemv (+ bf16 convert of h)", PC_DENSE},
+    {"ffn_gate gemv (+ int8 quantize of h, two planes)", PC_DENSE},
+    {"ffn_up gemv", PC_DENSE},
+    {"silu_mul", PC_OTHER},
+    {"ffn_down gemv", PC_DENSE},
+    {"router gemv (f32 input)", PC_DENSE},
+    {"route (k_route)", PC_OTHER},
+    {"localize", PC_OTHER},
+    {"int8 quantize of h", PC_OTHER},
+    {"bf16 convert of h", PC_OTHER},
+    {"shared gate gemv (int8 input)", PC_DENSE},
+    {"shared up gemv (int8 input)", PC_DENSE},
+    {"shared gate gemv", PC_DENSE},
+    {"shared up gemv", PC_DENSE},
+    {"shared gate+up (GEMM path)", PC_DENSE},
+    {"shared silu_mul", PC_OTHER},
+    {"shared down gemv", PC_DENSE},
+    {"moe_plan", PC_MOE},
+    {"moe_gate_up (int8 input)", PC_MOE},
+    {"moe_gate_up", PC_MOE},
+    {"int8 quantize of gate*up", PC_OTHER},
+    {"bf16 convert of gate*up", PC_OTHER},
+    {"moe_down (int8 input, + slot sum)", PC_MOE},
+    {"moe_down (+ slot sum)", PC_MOE},
+    {"experts (prefill GEMM path)", PC_MOE},
+    {"experts + shared add", PC_OTHER},
+    {"experts copy to part", PC_OTHER},
+};
+
+/* The class of a label; -1: not listed (charged to other). */
+static int prof_class_of(const char *label) {
+    for (size_t i = 0; i < sizeof k_prof_class / sizeof k_prof_class[0]; i++)
+        if (!strcmp(k_prof_class[i].label, label)) return k_prof_class[i].cls;
+    return -1;
+}
+
+static double mk(const dmat *w) { return (double)w->m * (double)w->k; }
+
+/* FLOPs (a multiply-add counted as 2) per class of one call of n tokens of one sequence at
+ * positions pos0 .. pos0 + n - 1, as the GPU runs it: every rank of this process, each its own
+ * slice (the profile times them all: they share one device); products sized as gpu_model.c sizes
+ * them (the rank's dmat shapes, heads H_l, expert width ffe_l). Not counted: norms, rope,
+ * softmax, routing, conversions (class other), the indexer's weighting by head. */
+static void prof_class_flops(const rt_gpu_model *g, uint32_t pos0, uint32_t n, double fl[PC_N]) {
+    const glm5_hparams *hp = &g->hp;
+    const double E = hp->n_embd, KL = hp->kv_lora, R = hp->qk_rope, NOPE = hp->qk_nope, V = hp->v_head;
+    const double IH = hp->idx_n_head, ID = hp->idx_head_dim, K = hp->idx_top_k, U = hp->n_expert_used;
+    const double tok = n;
+    /* (query, key) pairs of the call: causal (the query at position p sees p + 1 keys); the
+     * attention's are at most top-k per query (DSA: cuk_idx_topk selects min(p + 1, k)) */
+    double pairs = 0, sel = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const double keys = (double)pos0 + i + 1;
+        pairs += keys;
+        sel += K > 0 && keys > K ? K : keys;
+    }
+    memset(fl, 0, PC_N * sizeof *fl);
+    for (uint32_t r = 0; r < g->T; r++) {
+        const gl_rank *rk = &g->rk[r];
+        const double H = rk->c->H_l, FE = rk->c->ffe_l;
+        const double local = hp->n_expert ? (double)rk->c->n_exp_l / hp->n_expert : 0;
+        for (uint32_t il = 0; il < hp->n_layer_main; il++) {
+            const gl_layer *L = &rk->L[il];
+            /* attention, the absorbed MLA form every path runs (mla_absorb, mla_attend, W_UV) */
+            fl[PC_ATTN] += tok * 2 * H * NOPE * KL; /* absorb: q_nope through W_UK into the latent space */
+            fl[PC_ATTN] += sel * 2 * H * (KL + R);  /* scores: q over the latent and rope dims (576) */
+            fl[PC_ATTN] += sel * 2 * H * KL;        /* the softmax-weighted sum of latents (512) */
+            fl[PC_ATTN] += tok * 2 * H * KL * V;    /* W_UV: the latent output into v_head per head */
+            /* weight products, 2 m k per token: the attention projections */
+            fl[PC_DENSE] += tok * 2 * (mk(&L->q_a) + mk(&L->kv_a) + mk(&L->q_b) + mk(&L->o));
+            if (L->dense) { /* the dense FFN */
+                fl[PC_DENSE] += tok * 2 * (mk(&L->ffn_gate) + mk(&L->ffn_up) + mk(&L->ffn_down));
+            } else {
+                fl[PC_DENSE] += tok * 2 * mk(&L->router); /* the router (every rank computes it) */
+                if (L->sh_contrib) /* the shared expert's slice */
+                    fl[PC_DENSE] += tok * 2 * (mk(&L->sh_gate) + mk(&L->sh_up) + mk(&L->sh_down));
+                /* routed experts: gate and up (E -> FE) and down (FE -> E) per (token, slot) on this
+                 * rank's experts: every slot at TP (FE its slice of the width), the expected share
+                 * n_exp_l / n_expert of them with EP */
+                fl[PC_MOE] += tok * U * local * 2 * 3 * E * FE;
+            }
+            if (L->has_idx) { /* the indexer: its projections, then q . k per head and causal pair */
+                fl[PC_IDX] += tok * 2 * (mk(&L->idx_q_b) + mk(&L->idx_k) + mk(&L->idx_proj));
+                fl[PC_IDX] += pairs * 2 * IH * ID;
+            }
+        }
+        if (rk->head_write) fl[PC_HEAD] += 2 * mk(&rk->head); /* lm_head: the last position only */
+    }
+}
+
+/* The second table of a prefill profile: rows' launched times by class, each class's FLOPs
+ * (prof_class_flops) and rate, and the rate over ref_tflops (the caller's cuBLAS bf16 GEMM rate,
+ * 0: not measured). */
+static void prof_class_table(const rt_gpu_model *g, const fplan *pl, const prof_row *rows, uint32_t n_rows,
+                             double ref_tflops, FILE *report) {
+    static const char *const names[PC_N] = {"attention", "indexer", "dense", "moe", "lm_head", "other"};
+    static const char *const what[PC_N] = {
+        "mla_absorb, mla_attend, W_UV", "idx_* (projections, prep, scores, top-k)",
+        "q_a, kv_a, q_b, attn_output, dense FFN, shared expert, router", "moe_* and experts* (routed experts)",
+        "the last position's logits", "norms, rope, quantize/convert, routing, collectives, adds"};
+    double ms[PC_N] = {0}, fl[PC_N];
+    char unl[512] = "";
+    size_t ul = 0;
+    for (uint32_t j = 0; j < n_rows; j++) {
+        const int c = prof_class_of(rows[j].label);
+        ms[c < 0 ? PC_OTHER : c] += rows[j].ms[0];
+        if (c < 0 && ul < sizeof unl)
+            ul += (size_t)snprintf(unl + ul, sizeof unl - ul, "%s\"%s\"", ul ? ", " : "", rows[j].label);
+    }
+    prof_class_flops(g, pl->pos0[0], pl->n, fl);
+    double tms = 0, tfl = 0;
+    for (int c = 0; c < PC_N; c++) {
+        tms += ms[c];
+        tfl += c == PC_OTHER ? 0 : fl[c];
+    }
+    fprintf(report, "prefill classes (%u tokens at positions %u..%u; launched variant's ms; FLOPs from the "
+                    "hyper-parameters, %u rank slice%s; ratio: over cuBLAS bf16 ",
+            pl->n, pl->pos0[0], pl->pos0[0] + pl->n - 1, g->T, g->T == 1 ? "" : "s on one device");
+    if (ref_tflops > 0) fprintf(report, "%.1f TFLOP/s measured in this run)\n", ref_tflops);
+    else fprintf(report, "not measured)\n");
+    fprintf(report, "  %-10s %10s %6s %10s %9s %9s  %s\n", "class", "ms", "share", "GFLOP", "TFLOP/s", "/ cuBLAS",
+            "sub-steps");
+    for (int c = 0; c < PC_N; c++) {
+        const double tf = c != PC_OTHER && ms[c] > 0 ? fl[c] / (ms[c] * 1e-3) / 1e12 : 0;
+        if (c == PC_OTHER)
+            fprintf(report, "  %-10s %10.3f %5.1f%% %10s %9s %9s  %s\n", names[c], ms[c],
+                    tms > 0 ? 100 * ms[c] / tms : 0.0, "-", "-", "-", what[c]);
+        else if (ref_tflops > 0)
+            fprintf(report, "  %-10s %10.3f %5.1f%% %10.2f %9.2f %9.4f  %s\n", names[c], ms[c],
+                    tms > 0 ? 100 * ms[c] / tms : 0.0, fl[c] / 1e9, tf, tf / ref_tflops, what[c]);
+        else
+            fprintf(report, "  %-10s %10.3f %5.1f%% %10.2f %9.2f %9s  %s\n", names[c], ms[c],
+                    tms > 0 ? 100 * ms[c] / tms : 0.0, fl[c] / 1e9, tf, "-", what[c]);
+    }
+    const double ttf = tms > 0 ? tfl / (tms * 1e-3) / 1e12 : 0;
+    fprintf(report, "  %-10s %10.3f %5.1f%% %10.2f %9.2f ", "total", tms, 100.0, tfl / 1e9, ttf);
+    if (ref_tflops > 0) fprintf(report, "%9.4f  (the counted FLOPs over all the time)\n", ttf / ref_tflops);
+    else fprintf(report, "%9s  (the counted FLOPs over all the time)\n", "-");
+    if (ul) fprintf(report, "  unclassified sub-steps, charged to other: %s\n", unl);
+}
+
+static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflops, FILE *report, g5_error *err);
+
+g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, FILE *report, g5_error *err) {
     rt_gpu_seq *s = g->def;
     gl_rank *r0 = &g->rk[0];
     if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "profile: ranks on several devices");
@@ -259,7 +435,7 @@ g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_err
     rt_gpu_seq *const seqs[1] = {s};
     const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
     const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
-    return profile_plan(g, &pl, report, err);
+    return profile_plan(g, &pl, ref_tflops, report, err);
 }
 
 g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, uint32_t n_seq, FILE *report,
@@ -291,14 +467,14 @@ g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, u
             g->rk[r].batch_rows = 1;
             g->rk[r].multi = mp;
         }
-        st = profile_plan(g, &pl, report, err);
+        st = profile_plan(g, &pl, 0, report, err);
         for (uint32_t r = 0; r < g->T; r++) g->rk[r].batch_rows = g->rk[r].multi = 0;
     }
     free(a);
     return st;
 }
 
-static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, FILE *report, g5_error *err) {
+static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflops, FILE *report, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     gl_rank *r0 = &g->rk[0];
     const fplan pl = *plp;
@@ -390,6 +566,7 @@ static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, FILE *report, g
         fprintf(report, "  totals: launched %.3f ms with the marks, %.3f ms without; graph %.3f ms with the marks, "
                         "%.3f ms without (one launch, mean of 3)\n",
                 marked_ms, plain_ms, gmarked_ms, gplain_ms);
+        if (pl.n_seg == 1 && n > 1) prof_class_table(g, &pl, rows, n_rows, ref_tflops, report);
     }
     if (ge_m) cudaGraphExecDestroy(ge_m);
     if (ge_p) cudaGraphExecDestroy(ge_p);

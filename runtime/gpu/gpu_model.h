@@ -399,8 +399,13 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
  * CUDA graph: a gap in which the device waits for the host is charged to the sub-step after it)
  * and, for n = 1, captured into a CUDA graph (a graph step: device time only); plus each
  * variant's total without the events, to show what the events themselves cost. Same conditions
- * as rt_gpu_debug_stage_times. */
-g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err);
+ * as rt_gpu_debug_stage_times. For n > 1 (a prefill call, any n_past) a second table: the
+ * launched variant's sub-steps by class (attention, indexer, dense weight products, routed
+ * experts, lm_head, other; every label classified explicitly, an unknown one charged to other
+ * and named), each class's FLOPs for this call from the hyper-parameters and the ranks' slices,
+ * its TFLOP/s and the ratio to ref_tflops, a reference rate the caller measured in the same run
+ * (tests/gpu/bench_peer.c: cuBLAS bf16 on an 8192^3 GEMM; 0: not measured, no ratio). */
+g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, FILE *report, g5_error *err);
 /* The same for the last rt_gpu_forward_batch step of seqs[0 .. n_seq) (n_seq >= 2, the same
  * sequences in the same order), launched one by one (its lm_head line: the last row only). */
 g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, uint32_t n_seq, FILE *report,

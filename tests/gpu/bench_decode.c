@@ -707,7 +707,7 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
                     print_stages("   ", &sg, hp);
                 }
                 /* the sub-step breakdown at the first context, once per mode */
-                if (c == 0 && (!gr || !o->graph_off)) GK(rt_gpu_debug_profile(g, 1, stdout, &err_));
+                if (c == 0 && (!gr || !o->graph_off)) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_));
                 free(st);
             }
             printf("   graph launches %llu, captures %llu, instantiations %llu\n", (unsigned long long)in->graph_steps,

@@ -19,7 +19,17 @@
  * 32k-token prompt's work buffers stay those of N tokens.
  * --profile: rt_gpu_debug_profile's sub-step tables: after the pp runs, of the last pp size (the
  * prompt's work again with an event between sub-steps: where prefill time goes); after each tg
- * run and each batch of 2 or more, of its last step. */
+ * run and each batch of 2 or more, of its last step. The pp profile adds the prefill class table
+ * (issue 13): the sub-steps' launched times summed by class (attention: mla_absorb, mla_attend,
+ * W_UV; indexer: idx_*; dense: q_a, kv_a, q_b, attn_output, dense FFN, shared expert, router;
+ * moe: the routed experts; lm_head; other: norms, rope, quantize/convert, routing, collectives,
+ * adds, and any label the table does not know, named under it), each class's FLOPs for the call
+ * (runtime/gpu/gpu_debug.c, prof_class_flops: weight products 2 m k per token of the rank's
+ * slice; absorbed MLA attention 2 H (576 + 512) per query and selected key, min(p + 1, top-k)
+ * keys per query, plus absorb and W_UV; the indexer's projections and 2 idx_heads idx_dim per
+ * causal pair; routed experts 2 * 3 E FE per (token, slot); lm_head one row), its TFLOP/s and
+ * the ratio to cuBLAS bf16 on an 8192^3 GEMM, measured in the same run just before (best of 5
+ * after 2 warm-ups; printed as a ceiling line). */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +37,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda/cuk_gemm.h"
 #include "format/status.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
@@ -96,6 +107,43 @@ static double copy_rate(void) {
     CK(cudaFree(a));
     CK(cudaFree(b));
     return 2.0 * (double)n / t[2];
+}
+
+/* cuBLAS bf16 GEMM TFLOP/s on an 8192^3 product (bf16 in, float32 sums and out): the best of 5
+ * after 2 warm-ups (the best: the rate the device can reach, what a class's rate is held to). */
+static double blas_bf16_tflops(void) {
+    const int64_t S = 8192;
+    cuk_blas *cb = NULL;
+    void *w = NULL, *x = NULL;
+    float *y = NULL;
+    GK(cuk_blas_create(&cb, &err_));
+    CK(cudaMalloc(&w, S * S * 2));
+    CK(cudaMalloc(&x, S * S * 2));
+    CK(cudaMalloc((void **)&y, S * S * 4));
+    CK(cudaMemset(w, 0x3c, S * S * 2)); /* 0x3c3c: bf16 0.0115, finite products */
+    CK(cudaMemset(x, 0x3c, S * S * 2));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const cuk_gemm_args a = {CUK_GEMM_BF16, w, S, x, S, S, S, S, y, S};
+    for (int i = 0; i < 2; i++) GK(cuk_gemm(cb, &a, NULL, &err_));
+    float best = 0;
+    for (int i = 0; i < 5; i++) {
+        float ms;
+        CK(cudaEventRecord(e0, NULL));
+        GK(cuk_gemm(cb, &a, NULL, &err_));
+        CK(cudaEventRecord(e1, NULL));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (!i || ms < best) best = ms;
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaFree(w));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    cuk_blas_free(cb);
+    return 2.0 * S * S * S / (best * 1e-3) / 1e12;
 }
 
 /* Bytes one decode token reads from rank 0's tensors (see the top comment). */
@@ -210,8 +258,10 @@ int main(int argc, char **argv) {
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| pp%u | %.0f |\n", n, n / med);
     }
     if (profile && pp.n) { /* the last forward call was the last pp size's */
+        const double blas = blas_bf16_tflops(); /* the class table's reference, in this run */
+        printf("ceiling: cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s (best of 5)\n", blas);
         printf("profile of pp%u (%s):\n", pp.v[pp.n - 1], prec);
-        GK(rt_gpu_debug_profile(g, pp.v[pp.n - 1], stdout, &err_));
+        GK(rt_gpu_debug_profile(g, pp.v[pp.n - 1], blas, stdout, &err_));
     }
     for (uint32_t i = 0; i < depth.n; i++) {
         const uint32_t d = depth.v[i];
@@ -225,7 +275,7 @@ int main(int argc, char **argv) {
         printf("tg%u @ %u %s: %.1f tok/s (%.3f ms per token; ratio to the floor %.2f)\n", tg, d, prec, 1.0 / per,
                per * 1e3, per / floor_s);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| tg%u @ d%u | %.1f |\n", tg, d, 1.0 / per);
-        if (profile) GK(rt_gpu_debug_profile(g, 1, stdout, &err_)); /* the last step, sub-step by sub-step */
+        if (profile) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_)); /* the last step, sub-step by sub-step */
     }
     for (uint32_t i = 0; i < batch.n; i++) {
         const uint32_t B = batch.v[i];
