@@ -141,10 +141,16 @@ __global__ void __launch_bounds__(FT, 1)
     for (int nt = 0; nt < 32; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
 
+    /* the tokens (of the CTA's) that this warp's 16 rows belong to: a per-token pass skips the
+     * products and the softmax of warps without a row of its token (their rows would be all
+     * masked: alpha 1, p 0, their state unchanged), so at 8 heads (TP 8) a pass costs a quarter */
+    const int64_t wr0 = R0 + rq * 16, wr1 = (wr0 + 15 < Rl ? wr0 + 15 : Rl);
+    const int wt0 = (int)(wr0 / n_head - t_first), wt1 = wr0 <= Rl ? (int)(wr1 / n_head - t_first) : -1;
     const int npass = all_dense ? 1 : G;
     for (int ps = 0; ps < npass; ps++) {
         const int lt = all_dense ? -1 : ps;
         if (lt >= 0 && tstate[lt] == 2) continue;
+        const bool act = lt < 0 || (lt >= wt0 && lt <= wt1);
         keylist kl;
         const int64_t tp = t_first + (lt >= 0 ? lt : G - 1), pt = pos0 + tp;
         kl.dense = all_dense || tstate[lt] == 1;
@@ -170,80 +176,86 @@ __global__ void __launch_bounds__(FT, 1)
 
             /* S[16 rows][32 keys] of this warp */
             float s[4][4];
+            if (act) {
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+                for (int nt = 0; nt < 4; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll 4
-            for (int kk = 0; kk < FD / 16; kk++) {
-                uint32_t a[4];
-                ldsm4(a, sq + sw(rq * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+                for (int kk = 0; kk < FD / 16; kk++) {
+                    uint32_t a[4];
+                    ldsm4(a, sq + sw(rq * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    const int mi = lane >> 3, key = ch * 32 + np * 16 + (lane & 7) + ((mi >> 1) << 3);
-                    uint32_t bb[4];
-                    ldsm4(bb, sk + sw(key, kk * 2 + (mi & 1)));
-                    mma(s[np * 2], a, bb[0], bb[1]);
-                    mma(s[np * 2 + 1], a, bb[2], bb[3]);
+                    for (int np = 0; np < 2; np++) {
+                        const int mi = lane >> 3, key = ch * 32 + np * 16 + (lane & 7) + ((mi >> 1) << 3);
+                        uint32_t bb[4];
+                        ldsm4(bb, sk + sw(key, kk * 2 + (mi & 1)));
+                        mma(s[np * 2], a, bb[0], bb[1]);
+                        mma(s[np * 2 + 1], a, bb[2], bb[3]);
+                    }
                 }
-            }
-            /* mask, scale, row maxima of this warp's columns */
-            float mx[2] = {-INFINITY, -INFINITY};
+                /* mask, scale, row maxima of this warp's columns */
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+                for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i = e >> 1, col = ch * 32 + nt * 8 + 2 * c4 + (e & 1), j = kp[col];
-                    const bool ok = rvalid[i] && j >= 0 && (lt < 0 ? (int64_t)j <= prow[i] : ltok[i] == lt);
-                    const float v = ok ? __fmul_rn(s[nt][e], scale) : -INFINITY;
-                    s[nt][e] = v;
-                    mx[i] = fmaxf(mx[i], v);
-                }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-                if (c4 == 0) rmax[ch * FBM + rq * 16 + g + 8 * i] = mx[i];
-            }
-            __syncthreads();
-            float mu[2], alpha[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int r = rq * 16 + g + 8 * i;
-                const float mn = fmaxf(mrun[i], fmaxf(rmax[r], rmax[FBM + r]));
-                mu[i] = mn == -INFINITY ? 0.0f : mn;
-                alpha[i] = __expf(mrun[i] - mu[i]);
-                mrun[i] = mn;
-                lrun[i] *= alpha[i];
-            }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+                    for (int e = 0; e < 4; e++) {
+                        const int i = e >> 1, col = ch * 32 + nt * 8 + 2 * c4 + (e & 1), j = kp[col];
+                        const bool ok = rvalid[i] && j >= 0 && (lt < 0 ? (int64_t)j <= prow[i] : ltok[i] == lt);
+                        const float v = ok ? __fmul_rn(s[nt][e], scale) : -INFINITY;
+                        s[nt][e] = v;
+                        mx[i] = fmaxf(mx[i], v);
+                    }
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    const float p0 = __expf(s[nt][2 * i] - mu[i]), p1 = __expf(s[nt][2 * i + 1] - mu[i]);
-                    const __half2 h = __halves2half2(__float2half_rn(p0), __float2half_rn(p1));
-                    lrun[i] += p0 + p1;
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                    if (c4 == 0) rmax[ch * FBM + rq * 16 + g + 8 * i] = mx[i];
+                }
+            }
+            __syncthreads();
+            if (act) {
+                float mu[2], alpha[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
                     const int r = rq * 16 + g + 8 * i;
-                    *(__half2 *)(void *)(pp + swp(r, ch * 4 + nt) + c4 * 4) = h;
+                    const float mn = fmaxf(mrun[i], fmaxf(rmax[r], rmax[FBM + r]));
+                    mu[i] = mn == -INFINITY ? 0.0f : mn;
+                    alpha[i] = __expf(mrun[i] - mu[i]);
+                    mrun[i] = mn;
+                    lrun[i] *= alpha[i];
                 }
 #pragma unroll
-            for (int nt = 0; nt < 32; nt++) {
-                o[nt][0] *= alpha[0];
-                o[nt][1] *= alpha[0];
-                o[nt][2] *= alpha[1];
-                o[nt][3] *= alpha[1];
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const float p0 = __expf(s[nt][2 * i] - mu[i]), p1 = __expf(s[nt][2 * i + 1] - mu[i]);
+                        const __half2 h = __halves2half2(__float2half_rn(p0), __float2half_rn(p1));
+                        lrun[i] += p0 + p1;
+                        const int r = rq * 16 + g + 8 * i;
+                        *(__half2 *)(void *)(pp + swp(r, ch * 4 + nt) + c4 * 4) = h;
+                    }
+#pragma unroll
+                for (int nt = 0; nt < 32; nt++) {
+                    o[nt][0] *= alpha[0];
+                    o[nt][1] *= alpha[0];
+                    o[nt][2] *= alpha[1];
+                    o[nt][3] *= alpha[1];
+                }
             }
             __syncthreads();
             /* O[16 rows][256 values] += P[16][64] V[64][256] */
+            if (act) {
 #pragma unroll
-            for (int kk = 0; kk < FBN / 16; kk++) {
-                uint32_t a[4];
-                ldsm4(a, sp + swp(rq * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+                for (int kk = 0; kk < FBN / 16; kk++) {
+                    uint32_t a[4];
+                    ldsm4(a, sp + swp(rq * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
-                for (int np = 0; np < 16; np++) {
-                    const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
-                    uint32_t bb[4];
-                    ldsm4t(bb, sk + sw(key, ch * 32 + np * 2 + (mi >> 1)));
-                    mma(o[np * 2], a, bb[0], bb[1]);
-                    mma(o[np * 2 + 1], a, bb[2], bb[3]);
+                    for (int np = 0; np < 16; np++) {
+                        const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
+                        uint32_t bb[4];
+                        ldsm4t(bb, sk + sw(key, ch * 32 + np * 2 + (mi >> 1)));
+                        mma(o[np * 2], a, bb[0], bb[1]);
+                        mma(o[np * 2 + 1], a, bb[2], bb[3]);
+                    }
                 }
             }
             __syncthreads();

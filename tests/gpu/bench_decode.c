@@ -47,12 +47,15 @@
  * call) and the weight-product FLOP rate against cuBLAS bf16 GEMMs (cublasGemmEx, bf16 in,
  * float32 compute) of the same shapes measured in the same run.
  *
+ * --prefill-profile: --prefill plus rt_gpu_debug_profile of each variant's last call (sub-steps and the
+ * class table against the shape-matched cuBLAS rate).
+ *
  * --plan-only stops after the tables and the byte accounting (no weights allocated).
  * --cpu-dry-run builds the tables and the CPU model only (no CUDA call), prints the byte
  * accounting and runs one token through the CPU reference (logits finite): the check that the
  * construction is sound, runnable without a GPU (use --layers 4).
  *
- * Usage: bench_decode [--decode] [--prefill] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx 1024,8192,32768]
+ * Usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx 1024,8192,32768]
  *        [--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N]
  *        [--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default]
  *        [--threads N] [--seed S] */
@@ -89,6 +92,7 @@ static inline int cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCES
 
 typedef struct opts {
     int decode, prefill, dry, plan_only;
+    int prefill_profile; /* --prefill-profile: rt_gpu_debug_profile of each variant's last call */
     int64_t layers;
     uint32_t ctx[MAX_CTX], n_ctx;
     uint32_t steps, warmup;
@@ -864,6 +868,12 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     const double tp = now_s() - t0;
     const uint64_t calls = in->gemm_calls - calls0, egemv = in->gemm_expert_gemv - egemv0;
     const int finite = all_finite(logits, V);
+    uint32_t n_bad = 0;
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < V; i++) {
+        if (!isfinite(logits[i])) n_bad++;
+        else if (fabsf(logits[i]) > amax) amax = fabsf(logits[i]);
+    }
     printf("   probe: %u tokens in %.3f s (the whole prompt ~%.1f s at that rate); cuBLAS GEMMs run: %llu, experts run "
            "by GEMV inside the grouped path: %llu => %s\n",
            probe, tprobe, est, (unsigned long long)calls, (unsigned long long)egemv,
@@ -871,6 +881,8 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     rt_gpu_stage_times sg;
     GK(rt_gpu_debug_stage_times(g, last, &sg, &err_));
     print_stages("   last call's", &sg, hp);
+    printf("   logits of the last position: %u of %u not finite, max |finite| %.4g\n", n_bad, V, (double)amax);
+    if (o->prefill_profile) GK(rt_gpu_debug_profile(g, last, blas_tflops, stdout, &err_));
     const double t_prompt = tp * N / done; /* the whole prompt, extrapolated if stopped early */
     printf("PREFILL %-7s %u of %u tokens in %.3f s (calls of %u%s): %.0f tokens/s at %u layers; logits %s; "
            "weight-product FLOP rate %.1f TFLOP/s = %.3f of cuBLAS bf16's %.1f on the same GEMMs\n",
@@ -938,7 +950,7 @@ static int parse_list(const char *s, uint32_t *out, uint32_t max) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: bench_decode [--decode] [--prefill] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx A,B,..] "
+    fprintf(stderr, "usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx A,B,..] "
                     "[--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N] "
                     "[--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default] "
                     "[--threads N] [--seed S]\n");
@@ -967,6 +979,7 @@ int main(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--decode")) o.decode = 1;
         else if (!strcmp(a, "--prefill")) o.prefill = 1;
+        else if (!strcmp(a, "--prefill-profile")) o.prefill = 1, o.prefill_profile = 1;
         else if (!strcmp(a, "--cpu-dry-run")) o.dry = 1;
         else if (!strcmp(a, "--plan-only")) o.plan_only = 1;
         else if (!v) usage();

@@ -173,6 +173,8 @@ int main(void) {
         {64, 40, 100, 128, 0.3f, 0},   /* cache offset, dense then sparse, peaky softmax */
         {4, 300, 0, 32, 0.1f, 0},      /* 16 tokens per CTA: all-dense CTAs and mixed ones */
         {16, 24, 2100, 2048, 0.0625f, 0}, /* GLM-5's index_topk: 32 key tiles per token */
+        {8, 40, 2100, 2048, 0.0625f, 0}, /* GLM-5 at TP 8: 8 tokens per CTA, a pass per token */
+        {12, 30, 0, 16, 0.1f, 0},      /* warps whose 16 rows span two or three tokens */
         {100, 9, 5, 8, 0.2f, 0},       /* CTAs spanning two tokens */
         {128, 6, 0, 4, 0.0625f, 0},    /* a token over two CTAs */
         {8, 40, 0, 16, 0.0625f, 1},    /* invalid counts and keys */
