@@ -20,6 +20,7 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
 #include "cuda/moe_plan.cuh"
+#include "cuda/q8_load.cuh"
 #include "cuda/warp_tile.cuh"
 
 namespace cuk {
@@ -27,25 +28,12 @@ namespace q8 {
 
 constexpr int WARPS = 8;
 
-__device__ __forceinline__ uint4 ldg128(const void *p) {
-    uint4 v;
-    asm("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint32_t ldg32(const void *p) {
-    uint32_t v;
-    asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ float4 ldg_f4(const float *p) {
-    const uint4 u = ldg128(p);
-    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
-}
-__device__ __forceinline__ float h2f(uint32_t bits) {
-    return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
-}
+using q8l::h2f;
+using q8l::k4_scale;
+using q8l::ldg128;
+using q8l::ldg32;
+using q8l::ldg_f4;
+
 __device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
 __device__ __forceinline__ uint32_t u4get(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -117,23 +105,6 @@ template <> struct Raw<QT_Q8_0> {
         for (int i = 0; i < 17; i++) w[i] = ldg32(p + i);
     }
 };
-
-/* Q4_K/Q5_K sub-block j (0..7) scale and min from the 12 packed bytes (ggml get_scale_min_k4). */
-__device__ __forceinline__ void k4_scale(const uint4 &hdr, int j, float &d1, float &m1) {
-    const int jj = j & 3;
-    const uint32_t b0 = (hdr.y >> (8 * jj)) & 0xFFu, b1 = (hdr.z >> (8 * jj)) & 0xFFu;
-    const uint32_t b2 = (hdr.w >> (8 * jj)) & 0xFFu;
-    uint32_t sc, mn;
-    if (j < 4) {
-        sc = b0 & 63u;
-        mn = b1 & 63u;
-    } else {
-        sc = (b2 & 0xFu) | ((b0 >> 6) << 4);
-        mn = (b2 >> 4) | ((b1 >> 6) << 4);
-    }
-    d1 = h2f(hdr.x) * (float)sc;
-    m1 = h2f(hdr.x >> 16) * (float)mn;
-}
 
 /* The x row's 64 elements of unit u for the 64-element-contiguous types (blocks 2u, 2u + 1). */
 struct X64 {

@@ -25,6 +25,7 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
+#include "cuda/q8_load.cuh"
 
 namespace cuk {
 namespace q8t {
@@ -33,28 +34,13 @@ constexpr int WARPS = 8;
 constexpr int BIAS_I = 0x4B400000; /* 1.5 * 2^23 as float bits */
 constexpr float BIAS_F = 12582912.0f;
 
-__device__ __forceinline__ uint4 ldg128(const void *p) {
-    uint4 v;
-    asm("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint2 ldg64(const void *p) {
-    uint2 v;
-    asm("ld.global.nc.v2.b32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint32_t ldg32(const void *p) {
-    uint32_t v;
-    asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ float4 ldg_f4(const float *p) {
-    const uint4 u = ldg128(p);
-    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
-}
-__device__ __forceinline__ float h2f(uint32_t bits) {
-    return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
-}
+using q8l::h2f;
+using q8l::k4_scale;
+using q8l::ldg128;
+using q8l::ldg32;
+using q8l::ldg64;
+using q8l::ldg_f4;
+
 /* 4 bytes from a 2-byte aligned address (two aligned words; reads up to 2 bytes past p + 4). */
 __device__ __forceinline__ uint32_t ld32_a2(const uint8_t *p) {
     const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
@@ -165,23 +151,6 @@ template <> struct Step<QT_Q8_0> {
         }
     }
 };
-
-/* Q4_K/Q5_K sub-block j (0..7) scale and min (ggml get_scale_min_k4) times d and dmin. */
-__device__ __forceinline__ void k4_scale(const uint4 &hdr, int j, float &d1, float &m1) {
-    const int jj = j & 3;
-    const uint32_t b0 = (hdr.y >> (8 * jj)) & 0xFFu, b1 = (hdr.z >> (8 * jj)) & 0xFFu;
-    const uint32_t b2 = (hdr.w >> (8 * jj)) & 0xFFu;
-    uint32_t sc, mn;
-    if (j < 4) {
-        sc = b0 & 63u;
-        mn = b1 & 63u;
-    } else {
-        sc = (b2 & 0xFu) | ((b0 >> 6) << 4);
-        mn = (b2 >> 4) | ((b1 >> 6) << 4);
-    }
-    d1 = h2f(hdr.x) * (float)sc;
-    m1 = h2f(hdr.x >> 16) * (float)mn;
-}
 
 /* A pair of 32-element sub-blocks (x elements xo.. and xo + 32..) against every column tile:
  * a[sb] the A fragments, ws/wm[row][sb] the weight scales and mins (wm unused when MIN is 0). */

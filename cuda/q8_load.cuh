@@ -1,0 +1,58 @@
+/* Internal to cuda/: what the int8-input kernels (gemv_q8.cu, the dp4a GEMV and MoE kernels;
+ * gemv_q8t.cu, the tensor-core GEMV) read weights and scales with: non-coherent loads of 4, 8 and
+ * 16 bytes, fp16 bits to float, and the Q4_K/Q5_K packed scales. */
+#ifndef G5_Q8_LOAD_CUH
+#define G5_Q8_LOAD_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace cuk {
+namespace q8l {
+
+__device__ __forceinline__ uint4 ldg128(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldg64(const void *p) {
+    uint2 v;
+    asm("ld.global.nc.v2.b32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldg32(const void *p) {
+    uint32_t v;
+    asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float4 ldg_f4(const float *p) {
+    const uint4 u = ldg128(p);
+    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
+__device__ __forceinline__ float h2f(uint32_t bits) {
+    return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
+}
+
+/* Q4_K/Q5_K sub-block j (0..7) scale and min from the 12 packed bytes (ggml get_scale_min_k4),
+ * times the block's d and dmin; hdr is the block's first 16 bytes. */
+__device__ __forceinline__ void k4_scale(const uint4 &hdr, int j, float &d1, float &m1) {
+    const int jj = j & 3;
+    const uint32_t b0 = (hdr.y >> (8 * jj)) & 0xFFu, b1 = (hdr.z >> (8 * jj)) & 0xFFu;
+    const uint32_t b2 = (hdr.w >> (8 * jj)) & 0xFFu;
+    uint32_t sc, mn;
+    if (j < 4) {
+        sc = b0 & 63u;
+        mn = b1 & 63u;
+    } else {
+        sc = (b2 & 0xFu) | ((b0 >> 6) << 4);
+        mn = (b2 >> 4) | ((b1 >> 6) << 4);
+    }
+    d1 = h2f(hdr.x) * (float)sc;
+    m1 = h2f(hdr.x >> 16) * (float)mn;
+}
+
+} // namespace q8l
+} // namespace cuk
+
+#endif
