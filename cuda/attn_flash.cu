@@ -20,7 +20,8 @@
  * tiles are double-buffered with cp.async (16-byte chunks, XOR-swizzled per row so that ldmatrix
  * is conflict-free). A CTA whose tokens are all dense (at most index_topk earlier keys) makes one
  * pass over keys 0 .. its last position, masked causally; otherwise one pass per token over that
- * token's key list (0 .. p, or its selection), the other tokens' rows masked. */
+ * token's key list (0 .. p, or its selection), the other tokens' rows masked; in such a pass only
+ * the warps holding a row of its token compute (8 heads: 2 of 8 warps). */
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>

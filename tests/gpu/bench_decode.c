@@ -47,15 +47,16 @@
  * call) and the weight-product FLOP rate against cuBLAS bf16 GEMMs (cublasGemmEx, bf16 in,
  * float32 compute) of the same shapes measured in the same run.
  *
- * --prefill-profile: --prefill plus rt_gpu_debug_profile of each variant's last call (sub-steps and the
- * class table against the shape-matched cuBLAS rate).
+ * --prefill-profile: --prefill plus rt_gpu_debug_profile of each variant's last call (sub-steps
+ * and the class table against the shape-matched cuBLAS rate).
  *
  * --plan-only stops after the tables and the byte accounting (no weights allocated).
  * --cpu-dry-run builds the tables and the CPU model only (no CUDA call), prints the byte
  * accounting and runs one token through the CPU reference (logits finite): the check that the
  * construction is sound, runnable without a GPU (use --layers 4).
  *
- * Usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx 1024,8192,32768]
+ * Usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] [--layers N]
+ *        [--ctx 1024,8192,32768]
  *        [--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N]
  *        [--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default]
  *        [--threads N] [--seed S] */
@@ -867,13 +868,13 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     }
     const double tp = now_s() - t0;
     const uint64_t calls = in->gemm_calls - calls0, egemv = in->gemm_expert_gemv - egemv0;
-    const int finite = all_finite(logits, V);
     uint32_t n_bad = 0;
     float amax = 0.0f;
     for (uint32_t i = 0; i < V; i++) {
         if (!isfinite(logits[i])) n_bad++;
         else if (fabsf(logits[i]) > amax) amax = fabsf(logits[i]);
     }
+    const int finite = n_bad == 0;
     printf("   probe: %u tokens in %.3f s (the whole prompt ~%.1f s at that rate); cuBLAS GEMMs run: %llu, experts run "
            "by GEMV inside the grouped path: %llu => %s\n",
            probe, tprobe, est, (unsigned long long)calls, (unsigned long long)egemv,
@@ -950,7 +951,8 @@ static int parse_list(const char *s, uint32_t *out, uint32_t max) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] [--layers N] [--ctx A,B,..] "
+    fprintf(stderr, "usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] "
+                    "[--layers N] [--ctx A,B,..] "
                     "[--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N] "
                     "[--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default] "
                     "[--threads N] [--seed S]\n");
