@@ -207,6 +207,10 @@ g5_status cuk_add(const float *a, const float *b, float *y, int64_t n, cuk_strea
 g5_status cuk_argmax(const float *x, int64_t ldx, int64_t n_rows, int64_t n, int32_t *out,
                      cuk_stream stream, g5_error *err);
 
+/* A debugging scan of x[0 .. n): out[0] = the bits of max(out[0] as float, largest finite
+ * |x[i]|), out[1] += the number of non-finite x[i] (the caller zeroes out first). out: [2], device. */
+g5_status cuk_absmax_scan(const float *x, int64_t n, uint32_t *out, cuk_stream stream, g5_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -439,6 +439,37 @@ extern "C" g5_status cuk_add(const float *a, const float *b, float *y, int64_t n
     return G5_OK;
 }
 
+/* Grid-stride over x (<= 1024 CTAs of 256); each thread keeps its largest finite |x| and its
+ * count of non-finite values, a warp reduces them and lane 0 folds them into out with atomics
+ * (non-negative floats order as their bits). */
+__global__ void k_absmax_scan(const float *__restrict__ x, int64_t n, uint32_t *out) {
+    float m = 0.0f;
+    uint32_t bad = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = fabsf(x[i]);
+        if (isfinite(v)) m = fmaxf(m, v);
+        else bad++;
+    }
+    for (int o = 16; o; o >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        bad += __shfl_xor_sync(0xffffffffu, bad, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&out[0], __float_as_uint(m));
+        if (bad) atomicAdd(&out[1], bad);
+    }
+}
+
+extern "C" g5_status cuk_absmax_scan(const float *x, int64_t n, uint32_t *out, cuk_stream stream, g5_error *err) {
+    if (!x) return BAD("absmax_scan: x is NULL");
+    if (!out) return BAD("absmax_scan: out is NULL");
+    if (n <= 0) return BAD("absmax_scan: n=%lld must be positive", (long long)n);
+    const int64_t ctas = (n + 255) / 256;
+    k_absmax_scan<<<(unsigned)(ctas < 1024 ? ctas : 1024), 256, 0, (cudaStream_t)stream>>>(x, n, out);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
 extern "C" g5_status cuk_argmax(const float *x, int64_t ldx, int64_t n_rows, int64_t n,
                                 int32_t *out, cuk_stream stream, g5_error *err) {
     if (!x) return BAD("argmax: x is NULL");

@@ -580,6 +580,114 @@ static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflo
     return st;
 }
 
+/* ---- value scan (rt_gpu_debug_scan) ---- */
+
+void gm_prof_scan(const rt_gpu_model *g, const gl_rank *rk, gprof *p) {
+    const float *buf[4] = {rk->x, rk->h, rk->oa, rk->ob};
+    const int64_t cnt = (int64_t)p->scan_rows * g->hp.n_embd;
+    g5_error e;
+    if ((p->ce = cudaMemsetAsync(p->dscan, 0, 8 * sizeof(uint32_t), rk->st)) != cudaSuccess) return;
+    for (int b = 0; b < 4; b++)
+        if (buf[b] && cuk_absmax_scan(buf[b], cnt, p->dscan + 2 * b, (cuk_stream)rk->st, &e)) {
+            p->ce = cudaErrorLaunchFailure;
+            return;
+        }
+    p->ce = cudaMemcpyAsync(p->hscan[p->n], p->dscan, 8 * sizeof(uint32_t), cudaMemcpyDeviceToHost, rk->st);
+    if (p->ce == cudaSuccess) p->ce = cudaStreamSynchronize(rk->st);
+}
+
+static float scan_f(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+g5_status rt_gpu_debug_scan(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    rt_gpu_seq *s = g->def;
+    gl_rank *r0 = &g->rk[0];
+    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "scan: ranks on several devices");
+    if (n == 0 || n > s->n_past || n > r0->ncap)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "scan: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
+                       r0->ncap);
+    rt_gpu_seq *const seqs[1] = {s};
+    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
+    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
+    CUK_CHECK(cudaSetDevice(r0->dev));
+    gprof p;
+    memset(&p, 0, sizeof p);
+    p.cap = 64u * hp->n_layer_main * g->T + 64u;
+    p.stage = calloc(p.cap, sizeof *p.stage);
+    p.label = calloc(p.cap, sizeof *p.label);
+    p.hscan = calloc(p.cap, sizeof *p.hscan);
+    p.scan_rows = n;
+    g5_status st = G5_OK;
+    if (!p.stage || !p.label || !p.hscan) st = g5_fail(err, G5_ERR_NOMEM, "scan marks");
+    if (!st && cudaMalloc((void **)&p.dscan, 8 * sizeof(uint32_t)) != cudaSuccess)
+        st = g5_fail(err, G5_ERR_NOMEM, "scan: device counters");
+    for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, 1);
+    if (!st) {
+        g->prof = &p;
+        st = prof_replay(g, &pl, err);
+        g->prof = NULL;
+        if (!st && p.ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "scan: %s", cudaGetErrorString(p.ce));
+        if (!st && p.overflow) st = g5_fail(err, G5_ERR_INTERNAL, "scan: more than %u marks", p.cap);
+    }
+    for (uint32_t r = 0; r < g->T; r++) g->rk[r].pa = g->rk[r].pb = NULL;
+    if (!st) {
+        static const char *bn[4] = {"x", "h", "oa", "ob"};
+        fprintf(report, "value scan of the last call (%u tokens, %u layers, rank 0): largest finite |v| of x (residual), "
+                        "h (normed input), oa, ob (stage outputs) per layer over its sub-steps; '!' = non-finite values\n",
+                n, hp->n_layer_main);
+        int first = 1;
+        uint32_t layer = 0;
+        float lm[4] = {0, 0, 0, 0};
+        uint32_t lb[4] = {0, 0, 0, 0};
+        for (uint32_t i = 0; i < p.n; i++) {
+            for (int b = 0; b < 4; b++) {
+                const float v = scan_f(p.hscan[i][b][0]);
+                if (v > lm[b]) lm[b] = v;
+                lb[b] += p.hscan[i][b][1];
+                if (first && p.hscan[i][b][1]) {
+                    fprintf(report, "  first non-finite: layer %u, after sub-step \"%s\" (%s): %u values of %s\n", layer,
+                            p.label[i], p.stage[i], p.hscan[i][b][1], bn[b]);
+                    first = 0;
+                }
+            }
+            const int end = !strcmp(p.label[i], "collective after FFN") || i + 1 == p.n;
+            if (end) {
+                fprintf(report, "  layer %2u:", layer);
+                for (int b = 0; b < 4; b++) fprintf(report, "  %s %10.4g%s", bn[b], (double)lm[b], lb[b] ? "!" : " ");
+                fprintf(report, "\n");
+                memset(lm, 0, sizeof lm);
+                memset(lb, 0, sizeof lb);
+                layer++;
+            }
+        }
+        /* the stage outputs by sub-step: which product's output grows */
+        fprintf(report, "  by sub-step (max over layers of oa after it, count of marks with non-finite oa):\n");
+        for (uint32_t i = 0; i < p.n; i++) {
+            int seen = 0;
+            for (uint32_t j = 0; j < i && !seen; j++) seen = !strcmp(p.label[j], p.label[i]);
+            if (seen) continue;
+            float m = 0;
+            uint32_t nb = 0;
+            for (uint32_t j = i; j < p.n; j++)
+                if (!strcmp(p.label[j], p.label[i])) {
+                    const float v = scan_f(p.hscan[j][2][0]);
+                    if (v > m) m = v;
+                    nb += p.hscan[j][2][1] ? 1 : 0;
+                }
+            fprintf(report, "    %-48s %10.4g %5u\n", p.label[i], (double)m, nb);
+        }
+    }
+    cudaFree(p.dscan);
+    free(p.stage);
+    free(p.label);
+    free(p.hscan);
+    return st;
+}
+
 #else
 typedef int rt_gpu_debug_unused_;
 #endif

@@ -199,7 +199,15 @@ typedef struct gprof {
     int external;                    /* recording into a stream capture: event record nodes */
     int overflow;
     cudaError_t ce;                  /* the first recording error */
+    /* rt_gpu_debug_scan: no events; at each mark the largest finite |v| and the non-finite count
+     * of x, h, oa and ob over scan_rows rows (0: off) into hscan[mark] (cuk_absmax_scan) */
+    uint32_t scan_rows;
+    uint32_t *dscan;                 /* device [4][2] */
+    uint32_t (*hscan)[4][2];         /* [cap] */
 } gprof;
+
+/* rt_gpu_debug_scan's work at a mark (gpu_debug.c). */
+void gm_prof_scan(const rt_gpu_model *g, const gl_rank *rk, gprof *p);
 
 /* The rows of one forward call: segment i is sequence seq[i]'s tokens at positions pos0[i] ..
  * pos0[i] + len[i] - 1, held in rows row0[i] .. row0[i] + len[i] - 1 of the work buffers. A

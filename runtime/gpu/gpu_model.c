@@ -670,7 +670,8 @@ void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, c
         p->overflow = 1;
         return;
     }
-    p->ce = cudaEventRecordWithFlags(p->ev[p->n], rk->st, p->external ? cudaEventRecordExternal : cudaEventRecordDefault);
+    if (p->scan_rows) gm_prof_scan(g, rk, p);
+    else p->ce = cudaEventRecordWithFlags(p->ev[p->n], rk->st, p->external ? cudaEventRecordExternal : cudaEventRecordDefault);
     p->stage[p->n] = stage;
     p->label[p->n] = label;
     p->n++;

@@ -408,6 +408,11 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
 g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, FILE *report, g5_error *err);
 /* The same for the last rt_gpu_forward_batch step of seqs[0 .. n_seq) (n_seq >= 2, the same
  * sequences in the same order), launched one by one (its lm_head line: the last row only). */
+/* The last call (as rt_gpu_debug_profile, launched one by one) with a scan after every sub-step
+ * of rank 0's residual, normed input and stage outputs: the largest finite magnitude per layer,
+ * where the first non-finite value appears, and each sub-step's largest output (to find which
+ * 16-bit product input overflows). Slow (a sync per sub-step): debugging only. */
+g5_status rt_gpu_debug_scan(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err);
 g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, uint32_t n_seq, FILE *report,
                                      g5_error *err);
 

@@ -48,14 +48,16 @@
  * float32 compute) of the same shapes measured in the same run.
  *
  * --prefill-profile: --prefill plus rt_gpu_debug_profile of each variant's last call (sub-steps
- * and the class table against the shape-matched cuBLAS rate).
+ * and the class table against the shape-matched cuBLAS rate). --prefill-scan: --prefill plus
+ * rt_gpu_debug_scan of each variant's last call (magnitudes per layer, the first non-finite).
  *
  * --plan-only stops after the tables and the byte accounting (no weights allocated).
  * --cpu-dry-run builds the tables and the CPU model only (no CUDA call), prints the byte
  * accounting and runs one token through the CPU reference (logits finite): the check that the
  * construction is sound, runnable without a GPU (use --layers 4).
  *
- * Usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] [--layers N]
+ * Usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--prefill-scan]
+ *        [--cpu-dry-run] [--plan-only] [--layers N]
  *        [--ctx 1024,8192,32768]
  *        [--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N]
  *        [--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default]
@@ -94,6 +96,7 @@ static inline int cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCES
 typedef struct opts {
     int decode, prefill, dry, plan_only;
     int prefill_profile; /* --prefill-profile: rt_gpu_debug_profile of each variant's last call */
+    int prefill_scan;    /* --prefill-scan: rt_gpu_debug_scan of each variant's last call */
     int64_t layers;
     uint32_t ctx[MAX_CTX], n_ctx;
     uint32_t steps, warmup;
@@ -884,6 +887,7 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     print_stages("   last call's", &sg, hp);
     printf("   logits of the last position: %u of %u not finite, max |finite| %.4g\n", n_bad, V, (double)amax);
     if (o->prefill_profile) GK(rt_gpu_debug_profile(g, last, blas_tflops, stdout, &err_));
+    if (o->prefill_scan) GK(rt_gpu_debug_scan(g, last, stdout, &err_));
     const double t_prompt = tp * N / done; /* the whole prompt, extrapolated if stopped early */
     printf("PREFILL %-7s %u of %u tokens in %.3f s (calls of %u%s): %.0f tokens/s at %u layers; logits %s; "
            "weight-product FLOP rate %.1f TFLOP/s = %.3f of cuBLAS bf16's %.1f on the same GEMMs\n",
@@ -951,7 +955,7 @@ static int parse_list(const char *s, uint32_t *out, uint32_t max) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--cpu-dry-run] [--plan-only] "
+    fprintf(stderr, "usage: bench_decode [--decode] [--prefill] [--prefill-profile] [--prefill-scan] [--cpu-dry-run] [--plan-only] "
                     "[--layers N] [--ctx A,B,..] "
                     "[--steps N] [--warmup N] [--modes precise,fast] [--graph off,on] [--prefill-tokens N] "
                     "[--chunk N] [--prefill-cap S] [--prefill-mode precise|fast] [--gemm gemv,f32,f16,default] "
@@ -982,6 +986,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--decode")) o.decode = 1;
         else if (!strcmp(a, "--prefill")) o.prefill = 1;
         else if (!strcmp(a, "--prefill-profile")) o.prefill = 1, o.prefill_profile = 1;
+        else if (!strcmp(a, "--prefill-scan")) o.prefill = 1, o.prefill_scan = 1;
         else if (!strcmp(a, "--cpu-dry-run")) o.dry = 1;
         else if (!strcmp(a, "--plan-only")) o.plan_only = 1;
         else if (!v) usage();
