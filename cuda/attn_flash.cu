@@ -21,7 +21,8 @@
  * is conflict-free). A CTA whose tokens are all dense (at most index_topk earlier keys) makes one
  * pass over keys 0 .. its last position, masked causally; otherwise one pass per token over that
  * token's key list (0 .. p, or its selection), the other tokens' rows masked; in such a pass only
- * the warps holding a row of its token compute (8 heads: 2 of 8 warps). */
+ * the warps holding a row of its token compute. At n_head <= 16 such passes go to
+ * k_mla_flash_tok instead (one token per CTA, below), whose 8 warps all work on the token. */
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
@@ -72,18 +73,20 @@ __device__ __forceinline__ int64_t key_at(const keylist &kl, int64_t u, bool *oo
     return j;
 }
 
-/* All threads: keys u0 .. u0 + 63 of the list into a swizzled tile, their positions into kp. */
+/* All threads: keys u0 .. u0 + 63 of the list into a swizzled tile, their positions into kp.
+ * Four threads per key, each copying every fourth 16-byte chunk of its row: one list lookup
+ * (a global load of sel) per thread and tile, not one per chunk, so the copies are issued
+ * without waiting on a chain of dependent loads. */
+static_assert(FT == 4 * FBN && FCH % 4 == 0, "load_keys: four threads per key");
 __device__ __forceinline__ void load_keys(uint32_t sk, int *kp, const __half *kb, const keylist &kl, int64_t u0) {
-    for (int i = threadIdx.x; i < FBN * FCH; i += FT) {
-        const int key = i / FCH, c = i % FCH;
-        bool oob;
-        const int64_t j = key_at(kl, u0 + key, &oob);
-        cp16(sk + sw(key, c), kb + (j < 0 ? 0 : j) * FD + c * 8, j >= 0);
-    }
-    if (threadIdx.x < FBN) {
-        bool oob;
-        const int64_t j = key_at(kl, u0 + threadIdx.x, &oob);
-        kp[threadIdx.x] = (int)j;
+    const int key = threadIdx.x >> 2, c0 = threadIdx.x & 3;
+    bool oob;
+    const int64_t j = key_at(kl, u0 + key, &oob);
+    const __half *src = kb + (j < 0 ? 0 : j) * FD;
+#pragma unroll
+    for (int c = c0; c < FCH; c += 4) cp16(sk + sw(key, c), src + c * 8, j >= 0);
+    if (c0 == 0) {
+        kp[key] = (int)j;
         if (oob) *kl.bad = 1;
     }
 }
@@ -285,6 +288,167 @@ __global__ void __launch_bounds__(FT, 1)
     }
 }
 
+/* ---- one token per CTA: the per-token passes at small head counts ---- */
+
+/* At n_head <= 16 (GLM-5 from TP 4 on) k_mla_flash's per-token pass leaves 6 of its 8 warps idle
+ * and the other two on one SM sub-partition. Here a CTA is one token: its heads are the 16 rows of
+ * one MMA tile (rows past n_head zero and never written) and the 8 warps split the key tile for S
+ * and the value columns for O.
+ *
+ * Grid: one CTA of 256 threads (8 warps) per token t0 + i, the last token first. For each 64-key
+ * tile of the token's list, warp w computes S[16 rows][keys 8w .. 8w + 7], the row maxima of the
+ * 8 warps meet in shared memory, and warp w accumulates O[16 rows][value columns 64w .. + 64]
+ * from P (fp16, shared) and the same tile read transposed. Keys double-buffered with cp.async as
+ * in k_mla_flash; same numerics (float32 scores, scale, online softmax, fp16 P, float32 sums). */
+constexpr int TBM = 16;
+constexpr int TSQ_B = TBM * ROWB, TSP_B = TBM * FBN * 2;
+constexpr int TSMEM_B = TSQ_B + 2 * SK_B + TSP_B + (2 * FBN + 2 * 8 * TBM) * 4 + 16;
+
+__global__ void __launch_bounds__(FT, 1)
+    k_mla_flash_tok(const __half *__restrict__ qb, const __half *__restrict__ kb, int64_t t0, int64_t n_tok,
+                    int n_head, int64_t pos0, const int32_t *__restrict__ sel, int64_t ld_sel,
+                    const int32_t *__restrict__ n_sel, int max_sel, float scale, float *__restrict__ out) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t sk0 = sq + TSQ_B, sp = sq + TSQ_B + 2 * SK_B;
+    uint8_t *pp = smem + TSQ_B + 2 * SK_B;
+    int *kpos = (int *)(void *)(smem + TSQ_B + 2 * SK_B + TSP_B); /* [2][FBN] */
+    float *rmax = (float *)(void *)(kpos + 2 * FBN);              /* [8 warps][TBM] */
+    float *rsum = rmax + 8 * TBM;                                 /* [8 warps][TBM] */
+    int *tbad = (int *)(void *)(rsum + 8 * TBM);                  /* [1] a listed key out of range */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c4 = lane & 3;
+    const int64_t t = t0 + n_tok - 1 - blockIdx.x, p = pos0 + t;
+    const int64_t R0 = t * n_head;
+    for (int i = tid; i < TBM * FCH; i += FT) {
+        const int r = i / FCH, c = i % FCH;
+        const bool ok = r < n_head;
+        cp16(sq + sw(r, c), qb + (R0 + (ok ? r : 0)) * FD + c * 8, ok);
+    }
+    cp_commit();
+    const int ns = n_sel[t];
+    const bool bad_cnt = ns < 1 || ns > max_sel;
+    if (tid == 0) *tbad = 0;
+    __syncthreads();
+
+    float o[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+    if (!bad_cnt) {
+        keylist kl;
+        kl.dense = (int64_t)ns == p + 1;
+        kl.cnt = kl.dense ? p + 1 : ns;
+        kl.plim = p;
+        kl.sel = sel + t * ld_sel;
+        kl.bad = tbad;
+        const int64_t nb = (kl.cnt + FBN - 1) / FBN;
+        load_keys(sk0, kpos, kb, kl, 0);
+        cp_commit();
+        for (int64_t b = 0; b < nb; b++) {
+            const int buf = (int)(b & 1);
+            if (b + 1 < nb) {
+                load_keys(sk0 + (buf ^ 1) * SK_B, kpos + (buf ^ 1) * FBN, kb, kl, (b + 1) * FBN);
+                cp_commit();
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+            __syncthreads();
+            const uint32_t sk = sk0 + buf * SK_B;
+            const int *kp = kpos + buf * FBN;
+
+            /* S[16 rows][8 keys]: two k-steps per key fragment load */
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 3
+            for (int kk = 0; kk < FD / 32; kk++) {
+                uint32_t a0[4], a1[4], bb[4];
+                ldsm4(a0, sq + sw(lane & 15, kk * 4 + (lane >> 4)));
+                ldsm4(a1, sq + sw(lane & 15, kk * 4 + 2 + (lane >> 4)));
+                ldsm4(bb, sk + sw(warp * 8 + (lane & 7), kk * 4 + (lane >> 3)));
+                mma(s, a0, bb[0], bb[1]);
+                mma(s, a1, bb[2], bb[3]);
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1, row = g + 8 * i, j = kp[warp * 8 + 2 * c4 + (e & 1)];
+                const float v = row < n_head && j >= 0 ? __fmul_rn(s[e], scale) : -INFINITY;
+                s[e] = v;
+                mx[i] = fmaxf(mx[i], v);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                if (c4 == 0) rmax[warp * TBM + g + 8 * i] = mx[i];
+            }
+            __syncthreads();
+            float alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float mn = mrun[i];
+#pragma unroll
+                for (int w = 0; w < 8; w++) mn = fmaxf(mn, rmax[w * TBM + g + 8 * i]);
+                const float mu = mn == -INFINITY ? 0.0f : mn;
+                alpha[i] = __expf(mrun[i] - mu);
+                mrun[i] = mn;
+                lrun[i] *= alpha[i];
+                const float p0 = __expf(s[2 * i] - mu), p1 = __expf(s[2 * i + 1] - mu);
+                lrun[i] += p0 + p1;
+                *(__half2 *)(void *)(pp + swp(g + 8 * i, warp) + c4 * 4) =
+                    __halves2half2(__float2half_rn(p0), __float2half_rn(p1));
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                o[nt][0] *= alpha[0];
+                o[nt][1] *= alpha[0];
+                o[nt][2] *= alpha[1];
+                o[nt][3] *= alpha[1];
+            }
+            __syncthreads();
+            /* O[16 rows][64 values] += P[16][64] V[64][64 of this warp] */
+#pragma unroll
+            for (int kk = 0; kk < FBN / 16; kk++) {
+                uint32_t a[4];
+                ldsm4(a, sp + swp(lane & 15, kk * 2 + (lane >> 4)));
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
+                    uint32_t bb[4];
+                    ldsm4t(bb, sk + sw(key, warp * 8 + np * 2 + (mi >> 1)));
+                    mma(o[np * 2], a, bb[0], bb[1]);
+                    mma(o[np * 2 + 1], a, bb[2], bb[3]);
+                }
+            }
+            __syncthreads();
+        }
+    }
+    cp_wait<0>(); /* the query tile's copy when the token was skipped */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 1);
+        lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 2);
+        if (c4 == 0) rsum[warp * TBM + g + 8 * i] = lrun[i];
+    }
+    __syncthreads();
+    const float nan = __int_as_float(0x7fc00000);
+    const bool bad = bad_cnt || *tbad;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = g + 8 * i;
+        if (r >= n_head) continue;
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) l += rsum[w * TBM + r];
+        const float inv = bad ? nan : 1.0f / l;
+        float *orow = out + (R0 + r) * FDV + warp * 64 + 2 * c4;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+            *(float2 *)(void *)(orow + nt * 8) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+}
+
 } // namespace
 
 extern "C" g5_status cuk_mla_flash(const cuk_mla_flash_args *a, cuk_stream stream, g5_error *err) {
@@ -298,17 +462,30 @@ extern "C" g5_status cuk_mla_flash(const cuk_mla_flash_args *a, cuk_stream strea
     if (a->et != CUK_F16) return BAD("mla_flash: et %u (fp16 only)", a->et);
     const int64_t rows = (int64_t)a->n_tok * a->n_head, nblk = (rows + FBM - 1) / FBM;
     if (nblk > 0x7fffffff) return BAD("mla_flash: %lld row blocks", (long long)nblk);
-    /* the shared-memory limit is raised once per device (a repeat is harmless, so no lock) */
+    /* At n_head <= TBM the tokens that index_topk leaves dense (p + 1 <= max_sel: one causal pass
+     * per CTA of 64 / n_head tokens) go to k_mla_flash, the later ones to k_mla_flash_tok. Either
+     * kernel handles any token; the split only picks the faster one. */
+    const int64_t n_first = a->n_head > TBM ? a->n_tok
+                            : a->max_sel - a->pos0 <= 0 ? 0
+                            : a->max_sel - a->pos0 < a->n_tok ? a->max_sel - a->pos0 : a->n_tok;
+    const int64_t rows_first = n_first * a->n_head, nblk_first = (rows_first + FBM - 1) / FBM;
+    /* the shared-memory limits are raised once per device (a repeat is harmless, so no lock) */
     static bool raised[64];
     int dev = 0;
     CUK_CHECK(cudaGetDevice(&dev));
     if (dev < 0 || dev >= 64 || !raised[dev]) {
         CUK_CHECK(cudaFuncSetAttribute(k_mla_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_B));
+        CUK_CHECK(cudaFuncSetAttribute(k_mla_flash_tok, cudaFuncAttributeMaxDynamicSharedMemorySize, TSMEM_B));
         if (dev >= 0 && dev < 64) raised[dev] = true;
     }
-    k_mla_flash<<<(unsigned)nblk, FT, SMEM_B, (cudaStream_t)stream>>>(
-        (const __half *)a->qb, (const __half *)a->kb, rows, a->n_head, a->pos0, a->sel, a->ld_sel, a->n_sel,
-        a->max_sel, a->scale, a->out);
+    if (nblk_first > 0)
+        k_mla_flash<<<(unsigned)nblk_first, FT, SMEM_B, (cudaStream_t)stream>>>(
+            (const __half *)a->qb, (const __half *)a->kb, rows_first, a->n_head, a->pos0, a->sel, a->ld_sel,
+            a->n_sel, a->max_sel, a->scale, a->out);
+    if (n_first < a->n_tok)
+        k_mla_flash_tok<<<(unsigned)(a->n_tok - n_first), FT, TSMEM_B, (cudaStream_t)stream>>>(
+            (const __half *)a->qb, (const __half *)a->kb, n_first, a->n_tok - n_first, a->n_head, a->pos0, a->sel,
+            a->ld_sel, a->n_sel, a->max_sel, a->scale, a->out);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

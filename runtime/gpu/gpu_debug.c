@@ -626,6 +626,13 @@ g5_status rt_gpu_debug_scan(rt_gpu_model *g, uint32_t n, FILE *report, g5_error 
     if (!st && cudaMalloc((void **)&p.dscan, 8 * sizeof(uint32_t)) != cudaSuccess)
         st = g5_fail(err, G5_ERR_NOMEM, "scan: device counters");
     for (uint32_t r = 0; r < g->T; r++) gl_lin_arm(g->rk[r].lin, 1);
+    /* the last call's values would show at the marks before each buffer's first write */
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        float *bufs[4] = {g->rk[r].x, g->rk[r].h, g->rk[r].oa, g->rk[r].ob};
+        for (int b = 0; b < 4 && !st; b++)
+            if (bufs[b] && cudaMemsetAsync(bufs[b], 0, (size_t)n * hp->n_embd * sizeof(float), g->rk[r].st) != cudaSuccess)
+                st = g5_fail(err, G5_ERR_INTERNAL, "scan: cudaMemsetAsync");
+    }
     if (!st) {
         g->prof = &p;
         st = prof_replay(g, &pl, err);

@@ -175,6 +175,9 @@ int main(void) {
         {16, 24, 2100, 2048, 0.0625f, 0}, /* GLM-5's index_topk: 32 key tiles per token */
         {8, 40, 2100, 2048, 0.0625f, 0}, /* GLM-5 at TP 8: 8 tokens per CTA, a pass per token */
         {12, 30, 0, 16, 0.1f, 0},      /* warps whose 16 rows span two or three tokens */
+        {16, 20, 50, 32, 0.1f, 0},     /* TP 4: k_mla_flash_tok only, a full 16-row tile */
+        {1, 50, 0, 8, 0.3f, 0},        /* one head: dense CTAs of 64 tokens, then one token per CTA */
+        {17, 12, 0, 4, 0.1f, 0},       /* just past the one-token kernel's head count */
         {100, 9, 5, 8, 0.2f, 0},       /* CTAs spanning two tokens */
         {128, 6, 0, 4, 0.0625f, 0},    /* a token over two CTAs */
         {8, 40, 0, 16, 0.0625f, 1},    /* invalid counts and keys */
