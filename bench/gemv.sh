@@ -14,7 +14,9 @@ make -s -j"$(nproc)" CC="$CC" BUILD="$B" EXTRA_CFLAGS="-Wno-error" "$B/gpu/tests
 if [ "${TEST:-1}" = 1 ]; then
   echo "== test_kernels (Q4_K / Q8_0 lines, failures, summary)"
   "$B/gpu/tests/test_kernels" >/tmp/gemv_test_kernels.log 2>&1 || true
-  grep -E "FAIL|passed|Q4_K|Q8_0" /tmp/gemv_test_kernels.log | head -200
+  # through a file: `grep | head` under pipefail ends the script when head closes the pipe early
+  grep -E "FAIL|passed|Q4_K|Q8_0" /tmp/gemv_test_kernels.log >/tmp/gemv_test_lines.log || true
+  head -200 /tmp/gemv_test_lines.log
 fi
 echo "== bench_gemv"
 exec "$B/gpu/tests/bench_gemv" "$@"
