@@ -14,7 +14,10 @@
  * the second plane is an ordinary int8 row whose products are added to the first's.
  * Products: per weight sub-block, the int32 dot product of the integer quants with q is scaled by
  * the weight scale and d; min terms (Q4_K, Q5_K) use s. Every output element is the sum of its
- * row's units in a fixed lane and shuffle order: bits never depend on n or on the batch. */
+ * row's 64-element units in one fixed order: unit u goes to residue u % 32, each residue sums its
+ * units in ascending order (plane 0 then plane 1 of each), and the 32 residue sums are added as
+ * the pairwise tree over residues 0..31 in order; every rounding is explicit (cuda/q8_load.cuh).
+ * Bits never depend on n, on the batch, or on which of the two GEMV kernels ran. */
 #ifndef G5_CUK_Q8_H
 #define G5_CUK_Q8_H
 
@@ -71,8 +74,8 @@ typedef struct cuk_gemv_q8_args {
 g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
 
 /* The same product on the tensor cores (cuda/gemv_q8t.cu): up to CUK_Q8T_MAX_N vectors in one
- * pass, weights Q4_K, Q5_K, Q6_K or Q8_0 with k % 256 == 0 (cuk_q8t_takes). Its bits differ from
- * cuk_gemv_q8's (another float32 summation order) and, like them, never depend on n. */
+ * pass, weights Q4_K, Q5_K, Q6_K or Q8_0 with k % 256 == 0 (cuk_q8t_takes), with cuk_gemv_q8's
+ * bits for every row (the order above). */
 #define CUK_Q8T_MAX_N 32
 int cuk_q8t_takes(uint32_t w_type, int64_t k);
 g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);

@@ -9,7 +9,10 @@
  * - Grid (plain GEMV): one warp per R = 2 rows; 8 warps per CTA. Lane l takes units l, l + 32,
  *   ... of both rows (loads of the two rows issued together), all NV vectors reuse each decoded
  *   weight word. A butterfly sum over the warp gives every row's total; lane r * NV + v stores
- *   row r of vector v. The unit order and the shuffle order depend on k only.
+ *   row r of vector v. The unit order and the shuffle order depend on k only: lane l's sum is
+ *   units l, l + 32, .. in order (plane 0 then plane 1 of each), the warp's the pairwise tree
+ *   over the lanes (warp_sum_asc), with every rounding explicit (q8_load.cuh), which
+ *   gemv_q8t.cu reproduces bit for bit.
  * - MoE: grid.y = plan group (cuda/cuk.h), its pairs the vectors; gate_up warps take 2 gate rows
  *   and the same 2 up rows of the group's expert and store silu(g) * u, down warps 2 rows into
  *   the pairs' part rows, summed over slots by moe_combine. */
@@ -33,6 +36,9 @@ using q8l::k4_scale;
 using q8l::ldg128;
 using q8l::ldg32;
 using q8l::ldg_f4;
+using q8l::q6_add;
+using q8l::unit_k4;
+using q8l::unit_q8_0;
 
 __device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
 __device__ __forceinline__ uint32_t u4get(const uint4 &v, int i) {
@@ -150,7 +156,7 @@ __device__ __forceinline__ float dot(const Raw<QT_Q4_K> &w, const X64 &x, int u)
     float d0, m0, d1, m1;
     k4_scale(w.hdr, 2 * p, d0, m0);
     k4_scale(w.hdr, 2 * p + 1, d1, m1);
-    return (d0 * (x.ds.x * (float)s0) - m0 * x.ds.y) + (d1 * (x.ds.z * (float)s1) - m1 * x.ds.w);
+    return unit_k4(d0, m0, d1, m1, x.ds.x, x.ds.y, x.ds.z, x.ds.w, (float)s0, (float)s1);
 }
 
 __device__ __forceinline__ float dot(const Raw<QT_Q5_K> &w, const X64 &x, int u) {
@@ -168,7 +174,7 @@ __device__ __forceinline__ float dot(const Raw<QT_Q5_K> &w, const X64 &x, int u)
     float d0, m0, d1, m1;
     k4_scale(w.hdr, 2 * p, d0, m0);
     k4_scale(w.hdr, 2 * p + 1, d1, m1);
-    return (d0 * (x.ds.x * (float)s0) - m0 * x.ds.y) + (d1 * (x.ds.z * (float)s1) - m1 * x.ds.w);
+    return unit_k4(d0, m0, d1, m1, x.ds.x, x.ds.y, x.ds.z, x.ds.w, (float)s0, (float)s1);
 }
 
 __device__ __forceinline__ float dot(const Raw<QT_Q6_K> &w, const X6 &x, int u) {
@@ -196,7 +202,7 @@ __device__ __forceinline__ float dot(const Raw<QT_Q6_K> &w, const X6 &x, int u) 
         /* scale byte i + 2j of the half's 8 */
         const int sb = i + 2 * j;
         const int sc = (int)(int8_t)((w.sc[sb >> 2] >> (8 * (sb & 3))) & 0xFFu);
-        acc += (d * (float)sc) * (dx[j] * (float)(s[j] - 32 * c[j]));
+        acc = q6_add(acc, __fmul_rn(d, (float)sc), dx[j], (float)(s[j] - 32 * c[j]));
     }
     return acc;
 }
@@ -208,7 +214,19 @@ __device__ __forceinline__ float dot(const Raw<QT_Q8_0> &w, const X64 &x, int) {
         s0 = dp4(__funnelshift_r(w.w[i], w.w[i + 1], 16), x.word(i), s0);
         s1 = dp4(w.w[9 + i], x.word(8 + i), s1);
     }
-    return h2f(w.w[0]) * (x.ds.x * (float)s0) + h2f(w.w[8] >> 16) * (x.ds.z * (float)s1);
+    return unit_q8_0(h2f(w.w[0]), h2f(w.w[8] >> 16), x.ds.x, x.ds.z, (float)s0, (float)s1);
+}
+
+/* Butterfly sum over the warp with the offsets ascending (1, 2, .., 16): each total is the
+ * pairwise tree over the lanes in their natural order, ((l0 + l1) + (l2 + l3)) + ..., the order
+ * gemv_q8t.cu rebuilds from its per-residue sums (cuda/cuk_q8.h). */
+template <int R, int NV> __device__ __forceinline__ void warp_sum_asc(float (&a)[R][NV]) {
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int v = 0; v < NV; v++) a[r][v] = __fadd_rn(a[r][v], __shfl_xor_sync(0xffffffffu, a[r][v], off));
 }
 
 /* acc[r][v] += row r's units of this lane times vector v (v < nvec); P = 2: the second plane
@@ -230,7 +248,7 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
                     XT x;
                     x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
 #pragma unroll
-                    for (int r = 0; r < R; r++) acc[r][v] += dot(w[r], x, u);
+                    for (int r = 0; r < R; r++) acc[r][v] = __fadd_rn(acc[r][v], dot(w[r], x, u));
                 }
             }
         }
@@ -263,7 +281,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
         float acc[R][NV] = {};
         rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
-        warp_sum<R, NV>(acc);
+        warp_sum_asc<R, NV>(acc);
         const float val = pick<R, NV>(acc, lane);
         const int r = lane / NV, v = lane % NV;
         if (lane < R * NV && v < nvec && r0 + r < m) y[(int64_t)v * ldy + r0 + r] = val;
@@ -300,7 +318,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         const uint8_t *rowp[R] = {wg + eoff + m0 * rb, wu + eoff + m0 * rb};
         float acc[R][NV] = {};
         rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
-        warp_sum<R, NV>(acc);
+        warp_sum_asc<R, NV>(acc);
         const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + NV);
         if (lane < nvec) {
             out[(int64_t)pv.pair(pos0 + lane) * ldo + m0] = g / (1.0f + expf(-g)) * up;
@@ -337,7 +355,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
         float acc[R][NV] = {};
         rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
-        warp_sum<R, NV>(acc);
+        warp_sum_asc<R, NV>(acc);
         const float val = pick<R, NV>(acc, lane);
         const int r = lane / NV, v = lane % NV;
         if (lane < R * NV && v < nvec && r0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + r] = val;

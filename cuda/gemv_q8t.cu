@@ -8,17 +8,18 @@
  * Numerics: each weight sub-block's integer dot product with x's int8 block is exact in int32;
  * the accumulator starts at the bit pattern of 1.5 * 2^23, so read as float32 it is exactly
  * 1.5 * 2^23 + dot (|dot| < 2^22 for every type here) and one subtraction gives float(dot) exactly.
- * It is then scaled by x's d and the weight scale and added (float32, fma) to the output's sum;
- * the K-quant min term subtracts the weight min times x's s. Two planes: the second plane's
- * products are summed apart and added to the first's at the end.
+ * From there every output is built as the dp4a kernel builds it (cuda/cuk_q8.h: unit values of
+ * q8_load.cuh, per-residue sums in unit order, the pairwise tree over the 32 residues), so its bits
+ * are cuk_gemv_q8's. A first version summed in k order with fma (the same speed: bench/RESULTS.md,
+ * session 9) and could not be wired in, because a batched row must keep its one-row bits.
  *
  * Grid: ceil(ceil(m / 16) * KW / 8) CTAs of 8 warps. A warp takes a tile of 16 rows (lane l, g =
- * l / 4, c = l % 4: rows g and g + 8, the mma's C columns 2c and 2c + 1, B column g) and one of KW
- * contiguous ranges of the rows' 256-element steps, loading step s + 1 while it multiplies step s;
- * the KW partial sums of a tile are added in shared memory in range order. In a 32-element
+ * l / 4, c = l % 4: rows g and g + 8, the mma's C columns 2c and 2c + 1, B column g) and 8 / KW of
+ * the 8 residue groups (group G: the 256-element steps G, G + 8, G + 16, .., each four units, one
+ * per residue 4G .. 4G + 3), loading the next step while it multiplies this one; the KW warps'
+ * subtrees of a tile are merged in shared memory, pairwise in group order. In a 32-element
  * sub-block the mma's k positions 4c..4c+3 and 16+4c..16+4c+3 hold elements 8c..8c+7 (for A and
- * B alike), so a lane reads 8 consecutive bytes of a row. KW and the k order depend on (m, k)
- * only: a vector's bits never depend on n or on its column. */
+ * B alike), so a lane reads 8 consecutive bytes of a row. KW depends on (m, k) only. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -40,6 +41,9 @@ using q8l::ldg128;
 using q8l::ldg32;
 using q8l::ldg64;
 using q8l::ldg_f4;
+using q8l::q6_add;
+using q8l::unit_k4;
+using q8l::unit_q8_0;
 
 /* 4 bytes from a 2-byte aligned address (two aligned words; reads up to 2 bytes past p + 4). */
 __device__ __forceinline__ uint32_t ld32_a2(const uint8_t *p) {
@@ -152,40 +156,47 @@ template <> struct Step<QT_Q8_0> {
     }
 };
 
-/* A pair of 32-element sub-blocks (x elements xo.. and xo + 32..) against every column tile:
- * a[sb] the A fragments, ws/wm[row][sb] the weight scales and mins (wm unused when MIN is 0). */
-template <int NT, int P, bool MIN>
-__device__ __forceinline__ void pair_tiles(const uint32_t (&a)[2][4], const float (&ws)[2][2], const float (&wm)[2][2],
-                                           const Cols<NT> &cl, int64_t xo, int c, float (&acc)[NT][4]) {
+/* S += one unit's values f of the lane's four C elements (rows g, g + 8 x columns 2c, 2c + 1);
+ * P = 2: the columns are a vector's two planes, added to one sum, plane 0 first (S[0], S[2]). */
+template <int P> __device__ __forceinline__ void acc_unit(float (&S)[4], const float (&f)[4]) {
+    if (P == 2) {
+        S[0] = __fadd_rn(__fadd_rn(S[0], f[0]), f[1]);
+        S[2] = __fadd_rn(__fadd_rn(S[2], f[2]), f[3]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) S[e] = __fadd_rn(S[e], f[e]);
+    }
+}
+
+/* The 4 units of step s (64-element units 4s .. 4s + 3, i.e. residues 4 (s % 8) + j) into S[j].
+ * K4 (Q4_K, Q5_K): a[j][sb] the A fragments of unit j's sub-blocks, ws/wm[j][row][sb] scales. */
+template <int NT, int P>
+__device__ __forceinline__ void unit_k4_tiles(const uint32_t (&a)[2][4], const float (&ws)[2][2],
+                                              const float (&wm)[2][2], const Cols<NT> &cl, int64_t xo, int c,
+                                              float (&S)[NT][4]) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float4 e0 = ldg_f4(cl.xds + cl.ds[t][0] + xo / 16), e1 = ldg_f4(cl.xds + cl.ds[t][1] + xo / 16);
+        float r[2][4];
 #pragma unroll
         for (int sb = 0; sb < 2; sb++) {
             const uint2 b = ldg64(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
-            float r[4];
-            mma32(r, a[sb], b.x, b.y);
-            const float dx0 = sb ? e0.z : e0.x, sx0 = sb ? e0.w : e0.y;
-            const float dx1 = sb ? e1.z : e1.x, sx1 = sb ? e1.w : e1.y;
-            acc[t][0] = fmaf(ws[0][sb], dx0 * r[0], acc[t][0]);
-            acc[t][1] = fmaf(ws[0][sb], dx1 * r[1], acc[t][1]);
-            acc[t][2] = fmaf(ws[1][sb], dx0 * r[2], acc[t][2]);
-            acc[t][3] = fmaf(ws[1][sb], dx1 * r[3], acc[t][3]);
-            if (MIN) {
-                acc[t][0] = fmaf(-wm[0][sb], sx0, acc[t][0]);
-                acc[t][2] = fmaf(-wm[1][sb], sx0, acc[t][2]);
-                if (P == 1) { /* P = 2: column 1 is the second plane, whose s is 0 */
-                    acc[t][1] = fmaf(-wm[0][sb], sx1, acc[t][1]);
-                    acc[t][3] = fmaf(-wm[1][sb], sx1, acc[t][3]);
-                }
-            }
+            mma32(r[sb], a[sb], b.x, b.y);
         }
+        float f[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = e >> 1;
+            const float4 x = e & 1 ? e1 : e0;
+            f[e] = unit_k4(ws[row][0], wm[row][0], ws[row][1], wm[row][1], x.x, x.y, x.z, x.w, r[0][e], r[1][e]);
+        }
+        acc_unit<P>(S[t], f);
     }
 }
 
 template <int NT, int P>
-__device__ __forceinline__ void step_mma(const Step<QT_Q4_K> &w, const Cols<NT> &cl, int64_t s, int c,
-                                         float (&acc)[NT][4]) {
+__device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT> &cl, int64_t s, int c,
+                                           float (&S)[4][NT][4]) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float ws[2][2], wm[2][2];
@@ -200,13 +211,13 @@ __device__ __forceinline__ void step_mma(const Step<QT_Q4_K> &w, const Cols<NT> 
             a[1][r] = (q.x >> 4) & 0x0F0F0F0Fu;
             a[1][2 + r] = (q.y >> 4) & 0x0F0F0F0Fu;
         }
-        pair_tiles<NT, P, true>(a, ws, wm, cl, s * 256 + 64 * j, c, acc);
+        unit_k4_tiles<NT, P>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
     }
 }
 
 template <int NT, int P>
-__device__ __forceinline__ void step_mma(const Step<QT_Q5_K> &w, const Cols<NT> &cl, int64_t s, int c,
-                                         float (&acc)[NT][4]) {
+__device__ __forceinline__ void step_units(const Step<QT_Q5_K> &w, const Cols<NT> &cl, int64_t s, int c,
+                                           float (&S)[4][NT][4]) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float ws[2][2], wm[2][2];
@@ -221,13 +232,13 @@ __device__ __forceinline__ void step_mma(const Step<QT_Q5_K> &w, const Cols<NT> 
             a[1][r] = ((q.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> (2 * j + 1)) & 0x01010101u) << 4);
             a[1][2 + r] = ((q.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> (2 * j + 1)) & 0x01010101u) << 4);
         }
-        pair_tiles<NT, P, true>(a, ws, wm, cl, s * 256 + 64 * j, c, acc);
+        unit_k4_tiles<NT, P>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
     }
 }
 
 template <int NT, int P>
-__device__ __forceinline__ void step_mma(const Step<QT_Q8_0> &w, const Cols<NT> &cl, int64_t s, int c,
-                                         float (&acc)[NT][4]) {
+__device__ __forceinline__ void step_units(const Step<QT_Q8_0> &w, const Cols<NT> &cl, int64_t s, int c,
+                                           float (&S)[4][NT][4]) {
 #pragma unroll
     for (int p = 0; p < 4; p++) {
         float ws[2][2];
@@ -241,13 +252,30 @@ __device__ __forceinline__ void step_mma(const Step<QT_Q8_0> &w, const Cols<NT> 
             a[1][r] = w.hi[r][p][0];
             a[1][2 + r] = w.hi[r][p][1];
         }
-        pair_tiles<NT, P, false>(a, ws, ws, cl, s * 256 + 64 * p, c, acc);
+        const int64_t xo = s * 256 + 64 * p;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 e0 = ldg_f4(cl.xds + cl.ds[t][0] + xo / 16), e1 = ldg_f4(cl.xds + cl.ds[t][1] + xo / 16);
+            float r[2][4];
+#pragma unroll
+            for (int sb = 0; sb < 2; sb++) {
+                const uint2 b = ldg64(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
+                mma32(r[sb], a[sb], b.x, b.y);
+            }
+            float f[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float4 x = e & 1 ? e1 : e0;
+                f[e] = unit_q8_0(ws[e >> 1][0], ws[e >> 1][1], x.x, x.z, r[0][e], r[1][e]);
+            }
+            acc_unit<P>(S[p][t], f);
+        }
     }
 }
 
 template <int NT, int P>
-__device__ __forceinline__ void step_mma(const Step<QT_Q6_K> &w, const Cols<NT> &cl, int64_t s, int c,
-                                         float (&acc)[NT][4]) {
+__device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT> &cl, int64_t s, int c,
+                                           float (&S)[4][NT][4]) {
     float d[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) d[r] = h2f(w.d[r]);
@@ -265,6 +293,9 @@ __device__ __forceinline__ void step_mma(const Step<QT_Q6_K> &w, const Cols<NT> 
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int u = 2 * h + i;
+            float f[NT][4];
+#pragma unroll
+            for (int t = 0; t < NT; t++) f[t][0] = f[t][1] = f[t][2] = f[t][3] = 0.0f;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 uint32_t a[2];
@@ -276,7 +307,7 @@ __device__ __forceinline__ void step_mma(const Step<QT_Q6_K> &w, const Cols<NT> 
                     const uint32_t hb = ((w.hq[r][u] >> (2 * q)) & 0x03030303u) << 4;
                     a[r] = __vsub4(nib | hb, 0x20202020u); /* q6 - 32 as int8 */
                     const int sb = 8 * h + i + 2 * q;
-                    ws[r] = d[r] * (float)(int8_t)((w.sc[r][sb >> 2] >> (8 * (sb & 3))) & 0xFFu);
+                    ws[r] = __fmul_rn(d[r], (float)(int8_t)((w.sc[r][sb >> 2] >> (8 * (sb & 3))) & 0xFFu));
                 }
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
@@ -285,19 +316,22 @@ __device__ __forceinline__ void step_mma(const Step<QT_Q6_K> &w, const Cols<NT> 
                     mma16(r4, a[0], a[1], b);
                     const float dx0 = (q & 1) ? e[t][0][q >> 1].z : e[t][0][q >> 1].x;
                     const float dx1 = (q & 1) ? e[t][1][q >> 1].z : e[t][1][q >> 1].x;
-                    acc[t][0] = fmaf(ws[0], dx0 * r4[0], acc[t][0]);
-                    acc[t][1] = fmaf(ws[0], dx1 * r4[1], acc[t][1]);
-                    acc[t][2] = fmaf(ws[1], dx0 * r4[2], acc[t][2]);
-                    acc[t][3] = fmaf(ws[1], dx1 * r4[3], acc[t][3]);
+                    f[t][0] = q6_add(f[t][0], ws[0], dx0, r4[0]);
+                    f[t][1] = q6_add(f[t][1], ws[0], dx1, r4[1]);
+                    f[t][2] = q6_add(f[t][2], ws[1], dx0, r4[2]);
+                    f[t][3] = q6_add(f[t][3], ws[1], dx1, r4[3]);
                 }
             }
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc_unit<P>(S[u][t], f[t]);
         }
     }
 }
 
-/* The GEMV (grid and lanes: the top comment). steps = k / 256; kw = warps per tile (1, 2, 4, 8). */
+/* The GEMV (grid and lanes: the top comment). steps = k / 256; kw = warps per tile (1, 2, 4, 8),
+ * warp ks of a tile taking the residue groups ks * 8 / kw .. (ks + 1) * 8 / kw - 1. */
 template <int T, int NT, int P>
-__global__ void __launch_bounds__(WARPS * 32, NT <= 2 ? 2 : 1)
+__global__ void __launch_bounds__(WARPS * 32, 1)
     k_gemv_q8t(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int steps, int kw, const int8_t *__restrict__ xq,
                int64_t ldq, const float *__restrict__ xds, int64_t ldds, int64_t k, int n, float *__restrict__ y,
                int64_t ldy) {
@@ -327,48 +361,93 @@ __global__ void __launch_bounds__(WARPS * 32, NT <= 2 ? 2 : 1)
             cl.ds[t][1] = (uint32_t)(u1 * ldds);
         }
     }
-    float acc[NT][4] = {};
-    const int s0 = (int)((int64_t)steps * ks / kw), s1 = (int)((int64_t)steps * (ks + 1) / kw);
-    if (live && s0 < s1) {
-        Step<T> cur;
-        cur.load(rp, s0, c);
-        for (int s = s0; s < s1; s++) {
-            Step<T> nxt;
-            if (s + 1 < s1) nxt.load(rp, s + 1, c);
-            step_mma<NT, P>(cur, cl, s, c, acc);
-            cur = nxt;
-        }
-    }
-    if (kw > 1) {
+    /* Residue group G (0..7) = units 4 G .. 4 G + 3 of each 2048-element chunk = step s = G + 8 i of
+     * chunk i: the dp4a kernel's lanes 4 G .. 4 G + 3. Per group the four residue sums run over the
+     * chunks in order (S), the leaf (S0 + S1) + (S2 + S3) is the warp butterfly's first two levels,
+     * and the leaves are merged pairwise in group order (a binary counter: stk[b] holds a finished
+     * subtree of 2^b leaves), the butterfly's last three levels, finished across warps below. */
+    const int ng = 8 / kw, G0 = ks * ng;
+    float res[NT][4], stk[3][NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) res[t][e] = stk[0][t][e] = stk[1][t][e] = stk[2][t][e] = 0.0f;
+    Step<T> cur;
+    if (live && G0 < steps) cur.load(rp, G0, c);
+    for (int gi = 0; gi < ng; gi++) {
+        const int G = G0 + gi;
+        float S[4][NT][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) S[j][t][0] = S[j][t][1] = S[j][t][2] = S[j][t][3] = 0.0f;
+        if (live)
+            for (int st = G; st < steps; st += 8) {
+                const int sn = st + 8 < steps ? st + 8 : gi + 1 < ng && G + 1 < steps ? G + 1 : -1;
+                Step<T> nxt;
+                if (sn >= 0) nxt.load(rp, sn, c);
+                step_units<NT, P>(cur, cl, st, c, S);
+                cur = nxt;
+            }
+        float v[NT][4];
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[wid][4 * t + i][lane] = acc[t][i];
+            for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(__fadd_rn(S[0][t][e], S[1][t][e]), __fadd_rn(S[2][t][e], S[3][t][e]));
+        /* merge: bit 0 set -> v = stk0 + v, bit 1 -> v = stk1 + v, ...; the first clear bit stores v */
+        bool stored = false;
+#pragma unroll
+        for (int b = 0; b < 3; b++) {
+            if (stored) break;
+            if ((gi >> b) & 1) {
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(stk[b][t][e], v[t][e]);
+            } else {
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) stk[b][t][e] = v[t][e];
+                stored = true;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) res[t][e] = v[t][e];
+    }
+    /* the warps of a tile: their subtrees merged pairwise in range order */
+    for (int h = 1; h < kw; h <<= 1) {
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[wid][4 * t + i][lane] = res[t][i];
         __syncthreads();
-        if (ks != 0) return;
-        for (int j = 1; j < kw; j++)
+        if (ks % (2 * h) == 0)
 #pragma unroll
             for (int t = 0; t < NT; t++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[t][i] += red[wid + j][4 * t + i][lane];
+                for (int i = 0; i < 4; i++) res[t][i] = __fadd_rn(res[t][i], red[wid + h][4 * t + i][lane]);
+        __syncthreads();
     }
-    if (!live) return;
+    if (!live || ks != 0) return;
     const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (P == 2) {
             const int v = 4 * t + c;
             if (v < n) {
-                if (r_lo < m) y[(int64_t)v * ldy + r_lo] = acc[t][0] + acc[t][1];
-                if (r_hi < m) y[(int64_t)v * ldy + r_hi] = acc[t][2] + acc[t][3];
+                if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][0];
+                if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2];
             }
         } else {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int v = 8 * t + 2 * c + e;
                 if (v < n) {
-                    if (r_lo < m) y[(int64_t)v * ldy + r_lo] = acc[t][e];
-                    if (r_hi < m) y[(int64_t)v * ldy + r_hi] = acc[t][2 + e];
+                    if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][e];
+                    if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2 + e];
                 }
             }
         }
@@ -393,12 +472,21 @@ static void launch(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
         a->ldy);
 }
 
+/* Columns (vectors x planes) of one launch: up to 32 (NT = 4; more would spill the residue sums),
+ * a larger n in launches of 32 / P vectors, which changes no bits (they never depend on n). */
 template <int T, int P> static void launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    const int cols = a->n * P;
-    if (cols <= 8) launch<T, 1, P>(a, rb, st);
-    else if (cols <= 16) launch<T, 2, P>(a, rb, st);
-    else if (cols <= 32 || P == 1) launch<T, 4, P>(a, rb, st);
-    else if constexpr (P == 2) launch<T, 8, P>(a, rb, st);
+    constexpr int per = 32 / P;
+    for (int v0 = 0; v0 < a->n; v0 += per) {
+        cuk_gemv_q8_args b = *a;
+        b.n = a->n - v0 < per ? a->n - v0 : per;
+        b.x.q += (int64_t)v0 * a->x.ldq;
+        b.x.ds += (int64_t)v0 * a->x.ldds;
+        b.y += (int64_t)v0 * a->ldy;
+        const int cols = b.n * P;
+        if (cols <= 8) launch<T, 1, P>(&b, rb, st);
+        else if (cols <= 16) launch<T, 2, P>(&b, rb, st);
+        else launch<T, 4, P>(&b, rb, st);
+    }
 }
 
 template <int T> static void launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {

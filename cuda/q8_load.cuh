@@ -1,6 +1,10 @@
 /* Internal to cuda/: what the int8-input kernels (gemv_q8.cu, the dp4a GEMV and MoE kernels;
  * gemv_q8t.cu, the tensor-core GEMV) read weights and scales with: non-coherent loads of 4, 8 and
- * 16 bytes, fp16 bits to float, and the Q4_K/Q5_K packed scales. */
+ * 16 bytes, fp16 bits to float, the Q4_K/Q5_K packed scales, and the float32 value of one
+ * 64-element unit from its exact integer dot products. Both kernels build every output from these
+ * unit values in one order (cuda/cuk_q8.h), so a row's bits are the same from either kernel: the
+ * roundings are spelled out (__fmul_rn, __fadd_rn: no contraction into fma that one kernel's
+ * compile might do and the other's not). */
 #ifndef G5_Q8_LOAD_CUH
 #define G5_Q8_LOAD_CUH
 
@@ -50,6 +54,24 @@ __device__ __forceinline__ void k4_scale(const uint4 &hdr, int j, float &d1, flo
     }
     d1 = h2f(hdr.x) * (float)sc;
     m1 = h2f(hdr.x >> 16) * (float)mn;
+}
+
+/* Q4_K/Q5_K unit: sub-blocks 0 and 1 with weight scales d0, d1 and mins m0, m1, x's (d, s) of the
+ * two blocks, the exact dot products i0, i1 as floats. */
+__device__ __forceinline__ float unit_k4(float d0, float m0, float d1, float m1, float dx0, float sx0, float dx1,
+                                         float sx1, float i0, float i1) {
+    const float a = __fsub_rn(__fmul_rn(d0, __fmul_rn(dx0, i0)), __fmul_rn(m0, sx0));
+    const float b = __fsub_rn(__fmul_rn(d1, __fmul_rn(dx1, i1)), __fmul_rn(m1, sx1));
+    return __fadd_rn(a, b);
+}
+/* Q8_0 unit: blocks 0 and 1 with scales w0, w1. */
+__device__ __forceinline__ float unit_q8_0(float w0, float w1, float dx0, float dx1, float i0, float i1) {
+    return __fadd_rn(__fmul_rn(w0, __fmul_rn(dx0, i0)), __fmul_rn(w1, __fmul_rn(dx1, i1)));
+}
+/* Q6_K unit: acc over its four 16-element quarters j = 0..3 in order, from acc = 0:
+ * acc += (d * sc_j) * (dx_j * i_j), ws = d * sc_j already rounded. */
+__device__ __forceinline__ float q6_add(float acc, float ws, float dx, float i) {
+    return __fadd_rn(acc, __fmul_rn(ws, __fmul_rn(dx, i)));
 }
 
 } // namespace q8l

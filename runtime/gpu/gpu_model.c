@@ -788,15 +788,23 @@ static g5_status q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n
 }
 
 /* y[t] = W x'[t] for the int8 rows x (of W->k), in launches of CUK_Q8_MAX_N rows. */
+/* From Q8T_MIN_N vectors the int8 tensor-core kernel (cuk_gemv_q8t reads and decodes the weights
+ * once for up to 32 vectors; dp4a once per 8 and does the integer work per vector): its rows have
+ * the bits of the dp4a kernel's one-row launch (cuda/cuk_q8.h), so a batched step's outputs stay
+ * those of its single-sequence steps. The threshold: bench/RESULTS.md (bench_q8, n = 1..8). */
+enum { Q8T_MIN_N = 4 };
+
 static g5_status gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
                             int64_t ldy, g5_error *err) {
-    for (uint32_t t0 = 0; t0 < n; t0 += CUK_Q8_MAX_N) {
-        const uint32_t c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
+    const int tc = n >= Q8T_MIN_N && cuk_q8t_takes(W->type, W->k);
+    const uint32_t per = tc ? CUK_Q8T_MAX_N : CUK_Q8_MAX_N;
+    for (uint32_t t0 = 0; t0 < n; t0 += per) {
+        const uint32_t c = n - t0 < per ? n - t0 : per;
         const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m,
                                     {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds,
                                      x->planes},
                                     (int32_t)c, y + (int64_t)t0 * ldy, ldy};
-        CK(cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
+        CK(tc ? cuk_gemv_q8t(&a, (cuk_stream)rk->st, err) : cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
     }
     return G5_OK;
 }

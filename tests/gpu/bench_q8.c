@@ -1,6 +1,6 @@
 /* int8-activation GEMV (cuda/cuk_q8.h: the dp4a cuk_gemv_q8 and the tensor-core cuk_gemv_q8t, one
  * and two planes) against the float kernels fast decode ran before (cuk_gemv with bf16 x), n = 1,
- * 8 and 32, at the shapes of the roles that take it: the output head (154880 x
+ * 2, 4, 8 and 32, at the shapes of the roles that take it: the output head (154880 x
  * 6144 Q6_K at TP 1, 19360 x 6144 at TP 8), the shared expert (2048 x 6144, 6144 x 2048), and the
  * routed experts of one decode token (64 experts of 2048 x 6144 gate/up, 6144 x 2048 down, 8
  * chosen: cuk_moe_gate_up/_down vs the _q8 ones). Weights rotate through copies filling >= 1 GiB
@@ -232,13 +232,15 @@ int main(int argc, char **argv) {
     printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
            "(ratio) | q8t two planes |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
+    static const int NS[] = {1, 2, 4, 8, 32}, NA[] = {1, 2, 4, 32}; /* where q8t starts to win */
     for (int ti = 0; ti < 4; ti++)
-        for (int n = 1; n <= 32; n *= n == 1 ? 8 : 4) gemv_row(pool, &o, types[ti], 19360, 6144, n, rate);
+        for (int i = 0; i < 5; i++) gemv_row(pool, &o, types[ti], 19360, 6144, NS[i], rate);
     gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 1, rate);
     gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 32, rate);
     /* the peer model's attention products: q_a, kv_a, q_b, attn_output; dense FFN gate, down; the
      * shared expert's gate and down */
-    for (int n = 1; n <= 32; n *= 32) {
+    for (int i = 0; i < 4; i++) {
+        const int n = NA[i];
         gemv_row(pool, &o, QT_Q6_K, 2048, 6144, n, rate);
         gemv_row(pool, &o, QT_Q8_0, 576, 6144, n, rate);
         gemv_row(pool, &o, QT_Q5_K, 16384, 2048, n, rate);

@@ -250,7 +250,8 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
 }
 
 /* cuk_gemv_q8t (the tensor-core kernel): n = 1..32 against float64, every vector bit-identical
- * to its one-vector launch. */
+ * to the dp4a kernel's one-vector launch (cuk_gemv_q8, n = 1: what a single decode row gets), so
+ * a batched step can take either kernel. */
 static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     const char *tn = quant_type_name(t);
     enum { N = CUK_Q8T_MAX_N };
@@ -279,14 +280,14 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
             const double e = rel_l2(y + v * m, ref + v * m, m);
             if (!(e <= worst)) worst = e;
             const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds, o.planes}, 1, dy1, m};
-            T_CHECK(cuk_gemv_q8t(&a1, NULL, &err) == G5_OK, "%s gemv_q8t one: %s", tn, err.msg);
+            T_CHECK(cuk_gemv_q8(&a1, NULL, &err) == G5_OK, "%s gemv_q8 one: %s", tn, err.msg);
             get(y1, dy1, (size_t)m * 4);
             same &= memcmp(y1, y + v * m, (size_t)m * 4) == 0;
         }
         T_CHECK(worst <= 1e-5, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: rel L2 %.3e <= 1e-5", tn, (long long)m,
                 (long long)k, n, planes, worst);
-        T_CHECK(same, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: every vector bit-identical to its one-vector launch",
-                tn, (long long)m, (long long)k, n, planes);
+        T_CHECK(same, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: every vector bit-identical to cuk_gemv_q8's "
+                "one-vector launch", tn, (long long)m, (long long)k, n, planes);
         if (n == 1 || n == N)
             printf("  %s gemv_q8t m=%lld k=%lld n=%d planes %d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, planes,
                    worst);
@@ -497,6 +498,10 @@ int main(void) {
             test_gemv_t(t, 37, 512, planes);  /* two steps, a part tile */
             test_gemv_t(t, 64, 2048, planes); /* two warps per tile */
             test_gemv_t(t, 9, 6144, planes);  /* eight warps per tile */
+            test_gemv_t(t, 21, 256, planes);  /* one step: residue groups 1..7 empty */
+            test_gemv_t(t, 40, 1024, planes); /* four steps over two warps, groups 4..7 empty */
+            test_gemv_t(t, 17, 5120, planes); /* 20 steps: residues with three units and with two */
+            test_gemv_t(t, 3, 12288, planes); /* six units per residue */
         }
     return t_report(G5_TEST_NAME);
 }
