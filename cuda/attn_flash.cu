@@ -91,6 +91,25 @@ __device__ __forceinline__ void load_keys(uint32_t sk, int *kp, const __half *kb
     }
 }
 
+/* O[16 rows p0 ..][16 NP values from 16-byte chunk c0 of the key rows] += P[rows][FBN keys] V:
+ * P from the swizzled fp16 tile at sp, V the key tile sk read transposed (ldmatrix .trans). */
+template <int NP>
+__device__ __forceinline__ void pv_acc(float (&o)[2 * NP][4], uint32_t sp, int p0, uint32_t sk, int c0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < FBN / 16; kk++) {
+        uint32_t a[4];
+        ldsm4(a, sp + swp(p0 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+        for (int np = 0; np < NP; np++) {
+            const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
+            uint32_t bb[4];
+            ldsm4t(bb, sk + sw(key, c0 + np * 2 + (mi >> 1)));
+            mma(o[np * 2], a, bb[0], bb[1]);
+            mma(o[np * 2 + 1], a, bb[2], bb[3]);
+        }
+    }
+}
+
 __global__ void __launch_bounds__(FT, 1)
     k_mla_flash(const __half *__restrict__ qb, const __half *__restrict__ kb, int64_t n_rows, int n_head,
                 int64_t pos0, const int32_t *__restrict__ sel, int64_t ld_sel, const int32_t *__restrict__ n_sel,
@@ -248,19 +267,7 @@ __global__ void __launch_bounds__(FT, 1)
             __syncthreads();
             /* O[16 rows][256 values] += P[16][64] V[64][256] */
             if (act) {
-#pragma unroll
-                for (int kk = 0; kk < FBN / 16; kk++) {
-                    uint32_t a[4];
-                    ldsm4(a, sp + swp(rq * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-                    for (int np = 0; np < 16; np++) {
-                        const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
-                        uint32_t bb[4];
-                        ldsm4t(bb, sk + sw(key, ch * 32 + np * 2 + (mi >> 1)));
-                        mma(o[np * 2], a, bb[0], bb[1]);
-                        mma(o[np * 2 + 1], a, bb[2], bb[3]);
-                    }
-                }
+                pv_acc<16>(o, sp, rq * 16, sk, ch * 32, lane);
             }
             __syncthreads();
         }
@@ -408,19 +415,7 @@ __global__ void __launch_bounds__(FT, 1)
             }
             __syncthreads();
             /* O[16 rows][64 values] += P[16][64] V[64][64 of this warp] */
-#pragma unroll
-            for (int kk = 0; kk < FBN / 16; kk++) {
-                uint32_t a[4];
-                ldsm4(a, sp + swp(lane & 15, kk * 2 + (lane >> 4)));
-#pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
-                    uint32_t bb[4];
-                    ldsm4t(bb, sk + sw(key, warp * 8 + np * 2 + (mi >> 1)));
-                    mma(o[np * 2], a, bb[0], bb[1]);
-                    mma(o[np * 2 + 1], a, bb[2], bb[3]);
-                }
-            }
+            pv_acc<4>(o, sp, 0, sk, warp * 8, lane);
             __syncthreads();
         }
     }

@@ -168,10 +168,12 @@ template <int P> __device__ __forceinline__ void acc_unit(float (&S)[4], const f
     }
 }
 
-/* The 4 units of step s (64-element units 4s .. 4s + 3, i.e. residues 4 (s % 8) + j) into S[j].
- * K4 (Q4_K, Q5_K): a[j][sb] the A fragments of unit j's sub-blocks, ws/wm[j][row][sb] scales. */
-template <int NT, int P>
-__device__ __forceinline__ void unit_k4_tiles(const uint32_t (&a)[2][4], const float (&ws)[2][2],
+/* One unit (x elements xo .. xo + 63) against every column tile, into S: a[sb] the A fragments of
+ * its two 32-element sub-blocks, ws/wm[row][sb] the weight scales and mins (K4: Q4_K, Q5_K) or
+ * the two Q8_0 block scales (wm unused). step_units below: the 4 units of step s (64-element
+ * units 4s .. 4s + 3, i.e. residues 4 (s % 8) + j) into S[j]. */
+template <int NT, int P, bool K4>
+__device__ __forceinline__ void unit_tiles(const uint32_t (&a)[2][4], const float (&ws)[2][2],
                                               const float (&wm)[2][2], const Cols<NT> &cl, int64_t xo, int c,
                                               float (&S)[NT][4]) {
 #pragma unroll
@@ -188,7 +190,8 @@ __device__ __forceinline__ void unit_k4_tiles(const uint32_t (&a)[2][4], const f
         for (int e = 0; e < 4; e++) {
             const int row = e >> 1;
             const float4 x = e & 1 ? e1 : e0;
-            f[e] = unit_k4(ws[row][0], wm[row][0], ws[row][1], wm[row][1], x.x, x.y, x.z, x.w, r[0][e], r[1][e]);
+            f[e] = K4 ? unit_k4(ws[row][0], wm[row][0], ws[row][1], wm[row][1], x.x, x.y, x.z, x.w, r[0][e], r[1][e])
+                      : unit_q8_0(ws[row][0], ws[row][1], x.x, x.z, r[0][e], r[1][e]);
         }
         acc_unit<P>(S[t], f);
     }
@@ -211,7 +214,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT
             a[1][r] = (q.x >> 4) & 0x0F0F0F0Fu;
             a[1][2 + r] = (q.y >> 4) & 0x0F0F0F0Fu;
         }
-        unit_k4_tiles<NT, P>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
+        unit_tiles<NT, P, true>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
     }
 }
 
@@ -232,7 +235,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q5_K> &w, const Cols<NT
             a[1][r] = ((q.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> (2 * j + 1)) & 0x01010101u) << 4);
             a[1][2 + r] = ((q.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> (2 * j + 1)) & 0x01010101u) << 4);
         }
-        unit_k4_tiles<NT, P>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
+        unit_tiles<NT, P, true>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
     }
 }
 
@@ -252,24 +255,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q8_0> &w, const Cols<NT
             a[1][r] = w.hi[r][p][0];
             a[1][2 + r] = w.hi[r][p][1];
         }
-        const int64_t xo = s * 256 + 64 * p;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float4 e0 = ldg_f4(cl.xds + cl.ds[t][0] + xo / 16), e1 = ldg_f4(cl.xds + cl.ds[t][1] + xo / 16);
-            float r[2][4];
-#pragma unroll
-            for (int sb = 0; sb < 2; sb++) {
-                const uint2 b = ldg64(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
-                mma32(r[sb], a[sb], b.x, b.y);
-            }
-            float f[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float4 x = e & 1 ? e1 : e0;
-                f[e] = unit_q8_0(ws[e >> 1][0], ws[e >> 1][1], x.x, x.z, r[0][e], r[1][e]);
-            }
-            acc_unit<P>(S[p][t], f);
-        }
+        unit_tiles<NT, P, false>(a, ws, ws, cl, s * 256 + 64 * p, c, S[p]);
     }
 }
 
