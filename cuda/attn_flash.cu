@@ -91,6 +91,21 @@ __device__ __forceinline__ void load_keys(uint32_t sk, int *kp, const __half *kb
     }
 }
 
+/* All threads, before key tile b of nb (buffer b & 1): tile b + 1's copy issued into the other
+ * buffer, tile b's copy complete and visible to the CTA. */
+__device__ __forceinline__ void tile_ready(uint32_t sk0, int *kpos, const __half *kb, const keylist &kl, int64_t b,
+                                           int64_t nb) {
+    const int buf = (int)(b & 1);
+    if (b + 1 < nb) {
+        load_keys(sk0 + (buf ^ 1) * SK_B, kpos + (buf ^ 1) * FBN, kb, kl, (b + 1) * FBN);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        cp_wait<0>();
+    }
+    __syncthreads();
+}
+
 /* O[16 rows p0 ..][16 NP values from 16-byte chunk c0 of the key rows] += P[rows][FBN keys] V:
  * P from the swizzled fp16 tile at sp, V the key tile sk read transposed (ldmatrix .trans). */
 template <int NP>
@@ -186,14 +201,7 @@ __global__ void __launch_bounds__(FT, 1)
         cp_commit();
         for (int64_t b = 0; b < nb; b++) {
             const int buf = (int)(b & 1);
-            if (b + 1 < nb) {
-                load_keys(sk0 + (buf ^ 1) * SK_B, kpos + (buf ^ 1) * FBN, kb, kl, (b + 1) * FBN);
-                cp_commit();
-                cp_wait<1>();
-            } else {
-                cp_wait<0>();
-            }
-            __syncthreads();
+            tile_ready(sk0, kpos, kb, kl, b, nb);
             const uint32_t sk = sk0 + buf * SK_B;
             const int *kp = kpos + buf * FBN;
 
@@ -354,14 +362,7 @@ __global__ void __launch_bounds__(FT, 1)
         cp_commit();
         for (int64_t b = 0; b < nb; b++) {
             const int buf = (int)(b & 1);
-            if (b + 1 < nb) {
-                load_keys(sk0 + (buf ^ 1) * SK_B, kpos + (buf ^ 1) * FBN, kb, kl, (b + 1) * FBN);
-                cp_commit();
-                cp_wait<1>();
-            } else {
-                cp_wait<0>();
-            }
-            __syncthreads();
+            tile_ready(sk0, kpos, kb, kl, b, nb);
             const uint32_t sk = sk0 + buf * SK_B;
             const int *kp = kpos + buf * FBN;
 
