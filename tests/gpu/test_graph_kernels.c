@@ -269,6 +269,9 @@ static void test_graph_replay(void) {
     int32_t *sel[2] = {dalloc(TOPK * 4), dalloc(TOPK * 4)}, *ns[2] = {dalloc(4), dalloc(4)};
     float *o[2] = {dalloc((size_t)H * KL * 4), dalloc((size_t)H * KL * 4)};
     int32_t *dpos = dev_i32(0);
+    /* the same for dpos's copy from pageable memory: landing after the first replay's write of
+     * its position on st, it would run that replay at position 0 (seen under TEST_JOBS=8) */
+    CK(cudaDeviceSynchronize());
     g5_error e = {0};
     /* [0]: the graph */
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
