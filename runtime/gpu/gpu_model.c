@@ -788,15 +788,21 @@ static g5_status q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n
 }
 
 /* y[t] = W x'[t] for the int8 rows x (of W->k), in launches of CUK_Q8_MAX_N rows. */
-/* From Q8T_MIN_N vectors the int8 tensor-core kernel (cuk_gemv_q8t reads and decodes the weights
- * once for up to 32 vectors; dp4a once per 8 and does the integer work per vector): its rows have
- * the bits of the dp4a kernel's one-row launch (cuda/cuk_q8.h), so a batched step's outputs stay
- * those of its single-sequence steps. The threshold: bench/RESULTS.md (bench_q8, n = 1..8). */
-enum { Q8T_MIN_N = 4 };
+/* The int8 tensor-core kernel (cuk_gemv_q8t reads and decodes the weights once for up to 32
+ * vectors; dp4a once per 8 and does the integer work per vector) from 8 vectors, and from 4 on
+ * matrices of at most 2^26 elements. Its rows have the bits of the dp4a kernel's one-row launch
+ * (cuda/cuk_q8.h), so a batched step's outputs stay those of its single-sequence steps. Measured
+ * (bench_q8, H200, bench/RESULTS.md session 11): at n = 4 q8t wins on the attention shapes (6144 x
+ * 8192 Q5_K 26.6 against 31.8 us, 16384 x 2048 19.2 against 23.1) and loses on 19360 x 6144 (Q4_K
+ * 59.3 against 53.9, Q8_0 101 against 64), at n = 8 it wins on every shape, at n = 2 on none. */
+static int q8t_for(const dmat *W, uint32_t n) {
+    if (!cuk_q8t_takes(W->type, W->k)) return 0;
+    return n >= 8 || (n >= 4 && (uint64_t)W->m * (uint64_t)W->k <= (1ull << 26));
+}
 
 static g5_status gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
                             int64_t ldy, g5_error *err) {
-    const int tc = n >= Q8T_MIN_N && cuk_q8t_takes(W->type, W->k);
+    const int tc = q8t_for(W, n);
     const uint32_t per = tc ? CUK_Q8T_MAX_N : CUK_Q8_MAX_N;
     for (uint32_t t0 = 0; t0 < n; t0 += per) {
         const uint32_t c = n - t0 < per ? n - t0 : per;
