@@ -66,19 +66,37 @@ g5_status rt_gpu_debug_set_context(rt_gpu_model *g, uint32_t n_past, uint64_t se
     return G5_OK;
 }
 
+/* The plan of the default sequence's last call of n tokens (rt_gpu_debug_stage_times, _profile, _scan), held
+ * in *lc; `what` names the caller in errors. */
+typedef struct last_call {
+    rt_gpu_seq *seqs[1];
+    uint32_t pos0, len, row0;
+    fplan pl;
+} last_call;
+
+static g5_status last_call_plan(rt_gpu_model *g, uint32_t n, const char *what, last_call *lc, g5_error *err) {
+    rt_gpu_seq *s = g->def;
+    const gl_rank *r0 = &g->rk[0];
+    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "%s: ranks on several devices", what);
+    if (n == 0 || n > s->n_past || n > r0->ncap)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "%s: %u tokens (n_past %u, work buffers for %u)", what, n, s->n_past,
+                       r0->ncap);
+    lc->seqs[0] = s;
+    lc->pos0 = s->n_past - n;
+    lc->len = n;
+    lc->row0 = 0;
+    lc->pl = (fplan){n, 1, lc->seqs, &lc->pos0, &lc->len, &lc->row0};
+    return G5_OK;
+}
+
 g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_times *out, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
-    rt_gpu_seq *s = g->def;
     gl_rank *r0 = &g->rk[0];
     memset(out, 0, sizeof *out);
-    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "stage times: ranks on several devices");
-    if (n == 0 || n > s->n_past || n > r0->ncap)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "stage times: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
-                       r0->ncap);
+    last_call lc;
+    CK(last_call_plan(g, n, "stage times", &lc, err));
+    const fplan pl = lc.pl;
     const uint64_t E = hp->n_embd, Lm = hp->n_layer_main;
-    rt_gpu_seq *const seqs[1] = {s};
-    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
-    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
     /* events on rank 0's stream, which every rank shares here: ev[0] before the embedding, then
      * one after each stage, which kind[] names */
     enum { K_EMBD, K_ATTN, K_ADD, K_DENSE, K_MOE, K_HEAD };
@@ -426,16 +444,9 @@ static void prof_class_table(const rt_gpu_model *g, const fplan *pl, const prof_
 static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflops, FILE *report, g5_error *err);
 
 g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, FILE *report, g5_error *err) {
-    rt_gpu_seq *s = g->def;
-    gl_rank *r0 = &g->rk[0];
-    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "profile: ranks on several devices");
-    if (n == 0 || n > s->n_past || n > r0->ncap)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "profile: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
-                       r0->ncap);
-    rt_gpu_seq *const seqs[1] = {s};
-    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
-    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
-    return profile_plan(g, &pl, ref_tflops, report, err);
+    last_call lc;
+    CK(last_call_plan(g, n, "profile", &lc, err));
+    return profile_plan(g, &lc.pl, ref_tflops, report, err);
 }
 
 g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, uint32_t n_seq, FILE *report,
@@ -602,18 +613,60 @@ static float scan_f(uint32_t bits) {
     return f;
 }
 
+/* rt_gpu_debug_scan's report from the marks' scans in *p. */
+static void scan_report(const rt_gpu_model *g, const gprof *p, FILE *report) {
+    static const char *bn[4] = {"x", "h", "oa", "ob"};
+    fprintf(report, "value scan of the last call (%u tokens, %u layers, rank 0): largest finite |v| of x (residual), "
+                    "h (normed input), oa, ob (stage outputs) per layer over its sub-steps; '!' = non-finite values\n",
+            p->scan_rows, g->hp.n_layer_main);
+    int first = 1;
+    uint32_t layer = 0;
+    float lm[4] = {0, 0, 0, 0};
+    uint32_t lb[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < p->n; i++) {
+        for (int b = 0; b < 4; b++) {
+            const float v = scan_f(p->hscan[i][b][0]);
+            if (v > lm[b]) lm[b] = v;
+            lb[b] += p->hscan[i][b][1];
+            if (first && p->hscan[i][b][1]) {
+                fprintf(report, "  first non-finite: layer %u, after sub-step \"%s\" (%s): %u values of %s\n", layer,
+                        p->label[i], p->stage[i], p->hscan[i][b][1], bn[b]);
+                first = 0;
+            }
+        }
+        const int end = !strcmp(p->label[i], "collective after FFN") || i + 1 == p->n;
+        if (end) {
+            fprintf(report, "  layer %2u:", layer);
+            for (int b = 0; b < 4; b++) fprintf(report, "  %s %10.4g%s", bn[b], (double)lm[b], lb[b] ? "!" : " ");
+            fprintf(report, "\n");
+            memset(lm, 0, sizeof lm);
+            memset(lb, 0, sizeof lb);
+            layer++;
+        }
+    }
+    /* the stage outputs by sub-step: which product's output grows */
+    fprintf(report, "  by sub-step (max over layers of oa after it, count of marks with non-finite oa):\n");
+    for (uint32_t i = 0; i < p->n; i++) {
+        int seen = 0;
+        for (uint32_t j = 0; j < i && !seen; j++) seen = !strcmp(p->label[j], p->label[i]);
+        if (seen) continue;
+        float m = 0;
+        uint32_t nb = 0;
+        for (uint32_t j = i; j < p->n; j++)
+            if (!strcmp(p->label[j], p->label[i])) {
+                const float v = scan_f(p->hscan[j][2][0]);
+                if (v > m) m = v;
+                nb += p->hscan[j][2][1] ? 1 : 0;
+            }
+        fprintf(report, "    %-48s %10.4g %5u\n", p->label[i], (double)m, nb);
+    }
+}
+
 g5_status rt_gpu_debug_scan(rt_gpu_model *g, uint32_t n, FILE *report, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
-    rt_gpu_seq *s = g->def;
-    gl_rank *r0 = &g->rk[0];
-    if (g->coll == COLL_NCCL) return g5_fail(err, G5_ERR_UNSUPPORTED, "scan: ranks on several devices");
-    if (n == 0 || n > s->n_past || n > r0->ncap)
-        return g5_fail(err, G5_ERR_INVALID_ARG, "scan: %u tokens (n_past %u, work buffers for %u)", n, s->n_past,
-                       r0->ncap);
-    rt_gpu_seq *const seqs[1] = {s};
-    const uint32_t pos0 = s->n_past - n, len = n, row0 = 0;
-    const fplan pl = {n, 1, seqs, &pos0, &len, &row0};
-    CUK_CHECK(cudaSetDevice(r0->dev));
+    last_call lc;
+    CK(last_call_plan(g, n, "scan", &lc, err));
+    CUK_CHECK(cudaSetDevice(g->rk[0].dev));
     gprof p;
     memset(&p, 0, sizeof p);
     p.cap = 64u * hp->n_layer_main * g->T + 64u;
@@ -635,59 +688,13 @@ g5_status rt_gpu_debug_scan(rt_gpu_model *g, uint32_t n, FILE *report, g5_error 
     }
     if (!st) {
         g->prof = &p;
-        st = prof_replay(g, &pl, err);
+        st = prof_replay(g, &lc.pl, err);
         g->prof = NULL;
         if (!st && p.ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "scan: %s", cudaGetErrorString(p.ce));
         if (!st && p.overflow) st = g5_fail(err, G5_ERR_INTERNAL, "scan: more than %u marks", p.cap);
     }
     for (uint32_t r = 0; r < g->T; r++) g->rk[r].pa = g->rk[r].pb = NULL;
-    if (!st) {
-        static const char *bn[4] = {"x", "h", "oa", "ob"};
-        fprintf(report, "value scan of the last call (%u tokens, %u layers, rank 0): largest finite |v| of x (residual), "
-                        "h (normed input), oa, ob (stage outputs) per layer over its sub-steps; '!' = non-finite values\n",
-                n, hp->n_layer_main);
-        int first = 1;
-        uint32_t layer = 0;
-        float lm[4] = {0, 0, 0, 0};
-        uint32_t lb[4] = {0, 0, 0, 0};
-        for (uint32_t i = 0; i < p.n; i++) {
-            for (int b = 0; b < 4; b++) {
-                const float v = scan_f(p.hscan[i][b][0]);
-                if (v > lm[b]) lm[b] = v;
-                lb[b] += p.hscan[i][b][1];
-                if (first && p.hscan[i][b][1]) {
-                    fprintf(report, "  first non-finite: layer %u, after sub-step \"%s\" (%s): %u values of %s\n", layer,
-                            p.label[i], p.stage[i], p.hscan[i][b][1], bn[b]);
-                    first = 0;
-                }
-            }
-            const int end = !strcmp(p.label[i], "collective after FFN") || i + 1 == p.n;
-            if (end) {
-                fprintf(report, "  layer %2u:", layer);
-                for (int b = 0; b < 4; b++) fprintf(report, "  %s %10.4g%s", bn[b], (double)lm[b], lb[b] ? "!" : " ");
-                fprintf(report, "\n");
-                memset(lm, 0, sizeof lm);
-                memset(lb, 0, sizeof lb);
-                layer++;
-            }
-        }
-        /* the stage outputs by sub-step: which product's output grows */
-        fprintf(report, "  by sub-step (max over layers of oa after it, count of marks with non-finite oa):\n");
-        for (uint32_t i = 0; i < p.n; i++) {
-            int seen = 0;
-            for (uint32_t j = 0; j < i && !seen; j++) seen = !strcmp(p.label[j], p.label[i]);
-            if (seen) continue;
-            float m = 0;
-            uint32_t nb = 0;
-            for (uint32_t j = i; j < p.n; j++)
-                if (!strcmp(p.label[j], p.label[i])) {
-                    const float v = scan_f(p.hscan[j][2][0]);
-                    if (v > m) m = v;
-                    nb += p.hscan[j][2][1] ? 1 : 0;
-                }
-            fprintf(report, "    %-48s %10.4g %5u\n", p.label[i], (double)m, nb);
-        }
-    }
+    if (!st) scan_report(g, &p, report);
     cudaFree(p.dscan);
     free(p.stage);
     free(p.label);

@@ -206,10 +206,7 @@ static void center_kquant(uint32_t type, uint8_t *b, uint64_t n_blocks, uint64_t
     if (type != QT_Q4_K && type != QT_Q5_K) return;
     const float half = type == QT_Q4_K ? 7.5f : 15.5f;
     for (uint64_t i = 0; i < n_blocks; i++, b += block_bytes) {
-        const float d = quant_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
-        const uint16_t dm = quant_f32_to_f16(d * half);
-        b[2] = (uint8_t)dm;
-        b[3] = (uint8_t)(dm >> 8);
+        g5_wr_u16(b + 2, quant_f32_to_f16(quant_f16_to_f32(g5_rd_u16(b)) * half)); /* dmin */
         uint8_t *sc = b + 4; /* 12 bytes: sc/m of sub-blocks 0..3 in bytes 0..3 / 4..7 (6 bits, the
                                 top 2 bits hold the high bits of 4..7), bytes 8..11 the low 4 bits
                                 of sc (low nibble) and m (high nibble) of 4..7 */
