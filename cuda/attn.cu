@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/attn_int.cuh"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 
@@ -240,23 +241,6 @@ __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, con
     if (tb < nt) qlat[((int64_t)(t0 + tb) * d.n_head + h) * KL + c] = b;
 }
 
-struct ac_args {
-    cuk_mla_dims d;
-    const float *q, *qlat; /* [n_tok][n_head][nope + rope], [n_tok][n_head][kv_lora] */
-    const void *lat;       /* [n_pos][kv_lora + rope] of T */
-    const float *fresh;    /* [n_pos - fresh0][kv_lora + rope] or NULL */
-    int64_t fresh0, n_pos; /* fresh0 = n_pos without fresh rows */
-    const int32_t *dpos;   /* non-NULL: fresh0 and n_pos from *dpos (dev_range), at most bound */
-    int64_t bound;
-    const int32_t *sel;    /* [n_tok][ld_sel] */
-    int64_t ld_sel;
-    const int32_t *n_sel;  /* [n_tok] */
-    int32_t max_sel;
-    float scale;
-    float *out;            /* [n_tok][n_head][kv_lora] */
-    const cuk_seq_row *rows; /* non-NULL: token t's cache, position and fresh row from rows[t] (multi) */
-};
-
 /* ---- head-group decode attention (the default for decode steps) ---- */
 
 
@@ -306,18 +290,11 @@ __global__ void __launch_bounds__(AH_THREADS, 2) k_attend_hg(ac_args a) {
     float *qs = ah_sm;                  /* [AH_HB][RS] */
     float *ks = ah_sm + AH_HB * RS;     /* [AH_TK][RS] */
     const int ns_raw = a.n_sel[t];
-    int64_t fresh0 = a.fresh0, n_pos = a.n_pos;
-    const float *fr = a.fresh;
-    const T *lat = (const T *)a.lat;
-    bool pos_ok = dev_range(a.dpos, a.bound, d.n_tok, fr != nullptr, &fresh0, &n_pos);
-    if (a.rows) { /* a one-token launch of token t's sequence at its position */
-        const cuk_seq_row rw = a.rows[t];
-        pos_ok = rw.pos >= 0 && rw.pos < a.bound && rw.pos < rw.cap && rw.lat;
-        n_pos = (int64_t)rw.pos + 1;
-        fresh0 = fr ? (int64_t)rw.pos : n_pos;
-        if (fr) fr += (int64_t)t * KVW;
-        lat = (const T *)rw.lat;
-    }
+    const ac_range kr = ac_token_range(a, t, KVW);
+    const int64_t fresh0 = kr.fresh0, n_pos = kr.n_pos;
+    const float *fr = kr.fresh;
+    const T *lat = (const T *)kr.lat;
+    const bool pos_ok = kr.ok;
     const bool ns_ok = ns_raw >= 1 && ns_raw <= a.max_sel && pos_ok;
     const int ns = ns_ok ? ns_raw : 0;
     const int chunk = (ns + CL - 1) / CL;
@@ -680,6 +657,7 @@ static g5_status mla_attend(const cuk_mla_attend_args *m, const float *fresh, in
     a.dpos = dpos;
     a.bound = bound;
     const cudaStream_t cs = (cudaStream_t)stream;
+    if (m->tc && mla_dec_fits(&m->d, m->lat_type)) return mla_dec_run(a, m->lat_type, cs, err);
     switch (m->lat_type) {
     case CUK_F32: return attend_t<float>(a, smem, cs, err);
     case CUK_BF16: return attend_t<__nv_bfloat16>(a, smem, cs, err);
@@ -756,6 +734,12 @@ extern "C" g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *m, cuk_st
     if (!cuk_mla_attend_multi_fits(&m->d, m->lat_type) || ((uintptr_t)m->fresh & 15))
         return BAD("mla_attend_multi: shape or cache type %u not covered (cuk_mla_attend_multi_fits)", m->lat_type);
     const cudaStream_t cs = (cudaStream_t)stream;
+    if (m->tc && mla_dec_fits(&m->d, m->lat_type)) {
+        ac_args a = ac_common(m);
+        a.bound = m->pos_bound;
+        a.rows = m->rows;
+        return mla_dec_run(a, m->lat_type, cs, err);
+    }
     switch (m->lat_type) {
     case CUK_F32: return attend_multi_t<float>(m, cs, err);
     case CUK_BF16: return attend_multi_t<__nv_bfloat16>(m, cs, err);

@@ -30,20 +30,16 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_prefill.h"
-#include "cuda/mma.cuh"
+#include "cuda/mla_tile.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
 namespace {
 
-constexpr int FD = 576, FDV = 512, FCH = FD / 8; /* row width, value width, 16-byte chunks per row */
-constexpr int FBM = 64, FBN = 64, FT = 256;
-constexpr int ROWB = FD * 2;                     /* bytes per Q/K row */
-constexpr int SQ_B = FBM * ROWB, SK_B = FBN * ROWB, SP_B = FBM * FBN * 2;
+using namespace cuk::mla;
+constexpr int FBM = 64, FT = 256;
+constexpr int SQ_B = FBM * ROWB, SP_B = FBM * FBN * 2;
 constexpr int SMEM_B = SQ_B + 2 * SK_B + SP_B + (2 * FBN + 4 * FBM + 3 * FBM) * 4;
-
-__device__ __forceinline__ uint32_t sw(int r, int c) { return (uint32_t)(r * ROWB + ((c ^ (r & 7)) << 4)); }
-__device__ __forceinline__ uint32_t swp(int r, int c) { return (uint32_t)(r * FBN * 2 + ((c ^ (r & 7)) << 4)); }
 
 using cuk::cp16;
 using cuk::cp_commit;
@@ -104,25 +100,6 @@ __device__ __forceinline__ void tile_ready(uint32_t sk0, int *kpos, const __half
         cp_wait<0>();
     }
     __syncthreads();
-}
-
-/* O[16 rows p0 ..][16 NP values from 16-byte chunk c0 of the key rows] += P[rows][FBN keys] V:
- * P from the swizzled fp16 tile at sp, V the key tile sk read transposed (ldmatrix .trans). */
-template <int NP>
-__device__ __forceinline__ void pv_acc(float (&o)[2 * NP][4], uint32_t sp, int p0, uint32_t sk, int c0, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < FBN / 16; kk++) {
-        uint32_t a[4];
-        ldsm4(a, sp + swp(p0 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-        for (int np = 0; np < NP; np++) {
-            const int mi = lane >> 3, key = kk * 16 + (lane & 7) + ((mi & 1) << 3);
-            uint32_t bb[4];
-            ldsm4t(bb, sk + sw(key, c0 + np * 2 + (mi >> 1)));
-            mma(o[np * 2], a, bb[0], bb[1]);
-            mma(o[np * 2 + 1], a, bb[2], bb[3]);
-        }
-    }
 }
 
 __global__ void __launch_bounds__(FT, 1)

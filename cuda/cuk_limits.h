@@ -26,6 +26,7 @@
 #define CUK_GEMV_TC_SMEM_PREF (112u * 1024) /* gemv_tc.cuh: two CTAs per SM on sm_90; capped by the device */
 #define CUK_NORM_CLUSTER_MAX 8              /* ops.cu: CTAs per row of the norms (NR_CL) */
 #define CUK_ATTEND_SPLIT_CLUSTER_MAX 16     /* attn.cu: non-portable, only where the device grants it */
+#define CUK_MLA_DEC_CLUSTER_MAX 16          /* attn_dec.cu: non-portable, only where the device grants it */
 #define CUK_TOPK_SPLIT_CLUSTER_MAX 16       /* indexer.cu: non-portable, only where the device grants it */
 #define CUK_MOE_MM_SMEM ((64 + 2 * 128) * (128 + 8) * 2) /* moe_mm.cu: input tile + gate and up weight tiles, fp16 */
 
@@ -57,6 +58,9 @@ static const cuk_kernel_limit cuk_kernel_limits[] = {
     /* attn.cu: two tiles of AC_TK = 32 latent rows */
     /* attn.cu: (AH_HB + AH_TK) rows of (kv_lora + rope + 4) floats */
     {"k_attend_hg", (8 + 32) * (CUK_G5_KVW + 4) * 4, CUK_PORTABLE_CLUSTER, CUK_ATTEND_SPLIT_CLUSTER_MAX, 1, "k_attend"},
+    /* attn_dec.cu: 64 query rows, two key tiles of 64 rows, the P tile (fp16), positions, maxima */
+    {"k_mla_dec", 64 * CUK_G5_KVW * 2 + 2 * 64 * CUK_G5_KVW * 2 + 64 * 64 * 2 + 2 * 64 * 4 + 2 * 8 * 16 * 4,
+     CUK_PORTABLE_CLUSTER, CUK_MLA_DEC_CLUSTER_MAX, 1, "k_attend_hg"},
     {"k_attend", CUK_G5_KVW * 4 + CUK_G5_TOPK * (4 + 4), 1, 0, 0, NULL},
     /* indexer.cu: (n_head * dim + n_head) floats; the split kernel only up to CUK_SMEM_NO_OPTIN */
     {"k_scores_split / k_scores", (CUK_G5_IDX_HEADS * CUK_G5_IDX_DIM + CUK_G5_IDX_HEADS) * 4, 1, 0, 0, NULL},

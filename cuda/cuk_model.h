@@ -164,6 +164,8 @@ typedef struct cuk_mla_attend_args {
     int32_t max_sel;         /* 1..16384: the most any n_sel[t] may hold */
     float scale;
     float *out;              /* [n_tok][n_head][kv_lora] */
+    uint32_t tc;             /* _fresh, _dev: 1 = fast mode's tensor-core kernel where it covers the
+                                shape (below), 0 = the float32 kernels */
 } cuk_mla_attend_args;
 
 /* For each token and head, over the n_sel[t] key positions sel[t][0..] (ascending):
@@ -181,6 +183,13 @@ g5_status cuk_mla_attend(const cuk_mla_attend_args *a, cuk_stream stream, g5_err
  * Within one call attention thus sees its own tokens at full precision whatever the cache type;
  * only later calls read them back rounded. Reads cuk_mla_attend's fields and fresh, fresh0. */
 g5_status cuk_mla_attend_fresh(const cuk_mla_attend_args *a, cuk_stream stream, g5_error *err);
+
+/* Fast mode (tc = 1, kv_lora 512, rope 64, a bf16 or f16 cache, the device's shared memory):
+ * _fresh, _dev and _multi compute the same attention with fp16 queries, keys and probabilities
+ * on the tensor cores (float32 products' sums, float32 softmax; the cache's bf16 rows and the
+ * fresh float32 rows rounded to fp16), each token's keys split over a cluster of CTAs whose size
+ * depends on n_head, max_sel and the device only: a token's bits are the same in all three.
+ * specs/numerics.md has the order. Elsewhere tc is ignored. */
 
 /* ---- DSA lightning indexer ---- */
 
@@ -296,6 +305,7 @@ typedef struct cuk_attend_multi_args {
     int32_t max_sel;
     float scale;
     float *out;              /* [n_tok][n_head][kv_lora] */
+    uint32_t tc;             /* as cuk_mla_attend_args.tc */
 } cuk_attend_multi_args;
 /* 1 if cuk_mla_attend_multi covers the shape and cache type (the head-group attention kernel). */
 int cuk_mla_attend_multi_fits(const cuk_mla_dims *d, uint32_t lat_type);

@@ -91,6 +91,7 @@ typedef struct gl_rank {
     const float *out_norm;
     int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
     int q8;                          /* int8 inputs for gm_gemv_q8's roles (every mode but precise) */
+    int attn_tc;                     /* decode attention on the tensor cores (every mode but precise) */
     /* work buffers for up to ncap tokens */
     void *work;
     uint32_t ncap;

@@ -332,6 +332,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         rk->c = &rk->ctab;
         rk->fast = bf16act;
         rk->q8 = fast;
+        rk->attn_tc = fast;
         if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
             st = g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(ce));
             goto loaded;
@@ -1005,12 +1006,14 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                               .lat_type = g->lat_type, .fresh = g->lat_type == CUK_F32 ? NULL : rk->latf,
                               .pos0_dev = rk->pos, .pos_bound = bound, .sel = rk->sel, .ld_sel = K,
                               .n_sel = rk->n_sel, .max_sel = (int32_t)K,
-                              .scale = (float)(1.0 / sqrt((double)(NOPE + R))), .out = rk->olat};
+                              .scale = (float)(1.0 / sqrt((double)(NOPE + R))), .out = rk->olat,
+                              .tc = (uint32_t)rk->attn_tc};
     if (bound) CK(cuk_mla_attend_dev(&at, cs, err));
     if (multi) {
         const cuk_attend_multi_args ma = {dm, rk->q, rk->qlat, g->lat_type,
                                           g->lat_type == CUK_F32 ? NULL : rk->latf, rows, mpb, rk->sel, K,
-                                          rk->n_sel, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat};
+                                          rk->n_sel, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat,
+                                          (uint32_t)rk->attn_tc};
         CK(cuk_mla_attend_multi(&ma, cs, err));
     }
     if (tc) { /* one sequence: the call's tokens are its last n positions */
