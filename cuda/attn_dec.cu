@@ -61,9 +61,8 @@ __device__ __forceinline__ uint32_t h2(float a, float b) {
     return *(const uint32_t *)&v;
 }
 
-/* 8 float32 at src -> 8 fp16 at shared address dst */
-__device__ __forceinline__ void st_f32x8(uint8_t *dst, const float *src) {
-    const float4 x = *(const float4 *)src, y = *(const float4 *)(src + 4);
+/* 8 float32 (x, y) -> 8 fp16 at dst (shared) */
+__device__ __forceinline__ void st_f16x8(uint8_t *dst, float4 x, float4 y) {
     *(uint4 *)dst = make_uint4(h2(x.x, x.y), h2(x.z, x.w), h2(y.x, y.y), h2(y.z, y.w));
 }
 
@@ -95,10 +94,21 @@ __device__ __forceinline__ int load_tile(uint32_t sk, uint8_t *skg, int *kp, con
             j = -1;
         }
     }
-    if (j >= kr.fresh0) {
+    if (j >= kr.fresh0) { /* loads of a batch issued together: they are dependent-free */
         const float *src = kr.fresh + (int64_t)(j - kr.fresh0) * FD;
-#pragma unroll 2
-        for (int c = c0; c < FCH; c += 4) st_f32x8(skg + sw(key, c), src + c * 8);
+        constexpr int FB = 6;
+        static_assert((FCH / 4) % FB == 0, "fresh-row batches");
+        for (int k0 = 0; k0 < FCH / 4; k0 += FB) {
+            float4 v[FB][2];
+#pragma unroll
+            for (int k = 0; k < FB; k++) {
+                const float *e = src + (c0 + 4 * (k0 + k)) * 8;
+                v[k][0] = *(const float4 *)e;
+                v[k][1] = *(const float4 *)(e + 4);
+            }
+#pragma unroll
+            for (int k = 0; k < FB; k++) st_f16x8(skg + sw(key, c0 + 4 * (k0 + k)), v[k][0], v[k][1]);
+        }
     } else {
         const uint16_t *src = (const uint16_t *)lat + (int64_t)(j < 0 ? 0 : j) * FD;
 #pragma unroll
@@ -152,15 +162,26 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
         int jn = load_tile(sk0, skg0, kpos, kr.lat, kr, selrow, ns, b0 * FBN, &bad);
         cp_commit();
         /* the queries, fp16: [qlat | q_pe] of heads h0 .. h0 + nh - 1, zero rows past them */
-        for (int i = tid; i < M * FCH; i += DT) {
-            const int r = i / FCH, c = i - r * FCH;
-            uint8_t *dst = sqg + sw(r, c);
-            if (r >= nh) {
-                *(uint4 *)dst = make_uint4(0, 0, 0, 0);
-                continue;
+        constexpr int QPT = (M * FCH + DT - 1) / DT, QB = QPT < 6 ? QPT : 6;
+        for (int k0 = 0; k0 < QPT; k0 += QB) { /* a batch's loads issued together */
+            float4 v[QB][2];
+#pragma unroll
+            for (int k = 0; k < QB; k++) {
+                const int i = tid + (k0 + k) * DT, r = i / FCH, c = i - r * FCH;
+                v[k][0] = v[k][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (k0 + k < QPT && r < nh) {
+                    const int64_t row = (int64_t)t * H + h0 + r;
+                    const float *e = c < FDV / 8 ? a.qlat + row * FDV + c * 8
+                                                 : a.q + row * (d.nope + d.rope) + d.nope + (c * 8 - FDV);
+                    v[k][0] = *(const float4 *)e;
+                    v[k][1] = *(const float4 *)(e + 4);
+                }
             }
-            const int64_t row = (int64_t)t * H + h0 + r;
-            st_f32x8(dst, c < FDV / 8 ? a.qlat + row * FDV + c * 8 : a.q + row * (d.nope + d.rope) + d.nope + (c * 8 - FDV));
+#pragma unroll
+            for (int k = 0; k < QB; k++) {
+                const int i = tid + (k0 + k) * DT, r = i / FCH, c = i - r * FCH;
+                if (k0 + k < QPT && r < M) st_f16x8(sqg + sw(r, c), v[k][0], v[k][1]);
+            }
         }
         for (int b = b0; b < b1; b++) {
             const int buf = (b - b0) & 1;
@@ -291,16 +312,24 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
         }
     cl.sync();
     /* the combine: per row the weights of the busy CTAs (rank order), then this CTA's share */
-    if (tid < nh) {
+    if (tid < nh) { /* loops over the cluster unrolled: the remote loads issued together */
         const int r = tid;
+        float mc[DMAXCL], lc[DMAXCL];
+#pragma unroll
+        for (int c = 0; c < DMAXCL; c++) {
+            mc[c] = c < nbusy ? cl.map_shared_rank(cm, c)[r] : -INFINITY;
+            lc[c] = c < nbusy ? cl.map_shared_rank(cs, c)[r] : 0.0f;
+        }
         float mx = -INFINITY;
-        for (int c = 0; c < nbusy; c++) mx = fmaxf(mx, cl.map_shared_rank(cm, c)[r]);
+#pragma unroll
+        for (int c = 0; c < DMAXCL; c++) mx = fmaxf(mx, mc[c]);
         float l = 0.0f;
-        for (int c = 0; c < nbusy; c++) {
-            const float mc = cl.map_shared_rank(cm, c)[r];
-            const float w = mc == -INFINITY ? 0.0f : __expf(mc - mx);
+#pragma unroll
+        for (int c = 0; c < DMAXCL; c++) {
+            if (c >= nbusy) break;
+            const float w = mc[c] == -INFINITY ? 0.0f : __expf(mc[c] - mx);
             wcl[c * M + r] = w;
-            l = fmaf(w, cl.map_shared_rank(cs, c)[r], l);
+            l = fmaf(w, lc[c], l);
         }
         lsum[r] = l;
     }
@@ -311,11 +340,26 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     }
     __syncthreads();
     const float nan = nan_f();
-    for (int i = rank * DT + tid; i < nh * FDV; i += CL * DT) {
-        const int r = i / FDV, col = i - r * FDV;
-        float acc = 0.0f;
-        for (int c = 0; c < nbusy; c++) acc = fmaf(wcl[c * M + r], cl.map_shared_rank(po, c)[r * FDV + col], acc);
-        a.out[((int64_t)t * H + h0 + r) * FDV + col] = bad_any ? nan : acc / lsum[r];
+    /* four columns per thread, the busy CTAs' float4 loads issued together */
+    for (int i = rank * DT + tid; i < nh * (FDV / 4); i += CL * DT) {
+        const int r = i / (FDV / 4), col = 4 * (i - r * (FDV / 4));
+        float4 v[DMAXCL];
+#pragma unroll
+        for (int c = 0; c < DMAXCL; c++)
+            v[c] = c < nbusy ? *(const float4 *)(cl.map_shared_rank(po, c) + r * FDV + col) : make_float4(0, 0, 0, 0);
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int c = 0; c < DMAXCL; c++) {
+            if (c >= nbusy) break;
+            const float w = wcl[c * M + r];
+            acc.x = fmaf(w, v[c].x, acc.x);
+            acc.y = fmaf(w, v[c].y, acc.y);
+            acc.z = fmaf(w, v[c].z, acc.z);
+            acc.w = fmaf(w, v[c].w, acc.w);
+        }
+        const float il = lsum[r];
+        *(float4 *)(a.out + ((int64_t)t * H + h0 + r) * FDV + col) =
+            bad_any ? make_float4(nan, nan, nan, nan) : make_float4(acc.x / il, acc.y / il, acc.z / il, acc.w / il);
     }
     cl.sync(); /* the others may still read this CTA's shared memory */
 }

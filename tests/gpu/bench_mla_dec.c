@@ -4,7 +4,8 @@
  * step's own row in float32: GLM-5's 64 heads (TP 1) and 8 (TP 8), 1 and 32 sequences, contexts
  * of 512, 4096 and 32768 keys (index_topk 2048 selected, at random, past 2048). Each sequence has
  * its own cache; per call: us, the selected latent rows' bytes, GB/s and the ratio to a D2D copy
- * measured in the same run; the two kernels' outputs compared (max abs difference).
+ * measured in the same run (time: 20 launches captured in one CUDA graph, replayed, as a decode
+ * step runs them); the two kernels' outputs compared (max abs difference).
  * Usage: bench_mla_dec */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -88,18 +89,37 @@ static double run(int H, int B, int P, uint32_t tc, float *out_h) {
     const cuk_attend_multi_args m = {{B, H, NOPE, R, KL}, dq, dql, CUK_BF16, dfr, drows, P, dsel, TOPK, dns, TOPK,
                                      scale, dout, tc};
     cudaEvent_t e0, e1;
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const int iters = 50;
-    for (int i = 0; i < iters + 3; i++) {
-        if (i == 3) CK(cudaEventRecord(e0, NULL));
-        if (B == 1) GK(cuk_mla_attend_fresh(&a, NULL, &err_));
-        else GK(cuk_mla_attend_multi(&m, NULL, &err_));
+    /* one graph of `iters` launches, replayed: the kernel's own time, no host launch gaps */
+    const int iters = 20;
+    for (int i = 0; i < 3; i++) {
+        if (B == 1) GK(cuk_mla_attend_fresh(&a, (cuk_stream)st, &err_));
+        else GK(cuk_mla_attend_multi(&m, (cuk_stream)st, &err_));
     }
-    CK(cudaEventRecord(e1, NULL));
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < iters; i++) {
+        if (B == 1) GK(cuk_mla_attend_fresh(&a, (cuk_stream)st, &err_));
+        else GK(cuk_mla_attend_multi(&m, (cuk_stream)st, &err_));
+    }
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < 5; r++) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
     CK(cudaEventSynchronize(e1));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
+    ms /= 5;
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(gr));
+    CK(cudaStreamDestroy(st));
     CK(cudaMemcpy(out_h, dout, (size_t)B * lw * 4, cudaMemcpyDeviceToHost));
     for (int b = 0; b < B; b++) cudaFree(dl[b]);
     cudaFree(dq), cudaFree(dql), cudaFree(dfr), cudaFree(dsel), cudaFree(dns), cudaFree(drows), cudaFree(dout);
