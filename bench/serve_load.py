@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Concurrent greedy clients against a running glm5-serve (bench/serve.sh): each client sends one
+streamed /v1/completions request of PROMPT random token ids (its own seed) for MAX_TOKENS tokens
+at temperature 0, all clients at once. Prints per run: clients, wall time, completion tokens,
+aggregate tokens/s, time to first token (median and last) and per-client tokens/s. Standard
+library only (the GPU machines have no network for pip)."""
+import argparse
+import http.client
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+
+
+def model_id(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", "/v1/models")
+    r = c.getresponse()
+    body = json.loads(r.read())
+    c.close()
+    return body["data"][0]["id"]
+
+
+def one(port, model, ids, max_tokens, t0, out, i):
+    body = json.dumps({"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        out[i] = {"error": f"HTTP {r.status}: {r.read()[:200]!r}"}
+        return
+    first, toks = None, 0
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:]
+        if data == b"[DONE]":
+            break
+        ev = json.loads(data)
+        if ev.get("choices") and first is None and ev["choices"][0].get("text"):
+            first = time.monotonic() - t0
+        if ev.get("usage"):
+            toks = ev["usage"]["completion_tokens"]
+    c.close()
+    out[i] = {"ttft": first if first is not None else float("nan"), "tokens": toks, "end": time.monotonic() - t0}
+
+
+def run(port, model, n, prompt, max_tokens, vocab, quiet=False):
+    out = [None] * n
+    prompts = [[random.Random(1000 + i).randrange(vocab) for _ in range(prompt)] for i in range(n)]
+    t0 = time.monotonic()
+    th = [threading.Thread(target=one, args=(port, model, prompts[i], max_tokens, t0, out, i)) for i in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    wall = time.monotonic() - t0
+    errs = [o["error"] for o in out if o and "error" in o]
+    if errs or any(o is None for o in out):
+        print(f"clients {n}: FAILED: {errs[:3]}")
+        return False
+    toks = sum(o["tokens"] for o in out)
+    ttft = sorted(o["ttft"] for o in out)
+    per = statistics.median(o["tokens"] / (o["end"] - o["ttft"]) for o in out if o["end"] > o["ttft"])
+    if quiet:
+        return True
+    print(f"| {n} | {wall:.2f} | {toks} | {toks / wall:.1f} | {statistics.median(ttft):.3f} | {ttft[-1]:.3f} | "
+          f"{per:.1f} |", flush=True)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=154880)
+    a = ap.parse_args()
+    model = model_id(a.port)
+    run(a.port, model, 1, 16, 4, a.vocab, quiet=True)  # warm-up: first-call set-up out of the figures
+    print("| clients | wall s | completion tokens | aggregate tok/s | TTFT median s | TTFT last s | "
+          "per-client tok/s (median, after its first token) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    ok = all(run(a.port, model, int(n), a.prompt, a.max_tokens, a.vocab) for n in a.clients.split(","))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
