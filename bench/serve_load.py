@@ -2,7 +2,8 @@
 """Concurrent greedy clients against a running glm5-serve (bench/serve.sh): each client sends one
 streamed /v1/completions request of PROMPT random token ids (its own seed) for MAX_TOKENS tokens
 at temperature 0, all clients at once. Prints per run: clients, wall time, completion tokens,
-aggregate tokens/s, time to first token (median and last) and per-client tokens/s. Standard
+aggregate tokens/s, time to first token (median and last) and per-client tokens/s; a run in which any request fails (an error event in its stream) prints the
+failures instead and makes the exit status 1. Standard
 library only (the GPU machines have no network for pip)."""
 import argparse
 import http.client
@@ -12,6 +13,24 @@ import statistics
 import sys
 import threading
 import time
+
+
+def wait_ready(port, limit_s=600):
+    """glm5-serve listens while it loads the model (503 until then): wait for /health."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            r.read()
+            c.close()
+            if r.status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("glm5-serve not ready")
 
 
 def model_id(port):
@@ -44,6 +63,10 @@ def one(port, model, ids, max_tokens, t0, out, i):
         if data == b"[DONE]":
             break
         ev = json.loads(data)
+        if ev.get("error"):  # the server failed the request mid-stream
+            out[i] = {"error": ev["error"].get("message", "?")}
+            c.close()
+            return
         if ev.get("choices") and first is None and ev["choices"][0].get("text"):
             first = time.monotonic() - t0
         if ev.get("usage"):
@@ -64,7 +87,7 @@ def run(port, model, n, prompt, max_tokens, vocab, quiet=False):
     wall = time.monotonic() - t0
     errs = [o["error"] for o in out if o and "error" in o]
     if errs or any(o is None for o in out):
-        print(f"clients {n}: FAILED: {errs[:3]}")
+        print(f"clients {n}: FAILED: {len(errs)} of {n} requests failed; first messages: {sorted(set(errs))[:3]}")
         return False
     toks = sum(o["tokens"] for o in out)
     ttft = sorted(o["ttft"] for o in out)
@@ -84,6 +107,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=154880)
     a = ap.parse_args()
+    wait_ready(a.port)
     model = model_id(a.port)
     run(a.port, model, 1, 16, 4, a.vocab, quiet=True)  # warm-up: first-call set-up out of the figures
     print("| clients | wall s | completion tokens | aggregate tok/s | TTFT median s | TTFT last s | "
