@@ -2,9 +2,9 @@
 """Concurrent greedy clients against a running glm5-serve (bench/serve.sh): each client sends one
 streamed /v1/completions request of PROMPT random token ids (its own seed) for MAX_TOKENS tokens
 at temperature 0, all clients at once. Prints per run: clients, wall time, completion tokens,
-aggregate tokens/s, time to first token (median and last) and per-client tokens/s; a run in which any request fails (an error event in its stream) prints the
-failures instead and makes the exit status 1. Standard
-library only (the GPU machines have no network for pip)."""
+aggregate tokens/s, time to first token (median and last) and per-client tokens/s. A run in which
+any request fails (an error event in its stream) prints the failures instead and makes the exit
+status 1. Standard library only (the GPU machines have no network for pip)."""
 import argparse
 import http.client
 import json
