@@ -388,27 +388,7 @@ static void bench_wuv(void) {
 
 int main(int argc, char **argv) {
     const int only_decode = argc > 1 && atoi(argv[1]) != 0;
-    {
-        const size_t cb = 512ull << 20;
-        void *a = dalloc(cb), *bb = dalloc(cb);
-        CK(cudaMemset(a, 1, cb));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        CK(cudaMemcpy(bb, a, cb, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e0, NULL));
-        for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(bb, a, cb, cudaMemcpyDeviceToDevice, NULL));
-        CK(cudaEventRecord(e1, NULL));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        copy_gbs = 2.0 * 5 * cb / (ms * 1e-3) / 1e9;
-        printf("D2D copy: %.0f GB/s (read + write)\n", copy_gbs);
-        cudaFree(a);
-        cudaFree(bb);
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
-    }
+    copy_gbs = bench_copy_gbs();
     static const cfg cfgs[] = {
         {"decode 1k", 1, 1024, CUK_F32},  {"decode 8k", 1, 8192, CUK_F32},  {"decode 32k", 1, 32768, CUK_F32},
         {"decode 1k", 1, 1024, CUK_BF16}, {"decode 8k", 1, 8192, CUK_BF16}, {"decode 32k", 1, 32768, CUK_BF16},

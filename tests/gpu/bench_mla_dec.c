@@ -130,25 +130,7 @@ static double run(int H, int B, int P, uint32_t tc, float *out_h) {
 }
 
 int main(void) {
-    {
-        const size_t cb = 512ull << 20;
-        void *a = dalloc(cb), *bb = dalloc(cb);
-        CK(cudaMemset(a, 1, cb));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        CK(cudaMemcpy(bb, a, cb, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e0, NULL));
-        for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(bb, a, cb, cudaMemcpyDeviceToDevice, NULL));
-        CK(cudaEventRecord(e1, NULL));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        copy_gbs = 2.0 * 5 * cb / (ms * 1e-3) / 1e9;
-        printf("D2D copy: %.0f GB/s (read + write)\n", copy_gbs);
-        cudaFree(a);
-        cudaFree(bb);
-    }
+    copy_gbs = bench_copy_gbs();
     static const int heads[] = {64, 8}, batches[] = {1, 32}, ctx[] = {512, 4096, 32768};
     printf("| heads | seqs | keys | f32 kernel us | tensor-core us | MB read | tc GB/s (of copy) | max |diff| |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");

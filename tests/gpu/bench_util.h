@@ -25,4 +25,32 @@
         }                                                                                          \
     } while (0)
 
+/* The ceiling of the memory-bound benchmarks: a device-to-device copy of 512 MB, five times,
+ * bytes read + written per second (GB/s); printed as "D2D copy: N GB/s (read + write)". Needs
+ * <cuda_runtime_api.h> and <stdio.h>. */
+static inline double bench_copy_gbs(void) {
+    const size_t cb = 512ull << 20;
+    void *a = NULL, *bb = NULL;
+    CK(cudaMalloc(&a, cb));
+    CK(cudaMalloc(&bb, cb));
+    CK(cudaMemset(a, 1, cb));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaMemcpy(bb, a, cb, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e0, NULL));
+    for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(bb, a, cb, cudaMemcpyDeviceToDevice, NULL));
+    CK(cudaEventRecord(e1, NULL));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double gbs = 2.0 * 5 * cb / (ms * 1e-3) / 1e9;
+    printf("D2D copy: %.0f GB/s (read + write)\n", gbs);
+    CK(cudaFree(a));
+    CK(cudaFree(bb));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return gbs;
+}
+
 #endif
