@@ -30,8 +30,6 @@ constexpr int ABS_THREADS = 256;
 constexpr int ATT_THREADS = 128;
 constexpr int ATT_WARPS = ATT_THREADS / 32;
 
-__device__ __forceinline__ float nanf_() { return __int_as_float(0x7fc00000); }
-
 /* The key range of a token set whose first position is read from the device (dpos: a CUDA-graph
  * step, cuk_mla_attend_dev): n_pos = pos0 + n_tok, fresh rows (if any) the call's own tokens from
  * pos0 on. Without dpos the host's values stay. 0 when *dpos is outside [0, bound - n_tok]. */
@@ -544,18 +542,10 @@ static int hg_cluster(const cuk_mla_dims *d, int32_t max_sel, size_t smem, cudaS
 /* Launches k_attend_hg<T> over clusters of cl blocks for a's tokens. */
 template <typename T>
 static g5_status attend_hg_launch(const ac_args &a, int cl, size_t smem, cudaStream_t st, g5_error *err) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)cl, (unsigned)((a.d.n_head + AH_HB - 1) / AH_HB), (unsigned)a.d.n_tok);
-    cfg.blockDim = dim3(AH_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute at;
+    const cudaLaunchConfig_t cfg = cuk_cluster_cfg(
+        &at, (unsigned)cl, dim3((unsigned)cl, (unsigned)((a.d.n_head + AH_HB - 1) / AH_HB), (unsigned)a.d.n_tok),
+        AH_THREADS, smem, st);
     CUK_CHECK(cudaLaunchKernelEx(&cfg, k_attend_hg<T>, a));
     CUK_CHECK_LAUNCH("mla_attend");
     return G5_OK;

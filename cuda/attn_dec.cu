@@ -54,8 +54,6 @@ static_assert(dec_smem(64) <= 227 * 1024, "k_mla_dec<4> fits sm_90's opt-in");
 static_assert(64 * FDV * 4 <= 2 * SK_B, "the partial O fits the key tiles");
 static_assert((2 + DMAXCL + 1) * 64 * 4 <= 64 * ROWB, "m, l and the weights fit the query tile");
 
-__device__ __forceinline__ float nan_f() { return __int_as_float(0x7fc00000); }
-
 __device__ __forceinline__ uint32_t h2(float a, float b) {
     const __half2 v = __floats2half2_rn(a, b);
     return *(const uint32_t *)&v;
@@ -339,7 +337,7 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
         bad_any = any;
     }
     __syncthreads();
-    const float nan = nan_f();
+    const float nan = nanf_();
     /* four columns per thread, the busy CTAs' float4 loads issued together */
     for (int i = rank * DT + tid; i < nh * (FDV / 4); i += CL * DT) {
         const int r = i / (FDV / 4), col = 4 * (i - r * (FDV / 4));
@@ -379,18 +377,9 @@ g5_status dec_launch(const ac_args &a, cudaStream_t st, g5_error *err) {
     int cl = (a.max_sel + DKEYS_PER_CTA - 1) / DKEYS_PER_CTA;
     if (cl > max_cl) cl = max_cl;
     if (cl < 1) cl = 1;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)cl, (unsigned)((a.d.n_head + M - 1) / M), (unsigned)a.d.n_tok);
-    cfg.blockDim = dim3(DT, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute at;
+    const cudaLaunchConfig_t cfg = cuk_cluster_cfg(
+        &at, (unsigned)cl, dim3((unsigned)cl, (unsigned)((a.d.n_head + M - 1) / M), (unsigned)a.d.n_tok), DT, smem, st);
     CUK_CHECK(cudaLaunchKernelEx(&cfg, k_mla_dec<RB, BF16>, a));
     CUK_CHECK_LAUNCH("mla_attend (tensor cores)");
     return G5_OK;
@@ -407,8 +396,6 @@ int mla_dec_fits(const cuk_mla_dims *d, uint32_t lat_type) {
 }
 
 g5_status mla_dec_run(const ac_args &a, uint32_t lat_type, cudaStream_t st, g5_error *err) {
-    if (!mla_dec_fits(&a.d, lat_type))
-        return g5_fail(err, G5_ERR_INVALID_ARG, "mla_attend (tensor cores): shape or cache type %u not covered", lat_type);
     if (((uintptr_t)a.q | (uintptr_t)a.qlat | (uintptr_t)a.lat | (uintptr_t)a.fresh) & 15)
         return g5_fail(err, G5_ERR_INVALID_ARG, "mla_attend (tensor cores): operands not 16-byte aligned");
     const bool bf = lat_type == CUK_BF16;

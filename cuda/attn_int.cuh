@@ -8,6 +8,9 @@
 
 #include "cuda/cuk_model.h"
 
+/* The NaN a row gets when its token's positions or counts are invalid */
+__device__ __forceinline__ float nanf_() { return __int_as_float(0x7fc00000); }
+
 struct ac_args {
     cuk_mla_dims d;
     const float *q, *qlat; /* [n_tok][n_head][nope + rope], [n_tok][n_head][kv_lora] */
@@ -59,7 +62,8 @@ __device__ __forceinline__ ac_range ac_token_range(const ac_args &a, int t, int 
 
 /* Fast mode's decode attention on the tensor cores (attn_dec.cu): cuk_mla_attend's result for
  * the launch a (any of its three forms), fp16 products. mla_dec_fits: 1 if it covers the shape
- * and cache type on the current device (kv_lora 512, rope 64, a 16-bit cache, its shared memory). */
+ * and cache type on the current device (kv_lora 512, rope 64, a 16-bit cache, its shared memory);
+ * the launchers ask it before mla_dec_run, which does not ask again. */
 int mla_dec_fits(const cuk_mla_dims *d, uint32_t lat_type);
 g5_status mla_dec_run(const ac_args &a, uint32_t lat_type, cudaStream_t st, g5_error *err);
 

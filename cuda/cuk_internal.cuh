@@ -31,24 +31,34 @@ static inline int cuk_device_slot(void) {
     return d < CUK_MAX_DEVICES ? d : CUK_MAX_DEVICES - 1;
 }
 
+/* The launch configuration of `grid` blocks of `threads` threads with `smem` bytes of dynamic
+ * shared memory on st, in clusters of (cl, 1, 1); *at holds the cluster attribute and must
+ * outlive the cudaLaunchKernelEx call. */
+static inline cudaLaunchConfig_t cuk_cluster_cfg(cudaLaunchAttribute *at, unsigned cl, dim3 grid, unsigned threads,
+                                                 size_t smem, cudaStream_t st) {
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = cl;
+    at->val.clusterDim.y = 1;
+    at->val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 /* The largest cluster of `want` blocks (a non-portable size above 8) that the device can run for
  * kernel `fn` with `threads` threads and `smem` bytes of dynamic shared memory per block, else 8.
  * Asked once per kernel by its launcher; a refused query leaves no launch error behind. */
 static inline int cuk_cluster_max(const void *fn, int want, int threads, size_t smem, cudaStream_t st) {
     int max_cl = 8;
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)want;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)want, 1, 1);
-        cfg.blockDim = dim3((unsigned)threads, 1, 1);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cuk_cluster_cfg(&at, (unsigned)want, dim3((unsigned)want, 1, 1),
+                                                       (unsigned)threads, smem, st);
         int n = 0;
         if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n >= 1) max_cl = want;
     }

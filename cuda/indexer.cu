@@ -549,17 +549,9 @@ static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t
         /* enough blocks to cover the SMs, slices of at least 1024 positions */
         int cl = 1;
         while (cl < max_cl && (int64_t)n_tok * cl < sms && P / (cl * 2) >= 1024) cl *= 2;
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)cl;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)cl, (unsigned)n_tok, 1);
-        cfg.blockDim = dim3(TK_THREADS, 1, 1);
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cuk_cluster_cfg(&at, (unsigned)cl, dim3((unsigned)cl, (unsigned)n_tok, 1),
+                                                       TK_THREADS, 0, st);
         cudaError_t e = cudaLaunchKernelEx(&cfg, k_topk_split, sc, ld_sc, pos0, dpos, rows, P, k, sel, ld_sel, n_sel);
         if (e != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "idx_topk: %s", cudaGetErrorString(e));
         CUK_CHECK_LAUNCH("idx_topk");

@@ -220,18 +220,9 @@ static g5_status launch_norm(NormArgs p, cudaStream_t st, g5_error *err) {
     if (sh.cs == 1) {
         k_norm<KIND><<<(unsigned)n_cl, sh.threads, 0, st>>>(p);
     } else {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)sh.cs;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)(n_cl * sh.cs), 1, 1);
-        cfg.blockDim = dim3((unsigned)sh.threads, 1, 1);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cuk_cluster_cfg(&at, (unsigned)sh.cs, dim3((unsigned)(n_cl * sh.cs), 1, 1),
+                                                       (unsigned)sh.threads, 0, st);
         CUK_CHECK(cudaLaunchKernelEx(&cfg, k_norm<KIND>, p));
     }
     CUK_CHECK(cudaGetLastError());

@@ -38,16 +38,6 @@ static float unif(float a, float b) {
     return a + (b - a) * (float)((rng >> 40) * (1.0 / 16777216.0));
 }
 
-static void *dalloc(size_t n) {
-    void *p = NULL;
-    CK(cudaMalloc(&p, n));
-    return p;
-}
-static void *dup_d(const void *h, size_t n) {
-    void *d = dalloc(n);
-    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    return d;
-}
 static float *rand_h(size_t n, float a, float b) {
     float *h = malloc(n * 4);
     if (!h) exit(2);

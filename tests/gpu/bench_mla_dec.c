@@ -30,17 +30,6 @@ static uint64_t rnd(void) {
 }
 static float unif(float a, float b) { return a + (b - a) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
 
-static void *dalloc(size_t n) {
-    void *p = NULL;
-    CK(cudaMalloc(&p, n));
-    return p;
-}
-static void *dup_d(const void *h, size_t n) {
-    void *d = dalloc(n);
-    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    return d;
-}
-
 static double copy_gbs;
 
 static double run(int H, int B, int P, uint32_t tc, float *out_h) {

@@ -25,6 +25,18 @@
         }                                                                                          \
     } while (0)
 
+/* Device memory of n bytes, and a device copy of n host bytes (a failed call ends the bench). */
+static inline void *dalloc(size_t n) {
+    void *p = NULL;
+    CK(cudaMalloc(&p, n));
+    return p;
+}
+static inline void *dup_d(const void *h, size_t n) {
+    void *d = dalloc(n);
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
 /* The ceiling of the memory-bound benchmarks: a device-to-device copy of 512 MB, five times,
  * bytes read + written per second (GB/s); printed as "D2D copy: N GB/s (read + write)". Needs
  * <cuda_runtime_api.h> and <stdio.h>. */
