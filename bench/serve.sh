@@ -9,7 +9,8 @@
 #
 # Environment: as bench/peer.sh (B, CC, DEPS, SKIP_BUILD, W, LAYERS, EXPERTS), plus PRECISIONS
 # (default "precise fast": glm5-serve's default first), CLIENTS (default 1,8,32), PROMPT (512),
-# TOKENS (128), ARGS (more glm5-serve options).
+# TOKENS (128), ARGS (more glm5-serve options), VERIFY (set: then each prompt alone, its output
+# compared with the concurrent runs').
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/g5serve-out}
@@ -43,7 +44,7 @@ for p in ${PRECISIONS:-precise fast}; do
   fi
   grep -E "model loaded|GPU " "$log" | head -2
   timeout 600 python3 bench/serve_load.py --port "$port" --clients "${CLIENTS:-1,8,32}" --prompt "${PROMPT:-512}" \
-    --max-tokens "${TOKENS:-128}" || rc=1
+    --max-tokens "${TOKENS:-128}" ${VERIFY:+--verify} || { rc=1; grep -iE "error|fail" "$log" | head -5; }
   kill -TERM $pid
   wait $pid
 done

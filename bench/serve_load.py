@@ -51,7 +51,7 @@ def one(port, model, ids, max_tokens, t0, out, i):
     if r.status != 200:
         out[i] = {"error": f"HTTP {r.status}: {r.read()[:200]!r}"}
         return
-    first, toks = None, 0
+    first, toks, text = None, 0, []
     while True:
         line = r.readline()
         if not line:
@@ -67,17 +67,24 @@ def one(port, model, ids, max_tokens, t0, out, i):
             out[i] = {"error": ev["error"].get("message", "?")}
             c.close()
             return
-        if ev.get("choices") and first is None and ev["choices"][0].get("text"):
-            first = time.monotonic() - t0
+        if ev.get("choices") and ev["choices"][0].get("text"):
+            text.append(ev["choices"][0]["text"])
+            if first is None:
+                first = time.monotonic() - t0
         if ev.get("usage"):
             toks = ev["usage"]["completion_tokens"]
     c.close()
-    out[i] = {"ttft": first if first is not None else float("nan"), "tokens": toks, "end": time.monotonic() - t0}
+    out[i] = {"ttft": first if first is not None else float("nan"), "tokens": toks, "end": time.monotonic() - t0,
+              "text": "".join(text)}
 
 
-def run(port, model, n, prompt, max_tokens, vocab, quiet=False):
+def prompts_of(n, prompt, vocab):
+    return [[random.Random(1000 + i).randrange(vocab) for _ in range(prompt)] for i in range(n)]
+
+
+def run(port, model, n, prompt, max_tokens, vocab, quiet=False, texts=None):
     out = [None] * n
-    prompts = [[random.Random(1000 + i).randrange(vocab) for _ in range(prompt)] for i in range(n)]
+    prompts = prompts_of(n, prompt, vocab)
     t0 = time.monotonic()
     th = [threading.Thread(target=one, args=(port, model, prompts[i], max_tokens, t0, out, i)) for i in range(n)]
     for t in th:
@@ -89,6 +96,8 @@ def run(port, model, n, prompt, max_tokens, vocab, quiet=False):
     if errs or any(o is None for o in out):
         print(f"clients {n}: FAILED: {len(errs)} of {n} requests failed; first messages: {sorted(set(errs))[:3]}")
         return False
+    if texts is not None:
+        texts[n] = [o["text"] for o in out]
     toks = sum(o["tokens"] for o in out)
     ttft = sorted(o["ttft"] for o in out)
     per = statistics.median(o["tokens"] / (o["end"] - o["ttft"]) for o in out if o["end"] > o["ttft"])
@@ -99,6 +108,27 @@ def run(port, model, n, prompt, max_tokens, vocab, quiet=False):
     return True
 
 
+def verify(port, model, texts, n, prompt, max_tokens, vocab):
+    """Each of the first n prompts sent alone, one after another; the concurrent runs' outputs
+    (texts: clients -> outputs of the runs that succeeded) compared with those."""
+    alone, failed = [], []
+    for i in range(n):
+        out = [None]
+        one(port, model, prompts_of(n, prompt, vocab)[i], max_tokens, time.monotonic(), out, 0)
+        alone.append(out[0].get("text"))
+        if "error" in out[0]:
+            failed.append((i, out[0]["error"]))
+    if failed:
+        print(f"verify: {len(failed)} of {n} prompts failed alone too: {failed[:4]}")
+    ok = not failed
+    for c in sorted(texts):
+        bad = [i for i, t in enumerate(texts[c]) if t != alone[i]]
+        print(f"verify: clients {c}: {c - len(bad)} of {c} outputs equal to the prompt sent alone"
+              + (f"; differing: {bad[:8]}" if bad else ""))
+        ok = ok and not bad
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -106,6 +136,8 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=154880)
+    ap.add_argument("--verify", action="store_true",
+                    help="then send each prompt alone and compare its output with the concurrent runs'")
     a = ap.parse_args()
     wait_ready(a.port)
     model = model_id(a.port)
@@ -113,7 +145,11 @@ def main():
     print("| clients | wall s | completion tokens | aggregate tok/s | TTFT median s | TTFT last s | "
           "per-client tok/s (median, after its first token) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    ok = all(run(a.port, model, int(n), a.prompt, a.max_tokens, a.vocab) for n in a.clients.split(","))
+    texts = {}
+    ok = all([run(a.port, model, int(n), a.prompt, a.max_tokens, a.vocab, texts=texts) for n in a.clients.split(",")])
+    if a.verify:
+        n = max(int(c) for c in a.clients.split(","))
+        ok = verify(a.port, model, texts, n, a.prompt, a.max_tokens, a.vocab) and ok
     sys.exit(0 if ok else 1)
 
 

@@ -117,6 +117,14 @@ typedef struct cuk_moe_down_q8_args {
 } cuk_moe_down_q8_args;
 g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
 
+/* The two MoE products on the tensor cores (cuda/gemv_q8t.cu): the same arguments and, for every
+ * pair's row, the same bits as cuk_moe_gate_up_q8 / cuk_moe_down_q8 (the order above); an
+ * expert's weights are read once for up to 8 of its pairs. Weights Q4_K, Q5_K or Q8_0 with
+ * k % 256 == 0 and one-plane inputs (cuk_moe_q8t_takes). */
+int cuk_moe_q8t_takes(uint32_t w_type, int64_t k, int32_t planes);
+g5_status cuk_moe_gate_up_q8t(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
+g5_status cuk_moe_down_q8t(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -557,17 +557,22 @@ template <int T, int NV, int G, int P> struct GateUpL {
     }
 };
 
-extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
-    if (!a) return BAD("moe_gate_up_q8: args is NULL");
-    int64_t rb = 0;
-    g5_status st = check_w("moe_gate_up_q8", a->w_type, a->w_gate, a->k, a->m, a->n_expert > 0 ? a->n_expert : 1,
-                           &rb, err);
+/* The argument checks of both MoE gate_up kernels (this file's and gemv_q8t.cu's). */
+g5_status cuk::q8_moe_gate_up_check(const char *what, const cuk_moe_gate_up_q8_args *a, int64_t *rb, g5_error *err) {
+    if (!a) return BAD("%s: args is NULL", what);
+    g5_status st = check_w(what, a->w_type, a->w_gate, a->k, a->m, a->n_expert > 0 ? a->n_expert : 1, rb, err);
     if (st != G5_OK) return st;
-    if (!a->w_up || (uintptr_t)a->w_up % 16) return BAD("moe_gate_up_q8: w_up NULL or not 16-byte aligned");
-    if ((st = check_moe("moe_gate_up_q8", a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err)))
-        return st;
-    if ((st = check_q8("moe_gate_up_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
-    if (!a->out || a->ldo < a->m) return BAD("moe_gate_up_q8: out NULL or ldo=%lld < m=%lld", (long long)a->ldo, (long long)a->m);
+    if (!a->w_up || (uintptr_t)a->w_up % 16) return BAD("%s: w_up NULL or not 16-byte aligned", what);
+    if ((st = check_moe(what, a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err))) return st;
+    if ((st = check_q8(what, "x", &a->x, a->k, err)) != G5_OK) return st;
+    if (!a->out || a->ldo < a->m) return BAD("%s: out NULL or ldo=%lld < m=%lld", what, (long long)a->ldo, (long long)a->m);
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
+    int64_t rb = 0;
+    const g5_status st = q8_moe_gate_up_check("moe_gate_up_q8", a, &rb, err);
+    if (st != G5_OK) return st;
     run_type<GateUpL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
@@ -584,20 +589,20 @@ template <int T, int NV, int G, int P> struct DownL {
     }
 };
 
-extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
-    if (!a) return BAD("moe_down_q8: args is NULL");
-    int64_t rb = 0;
-    g5_status st = check_w("moe_down_q8", a->w_type, a->w, a->k, a->m, a->n_expert > 0 ? a->n_expert : 1, &rb, err);
+g5_status cuk::q8_moe_down_check(const char *what, const cuk_moe_down_q8_args *a, int64_t *rb, g5_error *err) {
+    if (!a) return BAD("%s: args is NULL", what);
+    g5_status st = check_w(what, a->w_type, a->w, a->k, a->m, a->n_expert > 0 ? a->n_expert : 1, rb, err);
     if (st != G5_OK) return st;
-    if ((st = check_moe("moe_down_q8", a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err)))
-        return st;
-    if (!a->wts || a->ld_wts < a->top_k) return BAD("moe_down_q8: wts NULL or ld_wts=%lld < top_k", (long long)a->ld_wts);
-    if ((st = check_q8("moe_down_q8", "h", &a->h, a->k, err)) != G5_OK) return st;
-    if (!a->y || a->ldy < a->m) return BAD("moe_down_q8: y NULL or ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
-    if (!a->part || a->ldp < a->m) return BAD("moe_down_q8: part NULL or ldp=%lld < m=%lld", (long long)a->ldp, (long long)a->m);
-    run_type<DownL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, (cudaStream_t)stream);
-    CUK_CHECK(cudaGetLastError());
-    /* the slot sum of cuk_moe_down (the same part layout and plan) */
+    if ((st = check_moe(what, a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err))) return st;
+    if (!a->wts || a->ld_wts < a->top_k) return BAD("%s: wts NULL or ld_wts=%lld < top_k", what, (long long)a->ld_wts);
+    if ((st = check_q8(what, "h", &a->h, a->k, err)) != G5_OK) return st;
+    if (!a->y || a->ldy < a->m) return BAD("%s: y NULL or ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
+    if (!a->part || a->ldp < a->m) return BAD("%s: part NULL or ldp=%lld < m=%lld", what, (long long)a->ldp, (long long)a->m);
+    return G5_OK;
+}
+
+/* The slot sum of cuk_moe_down (the same part layout and plan) after either down kernel. */
+g5_status cuk::q8_moe_combine(const cuk_moe_down_q8_args *a, cudaStream_t stream, g5_error *err) {
     cuk_moe_down_args c = {};
     c.w_type = a->w_type;
     c.k = a->k;
@@ -614,5 +619,14 @@ extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream s
     c.plan = a->plan;
     c.part = a->part;
     c.ldp = a->ldp;
-    return moe_combine(&c, (cudaStream_t)stream, err);
+    return moe_combine(&c, stream, err);
+}
+
+extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
+    int64_t rb = 0;
+    const g5_status st = q8_moe_down_check("moe_down_q8", a, &rb, err);
+    if (st != G5_OK) return st;
+    run_type<DownL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, (cudaStream_t)stream);
+    CUK_CHECK(cudaGetLastError());
+    return q8_moe_combine(a, (cudaStream_t)stream, err);
 }

@@ -26,6 +26,8 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
+#include "cuda/mma.cuh"
+#include "cuda/moe_plan.cuh"
 #include "cuda/q8_load.cuh"
 
 namespace cuk {
@@ -83,16 +85,29 @@ template <int NT> struct Cols {
 
 template <int T> struct Step;
 
+/* Where a step's bytes are read from: global memory (non-coherent loads) or, for the MoE kernel,
+ * the shared-memory stage its cp.async filled (the same byte layout). */
+struct Gld {
+    static __device__ __forceinline__ uint4 v4(const uint8_t *p) { return ldg128(p); }
+    static __device__ __forceinline__ uint2 v2(const uint8_t *p) { return ldg64(p); }
+    static __device__ __forceinline__ uint32_t w(const uint8_t *p) { return ldg32(p); }
+};
+struct Sld {
+    static __device__ __forceinline__ uint4 v4(const uint8_t *p) { return *(const uint4 *)(const void *)p; }
+    static __device__ __forceinline__ uint2 v2(const uint8_t *p) { return *(const uint2 *)(const void *)p; }
+    static __device__ __forceinline__ uint32_t w(const uint8_t *p) { return *(const uint32_t *)(const void *)p; }
+};
+
 template <> struct Step<QT_Q4_K> {
     uint4 h[2];    /* d, dmin, 12 scale bytes */
     uint2 q[2][4]; /* bytes 8c..8c+7 of quant pair j */
-    __device__ void load(const uint8_t *const (&rp)[2], int64_t s, int c) {
+    template <class LD = Gld> __device__ void load(const uint8_t *const (&rp)[2], int64_t s, int c) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const uint8_t *bp = rp[r] + s * 144;
-            h[r] = ldg128(bp);
+            h[r] = LD::v4(bp);
 #pragma unroll
-            for (int j = 0; j < 4; j++) q[r][j] = ldg64(bp + 16 + 32 * j + 8 * c);
+            for (int j = 0; j < 4; j++) q[r][j] = LD::v2(bp + 16 + 32 * j + 8 * c);
         }
     }
 };
@@ -100,14 +115,14 @@ template <> struct Step<QT_Q5_K> {
     uint4 h[2];
     uint2 qh[2];   /* high-bit bytes 8c..8c+7 */
     uint2 q[2][4];
-    __device__ void load(const uint8_t *const (&rp)[2], int64_t s, int c) {
+    template <class LD = Gld> __device__ void load(const uint8_t *const (&rp)[2], int64_t s, int c) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const uint8_t *bp = rp[r] + s * 176;
-            h[r] = ldg128(bp);
-            qh[r] = ldg64(bp + 16 + 8 * c);
+            h[r] = LD::v4(bp);
+            qh[r] = LD::v2(bp + 16 + 8 * c);
 #pragma unroll
-            for (int j = 0; j < 4; j++) q[r][j] = ldg64(bp + 48 + 32 * j + 8 * c);
+            for (int j = 0; j < 4; j++) q[r][j] = LD::v2(bp + 48 + 32 * j + 8 * c);
         }
     }
 };
@@ -137,20 +152,20 @@ template <> struct Step<QT_Q6_K> {
  * d of both blocks and the lane's 8 bytes of each. */
 template <> struct Step<QT_Q8_0> {
     uint32_t dd[2][4], lo[2][4][2], hi[2][4][2];
-    __device__ void load(const uint8_t *const (&rp)[2], int64_t s, int c) {
+    template <class LD = Gld> __device__ void load(const uint8_t *const (&rp)[2], int64_t s, int c) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const uint32_t *pw = (const uint32_t *)(rp[r] + s * 272);
+            const uint8_t *pw = rp[r] + s * 272;
 #pragma unroll
             for (int p = 0; p < 4; p++) {
-                const uint32_t *w = pw + 17 * p;
-                const uint32_t w0 = ldg32(w), w8 = ldg32(w + 8);
-                const uint32_t a0 = ldg32(w + 2 * c), a1 = ldg32(w + 2 * c + 1), a2 = ldg32(w + 2 * c + 2);
+                const uint8_t *w = pw + 68 * p;
+                const uint32_t w0 = LD::w(w), w8 = LD::w(w + 32);
+                const uint32_t a0 = LD::w(w + 8 * c), a1 = LD::w(w + 8 * c + 4), a2 = LD::w(w + 8 * c + 8);
                 dd[r][p] = (w0 & 0xFFFFu) | (w8 & 0xFFFF0000u);
                 lo[r][p][0] = __funnelshift_r(a0, a1, 16);
                 lo[r][p][1] = __funnelshift_r(a1, a2, 16);
-                hi[r][p][0] = ldg32(w + 9 + 2 * c);
-                hi[r][p][1] = ldg32(w + 10 + 2 * c);
+                hi[r][p][0] = LD::w(w + 36 + 8 * c);
+                hi[r][p][1] = LD::w(w + 40 + 8 * c);
             }
         }
     }
@@ -440,6 +455,172 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
 }
 
+/* ---- MoE experts on the tensor cores (cuk_moe_gate_up_q8t, cuk_moe_down_q8t) ----
+ * Grid: x = plan group, y = blocks of MW 16-row tiles; MW warps. A CTA whose group is the first,
+ * third, .. of its expert takes that group and the next one of the same expert (up to 8 pairs:
+ * the 8 columns of one mma tile); the other CTAs return at once. Columns past the count compute a
+ * copy of the last and are not stored. Warp w takes the 16-row tile w of its block over the whole k (the
+ * dense kernel's kw = 1: the same bits) for each of its NM matrices in turn (gate_up: the gate
+ * tile's outputs kept in registers while the up tile runs, then silu(g) * u as k_gate_up_q8 writes
+ * it). Its weights come through a ring of MST shared-memory stages per warp, one 256-element
+ * step of the 16 rows each, filled by cp.async MST - 1 steps ahead in the order the residue
+ * groups consume them (group G: steps G, G + 8, ..); the warp's own lanes fill and read its
+ * ring, so no CTA barrier. The x columns are read from global memory as k_gemv_q8t reads them.
+ * k_gemv_q8t holds its next step in registers (up to 255 of them: one CTA of 8 warps per SM); the
+ * ring keeps MST - 1 steps in flight per warp at 128 registers (16 warps per SM). The same ring
+ * for the dense product (column tiles as x, one and two planes) lost to k_gemv_q8t on most
+ * shapes, since each column tile decodes the weights again (bench/RESULTS.md, session 13). */
+constexpr int MW = 4, MST = 4;
+template <int T> struct StepBytes;
+template <> struct StepBytes<QT_Q4_K> { static constexpr int v = 144; };
+template <> struct StepBytes<QT_Q5_K> { static constexpr int v = 176; };
+template <> struct StepBytes<QT_Q8_0> { static constexpr int v = 272; };
+
+struct MoeT {
+    const uint8_t *w[2];   /* [n_expert][m][rb] */
+    int64_t rb;
+    int m, steps;
+    const int32_t *plan;
+    int n_pairs, xdiv;     /* x row of pair p: p / xdiv */
+    const int8_t *xq;
+    int64_t ldq;
+    const float *xds;
+    int64_t ldds;
+    float *out;            /* [pairs][ldo] */
+    int64_t ldo;
+};
+
+/* The step order of a warp: matrix, then residue group G = 0 .. min(8, steps) - 1, then the
+ * group's steps G, G + 8, ... */
+struct StepCursor {
+    int mat, G, st;
+    __device__ void next(int steps) {
+        st += 8;
+        if (st >= steps) {
+            G++;
+            st = G;
+            if (G >= 8 || G >= steps) {
+                mat++;
+                G = st = 0;
+            }
+        }
+    }
+};
+
+template <int T, int NM>
+__global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
+    extern __shared__ __align__(16) uint8_t msm[];
+    constexpr int SB = StepBytes<T>::v, CH = SB / 16, STAGE = 16 * SB;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const PlanView pv(p.plan, p.n_pairs);
+    const int grp = blockIdx.x, ng_all = pv.n_groups();
+    if (grp >= ng_all) return;
+    const int e = pv.expert(grp);
+    int before = 0; /* the expert's groups before this one */
+    while (grp - before > 0 && pv.expert(grp - before - 1) == e) before++;
+    if (before & 1) return;
+    const int pos0 = pv.start(grp);
+    const int nvec = pv.count(grp) + (grp + 1 < ng_all && pv.expert(grp + 1) == e ? pv.count(grp + 1) : 0);
+    const int row0 = ((int)blockIdx.y * MW + wid) * 16;
+    if (row0 >= p.m) return; /* only warp-level synchronization below */
+    Cols<1> cl;
+    cl.xq = p.xq;
+    cl.xds = p.xds;
+    {
+        const int v = g < nvec ? g : nvec - 1;
+        const int u0 = 2 * c < nvec ? 2 * c : nvec - 1, u1 = 2 * c + 1 < nvec ? 2 * c + 1 : nvec - 1;
+        cl.q[0] = (uint32_t)((pv.pair(pos0 + v) / p.xdiv) * p.ldq);
+        cl.ds[0][0] = (uint32_t)((pv.pair(pos0 + u0) / p.xdiv) * p.ldds);
+        cl.ds[0][1] = (uint32_t)((pv.pair(pos0 + u1) / p.xdiv) * p.ldds);
+    }
+    uint8_t *ring = msm + wid * (MST * STAGE);
+    const int64_t eoff = (int64_t)e * p.m * p.rb;
+    const int n_steps = NM * p.steps;
+    /* the issue side: step `is` of the warp's order into stage is % MST */
+    StepCursor ic = {0, 0, 0};
+    int is = 0;
+    auto issue = [&]() {
+        if (is < n_steps) {
+            const uint8_t *wb = (ic.mat ? p.w[1] : p.w[0]) + eoff + (int64_t)ic.st * SB; /* no local copy of p */
+            uint8_t *dst = ring + (is % MST) * STAGE;
+            for (int i = lane; i < 16 * CH; i += 32) {
+                const int r = i / CH, ch = i - r * CH;
+                const int row = row0 + r < p.m ? row0 + r : p.m - 1;
+                cp16((uint32_t)__cvta_generic_to_shared(dst + r * SB + ch * 16), wb + row * p.rb + ch * 16, true);
+            }
+            ic.next(p.steps);
+        }
+        cp_commit(); /* an empty group past the end keeps the wait count uniform */
+        is++;
+    };
+#pragma unroll
+    for (int i = 0; i < MST - 1; i++) issue();
+    int used = 0;
+    float keep[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+    for (int mat = 0; mat < NM; mat++) {
+        float stk[3][1][4], res[1][4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) res[0][q] = stk[0][0][q] = stk[1][0][q] = stk[2][0][q] = 0.0f;
+#pragma unroll 1
+        for (int gi = 0; gi < 8; gi++) {
+            float S[4][1][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) S[j][0][0] = S[j][0][1] = S[j][0][2] = S[j][0][3] = 0.0f;
+#pragma unroll 1
+            for (int st = gi; st < p.steps; st += 8) {
+                cp_wait<MST - 2>();
+                __syncwarp();
+                const uint8_t *stg = ring + (used % MST) * STAGE;
+                const uint8_t *const rp[2] = {stg + g * SB, stg + (g + 8) * SB};
+                Step<T> cur;
+                cur.template load<Sld>(rp, 0, c);
+                __syncwarp(); /* every lane has read the stage the next issue overwrites */
+                issue();
+                used++;
+                step_units<1, 1>(cur, cl, st, c, S);
+            }
+            float v[1][4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) v[0][q] = __fadd_rn(__fadd_rn(S[0][0][q], S[1][0][q]), __fadd_rn(S[2][0][q], S[3][0][q]));
+            /* k_gemv_q8t's binary counter over the eight leaves */
+            bool stored = false;
+#pragma unroll
+            for (int b = 0; b < 3; b++) {
+                if (stored) break;
+                if ((gi >> b) & 1) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) v[0][q] = __fadd_rn(stk[b][0][q], v[0][q]);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) stk[b][0][q] = v[0][q];
+                    stored = true;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++) res[0][q] = v[0][q];
+        }
+        if (NM == 2 && mat == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) keep[q] = res[0][q];
+            continue;
+        }
+        const int r_lo = row0 + g, r_hi = row0 + g + 8;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int v = 2 * c + (q & 1), r = q < 2 ? r_lo : r_hi;
+            if (v >= nvec || r >= p.m) continue;
+            float o = res[0][q];
+            if (NM == 2) {
+                const float gt = keep[q];
+                o = gt / (1.0f + expf(-gt)) * o;
+            }
+            p.out[(int64_t)pv.pair(pos0 + v) * p.ldo + r] = o;
+        }
+    }
+    cp_wait<0>();
+}
+
 /* Warps per 16-row tile from the shape alone: split k until about 2048 warps run (16 per SM of
  * an H200), while every warp keeps at least 2 steps. */
 static int kw_for(int64_t m, int64_t k) {
@@ -480,6 +661,31 @@ template <int T> static void launch_p(const cuk_gemv_q8_args *a, int64_t rb, cud
     else launch_nt<T, 1>(a, rb, st);
 }
 
+/* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups; the ring's shared
+ * memory is opted into once per device and instance. */
+template <int T, int NM> static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
+    const size_t smem = (size_t)MW * MST * 16 * StepBytes<T>::v;
+    static bool raised[CUK_MAX_DEVICES];
+    const int slot = cuk_device_slot();
+    if (!raised[slot]) {
+        CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised[slot] = true;
+    }
+    const int tiles = (p.m + 15) / 16;
+    const dim3 grid((unsigned)n_groups, (unsigned)((tiles + MW - 1) / MW));
+    k_moe_q8t<T, NM><<<grid, MW * 32, smem, st>>>(p);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+template <int NM> static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
+    switch (t) {
+    case QT_Q4_K: return moe_launch<QT_Q4_K, NM>(p, n_groups, st, err);
+    case QT_Q5_K: return moe_launch<QT_Q5_K, NM>(p, n_groups, st, err);
+    default: return moe_launch<QT_Q8_0, NM>(p, n_groups, st, err);
+    }
+}
+
 } // namespace q8t
 } // namespace cuk
 
@@ -492,32 +698,42 @@ extern "C" int cuk_q8t_takes(uint32_t t, int64_t k) {
     return t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0;
 }
 
-extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
-    if (!a) return BAD("gemv_q8t: args is NULL");
+/* The checks of both dense entries (what: the caller, for the messages); *rb the row bytes. */
+static g5_status gemv_t_check(const char *what, const cuk_gemv_q8_args *a, uint64_t *rbp, g5_error *err) {
+    if (!a) return BAD("%s: args is NULL", what);
     if (!cuk_q8t_takes(a->w_type, a->k))
-        return BAD("gemv_q8t: type %s with k=%lld has no int8 tensor-core kernel", quant_type_name(a->w_type),
+        return BAD("%s: type %s with k=%lld has no int8 tensor-core kernel", what, quant_type_name(a->w_type),
                    (long long)a->k);
-    if (!a->w || (uintptr_t)a->w % 16) return BAD("gemv_q8t: weights NULL or not 16-byte aligned");
-    if (a->m <= 0 || a->m > (1LL << 31)) return BAD("gemv_q8t: m=%lld outside 1..2^31", (long long)a->m);
+    if (!a->w || (uintptr_t)a->w % 16) return BAD("%s: weights NULL or not 16-byte aligned", what);
+    if (a->m <= 0 || a->m > (1LL << 31)) return BAD("%s: m=%lld outside 1..2^31", what, (long long)a->m);
     uint64_t rb = 0, tot = 0;
+    *rbp = 0;
     if (quant_row_bytes(a->w_type, (uint64_t)a->k, &rb) != G5_OK || g5_mul_u64(rb, (uint64_t)a->m, &tot))
-        return BAD("gemv_q8t: m=%lld rows of k=%lld overflow", (long long)a->m, (long long)a->k);
-    if (a->n < 1 || a->n > CUK_Q8T_MAX_N) return BAD("gemv_q8t: n=%d outside 1..%d", (int)a->n, CUK_Q8T_MAX_N);
+        return BAD("%s: m=%lld rows of k=%lld overflow", what, (long long)a->m, (long long)a->k);
+    if (a->n < 1 || a->n > CUK_Q8T_MAX_N) return BAD("%s: n=%d outside 1..%d", what, (int)a->n, CUK_Q8T_MAX_N);
     const cuk_q8_act *x = &a->x;
-    if (!x->q || !x->ds) return BAD("gemv_q8t: x.q or x.ds is NULL");
-    if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("gemv_q8t: x is not 16-byte aligned");
-    if (x->planes != 1 && x->planes != 2) return BAD("gemv_q8t: x.planes=%d is neither 1 nor 2", (int)x->planes);
+    if (!x->q || !x->ds) return BAD("%s: x.q or x.ds is NULL", what);
+    if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("%s: x is not 16-byte aligned", what);
+    if (x->planes != 1 && x->planes != 2) return BAD("%s: x.planes=%d is neither 1 nor 2", what, (int)x->planes);
     if (x->ldq < x->planes * a->k || x->ldq % 16)
-        return BAD("gemv_q8t: x.ldq=%lld must be >= %lld and a multiple of 16", (long long)x->ldq,
+        return BAD("%s: x.ldq=%lld must be >= %lld and a multiple of 16", what, (long long)x->ldq,
                    (long long)(x->planes * a->k));
     if (x->ldds < x->planes * (a->k / 16) || x->ldds % 4)
-        return BAD("gemv_q8t: x.ldds=%lld must be >= %lld and a multiple of 4", (long long)x->ldds,
+        return BAD("%s: x.ldds=%lld must be >= %lld and a multiple of 4", what, (long long)x->ldds,
                    (long long)(x->planes * (a->k / 16)));
     /* the kernel's 32-bit x offsets */
     if ((uint64_t)a->n * (uint64_t)x->ldq > 0xFFFFFFFFull || (uint64_t)a->n * (uint64_t)x->ldds > 0x3FFFFFFFull)
-        return BAD("gemv_q8t: x of %d rows exceeds 4 GB", (int)a->n);
-    if (!a->y) return BAD("gemv_q8t: y is NULL");
-    if (a->ldy < a->m) return BAD("gemv_q8t: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+        return BAD("%s: x of %d rows exceeds 4 GB", what, (int)a->n);
+    if (!a->y) return BAD("%s: y is NULL", what);
+    if (a->ldy < a->m) return BAD("%s: ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
+    *rbp = rb;
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
+    uint64_t rb = 0;
+    const g5_status cs = gemv_t_check("gemv_q8t", a, &rb, err);
+    if (cs != G5_OK) return cs;
     const cudaStream_t st = (cudaStream_t)stream;
     switch (a->w_type) {
     case QT_Q4_K: q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st); break;
@@ -528,3 +744,41 @@ extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, 
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
+
+extern "C" int cuk_moe_q8t_takes(uint32_t t, int64_t k, int32_t planes) {
+    return planes == 1 && k > 0 && k <= (1LL << 24) && k % 256 == 0 && (t == QT_Q4_K || t == QT_Q5_K || t == QT_Q8_0);
+}
+
+/* The x and output offsets of the kernel are 32-bit per row (Cols) and m, steps int. */
+static g5_status moe_t_check(const char *what, uint32_t t, int64_t k, int64_t m, const cuk_q8_act *x, int64_t x_rows,
+                             g5_error *err) {
+    if (!cuk_moe_q8t_takes(t, k, x->planes))
+        return BAD("%s: type %s with k=%lld and %d planes has no tensor-core MoE kernel", what, quant_type_name(t),
+                   (long long)k, (int)x->planes);
+    if (m > 0x7fffffffLL - 16) return BAD("%s: m=%lld", what, (long long)m);
+    if ((uint64_t)x_rows * (uint64_t)x->ldq > 0xFFFFFFFFull || (uint64_t)x_rows * (uint64_t)x->ldds > 0x3FFFFFFFull)
+        return BAD("%s: x of %lld rows exceeds 4 GB", what, (long long)x_rows);
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_moe_gate_up_q8t(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
+    int64_t rb = 0;
+    g5_status st = q8_moe_gate_up_check("moe_gate_up_q8t", a, &rb, err);
+    if (st == G5_OK) st = moe_t_check("moe_gate_up_q8t", a->w_type, a->k, a->m, &a->x, a->n_tok, err);
+    if (st != G5_OK) return st;
+    const q8t::MoeT p = {{(const uint8_t *)a->w_gate, (const uint8_t *)a->w_up}, rb, (int)a->m, (int)(a->k / 256), a->plan,
+                         a->n_tok * a->top_k, a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo};
+    return q8t::moe_type<2>(a->w_type, p, a->n_tok * a->top_k, (cudaStream_t)stream, err);
+}
+
+extern "C" g5_status cuk_moe_down_q8t(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
+    int64_t rb = 0;
+    g5_status st = q8_moe_down_check("moe_down_q8t", a, &rb, err);
+    if (st == G5_OK) st = moe_t_check("moe_down_q8t", a->w_type, a->k, a->m, &a->h, (int64_t)a->n_tok * a->top_k, err);
+    if (st != G5_OK) return st;
+    const q8t::MoeT p = {{(const uint8_t *)a->w, (const uint8_t *)a->w}, rb, (int)a->m, (int)(a->k / 256), a->plan,
+                         a->n_tok * a->top_k, 1, a->h.q, a->h.ldq, a->h.ds, a->h.ldds, a->part, a->ldp};
+    if ((st = q8t::moe_type<1>(a->w_type, p, a->n_tok * a->top_k, (cudaStream_t)stream, err)) != G5_OK) return st;
+    return q8_moe_combine(a, (cudaStream_t)stream, err);
+}
+

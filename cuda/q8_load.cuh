@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda/cuk_q8.h"
+
 namespace cuk {
 namespace q8l {
 
@@ -75,6 +77,14 @@ __device__ __forceinline__ float q6_add(float acc, float ws, float dx, float i) 
 }
 
 } // namespace q8l
+
+/* Host side, gemv_q8.cu: the argument checks of the MoE calls (what names the caller in the
+ * message; *rb gets the weight row's bytes) and the slot sum after a down kernel, shared by the
+ * dp4a and the tensor-core MoE kernels. */
+g5_status q8_moe_gate_up_check(const char *what, const cuk_moe_gate_up_q8_args *a, int64_t *rb, g5_error *err);
+g5_status q8_moe_down_check(const char *what, const cuk_moe_down_q8_args *a, int64_t *rb, g5_error *err);
+g5_status q8_moe_combine(const cuk_moe_down_q8_args *a, cudaStream_t stream, g5_error *err);
+
 } // namespace cuk
 
 #endif

@@ -2,6 +2,7 @@
  * model's rt_model / rt_state (runtime/cpu/model.h). The CUDA implementation is engine_gpu.c. */
 #include "runtime/engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -376,4 +377,10 @@ g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t 
 g5_status rt_eng_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next_tokens, uint32_t n,
                      float *draft_logits, int all_logits, g5_error *err) {
     return s->e->ops->mtp(s, hidden, next_tokens, n, draft_logits, all_logits, err);
+}
+
+int rt_eng_any_finite(const float *logits, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (isfinite(logits[i])) return 1;
+    return 0;
 }

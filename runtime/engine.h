@@ -48,6 +48,14 @@ typedef struct rt_eng_seq rt_eng_seq;
 typedef enum rt_eng_device { RT_ENG_CPU = 0, RT_ENG_CUDA = 1 } rt_eng_device;
 /* GPU arithmetic (specs/numerics.md): precise float32, or fast (bf16 latent cache by default). */
 typedef enum rt_eng_precision { RT_ENG_PRECISE = 0, RT_ENG_FAST = 1 } rt_eng_precision;
+
+/* What a caller reports when a fast-mode call's logits hold no finite value (rt_eng_any_finite
+ * says so): fp16's range, the documented price of fast mode's products (specs/numerics.md). */
+#define RT_ENG_FAST_RANGE_MSG                                                                           \
+    "every logit is NaN or infinite after a --precision fast call: a product input left fp16's range " \
+    "on this input (specs/numerics.md); --precision precise computes in float32"
+/* 1 if any of logits[0..n) is finite. */
+int rt_eng_any_finite(const float *logits, uint32_t n);
 /* GPU latent cache type; DEFAULT: f32 when precise, bf16 when fast. */
 typedef enum rt_eng_cache {
     RT_ENG_CACHE_DEFAULT = 0, RT_ENG_CACHE_F32, RT_ENG_CACHE_BF16, RT_ENG_CACHE_F16

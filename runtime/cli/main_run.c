@@ -671,6 +671,7 @@ int main(int argc, char **argv) {
         int32_t id, x = -1;
         const float *q = dr ? rt_drafter_draft(dr, &x) : NULL; /* a draft pending verification */
         st = q ? samp_sample_spec(samp, last, q, x, &id, NULL, &e) : samp_sample(samp, last, &id, &e);
+        if (st && a.cuda && a.fast && !rt_eng_any_finite(last, V)) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
         if (st) { rc = fail(&e, st, "sampling"); goto out; }
         if (tok_is_eog(tok, id)) break;
         samp_accept(samp, id);

@@ -1070,6 +1070,12 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     return G5_OK;
 }
 
+/* The routed experts' tensor-core kernels (cuk_moe_*_q8t: an expert's weights read once for up to 8
+ * of its pairs, where the dp4a kernels read them once per 4 and repeat the integer work per pair)
+ * for calls of at least MOE_Q8T_MIN_TOK tokens; the same bits either way (cuda/cuk_q8.h). */
+#define MOE_Q8T_MIN_TOK 16
+static int moe_q8t_for(uint32_t type, int64_t k, uint32_t n) { return n >= MOE_Q8T_MIN_TOK && cuk_moe_q8t_takes(type, k, 1); }
+
 /* The MoE products of a decode step (or a short call): the shared expert's gate and up, then
  * the routed experts by plan group (cuda/cuk.h), their down products summed over slots into
  * rk->moe. Fast mode: int8 inputs for every product whose type has an int8 kernel (the roles of
@@ -1131,7 +1137,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
                 L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids + (int64_t)t0 * U, (int32_t)U, U,
                 {hq.q + (int64_t)t0 * hq.ldq, hq.ldq, hq.ds + (int64_t)t0 * hq.ldds, hq.ldds, hq.planes}, (int32_t)nc,
                 rk->gu + (int64_t)t0 * U * FE, FE, plan};
-            CK(cuk_moe_gate_up_q8(&gu, cs, err));
+            CK(moe_q8t_for(L->exp_type, E, nc) ? cuk_moe_gate_up_q8t(&gu, cs, err) : cuk_moe_gate_up_q8(&gu, cs, err));
             PMARK(S, "moe_gate_up (int8 input)");
         } else {
             cuk_moe_gate_up_args gu = {L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l,
@@ -1162,7 +1168,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
                                              ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
                                              {gq.q + p0 * gq.ldq, gq.ldq, gq.ds + p0 * gq.ldds, gq.ldds, gq.planes}, (int32_t)nc,
                                              rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
-            CK(cuk_moe_down_q8(&dn, cs, err));
+            CK(moe_q8t_for(L->exp_down_type, FE, nc) ? cuk_moe_down_q8t(&dn, cs, err) : cuk_moe_down_q8(&dn, cs, err));
             PMARK(S, "moe_down (int8 input, + slot sum)");
         } else {
             cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,

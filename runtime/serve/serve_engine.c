@@ -892,6 +892,8 @@ static void draw(srv_server *s, srv_req *r, const float *logits) {
     int32_t x = -1; /* --draft mtp: a draft pending verification, whose logits follow these */
     const float *q = r->dr ? rt_drafter_draft(r->dr, &x) : NULL;
     g5_status st = q ? samp_sample_spec(r->samp, logits, q, x, &id, NULL, &e) : samp_sample(r->samp, logits, &id, &e);
+    if (st != G5_OK && s->gpu && s->cfg.gpu_fast && !rt_eng_any_finite(logits, V))
+        snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
     if (st == G5_OK && r->force_armed && r->force_pos < r->p.n_force) id = r->p.force[r->force_pos++];
     if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
         st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);

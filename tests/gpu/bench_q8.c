@@ -3,7 +3,8 @@
  * 2, 4, 8 and 32, at the shapes of the roles that take it: the output head (154880 x
  * 6144 Q6_K at TP 1, 19360 x 6144 at TP 8), the shared expert (2048 x 6144, 6144 x 2048), and the
  * routed experts of one decode token (64 experts of 2048 x 6144 gate/up, 6144 x 2048 down, 8
- * chosen: cuk_moe_gate_up/_down vs the _q8 ones). Weights rotate through copies filling >= 1 GiB
+ * chosen: cuk_moe_gate_up/_down vs the _q8 ones), and a batched step's routed experts (1 to 32
+ * tokens on 8 of 64 experts each: the dp4a cuk_moe_*_q8 vs the tensor-core cuk_moe_*_q8t). Weights rotate through copies filling >= 1 GiB
  * so L2 holds none between launches; random blocks. Ceiling in the same run: D2D cudaMemcpy of
  * 512 MiB (read + written). Prints us per launch (mean of iters after 3 warm-ups), GB/s of
  * weight bytes and the ratio to the copy rate; the quantizer's time on its own.
@@ -189,6 +190,89 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
     (void)stride;
 }
 
+/* A batched decode step's routed experts: n_tok tokens, each routed to 8 of 64 experts (a fixed
+ * pseudo-random draw per token, 4 rotating draws), gate+up (t_gu) and down (t_dn, + slot sum)
+ * by the dp4a kernels (cuk_moe_*_q8) and the tensor-core ones (cuk_moe_*_q8t). MB: the weights
+ * of the experts the draw touches (each read once at best). */
+static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, int n_tok, double rate) {
+    enum { TOPK = 8, E = 6144, FE = 2048, NE = 64, SETS = 4 };
+    uint64_t rg = 0, rd = 0;
+    if (quant_row_bytes(t_gu, E, &rg) || quant_row_bytes(t_dn, FE, &rd)) exit(2);
+    const uint64_t mg = rg * FE, md = rd * E, set = (uint64_t)NE * (2 * mg + md);
+    if (set > POOL_BYTES || n_tok > 32) exit(2);
+    const quant_type_info *ti_g = quant_type_get(t_gu), *ti_d = quant_type_get(t_dn);
+    uint8_t *h = malloc(set);
+    uint64_t st = 99;
+    if (!h || quant_fill_random(t_gu, h, 2 * NE * mg / ti_g->block_bytes, &st) ||
+        quant_fill_random(t_dn, h + 2 * NE * mg, NE * md / ti_d->block_bytes, &st))
+        exit(2);
+    CK(cudaMemcpy(pool, h, set, cudaMemcpyHostToDevice));
+    free(h);
+    const uint8_t *wg = pool, *wu = pool + NE * mg, *wd = pool + 2 * NE * mg;
+    static int32_t hid[SETS][32 * TOPK];
+    static float hw[32 * TOPK];
+    double touched = 0;
+    uint64_t r = 12345;
+    for (int s = 0; s < SETS; s++) {
+        int used[NE] = {0};
+        for (int t = 0; t < n_tok; t++)
+            for (int j = 0; j < TOPK; j++) {
+                int e;
+                for (;;) { /* distinct experts within a token */
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    e = (int)((r >> 33) % NE);
+                    int dup = 0;
+                    for (int i = 0; i < j; i++) dup |= hid[s][t * TOPK + i] == e;
+                    if (!dup) break;
+                }
+                hid[s][t * TOPK + j] = e;
+                used[e] = 1;
+            }
+        for (int e = 0; e < NE; e++) touched += used[e];
+    }
+    touched /= SETS;
+    for (int i = 0; i < 32 * TOPK; i++) hw[i] = 0.125f;
+    int32_t *ids = NULL, *plan = NULL;
+    const int64_t pw = cuk_moe_plan_words(n_tok, TOPK);
+    CK(cudaMalloc((void **)&ids, sizeof hid));
+    CK(cudaMalloc((void **)&plan, (size_t)(SETS * pw) * 4));
+    CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(o->wts, hw, sizeof hw, cudaMemcpyHostToDevice));
+    for (int s = 0; s < SETS; s++) {
+        const cuk_moe_plan_args pa = {ids + s * 32 * TOPK, o->wts, n_tok, TOPK, TOPK, TOPK, NE, plan + s * pw};
+        GK(cuk_moe_plan(&pa, NULL, &err_));
+    }
+    double us[2][2];
+    for (int v = 0; v < 2; v++)
+        for (int part = 0; part < 2; part++) {
+            for (int i = -3; i < iters; i++) {
+                if (i == 0) CK(cudaEventRecord(ev_a, NULL));
+                const int s = (i + 3) % SETS;
+                const int32_t *id = ids + s * 32 * TOPK, *pl = plan + s * pw;
+                if (part == 0) {
+                    const cuk_moe_gate_up_q8_args g = {t_gu, wg, wu, E, FE, NE, id, TOPK, TOPK,
+                                                       {o->q, 32768, o->ds, 2048, 1}, n_tok, o->y, FE, pl};
+                    GK(v ? cuk_moe_gate_up_q8t(&g, NULL, &err_) : cuk_moe_gate_up_q8(&g, NULL, &err_));
+                } else {
+                    const cuk_moe_down_q8_args d = {t_dn, wd, FE, E, NE, id, o->wts, TOPK, TOPK, TOPK,
+                                                    {o->q, 2048, o->ds, 128, 1}, n_tok, o->y, E, pl, o->part, E};
+                    GK(v ? cuk_moe_down_q8t(&d, NULL, &err_) : cuk_moe_down_q8(&d, NULL, &err_));
+                }
+            }
+            CK(cudaEventRecord(ev_b, NULL));
+            CK(cudaEventSynchronize(ev_b));
+            us[v][part] = elapsed_ms() * 1e3 / iters;
+        }
+    const double bg = touched * 2 * mg, bd = touched * md;
+    printf("| gate+up %s | %d | %.1f | %.1f | %.2f (%.3f) | %.2f (%.3f) |\n", ti_g->name, n_tok, touched, bg / 1e6,
+           us[0][0], bg / (us[0][0] * 1e-6) / rate, us[1][0], bg / (us[1][0] * 1e-6) / rate);
+    printf("| down %s (+ slot sum) | %d | %.1f | %.1f | %.2f (%.3f) | %.2f (%.3f) |\n", ti_d->name, n_tok, touched, bd / 1e6,
+           us[0][1], bd / (us[0][1] * 1e-6) / rate, us[1][1], bd / (us[1][1] * 1e-6) / rate);
+    fflush(stdout);
+    CK(cudaFree(ids));
+    CK(cudaFree(plan));
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) iters = atoi(argv[1]);
     if (iters < 1) {
@@ -209,7 +293,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&o.y, (size_t)64 * 160000 * 4));
     CK(cudaMalloc((void **)&o.part, (size_t)64 * 160000 * 4));
     CK(cudaMalloc((void **)&o.ids, 64 * 4));
-    CK(cudaMalloc((void **)&o.wts, 64 * 4));
+    CK(cudaMalloc((void **)&o.wts, 256 * 4));
     CK(cudaMalloc((void **)&o.plan, 8 * (size_t)cuk_moe_plan_words(1, 8) * 4));
     float *hx = malloc(32 * 32768 * 4);
     if (!hx) return 2;
@@ -254,5 +338,9 @@ int main(int argc, char **argv) {
     moe_row(pool, &o, QT_Q4_K, QT_Q5_K, rate);
     moe_row(pool, &o, QT_Q5_K, QT_Q6_K, rate);
     moe_row(pool, &o, QT_Q8_0, QT_Q8_0, rate);
+    printf("| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) |\n"
+           "| --- | --- | --- | --- | --- | --- |\n");
+    static const int NB[] = {1, 2, 4, 8, 16, 32};
+    for (int i = 0; i < 6; i++) moe_batch_row(pool, &o, QT_Q4_K, QT_Q5_K, NB[i], rate);
     return 0;
 }

@@ -9,6 +9,8 @@
  * - batch invariance: each vector of an n = 8 GEMV and each token of a 5-token MoE call
  *   bit-identical to its one-vector launch; skipped (weight 0) pairs left untouched;
  * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance;
+ * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores) bit-identical to the dp4a MoE kernels
+ *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -299,6 +301,30 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     free(wf), free(x), free(y), free(y1), free(xd), free(ref);
 }
 
+static void test_refusals_moe_t(void) {
+    g5_error err = {0};
+    void *w = dalloc(1 << 20);
+    int8_t *q = dalloc(64 * 1024);
+    float *ds = dalloc(64 * 256), *y = dalloc(64 * 4096);
+    int32_t *ids = dalloc(64), *plan = dalloc(4096);
+    cuk_moe_gate_up_q8_args a = {QT_Q6_K, w, w, 256, 16, 2, ids, 1, 1, {q, 256, ds, 16, 1}, 1, y, 16, plan};
+    T_CHECK(cuk_moe_gate_up_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q6_K"), "moe q8t refused: Q6_K (%s)",
+            err.msg);
+    a.w_type = QT_Q4_K;
+    a.x = (cuk_q8_act){q, 512, ds, 32, 2};
+    T_CHECK(cuk_moe_gate_up_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "2 planes"),
+            "moe q8t refused: two planes (%s)", err.msg);
+    T_CHECK(cuk_moe_q8t_takes(QT_Q8_0, 512, 1) && !cuk_moe_q8t_takes(QT_Q8_0, 64, 1) && !cuk_moe_q8t_takes(QT_Q6_K, 512, 1) &&
+                !cuk_moe_q8t_takes(QT_Q4_K, 512, 2),
+            "cuk_moe_q8t_takes: Q4_K, Q5_K, Q8_0 with k %% 256 and one plane");
+    CK(cudaFree(w));
+    CK(cudaFree(q));
+    CK(cudaFree(ds));
+    CK(cudaFree(y));
+    CK(cudaFree(ids));
+    CK(cudaFree(plan));
+}
+
 static void test_refusals_t(void) {
     g5_error err = {0};
     void *w = dalloc(1 << 16);
@@ -324,7 +350,7 @@ static void test_refusals_t(void) {
     CK(cudaFree(y));
 }
 
-enum { NE = 6, TOPK = 2, NTOK = 5 };
+enum { NE = 6, TOPK = 2, MAXTOK = 40 };
 
 static int32_t *plan_for(const int32_t *did, const float *dwts, int n_tok) {
     int32_t *p = dalloc((size_t)cuk_moe_plan_words(n_tok, TOPK) * 4);
@@ -336,14 +362,34 @@ static int32_t *plan_for(const int32_t *did, const float *dwts, int n_tok) {
 
 static void silu_ref(double g, double u, double *o) { *o = g / (1.0 + exp(-g)) * u; }
 
-/* gate_up (m rows per expert, k in) then down (k2 = m in, m2 = k out) for NTOK tokens. */
-static void test_moe(uint32_t t, int64_t m, int64_t k, int planes) {
+/* The tensor-core MoE kernel's rows against the dp4a kernel's (`ref`, rows of n each, ldo n):
+ * bit-identical for every computed pair, the skipped pairs' rows left untouched. */
+static void moe_t_same(const char *what, const char *tn, const float *got, const float *ref, const float *wts, int64_t P,
+                       int64_t n, int skipped_poison) {
+    int64_t bad = -1;
+    for (int64_t p = 0; p < P && bad < 0; p++) {
+        if (wts && wts[p] == 0.0f) {
+            if (skipped_poison)
+                for (int64_t i = 0; i < n; i++)
+                    if (bits(got[p * n + i]) != POISON) bad = p;
+            continue;
+        }
+        if (memcmp(got + p * n, ref + p * n, (size_t)n * 4)) bad = p;
+    }
+    T_CHECK(bad < 0, "%s %s: tensor-core rows bit-identical to the dp4a kernel's (first bad row %lld of %lld)", tn, what,
+            (long long)bad, (long long)P);
+}
+
+/* gate_up (m rows per expert, k in) then down (k2 = m in, m2 = k out) for ntok tokens (>= 5); the
+ * down half where the int8 kernels take k2 = m. With many tokens per expert (ntok 40: about 13
+ * pairs per expert, several plan groups each) the tensor-core kernels pair the groups. */
+static void test_moe(uint32_t t, int64_t m, int64_t k, int planes, int ntok) {
     const char *tn = quant_type_name(t);
     float *wgf, *wuf, *wdf;
     void *dwg = weights(t, NE * m, k, &wgf), *dwu = weights(t, NE * m, k, &wuf), *dwd = weights(t, NE * k, m, &wdf);
-    int32_t ids[NTOK * TOPK];
-    float wts[NTOK * TOPK];
-    for (int i = 0; i < NTOK * TOPK; i++) {
+    int32_t ids[MAXTOK * TOPK];
+    float wts[MAXTOK * TOPK];
+    for (int i = 0; i < ntok * TOPK; i++) {
         ids[i] = (int32_t)(rnd() % NE);
         if (i % TOPK && ids[i] == ids[i - 1]) ids[i] = (ids[i] + 1) % NE;
         wts[i] = unif(0.1f, 1.0f);
@@ -353,19 +399,26 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes) {
     wts[5] = 0.0f;   /* a skipped pair */
     int32_t *did = dup_d(ids, sizeof ids);
     float *dwts = dup_d(wts, sizeof wts);
-    float *x = xmalloc((size_t)(NTOK * k) * 4);
-    fill_x(x, NTOK, k);
-    dq8 ox = quantize(x, NTOK, k, planes, tn);
-    const int64_t P = NTOK * TOPK;
+    float *x = xmalloc((size_t)(ntok * k) * 4);
+    fill_x(x, ntok, k);
+    dq8 ox = quantize(x, ntok, k, planes, tn);
+    const int64_t P = ntok * TOPK;
+    const int tc = cuk_moe_q8t_takes(t, k, planes), tc_dn = cuk_moe_q8t_takes(t, m, planes);
     float *dout = dalloc((size_t)(P * m) * 4), *out = xmalloc((size_t)(P * m) * 4);
-    float *out1 = xmalloc((size_t)(P * m) * 4);
+    float *out1 = xmalloc((size_t)(P * m) * 4), *outt = xmalloc((size_t)(P * m) * 4);
     CK(cudaMemset(dout, 0xFF, (size_t)(P * m) * 4));
-    int32_t *plan = plan_for(did, dwts, NTOK);
+    int32_t *plan = plan_for(did, dwts, ntok);
     g5_error err = {0};
     const cuk_moe_gate_up_q8_args gu = {t, dwg, dwu, k, m, NE, did, TOPK, TOPK, {ox.q, ox.ldq, ox.ds, ox.ldds, ox.planes},
-                                        NTOK, dout, m, plan};
+                                        ntok, dout, m, plan};
     T_CHECK(cuk_moe_gate_up_q8(&gu, NULL, &err) == G5_OK, "%s gate_up: %s", tn, err.msg);
     get(out, dout, (size_t)(P * m) * 4);
+    if (tc) {
+        CK(cudaMemset(dout, 0xFF, (size_t)(P * m) * 4));
+        T_CHECK(cuk_moe_gate_up_q8t(&gu, NULL, &err) == G5_OK, "%s gate_up q8t: %s", tn, err.msg);
+        get(outt, dout, (size_t)(P * m) * 4);
+        moe_t_same("gate_up", tn, outt, out, wts, P, m, 1);
+    }
     double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)(m > k ? m : k) * 8);
     double worst = 0;
     for (int64_t p = 0; p < P; p++) {
@@ -383,7 +436,8 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes) {
         if (!(er <= worst)) worst = er;
     }
     T_CHECK(worst <= 1e-5, "%s gate_up m=%lld k=%lld: rel L2 %.3e <= 1e-5", tn, (long long)m, (long long)k, worst);
-    printf("  %s moe gate_up m=%lld k=%lld: rel L2 %.2e\n", tn, (long long)m, (long long)k, worst);
+    printf("  %s moe gate_up m=%lld k=%lld, %d tokens%s: rel L2 %.2e\n", tn, (long long)m, (long long)k, ntok,
+           tc ? " (and q8t)" : "", worst);
     /* token 1 alone (its own plan): bit-identical rows */
     {
         float *d1 = dalloc((size_t)(TOPK * m) * 4);
@@ -393,48 +447,61 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes) {
         T_CHECK(cuk_moe_gate_up_q8(&g1, NULL, &err) == G5_OK, "%s gate_up one: %s", tn, err.msg);
         get(out1, d1, (size_t)(TOPK * m) * 4);
         T_CHECK(memcmp(out1, out + TOPK * m, (size_t)(TOPK * m) * 4) == 0,
-                "%s gate_up: token 1 of 5 bit-identical to its one-token launch", tn);
+                "%s gate_up: token 1 of %d bit-identical to its one-token launch", tn, ntok);
         CK(cudaFree(d1));
         CK(cudaFree(p1));
     }
-    /* down: h = the gate_up rows (skipped pair: zeros), quantized per pair row */
-    for (int64_t i = 0; i < m; i++) out[5 * m + i] = 0.0f;
-    dq8 oh = quantize(out, P, m, planes, tn);
-    float *dy = dalloc((size_t)(NTOK * k) * 4), *dpart = dalloc((size_t)(P * k) * 4);
-    float *y = xmalloc((size_t)(NTOK * k) * 4), *y1 = xmalloc((size_t)k * 4);
-    const cuk_moe_down_q8_args dn = {t, dwd, m, k, NE, did, dwts, TOPK, TOPK, TOPK, {oh.q, oh.ldq, oh.ds, oh.ldds, oh.planes},
-                                     NTOK, dy, k, plan, dpart, k};
-    T_CHECK(cuk_moe_down_q8(&dn, NULL, &err) == G5_OK, "%s down: %s", tn, err.msg);
-    get(y, dy, (size_t)(NTOK * k) * 4);
-    double *hd = xmalloc((size_t)m * 8);
-    worst = 0;
-    for (int tk = 0; tk < NTOK; tk++) {
-        for (int64_t i = 0; i < k; i++) ref[i] = 0;
-        for (int s = 0; s < TOPK; s++) {
-            const int64_t p = tk * TOPK + s;
-            if (wts[p] == 0.0f) continue;
-            q8_row(&oh, p, m, hd);
-            for (int64_t i = 0; i < k; i++) ref[i] += (double)wts[p] * dotd(wdf + ((int64_t)ids[p] * k + i) * m, hd, m);
+    if (cuk_q8_takes(t, m)) { /* the int8 down kernels take rows of m */
+        /* down: h = the gate_up rows (skipped pair: zeros), quantized per pair row */
+        for (int64_t i = 0; i < m; i++) out[5 * m + i] = 0.0f;
+        dq8 oh = quantize(out, P, m, planes, tn);
+        float *dy = dalloc((size_t)(ntok * k) * 4), *dpart = dalloc((size_t)(P * k) * 4);
+        float *y = xmalloc((size_t)(ntok * k) * 4), *y1 = xmalloc((size_t)k * 4), *yt = xmalloc((size_t)(ntok * k) * 4);
+        const cuk_moe_down_q8_args dn = {t, dwd, m, k, NE, did, dwts, TOPK, TOPK, TOPK, {oh.q, oh.ldq, oh.ds, oh.ldds, oh.planes},
+                                         ntok, dy, k, plan, dpart, k};
+        T_CHECK(cuk_moe_down_q8(&dn, NULL, &err) == G5_OK, "%s down: %s", tn, err.msg);
+        get(y, dy, (size_t)(ntok * k) * 4);
+        if (tc_dn) {
+            CK(cudaMemset(dy, 0xFF, (size_t)(ntok * k) * 4));
+            T_CHECK(cuk_moe_down_q8t(&dn, NULL, &err) == G5_OK, "%s down q8t: %s", tn, err.msg);
+            get(yt, dy, (size_t)(ntok * k) * 4);
+            moe_t_same("down", tn, yt, y, NULL, ntok, k, 0);
         }
-        const double er = rel_l2(y + tk * k, ref, k);
-        if (!(er <= worst)) worst = er;
-    }
-    T_CHECK(worst <= 1e-5, "%s down m=%lld k=%lld: rel L2 %.3e <= 1e-5", tn, (long long)k, (long long)m, worst);
-    printf("  %s moe down m=%lld k=%lld: rel L2 %.2e\n", tn, (long long)k, (long long)m, worst);
-    {
-        float *d1 = dalloc((size_t)k * 4);
-        int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
-        const cuk_moe_down_q8_args d1a = {t, dwd, m, k, NE, did + TOPK, dwts + TOPK, TOPK, TOPK, TOPK,
-                                          {oh.q + TOPK * oh.ldq, oh.ldq, oh.ds + TOPK * oh.ldds, oh.ldds, oh.planes}, 1, d1, k,
-                                          p1, dpart, k};
-        T_CHECK(cuk_moe_down_q8(&d1a, NULL, &err) == G5_OK, "%s down one: %s", tn, err.msg);
-        get(y1, d1, (size_t)k * 4);
-        T_CHECK(memcmp(y1, y + k, (size_t)k * 4) == 0, "%s down: token 1 of 5 bit-identical to its one-token launch", tn);
-        CK(cudaFree(d1));
-        CK(cudaFree(p1));
+        double *hd = xmalloc((size_t)m * 8);
+        worst = 0;
+        for (int tk = 0; tk < ntok; tk++) {
+            for (int64_t i = 0; i < k; i++) ref[i] = 0;
+            for (int s = 0; s < TOPK; s++) {
+                const int64_t p = tk * TOPK + s;
+                if (wts[p] == 0.0f) continue;
+                q8_row(&oh, p, m, hd);
+                for (int64_t i = 0; i < k; i++) ref[i] += (double)wts[p] * dotd(wdf + ((int64_t)ids[p] * k + i) * m, hd, m);
+            }
+            const double er = rel_l2(y + tk * k, ref, k);
+            if (!(er <= worst)) worst = er;
+        }
+        T_CHECK(worst <= 1e-5, "%s down m=%lld k=%lld: rel L2 %.3e <= 1e-5", tn, (long long)k, (long long)m, worst);
+        printf("  %s moe down m=%lld k=%lld, %d tokens%s: rel L2 %.2e\n", tn, (long long)k, (long long)m, ntok,
+               tc_dn ? " (and q8t)" : "", worst);
+        {
+            float *d1 = dalloc((size_t)k * 4);
+            int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
+            const cuk_moe_down_q8_args d1a = {t, dwd, m, k, NE, did + TOPK, dwts + TOPK, TOPK, TOPK, TOPK,
+                                              {oh.q + TOPK * oh.ldq, oh.ldq, oh.ds + TOPK * oh.ldds, oh.ldds, oh.planes}, 1, d1, k,
+                                              p1, dpart, k};
+            T_CHECK(cuk_moe_down_q8(&d1a, NULL, &err) == G5_OK, "%s down one: %s", tn, err.msg);
+            get(y1, d1, (size_t)k * 4);
+            T_CHECK(memcmp(y1, y + k, (size_t)k * 4) == 0, "%s down: token 1 of %d bit-identical to its one-token launch", tn,
+                    ntok);
+            CK(cudaFree(d1));
+            CK(cudaFree(p1));
+        }
+        q8_free(&oh);
+        CK(cudaFree(dy));
+        CK(cudaFree(dpart));
+        free(y), free(y1), free(yt), free(hd);
     }
     q8_free(&ox);
-    q8_free(&oh);
     CK(cudaFree(dwg));
     CK(cudaFree(dwu));
     CK(cudaFree(dwd));
@@ -442,9 +509,7 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes) {
     CK(cudaFree(dwts));
     CK(cudaFree(dout));
     CK(cudaFree(plan));
-    CK(cudaFree(dy));
-    CK(cudaFree(dpart));
-    free(wgf), free(wuf), free(wdf), free(x), free(out), free(out1), free(xd), free(ref), free(y), free(y1), free(hd);
+    free(wgf), free(wuf), free(wdf), free(x), free(out), free(out1), free(outt), free(xd), free(ref);
 }
 
 static void test_refusals(void) {
@@ -488,13 +553,16 @@ int main(void) {
     test_planes_error();
     test_refusals();
     test_refusals_t();
+    test_refusals_moe_t();
     for (int planes = 1; planes <= 2; planes++)
         for (size_t i = 0; i < N_TYPES; i++) {
             const uint32_t t = TYPES[i];
             test_gemv(t, 37, 512, planes);   /* 8 units per row: lanes 8..31 idle */
             test_gemv(t, 64, 2048, planes);  /* one unit per lane: 4 row pairs per warp */
             test_gemv(t, 9, 6144, planes);   /* three units per lane, odd m */
-            test_moe(t, 256, 512, planes);
+            test_moe(t, 256, 512, planes, 5);
+            test_moe(t, 40, 2560, planes, 40);  /* gate_up only: a part tile, 10 steps, paired groups */
+            test_moe(t, 512, 2560, planes, 24); /* down over 2 steps, residue groups 2..7 empty */
             test_gemv_t(t, 37, 512, planes);  /* two steps, a part tile */
             test_gemv_t(t, 64, 2048, planes); /* two warps per tile */
             test_gemv_t(t, 9, 6144, planes);  /* eight warps per tile */
