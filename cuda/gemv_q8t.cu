@@ -329,6 +329,41 @@ __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT
     }
 }
 
+/* One residue group's leaf (its four residue sums S: the dp4a warp butterfly's first two levels)
+ * merged as leaf gi of the warp's range into the binary counter stk (stk[b]: a finished subtree of
+ * 2^b leaves; bit b of gi set: v = stk[b] + v, the first clear bit stores v), the butterfly's last
+ * three levels; res gets v, the range's whole tree after its last leaf. Both kernels below sum
+ * through this, which keeps their bits the dp4a kernel's. */
+template <int NT>
+__device__ __forceinline__ void leaf_merge(const float (&S)[4][NT][4], int gi, float (&stk)[3][NT][4], float (&res)[NT][4]) {
+    float v[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(__fadd_rn(S[0][t][e], S[1][t][e]), __fadd_rn(S[2][t][e], S[3][t][e]));
+    bool stored = false;
+#pragma unroll
+    for (int b = 0; b < 3; b++) {
+        if (stored) break;
+        if ((gi >> b) & 1) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(stk[b][t][e], v[t][e]);
+        } else {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) stk[b][t][e] = v[t][e];
+            stored = true;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) res[t][e] = v[t][e];
+}
+
 /* The GEMV (grid and lanes: the top comment). steps = k / 256; kw = warps per tile (1, 2, 4, 8),
  * warp ks of a tile taking the residue groups ks * 8 / kw .. (ks + 1) * 8 / kw - 1. */
 template <int T, int NT, int P>
@@ -390,33 +425,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 step_units<NT, P>(cur, cl, st, c, S);
                 cur = nxt;
             }
-        float v[NT][4];
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(__fadd_rn(S[0][t][e], S[1][t][e]), __fadd_rn(S[2][t][e], S[3][t][e]));
-        /* merge: bit 0 set -> v = stk0 + v, bit 1 -> v = stk1 + v, ...; the first clear bit stores v */
-        bool stored = false;
-#pragma unroll
-        for (int b = 0; b < 3; b++) {
-            if (stored) break;
-            if ((gi >> b) & 1) {
-#pragma unroll
-                for (int t = 0; t < NT; t++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(stk[b][t][e], v[t][e]);
-            } else {
-#pragma unroll
-                for (int t = 0; t < NT; t++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) stk[b][t][e] = v[t][e];
-                stored = true;
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) res[t][e] = v[t][e];
+        leaf_merge<NT>(S, gi, stk, res);
     }
     /* the warps of a tile: their subtrees merged pairwise in range order */
     for (int h = 1; h < kw; h <<= 1) {
@@ -580,25 +589,7 @@ __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
                 used++;
                 step_units<1, 1>(cur, cl, st, c, S);
             }
-            float v[1][4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) v[0][q] = __fadd_rn(__fadd_rn(S[0][0][q], S[1][0][q]), __fadd_rn(S[2][0][q], S[3][0][q]));
-            /* k_gemv_q8t's binary counter over the eight leaves */
-            bool stored = false;
-#pragma unroll
-            for (int b = 0; b < 3; b++) {
-                if (stored) break;
-                if ((gi >> b) & 1) {
-#pragma unroll
-                    for (int q = 0; q < 4; q++) v[0][q] = __fadd_rn(stk[b][0][q], v[0][q]);
-                } else {
-#pragma unroll
-                    for (int q = 0; q < 4; q++) stk[b][0][q] = v[0][q];
-                    stored = true;
-                }
-            }
-#pragma unroll
-            for (int q = 0; q < 4; q++) res[0][q] = v[0][q];
+            leaf_merge<1>(S, gi, stk, res);
         }
         if (NM == 2 && mat == 0) {
 #pragma unroll

@@ -117,6 +117,21 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     fflush(stdout);
 }
 
+/* The pool's start: NE experts' gate and up (mg bytes each, t_gu) then down (md bytes, t_dn),
+ * random blocks. */
+static void fill_experts(uint8_t *pool, uint32_t t_gu, uint32_t t_dn, int NE, uint64_t mg, uint64_t md) {
+    const uint64_t set = (uint64_t)NE * (2 * mg + md);
+    const quant_type_info *ti_g = quant_type_get(t_gu), *ti_d = quant_type_get(t_dn);
+    if (set > POOL_BYTES) exit(2);
+    uint8_t *h = malloc(set);
+    uint64_t st = 99;
+    if (!h || quant_fill_random(t_gu, h, 2 * NE * mg / ti_g->block_bytes, &st) ||
+        quant_fill_random(t_dn, h + 2 * NE * mg, NE * md / ti_d->block_bytes, &st))
+        exit(2);
+    CK(cudaMemcpy(pool, h, set, cudaMemcpyHostToDevice));
+    free(h);
+}
+
 /* One decode token's routed experts: NE experts of (FE x E gate, up: t_gu) and (E x FE down: t_dn). */
 static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, double rate) {
     enum { TOPK = 8, E = 6144, FE = 2048 };
@@ -129,14 +144,7 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
     /* one pool copy: gate, up, down of all experts; experts differ per launch by rotating ids */
     uint64_t stride = 0;
     const quant_type_info *ti_g = quant_type_get(t_gu), *ti_d = quant_type_get(t_dn);
-    if (set > POOL_BYTES) exit(2);
-    uint8_t *h = malloc(set);
-    uint64_t st = 99;
-    if (!h || quant_fill_random(t_gu, h, 2 * NE * mg / ti_g->block_bytes, &st) ||
-        quant_fill_random(t_dn, h + 2 * NE * mg, NE * md / ti_d->block_bytes, &st))
-        exit(2);
-    CK(cudaMemcpy(pool, h, set, cudaMemcpyHostToDevice));
-    free(h);
+    fill_experts(pool, t_gu, t_dn, NE, mg, md);
     stride = set;
     const uint8_t *wg = pool, *wu = pool + NE * mg, *wd = pool + 2 * NE * mg;
     /* 8 rotating id sets of 8 distinct experts: 64 experts, every launch new weights */
@@ -198,16 +206,10 @@ static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t
     enum { TOPK = 8, E = 6144, FE = 2048, NE = 64, SETS = 4 };
     uint64_t rg = 0, rd = 0;
     if (quant_row_bytes(t_gu, E, &rg) || quant_row_bytes(t_dn, FE, &rd)) exit(2);
-    const uint64_t mg = rg * FE, md = rd * E, set = (uint64_t)NE * (2 * mg + md);
-    if (set > POOL_BYTES || n_tok > 32) exit(2);
+    const uint64_t mg = rg * FE, md = rd * E;
+    if (n_tok > 32) exit(2);
     const quant_type_info *ti_g = quant_type_get(t_gu), *ti_d = quant_type_get(t_dn);
-    uint8_t *h = malloc(set);
-    uint64_t st = 99;
-    if (!h || quant_fill_random(t_gu, h, 2 * NE * mg / ti_g->block_bytes, &st) ||
-        quant_fill_random(t_dn, h + 2 * NE * mg, NE * md / ti_d->block_bytes, &st))
-        exit(2);
-    CK(cudaMemcpy(pool, h, set, cudaMemcpyHostToDevice));
-    free(h);
+    fill_experts(pool, t_gu, t_dn, NE, mg, md);
     const uint8_t *wg = pool, *wu = pool + NE * mg, *wd = pool + 2 * NE * mg;
     static int32_t hid[SETS][32 * TOPK];
     static float hw[32 * TOPK];
