@@ -1072,9 +1072,13 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
 
 /* The routed experts' tensor-core kernels (cuk_moe_*_q8t: an expert's weights read once for up to 8
  * of its pairs, where the dp4a kernels read them once per 4 and repeat the integer work per pair)
- * for calls of at least MOE_Q8T_MIN_TOK tokens; the same bits either way (cuda/cuk_q8.h). */
+ * for calls of at least MOE_Q8T_MIN_TOK tokens; the same bits either way (cuda/cuk_q8.h). Measured
+ * (H200, bench/RESULTS.md session 13): on the peer model they win from 8 tokens (gate_up 120
+ * against 179, down 54 against 126 us per layer), under bench_q8's uniform routing from 16. */
 #define MOE_Q8T_MIN_TOK 8
-static int moe_q8t_for(uint32_t type, int64_t k, uint32_t n) { return n >= MOE_Q8T_MIN_TOK && cuk_moe_q8t_takes(type, k, 1); }
+static int moe_q8t_for(uint32_t type, int64_t k, uint32_t n) {
+    return n >= MOE_Q8T_MIN_TOK && cuk_moe_q8t_takes(type, k, 1);
+}
 
 /* The MoE products of a decode step (or a short call): the shared expert's gate and up, then
  * the routed experts by plan group (cuda/cuk.h), their down products summed over slots into
