@@ -12,7 +12,9 @@
 # disk, default /tmp/g5peer), PRECISIONS (default "fast precise"), ARGS (more bench_peer options),
 # LAYERS / EXPERTS (default 12 / 64), LIMIT (seconds per bench_peer run, default 300), LONG (a
 # long-prompt size run after the fast precision's table in calls of CHUNK tokens, as glm5-run
-# --prefill-chunk does; default 32768 in calls of 4096; LONG=0 skips it).
+# --prefill-chunk does; default 32768 in calls of 4096; LONG=0 skips it), CENTRED (set: the same
+# shapes and types from `synth --centred`, zero-mean weights like trained ones, in files of their
+# own; not the file llama.cpp was measured on).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/g5peer-out}
@@ -23,25 +25,27 @@ SECONDS=0
 {
 bench_header
 bench_build "$OUT/build_peer.log" "$B/bin/glm5-shard" "$B/gpu/tests/bench_peer" || exit 3
-gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}.gguf
+sfx=${CENTRED:+-centred}
+gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}$sfx.gguf
+blobs=$W/tp1$sfx
 if [ ! -f "$gguf" ]; then
   t0=$SECONDS
-  "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" -o "$gguf" || exit 3
+  "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" ${CENTRED:+--centred} -o "$gguf" || exit 3
   echo "synth $(du -h "$gguf" | cut -f1) in $((SECONDS - t0)) s"
 fi
-if [ ! -f "$W/tp1/blobset.g5s" ]; then
+if [ ! -f "$blobs/blobset.g5s" ]; then
   t0=$SECONDS
-  "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$W/tp1" "$gguf" || exit 3
+  "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$blobs" "$gguf" || exit 3
   echo "convert TP 1 in $((SECONDS - t0)) s"
 fi
 rc=0
 for p in ${PRECISIONS:-fast precise}; do
   echo "== bench_peer --precision $p"
-  timeout "${LIMIT:-300}" "$B/gpu/tests/bench_peer" -m "$W/tp1" --precision "$p" ${ARGS:-} || rc=1
+  timeout "${LIMIT:-300}" "$B/gpu/tests/bench_peer" -m "$blobs" --precision "$p" ${ARGS:-} || rc=1
 done
 if [ "${LONG:-32768}" != 0 ]; then
   echo "== bench_peer --precision fast --pp ${LONG:-32768} --chunk ${CHUNK:-4096}"
-  timeout "${LIMIT:-300}" "$B/gpu/tests/bench_peer" -m "$W/tp1" --precision fast --pp "${LONG:-32768}" \
+  timeout "${LIMIT:-300}" "$B/gpu/tests/bench_peer" -m "$blobs" --precision fast --pp "${LONG:-32768}" \
     --chunk "${CHUNK:-4096}" --depth 512 --batch 1 --tg 8 --reps 1 --no-verify || rc=1
 fi
 echo "peer.sh rc=$rc total ${SECONDS}s"

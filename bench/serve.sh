@@ -10,7 +10,9 @@
 # Environment: as bench/peer.sh (B, CC, DEPS, SKIP_BUILD, W, LAYERS, EXPERTS), plus PRECISIONS
 # (default "precise fast": glm5-serve's default first), CLIENTS (default 1,8,32), PROMPT (512),
 # TOKENS (128), ARGS (more glm5-serve options), VERIFY (set: then each prompt alone, its output
-# compared with the concurrent runs').
+# compared with the concurrent runs'), CENTRED (as bench/peer.sh: the model from `synth --centred`,
+# for fast mode, whose prefill leaves fp16's range on most random prompts of the peer file; the
+# same centring kept bench_decode's 78-layer model inside it, session 11; not yet run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/g5serve-out}
@@ -21,16 +23,18 @@ SECONDS=0
 {
 bench_header
 bench_build "$OUT/build_serve.log" "$B/bin/glm5-shard" "$B/gpu/bin/glm5-serve" || exit 3
-gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}.gguf
-if [ ! -f "$W/tp1/blobset.g5s" ]; then
-  [ -f "$gguf" ] || "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" -o "$gguf" || exit 3
-  "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$W/tp1" "$gguf" || exit 3
+sfx=${CENTRED:+-centred}
+gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}$sfx.gguf
+blobs=$W/tp1$sfx
+if [ ! -f "$blobs/blobset.g5s" ]; then
+  [ -f "$gguf" ] || "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" ${CENTRED:+--centred} -o "$gguf" || exit 3
+  "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$blobs" "$gguf" || exit 3
 fi
 rc=0
 for p in ${PRECISIONS:-precise fast}; do
   log=$OUT/serve_$p.log
   echo "== glm5-serve --device cuda --precision $p --max-batch 32 --ctx-size 1024 ${ARGS:-}"
-  "$B/gpu/bin/glm5-serve" -m "$W/tp1" --device cuda --precision "$p" --port 0 --max-batch 32 --ctx-size 1024 \
+  "$B/gpu/bin/glm5-serve" -m "$blobs" --device cuda --precision "$p" --port 0 --max-batch 32 --ctx-size 1024 \
     ${ARGS:-} 2>"$log" &
   pid=$! port=""
   for k in $(seq 1 1200); do

@@ -43,7 +43,7 @@ static void usage(FILE *f) {
             "  inspect FILE.gguf --dump TENSOR -o OUT.f32\n"
             "        write one tensor dequantized to little-endian float32 (ggml order)\n"
             "  synth --preset tiny|glm5 [--layers N] [--experts N] [--tp-friendly] [--seed S]\n"
-            "        [--split-size BYTES] [--types PRESET] [--type-map ROLE=TYPE,...]\n"
+            "        [--split-size BYTES] [--types PRESET] [--type-map ROLE=TYPE,...] [--centred]\n"
             "        [--dry-run] -o FILE.gguf\n"
             "        write a synthetic GLM-5 GGUF (random weights, real layout); with\n"
             "        --split-size, FILE-0000k-of-0000n.gguf (BYTES may end in K, M, G: x1024);\n"
@@ -51,7 +51,9 @@ static void usage(FILE *f) {
             "        the tensors and sizes without writing; --types picks a type mix\n"
             "        (ud-q4_k_xl: the default, ud-q3_k_xl, ud-q2_k_xl, ud-iq2_xxs, ud-iq1_m,\n"
             "        ud-iq1_s, ud-fp4), --type-map then sets roles (ffn_up_exps=IQ2_XXS;\n"
-            "        groups exps, exps_gate_up, shexp, ffn, ffn_gate_up, attn)\n"
+            "        groups exps, exps_gate_up, shexp, ffn, ffn_gate_up, attn); --centred makes\n"
+            "        the Q2_K/Q4_K/Q5_K blocks zero-mean like trained weights (without it their\n"
+            "        weights average about +0.1 and activations grow with depth)\n"
             "\n"
             "  convert --tp T [--ep] [--kv-b-type f32|bf16|f16|q8_0] [--jobs N] [--resume]\n"
             "        [--force] [--dry-run] [--quiet] [--json] -o OUTDIR MODEL.gguf\n"
@@ -209,6 +211,7 @@ static int cmd_synth(int argc, char **argv) {
         {.name = "--experts", .alias = "-e", .kind = G5_ARG_INT, .dst = &experts, .lo = 1, .hi = 65536,
          .seen = &have_experts},
         {.name = "--tp-friendly", .alias = "-t", .kind = G5_ARG_FLAG, .dst = &so.tp_friendly},
+        {.name = "--centred", .kind = G5_ARG_FLAG, .dst = &so.centred},
         {.name = "--seed", .alias = "-s", .kind = G5_ARG_U64, .dst = &seed},
         {.name = "--split-size", .alias = "-S", .kind = G5_ARG_SIZE, .dst = &split, .lo = 1, .seen = &have_split},
         {.name = "--output", .alias = "-o", .kind = G5_ARG_STR, .dst = &out},

@@ -585,6 +585,7 @@ typedef struct fill_ctx {
     const synth_tensor_info *ts;
     uint64_t first;   /* index of the split's first tensor in the plan */
     uint64_t seed;
+    int centred;      /* synth_opts.centred */
 } fill_ctx;
 
 /* Quantized data is generated in chunks of FILL_CHUNK blocks, each seeded from the tensor's seed
@@ -597,6 +598,7 @@ typedef struct fill_job {
     uint32_t type, block_bytes;
     uint8_t *dst;
     uint64_t n_blocks, seed;
+    int centred;
     uint64_t next_chunk;     /* shared counter */
     pthread_mutex_t mu;
     g5_status st;
@@ -616,6 +618,7 @@ static void *fill_worker(void *arg) {
         uint64_t rng = j->seed ^ (c * 0xD1B54A32D192ED03ull);
         rng = splitmix64(&rng);
         g5_status st = quant_fill_random(j->type, j->dst + b0 * j->block_bytes, nb, &rng);
+        if (st == G5_OK && j->centred) st = quant_centre_blocks(j->type, j->dst + b0 * j->block_bytes, nb);
         if (st) {
             pthread_mutex_lock(&j->mu);
             j->st = st;
@@ -636,7 +639,7 @@ static g5_status fill_tensor(void *user, int64_t i, uint8_t *dst, uint64_t nbyte
     }
     const quant_type_info *qi = quant_type_get(t->type);
     if (!qi || !qi->block_bytes) return G5_ERR_INTERNAL;
-    fill_job j = {t->type, qi->block_bytes, dst, nbytes / qi->block_bytes, rng, 0,
+    fill_job j = {t->type, qi->block_bytes, dst, nbytes / qi->block_bytes, rng, fc->centred, 0,
                   PTHREAD_MUTEX_INITIALIZER, G5_OK};
     const uint64_t n_chunks = (j.n_blocks + FILL_CHUNK - 1) / FILL_CHUNK;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -745,7 +748,7 @@ g5_status synth_write(const synth_opts *o, const char *path, synth_result *res, 
                 goto done;
             }
         }
-        fill_ctx fc = {p->tensors, first, o->seed};
+        fill_ctx fc = {p->tensors, first, o->seed, o->centred};
         if (o->test_fail_after_bytes)
             gguf_writer_set_test_fail_after(w, o->test_fail_after_bytes > set_bytes ? o->test_fail_after_bytes - set_bytes : 1);
         if ((st = gguf_writer_write_file(w, fpath, fill_tensor, &fc, err))) goto done;

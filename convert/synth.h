@@ -37,6 +37,9 @@ typedef struct synth_opts {
     int64_t n_layers;    /* main layers (the NextN layer comes on top); < 0: preset default */
     int64_t n_experts;   /* routed experts; < 0: preset default */
     int tp_friendly;
+    int centred;         /* Q2_K/Q4_K/Q5_K blocks zero-mean like trained weights
+                          * (quant_centre_blocks); 0: quant_fill_random's as they come, whose
+                          * products carry a common mode (the peer model llama.cpp was measured on) */
     uint64_t seed;
     uint64_t split_size; /* 0: one file; otherwise at most this many tensor-data bytes per split
                           * (a single larger tensor gets a split of its own) */

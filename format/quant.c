@@ -597,3 +597,28 @@ g5_status quant_fill_random(uint32_t type, void *dst, uint64_t n_blocks, uint64_
     for (uint64_t i = 0; i < n_blocks; i++) fill_block(type, b + i * t->block_bytes, rng_state);
     return G5_OK;
 }
+
+g5_status quant_centre_blocks(uint32_t type, void *dst, uint64_t n_blocks) {
+    const quant_type_info *t = quant_type_get(type);
+    if (!t) return G5_ERR_TENSOR_TYPE;
+    if (type != QT_Q2_K && type != QT_Q4_K && type != QT_Q5_K) return G5_OK;
+    if (n_blocks && !dst) return G5_ERR_INVALID_ARG;
+    uint8_t *b = dst;
+    for (uint64_t i = 0; i < n_blocks; i++, b += t->block_bytes) {
+        if (type == QT_Q2_K) { /* 16 bytes: scale in the low nibble, min in the high one */
+            g5_wr_u16(b + Q2K_DMIN, quant_f32_to_f16(quant_f16_to_f32(g5_rd_u16(b + Q2K_D)) * 1.5f));
+            uint8_t *sc = b + Q2K_SCALES;
+            for (int j = 0; j < 16; j++) sc[j] = (uint8_t)((sc[j] & 0x0f) << 4 | (sc[j] & 0x0f));
+            continue;
+        }
+        const float h = type == QT_Q4_K ? 7.5f : 15.5f;
+        g5_wr_u16(b + Q4K_DMIN, quant_f32_to_f16(quant_f16_to_f32(g5_rd_u16(b + Q4K_D)) * h));
+        /* 12 bytes: sc / m of sub-blocks 0..3 in bytes 0..3 / 4..7 (6 bits; their top 2 bits
+         * hold the high bits of sub-blocks 4..7), bytes 8..11 the low 4 bits of sc (low nibble)
+         * and m (high nibble) of 4..7 */
+        uint8_t *sc = b + Q4K_SCALES;
+        for (int j = 0; j < 4; j++) sc[4 + j] = sc[j];
+        for (int j = 8; j < 12; j++) sc[j] = (uint8_t)((sc[j] & 0x0f) | (sc[j] << 4));
+    }
+    return G5_OK;
+}

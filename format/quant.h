@@ -61,6 +61,14 @@ g5_status quant_quantize(uint32_t type, const float *src, uint64_t n_elems, void
  * magnitude, random quants), from a 64-bit state advanced in place. For synth. */
 g5_status quant_fill_random(uint32_t type, void *dst, uint64_t n_blocks, uint64_t *rng_state);
 
+/* Makes such blocks zero-mean the way trained weights are: Q2_K, Q4_K and Q5_K store
+ * w = d sc q - dmin m with an independent min, so quant_fill_random's blocks average about
+ * +0.1 per weight and every product then carries a common mode that grows over the layers
+ * (bench/RESULTS.md, session 11). This sets each sub-block's m to its sc and dmin to fp16(h d),
+ * h = (2^bits - 1) / 2, so w = d sc (q - h). The other types are symmetric (or, Q4_1 / Q5_1,
+ * centred on average) already and are left as they are. G5_ERR_TENSOR_TYPE for an unknown type. */
+g5_status quant_centre_blocks(uint32_t type, void *dst, uint64_t n_blocks);
+
 /* Half-precision helpers (IEEE binary16 and bfloat16), exact conversions, round-to-nearest-even. */
 float quant_f16_to_f32(uint16_t h);
 uint16_t quant_f32_to_f16(float f);

@@ -2,7 +2,9 @@
  * metadata keys and types, hyperparameters, tokenizer bytes and specials) and passes the audit;
  * output is deterministic by seed; a split set holds the single file's tensors byte for byte;
  * the glm5 preset has GLM-5's shapes (checked against numbers from GLM-5's config.json, without
- * writing GBs); --tp-friendly and --layers behave as documented. */
+ * writing GBs); --tp-friendly and --layers behave as documented; --centred makes the tensors with
+ * mins zero-mean. */
+#include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -412,6 +414,57 @@ static void test_tp_friendly(void) {
     T_CHECK(synth_preset_from_name("huge", &ps, &e) == G5_ERR_INVALID_ARG, "unknown preset");
 }
 
+/* Mean and rms over the Q2_K / Q4_K / Q5_K tensors of a synth file, and how many there are. */
+static int kmin_stats(const char *path, double *mean, double *rms) {
+    gguf_ctx *g = NULL;
+    g5_error e;
+    g5_error_clear(&e);
+    T_CHECK(gguf_open(path, &g, &e) == G5_OK, "open %s: %s", path, e.msg);
+    if (!g) return 0;
+    double sum = 0, sumsq = 0, n = 0;
+    int count = 0;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_get_tensor(g, i);
+        if (t->type != QT_Q2_K && t->type != QT_Q4_K && t->type != QT_Q5_K) continue;
+        float *y = malloc(t->n_elems * sizeof *y);
+        if (!y || quant_dequantize(t->type, t->data, t->n_elems, y) != G5_OK) {
+            T_CHECK(0, "dequantize %s", t->name);
+            free(y);
+            continue;
+        }
+        for (uint64_t j = 0; j < t->n_elems; j++) sum += y[j], sumsq += (double)y[j] * y[j];
+        n += (double)t->n_elems;
+        count++;
+        free(y);
+    }
+    gguf_free(g);
+    *mean = n ? sum / n : 0;
+    *rms = n ? sqrt(sumsq / n) : 0;
+    return count;
+}
+
+/* --centred: the same layout, other bytes, and the tensors with mins zero-mean (without it their
+ * mean is at least a fifth of their rms). */
+static void test_centred(const char *dir, const char *plain) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/centred.gguf", dir);
+    synth_opts o;
+    synth_opts_init(&o);
+    o.seed = 7;
+    o.centred = 1;
+    g5_error e;
+    g5_error_clear(&e);
+    T_CHECK(synth_write(&o, path, NULL, &e) == G5_OK, "synth --centred: %s", e.msg);
+    T_CHECK(!t_file_equal(path, plain), "--centred gives other bytes");
+    double m0, r0, m1, r1;
+    const int n0 = kmin_stats(plain, &m0, &r0), n1 = kmin_stats(path, &m1, &r1);
+    T_CHECK(n0 > 0 && n0 == n1, "%d / %d tensors with mins", n0, n1);
+    T_CHECK(m0 >= 0.2 * r0, "as filled: mean %.3g, rms %.3g", m0, r0);
+    T_CHECK(fabs(m1) <= 0.02 * r1, "centred: mean %.3g, rms %.3g", m1, r1);
+    printf("  tensors with mins: mean / rms %.3f as filled, %.4f centred\n", m0 / r0, m1 / r1);
+    unlink(path);
+}
+
 int main(void) {
     const char *dir0 = t_tmpdir();
     char *dir = strdup(dir0);
@@ -443,6 +496,7 @@ int main(void) {
     T_CHECK(access(tmp, F_OK) != 0, "no temporary file left");
 
     test_split(dir, b);
+    test_centred(dir, b);
     test_glm5_preset();
     test_tp_friendly();
     t_rmtree(dir);

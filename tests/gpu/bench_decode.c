@@ -15,7 +15,7 @@
  * rows, which changes memory but not the bytes a step reads (one row). The NextN/MTP block is left
  * out (the GPU path does not run it). The program prints all of this.
  *
- * Weights: random but valid blocks (quant_fill_random, Q4_K/Q5_K centred by center_kquant;
+ * Weights: random but valid blocks (quant_fill_random, Q4_K/Q5_K centred by quant_centre_blocks;
  * norms near 1, float matrices ~1/sqrt(k))
  * filled by all cores into one host mapping, each tensor in a range of its own (the GPU model's
  * copy path then gives each tensor its own device memory: nothing shares a device range, so no
@@ -195,26 +195,6 @@ static void fill_float(const rt_tensor *t, glm5_role role, uint8_t *dst, uint64_
     }
 }
 
-/* quant_fill_random's Q4_K and Q5_K blocks have w = d sc q - dmin m with independent m, so
- * their weights average about +0.1: every product then adds a common mode, and over 78 layers
- * the residual of a TP 8 rank grows to ~3e9 with stage outputs near 1e8 (bench_decode
- * --prefill-scan on the f32 path), which overflows any fp16 product input. Trained weights are
- * centred; so are these after this pass: dmin = fp16((2^bits - 1) / 2 * d), m = sc for each
- * sub-block, i.e. w = d sc (q - 7.5) (Q4_K) or d sc (q - 15.5) (Q5_K). The other types of the
- * mix (Q5_0, Q6_K, Q8_0) are symmetric already. */
-static void center_kquant(uint32_t type, uint8_t *b, uint64_t n_blocks, uint64_t block_bytes) {
-    if (type != QT_Q4_K && type != QT_Q5_K) return;
-    const float half = type == QT_Q4_K ? 7.5f : 15.5f;
-    for (uint64_t i = 0; i < n_blocks; i++, b += block_bytes) {
-        g5_wr_u16(b + 2, quant_f32_to_f16(quant_f16_to_f32(g5_rd_u16(b)) * half)); /* dmin */
-        uint8_t *sc = b + 4; /* 12 bytes: sc/m of sub-blocks 0..3 in bytes 0..3 / 4..7 (6 bits, the
-                                top 2 bits hold the high bits of 4..7), bytes 8..11 the low 4 bits
-                                of sc (low nibble) and m (high nibble) of 4..7 */
-        for (int j = 0; j < 4; j++) sc[4 + j] = sc[j];
-        for (int j = 8; j < 12; j++) sc[j] = (uint8_t)((sc[j] & 0x0f) | (sc[j] << 4));
-    }
-}
-
 static void *fill_worker(void *arg) {
     fill_ctx *f = arg;
     for (;;) {
@@ -233,7 +213,7 @@ static void *fill_worker(void *arg) {
         } else {
             const quant_type_info *qi = quant_type_get(t->type);
             if (quant_fill_random(t->type, dst, k->len / qi->block_bytes, &rng) != G5_OK) f->failed = 1;
-            center_kquant(t->type, dst, k->len / qi->block_bytes, qi->block_bytes);
+            if (quant_centre_blocks(t->type, dst, k->len / qi->block_bytes) != G5_OK) f->failed = 1;
         }
     }
     return NULL;
