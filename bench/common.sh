@@ -4,6 +4,8 @@
 #   bench_header            the device, commit, cores and RAM (first lines of every log)
 #   bench_build LOG TARGET  builds TARGET with the static dependencies of DEPS unless SKIP_BUILD=1;
 #                           on failure prints the errors and returns non-zero
+#   bench_peer_model        the peer model in W (bench/peer.sh, bench/serve.sh): synth (LAYERS,
+#                           EXPERTS, CENTRED) and a TP 1 conversion where missing; sets gguf, blobs
 B=${B:-build/dev}
 # The GPU machines have no network and no Debian -dev packages (gpu-deps/ stands in): the
 # Makefile's dependency probe (scripts/deps.sh --if-missing) must not try to install them there.
@@ -28,4 +30,21 @@ bench_build() {
   echo "build rc=$rc in $((SECONDS - t0))s"
   [ $rc = 0 ] || grep -E "error|Error" "$log" | head -30
   return $rc
+}
+
+bench_peer_model() {
+  local sfx=${CENTRED:+-centred} t0
+  gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}$sfx.gguf
+  blobs=$W/tp1$sfx
+  if [ ! -f "$gguf" ] && [ ! -f "$blobs/blobset.g5s" ]; then
+    t0=$SECONDS
+    "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" ${CENTRED:+--centred} \
+      -o "$gguf" || return 1
+    echo "synth $(du -h "$gguf" | cut -f1) in $((SECONDS - t0)) s"
+  fi
+  if [ ! -f "$blobs/blobset.g5s" ]; then
+    t0=$SECONDS
+    "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$blobs" "$gguf" || return 1
+    echo "convert TP 1 in $((SECONDS - t0)) s"
+  fi
 }

@@ -25,19 +25,7 @@ SECONDS=0
 {
 bench_header
 bench_build "$OUT/build_peer.log" "$B/bin/glm5-shard" "$B/gpu/tests/bench_peer" || exit 3
-sfx=${CENTRED:+-centred}
-gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}$sfx.gguf
-blobs=$W/tp1$sfx
-if [ ! -f "$gguf" ]; then
-  t0=$SECONDS
-  "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" ${CENTRED:+--centred} -o "$gguf" || exit 3
-  echo "synth $(du -h "$gguf" | cut -f1) in $((SECONDS - t0)) s"
-fi
-if [ ! -f "$blobs/blobset.g5s" ]; then
-  t0=$SECONDS
-  "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$blobs" "$gguf" || exit 3
-  echo "convert TP 1 in $((SECONDS - t0)) s"
-fi
+bench_peer_model || exit 3
 rc=0
 for p in ${PRECISIONS:-fast precise}; do
   echo "== bench_peer --precision $p"

@@ -23,13 +23,7 @@ SECONDS=0
 {
 bench_header
 bench_build "$OUT/build_serve.log" "$B/bin/glm5-shard" "$B/gpu/bin/glm5-serve" || exit 3
-sfx=${CENTRED:+-centred}
-gguf=$W/peer-${LAYERS:-12}x${EXPERTS:-64}$sfx.gguf
-blobs=$W/tp1$sfx
-if [ ! -f "$blobs/blobset.g5s" ]; then
-  [ -f "$gguf" ] || "$B/bin/glm5-shard" synth --preset glm5 --layers "${LAYERS:-12}" --experts "${EXPERTS:-64}" ${CENTRED:+--centred} -o "$gguf" || exit 3
-  "$B/bin/glm5-shard" convert --tp 1 --quiet -o "$blobs" "$gguf" || exit 3
-fi
+bench_peer_model || exit 3
 rc=0
 for p in ${PRECISIONS:-precise fast}; do
   log=$OUT/serve_$p.log

@@ -689,42 +689,32 @@ extern "C" int cuk_q8t_takes(uint32_t t, int64_t k) {
     return t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0;
 }
 
-/* The checks of both dense entries (what: the caller, for the messages); *rb the row bytes. */
-static g5_status gemv_t_check(const char *what, const cuk_gemv_q8_args *a, uint64_t *rbp, g5_error *err) {
-    if (!a) return BAD("%s: args is NULL", what);
+extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("gemv_q8t: args is NULL");
     if (!cuk_q8t_takes(a->w_type, a->k))
-        return BAD("%s: type %s with k=%lld has no int8 tensor-core kernel", what, quant_type_name(a->w_type),
+        return BAD("gemv_q8t: type %s with k=%lld has no int8 tensor-core kernel", quant_type_name(a->w_type),
                    (long long)a->k);
-    if (!a->w || (uintptr_t)a->w % 16) return BAD("%s: weights NULL or not 16-byte aligned", what);
-    if (a->m <= 0 || a->m > (1LL << 31)) return BAD("%s: m=%lld outside 1..2^31", what, (long long)a->m);
+    if (!a->w || (uintptr_t)a->w % 16) return BAD("gemv_q8t: weights NULL or not 16-byte aligned");
+    if (a->m <= 0 || a->m > (1LL << 31)) return BAD("gemv_q8t: m=%lld outside 1..2^31", (long long)a->m);
     uint64_t rb = 0, tot = 0;
-    *rbp = 0;
     if (quant_row_bytes(a->w_type, (uint64_t)a->k, &rb) != G5_OK || g5_mul_u64(rb, (uint64_t)a->m, &tot))
-        return BAD("%s: m=%lld rows of k=%lld overflow", what, (long long)a->m, (long long)a->k);
-    if (a->n < 1 || a->n > CUK_Q8T_MAX_N) return BAD("%s: n=%d outside 1..%d", what, (int)a->n, CUK_Q8T_MAX_N);
+        return BAD("gemv_q8t: m=%lld rows of k=%lld overflow", (long long)a->m, (long long)a->k);
+    if (a->n < 1 || a->n > CUK_Q8T_MAX_N) return BAD("gemv_q8t: n=%d outside 1..%d", (int)a->n, CUK_Q8T_MAX_N);
     const cuk_q8_act *x = &a->x;
-    if (!x->q || !x->ds) return BAD("%s: x.q or x.ds is NULL", what);
-    if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("%s: x is not 16-byte aligned", what);
-    if (x->planes != 1 && x->planes != 2) return BAD("%s: x.planes=%d is neither 1 nor 2", what, (int)x->planes);
+    if (!x->q || !x->ds) return BAD("gemv_q8t: x.q or x.ds is NULL");
+    if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("gemv_q8t: x is not 16-byte aligned");
+    if (x->planes != 1 && x->planes != 2) return BAD("gemv_q8t: x.planes=%d is neither 1 nor 2", (int)x->planes);
     if (x->ldq < x->planes * a->k || x->ldq % 16)
-        return BAD("%s: x.ldq=%lld must be >= %lld and a multiple of 16", what, (long long)x->ldq,
+        return BAD("gemv_q8t: x.ldq=%lld must be >= %lld and a multiple of 16", (long long)x->ldq,
                    (long long)(x->planes * a->k));
     if (x->ldds < x->planes * (a->k / 16) || x->ldds % 4)
-        return BAD("%s: x.ldds=%lld must be >= %lld and a multiple of 4", what, (long long)x->ldds,
+        return BAD("gemv_q8t: x.ldds=%lld must be >= %lld and a multiple of 4", (long long)x->ldds,
                    (long long)(x->planes * (a->k / 16)));
     /* the kernel's 32-bit x offsets */
     if ((uint64_t)a->n * (uint64_t)x->ldq > 0xFFFFFFFFull || (uint64_t)a->n * (uint64_t)x->ldds > 0x3FFFFFFFull)
-        return BAD("%s: x of %d rows exceeds 4 GB", what, (int)a->n);
-    if (!a->y) return BAD("%s: y is NULL", what);
-    if (a->ldy < a->m) return BAD("%s: ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
-    *rbp = rb;
-    return G5_OK;
-}
-
-extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
-    uint64_t rb = 0;
-    const g5_status cs = gemv_t_check("gemv_q8t", a, &rb, err);
-    if (cs != G5_OK) return cs;
+        return BAD("gemv_q8t: x of %d rows exceeds 4 GB", (int)a->n);
+    if (!a->y) return BAD("gemv_q8t: y is NULL");
+    if (a->ldy < a->m) return BAD("gemv_q8t: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     const cudaStream_t st = (cudaStream_t)stream;
     switch (a->w_type) {
     case QT_Q4_K: q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st); break;
@@ -736,17 +726,18 @@ extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, 
     return G5_OK;
 }
 
+/* cuk_q8t_takes' types but Q6_K, whose 210-byte steps cp.async cannot copy (not 16-byte aligned). */
 extern "C" int cuk_moe_q8t_takes(uint32_t t, int64_t k, int32_t planes) {
-    return planes == 1 && k > 0 && k <= (1LL << 24) && k % 256 == 0 && (t == QT_Q4_K || t == QT_Q5_K || t == QT_Q8_0);
+    return planes == 1 && t != QT_Q6_K && cuk_q8t_takes(t, k);
 }
 
-/* The x and output offsets of the kernel are 32-bit per row (Cols) and m, steps int. */
+/* The kernel's grid (y: blocks of MW row tiles) and its 32-bit x offsets per row (Cols). */
 static g5_status moe_t_check(const char *what, uint32_t t, int64_t k, int64_t m, const cuk_q8_act *x, int64_t x_rows,
                              g5_error *err) {
     if (!cuk_moe_q8t_takes(t, k, x->planes))
         return BAD("%s: type %s with k=%lld and %d planes has no tensor-core MoE kernel", what, quant_type_name(t),
                    (long long)k, (int)x->planes);
-    if (m > 0x7fffffffLL - 16) return BAD("%s: m=%lld", what, (long long)m);
+    if ((m + 15) / 16 > 65535LL * q8t::MW) return BAD("%s: m=%lld rows exceed the grid", what, (long long)m);
     if ((uint64_t)x_rows * (uint64_t)x->ldq > 0xFFFFFFFFull || (uint64_t)x_rows * (uint64_t)x->ldds > 0x3FFFFFFFull)
         return BAD("%s: x of %lld rows exceeds 4 GB", what, (long long)x_rows);
     return G5_OK;
