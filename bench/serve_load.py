@@ -112,9 +112,9 @@ def verify(port, model, texts, n, prompt, max_tokens, vocab):
     """Each of the first n prompts sent alone, one after another; the concurrent runs' outputs
     (texts: clients -> outputs of the runs that succeeded) compared with those."""
     alone, failed = [], []
-    for i in range(n):
+    for i, ids in enumerate(prompts_of(n, prompt, vocab)):
         out = [None]
-        one(port, model, prompts_of(n, prompt, vocab)[i], max_tokens, time.monotonic(), out, 0)
+        one(port, model, ids, max_tokens, time.monotonic(), out, 0)
         alone.append(out[0].get("text"))
         if "error" in out[0]:
             failed.append((i, out[0]["error"]))
