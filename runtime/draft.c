@@ -146,11 +146,13 @@ g5_status rt_drafter_resume(rt_drafter *d, const int32_t *ids, uint32_t n, g5_er
     return G5_OK;
 }
 
-g5_status rt_drafter_begin(rt_drafter *d, int32_t y, int draft, const float **ready, int32_t tokens[2], uint32_t *n_verify,
-                           g5_error *err) {
+/* begin up to the MTP call: 1 in *mtp when d->np pairs wait for it (tokens[0] = y set). */
+static g5_status begin_prep(rt_drafter *d, int32_t y, int draft, const float **ready, int32_t tokens[2],
+                            uint32_t *n_verify, int *mtp, g5_error *err) {
     const size_t V = d->n_vocab, E = d->n_embd;
     *ready = NULL;
     *n_verify = 0;
+    *mtp = 0;
     if (!d->have_last) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: a step before the prompt");
     if (d->verifying) return g5_fail(err, G5_ERR_INVALID_ARG, "draft: a step before the last one's verification");
     TRY(pairs_reserve(d, (uint64_t)d->np + 2, err));
@@ -166,24 +168,93 @@ g5_status rt_drafter_begin(rt_drafter *d, int32_t y, int draft, const float **re
     pair_add(d, d->hlast, y);
     tokens[0] = y;
     *n_verify = 1;
-    if (draft) {
-        const uint32_t p0 = rt_eng_seq_mtp_n_past(d->s);
-        TRY(rt_eng_mtp(d->s, d->ph, d->pt, d->np, d->dr, 0, err));
-        if (d->obs) TRY(d->obs(d->obs_user, p0, d->ph, d->pt, d->np, d->dr, err));
-        d->np = 0;
-        int32_t best = 0;
-        if (d->samp) { /* drawn from the request's own chain (greedy: its argmax) */
-            TRY(samp_sample(d->samp, d->dr, &best, err));
-        } else { /* greedy draft; ties to the lowest id */
-            for (uint32_t v = 1; v < V; v++)
-                if (d->dr[v] > d->dr[best]) best = (int32_t)v;
-        }
-        tokens[1] = best;
-        *n_verify = 2;
+    *mtp = draft != 0;
+    if (!draft) {
+        d->verifying = 1;
+        d->dtok = -1;
     }
-    d->verifying = *n_verify;
-    d->dtok = *n_verify == 2 ? tokens[1] : -1;
     return G5_OK;
+}
+
+/* begin after the MTP call of d's d->np pairs at MTP positions p0 .., whose draft logits are in
+ * d->dr: the observer, the draft token. */
+static g5_status begin_finish(rt_drafter *d, uint32_t p0, int32_t tokens[2], uint32_t *n_verify, g5_error *err) {
+    const size_t V = d->n_vocab;
+    if (d->obs) TRY(d->obs(d->obs_user, p0, d->ph, d->pt, d->np, d->dr, err));
+    d->np = 0;
+    int32_t best = 0;
+    if (d->samp) { /* drawn from the request's own chain (greedy: its argmax) */
+        TRY(samp_sample(d->samp, d->dr, &best, err));
+    } else { /* greedy draft; ties to the lowest id */
+        for (uint32_t v = 1; v < V; v++)
+            if (d->dr[v] > d->dr[best]) best = (int32_t)v;
+    }
+    tokens[1] = best;
+    *n_verify = 2;
+    d->verifying = 2;
+    d->dtok = best;
+    return G5_OK;
+}
+
+g5_status rt_drafter_begin(rt_drafter *d, int32_t y, int draft, const float **ready, int32_t tokens[2], uint32_t *n_verify,
+                           g5_error *err) {
+    int mtp;
+    TRY(begin_prep(d, y, draft, ready, tokens, n_verify, &mtp, err));
+    if (!mtp) return G5_OK;
+    rt_eng_seq *s = d->s;
+    const uint32_t p0 = rt_eng_seq_mtp_n_past(s);
+    TRY(rt_eng_mtp_rows(rt_eng_seq_engine(s), &s, &d->np, 1, d->ph, d->pt, d->dr, err));
+    return begin_finish(d, p0, tokens, n_verify, err);
+}
+
+g5_status rt_drafter_begin_many(rt_drafter *const *d, uint32_t n, const int32_t *y, const int *draft,
+                                const float **ready, int32_t *tokens, uint32_t *n_verify, g5_error *err) {
+    if (n == 0) return G5_OK;
+    const size_t V = d[0]->n_vocab, E = d[0]->n_embd;
+    int *mtp = malloc(n * sizeof *mtp);
+    uint32_t *np = malloc(n * sizeof *np), *p0 = malloc(n * sizeof *p0), *at = malloc(n * sizeof *at);
+    rt_eng_seq **seqs = malloc(n * sizeof *seqs);
+    int32_t (*tk)[2] = malloc(n * sizeof *tk);
+    g5_status st = mtp && np && p0 && at && seqs && tk ? G5_OK : g5_fail(err, G5_ERR_NOMEM, "draft: %u drafters", n);
+    uint32_t k = 0, rows = 0;
+    for (uint32_t i = 0; i < n && !st; i++) {
+        st = begin_prep(d[i], y[i], draft[i], &ready[i], tk[i], &n_verify[i], &mtp[i], err);
+        if (st || !mtp[i]) continue;
+        seqs[k] = d[i]->s;
+        np[k] = d[i]->np;
+        p0[k] = rt_eng_seq_mtp_n_past(d[i]->s);
+        at[k++] = i;
+        rows += d[i]->np;
+    }
+    float *hs = NULL, *dr = NULL;
+    int32_t *nx = NULL;
+    if (!st && k) { /* the pairs of every drafting sequence side by side */
+        hs = malloc((size_t)rows * E * sizeof *hs);
+        nx = malloc((size_t)rows * sizeof *nx);
+        dr = malloc((size_t)k * V * sizeof *dr);
+        if (!hs || !nx || !dr) st = g5_fail(err, G5_ERR_NOMEM, "draft: %u MTP rows", rows);
+        for (uint32_t j = 0, r0 = 0; j < k && !st; r0 += np[j++]) {
+            memcpy(hs + (size_t)r0 * E, d[at[j]]->ph, (size_t)np[j] * E * sizeof *hs);
+            memcpy(nx + r0, d[at[j]]->pt, (size_t)np[j] * sizeof *nx);
+        }
+        if (!st) st = rt_eng_mtp_rows(rt_eng_seq_engine(seqs[0]), seqs, np, k, hs, nx, dr, err);
+        for (uint32_t j = 0; j < k && !st; j++) {
+            memcpy(d[at[j]]->dr, dr + (size_t)j * V, V * sizeof *dr);
+            st = begin_finish(d[at[j]], p0[j], tk[at[j]], &n_verify[at[j]], err);
+        }
+    }
+    for (uint32_t i = 0, r = 0; i < n && !st; r += n_verify[i++])
+        memcpy(tokens + r, tk[i], n_verify[i] * sizeof *tokens);
+    free(mtp);
+    free(np);
+    free(p0);
+    free(at);
+    free(seqs);
+    free(tk);
+    free(hs);
+    free(nx);
+    free(dr);
+    return st;
 }
 
 g5_status rt_drafter_end(rt_drafter *d, const float *logits, const float *hidden, g5_error *err) {
@@ -223,8 +294,11 @@ g5_status rt_drafter_step(rt_drafter *d, int32_t y, float *logits, g5_error *err
         memcpy(logits, ready, V * sizeof(float));
         return G5_OK;
     }
-    /* d->lg / d->hid are the verification's outputs directly */
-    g5_status st = rt_eng_prefill(d->s, two, n, &(rt_eng_out){.logits = d->lg, .all_logits = 1, .hidden = d->hid}, err);
+    /* d->lg / d->hid are the verification's outputs directly; rows of a decode step, so that
+     * on the GPU each has a one-token step's bits */
+    rt_eng_seq *s = d->s;
+    g5_status st = rt_eng_decode_rows(rt_eng_seq_engine(s), &s, &n, 1, two,
+                                      &(rt_eng_out){.logits = d->lg, .all_logits = 1, .hidden = d->hid}, err);
     if (st) {
         rt_drafter_abort(d);
         return st;

@@ -20,7 +20,8 @@
  *
  * A step in two halves (rt_drafter_begin, then the caller runs the tokens it names, then
  * rt_drafter_end) lets a server verify the drafts of many sequences in one batched call
- * (rt_eng_decode_rows); rt_drafter_step is begin + one rt_eng_prefill + end.
+ * (rt_eng_decode_rows, and the drafts of many in one rt_eng_mtp_rows call: rt_drafter_begin_many);
+ * rt_drafter_step is begin + one rt_eng_decode_rows of its sequence + end.
  *
  * MTP position p holds (hidden state at main position p, token at p + 1); rejected drafts never
  * reach the MTP block, so its caches need no truncation. */
@@ -66,6 +67,12 @@ void rt_drafter_get_stats(const rt_drafter *d, rt_draft_stats *out);
  * [n][E] handed to rt_drafter_end before any other call (or rt_drafter_abort if that failed). */
 g5_status rt_drafter_begin(rt_drafter *d, int32_t y, int draft, const float **ready, int32_t tokens[2], uint32_t *n_verify,
                            g5_error *err);
+/* rt_drafter_begin for n drafters on distinct sequences of one engine, draft[i] and y[i] each;
+ * the MTP calls of those that draft are one rt_eng_mtp_rows call (one batched step on the GPU,
+ * each row with the bits it has alone). ready[i] and n_verify[i] as begin's; tokens: the rows to
+ * run, drafter after drafter (n_verify[i] each), as rt_eng_decode_rows takes them. */
+g5_status rt_drafter_begin_many(rt_drafter *const *d, uint32_t n, const int32_t *y, const int *draft,
+                                const float **ready, int32_t *tokens, uint32_t *n_verify, g5_error *err);
 g5_status rt_drafter_end(rt_drafter *d, const float *logits, const float *hidden, g5_error *err);
 /* The verifying call failed (the sequence has not advanced): begin's state is forgotten; the
  * drafter must not be used again (its pairs may name positions that never ran). */

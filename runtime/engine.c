@@ -149,9 +149,6 @@ g5_status rt_eng_create(const rt_wset *ws, const rt_eng_opts *o, rt_eng **out, g
         rt_eng_opts_default(&def);
         o = &def;
     }
-    if (o->kv_prefix_hidden && o->device != RT_ENG_CPU)
-        return g5_fail(err, G5_ERR_UNSUPPORTED, "hidden states kept with the prefix cache (MTP drafting over a cached "
-                       "prefix): CPU only, the GPU store holds no NextN inputs yet");
     const rt_eng_ops *ops = o->device == RT_ENG_CPU ? &cpu_ops : o->device == RT_ENG_CUDA ? rt_eng_gpu_ops() : NULL;
     if (o->device == RT_ENG_CUDA && !ops)
         return g5_fail(err, G5_ERR_UNSUPPORTED, "this build has no CUDA: use the CUDA build (build/gpu/bin, make gpu)");
@@ -288,8 +285,16 @@ g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_err
 }
 
 g5_status rt_eng_seq_hidden(const rt_eng_seq *s, uint32_t p0, uint32_t n, float *out, g5_error *err) {
-    if (s->e->o.device != RT_ENG_CPU || !s->e->pool)
-        return g5_fail(err, G5_ERR_UNSUPPORTED, "hidden states of positions %u..: not kept (CPU shared pool only)", p0);
+    if (s->e->o.device == RT_ENG_CUDA && s->e->o.kv_prefix_hidden) {
+        if ((uint64_t)p0 + n > s->n_hid)
+            return g5_fail(err, G5_ERR_BOUNDS, "hidden states of positions %u..%u: %u recorded", p0, p0 + n - 1,
+                           s->n_hid);
+        const size_t E = rt_eng_hparams(s->e)->n_embd;
+        if (n) memcpy(out, s->hid + (size_t)p0 * E, (size_t)n * E * sizeof *out);
+        return G5_OK;
+    }
+    if (s->e->o.device != RT_ENG_CPU || !s->e->pool || !s->e->o.kv_prefix_hidden)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "hidden states of positions %u..: not kept (opts.kv_prefix_hidden)", p0);
     return rt_state_hidden(s->dev, p0, n, out, err);
 }
 
@@ -311,12 +316,14 @@ g5_status rt_eng_seq_create(rt_eng *e, uint32_t reserve, rt_eng_seq **out, g5_er
 void rt_eng_seq_free(rt_eng_seq *s) {
     if (!s) return;
     s->e->ops->seq_free(s);
+    free(s->hid);
     free(s);
 }
 
 void rt_eng_seq_reset(rt_eng_seq *s) {
     s->e->ops->seq_reset(s);
     s->n_exact = 0;
+    s->n_hid = 0;
 }
 rt_eng *rt_eng_seq_engine(const rt_eng_seq *s) { return s->e; }
 uint32_t rt_eng_seq_n_past(const rt_eng_seq *s) { return s->e->ops->n_past(s); }
@@ -329,6 +336,7 @@ g5_status rt_eng_seq_reserve(rt_eng_seq *s, uint32_t n_tokens, g5_error *err) {
 
 g5_status rt_eng_truncate(rt_eng_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err) {
     const g5_status st = s->e->ops->truncate(s, n_past, mtp_n_past, err);
+    if (!st && s->n_hid > n_past) s->n_hid = n_past;
     if (!st && s->n_exact > n_past) { /* the blocks before n_past stay as they were written */
         const uint32_t bt = s->e->o.prefix_block_tokens;
         s->n_exact = bt ? n_past / bt * bt : 0;
@@ -357,6 +365,11 @@ g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t 
             if (seqs[j] == seqs[i]) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: rows %u and %u share a sequence", j, i);
     }
     if (e->ops->decode_rows) return e->ops->decode_rows(e, seqs, n_tok, n_seq, tokens, out, err);
+    return rt_eng_decode_rows_each(e, seqs, n_tok, n_seq, tokens, out, err);
+}
+
+g5_status rt_eng_decode_rows_each(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                                  const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
     const uint32_t V = rt_eng_hparams(e)->n_vocab, E = rt_eng_hparams(e)->n_embd;
     uint32_t done = 0, r0 = 0;
     g5_status st = G5_OK;
@@ -372,6 +385,29 @@ g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t 
         (void)rt_eng_truncate(q, e->ops->n_past(q) - n_tok[i], e->ops->mtp_n_past(q), &e2);
     }
     return st;
+}
+
+g5_status rt_eng_mtp_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                          const float *hidden, const int32_t *next_tokens, float *draft_logits, g5_error *err) {
+    for (uint32_t i = 0; i < n_seq; i++) {
+        if (seqs[i]->e != e) return g5_fail(err, G5_ERR_INVALID_ARG, "mtp: sequence %u is another engine's", i);
+        if (!n_tok[i]) return g5_fail(err, G5_ERR_INVALID_ARG, "mtp: sequence %u has no pairs", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return g5_fail(err, G5_ERR_INVALID_ARG, "mtp: rows %u and %u share a sequence", j, i);
+    }
+    if (e->ops->mtp_rows) return e->ops->mtp_rows(e, seqs, n_tok, n_seq, hidden, next_tokens, draft_logits, err);
+    return rt_eng_mtp_rows_each(e, seqs, n_tok, n_seq, hidden, next_tokens, draft_logits, err);
+}
+
+g5_status rt_eng_mtp_rows_each(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                               const float *hidden, const int32_t *next, float *draft, g5_error *err) {
+    const size_t V = rt_eng_hparams(e)->n_vocab, E = rt_eng_hparams(e)->n_embd;
+    for (uint32_t i = 0, r0 = 0; i < n_seq; r0 += n_tok[i++]) {
+        const g5_status st = e->ops->mtp(seqs[i], hidden + (size_t)r0 * E, next + r0, n_tok[i],
+                                         draft ? draft + i * V : NULL, 0, err);
+        if (st) return st;
+    }
+    return G5_OK;
 }
 
 g5_status rt_eng_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next_tokens, uint32_t n,

@@ -16,7 +16,8 @@
  *  - rt_eng_decode: one decode step for a batch of distinct sequences, one token each.
  *  - rt_eng_decode_rows: one step for a batch of distinct sequences, a few tokens each (the
  *    server's MTP verification: [chosen, draft] per sequence), with hidden states.
- *  - rt_eng_mtp: the NextN/MTP block's draft logits (rt_model_mtp).
+ *  - rt_eng_mtp, rt_eng_mtp_rows: the NextN/MTP block's draft logits (rt_model_mtp), of one
+ *    sequence or of a batch.
  *  - rt_eng_truncate: forget positions (rejected draft tokens).
  *  - rt_eng_seq_attach_prefix / rt_eng_seq_publish_prefix: prefix caching (below).
  * Each call is the device model's own call with the same arguments (rt_model_forward,
@@ -73,11 +74,12 @@ typedef struct rt_eng_opts {
     uint32_t kv_blocks, kv_block_tokens;
     int kv_prefix_cache;         /* prefix caching (below): CPU: the shared pool shares full blocks
                                     by token prefix; CUDA: the prefix store of prefix_cache_bytes */
-    int kv_prefix_hidden;        /* CPU, with kv_prefix_cache: the shared pool's blocks also keep
-                                    the final-normed hidden states of their positions
-                                    (rt_kvpool_keep_hidden), so MTP drafting works over an attached
-                                    prefix (rt_eng_seq_hidden, draft.h rt_drafter_resume); CUDA:
-                                    refused (the GPU store holds no NextN inputs yet) */
+    int kv_prefix_hidden;        /* with kv_prefix_cache: the blocks also keep the final-normed
+                                    hidden states of their positions, so MTP drafting works over an
+                                    attached prefix (rt_eng_seq_hidden, draft.h rt_drafter_resume).
+                                    CPU: in the shared pool (rt_kvpool_keep_hidden); CUDA: each
+                                    sequence records its prefill calls' rows and the store keeps
+                                    its blocks' rows, both in host memory (n_embd floats each) */
     /* CUDA */
     int gpu0;                    /* first device */
     /* > 0: rt_eng_prefill runs its tokens in GPU calls that end at the multiples of this many
@@ -168,10 +170,10 @@ uint32_t rt_eng_pool_block_tokens(const rt_eng *e);
  *    the one call of exactly its positions after the blocks before it, which is what an attached
  *    sequence's next call follows too. A sequence publishes only blocks it ran that way from
  *    position 0 (or attached): never those written by decode steps (rt_eng_decode), a --check
- *    run, or calls that began elsewhere. The NextN block's inputs are not stored: drafting over
- *    an attached prefix is not supported (glm5-serve keeps prefix caching off with --draft mtp
- *    on the GPU).
- * MTP drafting (CPU, opts.kv_prefix_hidden): the NextN block's own cache is private to the
+ *    run, or calls that began elsewhere. With opts.kv_prefix_hidden a block is published only
+ *    with the hidden states of its positions (recorded by the prefill calls), which an attach
+ *    copies back.
+ * MTP drafting (opts.kv_prefix_hidden): the NextN block's own cache is private to the
  * sequence and starts empty after an attach; its input at MTP position p is the main model's
  * hidden state at p, which the cached blocks keep, so the drafter rebuilds the NextN cache of
  * the attached positions from them (rt_eng_seq_hidden, rt_drafter_resume): one NextN layer over
@@ -179,8 +181,10 @@ uint32_t rt_eng_pool_block_tokens(const rt_eng *e);
 g5_status rt_eng_seq_attach_prefix(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused,
                                    g5_error *err);
 g5_status rt_eng_seq_publish_prefix(rt_eng_seq *s, const int32_t *tokens, g5_error *err);
-/* out [n][n_embd] = the final-normed hidden states at positions p0 .. p0 + n - 1 (< n_past) as
- * the shared pool's blocks keep them (opts.kv_prefix_hidden, CPU); G5_ERR_UNSUPPORTED without. */
+/* out [n][n_embd] = the final-normed hidden states at positions p0 .. p0 + n - 1 as kept with
+ * opts.kv_prefix_hidden: CPU: every position < n_past (the shared pool's blocks); CUDA: the
+ * positions the sequence's prefill calls wrote from position 0 or an attach on (G5_ERR_BOUNDS
+ * past them); G5_ERR_UNSUPPORTED without the option. */
 g5_status rt_eng_seq_hidden(const rt_eng_seq *s, uint32_t p0, uint32_t n, float *out, g5_error *err);
 /* CPU: cached blocks no sequence holds; CUDA: blocks in the store (none is held: they are copies) */
 uint32_t rt_eng_pool_n_cached(const rt_eng *e);
@@ -217,8 +221,10 @@ g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *token
  * out's rows grouped by sequence in order: logits [rows][n_vocab] (all_logits is implied) and
  * hidden [rows][n_embd] (out and either may be NULL). CPU: one weight pass over all rows
  * (rt_model_forward_rows, bit-identical to a prefill of each sequence alone); CUDA: one
- * rt_eng_prefill per sequence (no batched multi-token GPU call yet). On failure no sequence
- * has advanced. */
+ * rt_gpu_forward_rows call, every row as a batched decode step's row, so each row equals a
+ * one-token decode step of its sequence bit for bit and a verified draft gives plain decoding's
+ * output exactly (with --check's sequence among them: one rt_eng_prefill per sequence, which the
+ * check follows). On failure no sequence has advanced. */
 g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                              const int32_t *tokens, const rt_eng_out *out, g5_error *err);
 /* The NextN/MTP block at s's MTP positions mtp_n_past .. + n - 1 over n pairs (hidden [n][n_embd],
@@ -226,6 +232,14 @@ g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t 
  * a NextN block. */
 g5_status rt_eng_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next_tokens, uint32_t n,
                      float *draft_logits, int all_logits, g5_error *err);
+/* rt_eng_mtp for several distinct sequences of e at once, n_tok[i] pairs each (hidden [rows][n_embd]
+ * and next_tokens [rows] grouped by sequence in order); draft_logits [n_seq][n_vocab] (may be
+ * NULL): those after each sequence's last pair. CPU: rt_eng_mtp per sequence. CUDA: the
+ * sequences of at most RT_ENG_MTP_ROWS pairs in one rt_gpu_mtp_rows call (each row the bits of a
+ * one-token call, whatever the batch), longer ones (a prompt's pairs) each in a call of its own. */
+#define RT_ENG_MTP_ROWS 8
+g5_status rt_eng_mtp_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                          const float *hidden, const int32_t *next_tokens, float *draft_logits, g5_error *err);
 
 /* ---- --check ---- */
 

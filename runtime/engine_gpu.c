@@ -23,6 +23,9 @@ typedef struct eng_gpu {
     rt_gpu_prefix *pfx;
     rt_pfx *idx;
     uint64_t pfx_block_bytes;    /* one block on one rank (with prefix_block_tokens) */
+    float *slot_hid;             /* opts.kv_prefix_hidden: [slots][block tokens][n_embd] (host), the
+                                    hidden states of each store block's positions (MTP drafting over
+                                    an attached prefix: rt_eng_seq_hidden) */
 } eng_gpu;
 
 static rt_gpu_seq *gseq(const rt_eng_seq *s) { return s->dev; }
@@ -36,6 +39,13 @@ static g5_status prefix_create(rt_eng *e, eng_gpu *x, g5_error *err) {
     const uint32_t nb = rt_pfx_slots_for(o->prefix_cache_bytes, x->pfx_block_bytes);
     g5_status st = rt_gpu_prefix_create(x->g, o->prefix_block_tokens, nb, &x->pfx, err);
     if (!st) st = rt_pfx_create(nb, &x->idx, err);
+    if (!st && o->kv_prefix_hidden) {
+        uint64_t n;
+        if (g5_mul_u64((uint64_t)nb * o->prefix_block_tokens, rt_eng_hparams(e)->n_embd * sizeof(float), &n) ||
+            n > SIZE_MAX || !(x->slot_hid = malloc((size_t)n)))
+            st = g5_fail(err, G5_ERR_NOMEM, "the hidden states of %u blocks of %u tokens (host)", nb,
+                         o->prefix_block_tokens);
+    }
     if (st) g5_error_prefix(err, "prefix cache (%llu MB per rank)", (unsigned long long)(o->prefix_cache_bytes >> 20));
     return st;
 }
@@ -85,6 +95,7 @@ static void gpu_destroy(rt_eng *e) {
     if (!x) return;
     rt_pfx_free(x->idx);
     rt_gpu_prefix_free(x->pfx);
+    free(x->slot_hid);
     rt_gpu_check_free(x->chk);
     rt_gpu_model_free(x->g);
     free(x->batch);
@@ -189,8 +200,42 @@ static g5_status gpu_call(rt_eng_seq *s, const int32_t *tokens, uint32_t n, cons
  * the last one (engine.h, prefix caching: what makes a block's bits those of one call of exactly
  * its positions), each call's rows of the outputs in place; a call of exactly the block after
  * s->n_exact extends it. All or nothing: on failure s is truncated back. */
+/* opts.kv_prefix_hidden: s->hid holds positions [0, need). */
+static g5_status hid_room(rt_eng_seq *s, uint64_t need, g5_error *err) {
+    if (need <= s->hid_cap) return G5_OK;
+    const size_t E = rt_eng_hparams(s->e)->n_embd;
+    uint64_t nc = s->hid_cap ? s->hid_cap : 256, bytes;
+    while (nc < need) nc *= 2;
+    if (nc > UINT32_MAX || g5_mul_u64(nc, E * sizeof(float), &bytes) || bytes > SIZE_MAX)
+        return g5_fail(err, G5_ERR_OVERFLOW, "hidden states of %llu positions", (unsigned long long)need);
+    float *h = realloc(s->hid, (size_t)bytes);
+    if (!h) return g5_fail(err, G5_ERR_NOMEM, "hidden states of %llu positions", (unsigned long long)need);
+    s->hid = h;
+    s->hid_cap = (uint32_t)nc;
+    return G5_OK;
+}
+
+/* gpu_prefill, and with opts.kv_prefix_hidden the call's hidden states recorded in s->hid (which
+ * then extends n_hid where it follows it), the caller's copy taken from there. */
+static g5_status gpu_prefill_blocks(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
+                                    g5_error *err);
 static g5_status gpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
                              g5_error *err) {
+    if (!s->e->o.kv_prefix_hidden || !n) return gpu_prefill_blocks(s, tokens, n, out, err);
+    const uint32_t p0 = rt_gpu_seq_n_past(gseq(s));
+    const size_t E = rt_eng_hparams(s->e)->n_embd;
+    g5_status st = hid_room(s, (uint64_t)p0 + n, err);
+    if (st) return st;
+    rt_eng_out o = out ? *out : (rt_eng_out){0};
+    o.hidden = s->hid + (size_t)p0 * E;
+    if ((st = gpu_prefill_blocks(s, tokens, n, &o, err))) return st;
+    if (s->n_hid == p0) s->n_hid = p0 + n;
+    if (out && out->hidden) memcpy(out->hidden, o.hidden, (size_t)n * E * sizeof(float));
+    return G5_OK;
+}
+
+static g5_status gpu_prefill_blocks(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
+                                    g5_error *err) {
     const uint32_t bt = s->e->o.prefix_block_tokens;
     if (!bt) return gpu_call(s, tokens, n, out, err);
     eng_gpu *x = s->e->dev;
@@ -239,8 +284,19 @@ static g5_status gpu_attach(rt_eng_seq *s, const int32_t *tokens, uint32_t n, ui
         rt_kv_prefix_hashes(tokens, nb, bt, h);
         const uint32_t k = rt_pfx_find(x->idx, h, nb, slots);
         st = rt_gpu_prefix_load(x->pfx, gseq(s), slots, k, err);
+        if (!st && x->slot_hid && k) { /* the blocks' hidden states (MTP drafting) */
+            const size_t blk = (size_t)bt * rt_eng_hparams(s->e)->n_embd;
+            st = hid_room(s, (uint64_t)k * bt, err);
+            for (uint32_t j = 0; j < k && !st; j++)
+                memcpy(s->hid + j * blk, x->slot_hid + (size_t)slots[j] * blk, blk * sizeof(float));
+            if (st) {
+                g5_error e2 = {0};
+                (void)rt_gpu_seq_truncate(gseq(s), 0, 0, &e2);
+            }
+        }
         if (!st) {
             s->n_exact = k * bt;
+            s->n_hid = x->slot_hid ? k * bt : 0;
             *n_reused = k * bt;
         }
     }
@@ -255,6 +311,7 @@ static g5_status gpu_publish(rt_eng_seq *s, const int32_t *tokens, g5_error *err
     if (!x->idx) return G5_OK;
     uint32_t exact = s->n_exact, np = rt_gpu_seq_n_past(gseq(s));
     if (exact > np) exact = np / bt * bt;
+    if (x->slot_hid && exact > s->n_hid) exact = s->n_hid / bt * bt; /* blocks with their hidden states */
     const uint32_t nb = exact / bt;
     if (!nb) return G5_OK;
     uint64_t *h = malloc((size_t)nb * sizeof *h);
@@ -267,6 +324,10 @@ static g5_status gpu_publish(rt_eng_seq *s, const int32_t *tokens, g5_error *err
         for (uint32_t k = 0; k < m; k++) {
             if (!fresh[k]) continue;
             if (!st) st = rt_gpu_prefix_save(x->pfx, gseq(s), k, slots[k], err);
+            if (!st && x->slot_hid) {
+                const size_t blk = (size_t)bt * rt_eng_hparams(s->e)->n_embd;
+                memcpy(x->slot_hid + (size_t)slots[k] * blk, s->hid + k * blk, blk * sizeof(float));
+            }
             if (st) rt_pfx_drop(x->idx, slots[k]); /* not copied: never found */
         }
     }
@@ -287,22 +348,86 @@ static void gpu_prefix_info(const rt_eng *e, rt_eng_prefix_info *out) {
     out->n_evicted = rt_pfx_n_evicted(x->idx);
 }
 
+/* x->batch holds n_seq GPU sequences. */
+static g5_status batch_room(eng_gpu *x, uint32_t n_seq, g5_error *err) {
+    if (n_seq <= x->cap) return G5_OK;
+    rt_gpu_seq **b = realloc(x->batch, (size_t)n_seq * sizeof *b);
+    if (!b) return g5_fail(err, G5_ERR_NOMEM, "decode step of %u sequences", n_seq);
+    x->batch = b;
+    x->cap = n_seq;
+    return G5_OK;
+}
+
 static g5_status gpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                             float *logits, g5_error *err) {
     eng_gpu *x = e->dev;
-    if (n_seq > x->cap) {
-        rt_gpu_seq **b = realloc(x->batch, (size_t)n_seq * sizeof *b);
-        if (!b) return g5_fail(err, G5_ERR_NOMEM, "decode step of %u sequences", n_seq);
-        x->batch = b;
-        x->cap = n_seq;
-    }
+    const g5_status sr = batch_room(x, n_seq, err);
+    if (sr) return sr;
     for (uint32_t i = 0; i < n_seq; i++) x->batch[i] = gseq(seqs[i]);
     return rt_gpu_forward_batch(x->g, x->batch, tokens, n_seq, logits, err);
+}
+
+static g5_status gpu_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                                 const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
+    eng_gpu *x = e->dev;
+    for (uint32_t i = 0; i < n_seq && x->chk; i++) /* --check follows its sequence's prefill calls */
+        if (seqs[i]->def) return rt_eng_decode_rows_each(e, seqs, n_tok, n_seq, tokens, out, err);
+    const g5_status sr = batch_room(x, n_seq, err);
+    if (sr) return sr;
+    for (uint32_t i = 0; i < n_seq; i++) x->batch[i] = gseq(seqs[i]);
+    const rt_gpu_outputs go = {.logits = out ? out->logits : NULL, .all_logits = 1, .hidden = out ? out->hidden : NULL};
+    return rt_gpu_forward_rows(x->g, x->batch, n_tok, n_seq, tokens, &go, err);
 }
 
 static g5_status gpu_mtp(rt_eng_seq *s, const float *hidden, const int32_t *next, uint32_t n, float *draft, int all,
                          g5_error *err) {
     return rt_gpu_mtp_seq(((eng_gpu *)s->e->dev)->g, gseq(s), hidden, next, n, draft, all, err);
+}
+
+/* The sequences of at most RT_ENG_MTP_ROWS pairs as one rows call, the others alone (a row's
+ * bits then depend on its sequence's pair count, never on the batch). */
+static g5_status gpu_mtp_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                              const float *hidden, const int32_t *next, float *draft, g5_error *err) {
+    eng_gpu *x = e->dev;
+    const size_t V = rt_eng_hparams(e)->n_vocab, E = rt_eng_hparams(e)->n_embd;
+    uint32_t k = 0, rows = 0;
+    for (uint32_t i = 0; i < n_seq; i++)
+        if (n_tok[i] <= RT_ENG_MTP_ROWS) {
+            rows += n_tok[i];
+            k++;
+        }
+    if (k == n_seq) {
+        const g5_status sr = batch_room(x, n_seq, err);
+    if (sr) return sr;
+        for (uint32_t i = 0; i < n_seq; i++) x->batch[i] = gseq(seqs[i]);
+        return rt_gpu_mtp_rows(x->g, x->batch, n_tok, n_seq, hidden, next, draft, err);
+    }
+    /* mixed: gather the short ones' pairs, run them, spread their draft logits back */
+    uint32_t *nt = malloc((size_t)(k ? k : 1) * sizeof *nt);
+    float *hs = malloc((size_t)(rows ? rows : 1) * E * sizeof *hs);
+    float *ds = draft ? malloc((k ? k : 1) * V * sizeof *ds) : NULL;
+    int32_t *ns = malloc((size_t)(rows ? rows : 1) * sizeof *ns);
+    g5_status st = nt && hs && ns && (ds || !draft) ? batch_room(x, k ? k : 1, err) : g5_fail(err, G5_ERR_NOMEM, "MTP rows");
+    for (uint32_t i = 0, r0 = 0, j = 0, q = 0; i < n_seq && !st; r0 += n_tok[i++]) {
+        if (n_tok[i] > RT_ENG_MTP_ROWS) {
+            st = rt_gpu_mtp_seq(x->g, gseq(seqs[i]), hidden + (size_t)r0 * E, next + r0, n_tok[i],
+                                draft ? draft + i * V : NULL, 0, err);
+            continue;
+        }
+        x->batch[j] = gseq(seqs[i]);
+        nt[j++] = n_tok[i];
+        memcpy(hs + (size_t)q * E, hidden + (size_t)r0 * E, (size_t)n_tok[i] * E * sizeof *hs);
+        memcpy(ns + q, next + r0, (size_t)n_tok[i] * sizeof *ns);
+        q += n_tok[i];
+    }
+    if (!st && k) st = rt_gpu_mtp_rows(x->g, x->batch, nt, k, hs, ns, ds, err);
+    for (uint32_t i = 0, j = 0; i < n_seq && !st && draft; i++)
+        if (n_tok[i] <= RT_ENG_MTP_ROWS) memcpy(draft + i * V, ds + (size_t)j++ * V, V * sizeof *ds);
+    free(nt);
+    free(hs);
+    free(ds);
+    free(ns);
+    return st;
 }
 
 static const rt_eng_ops gpu_ops = {
@@ -322,7 +447,9 @@ static const rt_eng_ops gpu_ops = {
     .truncate = gpu_truncate,
     .prefill = gpu_prefill,
     .decode = gpu_decode,
+    .decode_rows = gpu_decode_rows,
     .mtp = gpu_mtp,
+    .mtp_rows = gpu_mtp_rows,
     .attach = gpu_attach,
     .publish = gpu_publish,
     .prefix_info = gpu_prefix_info,

@@ -29,6 +29,9 @@ typedef struct rt_eng_ops {
                              const int32_t *tokens, const rt_eng_out *out, g5_error *err);
     g5_status (*mtp)(rt_eng_seq *s, const float *hidden, const int32_t *next, uint32_t n, float *draft, int all,
                      g5_error *err);
+    /* NULL: rt_eng_mtp_rows runs one mtp call per sequence */
+    g5_status (*mtp_rows)(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                          const float *hidden, const int32_t *next, float *draft, g5_error *err);
     /* prefix caching (engine.h); NULL: the CPU pool's (engine.c) */
     g5_status (*attach)(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused, g5_error *err);
     g5_status (*publish)(rt_eng_seq *s, const int32_t *tokens, g5_error *err);
@@ -54,7 +57,18 @@ struct rt_eng_seq {
     int def;                     /* CUDA: the GPU model's default sequence (--check runs on it) */
     uint32_t n_exact;            /* CUDA: positions [0, n_exact) hold what block-aligned calls from
                                     position 0 write (engine.h, prefix caching): what may be published */
+    /* CUDA with opts.kv_prefix_hidden: the final-normed hidden states of positions [0, n_hid)
+     * ([hid_cap][n_embd], host), which the prefill calls record and the prefix store keeps */
+    float *hid;
+    uint32_t n_hid, hid_cap;
 };
+
+/* rt_eng_decode_rows as one prefill call per sequence (all or nothing) and rt_eng_mtp_rows as one
+ * mtp call per sequence: the CPU's way, and the GPU's where --check follows the calls. */
+g5_status rt_eng_decode_rows_each(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                                  const int32_t *tokens, const rt_eng_out *out, g5_error *err);
+g5_status rt_eng_mtp_rows_each(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                               const float *hidden, const int32_t *next, float *draft, g5_error *err);
 
 /* engine_gpu.c: the CUDA implementation; NULL in a build without CUDA. */
 const rt_eng_ops *rt_eng_gpu_ops(void);

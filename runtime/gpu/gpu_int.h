@@ -221,6 +221,18 @@ typedef struct fplan {
     const uint32_t *pos0, *len, *row0;
 } fplan;
 
+/* A rows step's plan (gm_rows_plan): every row a segment of its own, so the attention of a
+ * batched decode step serves it; mtp: at the sequences' NextN positions. */
+typedef struct gm_rows {
+    fplan pl;
+    uint32_t *a;
+    rt_gpu_seq **sq;
+} gm_rows;
+g5_status gm_rows_plan(rt_gpu_model *g, rt_gpu_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq, int mtp,
+                       gm_rows *rw, g5_error *err);
+void gm_rows_free(gm_rows *rw);
+g5_status gm_write_rows(rt_gpu_model *g, const fplan *pl, uint32_t l0, uint32_t l1, g5_error *err);
+
 /* Records a sub-step mark (g->prof set: rt_gpu_debug_profile is running). */
 void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, const char *label);
 #define PMARK(stage, label)                                                                   \

@@ -611,7 +611,7 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->n_sel = take(&c, N * 4);
     rk->tok = take(&c, N * 4);
     rk->pos = take(&c, N * 4);
-    rk->mrows = take(&c, N * (hp->n_layer_main ? hp->n_layer_main : 1) * sizeof(cuk_seq_row));
+    rk->mrows = take(&c, N * (hp->n_layer_main + 1) * sizeof(cuk_seq_row)); /* + the NextN layer */
     return c.off;
 }
 
@@ -941,7 +941,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                        pl->n_seg, il, pl->seq[0]->cap);
     /* a batched decode step whose attention kernels run once for all sequences */
     const cuk_mla_dims dm = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
-    const int multi = rk->multi && !bound && il < hp->n_layer_main && cuk_mla_attend_multi_fits(&dm, g->lat_type) &&
+    const int multi = rk->multi && !bound && cuk_mla_attend_multi_fits(&dm, g->lat_type) &&
                       (!L->has_idx || cuk_idx_multi_fits((int32_t)IH, (int32_t)ID));
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     const int64_t mpb = rk->multi;
@@ -1399,26 +1399,30 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
     return G5_OK;
 }
 
-/* The per-layer tables of a batched decode step (rk->mrows): sequence i's caches of layer il
- * and its position, row il * n + i. The copy is synchronous to the host (pageable memory). */
-static g5_status write_rows(rt_gpu_model *g, const fplan *pl, g5_error *err) {
-    const uint32_t Lm = g->hp.n_layer_main, n = pl->n;
-    cuk_seq_row *h = malloc((size_t)Lm * n * sizeof *h);
+/* The per-layer tables of a batched decode step (rk->mrows): row i's sequence's caches of layer
+ * il and its position, entry il * n + i, for the layers l0 .. l1 - 1 (the NextN layer's, at
+ * n_layer_main, are the sequence's NextN caches). The copy is synchronous to the host (pageable
+ * memory). */
+g5_status gm_write_rows(rt_gpu_model *g, const fplan *pl, uint32_t l0, uint32_t l1, g5_error *err) {
+    const uint32_t n = pl->n;
+    cuk_seq_row *h = malloc((size_t)(l1 - l0) * n * sizeof *h);
     if (!h) return g5_fail(err, G5_ERR_NOMEM, "batch tables");
     g5_status st = G5_OK;
     for (uint32_t r = 0; r < g->T && !st; r++) {
         gl_rank *rk = &g->rk[r];
-        for (uint32_t il = 0; il < Lm; il++)
+        for (uint32_t il = l0; il < l1; il++)
             for (uint32_t i = 0; i < n; i++) {
-                cuk_seq_row *e = &h[(size_t)il * n + pl->row0[i]];
+                cuk_seq_row *e = &h[(size_t)(il - l0) * n + pl->row0[i]];
+                const int mtp = il >= g->hp.n_layer_main;
                 e->lat = gm_seq_lat(g, pl->seq[i], r, il);
                 e->idxk = rk->L[il].has_idx ? gm_seq_idxk(g, pl->seq[i], r, il) : NULL;
-                e->cap = (int32_t)pl->seq[i]->cap;
+                e->cap = (int32_t)(mtp ? pl->seq[i]->mtp_cap : pl->seq[i]->cap);
                 e->pos = (int32_t)pl->pos0[i];
             }
         cudaError_t ce = cudaSetDevice(rk->dev);
         if (ce == cudaSuccess)
-            ce = cudaMemcpyAsync(rk->mrows, h, (size_t)Lm * n * sizeof *h, cudaMemcpyHostToDevice, rk->st);
+            ce = cudaMemcpyAsync(rk->mrows + (size_t)l0 * n, h, (size_t)(l1 - l0) * n * sizeof *h,
+                                 cudaMemcpyHostToDevice, rk->st);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
         if (ce != cudaSuccess) st = g5_fail(err, G5_ERR_INTERNAL, "batch table upload: %s", cudaGetErrorString(ce));
     }
@@ -1478,7 +1482,7 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     }
     free(pos);
     if (st) return st;
-    if (multi) CK(write_rows(g, pl, err));
+    if (multi) CK(gm_write_rows(g, pl, 0, hp->n_layer_main, err));
     /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
      * to one-token calls (its GEMV kernels sum each row alike) */
     for (uint32_t r = 0; r < g->T; r++) {
@@ -1514,29 +1518,68 @@ g5_status rt_gpu_forward(rt_gpu_model *g, const int32_t *tokens, uint32_t n,
     return rt_gpu_forward_seq(g, g->def, tokens, n, out, err);
 }
 
-g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
-                               uint32_t n_seq, float *logits, g5_error *err) {
-    if (n_seq == 0) return G5_OK;
+/* The plan of a rows step: one segment of one token per row, a sequence's rows at its next
+ * positions in order (the last one's n_past is the sequence's after the call). */
+g5_status gm_rows_plan(rt_gpu_model *g, rt_gpu_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq, int mtp,
+                       gm_rows *rw, g5_error *err) {
+    memset(rw, 0, sizeof *rw);
+    uint64_t n = 0;
     for (uint32_t i = 0; i < n_seq; i++) {
         if (!seqs[i] || seqs[i]->g != g)
             return g5_fail(err, G5_ERR_INVALID_ARG, "batch entry %u: not a sequence of this GPU model", i);
+        if (n_tok && !n_tok[i]) return g5_fail(err, G5_ERR_INVALID_ARG, "batch entry %u has no tokens", i);
         for (uint32_t j = 0; j < i; j++)
             if (seqs[j] == seqs[i])
                 return g5_fail(err, G5_ERR_INVALID_ARG, "batch entries %u and %u are the same sequence", j, i);
+        const uint32_t c = n_tok ? n_tok[i] : 1, p0 = mtp ? seqs[i]->mtp_n_past : seqs[i]->n_past;
+        if (p0 > INT32_MAX - c) return g5_fail(err, G5_ERR_OVERFLOW, "batch entry %u: position overflow", i);
+        n += c;
     }
-    uint32_t *a = malloc((size_t)n_seq * 3 * sizeof *a);
-    if (!a) return g5_fail(err, G5_ERR_NOMEM, "batch of %u", n_seq);
-    uint32_t *pos0 = a, *len = a + n_seq, *row0 = a + 2 * (size_t)n_seq;
-    for (uint32_t i = 0; i < n_seq; i++) {
-        pos0[i] = seqs[i]->n_past;
-        len[i] = 1;
-        row0[i] = i;
+    if (n > UINT32_MAX / 4) return g5_fail(err, G5_ERR_OVERFLOW, "batch of %llu rows", (unsigned long long)n);
+    uint32_t *a = malloc((size_t)n * 3 * sizeof *a);
+    rt_gpu_seq **sq = malloc((size_t)n * sizeof *sq);
+    if (!a || !sq) {
+        free(a);
+        free(sq);
+        return g5_fail(err, G5_ERR_NOMEM, "batch of %llu rows", (unsigned long long)n);
     }
-    const fplan pl = {n_seq, n_seq, seqs, pos0, len, row0};
-    const rt_gpu_outputs out = {.logits = logits, .all_logits = 1};
-    g5_status st = forward_plan(g, &pl, tokens, logits ? &out : NULL, err);
-    free(a);
+    uint32_t *pos0 = a, *len = a + n, *row0 = a + 2 * n, t = 0;
+    for (uint32_t i = 0; i < n_seq; i++)
+        for (uint32_t j = 0, c = n_tok ? n_tok[i] : 1; j < c; j++, t++) {
+            sq[t] = seqs[i];
+            pos0[t] = (mtp ? seqs[i]->mtp_n_past : seqs[i]->n_past) + j;
+            len[t] = 1;
+            row0[t] = t;
+        }
+    rw->a = a;
+    rw->sq = sq;
+    rw->pl = (fplan){(uint32_t)n, (uint32_t)n, sq, pos0, len, row0};
+    return G5_OK;
+}
+
+void gm_rows_free(gm_rows *rw) {
+    free(rw->a);
+    free(rw->sq);
+}
+
+g5_status rt_gpu_forward_rows(rt_gpu_model *g, rt_gpu_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                              const int32_t *tokens, const rt_gpu_outputs *out, g5_error *err) {
+    if (n_seq == 0) return G5_OK;
+    if (out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts || !out->all_logits))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "a rows step gives every row's logits and hidden states, nothing else");
+    gm_rows rw;
+    CK(gm_rows_plan(g, seqs, n_tok, n_seq, 0, &rw, err));
+    /* one row of one sequence: the one-token call itself (a graph step where those are) */
+    g5_status st = rw.pl.n == 1 ? rt_gpu_forward_seq(g, seqs[0], tokens, 1, out, err)
+                                : forward_plan(g, &rw.pl, tokens, out, err);
+    gm_rows_free(&rw);
     return st;
+}
+
+g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
+                               uint32_t n_seq, float *logits, g5_error *err) {
+    const rt_gpu_outputs out = {.logits = logits, .all_logits = 1};
+    return rt_gpu_forward_rows(g, seqs, NULL, n_seq, tokens, logits ? &out : NULL, err);
 }
 
 typedef int rt_gpu_model_unused_;

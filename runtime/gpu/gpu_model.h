@@ -251,6 +251,15 @@ g5_status rt_gpu_forward_seq(rt_gpu_model *g, rt_gpu_seq *s, const int32_t *toke
  * sequence advances. */
 g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
                                uint32_t n_seq, float *logits, g5_error *err);
+/* A batched step of a few tokens per sequence (the server's MTP verification: [token, draft]):
+ * n_tok[i] tokens of tokens (in order, sequence after sequence) for seqs[i] at its next positions
+ * (distinct sequences). Every row is run as a row of a batched decode step, the positions of one
+ * sequence in order: each row's logits and hidden state equal those of a one-token
+ * rt_gpu_forward_seq call at its position after the rows before it, bit for bit, so a verified
+ * draft gives exactly plain decoding's output. out: all_logits [rows][n_vocab] and hidden
+ * [rows][n_embd] (either may be NULL; no debugging outputs). On error no sequence advances. */
+g5_status rt_gpu_forward_rows(rt_gpu_model *g, rt_gpu_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                              const int32_t *tokens, const rt_gpu_outputs *out, g5_error *err);
 
 /* ---- MTP: the NextN block (runtime/gpu/gpu_mtp.c) ----
  * rt_model_mtp on the GPU: the first NextN block at the sequence's MTP positions
@@ -267,6 +276,13 @@ g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const i
 int rt_gpu_has_mtp(const rt_gpu_model *g);
 g5_status rt_gpu_mtp_seq(rt_gpu_model *g, rt_gpu_seq *s, const float *hidden, const int32_t *next_tokens,
                          uint32_t n, float *draft_logits, int all_logits, g5_error *err);
+/* rt_gpu_mtp_seq for several sequences at once, n_tok[i] NextN positions each (distinct
+ * sequences; hidden [rows][n_embd] and next_tokens [rows] sequence after sequence), draft_logits
+ * [n_seq][n_vocab] (host, may be NULL): those after each sequence's last row. The rows run as a
+ * batched decode step's (the main layers' batched attention over the NextN caches), so each
+ * row equals a one-token rt_gpu_mtp_seq call at its position, bit for bit, whatever the batch. */
+g5_status rt_gpu_mtp_rows(rt_gpu_model *g, rt_gpu_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                          const float *hidden, const int32_t *next_tokens, float *draft_logits, g5_error *err);
 /* On the default sequence. */
 g5_status rt_gpu_mtp(rt_gpu_model *g, const float *hidden, const int32_t *next_tokens, uint32_t n,
                      float *draft_logits, int all_logits, g5_error *err);
@@ -276,19 +292,17 @@ uint32_t rt_gpu_mtp_n_past(const rt_gpu_model *g);
  * rejected draft tokens), as rt_state_truncate; neither may exceed the current count. The memory
  * stays reserved. (rt_gpu_seq_reset and rt_gpu_reset forget the MTP positions too.) */
 g5_status rt_gpu_seq_truncate(rt_gpu_seq *s, uint32_t n_past, uint32_t mtp_n_past, g5_error *err);
-/* Drafting (runtime/draft.h, glm5-run --draft mtp) runs on these calls through the engine
- * (runtime/engine.h). Its output equals plain decoding where a two-token verifying call gives
- * each row the bits of a one-token call: the GEMV kernels' rows are width-independent within one
- * kernel family (gemv_in), and in precise mode the attention reads the same float32 latents; in
- * fast mode the second token reads the first one's latent in float32 where a plain step reads it
- * rounded from the cache. */
+/* Drafting (runtime/draft.h, glm5-run and glm5-serve --draft mtp) runs on these calls through
+ * the engine (runtime/engine.h): its verifying rows are rt_gpu_forward_rows rows, so its output
+ * equals plain decoding's bit for bit in both precisions, and its drafts (rt_gpu_mtp_rows for
+ * the few pairs of a step, rt_gpu_mtp_seq for a prompt's) do not depend on the batch. */
 
 /* ---- prefix store: copies of cache blocks for later sequences (gpu_prefix.c) ----
  * n_blocks slots on every rank, each holding bt positions of what a sequence keeps per
  * position on that rank: every main layer's latent rows (the model's latent cache type, copied
  * as they are) and every full layer's indexer keys. Nothing else of a sequence depends on its
  * positions' tokens (the NextN caches are not stored: a sequence loaded from the store has no
- * MTP positions). Copies are device to device on each rank's stream (cudaMemcpy2DAsync, one per
+ * MTP positions; the engine keeps the hidden states they are rebuilt from). Copies are device to device on each rank's stream (cudaMemcpy2DAsync, one per
  * cache kind, rank and block), ordered with the forward calls on that stream; a slot is
  * overwritten only by a later save, so a load enqueued before it reads the old contents. Which
  * slot holds which prefix is the caller's (runtime/prefix.h; the engine, runtime/engine.h). */

@@ -119,12 +119,31 @@ static g5_status mtp_need(rt_gpu_seq *s, uint32_t need, g5_error *err) {
 
 /* ---- the block ---- */
 
+/* draft [c][n_vocab] (host) = the head over rows first .. first + c - 1 of rk->h. */
+static g5_status mtp_head(rt_gpu_model *g, float *draft, uint32_t first, uint32_t c, g5_error *err) {
+    const int64_t E = g->hp.n_embd, V = g->hp.n_vocab;
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        const gl_mtp *M = &rk->mtp;
+        if (!M->head_write) continue;
+        CUK_CHECK(cudaSetDevice(rk->dev));
+        const int64_t VL = M->head.m;
+        for (uint32_t t0 = first; t0 < first + c; t0 += CUK_GEMV_MAX_N) {
+            const uint32_t w = first + c - t0 < CUK_GEMV_MAX_N ? first + c - t0 : CUK_GEMV_MAX_N;
+            CK(gm_gemv_q8(rk, &M->head, rk->h + (int64_t)t0 * E, E, w, rk->lg, VL, err));
+            CUK_CHECK(cudaMemcpy2DAsync(draft + (int64_t)(t0 - first) * V + M->head_col0, (size_t)V * 4, rk->lg,
+                                 (size_t)VL * 4, (size_t)VL * 4, w, cudaMemcpyDeviceToHost, rk->st));
+        }
+    }
+    return G5_OK;
+}
+
 /* Device work after the uploads (tokens in rk->tok, positions in rk->pos, the hidden states in
  * rk->x of every rank). */
 static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int all, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const uint32_t n = pl->n, il = hp->n_layer_main;
-    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    const int64_t E = hp->n_embd;
     const float eps = hp->rms_eps;
     const int split = g->rk[0].mtp.eh_split;
     for (uint32_t r = 0; r < g->T; r++) {
@@ -165,20 +184,7 @@ static g5_status mtp_device(rt_gpu_model *g, const fplan *pl, float *draft, int 
     }
     if (!draft) return G5_OK;
     const uint32_t first = all ? 0 : n - 1;
-    for (uint32_t r = 0; r < g->T; r++) {
-        gl_rank *rk = &g->rk[r];
-        const gl_mtp *M = &rk->mtp;
-        if (!M->head_write) continue;
-        CUK_CHECK(cudaSetDevice(rk->dev));
-        const int64_t VL = M->head.m;
-        for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
-            const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
-            CK(gm_gemv_q8(rk, &M->head, rk->h + (int64_t)t0 * E, E, c, rk->lg, VL, err));
-            CUK_CHECK(cudaMemcpy2DAsync(draft + (int64_t)(t0 - first) * V + M->head_col0, (size_t)V * 4, rk->lg,
-                                 (size_t)VL * 4, (size_t)VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
-        }
-    }
-    return G5_OK;
+    return mtp_head(g, draft, first, n - first, err);
 }
 
 int rt_gpu_has_mtp(const rt_gpu_model *g) { return g->has_mtp; }
@@ -194,15 +200,21 @@ g5_status rt_gpu_seq_truncate(rt_gpu_seq *s, uint32_t n_past, uint32_t mtp_n_pas
     return G5_OK;
 }
 
-g5_status rt_gpu_mtp_seq(rt_gpu_model *g, rt_gpu_seq *s, const float *hidden, const int32_t *next_tokens,
-                         uint32_t n, float *draft_logits, int all_logits, g5_error *err) {
-    if (!g->has_mtp) return g5_fail(err, G5_ERR_UNSUPPORTED, "the model has no NextN/MTP block");
-    if (n == 0) return G5_OK;
-    if (g->info.n_processes > 1 && draft_logits)
+/* Several processes gather the draft logits by the output head's columns. */
+static g5_status head_layout_check(const rt_gpu_model *g, const float *draft, g5_error *err) {
+    if (g->info.n_processes > 1 && draft)
         for (uint32_t r = 0; r < g->T; r++)
             if (!g->rk[r].mtp.head_as_output)
                 return g5_fail(err, G5_ERR_UNSUPPORTED, "rank %u: the NextN head's vocabulary rows are laid out unlike "
                                "output's, which several processes need for the draft logits", g->rk[r].rg);
+    return G5_OK;
+}
+
+g5_status rt_gpu_mtp_seq(rt_gpu_model *g, rt_gpu_seq *s, const float *hidden, const int32_t *next_tokens,
+                         uint32_t n, float *draft_logits, int all_logits, g5_error *err) {
+    if (!g->has_mtp) return g5_fail(err, G5_ERR_UNSUPPORTED, "the model has no NextN/MTP block");
+    if (n == 0) return G5_OK;
+    CK(head_layout_check(g, draft_logits, err));
     if (!s || s->g != g) return g5_fail(err, G5_ERR_INVALID_ARG, "the sequence belongs to another GPU model");
     const glm5_hparams *hp = &g->hp;
     for (uint32_t t = 0; t < n; t++)
@@ -245,6 +257,89 @@ g5_status rt_gpu_mtp_seq(rt_gpu_model *g, rt_gpu_seq *s, const float *hidden, co
     CK(gm_coll_gather_logits(g, draft_logits, all_logits ? n : 1, err));
     s->mtp_n_past = P;
     return G5_OK;
+}
+
+/* The uploads of a rows call: tokens, positions, hidden states and the NextN layer's table. */
+static g5_status mtp_rows_upload(rt_gpu_model *g, const fplan *pl, const float *hidden, const int32_t *next,
+                                 uint32_t mp, g5_error *err) {
+    const uint32_t n = pl->n;
+    const size_t hbytes = (size_t)n * g->hp.n_embd * sizeof(float);
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        CK(gm_work_reserve(g, rk, n, (uint64_t)n * mp, err));
+        cudaError_t ce = cudaSetDevice(rk->dev);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(rk->tok, next, n * 4, cudaMemcpyHostToDevice, rk->st);
+        /* the positions are < 2^31 (gm_rows_plan): the same bytes as int32 */
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(rk->pos, pl->pos0, n * 4, cudaMemcpyHostToDevice, rk->st);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(rk->x, hidden, hbytes, cudaMemcpyHostToDevice, rk->st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(rk->st);
+        if (ce != cudaSuccess) return g5_fail(err, G5_ERR_INTERNAL, "MTP upload: %s", cudaGetErrorString(ce));
+    }
+    return gm_write_rows(g, pl, g->hp.n_layer_main, g->hp.n_layer_main + 1, err);
+}
+
+/* The device work of a rows call: the block over every row (the attention of a batched decode
+ * step), each sequence's last row moved to row i (rows only move down, in stream order) and the
+ * head over those n_seq rows. */
+static g5_status mtp_rows_device(rt_gpu_model *g, const fplan *pl, const uint32_t *n_tok, uint32_t n_seq,
+                                 float *draft, uint32_t mp, g5_error *err) {
+    const uint64_t E = g->hp.n_embd;
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_lin_arm(g->rk[r].lin, 0);
+        g->rk[r].batch_rows = 1;
+        g->rk[r].multi = mp;
+    }
+    g5_status st = mtp_device(g, pl, NULL, 0, err);
+    for (uint32_t r = 0; r < g->T; r++) g->rk[r].batch_rows = g->rk[r].multi = 0;
+    if (st || !draft) return st;
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        CUK_CHECK(cudaSetDevice(rk->dev));
+        for (uint32_t i = 0, last = 0; i < n_seq; i++) {
+            last += n_tok ? n_tok[i] : 1;
+            if (last - 1 != i)
+                CUK_CHECK(cudaMemcpyAsync(rk->h + i * E, rk->h + (last - 1) * E, E * 4, cudaMemcpyDeviceToDevice,
+                                          rk->st));
+        }
+    }
+    return mtp_head(g, draft, 0, n_seq, err);
+}
+
+g5_status rt_gpu_mtp_rows(rt_gpu_model *g, rt_gpu_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
+                          const float *hidden, const int32_t *next_tokens, float *draft_logits, g5_error *err) {
+    if (!g->has_mtp) return g5_fail(err, G5_ERR_UNSUPPORTED, "the model has no NextN/MTP block");
+    if (n_seq == 0) return G5_OK;
+    CK(head_layout_check(g, draft_logits, err));
+    gm_rows rw;
+    CK(gm_rows_plan(g, seqs, n_tok, n_seq, 1, &rw, err));
+    const fplan *pl = &rw.pl;
+    const uint32_t n = pl->n;
+    g5_status st = G5_OK;
+    if (n == 1) { /* one row: the one-token call itself */
+        st = rt_gpu_mtp_seq(g, seqs[0], hidden, next_tokens, 1, draft_logits, 0, err);
+        gm_rows_free(&rw);
+        return st;
+    }
+    uint32_t mp = 1;
+    for (uint32_t t = 0; t < n && !st; t++) {
+        if (next_tokens[t] < 0 || (uint32_t)next_tokens[t] >= g->hp.n_vocab)
+            st = g5_fail(err, G5_ERR_INVALID_ARG, "token %d at row %u is outside the vocabulary (%u)", next_tokens[t],
+                         t, g->hp.n_vocab);
+        if (pl->pos0[t] + 1 > mp) mp = pl->pos0[t] + 1;
+    }
+    for (uint32_t i = 0; i < n_seq && !st; i++)
+        st = mtp_need(seqs[i], seqs[i]->mtp_n_past + (n_tok ? n_tok[i] : 1), err);
+    if (!st) st = mtp_rows_upload(g, pl, hidden, next_tokens, mp, err);
+    if (!st) st = mtp_rows_device(g, pl, n_tok, n_seq, draft_logits, mp, err);
+    for (uint32_t r = 0; r < g->T && !st; r++) {
+        if (cudaSetDevice(g->rk[r].dev) != cudaSuccess || cudaStreamSynchronize(g->rk[r].st) != cudaSuccess)
+            st = g5_fail(err, G5_ERR_INTERNAL, "MTP rows: %s", cudaGetErrorString(cudaGetLastError()));
+    }
+    if (!st) st = gm_coll_gather_logits(g, draft_logits, n_seq, err);
+    if (!st)
+        for (uint32_t t = 0; t < n; t++) pl->seq[t]->mtp_n_past = pl->pos0[t] + 1;
+    gm_rows_free(&rw);
+    return st;
 }
 
 g5_status rt_gpu_mtp(rt_gpu_model *g, const float *hidden, const int32_t *next_tokens, uint32_t n,

@@ -5,8 +5,8 @@
  * aligned) [full layers][bt][idx_head_dim] keys: the sequence's caches ([layer][cap][width])
  * restricted to bt rows, so one block moves by one 2-D copy per cache kind and rank
  * (cudaMemcpy2DAsync on the rank's stream, ordered with the forward calls that write and read
- * those caches). The NextN layer's caches are not stored (the engine keeps prefix caching off
- * where they are used). Which slot holds which block is the caller's (runtime/prefix.h).
+ * those caches). The NextN layer's caches are not stored: the engine keeps the hidden states
+ * they are rebuilt from (runtime/engine.h kv_prefix_hidden). Which slot holds which block is the caller's (runtime/prefix.h).
  * Compiled to nothing unless G5_WITH_CUDA. */
 #ifdef G5_WITH_CUDA
 

@@ -42,8 +42,8 @@
  * from them (rt_drafter_resume: one NextN layer over the prefix, not the whole model), so its MTP
  * calls, drafts and tokens are those of a run without the cache, bit for bit; an unverified
  * draft's position is dropped before a finished or preempted request's blocks are published. On
- * CUDA the prefix cache is off with --draft mtp (the GPU store holds no NextN inputs yet; the
- * load line says so). After a preemption a sampled request's tokens may differ
+ * CUDA the engine records the hidden states of its prefill calls and the store's blocks keep
+ * them (host memory, n_embd floats per position), the same rebuild following. After a preemption a sampled request's tokens may differ
  * from an unpreempted run (the same distribution: the drafter restarts, so the random stream is
  * used differently); greedy ones never do.
  *

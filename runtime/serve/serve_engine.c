@@ -448,21 +448,17 @@ static void log_prefix(srv_server *s, const rt_eng *eng, int cuda) {
     rt_eng_prefix_info pi;
     rt_eng_prefix_get_info(eng, &pi);
     const srv_config *c = &s->cfg;
-    char why[256];
-    if (pi.on && !cuda && c->draft_mtp)
-        snprintf(why, sizeof why, "on (cache blocks shared by token prefix, keeping the hidden states the NextN block "
-                 "rebuilds its cache of a reused prefix from)");
-    else if (pi.on && !cuda)
-        snprintf(why, sizeof why, "on (cache blocks shared by token prefix)");
+    char why[512];
+    const char *hid = c->draft_mtp ? ", keeping the hidden states the NextN block rebuilds its cache of a reused "
+                                      "prefix from" : "";
+    if (pi.on && !cuda)
+        snprintf(why, sizeof why, "on (cache blocks shared by token prefix%s)", hid);
     else if (pi.on)
         snprintf(why, sizeof why, "on (GPU store of %u blocks of %u tokens, %.1f MB per rank; prompts prefilled in calls "
-                 "ending at multiples of %u tokens)", pi.n_blocks, pi.block_tokens,
-                 (double)pi.n_blocks * pi.block_bytes / 1e6, pi.block_tokens);
+                 "ending at multiples of %u tokens%s)", pi.n_blocks, pi.block_tokens,
+                 (double)pi.n_blocks * pi.block_bytes / 1e6, pi.block_tokens, hid);
     else if (!c->prefix_cache)
         snprintf(why, sizeof why, "off (--no-prefix-cache)");
-    else if (c->draft_mtp && cuda)
-        snprintf(why, sizeof why, "off (not combined with --draft mtp on the GPU yet: the GPU store does not hold the "
-                 "NextN block's caches or inputs)");
     else if (cuda && !c->gpu_prefix_block)
         snprintf(why, sizeof why, "off (--gpu-prefix-block 0: each prompt prefilled in one call)");
     else if (cuda && !c->gpu_prefix_cache_mb)
@@ -507,11 +503,9 @@ static void *loader_main(void *arg) {
     eo.precision = s->cfg.gpu_fast ? RT_ENG_FAST : RT_ENG_PRECISE;
     eo.cache = (rt_eng_cache)s->cfg.gpu_kv_cache;
     eo.verify = !s->cfg.gpu_no_verify;
-    /* prefix caching: with --draft mtp on the CPU only, the pool's blocks then keeping the hidden
-     * states the drafter rebuilds the NextN cache of a reused prefix from (the GPU store holds no
-     * NextN inputs yet) */
-    eo.kv_prefix_cache = s->cfg.prefix_cache && !(s->cfg.draft_mtp && cuda);
-    eo.kv_prefix_hidden = eo.kv_prefix_cache && s->cfg.draft_mtp && !cuda;
+    /* prefix caching; with --draft mtp the blocks (CPU pool or GPU store) also keep the hidden
+     * states the drafter rebuilds the NextN cache of a reused prefix from */
+    eo.kv_prefix_cache = s->cfg.prefix_cache;
     if (!cuda) { /* one pool of --ctx-size positions for every sequence */
         eo.kv_block_tokens = s->cfg.block_tokens;
         eo.kv_blocks = s->cfg.ctx_size / s->cfg.block_tokens + (s->cfg.ctx_size % s->cfg.block_tokens != 0);
@@ -520,6 +514,7 @@ static void *loader_main(void *arg) {
         eo.prefix_cache_bytes = (uint64_t)s->cfg.gpu_prefix_cache_mb << 20;
         if (!eo.prefix_block_tokens || !eo.prefix_cache_bytes) eo.kv_prefix_cache = 0;
     }
+    eo.kv_prefix_hidden = eo.kv_prefix_cache && s->cfg.draft_mtp;
     if (st == G5_OK) st = rt_eng_create(ws, &eo, &eng, &e);
     if (st == G5_OK) st = tok_create(rt_wset_meta(ws), &tok, &e);
     if (st == G5_OK) st = rt_eng_load(eng, &e);
@@ -1080,9 +1075,10 @@ static int want_draft(const srv_server *s, const srv_req *r) {
 }
 
 /* --draft mtp: one step of the n decoding sequences in dec. A sequence whose token is its
- * pending draft (accepted) has the logits after it already and draws at once; then every one
- * runs its MTP block for a draft of the token after its newest one and all are verified in one
- * batched call of [token, draft] rows (rt_eng_decode_rows); each then draws from its first row
+ * pending draft (accepted) has the logits after it already and draws at once; then the MTP
+ * blocks of all draft the token after each one's newest in one batched call
+ * (rt_drafter_begin_many), and all are verified in one batched call of [token, draft] rows
+ * (rt_eng_decode_rows); each then draws from its first row
  * (speculative sampling against the draft), the second row waiting for the next step. */
 static void decode_step_mtp(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks, uint32_t *nt) {
     const uint32_t V = rt_eng_hparams(s->eng)->n_vocab, E = rt_eng_hparams(s->eng)->n_embd;
@@ -1117,23 +1113,33 @@ static void decode_step_mtp(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq
     pthread_mutex_unlock(&s->mu);
     if (!k) return;
     uint32_t rows = 0, drafted = 0;
-    g5_status st = G5_OK;
+    /* every drafter's MTP call in one batched call, then every verification in another */
+    rt_drafter **drs = malloc(k * sizeof *drs);
+    int32_t *ys = malloc(k * sizeof *ys);
+    int *want = malloc(k * sizeof *want);
+    const float **ready = malloc(k * sizeof *ready);
+    g5_status st = drs && ys && want && ready ? G5_OK : g5_fail(&e, G5_ERR_NOMEM, "MTP step of %u sequences", k);
     for (uint32_t i = 0; i < k && !st; i++) {
         srv_req *r = dec[i];
         sts[i] = s->gpu ? srv_slots_seq(s->gpu, r->gslot) : r->st;
-        if (!sts[i] || !r->dr) {
-            st = g5_fail(&e, G5_ERR_INTERNAL, "GPU slot %d is not in use, or no drafter", r->gslot);
-            break;
-        }
-        const float *ready = NULL;
-        st = rt_drafter_begin(r->dr, r->feed[r->feed_off], want_draft(s, r), &ready, toks + rows, &nt[i], &e);
-        if (!st && (ready || !nt[i])) st = g5_fail(&e, G5_ERR_INTERNAL, "draft: a verified draft twice");
+        if (!sts[i] || !r->dr) st = g5_fail(&e, G5_ERR_INTERNAL, "GPU slot %d is not in use, or no drafter", r->gslot);
+        drs[i] = r->dr;
+        ys[i] = r->feed[r->feed_off];
+        want[i] = want_draft(s, r);
+    }
+    if (!st) st = rt_drafter_begin_many(drs, k, ys, want, ready, toks, nt, &e);
+    for (uint32_t i = 0; i < k && !st; i++) {
+        if (ready[i] || !nt[i]) st = g5_fail(&e, G5_ERR_INTERNAL, "draft: a verified draft twice");
         if (!st && s->gpu && (uint64_t)rt_eng_seq_n_past(sts[i]) + nt[i] > s->max_ctx)
             st = g5_fail(&e, G5_ERR_BOUNDS, "sequence of %u + %u tokens exceeds the context %u", rt_eng_seq_n_past(sts[i]),
                          nt[i], s->max_ctx);
         rows += nt[i];
         drafted += nt[i] == 2;
     }
+    free(drs);
+    free(ys);
+    free(want);
+    free(ready);
     if (!st) st = rt_eng_decode_rows(s->eng, sts, nt, k, toks, &(rt_eng_out){.logits = s->logits, .hidden = s->hidden}, &e);
     for (uint32_t i = 0, r0 = 0; i < k && !st; r0 += nt[i++])
         st = rt_drafter_end(dec[i]->dr, s->logits + (size_t)r0 * V, s->hidden + (size_t)r0 * E, &e);

@@ -10,7 +10,10 @@
 #      whose ids must equal glm5-run's, twice, then a client that hangs up mid-stream; and TP 1
 #      precise with --draft mtp for both programs (MTP speculative decoding: the server's greedy
 #      ids must equal glm5-run's, its draft counters from /metrics are printed, and the client
-#      time against tp1_precise's is the cost of drafting on the oracle's random MTP block).
+#      time against tp1_precise's is the cost of drafting on the oracle's random MTP block), and
+#      TP 1 fast with --draft mtp and --max-batch 8. The prefix cache is on in every server, so
+#      the second pass of the clients attaches the first's cached prompt blocks (with --draft mtp
+#      the drafters resume over them from the store's hidden states) and must give the same ids.
 # Everything goes to $OUT (log, build.log, test_gpu_serve.log, serve_*.log, cases_*.tsv).
 #
 #   GLM5_SHARED=... OUT=... bash tests/gpu/serve_gpu.sh
@@ -102,10 +105,11 @@ run_config() { # name blobdir max_batch extra-flags...
   kill -TERM $pid
   wait $pid
   echo "$name: glm5-serve rc=$? after SIGTERM"
-  grep -E "model loaded|GPU |failed|error" "$log" | head -5
+  grep -E "model loaded|GPU |prefix cache|failed|error" "$log" | head -6
 }
 run_config tp1_precise $W/tp1 16
 run_config tp1_fast $W/tp1 8 --precision fast
 run_config tp2_precise $W/tp2 16
 run_config tp1_precise_draft $W/tp1 16 --draft mtp
+run_config tp1_fast_draft $W/tp1 8 --precision fast --draft mtp
 } 2>&1 | tee "$OUT/log"

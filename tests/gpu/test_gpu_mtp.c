@@ -27,8 +27,13 @@
  * 2. Step by step (one position per call) equals all at once (TOL_PRECISE, same outlier rule);
  *    truncation (rt_gpu_seq_truncate) and re-running the last positions gives the same bits;
  *    a bad token or truncation past the count is refused and changes nothing.
- * 3. Greedy decoding with the drafter (runtime/draft.h on a CUDA engine, runtime/engine.h: TP=1 precise and TP=2) gives plain
- *    greedy decoding's tokens, its logits within TOL_PRECISE (bit-identical rows counted).
+ * 3. Greedy decoding with the drafter (runtime/draft.h on a CUDA engine, runtime/engine.h: TP=1
+ *    precise with CUDA graphs, fast with bf16 and f16 caches, TP=2), prompts 0..2 each alone and
+ *    side by side as glm5-serve steps them (rt_drafter_begin_many, rt_eng_decode_rows): plain
+ *    greedy decoding's tokens and logits bit for bit, the batched drafts bit for bit those of
+ *    each prompt alone. With the prefix store keeping hidden states (precise, fast bf16, TP=2):
+ *    a second run attaching the first's published blocks gives the first's logits, drafts and
+ *    counts bit for bit.
  * 4. TP=2 blobs (eh_proj replicated; ranks on one GPU, device-side sum), and TP=2 weight tables
  *    made here with eh_proj split by rows and by columns; the row-split set also carries a
  *    nextn.embed_tokens (token_embd's rows rotated by one) and a whole nextn.shared_head_head
@@ -278,63 +283,259 @@ static void run_steps(setup *s, const prompt *p, int pi, int fast, const char *l
     free(one);
 }
 
-/* Greedy decoding of prompt p with the drafter (draft.h on an engine: every step a draft, mostly
- * rejected on the random oracle, so the main caches drop a position nearly every step) against
- * plain one-token steps: the same tokens; logits rows bit-identical counted (expected in precise
- * mode: gpu_model.h, "MTP") and their largest difference printed. */
-static void run_draft(setup *s, const prompt *p, const char *label) {
-    enum { N_GEN = 24 };
-    const uint32_t V = rt_model_hparams(s->m)->n_vocab;
-    g5_error e = {0};
-    float *pl = xmalloc((size_t)N_GEN * V * 4), *lg = xmalloc((size_t)V * 4);
-    int32_t toks[N_GEN];
-    rt_gpu_reset(s->g);
-    rt_gpu_outputs out = {.logits = pl};
-    g5_status st = rt_gpu_forward(s->g, p->ids, p->n, &out, &e);
+/* ---- drafting through the engine (runtime/draft.h) ---- */
+
+enum { N_GEN = 24 };
+
+/* Plain greedy decoding of p on en (one-token steps): tok[j] chosen from lg [j][V]. */
+static g5_status plain_greedy(rt_eng *en, const prompt *p, float *lg, int32_t *tok, g5_error *e) {
+    const uint32_t V = rt_eng_hparams(en)->n_vocab;
+    rt_eng_seq *sq = NULL;
+    g5_status st = rt_eng_seq_create(en, 0, &sq, e);
+    if (!st) st = rt_eng_prefill(sq, p->ids, p->n, &(rt_eng_out){.logits = lg}, e);
     for (uint32_t j = 0; j < N_GEN && !st; j++) {
-        toks[j] = (int32_t)argmax(pl + (size_t)j * V, V);
-        if (j + 1 == N_GEN) break;
-        out.logits = pl + (size_t)(j + 1) * V;
-        st = rt_gpu_forward(s->g, &toks[j], 1, &out, &e);
+        tok[j] = (int32_t)argmax(lg + (size_t)j * V, V);
+        if (j + 1 < N_GEN) st = rt_eng_prefill(sq, &tok[j], 1, &(rt_eng_out){.logits = lg + (size_t)(j + 1) * V}, e);
     }
-    T_CHECK(st == G5_OK, "%s: plain greedy: %s", label, e.msg);
-    rt_gpu_reset(s->g);
-    /* the drafter runs on an engine of its own over the same set (precise, default options, as
-     * the callers' GPU model) */
+    rt_eng_seq_free(sq);
+    return st;
+}
+
+/* One drafted greedy run of n prompts side by side, as glm5-serve steps them: every step's
+ * drafts in one rt_drafter_begin_many, the [token, draft] rows of all in one rt_eng_decode_rows.
+ * Per sequence i: tok[i][j] chosen from lg[i] [j][V]; dr[i] [j][V] the draft logits of step j
+ * where hd[i][j] (a draft was made there). mode DR_PUBLISH: each sequence publishes its prompt's
+ * blocks to the engine's prefix cache at the end; DR_ATTACH: each attaches the cached blocks of
+ * its prompt first (reused[i] positions) and its drafter resumes over them, as glm5-serve does. */
+typedef struct drun {
+    float *lg[N_PROMPTS], *dr[N_PROMPTS];
+    uint8_t hd[N_PROMPTS][N_GEN];
+    int32_t tok[N_PROMPTS][N_GEN];
+    rt_draft_stats ds[N_PROMPTS];
+    uint32_t reused[N_PROMPTS];
+} drun;
+
+enum { DR_PLAIN, DR_PUBLISH, DR_ATTACH };
+
+static g5_status drafted_greedy(rt_eng *en, const prompt *const *p, uint32_t n, int mode, drun *r, g5_error *e) {
+    const uint32_t V = rt_eng_hparams(en)->n_vocab, E = rt_eng_hparams(en)->n_embd;
+    rt_eng_seq *sq[N_PROMPTS] = {0}, *vs[N_PROMPTS];
+    rt_drafter *d[N_PROMPTS] = {0}, *vd[N_PROMPTS];
+    const float *ready[N_PROMPTS];
+    int32_t y[N_PROMPTS], rows[2 * N_PROMPTS];
+    int want[N_PROMPTS];
+    uint32_t nv[N_PROMPTS], vn[N_PROMPTS];
+    float *olg = xmalloc((size_t)2 * n * V * 4), *ohid = xmalloc((size_t)2 * n * E * 4);
+    g5_status st = G5_OK;
+    for (uint32_t i = 0; i < n && !st; i++) {
+        memset(r->hd[i], 0, sizeof r->hd[i]);
+        r->reused[i] = 0;
+        st = rt_eng_seq_create(en, 0, &sq[i], e);
+        if (!st && mode == DR_ATTACH) st = rt_eng_seq_attach_prefix(sq[i], p[i]->ids, p[i]->n, &r->reused[i], e);
+        if (!st) st = rt_drafter_create(sq[i], &d[i], e);
+        if (!st) st = rt_drafter_resume(d[i], p[i]->ids, r->reused[i], e);
+        if (!st) st = rt_drafter_prompt(d[i], p[i]->ids + r->reused[i], p[i]->n - r->reused[i], r->lg[i], 0, e);
+    }
+    for (uint32_t j = 0; j < N_GEN && !st; j++) {
+        for (uint32_t i = 0; i < n; i++) {
+            y[i] = r->tok[i][j] = (int32_t)argmax(r->lg[i] + (size_t)j * V, V);
+            want[i] = 1;
+        }
+        if (j + 1 == N_GEN) break;
+        st = rt_drafter_begin_many(d, n, y, want, ready, rows, nv, e);
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n && !st; i++) {
+            if (ready[i]) memcpy(r->lg[i] + (size_t)(j + 1) * V, ready[i], (size_t)V * 4);
+            if (!nv[i]) continue;
+            vs[k] = sq[i];
+            vd[k] = d[i];
+            vn[k++] = nv[i];
+        }
+        if (!st && k) st = rt_eng_decode_rows(en, vs, vn, k, rows, &(rt_eng_out){.logits = olg, .hidden = ohid}, e);
+        for (uint32_t i = 0, q = 0, r0 = 0; i < n && !st; i++) {
+            if (!nv[i]) continue;
+            st = rt_drafter_end(vd[q], olg + (size_t)r0 * V, ohid + (size_t)r0 * E, e);
+            memcpy(r->lg[i] + (size_t)(j + 1) * V, olg + (size_t)r0 * V, (size_t)V * 4);
+            int32_t t;
+            const float *dl = st ? NULL : rt_drafter_draft(d[i], &t);
+            if (dl) {
+                memcpy(r->dr[i] + (size_t)j * V, dl, (size_t)V * 4);
+                r->hd[i][j] = 1;
+            }
+            r0 += vn[q++];
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!st && mode == DR_PUBLISH) st = rt_eng_seq_publish_prefix(sq[i], p[i]->ids, e);
+        if (d[i]) rt_drafter_get_stats(d[i], &r->ds[i]);
+        rt_drafter_free(d[i]);
+        rt_eng_seq_free(sq[i]);
+    }
+    free(olg);
+    free(ohid);
+    return st;
+}
+
+/* Greedy decoding with the drafter (every step a draft, mostly rejected on the random oracle, so
+ * the main caches drop a position nearly every step) on a CUDA engine over ws: prompts 0..2 each
+ * alone and all three side by side (begin_many + one decode_rows per step) against plain
+ * one-token steps on the same engine. Every verifying row runs as a batched decode step's row,
+ * so every logits row must be bit-identical to plain decoding's (precise and fast), and the draft
+ * logits of the batched run bit-identical to those of each prompt alone. */
+static void run_draft(rt_wset *ws, rt_eng_precision prec, rt_eng_cache cache, int graph, const oracle *o,
+                      const char *label) {
     rt_eng_opts eo;
     rt_eng_opts_default(&eo);
     eo.device = RT_ENG_CUDA;
+    eo.precision = prec;
+    eo.cache = cache;
+    eo.cuda_graph = graph;
+    g5_error e = {0};
     rt_eng *en = NULL;
-    rt_eng_seq *sq = NULL;
-    rt_drafter *d = NULL;
-    if (!st) T_CHECK((st = rt_eng_create(s->ws, &eo, &en, &e)) == G5_OK, "%s: engine: %s", label, e.msg);
+    g5_status st;
+    T_CHECK((st = rt_eng_create(ws, &eo, &en, &e)) == G5_OK, "%s: engine: %s", label, e.msg);
     if (!st) T_CHECK((st = rt_eng_load(en, &e)) == G5_OK, "%s: engine load: %s", label, e.msg);
-    if (!st) T_CHECK((st = rt_eng_seq_create(en, 0, &sq, &e)) == G5_OK, "%s: sequence: %s", label, e.msg);
-    if (!st) T_CHECK((st = rt_drafter_create(sq, &d, &e)) == G5_OK, "%s: drafter: %s", label, e.msg);
-    if (!st) T_CHECK((st = rt_drafter_prompt(d, p->ids, p->n, lg, 0, &e)) == G5_OK, "%s: prompt: %s", label, e.msg);
-    uint32_t tok_bad = 0, same = 0;
-    double worst = 0;
-    for (uint32_t j = 0; j < N_GEN && !st; j++) {
-        same += memcmp(lg, pl + (size_t)j * V, (size_t)V * 4) == 0;
-        const double r = rel_l2(lg, pl + (size_t)j * V, V);
-        if (r > worst || r != r) worst = r != r ? INFINITY : r;
-        const int32_t y = (int32_t)argmax(lg, V);
-        tok_bad += y != toks[j];
-        if (j + 1 < N_GEN) T_CHECK((st = rt_drafter_step(d, y, lg, &e)) == G5_OK, "%s: step %u: %s", label, j, e.msg);
+    if (st) {
+        rt_eng_free(en);
+        return;
     }
-    rt_draft_stats ds = {0};
-    if (d) rt_drafter_get_stats(d, &ds);
-    printf("%s: --draft mtp on prompt 1: %u of %u tokens differ from plain greedy, %u/%u logits rows bit-identical "
-           "(largest rel L2 %.3e); %llu drafted, %llu accepted\n", label, tok_bad, N_GEN, same, N_GEN, worst,
-           (unsigned long long)ds.drafted, (unsigned long long)ds.accepted);
-    T_CHECK(!st && tok_bad == 0, "%s: drafted greedy decoding differs in %u tokens", label, tok_bad);
-    T_CHECK(worst <= TOL_PRECISE, "%s: drafted logits differ by %.3e", label, worst);
-    rt_drafter_free(d);
-    rt_eng_seq_free(sq);
+    const uint32_t V = rt_eng_hparams(en)->n_vocab;
+    const size_t row = (size_t)V * 4, all = (size_t)N_GEN * row;
+    float *pl[N_PROMPTS];
+    int32_t ptok[N_PROMPTS][N_GEN];
+    static drun one, many;
+    const prompt *ps[N_PROMPTS];
+    for (uint32_t i = 0; i < N_PROMPTS; i++) {
+        ps[i] = &o->p[i];
+        pl[i] = xmalloc(all);
+        one.lg[i] = xmalloc(all);
+        one.dr[i] = xmalloc(all);
+        many.lg[i] = xmalloc(all);
+        many.dr[i] = xmalloc(all);
+        if (!st) T_CHECK((st = plain_greedy(en, ps[i], pl[i], ptok[i], &e)) == G5_OK, "%s: plain greedy: %s", label, e.msg);
+    }
+    for (uint32_t i = 0; i < N_PROMPTS && !st; i++) {
+        drun solo;
+        solo.lg[0] = one.lg[i];
+        solo.dr[0] = one.dr[i];
+        T_CHECK((st = drafted_greedy(en, &ps[i], 1, DR_PLAIN, &solo, &e)) == G5_OK, "%s: prompt %u drafted: %s", label, i, e.msg);
+        memcpy(one.hd[i], solo.hd[0], sizeof solo.hd[0]);
+        memcpy(one.tok[i], solo.tok[0], sizeof solo.tok[0]);
+        one.ds[i] = solo.ds[0];
+    }
+    if (!st) T_CHECK((st = drafted_greedy(en, ps, N_PROMPTS, DR_PLAIN, &many, &e)) == G5_OK, "%s: batched drafted: %s", label, e.msg);
+    for (uint32_t i = 0; i < N_PROMPTS && !st; i++) {
+        uint32_t tok_bad = 0, lg_one = 0, lg_many = 0, dr_n = 0, dr_bad = 0;
+        for (uint32_t j = 0; j < N_GEN; j++) {
+            tok_bad += one.tok[i][j] != ptok[i][j] || many.tok[i][j] != ptok[i][j];
+            lg_one += memcmp(one.lg[i] + (size_t)j * V, pl[i] + (size_t)j * V, row) != 0;
+            lg_many += memcmp(many.lg[i] + (size_t)j * V, pl[i] + (size_t)j * V, row) != 0;
+            if (!one.hd[i][j] || !many.hd[i][j]) {
+                dr_bad += one.hd[i][j] != many.hd[i][j];
+                continue;
+            }
+            dr_n++;
+            dr_bad += memcmp(one.dr[i] + (size_t)j * V, many.dr[i] + (size_t)j * V, row) != 0;
+        }
+        printf("%s: prompt %u, --draft mtp: %u of %u tokens differ from plain greedy; logits rows not bit-identical "
+               "to plain: %u alone, %u batched; draft logits batched vs alone: %u of %u steps differ; "
+               "%llu drafted, %llu accepted\n", label, i, tok_bad, N_GEN, lg_one, lg_many, dr_bad, dr_n,
+               (unsigned long long)many.ds[i].drafted, (unsigned long long)many.ds[i].accepted);
+        T_CHECK(tok_bad == 0, "%s: prompt %u: drafted greedy decoding differs in %u tokens", label, i, tok_bad);
+        T_CHECK(lg_one == 0 && lg_many == 0, "%s: prompt %u: %u / %u logits rows differ from plain decoding", label, i,
+                lg_one, lg_many);
+        T_CHECK(dr_bad == 0 && dr_n > 0, "%s: prompt %u: %u of %u draft rows differ between batched and alone", label, i,
+                dr_bad, dr_n);
+        T_CHECK(many.ds[i].drafted + many.ds[i].accepted == N_GEN - 1, "%s: prompt %u: %llu + %llu steps", label, i,
+                (unsigned long long)many.ds[i].drafted, (unsigned long long)many.ds[i].accepted);
+    }
+    for (uint32_t i = 0; i < N_PROMPTS; i++) {
+        free(pl[i]);
+        free(one.lg[i]);
+        free(one.dr[i]);
+        free(many.lg[i]);
+        free(many.dr[i]);
+    }
     rt_eng_free(en);
-    rt_gpu_reset(s->g);
+}
+
+/* Drafting over a prefix attached from the GPU store (engine.h opts.kv_prefix_hidden): prompts
+ * 0..2 side by side publish their blocks of PFX_BT positions, then run again attaching them: the
+ * drafters resume over the attached positions from the store's hidden states, so every logits
+ * row, draft row and draft count must be bit-identical to the run that prefilled the prompts
+ * (same engine, same block split), and the tokens those of plain greedy decoding. */
+enum { PFX_BT = 8 };
+
+static void run_draft_prefix(rt_wset *ws, rt_eng_precision prec, rt_eng_cache cache, const oracle *o,
+                             const char *label) {
+    rt_eng_opts eo;
+    rt_eng_opts_default(&eo);
+    eo.device = RT_ENG_CUDA;
+    eo.precision = prec;
+    eo.cache = cache;
+    eo.kv_prefix_cache = 1;
+    eo.kv_prefix_hidden = 1;
+    eo.prefix_block_tokens = PFX_BT;
+    eo.prefix_cache_bytes = 256ull << 20;
+    g5_error e = {0};
+    rt_eng *en = NULL;
+    g5_status st;
+    T_CHECK((st = rt_eng_create(ws, &eo, &en, &e)) == G5_OK, "%s: prefix engine: %s", label, e.msg);
+    if (!st) T_CHECK((st = rt_eng_load(en, &e)) == G5_OK, "%s: prefix engine load: %s", label, e.msg);
+    if (st) {
+        rt_eng_free(en);
+        return;
+    }
+    const uint32_t V = rt_eng_hparams(en)->n_vocab;
+    const size_t row = (size_t)V * 4, all = (size_t)N_GEN * row;
+    static drun ref, att;
+    const prompt *ps[N_PROMPTS];
+    int32_t ptok[N_PROMPTS][N_GEN];
+    float *pl = xmalloc(all);
+    for (uint32_t i = 0; i < N_PROMPTS; i++) {
+        ps[i] = &o->p[i];
+        ref.lg[i] = xmalloc(all);
+        ref.dr[i] = xmalloc(all);
+        att.lg[i] = xmalloc(all);
+        att.dr[i] = xmalloc(all);
+        if (!st) T_CHECK((st = plain_greedy(en, ps[i], pl, ptok[i], &e)) == G5_OK, "%s: plain greedy: %s", label, e.msg);
+    }
+    if (!st) T_CHECK((st = drafted_greedy(en, ps, N_PROMPTS, DR_PUBLISH, &ref, &e)) == G5_OK, "%s: publishing run: %s",
+                     label, e.msg);
+    const uint32_t cached = rt_eng_pool_n_cached(en);
+    if (!st) T_CHECK((st = drafted_greedy(en, ps, N_PROMPTS, DR_ATTACH, &att, &e)) == G5_OK, "%s: attached run: %s",
+                     label, e.msg);
+    for (uint32_t i = 0; i < N_PROMPTS && !st; i++) {
+        uint32_t tok_bad = 0, lg_bad = 0, dr_n = 0, dr_bad = 0;
+        for (uint32_t j = 0; j < N_GEN; j++) {
+            tok_bad += att.tok[i][j] != ptok[i][j] || ref.tok[i][j] != ptok[i][j];
+            lg_bad += memcmp(att.lg[i] + (size_t)j * V, ref.lg[i] + (size_t)j * V, row) != 0;
+            dr_bad += att.hd[i][j] != ref.hd[i][j];
+            if (!att.hd[i][j] || !ref.hd[i][j]) continue;
+            dr_n++;
+            dr_bad += memcmp(att.dr[i] + (size_t)j * V, ref.dr[i] + (size_t)j * V, row) != 0;
+        }
+        const uint32_t want = (ps[i]->n - 1) / PFX_BT * PFX_BT;
+        printf("%s: prompt %u (%u tokens), --draft mtp over %u attached positions (%u blocks in the store): %u tokens "
+               "differ from plain greedy, %u logits rows and %u of %u draft rows from the prefilled run; %llu/%llu "
+               "drafted, %llu/%llu accepted\n", label, i, ps[i]->n, att.reused[i], cached, tok_bad, lg_bad, dr_bad, dr_n,
+               (unsigned long long)att.ds[i].drafted, (unsigned long long)ref.ds[i].drafted,
+               (unsigned long long)att.ds[i].accepted, (unsigned long long)ref.ds[i].accepted);
+        T_CHECK(att.reused[i] == want && want > 0, "%s: prompt %u: %u positions attached, %u expected", label, i,
+                att.reused[i], want);
+        T_CHECK(tok_bad == 0 && lg_bad == 0, "%s: prompt %u: %u tokens, %u logits rows differ", label, i, tok_bad, lg_bad);
+        T_CHECK(dr_bad == 0 && dr_n > 0, "%s: prompt %u: %u of %u draft rows differ", label, i, dr_bad, dr_n);
+        T_CHECK(att.ds[i].drafted == ref.ds[i].drafted && att.ds[i].accepted == ref.ds[i].accepted,
+                "%s: prompt %u: draft counts differ", label, i);
+    }
+    for (uint32_t i = 0; i < N_PROMPTS; i++) {
+        free(ref.lg[i]);
+        free(ref.dr[i]);
+        free(att.lg[i]);
+        free(att.dr[i]);
+    }
     free(pl);
-    free(lg);
+    rt_eng_free(en);
 }
 
 /* ---- TP=2 weight tables with eh_proj split ---- */
@@ -474,7 +675,15 @@ int main(void) {
             run_all(&s, &o, N_PROMPTS, cfg[c].prec != RT_GPU_PRECISE, cfg[c].name);
             if (cfg[c].steps)
                 for (int i = 0; i < 2; i++) run_steps(&s, &o.p[i], i, cfg[c].prec != RT_GPU_PRECISE, cfg[c].name);
-            if (c == 0) run_draft(&s, &o.p[1], cfg[c].name);
+            /* drafting on an engine of its own over the same set */
+            if (c < 3)
+                run_draft(s.ws, cfg[c].prec == RT_GPU_PRECISE ? RT_ENG_PRECISE : RT_ENG_FAST,
+                          cfg[c].cache == RT_GPU_CACHE_BF16  ? RT_ENG_CACHE_BF16
+                          : cfg[c].cache == RT_GPU_CACHE_F16 ? RT_ENG_CACHE_F16
+                                                             : RT_ENG_CACHE_DEFAULT,
+                          c == 0, &o, cfg[c].name);
+            if (c == 0 || c == 1) run_draft_prefix(s.ws, c ? RT_ENG_FAST : RT_ENG_PRECISE,
+                                                   c ? RT_ENG_CACHE_BF16 : RT_ENG_CACHE_DEFAULT, &o, cfg[c].name);
         }
         if (ws) close_setup(&s);
     }
@@ -486,7 +695,8 @@ int main(void) {
         setup s;
         if (ws && open_setup(ws, dirs[1], &go, &s, "GPU MTP blobs TP=2 (eh_proj replicated)", NULL)) {
             run_all(&s, &o, N_PROMPTS, 0, "GPU MTP blobs TP=2 (eh_proj replicated)");
-            run_draft(&s, &o.p[1], "GPU MTP blobs TP=2 (eh_proj replicated)");
+            run_draft(s.ws, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0, &o, "GPU MTP blobs TP=2 (eh_proj replicated)");
+            run_draft_prefix(s.ws, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, &o, "GPU MTP blobs TP=2 (eh_proj replicated)");
         }
         if (ws) close_setup(&s);
     }

@@ -25,7 +25,8 @@
  * still bit-identical. Over loopback, in-process glm5-serve --device cuda servers with and
  * without the prefix cache (TP 1 precise and fast, TP 2 precise): four greedy completions of two
  * prompts sharing 140 tokens report cached_tokens 0, 128, 128, 160 and the ids of the server
- * without it; the hit counter and the store's block gauge move. Chunked prefill (same
+ * without it; the hit counter and the store's block gauge move; the same with --draft mtp on both
+ * servers (TP 1 precise and fast: drafting over attached prefixes, the drafts counter moving). Chunked prefill (same
  * configurations): a 300-token prompt on a server with --prefill-chunk 80 (2 blocks of 32) runs in
  * 5 chunks and gives the ids of a server that runs each prompt in one step, alone and while
  * another greedy request decodes; that one gets a decode step between every two chunks
@@ -244,6 +245,7 @@ typedef struct pcfg {
     rt_eng_precision prec;
     rt_eng_cache cache;
     int graph;
+    int draft; /* servers: --draft mtp */
 } pcfg;
 
 static g5_status open_eng(const pcfg *c, const char *dir, int store, uint64_t bytes, rt_eng **out, g5_error *e) {
@@ -397,6 +399,7 @@ static srv_server *start_gpu_server(const char *model, const pcfg *c, int prefix
     sc.gpu_prefix_block = PBT;
     sc.gpu_prefix_cache_mb = 64;
     sc.prefix_cache = prefix;
+    sc.draft_mtp = c->draft;
     srv_server *s = NULL;
     g5_error e = {0};
     T_CHECK(srv_create(&sc, &s, &e) == G5_OK, "%s: server (prefix cache %d): %s", c->name, prefix, e.msg);
@@ -475,6 +478,10 @@ static void prefix_server(const pcfg *c, const char *model) {
         T_CHECK(get_metric(pon, "glm5_prefix_cache_blocks") >= 5 && get_metric(poff, "glm5_prefix_cache_blocks") == 0,
                 "%s: glm5_prefix_cache_blocks %.0f / %.0f", c->name, get_metric(pon, "glm5_prefix_cache_blocks"),
                 get_metric(poff, "glm5_prefix_cache_blocks"));
+        if (c->draft) /* the drafters over attached prefixes resumed from the store's hidden states */
+            T_CHECK(get_metric(pon, "glm5_draft_tokens_total") > 0 && get_metric(poff, "glm5_draft_tokens_total") > 0,
+                    "%s: drafts made (%.0f / %.0f)", c->name, get_metric(pon, "glm5_draft_tokens_total"),
+                    get_metric(poff, "glm5_draft_tokens_total"));
         T_CHECK(idle_after(pon, 10) && idle_after(poff, 10), "%s: servers idle after the requests", c->name);
     }
     srv_free(on);
@@ -587,18 +594,22 @@ static int run_batch_tests(void) {
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
         if (have[cfg[i].tp2]) batch_vs_single(&cfg[i], dirs[cfg[i].tp2]);
     static const pcfg pc[] = {
-        {"prefix, TP=1 precise", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0},
-        {"prefix, TP=1 precise, CUDA graphs", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 1},
-        {"prefix, TP=1 fast (bf16 cache)", 0, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0},
-        {"prefix, TP=1 fast, f16 cache", 0, RT_ENG_FAST, RT_ENG_CACHE_F16, 0},
-        {"prefix, TP=2 precise", 1, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0},
-        {"prefix, TP=2 fast (bf16 cache)", 1, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0},
+        {"prefix, TP=1 precise", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0, 0},
+        {"prefix, TP=1 precise, CUDA graphs", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 1, 0},
+        {"prefix, TP=1 fast (bf16 cache)", 0, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 0},
+        {"prefix, TP=1 fast, f16 cache", 0, RT_ENG_FAST, RT_ENG_CACHE_F16, 0, 0},
+        {"prefix, TP=2 precise", 1, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0, 0},
+        {"prefix, TP=2 fast (bf16 cache)", 1, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 0},
+        {"prefix, TP=1 precise, --draft mtp", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0, 1},
+        {"prefix, TP=1 fast, --draft mtp", 0, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 1},
     };
     for (size_t i = 0; i < sizeof pc / sizeof pc[0]; i++)
-        if (have[pc[i].tp2]) prefix_engine(&pc[i], dirs[pc[i].tp2]);
+        if (have[pc[i].tp2] && !pc[i].draft) prefix_engine(&pc[i], dirs[pc[i].tp2]);
     if (have[0]) prefix_server(&pc[0], dirs[0]);
     if (have[0]) prefix_server(&pc[2], dirs[0]);
     if (have[1]) prefix_server(&pc[4], dirs[1]);
+    if (have[0]) prefix_server(&pc[6], dirs[0]);
+    if (have[0]) prefix_server(&pc[7], dirs[0]);
     if (have[0]) chunked_server(&pc[0], dirs[0]);
     if (have[0]) chunked_server(&pc[2], dirs[0]);
     if (have[1]) chunked_server(&pc[4], dirs[1]);
