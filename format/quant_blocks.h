@@ -233,14 +233,15 @@ QB_FN float qb_iq1_m(const uint8_t *b, int g, float *f, float *mb) {
  * ceil(v * 256 / 243); digit n of byte x is ((uint8)(x * 3^n) * 3) >> 8. Element order: the
  * five digit planes of qs[0..31], then of qs[32..47], then the four of qh. */
 QB_FN float qb_tq1_0(const uint8_t *b, int g, float *f, float *mb) {
+    /* a group lies in one digit plane of qs[0..31] (g < 20) or qs[32..47] (g < 30); the last
+     * two groups span two of qh's 4-element planes. x * 3^n mod 256 in one product. */
     for (int j = 0; j < 8; j++) {
-        const int e = 8 * g + j;
         int byte, n;
-        if (e < 160) n = e / 32, byte = e % 32;
-        else if (e < 240) n = (e - 160) / 16, byte = 32 + (e - 160) % 16;
-        else n = (e - 240) / 4, byte = 48 + (e - 240) % 4;
-        uint32_t q = b[byte];
-        for (int k = 0; k < n; k++) q = (q * 3) & 0xFF; /* x * 3^n mod 256 */
+        if (g < 20) n = g >> 2, byte = 8 * (g & 3) + j;
+        else if (g < 30) n = (g - 20) >> 1, byte = 32 + 8 * ((g - 20) & 1) + j;
+        else n = (8 * (g - 30) + j) >> 2, byte = 48 + (j & 3);
+        const uint32_t p3 = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
+        const uint32_t q = ((uint32_t)b[byte] * p3) & 0xFF;
         f[j] = (float)((int)((q * 3) >> 8) - 1);
     }
     *mb = 0.0f;
