@@ -59,7 +59,16 @@ enum {
     QB_B_TQ2_0 = 66, QB_B_MXFP4 = 17, QB_B_NVFP4 = 36
 };
 
-QB_FN uint32_t qb_u16(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
+/* Little-endian 16/32-bit fields. Every use is at an even offset of a block of even size, and
+ * such blocks start at even addresses (rows of whole blocks, 16-byte aligned tensors), so the
+ * GPU reads one 16-bit word where the host reads two bytes. */
+QB_FN uint32_t qb_u16(const uint8_t *p) {
+#ifdef __CUDA_ARCH__
+    return *(const uint16_t *)p;
+#else
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+#endif
+}
 QB_FN uint32_t qb_u32(const uint8_t *p) { return qb_u16(p) | (qb_u16(p + 2) << 16); }
 QB_FN float qb_bits(uint32_t u) {
 #ifdef __CUDA_ARCH__
@@ -68,6 +77,24 @@ QB_FN float qb_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+#endif
+}
+/* (float)v, exact for |v| < 2^22. On the GPU one integer add into the mantissa of 1.5 * 2^23
+ * and one float subtraction: the conversion instruction runs at a quarter of the FMA rate
+ * there, and the decoders below convert every element. */
+QB_FN float qb_i2f(int v) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+#else
+    return (float)v;
+#endif
+}
+/* v with its sign flipped when bit 0 of s is set (-0.0 for v = 0, as -v gives). */
+QB_FN float qb_neg_if(float v, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(__float_as_uint(v) ^ ((s & 1u) << 31));
+#else
+    return s & 1 ? -v : v;
 #endif
 }
 /* IEEE half to float (exact). */
@@ -106,8 +133,7 @@ QB_FN uint32_t qb_ksigns(uint32_t i) {
 /* f[j] = byte j of the grid row, negated where bit j of signs is set. */
 QB_FN void qb_grid8(uint64_t row, uint32_t signs, float *f) {
     for (int j = 0; j < 8; j++) {
-        const float v = (float)(int)((row >> (8 * j)) & 0xFF);
-        f[j] = (signs >> j) & 1 ? -v : v;
+        f[j] = qb_neg_if(qb_i2f((int)((row >> (8 * j)) & 0xFF)), signs >> j);
     }
 }
 QB_FN void qb_grid4x2(uint32_t r0, uint32_t r1, uint32_t signs, float *f) {
@@ -123,9 +149,9 @@ QB_FN float qb_q2_k(const uint8_t *b, int g, float *f, float *mb) {
     const uint32_t s = b[g >> 1];
     const float d = qb_half(qb_u16(b + 80)), dmin = qb_half(qb_u16(b + 82));
     const uint8_t *q = b + 16 + 32 * n + 16 * half + l0;
-    for (int j = 0; j < 8; j++) f[j] = (float)(int)((q[j] >> shift) & 3);
-    *mb = qb_mul(dmin, (float)(int)(s >> 4));
-    return qb_mul(d, (float)(int)(s & 0xF));
+    for (int j = 0; j < 8; j++) f[j] = qb_i2f((int)((q[j] >> shift) & 3));
+    *mb = qb_mul(dmin, qb_i2f((int)(s >> 4)));
+    return qb_mul(d, qb_i2f((int)(s & 0xF)));
 }
 
 /* Q3_K: hmask[32], qs[64], scales[12], d. Same walk as Q2_K; the high bit (hmask bit
@@ -141,10 +167,10 @@ QB_FN float qb_q3_k(const uint8_t *b, int g, float *f, float *mb) {
     const int k0 = 16 * half + l0;
     for (int j = 0; j < 8; j++) {
         const int q = (b[32 + 32 * n + k0 + j] >> shift) & 3;
-        f[j] = (float)(q - ((b[k0 + j] & m) ? 0 : 4));
+        f[j] = qb_i2f(q - ((b[k0 + j] & m) ? 0 : 4));
     }
     *mb = 0.0f;
-    return qb_mul(qb_half(qb_u16(b + 108)), (float)scale);
+    return qb_mul(qb_half(qb_u16(b + 108)), qb_i2f(scale));
 }
 
 /* IQ2_XXS: d, then per 32 elements two words: 4 grid bytes; 4 x 7 sign bits and a 4-bit
@@ -155,7 +181,7 @@ QB_FN float qb_iq2_xxs(const uint8_t *b, int g, float *f, float *mb) {
     const uint32_t aux1 = qb_u32(q + 4);
     qb_grid8(QB_TAB(iq2xxs)[q[l]], qb_ksigns((aux1 >> (7 * l)) & 127), f);
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + (float)(aux1 >> 28)), 0.25f);
+    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)(aux1 >> 28))), 0.25f);
 }
 
 /* IQ2_XS: d, qs[32] (9-bit grid index, 7 sign bits), scales[8] (a nibble per 16 elements). */
@@ -164,7 +190,7 @@ QB_FN float qb_iq2_xs(const uint8_t *b, int g, float *f, float *mb) {
     qb_grid8(QB_TAB(iq2xs)[q & 511], qb_ksigns(q >> 9), f);
     const uint32_t s = (b[66 + (g >> 2)] >> (4 * ((g >> 1) & 1))) & 0xF;
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + (float)s), 0.25f);
+    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)s)), 0.25f);
 }
 
 /* IQ2_S: d, qs[32] (grid index low bits), signs[32], qh[8] (2 high index bits a group),
@@ -174,7 +200,7 @@ QB_FN float qb_iq2_s(const uint8_t *b, int g, float *f, float *mb) {
     qb_grid8(QB_TAB(iq2s)[idx], b[34 + g], f);
     const uint32_t s = (b[74 + (g >> 2)] >> (4 * ((g >> 1) & 1))) & 0xF;
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + (float)s), 0.25f);
+    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)s)), 0.25f);
 }
 
 /* IQ3_XXS: d, qs[64] (grid indices, 4 elements each), then a word per 32 elements: 4 x 7
@@ -185,7 +211,7 @@ QB_FN float qb_iq3_xxs(const uint8_t *b, int g, float *f, float *mb) {
     const uint8_t *q = b + 2 + 8 * ib + 2 * l;
     qb_grid4x2(QB_TAB(iq3xxs)[q[0]], QB_TAB(iq3xxs)[q[1]], qb_ksigns((aux >> (7 * l)) & 127), f);
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + (float)(aux >> 28)), 0.5f);
+    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)(aux >> 28))), 0.5f);
 }
 
 /* IQ3_S: d, qs[64] (grid index low bits, 4 elements each), qh[8] (9th bits), signs[32],
@@ -198,7 +224,7 @@ QB_FN float qb_iq3_s(const uint8_t *b, int g, float *f, float *mb) {
     qb_grid4x2(QB_TAB(iq3s)[x0], QB_TAB(iq3s)[x1], b[74 + g], f);
     const uint32_t s = (b[106 + (g >> 3)] >> (4 * ((g >> 2) & 1))) & 0xF;
     *mb = 0.0f;
-    return qb_mul(qb_half(qb_u16(b)), (float)(int)(1 + 2 * s));
+    return qb_mul(qb_half(qb_u16(b)), qb_i2f((int)(1 + 2 * s)));
 }
 
 /* IQ1_S: d, qs[32] (grid index low bytes), qh[8] words per 32 elements: 3 high index bits per
@@ -208,9 +234,9 @@ QB_FN float qb_iq1_s(const uint8_t *b, int g, float *f, float *mb) {
     const uint32_t qh = qb_u16(b + 34 + 2 * ib);
     const uint64_t row = QB_TAB(iq1s)[b[2 + g] | (((qh >> (3 * l)) & 7) << 8)];
     const float delta = qh & 0x8000 ? -0.125f : 0.125f;
-    for (int j = 0; j < 8; j++) f[j] = (float)(int8_t)(uint8_t)(row >> (8 * j)) + delta;
+    for (int j = 0; j < 8; j++) f[j] = qb_i2f((int8_t)(uint8_t)(row >> (8 * j))) + delta;
     *mb = 0.0f;
-    return qb_mul(qb_half(qb_u16(b)), (float)(int)(2 * ((qh >> 12) & 7) + 1));
+    return qb_mul(qb_half(qb_u16(b)), qb_i2f((int)(2 * ((qh >> 12) & 7) + 1)));
 }
 
 /* IQ1_M: qs[32], qh[16] (a nibble per group: 3 index bits, the delta's sign), scales[8]: four
@@ -221,12 +247,12 @@ QB_FN float qb_iq1_m(const uint8_t *b, int g, float *f, float *mb) {
     const uint32_t nib = (b[32 + (g >> 1)] >> (4 * (g & 1))) & 0xF;
     const uint64_t row = QB_TAB(iq1s)[b[g] | ((nib & 7) << 8)];
     const float delta = nib & 8 ? -0.125f : 0.125f;
-    for (int j = 0; j < 8; j++) f[j] = (float)(int8_t)(uint8_t)(row >> (8 * j)) + delta;
+    for (int j = 0; j < 8; j++) f[j] = qb_i2f((int8_t)(uint8_t)(row >> (8 * j))) + delta;
     const int k = g >> 1; /* 16-element scale index 0..15 */
     const uint32_t sw = qb_u16(b + 48 + 2 * (k >> 2));
     const uint32_t s = (sw >> (3 * (k & 3))) & 7;
     *mb = 0.0f;
-    return qb_mul(qb_half(dh), (float)(int)(2 * s + 1));
+    return qb_mul(qb_half(dh), qb_i2f((int)(2 * s + 1)));
 }
 
 /* TQ1_0: qs[48], qh[4], d. Base-3 digits packed five (qs) or four (qh) to a byte as
@@ -242,7 +268,7 @@ QB_FN float qb_tq1_0(const uint8_t *b, int g, float *f, float *mb) {
         else n = (8 * (g - 30) + j) >> 2, byte = 48 + (j & 3);
         const uint32_t p3 = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
         const uint32_t q = ((uint32_t)b[byte] * p3) & 0xFF;
-        f[j] = (float)((int)((q * 3) >> 8) - 1);
+        f[j] = qb_i2f((int)((q * 3) >> 8) - 1);
     }
     *mb = 0.0f;
     return qb_half(qb_u16(b + 52));
@@ -251,7 +277,7 @@ QB_FN float qb_tq1_0(const uint8_t *b, int g, float *f, float *mb) {
 /* TQ2_0: qs[64] (2-bit digits, four planes per 32 bytes), d. */
 QB_FN float qb_tq2_0(const uint8_t *b, int g, float *f, float *mb) {
     const int chunk = g >> 4, plane = (g >> 2) & 3, m0 = 8 * (g & 3);
-    for (int j = 0; j < 8; j++) f[j] = (float)((int)((b[32 * chunk + m0 + j] >> (2 * plane)) & 3) - 1);
+    for (int j = 0; j < 8; j++) f[j] = qb_i2f((int)((b[32 * chunk + m0 + j] >> (2 * plane)) & 3) - 1);
     *mb = 0.0f;
     return qb_half(qb_u16(b + 64));
 }
@@ -259,8 +285,8 @@ QB_FN float qb_tq2_0(const uint8_t *b, int g, float *f, float *mb) {
 /* e2m1 levels doubled (ggml's kvalues_mxfp4); the scales carry the half. */
 QB_FN float qb_fp4(uint32_t nib) {
     const uint32_t m = nib & 7; /* 0 1 2 3 4 6 8 12 */
-    const float v = (float)(int)(m < 4 ? m : (2 + (m & 1)) << ((m >> 1) - 1));
-    return nib & 8 ? -v : v; /* level 8 is -0: gguf-py's int8 table holds +0 (0 * d below) */
+    const float v = qb_i2f((int)(m < 4 ? m : (2 + (m & 1)) << ((m >> 1) - 1)));
+    return qb_neg_if(v, nib >> 3); /* level 8 is -0: gguf-py's int8 table holds +0 (0 * d below) */
 }
 
 /* MXFP4: e (E8M0 exponent), qs[16] (element j: low nibble of qs[j], element 16 + j: high).
