@@ -196,10 +196,6 @@ static g5_status gpu_call(rt_eng_seq *s, const int32_t *tokens, uint32_t n, cons
     return rt_gpu_forward_seq(x->g, gseq(s), tokens, n, any ? &go : NULL, err);
 }
 
-/* With opts.prefix_block_tokens (bt): the tokens in calls that end at the multiples of bt and at
- * the last one (engine.h, prefix caching: what makes a block's bits those of one call of exactly
- * its positions), each call's rows of the outputs in place; a call of exactly the block after
- * s->n_exact extends it. All or nothing: on failure s is truncated back. */
 /* opts.kv_prefix_hidden: s->hid holds positions [0, need). */
 static g5_status hid_room(rt_eng_seq *s, uint64_t need, g5_error *err) {
     if (need <= s->hid_cap) return G5_OK;
@@ -234,6 +230,10 @@ static g5_status gpu_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, c
     return G5_OK;
 }
 
+/* With opts.prefix_block_tokens (bt): the tokens in calls that end at the multiples of bt and at
+ * the last one (engine.h, prefix caching: what makes a block's bits those of one call of exactly
+ * its positions), each call's rows of the outputs in place; a call of exactly the block after
+ * s->n_exact extends it. All or nothing: on failure s is truncated back. */
 static g5_status gpu_prefill_blocks(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out,
                                     g5_error *err) {
     const uint32_t bt = s->e->o.prefix_block_tokens;

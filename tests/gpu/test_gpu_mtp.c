@@ -376,6 +376,30 @@ static g5_status drafted_greedy(rt_eng *en, const prompt *const *p, uint32_t n, 
     return st;
 }
 
+/* The CUDA engine options of the drafting runs. */
+static rt_eng_opts draft_opts(rt_eng_precision prec, rt_eng_cache cache) {
+    rt_eng_opts eo;
+    rt_eng_opts_default(&eo);
+    eo.device = RT_ENG_CUDA;
+    eo.precision = prec;
+    eo.cache = cache;
+    return eo;
+}
+
+/* A created and loaded engine, or NULL with the failure counted. */
+static rt_eng *draft_engine(rt_wset *ws, const rt_eng_opts *eo, const char *label) {
+    g5_error e = {0};
+    rt_eng *en = NULL;
+    g5_status st;
+    T_CHECK((st = rt_eng_create(ws, eo, &en, &e)) == G5_OK, "%s: engine: %s", label, e.msg);
+    if (!st) T_CHECK((st = rt_eng_load(en, &e)) == G5_OK, "%s: engine load: %s", label, e.msg);
+    if (st) {
+        rt_eng_free(en);
+        return NULL;
+    }
+    return en;
+}
+
 /* Greedy decoding with the drafter (every step a draft, mostly rejected on the random oracle, so
  * the main caches drop a position nearly every step) on a CUDA engine over ws: prompts 0..2 each
  * alone and all three side by side (begin_many + one decode_rows per step) against plain
@@ -384,21 +408,12 @@ static g5_status drafted_greedy(rt_eng *en, const prompt *const *p, uint32_t n, 
  * logits of the batched run bit-identical to those of each prompt alone. */
 static void run_draft(rt_wset *ws, rt_eng_precision prec, rt_eng_cache cache, int graph, const oracle *o,
                       const char *label) {
-    rt_eng_opts eo;
-    rt_eng_opts_default(&eo);
-    eo.device = RT_ENG_CUDA;
-    eo.precision = prec;
-    eo.cache = cache;
+    rt_eng_opts eo = draft_opts(prec, cache);
     eo.cuda_graph = graph;
+    rt_eng *en = draft_engine(ws, &eo, label);
+    if (!en) return;
     g5_error e = {0};
-    rt_eng *en = NULL;
-    g5_status st;
-    T_CHECK((st = rt_eng_create(ws, &eo, &en, &e)) == G5_OK, "%s: engine: %s", label, e.msg);
-    if (!st) T_CHECK((st = rt_eng_load(en, &e)) == G5_OK, "%s: engine load: %s", label, e.msg);
-    if (st) {
-        rt_eng_free(en);
-        return;
-    }
+    g5_status st = G5_OK;
     const uint32_t V = rt_eng_hparams(en)->n_vocab;
     const size_t row = (size_t)V * 4, all = (size_t)N_GEN * row;
     float *pl[N_PROMPTS];
@@ -468,24 +483,15 @@ enum { PFX_BT = 8 };
 
 static void run_draft_prefix(rt_wset *ws, rt_eng_precision prec, rt_eng_cache cache, const oracle *o,
                              const char *label) {
-    rt_eng_opts eo;
-    rt_eng_opts_default(&eo);
-    eo.device = RT_ENG_CUDA;
-    eo.precision = prec;
-    eo.cache = cache;
+    rt_eng_opts eo = draft_opts(prec, cache);
     eo.kv_prefix_cache = 1;
     eo.kv_prefix_hidden = 1;
     eo.prefix_block_tokens = PFX_BT;
     eo.prefix_cache_bytes = 256ull << 20;
+    rt_eng *en = draft_engine(ws, &eo, label);
+    if (!en) return;
     g5_error e = {0};
-    rt_eng *en = NULL;
-    g5_status st;
-    T_CHECK((st = rt_eng_create(ws, &eo, &en, &e)) == G5_OK, "%s: prefix engine: %s", label, e.msg);
-    if (!st) T_CHECK((st = rt_eng_load(en, &e)) == G5_OK, "%s: prefix engine load: %s", label, e.msg);
-    if (st) {
-        rt_eng_free(en);
-        return;
-    }
+    g5_status st = G5_OK;
     const uint32_t V = rt_eng_hparams(en)->n_vocab;
     const size_t row = (size_t)V * 4, all = (size_t)N_GEN * row;
     static drun ref, att;
