@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
         hx[i] = (float)((i * 37 % 101) - 50) / 50.0f;
         uint32_t u;
         memcpy(&u, &hx[i], 4);
-        hb[i] = (uint16_t)(u >> 16); /* exact: the values have few mantissa bits set */
+        hb[i] = (uint16_t)(u >> 16); /* truncated: only the magnitudes matter to a timing */
     }
     CK(cudaMemcpy(x, hx, sizeof(float) * K, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(xb, hb, sizeof(uint16_t) * K, cudaMemcpyHostToDevice));
