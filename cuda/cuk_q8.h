@@ -13,7 +13,8 @@
  * stored k bytes after q and k / 16 floats after ds as (d2, 0) pairs, and s = fma(d2, sum q2, s):
  * the second plane is an ordinary int8 row whose products are added to the first's.
  * Products: per weight sub-block, the int32 dot product of the integer quants with q is scaled by
- * the weight scale and d; min terms (Q4_K, Q5_K) use s. Every output element is the sum of its
+ * the weight scale and d; min terms (Q4_K, Q5_K) use s, Q2_K's the integer sum of q over its
+ * 16-element run. Every output element is the sum of its
  * row's 64-element units in one fixed order: unit u goes to residue u % 32, each residue sums its
  * units in ascending order (plane 0 then plane 1 of each), and the 32 residue sums are added as
  * the pairwise tree over residues 0..31 in order; every rounding is explicit (cuda/q8_load.cuh).
@@ -58,7 +59,9 @@ typedef struct cuk_q8_quantize_args {
 g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream stream, g5_error *err);
 
 /* 1 if the int8 kernels take weights of this type with rows of k elements: Q4_K, Q5_K, Q6_K
- * (k % 256 == 0) and Q8_0 (k % 64 == 0). */
+ * and the low-bit types Q2_K, Q3_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS,
+ * TQ1_0, TQ2_0 (k % 256 == 0), Q8_0, IQ4_NL, MXFP4 and NVFP4 (k % 64 == 0). The low-bit types' units:
+ * cuda/q8_lowbit.cuh (each weight an exact int8 times a per-16 or per-32 float scale). */
 int cuk_q8_takes(uint32_t w_type, int64_t k);
 
 /* y[v][i] = sum_j W[i][j] x'[v][j], x' the dequantized int8 rows of x, v < n <= CUK_Q8_MAX_N. */

@@ -15,55 +15,15 @@
  *   gemv_q8t.cu reproduces bit for bit.
  * - MoE: grid.y = plan group (cuda/cuk.h), its pairs the vectors; gate_up warps take 2 gate rows
  *   and the same 2 up rows of the group's expert and store silu(g) * u, down warps 2 rows into
- *   the pairs' part rows, summed over slots by moe_combine. */
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
-
-#include "cuda/cuk_internal.cuh"
-#include "cuda/cuk_q8.h"
-#include "cuda/moe_plan.cuh"
-#include "cuda/q8_load.cuh"
-#include "cuda/warp_tile.cuh"
+ *   the pairs' part rows, summed over slots by moe_combine.
+ * The kernels are templates in gemv_q8_kern.cuh; this file holds the K-quants' and Q8_0's units,
+ * the quantizer and the host API, gemv_q8_lb*.cu the low-bit types' units (q8_lowbit.cuh). */
+#include "cuda/gemv_q8_kern.cuh"
 
 namespace cuk {
 namespace q8 {
 
-constexpr int WARPS = 8;
-
-using q8l::h2f;
-using q8l::k4_scale;
-using q8l::ldg128;
-using q8l::ldg32;
-using q8l::ldg_f4;
-using q8l::q6_add;
-using q8l::unit_k4;
-using q8l::unit_q8_0;
-
-__device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
-__device__ __forceinline__ uint32_t u4get(const uint4 &v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-/* 16 bytes from an even address: 5 aligned words shifted into 4. */
-__device__ __forceinline__ void ld16_a2(const uint8_t *p, uint32_t (&o)[4]) {
-    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
-    uint32_t w[5];
-#pragma unroll
-    for (int i = 0; i < 5; i++) w[i] = ldg32(a + i);
-#pragma unroll
-    for (int i = 0; i < 4; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
-}
-
-/* One vector's int8 row (q) and block pairs (ds), both at the row's start. */
-struct Xrow {
-    const int8_t *q;
-    const float *ds;
-};
-
 /* ---- per type: the raw bytes of one unit, and its dot product with one x row ---- */
-
-template <int T> struct Raw;
 
 template <> struct Raw<QT_Q4_K> {
     uint4 hdr, qa, qb;
@@ -112,19 +72,6 @@ template <> struct Raw<QT_Q8_0> {
     }
 };
 
-/* The x row's 64 elements of unit u for the 64-element-contiguous types (blocks 2u, 2u + 1). */
-struct X64 {
-    uint4 q[4];
-    float4 ds; /* d0, s0, d1, s1 */
-    __device__ void load(const Xrow &x, int u) {
-        const int8_t *p = x.q + (int64_t)u * 64;
-#pragma unroll
-        for (int i = 0; i < 4; i++) q[i] = ldg128(p + 16 * i);
-        ds = ldg_f4(x.ds + (int64_t)u * 4);
-    }
-    __device__ uint32_t word(int i) const { return u4get(q[i >> 2], i & 3); }
-};
-
 /* Q6_K: quarter j's 16 elements of unit u (elements 256b + 128h + 32j + 16i ..) and the d of
  * blocks 8b + 4h + j. */
 struct X6 {
@@ -141,7 +88,6 @@ struct X6 {
     }
 };
 
-template <int T> struct XOf { using type = X64; };
 template <> struct XOf<QT_Q6_K> { using type = X6; };
 
 __device__ __forceinline__ float dot(const Raw<QT_Q4_K> &w, const X64 &x, int u) {
@@ -217,151 +163,6 @@ __device__ __forceinline__ float dot(const Raw<QT_Q8_0> &w, const X64 &x, int) {
     return unit_q8_0(h2f(w.w[0]), h2f(w.w[8] >> 16), x.ds.x, x.ds.z, (float)s0, (float)s1);
 }
 
-/* Butterfly sum over the warp with the offsets ascending (1, 2, .., 16): each total is the
- * pairwise tree over the lanes in their natural order, ((l0 + l1) + (l2 + l3)) + ..., the order
- * gemv_q8t.cu rebuilds from its per-residue sums (cuda/cuk_q8.h). */
-template <int R, int NV> __device__ __forceinline__ void warp_sum_asc(float (&a)[R][NV]) {
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int v = 0; v < NV; v++) a[r][v] = __fadd_rn(a[r][v], __shfl_xor_sync(0xffffffffu, a[r][v], off));
-}
-
-/* acc[r][v] += row r's units of this lane times vector v (v < nvec); P = 2: the second plane
- * (the same layout k bytes and k / 16 floats further, s = 0) added after the first. */
-template <int T, int R, int NV, int P>
-__device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int units, const Xrow (&xv)[NV], int nvec,
-                                         int lane, float (&acc)[R][NV]) {
-    using XT = typename XOf<T>::type;
-    const int64_t qo = (int64_t)units * 64, dso = (int64_t)units * 4;
-    for (int u = lane; u < units; u += 32) {
-        Raw<T> w[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) w[r].load(rowp[r], u);
-#pragma unroll
-        for (int v = 0; v < NV; v++) {
-            if (v < nvec) {
-#pragma unroll
-                for (int pl = 0; pl < P; pl++) {
-                    XT x;
-                    x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
-#pragma unroll
-                    for (int r = 0; r < R; r++) acc[r][v] = __fadd_rn(acc[r][v], dot(w[r], x, u));
-                }
-            }
-        }
-    }
-}
-
-/* Rows per warp: G groups of R rows, one after the other (G = 4 where a row has at most one unit
- * per lane, so a warp keeps loads in flight across groups instead of exiting after one). */
-static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 ? 4 : 1; }
-
-/* Plain GEMV. Grid: ceil(m / (2 G WARPS)) CTAs of WARPS warps; warp w of CTA c takes the G row
- * pairs from 2 G (c WARPS + w). */
-template <int T, int NV, int G, int P>
-__global__ void __launch_bounds__(WARPS * 32, 2)
-    k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
-              int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
-              int64_t ldy) {
-    constexpr int R = 2;
-    const int lane = threadIdx.x & 31;
-    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    Xrow xv[NV];
-#pragma unroll
-    for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
-#pragma unroll
-    for (int gi = 0; gi < G; gi++) {
-        const int64_t r0 = (wi * G + gi) * R;
-        if (r0 >= m) return;
-        const uint8_t *rowp[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
-        float acc[R][NV] = {};
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
-        warp_sum_asc<R, NV>(acc);
-        const float val = pick<R, NV>(acc, lane);
-        const int r = lane / NV, v = lane % NV;
-        if (lane < R * NV && v < nvec && r0 + r < m) y[(int64_t)v * ldy + r0 + r] = val;
-    }
-}
-
-/* MoE gate+up. Grid: x = ceil(m / (G WARPS)), y = plan group. Warp: G times a gate row and the
- * same up row of the group's expert (R = 2 rows sharing each x load; 4 rows needed up to 179
- * registers). */
-template <int T, int NV, int G, int P>
-__global__ void __launch_bounds__(WARPS * 32, 2)
-    k_gate_up_q8(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, int64_t rb, int64_t m,
-                 int units, const int32_t *__restrict__ plan, int n_pairs, int top_k,
-                 const int8_t *__restrict__ xq, int64_t ldq, const float *__restrict__ xds, int64_t ldds,
-                 float *__restrict__ out, int64_t ldo) {
-    constexpr int R = 2;
-    const PlanView pv(plan, n_pairs);
-    const int grp = blockIdx.y;
-    if (grp >= pv.n_groups()) return;
-    const int lane = threadIdx.x & 31;
-    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
-    const int64_t eoff = (int64_t)e * m * rb;
-    Xrow xv[NV];
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        const int64_t t = v < nvec ? pv.pair(pos0 + v) / top_k : 0;
-        xv[v] = Xrow{xq + t * ldq, xds + t * ldds};
-    }
-#pragma unroll
-    for (int gi = 0; gi < G; gi++) {
-        const int64_t m0 = wi * G + gi;
-        if (m0 >= m) return;
-        const uint8_t *rowp[R] = {wg + eoff + m0 * rb, wu + eoff + m0 * rb};
-        float acc[R][NV] = {};
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
-        warp_sum_asc<R, NV>(acc);
-        const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + NV);
-        if (lane < nvec) {
-            out[(int64_t)pv.pair(pos0 + lane) * ldo + m0] = g / (1.0f + expf(-g)) * up;
-        }
-    }
-}
-
-/* MoE down. Grid: x = ceil(m / (2 G WARPS)), y = plan group; rows of the pairs' part rows. */
-template <int T, int NV, int G, int P>
-__global__ void __launch_bounds__(WARPS * 32, 2)
-    k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
-              int n_pairs, const int8_t *__restrict__ hq, int64_t ldq, const float *__restrict__ hds, int64_t ldds,
-              float *__restrict__ part, int64_t ldp) {
-    constexpr int R = 2;
-    const PlanView pv(plan, n_pairs);
-    const int grp = blockIdx.y;
-    if (grp >= pv.n_groups()) return;
-    const int lane = threadIdx.x & 31;
-    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
-    const uint8_t *we = w + (int64_t)e * m * rb;
-    Xrow xv[NV];
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        const int64_t p = v < nvec ? pv.pair(pos0 + v) : 0;
-        xv[v] = Xrow{hq + p * ldq, hds + p * ldds};
-    }
-#pragma unroll
-    for (int gi = 0; gi < G; gi++) {
-        const int64_t r0 = (wi * G + gi) * R;
-        if (r0 >= m) return;
-        const uint8_t *rowp[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
-        float acc[R][NV] = {};
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
-        warp_sum_asc<R, NV>(acc);
-        const float val = pick<R, NV>(acc, lane);
-        const int r = lane / NV, v = lane % NV;
-        if (lane < R * NV && v < nvec && r0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + r] = val;
-    }
-}
-
 /* Quantizer. Grid: (ceil(k / 32 / 8), n); block: 8 warps, warp = one 32-element block, lane =
  * one element. A NaN or infinity in the block makes d NaN (the products then carry it). P = 2:
  * the residual x - d q as a second plane with d2 = d / 254, s the sum of both planes. */
@@ -416,7 +217,9 @@ extern "C" int cuk_q8_takes(uint32_t t, int64_t k) {
     if (k <= 0 || k > (1LL << 24)) return 0;
     switch (t) {
     case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return k % 256 == 0;
-    case QT_Q8_0: return k % 64 == 0;
+    case QT_Q8_0: case QT_MXFP4: case QT_NVFP4: case QT_IQ4_NL: return k % 64 == 0;
+    case QT_Q2_K: case QT_Q3_K: case QT_IQ1_S: case QT_IQ1_M: case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S:
+    case QT_IQ3_XXS: case QT_IQ3_S: case QT_IQ4_XS: case QT_TQ1_0: case QT_TQ2_0: return k % 256 == 0;
     default: return 0;
     }
 }
@@ -474,47 +277,20 @@ extern "C" g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream s
     return G5_OK;
 }
 
-/* The launch of one kernel instance: L<T, NV, G, P>::run. run_type picks the instance of a call
- * from the weight type, the vector width nv (1, 2, 4 or 8 up to MAXNV), the row groups of k
- * (q8::groups_for) and the planes of x. */
-template <template <int, int, int, int> class L, int T, int NV, class A>
-static void run_gp(const A *a, int64_t rb, int units, int planes, cudaStream_t st) {
-    const bool g4 = q8::groups_for(units) == 4;
-    if (planes == 2) {
-        if (g4) L<T, NV, 4, 2>::run(a, rb, st);
-        else L<T, NV, 1, 2>::run(a, rb, st);
-    } else {
-        if (g4) L<T, NV, 4, 1>::run(a, rb, st);
-        else L<T, NV, 1, 1>::run(a, rb, st);
-    }
-}
-template <template <int, int, int, int> class L, int MAXNV, int T, class A>
-static void run_nv(const A *a, int nv, int64_t rb, int units, int planes, cudaStream_t st) {
-    static_assert(MAXNV == 4 || MAXNV == 8, "run_nv: widths 1, 2, 4 (, 8)");
-    if (nv <= 1) run_gp<L, T, 1>(a, rb, units, planes, st);
-    else if (nv <= 2) run_gp<L, T, 2>(a, rb, units, planes, st);
-    else if (MAXNV == 4 || nv <= 4) run_gp<L, T, 4>(a, rb, units, planes, st);
-    else if constexpr (MAXNV == 8) run_gp<L, T, 8>(a, rb, units, planes, st);
-}
 template <template <int, int, int, int> class L, int MAXNV, class A>
-static void run_type(uint32_t t, const A *a, int nv, int64_t rb, int64_t k, int planes, cudaStream_t st) {
+static void run_type(int kind, uint32_t t, const A *a, int nv, int64_t rb, int64_t k, int planes, cudaStream_t st) {
     const int units = (int)(k / 64);
     switch (t) {
     case QT_Q4_K: run_nv<L, MAXNV, QT_Q4_K>(a, nv, rb, units, planes, st); break;
     case QT_Q5_K: run_nv<L, MAXNV, QT_Q5_K>(a, nv, rb, units, planes, st); break;
     case QT_Q6_K: run_nv<L, MAXNV, QT_Q6_K>(a, nv, rb, units, planes, st); break;
-    default: run_nv<L, MAXNV, QT_Q8_0>(a, nv, rb, units, planes, st); break;
+    case QT_Q8_0: run_nv<L, MAXNV, QT_Q8_0>(a, nv, rb, units, planes, st); break;
+    default: /* cuk_q8_takes admitted t: one of the low-bit files holds it */
+        if (!q8_lb_run_a(kind, t, a, nv, rb, k, planes, st) && !q8_lb_run_b(kind, t, a, nv, rb, k, planes, st))
+            q8_lb_run_c(kind, t, a, nv, rb, k, planes, st);
+        break;
     }
 }
-
-template <int T, int NV, int G, int P> struct GemvL {
-    static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-        const int64_t per = 2 * G * q8::WARPS, grid = (a->m + per - 1) / per;
-        q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
-            (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
-            a->ldy);
-    }
-};
 
 extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
     if (!a) return BAD("gemv_q8: args is NULL");
@@ -526,7 +302,7 @@ extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g
     if (!a->y) return BAD("gemv_q8: y is NULL");
     if (a->ldy < a->m) return BAD("gemv_q8: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     static_assert(CUK_Q8_MAX_N == 8, "cuk_gemv_q8: widths 1, 2, 4, 8");
-    run_type<GemvL, 8>(a->w_type, a, a->n, rb, a->k, a->x.planes, (cudaStream_t)stream);
+    run_type<GemvL, 8>(Q8_GEMV, a->w_type, a, a->n, rb, a->k, a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
@@ -542,20 +318,6 @@ static g5_status check_moe(const char *what, int32_t n_expert, const int32_t *id
     return G5_OK;
 }
 
-/* Vectors per launch from the batch: a plan group holds at most min(n_tok, CUK_MOE_GROUP). */
-static int moe_nv(int n_tok) { return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4; }
-static_assert(CUK_MOE_GROUP == 4, "moe_nv: groups of 4");
-
-template <int T, int NV, int G, int P> struct GateUpL {
-    static void run(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
-        const int n_pairs = a->n_tok * a->top_k;
-        const int64_t per = G * q8::WARPS;
-        const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
-        q8::k_gate_up_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>(
-            (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, (int)(a->k / 64), a->plan, n_pairs,
-            a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo);
-    }
-};
 
 /* The argument checks of both MoE gate_up kernels (this file's and gemv_q8t.cu's). */
 g5_status cuk::q8_moe_gate_up_check(const char *what, const cuk_moe_gate_up_q8_args *a, int64_t *rb, g5_error *err) {
@@ -573,21 +335,10 @@ extern "C" g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_st
     int64_t rb = 0;
     const g5_status st = q8_moe_gate_up_check("moe_gate_up_q8", a, &rb, err);
     if (st != G5_OK) return st;
-    run_type<GateUpL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->x.planes, (cudaStream_t)stream);
+    run_type<GateUpL, 4>(Q8_GATE_UP, a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
-
-template <int T, int NV, int G, int P> struct DownL {
-    static void run(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
-        const int n_pairs = a->n_tok * a->top_k;
-        const int64_t per = 2 * G * q8::WARPS;
-        const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
-        q8::k_down_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
-                                                                 a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,
-                                                                 a->h.ldds, a->part, a->ldp);
-    }
-};
 
 g5_status cuk::q8_moe_down_check(const char *what, const cuk_moe_down_q8_args *a, int64_t *rb, g5_error *err) {
     if (!a) return BAD("%s: args is NULL", what);
@@ -626,7 +377,7 @@ extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream s
     int64_t rb = 0;
     const g5_status st = q8_moe_down_check("moe_down_q8", a, &rb, err);
     if (st != G5_OK) return st;
-    run_type<DownL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, (cudaStream_t)stream);
+    run_type<DownL, 4>(Q8_DOWN, a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return q8_moe_combine(a, (cudaStream_t)stream, err);
 }

@@ -7,7 +7,9 @@
  * per call, four disjoint expert sets in rotation so that L2 holds none; x float32). Prints per
  * type and kernel: MB read per launch, us per launch (mean of 50 after 2 warm-ups), GB/s and the
  * ratio to a device-to-device cudaMemcpy of 512 MiB measured in the same run (counted read +
- * written). Usage: bench_types [iters] */
+ * written). Types with int8-input kernels (fast mode's decode: cuda/cuk_q8.h) also get those
+ * rows: the GEMV with one and two int8 planes of x, and the two expert kernels with one. Usage:
+ * bench_types [iters] */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "cuda/cuk.h"
+#include "cuda/cuk_q8.h"
 #include "format/quant.h"
 
 #include "tests/gpu/bench_util.h"
@@ -64,6 +67,12 @@ static int fill_pool(uint32_t type, uint8_t *pool, uint64_t bytes, uint64_t stri
     return 1;
 }
 
+/* int8 copies of x (two planes' room) and of the experts' h rows (cuda/cuk_q8.h). */
+static struct {
+    int8_t *q, *hq;
+    float *ds, *hds;
+} q8;
+
 static void bench_gemv_type(uint32_t type, uint8_t *pool, const float *x, const uint16_t *xb, float *y,
                             int iters, double rate, cudaEvent_t a, cudaEvent_t b) {
     const quant_type_info *ti = quant_type_get(type);
@@ -85,6 +94,22 @@ static void bench_gemv_type(uint32_t type, uint8_t *pool, const float *x, const 
         CK(cudaEventRecord(b, NULL));
         CK(cudaEventSynchronize(b));
         row(ti->name, xt ? "gemv, x bf16" : "gemv, x f32", (double)bytes, elapsed_ms(a, b) * 1e-3 / iters, rate);
+    }
+    if (!cuk_q8_takes(type, K)) return;
+    for (int planes = 1; planes <= 2; planes++) {
+        const cuk_q8_quantize_args qa = {x, K, K, 1, q8.q, 2 * K, q8.ds, 2 * K / 16, planes};
+        GK(cuk_q8_quantize(&qa, NULL, &err_));
+        cuk_gemv_q8_args g = {type, pool, K, M, {q8.q, 2 * K, q8.ds, 2 * K / 16, planes}, 1, y, M};
+        for (int i = 0; i < 2; i++) GK(cuk_gemv_q8(&g, NULL, &err_));
+        CK(cudaEventRecord(a, NULL));
+        for (int i = 0; i < iters; i++) {
+            g.w = pool + (uint64_t)(i % copies) * stride;
+            GK(cuk_gemv_q8(&g, NULL, &err_));
+        }
+        CK(cudaEventRecord(b, NULL));
+        CK(cudaEventSynchronize(b));
+        row(ti->name, planes == 1 ? "gemv, x int8" : "gemv, x int8 two planes", (double)bytes,
+            elapsed_ms(a, b) * 1e-3 / iters, rate);
     }
 }
 
@@ -125,6 +150,31 @@ static void bench_moe_type(uint32_t type, uint8_t *pool, const float *x, float *
     CK(cudaEventRecord(b, NULL));
     CK(cudaEventSynchronize(b));
     row(ti->name, "moe_down 8 of 32, 6144 x 2048", (double)TOPK * EMBD * rb_dn, elapsed_ms(a, b) * 1e-3 / iters, rate);
+    if (!cuk_q8_takes(type, EMBD) || !cuk_q8_takes(type, FF)) return;
+    const cuk_q8_quantize_args qx = {x, EMBD, EMBD, 1, q8.q, EMBD, q8.ds, EMBD / 16, 1};
+    const cuk_q8_quantize_args qh = {h, FF, FF, TOPK, q8.hq, FF, q8.hds, FF / 16, 1};
+    GK(cuk_q8_quantize(&qx, NULL, &err_));
+    GK(cuk_q8_quantize(&qh, NULL, &err_));
+    cuk_moe_gate_up_q8_args gq = {type, pool, pool + s_up, EMBD, FF, E, NULL, TOPK, TOPK, {q8.q, EMBD, q8.ds, EMBD / 16, 1},
+                                  1, h, FF, NULL};
+    cuk_moe_down_q8_args dq = {type, pool + 2 * s_up, FF, EMBD, E, NULL, wts, TOPK, TOPK, TOPK,
+                               {q8.hq, FF, q8.hds, FF / 16, 1}, 1, y, EMBD, NULL, part, EMBD};
+    for (int i = 0; i < iters + 2; i++) {
+        if (i == 2) CK(cudaEventRecord(a, NULL));
+        gq.ids = ids[i % SETS], gq.plan = plan[i % SETS];
+        GK(cuk_moe_gate_up_q8(&gq, NULL, &err_));
+    }
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    row(ti->name, "moe_gate_up, x int8", 2.0 * TOPK * FF * rb_up, elapsed_ms(a, b) * 1e-3 / iters, rate);
+    for (int i = 0; i < iters + 2; i++) {
+        if (i == 2) CK(cudaEventRecord(a, NULL));
+        dq.ids = ids[i % SETS], dq.plan = plan[i % SETS];
+        GK(cuk_moe_down_q8(&dq, NULL, &err_));
+    }
+    CK(cudaEventRecord(b, NULL));
+    CK(cudaEventSynchronize(b));
+    row(ti->name, "moe_down, h int8", (double)TOPK * EMBD * rb_dn, elapsed_ms(a, b) * 1e-3 / iters, rate);
 }
 
 int main(int argc, char **argv) {
@@ -143,6 +193,10 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&h, sizeof(float) * TOPK * FF));
     CK(cudaMalloc((void **)&part, sizeof(float) * TOPK * EMBD));
     CK(cudaMalloc((void **)&wts, sizeof(float) * TOPK));
+    CK(cudaMalloc((void **)&q8.q, 2 * K));
+    CK(cudaMalloc((void **)&q8.ds, sizeof(float) * 2 * K / 16));
+    CK(cudaMalloc((void **)&q8.hq, TOPK * FF));
+    CK(cudaMalloc((void **)&q8.hds, sizeof(float) * TOPK * FF / 16));
     float *hx = malloc(sizeof(float) * K);
     uint16_t *hb = malloc(sizeof(uint16_t) * K);
     if (!hx || !hb) return 2;
@@ -192,5 +246,9 @@ int main(int argc, char **argv) {
     CK(cudaFree(h));
     CK(cudaFree(part));
     CK(cudaFree(wts));
+    CK(cudaFree(q8.q));
+    CK(cudaFree(q8.ds));
+    CK(cudaFree(q8.hq));
+    CK(cudaFree(q8.hds));
     return 0;
 }

@@ -2,7 +2,9 @@
  * - cuk_q8_quantize bit-exact against its CPU emulation here (d = amax / 127, q = rint(x / d),
  *   s = d * sum q; the second plane of the residual), including an all-zero block and a block
  *   holding a NaN (d NaN); one plane within 4e-3 of x, two within 3e-5 (rel L2);
- * - cuk_gemv_q8, cuk_moe_gate_up_q8 and cuk_moe_down_q8 for Q4_K, Q5_K, Q6_K and Q8_0 against a
+ * - cuk_gemv_q8, cuk_moe_gate_up_q8 and cuk_moe_down_q8 for Q4_K, Q5_K, Q6_K, Q8_0 and the low-bit
+ *   types (Q2_K, Q3_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0,
+ *   TQ2_0, MXFP4, NVFP4: cuda/q8_lowbit.cuh) against a
  *   float64 product of quant_dequantize's weights with the dequantized int8 rows d * q: rel L2
  *   <= 1e-5 per output vector (float32 sums; a wrong block, scale, nibble or row gives O(1)),
  *   shapes with odd m, one unit per lane and several, n = 1..8;
@@ -28,7 +30,9 @@
 #define G5_TEST_SEED 0x9a8e11ull
 #include "tests/gpu/gpu_test_util.h"
 
-static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
+static const uint32_t TYPES[] = {QT_Q4_K,  QT_Q5_K,  QT_Q6_K,  QT_Q8_0,   QT_Q2_K,  QT_Q3_K,  QT_IQ1_S,
+                                 QT_IQ1_M, QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_TQ1_0,
+                                 QT_TQ2_0, QT_MXFP4, QT_NVFP4, QT_IQ4_NL, QT_IQ4_XS};
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 /* The quantizer's CPU emulation for one row of k (planes 2: the residual plane at q + k and
@@ -537,8 +541,11 @@ static void test_refusals(void) {
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG, "refused: Q4_K k=320 (%s)", err.msg);
     const cuk_q8_quantize_args qa = {dx, 48, 48, 1, q, 48, ds, 4, 1};
     T_CHECK(cuk_q8_quantize(&qa, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "k=48"), "refused: quantize k=48 (%s)", err.msg);
-    T_CHECK(cuk_q8_takes(QT_Q8_0, 64) && !cuk_q8_takes(QT_Q8_0, 96) && cuk_q8_takes(QT_Q6_K, 512) && !cuk_q8_takes(QT_F32, 64),
-            "cuk_q8_takes: Q8_0 k%%64, K-quants k%%256, nothing else");
+    T_CHECK(cuk_q8_takes(QT_Q8_0, 64) && !cuk_q8_takes(QT_Q8_0, 96) && cuk_q8_takes(QT_Q6_K, 512) && !cuk_q8_takes(QT_F32, 64) &&
+                cuk_q8_takes(QT_MXFP4, 64) && !cuk_q8_takes(QT_MXFP4, 32) && cuk_q8_takes(QT_NVFP4, 64) &&
+                cuk_q8_takes(QT_IQ1_S, 256) && !cuk_q8_takes(QT_IQ2_XXS, 192) && cuk_q8_takes(QT_IQ4_XS, 256) &&
+                cuk_q8_takes(QT_IQ4_NL, 64) && !cuk_q8_takes(QT_IQ4_NL, 32) && !cuk_q8_takes(QT_Q4_0, 256),
+            "cuk_q8_takes: Q8_0, IQ4_NL, MXFP4, NVFP4 k%%64, the other K- and i-quants k%%256, not Q4_0, F32");
     CK(cudaFree(dx));
     CK(cudaFree(q));
     CK(cudaFree(ds));
@@ -563,6 +570,7 @@ int main(void) {
             test_moe(t, 256, 512, planes, 5);
             test_moe(t, 40, 2560, planes, 40);  /* gate_up only: a part tile, 10 steps, paired groups */
             test_moe(t, 512, 2560, planes, 24); /* down over 2 steps, residue groups 2..7 empty */
+            if (!cuk_q8t_takes(t, 256)) continue; /* the low-bit types have no tensor-core kernel */
             test_gemv_t(t, 37, 512, planes);  /* two steps, a part tile */
             test_gemv_t(t, 64, 2048, planes); /* two warps per tile */
             test_gemv_t(t, 9, 6144, planes);  /* eight warps per tile */

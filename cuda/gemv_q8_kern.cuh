@@ -1,0 +1,299 @@
+/* Internal to cuda/: the int8-input dp4a kernels of gemv_q8.cu (GEMV, MoE gate+up, MoE down) as
+ * templates over the weight type, and their launchers. A weight type plugs in with
+ *   template <> struct Raw<T> { void load(const uint8_t *row, int u); }   the bytes of unit u,
+ *   decode(const Raw<T> &, int u)   what the unit's dot products read (Dec<T>::type; the K-quants
+ *                                   read Raw itself),
+ *   float dot(const Dec<T>::type &, const XOf<T>::type &x, int u)   the unit's float32 value,
+ * visible before the launchers are instantiated. gemv_q8.cu instantiates the K-quants and Q8_0,
+ * gemv_q8_lb*.cu the low-bit types (cuda/q8_lowbit.cuh), so that no one file compiles them all.
+ * Layout of the work and numerics: gemv_q8.cu's head comment and cuda/cuk_q8.h. */
+#ifndef G5_GEMV_Q8_KERN_CUH
+#define G5_GEMV_Q8_KERN_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_q8.h"
+#include "cuda/moe_plan.cuh"
+#include "cuda/q8_load.cuh"
+#include "cuda/warp_tile.cuh"
+
+namespace cuk {
+namespace q8 {
+
+constexpr int WARPS = 8;
+
+using q8l::h2f;
+using q8l::k4_scale;
+using q8l::ldg128;
+using q8l::ldg32;
+using q8l::ldg_f4;
+using q8l::q6_add;
+using q8l::unit_k4;
+using q8l::unit_q8_0;
+
+__device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
+__device__ __forceinline__ uint32_t u4get(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+/* 16 bytes from an even address: 5 aligned words shifted into 4. */
+__device__ __forceinline__ void ld16_a2(const uint8_t *p, uint32_t (&o)[4]) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
+    uint32_t w[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) w[i] = ldg32(a + i);
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+/* One vector's int8 row (q) and block pairs (ds), both at the row's start. */
+struct Xrow {
+    const int8_t *q;
+    const float *ds;
+};
+
+/* ---- per type: the raw bytes of one unit (specialized by each type) ---- */
+
+template <int T> struct Raw;
+
+/* The x row's 64 elements of unit u for the 64-element-contiguous types (blocks 2u, 2u + 1). */
+struct X64 {
+    uint4 q[4];
+    float4 ds; /* d0, s0, d1, s1 */
+    __device__ void load(const Xrow &x, int u) {
+        const int8_t *p = x.q + (int64_t)u * 64;
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = ldg128(p + 16 * i);
+        ds = ldg_f4(x.ds + (int64_t)u * 4);
+    }
+    __device__ uint32_t word(int i) const { return u4get(q[i >> 2], i & 3); }
+};
+
+
+/* What a unit's x rows are read as (X64 but for Q6_K), and what its weights are decoded to before
+ * the dot products with them (the raw bytes themselves, but for the low-bit types). */
+template <int T> struct XOf { using type = X64; };
+template <int T> struct Dec { using type = Raw<T>; };
+template <int T> __device__ __forceinline__ const Raw<T> &decode(const Raw<T> &w, int) { return w; }
+
+/* Butterfly sum over the warp with the offsets ascending (1, 2, .., 16): each total is the
+ * pairwise tree over the lanes in their natural order, ((l0 + l1) + (l2 + l3)) + ..., the order
+ * gemv_q8t.cu rebuilds from its per-residue sums (cuda/cuk_q8.h). */
+template <int R, int NV> __device__ __forceinline__ void warp_sum_asc(float (&a)[R][NV]) {
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int v = 0; v < NV; v++) a[r][v] = __fadd_rn(a[r][v], __shfl_xor_sync(0xffffffffu, a[r][v], off));
+}
+
+/* acc[r][v] += row r's units of this lane times vector v (v < nvec); P = 2: the second plane
+ * (the same layout k bytes and k / 16 floats further, s = 0) added after the first. */
+template <int T, int R, int NV, int P>
+__device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int units, const Xrow (&xv)[NV], int nvec,
+                                         int lane, float (&acc)[R][NV]) {
+    using XT = typename XOf<T>::type;
+    const int64_t qo = (int64_t)units * 64, dso = (int64_t)units * 4;
+    for (int u = lane; u < units; u += 32) {
+        Raw<T> w[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) w[r].load(rowp[r], u);
+        typename Dec<T>::type dw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) dw[r] = decode(w[r], u);
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            if (v < nvec) {
+#pragma unroll
+                for (int pl = 0; pl < P; pl++) {
+                    XT x;
+                    x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r][v] = __fadd_rn(acc[r][v], dot(dw[r], x, u));
+                }
+            }
+        }
+    }
+}
+
+/* Rows per warp: G groups of R rows, one after the other (G = 4 where a row has at most one unit
+ * per lane, so a warp keeps loads in flight across groups instead of exiting after one). */
+static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 ? 4 : 1; }
+
+/* Plain GEMV. Grid: ceil(m / (2 G WARPS)) CTAs of WARPS warps; warp w of CTA c takes the G row
+ * pairs from 2 G (c WARPS + w). */
+template <int T, int NV, int G, int P>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
+              int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
+              int64_t ldy) {
+    constexpr int R = 2;
+    const int lane = threadIdx.x & 31;
+    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    Xrow xv[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t r0 = (wi * G + gi) * R;
+        if (r0 >= m) return;
+        const uint8_t *rowp[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
+        float acc[R][NV] = {};
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
+        warp_sum_asc<R, NV>(acc);
+        const float val = pick<R, NV>(acc, lane);
+        const int r = lane / NV, v = lane % NV;
+        if (lane < R * NV && v < nvec && r0 + r < m) y[(int64_t)v * ldy + r0 + r] = val;
+    }
+}
+
+/* MoE gate+up. Grid: x = ceil(m / (G WARPS)), y = plan group. Warp: G times a gate row and the
+ * same up row of the group's expert (R = 2 rows sharing each x load; 4 rows needed up to 179
+ * registers). */
+template <int T, int NV, int G, int P>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    k_gate_up_q8(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, int64_t rb, int64_t m,
+                 int units, const int32_t *__restrict__ plan, int n_pairs, int top_k,
+                 const int8_t *__restrict__ xq, int64_t ldq, const float *__restrict__ xds, int64_t ldds,
+                 float *__restrict__ out, int64_t ldo) {
+    constexpr int R = 2;
+    const PlanView pv(plan, n_pairs);
+    const int grp = blockIdx.y;
+    if (grp >= pv.n_groups()) return;
+    const int lane = threadIdx.x & 31;
+    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
+    const int64_t eoff = (int64_t)e * m * rb;
+    Xrow xv[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        const int64_t t = v < nvec ? pv.pair(pos0 + v) / top_k : 0;
+        xv[v] = Xrow{xq + t * ldq, xds + t * ldds};
+    }
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t m0 = wi * G + gi;
+        if (m0 >= m) return;
+        const uint8_t *rowp[R] = {wg + eoff + m0 * rb, wu + eoff + m0 * rb};
+        float acc[R][NV] = {};
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
+        warp_sum_asc<R, NV>(acc);
+        const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + NV);
+        if (lane < nvec) {
+            out[(int64_t)pv.pair(pos0 + lane) * ldo + m0] = g / (1.0f + expf(-g)) * up;
+        }
+    }
+}
+
+/* MoE down. Grid: x = ceil(m / (2 G WARPS)), y = plan group; rows of the pairs' part rows. */
+template <int T, int NV, int G, int P>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
+              int n_pairs, const int8_t *__restrict__ hq, int64_t ldq, const float *__restrict__ hds, int64_t ldds,
+              float *__restrict__ part, int64_t ldp) {
+    constexpr int R = 2;
+    const PlanView pv(plan, n_pairs);
+    const int grp = blockIdx.y;
+    if (grp >= pv.n_groups()) return;
+    const int lane = threadIdx.x & 31;
+    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
+    const uint8_t *we = w + (int64_t)e * m * rb;
+    Xrow xv[NV];
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        const int64_t p = v < nvec ? pv.pair(pos0 + v) : 0;
+        xv[v] = Xrow{hq + p * ldq, hds + p * ldds};
+    }
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t r0 = (wi * G + gi) * R;
+        if (r0 >= m) return;
+        const uint8_t *rowp[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
+        float acc[R][NV] = {};
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
+        warp_sum_asc<R, NV>(acc);
+        const float val = pick<R, NV>(acc, lane);
+        const int r = lane / NV, v = lane % NV;
+        if (lane < R * NV && v < nvec && r0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + r] = val;
+    }
+}
+
+} // namespace q8
+
+/* The launch of one kernel instance: L<T, NV, G, P>::run. run_type picks the instance of a call
+ * from the weight type, the vector width nv (1, 2, 4 or 8 up to MAXNV), the row groups of k
+ * (q8::groups_for) and the planes of x. */
+template <template <int, int, int, int> class L, int T, int NV, class A>
+static void run_gp(const A *a, int64_t rb, int units, int planes, cudaStream_t st) {
+    const bool g4 = q8::groups_for(units) == 4;
+    if (planes == 2) {
+        if (g4) L<T, NV, 4, 2>::run(a, rb, st);
+        else L<T, NV, 1, 2>::run(a, rb, st);
+    } else {
+        if (g4) L<T, NV, 4, 1>::run(a, rb, st);
+        else L<T, NV, 1, 1>::run(a, rb, st);
+    }
+}
+template <template <int, int, int, int> class L, int MAXNV, int T, class A>
+static void run_nv(const A *a, int nv, int64_t rb, int units, int planes, cudaStream_t st) {
+    static_assert(MAXNV == 4 || MAXNV == 8, "run_nv: widths 1, 2, 4 (, 8)");
+    if (nv <= 1) run_gp<L, T, 1>(a, rb, units, planes, st);
+    else if (nv <= 2) run_gp<L, T, 2>(a, rb, units, planes, st);
+    else if (MAXNV == 4 || nv <= 4) run_gp<L, T, 4>(a, rb, units, planes, st);
+    else if constexpr (MAXNV == 8) run_gp<L, T, 8>(a, rb, units, planes, st);
+}
+
+template <int T, int NV, int G, int P> struct GemvL {
+    static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int64_t per = 2 * G * q8::WARPS, grid = (a->m + per - 1) / per;
+        q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
+            (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
+            a->ldy);
+    }
+};
+
+/* Vectors per launch from the batch: a plan group holds at most min(n_tok, CUK_MOE_GROUP). */
+static inline int moe_nv(int n_tok) { return n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : 4; }
+static_assert(CUK_MOE_GROUP == 4, "moe_nv: groups of 4");
+
+template <int T, int NV, int G, int P> struct GateUpL {
+    static void run(const cuk_moe_gate_up_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int n_pairs = a->n_tok * a->top_k;
+        const int64_t per = G * q8::WARPS;
+        const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
+        q8::k_gate_up_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>(
+            (const uint8_t *)a->w_gate, (const uint8_t *)a->w_up, rb, a->m, (int)(a->k / 64), a->plan, n_pairs,
+            a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo);
+    }
+};
+
+template <int T, int NV, int G, int P> struct DownL {
+    static void run(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int n_pairs = a->n_tok * a->top_k;
+        const int64_t per = 2 * G * q8::WARPS;
+        const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
+        q8::k_down_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
+                                                                 a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,
+                                                                 a->h.ldds, a->part, a->ldp);
+    }
+};
+
+/* The low-bit types' launches (gemv_q8_lb*.cu): kind Q8_GEMV takes a cuk_gemv_q8_args, Q8_GATE_UP
+ * a cuk_moe_gate_up_q8_args, Q8_DOWN a cuk_moe_down_q8_args; nv as run_nv's. Each returns 1 where
+ * its file holds type t (and launched), else 0. */
+enum { Q8_GEMV, Q8_GATE_UP, Q8_DOWN };
+int q8_lb_run_a(int kind, uint32_t t, const void *a, int nv, int64_t rb, int64_t k, int planes, cudaStream_t st);
+int q8_lb_run_b(int kind, uint32_t t, const void *a, int nv, int64_t rb, int64_t k, int planes, cudaStream_t st);
+int q8_lb_run_c(int kind, uint32_t t, const void *a, int nv, int64_t rb, int64_t k, int planes, cudaStream_t st);
+
+} // namespace cuk
+
+#endif
