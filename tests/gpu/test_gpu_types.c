@@ -93,6 +93,25 @@ static rt_gpu_model *gpu_of(rt_model *m, rt_wset *ws, int gemm, rt_gpu_precision
     return g;
 }
 
+/* --check's machinery on g (reset first): the prompt, then two decode steps, under cko (its
+ * report to stdout); 1 with *sm filled when every call ran. */
+static int checked_run(rt_model *m, rt_gpu_model *g, const int32_t *tok, rt_gpu_check_opts *cko, float *logits,
+                       const char *lb, rt_gpu_check_summary *sm) {
+    g5_error e = {0};
+    rt_gpu_reset(g);
+    cko->n_tokens = 100000;
+    cko->report = stdout;
+    rt_gpu_check *c = NULL;
+    T_CHECK(rt_gpu_check_create(m, g, cko, &c, &e) == G5_OK, "%s: check create: %s", lb, e.msg);
+    rt_gpu_outputs gl = {.logits = logits};
+    int cok = c && rt_gpu_check_forward(c, tok, N_PROMPT, &gl, &e) == G5_OK;
+    for (int i = 0; cok && i < 2; i++) cok = rt_gpu_check_forward(c, &tok[N_PROMPT + i], 1, &gl, &e) == G5_OK;
+    T_CHECK(cok, "%s: checked forward: %s", lb, e.msg);
+    if (cok) rt_gpu_check_get_summary(c, sm);
+    rt_gpu_check_free(c);
+    return cok;
+}
+
 /* Fast mode's decode path (GEMV: int8 inputs for every type with an int8 kernel, cuda/cuk_q8.h),
  * one rank (the stage runs need it):
  * - `--check`'s fast verdict on its stages: each layer's attention and FFN/MoE and the output
@@ -137,29 +156,18 @@ static void check_fast(rt_model *m, rt_wset *ws, const int32_t *tok, const float
     } else {
         T_CHECK(0, "%s: NextN: %s", lb, e.msg);
     }
-    rt_gpu_reset(g);
     rt_gpu_check_opts cko;
     rt_gpu_check_opts_default(&cko);
-    cko.n_tokens = 100000;
     cko.tol_stage = cko.tol_logits = 5e-2;
     cko.stagewise = 1;
-    cko.report = stdout;
-    rt_gpu_check *c = NULL;
-    T_CHECK(rt_gpu_check_create(m, g, &cko, &c, &e) == G5_OK, "%s: check create: %s", lb, e.msg);
-    rt_gpu_outputs gl = {.logits = dgot};
-    int cok = c && rt_gpu_check_forward(c, tok, N_PROMPT, &gl, &e) == G5_OK;
-    for (int i = 0; cok && i < 2; i++) cok = rt_gpu_check_forward(c, &tok[N_PROMPT + i], 1, &gl, &e) == G5_OK;
-    T_CHECK(cok, "%s: checked forward: %s", lb, e.msg);
-    if (c) {
-        rt_gpu_check_summary sm;
-        rt_gpu_check_get_summary(c, &sm);
+    rt_gpu_check_summary sm;
+    if (checked_run(m, g, tok, &cko, dgot, lb, &sm)) {
         printf("%s: --check over %u tokens: stages attention %.3e, FFN/MoE %.3e, head %.3e; end to end %.3e "
                "(reported)\n", lb, sm.n_tokens, sm.max_stage_attn, sm.max_stage_ffn, sm.head_rel_l2, sm.logits_rel_l2);
         T_CHECK(sm.max_stage_attn <= 5e-2 && sm.max_stage_ffn <= 5e-2 && sm.head_rel_l2 <= 5e-2,
                 "%s: a stage past 5e-2 (attention %.3e, FFN/MoE %.3e, head %.3e)", lb, sm.max_stage_attn,
                 sm.max_stage_ffn, sm.head_rel_l2);
     }
-    rt_gpu_check_free(c);
     free(dgot);
     rt_gpu_model_free(g);
 }
@@ -216,28 +224,17 @@ static void check_blobs(const char *dir, uint32_t tp, const char *preset) {
             else T_CHECK(0, "%s: decode: %s", lb, e.msg);
         }
         { /* --check's machinery on the same model */
-            rt_gpu_reset(g);
             rt_gpu_check_opts cko;
             rt_gpu_check_opts_default(&cko);
-            cko.n_tokens = 100000;
             cko.tol_logits = k_tol_prompt; /* as the prompt logits above: these random weights' logits are
                                               ill-conditioned (measured: last layer within 1.2e-5, head
                                               2.4e-7, end to end 1.3e-3 on ud-q3_k_xl's GEMM path) */
-            cko.report = stdout;
-            rt_gpu_check *c = NULL;
-            T_CHECK(rt_gpu_check_create(m, g, &cko, &c, &e) == G5_OK, "%s: check create: %s", lb, e.msg);
-            rt_gpu_outputs gl = {.logits = sgot};
-            int cok = c && rt_gpu_check_forward(c, tok, N_PROMPT, &gl, &e) == G5_OK;
-            for (int i = 0; cok && i < 2; i++) cok = rt_gpu_check_forward(c, &tok[N_PROMPT + i], 1, &gl, &e) == G5_OK;
-            T_CHECK(cok, "%s: checked forward: %s", lb, e.msg);
-            if (c) {
-                rt_gpu_check_summary sm;
-                rt_gpu_check_get_summary(c, &sm);
+            rt_gpu_check_summary sm;
+            if (checked_run(m, g, tok, &cko, sgot, lb, &sm)) {
                 printf("%s: --check over %u tokens: %s, logits rel L2 %.3e\n", lb, sm.n_tokens, sm.ok ? "ok" : "FAILED",
                        sm.logits_rel_l2);
                 T_CHECK(sm.ok, "%s: --check failed", lb);
             }
-            rt_gpu_check_free(c);
         }
         rt_gpu_model_free(g);
     }
