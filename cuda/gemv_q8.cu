@@ -25,6 +25,17 @@ namespace q8 {
 
 /* ---- per type: the raw bytes of one unit, and its dot product with one x row ---- */
 
+/* 16 bytes from an even address: 5 aligned words shifted into 4. */
+__device__ __forceinline__ void ld16_a2(const uint8_t *p, uint32_t (&o)[4]) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
+    uint32_t w[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) w[i] = ldg32(a + i);
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
 template <> struct Raw<QT_Q4_K> {
     uint4 hdr, qa, qb;
     __device__ void load(const uint8_t *row, int u) {

@@ -37,16 +37,6 @@ __device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) { return __dp4
 __device__ __forceinline__ uint32_t u4get(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
-/* 16 bytes from an even address: 5 aligned words shifted into 4. */
-__device__ __forceinline__ void ld16_a2(const uint8_t *p, uint32_t (&o)[4]) {
-    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
-    uint32_t w[5];
-#pragma unroll
-    for (int i = 0; i < 5; i++) w[i] = ldg32(a + i);
-#pragma unroll
-    for (int i = 0; i < 4; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
-}
 
 /* One vector's int8 row (q) and block pairs (ds), both at the row's start. */
 struct Xrow {
@@ -70,7 +60,6 @@ struct X64 {
     }
     __device__ uint32_t word(int i) const { return u4get(q[i >> 2], i & 3); }
 };
-
 
 /* What a unit's x rows are read as (X64 but for Q6_K), and what its weights are decoded to before
  * the dot products with them (the raw bytes themselves, but for the low-bit types). */

@@ -62,7 +62,8 @@ template <int OFF, int N> __device__ __forceinline__ uint32_t word_at(const uint
     else return __funnelshift_r(w[OFF / 4], w[OFF / 4 + 1], 8 * (OFF % 4));
 }
 
-/* The 8 sign bits of a grid group (7 stored, the 8th making the count of minus signs even). */
+/* The 8 sign bits of a grid group (7 stored, the 8th making the count of minus signs even):
+ * qb_ksigns with the parity from one popc. */
 __device__ __forceinline__ uint32_t ksigns(uint32_t s7) { return s7 | ((__popc(s7) & 1u) << 7); }
 /* 4 int8 values v negated where bits 0..3 of s are set. */
 __device__ __forceinline__ uint32_t sgn4(uint32_t v, uint32_t s) {
@@ -126,7 +127,7 @@ __device__ __forceinline__ Lb<QT_IQ2_XXS> decode(const Raw<QT_IQ2_XXS> &w, int) 
         for (int l = 0; l < 4; l++)
             grid8(QB_TAB(iq2xxs)[(g >> (8 * l)) & 0xFFu], ksigns((s >> (7 * l)) & 127u), o.q[8 * j + 2 * l],
                   o.q[8 * j + 2 * l + 1]);
-        o.a[j] = qb_mul(qb_mul(d, 0.5f + qb_i2f((int)(s >> 28))), 0.25f);
+        o.a[j] = qb_iq2_scale(d, s >> 28);
     }
     return o;
 }
@@ -151,7 +152,7 @@ __device__ __forceinline__ Lb<QT_IQ2_XS> decode(const Raw<QT_IQ2_XS> &w, int) {
         grid8(QB_TAB(iq2xs)[v & 511u], ksigns(v >> 9), o.q[2 * i], o.q[2 * i + 1]);
     }
 #pragma unroll
-    for (int r = 0; r < 4; r++) o.a[r] = qb_mul(qb_mul(d, 0.5f + qb_i2f((int)((w.sc >> (4 * r)) & 0xFu))), 0.25f);
+    for (int r = 0; r < 4; r++) o.a[r] = qb_iq2_scale(d, (w.sc >> (4 * r)) & 0xFu);
     return o;
 }
 
@@ -179,7 +180,7 @@ __device__ __forceinline__ Lb<QT_IQ2_S> decode(const Raw<QT_IQ2_S> &w, int) {
         grid8(QB_TAB(iq2s)[idx], (w.sg[i >> 2] >> sh) & 0xFFu, o.q[2 * i], o.q[2 * i + 1]);
     }
 #pragma unroll
-    for (int r = 0; r < 4; r++) o.a[r] = qb_mul(qb_mul(d, 0.5f + qb_i2f((int)((w.sc >> (4 * r)) & 0xFu))), 0.25f);
+    for (int r = 0; r < 4; r++) o.a[r] = qb_iq2_scale(d, (w.sc >> (4 * r)) & 0xFu);
     return o;
 }
 
@@ -206,7 +207,7 @@ __device__ __forceinline__ Lb<QT_IQ3_XXS> decode(const Raw<QT_IQ3_XXS> &w, int) 
         o.q[2 * i + 1] = sgn4(QB_TAB(iq3xxs)[(h >> 8) & 0xFFu], s >> 4);
     }
 #pragma unroll
-    for (int j = 0; j < 2; j++) o.a[j] = qb_mul(qb_mul(d, 0.5f + qb_i2f((int)(w.aux[j] >> 28))), 0.5f);
+    for (int j = 0; j < 2; j++) o.a[j] = qb_iq3xxs_scale(d, w.aux[j] >> 28);
     return o;
 }
 
@@ -237,7 +238,7 @@ __device__ __forceinline__ Lb<QT_IQ3_S> decode(const Raw<QT_IQ3_S> &w, int) {
         o.q[2 * i + 1] = sgn4(QB_TAB(iq3s)[x1], s >> 4);
     }
 #pragma unroll
-    for (int j = 0; j < 2; j++) o.a[j] = qb_mul(d, qb_i2f((int)(1 + 2 * ((w.sc >> (4 * j)) & 0xFu))));
+    for (int j = 0; j < 2; j++) o.a[j] = qb_iq3s_scale(d, (w.sc >> (4 * j)) & 0xFu);
     return o;
 }
 
@@ -267,7 +268,7 @@ __device__ __forceinline__ Lb<QT_IQ1_S> decode(const Raw<QT_IQ1_S> &w, int) {
             o.q[2 * i] = iq1w((uint32_t)row, neg);
             o.q[2 * i + 1] = iq1w((uint32_t)(row >> 32), neg);
         }
-        o.a[j] = qb_mul(qb_mul(d, qb_i2f((int)(2 * ((h >> 12) & 7u) + 1))), 0.125f);
+        o.a[j] = qb_mul(qb_iq1_scale(d, (h >> 12) & 7u), 0.125f);
     }
     return o;
 }
@@ -287,7 +288,7 @@ template <> struct Raw<QT_IQ1_M> {
 __device__ __forceinline__ Lb<QT_IQ1_M> decode(const Raw<QT_IQ1_M> &w, int u) {
     Lb<QT_IQ1_M> o;
     const uint32_t s0 = w.sc[0] & 0xFFFFu, s1 = w.sc[0] >> 16, s2 = w.sc[1] & 0xFFFFu, s3 = w.sc[1] >> 16;
-    const float d = f16((s0 >> 12) | ((s1 >> 8) & 0x00F0u) | ((s2 >> 4) & 0x0F00u) | (s3 & 0xF000u));
+    const float d = qb_half(qb_iq1m_dbits(s0, s1, s2, s3));
     const int q = u & 3;
     const uint32_t sw = q == 0 ? s0 : q == 1 ? s1 : q == 2 ? s2 : s3;
 #pragma unroll
@@ -298,7 +299,7 @@ __device__ __forceinline__ Lb<QT_IQ1_M> decode(const Raw<QT_IQ1_M> &w, int u) {
         o.q[2 * i + 1] = iq1w((uint32_t)(row >> 32), (nib & 8u) != 0);
     }
 #pragma unroll
-    for (int r = 0; r < 4; r++) o.a[r] = qb_mul(qb_mul(d, qb_i2f((int)(2 * ((sw >> (3 * r)) & 7u) + 1))), 0.125f);
+    for (int r = 0; r < 4; r++) o.a[r] = qb_mul(qb_iq1_scale(d, (sw >> (3 * r)) & 7u), 0.125f);
     return o;
 }
 
@@ -367,9 +368,6 @@ template <> struct Raw<QT_MXFP4> {
     uint32_t r[9];
     __device__ void load(const uint8_t *row, int u) { ldb<34>(row + (int64_t)u * 34, r); }
 };
-__device__ __forceinline__ float e8m0_half(uint32_t e) {
-    return qb_bits(e < 2 ? 0x00200000u << e : (e - 1) << 23);
-}
 template <int J> __device__ __forceinline__ void mxfp4_block(const uint32_t (&r)[9], Lb<QT_MXFP4> &o) {
     const uint32_t qw[4] = {word_at<17 * J + 1>(r), word_at<17 * J + 5>(r), word_at<17 * J + 9>(r),
                             word_at<17 * J + 13>(r)};
@@ -378,7 +376,7 @@ template <int J> __device__ __forceinline__ void mxfp4_block(const uint32_t (&r)
         o.q[8 * J + t] = fp4x4(qw[t] & 0x0F0F0F0Fu);
         o.q[8 * J + 4 + t] = fp4x4((qw[t] >> 4) & 0x0F0F0F0Fu);
     }
-    o.a[J] = e8m0_half(word_at<17 * J>(r) & 0xFFu);
+    o.a[J] = qb_bits(qb_e8m0_half_bits(word_at<17 * J>(r) & 0xFFu));
 }
 __device__ __forceinline__ Lb<QT_MXFP4> decode(const Raw<QT_MXFP4> &w, int) {
     Lb<QT_MXFP4> o;

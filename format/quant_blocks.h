@@ -140,6 +140,20 @@ QB_FN void qb_grid4x2(uint32_t r0, uint32_t r1, uint32_t signs, float *f) {
     qb_grid8((uint64_t)r0 | ((uint64_t)r1 << 32), signs, f);
 }
 
+/* The per-run scales of the i-quants and MXFP4 from their stored fields: used by the decoders
+ * below and by the GPU's int8-input units (cuda/q8_lowbit.cuh), so both scale alike. */
+QB_FN float qb_iq2_scale(float d, uint32_t s) { return qb_mul(qb_mul(d, 0.5f + qb_i2f((int)s)), 0.25f); }
+QB_FN float qb_iq3xxs_scale(float d, uint32_t s) { return qb_mul(qb_mul(d, 0.5f + qb_i2f((int)s)), 0.5f); }
+QB_FN float qb_iq3s_scale(float d, uint32_t s) { return qb_mul(d, qb_i2f((int)(1 + 2 * s))); }
+QB_FN float qb_iq1_scale(float d, uint32_t s) { return qb_mul(d, qb_i2f((int)(2 * s + 1))); }
+/* IQ1_M's fp16 d from the top nibbles of its four 16-bit scale words. */
+QB_FN uint32_t qb_iq1m_dbits(uint32_t s0, uint32_t s1, uint32_t s2, uint32_t s3) {
+    return (s0 >> 12) | ((s1 >> 8) & 0x00F0u) | ((s2 >> 4) & 0x0F00u) | (s3 & 0xF000u);
+}
+/* The bits of d = 2^(e - 128) as ggml's GGML_E8M0_TO_FP32_HALF (e < 2: the subnormals 2^-128,
+ * 2^-127). */
+QB_FN uint32_t qb_e8m0_half_bits(uint32_t e) { return e < 2 ? 0x00200000u << e : (e - 1) << 23; }
+
 /* ---- one decoder per type: returns a, sets *b (0 but for Q2_K), fills f[8] ---- */
 
 /* Q2_K: scales[16], qs[64], d, dmin. Group g: 128-element half n = g/16, bit pair (g/4)%4,
@@ -181,7 +195,7 @@ QB_FN float qb_iq2_xxs(const uint8_t *b, int g, float *f, float *mb) {
     const uint32_t aux1 = qb_u32(q + 4);
     qb_grid8(QB_TAB(iq2xxs)[q[l]], qb_ksigns((aux1 >> (7 * l)) & 127), f);
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)(aux1 >> 28))), 0.25f);
+    return qb_iq2_scale(qb_half(qb_u16(b)), aux1 >> 28);
 }
 
 /* IQ2_XS: d, qs[32] (9-bit grid index, 7 sign bits), scales[8] (a nibble per 16 elements). */
@@ -190,7 +204,7 @@ QB_FN float qb_iq2_xs(const uint8_t *b, int g, float *f, float *mb) {
     qb_grid8(QB_TAB(iq2xs)[q & 511], qb_ksigns(q >> 9), f);
     const uint32_t s = (b[66 + (g >> 2)] >> (4 * ((g >> 1) & 1))) & 0xF;
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)s)), 0.25f);
+    return qb_iq2_scale(qb_half(qb_u16(b)), s);
 }
 
 /* IQ2_S: d, qs[32] (grid index low bits), signs[32], qh[8] (2 high index bits a group),
@@ -200,7 +214,7 @@ QB_FN float qb_iq2_s(const uint8_t *b, int g, float *f, float *mb) {
     qb_grid8(QB_TAB(iq2s)[idx], b[34 + g], f);
     const uint32_t s = (b[74 + (g >> 2)] >> (4 * ((g >> 1) & 1))) & 0xF;
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)s)), 0.25f);
+    return qb_iq2_scale(qb_half(qb_u16(b)), s);
 }
 
 /* IQ3_XXS: d, qs[64] (grid indices, 4 elements each), then a word per 32 elements: 4 x 7
@@ -211,7 +225,7 @@ QB_FN float qb_iq3_xxs(const uint8_t *b, int g, float *f, float *mb) {
     const uint8_t *q = b + 2 + 8 * ib + 2 * l;
     qb_grid4x2(QB_TAB(iq3xxs)[q[0]], QB_TAB(iq3xxs)[q[1]], qb_ksigns((aux >> (7 * l)) & 127), f);
     *mb = 0.0f;
-    return qb_mul(qb_mul(qb_half(qb_u16(b)), 0.5f + qb_i2f((int)(aux >> 28))), 0.5f);
+    return qb_iq3xxs_scale(qb_half(qb_u16(b)), aux >> 28);
 }
 
 /* IQ3_S: d, qs[64] (grid index low bits, 4 elements each), qh[8] (9th bits), signs[32],
@@ -224,7 +238,7 @@ QB_FN float qb_iq3_s(const uint8_t *b, int g, float *f, float *mb) {
     qb_grid4x2(QB_TAB(iq3s)[x0], QB_TAB(iq3s)[x1], b[74 + g], f);
     const uint32_t s = (b[106 + (g >> 3)] >> (4 * ((g >> 2) & 1))) & 0xF;
     *mb = 0.0f;
-    return qb_mul(qb_half(qb_u16(b)), qb_i2f((int)(1 + 2 * s)));
+    return qb_iq3s_scale(qb_half(qb_u16(b)), s);
 }
 
 /* IQ1_S: d, qs[32] (grid index low bytes), qh[8] words per 32 elements: 3 high index bits per
@@ -236,14 +250,14 @@ QB_FN float qb_iq1_s(const uint8_t *b, int g, float *f, float *mb) {
     const float delta = qh & 0x8000 ? -0.125f : 0.125f;
     for (int j = 0; j < 8; j++) f[j] = qb_i2f((int8_t)(uint8_t)(row >> (8 * j))) + delta;
     *mb = 0.0f;
-    return qb_mul(qb_half(qb_u16(b)), qb_i2f((int)(2 * ((qh >> 12) & 7) + 1)));
+    return qb_iq1_scale(qb_half(qb_u16(b)), (qh >> 12) & 7);
 }
 
 /* IQ1_M: qs[32], qh[16] (a nibble per group: 3 index bits, the delta's sign), scales[8]: four
  * words holding 3-bit scales (one per 16 elements) and, in their top nibbles, the fp16 d. */
 QB_FN float qb_iq1_m(const uint8_t *b, int g, float *f, float *mb) {
     const uint32_t s0 = qb_u16(b + 48), s1 = qb_u16(b + 50), s2 = qb_u16(b + 52), s3 = qb_u16(b + 54);
-    const uint32_t dh = (s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000);
+    const uint32_t dh = qb_iq1m_dbits(s0, s1, s2, s3);
     const uint32_t nib = (b[32 + (g >> 1)] >> (4 * (g & 1))) & 0xF;
     const uint64_t row = QB_TAB(iq1s)[b[g] | ((nib & 7) << 8)];
     const float delta = nib & 8 ? -0.125f : 0.125f;
@@ -252,7 +266,7 @@ QB_FN float qb_iq1_m(const uint8_t *b, int g, float *f, float *mb) {
     const uint32_t sw = qb_u16(b + 48 + 2 * (k >> 2));
     const uint32_t s = (sw >> (3 * (k & 3))) & 7;
     *mb = 0.0f;
-    return qb_mul(qb_half(dh), qb_i2f((int)(2 * s + 1)));
+    return qb_iq1_scale(qb_half(dh), s);
 }
 
 /* TQ1_0: qs[48], qh[4], d. Base-3 digits packed five (qs) or four (qh) to a byte as
@@ -289,11 +303,10 @@ QB_FN float qb_fp4(uint32_t nib) {
     return qb_neg_if(v, nib >> 3); /* level 8 is -0: gguf-py's int8 table holds +0 (0 * d below) */
 }
 
-/* MXFP4: e (E8M0 exponent), qs[16] (element j: low nibble of qs[j], element 16 + j: high).
- * d = 2^(e - 128) as ggml's GGML_E8M0_TO_FP32_HALF (e < 2: the subnormals 2^-128, 2^-127). */
+/* MXFP4: e (E8M0 exponent), qs[16] (element j: low nibble of qs[j], element 16 + j: high);
+ * d = 2^(e - 128) (qb_e8m0_half_bits). */
 QB_FN float qb_mxfp4(const uint8_t *b, int g, float *f, float *mb) {
-    const uint32_t e = b[0];
-    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    const uint32_t bits = qb_e8m0_half_bits(b[0]);
     const int hi = g >> 1, j0 = 8 * (g & 1);
     for (int j = 0; j < 8; j++) {
         const uint32_t nib = (b[1 + j0 + j] >> (4 * hi)) & 0xF;
