@@ -22,7 +22,7 @@
 #include "format/status.h"
 
 #define CONVERT_VERSION_MAJOR 1
-#define CONVERT_VERSION_MINOR 0
+#define CONVERT_VERSION_MINOR 1
 #define CONVERT_VERSION_PATCH 0
 /* (major << 16) | (minor << 8) | patch, as stored in blob headers. */
 #define CONVERT_VERSION ((CONVERT_VERSION_MAJOR << 16) | (CONVERT_VERSION_MINOR << 8) | CONVERT_VERSION_PATCH)

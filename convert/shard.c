@@ -18,6 +18,7 @@ const char *shard_rule_name(shard_rule r) {
     case SHARD_EXPERT_COLS: return "expert-cols";
     case SHARD_EXPERTS: return "experts";
     case SHARD_KV_B: return "kv_b-heads";
+    case SHARD_HEADS: return "heads";
     default: return "?";
     }
 }
@@ -27,6 +28,7 @@ static shard_rule role_rule(glm5_role r, int ep, const char **why) {
     switch (r) {
     case GLM5_ROLE_ATTN_Q_B: *why = "heads"; return SHARD_ROWS;
     case GLM5_ROLE_ATTN_KV_B: *why = "heads"; return SHARD_ROWS;
+    case GLM5_ROLE_ATTN_K_B: case GLM5_ROLE_ATTN_V_B: *why = "heads (compact, read at decode)"; return SHARD_HEADS;
     case GLM5_ROLE_OUTPUT: *why = "vocabulary"; return SHARD_ROWS;
     case GLM5_ROLE_NEXTN_HEAD: *why = "vocabulary"; return SHARD_ROWS;
     case GLM5_ROLE_FFN_GATE: case GLM5_ROLE_FFN_UP: *why = "FFN rows"; return SHARD_ROWS;
@@ -55,7 +57,7 @@ static uint32_t rule_axis(shard_rule r) {
     switch (r) {
     case SHARD_ROWS: case SHARD_EXPERT_ROWS: case SHARD_KV_B: return 1;
     case SHARD_COLS: case SHARD_EXPERT_COLS: return 0;
-    case SHARD_EXPERTS: return 2;
+    case SHARD_EXPERTS: case SHARD_HEADS: return 2;
     default: return BLOB_AXIS_NONE;
     }
 }
@@ -109,6 +111,8 @@ static int check_split(const shard_plan *p, shard_tensor *t, const gguf_tensor *
             unit_name = "heads";
         } else if (t->rule == SHARD_EXPERTS) {
             unit_name = "experts";
+        } else if (t->rule == SHARD_HEADS) {
+            unit_name = "heads";
         } else if (t->role == GLM5_ROLE_OUTPUT || t->role == GLM5_ROLE_NEXTN_HEAD) {
             unit_name = "vocabulary rows";
         } else if (t->axis == 0) {
@@ -155,6 +159,18 @@ static int check_split(const shard_plan *p, shard_tensor *t, const gguf_tensor *
     return 0;
 }
 
+/* Checks t's split (the first refusal into msg) and gives it the next 4096-aligned data offset. */
+static void plan_place(const shard_plan *p, shard_tensor *t, const gguf_tensor *g, uint64_t *off, char *msg,
+                       size_t cap, uint64_t *n_refused) {
+    char m[768];
+    if (check_split(p, t, g, m, sizeof m)) {
+        if (++*n_refused == 1) snprintf(msg, cap, "%s", m);
+    }
+    *off = (*off + BLOB_DATA_ALIGN - 1) / BLOB_DATA_ALIGN * BLOB_DATA_ALIGN;
+    t->data_offset = *off;
+    *off += t->local_bytes;
+}
+
 /* The whole plan for one T; msg receives the first refusal, *n_refused how many tensors. */
 static g5_status plan_core(const gguf_ctx *src, const shard_options *opt, shard_plan **out,
                            char *msg, size_t cap, uint64_t *n_refused, g5_error *err) {
@@ -173,7 +189,8 @@ static g5_status plan_core(const gguf_ctx *src, const shard_options *opt, shard_
     const int64_t n = gguf_get_n_tensors(src);
     p->n_src_tensors = (uint64_t)n;
     src_ref *ord = calloc(n ? (size_t)n : 1, sizeof *ord);
-    p->tensors = calloc(n ? (size_t)n : 1, sizeof *p->tensors);
+    /* every source tensor at most once, plus one derived kv_b per layer */
+    p->tensors = calloc((size_t)n + hp->n_layer + 1, sizeof *p->tensors);
     int64_t *kb = calloc(hp->n_layer, sizeof *kb), *vb = calloc(hp->n_layer, sizeof *vb);
     uint8_t *has_kvb = calloc(hp->n_layer, 1);
     if (!ord || !p->tensors || !kb || !vb || !has_kvb) {
@@ -244,49 +261,45 @@ static g5_status plan_core(const gguf_ctx *src, const shard_options *opt, shard_
         t->src = ord[k].idx;
         t->src_k_b = t->src_v_b = -1;
         t->layer = layer;
-        if (role == GLM5_ROLE_ATTN_K_B || role == GLM5_ROLE_ATTN_V_B) {
-            p->src_dropped++;
-            /* kv_b is emitted where the later of the pair is. */
-            int64_t other = role == GLM5_ROLE_ATTN_K_B ? vb[layer] : kb[layer];
-            int later = 0;
-            for (int64_t j = 0; j < k; j++)
-                if (ord[j].idx == other) later = 1;
-            if (!later) continue;
-            const gguf_tensor *k_b = gguf_get_tensor(src, kb[layer]);
-            const gguf_tensor *v_b = gguf_get_tensor(src, vb[layer]);
-            if ((st = quant_check_supported(k_b->type, err)) || (st = quant_check_supported(v_b->type, err))) {
-                g5_error_prefix(err, "kv_b of layer %d needs dequantized attn_k_b/attn_v_b", layer);
-                break;
-            }
-            snprintf(t->name, sizeof t->name, "blk.%d.attn_kv_b.weight", (int)layer);
-            t->role = GLM5_ROLE_ATTN_KV_B;
-            t->rule = SHARD_KV_B;
-            t->why = "heads (rebuilt from attn_k_b + attn_v_b)";
-            t->type = p->kv_b_type;
-            t->n_dims = 2;
-            t->ne_global[0] = hp->kv_lora;
-            t->ne_global[1] = (uint64_t)hp->n_head * (hp->qk_nope + hp->v_head);
-            t->ne_global[2] = t->ne_global[3] = 1;
-            t->src = -1;
-            t->src_k_b = kb[layer];
-            t->src_v_b = vb[layer];
-            t->src_bytes = k_b->nbytes + v_b->nbytes;
-        } else {
-            snprintf(t->name, sizeof t->name, "%s", g->name);
-            t->role = role;
-            t->rule = role_rule(role, p->ep, &t->why);
-            t->type = g->type;
-            t->n_dims = g->n_dims;
-            memcpy(t->ne_global, g->ne, sizeof t->ne_global);
-            t->src_bytes = g->nbytes;
+        snprintf(t->name, sizeof t->name, "%s", g->name);
+        t->role = role;
+        t->rule = role_rule(role, p->ep, &t->why);
+        t->type = g->type;
+        t->n_dims = g->n_dims;
+        memcpy(t->ne_global, g->ne, sizeof t->ne_global);
+        t->src_bytes = g->nbytes;
+        plan_place(p, t, g, &off, msg, cap, n_refused);
+        nt++;
+        if (role != GLM5_ROLE_ATTN_K_B && role != GLM5_ROLE_ATTN_V_B) continue;
+        /* kv_b follows the later of the pair */
+        const int64_t other = role == GLM5_ROLE_ATTN_K_B ? vb[layer] : kb[layer];
+        int later = 0;
+        for (int64_t j = 0; j < k; j++)
+            if (ord[j].idx == other) later = 1;
+        if (!later) continue;
+        const gguf_tensor *k_b = gguf_get_tensor(src, kb[layer]);
+        const gguf_tensor *v_b = gguf_get_tensor(src, vb[layer]);
+        if ((st = quant_check_supported(k_b->type, err)) || (st = quant_check_supported(v_b->type, err))) {
+            g5_error_prefix(err, "kv_b of layer %d needs dequantized attn_k_b/attn_v_b", layer);
+            break;
         }
-        char m[768];
-        if (check_split(p, t, g, m, sizeof m)) {
-            if (++*n_refused == 1) snprintf(msg, cap, "%s", m);
-        }
-        off = (off + BLOB_DATA_ALIGN - 1) / BLOB_DATA_ALIGN * BLOB_DATA_ALIGN;
-        t->data_offset = off;
-        off += t->local_bytes;
+        t = &p->tensors[nt];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "blk.%d.attn_kv_b.weight", (int)layer);
+        t->layer = layer;
+        t->role = GLM5_ROLE_ATTN_KV_B;
+        t->rule = SHARD_KV_B;
+        t->why = "heads (rebuilt from attn_k_b + attn_v_b)";
+        t->type = p->kv_b_type;
+        t->n_dims = 2;
+        t->ne_global[0] = hp->kv_lora;
+        t->ne_global[1] = (uint64_t)hp->n_head * (hp->qk_nope + hp->v_head);
+        t->ne_global[2] = t->ne_global[3] = 1;
+        t->src = -1;
+        t->src_k_b = kb[layer];
+        t->src_v_b = vb[layer];
+        t->src_bytes = k_b->nbytes + v_b->nbytes; /* read again for the rebuild */
+        plan_place(p, t, NULL, &off, msg, cap, n_refused);
         nt++;
     }
     free(ord); free(kb); free(vb); free(has_kvb);
@@ -371,7 +384,7 @@ void shard_select(const shard_plan *p, const shard_tensor *t, uint32_t rank, sha
         s->lo = t->period / T * rank;
         s->hi = s->lo + t->period / T;
         break;
-    case SHARD_EXPERTS: {
+    case SHARD_EXPERTS: case SHARD_HEADS: {
         const uint64_t per = t->ne_global[1] * (t->ne_global[2] / T);
         s->lo = per * rank;
         s->hi = s->lo + per;

@@ -4,8 +4,10 @@
  * (misaligned ne[0] slices, heads/vocabulary/experts/rows not divisible by T) cost nothing.
  *
  * Every rank holds every plan tensor, with the same local shape and size, in the same order and
- * at the same data offset: only the bytes differ. attn_k_b + attn_v_b become one derived tensor
- * blk.N.attn_kv_b.weight (rebuilt, see glm5_rebuild_kv_b) and are not carried themselves. */
+ * at the same data offset: only the bytes differ. attn_k_b + attn_v_b are carried as they are
+ * (cut by heads: the decode path reads them in their compact types) and also give one derived
+ * tensor blk.N.attn_kv_b.weight (rebuilt, see glm5_rebuild_kv_b: prefill and the CPU reference
+ * read it), placed right after the later of the pair. */
 #ifndef G5_SHARD_H
 #define G5_SHARD_H
 
@@ -23,6 +25,8 @@ typedef enum shard_rule {
     SHARD_EXPERT_COLS,    /* 3-D expert tensor: ne[0] cut into T ranges, every row */
     SHARD_EXPERTS,        /* --ep: ne[2] (experts) cut into T ranges, experts whole */
     SHARD_KV_B,           /* derived: kv_b rebuilt from attn_k_b/attn_v_b, rows cut by heads */
+    SHARD_HEADS,          /* 3-D per-head tensor (attn_k_b, attn_v_b): ne[2] (heads) cut into T
+                           * ranges, heads whole */
     SHARD_RULE_COUNT
 } shard_rule;
 
@@ -57,12 +61,12 @@ typedef struct shard_plan {
     uint32_t kv_b_type;
     glm5_hparams hp;
     uint64_t n_tensors;
-    shard_tensor *tensors;    /* n_tensors, in blob order (= source file order, kv_b where the
-                               * later of attn_k_b/attn_v_b is) */
+    shard_tensor *tensors;    /* n_tensors, in blob order (= source file order, kv_b right after
+                               * the later of attn_k_b/attn_v_b) */
     uint64_t data_size;       /* per-rank data region size (tensors padded to 4096) */
     uint64_t n_src_tensors;
     uint64_t src_tensor_bytes; /* all source tensor bytes (each read once) */
-    uint64_t src_dropped;     /* source tensors not carried (attn_k_b/attn_v_b, and the next) */
+    uint64_t src_dropped;     /* source tensors not carried (the next) */
     uint64_t src_unused;      /* shared layers' duplicate indexer tensors (IndexShare: those
                                * layers reuse a full layer's top-k, the runtime never reads them) */
     uint64_t src_unused_bytes;

@@ -214,8 +214,8 @@ static void test_convert_verify(void) {
         T_CHECK(json_integer_value(json_object_get(j, "tp")) == 2 &&
                     json_array_size(json_object_get(j, "ranks")) == 2,
                 "2 ranks");
-        /* 94 source tensors; per layer attn_k_b + attn_v_b become one attn_kv_b: 4 layers */
-        T_CHECK(json_integer_value(json_object_get(j, "n_tensors")) == 94 - 4, "90 blob tensors");
+        /* 94 source tensors, all carried, plus one attn_kv_b rebuilt per layer: 4 layers */
+        T_CHECK(json_integer_value(json_object_get(j, "n_tensors")) == 94 + 4, "98 blob tensors");
         size_t i;
         json_t *t;
         int bad = 0;

@@ -109,6 +109,7 @@ static int expected_axis(const char *name, int ep) {
         {".ffn_gate.weight", 1}, {".ffn_up.weight", 1}, {".ffn_down.weight", 0},
         {".ffn_gate_shexp.weight", 1}, {".ffn_up_shexp.weight", 1}, {".ffn_down_shexp.weight", 0},
         {".ffn_gate_exps.weight", 1}, {".ffn_up_exps.weight", 1}, {".ffn_down_exps.weight", 0},
+        {".attn_k_b.weight", 2}, {".attn_v_b.weight", 2}, /* whole heads, ne = {., ., n_head} */
     };
     if (strcmp(name, "output.weight") == 0) return 1;
     if (strstr(name, ".indexer.")) return -1;
@@ -254,11 +255,8 @@ static double check_set(const char *model, const char *dir, uint32_t tp, int ep,
     uint64_t n_copied = 0, n_ok = 0, n_kb = 0;
     for (int64_t i = 0; i < gguf_get_n_tensors(src); i++) {
         const gguf_tensor *g = gguf_get_tensor(src, i);
-        if (strstr(g->name, ".attn_k_b.") || strstr(g->name, ".attn_v_b.")) {
-            n_kb++;
-            T_CHECK(blob_find_tensor(b0, g->name) == NULL, "%s must not be carried", g->name);
-            continue;
-        }
+        /* attn_k_b / attn_v_b are carried as they are (cut by heads) and also rebuilt as kv_b */
+        if (strstr(g->name, ".attn_k_b.") || strstr(g->name, ".attn_v_b.")) n_kb++;
         n_copied++;
         int ok = 1;
         for (uint32_t r = 0; r < tp; r++) {
