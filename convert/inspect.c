@@ -209,6 +209,43 @@ static void add_group(json_t *groups, const char *group, uint64_t bytes) {
     json_array_append_new(groups, g);
 }
 
+/* "decode_per_token": what one decode token reads of these tensors (one rank's), by group
+ * (glm5_decode_bytes_of: the CUDA runtime's reads). */
+static json_t *decode_json(const glm5_hparams *hp, const glm5_tensor_ref *refs, uint64_t n) {
+    glm5_decode_bytes db;
+    glm5_decode_bytes_of(hp, refs, n, &db);
+    json_t *d = json_object(), *gs = json_array();
+    for (int g = 0; g < GLM5_DB_COUNT; g++) {
+        if (g == GLM5_DB_NEXTN) continue;
+        json_t *e = json_object();
+        json_object_set_new(e, "group", json_string(glm5_db_group_name((glm5_db_group)g)));
+        json_object_set_new(e, "bytes", json_real(db.group[g]));
+        json_array_append_new(gs, e);
+    }
+    json_object_set_new(d, "groups", gs);
+    json_object_set_new(d, "total_bytes", json_real(db.total));
+    json_object_set_new(d, "nextn_per_draft_bytes", json_real(db.group[GLM5_DB_NEXTN]));
+    json_object_set_new(d, "layers_compact_kv_b", json_integer(db.n_compact));
+    json_object_set_new(d, "layers_f32_kv_b", json_integer(db.n_kv_b_f32));
+    return d;
+}
+
+static void print_decode(FILE *f, const json_t *d, const char *indent, const char *what) {
+    if (!json_is_object(d)) return;
+    size_t i;
+    const json_t *e;
+    fprintf(f, "%sone decode token reads %.1f MB%s (%lld layers read W_UK/W_UV from the compact attn_k_b/"
+               "attn_v_b, %lld from a float32 kv_b):\n",
+            indent, json_real_value(json_object_get(d, "total_bytes")) / 1e6, what,
+            (long long)json_integer_value(json_object_get(d, "layers_compact_kv_b")),
+            (long long)json_integer_value(json_object_get(d, "layers_f32_kv_b")));
+    json_array_foreach(json_object_get(d, "groups"), i, e)
+        fprintf(f, "%s  %-18s %10.1f MB\n", indent, json_string_value(json_object_get(e, "group")),
+                json_real_value(json_object_get(e, "bytes")) / 1e6);
+    const double nx = json_real_value(json_object_get(d, "nextn_per_draft_bytes"));
+    if (nx > 0) fprintf(f, "%s  NextN block: %.1f MB per drafted token (--draft mtp)\n", indent, nx / 1e6);
+}
+
 static void problem(json_t *audit, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends a formatted line to the "problems" array of a GGUF audit or a blob-set report. */
 static void problem(json_t *audit, const char *fmt, ...) {
@@ -300,6 +337,15 @@ static json_t *audit_glm5(const gguf_ctx *ctx) {
         json_array_append_new(missing, json_string(s.name));
         problem(a, "missing tensor '%s' (%s, %s)", s.name, glm5_role_name(s.role),
                 glm5_role_group(s.role));
+    }
+    glm5_tensor_ref *refs = malloc((size_t)(nt > 0 ? nt : 1) * sizeof *refs);
+    if (refs) {
+        for (int64_t i = 0; i < nt; i++) {
+            const gguf_tensor *t = gguf_get_tensor(ctx, i);
+            refs[i] = (glm5_tensor_ref){t->name, t->type, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, t->nbytes};
+        }
+        json_object_set_new(a, "decode_per_token", decode_json(hp, refs, (uint64_t)nt));
+        free(refs);
     }
     /* What the audit found nothing against must also pass the one validation convert and the
      * runtime apply (tensor values, anything the list above does not cover). */
@@ -620,6 +666,7 @@ g5_status inspect_print_text(const json_t *r, const inspect_opts *o, FILE *f) {
                 (unsigned long long)jget_u64(e, "count"), (unsigned long long)jget_u64(e, "bytes"),
                 human(jget_u64(e, "bytes"), hb, sizeof hb));
     }
+    print_decode(f, json_object_get(a, "decode_per_token"), "  ", " at TP 1");
     static const char *const lists[] = {"unknown", "missing"};
     for (size_t l = 0; l < 2; l++) {
         const json_t *arr = json_object_get(a, lists[l]);
@@ -685,10 +732,19 @@ static void blobset_model(json_t *r, const blob *b0) {
     json_object_set_new(m, "n_kv", json_integer(meta ? gguf_get_n_kv(meta) : 0));
     json_object_set_new(m, "kv_b_type", json_string(quant_type_name(blob_get_info(b0)->kv_b_type)));
     glm5_hparams *hp = malloc(sizeof *hp);
-    if (hp && meta && glm5_hparams_read(meta, hp, NULL) == G5_OK)
+    const uint64_t nt = blob_n_tensors(b0);
+    glm5_tensor_ref *refs = malloc((size_t)(nt ? nt : 1) * sizeof *refs);
+    if (hp && meta && glm5_hparams_read(meta, hp, NULL) == G5_OK) {
         json_object_set_new(m, "hparams", hparams_json(hp));
-    else
+        for (uint64_t i = 0; i < nt && refs; i++) {
+            const blob_tensor *t = blob_get_tensor(b0, i);
+            refs[i] = (glm5_tensor_ref){t->name, t->type, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, t->size};
+        }
+        if (refs) json_object_set_new(m, "decode_per_token", decode_json(hp, refs, nt));
+    } else {
         json_object_set_new(m, "hparams", json_null());
+    }
+    free(refs);
     free(hp);
     json_object_set_new(r, "model", m);
 }
@@ -928,6 +984,7 @@ static void print_blobset_text(const json_t *r, FILE *f) {
                     (long long)json_integer_value(json_object_get(hp, "indexer_full_layers")),
                     (long long)json_integer_value(json_object_get(hp, "n_layer_main")),
                     json_string_value(json_object_get(hp, "indexer_schedule")));
+        print_decode(f, json_object_get(m, "decode_per_token"), "  ", " per rank");
     }
     if (json_object_get(r, "plan")) {
         fprintf(f, "\nplan (per rank):\n");

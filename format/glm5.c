@@ -651,3 +651,70 @@ g5_status glm5_rebuild_kv_b(const glm5_hparams *hp, const gguf_tensor *k_b,
     }
     return G5_OK;
 }
+
+/* ---- what one decode token reads ---- */
+
+const char *glm5_db_group_name(glm5_db_group g) {
+    static const char *n[GLM5_DB_COUNT] = {"attention", "indexer", "dense FFN", "shared experts",
+                                          "routed experts", "output head", "embedding row", "norms, router",
+                                          "NextN block (per draft)"};
+    return (unsigned)g < GLM5_DB_COUNT ? n[g] : "?";
+}
+
+static glm5_db_group db_group_of(glm5_role r) {
+    switch (r) {
+    case GLM5_ROLE_ATTN_Q_A: case GLM5_ROLE_ATTN_Q_B: case GLM5_ROLE_ATTN_KV_A: case GLM5_ROLE_ATTN_K_B:
+    case GLM5_ROLE_ATTN_V_B: case GLM5_ROLE_ATTN_KV_B: case GLM5_ROLE_ATTN_OUT:
+        return GLM5_DB_ATTN;
+    case GLM5_ROLE_IDX_Q_B: case GLM5_ROLE_IDX_K: case GLM5_ROLE_IDX_PROJ:
+        return GLM5_DB_INDEXER;
+    case GLM5_ROLE_FFN_GATE: case GLM5_ROLE_FFN_UP: case GLM5_ROLE_FFN_DOWN:
+        return GLM5_DB_DENSE_FFN;
+    case GLM5_ROLE_SHEXP_GATE: case GLM5_ROLE_SHEXP_UP: case GLM5_ROLE_SHEXP_DOWN:
+        return GLM5_DB_SHARED;
+    case GLM5_ROLE_EXP_GATE: case GLM5_ROLE_EXP_UP: case GLM5_ROLE_EXP_DOWN:
+        return GLM5_DB_ROUTED;
+    case GLM5_ROLE_OUTPUT: return GLM5_DB_HEAD;
+    case GLM5_ROLE_TOKEN_EMBD: return GLM5_DB_EMBED;
+    default: return GLM5_DB_OTHER;
+    }
+}
+
+void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint64_t n, glm5_decode_bytes *out) {
+    memset(out, 0, sizeof *out);
+    /* per layer: bit 0 attn_k_b, 1 attn_v_b, 2 a kv_b that is not F32 */
+    uint8_t pair[GLM5_MAX_LAYERS] = {0};
+    for (uint64_t i = 0; i < n; i++) {
+        int32_t l;
+        const glm5_role r = glm5_classify(t[i].name, &l);
+        if (l < 0 || (uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS) continue;
+        pair[l] |= r == GLM5_ROLE_ATTN_K_B ? 1 : r == GLM5_ROLE_ATTN_V_B ? 2
+                 : r == GLM5_ROLE_ATTN_KV_B && t[i].type != QT_F32 ? 4 : 0;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        int32_t l;
+        const glm5_role r = glm5_classify(t[i].name, &l);
+        if (r == GLM5_ROLE_UNKNOWN || (l >= 0 && ((uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS))) continue;
+        if (l >= 0 && glm5_role_is_indexer(r) && !glm5_layer_has_indexer(hp, (uint32_t)l)) continue;
+        const int compact = l >= 0 && (pair[l] & 7) == 3;
+        double b = (double)t[i].nbytes;
+        if (r == GLM5_ROLE_ATTN_K_B || r == GLM5_ROLE_ATTN_V_B) {
+            if (!compact) continue;
+        } else if (r == GLM5_ROLE_ATTN_KV_B) {
+            if (compact) continue;
+            b = 4.0 * (double)t[i].ne[0] * (double)t[i].ne[1];
+        } else if (r == GLM5_ROLE_EXP_GATE || r == GLM5_ROLE_EXP_UP || r == GLM5_ROLE_EXP_DOWN) {
+            b *= (double)hp->n_expert_used / (double)hp->n_expert;
+        } else if (r == GLM5_ROLE_TOKEN_EMBD || r == GLM5_ROLE_NEXTN_EMBED) {
+            b /= t[i].ne[1] ? (double)t[i].ne[1] : 1.0;
+        }
+        const int nextn = l >= 0 && (uint32_t)l >= hp->n_layer_main;
+        out->group[nextn ? GLM5_DB_NEXTN : db_group_of(r)] += b;
+        if (r == GLM5_ROLE_ATTN_Q_A && !nextn) { /* once per layer */
+            if (compact) out->n_compact++;
+            else out->n_kv_b_f32++;
+        }
+    }
+    for (int g = 0; g < GLM5_DB_COUNT; g++)
+        if (g != GLM5_DB_NEXTN) out->total += out->group[g];
+}

@@ -187,6 +187,47 @@ g5_status glm5_meta_validate(const gguf_ctx *meta, glm5_hparams *hp, g5_error *e
  * any allocation sized from the hyperparameters. */
 g5_status glm5_model_validate(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *err);
 
+/* ---- what one decode token reads ----
+ *
+ * Bytes of one rank's weights that one decode step reads per token (one sequence, greedy), by
+ * group, as the CUDA runtime reads them: the routed experts at n_expert_used / n_expert of their
+ * bytes (the average under uniform routing, whole or split experts alike), one row of
+ * token_embd, and per layer either the compact attn_k_b + attn_v_b pair (where the set carries
+ * both and kv_b is F32 or absent: the absorbed decode path reads them, specs/sharding.md "kv_b")
+ * or kv_b as the float32 rows the runtime makes of it. The NextN layer (layers >= n_layer_main)
+ * is counted apart: it runs once per draft with --draft mtp, never in a plain step. Tensors the
+ * model does not read (a shared layer's indexer duplicates) and unknown names count nowhere. */
+typedef enum glm5_db_group {
+    GLM5_DB_ATTN,       /* q_a, q_b, kv_a, W_UK/W_UV (k_b + v_b or kv_b), attn_output */
+    GLM5_DB_INDEXER,
+    GLM5_DB_DENSE_FFN,
+    GLM5_DB_SHARED,     /* shared experts */
+    GLM5_DB_ROUTED,     /* routed experts */
+    GLM5_DB_HEAD,       /* output (lm_head) */
+    GLM5_DB_EMBED,      /* one token_embd row */
+    GLM5_DB_OTHER,      /* norms, router, biases */
+    GLM5_DB_NEXTN,      /* the NextN block, per draft (not in the total) */
+    GLM5_DB_COUNT
+} glm5_db_group;
+const char *glm5_db_group_name(glm5_db_group g); /* "attention", "indexer", ... */
+
+typedef struct glm5_tensor_ref {
+    const char *name;
+    uint32_t type;
+    uint64_t ne[4];      /* this rank's shape */
+    uint64_t nbytes;     /* this rank's bytes */
+} glm5_tensor_ref;
+
+typedef struct glm5_decode_bytes {
+    double group[GLM5_DB_COUNT];
+    double total;        /* every group but GLM5_DB_NEXTN */
+    uint32_t n_compact;  /* layers read through the compact k_b/v_b pair */
+    uint32_t n_kv_b_f32; /* layers read through a float32 kv_b */
+} glm5_decode_bytes;
+
+/* Fills *out from one rank's n tensors. */
+void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint64_t n, glm5_decode_bytes *out);
+
 /* Rebuilds HF's kv_b_proj for heads [h0, h1) of one layer, as float32 rows:
  *   out: [(h1-h0) * (qk_nope + v_head), kv_lora] row-major, i.e. in ggml order
  *   ne = {kv_lora, (h1-h0)*(qk_nope+v_head)}. Per head: qk_nope rows of W_UK, then v_head rows

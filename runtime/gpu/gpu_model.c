@@ -205,6 +205,18 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
             CK(cuk_dequant_rows(&dq, NULL, err));
             L->kvb = d;
         }
+        /* the compact pair, where the set carries it and kv_b holds the same numbers (F32): then
+         * both MLA layouts compute one function (specs/sharding.md "kv_b") */
+        L->k_b.w = L->v_b.w = NULL;
+        if (cl->k_b.data && cl->v_b.data && cl->kv_b.type == QT_F32 &&
+            cuk_head_gemv_q_takes(cl->k_b.type, (int64_t)NOPE) && cuk_head_gemv_q_takes(cl->v_b.type, (int64_t)KL)) {
+            const void *kb = dptr(rk, cl->k_b.data, cl->k_b.nrows * cl->k_b.row_bytes);
+            const void *vb = dptr(rk, cl->v_b.data, cl->v_b.nrows * cl->v_b.row_bytes);
+            if (!kb || !vb)
+                return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: attn_k_b/attn_v_b not uploaded", rk->rg, il);
+            L->k_b = (dmat){cl->k_b.type, kb, (int64_t)NOPE, (int64_t)cl->k_b.nrows};
+            L->v_b = (dmat){cl->v_b.type, vb, (int64_t)KL, (int64_t)cl->v_b.nrows};
+        }
         if (L->has_idx) {
             CK(dmat_of(rk, &cl->idx_q_b, "indexer.attn_q_b", il, &L->idx_q_b, err));
             CK(dmat_of(rk, &cl->idx_k, "indexer.attn_k", il, &L->idx_k, err));
@@ -998,7 +1010,14 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
                                     .qlat = rk->qlat};
-    CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
+    /* decode-shaped calls (at most two rows per sequence: a token, or a token and its draft)
+     * read W_UK and W_UV in their compact stored types, one launch for all heads; prompts read
+     * the float32 kv_b, in kernels organised for many tokens */
+    const int compact = L->k_b.w && !tc && n <= 2 * pl->n_seg;
+    const cuk_head_gemv_q_args uk = {L->k_b.type, L->k_b.w, (int32_t)H, (int32_t)KL, (int32_t)NOPE, rk->q,
+                                     CUK_ACT_F32, H * (NOPE + R), NOPE + R, (int32_t)n, rk->qlat, H * KL, KL};
+    if (compact && cuk_head_gemv_q_fits(&uk)) CK(cuk_head_gemv_q(&uk, cs, err));
+    else CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
     PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
@@ -1038,6 +1057,15 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     PMARK("attn", "mla_attend");
     if (tc) {
         CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
+    } else if (compact) { /* the input as the float32 kv_b's head GEMV takes it (bf16 in fast mode) */
+        g5_status st;
+        int64_t ld;
+        uint32_t xt;
+        const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        const cuk_head_gemv_q_args uv = {L->v_b.type, L->v_b.w, (int32_t)H, (int32_t)V, (int32_t)KL, xin, xt, ld,
+                                         KL, (int32_t)n, rk->ao, H * V, V};
+        CK(cuk_head_gemv_q(&uv, cs, err));
     } else if (gl_lin_use(rk->lin, n)) {
         for (int64_t h = 0; h < H; h++) {
             const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
