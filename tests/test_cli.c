@@ -216,6 +216,12 @@ static void test_convert_verify(void) {
                 "2 ranks");
         /* 94 source tensors, all carried, plus one attn_kv_b rebuilt per layer: 4 layers */
         T_CHECK(json_integer_value(json_object_get(j, "n_tensors")) == 94 + 4, "98 blob tensors");
+        /* per rank: every main layer reads W_UK/W_UV from the carried pair */
+        const json_t *dpt = json_object_get(json_object_get(j, "model"), "decode_per_token");
+        T_CHECK(json_integer_value(json_object_get(dpt, "layers_compact_kv_b")) == 3 &&
+                    json_integer_value(json_object_get(dpt, "layers_f32_kv_b")) == 0 &&
+                    json_real_value(json_object_get(dpt, "total_bytes")) > 0,
+                "blob set: decode bytes per rank through the compact pair");
         size_t i;
         json_t *t;
         int bad = 0;

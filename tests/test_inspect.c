@@ -138,6 +138,36 @@ static void test_oracle_report(const json_t *ref) {
             T_CHECK(json_array_size(json_object_get(g, "values")) == 8, "tokens abbreviated");
             T_CHECK(json_is_true(json_object_get(g, "truncated")), "marked truncated");
         }
+        /* what one decode token reads, recounted from the tensor list: main layers and globals,
+         * the routed experts at n_expert_used / n_expert, one embedding row, k_b + v_b */
+        const json_t *hp = json_object_get(a, "hparams"), *dpt = json_object_get(a, "decode_per_token");
+        const double used = (double)json_integer_value(json_object_get(hp, "n_expert_used")) /
+                            (double)json_integer_value(json_object_get(hp, "n_expert"));
+        const long long nlm = json_integer_value(json_object_get(hp, "n_layer_main"));
+        double want = 0, want_routed = 0, got_routed = -1;
+        json_array_foreach(json_object_get(rep, "tensors"), i, g) {
+            const char *nm = json_string_value(json_object_get(g, "name"));
+            double b = (double)json_integer_value(json_object_get(g, "bytes"));
+            int layer = -1;
+            if (sscanf(nm, "blk.%d.", &layer) == 1 && layer >= nlm) continue;
+            if (strstr(nm, "_exps.")) {
+                want_routed += b * used;
+                b *= used;
+            }
+            if (!strcmp(nm, "token_embd.weight"))
+                b /= (double)json_integer_value(json_array_get(json_object_get(g, "shape"), 1));
+            want += b;
+        }
+        json_array_foreach(json_object_get(dpt, "groups"), i, g)
+            if (!strcmp(json_string_value(json_object_get(g, "group")), "routed experts"))
+                got_routed = json_real_value(json_object_get(g, "bytes"));
+        const double got = json_real_value(json_object_get(dpt, "total_bytes"));
+        T_CHECK(fabs(got - want) <= 1e-9 * want + 1e-3 && fabs(got_routed - want_routed) < 1e-6 * want_routed + 1e-3 &&
+                    json_integer_value(json_object_get(dpt, "layers_compact_kv_b")) == nlm &&
+                    json_integer_value(json_object_get(dpt, "layers_f32_kv_b")) == 0 &&
+                    json_real_value(json_object_get(dpt, "nextn_per_draft_bytes")) > 0,
+                "decode bytes per token %.0f (want %.0f), routed %.0f (want %.0f), %lld compact layers", got, want,
+                got_routed, want_routed, (long long)json_integer_value(json_object_get(dpt, "layers_compact_kv_b")));
         if (ref) check_report_vs_reference(rep, ref);
         char *txt = NULL;
         size_t len = 0;
@@ -147,6 +177,8 @@ static void test_oracle_report(const json_t *ref) {
         T_CHECK(txt && strstr(txt, "audit: PASSED"), "text says PASSED");
         T_CHECK(txt && strstr(txt, "blk.3.nextn.eh_proj.weight"), "text lists tensors");
         T_CHECK(txt && strstr(txt, "[string x 2048]"), "text abbreviates arrays");
+        T_CHECK(txt && strstr(txt, "one decode token reads") && strstr(txt, "routed experts"),
+                "text gives the decode bytes per token");
         free(txt);
         json_decref(rep);
     }

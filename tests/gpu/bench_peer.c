@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "cuda/cuk_gemm.h"
+#include "format/glm5.h"
 #include "format/status.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
@@ -147,19 +148,27 @@ static double blas_bf16_tflops(void) {
 }
 
 /* Bytes one decode token reads from rank 0's tensors (see the top comment). */
+/* What rank 0 reads for one decode token (glm5_decode_bytes_of: the routed experts at top-k / n,
+ * one embedding row, W_UK/W_UV from the compact attn_k_b/attn_v_b where the set carries them,
+ * else the float32 kv_b; the NextN block apart), printed by group. */
 static double token_bytes(const rt_wset *ws, const glm5_hparams *hp) {
     const rt_weights *w = rt_wset_rank(ws, rt_wset_rank_first(ws));
-    double sum = 0;
-    for (uint64_t i = 0; i < rt_weights_n_tensors(w); i++) {
+    const uint64_t nt = rt_weights_n_tensors(w);
+    glm5_tensor_ref *refs = malloc(sizeof *refs * (nt ? nt : 1));
+    if (!refs) return 0;
+    for (uint64_t i = 0; i < nt; i++) {
         const rt_tensor *t = rt_weights_tensor(w, i);
-        unsigned il;
-        if (sscanf(t->name, "blk.%u.", &il) == 1 && il >= hp->n_layer_main) continue;
-        double b = (double)t->nbytes;
-        if (strstr(t->name, "_exps.")) b *= (double)hp->n_expert_used / hp->n_expert;
-        if (!strcmp(t->name, "token_embd.weight")) b /= (double)t->ne[1];
-        sum += b;
+        refs[i] = (glm5_tensor_ref){t->name, t->type, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, t->nbytes};
     }
-    return sum;
+    glm5_decode_bytes db;
+    glm5_decode_bytes_of(hp, refs, nt, &db);
+    free(refs);
+    printf("decode bytes per token (rank 0; %u layers W_UK/W_UV compact, %u float32 kv_b):", db.n_compact,
+           db.n_kv_b_f32);
+    for (int g = 0; g < GLM5_DB_COUNT; g++)
+        printf("%s %s %.1f MB", g ? ";" : "", glm5_db_group_name((glm5_db_group)g), db.group[g] / 1e6);
+    printf("\n");
+    return db.total;
 }
 
 static void fill_tokens(int32_t *ids, uint32_t n, uint32_t vocab, uint64_t *seed) {
