@@ -662,6 +662,26 @@ static void print_stages(const char *pre, const rt_gpu_stage_times *s, const glm
            1e3 * s->moe_ms / (hp->n_layer_main - hp->n_leading_dense), s->add_ms, s->head_ms, s->total_ms);
 }
 
+/* A decode step's stages with the bytes each must read (bytes_per_step's groups: attention with
+ * the indexer, its norms, latent rows, indexer keys and scores; dense FFN; router, shared and
+ * routed experts; final norm and lm_head; the embedding row), the time those bytes take at the
+ * copy rate, and the stage's time over it. Norms are counted with the attention. */
+static void print_stage_bytes(const rt_gpu_stage_times *s, const step_bytes *b, double copy_rw) {
+    const struct { const char *name; double ms, bytes; } st[] = {
+        {"embedding", s->embd_ms, b->embd},
+        {"attention+indexer", s->attn_ms, b->attn + b->idx + b->norms + b->lat + b->idxk + b->scores},
+        {"dense FFN", s->dense_ms, b->dense},
+        {"MoE", s->moe_ms, b->router + b->shexp + b->experts},
+        {"final norm+lm_head", s->head_ms, b->head},
+    };
+    printf("    stage                   time ms    must read MB   at copy rate ms   time / floor\n");
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+        const double fl = st[i].bytes / copy_rw * 1e3;
+        printf("    %-20s %10.3f %15.1f %17.4f %14.2f\n", st[i].name, st[i].ms, st[i].bytes / 1e6, fl,
+               fl > 0 ? st[i].ms / fl : 0.0);
+    }
+}
+
 static void run_decode(rank_model *R, const opts *o, const hbm *h) {
     const glm5_hparams *hp = &R->hp;
     const uint32_t V = hp->n_vocab;
@@ -720,6 +740,7 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
                     rt_gpu_stage_times sg;
                     GK(rt_gpu_debug_stage_times(g, 1, &sg, &err_));
                     print_stages("   ", &sg, hp);
+                    print_stage_bytes(&sg, &b, h->copy_rw);
                 }
                 /* the sub-step breakdown at the first context, once per mode */
                 if (c == 0 && (!gr || !o->graph_off)) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_));
