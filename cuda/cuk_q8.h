@@ -60,7 +60,7 @@ g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream stream, g5_e
 
 /* 1 if the int8 kernels take weights of this type with rows of k elements: Q4_K, Q5_K, Q6_K
  * and the low-bit types Q2_K, Q3_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS,
- * TQ1_0, TQ2_0 (k % 256 == 0), Q8_0, IQ4_NL, MXFP4 and NVFP4 (k % 64 == 0). The low-bit types' units:
+ * TQ1_0, TQ2_0 (k % 256 == 0), Q8_0, IQ4_NL, MXFP4, NVFP4, Q4_0, Q4_1, Q5_0 and Q5_1 (k % 64 == 0). The low-bit types' units:
  * cuda/q8_lowbit.cuh (each weight an exact int8 times a per-16 or per-32 float scale). */
 int cuk_q8_takes(uint32_t w_type, int64_t k);
 

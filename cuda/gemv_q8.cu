@@ -228,7 +228,9 @@ extern "C" int cuk_q8_takes(uint32_t t, int64_t k) {
     if (k <= 0 || k > (1LL << 24)) return 0;
     switch (t) {
     case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return k % 256 == 0;
-    case QT_Q8_0: case QT_MXFP4: case QT_NVFP4: case QT_IQ4_NL: return k % 64 == 0;
+    case QT_Q8_0: case QT_MXFP4: case QT_NVFP4: case QT_IQ4_NL: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0:
+    case QT_Q5_1:
+        return k % 64 == 0;
     case QT_Q2_K: case QT_Q3_K: case QT_IQ1_S: case QT_IQ1_M: case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S:
     case QT_IQ3_XXS: case QT_IQ3_S: case QT_IQ4_XS: case QT_TQ1_0: case QT_TQ2_0: return k % 256 == 0;
     default: return 0;

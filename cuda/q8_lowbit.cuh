@@ -1,6 +1,7 @@
 /* Internal to cuda/gemv_q8_lb*.cu: the low-bit weight types as units of the int8-input kernels
  * (cuda/gemv_q8_kern.cuh): Q2_K, Q3_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
- * IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4, NVFP4.
+ * IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4, NVFP4, and the legacy 32-element types Q4_0, Q4_1, Q5_0,
+ * Q5_1.
  *
  * A unit is 64 consecutive elements of a row (a quarter of a 256-element block, two MXFP4 or
  * IQ4_NL blocks, one NVFP4 block). Raw<T>::load reads its bytes (16-bit aligned blocks: aligned words realigned
@@ -15,7 +16,8 @@
  *     acc += a_r * (dx * I_r) [- b_r * (dx * C_r)]
  * I_r the exact int32 dot product of the run's q with x's int8 quants (dp4a), C_r the sum of x's
  * quants over the run, dx the scale of x's 32-element block. A run of 32 is Q8_0's unit form
- * (unit_q8_0). Grids: the device copies in format/quant_blocks.h. */
+ * (unit_q8_0); Q4_1 and Q5_1 (weight = d q + m) add m_r s_r, s_r x's (d, s) block sum, as the
+ * Q4_K unit subtracts its min (unit_q4_1). Grids: the device copies in format/quant_blocks.h. */
 #ifndef G5_Q8_LOWBIT_CUH
 #define G5_Q8_LOWBIT_CUH
 
@@ -32,12 +34,13 @@ template <int T> struct LbT {
                                    ? 16
                                    : 32;
     static constexpr bool MIN = T == QT_Q2_K;
+    static constexpr bool MIN32 = T == QT_Q4_1 || T == QT_Q5_1; /* + m per 32-element block */
 };
 
 template <int T> struct Lb {
     uint32_t q[16];                    /* int8 weights, 4 per word, element order */
     float a[64 / LbT<T>::RUN];         /* scale per run */
-    float b[LbT<T>::MIN ? 4 : 1];      /* min per run (Q2_K) */
+    float b[LbT<T>::MIN ? 4 : LbT<T>::MIN32 ? 2 : 1]; /* min per run (Q2_K), per block (Q4_1, Q5_1) */
 };
 
 /* Bytes [p, p + NB) as words, p 16-bit aligned: the aligned words holding them, shifted. */
@@ -428,6 +431,66 @@ __device__ __forceinline__ Lb<QT_IQ4_NL> decode(const Raw<QT_IQ4_NL> &w, int) {
     return o;
 }
 
+/* Q4_0 (18 bytes: d, qs[16]), Q4_1 (20: d, m, qs[16]), Q5_0 (22: d, qh[4], qs[16]), Q5_1 (24: d, m,
+ * qh[4], qs[16]): a unit is blocks 2u and 2u + 1; element j of a block is the low nibble of qs[j],
+ * 16 + j the high one, with bit j (16 + j) of qh as bit 4 (Q5); Q4_0 subtracts 8, Q5_0 16. */
+template <int T> struct Leg {
+    static constexpr int BB = T == QT_Q4_0 ? 18 : T == QT_Q4_1 ? 20 : T == QT_Q5_0 ? 22 : 24; /* block bytes */
+    static constexpr bool M = T == QT_Q4_1 || T == QT_Q5_1;  /* a min after d */
+    static constexpr bool H = T == QT_Q5_0 || T == QT_Q5_1;  /* qh */
+    static constexpr int QS = 2 + (M ? 2 : 0) + (H ? 4 : 0); /* offset of qs */
+    static constexpr uint32_t OFF = T == QT_Q4_0 ? 0x08080808u : T == QT_Q5_0 ? 0x10101010u : 0u;
+};
+template <int T> struct RawLeg {
+    uint32_t r[(2 * Leg<T>::BB + 3) / 4];
+    __device__ void load(const uint8_t *row, int u) { ldb<2 * Leg<T>::BB>(row + (int64_t)u * (2 * Leg<T>::BB), r); }
+};
+template <> struct Raw<QT_Q4_0> : RawLeg<QT_Q4_0> {};
+template <> struct Raw<QT_Q4_1> : RawLeg<QT_Q4_1> {};
+template <> struct Raw<QT_Q5_0> : RawLeg<QT_Q5_0> {};
+template <> struct Raw<QT_Q5_1> : RawLeg<QT_Q5_1> {};
+/* bits 0..3 of s as bit 4 of the four bytes */
+__device__ __forceinline__ uint32_t hbit4(uint32_t s) { return (((s & 0xFu) * 0x00204081u) & 0x01010101u) << 4; }
+template <int T, int J, int N> __device__ __forceinline__ void leg_block(const uint32_t (&r)[N], Lb<T> &o) {
+    using G = Leg<T>;
+    constexpr int B = G::BB * J;
+    uint32_t qh = 0;
+    if constexpr (G::H) qh = word_at<B + 2 + (G::M ? 2 : 0)>(r);
+    const uint32_t qw[4] = {word_at<B + G::QS>(r), word_at<B + G::QS + 4>(r), word_at<B + G::QS + 8>(r),
+                            word_at<B + G::QS + 12>(r)};
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        uint32_t lo = qw[t] & 0x0F0F0F0Fu, hi = (qw[t] >> 4) & 0x0F0F0F0Fu;
+        if constexpr (G::H) {
+            lo |= hbit4(qh >> (4 * t));
+            hi |= hbit4(qh >> (16 + 4 * t));
+        }
+        o.q[8 * J + t] = __vsub4(lo, G::OFF);
+        o.q[8 * J + 4 + t] = __vsub4(hi, G::OFF);
+    }
+    o.a[J] = f16(word_at<B>(r));
+    if constexpr (G::M) o.b[J] = f16(word_at<B + 2>(r));
+}
+template <int T> __device__ __forceinline__ Lb<T> decode_leg(const RawLeg<T> &w) {
+    Lb<T> o;
+    leg_block<T, 0>(w.r, o);
+    leg_block<T, 1>(w.r, o);
+    return o;
+}
+__device__ __forceinline__ Lb<QT_Q4_0> decode(const Raw<QT_Q4_0> &w, int) { return decode_leg<QT_Q4_0>(w); }
+__device__ __forceinline__ Lb<QT_Q4_1> decode(const Raw<QT_Q4_1> &w, int) { return decode_leg<QT_Q4_1>(w); }
+__device__ __forceinline__ Lb<QT_Q5_0> decode(const Raw<QT_Q5_0> &w, int) { return decode_leg<QT_Q5_0>(w); }
+__device__ __forceinline__ Lb<QT_Q5_1> decode(const Raw<QT_Q5_1> &w, int) { return decode_leg<QT_Q5_1>(w); }
+
+/* Q4_1/Q5_1 unit: blocks 0 and 1 with scales d0, d1 and mins m0, m1 (weight d q + m), x's (d, s)
+ * of the two blocks, the exact dot products i0, i1 as floats. */
+__device__ __forceinline__ float unit_q4_1(float d0, float m0, float d1, float m1, float dx0, float sx0, float dx1,
+                                          float sx1, float i0, float i1) {
+    const float a = __fadd_rn(__fmul_rn(d0, __fmul_rn(dx0, i0)), __fmul_rn(m0, sx0));
+    const float b = __fadd_rn(__fmul_rn(d1, __fmul_rn(dx1, i1)), __fmul_rn(m1, sx1));
+    return __fadd_rn(a, b);
+}
+
 /* IQ4_XS (136 bytes): d, scales_h (2 bits per 32 elements), scales_l[4] (a nibble per 32),
  * qs[128] (16 bytes per 32 elements, low nibbles first); dl = d * (ls - 32). */
 template <> struct Raw<QT_IQ4_XS> {
@@ -530,7 +593,10 @@ template <int T> __device__ __forceinline__ float dot(const Lb<T> &w, const X64 
             s0 = dp4(w.q[i], x.word(i), s0);
             s1 = dp4(w.q[8 + i], x.word(8 + i), s1);
         }
-        return unit_q8_0(w.a[0], w.a[1], x.ds.x, x.ds.z, (float)s0, (float)s1);
+        if constexpr (LbT<T>::MIN32)
+            return unit_q4_1(w.a[0], w.b[0], w.a[1], w.b[1], x.ds.x, x.ds.y, x.ds.z, x.ds.w, (float)s0, (float)s1);
+        else
+            return unit_q8_0(w.a[0], w.a[1], x.ds.x, x.ds.z, (float)s0, (float)s1);
     } else {
         float acc = 0.0f;
 #pragma unroll
@@ -567,6 +633,10 @@ G5_Q8_LB_DEC(QT_Q2_K)
 G5_Q8_LB_DEC(QT_Q3_K)
 G5_Q8_LB_DEC(QT_IQ4_NL)
 G5_Q8_LB_DEC(QT_IQ4_XS)
+G5_Q8_LB_DEC(QT_Q4_0)
+G5_Q8_LB_DEC(QT_Q4_1)
+G5_Q8_LB_DEC(QT_Q5_0)
+G5_Q8_LB_DEC(QT_Q5_1)
 #undef G5_Q8_LB_DEC
 
 } // namespace q8

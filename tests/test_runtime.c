@@ -850,11 +850,21 @@ static void test_tensor_parallel(rt_wset *ws, const int32_t *toks, const run_res
         rt_wset_free(tw);
         free_shards(&sh);
     }
-    /* A shard layout that does not divide evenly is refused by name. */
+    /* A shard layout that does not divide evenly is refused by name; so is a compact attn_k_b
+     * with the right row count but the heads cut the wrong way (rows 2 x kv_lora, half the heads). */
     shards sh;
-    if (make_shards(rt_wset_rank(ws, 0), 2, 0, 0, 0, &sh)) {
-        for (uint64_t i = 0; i < sh.n[1]; i++)
-            if (strcmp(sh.tab[1][i].name, "blk.0.attn_q_b.weight") == 0) sh.tab[1][i].ne[1] /= 2;
+    for (int bad = 0; bad < 2; bad++) {
+        if (!make_shards(rt_wset_rank(ws, 0), 2, 0, 0, 0, &sh)) continue;
+        const char *victim = bad ? "blk.1.attn_k_b.weight" : "blk.0.attn_q_b.weight";
+        for (uint64_t i = 0; i < sh.n[1]; i++) {
+            if (strcmp(sh.tab[1][i].name, victim)) continue;
+            if (bad) {
+                sh.tab[1][i].ne[1] *= 2;
+                sh.tab[1][i].ne[2] /= 2;
+            } else {
+                sh.tab[1][i].ne[1] /= 2;
+            }
+        }
         const rt_tensor *tabs[8] = {sh.tab[0], sh.tab[1]};
         rt_wset *tw = NULL;
         rt_model *m = NULL;
@@ -862,7 +872,7 @@ static void test_tensor_parallel(rt_wset *ws, const int32_t *toks, const run_res
         rt_model_opts opts = {.n_threads = 1};
         if (rt_wset_from_tables(meta, 2, 0, tabs, sh.n, &tw, &e) == G5_OK) {
             g5_status st = rt_model_create(tw, &opts, &m, &e);
-            T_CHECK(st != G5_OK && strstr(e.msg, "attn_q_b"), "inconsistent shard refused: %s", e.msg);
+            T_CHECK(st != G5_OK && strstr(e.msg, bad ? "attn_k_b" : "attn_q_b"), "inconsistent shard refused: %s", e.msg);
         }
         rt_model_free(m);
         rt_wset_free(tw);

@@ -32,7 +32,8 @@
 
 static const uint32_t TYPES[] = {QT_Q4_K,  QT_Q5_K,  QT_Q6_K,  QT_Q8_0,   QT_Q2_K,  QT_Q3_K,  QT_IQ1_S,
                                  QT_IQ1_M, QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_TQ1_0,
-                                 QT_TQ2_0, QT_MXFP4, QT_NVFP4, QT_IQ4_NL, QT_IQ4_XS};
+                                 QT_TQ2_0, QT_MXFP4, QT_NVFP4, QT_IQ4_NL, QT_IQ4_XS, QT_Q4_0,  QT_Q4_1,
+                                 QT_Q5_0,  QT_Q5_1};
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 /* The quantizer's CPU emulation for one row of k (planes 2: the residual plane at q + k and
@@ -544,8 +545,9 @@ static void test_refusals(void) {
     T_CHECK(cuk_q8_takes(QT_Q8_0, 64) && !cuk_q8_takes(QT_Q8_0, 96) && cuk_q8_takes(QT_Q6_K, 512) && !cuk_q8_takes(QT_F32, 64) &&
                 cuk_q8_takes(QT_MXFP4, 64) && !cuk_q8_takes(QT_MXFP4, 32) && cuk_q8_takes(QT_NVFP4, 64) &&
                 cuk_q8_takes(QT_IQ1_S, 256) && !cuk_q8_takes(QT_IQ2_XXS, 192) && cuk_q8_takes(QT_IQ4_XS, 256) &&
-                cuk_q8_takes(QT_IQ4_NL, 64) && !cuk_q8_takes(QT_IQ4_NL, 32) && !cuk_q8_takes(QT_Q4_0, 256),
-            "cuk_q8_takes: Q8_0, IQ4_NL, MXFP4, NVFP4 k%%64, the other K- and i-quants k%%256, not Q4_0, F32");
+                cuk_q8_takes(QT_IQ4_NL, 64) && !cuk_q8_takes(QT_IQ4_NL, 32) && cuk_q8_takes(QT_Q4_0, 64) &&
+                !cuk_q8_takes(QT_Q5_1, 32) && !cuk_q8_takes(QT_Q8_1, 64),
+            "cuk_q8_takes: Q8_0, IQ4_NL, MXFP4, NVFP4, Q4_0..Q5_1 k%%64, the other K- and i-quants k%%256, not Q8_1, F32");
     CK(cudaFree(dx));
     CK(cudaFree(q));
     CK(cudaFree(ds));
