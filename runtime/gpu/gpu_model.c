@@ -1057,16 +1057,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     PMARK("attn", "mla_attend");
     if (tc) {
         CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
-    } else if (compact) { /* the input as the float32 kv_b's head GEMV takes it (bf16 in fast mode) */
-        g5_status st;
-        int64_t ld;
-        uint32_t xt;
-        const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
-        if (st) return st;
-        const cuk_head_gemv_q_args uv = {L->v_b.type, L->v_b.w, (int32_t)H, (int32_t)V, (int32_t)KL, xin, xt, ld,
-                                         KL, (int32_t)n, rk->ao, H * V, V};
-        CK(cuk_head_gemv_q(&uv, cs, err));
-    } else if (gl_lin_use(rk->lin, n)) {
+    } else if (gl_lin_use(rk->lin, n) && !compact) {
         for (int64_t h = 0; h < H; h++) {
             const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
             CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
@@ -1077,10 +1068,15 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         uint32_t xt;
         const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
         if (st) return st;
-        /* all heads in one launch (a row's bits independent of n: batched decode stays exact) */
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact), from
+         * the compact attn_v_b where the call is decode-shaped */
+        const cuk_head_gemv_q_args uv = {L->v_b.type, L->v_b.w, (int32_t)H, (int32_t)V, (int32_t)KL, xin, xt, ld,
+                                         KL, (int32_t)n, rk->ao, H * V, V};
         const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
                                        (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
-        if (cuk_head_gemv_fits(&hg)) {
+        if (compact && cuk_head_gemv_q_fits(&uv)) {
+            CK(cuk_head_gemv_q(&uv, cs, err));
+        } else if (cuk_head_gemv_fits(&hg)) {
             CK(cuk_head_gemv(&hg, cs, err));
         } else {
             const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;

@@ -784,7 +784,10 @@ static uint32_t prefill_gemms(const rank_model *R, uint32_t n_tok, gemm_shape *s
     for (uint64_t i = 0; i < R->n_tab; i++) {
         const rt_tensor *t = &R->tab[i];
         const glm5_role r = R->role[i];
-        if (t->n_dims < 2 || r == GLM5_ROLE_TOKEN_EMBD || r == GLM5_ROLE_OUTPUT) continue;
+        /* the compact attn_k_b / attn_v_b are decode's: a prompt's products read kv_b */
+        if (t->n_dims < 2 || r == GLM5_ROLE_TOKEN_EMBD || r == GLM5_ROLE_OUTPUT || r == GLM5_ROLE_ATTN_K_B ||
+            r == GLM5_ROLE_ATTN_V_B)
+            continue;
         const int64_t k = (int64_t)t->ne[0], rows = (int64_t)t->ne[1];
         if (r == GLM5_ROLE_ATTN_KV_B) {
             const int64_t H = rows / (hp->qk_nope + hp->v_head);
