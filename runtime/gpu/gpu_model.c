@@ -1010,10 +1010,10 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
                                     .qlat = rk->qlat};
-    /* decode-shaped calls (at most two rows per sequence: a token, or a token and its draft)
-     * read W_UK and W_UV in their compact stored types, one launch for all heads; prompts read
-     * the float32 kv_b, in kernels organised for many tokens */
-    const int compact = L->k_b.w && !tc && n <= 2 * pl->n_seg;
+    /* decode-shaped calls (one row per segment: decode steps, batched or captured, and the rows
+     * of an MTP verification, gm_rows_plan) read W_UK and W_UV in their compact stored types, one
+     * launch for all heads; prompts read the float32 kv_b, in kernels organised for many tokens */
+    const int compact = L->k_b.w && !tc && n == pl->n_seg;
     const cuk_head_gemv_q_args uk = {L->k_b.type, L->k_b.w, (int32_t)H, (int32_t)KL, (int32_t)NOPE, rk->q,
                                      CUK_ACT_F32, H * (NOPE + R), NOPE + R, (int32_t)n, rk->qlat, H * KL, KL};
     if (compact && cuk_head_gemv_q_fits(&uk)) CK(cuk_head_gemv_q(&uk, cs, err));
