@@ -165,7 +165,7 @@ void convert_i_set_id(const shard_plan *p, const blob_source_desc *src, uint32_t
     XXH3_128bits_reset(st);
     static const char tag[] = "glm5-shard blob set v1";
     XXH3_128bits_update(st, tag, sizeof tag);
-    g5_wr_u32(b, CONVERT_VERSION);
+    g5_wr_u32(b, convert_i_version(p));
     g5_wr_u32(b + 4, BLOB_VERSION);
     g5_wr_u32(b + 8, p->tp);
     g5_wr_u32(b + 12, p->ep ? BLOB_PLACE_EP : BLOB_PLACE_TP);
@@ -219,6 +219,8 @@ g5_status convert_i_meta_image(const gguf_ctx *src, const shard_plan *p, uint8_t
     gguf_writer_free(w);
     return st;
 }
+
+uint32_t convert_i_version(const shard_plan *p) { return p->no_pair ? CONVERT_VERSION_1_0 : CONVERT_VERSION; }
 
 void convert_i_writer_tensors(const shard_plan *p, uint32_t rank, blob_writer_tensor *out) {
     for (uint64_t i = 0; i < p->n_tensors; i++) {
@@ -530,7 +532,7 @@ static g5_status resume_scan(const char *outdir, const shard_plan *p, const uint
         const blob_info *in = blob_get_info(b);
         if (memcmp(in->set_id, set_id, 16) != 0 || in->tp != p->tp || in->rank != r ||
             in->placement != (uint32_t)(p->ep ? BLOB_PLACE_EP : BLOB_PLACE_TP) || in->kv_b_type != p->kv_b_type ||
-            in->converter_version != CONVERT_VERSION || in->n_tensors != p->n_tensors ||
+            in->converter_version != convert_i_version(p) || in->n_tensors != p->n_tensors ||
             in->data_size != p->data_size) {
             blob_free(b);
             continue;
@@ -646,7 +648,7 @@ g5_status convert_run_hooked(const char *model, const char *outdir, const conver
     res->kv_b_type = opt->kv_b_type;
     res->dry_run = opt->dry_run;
     report(&pr, CONVERT_PHASE_PLAN, 0, 0, NULL, 1);
-    shard_options so = {opt->tp, opt->ep, opt->kv_b_type};
+    shard_options so = {opt->tp, opt->ep, opt->kv_b_type, hooks->legacy_1_0};
     if ((st = shard_plan_build(src, &so, &res->plan, err))) goto done;
     const shard_plan *p = res->plan;
     if ((st = convert_i_source_identity(src, &sources, &n_src, err))) goto done;
@@ -702,7 +704,7 @@ g5_status convert_run_hooked(const char *model, const char *outdir, const conver
             bp.tp = p->tp;
             bp.rank = r;
             bp.placement = p->ep ? BLOB_PLACE_EP : BLOB_PLACE_TP;
-            bp.converter_version = CONVERT_VERSION;
+            bp.converter_version = convert_i_version(p);
             bp.kv_b_type = p->kv_b_type;
             memcpy(bp.set_id, res->set_id, 16);
             bp.meta = meta;
@@ -779,7 +781,8 @@ g5_status convert_run_hooked(const char *model, const char *outdir, const conver
         memcpy(res->ranks[r].header_hash, blob_get_info(b)->header_hash, 16);
         blob_free(b);
     }
-    blob_set_record rec = {BLOB_SET_VERSION, p->tp, p->ep ? BLOB_PLACE_EP : BLOB_PLACE_TP, CONVERT_VERSION, {0}, NULL};
+    blob_set_record rec = {BLOB_SET_VERSION, p->tp, p->ep ? BLOB_PLACE_EP : BLOB_PLACE_TP, convert_i_version(p), {0},
+                           NULL};
     memcpy(rec.set_id, res->set_id, 16);
     rec.ranks = calloc(p->tp, sizeof *rec.ranks);
     if (!rec.ranks) {

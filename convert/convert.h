@@ -26,6 +26,10 @@
 #define CONVERT_VERSION_PATCH 0
 /* (major << 16) | (minor << 8) | patch, as stored in blob headers. */
 #define CONVERT_VERSION ((CONVERT_VERSION_MAJOR << 16) | (CONVERT_VERSION_MINOR << 8) | CONVERT_VERSION_PATCH)
+/* 1.1.0: attn_k_b/attn_v_b carried beside kv_b. Sets of earlier versions lack them (shard_options
+ * no_pair gives their plan). */
+#define CONVERT_VERSION_PAIR ((1 << 16) | (1 << 8))
+#define CONVERT_VERSION_1_0 (1 << 16)
 
 /* ---- progress ---- */
 

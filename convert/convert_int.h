@@ -44,6 +44,8 @@ g5_status convert_i_source_identity(const gguf_ctx *src, blob_source_desc **desc
 /* The set id: XXH3-128 over the converter and blob versions, tp, placement, kv_b type and the
  * source identity (not the file names). Deterministic, so a resumed run writes the same bytes. */
 void convert_i_set_id(const shard_plan *p, const blob_source_desc *src, uint32_t n_src, uint8_t out[16]);
+/* The converter version a plan's layout belongs to: CONVERT_VERSION, or 1.0.0 for a no_pair plan. */
+uint32_t convert_i_version(const shard_plan *p);
 
 /* The metadata image carried by every blob: a tensor-less GGUF v3 with all of the source's kv
  * pairs except split.* (which describe the source's file layout, recorded in the source table). */

@@ -16,6 +16,9 @@ typedef struct convert_test_hooks {
      * injected full disk): handled like a real write error (temporary files removed, G5_ERR_IO).
      * 0: off. (format/blob_test.h) */
     uint64_t fail_write_after_bytes;
+    /* Write a set as converter 1.0 did (attn_k_b/attn_v_b not carried, version 1.0.0 in its
+     * headers and record): the older sets verify and the runtime must still take. */
+    int legacy_1_0;
 } convert_test_hooks;
 
 /* convert_run with HOOKS (NULL: none, exactly convert_run). */

@@ -183,6 +183,7 @@ static g5_status plan_core(const gguf_ctx *src, const shard_options *opt, shard_
     p->tp = opt->tp;
     p->ep = opt->ep;
     p->kv_b_type = opt->kv_b_type;
+    p->no_pair = opt->no_pair;
     /* the runtime's own validation: convert writes nothing glm5-run would refuse */
     if ((st = glm5_model_validate(src, &p->hp, err))) goto fail;
     const glm5_hparams *hp = &p->hp;
@@ -261,16 +262,21 @@ static g5_status plan_core(const gguf_ctx *src, const shard_options *opt, shard_
         t->src = ord[k].idx;
         t->src_k_b = t->src_v_b = -1;
         t->layer = layer;
-        snprintf(t->name, sizeof t->name, "%s", g->name);
-        t->role = role;
-        t->rule = role_rule(role, p->ep, &t->why);
-        t->type = g->type;
-        t->n_dims = g->n_dims;
-        memcpy(t->ne_global, g->ne, sizeof t->ne_global);
-        t->src_bytes = g->nbytes;
-        plan_place(p, t, g, &off, msg, cap, n_refused);
-        nt++;
-        if (role != GLM5_ROLE_ATTN_K_B && role != GLM5_ROLE_ATTN_V_B) continue;
+        const int pair = role == GLM5_ROLE_ATTN_K_B || role == GLM5_ROLE_ATTN_V_B;
+        if (pair && p->no_pair) {
+            p->src_dropped++;
+        } else {
+            snprintf(t->name, sizeof t->name, "%s", g->name);
+            t->role = role;
+            t->rule = role_rule(role, p->ep, &t->why);
+            t->type = g->type;
+            t->n_dims = g->n_dims;
+            memcpy(t->ne_global, g->ne, sizeof t->ne_global);
+            t->src_bytes = g->nbytes;
+            plan_place(p, t, g, &off, msg, cap, n_refused);
+            nt++;
+        }
+        if (!pair) continue;
         /* kv_b follows the later of the pair */
         const int64_t other = role == GLM5_ROLE_ATTN_K_B ? vb[layer] : kb[layer];
         int later = 0;
@@ -323,7 +329,7 @@ void shard_working_tp(const gguf_ctx *src, uint32_t kv_b_type, uint32_t max_tp, 
     if (max_tp > 64) max_tp = 64;
     for (uint32_t t = 1; t <= max_tp; t++)
         for (int ep = 0; ep < 2; ep++) {
-            shard_options o = {t, ep, kv_b_type};
+            shard_options o = {t, ep, kv_b_type, 0};
             shard_plan *p;
             char msg[8];
             uint64_t nr;

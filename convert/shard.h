@@ -66,7 +66,9 @@ typedef struct shard_plan {
     uint64_t data_size;       /* per-rank data region size (tensors padded to 4096) */
     uint64_t n_src_tensors;
     uint64_t src_tensor_bytes; /* all source tensor bytes (each read once) */
-    uint64_t src_dropped;     /* source tensors not carried (the next) */
+    int no_pair;              /* shard_options.no_pair */
+    uint64_t src_dropped;     /* source tensors not carried (the next; with no_pair also
+                               * attn_k_b/attn_v_b) */
     uint64_t src_unused;      /* shared layers' duplicate indexer tensors (IndexShare: those
                                * layers reuse a full layer's top-k, the runtime never reads them) */
     uint64_t src_unused_bytes;
@@ -76,6 +78,8 @@ typedef struct shard_options {
     uint32_t tp;
     int ep;
     uint32_t kv_b_type;       /* QT_F32, QT_BF16, QT_F16, QT_Q8_0 */
+    int no_pair;              /* converter 1.0's layout: attn_k_b/attn_v_b not carried, only the
+                               * rebuilt kv_b (verify --deep of sets written before 1.1) */
 } shard_options;
 
 /* Builds and checks the plan. Refusals return G5_ERR_SHARDING with a message naming the tensor,

@@ -234,7 +234,9 @@ static void deep_verify(const convert_verify_options *opt, blob **blobs, convert
         }
     }
     const blob_info *in = blob_get_info(first);
-    shard_options so = {in->tp, in->placement == BLOB_PLACE_EP, in->kv_b_type};
+    /* sets written before 1.1 carry no attn_k_b/attn_v_b: their own plan */
+    shard_options so = {in->tp, in->placement == BLOB_PLACE_EP, in->kv_b_type,
+                        in->converter_version < CONVERT_VERSION_PAIR};
     if ((st = shard_plan_build(src, &so, &plan, &e))) {
         snprintf(msg, sizeof msg, "--deep: cannot rebuild the plan: %s", e.msg);
         add_finding(res, -1, -1, -1, st, msg);

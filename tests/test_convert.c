@@ -457,6 +457,58 @@ static void test_kv_b_types(void) {
     }
 }
 
+/* A set as converter 1.0 wrote it (attn_k_b/attn_v_b not carried; the test hook): version 1.0.0
+ * in its headers, 90 tensors, kv_b bytes those of the 1.1 set; it verifies, deep included
+ * (verify plans it as 1.0 did), and the runtime opens it with no compact pair. */
+static void test_legacy_set(void) {
+    const char *model = T_ORACLE_GGUF;
+    char dir[4200], ref[4200];
+    snprintf(dir, sizeof dir, "%s/legacy-1.0", g_tmp);
+    snprintf(ref, sizeof ref, "%s/oracle-t2", g_tmp); /* the 1.1 set of test_oracle_sets */
+    convert_options o;
+    convert_options_init(&o);
+    o.tp = 2;
+    const convert_test_hooks legacy = {.legacy_1_0 = 1};
+    convert_result *res = NULL;
+    g5_error e;
+    g5_status st = convert_run_hooked(model, dir, &o, &legacy, &res, &e);
+    T_CHECK(st == G5_OK && res && res->n_tensors_out == 90, "legacy convert: %s", e.msg);
+    convert_result_free(res);
+    blob_set *s = NULL, *s11 = NULL;
+    T_CHECK(blob_set_open(dir, &s, &e) == G5_OK, "legacy set opens: %s", e.msg);
+    T_CHECK(blob_set_open(ref, &s11, &e) == G5_OK, "1.1 set opens: %s", e.msg);
+    if (s && s11) {
+        const blob *b = blob_set_rank(s, 1), *b11 = blob_set_rank(s11, 1);
+        T_CHECK(blob_get_info(b)->converter_version == CONVERT_VERSION_1_0 &&
+                    blob_get_info(b11)->converter_version == CONVERT_VERSION && blob_n_tensors(b) == 90 &&
+                    !blob_find_tensor(b, "blk.0.attn_k_b.weight") && blob_find_tensor(b11, "blk.0.attn_k_b.weight"),
+                "legacy set: version %#x, %llu tensors, no attn_k_b", blob_get_info(b)->converter_version,
+                (unsigned long long)blob_n_tensors(b));
+        const blob_tensor *k = blob_find_tensor(b, "blk.2.attn_kv_b.weight"), *k11 = blob_find_tensor(b11, "blk.2.attn_kv_b.weight");
+        T_CHECK(k && k11 && k->size == k11->size && memcmp(k->data, k11->data, k->size) == 0,
+                "kv_b of the legacy set equals the 1.1 set's");
+    }
+    blob_set_free(s);
+    blob_set_free(s11);
+    convert_verify_result *vr = NULL;
+    st = verify(dir, NULL, &vr, &e);
+    T_CHECK(st == G5_OK && vr && vr->ok, "legacy set verifies: %s", e.msg);
+    convert_verify_result_free(vr);
+    vr = NULL;
+    st = verify(dir, model, &vr, &e);
+    T_CHECK(st == G5_OK && vr && vr->ok && vr->ranks[0].n_deep_checked == 90 && vr->ranks[0].n_deep_bad == 0,
+            "legacy set verifies --deep against its own plan: %s", e.msg);
+    convert_verify_result_free(vr);
+    /* converting over it with --resume rewrites every rank as 1.1: the result is the 1.1 set */
+    o.resume = 1;
+    res = NULL;
+    st = convert_run(model, dir, &o, &res, &e);
+    T_CHECK(st == G5_OK && res && res->n_ranks_written == 2, "resume over a 1.0 set: %s", e.msg);
+    convert_result_free(res);
+    T_CHECK(st != G5_OK || dirs_equal(dir, ref, 2), "resumed over a 1.0 set: the 1.1 set byte for byte");
+    t_rmtree(dir);
+}
+
 static void test_refusals(void) {
     g5_error e;
     convert_result *res = NULL;
@@ -846,6 +898,7 @@ int main(void) {
     }
     test_oracle_sets();
     test_kv_b_types();
+    test_legacy_set();
     test_refusals();
     test_corruption();
     test_interruption();
