@@ -7,6 +7,8 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 static uint64_t rng_state = 42;
 static double urand(void) {
@@ -446,7 +448,176 @@ static void test_speculative(void) {
     samp_free(g);
 }
 
+/* ---- the one-pass chain against the chain it replaced ----
+ * ref_chain is the former run_chain, written out here: every candidate copied, penalties applied
+ * by id, the -inf dropped, then the heap selection of top_k, min-p, sort, top-p, temperature. The
+ * one-pass chain must give the same candidates, logits and probabilities, bit for bit. */
+typedef struct ref_cand {
+    int32_t id;
+    float logit, p;
+} ref_cand;
+
+static int ref_better(const ref_cand *a, const ref_cand *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+static int ref_cmp(const void *a, const void *b) {
+    const ref_cand *x = a, *y = b;
+    return ref_better(x, y) ? -1 : ref_better(y, x) ? 1 : 0;
+}
+static int ref_cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The candidates of the former chain for logits[0..n) with the window hist[0..nh) (its last
+ * repeat_last_n entries), into c[0..n); returns their count (0: every logit NaN or -inf). */
+static size_t ref_chain(const samp_params *p, const float *logits, uint32_t n, const int32_t *hist, size_t nh,
+                        ref_cand *c) {
+    for (uint32_t i = 0; i < n; i++) c[i] = (ref_cand){(int32_t)i, isnan(logits[i]) ? -INFINITY : logits[i], 0};
+    size_t w = nh < (size_t)p->repeat_last_n ? nh : (size_t)p->repeat_last_n;
+    if (w && !(p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)) {
+        int32_t sorted[256];
+        memcpy(sorted, hist + (nh - w), w * sizeof *sorted);
+        qsort(sorted, w, sizeof *sorted, ref_cmp_i32);
+        for (size_t i = 0; i < w;) {
+            size_t j = i;
+            while (j < w && sorted[j] == sorted[i]) j++;
+            if (sorted[i] >= 0 && (uint32_t)sorted[i] < n) {
+                ref_cand *x = &c[sorted[i]];
+                if (x->logit <= 0) x->logit *= p->repeat_penalty;
+                else x->logit /= p->repeat_penalty;
+                x->logit -= (float)(j - i) * p->frequency_penalty + p->presence_penalty;
+            }
+            i = j;
+        }
+    }
+    size_t m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (c[i].logit > -INFINITY) c[m++] = c[i];
+    if (m == 0) return 0;
+    if (!(p->temperature > 0)) {
+        size_t best = 0;
+        for (size_t i = 1; i < m; i++)
+            if (ref_better(&c[i], &c[best])) best = i;
+        c[0] = c[best];
+        c[0].p = 1.0f;
+        return 1;
+    }
+    if (p->top_k > 0 && (size_t)p->top_k < m) {
+        const size_t k = (size_t)p->top_k;
+        for (size_t i = 1; i < k; i++)
+            for (size_t j = i; j > 0 && ref_better(&c[(j - 1) / 2], &c[j]); j = (j - 1) / 2) {
+                ref_cand t = c[j]; c[j] = c[(j - 1) / 2]; c[(j - 1) / 2] = t;
+            }
+        for (size_t i = k; i < m; i++) {
+            if (!ref_better(&c[i], &c[0])) continue;
+            c[0] = c[i];
+            for (size_t j = 0;;) {
+                size_t l = 2 * j + 1, b = j;
+                if (l < k && ref_better(&c[b], &c[l])) b = l;
+                if (l + 1 < k && ref_better(&c[b], &c[l + 1])) b = l + 1;
+                if (b == j) break;
+                ref_cand t = c[j]; c[j] = c[b]; c[b] = t;
+                j = b;
+            }
+        }
+        m = k;
+    }
+    float maxl = -INFINITY;
+    for (size_t i = 0; i < m; i++)
+        if (c[i].logit > maxl) maxl = c[i].logit;
+    double z = 0;
+    for (size_t i = 0; i < m; i++) z += exp((double)c[i].logit - maxl);
+    if (p->min_p > 0 && p->min_p <= 1) {
+        float thr = maxl + logf(p->min_p);
+        size_t k = 0;
+        for (size_t i = 0; i < m; i++)
+            if (c[i].logit >= thr) c[k++] = c[i];
+        m = k;
+    }
+    qsort(c, m, sizeof *c, ref_cmp);
+    if (p->top_p < 1.0f) {
+        double cum = 0;
+        size_t keep = m;
+        for (size_t i = 0; i < m; i++) {
+            cum += exp((double)c[i].logit - maxl) / z;
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        m = keep;
+    }
+    double zt = 0;
+    float ml = c[0].logit;
+    for (size_t i = 0; i < m; i++) zt += exp(((double)c[i].logit - ml) / p->temperature);
+    for (size_t i = 0; i < m; i++) {
+        c[i].logit /= p->temperature;
+        c[i].p = (float)(exp((double)c[i].logit - ml / p->temperature) / zt);
+    }
+    return m;
+}
+
+static int same_f(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+/* Random vocabularies (ties, NaN, +-inf, all -inf), random chains (greedy, top-k below, at and
+ * above the count of finite logits, min-p, top-p, temperature, every penalty), random windows. */
+static void test_one_pass_equals_former(void) {
+    enum { NV = 3000, CASES = 600 };
+    float *l = malloc(NV * sizeof *l);
+    ref_cand *rc = malloc(NV * sizeof *rc);
+    samp_cand *got = malloc(NV * sizeof *got);
+    int bad = 0, n_err_same = 0;
+    for (int c = 0; c < CASES && l && rc && got; c++) {
+        const uint32_t n = 1 + (uint32_t)(urand() * (c % 3 == 0 ? 40 : NV - 1));
+        const int kind = c % 5; /* 0 random, 1 coarse (ties), 2 some NaN/inf, 3 mostly -inf, 4 all -inf */
+        for (uint32_t i = 0; i < n; i++) {
+            double u = urand();
+            l[i] = kind == 1 ? (float)(int)(u * 8) : (float)(u * 20 - 10);
+            if (kind == 2 && urand() < 0.05) l[i] = urand() < 0.5 ? NAN : urand() < 0.5 ? -INFINITY : INFINITY;
+            if ((kind == 3 && urand() < 0.97) || kind == 4) l[i] = urand() < 0.5 ? -INFINITY : NAN;
+        }
+        samp_params p = base();
+        p.temperature = c % 7 == 0 ? 0.0f : (float)(0.2 + urand() * 1.5);
+        const int tk = (int)(urand() * 4);
+        p.top_k = tk == 0 ? 0 : tk == 1 ? 1 + (int)(urand() * 50) : tk == 2 ? (int)n : (int)n + 5;
+        p.top_p = urand() < 0.5 ? 1.0f : (float)(0.3 + urand() * 0.7);
+        p.min_p = urand() < 0.5 ? 0.0f : (float)(urand() * 0.3);
+        p.repeat_last_n = (int)(urand() * 64);
+        p.repeat_penalty = urand() < 0.5 ? 1.0f : (float)(0.5 + urand() * 1.5);
+        p.frequency_penalty = urand() < 0.7 ? 0.0f : (float)(urand() * 0.5);
+        p.presence_penalty = urand() < 0.7 ? 0.0f : (float)(urand() * 0.5);
+        int32_t hist[200];
+        const size_t nh = (size_t)(urand() * 200);
+        for (size_t i = 0; i < nh; i++) hist[i] = (int32_t)(urand() * (n + 4)) - 2; /* a few out of range */
+        const size_t want = ref_chain(&p, l, n, hist, nh, rc);
+        samp_ctx *s = NULL;
+        size_t m = 0;
+        g5_status st = samp_create(&p, n, &s, NULL);
+        for (size_t i = 0; i < nh && s; i++) samp_accept(s, hist[i]);
+        if (!st) st = samp_candidates(s, l, got, NV, &m, NULL);
+        samp_free(s);
+        if (want == 0) {
+            n_err_same += st == G5_ERR_INVALID_ARG;
+            bad += st != G5_ERR_INVALID_ARG;
+            continue;
+        }
+        int ok = st == G5_OK && m == want;
+        for (size_t i = 0; ok && i < m; i++)
+            ok = got[i].id == rc[i].id && same_f(got[i].logit, rc[i].logit) && same_f(got[i].p, rc[i].p);
+        if (!ok && bad < 3)
+            printf("  case %d: n %u, temp %g, top_k %d, top_p %g, min_p %g, penalties %g/%g/%g over %d: %zu vs %zu "
+                   "candidates\n", c, n, p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty,
+                   p.frequency_penalty, p.presence_penalty, p.repeat_last_n, m, want);
+        bad += !ok;
+    }
+    T_CHECK(bad == 0 && n_err_same > 0, "one-pass chain equals the former chain bit for bit: %d of %d cases differ "
+            "(%d all-dropped cases refused alike)", bad, CASES, n_err_same);
+    free(l), free(rc), free(got);
+}
+
 int main(void) {
+    test_one_pass_equals_former();
     test_greedy();
     test_reproducible();
     test_filters();
