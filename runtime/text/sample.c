@@ -183,6 +183,33 @@ static void heap_replace_root(samp_cand *c, size_t k, samp_cand x) {
     }
 }
 
+/* The candidates kept so far by one pass (run_chain): greedy's best, or the first `top` in id
+ * order and then the min-heap of the `top` best. */
+typedef struct chain_pass {
+    samp_cand *cand;
+    size_t m, top;
+    int greedy;
+    samp_cand best;
+    float thr; /* a later token matters only above this: -inf while filling, else the heap's root
+                * (a tie loses to the root's lower id) or greedy's best */
+} chain_pass;
+
+/* Token c (its logit > -inf) into the pass. */
+static void pass_take(chain_pass *q, samp_cand c) {
+    if (q->greedy) {
+        if (!q->m || c.logit > q->best.logit) q->best = c; /* ascending ids: a tie keeps the lower */
+        q->thr = q->best.logit;
+    } else if (q->m < q->top) {
+        q->cand[q->m] = c;
+    } else {
+        if (q->m == q->top)
+            for (size_t j = 1; j < q->top; j++) heap_up(q->cand, j);
+        if (better(&c, &q->cand[0])) heap_replace_root(q->cand, q->top, c);
+        q->thr = q->cand[0].logit;
+    }
+    q->m++;
+}
+
 /* Runs the chain into s->cand[0..*n), sorted best first with probabilities filled in.
  *
  * One pass over the vocabulary: each token's logit (NaN as -inf, then its window penalties) is
@@ -190,39 +217,35 @@ static void heap_replace_root(samp_cand *c, size_t k, samp_cand x) {
  * tokens are kept in id order until top_k of them are, from then on as a min-heap of the top_k
  * best (built by sifting up in order, then root replacements): the set and layout a full copy of
  * the candidates followed by that heap selection gives (tests/test_sample.c holds the two equal
- * bit for bit), at a fraction of the memory traffic. */
+ * bit for bit). Between penalized ids the scan is one compare per token with thr (NaN compares
+ * false): while the heap fills thr is -inf, so the count of kept tokens is exact until it is full
+ * (or greedy has a best), after which only the tokens that change the result are looked at. */
 static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_error *err) {
     const samp_params *p = &s->p;
     const uint32_t n = s->n_vocab, np = window_penalties(s);
-    const int greedy = !(p->temperature > 0);
-    const size_t top = p->top_k > 0 ? (size_t)p->top_k : SIZE_MAX;
-    size_t m = 0;
-    samp_cand best = {-1, -INFINITY, 0};
-    for (uint32_t i = 0, pi = 0; i < n; i++) {
-        float l = logits[i];
-        if (isnan(l)) l = -INFINITY;
-        if (pi < np && (uint32_t)s->sorted[pi] == i) l = penalized(p, l, s->pen_n[pi++]);
-        if (!(l > -INFINITY)) continue;
-        const samp_cand c = {(int32_t)i, l, 0};
-        if (greedy) {
-            if (!m || l > best.logit) best = c; /* ascending ids: a tie keeps the lower */
-        } else if (m < top) {
-            s->cand[m] = c;
-        } else {
-            if (m == top)
-                for (size_t j = 1; j < top; j++) heap_up(s->cand, j);
-            if (better(&c, &s->cand[0])) heap_replace_root(s->cand, top, c);
+    chain_pass q = {s->cand, 0, p->top_k > 0 ? (size_t)p->top_k : SIZE_MAX, !(p->temperature > 0),
+                    {-1, -INFINITY, 0}, -INFINITY};
+    for (uint32_t i = 0, pi = 0; i < n;) {
+        const uint32_t end = pi < np ? (uint32_t)s->sorted[pi] : n;
+        for (; i < end; i++) {
+            const float l = logits[i];
+            if (l > q.thr) pass_take(&q, (samp_cand){(int32_t)i, l, 0});
         }
-        m++;
+        if (i == n) break;
+        float l = logits[i];
+        l = penalized(p, isnan(l) ? -INFINITY : l, s->pen_n[pi++]);
+        if (l > q.thr) pass_take(&q, (samp_cand){(int32_t)i, l, 0});
+        i++;
     }
+    size_t m = q.m;
     if (m == 0) return g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
-    if (greedy) {
-        s->cand[0] = best;
+    if (q.greedy) {
+        s->cand[0] = q.best;
         s->cand[0].p = 1.0f;
         *n_out = 1;
         return G5_OK;
     }
-    if (m > top) m = top;
+    if (m > q.top) m = q.top;
 
     /* top-p measures probabilities over the set top-k left (before min-p), at temperature 1. */
     float maxl = -INFINITY;
