@@ -931,6 +931,46 @@ static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const f
     return G5_OK;
 }
 
+/* ao = W_UV o_lat per head for the call's n rows: a prompt's TF32 product (tc), its per-head
+ * GEMMs, or one launch for all heads (the compact attn_v_b where the call is decode-shaped). */
+static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L, uint32_t n, int tc, int compact,
+                          g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head, H = rk->c->H_l;
+    if (tc) {
+        CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
+    } else if (gl_lin_use(rk->lin, n) && !compact) {
+        for (int64_t h = 0; h < H; h++) {
+            const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+            CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
+        }
+    } else { /* every head's input converted in one launch (fast mode), not one per head */
+        g5_status st;
+        int64_t ld;
+        uint32_t xt;
+        const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact), from
+         * the compact attn_v_b where the call is decode-shaped */
+        const cuk_head_gemv_q_args uv = {L->v_b.type, L->v_b.w, (int32_t)H, (int32_t)V, (int32_t)KL, xin, xt, ld,
+                                         KL, (int32_t)n, rk->ao, H * V, V};
+        const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
+                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
+        if (compact && cuk_head_gemv_q_fits(&uv)) {
+            CK(cuk_head_gemv_q(&uv, cs, err));
+        } else if (cuk_head_gemv_fits(&hg)) {
+            CK(cuk_head_gemv(&hg, cs, err));
+        } else {
+            const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+            for (int64_t h = 0; h < H; h++) {
+                const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+                CK(gemv_in(rk, &wuv, (const uint8_t *)xin + h * KL * es, xt, ld, n, rk->ao + h * V, H * V, err));
+            }
+        }
+    }
+    return G5_OK;
+}
+
 g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
@@ -1055,37 +1095,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         CK(cuk_mla_attend_fresh(&at, cs, err));
     }
     PMARK("attn", "mla_attend");
-    if (tc) {
-        CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
-    } else if (gl_lin_use(rk->lin, n) && !compact) {
-        for (int64_t h = 0; h < H; h++) {
-            const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
-            CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
-        }
-    } else { /* every head's input converted in one launch (fast mode), not one per head */
-        g5_status st;
-        int64_t ld;
-        uint32_t xt;
-        const void *xin = act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
-        if (st) return st;
-        /* all heads in one launch (a row's bits independent of n: batched decode stays exact), from
-         * the compact attn_v_b where the call is decode-shaped */
-        const cuk_head_gemv_q_args uv = {L->v_b.type, L->v_b.w, (int32_t)H, (int32_t)V, (int32_t)KL, xin, xt, ld,
-                                         KL, (int32_t)n, rk->ao, H * V, V};
-        const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
-                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
-        if (compact && cuk_head_gemv_q_fits(&uv)) {
-            CK(cuk_head_gemv_q(&uv, cs, err));
-        } else if (cuk_head_gemv_fits(&hg)) {
-            CK(cuk_head_gemv(&hg, cs, err));
-        } else {
-            const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
-            for (int64_t h = 0; h < H; h++) {
-                const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
-                CK(gemv_in(rk, &wuv, (const uint8_t *)xin + h * KL * es, xt, ld, n, rk->ao + h * V, H * V, err));
-            }
-        }
-    }
+    CK(attn_wuv(hp, rk, L, n, tc, compact, err));
     PMARK("attn", "W_UV gemv (all heads, one launch)");
     CK(gemv_q8x2(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
     PMARK("attn", "attn_output gemv");

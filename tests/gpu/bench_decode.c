@@ -302,7 +302,7 @@ static void build_tables(rank_model *R, const opts *o) {
     memcpy(R->src_map, hdr, hlen);
     free(hdr);
     GK(gguf_parse_buffer(R->src_map, R->src_len, "synth-glm5-header", &R->src, &err_));
-    shard_options so8 = {TP, 0, QT_F32};
+    shard_options so8 = {TP, 0, QT_F32, 0};
     GK(shard_plan_build(R->src, &so8, &R->plan, &err_));
     const shard_plan *p = R->plan;
     const glm5_hparams *ghp = &p->hp;
