@@ -524,8 +524,8 @@ static void test_refusals(void) {
     float *ds = dalloc(4096);
     float *y = dalloc(4096);
     void *w = dalloc(1 << 16);
-    cuk_gemv_q8_args a = {QT_Q4_0, w, 256, 4, {q, 256, ds, 16, 1}, 1, y, 4};
-    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q4_0"), "refused: Q4_0 (%s)", err.msg);
+    cuk_gemv_q8_args a = {QT_F16, w, 256, 4, {q, 256, ds, 16, 1}, 1, y, 4};
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "F16"), "refused: F16 (%s)", err.msg);
     a.w_type = QT_Q4_K;
     a.n = 9;
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "n=9"), "refused: n=9 (%s)", err.msg);
