@@ -13,7 +13,8 @@
 # compared with the concurrent runs'), CENTRED (as bench/peer.sh: the model from `synth --centred`,
 # for fast mode, whose prefill leaves fp16's range on most random prompts of the peer file; the
 # same centring kept bench_decode's 78-layer model inside it, session 11; not yet run here).
-# After each server's runs its /metrics draft, decode-step and prefix-hit counters are printed
+# After each server's runs its /metrics draft, decode-step (count and seconds), prefill-seconds,
+# token-draw-seconds and prefix-hit counters are printed
 # (ARGS="--draft mtp": drafts made and accepted over all its runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ for p in ${PRECISIONS:-precise fast}; do
     --max-tokens "${TOKENS:-128}" ${VERIFY:+--verify} || { rc=1; grep -iE "error|fail" "$log" | head -5; }
   if exec 3<>/dev/tcp/127.0.0.1/"$port"; then # draft counters (--draft mtp) and decode steps, all runs together
     printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-    grep -E '^glm5_(draft|generation_tokens|decode_steps|prefix_cache_hits)' <&3 | tr '\n' ' '
+    grep -E '^glm5_(draft|generation_tokens|decode_step|prefill_seconds|token_draw|prefix_cache_hits)' <&3 | tr '\n' ' '
     echo
     exec 3<&-
   fi

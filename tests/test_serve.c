@@ -806,8 +806,17 @@ static void test_chunked_prefill(ref *R, const oracle *o) {
     char *ba = completion_body(o->p2, NA, NULL, GA, 0, NULL), *bb = pb ? completion_body(pb, 8, NULL, GB, 1, NULL) : NULL;
     gen alone;
     const double ch0 = metric(port, "glm5_prefill_chunks_total"), bs0 = metric(port, "glm5_decode_steps_beside_prefill_total");
+    const double ds0 = metric(port, "glm5_decode_steps_total"), dt0 = metric(port, "glm5_decode_step_seconds_total");
+    const double pt0 = metric(port, "glm5_prefill_seconds_total"), wt0 = metric(port, "glm5_token_draw_seconds_total");
     gen_request(port, "/v1/completions", ba, 0, &alone);
     const double ch1 = metric(port, "glm5_prefill_chunks_total"), bs1 = metric(port, "glm5_decode_steps_beside_prefill_total");
+    const double ds1 = metric(port, "glm5_decode_steps_total"), dt1 = metric(port, "glm5_decode_step_seconds_total");
+    const double pt1 = metric(port, "glm5_prefill_seconds_total"), wt1 = metric(port, "glm5_token_draw_seconds_total");
+    /* the first token is drawn at the prompt's end, each later one in a decode step of its own */
+    T_CHECK(nra >= 2 && ds1 - ds0 == nra - 1 && dt1 > dt0 && pt1 > pt0 && wt1 > wt0 &&
+                wt1 - wt0 <= (dt1 - dt0) + (pt1 - pt0),
+            "step timing metrics: %.0f decode steps (want %u), %.4f s decoding, %.4f s in prompt chunks, %.4f s drawing",
+            ds1 - ds0, nra - 1, dt1 - dt0, pt1 - pt0, wt1 - wt0);
     T_CHECK(alone.status == 200 && ids_equal(alone.ids, alone.n, ra, nra), "chunked prefill: A alone, rt greedy (%u vs %u)",
             alone.n, nra);
     T_CHECK(ch1 - ch0 == CHUNKS && bs1 == bs0, "chunked prefill: A alone in %.0f chunks (want %d), %.0f steps beside",

@@ -19,7 +19,8 @@
  * then one chunk of each sequence with prompt left, so a long prompt delays the others' tokens
  * by one chunk per step, not by its whole prefill (/metrics: glm5_prefill_chunks_total, and
  * glm5_decode_steps_beside_prefill_total, the decode steps run while a prompt was part way
- * through). A sequence that needs a block when none is free preempts the most recently admitted
+ * through; where the engine's time goes: glm5_decode_steps_total, glm5_decode_step_seconds_total,
+ * glm5_prefill_seconds_total and glm5_token_draw_seconds_total, the host's share). A sequence that needs a block when none is free preempts the most recently admitted
  * one, which is recomputed later from its prompt and the tokens it already produced (results
  * are unchanged: the model gives bit-identical results whether tokens are fed together or one
  * at a time, and the sampler keeps its state).
@@ -212,6 +213,11 @@ typedef struct srv_stats {
     uint64_t prefill_chunks;   /* prompt chunks run (one rt_eng_prefill each) */
     uint64_t decode_steps_beside_prefill; /* decode steps run while a prompt was part way through
                                              its chunks (the steps chunking let in) */
+    uint64_t decode_steps;     /* engine steps that decoded (one batched forward call each) */
+    double decode_seconds;     /* wall time of those steps: forward call (logits to host) + draws */
+    double prefill_seconds;    /* wall time of prompt chunks (their last chunk's draw included) */
+    double draw_seconds;       /* wall time drawing tokens (sampling, detokenizing, stop strings,
+                                  hand-off to the client), part of the two above */
     double load_seconds;
     uint64_t load_bytes;
 } srv_stats;

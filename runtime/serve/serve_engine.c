@@ -876,9 +876,17 @@ static int chat_marker(const tok_ctx *tok, int32_t id, char *buf, size_t cap, si
     return 0;
 }
 
+static void draw_token(srv_server *s, srv_req *r, const float *logits);
+
 /* r has run its feed up to the end and logits (its row) holds the next token's: draws it and
- * publishes it, or finishes r. */
+ * publishes it, or finishes r; its time goes to the draw counter. */
 static void draw(srv_server *s, srv_req *r, const float *logits) {
+    const double t0 = srv_now();
+    draw_token(s, r, logits);
+    s->draw_pending += srv_now() - t0;
+}
+
+static void draw_token(srv_server *s, srv_req *r, const float *logits) {
     g5_error e = {0};
     const uint32_t V = rt_eng_hparams(s->eng)->n_vocab;
     int32_t id = -1;
@@ -1189,12 +1197,20 @@ static void *engine_main(void *arg) {
             beside |= batch[i]->mid_prompt;
         }
         pthread_mutex_unlock(&s->mu);
+        const double t0 = srv_now();
         if (nd && s->draft) decode_step_mtp(s, dec, nd, sts, toks, ntok);
         else if (nd) decode_step(s, dec, nd, sts, toks);
+        const double t1 = srv_now();
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
+        const double t2 = srv_now();
         pthread_mutex_lock(&s->mu);
         if (nd && beside) s->decode_steps_beside_prefill++;
+        s->decode_steps += nd > 0;
+        s->decode_seconds += t1 - t0;
+        s->prefill_seconds += t2 - t1;
+        s->draw_seconds += s->draw_pending;
+        s->draw_pending = 0;
         for (uint32_t i = 0; i < n; i++)
             if (req_unref_locked(batch[i])) req_destroy(batch[i]);
     }
@@ -1274,6 +1290,10 @@ void srv_get_stats(srv_server *s, srv_stats *o) {
     o->draft_accepted = s->draft_accepted;
     o->prefill_chunks = s->prefill_chunks;
     o->decode_steps_beside_prefill = s->decode_steps_beside_prefill;
+    o->decode_steps = s->decode_steps;
+    o->decode_seconds = s->decode_seconds;
+    o->prefill_seconds = s->prefill_seconds;
+    o->draw_seconds = s->draw_seconds;
     o->load_seconds = s->load_seconds;
     o->load_bytes = s->load_bytes;
     pthread_mutex_unlock(&s->mu);

@@ -215,6 +215,16 @@ static char *metrics_text(srv_server *s) {
     sb_metric(&b, "glm5_decode_steps_beside_prefill_total", "counter",
               "decode steps run while a prompt was part way through its chunks");
     sb_printf(&b, "glm5_decode_steps_beside_prefill_total %llu\n", (unsigned long long)s->decode_steps_beside_prefill);
+    sb_metric(&b, "glm5_decode_steps_total", "counter", "engine steps that decoded (one batched forward call each)");
+    sb_printf(&b, "glm5_decode_steps_total %llu\n", (unsigned long long)s->decode_steps);
+    sb_metric(&b, "glm5_decode_step_seconds_total", "counter",
+              "time in decode steps: the batched forward call (logits to the host included) and the draws");
+    sb_printf(&b, "glm5_decode_step_seconds_total %.6f\n", s->decode_seconds);
+    sb_metric(&b, "glm5_prefill_seconds_total", "counter", "time in prompt chunks (a prompt's first draw included)");
+    sb_printf(&b, "glm5_prefill_seconds_total %.6f\n", s->prefill_seconds);
+    sb_metric(&b, "glm5_token_draw_seconds_total", "counter",
+              "time drawing tokens (sampling, detokenizing, stop strings, hand-off to the client), part of the two above");
+    sb_printf(&b, "glm5_token_draw_seconds_total %.6f\n", s->draw_seconds);
     sb_hist(&b, "glm5_time_to_first_token_seconds", "from arrival to the first drawn token", &s->ttft);
     sb_hist(&b, "glm5_time_per_output_token_seconds", "between consecutive drawn tokens", &s->tpot);
     sb_hist(&b, "glm5_request_duration_seconds", "from arrival to the end of generation", &s->e2e);

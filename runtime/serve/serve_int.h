@@ -190,6 +190,11 @@ struct srv_server {
     uint64_t prefix_query_tokens, prefix_hit_tokens;
     uint64_t draft_proposed, draft_accepted;
     uint64_t prefill_chunks, decode_steps_beside_prefill; /* srv_stats */
+    uint64_t decode_steps;     /* srv_stats: engine steps that decoded */
+    double decode_seconds, prefill_seconds, draw_seconds; /* srv_stats: time in decode steps, in
+                                                             prompt chunks, drawing tokens */
+    double draw_pending;       /* the engine thread's draw time not yet in draw_seconds (that
+                                  thread alone touches it; moved under the lock once a step) */
     srv_hist ttft, tpot, e2e;
     double load_seconds;
     uint64_t load_bytes;
