@@ -206,8 +206,8 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
             L->kvb = d;
         }
         /* the compact pair, where the set carries it and kv_b holds the same numbers (F32): then
-         * both MLA layouts compute one function (specs/sharding.md "kv_b") */
-        L->k_b.w = L->v_b.w = NULL;
+         * both MLA layouts compute one function (specs/sharding.md "kv_b"); else k_b.w stays NULL
+         * (rk->L is calloc'ed) */
         if (cl->k_b.data && cl->v_b.data && cl->kv_b.type == QT_F32 &&
             cuk_head_gemv_q_takes(cl->k_b.type, (int64_t)NOPE) && cuk_head_gemv_q_takes(cl->v_b.type, (int64_t)KL)) {
             const void *kb = dptr(rk, cl->k_b.data, cl->k_b.nrows * cl->k_b.row_bytes);

@@ -196,9 +196,9 @@ typedef struct chain_pass {
 
 /* Token c (its logit > -inf) into the pass. */
 static void pass_take(chain_pass *q, samp_cand c) {
-    if (q->greedy) {
-        if (!q->m || c.logit > q->best.logit) q->best = c; /* ascending ids: a tie keeps the lower */
-        q->thr = q->best.logit;
+    if (q->greedy) { /* c beats thr, the best so far: ascending ids, so a tie never got here */
+        q->best = c;
+        q->thr = c.logit;
     } else if (q->m < q->top) {
         q->cand[q->m] = c;
     } else {
