@@ -1,4 +1,5 @@
-/* Internals of the CUDA model shared by runtime/gpu/gpu_model.c (setup, stages, forward),
+/* Internals of the CUDA model shared by runtime/gpu/gpu_model.c (setup, FFN stage, forward),
+ * runtime/gpu/gpu_attn.c (the attention stage), runtime/gpu/gpu_prod.c (the weight products),
  * runtime/gpu/gpu_debug.c (the benchmark and profiling hooks of gpu_model.h) and runtime/gpu/gpu_mtp.c
  * (the NextN/MTP block), runtime/gpu/gpu_coll.c (processes, NCCL): the device-side structures and
  * the stage functions. Not an API: nothing outside runtime/gpu/gpu_*.c includes it but
@@ -13,6 +14,7 @@
 #include "cuda/cuk.h"
 #include "cuda/cuk_check.h"
 #include "cuda/cuk_model.h"
+#include "cuda/cuk_q8.h"
 #include "runtime/gpu/gpu_linear.h"
 #include "runtime/gpu/gpu_model.h"
 #include "runtime/cpu/model_tensors.h"
@@ -267,8 +269,37 @@ void gm_mtp_seq_free(rt_gpu_seq *s);
 g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err);
 /* rk->x = the token embeddings of rk->tok [n] (E wide), the pending residual add cleared. */
 g5_status gm_embed(gl_rank *rk, uint32_t n, int64_t E, g5_error *err);
+/* ---- products (gpu_prod.c) ---- */
+
+/* The product input of a fast-mode rank: x [n][ldx] rounded to bf16 in rk->xb [n][k] (*ld = k,
+ * *type CUK_ACT_BF16); x itself (CUK_ACT_F32) in precise mode or with keep_f32. */
+const void *gm_act_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int64_t *ld,
+                      uint32_t *type, int keep_f32, g5_status *st, g5_error *err);
+/* y[t] = W x[t] for t < n: the prefill GEMM path where it takes n rows, else GEMV launches of
+ * CUK_GEMV_MAX_N rows. keep_f32: float32 input in fast mode too (the router and the indexer:
+ * their choices flip on bf16 rounding, and their weights are small). */
+g5_status gm_gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                    int64_t ldy, int keep_f32, g5_error *err);
+/* The GEMV launches of gm_gemv_k for an input gm_act_in made (xin [n][ld] of type xt), so that
+ * several products of one input share one conversion. */
+g5_status gm_gemv_in(const gl_rank *rk, const dmat *W, const void *xin, uint32_t xt, int64_t ld, uint32_t n,
+                     float *y, int64_t ldy, g5_error *err);
+/* gm_gemv_k without keep_f32. */
 g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                   int64_t ldy, g5_error *err);
+/* 1: a fast-mode product of W over n rows takes int8 inputs (GEMV path, a type with a kernel);
+ * gm_q8x2_takes: the same for the two-plane roles (attention projections, dense FFN). */
+int gm_q8_takes(const gl_rank *rk, const dmat *W, uint32_t n);
+int gm_q8x2_takes(const gl_rank *rk, const dmat *W, uint32_t n);
+/* x [n][ldx] quantized into rk->q8q / q8d as rows of k in `planes` planes; *o describes them. */
+g5_status gm_q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int planes,
+                   cuk_q8_act *o, g5_error *err);
+/* y[t] = W x'[t] for the int8 rows x (of W->k), dp4a or tensor-core launches by n. */
+g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
+                        int64_t ldy, g5_error *err);
+/* gm_gemv_k with two int8 planes where gm_q8x2_takes, else bf16 / float32 inputs. */
+g5_status gm_gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                       int64_t ldy, g5_error *err);
 /* gm_gemv with the input quantized to int8 per 32 elements in fast mode (cuda/cuk_q8.h) where the
  * weight type has an int8 kernel and the call is not on the prefill GEMM path: only for the roles
  * specs/numerics.md lists (output heads, routed and shared experts, the NextN projection). */

@@ -1,0 +1,269 @@
+/* The attention stage of the GPU forward pass (gm_attn_stage): MLA with the DSA indexer, after
+ * runtime/cpu/attn.c line by line (its comments explain the math). Decode-shaped calls take
+ * W_UK / W_UV from the compact attn_k_b / attn_v_b where the set has them, prompts the float32
+ * kv_b (specs/numerics.md). Compiled to nothing unless G5_WITH_CUDA. */
+#ifdef G5_WITH_CUDA
+
+#include <math.h>
+#include <string.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_head_gemv.h"
+#include "cuda/cuk_model.h"
+#include "cuda/cuk_q8.h"
+#include "format/quant.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/gpu/gpu_linear.h"
+
+/* The attention stage's indexer (a layer with one of its own): the query, key and weight
+ * projections and their preparation, then the scores and the top-k selection into rk->sel and
+ * rk->n_sel: of a graph step (g->graph_bound; its new latent and key rows written first, by *cw),
+ * of a batched decode step (multi) or of each sequence in turn. */
+static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi,
+                              cuk_cache_write_rows_args *cw, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, QL = hp->q_lora, R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const int64_t K = hp->idx_top_k, KVW = (int64_t)hp->kv_lora + R, mpb = rk->multi;
+    const uint32_t n = pl->n, bound = g->graph_bound;
+    const int one = pl->n_seg == 1;
+    const float theta = hp->rope_theta;
+    const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
+    /* new keys straight into a single sequence's cache, else staged in rk->ikf */
+    float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
+    CK(gm_gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
+    PMARK("attn", "idx_q_b gemv");
+    CK(gm_gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, !tc, err));
+    PMARK("attn", "idx_k gemv");
+    CK(gm_gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, !tc, err));
+    PMARK("attn", "idx_proj gemv");
+    /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
+    const cuk_idx_prep_args ip = {.q = rk->iq, .k = ik, .w = rk->iw, .k_norm_w = L->idx_k_norm,
+                                  .k_norm_b = L->idx_k_norm_b, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
+                                  .dim = (int32_t)ID, .n_rot = (int32_t)R, .theta = theta, .pos = rk->pos,
+                                  .eps = RT_IDX_NORM_EPS, .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH))};
+    CK(cuk_idx_prep(&ip, cs, err));
+    PMARK("attn", "idx rope+norm+rope+scale (cuk_idx_prep)");
+    /* the scores and selections of the call's tokens: bound, multi or per sequence below */
+    cuk_idx_scores_args sa = {.q = rk->iq, .w = rk->iw, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
+                              .dim = (int32_t)ID, .sc = rk->sc};
+    cuk_idx_topk_args ta = {.sc = rk->sc, .n_tok = (int32_t)n, .k = (int32_t)K, .sel = rk->sel, .ld_sel = K,
+                            .n_sel = rk->n_sel};
+    if (bound) { /* the latent and key rows in one launch, then the kernels' device-position forms */
+        cw->key_new = rk->ikf;
+        cw->key_w = ID;
+        cw->key = gm_seq_idxk(g, pl->seq[0], rk->r, il);
+        sa.k = cw->key;
+        CK(cuk_cache_write_rows(cw, cs, err));
+        sa.pos0_dev = ta.pos0_dev = rk->pos;
+        sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = bound;
+        CK(cuk_idx_scores_dev(&sa, cs, err));
+        CK(cuk_idx_topk_dev(&ta, cs, err));
+    }
+    if (multi) { /* new rows, scores and selections of all sequences, a launch each */
+        CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, rk->ikf, ID, rows, (int32_t)n, cs, err));
+        sa.rows = ta.rows = rows;
+        sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = mpb;
+        CK(cuk_idx_scores_multi(&sa, cs, err));
+        PMARK("attn", "idx_scores");
+        CK(cuk_idx_topk_multi(&ta, cs, err));
+        PMARK("attn", "idx_topk");
+    }
+    /* per sequence, in stream order: the score buffer is reused by each */
+    for (uint32_t i = 0; i < pl->n_seg && !bound && !multi; i++) {
+        float *kc = gm_seq_idxk(g, pl->seq[i], rk->r, il);
+        const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
+        if (!one)
+            CUK_CHECK(cudaMemcpyAsync(kc + p0 * ID, rk->ikf + t0 * ID, (size_t)pl->len[i] * ID * 4,
+                               cudaMemcpyDeviceToDevice, rk->st));
+        sa.q = rk->iq + t0 * IH * ID;
+        sa.w = rk->iw + t0 * IH;
+        sa.k = kc;
+        sa.n_tok = ta.n_tok = (int32_t)pl->len[i];
+        sa.pos0 = ta.pos0 = p0;
+        sa.ld_sc = ta.ld_sc = P;
+        ta.sel = rk->sel + t0 * K;
+        ta.n_sel = rk->n_sel + t0;
+        CK(tc ? gl_lin_idx_scores(rk->lin, &sa, err) : cuk_idx_scores(&sa, cs, err)); /* tc: one sequence */
+        PMARK("attn", "idx_scores");
+        CK(cuk_idx_topk(&ta, cs, err));
+        PMARK("attn", "idx_topk");
+    }
+    return G5_OK;
+}
+
+/* ao = W_UV o_lat per head for the call's n rows: a prompt's TF32 product (tc), its per-head
+ * GEMMs, or one launch for all heads (the compact attn_v_b where the call is decode-shaped). */
+static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L, uint32_t n, int tc, int compact,
+                          g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head, H = rk->c->H_l;
+    if (tc) {
+        CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
+    } else if (gl_lin_use(rk->lin, n) && !compact) {
+        for (int64_t h = 0; h < H; h++) {
+            const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+            CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
+        }
+    } else { /* every head's input converted in one launch (fast mode), not one per head */
+        g5_status st;
+        int64_t ld;
+        uint32_t xt;
+        const void *xin = gm_act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
+        if (st) return st;
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact), from
+         * the compact attn_v_b where the call is decode-shaped */
+        const cuk_head_gemv_q_args uv = {L->v_b.type, L->v_b.w, (int32_t)H, (int32_t)V, (int32_t)KL, xin, xt, ld,
+                                         KL, (int32_t)n, rk->ao, H * V, V};
+        const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
+                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
+        if (compact && cuk_head_gemv_q_fits(&uv)) {
+            CK(cuk_head_gemv_q(&uv, cs, err));
+        } else if (cuk_head_gemv_fits(&hg)) {
+            CK(cuk_head_gemv(&hg, cs, err));
+        } else {
+            const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+            for (int64_t h = 0; h < H; h++) {
+                const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
+                CK(gm_gemv_in(rk, &wuv, (const uint8_t *)xin + h * KL * es, xt, ld, n, rk->ao + h * V, H * V, err));
+            }
+        }
+    }
+    return G5_OK;
+}
+
+g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t E = hp->n_embd, QL = hp->q_lora, KL = hp->kv_lora, R = hp->qk_rope, NOPE = hp->qk_nope;
+    const int64_t V = hp->v_head, H = rk->c->H_l, KVW = KL + R, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const int64_t K = hp->idx_top_k;
+    const uint32_t n = pl->n;
+    const int one = pl->n_seg == 1;
+    const float eps = hp->rms_eps, theta = hp->rope_theta;
+    /* fast mode, one sequence, many tokens: indexer scores, absorption, attention and W_UV as
+     * tensor-core products (gpu_linear.h) */
+    const int tc = one && !g->graph_bound && gl_lin_use(rk->lin, n) && gl_lin_fast(rk->lin);
+    /* a graph step being captured (g->graph_bound): nothing below may depend on pl->pos0, which
+     * only holds the capturing step's position */
+    const uint32_t bound = g->graph_bound;
+    if (bound && (!one || pl->row0[0] || il >= hp->n_layer_main || bound > pl->seq[0]->cap ||
+                  (uint64_t)bound > rk->sc_cap))
+        return g5_fail(err, G5_ERR_INTERNAL, "graph step: bound %u for %u segment(s), layer %u, capacity %u", bound,
+                       pl->n_seg, il, pl->seq[0]->cap);
+    /* a batched decode step whose attention kernels run once for all sequences */
+    const cuk_mla_dims dm = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+    const int multi = rk->multi && !bound && cuk_mla_attend_multi_fits(&dm, g->lat_type) &&
+                      (!L->has_idx || cuk_idx_multi_fits((int32_t)IH, (int32_t)ID));
+    const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
+    const int64_t mpb = rk->multi;
+    CUK_CHECK(cudaSetDevice(rk->dev));
+    CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
+    PMARK("attn", "attn_norm (+ residual add)");
+    /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
+     * whose indexer still picks in float32 */
+    /* q_a and kv_a read the same h: one two-plane quantization of it serves both */
+    const int qa8 = gm_q8x2_takes(rk, &L->q_a, n), kva8 = gm_q8x2_takes(rk, &L->kv_a, n);
+    cuk_q8_act hq = {0};
+    if (qa8 || kva8) CK(gm_q8_in(rk, rk->h, E, n, E, 2, &hq, err));
+    if (qa8) CK(gm_gemv_q8_in(rk, &L->q_a, &hq, n, rk->qr, QL, err));
+    else CK(gm_gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
+    PMARK("attn", "q_a gemv");
+    CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
+    PMARK("attn", "q_a_norm");
+    if (kva8) CK(gm_gemv_q8_in(rk, &L->kv_a, &hq, n, rk->kv, KVW, err));
+    else CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    PMARK("attn", "kv_a gemv");
+    /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
+     * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
+     * cuk_cache_write_rows at the positions in rk->pos, below) */
+    const int direct = one && !bound && g->lat_type == CUK_F32;
+    float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
+                            : rk->latf;
+    CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
+    CUK_CHECK(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
+    const cuk_rope_args rl = {.x = lat_new, .n_tok = n, .tok_stride = KVW, .n_head = 1, .head_stride = KVW,
+                              .rot_off = KL, .n_rot = R, .theta = theta, .pos = rk->pos};
+    CK(cuk_rope(&rl, cs, err));
+    /* a graph step's new rows (the keys too, with an indexer: below) */
+    cuk_cache_write_rows_args cw = {.lat_new = rk->latf, .lat_w = KVW, .lat_type = g->lat_type,
+                                    .lat = bound ? gm_seq_lat(g, pl->seq[0], rk->r, il) : NULL,
+                                    .cap = bound ? pl->seq[0]->cap : 0, .pos = rk->pos, .n_rows = n};
+    if (bound && !L->has_idx) CK(cuk_cache_write_rows(&cw, cs, err));
+    if (multi && !L->has_idx) CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, NULL, 0, rows, (int32_t)n, cs, err));
+    for (uint32_t i = 0; i < pl->n_seg && !direct && !bound && !multi; i++) {
+        uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
+        const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
+        if (g->lat_type == CUK_F32)
+            CUK_CHECK(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
+        else
+            CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
+    }
+    PMARK("attn", "latent norm+rope+cache write");
+    if (L->has_idx) CK(attn_indexer(g, rk, il, pl, tc, multi, &cw, err));
+    CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
+    PMARK("attn", "q_b gemv");
+    const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
+                              .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
+    CK(cuk_rope(&rq, cs, err));
+    PMARK("attn", "q rope");
+    const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+    const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
+                                    .qlat = rk->qlat};
+    /* decode-shaped calls (one row per segment: decode steps, batched or captured, and the rows
+     * of an MTP verification, gm_rows_plan) read W_UK and W_UV in their compact stored types, one
+     * launch for all heads; prompts read the float32 kv_b, in kernels organised for many tokens */
+    const int compact = L->k_b.w && !tc && n == pl->n_seg;
+    const cuk_head_gemv_q_args uk = {L->k_b.type, L->k_b.w, (int32_t)H, (int32_t)KL, (int32_t)NOPE, rk->q,
+                                     CUK_ACT_F32, H * (NOPE + R), NOPE + R, (int32_t)n, rk->qlat, H * KL, KL};
+    if (compact && cuk_head_gemv_q_fits(&uk)) CK(cuk_head_gemv_q(&uk, cs, err));
+    else CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
+    PMARK("attn", "mla_absorb");
+    /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
+     * from the sequence's cache */
+    cuk_mla_attend_args at = {.d = d, .q = rk->q, .qlat = rk->qlat, .lat = gm_seq_lat(g, pl->seq[0], rk->r, il),
+                              .lat_type = g->lat_type, .fresh = g->lat_type == CUK_F32 ? NULL : rk->latf,
+                              .pos0_dev = rk->pos, .pos_bound = bound, .sel = rk->sel, .ld_sel = K,
+                              .n_sel = rk->n_sel, .max_sel = (int32_t)K,
+                              .scale = (float)(1.0 / sqrt((double)(NOPE + R))), .out = rk->olat,
+                              .tc = (uint32_t)rk->attn_tc};
+    if (bound) CK(cuk_mla_attend_dev(&at, cs, err));
+    if (multi) {
+        const cuk_attend_multi_args ma = {dm, rk->q, rk->qlat, g->lat_type,
+                                          g->lat_type == CUK_F32 ? NULL : rk->latf, rows, mpb, rk->sel, K,
+                                          rk->n_sel, (int32_t)K, (float)(1.0 / sqrt((double)(NOPE + R))), rk->olat,
+                                          (uint32_t)rk->attn_tc};
+        CK(cuk_mla_attend_multi(&ma, cs, err));
+    }
+    if (tc) { /* one sequence: the call's tokens are its last n positions */
+        at.fresh0 = pl->pos0[0];
+        at.n_pos = (int64_t)pl->pos0[0] + n;
+        CK(gl_lin_mla_attend(rk->lin, &at, err));
+    }
+    for (uint32_t i = 0; i < pl->n_seg && !bound && !multi && !tc; i++) {
+        const int64_t p0 = pl->pos0[i], P = p0 + pl->len[i], t0 = pl->row0[i];
+        at.d.n_tok = (int32_t)pl->len[i];
+        at.q = rk->q + t0 * H * (NOPE + R);
+        at.qlat = rk->qlat + t0 * H * KL;
+        at.lat = gm_seq_lat(g, pl->seq[i], rk->r, il);
+        at.fresh = g->lat_type == CUK_F32 ? NULL : rk->latf + t0 * KVW;
+        at.fresh0 = p0;
+        at.n_pos = P;
+        at.sel = rk->sel + t0 * K;
+        at.n_sel = rk->n_sel + t0;
+        at.out = rk->olat + t0 * H * KL;
+        CK(cuk_mla_attend_fresh(&at, cs, err));
+    }
+    PMARK("attn", "mla_attend");
+    CK(attn_wuv(hp, rk, L, n, tc, compact, err));
+    PMARK("attn", "W_UV gemv (all heads, one launch)");
+    CK(gm_gemv_q8x2(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
+    PMARK("attn", "attn_output gemv");
+    rk->oa = rk->part;
+    rk->ob = NULL;
+    return G5_OK;
+}
+
+#endif /* G5_WITH_CUDA */

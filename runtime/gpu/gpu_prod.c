@@ -1,0 +1,135 @@
+/* The weight products of the GPU stages (gpu_int.h "products"): the GEMV launches for float32,
+ * bf16 (fast) and int8 (cuda/cuk_q8.h) inputs, and the prefill GEMM path's hand-off
+ * (gpu_linear.h). Which input a role takes is specs/numerics.md's "Fast mode" table. Compiled to
+ * nothing unless G5_WITH_CUDA. */
+#ifdef G5_WITH_CUDA
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_model.h"
+#include "cuda/cuk_q8.h"
+#include "runtime/gpu/gpu_int.h"
+#include "runtime/gpu/gpu_linear.h"
+
+/* The product input of a fast-mode rank: x [n][ldx] rounded to bf16 in rk->xb [n][k]. */
+const void *gm_act_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int64_t *ld,
+                      uint32_t *type, int keep_f32, g5_status *st, g5_error *err) {
+    *st = G5_OK;
+    if (!rk->fast || keep_f32) {
+        *ld = ldx;
+        *type = CUK_ACT_F32;
+        return x;
+    }
+    *st = cuk_convert(x, ldx, rk->xb, CUK_BF16, k, n, k, (cuk_stream)rk->st, err);
+    *ld = k;
+    *type = CUK_ACT_BF16;
+    return rk->xb;
+}
+
+g5_status gm_gemv_k(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                    int64_t ldy, int keep_f32, g5_error *err) {
+    if (gl_lin_use(rk->lin, n)) { /* prefill: dequantize + cuBLAS GEMM (gpu_linear.h) */
+        const gl_wmat wm = {W->type, W->w, W->k, W->m};
+        return gl_lin_matmul(rk->lin, &wm, x, ldx, n, y, ldy, keep_f32, err);
+    }
+    g5_status st;
+    int64_t ld;
+    uint32_t xt;
+    const void *xx = gm_act_in(rk, x, ldx, n, W->k, &ld, &xt, keep_f32, &st, err);
+    if (st) return st;
+    return gm_gemv_in(rk, W, xx, xt, ld, n, y, ldy, err);
+}
+
+/* The GEMV launches of gm_gemv_k for an input gm_act_in made: xx [n][ld] of type xt. Several products
+ * of one input share one conversion this way (fast mode). */
+g5_status gm_gemv_in(const gl_rank *rk, const dmat *W, const void *xin, uint32_t xt, int64_t ld, uint32_t n,
+                     float *y, int64_t ldy, g5_error *err) {
+    const uint8_t *xx = xin;
+    const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
+    /* A batched decode step must give each row the bits of a one-row launch: the split-K choice
+     * of the CUDA-core kernels ignores the width, but the tensor-core kernels take only up to 4
+     * rows (and fewer for a wide k), so where they run one row they get launches they take. */
+    uint32_t cw = CUK_GEMV_MAX_N;
+    if (rk->batch_rows && cuk_gemv_takes_tc(W->type, W->m, W->k, 1))
+        for (cw = 4; cw > 1 && !cuk_gemv_takes_tc(W->type, W->m, W->k, (int32_t)cw);) cw /= 2;
+    for (uint32_t t0 = 0; t0 < n; t0 += cw) {
+        const uint32_t c = n - t0 < cw ? n - t0 : cw;
+        cuk_gemv_args a = {W->type, W->w, W->k, W->m, xx + (int64_t)t0 * ld * es, xt, ld, (int32_t)c,
+                           y + (int64_t)t0 * ldy, ldy};
+        CK(cuk_gemv(&a, (cuk_stream)rk->st, err));
+    }
+    return G5_OK;
+}
+
+g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                  int64_t ldy, g5_error *err) {
+    return gm_gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+}
+
+/* 1: a fast-mode product of W over n rows takes int8 inputs (GEMV path, a type with a kernel). */
+int gm_q8_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
+    return rk->q8 && !gl_lin_use(rk->lin, n) && cuk_q8_takes(W->type, W->k);
+}
+
+/* x [n][ldx] quantized into rk->q8q/q8d as rows of k in `planes` planes (cuda/cuk_q8.h); *o
+ * describes them. */
+g5_status gm_q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int planes,
+                   cuk_q8_act *o, g5_error *err) {
+    const cuk_q8_quantize_args qa = {x, ldx, k, n, rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+    CK(cuk_q8_quantize(&qa, (cuk_stream)rk->st, err));
+    *o = (cuk_q8_act){rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+    return G5_OK;
+}
+
+/* y[t] = W x'[t] for the int8 rows x (of W->k), in launches of CUK_Q8_MAX_N rows. */
+/* The int8 tensor-core kernel (cuk_gemv_q8t reads and decodes the weights once for up to 32
+ * vectors; dp4a once per 8 and does the integer work per vector) from 8 vectors, and from 4 on
+ * matrices of at most 2^26 elements. Its rows have the bits of the dp4a kernel's one-row launch
+ * (cuda/cuk_q8.h), so a batched step's outputs stay those of its single-sequence steps. Measured
+ * (bench_q8, H200, bench/RESULTS.md session 11): at n = 4 q8t wins on the attention shapes (6144 x
+ * 8192 Q5_K 26.6 against 31.8 us, 16384 x 2048 19.2 against 23.1) and loses on 19360 x 6144 (Q4_K
+ * 59.3 against 53.9, Q8_0 101 against 64), at n = 8 it wins on every shape, at n = 2 on none. */
+static int q8t_for(const dmat *W, uint32_t n) {
+    if (!cuk_q8t_takes(W->type, W->k)) return 0;
+    return n >= 8 || (n >= 4 && (uint64_t)W->m * (uint64_t)W->k <= (1ull << 26));
+}
+
+g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
+                        int64_t ldy, g5_error *err) {
+    const int tc = q8t_for(W, n);
+    const uint32_t per = tc ? CUK_Q8T_MAX_N : CUK_Q8_MAX_N;
+    for (uint32_t t0 = 0; t0 < n; t0 += per) {
+        const uint32_t c = n - t0 < per ? n - t0 : per;
+        const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m,
+                                    {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds,
+                                     x->planes},
+                                    (int32_t)c, y + (int64_t)t0 * ldy, ldy};
+        CK(tc ? cuk_gemv_q8t(&a, (cuk_stream)rk->st, err) : cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
+    }
+    return G5_OK;
+}
+
+static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                          int64_t ldy, int planes, g5_error *err) {
+    if (!gm_q8_takes(rk, W, n)) return gm_gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+    cuk_q8_act q;
+    CK(gm_q8_in(rk, x, ldx, n, W->k, planes, &q, err));
+    return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);
+}
+
+g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                     int64_t ldy, g5_error *err) {
+    return gemv_q8p(rk, W, x, ldx, n, y, ldy, 1, err);
+}
+
+/* 1: a product of the attention projections or the dense FFN takes two int8 planes (about 16 bits
+ * of x; specs/numerics.md: one plane breaks the fast bar there). RT_GPU_BF16ACT keeps its bf16
+ * inputs. */
+int gm_q8x2_takes(const gl_rank *rk, const dmat *W, uint32_t n) { return !rk->fast && gm_q8_takes(rk, W, n); }
+
+g5_status gm_gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
+                       int64_t ldy, g5_error *err) {
+    if (!gm_q8x2_takes(rk, W, n)) return gm_gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+    return gemv_q8p(rk, W, x, ldx, n, y, ldy, 2, err);
+}
+
+#endif /* G5_WITH_CUDA */
