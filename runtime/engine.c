@@ -217,6 +217,17 @@ g5_status rt_eng_load(rt_eng *e, g5_error *err) {
     return st;
 }
 
+void *rt_eng_host_alloc(const rt_eng *e, size_t bytes) {
+    if (e->ops->host_alloc) return e->ops->host_alloc(bytes);
+    return malloc(bytes ? bytes : 1);
+}
+
+void rt_eng_host_free(const rt_eng *e, void *p) {
+    if (!p) return;
+    if (e->ops->host_free) e->ops->host_free(p);
+    else free(p);
+}
+
 void rt_eng_free(rt_eng *e) {
     if (!e) return;
     if (e->loaded) e->ops->destroy(e);

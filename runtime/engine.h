@@ -114,6 +114,11 @@ g5_status rt_eng_load(rt_eng *e, g5_error *err);
  * blob set), then rt_eng_create and rt_eng_load over it; the engine owns the set. */
 g5_status rt_eng_open(const char *path, const rt_eng_opts *o, rt_eng **out, g5_error *err);
 void rt_eng_free(rt_eng *e); /* accepts NULL; free its sequences first */
+/* Host memory for the logits and hidden rows of e's calls: page-locked on CUDA, where the
+ * device's copies then run at the bus rate (a pageable buffer is copied through a staging buffer
+ * at a fraction of it), else malloc's. Free it with rt_eng_host_free (accepts NULL) before e. */
+void *rt_eng_host_alloc(const rt_eng *e, size_t bytes);
+void rt_eng_host_free(const rt_eng *e, void *p);
 
 rt_eng_device rt_eng_device_of(const rt_eng *e);
 const glm5_hparams *rt_eng_hparams(const rt_eng *e);

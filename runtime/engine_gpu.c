@@ -453,6 +453,8 @@ static const rt_eng_ops gpu_ops = {
     .attach = gpu_attach,
     .publish = gpu_publish,
     .prefix_info = gpu_prefix_info,
+    .host_alloc = rt_gpu_host_alloc,
+    .host_free = rt_gpu_host_free,
 };
 
 const rt_eng_ops *rt_eng_gpu_ops(void) { return &gpu_ops; }

@@ -36,6 +36,9 @@ typedef struct rt_eng_ops {
     g5_status (*attach)(rt_eng_seq *s, const int32_t *tokens, uint32_t n, uint32_t *n_reused, g5_error *err);
     g5_status (*publish)(rt_eng_seq *s, const int32_t *tokens, g5_error *err);
     void (*prefix_info)(const rt_eng *e, rt_eng_prefix_info *out);
+    /* rt_eng_host_alloc / _free; NULL: malloc / free */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
 } rt_eng_ops;
 
 struct rt_eng {

@@ -442,6 +442,19 @@ void rt_gpu_model_free(rt_gpu_model *g) {
     free(g);
 }
 
+void *rt_gpu_host_alloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes && cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: clear it for the next check */
+        return NULL;
+    }
+    return p;
+}
+
+void rt_gpu_host_free(void *p) {
+    if (p) (void)cudaFreeHost(p);
+}
+
 /* ---- state and work buffers ---- */
 
 uint64_t gm_lat_w(const glm5_hparams *hp) { return (uint64_t)hp->kv_lora + hp->qk_rope; }

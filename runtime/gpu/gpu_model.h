@@ -180,6 +180,12 @@ typedef struct rt_gpu_info {
 g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_gpu_model **out,
                               g5_error *err);
 void rt_gpu_model_free(rt_gpu_model *g); /* accepts NULL */
+/* Page-locked host memory of `bytes` (NULL when it cannot be had): the destination of a forward
+ * call's logits or hidden rows copies straight from the device, where pageable memory goes
+ * through the driver's staging buffer at a fraction of the rate (20 MB of logits per batched step
+ * of 32 sequences). rt_gpu_host_free accepts NULL. */
+void *rt_gpu_host_alloc(size_t bytes);
+void rt_gpu_host_free(void *p);
 const rt_gpu_info *rt_gpu_model_info(const rt_gpu_model *g);
 
 void rt_gpu_reset(rt_gpu_model *g);

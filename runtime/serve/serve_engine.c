@@ -545,8 +545,9 @@ static void *loader_main(void *arg) {
     }
     if (st == G5_OK) { /* with draft: two rows (the chosen token and the draft) per sequence */
         const size_t rows = (size_t)s->cfg.max_batch * (s->cfg.draft_mtp ? 2 : 1);
-        logits = malloc(rows * rt_eng_hparams(eng)->n_vocab * sizeof *logits);
-        if (s->cfg.draft_mtp) hidden = malloc(rows * rt_eng_hparams(eng)->n_embd * sizeof *hidden);
+        /* page-locked on CUDA: every step copies each row's logits (20 MB at 32 sequences) */
+        logits = rt_eng_host_alloc(eng, rows * rt_eng_hparams(eng)->n_vocab * sizeof *logits);
+        if (s->cfg.draft_mtp) hidden = rt_eng_host_alloc(eng, rows * rt_eng_hparams(eng)->n_embd * sizeof *hidden);
         if (!logits || (s->cfg.draft_mtp && !hidden)) st = g5_fail(&e, G5_ERR_NOMEM, "logits");
     }
     if (st == G5_OK) check_chat_template(s, rt_wset_meta(ws));
@@ -597,8 +598,10 @@ static void *loader_main(void *arg) {
             srv_log(s, "draft: mtp (one NextN draft token per sequence and step, verified in the batched step)");
     } else {
         srv_log(s, "model load failed: %s (%s)", e.msg, g5_strerror(st));
-        free(logits);
-        free(hidden);
+        if (eng) {
+            rt_eng_host_free(eng, logits);
+            rt_eng_host_free(eng, hidden);
+        }
         srv_slots_free(gpu);
         srv_blocks_free(blocks);
         tok_free(tok);

@@ -799,8 +799,10 @@ void srv_free(srv_server *s) {
     srv_engine_stop(s);
     if (s->daemon) MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
-    free(s->logits);
-    free(s->hidden);
+    if (s->eng) {
+        rt_eng_host_free(s->eng, s->logits);
+        rt_eng_host_free(s->eng, s->hidden);
+    }
     srv_blocks_free(s->blocks);
     srv_slots_free(s->gpu); /* sequences before their engine */
     tok_free(s->tok);
