@@ -13,7 +13,8 @@
 # compared with the concurrent runs'), CENTRED (as bench/peer.sh: the model from `synth --centred`,
 # for fast mode, whose prefill leaves fp16's range on most random prompts of the peer file; the
 # same centring kept bench_decode's 78-layer model inside it, session 11; not yet run here).
-# After each server's runs its /metrics draft, decode-step (count and seconds), prefill-seconds,
+# serve_load.py prints, per run, the engine time from /metrics (decode steps, ms per step, token
+# draws, prefill). After each server's runs its /metrics draft, decode-step (count and seconds), prefill-seconds,
 # token-draw-seconds and prefix-hit counters are printed
 # (ARGS="--draft mtp": drafts made and accepted over all its runs).
 set -uo pipefail

@@ -2,7 +2,9 @@
 """Concurrent greedy clients against a running glm5-serve (bench/serve.sh): each client sends one
 streamed /v1/completions request of PROMPT random token ids (its own seed) for MAX_TOKENS tokens
 at temperature 0, all clients at once. Prints per run: clients, wall time, completion tokens,
-aggregate tokens/s, time to first token (median and last) and per-client tokens/s. A run in which
+aggregate tokens/s, time to first token (median and last) and per-client tokens/s, then where the
+server's engine spent the run (its /metrics counters' differences: decode steps and their seconds,
+ms per step, of which the host's token draws, and prefill seconds). A run in which
 any request fails (an error event in its stream) prints the failures instead and makes the exit
 status 1. Standard library only (the GPU machines have no network for pip)."""
 import argparse
@@ -78,6 +80,32 @@ def one(port, model, ids, max_tokens, t0, out, i):
               "text": "".join(text)}
 
 
+METRICS = ("glm5_decode_steps_total", "glm5_decode_step_seconds_total", "glm5_prefill_seconds_total",
+           "glm5_token_draw_seconds_total")
+
+
+def metrics(port):
+    """The engine's time counters from /metrics (absent ones 0)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", "/metrics")
+    body = c.getresponse().read().decode()
+    c.close()
+    got = dict.fromkeys(METRICS, 0.0)
+    for line in body.splitlines():
+        f = line.split()
+        if len(f) == 2 and f[0] in got:
+            got[f[0]] = float(f[1])
+    return got
+
+
+def engine_line(n, m0, m1):
+    d = {k: m1[k] - m0[k] for k in METRICS}
+    steps, dec, pre, draw = (d[k] for k in METRICS)
+    per = 1e3 * dec / steps if steps else 0.0
+    return (f"engine, clients {n}: {steps:.0f} decode steps, {dec:.2f} s ({per:.2f} ms per step, of which "
+            f"{1e3 * draw / steps if steps else 0.0:.2f} ms token draws), prefill {pre:.2f} s")
+
+
 def prompts_of(n, prompt, vocab):
     return [[random.Random(1000 + i).randrange(vocab) for _ in range(prompt)] for i in range(n)]
 
@@ -85,6 +113,7 @@ def prompts_of(n, prompt, vocab):
 def run(port, model, n, prompt, max_tokens, vocab, quiet=False, texts=None):
     out = [None] * n
     prompts = prompts_of(n, prompt, vocab)
+    m0 = None if quiet else metrics(port)
     t0 = time.monotonic()
     th = [threading.Thread(target=one, args=(port, model, prompts[i], max_tokens, t0, out, i)) for i in range(n)]
     for t in th:
@@ -105,7 +134,11 @@ def run(port, model, n, prompt, max_tokens, vocab, quiet=False, texts=None):
         return True
     print(f"| {n} | {wall:.2f} | {toks} | {toks / wall:.1f} | {statistics.median(ttft):.3f} | {ttft[-1]:.3f} | "
           f"{per:.1f} |", flush=True)
+    ENGINE.append(engine_line(n, m0, metrics(port)))
     return True
+
+
+ENGINE = []  # engine_line of each run, printed after the table
 
 
 def verify(port, model, texts, n, prompt, max_tokens, vocab):
@@ -147,6 +180,8 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- |")
     texts = {}
     ok = all([run(a.port, model, int(n), a.prompt, a.max_tokens, a.vocab, texts=texts) for n in a.clients.split(",")])
+    for line in ENGINE:
+        print(line)
     if a.verify:
         n = max(int(c) for c in a.clients.split(","))
         ok = verify(a.port, model, texts, n, a.prompt, a.max_tokens, a.vocab) and ok
