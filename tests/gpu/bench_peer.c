@@ -237,7 +237,8 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < pp.n; i++) max_n = pp.v[i] > max_n ? pp.v[i] : max_n;
     for (uint32_t i = 0; i < depth.n; i++) max_n = depth.v[i] + tg + 4 > max_n ? depth.v[i] + tg + 4 : max_n;
     int32_t *ids = malloc(sizeof *ids * max_n);
-    float *logits = malloc(sizeof *logits * (size_t)hp->n_vocab * 64);
+    /* page-locked, as glm5-serve's (rt_eng_host_alloc): the batch rows' logits copy at the bus rate */
+    float *logits = rt_gpu_host_alloc(sizeof *logits * (size_t)hp->n_vocab * 64);
     if (!ids || !logits) return 1;
     uint64_t seed = 42;
     rt_gpu_outputs out = {.logits = logits};
@@ -313,7 +314,7 @@ int main(int argc, char **argv) {
     }
     printf("\n| %s (tok/s) | glm5-run |\n| --- | --- |\n%s", prec, summary);
     free(ids);
-    free(logits);
+    rt_gpu_host_free(logits);
     rt_gpu_model_free(g);
     rt_model_free(m);
     rt_wset_free(ws);
