@@ -66,7 +66,9 @@ static void usage(FILE *f) {
             "                       model's distribution); counters in /metrics; turns the prefix\n"
             "                       cache off (default none)\n"
             "  --version            print the version and exit\n"
-            "  --no-prefault        do not read all weight pages at load\n");
+            "  --no-prefault        do not read all weight pages at load\n"
+            "  --no-warmup          cuda: do not run a prompt chunk and decode steps at load (they\n"
+            "                       set up kernels, buffers and graphs the first requests would)\n");
 }
 
 static void log_line(void *user, const char *line) {
@@ -133,6 +135,7 @@ int main(int argc, char **argv) {
         {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &c.draft_mtp, .choices = drafts, .values = v01},
         {.name = "--version", .kind = G5_ARG_FLAG, .dst = &version},
         {.name = "--no-prefault", .kind = G5_ARG_OFF, .dst = &c.prefault},
+        {.name = "--no-warmup", .kind = G5_ARG_OFF, .dst = &c.warmup},
         {.name = "--device", .kind = G5_ARG_CHOICE, .dst = &device, .choices = devices, .values = vdev},
         {.name = "--gpu0", .kind = G5_ARG_INT, .dst = &gpu0, .lo = 0, .hi = 4095},
         {.name = "--precision", .kind = G5_ARG_CHOICE, .dst = &c.gpu_fast, .choices = precisions, .values = v01},

@@ -153,6 +153,11 @@ typedef struct srv_config {
     uint32_t timeout_s;      /* a connection idle this long is closed, also one that has sent
                                 only part of its request (default 30; 0: never). Not counted
                                 while a generation request waits for the model */
+    int warmup;              /* CUDA: run a prompt chunk and decode steps of one and of
+                                max_batch sequences once at load (default 1), so that the
+                                first requests do not pay for what the first calls set up
+                                (lazily loaded kernels, cuBLAS plans, work buffers, the decode
+                                graph); the outputs are the same either way */
     int prefault;            /* touch every weight page at load (default 1): measures the read
                                 rate and keeps first requests from paying for page faults
                                 (CPU only: the CUDA loader reads the blob files itself) */

@@ -469,6 +469,41 @@ static void log_prefix(srv_server *s, const rt_eng *eng, int cuda) {
     srv_log(s, "prefix cache: %s", why);
 }
 
+/* CUDA: what the first calls of each shape set up (lazily loaded kernels, cuBLAS plans, work
+ * buffers grown to a chunk's rows and to max_batch rows, the one-sequence decode graph) made at
+ * load on the slots' sequences, which are empty again after it; without it the first request
+ * pays for it (a one-client TTFT of 0.29 s where its calls take about 30 ms: bench/RESULTS.md
+ * session 15). The outputs of later calls are the same either way: graph replay and plain
+ * launches give the same bits, and no cache row outlives the warm-up. */
+static g5_status warm_up(const srv_config *cfg, rt_eng *eng, srv_slots *gpu, float *logits, uint32_t max_ctx,
+                         double *seconds, g5_error *e) {
+    const double t0 = srv_now();
+    const uint32_t B = cfg->max_batch;
+    uint32_t n = srv_prefill_chunk(UINT32_MAX, 0, cfg->prefill_chunk, 1, cfg->gpu_prefix_block);
+    if (n > max_ctx - 1) n = max_ctx - 1; /* and one decode step after it */
+    int32_t *tok = calloc(n > B ? n : B, sizeof *tok); /* token 0 throughout */
+    rt_eng_seq **sq = calloc(B, sizeof *sq);
+    int *slot = malloc(B * sizeof *slot);
+    g5_status st = tok && sq && slot ? G5_OK : g5_fail(e, G5_ERR_NOMEM, "warm-up");
+    uint32_t taken = 0;
+    for (; !st && taken < B; taken++) {
+        slot[taken] = srv_slots_take(gpu);
+        sq[taken] = srv_slots_seq(gpu, slot[taken]);
+        if (!sq[taken]) st = g5_fail(e, G5_ERR_INTERNAL, "warm-up: no free sequence slot %u of %u", taken, B);
+    }
+    const rt_eng_out out = {.logits = logits};
+    if (!st) st = rt_eng_prefill(sq[0], tok, n, &out, e);
+    if (!st) st = rt_eng_decode(eng, sq, tok, 1, logits, e);
+    if (!st && B > 1) st = rt_eng_decode(eng, sq, tok, B, logits, e);
+    for (uint32_t i = 0; slot && i < taken; i++) srv_slots_put(gpu, slot[i]);
+    if (st) g5_error_prefix(e, "warm-up (a %u-token prompt, then decode steps of 1 and %u sequences; --no-warmup skips it)", n, B);
+    free(tok);
+    free(sq);
+    free(slot);
+    *seconds = srv_now() - t0;
+    return st;
+}
+
 static void *loader_main(void *arg) {
     srv_server *s = arg;
     double t0 = srv_now();
@@ -550,8 +585,9 @@ static void *loader_main(void *arg) {
         if (s->cfg.draft_mtp) hidden = rt_eng_host_alloc(eng, rows * rt_eng_hparams(eng)->n_embd * sizeof *hidden);
         if (!logits || (s->cfg.draft_mtp && !hidden)) st = g5_fail(&e, G5_ERR_NOMEM, "logits");
     }
+    double dt = srv_now() - t0, warm_s = -1; /* the load's time: the warm-up is logged apart */
+    if (st == G5_OK && gpu && s->cfg.warmup) st = warm_up(&s->cfg, eng, gpu, logits, max_ctx, &warm_s, &e);
     if (st == G5_OK) check_chat_template(s, rt_wset_meta(ws));
-    double dt = srv_now() - t0;
     pthread_mutex_lock(&s->mu);
     if (st == G5_OK) {
         s->ws = ws;
@@ -593,6 +629,7 @@ static void *loader_main(void *arg) {
             srv_log(s, "%s; caches %.3f GB for %u sequences x %u positions", line, srv_slots_bytes(gpu) / 1e9,
                     s->cfg.max_batch, max_ctx);
         }
+        if (warm_s >= 0) srv_log(s, "warm-up: %.3f s", warm_s);
         log_prefix(s, eng, cuda);
         if (s->draft)
             srv_log(s, "draft: mtp (one NextN draft token per sequence and step, verified in the batched step)");

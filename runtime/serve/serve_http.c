@@ -651,6 +651,7 @@ void srv_config_default(srv_config *c) {
     c->prefill_chunk = 256;
     c->max_body = 1u << 20;
     c->prefault = 1;
+    c->warmup = 1;
     c->prefix_cache = 1;
     c->gpu_prefix_cache_mb = 2048;
     c->gpu_prefix_block = 256;
