@@ -203,8 +203,9 @@ g5_status cuk_add(const float *a, const float *b, float *y, int64_t n, cuk_strea
                   g5_error *err);
 
 /* out[r] = index of the largest x[r][i], i < n (lowest index on ties, NaN never chosen; -1 if
- * the whole row is NaN). x: [n_rows][ldx]; out: [n_rows] int32, device. */
-g5_status cuk_argmax(const float *x, int64_t ldx, int64_t n_rows, int64_t n, int32_t *out,
+ * the whole row is NaN) and, where val is not NULL, val[r] = that x (NaN for a row of NaN).
+ * x: [n_rows][ldx]; out, val: [n_rows], device. */
+g5_status cuk_argmax(const float *x, int64_t ldx, int64_t n_rows, int64_t n, int32_t *out, float *val,
                      cuk_stream stream, g5_error *err);
 
 /* A debugging scan of x[0 .. n): out[0] = the bits of max(out[0] as float, largest finite

@@ -298,7 +298,7 @@ __device__ __forceinline__ void better(float &bv, int64_t &bi, float v, int64_t 
 }
 
 __global__ void __launch_bounds__(NORM_THREADS)
-    k_argmax(const float *__restrict__ x, int64_t ldx, int64_t n, int32_t *out) {
+    k_argmax(const float *__restrict__ x, int64_t ldx, int64_t n, int32_t *out, float *val) {
     __shared__ float sv[NORM_THREADS / 32];
     __shared__ int64_t si[NORM_THREADS / 32];
     const float *xr = x + (int64_t)blockIdx.x * ldx;
@@ -320,6 +320,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     if (threadIdx.x == 0) {
         for (int j = 0; j < NORM_THREADS / 32; j++) better(bv, bi, sv[j], si[j]);
         out[blockIdx.x] = (int32_t)bi;
+        if (val) val[blockIdx.x] = bi < 0 ? __int_as_float(0x7fc00000) : bv;
     }
 }
 
@@ -462,14 +463,14 @@ extern "C" g5_status cuk_absmax_scan(const float *x, int64_t n, uint32_t *out, c
 }
 
 extern "C" g5_status cuk_argmax(const float *x, int64_t ldx, int64_t n_rows, int64_t n,
-                                int32_t *out, cuk_stream stream, g5_error *err) {
+                                int32_t *out, float *val, cuk_stream stream, g5_error *err) {
     if (!x) return BAD("argmax: x is NULL");
     if (!out) return BAD("argmax: out is NULL");
     if (n <= 0 || n > 0x7fffffff) return BAD("argmax: n=%lld outside 1..2^31-1", (long long)n);
     if (n_rows <= 0 || n_rows > 0x7fffffff)
         return BAD("argmax: n_rows=%lld outside 1..2^31-1", (long long)n_rows);
     if (ldx < n) return BAD("argmax: ldx=%lld < n=%lld", (long long)ldx, (long long)n);
-    k_argmax<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, n, out);
+    k_argmax<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(x, ldx, n, out, val);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

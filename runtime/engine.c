@@ -367,6 +367,27 @@ g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *token
     return e->ops->decode(e, seqs, tokens, n_seq, logits, err);
 }
 
+g5_status rt_eng_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                               int32_t *ids, float *logit, g5_error *err) {
+    for (uint32_t i = 0; i < n_seq; i++)
+        if (seqs[i]->e != e) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: sequence %u is another engine's", i);
+    if (e->ops->decode_argmax) return e->ops->decode_argmax(e, seqs, tokens, n_seq, ids, logit, err);
+    const size_t V = rt_eng_hparams(e)->n_vocab;
+    float *lg = malloc((size_t)(n_seq ? n_seq : 1) * V * sizeof *lg);
+    if (!lg) return g5_fail(err, G5_ERR_NOMEM, "logits of %u sequences", n_seq);
+    const g5_status st = e->ops->decode(e, seqs, tokens, n_seq, lg, err);
+    for (uint32_t i = 0; i < n_seq && !st; i++) { /* cuk_argmax's rule */
+        const float *x = lg + i * V;
+        int64_t best = -1;
+        for (size_t j = 0; j < V; j++)
+            if (x[j] == x[j] && (best < 0 || x[j] > x[best])) best = (int64_t)j;
+        ids[i] = (int32_t)best;
+        logit[i] = best < 0 ? NAN : x[best];
+    }
+    free(lg);
+    return st;
+}
+
 g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                              const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
     for (uint32_t i = 0; i < n_seq; i++) {

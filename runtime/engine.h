@@ -221,6 +221,15 @@ g5_status rt_eng_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const
  * logits [n_seq][n_vocab] (may be NULL). On failure no sequence has advanced. */
 g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                         float *logits, g5_error *err);
+/* rt_eng_decode giving each sequence's greedy token instead of its logits: ids[i] the argmax of
+ * its next-token logits (the largest, the lowest id on ties, NaN never; -1 if every logit is
+ * NaN) and logit[i] that logit (NaN then). CUDA computes it on the devices, so 8 bytes a
+ * sequence cross the bus instead of the vocabulary's logits; the CPU from the logits. The ids
+ * are those a greedy samp_sample takes from rt_eng_decode's logits where no penalty applies,
+ * except that the sampler refuses a row whose largest logit is not > -inf: so must the caller.
+ * On failure no sequence has advanced. */
+g5_status rt_eng_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                               int32_t *ids, float *logit, g5_error *err);
 /* Batched rows, the speculative verification of several sequences in one step: n_tok[i] >= 1
  * consecutive tokens for seqs[i] (distinct sequences of e) at its next positions; tokens and
  * out's rows grouped by sequence in order: logits [rows][n_vocab] (all_logits is implied) and

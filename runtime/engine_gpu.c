@@ -367,6 +367,16 @@ static g5_status gpu_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *t
     return rt_gpu_forward_batch(x->g, x->batch, tokens, n_seq, logits, err);
 }
 
+static g5_status gpu_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                                   int32_t *ids, float *logit, g5_error *err) {
+    eng_gpu *x = e->dev;
+    const g5_status sr = batch_room(x, n_seq, err);
+    if (sr) return sr;
+    for (uint32_t i = 0; i < n_seq; i++) x->batch[i] = gseq(seqs[i]);
+    const rt_gpu_outputs out = {.argmax = ids, .argmax_logit = logit, .all_logits = 1};
+    return rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);
+}
+
 static g5_status gpu_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                                  const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
     eng_gpu *x = e->dev;
@@ -447,6 +457,7 @@ static const rt_eng_ops gpu_ops = {
     .truncate = gpu_truncate,
     .prefill = gpu_prefill,
     .decode = gpu_decode,
+    .decode_argmax = gpu_decode_argmax,
     .decode_rows = gpu_decode_rows,
     .mtp = gpu_mtp,
     .mtp_rows = gpu_mtp_rows,

@@ -24,6 +24,9 @@ typedef struct rt_eng_ops {
     g5_status (*prefill)(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const rt_eng_out *out, g5_error *err);
     g5_status (*decode)(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq, float *logits,
                         g5_error *err);
+    /* NULL: rt_eng_decode_argmax takes the argmax of decode's logits on the host */
+    g5_status (*decode_argmax)(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                               int32_t *ids, float *logit, g5_error *err);
     /* NULL: rt_eng_decode_rows runs one prefill call per sequence */
     g5_status (*decode_rows)(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                              const int32_t *tokens, const rt_eng_out *out, g5_error *err);

@@ -616,9 +616,52 @@ static void test_one_pass_equals_former(void) {
     free(l), free(rc), free(got);
 }
 
+/* samp_is_argmax: where it says 1, samp_sample's token is cuk_argmax's rule applied to the logits
+ * (larger, then lower id, NaN never; refused where that logit is not > -inf), on vectors with
+ * ties, NaN and infinities; it says 0 for sampling and for penalties over a non-empty window. */
+static void test_is_argmax(void) {
+    int bad = 0, said = 0;
+    float v[64];
+    for (int iter = 0; iter < 400; iter++) {
+        for (int i = 0; i < 64; i++) {
+            const double u = urand();
+            v[i] = u < 0.05 ? NAN : u < 0.08 ? -INFINITY : u < 0.09 ? INFINITY : (float)((int)(urand() * 8) - 4);
+        }
+        if (iter % 50 == 0)
+            for (int i = 0; i < 64; i++) v[i] = i % 2 ? NAN : -INFINITY; /* refused */
+        int32_t best = -1;
+        for (int i = 0; i < 64; i++)
+            if (v[i] == v[i] && (best < 0 || v[i] > v[best])) best = i;
+        samp_params g = base();
+        g.temperature = 0;
+        g.repeat_penalty = iter % 3 ? 1.0f : 1.3f; /* the window is empty: no penalty applies yet */
+        g.repeat_last_n = 8;
+        samp_ctx *a = NULL;
+        if (samp_create(&g, 64, &a, NULL) != G5_OK) {
+            bad++;
+            continue;
+        }
+        said += samp_is_argmax(a);
+        int32_t id = -1;
+        const g5_status st = samp_sample(a, v, &id, NULL);
+        const int refused = best < 0 || !(v[best] > -INFINITY);
+        if (refused ? st != G5_ERR_INVALID_ARG : st != G5_OK || id != best) bad++;
+        samp_accept(a, 3);
+        if (samp_is_argmax(a) != (g.repeat_penalty == 1.0f)) bad++; /* penalties over {3} now */
+        samp_free(a);
+    }
+    T_CHECK(said == 400, "samp_is_argmax said 1 for %d of 400 greedy samplers with an empty window", said);
+    T_CHECK(bad == 0, "samp_is_argmax: %d of 400 vectors disagree with the argmax rule", bad);
+    samp_params t = base();
+    samp_ctx *b = NULL;
+    T_CHECK(samp_create(&t, 8, &b, NULL) == G5_OK && !samp_is_argmax(b), "a sampling chain is no argmax");
+    samp_free(b);
+}
+
 int main(void) {
     test_one_pass_equals_former();
     test_greedy();
+    test_is_argmax();
     test_reproducible();
     test_filters();
     test_penalties();

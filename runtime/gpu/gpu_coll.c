@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -295,6 +296,45 @@ g5_status gm_coll_gather_logits(rt_gpu_model *g, float *logits, uint32_t rows, g
         }
     }
     free(buf);
+    free(lens);
+    return st;
+}
+
+g5_status gm_coll_gather_argmax(rt_gpu_model *g, int32_t *ids, float *vals, uint32_t rows, g5_error *err) {
+    rt_comm *c = g->comm;
+    const uint32_t P = rt_comm_size(c), me = rt_comm_rank(c);
+    if (P == 1 || !rows) return G5_OK;
+    typedef struct {
+        int32_t id;
+        float v;
+    } pair;
+    _Static_assert(sizeof(pair) == 8, "pair is two 4-byte fields");
+    pair *all = malloc((size_t)P * rows * sizeof *all);
+    size_t *lens = malloc(2 * (size_t)P * sizeof *lens);
+    if (!all || !lens) {
+        free(all);
+        free(lens);
+        return g5_fail(err, G5_ERR_NOMEM, "argmax gather of %u rows", rows);
+    }
+    size_t *offs = lens + P;
+    for (uint32_t p = 0; p < P; p++) {
+        lens[p] = (size_t)rows * sizeof *all;
+        offs[p] = (size_t)p * rows * sizeof *all;
+    }
+    pair *mine = all + (size_t)me * rows;
+    for (uint32_t t = 0; t < rows; t++) mine[t] = (pair){ids[t], vals[t]};
+    g5_status st = rt_comm_allgatherv(c, mine, lens, offs, all, err);
+    for (uint32_t t = 0; t < rows && !st; t++) {
+        int32_t best = -1;
+        float bv = NAN;
+        for (uint32_t p = 0; p < P; p++) {
+            const pair q = all[(size_t)p * rows + t];
+            if (q.id >= 0 && (best < 0 || q.v > bv || (q.v == bv && q.id < best))) best = q.id, bv = q.v;
+        }
+        ids[t] = best;
+        vals[t] = best < 0 ? NAN : bv;
+    }
+    free(all);
     free(lens);
     return st;
 }

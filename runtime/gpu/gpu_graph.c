@@ -50,7 +50,7 @@ struct gm_graph {
     const rt_gpu_seq *seq;
     uint32_t cap, bound;             /* the sequence's capacity (its caches' layer stride); the
                                         bucket (g->graph_bound of the capture) */
-    int logits;                      /* the head GEMVs were captured (out->logits) */
+    int logits;                      /* the head GEMVs were captured (out->logits or argmax) */
     grank rk[];                      /* [T] */
 };
 
@@ -205,7 +205,7 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
         return st;
     }
     g->info.graph_instantiations++;
-    key_store(gr, g, pl, bound, out && out->logits);
+    key_store(gr, g, pl, bound, out && (out->logits || out->argmax));
     return G5_OK;
 }
 
@@ -227,7 +227,7 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
         if (!g->graph) return g5_fail(err, G5_ERR_NOMEM, "CUDA graph state");
     }
     struct gm_graph *gr = g->graph;
-    if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, out && out->logits))
+    if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, out && (out->logits || out->argmax)))
         CK(capture(g, gr, pl, bound, out, err));
     /* every rank's graph launched before any is waited for: under NCCL each one's all-reduces
      * wait for the others' */
@@ -250,6 +250,15 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
             CUK_CHECK(cudaSetDevice(rk->dev));
             CUK_CHECK(cudaMemcpyAsync(out->logits + rk->head_col0, rk->lg, (size_t)rk->head.m * 4, cudaMemcpyDeviceToHost,
                                rk->st));
+        }
+    /* after the replay, on each rank's stream: the row's argmax from the logits the graph left */
+    if (out && out->argmax)
+        for (uint32_t r = 0; r < g->T; r++) {
+            gl_rank *rk = &g->rk[r];
+            if (!rk->head_write) continue;
+            CUK_CHECK(cudaSetDevice(rk->dev));
+            CK(gm_head_argmax(rk, 0, 1, err));
+            CK(gm_head_argmax_out(g, rk, 1, err));
         }
     return G5_OK;
 }

@@ -102,6 +102,8 @@ typedef struct gl_rank {
     uint32_t ncap;
     float *x, *h, *part, *red, *qr, *kv, *q, *qlat, *olat, *ao, *iq, *iw;
     float *ga, *gb, *gu, *moe, *rl, *wts, *wts_l, *lg;
+    int32_t *ami;                    /* [n] the argmax of each row's logits on this rank's columns */
+    float *amv;                      /* [n] its logit (out->argmax: cuk_argmax) */
     /* The residual adds are folded into the RMSNorm that reads x next (cuk_add_rms_norm): a
      * stage leaves its output as oa (+ ob: the routed and the shared experts, one device only),
      * the collective turns it into the pending addends pa (+ pb) that x still lacks. */
@@ -161,6 +163,9 @@ struct rt_gpu_model {
     rt_gpu_seq *def;                 /* rt_gpu_forward's sequence */
     int has_mtp;                     /* the CPU model has a NextN block: set up on every rank */
     struct gm_graph *graph;          /* the decode step's CUDA graph (opts.cuda_graph; gpu_graph.c) */
+    int32_t *amh_i;                  /* out->argmax: [T][rows] each rank's argmax column (global) */
+    float *amh_v;                    /* and its logit, copied from rk->ami / amv (host) */
+    uint64_t amh_cap;                /* rows of T entries they hold */
     uint32_t graph_bound;            /* 0, or while gm_forward_graph captures a one-token step: the
                                         attention stage takes its position from rk->pos (pl->pos0
                                         is only the capturing step's), writes the caches through
@@ -311,6 +316,11 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
  * `graph` (one token, no debugging outputs, g->graph_bound set) it only enqueues on the ranks'
  * streams, which are being captured, and leaves the logits in each rank's rk->lg. */
 g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph, g5_error *err);
+/* out->argmax on rank rk: the argmax of the c logits rows in rk->lg into rk->ami / amv at row0
+ * (rows counted from the call's first logits row); then, after the last, the rank's `rows`
+ * entries copied to g->amh_i / amh_v (staged for that many rows by forward_plan). */
+g5_status gm_head_argmax(gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err);
+g5_status gm_head_argmax_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_error *err);
 
 /* ---- the decode step as a CUDA graph (gpu_graph.c) ---- */
 
@@ -348,6 +358,9 @@ g5_status gm_coll_agree_load(rt_gpu_model *g, g5_status st, g5_error *err);
  * columns are exchanged so that every process holds whole rows. Nothing at one process. Every
  * process calls it with the same rows. */
 g5_status gm_coll_gather_logits(rt_gpu_model *g, float *logits, uint32_t rows, g5_error *err);
+/* ids / vals [rows] hold the argmax over this process's columns (-1 where it has none): every
+ * process gets the whole rows' argmax (larger logit, then lower id). Nothing at one process. */
+g5_status gm_coll_gather_argmax(rt_gpu_model *g, int32_t *ids, float *vals, uint32_t rows, g5_error *err);
 #ifdef G5_HAVE_NCCL
 /* The library and its symbols; process 0 makes the unique id. Local. */
 g5_status gm_nccl_open(rt_gpu_model *g, g5_error *err);

@@ -415,6 +415,8 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         if (rk->own_stream) cudaStreamSynchronize(rk->st);
     }
     gm_graph_free(g);
+    free(g->amh_i);
+    free(g->amh_v);
     rt_gpu_seq_free(g->def);
     for (uint32_t r = 0; g->rk && r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
@@ -618,6 +620,8 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     uint64_t head_m = (uint64_t)rk->head.m; /* the MTP head may be whole where output is split */
     if (g->has_mtp && (uint64_t)rk->mtp.head.m > head_m) head_m = (uint64_t)rk->mtp.head.m;
     rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * head_m * F);
+    rk->ami = take(&c, N * 4);
+    rk->amv = take(&c, N * 4);
     rk->latf = take(&c, N * gm_lat_w(hp) * F);
     rk->ikf = take(&c, N * hp->idx_head_dim * F);
     rk->cat = take(&c, g->has_mtp ? N * 2 * E * F : 16);
@@ -1046,7 +1050,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
         CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
     }
     if (!graph && out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
-    if (out && out->logits) {
+    if (out && (out->logits || out->argmax)) {
         const uint32_t first = out->all_logits ? 0 : n - 1;
         for (uint32_t r = 0; r < g->T; r++) {
             gl_rank *rk = &g->rk[r];
@@ -1058,12 +1062,62 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
                 /* ranks sharing a device share rk->lg's stream but not rk->lg: a graph keeps each
                  * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
                 CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
-                if (!graph)
+                if (!graph && out->logits)
                     CUK_CHECK(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
                                          VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
+                if (!graph && out->argmax) CK(gm_head_argmax(rk, t0 - first, c, err));
             }
+            if (!graph && out->argmax) CK(gm_head_argmax_out(g, rk, n - first, err));
         }
     }
+    return G5_OK;
+}
+
+g5_status gm_head_argmax(gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err) {
+    const int64_t VL = rk->head.m;
+    CK(cuk_argmax(rk->lg, VL, c, VL, rk->ami + row0, rk->amv + row0, (cuk_stream)rk->st, err));
+    return G5_OK;
+}
+
+g5_status gm_head_argmax_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_error *err) {
+    if ((uint64_t)rows * g->T > g->amh_cap)
+        return g5_fail(err, G5_ERR_INTERNAL, "argmax staging for %u rows of %u ranks holds %llu", rows, g->T,
+                       (unsigned long long)g->amh_cap);
+    CUK_CHECK(cudaMemcpyAsync(g->amh_i + (size_t)rk->r * rows, rk->ami, rows * 4, cudaMemcpyDeviceToHost, rk->st));
+    CUK_CHECK(cudaMemcpyAsync(g->amh_v + (size_t)rk->r * rows, rk->amv, rows * 4, cudaMemcpyDeviceToHost, rk->st));
+    return G5_OK;
+}
+
+/* out->argmax of `rows` rows from the ranks' copies (after their streams are synchronized): the
+ * larger logit wins, then the lower vocabulary id, as within each rank's columns (cuk_argmax),
+ * so the result is the whole row's argmax whatever the split. */
+static void argmax_combine(const rt_gpu_model *g, uint32_t rows, int32_t *ids, float *vals) {
+    for (uint32_t t = 0; t < rows; t++) {
+        int64_t best = -1;
+        float bv = NAN;
+        for (uint32_t r = 0; r < g->T; r++) {
+            const gl_rank *rk = &g->rk[r];
+            const int32_t i = g->amh_i[(size_t)r * rows + t];
+            if (!rk->head_write || i < 0) continue;
+            const int64_t gi = (int64_t)i + rk->head_col0;
+            const float v = g->amh_v[(size_t)r * rows + t];
+            if (best < 0 || v > bv || (v == bv && gi < best)) best = gi, bv = v;
+        }
+        ids[t] = (int32_t)best;
+        vals[t] = best < 0 ? NAN : bv;
+    }
+}
+
+/* The host staging of out->argmax for `rows` rows of every rank. */
+static g5_status argmax_room(rt_gpu_model *g, uint32_t rows, g5_error *err) {
+    const uint64_t need = (uint64_t)rows * g->T;
+    if (need <= g->amh_cap) return G5_OK;
+    int32_t *i = realloc(g->amh_i, need * sizeof *i);
+    if (i) g->amh_i = i;
+    float *v = i ? realloc(g->amh_v, need * sizeof *v) : NULL;
+    if (v) g->amh_v = v;
+    if (!i || !v) return g5_fail(err, G5_ERR_NOMEM, "argmax staging for %u rows", rows);
+    g->amh_cap = need;
     return G5_OK;
 }
 
@@ -1151,6 +1205,8 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     free(pos);
     if (st) return st;
     if (multi) CK(gm_write_rows(g, pl, 0, hp->n_layer_main, err));
+    const uint32_t out_rows = out && out->all_logits ? n : 1;
+    if (out && out->argmax) CK(argmax_room(g, out_rows, err));
     /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
      * to one-token calls (its GEMV kernels sum each row alike) */
     for (uint32_t r = 0; r < g->T; r++) {
@@ -1167,6 +1223,10 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     }
     /* several processes: each wrote only its ranks' vocabulary columns */
     if (out && out->logits) CK(gm_coll_gather_logits(g, out->logits, out->all_logits ? n : 1, err));
+    if (out && out->argmax) {
+        argmax_combine(g, out_rows, out->argmax, out->argmax_logit);
+        CK(gm_coll_gather_argmax(g, out->argmax, out->argmax_logit, out_rows, err));
+    }
     for (uint32_t i = 0; i < pl->n_seg; i++) pl->seq[i]->n_past = pl->pos0[i] + pl->len[i];
     return G5_OK;
 }

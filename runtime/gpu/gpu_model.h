@@ -196,6 +196,12 @@ typedef struct rt_gpu_outputs {
     float *logits;               /* all_logits ? [n][n_vocab] : [n_vocab] (last token) */
     int all_logits;
     float *hidden;               /* [n][n_embd] final-normed hidden states */
+    /* The rows' (all_logits ? n : 1) argmax over the vocabulary, computed on the devices: the
+     * largest logit, the lowest id on ties, NaN never (-1 for a row of NaN), and that logit (NaN
+     * then): what a greedy draw takes, for 8 bytes a row instead of the row's logits (logits may
+     * be NULL). Both or neither. */
+    int32_t *argmax;
+    float *argmax_logit;
     /* Debugging and --check (rank 0's view; all ranks hold the same after each all-reduce): */
     float *layer_hidden;         /* [n_layer_main + 1][n][n_embd], as rt_outputs.layer_hidden */
     float *attn_out;             /* [n_layer_main][n][n_embd]: attention output summed over ranks */

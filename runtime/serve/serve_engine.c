@@ -916,31 +916,44 @@ static int chat_marker(const tok_ctx *tok, int32_t id, char *buf, size_t cap, si
     return 0;
 }
 
-static void draw_token(srv_server *s, srv_req *r, const float *logits);
+static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit);
 
 /* r has run its feed up to the end and logits (its row) holds the next token's: draws it and
- * publishes it, or finishes r; its time goes to the draw counter. */
-static void draw(srv_server *s, srv_req *r, const float *logits) {
+ * publishes it, or finishes r; its time goes to the draw counter. logits NULL: a greedy step
+ * whose argmax the engine computed (rt_eng_decode_argmax): the token is pick, its logit
+ * pick_logit. */
+static void draw(srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit) {
     const double t0 = srv_now();
-    draw_token(s, r, logits);
+    draw_token(s, r, logits, pick, pick_logit);
     s->draw_pending += srv_now() - t0;
 }
 
-static void draw_token(srv_server *s, srv_req *r, const float *logits) {
+/* 1: r's next token may come from rt_eng_decode_argmax: its sampler takes the argmax of the
+ * logits as they are, and it asks for nothing else of them. */
+static int argmax_draw(const srv_req *r) { return !r->dr && !r->p.logprobs && samp_is_argmax(r->samp); }
+
+static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit) {
     g5_error e = {0};
     const uint32_t V = rt_eng_hparams(s->eng)->n_vocab;
     int32_t id = -1;
     float lp = 0;
     srv_top top[SRV_MAX_TOP_LOGPROBS];
     int32_t x = -1; /* --draft mtp: a draft pending verification, whose logits follow these */
-    const float *q = r->dr ? rt_drafter_draft(r->dr, &x) : NULL;
-    g5_status st = q ? samp_sample_spec(r->samp, logits, q, x, &id, NULL, &e) : samp_sample(r->samp, logits, &id, &e);
-    if (st != G5_OK && s->gpu && s->cfg.gpu_fast && !rt_eng_any_finite(logits, V))
-        snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+    const float *q = r->dr && logits ? rt_drafter_draft(r->dr, &x) : NULL;
+    g5_status st;
+    if (!logits) { /* the sampler's refusal where it would give one on the same logits */
+        id = pick;
+        st = pick_logit > -INFINITY ? G5_OK : g5_fail(&e, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
+        if (st != G5_OK && s->gpu && s->cfg.gpu_fast) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+    } else {
+        st = q ? samp_sample_spec(r->samp, logits, q, x, &id, NULL, &e) : samp_sample(r->samp, logits, &id, &e);
+        if (st != G5_OK && s->gpu && s->cfg.gpu_fast && !rt_eng_any_finite(logits, V))
+            snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+    }
     if (st == G5_OK && r->force_armed && r->force_pos < r->p.n_force) id = r->p.force[r->force_pos++];
     if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
         st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);
-    if (st == G5_OK && r->p.logprobs) logprobs_of(logits, V, id, r->p.top_logprobs, &lp, top);
+    if (st == G5_OK && r->p.logprobs && logits) logprobs_of(logits, V, id, r->p.top_logprobs, &lp, top);
     const char *bytes = NULL;
     size_t nb = 0;
     char mark[64];
@@ -1075,11 +1088,15 @@ static void prefill_step(srv_server *s, srv_req *r) {
     r->mid_prompt = !last;
     if (s->prefix_cache) publish_prefix_locked(s, r); /* the prompt's blocks are reusable as soon as they are full */
     pthread_mutex_unlock(&s->mu);
-    if (last) draw(s, r, s->logits);
+    if (last) draw(s, r, s->logits, -1, 0);
 }
 
-/* One token for each of the n decoding sequences in dec, in one batched forward call. */
-static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks) {
+/* One token for each of the n decoding sequences in dec, in one batched forward call. CUDA, when
+ * every one of them takes the argmax (argmax_draw: greedy requests without logprobs or
+ * penalties in force): the step gives the ids and their logits (pick, pick_l [n]) computed on
+ * the GPU, not the rows' logits (20 MB at 32 sequences), and the draws need no pass over them. */
+static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks, int32_t *pick,
+                        float *pick_l) {
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++)
         if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1);
@@ -1102,7 +1119,10 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
             st = g5_fail(&e, G5_ERR_BOUNDS, "sequence of %u + 1 tokens exceeds the context %u", rt_eng_seq_n_past(sts[i]),
                          s->max_ctx);
     }
-    if (!st) st = rt_eng_decode(s->eng, sts, toks, k, s->logits, &e);
+    int am = s->gpu != NULL;
+    for (uint32_t i = 0; i < k && am; i++) am = argmax_draw(dec[i]);
+    if (!st) st = am ? rt_eng_decode_argmax(s->eng, sts, toks, k, pick, pick_l, &e)
+                     : rt_eng_decode(s->eng, sts, toks, k, s->logits, &e);
     if (st != G5_OK) {
         pthread_mutex_lock(&s->mu);
         for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
@@ -1112,7 +1132,8 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
     for (uint32_t i = 0; i < k; i++) {
         dec[i]->n_past++;
         dec[i]->feed_off++;
-        draw(s, dec[i], s->logits + (size_t)i * V);
+        if (am) draw(s, dec[i], NULL, pick[i], pick_l[i]);
+        else draw(s, dec[i], s->logits + (size_t)i * V, -1, 0);
     }
 }
 
@@ -1150,7 +1171,7 @@ static void decode_step_mtp(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq
         if (st != G5_OK) continue;
         r->n_past++;
         r->feed_off++;
-        draw(s, r, ready);
+        draw(s, r, ready, -1, 0);
     }
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++)
@@ -1203,7 +1224,7 @@ static void decode_step_mtp(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq
     for (uint32_t i = 0, r0 = 0; i < k; r0 += nt[i++]) {
         dec[i]->n_past++;
         dec[i]->feed_off++;
-        draw(s, dec[i], s->logits + (size_t)r0 * V);
+        draw(s, dec[i], s->logits + (size_t)r0 * V, -1, 0);
     }
 }
 
@@ -1214,7 +1235,9 @@ static void *engine_main(void *arg) {
     rt_eng_seq **sts = malloc(mb * sizeof *sts);
     int32_t *toks = malloc(2 * mb * sizeof *toks); /* --draft mtp: two rows per sequence */
     uint32_t *ntok = malloc(mb * sizeof *ntok);
-    const int ok = batch && dec && sts && toks && ntok;
+    int32_t *pick = malloc(mb * sizeof *pick); /* a greedy step's ids and logits (decode_step) */
+    float *pick_l = malloc(mb * sizeof *pick_l);
+    const int ok = batch && dec && sts && toks && ntok && pick && pick_l;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         if (s->load != SRV_READY || !ok) {
@@ -1239,7 +1262,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         const double t0 = srv_now();
         if (nd && s->draft) decode_step_mtp(s, dec, nd, sts, toks, ntok);
-        else if (nd) decode_step(s, dec, nd, sts, toks);
+        else if (nd) decode_step(s, dec, nd, sts, toks, pick, pick_l);
         const double t1 = srv_now();
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
@@ -1269,6 +1292,8 @@ static void *engine_main(void *arg) {
     free(sts);
     free(toks);
     free(ntok);
+    free(pick);
+    free(pick_l);
     return NULL;
 }
 

@@ -306,6 +306,12 @@ g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size
     return G5_OK;
 }
 
+int samp_is_argmax(const samp_ctx *s) {
+    const samp_params *p = &s->p;
+    return !(p->temperature > 0) && (!s->hist_n || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+                                                    p->presence_penalty == 0.0f));
+}
+
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err) {
     if (!s || !logits || !id) return g5_fail(err, G5_ERR_INVALID_ARG, "samp_sample: bad arguments");
     size_t m;

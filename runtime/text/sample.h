@@ -62,6 +62,12 @@ typedef struct samp_cand {
 g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size_t cap, size_t *n,
                           g5_error *err);
 
+/* 1 if samp_sample's next token is the argmax of the logits as given (greedy, and no penalty
+ * applies to the window as it is now): the largest logit, the lowest id on ties, NaN never, and
+ * G5_ERR_INVALID_ARG where that logit is not > -inf. A caller may then take the argmax computed
+ * elsewhere (on the GPU: rt_eng_decode_argmax) instead of calling samp_sample. */
+int samp_is_argmax(const samp_ctx *s);
+
 /* Runs the chain and draws one token. Does not call samp_accept. */
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err);
 

@@ -770,13 +770,26 @@ static void test_add_argmax(void) {
     int32_t *dout = dalloc(sizeof(int32_t) * rows);
     CK(cudaMemcpy(dx, hx, sizeof(float) * rows * ldx, cudaMemcpyHostToDevice));
     poison(dout, sizeof(int32_t) * rows);
-    T_CHECK(cuk_argmax(dx, ldx, rows, V, dout, NULL, &err) == G5_OK, "argmax: %s", err.msg);
+    float *dval = dalloc(sizeof(float) * rows);
+    T_CHECK(cuk_argmax(dx, ldx, rows, V, dout, NULL, NULL, &err) == G5_OK, "argmax: %s", err.msg);
     CK(cudaDeviceSynchronize());
     int32_t got[6];
     CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
     for (int r = 0; r < 6; r++) T_CHECK(got[r] == want[r], "argmax row %d: got %d want %d", r, got[r], want[r]);
+    /* with the values: the same indices, each row's value that of its index (NaN for row 3) */
+    poison(dout, sizeof(int32_t) * rows);
+    T_CHECK(cuk_argmax(dx, ldx, rows, V, dout, dval, NULL, &err) == G5_OK, "argmax with values: %s", err.msg);
+    CK(cudaDeviceSynchronize());
+    float gv[6];
+    CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gv, dval, sizeof gv, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < 6; r++) {
+        T_CHECK(got[r] == want[r], "argmax with values, row %d: got %d want %d", r, got[r], want[r]);
+        const int same = want[r] < 0 ? gv[r] != gv[r] : !memcmp(&gv[r], &hx[r * ldx + want[r]], 4);
+        T_CHECK(same, "argmax value of row %d: %g", r, (double)gv[r]);
+    }
     free(hx);
-    CK(cudaFree(dx)); CK(cudaFree(dout));
+    CK(cudaFree(dx)); CK(cudaFree(dout)); CK(cudaFree(dval));
 }
 
 /* ---------------- host-side validation (no kernel runs) ---------------- */
@@ -858,7 +871,7 @@ static void test_validation(void) {
     expect_bad(cuk_rope(&(cuk_rope_args){x, 2, 60, 1, 64, 0, 64, 1e4f, x}, NULL, &err), &err, G5_ERR_INVALID_ARG,
                "tok_stride=60", "rope tok_stride");
     expect_bad(cuk_add(x, NULL, y, 4, NULL, &err), &err, G5_ERR_INVALID_ARG, "b is NULL", "add b");
-    expect_bad(cuk_argmax(x, 4, 1, 8, y, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldx=4", "argmax ldx");
+    expect_bad(cuk_argmax(x, 4, 1, 8, y, NULL, NULL, &err), &err, G5_ERR_INVALID_ARG, "ldx=4", "argmax ldx");
     CK(cudaFree(w)); CK(cudaFree(x)); CK(cudaFree(y));
 }
 
