@@ -89,6 +89,21 @@ static uint32_t argmax(const float *x, uint32_t n) {
     return b;
 }
 
+/* cuk_argmax's rule (rt_gpu_outputs.argmax): the largest, the lowest id on ties, NaN never. */
+static int32_t argmax_rule(const float *x, uint32_t n) {
+    int64_t b = -1;
+    for (uint32_t i = 0; i < n; i++)
+        if (x[i] == x[i] && (b < 0 || x[i] > x[b])) b = i;
+    return (int32_t)b;
+}
+
+/* The argmax output of a row (id, logit) against the row's logits x: the id by the rule, the
+ * logit x[id]'s bits. */
+static int argmax_ok(int32_t id, float v, const float *x, uint32_t n) {
+    const int32_t w = argmax_rule(x, n);
+    return id == w && (w < 0 ? v != v : !memcmp(&v, &x[w], 4));
+}
+
 static double max_abs_diff(const float *a, const float *b, uint32_t n) {
     double m = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -166,8 +181,10 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
         T_CHECK(rt_gpu_forward_batch(g, bad, tv, 2, lb, &e) == G5_ERR_INVALID_ARG && rt_gpu_seq_n_past(bs[2]) == k_lens[2],
                 "%s: a token outside the vocabulary must be refused without advancing anything", c->name);
     }
-    uint32_t rows = 0, diff_rows = 0, steps_gt16 = 0;
+    uint32_t rows = 0, diff_rows = 0, steps_gt16 = 0, am_rows = 0, am_bad = 0;
     double worst = 0, t_batch = 0, t_single = 0;
+    int32_t am[NSEQ], am1[NSEQ];
+    float av[NSEQ], av1[NSEQ];
     for (uint32_t s = 0; s < STEPS && ok; s++) {
         rt_gpu_seq *bb[NSEQ];
         int32_t tok[NSEQ];
@@ -180,20 +197,30 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
             tok[k++] = next[i];
         }
         if (k > CUK_GEMV_MAX_N) steps_gt16++;
+        /* the argmax outputs (greedy steps: rt_eng_decode_argmax) on two steps of three, on the
+         * second without the logits, for the batch and for the one-token calls (graphs too) */
+        const int mode = s % 3, want_am = mode != 0, want_lg = mode != 2;
+        const rt_gpu_outputs ob = {.logits = want_lg ? lb : NULL, .all_logits = 1, .argmax = want_am ? am : NULL,
+                                   .argmax_logit = want_am ? av : NULL};
         double t0 = now_s();
-        ok &= rt_gpu_forward_batch(g, bb, tok, k, lb, &e) == G5_OK;
+        ok &= rt_gpu_forward_rows(g, bb, NULL, k, tok, &ob, &e) == G5_OK;
         t_batch += now_s() - t0;
         if (!ok) break;
         t0 = now_s();
         for (uint32_t j = 0; j < k && ok; j++) {
-            const rt_gpu_outputs o1 = {.logits = lr + (size_t)j * V};
+            const rt_gpu_outputs o1 = {.logits = lr + (size_t)j * V, .argmax = want_am ? &am1[j] : NULL,
+                                       .argmax_logit = want_am ? &av1[j] : NULL};
             ok &= rt_gpu_forward_seq(g, rs[idx[j]], &tok[j], 1, &o1, &e) == G5_OK;
         }
         t_single += now_s() - t0;
         for (uint32_t j = 0; j < k && ok; j++) {
             const float *a = lb + (size_t)j * V, *b = lr + (size_t)j * V;
             rows++;
-            if (memcmp(a, b, (size_t)V * 4)) {
+            if (want_am) {
+                am_rows++;
+                am_bad += !argmax_ok(am[j], av[j], b, V) + !argmax_ok(am1[j], av1[j], b, V);
+            }
+            if (want_lg && memcmp(a, b, (size_t)V * 4)) {
                 const double d = max_abs_diff(a, b, V);
                 if (diff_rows < 5)
                     printf("  step %u sequence %u (position %u): batched row differs, max |diff| %.3e, argmax %u vs %u\n",
@@ -217,6 +244,9 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
            1e3 * t_single / STEPS);
     T_CHECK(ok && rows > 0 && diff_rows == 0, "%s: batched decoding must equal one-at-a-time bit for bit (%u of %u rows differ)",
             c->name, diff_rows, rows);
+    T_CHECK(ok && am_rows > 0 && am_bad == 0,
+            "%s: argmax outputs (batched and one-token) must be the logits' argmax and its bits (%u wrong of 2 x %u)",
+            c->name, am_bad, am_rows);
     for (uint32_t i = 0; i < NSEQ; i++) {
         rt_gpu_seq_free(bs[i]);
         rt_gpu_seq_free(rs[i]);
