@@ -261,6 +261,21 @@ int main(void) {
                  rt_eng_prefill(sq[s], &next[s], 1, &(rt_eng_out){.logits = la}, &e) == G5_OK;
             T_CHECK(ok && same(la, da + (size_t)s * V, V), "sequence %d: truncated and replayed one token: %s", s, e.msg);
         }
+        /* the greedy form of the step: each sequence's argmax (larger, then lower id) and its logit */
+        int32_t ids[NS] = {0};
+        float lv[NS] = {0};
+        for (int s = 0; s < NS && ok; s++)
+            ok = rt_eng_truncate(sq[s], rt_eng_seq_n_past(sq[s]) - 1, rt_eng_seq_mtp_n_past(sq[s]), &e) == G5_OK;
+        ok = ok && rt_eng_decode_argmax(en, sq, next, NS, ids, lv, &e) == G5_OK;
+        T_CHECK(ok, "decode_argmax: %s", e.msg);
+        for (int s = 0; s < NS && ok; s++) {
+            const float *x = da + (size_t)s * V;
+            int32_t w = 0;
+            for (uint32_t j = 1; j < V; j++)
+                if (x[j] > x[w]) w = (int32_t)j;
+            T_CHECK(ids[s] == w && same(&lv[s], &x[w], 1), "sequence %d: decode_argmax %d (%g), the logits' argmax %d (%g)", s,
+                    ids[s], (double)lv[s], w, (double)x[w]);
+        }
     }
     if (ok) { /* batched rows (MTP verification): 2, 1 and 2 tokens against each sequence's own call */
         const uint32_t nt[NS] = {2, 1, 2};
