@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -641,6 +642,15 @@ int main(int argc, char **argv) {
     }
     rc = EXIT_ERR;
 
+    /* CUDA, greedy with no penalty (decided from the options alone: every process must make the
+     * same calls): each decode step gives the argmax and its logit computed on the GPU, not the
+     * vocabulary's logits (rt_eng_decode_argmax); --check follows plain prefill calls */
+    const samp_params *sp = &a.sp;
+    const int argmax_steps = a.cuda && !dr && !a.check && !(sp->temperature > 0) &&
+                             (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f && sp->frequency_penalty == 0.0f &&
+                                                         sp->presence_penalty == 0.0f));
+    int32_t pick = -1;
+    float pick_logit = 0;
     double t1 = now_s();
     st = prompt_chunks(seq, dr, ids, n_ids, (size_t)a.prefill_chunk, logits, all_logits, V, &e);
     if (st) { rc = fail(&e, st, "prompt"); unclean = 1; goto out; }
@@ -653,7 +663,9 @@ int main(int argc, char **argv) {
                 rc = next == -1 ? 0 : EXIT_ERR; /* -2: process 0 failed and said why */
                 goto out;
             }
-            if ((st = rt_eng_prefill(seq, &next, 1, &(rt_eng_out){.logits = logits}, &e))) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
+            st = argmax_steps ? rt_eng_decode_argmax(en, &seq, &next, 1, &pick, &pick_logit, &e)
+                              : rt_eng_prefill(seq, &next, 1, &(rt_eng_out){.logits = logits}, &e);
+            if (st) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
         }
     }
     bc_open = rt_comm_size(comm) > 1;
@@ -665,13 +677,19 @@ int main(int argc, char **argv) {
     gen = malloc(gen_cap);
     if (!gen) goto out;
     long n_gen = 0;
-    int stopped = 0;
+    int stopped = 0, picked = 0; /* picked: the step gave pick, not logits (argmax_steps) */
     double t2 = now_s();
     while (n_gen < a.n_predict && !stopped) {
         int32_t id, x = -1;
         const float *q = dr ? rt_drafter_draft(dr, &x) : NULL; /* a draft pending verification */
-        st = q ? samp_sample_spec(samp, last, q, x, &id, NULL, &e) : samp_sample(samp, last, &id, &e);
-        if (st && a.cuda && a.fast && !rt_eng_any_finite(last, V)) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+        if (picked) { /* the sampler's token and its refusal, from the argmax the step gave */
+            id = pick;
+            st = pick_logit > -INFINITY ? G5_OK : g5_fail(&e, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
+            if (st && a.fast) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+        } else {
+            st = q ? samp_sample_spec(samp, last, q, x, &id, NULL, &e) : samp_sample(samp, last, &id, &e);
+            if (st && a.cuda && a.fast && !rt_eng_any_finite(last, V)) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+        }
         if (st) { rc = fail(&e, st, "sampling"); goto out; }
         if (tok_is_eog(tok, id)) break;
         samp_accept(samp, id);
@@ -704,8 +722,11 @@ int main(int argc, char **argv) {
         }
         if (stopped || n_gen == a.n_predict) break;
         if (bc_open && (st = rt_comm_bcast(comm, &id, sizeof id, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
-        st = dr ? rt_drafter_step(dr, id, logits, &e) : rt_eng_prefill(seq, &id, 1, &(rt_eng_out){.logits = logits}, &e);
+        st = dr             ? rt_drafter_step(dr, id, logits, &e)
+             : argmax_steps ? rt_eng_decode_argmax(en, &seq, &id, 1, &pick, &pick_logit, &e)
+                            : rt_eng_prefill(seq, &id, 1, &(rt_eng_out){.logits = logits}, &e);
         if (st) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
+        picked = argmax_steps;
         last = logits;
     }
     if (!stopped) {
