@@ -275,7 +275,7 @@ int main(int argc, char **argv) {
     }
     for (uint32_t i = 0; i < depth.n; i++) {
         const uint32_t d = depth.v[i];
-        fill_tokens(ids, d + tg + 2, hp->n_vocab, &seed);
+        fill_tokens(ids, d + tg + 4, hp->n_vocab, &seed);
         rt_gpu_reset(g);
         GK(rt_gpu_forward(g, ids, d, &out, &err_));
         for (uint32_t s = 0; s < 2; s++) GK(rt_gpu_forward(g, ids + d + s, 1, &out, &err_));
@@ -285,6 +285,16 @@ int main(int argc, char **argv) {
         printf("tg%u @ %u %s: %.1f tok/s (%.3f ms per token; ratio to the floor %.2f)\n", tg, d, prec, 1.0 / per,
                per * 1e3, per / floor_s);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| tg%u @ d%u | %.1f |\n", tg, d, 1.0 / per);
+        { /* the same steps giving the argmax instead of the logits (glm5-run's greedy steps) */
+            int32_t pick = -1;
+            float pick_logit = 0;
+            const rt_gpu_outputs oa = {.argmax = &pick, .argmax_logit = &pick_logit};
+            const double a2 = now_s();
+            for (uint32_t s = 0; s < tg; s++) GK(rt_gpu_forward(g, ids + d + 2 + tg + s % 2, 1, &oa, &err_));
+            const double per2 = (now_s() - a2) / tg;
+            printf("tg%u @ %u %s, argmax steps: %.1f tok/s (%.3f ms per token)\n", tg, d + tg + 2, prec, 1.0 / per2,
+                   per2 * 1e3);
+        }
         if (profile) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_)); /* the last step, sub-step by sub-step */
     }
     for (uint32_t i = 0; i < batch.n; i++) {
