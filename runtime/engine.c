@@ -360,17 +360,23 @@ g5_status rt_eng_prefill(rt_eng_seq *s, const int32_t *tokens, uint32_t n, const
     return s->e->ops->prefill(s, tokens, n, out, err);
 }
 
-g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
-                        float *logits, g5_error *err) {
+/* G5_OK if every one of seqs is e's. */
+static g5_status own_seqs(const rt_eng *e, rt_eng_seq *const *seqs, uint32_t n_seq, g5_error *err) {
     for (uint32_t i = 0; i < n_seq; i++)
         if (seqs[i]->e != e) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: sequence %u is another engine's", i);
-    return e->ops->decode(e, seqs, tokens, n_seq, logits, err);
+    return G5_OK;
+}
+
+g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                        float *logits, g5_error *err) {
+    const g5_status st = own_seqs(e, seqs, n_seq, err);
+    return st ? st : e->ops->decode(e, seqs, tokens, n_seq, logits, err);
 }
 
 g5_status rt_eng_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                                int32_t *ids, float *logit, g5_error *err) {
-    for (uint32_t i = 0; i < n_seq; i++)
-        if (seqs[i]->e != e) return g5_fail(err, G5_ERR_INVALID_ARG, "decode: sequence %u is another engine's", i);
+    const g5_status so = own_seqs(e, seqs, n_seq, err);
+    if (so) return so;
     if (e->ops->decode_argmax) return e->ops->decode_argmax(e, seqs, tokens, n_seq, ids, logit, err);
     const size_t V = rt_eng_hparams(e)->n_vocab;
     float *lg = malloc((size_t)(n_seq ? n_seq : 1) * V * sizeof *lg);

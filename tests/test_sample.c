@@ -648,6 +648,7 @@ static void test_is_argmax(void) {
         if (refused ? st != G5_ERR_INVALID_ARG : st != G5_OK || id != best) bad++;
         samp_accept(a, 3);
         if (samp_is_argmax(a) != (g.repeat_penalty == 1.0f)) bad++; /* penalties over {3} now */
+        if (samp_params_argmax(&g) != (g.repeat_penalty == 1.0f)) bad++; /* whatever the window */
         samp_free(a);
     }
     T_CHECK(said == 400, "samp_is_argmax said 1 for %d of 400 greedy samplers with an empty window", said);

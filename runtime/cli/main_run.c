@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -645,10 +644,7 @@ int main(int argc, char **argv) {
     /* CUDA, greedy with no penalty (decided from the options alone: every process must make the
      * same calls): each decode step gives the argmax and its logit computed on the GPU, not the
      * vocabulary's logits (rt_eng_decode_argmax); --check follows plain prefill calls */
-    const samp_params *sp = &a.sp;
-    const int argmax_steps = a.cuda && !dr && !a.check && !(sp->temperature > 0) &&
-                             (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f && sp->frequency_penalty == 0.0f &&
-                                                         sp->presence_penalty == 0.0f));
+    const int argmax_steps = a.cuda && !dr && !a.check && samp_params_argmax(&a.sp);
     int32_t pick = -1;
     float pick_logit = 0;
     double t1 = now_s();
@@ -684,7 +680,7 @@ int main(int argc, char **argv) {
         const float *q = dr ? rt_drafter_draft(dr, &x) : NULL; /* a draft pending verification */
         if (picked) { /* the sampler's token and its refusal, from the argmax the step gave */
             id = pick;
-            st = pick_logit > -INFINITY ? G5_OK : g5_fail(&e, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
+            st = samp_argmax_check(pick_logit, &e);
             if (st && a.fast) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
         } else {
             st = q ? samp_sample_spec(samp, last, q, x, &id, NULL, &e) : samp_sample(samp, last, &id, &e);

@@ -325,13 +325,13 @@ g5_status gm_coll_gather_argmax(rt_gpu_model *g, int32_t *ids, float *vals, uint
     for (uint32_t t = 0; t < rows; t++) mine[t] = (pair){ids[t], vals[t]};
     g5_status st = rt_comm_allgatherv(c, mine, lens, offs, all, err);
     for (uint32_t t = 0; t < rows && !st; t++) {
-        int32_t best = -1;
+        int64_t best = -1;
         float bv = NAN;
         for (uint32_t p = 0; p < P; p++) {
             const pair q = all[(size_t)p * rows + t];
-            if (q.id >= 0 && (best < 0 || q.v > bv || (q.v == bv && q.id < best))) best = q.id, bv = q.v;
+            gm_argmax_take(&best, &bv, q.id, q.v);
         }
-        ids[t] = best;
+        ids[t] = (int32_t)best;
         vals[t] = best < 0 ? NAN : bv;
     }
     free(all);

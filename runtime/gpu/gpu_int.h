@@ -361,6 +361,11 @@ g5_status gm_coll_gather_logits(rt_gpu_model *g, float *logits, uint32_t rows, g
 /* ids / vals [rows] hold the argmax over this process's columns (-1 where it has none): every
  * process gets the whole rows' argmax (larger logit, then lower id). Nothing at one process. */
 g5_status gm_coll_gather_argmax(rt_gpu_model *g, int32_t *ids, float *vals, uint32_t rows, g5_error *err);
+/* One candidate (id >= 0, logit v) into a running argmax (*best, -1 while empty; *bv): cuk_argmax's
+ * rule, the larger logit, then the lower id, so partial results combine in any order. */
+static inline void gm_argmax_take(int64_t *best, float *bv, int64_t id, float v) {
+    if (id >= 0 && (*best < 0 || v > *bv || (v == *bv && id < *best))) *best = id, *bv = v;
+}
 #ifdef G5_HAVE_NCCL
 /* The library and its symbols; process 0 makes the unique id. Local. */
 g5_status gm_nccl_open(rt_gpu_model *g, g5_error *err);

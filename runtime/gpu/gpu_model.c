@@ -1096,12 +1096,9 @@ static void argmax_combine(const rt_gpu_model *g, uint32_t rows, int32_t *ids, f
         int64_t best = -1;
         float bv = NAN;
         for (uint32_t r = 0; r < g->T; r++) {
-            const gl_rank *rk = &g->rk[r];
             const int32_t i = g->amh_i[(size_t)r * rows + t];
-            if (!rk->head_write || i < 0) continue;
-            const int64_t gi = (int64_t)i + rk->head_col0;
-            const float v = g->amh_v[(size_t)r * rows + t];
-            if (best < 0 || v > bv || (v == bv && gi < best)) best = gi, bv = v;
+            if (g->rk[r].head_write && i >= 0)
+                gm_argmax_take(&best, &bv, (int64_t)i + g->rk[r].head_col0, g->amh_v[(size_t)r * rows + t]);
         }
         ids[t] = (int32_t)best;
         vals[t] = best < 0 ? NAN : bv;

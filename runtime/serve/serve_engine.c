@@ -495,7 +495,7 @@ static g5_status warm_up(const srv_config *cfg, rt_eng *eng, srv_slots *gpu, flo
     if (!st) st = rt_eng_prefill(sq[0], tok, n, &out, e);
     if (!st) st = rt_eng_decode(eng, sq, tok, 1, logits, e);
     if (!st && B > 1) st = rt_eng_decode(eng, sq, tok, B, logits, e);
-    for (uint32_t i = 0; slot && i < taken; i++) srv_slots_put(gpu, slot[i]);
+    for (uint32_t i = 0; i < taken; i++) srv_slots_put(gpu, slot[i]);
     if (st) g5_error_prefix(e, "warm-up (a %u-token prompt, then decode steps of 1 and %u sequences; --no-warmup skips it)", n, B);
     free(tok);
     free(sq);
@@ -943,7 +943,7 @@ static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t p
     g5_status st;
     if (!logits) { /* the sampler's refusal where it would give one on the same logits */
         id = pick;
-        st = pick_logit > -INFINITY ? G5_OK : g5_fail(&e, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
+        st = samp_argmax_check(pick_logit, &e);
         if (st != G5_OK && s->gpu && s->cfg.gpu_fast) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
     } else {
         st = q ? samp_sample_spec(r->samp, logits, q, x, &id, NULL, &e) : samp_sample(r->samp, logits, &id, &e);

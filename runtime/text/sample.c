@@ -130,13 +130,16 @@ static int cmp_i32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* 1: the penalties leave every logit as it is (whatever the window holds). */
+static int penalties_off(const samp_params *p) {
+    return p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f;
+}
+
 /* The window's distinct in-vocabulary ids, ascending, into s->sorted[0..n) with their counts in
  * s->pen_n; 0 when no penalty applies. */
 static uint32_t window_penalties(samp_ctx *s) {
     const samp_params *p = &s->p;
-    if (!s->hist_n || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-                       p->presence_penalty == 0.0f))
-        return 0;
+    if (!s->hist_n || penalties_off(p)) return 0;
     int32_t *ids = s->sorted;
     memcpy(ids, s->hist, s->hist_n * sizeof *ids);
     qsort(ids, s->hist_n, sizeof *ids, cmp_i32);
@@ -238,7 +241,7 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
         i++;
     }
     size_t m = q.m;
-    if (m == 0) return g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
+    if (m == 0) return samp_argmax_check(NAN, err); /* the refusal, worded in one place */
     if (q.greedy) {
         s->cand[0] = q.best;
         s->cand[0].p = 1.0f;
@@ -306,10 +309,14 @@ g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size
     return G5_OK;
 }
 
-int samp_is_argmax(const samp_ctx *s) {
-    const samp_params *p = &s->p;
-    return !(p->temperature > 0) && (!s->hist_n || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-                                                    p->presence_penalty == 0.0f));
+int samp_is_argmax(const samp_ctx *s) { return !(s->p.temperature > 0) && (!s->hist_n || penalties_off(&s->p)); }
+
+int samp_params_argmax(const samp_params *p) {
+    return !(p->temperature > 0) && (p->repeat_last_n == 0 || penalties_off(p));
+}
+
+g5_status samp_argmax_check(float logit, g5_error *err) {
+    return logit > -INFINITY ? G5_OK : g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
 }
 
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err) {

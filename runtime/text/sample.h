@@ -65,8 +65,14 @@ g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size
 /* 1 if samp_sample's next token is the argmax of the logits as given (greedy, and no penalty
  * applies to the window as it is now): the largest logit, the lowest id on ties, NaN never, and
  * G5_ERR_INVALID_ARG where that logit is not > -inf. A caller may then take the argmax computed
- * elsewhere (on the GPU: rt_eng_decode_argmax) instead of calling samp_sample. */
+ * elsewhere (on the GPU: rt_eng_decode_argmax) instead of calling samp_sample, with
+ * samp_argmax_check for the refusal. samp_params_argmax: 1 if every draw of a sampler made with
+ * p is the argmax, whatever its window (decided from the options alone). */
 int samp_is_argmax(const samp_ctx *s);
+int samp_params_argmax(const samp_params *p);
+/* G5_OK if an argmax whose logit is `logit` is the sampler's token, else samp_sample's refusal of
+ * those logits (every logit NaN or -inf). */
+g5_status samp_argmax_check(float logit, g5_error *err);
 
 /* Runs the chain and draws one token. Does not call samp_accept. */
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err);
