@@ -169,6 +169,23 @@ typedef struct cuk_add_rms_norm_args {
 } cuk_add_rms_norm_args;
 g5_status cuk_add_rms_norm(const cuk_add_rms_norm_args *a, cuk_stream stream, g5_error *err);
 
+/* The new MLA latent rows in one launch: y[r][0..dim) = cuk_rms_norm of x[r][0..dim), and
+ * y[r][dim..dim + n_rot) = x[r][dim..dim + n_rot) rotated as cuk_rope does (one head, rot_off
+ * dim) at pos[r]: bit for bit the norm, copy and RoPE launches it replaces. */
+typedef struct cuk_norm_rope_args {
+    const float *x;      /* [n_rows][ldx], ldx >= dim + n_rot */
+    int64_t ldx;
+    const float *w;      /* [dim] */
+    float *y;            /* [n_rows][ldy]; x itself or not overlapping it */
+    int64_t ldy;
+    int64_t n_rows, dim;
+    float eps;
+    int64_t n_rot;       /* even, 2..256 */
+    float theta;
+    const int32_t *pos;  /* [n_rows] int32, device */
+} cuk_norm_rope_args;
+g5_status cuk_norm_rope(const cuk_norm_rope_args *a, cuk_stream stream, g5_error *err);
+
 /* y[r] = (x[r] - mean) / sqrt(var + eps) * w + b (biased variance; mean and variance in
  * float64, two passes). */
 typedef struct cuk_layer_norm_args {

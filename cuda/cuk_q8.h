@@ -58,6 +58,39 @@ typedef struct cuk_q8_quantize_args {
 } cuk_q8_quantize_args;
 g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream stream, g5_error *err);
 
+/* cuk_rms_norm (norm.a NULL) or cuk_add_rms_norm (norm.a given) of the rows, whose outputs y are
+ * also quantized into q, ds as cuk_q8_quantize does (planes 1 or 2), in one launch: x, y, q and ds
+ * bit for bit those of the two launches it replaces. Takes the dims cuk_norm_q8_fits says (a
+ * multiple of 64 whose row spreads evenly over the norm's threads: 512, 2048, 6144, 16384, ..). */
+typedef struct cuk_norm_q8_args {
+    cuk_add_rms_norm_args norm; /* norm.a == NULL: plain RMSNorm, y may equal x */
+    int8_t *q;                  /* [n_rows][ldq], ldq >= planes * dim, a multiple of 16 */
+    int64_t ldq;
+    float *ds;                  /* [n_rows][ldds], ldds >= planes * dim / 16, a multiple of 4 */
+    int64_t ldds;
+    int32_t planes;             /* 1 or 2 */
+} cuk_norm_q8_args;
+int cuk_norm_q8_fits(int64_t dim);
+g5_status cuk_norm_q8(const cuk_norm_q8_args *a, cuk_stream stream, g5_error *err);
+
+/* y = silu(g) * u as cuk_silu_mul, with y's rows also quantized as cuk_q8_quantize does (planes 1
+ * or 2; dim a multiple of 32, of 64 for two planes), in one launch: the bits of the two. */
+typedef struct cuk_silu_mul_q8_args {
+    const float *g;
+    int64_t ldg;
+    const float *u;
+    int64_t ldu;
+    float *y;                   /* [n_rows][ldy]; may equal g or u */
+    int64_t ldy;
+    int64_t n_rows, dim;
+    int8_t *q;
+    int64_t ldq;
+    float *ds;
+    int64_t ldds;
+    int32_t planes;
+} cuk_silu_mul_q8_args;
+g5_status cuk_silu_mul_q8(const cuk_silu_mul_q8_args *a, cuk_stream stream, g5_error *err);
+
 /* 1 if the int8 kernels take weights of this type with rows of k elements: Q4_K, Q5_K, Q6_K
  * and the low-bit types Q2_K, Q3_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS,
  * TQ1_0, TQ2_0 (k % 256 == 0), Q8_0, IQ4_NL, MXFP4, NVFP4, Q4_0, Q4_1, Q5_0 and Q5_1 (k % 64 == 0). The low-bit types' units:

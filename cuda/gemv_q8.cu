@@ -19,6 +19,7 @@
  * The kernels are templates in gemv_q8_kern.cuh; this file holds the K-quants' and Q8_0's units,
  * the quantizer and the host API, gemv_q8_lb*.cu the low-bit types' units (q8_lowbit.cuh). */
 #include "cuda/gemv_q8_kern.cuh"
+#include "cuda/q8_quant.cuh"
 
 namespace cuk {
 namespace q8 {
@@ -175,8 +176,8 @@ __device__ __forceinline__ float dot(const Raw<QT_Q8_0> &w, const X64 &x, int) {
 }
 
 /* Quantizer. Grid: (ceil(k / 32 / 8), n); block: 8 warps, warp = one 32-element block, lane =
- * one element. A NaN or infinity in the block makes d NaN (the products then carry it). P = 2:
- * the residual x - d q as a second plane with d2 = d / 254, s the sum of both planes. */
+ * one element (q8_quant.cuh: a NaN or infinity in the block makes d NaN, the products then carry
+ * it; P = 2: the residual as a second plane). */
 template <int P>
 __global__ void __launch_bounds__(256)
     k_quantize(const float *__restrict__ x, int64_t ldx, int64_t k, int8_t *__restrict__ q, int64_t ldq,
@@ -184,37 +185,8 @@ __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x & 31;
     const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), row = blockIdx.y;
     if (b * 32 >= k) return;
-    const float v = x[row * ldx + b * 32 + lane];
-    float amax = fabsf(v);
-    const bool bad = __any_sync(0xffffffffu, !isfinite(v));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const int qi = d > 0.0f ? __float2int_rn(v / d) : 0;
-    int sum = qi;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    q[row * ldq + b * 32 + lane] = (int8_t)qi;
-    const float dd = bad ? __int_as_float(0x7fc00000) : d;
-    float stot = dd * (float)sum;
-    if (P == 2) {
-        const float d2 = d / 254.0f, r = fmaf(-d, (float)qi, v);
-        int q2 = d2 > 0.0f ? __float2int_rn(r / d2) : 0;
-        q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
-        int sum2 = q2;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum2 += __shfl_xor_sync(0xffffffffu, sum2, o);
-        q[row * ldq + k + b * 32 + lane] = (int8_t)q2;
-        stot = fmaf(d2, (float)sum2, stot);
-        if (lane == 0) {
-            ds[row * ldds + k / 16 + 2 * b] = bad ? dd : d2;
-            ds[row * ldds + k / 16 + 2 * b + 1] = 0.0f;
-        }
-    }
-    if (lane == 0) {
-        ds[row * ldds + 2 * b] = dd;
-        ds[row * ldds + 2 * b + 1] = stot;
-    }
+    const float v[1] = {x[row * ldx + b * 32 + lane]};
+    q8q::quant_block<1, P>(v, lane, q + row * ldq + b * 32, k, ds + row * ldds, b);
 }
 
 } // namespace q8

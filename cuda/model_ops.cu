@@ -8,7 +8,9 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
+#include "cuda/cuk_q8.h"
 #include "cuda/deq_sub.h"
+#include "cuda/q8_quant.cuh"
 #include "cuda/rowops.cuh"
 #include "format/quant_blocks.h"
 
@@ -213,9 +215,21 @@ __global__ void k_silu_mul(const float *g, int64_t ldg, const float *u, int64_t 
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_rows * dim) return;
     const int64_t r = i / dim, c = i % dim;
-    const float v = g[r * ldg + c];
-    const float s = v / (1.0f + expf(-v));
-    y[r * ldy + c] = __fmul_rn(s, u[r * ldu + c]);
+    y[r * ldy + c] = rowops_silu_mul(g[r * ldg + c], u[r * ldu + c]);
+}
+
+/* k_silu_mul and cuk_q8_quantize in one. Grid: (ceil(dim / 32 / 8), n_rows); block: 8 warps, warp
+ * = one 32-element block of a row, lane = one element (q8_quant.cuh). */
+template <int P>
+__global__ void __launch_bounds__(256)
+    k_silu_mul_q8(const float *g, int64_t ldg, const float *u, int64_t ldu, float *y, int64_t ldy, int64_t dim,
+                  int8_t *__restrict__ q, int64_t ldq, float *__restrict__ ds, int64_t ldds) {
+    const int lane = threadIdx.x & 31;
+    const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), r = blockIdx.y, c = b * 32 + lane;
+    if (b * 32 >= dim) return;
+    const float v[1] = {rowops_silu_mul(g[r * ldg + c], u[r * ldu + c])};
+    y[r * ldy + c] = v[0];
+    cuk::q8q::quant_block<1, P>(v, lane, q + r * ldq + b * 32, dim, ds + r * ldds, b);
 }
 
 /* y[i] = v rounded to y_type: the one rounding of cuk_convert and cuk_cache_write_rows. */
@@ -714,6 +728,31 @@ extern "C" g5_status cuk_silu_mul(const float *g, int64_t ldg, const float *u, i
     if (ldg < dim || ldu < dim || ldy < dim) return BAD("silu_mul: leading dimension below dim=%lld", (long long)dim);
     k_silu_mul<<<grid_for(n_rows * dim, 256), 256, 0, (cudaStream_t)stream>>>(g, ldg, u, ldu, y, ldy, n_rows, dim);
     CUK_CHECK_LAUNCH("silu_mul");
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_silu_mul_q8(const cuk_silu_mul_q8_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("silu_mul_q8: no args");
+    if (!a->g || !a->u || !a->y) return BAD("silu_mul_q8: NULL pointer");
+    if (a->n_rows < 1 || a->n_rows > 65535) return BAD("silu_mul_q8: n_rows=%lld outside 1..65535", (long long)a->n_rows);
+    const int64_t P = a->planes, dim = a->dim;
+    if (P != 1 && P != 2) return BAD("silu_mul_q8: planes=%lld is neither 1 nor 2", (long long)P);
+    if (dim <= 0 || dim % (32 * P) || dim > (1LL << 24))
+        return BAD("silu_mul_q8: dim=%lld is not a positive multiple of %lld", (long long)dim, (long long)(32 * P));
+    if (a->ldg < dim || a->ldu < dim || a->ldy < dim) return BAD("silu_mul_q8: leading dimension below dim=%lld", (long long)dim);
+    if (!a->q || !a->ds || (uintptr_t)a->q % 16 || (uintptr_t)a->ds % 16)
+        return BAD("silu_mul_q8: q or ds NULL or not 16-byte aligned");
+    if (a->ldq < P * dim || a->ldq % 16 || a->ldds < P * (dim / 16) || a->ldds % 4)
+        return BAD("silu_mul_q8: ldq=%lld or ldds=%lld too small for %lld planes of %lld (or not a multiple of 16 / 4)",
+                   (long long)a->ldq, (long long)a->ldds, (long long)P, (long long)dim);
+    const dim3 grid((unsigned)((dim / 32 + 7) / 8), (unsigned)a->n_rows);
+    if (P == 2)
+        k_silu_mul_q8<2><<<grid, 256, 0, (cudaStream_t)stream>>>(a->g, a->ldg, a->u, a->ldu, a->y, a->ldy, dim, a->q,
+                                                                 a->ldq, a->ds, a->ldds);
+    else
+        k_silu_mul_q8<1><<<grid, 256, 0, (cudaStream_t)stream>>>(a->g, a->ldg, a->u, a->ldu, a->y, a->ldy, dim, a->q,
+                                                                 a->ldq, a->ds, a->ldds);
+    CUK_CHECK_LAUNCH("silu_mul_q8");
     return G5_OK;
 }
 

@@ -9,6 +9,7 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_prefill.h"
+#include "cuda/rowops.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
@@ -64,9 +65,7 @@ template <typename T>
 __global__ void k_silu_mul_16(const float *__restrict__ g, const float *__restrict__ u, int64_t n, T *__restrict__ y) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float v = g[i];
-    const float s = v / (1.0f + expf(-v));
-    st16(y, i, __fmul_rn(s, u[i]));
+    st16(y, i, rowops_silu_mul(g[i], u[i]));
 }
 
 /* One thread per output element (token t, column c), coalesced along c. */

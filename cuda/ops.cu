@@ -8,6 +8,8 @@
 #include <cooperative_groups.h>
 
 #include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_q8.h"
+#include "cuda/q8_quant.cuh"
 #include "cuda/rowops.cuh"
 
 namespace cg = cooperative_groups;
@@ -46,6 +48,26 @@ struct NormArgs {
     int64_t n_rows, dim;
     float eps;
     int cs;            /* CTAs per row (cluster size) */
+    int8_t *q;         /* NE_Q8_1 / NE_Q8_2: y's int8 rows [n_rows][ldq] (cuda/cuk_q8.h) */
+    int64_t ldq;
+    float *ds;         /* [n_rows][ldds] */
+    int64_t ldds;
+};
+
+/* What a norm launch does besides y: nothing, y's int8 rows in one or two planes (cuk_norm_q8),
+ * or the RoPE'd tail of the row after dim (cuk_norm_rope). */
+enum { NE_NONE = 0, NE_Q8_1 = 1, NE_Q8_2 = 2, NE_ROPE = 3 };
+
+constexpr int ROPE_MAX_PAIRS = 128;
+struct RopeInv {
+    float inv[ROPE_MAX_PAIRS];
+};
+
+/* cuk_norm_rope: pairs i < n_pairs of x[row][dim..] roped at pos[row] into y[row][dim..]. */
+struct NormTail {
+    const int32_t *pos;
+    int n_pairs;
+    RopeInv inv;
 };
 
 struct NormShape {
@@ -119,8 +141,8 @@ __device__ __forceinline__ float4 ln_out(float4 x, double mean, double inv, floa
  * writes v back for the add, sums v^2 (or v, then (v - mean)^2) in float64 over its chunks in
  * order, the row reduces (row_sum), and the thread writes its chunks of y from the registers.
  * The arithmetic per element is the CPU's: x * scale * w, (float)((x - mean) * inv) * w + b. */
-template <int KIND>
-__global__ void __launch_bounds__(NR_T) k_norm(NormArgs p) {
+template <int KIND, int EX>
+__device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tail) {
     __shared__ double wsh[2][NR_T / 32];
     __shared__ double csh[2][NR_CL];
     const int cs = p.cs;
@@ -198,8 +220,13 @@ __global__ void __launch_bounds__(NR_T) k_norm(NormArgs p) {
         for (int j = 0; j < NR_NC; j++) {
             if (j >= nc) break;
             const int64_t e0 = (g + j * P) * 4;
-            rowops_st4(yr, e0, p.dim, vec,
-                     KIND == NK_LAYER ? ln_out(xv[j], mean, inv, wv[j], bv[j]) : rms_out(xv[j], scale, wv[j]));
+            const float4 o = KIND == NK_LAYER ? ln_out(xv[j], mean, inv, wv[j], bv[j]) : rms_out(xv[j], scale, wv[j]);
+            rowops_st4(yr, e0, p.dim, vec, o);
+            if (EX == NE_Q8_1 || EX == NE_Q8_2) { /* every thread has nc chunks here (cuk_norm_q8_fits) */
+                const float v[4] = {o.x, o.y, o.z, o.w};
+                cuk::q8q::quant_block<4, EX == NE_Q8_2 ? 2 : 1>(v, (int)((e0 >> 2) & 7), p.q + row * p.ldq + (e0 & ~31ll),
+                                                            p.dim, p.ds + row * p.ldds, e0 >> 5);
+            }
         }
         for (int j = NR_NC; j < nc; j++) {
             const int64_t e0 = (g + j * P) * 4;
@@ -208,31 +235,56 @@ __global__ void __launch_bounds__(NR_T) k_norm(NormArgs p) {
             rowops_st4(yr, e0, p.dim, vec,
                      KIND == NK_LAYER ? ln_out(v, mean, inv, w, rowops_ld4(p.bias, e0, p.dim, vec)) : rms_out(v, scale, w));
         }
+        if (EX == NE_ROPE) { /* k_rope's arithmetic on the copied pairs */
+            const float *xt = xr + p.dim;
+            float *yt = yr + p.dim;
+            for (int64_t i = g; i < tail->n_pairs; i += P) {
+                float a = xt[2 * i], b = xt[2 * i + 1];
+                rowops_rope_rot(a, b, rowops_rope_cs(tail->pos[row], tail->inv.inv[i]));
+                yt[2 * i] = a;
+                yt[2 * i + 1] = b;
+            }
+        }
     }
     if (started) cl_wait(); /* a cluster with no row: complete the opening arrive */
 }
 
-template <int KIND>
-static g5_status launch_norm(NormArgs p, cudaStream_t st, g5_error *err) {
+/* RMSNorm (NK_RMS), residual add + RMSNorm (NK_ADD_RMS), LayerNorm (NK_LAYER) as norm_rows says,
+ * with y's int8 rows (EX = NE_Q8_1, NE_Q8_2) or not (NE_NONE). */
+template <int KIND, int EX>
+__global__ void __launch_bounds__(NR_T) k_norm(NormArgs p) {
+    norm_rows<KIND, EX>(p, nullptr);
+}
+
+/* RMSNorm of the first dim elements and RoPE of the n_rot after them (cuk_norm_rope). */
+__global__ void __launch_bounds__(NR_T) k_norm_rope(NormArgs p, const NormTail t) {
+    norm_rows<NK_RMS, NE_ROPE>(p, &t);
+}
+
+/* One launch of kernel fn (k_norm or k_norm_rope) in norm_shape's clusters. */
+template <typename... Args>
+static g5_status launch_norm_fn(void (*fn)(NormArgs, Args...), NormArgs p, cudaStream_t st, g5_error *err,
+                                Args... more) {
     const NormShape sh = norm_shape(p.dim);
     p.cs = sh.cs;
     const int64_t n_cl = p.n_rows < NR_MAX_CLUSTERS ? p.n_rows : NR_MAX_CLUSTERS;
     if (sh.cs == 1) {
-        k_norm<KIND><<<(unsigned)n_cl, sh.threads, 0, st>>>(p);
+        fn<<<(unsigned)n_cl, sh.threads, 0, st>>>(p, more...);
     } else {
         cudaLaunchAttribute at;
         const cudaLaunchConfig_t cfg = cuk_cluster_cfg(&at, (unsigned)sh.cs, dim3((unsigned)(n_cl * sh.cs), 1, 1),
                                                        (unsigned)sh.threads, 0, st);
-        CUK_CHECK(cudaLaunchKernelEx(&cfg, k_norm<KIND>, p));
+        CUK_CHECK(cudaLaunchKernelEx(&cfg, fn, p, more...));
     }
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
-constexpr int ROPE_MAX_PAIRS = 128;
-struct RopeInv {
-    float inv[ROPE_MAX_PAIRS];
-};
+template <int KIND>
+static g5_status launch_norm(NormArgs p, cudaStream_t st, g5_error *err) {
+    return launch_norm_fn(k_norm<KIND, NE_NONE>, p, st, err);
+}
+
 
 /* RoPE. Grid: one CTA per token (tokens loop past the grid); block: ROPE_T threads. Thread i <
  * n_pairs forms pair i's cos/sin once per token into shared memory (shared by all heads); each
@@ -350,7 +402,7 @@ extern "C" g5_status cuk_rms_norm(const float *x, int64_t ldx, const float *w, f
     if (st != G5_OK) return st;
     if (!w) return BAD("rms_norm: w is NULL");
     if (!(eps >= 0.0f)) return BAD("rms_norm: eps=%g must be >= 0", (double)eps);
-    const NormArgs p = {(float *)x, ldx, nullptr, nullptr, 0, w, nullptr, y, ldy, n_rows, dim, eps, 1};
+    const NormArgs p = {(float *)x, ldx, nullptr, nullptr, 0, w, nullptr, y, ldy, n_rows, dim, eps, 1, nullptr, 0, nullptr, 0};
     return launch_norm<NK_RMS>(p, (cudaStream_t)stream, err);
 }
 
@@ -367,8 +419,72 @@ extern "C" g5_status cuk_add_rms_norm(const cuk_add_rms_norm_args *args, cuk_str
     if (lda < dim) return BAD("add_rms_norm: lda=%lld < dim=%lld", (long long)lda, (long long)dim);
     if (y == x || y == a || (b && y == b)) return BAD("add_rms_norm: y aliases an input");
     if (!(eps >= 0.0f)) return BAD("add_rms_norm: eps=%g must be >= 0", (double)eps);
-    const NormArgs p = {x, ldx, a, b, lda, w, nullptr, y, ldy, n_rows, dim, eps, 1};
+    const NormArgs p = {x, ldx, a, b, lda, w, nullptr, y, ldy, n_rows, dim, eps, 1, nullptr, 0, nullptr, 0};
     return launch_norm<NK_ADD_RMS>(p, (cudaStream_t)stream, err);
+}
+
+/* inv_i = 1 / theta^(2i / n_rot) for the n_rot / 2 pairs, on the host with powf as the CPU does;
+ * returns the number of pairs. */
+static int rope_inv(float theta, int64_t n_rot, RopeInv *inv) {
+    const int n_pairs = (int)(n_rot / 2);
+    for (int i = 0; i < n_pairs; i++) inv->inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot);
+    return n_pairs;
+}
+
+extern "C" int cuk_norm_q8_fits(int64_t dim) {
+    if (dim <= 0 || dim % 64 || dim > (1LL << 24)) return 0;
+    const NormShape sh = norm_shape(dim);
+    const int64_t P = (int64_t)sh.cs * sh.threads, nch = dim / 4;
+    return nch % P == 0 && nch / P <= NR_NC;
+}
+
+extern "C" g5_status cuk_norm_q8(const cuk_norm_q8_args *args, cuk_stream stream, g5_error *err) {
+    if (!args) return BAD("norm_q8: no args");
+    const cuk_add_rms_norm_args *n = &args->norm;
+    g5_status st = check_rows("norm_q8", n->x, n->y, n->ldx, n->ldy, n->n_rows, n->dim, err);
+    if (st != G5_OK) return st;
+    if (!n->w) return BAD("norm_q8: w is NULL");
+    if (!(n->eps >= 0.0f)) return BAD("norm_q8: eps=%g must be >= 0", (double)n->eps);
+    if (n->a) {
+        if (n->lda < n->dim) return BAD("norm_q8: lda=%lld < dim=%lld", (long long)n->lda, (long long)n->dim);
+        if (n->y == n->x || n->y == n->a || (n->b && n->y == n->b)) return BAD("norm_q8: y aliases an input");
+    } else if (n->b) {
+        return BAD("norm_q8: b without a");
+    }
+    if (!cuk_norm_q8_fits(n->dim)) return BAD("norm_q8: dim=%lld is not one cuk_norm_q8_fits takes", (long long)n->dim);
+    const int64_t P = args->planes;
+    if (P != 1 && P != 2) return BAD("norm_q8: planes=%lld is neither 1 nor 2", (long long)P);
+    if (!args->q || !args->ds || (uintptr_t)args->q % 16 || (uintptr_t)args->ds % 16)
+        return BAD("norm_q8: q or ds NULL or not 16-byte aligned");
+    if (args->ldq < P * n->dim || args->ldq % 16 || args->ldds < P * (n->dim / 16) || args->ldds % 4)
+        return BAD("norm_q8: ldq=%lld or ldds=%lld too small for %lld planes of %lld (or not a multiple of 16 / 4)",
+                   (long long)args->ldq, (long long)args->ldds, (long long)P, (long long)n->dim);
+    const NormArgs p = {n->x, n->ldx, n->a, n->b, n->lda, n->w, nullptr, n->y, n->ldy, n->n_rows, n->dim, n->eps, 1,
+                        args->q, args->ldq, args->ds, args->ldds};
+    const cudaStream_t cs = (cudaStream_t)stream;
+    if (n->a) return P == 2 ? launch_norm_fn(k_norm<NK_ADD_RMS, NE_Q8_2>, p, cs, err)
+                            : launch_norm_fn(k_norm<NK_ADD_RMS, NE_Q8_1>, p, cs, err);
+    return P == 2 ? launch_norm_fn(k_norm<NK_RMS, NE_Q8_2>, p, cs, err) : launch_norm_fn(k_norm<NK_RMS, NE_Q8_1>, p, cs, err);
+}
+
+extern "C" g5_status cuk_norm_rope(const cuk_norm_rope_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("norm_rope: no args");
+    g5_status st = check_rows("norm_rope", a->x, a->y, a->ldx, a->ldy, a->n_rows, a->dim + a->n_rot, err);
+    if (st != G5_OK) return st;
+    if (!a->w) return BAD("norm_rope: w is NULL");
+    if (!a->pos) return BAD("norm_rope: pos is NULL");
+    if (!(a->eps >= 0.0f)) return BAD("norm_rope: eps=%g must be >= 0", (double)a->eps);
+    if (a->n_rot < 2 || a->n_rot > 2 * ROPE_MAX_PAIRS || a->n_rot % 2)
+        return BAD("norm_rope: n_rot=%lld must be even and in 2..%d", (long long)a->n_rot, 2 * ROPE_MAX_PAIRS);
+    if (!(a->theta > 0.0f)) return BAD("norm_rope: theta=%g must be positive", (double)a->theta);
+    if (a->x != a->y && a->x < a->y + a->n_rows * a->ldy && a->y < a->x + a->n_rows * a->ldx)
+        return BAD("norm_rope: x and y overlap without being equal");
+    NormTail t;
+    t.pos = a->pos;
+    t.n_pairs = rope_inv(a->theta, a->n_rot, &t.inv);
+    const NormArgs p = {(float *)a->x, a->ldx, nullptr, nullptr, 0, a->w, nullptr, a->y, a->ldy, a->n_rows, a->dim, a->eps, 1,
+                        nullptr, 0, nullptr, 0};
+    return launch_norm_fn(k_norm_rope, p, (cudaStream_t)stream, err, t);
 }
 
 extern "C" g5_status cuk_layer_norm(const cuk_layer_norm_args *args, cuk_stream stream, g5_error *err) {
@@ -382,7 +498,7 @@ extern "C" g5_status cuk_layer_norm(const cuk_layer_norm_args *args, cuk_stream 
     if (!w) return BAD("layer_norm: w is NULL");
     if (!b) return BAD("layer_norm: b is NULL");
     if (!(eps >= 0.0f)) return BAD("layer_norm: eps=%g must be >= 0", (double)eps);
-    const NormArgs p = {(float *)x, ldx, nullptr, nullptr, 0, w, b, y, ldy, n_rows, dim, eps, 1};
+    const NormArgs p = {(float *)x, ldx, nullptr, nullptr, 0, w, b, y, ldy, n_rows, dim, eps, 1, nullptr, 0, nullptr, 0};
     return launch_norm<NK_LAYER>(p, (cudaStream_t)stream, err);
 }
 
@@ -409,9 +525,7 @@ extern "C" g5_status cuk_rope(const cuk_rope_args *a, cuk_stream stream, g5_erro
                    (long long)tok_span);
     if (!(theta > 0.0f)) return BAD("rope: theta=%g must be positive", (double)theta);
     RopeInv inv;
-    const int n_pairs = (int)(n_rot / 2);
-    for (int i = 0; i < n_pairs; i++)
-        inv.inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot); /* as the CPU */
+    const int n_pairs = rope_inv(theta, n_rot, &inv);
     const int64_t np = n_head * n_pairs;
     const int threads = np < ROPE_T ? (int)((np + 31) / 32 * 32) : ROPE_T;
     k_rope<<<(unsigned)(n_tok < ROPE_MAX_CTAS ? n_tok : ROPE_MAX_CTAS), threads, 0, (cudaStream_t)stream>>>(

@@ -31,6 +31,12 @@ __device__ __forceinline__ void rowops_rope_rot(float &a, float &b, float2 cs) {
     b = __fadd_rn(__fmul_rn(x, cs.y), __fmul_rn(y, cs.x));
 }
 
+/* silu(g) * u: g / (1 + e^-g) in float32 (expf), then the product rounded on its own. */
+__device__ __forceinline__ float rowops_silu_mul(float g, float u) {
+    const float s = g / (1.0f + expf(-g));
+    return __fmul_rn(s, u);
+}
+
 /* Elements e0 .. e0 + 3 of row r, those < dim (the others read as 0 / not written); vec: r
  * is 16-byte aligned, so a whole chunk moves as one float4. */
 __device__ __forceinline__ float4 rowops_ld4(const float *r, int64_t e0, int64_t dim, bool vec) {

@@ -160,33 +160,36 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     const int64_t mpb = rk->multi;
     CUK_CHECK(cudaSetDevice(rk->dev));
-    CK(gm_norm_x(rk, L->attn_norm, n, E, eps, err));
-    PMARK("attn", "attn_norm (+ residual add)");
-    /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
-     * whose indexer still picks in float32 */
-    /* q_a and kv_a read the same h: one two-plane quantization of it serves both */
+    /* q_a and kv_a read the same h: one two-plane quantization of it serves both, made by the
+     * norm's launch (cuk_norm_q8) where its width allows */
     const int qa8 = gm_q8x2_takes(rk, &L->q_a, n), kva8 = gm_q8x2_takes(rk, &L->kv_a, n);
     cuk_q8_act hq = {0};
-    if (qa8 || kva8) CK(gm_q8_in(rk, rk->h, E, n, E, 2, &hq, err));
+    CK(gm_norm_x_q8(rk, L->attn_norm, n, E, eps, qa8 || kva8 ? 2 : 0, &hq, err));
+    PMARK("attn", "attn_norm (+ residual add, + int8 quantize of h)");
+    /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
+     * whose indexer still picks in float32 */
     if (qa8) CK(gm_gemv_q8_in(rk, &L->q_a, &hq, n, rk->qr, QL, err));
     else CK(gm_gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
     PMARK("attn", "q_a gemv");
-    CK(cuk_rms_norm(rk->qr, QL, L->q_a_norm, rk->qr, QL, n, QL, eps, cs, err));
-    PMARK("attn", "q_a_norm");
     if (kva8) CK(gm_gemv_q8_in(rk, &L->kv_a, &hq, n, rk->kv, KVW, err));
     else CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
     PMARK("attn", "kv_a gemv");
+    /* q_a_norm in place, with q_b's two-plane input quantized by the same launch (rk->q8q: h's
+     * copy is no longer read; the indexer below takes float32 inputs and leaves it alone) */
+    const int qb8 = gm_q8x2_takes(rk, &L->q_b, n);
+    cuk_q8_act qq = {0};
+    CK(gm_rms_norm_q8(rk, rk->qr, QL, L->q_a_norm, n, QL, eps, qb8 ? 2 : 0, &qq, err));
+    PMARK("attn", "q_a_norm (+ int8 quantize of qr)");
     /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
      * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
-     * cuk_cache_write_rows at the positions in rk->pos, below) */
+     * cuk_cache_write_rows at the positions in rk->pos, below); norm, copy of the rope part and
+     * its RoPE in one launch */
     const int direct = one && !bound && g->lat_type == CUK_F32;
     float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
                             : rk->latf;
-    CK(cuk_rms_norm(rk->kv, KVW, L->kv_a_norm, lat_new, KVW, n, KL, eps, cs, err));
-    CUK_CHECK(cudaMemcpy2DAsync(lat_new + KL, KVW * 4, rk->kv + KL, KVW * 4, R * 4, n, cudaMemcpyDeviceToDevice, rk->st));
-    const cuk_rope_args rl = {.x = lat_new, .n_tok = n, .tok_stride = KVW, .n_head = 1, .head_stride = KVW,
-                              .rot_off = KL, .n_rot = R, .theta = theta, .pos = rk->pos};
-    CK(cuk_rope(&rl, cs, err));
+    const cuk_norm_rope_args nr = {.x = rk->kv, .ldx = KVW, .w = L->kv_a_norm, .y = lat_new, .ldy = KVW, .n_rows = n,
+                                   .dim = KL, .eps = eps, .n_rot = R, .theta = theta, .pos = rk->pos};
+    CK(cuk_norm_rope(&nr, cs, err));
     /* a graph step's new rows (the keys too, with an indexer: below) */
     cuk_cache_write_rows_args cw = {.lat_new = rk->latf, .lat_w = KVW, .lat_type = g->lat_type,
                                     .lat = bound ? gm_seq_lat(g, pl->seq[0], rk->r, il) : NULL,
@@ -203,7 +206,8 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     }
     PMARK("attn", "latent norm+rope+cache write");
     if (L->has_idx) CK(attn_indexer(g, rk, il, pl, tc, multi, &cw, err));
-    CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
+    if (qb8) CK(gm_gemv_q8_in(rk, &L->q_b, &qq, n, rk->q, H * (NOPE + R), err));
+    else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
     const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
                               .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};

@@ -94,6 +94,7 @@ typedef struct gl_rank {
     uint32_t head_col0;
     int head_write;
     const float *out_norm;
+    cuk_q8_act head_q8;              /* the step's final norm output in int8 for the head (.q NULL: none) */
     int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
     int q8;                          /* int8 inputs for gm_gemv_q8's roles (every mode but precise) */
     int attn_tc;                     /* decode attention on the tensor cores (every mode but precise) */
@@ -272,6 +273,11 @@ g5_status gm_mtp_setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err);
 void gm_mtp_seq_free(rt_gpu_seq *s);
 /* rk->h = RMSNorm(x) * w over n rows, the pending residual add folded in first. */
 g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err);
+/* gm_norm_x, then with planes 1 or 2 rk->h quantized as gm_q8_in would into *o (one launch where
+ * cuk_norm_q8_fits E, the same bits either way); planes 0: gm_norm_x alone and
+ * *o zeroed. */
+g5_status gm_norm_x_q8(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, int planes, cuk_q8_act *o,
+                       g5_error *err);
 /* rk->x = the token embeddings of rk->tok [n] (E wide), the pending residual add cleared. */
 g5_status gm_embed(gl_rank *rk, uint32_t n, int64_t E, g5_error *err);
 /* ---- products (gpu_prod.c) ---- */
@@ -305,6 +311,16 @@ g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, u
 /* gm_gemv_k with two int8 planes where gm_q8x2_takes, else bf16 / float32 inputs. */
 g5_status gm_gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                        int64_t ldy, g5_error *err);
+/* x [n][ldx] = RMSNorm(x) * w in place (dim k), and with planes 1 or 2 also quantized as gm_q8_in
+ * would into *o: one launch where cuk_norm_q8_fits k, the same bits either way
+ * (planes 0: the norm alone, *o zeroed). */
+g5_status gm_rms_norm_q8(const gl_rank *rk, float *x, int64_t ldx, const float *w, uint32_t n, int64_t k, float eps,
+                         int planes, cuk_q8_act *o, g5_error *err);
+/* rk->ga [n][F] = silu(ga) * gb, then y = W ga: with `planes` int8 planes where W takes them
+ * (planes 2: gm_q8x2_takes, 1: gm_q8_takes; the silu and the quantization in one launch), else as
+ * gm_gemv_q8x2 (planes 2) or gm_gemv_q8 (planes 1) would. */
+g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, int planes, float *y, int64_t ldy,
+                       g5_error *err);
 /* gm_gemv with the input quantized to int8 per 32 elements in fast mode (cuda/cuk_q8.h) where the
  * weight type has an int8 kernel and the call is not on the prefill GEMM path: only for the roles
  * specs/numerics.md lists (output heads, routed and shared experts, the NextN projection). */

@@ -721,6 +721,22 @@ g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float ep
     return G5_OK;
 }
 
+g5_status gm_norm_x_q8(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, int planes, cuk_q8_act *o,
+                       g5_error *err) {
+    *o = (cuk_q8_act){0};
+    if (!planes || !cuk_norm_q8_fits(E)) {
+        CK(gm_norm_x(rk, w, n, E, eps, err));
+        return planes ? gm_q8_in(rk, rk->h, E, n, E, planes, o, err) : G5_OK;
+    }
+    const cuk_norm_q8_args a = {{.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E, .w = w, .y = rk->h,
+                                 .ldy = E, .n_rows = n, .dim = E, .eps = eps},
+                                rk->q8q, planes * E, rk->q8d, planes * E / 16, planes};
+    CK(cuk_norm_q8(&a, (cuk_stream)rk->st, err));
+    rk->pa = rk->pb = NULL;
+    *o = (cuk_q8_act){rk->q8q, planes * E, rk->q8d, planes * E / 16, planes};
+    return G5_OK;
+}
+
 g5_status gm_embed(gl_rank *rk, uint32_t n, int64_t E, g5_error *err) {
     const cuk_dequant_rows_args dq = {.w_type = rk->tok_embd.type, .w = rk->tok_embd.w, .k = E,
                                       .n_rows_w = rk->tok_embd.m, .rows = rk->tok, .n = n, .out = rk->x, .ldo = E};
@@ -752,30 +768,34 @@ static int moe_q8t_for(uint32_t type, int64_t k, uint32_t n) {
     return n >= MOE_Q8T_MIN_TOK && cuk_moe_q8t_takes(type, k, 1);
 }
 
-/* The MoE products of a decode step (or a short call): the shared expert's gate and up, then
+/* Which of a MoE layer's gate / up products take int8 inputs of h at n rows (bit 0: the routed
+ * experts, bit 1: the shared expert's gate and up); 0 on the prefill GEMM path. */
+static int moe_h_q8(const gl_rank *rk, const gl_layer *L, int64_t E, uint32_t n) {
+    const dmat eg = {L->exp_type, L->exp_gate, E, rk->c->ffe_l};
+    if (gl_lin_use(rk->lin, n)) return 0;
+    return gm_q8_takes(rk, &eg, n) |
+           (L->sh_contrib && gm_q8_takes(rk, &L->sh_gate, n) && L->sh_up.type == L->sh_gate.type) << 1;
+}
+
+/* The MoE products of a decode step (or a short call) from rk->h and, where moe_h_q8 says, its
+ * one-plane int8 copy *hq (made with the norm): the shared expert's gate and up, then
  * the routed experts by plan group (cuda/cuk.h), their down products summed over slots into
  * rk->moe. Fast mode: int8 inputs for every product whose type has an int8 kernel (the roles of
- * specs/numerics.md; h quantized once for the shared and routed gate/up), bf16 for the others;
- * precise: float32. */
+ * specs/numerics.md), bf16 for the others; precise: float32. */
 static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, const int32_t *ids,
-                               const float *wts, uint32_t n, g5_error *err) {
+                               const float *wts, uint32_t n, const cuk_q8_act *hq_in, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const rt_rank_tensors *c = rk->c;
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t E = hp->n_embd, U = hp->n_expert_used, FE = c->ffe_l, SL = L->sh_l;
     const char *const S = "moe";
-    const dmat eg = {L->exp_type, L->exp_gate, E, FE}, ed = {L->exp_down_type, L->exp_down, FE, E};
-    const int q8_gu = gm_q8_takes(rk, &eg, n), q8_dn = gm_q8_takes(rk, &ed, n);
-    const int q8_sh = L->sh_contrib && gm_q8_takes(rk, &L->sh_gate, n) && L->sh_up.type == L->sh_gate.type;
+    const dmat ed = {L->exp_down_type, L->exp_down, FE, E};
+    const int hq8 = moe_h_q8(rk, L, E, n), q8_gu = hq8 & 1, q8_sh = hq8 >> 1, q8_dn = gm_q8_takes(rk, &ed, n);
     g5_status st;
     int64_t ld = E;
     uint32_t xt = CUK_ACT_F32;
     const void *xin = rk->h;
-    cuk_q8_act hq = {0};
-    if (q8_gu || q8_sh) {
-        CK(gm_q8_in(rk, rk->h, E, n, E, 1, &hq, err));
-        PMARK(S, "int8 quantize of h");
-    }
+    const cuk_q8_act hq = *hq_in;
     if (!q8_gu || (L->sh_contrib && !q8_sh)) {
         /* h converted once (fast mode) for the products without int8 kernels; runs before rk->xb is
          * reused for the routed down's input */
@@ -866,8 +886,14 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
     const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
     CUK_CHECK(cudaSetDevice(rk->dev));
     const char *const S = L->dense ? "dense" : "moe";
-    CK(gm_norm_x(rk, L->ffn_norm, n, E, hp->rms_eps, err));
-    PMARK(S, "ffn_norm (+ residual add)");
+    /* h's int8 copy for the products that take one, made by the norm's launch (cuk_norm_q8):
+     * two planes for the dense gate and up, one for the routed and shared experts' */
+    const int dense8 = L->dense && !gl_lin_use(rk->lin, n) && gm_q8x2_takes(rk, &L->ffn_gate, n) &&
+                       L->ffn_up.type == L->ffn_gate.type;
+    cuk_q8_act hq = {0};
+    CK(gm_norm_x_q8(rk, L->ffn_norm, n, E, hp->rms_eps, dense8 ? 2 : !L->dense && moe_h_q8(rk, L, E, n) ? 1 : 0, &hq,
+                    err));
+    PMARK(S, "ffn_norm (+ residual add, + int8 quantize of h)");
     rk->oa = rk->part;
     rk->ob = NULL;
     if (L->dense) {
@@ -876,11 +902,9 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             CK(gm_gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
             PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
             CK(gm_gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
-        } else if (gm_q8x2_takes(rk, &L->ffn_gate, n) && L->ffn_up.type == L->ffn_gate.type) {
-            cuk_q8_act hq; /* one two-plane quantization of h for both */
-            CK(gm_q8_in(rk, rk->h, E, n, E, 2, &hq, err));
+        } else if (dense8) { /* one two-plane quantization of h for both */
             CK(gm_gemv_q8_in(rk, &L->ffn_gate, &hq, n, rk->ga, F, err));
-            PMARK(S, "ffn_gate gemv (+ int8 quantize of h, two planes)");
+            PMARK(S, "ffn_gate gemv (int8 input, two planes)");
             CK(gm_gemv_q8_in(rk, &L->ffn_up, &hq, n, rk->gb, F, err));
         } else { /* one conversion of h for both (fast mode) */
             g5_status st;
@@ -893,10 +917,8 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             CK(gm_gemv_in(rk, &L->ffn_up, xin, xt, ld, n, rk->gb, F, err));
         }
         PMARK(S, "ffn_up gemv");
-        CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
-        PMARK(S, "silu_mul");
-        CK(gm_gemv_q8x2(rk, &L->ffn_down, rk->ga, F, n, rk->part, E, err));
-        PMARK(S, "ffn_down gemv");
+        CK(gm_silu_gemv(rk, &L->ffn_down, F, n, 2, rk->part, E, err));
+        PMARK(S, "silu_mul (+ int8 quantize) + ffn_down gemv");
         return G5_OK;
     }
     CK(gm_gemv_k(rk, &L->router, rk->h, E, n, rk->rl, NE, 1, err));
@@ -928,13 +950,11 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             PMARK(S, "shared gate+up (GEMM path)");
         }
     } else {
-        CK(moe_gemv_path(g, rk, L, ids, wts, n, err));
+        CK(moe_gemv_path(g, rk, L, ids, wts, n, &hq, err));
     }
     if (L->sh_contrib) {
-        CK(cuk_silu_mul(rk->ga, SL, rk->gb, SL, rk->ga, SL, n, SL, cs, err));
-        PMARK(S, "shared silu_mul");
-        CK(gm_gemv_q8(rk, &L->sh_down, rk->ga, SL, n, rk->part, E, err));
-        PMARK(S, "shared down gemv");
+        CK(gm_silu_gemv(rk, &L->sh_down, SL, n, 1, rk->part, E, err));
+        PMARK(S, "shared silu_mul (+ int8 quantize) + down gemv");
     }
     /* one device: the next norm adds moe (+ part) to x itself; ranks to be summed need part */
     if (g->coll == COLL_NONE) {
@@ -1044,24 +1064,37 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
             }
         }
     }
+    const int head = out && (out->logits || out->argmax);
+    const uint32_t first = head && out->all_logits ? 0 : n - 1;
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
         CUK_CHECK(cudaSetDevice(rk->dev));
-        CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
+        /* every row to the head (decode steps), each chunk with int8 inputs: the final norm
+         * quantizes them in its launch (cuk_norm_q8), the same bits as the chunks' own */
+        int h8 = head && !first && rk->head_write;
+        for (uint32_t t0 = 0; t0 < n && h8; t0 += CUK_GEMV_MAX_N)
+            h8 = gm_q8_takes(rk, &rk->head, n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N);
+        CK(gm_norm_x_q8(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, h8, &rk->head_q8, err));
     }
     if (!graph && out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
-    if (out && (out->logits || out->argmax)) {
-        const uint32_t first = out->all_logits ? 0 : n - 1;
+    if (head) {
         for (uint32_t r = 0; r < g->T; r++) {
             gl_rank *rk = &g->rk[r];
             if (!rk->head_write) continue;
             CUK_CHECK(cudaSetDevice(rk->dev));
             const int64_t VL = rk->head.m;
+            const cuk_q8_act *hq = &rk->head_q8;
             for (uint32_t t0 = first; t0 < n; t0 += CUK_GEMV_MAX_N) {
                 const uint32_t c = n - t0 < CUK_GEMV_MAX_N ? n - t0 : CUK_GEMV_MAX_N;
                 /* ranks sharing a device share rk->lg's stream but not rk->lg: a graph keeps each
                  * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
-                CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
+                if (hq->q) {
+                    const cuk_q8_act x = {hq->q + (int64_t)t0 * hq->ldq, hq->ldq, hq->ds + (int64_t)t0 * hq->ldds, hq->ldds,
+                                          hq->planes};
+                    CK(gm_gemv_q8_in(rk, &rk->head, &x, c, rk->lg, VL, err));
+                } else {
+                    CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));
+                }
                 if (!graph && out->logits)
                     CUK_CHECK(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
                                          VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));

@@ -116,6 +116,36 @@ static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int6
     return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);
 }
 
+g5_status gm_rms_norm_q8(const gl_rank *rk, float *x, int64_t ldx, const float *w, uint32_t n, int64_t k, float eps,
+                         int planes, cuk_q8_act *o, g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    *o = (cuk_q8_act){0};
+    if (!planes || !cuk_norm_q8_fits(k)) {
+        CK(cuk_rms_norm(x, ldx, w, x, ldx, n, k, eps, cs, err));
+        return planes ? gm_q8_in(rk, x, ldx, n, k, planes, o, err) : G5_OK;
+    }
+    const cuk_norm_q8_args a = {{.x = x, .ldx = ldx, .w = w, .y = x, .ldy = ldx, .n_rows = n, .dim = k, .eps = eps},
+                                rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+    CK(cuk_norm_q8(&a, cs, err));
+    *o = (cuk_q8_act){rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+    return G5_OK;
+}
+
+g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, int planes, float *y, int64_t ldy,
+                       g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int q8 = planes == 2 ? gm_q8x2_takes(rk, W, n) : gm_q8_takes(rk, W, n);
+    if (!q8 || F % (32 * planes)) {
+        CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
+        return planes == 2 ? gm_gemv_q8x2(rk, W, rk->ga, F, n, y, ldy, err) : gm_gemv_q8(rk, W, rk->ga, F, n, y, ldy, err);
+    }
+    const cuk_silu_mul_q8_args a = {rk->ga, F, rk->gb, F, rk->ga, F, n, F, rk->q8q, planes * F, rk->q8d,
+                                    planes * F / 16, planes};
+    CK(cuk_silu_mul_q8(&a, cs, err));
+    const cuk_q8_act q = {rk->q8q, planes * F, rk->q8d, planes * F / 16, planes};
+    return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);
+}
+
 g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                      int64_t ldy, g5_error *err) {
     return gemv_q8p(rk, W, x, ldx, n, y, ldy, 1, err);

@@ -4,6 +4,10 @@
  *  - a row's bits do not depend on the number of rows in the launch (batched decode);
  *  - cuk_add_rms_norm equals cuk_add + cuk_rms_norm bit for bit (x and y);
  *  - cuk_idx_prep equals cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale bit for bit;
+ *  - the fused launches of the decode step equal the ones they replace bit for bit, outputs and
+ *    untouched bytes alike: cuk_norm_q8 (cuk_rms_norm or cuk_add_rms_norm, then
+ *    cuk_q8_quantize), cuk_silu_mul_q8 (cuk_silu_mul, cuk_q8_quantize) and cuk_norm_rope
+ *    (cuk_rms_norm, the copy of the rope part, cuk_rope), with NaN, infinite and all-zero rows;
  *  - cuk_moe_route picks exactly what runtime/cpu/model.c's scan picks, also with ties, signed
  *    zeros and NaN choices (the reference scan below runs on the kernel's own scores, so the
  *    check is on the selection alone);
@@ -19,6 +23,7 @@
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
+#include "cuda/cuk_q8.h"
 #include "tests/test_util.h"
 
 #define G5_TEST_NAME "test_rowops"
@@ -172,6 +177,174 @@ static void test_rope(void) {
     T_CHECK(mx < 2e-6, "rope: max abs err %.3e", mx);
     free(hx), free(y), free(y1);
     cudaFree(dx), cudaFree(dx1), cudaFree(dpos);
+}
+
+/* n rows of ld floats in [-3, 3): row 1 with an infinity, row 2 all zero, row 3 with a NaN (where
+ * there are so many rows). */
+static float *rows_special(int64_t n, int64_t ld, int64_t dim) {
+    float *h = rand_buf((size_t)(n * ld), -3, 3);
+    if (n > 1) h[ld + dim / 3] = INFINITY;
+    if (n > 2) memset(h + 2 * ld, 0, (size_t)ld * 4);
+    if (n > 3) h[3 * ld + dim - 1] = NAN;
+    return h;
+}
+
+/* Device buffer of n bytes filled with 0xff (the same poison on both sides of a comparison). */
+static void *poisoned(size_t n) {
+    void *d = dalloc(n);
+    CK(cudaMemset(d, 0xff, n));
+    return d;
+}
+
+static int same_dev(const void *a, const void *b, size_t n) {
+    uint8_t *ha = xmalloc(n), *hb = xmalloc(n);
+    get(ha, a, n);
+    get(hb, b, n);
+    const int same = memcmp(ha, hb, n) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+/* cuk_norm_q8 vs cuk_rms_norm / cuk_add_rms_norm then cuk_q8_quantize: x, y, q, ds bit for bit. */
+static void test_norm_q8(void) {
+    static const int64_t dims[] = {512, 2048, 6144, 16384};
+    const float eps = 1e-5f;
+    int cases = 0;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int v = 0; v < 12; v++) {
+            const int64_t dim = dims[di], n = v % 2 ? 5 : 1, planes = 1 + (v / 2) % 2, add = v / 4; /* add: 0, a, a + b */
+            const int64_t ld = v % 3 == 2 ? dim + 1 : dim, ldq = planes * dim, ldds = planes * dim / 16; /* dim + 1: rows not 16-byte aligned */
+            const size_t N = (size_t)(n * ld) * 4, NQ = (size_t)(n * ldq), ND = (size_t)(n * ldds) * 4;
+            T_CHECK(cuk_norm_q8_fits(dim), "norm_q8_fits(%lld)", (long long)dim);
+            float *hx = rows_special(n, ld, dim), *ha = rand_buf((size_t)(n * ld), -1, 1), *hb = rand_buf((size_t)(n * ld), -1, 1);
+            float *hw = rand_buf((size_t)dim, 0.5f, 1.5f);
+            float *dx0 = dup_d(hx, N), *dx1 = dup_d(hx, N), *da = dup_d(ha, N), *db = dup_d(hb, N);
+            float *dw = dup_d(hw, (size_t)dim * 4);
+            float *dy0 = poisoned(N), *dy1 = poisoned(N), *dd0 = poisoned(ND), *dd1 = poisoned(ND);
+            int8_t *dq0 = poisoned(NQ), *dq1 = poisoned(NQ);
+            g5_error e = {0};
+            const cuk_add_rms_norm_args an0 = {dx0, ld, da, add == 2 ? db : NULL, ld, dw, dy0, ld, n, dim, eps};
+            int ok = (add ? cuk_add_rms_norm(&an0, NULL, &e) : cuk_rms_norm(dx0, ld, dw, dy0, ld, n, dim, eps, NULL, &e)) == G5_OK;
+            ok = ok && cuk_q8_quantize(&(cuk_q8_quantize_args){dy0, ld, dim, n, dq0, ldq, dd0, ldds, (int32_t)planes}, NULL,
+                                       &e) == G5_OK;
+            const cuk_norm_q8_args fa = {{dx1, ld, add ? da : NULL, add == 2 ? db : NULL, ld, dw, dy1, ld, n, dim, eps},
+                                         dq1, ldq, dd1, ldds, (int32_t)planes};
+            ok = ok && cuk_norm_q8(&fa, NULL, &e) == G5_OK;
+            T_CHECK(ok, "norm_q8 dim=%lld: %s", (long long)dim, e.msg);
+            const int same = same_dev(dx0, dx1, N) && same_dev(dy0, dy1, N) && same_dev(dq0, dq1, NQ) && same_dev(dd0, dd1, ND);
+            T_CHECK(same, "norm_q8 dim=%lld n=%lld planes=%lld add=%d ld=%lld: not the separate launches' bits",
+                    (long long)dim, (long long)n, (long long)planes, (int)add, (long long)ld);
+            cases += same;
+            free(hx), free(ha), free(hb), free(hw);
+            cudaFree(dx0), cudaFree(dx1), cudaFree(da), cudaFree(db), cudaFree(dw), cudaFree(dy0), cudaFree(dy1);
+            cudaFree(dd0), cudaFree(dd1), cudaFree(dq0), cudaFree(dq1);
+        }
+    /* in place (q_a_norm): y == x */
+    {
+        const int64_t dim = 2048, n = 4;
+        const size_t N = (size_t)(n * dim) * 4, NQ = (size_t)(n * 2 * dim), ND = (size_t)(n * 2 * dim / 16) * 4;
+        float *hx = rows_special(n, dim, dim), *hw = rand_buf((size_t)dim, 0.5f, 1.5f);
+        float *dx0 = dup_d(hx, N), *dx1 = dup_d(hx, N), *dw = dup_d(hw, (size_t)dim * 4);
+        float *dd0 = poisoned(ND), *dd1 = poisoned(ND);
+        int8_t *dq0 = poisoned(NQ), *dq1 = poisoned(NQ);
+        g5_error e = {0};
+        int ok = cuk_rms_norm(dx0, dim, dw, dx0, dim, n, dim, 1e-5f, NULL, &e) == G5_OK &&
+                 cuk_q8_quantize(&(cuk_q8_quantize_args){dx0, dim, dim, n, dq0, 2 * dim, dd0, 2 * dim / 16, 2}, NULL, &e) == G5_OK;
+        ok = ok && cuk_norm_q8(&(cuk_norm_q8_args){{dx1, dim, NULL, NULL, 0, dw, dx1, dim, n, dim, 1e-5f}, dq1, 2 * dim, dd1,
+                                                   2 * dim / 16, 2},
+                               NULL, &e) == G5_OK;
+        T_CHECK(ok, "norm_q8 in place: %s", e.msg);
+        const int same = same_dev(dx0, dx1, N) && same_dev(dq0, dq1, NQ) && same_dev(dd0, dd1, ND);
+        T_CHECK(same, "norm_q8 in place: not the separate launches' bits");
+        cases += same;
+        free(hx), free(hw);
+        cudaFree(dx0), cudaFree(dx1), cudaFree(dw), cudaFree(dd0), cudaFree(dd1), cudaFree(dq0), cudaFree(dq1);
+    }
+    /* the widths it does not take are refused by name */
+    static const int64_t bad[] = {576, 100, 12288};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        float *d = dalloc(16 * 16384 * 4);
+        g5_error e = {0};
+        T_CHECK(!cuk_norm_q8_fits(bad[i]), "norm_q8_fits(%lld) should be 0", (long long)bad[i]);
+        const g5_status st = cuk_norm_q8(&(cuk_norm_q8_args){{d, bad[i], NULL, NULL, 0, d, d, bad[i], 1, bad[i], 1e-5f},
+                                                             (int8_t *)(d + 4 * 16384), 2 * bad[i] + 64, d + 8 * 16384, 2 * bad[i], 2},
+                                         NULL, &e);
+        T_CHECK(st == G5_ERR_INVALID_ARG && strstr(e.msg, "norm_q8"), "norm_q8 dim=%lld refused (%s)", (long long)bad[i], e.msg);
+        cudaFree(d);
+    }
+    printf("norm_q8: %d cases bit-identical to the separate launches\n", cases);
+}
+
+/* cuk_silu_mul_q8 vs cuk_silu_mul then cuk_q8_quantize, in place on g as the runtime calls it. */
+static void test_silu_mul_q8(void) {
+    static const int64_t dims[] = {64, 2048, 12288};
+    int cases = 0;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int v = 0; v < 4; v++) {
+            const int64_t dim = dims[di], n = v % 2 ? 7 : 1, planes = 1 + v / 2, ld = dim;
+            const int64_t ldq = planes * dim, ldds = planes * dim / 16;
+            const size_t N = (size_t)(n * ld) * 4, NQ = (size_t)(n * ldq), ND = (size_t)(n * ldds) * 4;
+            float *hg = rows_special(n, ld, dim), *hu = rand_buf((size_t)(n * ld), -2, 2);
+            if (n > 4) hg[4 * ld] = 200.0f, hu[4 * ld] = 3e38f; /* a product past float's range */
+            float *dg0 = dup_d(hg, N), *dg1 = dup_d(hg, N), *du = dup_d(hu, N);
+            float *dd0 = poisoned(ND), *dd1 = poisoned(ND);
+            int8_t *dq0 = poisoned(NQ), *dq1 = poisoned(NQ);
+            g5_error e = {0};
+            int ok = cuk_silu_mul(dg0, ld, du, ld, dg0, ld, n, dim, NULL, &e) == G5_OK &&
+                     cuk_q8_quantize(&(cuk_q8_quantize_args){dg0, ld, dim, n, dq0, ldq, dd0, ldds, (int32_t)planes}, NULL,
+                                     &e) == G5_OK;
+            ok = ok && cuk_silu_mul_q8(&(cuk_silu_mul_q8_args){dg1, ld, du, ld, dg1, ld, n, dim, dq1, ldq, dd1, ldds,
+                                                                (int32_t)planes},
+                                       NULL, &e) == G5_OK;
+            T_CHECK(ok, "silu_mul_q8 dim=%lld: %s", (long long)dim, e.msg);
+            const int same = same_dev(dg0, dg1, N) && same_dev(dq0, dq1, NQ) && same_dev(dd0, dd1, ND);
+            T_CHECK(same, "silu_mul_q8 dim=%lld n=%lld planes=%lld: not the separate launches' bits", (long long)dim,
+                    (long long)n, (long long)planes);
+            cases += same;
+            free(hg), free(hu);
+            cudaFree(dg0), cudaFree(dg1), cudaFree(du), cudaFree(dd0), cudaFree(dd1), cudaFree(dq0), cudaFree(dq1);
+        }
+    float *d = dalloc(4096 * 4);
+    g5_error e = {0};
+    const g5_status st = cuk_silu_mul_q8(&(cuk_silu_mul_q8_args){d, 96, d, 96, d, 96, 1, 96, (int8_t *)(d + 1024), 192,
+                                                                 d + 2048, 16, 2},
+                                         NULL, &e);
+    T_CHECK(st == G5_ERR_INVALID_ARG && strstr(e.msg, "dim=96"), "silu_mul_q8: two planes of 96 refused (%s)", e.msg);
+    cudaFree(d);
+    printf("silu_mul_q8: %d cases bit-identical to the separate launches\n", cases);
+}
+
+/* cuk_norm_rope vs cuk_rms_norm, the copy of the rope part and cuk_rope (the latent rows of the
+ * attention stage: dim 512 + 64), and a clustered width; separate and in place. */
+static void test_norm_rope(void) {
+    static const struct { int64_t dim, rot, n; } cfg[] = {{512, 64, 1}, {512, 64, 6}, {6144, 64, 3}, {128, 128, 2}};
+    int cases = 0;
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            const int64_t dim = cfg[c].dim, R = cfg[c].rot, n = cfg[c].n, W = dim + R;
+            const size_t N = (size_t)(n * W) * 4;
+            const float theta = 1e6f;
+            int32_t hpos[6] = {0, 1, 4095, 200000, 77, 31999};
+            float *hx = rows_special(n, W, dim), *hw = rand_buf((size_t)dim, 0.5f, 1.5f);
+            float *dx0 = dup_d(hx, N), *dx1 = dup_d(hx, N), *dw = dup_d(hw, (size_t)dim * 4);
+            float *dy0 = poisoned(N), *dy1 = inplace ? dx1 : poisoned(N);
+            int32_t *dpos = dup_d(hpos, sizeof hpos);
+            g5_error e = {0};
+            int ok = cuk_rms_norm(dx0, W, dw, dy0, W, n, dim, 1e-5f, NULL, &e) == G5_OK;
+            CK(cudaMemcpy2D(dy0 + dim, (size_t)W * 4, dx0 + dim, (size_t)W * 4, (size_t)R * 4, (size_t)n,
+                            cudaMemcpyDeviceToDevice));
+            ok = ok && cuk_rope(&(cuk_rope_args){dy0, n, W, 1, W, dim, R, theta, dpos}, NULL, &e) == G5_OK;
+            ok = ok && cuk_norm_rope(&(cuk_norm_rope_args){dx1, W, dw, dy1, W, n, dim, 1e-5f, R, theta, dpos}, NULL, &e) == G5_OK;
+            T_CHECK(ok, "norm_rope dim=%lld: %s", (long long)dim, e.msg);
+            const int same = same_dev(dy0, dy1, N);
+            T_CHECK(same, "norm_rope dim=%lld rot=%lld n=%lld in place %d: not the separate launches' bits", (long long)dim,
+                    (long long)R, (long long)n, inplace);
+            cases += same;
+            free(hx), free(hw);
+            cudaFree(dx0), cudaFree(dx1), cudaFree(dw), cudaFree(dy0), cudaFree(dpos);
+            if (!inplace) cudaFree(dy1);
+        }
+    printf("norm_rope: %d cases bit-identical to the separate launches\n", cases);
 }
 
 /* cuk_idx_prep vs its four separate launches, bit for bit (fused shapes and the fallback). */
@@ -352,6 +525,9 @@ int main(void) {
     test_norms();
     test_rope();
     test_idx_prep();
+    test_norm_q8();
+    test_silu_mul_q8();
+    test_norm_rope();
     test_route();
     return t_report(G5_TEST_NAME);
 }
