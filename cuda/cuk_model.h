@@ -315,7 +315,9 @@ g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *a, cuk_stream stream
  * latency-bound launches were ~11 us): q roped in place (cuk_rope with rot_off 0, n_rot, theta,
  * pos), k LayerNormed in place (k_norm_w, k_norm_b, eps) then roped the same way, w *= w_scale.
  * Bit for bit those four launches (cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale), which it
- * falls back to for dim > 128. */
+ * falls back to for dim > 128. With q2, the attention's query is roped in the same launch: pairs
+ * from rot_off2 of its n_head2 heads (head_stride2 apart, tokens tok_stride2 apart) at the same
+ * positions, n_rot and theta, bit for bit cuk_rope on it. */
 typedef struct cuk_idx_prep_args {
     float *q;                /* [n_tok][n_head][dim] */
     float *k;                /* [n_tok][dim] */
@@ -328,6 +330,9 @@ typedef struct cuk_idx_prep_args {
     const int32_t *pos;      /* [n_tok], device */
     float eps;
     float w_scale;
+    float *q2;               /* NULL, or [n_tok][tok_stride2] */
+    int64_t tok_stride2;
+    int32_t n_head2, head_stride2, rot_off2;
 } cuk_idx_prep_args;
 g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream, g5_error *err);
 

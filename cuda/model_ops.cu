@@ -507,7 +507,7 @@ struct IpInv {
 __global__ void __launch_bounds__(IP_T)
     k_idx_prep(float *q, float *k, float *w, const float *__restrict__ kw, const float *__restrict__ kb, int n_tok,
                int n_head, int dim, int n_pairs, const int32_t *__restrict__ pos, const IpInv inv, float eps,
-               float w_scale) {
+               float w_scale, float *q2, int64_t tok_stride2, int n_head2, int head_stride2, int rot_off2) {
     __shared__ float2 tab[IP_MAX_PAIRS];
     const int tid = threadIdx.x, lane = tid & 31;
     const int np = n_head * n_pairs;
@@ -569,6 +569,16 @@ __global__ void __launch_bounds__(IP_T)
             rowops_rope_rot(a, b, tab[idx % n_pairs]);
             p[0] = a;
             p[1] = b;
+        }
+        if (q2) { /* the attention's query, from the same table */
+            float *q2t = q2 + t * tok_stride2 + rot_off2;
+            for (int idx = tid; idx < n_head2 * n_pairs; idx += IP_T) {
+                float *p = q2t + (int64_t)(idx / n_pairs) * head_stride2 + 2 * (idx % n_pairs);
+                float a = p[0], b = p[1];
+                rowops_rope_rot(a, b, tab[idx % n_pairs]);
+                p[0] = a;
+                p[1] = b;
+            }
         }
     }
 }
@@ -853,6 +863,14 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
     if (n_tok < 1 || n_head < 1 || dim < 1)
         return BAD("idx_prep: n_tok=%d n_head=%d dim=%d must be positive", n_tok, n_head, dim);
     if (n_rot < 2 || n_rot % 2 || n_rot > dim) return BAD("idx_prep: n_rot=%d must be even and in 2..dim=%d", n_rot, dim);
+    const cuk_rope_args r2 = {a->q2, n_tok, a->tok_stride2, a->n_head2, a->head_stride2, a->rot_off2, n_rot, theta, pos};
+    if (a->q2) { /* cuk_rope's checks of the second query, and its pairs within int range */
+        if (a->n_head2 < 1 || a->rot_off2 < 0 || a->head_stride2 < a->rot_off2 + n_rot ||
+            (n_tok > 1 && a->tok_stride2 < (int64_t)(a->n_head2 - 1) * a->head_stride2 + a->rot_off2 + n_rot) ||
+            (int64_t)a->n_head2 * n_rot / 2 > 0x7fffffff)
+            return BAD("idx_prep: q2 heads %d x %d from %d, tokens %lld apart, do not hold %d rotated elements each",
+                       a->n_head2, a->head_stride2, a->rot_off2, (long long)a->tok_stride2, n_rot);
+    }
     if (dim > IP_MAX_DIM || n_rot / 2 > IP_MAX_PAIRS || (int64_t)n_head * n_rot / 2 > 0x7fffffff) {
         /* beyond the fused kernel's one-warp key row: the separate launches */
         const cuk_rope_args rq = {q, n_tok, (int64_t)n_head * dim, n_head, dim, 0, n_rot, theta, pos};
@@ -862,6 +880,7 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
         if (!st) st = cuk_layer_norm(&ln, stream, err);
         if (!st) st = cuk_rope(&rk, stream, err);
         if (!st) st = cuk_scale(w, (int64_t)n_tok * n_head, w_scale, stream, err);
+        if (!st && a->q2) st = cuk_rope(&r2, stream, err);
         return st;
     }
     if (!(eps >= 0.0f)) return BAD("idx_prep: eps=%g must be >= 0", (double)eps);
@@ -870,7 +889,8 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
     const int n_pairs = n_rot / 2;
     for (int i = 0; i < n_pairs; i++) inv.inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot); /* as cuk_rope */
     k_idx_prep<<<(unsigned)(n_tok < IP_MAX_CTAS ? n_tok : IP_MAX_CTAS), IP_T, 0, (cudaStream_t)stream>>>(
-        q, k, w, k_norm_w, k_norm_b, n_tok, n_head, dim, n_pairs, pos, inv, eps, w_scale);
+        q, k, w, k_norm_w, k_norm_b, n_tok, n_head, dim, n_pairs, pos, inv, eps, w_scale, a->q2, a->tok_stride2,
+        a->n_head2, a->head_stride2, a->rot_off2);
     CUK_CHECK_LAUNCH("idx_prep");
     return G5_OK;
 }

@@ -16,9 +16,10 @@
 #include "runtime/gpu/gpu_linear.h"
 
 /* The attention stage's indexer (a layer with one of its own): the query, key and weight
- * projections and their preparation, then the scores and the top-k selection into rk->sel and
- * rk->n_sel: of a graph step (g->graph_bound; its new latent and key rows written first, by *cw),
- * of a batched decode step (multi) or of each sequence in turn. */
+ * projections and their preparation (whose launch also ropes the attention's query rk->q, made
+ * before), then the scores and the top-k selection into rk->sel and rk->n_sel: of a graph step
+ * (g->graph_bound; its new latent and key rows written first, by *cw), of a batched decode step
+ * (multi) or of each sequence in turn. */
 static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi,
                               cuk_cache_write_rows_args *cw, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
@@ -26,6 +27,7 @@ static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const f
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t E = hp->n_embd, QL = hp->q_lora, R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
     const int64_t K = hp->idx_top_k, KVW = (int64_t)hp->kv_lora + R, mpb = rk->multi;
+    const int64_t H = rk->c->H_l, NOPE = hp->qk_nope;
     const uint32_t n = pl->n, bound = g->graph_bound;
     const int one = pl->n_seg == 1;
     const float theta = hp->rope_theta;
@@ -42,9 +44,11 @@ static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const f
     const cuk_idx_prep_args ip = {.q = rk->iq, .k = ik, .w = rk->iw, .k_norm_w = L->idx_k_norm,
                                   .k_norm_b = L->idx_k_norm_b, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
                                   .dim = (int32_t)ID, .n_rot = (int32_t)R, .theta = theta, .pos = rk->pos,
-                                  .eps = RT_IDX_NORM_EPS, .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH))};
+                                  .eps = RT_IDX_NORM_EPS, .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH)),
+                                  .q2 = rk->q, .tok_stride2 = H * (NOPE + R), .n_head2 = (int32_t)H,
+                                  .head_stride2 = (int32_t)(NOPE + R), .rot_off2 = (int32_t)NOPE};
     CK(cuk_idx_prep(&ip, cs, err));
-    PMARK("attn", "idx rope+norm+rope+scale (cuk_idx_prep)");
+    PMARK("attn", "idx rope+norm+rope+scale, q rope (cuk_idx_prep)");
     /* the scores and selections of the call's tokens: bound, multi or per sequence below */
     cuk_idx_scores_args sa = {.q = rk->iq, .w = rk->iw, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
                               .dim = (int32_t)ID, .sc = rk->sc};
@@ -175,7 +179,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     else CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
     PMARK("attn", "kv_a gemv");
     /* q_a_norm in place, with q_b's two-plane input quantized by the same launch (rk->q8q: h's
-     * copy is no longer read; the indexer below takes float32 inputs and leaves it alone) */
+     * copy is no longer read) */
     const int qb8 = gm_q8x2_takes(rk, &L->q_b, n);
     cuk_q8_act qq = {0};
     CK(gm_rms_norm_q8(rk, rk->qr, QL, L->q_a_norm, n, QL, eps, qb8 ? 2 : 0, &qq, err));
@@ -205,14 +209,17 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
             CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
     }
     PMARK("attn", "latent norm+rope+cache write");
-    if (L->has_idx) CK(attn_indexer(g, rk, il, pl, tc, multi, &cw, err));
     if (qb8) CK(gm_gemv_q8_in(rk, &L->q_b, &qq, n, rk->q, H * (NOPE + R), err));
     else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
-    const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
-                              .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
-    CK(cuk_rope(&rq, cs, err));
-    PMARK("attn", "q rope");
+    if (L->has_idx) { /* q roped by the indexer's preparation launch */
+        CK(attn_indexer(g, rk, il, pl, tc, multi, &cw, err));
+    } else {
+        const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
+                                  .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
+        CK(cuk_rope(&rq, cs, err));
+        PMARK("attn", "q rope");
+    }
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
                                     .qlat = rk->qlat};

@@ -290,7 +290,7 @@ static const struct {
     {"idx_q_b gemv", PC_IDX},
     {"idx_k gemv", PC_IDX},
     {"idx_proj gemv", PC_IDX},
-    {"idx rope+norm+rope+scale (cuk_idx_prep)", PC_IDX},
+    {"idx rope+norm+rope+scale, q rope (cuk_idx_prep)", PC_IDX},
     {"idx_scores", PC_IDX},
     {"idx_topk", PC_IDX},
     {"q_b gemv", PC_DENSE},

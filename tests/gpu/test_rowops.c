@@ -347,11 +347,19 @@ static void test_norm_rope(void) {
     printf("norm_rope: %d cases bit-identical to the separate launches\n", cases);
 }
 
-/* cuk_idx_prep vs its four separate launches, bit for bit (fused shapes and the fallback). */
+/* cuk_idx_prep vs its four separate launches, bit for bit (fused shapes and the fallback), with
+ * and without the attention query's RoPE (q2: 64 heads of 192 + 64, or 3 of 40 + 32 with the
+ * tokens further apart, against cuk_rope on it). */
 static void test_idx_prep(void) {
-    static const struct { int ih, id, r; } cfg[] = {{32, 128, 64}, {4, 64, 32}, {3, 100, 64}, {2, 256, 64}};
+    static const struct { int ih, id, r, h2, nope2, pad2; } cfg[] = {
+        {32, 128, 64, 0, 0, 0}, {4, 64, 32, 0, 0, 0}, {3, 100, 64, 0, 0, 0}, {2, 256, 64, 0, 0, 0},
+        {32, 128, 64, 64, 192, 0}, {4, 64, 32, 3, 40, 7}, {2, 256, 64, 5, 192, 0}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int n = 5, IH = cfg[c].ih, ID = cfg[c].id, R = cfg[c].r;
+        const int H2 = cfg[c].h2, HS2 = cfg[c].nope2 + R;
+        const int64_t TS2 = (int64_t)H2 * HS2 + cfg[c].pad2;
+        const size_t N2 = (size_t)(n * TS2);
+        float *hq2 = rand_buf(N2 ? N2 : 1, -2, 2), *q2a = dup_d(hq2, (N2 ? N2 : 1) * 4), *q2b = dup_d(hq2, (N2 ? N2 : 1) * 4);
         const float theta = 1e4f, eps = 1e-6f, ws = (float)(1.0 / sqrt((double)ID * IH));
         const size_t NQ = (size_t)n * IH * ID, NK = (size_t)n * ID, NW = (size_t)n * IH;
         float *hq = rand_buf(NQ, -2, 2), *hk = rand_buf(NK, -2, 2), *hw = rand_buf(NW, -1, 1);
@@ -362,8 +370,10 @@ static void test_idx_prep(void) {
         float *dkw = dup_d(hkw, (size_t)ID * 4), *dkb = dup_d(hkb, (size_t)ID * 4);
         int32_t *dpos = dup_d(hpos, sizeof hpos);
         g5_error e = {0};
-        const cuk_idx_prep_args ip = {q1, k1, w1, dkw, dkb, n, IH, ID, R, theta, dpos, eps, ws};
+        const cuk_idx_prep_args ip = {q1, k1, w1, dkw, dkb, n, IH, ID, R, theta, dpos, eps, ws,
+                                      H2 ? q2a : NULL, TS2, H2, HS2, cfg[c].nope2};
         int ok = cuk_idx_prep(&ip, NULL, &e) == G5_OK;
+        if (H2) ok &= cuk_rope(&(cuk_rope_args){q2b, n, TS2, H2, HS2, cfg[c].nope2, R, theta, dpos}, NULL, &e) == G5_OK;
         ok &= cuk_rope(&(cuk_rope_args){q2, n, (int64_t)IH * ID, IH, ID, 0, R, theta, dpos}, NULL, &e) == G5_OK;
         ok &= cuk_layer_norm(&(cuk_layer_norm_args){k2, ID, dkw, dkb, k2, ID, n, ID, eps}, NULL, &e) == G5_OK;
         ok &= cuk_rope(&(cuk_rope_args){k2, n, ID, 1, ID, 0, R, theta, dpos}, NULL, &e) == G5_OK;
@@ -379,9 +389,18 @@ static void test_idx_prep(void) {
         get(a, w1, NW * 4);
         get(b, w2, NW * 4);
         const int sw = same_bits(a, b, NW);
-        printf("idx_prep IH=%d ID=%d R=%d: q %s, k %s, w %s vs the four launches\n", IH, ID, R, sq ? "same" : "DIFF",
-               sk ? "same" : "DIFF", sw ? "same" : "DIFF");
-        T_CHECK(sq && sk && sw, "idx_prep IH=%d ID=%d: not the separate launches' bits", IH, ID);
+        const int s2 = !H2 || same_dev(q2a, q2b, N2 * 4);
+        printf("idx_prep IH=%d ID=%d R=%d q2 %d heads: q %s, k %s, w %s, q2 %s vs the separate launches\n", IH, ID, R, H2,
+               sq ? "same" : "DIFF", sk ? "same" : "DIFF", sw ? "same" : "DIFF", s2 ? "same" : "DIFF");
+        T_CHECK(sq && sk && sw && s2, "idx_prep IH=%d ID=%d q2 %d heads: not the separate launches' bits", IH, ID, H2);
+        if (H2) { /* heads too narrow for the rotated part: refused */
+            cuk_idx_prep_args bad = ip;
+            bad.head_stride2 = cfg[c].nope2 + R - 2;
+            T_CHECK(cuk_idx_prep(&bad, NULL, &e) == G5_ERR_INVALID_ARG && strstr(e.msg, "q2"), "idx_prep: narrow q2 refused (%s)",
+                    e.msg);
+        }
+        free(hq2);
+        cudaFree(q2a), cudaFree(q2b);
         free(hq), free(hk), free(hw), free(hkw), free(hkb), free(a), free(b);
         cudaFree(q1), cudaFree(k1), cudaFree(w1), cudaFree(q2), cudaFree(k2), cudaFree(w2);
         cudaFree(dkw), cudaFree(dkb), cudaFree(dpos);
