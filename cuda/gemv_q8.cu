@@ -286,6 +286,8 @@ extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g
     if ((st = check_q8("gemv_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
     if (!a->y) return BAD("gemv_q8: y is NULL");
     if (a->ldy < a->m) return BAD("gemv_q8: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+    if (a->w2 && ((uintptr_t)a->w2 % 16 || !a->y2)) return BAD("gemv_q8: w2 not 16-byte aligned, or y2 NULL");
+    if (a->w2 && 2 * a->m > (1LL << 31)) return BAD("gemv_q8: 2 x m=%lld rows outside 1..2^31", (long long)a->m);
     static_assert(CUK_Q8_MAX_N == 8, "cuk_gemv_q8: widths 1, 2, 4, 8");
     run_type<GemvL, 8>(Q8_GEMV, a->w_type, a, a->n, rb, a->k, a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());

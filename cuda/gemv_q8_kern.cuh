@@ -112,32 +112,38 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
  * per lane, so a warp keeps loads in flight across groups instead of exiting after one). */
 static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 ? 4 : 1; }
 
-/* Plain GEMV. Grid: ceil(m / (2 G WARPS)) CTAs of WARPS warps; warp w of CTA c takes the G row
+/* Plain GEMV, of one matrix or (w2 non-NULL) of two of the same shape read with the same x: the
+ * rows of w, then those of w2 (outputs in y2), each row's arithmetic the same either way. Grid:
+ * ceil(mt / (2 G WARPS)) CTAs of WARPS warps, mt = m or 2 m; warp w of CTA c takes the G row
  * pairs from 2 G (c WARPS + w). */
 template <int T, int NV, int G, int P>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
               int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
-              int64_t ldy) {
+              int64_t ldy, const uint8_t *__restrict__ w2, float *__restrict__ y2) {
     constexpr int R = 2;
     const int lane = threadIdx.x & 31;
-    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5), mt = w2 ? 2 * m : m;
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
         const int64_t r0 = (wi * G + gi) * R;
-        if (r0 >= m) return;
+        if (r0 >= mt) return;
         const uint8_t *rowp[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) rowp[r] = w + (r0 + r < m ? r0 + r : m - 1) * rb;
+        for (int r = 0; r < R; r++) {
+            const int64_t row = r0 + r < mt ? r0 + r : mt - 1;
+            rowp[r] = row < m ? w + row * rb : w2 + (row - m) * rb;
+        }
         float acc[R][NV] = {};
         rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
         warp_sum_asc<R, NV>(acc);
         const float val = pick<R, NV>(acc, lane);
         const int r = lane / NV, v = lane % NV;
-        if (lane < R * NV && v < nvec && r0 + r < m) y[(int64_t)v * ldy + r0 + r] = val;
+        const int64_t row = r0 + r;
+        if (lane < R * NV && v < nvec && row < mt) (row < m ? y + row : y2 + (row - m))[(int64_t)v * ldy] = val;
     }
 }
 
@@ -242,10 +248,10 @@ static void run_nv(const A *a, int nv, int64_t rb, int units, int planes, cudaSt
 
 template <int T, int NV, int G, int P> struct GemvL {
     static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-        const int64_t per = 2 * G * q8::WARPS, grid = (a->m + per - 1) / per;
+        const int64_t per = 2 * G * q8::WARPS, mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
         q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
             (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
-            a->ldy);
+            a->ldy, (const uint8_t *)a->w2, a->y2);
     }
 };
 

@@ -695,6 +695,7 @@ extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, 
         return BAD("gemv_q8t: type %s with k=%lld has no int8 tensor-core kernel", quant_type_name(a->w_type),
                    (long long)a->k);
     if (!a->w || (uintptr_t)a->w % 16) return BAD("gemv_q8t: weights NULL or not 16-byte aligned");
+    if (a->w2) return BAD("gemv_q8t: a second matrix (w2) is cuk_gemv_q8's alone");
     if (a->m <= 0 || a->m > (1LL << 31)) return BAD("gemv_q8t: m=%lld outside 1..2^31", (long long)a->m);
     uint64_t rb = 0, tot = 0;
     if (quant_row_bytes(a->w_type, (uint64_t)a->k, &rb) != G5_OK || g5_mul_u64(rb, (uint64_t)a->m, &tot))

@@ -308,6 +308,10 @@ g5_status gm_q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, in
 /* y[t] = W x'[t] for the int8 rows x (of W->k), dp4a or tensor-core launches by n. */
 g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
                         int64_t ldy, g5_error *err);
+/* y1 = W1 x', y2 = W2 x' for the same int8 rows x: one dp4a launch for both where the shapes and
+ * types match and n is below the tensor-core kernel's width (the same bits as two launches). */
+g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, const cuk_q8_act *x, uint32_t n,
+                             float *y1, float *y2, int64_t ldy, g5_error *err);
 /* gm_gemv_k with two int8 planes where gm_q8x2_takes, else bf16 / float32 inputs. */
 g5_status gm_gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                        int64_t ldy, g5_error *err);

@@ -805,10 +805,8 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
     }
     if (L->sh_contrib) {
         if (q8_sh) {
-            CK(gm_gemv_q8_in(rk, &L->sh_gate, &hq, n, rk->ga, SL, err));
-            PMARK(S, "shared gate gemv (int8 input)");
-            CK(gm_gemv_q8_in(rk, &L->sh_up, &hq, n, rk->gb, SL, err));
-            PMARK(S, "shared up gemv (int8 input)");
+            CK(gm_gemv_q8_pair_in(rk, &L->sh_gate, &L->sh_up, &hq, n, rk->ga, rk->gb, SL, err));
+            PMARK(S, "shared gate + up gemv (int8 input)");
         } else {
             CK(gm_gemv_in(rk, &L->sh_gate, xin, xt, ld, n, rk->ga, SL, err));
             PMARK(S, "shared gate gemv");
@@ -903,9 +901,8 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
             CK(gm_gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
         } else if (dense8) { /* one two-plane quantization of h for both */
-            CK(gm_gemv_q8_in(rk, &L->ffn_gate, &hq, n, rk->ga, F, err));
-            PMARK(S, "ffn_gate gemv (int8 input, two planes)");
-            CK(gm_gemv_q8_in(rk, &L->ffn_up, &hq, n, rk->gb, F, err));
+            CK(gm_gemv_q8_pair_in(rk, &L->ffn_gate, &L->ffn_up, &hq, n, rk->ga, rk->gb, F, err));
+            PMARK(S, "ffn_gate + ffn_up gemv (int8 input, two planes)");
         } else { /* one conversion of h for both (fast mode) */
             g5_status st;
             int64_t ld;

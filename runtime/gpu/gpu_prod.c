@@ -102,8 +102,25 @@ g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, u
         const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m,
                                     {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds,
                                      x->planes},
-                                    (int32_t)c, y + (int64_t)t0 * ldy, ldy};
+                                    (int32_t)c, y + (int64_t)t0 * ldy, ldy, NULL, NULL};
         CK(tc ? cuk_gemv_q8t(&a, (cuk_stream)rk->st, err) : cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
+    }
+    return G5_OK;
+}
+
+g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, const cuk_q8_act *x, uint32_t n,
+                             float *y1, float *y2, int64_t ldy, g5_error *err) {
+    if (q8t_for(W1, n) || W1->type != W2->type || W1->k != W2->k || W1->m != W2->m) {
+        CK(gm_gemv_q8_in(rk, W1, x, n, y1, ldy, err));
+        return gm_gemv_q8_in(rk, W2, x, n, y2, ldy, err);
+    }
+    for (uint32_t t0 = 0; t0 < n; t0 += CUK_Q8_MAX_N) {
+        const uint32_t c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
+        const cuk_gemv_q8_args a = {W1->type, W1->w, W1->k, W1->m,
+                                    {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds,
+                                     x->planes},
+                                    (int32_t)c, y1 + (int64_t)t0 * ldy, ldy, W2->w, y2 + (int64_t)t0 * ldy};
+        CK(cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
     }
     return G5_OK;
 }

@@ -96,11 +96,11 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
                     x.q += t0 * x.ldq;
                     x.ds += t0 * x.ldds;
                     const int c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
-                    const cuk_gemv_q8_args g = {t, w, k, m, x, c, o->y + (int64_t)t0 * m, m};
+                    const cuk_gemv_q8_args g = {t, w, k, m, x, c, o->y + (int64_t)t0 * m, m, NULL, NULL};
                     GK(cuk_gemv_q8(&g, NULL, &err_));
                 }
             } else {
-                const cuk_gemv_q8_args g = {t, w, k, m, v == 3 ? x1 : x2, n, o->y, m};
+                const cuk_gemv_q8_args g = {t, w, k, m, v == 3 ? x1 : x2, n, o->y, m, NULL, NULL};
                 GK(cuk_gemv_q8t(&g, NULL, &err_));
             }
         }

@@ -99,7 +99,7 @@ static void bench_gemv_type(uint32_t type, uint8_t *pool, const float *x, const 
     for (int planes = 1; planes <= 2; planes++) {
         const cuk_q8_quantize_args qa = {x, K, K, 1, q8.q, 2 * K, q8.ds, 2 * K / 16, planes};
         GK(cuk_q8_quantize(&qa, NULL, &err_));
-        cuk_gemv_q8_args g = {type, pool, K, M, {q8.q, 2 * K, q8.ds, 2 * K / 16, planes}, 1, y, M};
+        cuk_gemv_q8_args g = {type, pool, K, M, {q8.q, 2 * K, q8.ds, 2 * K / 16, planes}, 1, y, M, NULL, NULL};
         for (int i = 0; i < 2; i++) GK(cuk_gemv_q8(&g, NULL, &err_));
         CK(cudaEventRecord(a, NULL));
         for (int i = 0; i < iters; i++) {

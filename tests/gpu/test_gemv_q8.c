@@ -10,6 +10,8 @@
  *   shapes with odd m, one unit per lane and several, n = 1..8;
  * - batch invariance: each vector of an n = 8 GEMV and each token of a 5-token MoE call
  *   bit-identical to its one-vector launch; skipped (weight 0) pairs left untouched;
+ * - cuk_gemv_q8 with a second matrix (w2, y2): both outputs bit-identical to their own launches
+ *   (every type, odd m, n = 1, 3, 8), and cuk_gemv_q8t refusing w2;
  * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance;
  * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores) bit-identical to the dp4a MoE kernels
  *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
@@ -226,9 +228,13 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
     float *dy = dalloc((size_t)(N * m) * 4), *dy1 = dalloc((size_t)m * 4);
     float *y = xmalloc((size_t)(N * m) * 4), *y1 = xmalloc((size_t)m * 4);
     double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)m * 8);
+    float *wf2;
+    void *dw2 = weights(t, m, k, &wf2);
+    float *dz = dalloc((size_t)(N * m) * 4), *dp1 = dalloc((size_t)(N * m) * 4), *dp2 = dalloc((size_t)(N * m) * 4);
+    float *z = xmalloc((size_t)(N * m) * 4), *p1 = xmalloc((size_t)(N * m) * 4), *p2 = xmalloc((size_t)(N * m) * 4);
     g5_error err = {0};
     for (int n = 1; n <= N; n += n < 3 ? 2 : 5) { /* 1, 3, 8 */
-        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m};
+        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m, NULL, NULL};
         T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_OK, "%s gemv n=%d: %s", tn, n, err.msg);
         get(y, dy, (size_t)(n * m) * 4);
         double worst = 0;
@@ -238,7 +244,7 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
             for (int64_t i = 0; i < m; i++) ref[i] = dotd(wf + i * k, xd, k);
             const double e = rel_l2(y + v * m, ref, m);
             if (!(e <= worst)) worst = e;
-            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds, o.planes}, 1, dy1, m};
+            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds, o.planes}, 1, dy1, m, NULL, NULL};
             T_CHECK(cuk_gemv_q8(&a1, NULL, &err) == G5_OK, "%s gemv one: %s", tn, err.msg);
             get(y1, dy1, (size_t)m * 4);
             same &= memcmp(y1, y + v * m, (size_t)m * 4) == 0;
@@ -248,8 +254,24 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
         T_CHECK(same, "%s gemv m=%lld k=%lld n=%d planes %d: every vector bit-identical to its one-vector launch", tn,
                 (long long)m, (long long)k, n, planes);
         printf("  %s gemv m=%lld k=%lld n=%d planes %d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, planes, worst);
+        /* w and w2 in one launch: each output as its own launch gives it */
+        const cuk_gemv_q8_args a2 = {t, dw2, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dz, m, NULL, NULL};
+        const cuk_gemv_q8_args ap = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dp1, m, dw2, dp2};
+        T_CHECK(cuk_gemv_q8(&a2, NULL, &err) == G5_OK && cuk_gemv_q8(&ap, NULL, &err) == G5_OK, "%s gemv pair: %s", tn,
+                err.msg);
+        get(z, dz, (size_t)(n * m) * 4);
+        get(p1, dp1, (size_t)(n * m) * 4);
+        get(p2, dp2, (size_t)(n * m) * 4);
+        T_CHECK(!memcmp(p1, y, (size_t)(n * m) * 4) && !memcmp(p2, z, (size_t)(n * m) * 4),
+                "%s gemv pair m=%lld k=%lld n=%d planes %d: both outputs bit-identical to their own launches", tn,
+                (long long)m, (long long)k, n, planes);
     }
     q8_free(&o);
+    CK(cudaFree(dw2));
+    CK(cudaFree(dz));
+    CK(cudaFree(dp1));
+    CK(cudaFree(dp2));
+    free(wf2), free(z), free(p1), free(p2);
     CK(cudaFree(dw));
     CK(cudaFree(dy));
     CK(cudaFree(dy1));
@@ -278,7 +300,7 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     g5_error err = {0};
     for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
         const int n = NS[ni];
-        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m};
+        const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m, NULL, NULL};
         T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_OK, "%s gemv_q8t n=%d: %s", tn, n, err.msg);
         get(y, dy, (size_t)(n * m) * 4);
         double worst = 0;
@@ -286,7 +308,7 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
         for (int v = 0; v < n; v++) {
             const double e = rel_l2(y + v * m, ref + v * m, m);
             if (!(e <= worst)) worst = e;
-            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds, o.planes}, 1, dy1, m};
+            const cuk_gemv_q8_args a1 = {t, dw, k, m, {o.q + v * o.ldq, o.ldq, o.ds + v * o.ldds, o.ldds, o.planes}, 1, dy1, m, NULL, NULL};
             T_CHECK(cuk_gemv_q8(&a1, NULL, &err) == G5_OK, "%s gemv_q8 one: %s", tn, err.msg);
             get(y1, dy1, (size_t)m * 4);
             same &= memcmp(y1, y + v * m, (size_t)m * 4) == 0;
@@ -335,7 +357,7 @@ static void test_refusals_t(void) {
     void *w = dalloc(1 << 16);
     int8_t *q = dalloc(64 * 1024);
     float *ds = dalloc(64 * 256), *y = dalloc(64 * 256);
-    cuk_gemv_q8_args a = {QT_Q4_K, w, 256, 16, {q, 512, ds, 32, 1}, 33, y, 16};
+    cuk_gemv_q8_args a = {QT_Q4_K, w, 256, 16, {q, 512, ds, 32, 1}, 33, y, 16, NULL, NULL};
     T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "n=33"), "q8t refused: n=33 (%s)", err.msg);
     a.n = 1;
     a.k = 320;
@@ -344,6 +366,11 @@ static void test_refusals_t(void) {
     a.w_type = QT_Q4_0;
     T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q4_0"), "q8t refused: Q4_0 (%s)", err.msg);
     a.w_type = QT_Q8_0;
+    a.w2 = w;
+    a.y2 = y;
+    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "w2"), "q8t refused: w2 (%s)", err.msg);
+    a.w2 = NULL;
+    a.y2 = NULL;
     a.x.ldq = 200;
     T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldq"), "q8t refused: ldq 200 (%s)", err.msg);
     T_CHECK(cuk_q8t_takes(QT_Q8_0, 512) && !cuk_q8t_takes(QT_Q8_0, 64) && cuk_q8t_takes(QT_Q6_K, 6144) &&
@@ -524,7 +551,7 @@ static void test_refusals(void) {
     float *ds = dalloc(4096);
     float *y = dalloc(4096);
     void *w = dalloc(1 << 16);
-    cuk_gemv_q8_args a = {QT_F16, w, 256, 4, {q, 256, ds, 16, 1}, 1, y, 4};
+    cuk_gemv_q8_args a = {QT_F16, w, 256, 4, {q, 256, ds, 16, 1}, 1, y, 4, NULL, NULL};
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "F16"), "refused: F16 (%s)", err.msg);
     a.w_type = QT_Q4_K;
     a.n = 9;
