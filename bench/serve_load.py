@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Concurrent greedy clients against a running glm5-serve (bench/serve.sh): each client sends one
 streamed /v1/completions request of PROMPT random token ids (its own seed) for MAX_TOKENS tokens
-at temperature 0, all clients at once. Prints per run: clients, wall time, completion tokens,
-aggregate tokens/s, time to first token (median and last) and per-client tokens/s, then where the
+at temperature 0 (--temperature T: sampled, prompt i with seed 1000 + i), all clients at once.
+Prints per run: clients, wall time, completion tokens, aggregate tokens/s, time to first token (median and last) and per-client tokens/s, then where the
 server's engine spent the run (its /metrics counters' differences: decode steps and their seconds,
 ms per step, of which the host's token draws, and prefill seconds). A run in which
 any request fails (an error event in its stream) prints the failures instead and makes the exit
@@ -44,9 +44,15 @@ def model_id(port):
     return body["data"][0]["id"]
 
 
-def one(port, model, ids, max_tokens, t0, out, i):
-    body = json.dumps({"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}})
+TEMPERATURE = 0.0  # --temperature: above 0, prompt i samples with seed 1000 + i
+
+
+def one(port, model, ids, max_tokens, t0, out, i, seed=0):
+    req = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": TEMPERATURE,
+           "stream": True, "stream_options": {"include_usage": True}}
+    if TEMPERATURE > 0:
+        req["seed"] = seed
+    body = json.dumps(req)
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
     r = c.getresponse()
@@ -115,7 +121,8 @@ def run(port, model, n, prompt, max_tokens, vocab, quiet=False, texts=None):
     prompts = prompts_of(n, prompt, vocab)
     m0 = None if quiet else metrics(port)
     t0 = time.monotonic()
-    th = [threading.Thread(target=one, args=(port, model, prompts[i], max_tokens, t0, out, i)) for i in range(n)]
+    th = [threading.Thread(target=one, args=(port, model, prompts[i], max_tokens, t0, out, i, 1000 + i))
+          for i in range(n)]
     for t in th:
         t.start()
     for t in th:
@@ -147,7 +154,7 @@ def verify(port, model, texts, n, prompt, max_tokens, vocab):
     alone, failed = [], []
     for i, ids in enumerate(prompts_of(n, prompt, vocab)):
         out = [None]
-        one(port, model, ids, max_tokens, time.monotonic(), out, 0)
+        one(port, model, ids, max_tokens, time.monotonic(), out, 0, 1000 + i)
         alone.append(out[0].get("text"))
         if "error" in out[0]:
             failed.append((i, out[0]["error"]))
@@ -171,7 +178,11 @@ def main():
     ap.add_argument("--vocab", type=int, default=154880)
     ap.add_argument("--verify", action="store_true",
                     help="then send each prompt alone and compare its output with the concurrent runs'")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature (prompt i with seed 1000 + i) instead of greedy")
     a = ap.parse_args()
+    global TEMPERATURE
+    TEMPERATURE = a.temperature
     wait_ready(a.port)
     model = model_id(a.port)
     run(a.port, model, 1, 16, 4, a.vocab, quiet=True)  # warm-up: first-call set-up out of the figures

@@ -375,6 +375,7 @@ static void test_main_server(ref *R, const oracle *o, const char *bdir) {
     c.max_batch = 16;
     c.max_queue = 64;
     c.ctx_size = 4096;
+    c.draw_threads = 4; /* the draw pool on any machine (the default follows the cores) */
     logbuf lb = {0};
     srv_server *s = start_server(T_ORACLE_GGUF, &c, &lb);
     if (!s) return;
@@ -550,16 +551,20 @@ static void test_main_server(ref *R, const oracle *o, const char *bdir) {
         T_CHECK(0, "greedy text too short for the stop test: '%s'", g.text);
     }
 
-    /* 16 concurrent greedy clients vs the same requests one at a time. */
+    /* 16 concurrent clients vs the same requests one at a time: greedy, seeded sampling and
+     * greedy with logprobs (the last two drawn on the draw pool, four threads) */
     enum { NC = 16 };
     static client_job jobs[NC];
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, NC);
     for (int i = 0; i < NC; i++) {
         uint32_t off = (uint32_t)(i * 23) % (o->n2 - 40), len = 3 + (uint32_t)(i * 5) % 23;
+        char extra[96];
+        if (i % 3 == 1) snprintf(extra, sizeof extra, "\"temperature\":0.9,\"seed\":%d", 1000 + i);
+        else snprintf(extra, sizeof extra, "\"logprobs\":2");
         jobs[i].port = port;
         jobs[i].stream = i % 2;
-        jobs[i].body = completion_body(o->p2 + off, len, NULL, 5, jobs[i].stream, NULL);
+        jobs[i].body = completion_body(o->p2 + off, len, NULL, 5, jobs[i].stream, i % 3 ? extra : NULL);
     }
     static gen seq[NC];
     for (int i = 0; i < NC; i++) {
@@ -588,8 +593,8 @@ static void test_main_server(ref *R, const oracle *o, const char *bdir) {
     pthread_barrier_destroy(&bar);
     srv_stats st1;
     srv_get_stats(s, &st1);
-    printf("16 concurrent greedy clients: %d/16 identical to one-at-a-time, %.2f s, peak batch %u\n", same, dt,
-           st1.peak_running);
+    printf("16 concurrent clients (greedy, seeded sampling, logprobs): %d/16 identical to one-at-a-time, %.2f s, "
+           "peak batch %u\n", same, dt, st1.peak_running);
     T_CHECK(st1.peak_running >= 4, "requests were batched together (peak %u)", st1.peak_running);
     T_CHECK(st1.blocks_in_use == 0 && st1.running == 0, "blocks back to 0 (%u)", st1.blocks_in_use);
 

@@ -39,6 +39,8 @@ static void usage(FILE *f) {
             "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
+            "  --draw-threads N     threads drawing a decode step's sampled tokens, the engine's\n"
+            "                       included (default: online cores / 2, at most 8; 1: serial)\n"
             "  --prefill-chunk N    most prompt tokens a sequence runs per engine step; the decode\n"
             "                       steps of the others run between its chunks (default 256); cuda:\n"
             "                       whole --gpu-prefix-block blocks (N rounded down, at least one\n"
@@ -105,6 +107,7 @@ int main(int argc, char **argv) {
     c.api_key = getenv("GLM5_API_KEY");
     int64_t port = c.port, max_batch = c.max_batch, max_queue = c.max_queue, ctx = c.ctx_size;
     int64_t block = c.block_tokens, threads = c.n_threads, body = (int64_t)c.max_body, gpu0 = c.gpu0;
+    int64_t draw_threads = c.draw_threads;
     int64_t max_conn = c.max_connections, max_per_ip = c.max_per_ip, timeout = c.timeout_s;
     int64_t gpu_pfx_mb = c.gpu_prefix_cache_mb, gpu_pfx_block = c.gpu_prefix_block, chunk = c.prefill_chunk;
     int device = (int)c.device, version = 0;
@@ -122,6 +125,7 @@ int main(int argc, char **argv) {
         {.name = "--ctx-size", .alias = "-c", .kind = G5_ARG_INT, .dst = &ctx, .lo = 2, .hi = 1l << 30},
         {.name = "--block-tokens", .kind = G5_ARG_INT, .dst = &block, .lo = 1, .hi = 65536},
         {.name = "--threads", .alias = "-t", .kind = G5_ARG_INT, .dst = &threads, .lo = 0, .hi = 4096},
+        {.name = "--draw-threads", .kind = G5_ARG_INT, .dst = &draw_threads, .lo = 1, .hi = 256},
         {.name = "--prefill-chunk", .kind = G5_ARG_INT, .dst = &chunk, .lo = 1, .hi = INT32_MAX},
         {.name = "--max-connections", .kind = G5_ARG_INT, .dst = &max_conn, .lo = 1, .hi = 1000000},
         {.name = "--max-connections-per-ip", .kind = G5_ARG_INT, .dst = &max_per_ip, .lo = 1, .hi = 1000000},
@@ -163,6 +167,7 @@ int main(int argc, char **argv) {
     c.ctx_size = (uint32_t)ctx;
     c.block_tokens = (uint32_t)block;
     c.n_threads = (uint32_t)threads;
+    c.draw_threads = (uint32_t)draw_threads;
     c.prefill_chunk = (uint32_t)chunk;
     c.max_body = (uint64_t)body;
     c.max_connections = (uint32_t)max_conn;

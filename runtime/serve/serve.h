@@ -141,6 +141,9 @@ typedef struct srv_config {
                                 context) */
     uint32_t block_tokens;   /* tokens per cache block (default 16) */
     uint32_t n_threads;      /* model threads (0: online cores) */
+    uint32_t draw_threads;   /* threads that draw a decode step's tokens, the engine thread
+                                included (0: online cores / 2, at most 8; 1: the engine thread
+                                alone); the tokens are the same either way */
     uint32_t prefill_chunk;  /* most prompt tokens one sequence runs per engine step (default
                                 256; srv_prefill_chunk). CUDA with gpu_prefix_block > 0: rounded
                                 down to whole blocks (at least one), so the GPU calls and bits

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -916,7 +917,22 @@ static int chat_marker(const tok_ctx *tok, int32_t id, char *buf, size_t cap, si
     return 0;
 }
 
-static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit);
+/* A drawn token before it is published: what draw_pick gives draw_publish. */
+typedef struct srv_drawn {
+    g5_status st;
+    g5_error e;
+    int32_t id;
+    float lp;
+    int eog;
+    const char *bytes; /* into r's text stream, or mark */
+    size_t nb;
+    char mark[64];
+    srv_top top[SRV_MAX_TOP_LOGPROBS];
+} srv_drawn;
+
+static void draw_pick(const srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit,
+                      srv_drawn *d);
+static void draw_publish(srv_server *s, srv_req *r, srv_drawn *d);
 
 /* r has run its feed up to the end and logits (its row) holds the next token's: draws it and
  * publishes it, or finishes r; its time goes to the draw counter. logits NULL: a greedy step
@@ -924,7 +940,32 @@ static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t p
  * pick_logit. */
 static void draw(srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit) {
     const double t0 = srv_now();
-    draw_token(s, r, logits, pick, pick_logit);
+    srv_drawn d;
+    draw_pick(s, r, logits, pick, pick_logit, &d);
+    draw_publish(s, r, &d);
+    s->draw_pending += srv_now() - t0;
+}
+
+/* The draws of a decode step's k sequences from their logits rows: picked on the draw pool
+ * (each touches its own sequence's sampler and text stream alone), then published in order. */
+typedef struct draw_job {
+    const srv_server *s;
+    srv_req **dec;
+    const float *logits; /* [k][V] */
+    uint32_t V;
+    srv_drawn *out;      /* [k] */
+} draw_job;
+
+static void draw_job_one(void *ctx, uint32_t i) {
+    const draw_job *j = ctx;
+    draw_pick(j->s, j->dec[i], j->logits + (size_t)i * j->V, -1, 0, &j->out[i]);
+}
+
+static void draw_many(srv_server *s, srv_req **dec, uint32_t k, const float *logits, srv_drawn *out) {
+    const double t0 = srv_now();
+    draw_job j = {s, dec, logits, rt_eng_hparams(s->eng)->n_vocab, out};
+    srv_pool_run(s->pool, k, draw_job_one, &j);
+    for (uint32_t i = 0; i < k; i++) draw_publish(s, dec[i], &out[i]);
     s->draw_pending += srv_now() - t0;
 }
 
@@ -932,57 +973,66 @@ static void draw(srv_server *s, srv_req *r, const float *logits, int32_t pick, f
  * logits as they are, and it asks for nothing else of them. */
 static int argmax_draw(const srv_req *r) { return !r->dr && !r->p.logprobs && samp_is_argmax(r->samp); }
 
-static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit) {
-    g5_error e = {0};
+/* The token of r and what its text adds, without the lock: r's sampler, forced tokens and text
+ * stream are the engine's alone (serve_int.h), so draws of different sequences may run at once. */
+static void draw_pick(const srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit,
+                      srv_drawn *d) {
     const uint32_t V = rt_eng_hparams(s->eng)->n_vocab;
-    int32_t id = -1;
-    float lp = 0;
-    srv_top top[SRV_MAX_TOP_LOGPROBS];
+    d->e = (g5_error){0};
+    d->id = -1;
+    d->lp = 0;
+    d->bytes = NULL;
+    d->nb = 0;
     int32_t x = -1; /* --draft mtp: a draft pending verification, whose logits follow these */
     const float *q = r->dr && logits ? rt_drafter_draft(r->dr, &x) : NULL;
     g5_status st;
     if (!logits) { /* the sampler's refusal where it would give one on the same logits */
-        id = pick;
-        st = samp_argmax_check(pick_logit, &e);
-        if (st != G5_OK && s->gpu && s->cfg.gpu_fast) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+        d->id = pick;
+        st = samp_argmax_check(pick_logit, &d->e);
+        if (st != G5_OK && s->gpu && s->cfg.gpu_fast) snprintf(d->e.msg, sizeof d->e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
     } else {
-        st = q ? samp_sample_spec(r->samp, logits, q, x, &id, NULL, &e) : samp_sample(r->samp, logits, &id, &e);
+        st = q ? samp_sample_spec(r->samp, logits, q, x, &d->id, NULL, &d->e) : samp_sample(r->samp, logits, &d->id, &d->e);
         if (st != G5_OK && s->gpu && s->cfg.gpu_fast && !rt_eng_any_finite(logits, V))
-            snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
+            snprintf(d->e.msg, sizeof d->e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
     }
-    if (st == G5_OK && r->force_armed && r->force_pos < r->p.n_force) id = r->p.force[r->force_pos++];
-    if (st == G5_OK && (id < 0 || (uint32_t)id >= V))
-        st = g5_fail(&e, G5_ERR_INTERNAL, "sampler returned token %d", id);
-    if (st == G5_OK && r->p.logprobs && logits) logprobs_of(logits, V, id, r->p.top_logprobs, &lp, top);
-    const char *bytes = NULL;
-    size_t nb = 0;
-    char mark[64];
-    int eog = st == G5_OK && tok_is_eog(s->tok, id);
-    if (st == G5_OK && !eog) {
-        samp_accept(r->samp, id);
+    if (st == G5_OK && r->force_armed && r->force_pos < r->p.n_force) d->id = r->p.force[r->force_pos++];
+    if (st == G5_OK && (d->id < 0 || (uint32_t)d->id >= V))
+        st = g5_fail(&d->e, G5_ERR_INTERNAL, "sampler returned token %d", d->id);
+    if (st == G5_OK && r->p.logprobs && logits) logprobs_of(logits, V, d->id, r->p.top_logprobs, &d->lp, d->top);
+    d->eog = st == G5_OK && tok_is_eog(s->tok, d->id);
+    if (st == G5_OK && !d->eog) {
+        samp_accept(r->samp, d->id);
         size_t ml = 0;
-        if (r->p.kind == SRV_KIND_CHAT && chat_marker(s->tok, id, mark, sizeof mark, &ml)) {
+        if (r->p.kind == SRV_KIND_CHAT && chat_marker(s->tok, d->id, d->mark, sizeof d->mark, &ml)) {
             /* the parser needs the marker: what the stream held back, then its text */
             const char *held;
             size_t nh;
             tok_stream_flush(r->ts, &held, &nh);
-            if (nh + ml <= sizeof mark) {
-                memmove(mark + nh, mark, ml);
-                memcpy(mark, held, nh);
+            if (nh + ml <= sizeof d->mark) {
+                memmove(d->mark + nh, d->mark, ml);
+                memcpy(d->mark, held, nh);
                 ml += nh;
             }
-            bytes = mark;
-            nb = ml;
-            if (ml >= 8 && !memcmp(mark + ml - 8, "</think>", 8)) r->force_armed = 1;
-        } else if ((uint32_t)id < tok_n_vocab(s->tok)) {
-            st = tok_stream_push(r->ts, id, &bytes, &nb, &e);
+            d->bytes = d->mark;
+            d->nb = ml;
+            if (ml >= 8 && !memcmp(d->mark + ml - 8, "</think>", 8)) r->force_armed = 1;
+        } else if ((uint32_t)d->id < tok_n_vocab(s->tok)) {
+            st = tok_stream_push(r->ts, d->id, &d->bytes, &d->nb, &d->e);
         }
     }
+    d->st = st;
+}
+
+/* r's drawn token published under the lock: its output, text, stop strings and length, the
+ * clients woken; or r finished (end of generation, stop, length, error). */
+static void draw_publish(srv_server *s, srv_req *r, srv_drawn *d) {
+    const int32_t id = d->id;
+    const size_t nb = d->nb;
     double now = srv_now();
 
     pthread_mutex_lock(&s->mu);
-    if (st != G5_OK) {
-        retire_locked(s, r, NULL, 500, e.msg);
+    if (d->st != G5_OK) {
+        retire_locked(s, r, NULL, 500, d->e.msg);
         pthread_mutex_unlock(&s->mu);
         return;
     }
@@ -994,13 +1044,13 @@ static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t p
         srv_hist_observe(&s->tpot, now - r->t_last);
     }
     r->t_last = now;
-    if (eog) {
+    if (d->eog) {
         flush_text_locked(r);
         retire_locked(s, r, "stop", 0, NULL);
         pthread_mutex_unlock(&s->mu);
         return;
     }
-    if (!grow_out_locked(r) || !append_text_locked(r, bytes ? bytes : "", nb)) {
+    if (!grow_out_locked(r) || !append_text_locked(r, d->bytes ? d->bytes : "", nb)) {
         retire_locked(s, r, NULL, 500, "out of memory");
         pthread_mutex_unlock(&s->mu);
         return;
@@ -1009,9 +1059,9 @@ static void draw_token(srv_server *s, srv_req *r, const float *logits, int32_t p
     r->out_ids[k] = id;
     r->out_text_end[k] = (uint32_t)r->text_len;
     if (r->p.logprobs) {
-        r->out_lp[k] = lp;
+        r->out_lp[k] = d->lp;
         if (r->p.top_logprobs)
-            memcpy(r->out_top + (size_t)k * r->p.top_logprobs, top, r->p.top_logprobs * sizeof *top);
+            memcpy(r->out_top + (size_t)k * r->p.top_logprobs, d->top, r->p.top_logprobs * sizeof *d->top);
     }
     r->feed[0] = id;
     r->n_feed = 1;
@@ -1096,7 +1146,7 @@ static void prefill_step(srv_server *s, srv_req *r) {
  * penalties in force): the step gives the ids and their logits (pick, pick_l [n]) computed on
  * the GPU, not the rows' logits (20 MB at 32 sequences), and the draws need no pass over them. */
 static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks, int32_t *pick,
-                        float *pick_l) {
+                        float *pick_l, srv_drawn *drawn) {
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++)
         if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1);
@@ -1111,7 +1161,6 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
         toks[i] = dec[i]->feed[dec[i]->feed_off];
     }
     g5_error e = {0};
-    const uint32_t V = rt_eng_hparams(s->eng)->n_vocab;
     g5_status st = G5_OK;
     for (uint32_t i = 0; i < k && !st; i++) {
         if (!sts[i]) st = g5_fail(&e, G5_ERR_INTERNAL, "GPU slot %d is not in use", dec[i]->gslot);
@@ -1133,8 +1182,8 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
         dec[i]->n_past++;
         dec[i]->feed_off++;
         if (am) draw(s, dec[i], NULL, pick[i], pick_l[i]);
-        else draw(s, dec[i], s->logits + (size_t)i * V, -1, 0);
     }
+    if (!am) draw_many(s, dec, k, s->logits, drawn);
 }
 
 /* No draft when it cannot be used: the context has no room for it, or the next token is the
@@ -1237,7 +1286,8 @@ static void *engine_main(void *arg) {
     uint32_t *ntok = malloc(mb * sizeof *ntok);
     int32_t *pick = malloc(mb * sizeof *pick); /* a greedy step's ids and logits (decode_step) */
     float *pick_l = malloc(mb * sizeof *pick_l);
-    const int ok = batch && dec && sts && toks && ntok && pick && pick_l;
+    srv_drawn *drawn = malloc(mb * sizeof *drawn); /* a step's draws before they are published */
+    const int ok = batch && dec && sts && toks && ntok && pick && pick_l && drawn;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         if (s->load != SRV_READY || !ok) {
@@ -1262,7 +1312,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         const double t0 = srv_now();
         if (nd && s->draft) decode_step_mtp(s, dec, nd, sts, toks, ntok);
-        else if (nd) decode_step(s, dec, nd, sts, toks, pick, pick_l);
+        else if (nd) decode_step(s, dec, nd, sts, toks, pick, pick_l, drawn);
         const double t1 = srv_now();
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
@@ -1294,6 +1344,7 @@ static void *engine_main(void *arg) {
     free(ntok);
     free(pick);
     free(pick_l);
+    free(drawn);
     return NULL;
 }
 
@@ -1302,6 +1353,13 @@ g5_status srv_engine_start(srv_server *s, g5_error *err) {
     s->waiting = calloc(s->cap_waiting, sizeof *s->waiting);
     s->running = calloc(s->cfg.max_batch, sizeof *s->running);
     if (!s->waiting || !s->running) return g5_fail(err, G5_ERR_NOMEM, "request queues");
+    uint32_t nd = s->cfg.draw_threads;
+    if (!nd) {
+        const long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        nd = nc >= 16 ? 8 : nc >= 2 ? (uint32_t)(nc / 2) : 1;
+    }
+    g5_status st = srv_pool_create(nd - 1, &s->pool, err);
+    if (st) return st;
     if (pthread_create(&s->engine, NULL, engine_main, s) != 0)
         return g5_fail(err, G5_ERR_INTERNAL, "cannot start the engine thread");
     s->engine_started = 1;
@@ -1318,6 +1376,8 @@ void srv_engine_stop(srv_server *s) {
     pthread_mutex_unlock(&s->mu);
     if (s->engine_started) pthread_join(s->engine, NULL);
     s->engine_started = 0;
+    srv_pool_free(s->pool);
+    s->pool = NULL;
     if (s->loader_started) pthread_join(s->loader, NULL);
     s->loader_started = 0;
 }

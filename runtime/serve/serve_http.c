@@ -723,6 +723,8 @@ g5_status srv_create(const srv_config *cfg, srv_server **out, g5_error *err) {
     if (cfg->ctx_size < 2 || cfg->ctx_size > (1u << 30))
         return g5_fail(err, G5_ERR_INVALID_ARG, "--ctx-size %u: must be 2..2^30", cfg->ctx_size);
     if (cfg->prefill_chunk < 1) return g5_fail(err, G5_ERR_INVALID_ARG, "--prefill-chunk %u: must be >= 1", cfg->prefill_chunk);
+    if (cfg->draw_threads > 256)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "--draw-threads %u: must be 1..256 (0: automatic)", cfg->draw_threads);
     if (cfg->gpu_prefix_block > 65536)
         return g5_fail(err, G5_ERR_INVALID_ARG, "--gpu-prefix-block %u: must be 0..65536", cfg->gpu_prefix_block);
     if (cfg->gpu_prefix_cache_mb > (1u << 24))
