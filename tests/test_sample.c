@@ -560,8 +560,10 @@ static size_t ref_chain(const samp_params *p, const float *logits, uint32_t n, c
 
 static int same_f(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
-/* Random vocabularies (ties, NaN, +-inf, all -inf), random chains (greedy, top-k below, at and
- * above the count of finite logits, min-p, top-p, temperature, every penalty), random windows. */
+/* Random vocabularies (ties, +0 and -0, NaN, +-inf, all -inf), random chains (greedy, top-k below,
+ * at and above the count of finite logits, min-p, top-p, temperature, every penalty), random
+ * windows; lists of more than 256 candidates in id order take the radix sort, shorter ones and
+ * top-k heaps qsort, and both must give the former chain's order. */
 static void test_one_pass_equals_former(void) {
     enum { NV = 3000, CASES = 600 };
     float *l = malloc(NV * sizeof *l);
@@ -574,6 +576,7 @@ static void test_one_pass_equals_former(void) {
         for (uint32_t i = 0; i < n; i++) {
             double u = urand();
             l[i] = kind == 1 ? (float)(int)(u * 8) : (float)(u * 20 - 10);
+            if (kind == 1 && l[i] == 0.0f && urand() < 0.5) l[i] = -0.0f; /* ties of +0 and -0 */
             if (kind == 2 && urand() < 0.05) l[i] = urand() < 0.5 ? NAN : urand() < 0.5 ? -INFINITY : INFINITY;
             if ((kind == 3 && urand() < 0.97) || kind == 4) l[i] = urand() < 0.5 ? -INFINITY : NAN;
         }

@@ -10,6 +10,7 @@ struct samp_ctx {
     uint32_t n_vocab;
     uint64_t rng[4];
     samp_cand *cand;   /* [n_vocab] working set */
+    samp_cand *tmp;    /* [n_vocab] once a long candidate list is sorted (sort_by_logit) */
     float *qp;         /* [n_vocab] speculative sampling: q by id (0 off the draft's set) */
     int32_t *hist;     /* ring of the last repeat_last_n accepted ids */
     int32_t *sorted;   /* scratch for counting the window */
@@ -93,6 +94,7 @@ g5_status samp_create(const samp_params *p, uint32_t n_vocab, samp_ctx **out, g5
 void samp_free(samp_ctx *s) {
     if (!s) return;
     free(s->cand);
+    free(s->tmp);
     free(s->qp);
     free(s->hist);
     free(s->sorted);
@@ -123,6 +125,38 @@ static int better(const samp_cand *a, const samp_cand *b) {
 static int cmp_cand(const void *a, const void *b) {
     const samp_cand *x = a, *y = b;
     return better(x, y) ? -1 : better(y, x) ? 1 : 0;
+}
+
+/* A logit as a key whose ascending order is better()'s order of logits: larger first, -0 as +0
+ * (equal under better()); never NaN here (the chain drops NaN as -inf). */
+static uint32_t desc_key(float l) {
+    if (l == 0.0f) l = 0.0f;
+    uint32_t u;
+    memcpy(&u, &l, sizeof u);
+    u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending in the float's value */
+    return ~u;
+}
+
+/* c[0..m), given in ascending id order, into cmp_cand's order: a stable LSD radix sort on
+ * desc_key, 8 bits a pass (a pass whose byte is the same for every key is skipped), so equal
+ * logits keep the lower id first. O(m), where qsort took 25 ms at GLM-5's 154880 tokens. */
+static void sort_by_logit(samp_cand *c, samp_cand *tmp, size_t m) {
+    samp_cand *src = c, *dst = tmp;
+    for (int sh = 0; sh < 32; sh += 8) {
+        size_t cnt[256] = {0};
+        for (size_t i = 0; i < m; i++) cnt[desc_key(src[i].logit) >> sh & 255]++;
+        if (cnt[desc_key(src[0].logit) >> sh & 255] == m) continue;
+        for (size_t b = 0, off = 0; b < 256; b++) {
+            const size_t t = cnt[b];
+            cnt[b] = off;
+            off += t;
+        }
+        for (size_t i = 0; i < m; i++) dst[cnt[desc_key(src[i].logit) >> sh & 255]++] = src[i];
+        samp_cand *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != c) memcpy(c, src, m * sizeof *c);
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -248,6 +282,7 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
         *n_out = 1;
         return G5_OK;
     }
+    const int by_id = m <= q.top; /* no heap: the candidates are in ascending id order */
     if (m > q.top) m = q.top;
 
     /* top-p measures probabilities over the set top-k left (before min-p), at temperature 1. */
@@ -255,7 +290,8 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     for (size_t i = 0; i < m; i++)
         if (s->cand[i].logit > maxl) maxl = s->cand[i].logit;
     double z = 0;
-    for (size_t i = 0; i < m; i++) z += exp((double)s->cand[i].logit - maxl);
+    if (p->top_p < 1.0f)
+        for (size_t i = 0; i < m; i++) z += exp((double)s->cand[i].logit - maxl);
 
     /* min-p keeps a prefix of the sorted order whatever top-p does, so it may run before the
      * sort (which it makes cheaper) without changing the result. */
@@ -267,7 +303,9 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
         m = k; /* the max survives: thr <= maxl */
     }
 
-    qsort(s->cand, m, sizeof *s->cand, cmp_cand);
+    if (by_id && m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
+    if (by_id && m > 256 && s->tmp) sort_by_logit(s->cand, s->tmp, m);
+    else qsort(s->cand, m, sizeof *s->cand, cmp_cand); /* the same order (a total one) */
 
     if (p->top_p < 1.0f) {
         double cum = 0;
