@@ -138,20 +138,33 @@ static uint32_t desc_key(float l) {
 }
 
 /* c[0..m), given in ascending id order, into cmp_cand's order: a stable LSD radix sort on
- * desc_key, 8 bits a pass (a pass whose byte is the same for every key is skipped), so equal
- * logits keep the lower id first. O(m), where qsort took 25 ms at GLM-5's 154880 tokens. */
+ * desc_key, 11 bits a pass (a pass whose digit is the same for every key is skipped), so equal
+ * logits keep the lower id first. The keys ride in the candidates' p, which the chain fills
+ * afterwards. O(m), where qsort took 25 ms at GLM-5's 154880 tokens. */
 static void sort_by_logit(samp_cand *c, samp_cand *tmp, size_t m) {
+    for (size_t i = 0; i < m; i++) {
+        const uint32_t k = desc_key(c[i].logit);
+        memcpy(&c[i].p, &k, sizeof k);
+    }
     samp_cand *src = c, *dst = tmp;
-    for (int sh = 0; sh < 32; sh += 8) {
-        size_t cnt[256] = {0};
-        for (size_t i = 0; i < m; i++) cnt[desc_key(src[i].logit) >> sh & 255]++;
-        if (cnt[desc_key(src[0].logit) >> sh & 255] == m) continue;
-        for (size_t b = 0, off = 0; b < 256; b++) {
+    for (int sh = 0; sh < 32; sh += 11) {
+        size_t cnt[2048] = {0};
+        uint32_t k;
+        for (size_t i = 0; i < m; i++) {
+            memcpy(&k, &src[i].p, sizeof k);
+            cnt[k >> sh & 2047]++;
+        }
+        memcpy(&k, &src[0].p, sizeof k);
+        if (cnt[k >> sh & 2047] == m) continue;
+        for (size_t b = 0, off = 0; b < 2048; b++) {
             const size_t t = cnt[b];
             cnt[b] = off;
             off += t;
         }
-        for (size_t i = 0; i < m; i++) dst[cnt[desc_key(src[i].logit) >> sh & 255]++] = src[i];
+        for (size_t i = 0; i < m; i++) {
+            memcpy(&k, &src[i].p, sizeof k);
+            dst[cnt[k >> sh & 2047]++] = src[i];
+        }
         samp_cand *t = src;
         src = dst;
         dst = t;
@@ -322,6 +335,15 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
 
     double zt = 0;
     float ml = s->cand[0].logit;
+    if (p->temperature == 1.0f && s->tmp) {
+        /* the two exponents below are the same number at temperature 1: one exp each, kept in
+         * the sort's scratch (as many doubles fit in it as candidates) */
+        double *e = (double *)(void *)s->tmp;
+        for (size_t i = 0; i < m; i++) zt += e[i] = exp((double)s->cand[i].logit - ml);
+        for (size_t i = 0; i < m; i++) s->cand[i].p = (float)(e[i] / zt);
+        *n_out = m;
+        return G5_OK;
+    }
     for (size_t i = 0; i < m; i++) zt += exp(((double)s->cand[i].logit - ml) / p->temperature);
     for (size_t i = 0; i < m; i++) {
         s->cand[i].logit /= p->temperature;
