@@ -330,7 +330,7 @@ typedef struct cuk_idx_prep_args {
     const int32_t *pos;      /* [n_tok], device */
     float eps;
     float w_scale;
-    float *q2;               /* NULL, or [n_tok][tok_stride2] */
+    float *q2;               /* NULL, or [n_tok][tok_stride2], not overlapping q, k or w */
     int64_t tok_stride2;
     int32_t n_head2, head_stride2, rot_off2;
 } cuk_idx_prep_args;

@@ -492,6 +492,7 @@ __global__ void k_localize(const int32_t *ids, const float *wts, int64_t cnt, in
 /* ---- DSA indexer preparation ---- */
 
 constexpr int IP_T = 256, IP_PRE = 4, IP_MAX_PAIRS = 128, IP_MAX_DIM = 128;
+constexpr int IP_PRE2 = 8; /* the attention query's pairs loaded up front: 64 heads x 32 pairs at TP 1 */
 constexpr int64_t IP_MAX_CTAS = 1 << 20;
 struct IpInv {
     float inv[IP_MAX_PAIRS];
@@ -503,7 +504,8 @@ struct IpInv {
  * dim <= 128), LayerNorms it (butterfly sums, float64) and ropes it in registers; threads
  * n_pairs form the cos/sin table shared by the key and the n_head query heads; every thread
  * ropes query pairs tid, tid + IP_T, ... (the first IP_PRE loaded up front) and threads < n_head
- * scale the head weights. */
+ * scale the head weights; with q2, the attention query's pairs likewise (the first IP_PRE2 loaded
+ * up front). */
 __global__ void __launch_bounds__(IP_T)
     k_idx_prep(float *q, float *k, float *w, const float *__restrict__ kw, const float *__restrict__ kb, int n_tok,
                int n_head, int dim, int n_pairs, const int32_t *__restrict__ pos, const IpInv inv, float eps,
@@ -522,7 +524,7 @@ __global__ void __launch_bounds__(IP_T)
             kwv = rowops_ld4(kw, e0, dim, vk);
             kbv = rowops_ld4(kb, e0, dim, vk);
         }
-        float2 v[IP_PRE];
+        float2 v[IP_PRE], v2[IP_PRE2];
 #pragma unroll
         for (int j = 0; j < IP_PRE; j++) {
             const int idx = tid + j * IP_T;
@@ -530,6 +532,18 @@ __global__ void __launch_bounds__(IP_T)
             if (idx < np) {
                 const float *p = qt + (int64_t)(idx / n_pairs) * dim + 2 * (idx % n_pairs);
                 v[j] = make_float2(p[0], p[1]);
+            }
+        }
+        /* the attention query's first pairs too, so their loads overlap the key's norm */
+        float *q2t = q2 ? q2 + t * tok_stride2 + rot_off2 : nullptr;
+        const int np2 = q2 ? n_head2 * n_pairs : 0;
+#pragma unroll
+        for (int j = 0; j < IP_PRE2; j++) {
+            const int idx = tid + j * IP_T;
+            v2[j] = make_float2(0.0f, 0.0f);
+            if (idx < np2) {
+                const float *p = q2t + (int64_t)(idx / n_pairs) * head_stride2 + 2 * (idx % n_pairs);
+                v2[j] = make_float2(p[0], p[1]);
             }
         }
         if (tid < n_head) wt[tid] = __fmul_rn(wt[tid], w_scale);
@@ -570,15 +584,23 @@ __global__ void __launch_bounds__(IP_T)
             p[0] = a;
             p[1] = b;
         }
-        if (q2) { /* the attention's query, from the same table */
-            float *q2t = q2 + t * tok_stride2 + rot_off2;
-            for (int idx = tid; idx < n_head2 * n_pairs; idx += IP_T) {
+        /* the attention's query, from the same table */
+#pragma unroll
+        for (int j = 0; j < IP_PRE2; j++) {
+            const int idx = tid + j * IP_T;
+            if (idx < np2) {
                 float *p = q2t + (int64_t)(idx / n_pairs) * head_stride2 + 2 * (idx % n_pairs);
-                float a = p[0], b = p[1];
-                rowops_rope_rot(a, b, tab[idx % n_pairs]);
-                p[0] = a;
-                p[1] = b;
+                rowops_rope_rot(v2[j].x, v2[j].y, tab[idx % n_pairs]);
+                p[0] = v2[j].x;
+                p[1] = v2[j].y;
             }
+        }
+        for (int idx = tid + IP_PRE2 * IP_T; idx < np2; idx += IP_T) {
+            float *p = q2t + (int64_t)(idx / n_pairs) * head_stride2 + 2 * (idx % n_pairs);
+            float a = p[0], b = p[1];
+            rowops_rope_rot(a, b, tab[idx % n_pairs]);
+            p[0] = a;
+            p[1] = b;
         }
     }
 }
@@ -870,6 +892,13 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
             (int64_t)a->n_head2 * n_rot / 2 > 0x7fffffff)
             return BAD("idx_prep: q2 heads %d x %d from %d, tokens %lld apart, do not hold %d rotated elements each",
                        a->n_head2, a->head_stride2, a->rot_off2, (long long)a->tok_stride2, n_rot);
+        /* the kernel loads q2's first pairs before it writes q, k and w */
+        const float *b2 = a->q2, *e2 = a->q2 + (int64_t)(n_tok - 1) * a->tok_stride2 +
+                                               (int64_t)(a->n_head2 - 1) * a->head_stride2 + a->rot_off2 + n_rot;
+        const float *bs[3] = {q, k, w}, *es[3] = {q + (int64_t)n_tok * n_head * dim, k + (int64_t)n_tok * dim,
+                                                    w + (int64_t)n_tok * n_head};
+        for (int i = 0; i < 3; i++)
+            if (b2 < es[i] && bs[i] < e2) return BAD("idx_prep: q2 overlaps q, k or w");
     }
     if (dim > IP_MAX_DIM || n_rot / 2 > IP_MAX_PAIRS || (int64_t)n_head * n_rot / 2 > 0x7fffffff) {
         /* beyond the fused kernel's one-warp key row: the separate launches */

@@ -161,6 +161,8 @@ __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tai
         const float *br = KIND == NK_ADD_RMS && p.b ? p.b + row * p.lda : nullptr;
         const bool vec = (((uintptr_t)xr | (uintptr_t)yr | (uintptr_t)ar | (uintptr_t)br | (uintptr_t)p.w |
                            (uintptr_t)p.bias) & 15) == 0;
+        float2 tv = make_float2(0.0f, 0.0f); /* NE_ROPE: this thread's first tail pair, loaded with the row */
+        if (EX == NE_ROPE && g < tail->n_pairs) tv = make_float2(xr[p.dim + 2 * g], xr[p.dim + 2 * g + 1]);
         float4 xv[NR_NC], wv[NR_NC], bv[NR_NC];
 #pragma unroll
         for (int j = 0; j < NR_NC; j++) {
@@ -239,7 +241,7 @@ __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tai
             const float *xt = xr + p.dim;
             float *yt = yr + p.dim;
             for (int64_t i = g; i < tail->n_pairs; i += P) {
-                float a = xt[2 * i], b = xt[2 * i + 1];
+                float a = i == g ? tv.x : xt[2 * i], b = i == g ? tv.y : xt[2 * i + 1];
                 rowops_rope_rot(a, b, rowops_rope_cs(tail->pos[row], tail->inv.inv[i]));
                 yt[2 * i] = a;
                 yt[2 * i + 1] = b;

@@ -398,6 +398,10 @@ static void test_idx_prep(void) {
             bad.head_stride2 = cfg[c].nope2 + R - 2;
             T_CHECK(cuk_idx_prep(&bad, NULL, &e) == G5_ERR_INVALID_ARG && strstr(e.msg, "q2"), "idx_prep: narrow q2 refused (%s)",
                     e.msg);
+            bad = ip;
+            bad.q2 = q1; /* its first pairs are loaded before q is written: refused */
+            T_CHECK(cuk_idx_prep(&bad, NULL, &e) == G5_ERR_INVALID_ARG && strstr(e.msg, "overlaps"),
+                    "idx_prep: q2 over q refused (%s)", e.msg);
         }
         free(hq2);
         cudaFree(q2a), cudaFree(q2b);
