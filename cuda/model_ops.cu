@@ -498,6 +498,45 @@ struct IpInv {
     float inv[IP_MAX_PAIRS];
 };
 
+/* This thread's first NPRE pairs (tid, tid + IP_T, ..) of np, heads head_stride apart from base
+ * (n_pairs a head), into v; zero past np. */
+template <int NPRE>
+__device__ __forceinline__ void ip_load(const float *base, int64_t head_stride, int n_pairs, int np, float2 (&v)[NPRE]) {
+#pragma unroll
+    for (int j = 0; j < NPRE; j++) {
+        const int idx = threadIdx.x + j * IP_T;
+        v[j] = make_float2(0.0f, 0.0f);
+        if (idx < np) {
+            const float *p = base + (int64_t)(idx / n_pairs) * head_stride + 2 * (idx % n_pairs);
+            v[j] = make_float2(p[0], p[1]);
+        }
+    }
+}
+
+/* Every pair of this thread (the first NPRE from v, the rest loaded here) rotated by tab and
+ * stored. */
+template <int NPRE>
+__device__ __forceinline__ void ip_rope_store(float *base, int64_t head_stride, int n_pairs, int np, float2 (&v)[NPRE],
+                                              const float2 *tab) {
+#pragma unroll
+    for (int j = 0; j < NPRE; j++) {
+        const int idx = threadIdx.x + j * IP_T;
+        if (idx < np) {
+            float *p = base + (int64_t)(idx / n_pairs) * head_stride + 2 * (idx % n_pairs);
+            rowops_rope_rot(v[j].x, v[j].y, tab[idx % n_pairs]);
+            p[0] = v[j].x;
+            p[1] = v[j].y;
+        }
+    }
+    for (int idx = threadIdx.x + NPRE * IP_T; idx < np; idx += IP_T) {
+        float *p = base + (int64_t)(idx / n_pairs) * head_stride + 2 * (idx % n_pairs);
+        float a = p[0], b = p[1];
+        rowops_rope_rot(a, b, tab[idx % n_pairs]);
+        p[0] = a;
+        p[1] = b;
+    }
+}
+
 /* Grid: one CTA per token (tokens loop past the grid); block: IP_T threads. The four small
  * operations cuk_idx_prep names, with the separate kernels' arithmetic (rowops.cuh): warp 0
  * holds the key row (lane l: elements 4l .. 4l + 3, as cuk_layer_norm's one-warp shape for
@@ -525,27 +564,11 @@ __global__ void __launch_bounds__(IP_T)
             kbv = rowops_ld4(kb, e0, dim, vk);
         }
         float2 v[IP_PRE], v2[IP_PRE2];
-#pragma unroll
-        for (int j = 0; j < IP_PRE; j++) {
-            const int idx = tid + j * IP_T;
-            v[j] = make_float2(0.0f, 0.0f);
-            if (idx < np) {
-                const float *p = qt + (int64_t)(idx / n_pairs) * dim + 2 * (idx % n_pairs);
-                v[j] = make_float2(p[0], p[1]);
-            }
-        }
+        ip_load(qt, dim, n_pairs, np, v);
         /* the attention query's first pairs too, so their loads overlap the key's norm */
         float *q2t = q2 ? q2 + t * tok_stride2 + rot_off2 : nullptr;
         const int np2 = q2 ? n_head2 * n_pairs : 0;
-#pragma unroll
-        for (int j = 0; j < IP_PRE2; j++) {
-            const int idx = tid + j * IP_T;
-            v2[j] = make_float2(0.0f, 0.0f);
-            if (idx < np2) {
-                const float *p = q2t + (int64_t)(idx / n_pairs) * head_stride2 + 2 * (idx % n_pairs);
-                v2[j] = make_float2(p[0], p[1]);
-            }
-        }
+        ip_load(q2t, head_stride2, n_pairs, np2, v2);
         if (tid < n_head) wt[tid] = __fmul_rn(wt[tid], w_scale);
         __syncthreads(); /* the previous token's table is no longer read */
         for (int i = tid; i < n_pairs; i += IP_T) tab[i] = rowops_rope_cs(ps, inv.inv[i]);
@@ -567,41 +590,8 @@ __global__ void __launch_bounds__(IP_T)
             if (2 * lane + 1 < n_pairs) rowops_rope_rot(kv.z, kv.w, tab[2 * lane + 1]);
             rowops_st4(kt, e0, dim, vk, kv);
         }
-#pragma unroll
-        for (int j = 0; j < IP_PRE; j++) {
-            const int idx = tid + j * IP_T;
-            if (idx < np) {
-                float *p = qt + (int64_t)(idx / n_pairs) * dim + 2 * (idx % n_pairs);
-                rowops_rope_rot(v[j].x, v[j].y, tab[idx % n_pairs]);
-                p[0] = v[j].x;
-                p[1] = v[j].y;
-            }
-        }
-        for (int idx = tid + IP_PRE * IP_T; idx < np; idx += IP_T) {
-            float *p = qt + (int64_t)(idx / n_pairs) * dim + 2 * (idx % n_pairs);
-            float a = p[0], b = p[1];
-            rowops_rope_rot(a, b, tab[idx % n_pairs]);
-            p[0] = a;
-            p[1] = b;
-        }
-        /* the attention's query, from the same table */
-#pragma unroll
-        for (int j = 0; j < IP_PRE2; j++) {
-            const int idx = tid + j * IP_T;
-            if (idx < np2) {
-                float *p = q2t + (int64_t)(idx / n_pairs) * head_stride2 + 2 * (idx % n_pairs);
-                rowops_rope_rot(v2[j].x, v2[j].y, tab[idx % n_pairs]);
-                p[0] = v2[j].x;
-                p[1] = v2[j].y;
-            }
-        }
-        for (int idx = tid + IP_PRE2 * IP_T; idx < np2; idx += IP_T) {
-            float *p = q2t + (int64_t)(idx / n_pairs) * head_stride2 + 2 * (idx % n_pairs);
-            float a = p[0], b = p[1];
-            rowops_rope_rot(a, b, tab[idx % n_pairs]);
-            p[0] = a;
-            p[1] = b;
-        }
+        ip_rope_store(qt, dim, n_pairs, np, v, tab);
+        ip_rope_store(q2t, head_stride2, n_pairs, np2, v2, tab); /* the attention's query, same table */
     }
 }
 

@@ -946,7 +946,7 @@ static void draw(srv_server *s, srv_req *r, const float *logits, int32_t pick, f
     s->draw_pending += srv_now() - t0;
 }
 
-/* The draws of a decode step's k sequences from their logits rows: picked on the draw pool
+/* The draws of a decode step's k sequences from their logits rows: picked on the draw threads
  * (each touches its own sequence's sampler and text stream alone), then published in order. */
 typedef struct draw_job {
     const srv_server *s;
@@ -956,7 +956,8 @@ typedef struct draw_job {
     srv_drawn *out;      /* [k] */
 } draw_job;
 
-static void draw_job_one(void *ctx, uint32_t i) {
+static void draw_job_one(void *ctx, uint64_t i, uint32_t worker) {
+    (void)worker;
     const draw_job *j = ctx;
     draw_pick(j->s, j->dec[i], j->logits + (size_t)i * j->V, -1, 0, &j->out[i]);
 }
@@ -964,7 +965,7 @@ static void draw_job_one(void *ctx, uint32_t i) {
 static void draw_many(srv_server *s, srv_req **dec, uint32_t k, const float *logits, srv_drawn *out) {
     const double t0 = srv_now();
     draw_job j = {s, dec, logits, rt_eng_hparams(s->eng)->n_vocab, out};
-    srv_pool_run(s->pool, k, draw_job_one, &j);
+    rt_pool_run(s->draws, k, draw_job_one, &j);
     for (uint32_t i = 0; i < k; i++) draw_publish(s, dec[i], &out[i]);
     s->draw_pending += srv_now() - t0;
 }
@@ -1358,8 +1359,11 @@ g5_status srv_engine_start(srv_server *s, g5_error *err) {
         const long nc = sysconf(_SC_NPROCESSORS_ONLN);
         nd = nc >= 16 ? 8 : nc >= 2 ? (uint32_t)(nc / 2) : 1;
     }
-    g5_status st = srv_pool_create(nd - 1, &s->pool, err);
-    if (st) return st;
+    g5_status st = rt_pool_create(nd, &s->draws, err);
+    if (st) {
+        g5_error_prefix(err, "draw threads");
+        return st;
+    }
     if (pthread_create(&s->engine, NULL, engine_main, s) != 0)
         return g5_fail(err, G5_ERR_INTERNAL, "cannot start the engine thread");
     s->engine_started = 1;
@@ -1376,8 +1380,8 @@ void srv_engine_stop(srv_server *s) {
     pthread_mutex_unlock(&s->mu);
     if (s->engine_started) pthread_join(s->engine, NULL);
     s->engine_started = 0;
-    srv_pool_free(s->pool);
-    s->pool = NULL;
+    rt_pool_free(s->draws);
+    s->draws = NULL;
     if (s->loader_started) pthread_join(s->loader, NULL);
     s->loader_started = 0;
 }

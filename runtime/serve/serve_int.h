@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "runtime/cpu/cpu_ops.h"
 #include "runtime/cpu/weights.h"
 #include "runtime/draft.h"
 #include "runtime/engine.h"
@@ -143,15 +144,6 @@ typedef enum srv_ep {
 extern const int srv_code_list[SRV_CODE_SLOTS - 1];
 int srv_code_slot(int code);
 
-/* serve_pool.c: threads that run a decode step's draws beside the engine thread. */
-typedef struct srv_pool srv_pool;
-/* n_workers threads beside the caller's (0: srv_pool_run runs everything on the caller). */
-g5_status srv_pool_create(uint32_t n_workers, srv_pool **out, g5_error *err);
-void srv_pool_free(srv_pool *p); /* joins the workers; accepts NULL */
-/* fn(ctx, i) for every i < n, on the workers and the calling thread, in any order; returns when
- * all have returned. One caller at a time. */
-void srv_pool_run(srv_pool *p, uint32_t n, void (*fn)(void *ctx, uint32_t i), void *ctx);
-
 struct srv_server {
     srv_config cfg;            /* strings point at the copies below */
     char *model_path, *model_name, *host, *api_key, *cors;
@@ -204,7 +196,8 @@ struct srv_server {
                                                              prompt chunks, drawing tokens */
     double draw_pending;       /* the engine thread's draw time not yet in draw_seconds (that
                                   thread alone touches it; moved under the lock once a step) */
-    srv_pool *pool;            /* the draw threads (cfg.draw_threads - 1 workers; engine thread) */
+    rt_pool *draws;            /* a decode step's draws: cfg.draw_threads workers, the engine
+                                  thread worker 0 (runtime/cpu/cpu_ops.h) */
     srv_hist ttft, tpot, e2e;
     double load_seconds;
     uint64_t load_bytes;
