@@ -9,8 +9,9 @@
 #
 # Environment: as bench/peer.sh (B, CC, DEPS, SKIP_BUILD, W, LAYERS, EXPERTS), plus PRECISIONS
 # (default "precise fast": glm5-serve's default first), CLIENTS (default 1,8,32), PROMPT (512),
-# TOKENS (128), ARGS (more glm5-serve options), VERIFY (set: then each prompt alone, its output
-# compared with the concurrent runs'), CENTRED (as bench/peer.sh: the model from `synth --centred`,
+# TOKENS (128), ARGS (more glm5-serve options), TEMP (set: sampled clients at that temperature,
+# prompt i with seed 1000 + i, the API's other defaults: no top-k, top-p 1), VERIFY (set: then
+# each prompt alone, its output compared with the concurrent runs'), CENTRED (as bench/peer.sh: the model from `synth --centred`,
 # for fast mode, whose prefill leaves fp16's range on most random prompts of the peer file; the
 # same centring kept bench_decode's 78-layer model inside it, session 11; not yet run here).
 # serve_load.py prints, per run, the engine time from /metrics (decode steps, ms per step, token
@@ -46,7 +47,7 @@ for p in ${PRECISIONS:-precise fast}; do
   fi
   grep -E "model loaded|GPU " "$log" | head -2
   timeout 600 python3 bench/serve_load.py --port "$port" --clients "${CLIENTS:-1,8,32}" --prompt "${PROMPT:-512}" \
-    --max-tokens "${TOKENS:-128}" ${VERIFY:+--verify} || { rc=1; grep -iE "error|fail" "$log" | head -5; }
+    --max-tokens "${TOKENS:-128}" ${VERIFY:+--verify} ${TEMP:+--temperature "$TEMP"} || { rc=1; grep -iE "error|fail" "$log" | head -5; }
   if exec 3<>/dev/tcp/127.0.0.1/"$port"; then # draft counters (--draft mtp) and decode steps, all runs together
     printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
     grep -E '^glm5_(draft|generation_tokens|decode_step|prefill_seconds|token_draw|prefix_cache_hits)' <&3 | tr '\n' ' '
