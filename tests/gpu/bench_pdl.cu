@@ -133,7 +133,7 @@ int main(int argc, char **argv) {
         float *hs = (float *)malloc(bb);
         for (size_t i = 0; i < bb / 4; i++) hs[i] = (float)(i % 17) * 0.25f - 2.0f;
         float *seed = (float *)dup_d(hs, bb);
-        float *buf[2] = {(float *)dalloc(bb), (float *)dalloc(bb)};
+        float *buf[2] = {(float *)dup_d(hs, bb), (float *)dup_d(hs, bb)}; /* x past a kernel's m rows: the seed */
         double us[N_V];
         float *out[N_V];
         for (int v = 0; v < N_V; v++) {
