@@ -128,7 +128,10 @@ int main(int argc, char **argv) {
         float **wk = (float **)malloc(NK * sizeof *wk);
         float *hw = (float *)malloc(wbytes);
         for (size_t i = 0; i < (size_t)m * K; i++) hw[i] = (float)((i * 2654435761u) % 1000) * 1e-6f - 5e-4f;
-        for (int i = 0; i < NK; i++) wk[i] = (float *)dup_d(hw, wbytes);
+        for (int i = 0; i < NK; i++) { /* each kernel's own weights, so a stale x changes the output */
+            hw[i % (m * K)] += 1e-3f;
+            wk[i] = (float *)dup_d(hw, wbytes);
+        }
         const size_t bb = (size_t)(m > K ? m : K) * 4;
         float *hs = (float *)malloc(bb);
         for (size_t i = 0; i < bb / 4; i++) hs[i] = (float)(i % 17) * 0.25f - 2.0f;
