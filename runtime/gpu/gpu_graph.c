@@ -183,6 +183,13 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
                          cudaGetErrorString(ee));
     }
     g->info.graph_captures++;
+    for (uint32_t r = 0; r < g->T && !st; r++) { /* the step's launch count, from its first rank's graph */
+        size_t nn = 0;
+        if (graphs[r] && cudaGraphGetNodes(graphs[r], NULL, &nn) == cudaSuccess) {
+            g->info.graph_nodes = nn;
+            break;
+        }
+    }
     for (uint32_t r = 0; r < g->T && !st; r++) {
         if (!graphs[r]) continue;
         cudaError_t ge = cudaSetDevice(g->rk[r].dev);

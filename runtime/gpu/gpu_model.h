@@ -155,6 +155,8 @@ typedef struct rt_gpu_info {
                                     per change of bucket, sequence or buffers; the rest replay) */
     uint64_t graph_instantiations; /* captures instantiated (each rank's executable graph; no
                                     update in place: runtime/gpu/gpu_graph.c says why) */
+    uint64_t graph_nodes;        /* nodes of the last captured step's graph on its first rank:
+                                    the step's kernels, copies and memsets, i.e. its launches */
     const char *gemm;            /* the prefill GEMM path's compute: "f32", "f16" */
     int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
     uint64_t gemm_calls;         /* cuBLAS GEMMs run so far (all ranks) */

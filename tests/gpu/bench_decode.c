@@ -746,8 +746,9 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
                 if (c == 0 && (!gr || !o->graph_off)) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_));
                 free(st);
             }
-            printf("   graph launches %llu, captures %llu, instantiations %llu\n", (unsigned long long)in->graph_steps,
-                   (unsigned long long)in->graph_captures, (unsigned long long)in->graph_instantiations);
+            printf("   graph launches %llu, captures %llu, instantiations %llu; %llu nodes (launches) per step\n",
+                   (unsigned long long)in->graph_steps, (unsigned long long)in->graph_captures,
+                   (unsigned long long)in->graph_instantiations, (unsigned long long)in->graph_nodes);
             rt_gpu_model_free(g);
         }
     }

@@ -282,8 +282,10 @@ int main(int argc, char **argv) {
         double a = now_s();
         for (uint32_t s = 0; s < tg; s++) GK(rt_gpu_forward(g, ids + d + 2 + s, 1, &out, &err_));
         const double per = (now_s() - a) / tg;
-        printf("tg%u @ %u %s: %.1f tok/s (%.3f ms per token; ratio to the floor %.2f)\n", tg, d, prec, 1.0 / per,
+        printf("tg%u @ %u %s: %.1f tok/s (%.3f ms per token; ratio to the floor %.2f", tg, d, prec, 1.0 / per,
                per * 1e3, per / floor_s);
+        if (gi->cuda_graph) printf("; graph of %llu launches", (unsigned long long)gi->graph_nodes);
+        printf(")\n");
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| tg%u @ d%u | %.1f |\n", tg, d, 1.0 / per);
         { /* the same steps giving the argmax instead of the logits (glm5-run's greedy steps) */
             int32_t pick = -1;
