@@ -86,9 +86,11 @@ static int graph_run(rt_model *m, const char *dir, rt_gpu_precision prec, int nc
     }
     const rt_gpu_info *gi = rt_gpu_model_info(g);
     if (use_graph) {
-        printf("%s: %llu graph steps, %llu capture(s), %llu instantiation(s)\n", name,
+        printf("%s: %llu graph steps, %llu capture(s), %llu instantiation(s), %llu nodes a step\n", name,
                (unsigned long long)gi->graph_steps, (unsigned long long)gi->graph_captures,
-               (unsigned long long)gi->graph_instantiations);
+               (unsigned long long)gi->graph_instantiations, (unsigned long long)gi->graph_nodes);
+        T_CHECK(gi->graph_nodes >= 10, "%s: the captured step's node count (%llu) reported", name,
+                (unsigned long long)gi->graph_nodes);
         T_CHECK(gi->graph_steps == GRAPH_STEPS + 1, "%s: every decode step ran as a graph (%llu)", name,
                 (unsigned long long)gi->graph_steps);
         /* all steps lie in one bucket of one sequence with unchanged buffers: replays only */
