@@ -214,7 +214,7 @@ static int64_t row_bytes(uint32_t t, int64_t k) {
     return quant_row_bytes(t, (uint64_t)k, &rb) == G5_OK ? (int64_t)rb : -1;
 }
 
-static g5_status check_q8(const char *what, const char *name, const cuk_q8_act *x, int64_t k, g5_error *err) {
+g5_status cuk::q8_check_act(const char *what, const char *name, const cuk_q8_act *x, int64_t k, g5_error *err) {
     if (!x->q || !x->ds) return BAD("%s: %s.q or %s.ds is NULL", what, name, name);
     if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("%s: %s is not 16-byte aligned", what, name);
     if (x->planes != 1 && x->planes != 2) return BAD("%s: %s.planes=%d is neither 1 nor 2", what, name, (int)x->planes);
@@ -251,7 +251,7 @@ extern "C" g5_status cuk_q8_quantize(const cuk_q8_quantize_args *a, cuk_stream s
     if (a->n < 1 || a->n > 65535) return BAD("q8_quantize: n=%lld outside 1..65535", (long long)a->n);
     if (a->ldx < a->k) return BAD("q8_quantize: ldx=%lld < k=%lld", (long long)a->ldx, (long long)a->k);
     const cuk_q8_act o = {a->q, a->ldq, a->ds, a->ldds, a->planes};
-    g5_status st = check_q8("q8_quantize", "out", &o, a->k, err);
+    g5_status st = q8_check_act("q8_quantize", "out", &o, a->k, err);
     if (st != G5_OK) return st;
     const dim3 grid((unsigned)((a->k / 32 + 7) / 8), (unsigned)a->n);
     if (a->planes == 2)
@@ -283,7 +283,7 @@ extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g
     g5_status st = check_w("gemv_q8", a->w_type, a->w, a->k, a->m, 1, &rb, err);
     if (st != G5_OK) return st;
     if (a->n < 1 || a->n > CUK_Q8_MAX_N) return BAD("gemv_q8: n=%d outside 1..%d", (int)a->n, CUK_Q8_MAX_N);
-    if ((st = check_q8("gemv_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
+    if ((st = q8_check_act("gemv_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
     if (!a->y) return BAD("gemv_q8: y is NULL");
     if (a->ldy < a->m) return BAD("gemv_q8: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     if (a->w2 && ((uintptr_t)a->w2 % 16 || !a->y2)) return BAD("gemv_q8: w2 not 16-byte aligned, or y2 NULL");
@@ -313,7 +313,7 @@ g5_status cuk::q8_moe_gate_up_check(const char *what, const cuk_moe_gate_up_q8_a
     if (st != G5_OK) return st;
     if (!a->w_up || (uintptr_t)a->w_up % 16) return BAD("%s: w_up NULL or not 16-byte aligned", what);
     if ((st = check_moe(what, a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err))) return st;
-    if ((st = check_q8(what, "x", &a->x, a->k, err)) != G5_OK) return st;
+    if ((st = q8_check_act(what, "x", &a->x, a->k, err)) != G5_OK) return st;
     if (!a->out || a->ldo < a->m) return BAD("%s: out NULL or ldo=%lld < m=%lld", what, (long long)a->ldo, (long long)a->m);
     return G5_OK;
 }
@@ -333,7 +333,7 @@ g5_status cuk::q8_moe_down_check(const char *what, const cuk_moe_down_q8_args *a
     if (st != G5_OK) return st;
     if ((st = check_moe(what, a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err))) return st;
     if (!a->wts || a->ld_wts < a->top_k) return BAD("%s: wts NULL or ld_wts=%lld < top_k", what, (long long)a->ld_wts);
-    if ((st = check_q8(what, "h", &a->h, a->k, err)) != G5_OK) return st;
+    if ((st = q8_check_act(what, "h", &a->h, a->k, err)) != G5_OK) return st;
     if (!a->y || a->ldy < a->m) return BAD("%s: y NULL or ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
     if (!a->part || a->ldp < a->m) return BAD("%s: part NULL or ldp=%lld < m=%lld", what, (long long)a->ldp, (long long)a->m);
     return G5_OK;

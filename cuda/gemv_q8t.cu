@@ -29,6 +29,7 @@
 #include "cuda/mma.cuh"
 #include "cuda/moe_plan.cuh"
 #include "cuda/q8_load.cuh"
+#include "cuda/q8_quant.cuh"
 
 namespace cuk {
 namespace q8t {
@@ -702,15 +703,8 @@ extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, 
         return BAD("gemv_q8t: m=%lld rows of k=%lld overflow", (long long)a->m, (long long)a->k);
     if (a->n < 1 || a->n > CUK_Q8T_MAX_N) return BAD("gemv_q8t: n=%d outside 1..%d", (int)a->n, CUK_Q8T_MAX_N);
     const cuk_q8_act *x = &a->x;
-    if (!x->q || !x->ds) return BAD("gemv_q8t: x.q or x.ds is NULL");
-    if ((uintptr_t)x->q % 16 || (uintptr_t)x->ds % 16) return BAD("gemv_q8t: x is not 16-byte aligned");
-    if (x->planes != 1 && x->planes != 2) return BAD("gemv_q8t: x.planes=%d is neither 1 nor 2", (int)x->planes);
-    if (x->ldq < x->planes * a->k || x->ldq % 16)
-        return BAD("gemv_q8t: x.ldq=%lld must be >= %lld and a multiple of 16", (long long)x->ldq,
-                   (long long)(x->planes * a->k));
-    if (x->ldds < x->planes * (a->k / 16) || x->ldds % 4)
-        return BAD("gemv_q8t: x.ldds=%lld must be >= %lld and a multiple of 4", (long long)x->ldds,
-                   (long long)(x->planes * (a->k / 16)));
+    const g5_status sx = cuk::q8_check_act("gemv_q8t", "x", x, a->k, err);
+    if (sx != G5_OK) return sx;
     /* the kernel's 32-bit x offsets */
     if ((uint64_t)a->n * (uint64_t)x->ldq > 0xFFFFFFFFull || (uint64_t)a->n * (uint64_t)x->ldds > 0x3FFFFFFFull)
         return BAD("gemv_q8t: x of %d rows exceeds 4 GB", (int)a->n);

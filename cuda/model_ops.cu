@@ -762,11 +762,9 @@ extern "C" g5_status cuk_silu_mul_q8(const cuk_silu_mul_q8_args *a, cuk_stream s
     if (dim <= 0 || dim % (32 * P) || dim > (1LL << 24))
         return BAD("silu_mul_q8: dim=%lld is not a positive multiple of %lld", (long long)dim, (long long)(32 * P));
     if (a->ldg < dim || a->ldu < dim || a->ldy < dim) return BAD("silu_mul_q8: leading dimension below dim=%lld", (long long)dim);
-    if (!a->q || !a->ds || (uintptr_t)a->q % 16 || (uintptr_t)a->ds % 16)
-        return BAD("silu_mul_q8: q or ds NULL or not 16-byte aligned");
-    if (a->ldq < P * dim || a->ldq % 16 || a->ldds < P * (dim / 16) || a->ldds % 4)
-        return BAD("silu_mul_q8: ldq=%lld or ldds=%lld too small for %lld planes of %lld (or not a multiple of 16 / 4)",
-                   (long long)a->ldq, (long long)a->ldds, (long long)P, (long long)dim);
+    const cuk_q8_act o = {a->q, a->ldq, a->ds, a->ldds, a->planes};
+    const g5_status st = cuk::q8_check_act("silu_mul_q8", "out", &o, dim, err);
+    if (st != G5_OK) return st;
     const dim3 grid((unsigned)((dim / 32 + 7) / 8), (unsigned)a->n_rows);
     if (P == 2)
         k_silu_mul_q8<2><<<grid, 256, 0, (cudaStream_t)stream>>>(a->g, a->ldg, a->u, a->ldu, a->y, a->ldy, dim, a->q,

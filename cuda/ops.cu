@@ -454,13 +454,9 @@ extern "C" g5_status cuk_norm_q8(const cuk_norm_q8_args *args, cuk_stream stream
         return BAD("norm_q8: b without a");
     }
     if (!cuk_norm_q8_fits(n->dim)) return BAD("norm_q8: dim=%lld is not one cuk_norm_q8_fits takes", (long long)n->dim);
-    const int64_t P = args->planes;
-    if (P != 1 && P != 2) return BAD("norm_q8: planes=%lld is neither 1 nor 2", (long long)P);
-    if (!args->q || !args->ds || (uintptr_t)args->q % 16 || (uintptr_t)args->ds % 16)
-        return BAD("norm_q8: q or ds NULL or not 16-byte aligned");
-    if (args->ldq < P * n->dim || args->ldq % 16 || args->ldds < P * (n->dim / 16) || args->ldds % 4)
-        return BAD("norm_q8: ldq=%lld or ldds=%lld too small for %lld planes of %lld (or not a multiple of 16 / 4)",
-                   (long long)args->ldq, (long long)args->ldds, (long long)P, (long long)n->dim);
+    const cuk_q8_act o = {args->q, args->ldq, args->ds, args->ldds, args->planes};
+    if ((st = cuk::q8_check_act("norm_q8", "out", &o, n->dim, err)) != G5_OK) return st;
+    const int P = args->planes;
     const NormArgs p = {n->x, n->ldx, n->a, n->b, n->lda, n->w, nullptr, n->y, n->ldy, n->n_rows, n->dim, n->eps, 1,
                         args->q, args->ldq, args->ds, args->ldds};
     const cudaStream_t cs = (cudaStream_t)stream;

@@ -7,7 +7,15 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda/cuk_q8.h"
+
 namespace cuk {
+
+/* The checks of an int8 operand of rows of k (cuda/cuk_q8.h cuk_q8_act: pointers, 16-byte
+ * alignment, planes 1 or 2, k % 64 for two planes, ldq and ldds), messages naming `what` and
+ * the operand `name`; gemv_q8.cu. */
+g5_status q8_check_act(const char *what, const char *name, const cuk_q8_act *x, int64_t k, g5_error *err);
+
 namespace q8q {
 
 /* One block held by G = 32 / E consecutive lanes (aligned to G within the warp), lane gl of the
