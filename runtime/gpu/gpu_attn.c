@@ -182,7 +182,9 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
      * copy is no longer read) */
     const int qb8 = gm_q8x2_takes(rk, &L->q_b, n);
     cuk_q8_act qq = {0};
-    CK(gm_rms_norm_q8(rk, rk->qr, QL, L->q_a_norm, n, QL, eps, qb8 ? 2 : 0, &qq, err));
+    const cuk_add_rms_norm_args qn = {.x = rk->qr, .ldx = QL, .w = L->q_a_norm, .y = rk->qr, .ldy = QL, .n_rows = n,
+                                      .dim = QL, .eps = eps};
+    CK(gm_norm_q8(rk, &qn, qb8 ? 2 : 0, &qq, err));
     PMARK("attn", "q_a_norm (+ int8 quantize of qr)");
     /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
      * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by

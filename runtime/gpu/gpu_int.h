@@ -302,6 +302,15 @@ g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx,
  * gm_q8x2_takes: the same for the two-plane roles (attention projections, dense FFN). */
 int gm_q8_takes(const gl_rank *rk, const dmat *W, uint32_t n);
 int gm_q8x2_takes(const gl_rank *rk, const dmat *W, uint32_t n);
+/* The rank's int8 buffer (rk->q8q / q8d) as rows of k in `planes` planes: the layout gm_q8_in and
+ * the fused norms write. */
+static inline cuk_q8_act gm_q8_buf(const gl_rank *rk, int64_t k, int planes) {
+    return (cuk_q8_act){rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+}
+/* x from its row t0 on. */
+static inline cuk_q8_act gm_q8_rows(const cuk_q8_act *x, int64_t t0) {
+    return (cuk_q8_act){x->q + t0 * x->ldq, x->ldq, x->ds + t0 * x->ldds, x->ldds, x->planes};
+}
 /* x [n][ldx] quantized into rk->q8q / q8d as rows of k in `planes` planes; *o describes them. */
 g5_status gm_q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int planes,
                    cuk_q8_act *o, g5_error *err);
@@ -315,11 +324,10 @@ g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, 
 /* gm_gemv_k with two int8 planes where gm_q8x2_takes, else bf16 / float32 inputs. */
 g5_status gm_gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                        int64_t ldy, g5_error *err);
-/* x [n][ldx] = RMSNorm(x) * w in place (dim k), and with planes 1 or 2 also quantized as gm_q8_in
- * would into *o: one launch where cuk_norm_q8_fits k, the same bits either way
- * (planes 0: the norm alone, *o zeroed). */
-g5_status gm_rms_norm_q8(const gl_rank *rk, float *x, int64_t ldx, const float *w, uint32_t n, int64_t k, float eps,
-                         int planes, cuk_q8_act *o, g5_error *err);
+/* The norm *na (cuk_add_rms_norm's, or with na->a NULL cuk_rms_norm's, y == x allowed), then
+ * with planes 1 or 2 its rows y quantized as gm_q8_in would into *o: one launch where
+ * cuk_norm_q8_fits the dim, the same bits either way (planes 0: the norm alone, *o zeroed). */
+g5_status gm_norm_q8(const gl_rank *rk, const cuk_add_rms_norm_args *na, int planes, cuk_q8_act *o, g5_error *err);
 /* rk->ga [n][F] = silu(ga) * gb, then y = W ga: with `planes` int8 planes where W takes them
  * (planes 2: gm_q8x2_takes, 1: gm_q8_takes; the silu and the quantization in one launch), else as
  * gm_gemv_q8x2 (planes 2) or gm_gemv_q8 (planes 1) would. */

@@ -712,28 +712,16 @@ void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, c
 
 /* rk->h = RMSNorm(x) * w over n rows, the pending residual add folded in first. */
 g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, g5_error *err) {
-    const cuk_stream cs = (cuk_stream)rk->st;
-    if (!rk->pa) return cuk_rms_norm(rk->x, E, w, rk->h, E, n, E, eps, cs, err);
-    const cuk_add_rms_norm_args an = {.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pb, .lda = E, .w = w,
-                                      .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
-    CK(cuk_add_rms_norm(&an, cs, err));
-    rk->pa = rk->pb = NULL;
-    return G5_OK;
+    cuk_q8_act none;
+    return gm_norm_x_q8(rk, w, n, E, eps, 0, &none, err);
 }
 
 g5_status gm_norm_x_q8(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, int planes, cuk_q8_act *o,
                        g5_error *err) {
-    *o = (cuk_q8_act){0};
-    if (!planes || !cuk_norm_q8_fits(E)) {
-        CK(gm_norm_x(rk, w, n, E, eps, err));
-        return planes ? gm_q8_in(rk, rk->h, E, n, E, planes, o, err) : G5_OK;
-    }
-    const cuk_norm_q8_args a = {{.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E, .w = w, .y = rk->h,
-                                 .ldy = E, .n_rows = n, .dim = E, .eps = eps},
-                                rk->q8q, planes * E, rk->q8d, planes * E / 16, planes};
-    CK(cuk_norm_q8(&a, (cuk_stream)rk->st, err));
+    const cuk_add_rms_norm_args na = {.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E,
+                                      .w = w, .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
+    CK(gm_norm_q8(rk, &na, planes, o, err));
     rk->pa = rk->pb = NULL;
-    *o = (cuk_q8_act){rk->q8q, planes * E, rk->q8d, planes * E / 16, planes};
     return G5_OK;
 }
 
@@ -829,7 +817,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
         if (q8_gu) {
             const cuk_moe_gate_up_q8_args gu = {
                 L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids + (int64_t)t0 * U, (int32_t)U, U,
-                {hq.q + (int64_t)t0 * hq.ldq, hq.ldq, hq.ds + (int64_t)t0 * hq.ldds, hq.ldds, hq.planes}, (int32_t)nc,
+                gm_q8_rows(&hq, t0), (int32_t)nc,
                 rk->gu + (int64_t)t0 * U * FE, FE, plan};
             CK(moe_q8t_for(L->exp_type, E, nc) ? cuk_moe_gate_up_q8t(&gu, cs, err) : cuk_moe_gate_up_q8(&gu, cs, err));
             PMARK(S, "moe_gate_up (int8 input)");
@@ -860,7 +848,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
             const int64_t p0 = (int64_t)t0 * U;
             const cuk_moe_down_q8_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
                                              ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
-                                             {gq.q + p0 * gq.ldq, gq.ldq, gq.ds + p0 * gq.ldds, gq.ldds, gq.planes}, (int32_t)nc,
+                                             gm_q8_rows(&gq, p0), (int32_t)nc,
                                              rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
             CK(moe_q8t_for(L->exp_down_type, FE, nc) ? cuk_moe_down_q8t(&dn, cs, err) : cuk_moe_down_q8(&dn, cs, err));
             PMARK(S, "moe_down (int8 input, + slot sum)");
@@ -1086,8 +1074,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
                 /* ranks sharing a device share rk->lg's stream but not rk->lg: a graph keeps each
                  * rank's last chunk (graph calls have one token: one chunk) for the copy after it */
                 if (hq->q) {
-                    const cuk_q8_act x = {hq->q + (int64_t)t0 * hq->ldq, hq->ldq, hq->ds + (int64_t)t0 * hq->ldds, hq->ldds,
-                                          hq->planes};
+                    const cuk_q8_act x = gm_q8_rows(hq, t0);
                     CK(gm_gemv_q8_in(rk, &rk->head, &x, c, rk->lg, VL, err));
                 } else {
                     CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)t0 * E, (int64_t)E, c, rk->lg, VL, err));

@@ -74,10 +74,26 @@ int gm_q8_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
  * describes them. */
 g5_status gm_q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int planes,
                    cuk_q8_act *o, g5_error *err) {
-    const cuk_q8_quantize_args qa = {x, ldx, k, n, rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+    const cuk_q8_act b = gm_q8_buf(rk, k, planes);
+    const cuk_q8_quantize_args qa = {x, ldx, k, n, rk->q8q, b.ldq, rk->q8d, b.ldds, planes};
     CK(cuk_q8_quantize(&qa, (cuk_stream)rk->st, err));
-    *o = (cuk_q8_act){rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+    *o = b;
     return G5_OK;
+}
+
+g5_status gm_norm_q8(const gl_rank *rk, const cuk_add_rms_norm_args *na, int planes, cuk_q8_act *o, g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    *o = (cuk_q8_act){0};
+    if (planes && cuk_norm_q8_fits(na->dim)) {
+        const cuk_q8_act b = gm_q8_buf(rk, na->dim, planes);
+        const cuk_norm_q8_args a = {*na, rk->q8q, b.ldq, rk->q8d, b.ldds, planes};
+        CK(cuk_norm_q8(&a, cs, err));
+        *o = b;
+        return G5_OK;
+    }
+    CK(na->a ? cuk_add_rms_norm(na, cs, err)
+             : cuk_rms_norm(na->x, na->ldx, na->w, na->y, na->ldy, na->n_rows, na->dim, na->eps, cs, err));
+    return planes ? gm_q8_in(rk, na->y, na->ldy, na->n_rows, na->dim, planes, o, err) : G5_OK;
 }
 
 /* y[t] = W x'[t] for the int8 rows x (of W->k), in launches of CUK_Q8_MAX_N rows. */
@@ -93,36 +109,31 @@ static int q8t_for(const dmat *W, uint32_t n) {
     return n >= 8 || (n >= 4 && (uint64_t)W->m * (uint64_t)W->k <= (1ull << 26));
 }
 
-g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
-                        int64_t ldy, g5_error *err) {
-    const int tc = q8t_for(W, n);
+/* gm_gemv_q8_in, and with W2 (the dp4a kernel only) W2's rows into y2 in the same launches. */
+static g5_status gemv_q8_in2(const gl_rank *rk, const dmat *W, const dmat *W2, const cuk_q8_act *x, uint32_t n,
+                             float *y, float *y2, int64_t ldy, g5_error *err) {
+    const int tc = !W2 && q8t_for(W, n);
     const uint32_t per = tc ? CUK_Q8T_MAX_N : CUK_Q8_MAX_N;
     for (uint32_t t0 = 0; t0 < n; t0 += per) {
         const uint32_t c = n - t0 < per ? n - t0 : per;
-        const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m,
-                                    {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds,
-                                     x->planes},
-                                    (int32_t)c, y + (int64_t)t0 * ldy, ldy, NULL, NULL};
+        const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m, gm_q8_rows(x, t0), (int32_t)c, y + (int64_t)t0 * ldy, ldy,
+                                    W2 ? W2->w : NULL, W2 ? y2 + (int64_t)t0 * ldy : NULL};
         CK(tc ? cuk_gemv_q8t(&a, (cuk_stream)rk->st, err) : cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
     }
     return G5_OK;
 }
 
+g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, uint32_t n, float *y,
+                        int64_t ldy, g5_error *err) {
+    return gemv_q8_in2(rk, W, NULL, x, n, y, NULL, ldy, err);
+}
+
 g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, const cuk_q8_act *x, uint32_t n,
                              float *y1, float *y2, int64_t ldy, g5_error *err) {
-    if (q8t_for(W1, n) || W1->type != W2->type || W1->k != W2->k || W1->m != W2->m) {
-        CK(gm_gemv_q8_in(rk, W1, x, n, y1, ldy, err));
-        return gm_gemv_q8_in(rk, W2, x, n, y2, ldy, err);
-    }
-    for (uint32_t t0 = 0; t0 < n; t0 += CUK_Q8_MAX_N) {
-        const uint32_t c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
-        const cuk_gemv_q8_args a = {W1->type, W1->w, W1->k, W1->m,
-                                    {x->q + (int64_t)t0 * x->ldq, x->ldq, x->ds + (int64_t)t0 * x->ldds, x->ldds,
-                                     x->planes},
-                                    (int32_t)c, y1 + (int64_t)t0 * ldy, ldy, W2->w, y2 + (int64_t)t0 * ldy};
-        CK(cuk_gemv_q8(&a, (cuk_stream)rk->st, err));
-    }
-    return G5_OK;
+    if (!q8t_for(W1, n) && W1->type == W2->type && W1->k == W2->k && W1->m == W2->m)
+        return gemv_q8_in2(rk, W1, W2, x, n, y1, y2, ldy, err);
+    CK(gm_gemv_q8_in(rk, W1, x, n, y1, ldy, err));
+    return gm_gemv_q8_in(rk, W2, x, n, y2, ldy, err);
 }
 
 static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
@@ -133,21 +144,6 @@ static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int6
     return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);
 }
 
-g5_status gm_rms_norm_q8(const gl_rank *rk, float *x, int64_t ldx, const float *w, uint32_t n, int64_t k, float eps,
-                         int planes, cuk_q8_act *o, g5_error *err) {
-    const cuk_stream cs = (cuk_stream)rk->st;
-    *o = (cuk_q8_act){0};
-    if (!planes || !cuk_norm_q8_fits(k)) {
-        CK(cuk_rms_norm(x, ldx, w, x, ldx, n, k, eps, cs, err));
-        return planes ? gm_q8_in(rk, x, ldx, n, k, planes, o, err) : G5_OK;
-    }
-    const cuk_norm_q8_args a = {{.x = x, .ldx = ldx, .w = w, .y = x, .ldy = ldx, .n_rows = n, .dim = k, .eps = eps},
-                                rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
-    CK(cuk_norm_q8(&a, cs, err));
-    *o = (cuk_q8_act){rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
-    return G5_OK;
-}
-
 g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, int planes, float *y, int64_t ldy,
                        g5_error *err) {
     const cuk_stream cs = (cuk_stream)rk->st;
@@ -156,10 +152,9 @@ g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, 
         CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
         return planes == 2 ? gm_gemv_q8x2(rk, W, rk->ga, F, n, y, ldy, err) : gm_gemv_q8(rk, W, rk->ga, F, n, y, ldy, err);
     }
-    const cuk_silu_mul_q8_args a = {rk->ga, F, rk->gb, F, rk->ga, F, n, F, rk->q8q, planes * F, rk->q8d,
-                                    planes * F / 16, planes};
+    const cuk_q8_act q = gm_q8_buf(rk, F, planes);
+    const cuk_silu_mul_q8_args a = {rk->ga, F, rk->gb, F, rk->ga, F, n, F, rk->q8q, q.ldq, rk->q8d, q.ldds, planes};
     CK(cuk_silu_mul_q8(&a, cs, err));
-    const cuk_q8_act q = {rk->q8q, planes * F, rk->q8d, planes * F / 16, planes};
     return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);
 }
 
