@@ -10,12 +10,14 @@ struct samp_ctx {
     uint32_t n_vocab;
     uint64_t rng[4];
     samp_cand *cand;   /* [n_vocab] working set */
-    samp_cand *tmp;    /* [n_vocab] once a long candidate list is sorted (sort_by_logit) */
+    samp_cand *tmp;    /* [n_vocab] once a list of over 256 is ranked or weighed: the radix sort's and
+                        * top-p's partition scratch, then the probabilities' exps (as doubles) */
     float *qp;         /* [n_vocab] speculative sampling: q by id (0 off the draft's set) */
     int32_t *hist;     /* ring of the last repeat_last_n accepted ids */
     int32_t *sorted;   /* scratch for counting the window */
     uint32_t *pen_n;   /* [hist_cap] occurrences of sorted[i]'s id in the window (penalties) */
     uint32_t hist_cap, hist_n, hist_head;
+    int ranked;        /* the last chain left cand ranked (else in ascending id order) */
 };
 
 void samp_params_default(samp_params *p) {
@@ -244,23 +246,103 @@ typedef struct chain_pass {
                 * (a tie loses to the root's lower id) or greedy's best */
 } chain_pass;
 
-/* Token c (its logit > -inf) into the pass. */
-static void pass_take(chain_pass *q, samp_cand c) {
+/* The heap half of pass_take: c joins once the heap of the top best is full. */
+static void pass_heap(chain_pass *q, samp_cand c) {
+    if (q->m == q->top)
+        for (size_t j = 1; j < q->top; j++) heap_up(q->cand, j);
+    if (better(&c, &q->cand[0])) heap_replace_root(q->cand, q->top, c);
+    q->thr = q->cand[0].logit;
+}
+
+/* Token c (its logit > -inf) into the pass. Inline: while the list fills, every token comes here. */
+static inline void pass_take(chain_pass *q, samp_cand c) {
     if (q->greedy) { /* c beats thr, the best so far: ascending ids, so a tie never got here */
         q->best = c;
         q->thr = c.logit;
     } else if (q->m < q->top) {
         q->cand[q->m] = c;
     } else {
-        if (q->m == q->top)
-            for (size_t j = 1; j < q->top; j++) heap_up(q->cand, j);
-        if (better(&c, &q->cand[0])) heap_replace_root(q->cand, q->top, c);
-        q->thr = q->cand[0].logit;
+        pass_heap(q, c);
     }
     q->m++;
 }
 
-/* Runs the chain into s->cand[0..*n), sorted best first with probabilities filled in.
+/* Sorts c[0..m) into better()'s order: a list in ascending id order (by_id) of more than 256 by
+ * the radix sort (stable: ties stay in id order), others by qsort (whose order is a total one). */
+static void rank_cands(samp_ctx *s, samp_cand *c, size_t m, int by_id) {
+    if (by_id && m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
+    if (by_id && m > 256 && s->tmp) sort_by_logit(c, s->tmp, m);
+    else qsort(c, m, sizeof *c, cmp_cand);
+}
+
+enum { RANK_BUCKETS = 2048 };
+
+/* A candidate's bucket for top-p's partial ranking: eighths of a nat below the largest logit, the
+ * last bucket holding everything further (and the NaN an infinite maxl gives). Each float step is
+ * monotone, so a larger logit never lands in a later bucket: buckets 0..B hold a prefix of the
+ * ranked order, ties never split. */
+static uint32_t rank_bucket(float maxl, float l) {
+    const float d = (maxl - l) * 8.0f;
+    return d < (float)(RANK_BUCKETS - 1) ? (uint32_t)d : RANK_BUCKETS - 1;
+}
+
+/* top-p over c[0..m) (ascending ids, m > 256): ranks only as much of the list as the cut needs and
+ * returns how many are kept, the ranked prefix whose running sum of e^(l - maxl) / z first reaches
+ * top_p (all m if none), left at the front of c. mass[b] (the e^(l - maxl) of bucket b's
+ * candidates, summed in another order) only chooses the buckets ranked first: those moved to the
+ * front in id order and sorted; if the exact running sum does not reach top_p in them, the rest
+ * is sorted behind them (every one of them ranks below every front one), so the kept prefix is
+ * the one a full sort gives, bit for bit. */
+static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, double z, const double *mass) {
+    samp_cand *c = s->cand;
+    const double top_p = s->p.top_p, want = (top_p + 1e-7) * z;
+    uint32_t nb = RANK_BUCKETS;
+    double acc = 0;
+    for (uint32_t b = 0; b < RANK_BUCKETS; b++)
+        if ((acc += mass[b]) >= want) {
+            nb = b + 1;
+            break;
+        }
+    size_t k = 0;
+    if (nb < RANK_BUCKETS && (s->tmp || (s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp)))) {
+        size_t r = 0; /* a stable partition: buckets below nb to the front */
+        for (size_t i = 0; i < m; i++) {
+            if (rank_bucket(maxl, c[i].logit) < nb) c[k++] = c[i];
+            else s->tmp[r++] = c[i];
+        }
+        memcpy(c + k, s->tmp, r * sizeof *c);
+    } else {
+        k = m;
+    }
+    rank_cands(s, c, k, 1);
+    double cum = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (i == k) rank_cands(s, c + k, m - k, 1); /* the running sum needs the rest too */
+        cum += exp((double)c[i].logit - maxl) / z;
+        if (cum >= top_p) return i + 1;
+    }
+    return m;
+}
+
+/* The probabilities at the chain's temperature T: e = exp((l - ml) / T) in double for each
+ * candidate, zt their sum in the candidates' order, p = e / zt; the logit becomes l / T. One exp
+ * each: kept in e[0..m) where given, else computed again (the same number). */
+static void chain_probs(samp_cand *c, size_t m, float ml, float T, double *e) {
+    double zt = 0;
+    for (size_t i = 0; i < m; i++) {
+        const double x = exp(((double)c[i].logit - ml) / T);
+        if (e) e[i] = x;
+        zt += x;
+    }
+    for (size_t i = 0; i < m; i++) {
+        const double x = e ? e[i] : exp(((double)c[i].logit - ml) / T);
+        c[i].p = (float)(x / zt);
+        c[i].logit /= T;
+    }
+}
+
+/* Runs the chain into s->cand[0..*n) with probabilities filled in: ranked (most probable first,
+ * then lower id) when top-k cut the list or top-p is on, else in ascending id order.
  *
  * One pass over the vocabulary: each token's logit (NaN as -inf, then its window penalties) is
  * dropped at -inf, else greedy keeps the best (larger logit, then lower id), and otherwise the
@@ -277,6 +359,15 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
                     {-1, -INFINITY, 0}, -INFINITY};
     for (uint32_t i = 0, pi = 0; i < n;) {
         const uint32_t end = pi < np ? (uint32_t)s->sorted[pi] : n;
+        if (!q.greedy && q.m < q.top) { /* filling (thr -inf): every logit > -inf kept, no branch */
+            size_t m = q.m;
+            for (; i < end && m < q.top; i++) {
+                const float l = logits[i];
+                q.cand[m] = (samp_cand){(int32_t)i, l, 0}; /* m <= i < n_vocab */
+                m += l > -INFINITY;
+            }
+            q.m = m;
+        }
         for (; i < end; i++) {
             const float l = logits[i];
             if (l > q.thr) pass_take(&q, (samp_cand){(int32_t)i, l, 0});
@@ -292,6 +383,7 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     if (q.greedy) {
         s->cand[0] = q.best;
         s->cand[0].p = 1.0f;
+        s->ranked = 1;
         *n_out = 1;
         return G5_OK;
     }
@@ -302,12 +394,17 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     float maxl = -INFINITY;
     for (size_t i = 0; i < m; i++)
         if (s->cand[i].logit > maxl) maxl = s->cand[i].logit;
-    double z = 0;
-    if (p->top_p < 1.0f)
-        for (size_t i = 0; i < m; i++) z += exp((double)s->cand[i].logit - maxl);
+    const int top_p = p->top_p < 1.0f, partial = top_p && by_id && m > 256;
+    double z = 0, mass[RANK_BUCKETS];
+    if (partial) memset(mass, 0, sizeof mass);
+    for (size_t i = 0; top_p && i < m; i++) {
+        const double e = exp((double)s->cand[i].logit - maxl);
+        z += e;
+        if (partial) mass[rank_bucket(maxl, s->cand[i].logit)] += e;
+    }
 
-    /* min-p keeps a prefix of the sorted order whatever top-p does, so it may run before the
-     * sort (which it makes cheaper) without changing the result. */
+    /* min-p keeps a prefix of the ranked order whatever top-p does, so it may run before the
+     * ranking (which it makes cheaper) without changing the result. */
     if (p->min_p > 0 && p->min_p <= 1) {
         float thr = maxl + logf(p->min_p);
         size_t k = 0;
@@ -316,39 +413,25 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
         m = k; /* the max survives: thr <= maxl */
     }
 
-    if (by_id && m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
-    if (by_id && m > 256 && s->tmp) sort_by_logit(s->cand, s->tmp, m);
-    else qsort(s->cand, m, sizeof *s->cand, cmp_cand); /* the same order (a total one) */
-
-    if (p->top_p < 1.0f) {
+    s->ranked = top_p || !by_id;
+    if (partial && m > 256) {
+        m = top_p_cut(s, m, maxl, z, mass);
+    } else if (top_p || !by_id) {
+        rank_cands(s, s->cand, m, by_id);
         double cum = 0;
-        size_t keep = m;
-        for (size_t i = 0; i < m; i++) {
+        for (size_t i = 0; top_p && i < m; i++) {
             cum += exp((double)s->cand[i].logit - maxl) / z;
             if (cum >= p->top_p) {
-                keep = i + 1;
+                m = i + 1;
                 break;
             }
         }
-        m = keep;
     }
-
-    double zt = 0;
-    float ml = s->cand[0].logit;
-    if (p->temperature == 1.0f && s->tmp) {
-        /* the two exponents below are the same number at temperature 1: one exp each, kept in
-         * the sort's scratch (as many doubles fit in it as candidates) */
-        double *e = (double *)(void *)s->tmp;
-        for (size_t i = 0; i < m; i++) zt += e[i] = exp((double)s->cand[i].logit - ml);
-        for (size_t i = 0; i < m; i++) s->cand[i].p = (float)(e[i] / zt);
-        *n_out = m;
-        return G5_OK;
-    }
-    for (size_t i = 0; i < m; i++) zt += exp(((double)s->cand[i].logit - ml) / p->temperature);
-    for (size_t i = 0; i < m; i++) {
-        s->cand[i].logit /= p->temperature;
-        s->cand[i].p = (float)(exp((double)s->cand[i].logit - ml / p->temperature) / zt);
-    }
+    /* maxl is the first ranked candidate's logit (min-p and top-p keep it) */
+    double e_small[256];
+    if (m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
+    chain_probs(s->cand, m, maxl, p->temperature,
+                m <= 256 ? e_small : s->tmp ? (double *)(void *)s->tmp : NULL);
     *n_out = m;
     return G5_OK;
 }
@@ -361,6 +444,8 @@ g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size
     size_t m;
     g5_status st = run_chain(s, logits, &m, err);
     if (st != G5_OK) return st;
+    if (!s->ranked) /* the draw's id order, shown ranked (the radix sort would take p for its keys) */
+        qsort(s->cand, m, sizeof *s->cand, cmp_cand);
     memcpy(out, s->cand, (m < cap ? m : cap) * sizeof *out);
     *n = m;
     if (m > cap)

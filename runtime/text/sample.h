@@ -10,6 +10,11 @@
  * top-p keeps the most probable tokens until their cumulative probability reaches top_p (the
  * token that crosses it included); min-p keeps tokens whose probability is at least
  * min_p * the largest probability. At least one token always survives.
+ * The draw: each survivor's probability is e / (the sum of the e in the candidates' order), with
+ * e = exp((logit - largest logit) / temperature) in double; the draw walks the candidates in
+ * order until the running sum passes r * total. The order is the ranked one (most probable
+ * first, ties: lower id first) when top-k cut the list or top-p is on, and ascending ids when
+ * nothing ranks them (no top-k cut, top-p off: OpenAI's defaults), so those draws need no sort.
  *
  * Randomness comes from our own xoshiro256** seeded through splitmix64, and the draw uses only
  * float comparisons on normalized probabilities, so a seed gives the same tokens on every
@@ -56,7 +61,8 @@ typedef struct samp_cand {
 } samp_cand;
 
 /* Runs the chain on logits[n_vocab] (not modified) without drawing: writes the surviving
- * candidates, most probable first (ties: lower id first), at most cap of them; *n receives how
+ * candidates, most probable first (ties: lower id first, whatever order the draw walks), at most
+ * cap of them; *n receives how
  * many survived. G5_ERR_BOUNDS if cap was too small; G5_ERR_INVALID_ARG if every logit is NaN or
  * -inf. Greedy mode yields the single argmax with p = 1. */
 g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size_t cap, size_t *n,
