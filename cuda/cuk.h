@@ -176,7 +176,7 @@ typedef struct cuk_norm_rope_args {
     const float *x;      /* [n_rows][ldx], ldx >= dim + n_rot */
     int64_t ldx;
     const float *w;      /* [dim] */
-    float *y;            /* [n_rows][ldy]; x itself or not overlapping it */
+    float *y;            /* [n_rows][ldy]; x itself (ldy == ldx) or not overlapping it */
     int64_t ldy;
     int64_t n_rows, dim;
     float eps;

@@ -108,7 +108,7 @@ typedef struct cuk_gemv_q8_args {
     int64_t ldy;       /* >= m */
     const void *w2;    /* cuk_gemv_q8 only: NULL, or a second matrix of w's type and shape, its product
                         * with the same x in the same launch (each row's bits as alone) */
-    float *y2;         /* with w2: its outputs [n][ldy] */
+    float *y2;         /* with w2: its outputs [n][ldy], apart from y's */
 } cuk_gemv_q8_args;
 g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
 

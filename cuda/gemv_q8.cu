@@ -288,6 +288,10 @@ extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g
     if (a->ldy < a->m) return BAD("gemv_q8: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     if (a->w2 && ((uintptr_t)a->w2 % 16 || !a->y2)) return BAD("gemv_q8: w2 not 16-byte aligned, or y2 NULL");
     if (a->w2 && 2 * a->m > (1LL << 31)) return BAD("gemv_q8: 2 x m=%lld rows outside 1..2^31", (long long)a->m);
+    if (a->w2) { /* both outputs are __restrict__: their spans [n][ldy] (m used) must not meet */
+        const int64_t span = (int64_t)(a->n - 1) * a->ldy + a->m;
+        if (a->y2 < a->y + span && a->y < a->y2 + span) return BAD("gemv_q8: y2 overlaps y");
+    }
     static_assert(CUK_Q8_MAX_N == 8, "cuk_gemv_q8: widths 1, 2, 4, 8");
     run_type<GemvL, 8>(Q8_GEMV, a->w_type, a, a->n, rb, a->k, a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());

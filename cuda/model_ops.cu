@@ -875,7 +875,7 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
     if (n_rot < 2 || n_rot % 2 || n_rot > dim) return BAD("idx_prep: n_rot=%d must be even and in 2..dim=%d", n_rot, dim);
     const cuk_rope_args r2 = {a->q2, n_tok, a->tok_stride2, a->n_head2, a->head_stride2, a->rot_off2, n_rot, theta, pos};
     if (a->q2) { /* cuk_rope's checks of the second query, and its pairs within int range */
-        if (a->n_head2 < 1 || a->rot_off2 < 0 || a->head_stride2 < a->rot_off2 + n_rot ||
+        if (a->n_head2 < 1 || a->rot_off2 < 0 || (a->n_head2 > 1 && a->head_stride2 < a->rot_off2 + n_rot) ||
             (n_tok > 1 && a->tok_stride2 < (int64_t)(a->n_head2 - 1) * a->head_stride2 + a->rot_off2 + n_rot) ||
             (int64_t)a->n_head2 * n_rot / 2 > 0x7fffffff)
             return BAD("idx_prep: q2 heads %d x %d from %d, tokens %lld apart, do not hold %d rotated elements each",

@@ -477,6 +477,8 @@ extern "C" g5_status cuk_norm_rope(const cuk_norm_rope_args *a, cuk_stream strea
     if (!(a->theta > 0.0f)) return BAD("norm_rope: theta=%g must be positive", (double)a->theta);
     if (a->x != a->y && a->x < a->y + a->n_rows * a->ldy && a->y < a->x + a->n_rows * a->ldx)
         return BAD("norm_rope: x and y overlap without being equal");
+    if (a->x == a->y && a->ldx != a->ldy && a->n_rows > 1) /* rows would overlap other rows */
+        return BAD("norm_rope: in place with ldx=%lld != ldy=%lld", (long long)a->ldx, (long long)a->ldy);
     NormTail t;
     t.pos = a->pos;
     t.n_pairs = rope_inv(a->theta, a->n_rot, &t.inv);

@@ -680,15 +680,26 @@ static glm5_db_group db_group_of(glm5_role r) {
     }
 }
 
+/* 1 if the rows of attn_k_b / attn_v_b (ne[0] elements) are ones the GPU decode reads compact:
+ * whole blocks of the type, a multiple of 32, at most 8192 (cuda's cuk_head_gemv_q_takes, which
+ * format/ cannot call). */
+static int compact_row_ok(const glm5_tensor_ref *t) {
+    const quant_type_info *q = quant_type_get(t->type);
+    const uint64_t k = t->ne[0];
+    return q && q->supported && k >= 32 && k <= 8192 && k % 32 == 0 && k % q->block_elems == 0;
+}
+
 void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint64_t n, glm5_decode_bytes *out) {
     memset(out, 0, sizeof *out);
-    /* per layer: bit 0 attn_k_b, 1 attn_v_b, 2 a kv_b that is not F32 */
+    /* per layer: bit 0 attn_k_b, 1 attn_v_b, 2 a kv_b that is not F32, 3 a k_b or v_b whose rows
+     * the GPU's compact kernel does not take */
     uint8_t pair[GLM5_MAX_LAYERS] = {0};
     for (uint64_t i = 0; i < n; i++) {
         int32_t l;
         const glm5_role r = glm5_classify(t[i].name, &l);
         if (l < 0 || (uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS) continue;
-        pair[l] |= r == GLM5_ROLE_ATTN_K_B ? 1 : r == GLM5_ROLE_ATTN_V_B ? 2
+        pair[l] |= r == GLM5_ROLE_ATTN_K_B ? (compact_row_ok(&t[i]) ? 1 : 8)
+                 : r == GLM5_ROLE_ATTN_V_B ? (compact_row_ok(&t[i]) ? 2 : 8)
                  : r == GLM5_ROLE_ATTN_KV_B && t[i].type != QT_F32 ? 4 : 0;
     }
     for (uint64_t i = 0; i < n; i++) {
@@ -696,7 +707,7 @@ void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint
         const glm5_role r = glm5_classify(t[i].name, &l);
         if (r == GLM5_ROLE_UNKNOWN || (l >= 0 && ((uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS))) continue;
         if (l >= 0 && glm5_role_is_indexer(r) && !glm5_layer_has_indexer(hp, (uint32_t)l)) continue;
-        const int compact = l >= 0 && (pair[l] & 7) == 3;
+        const int compact = l >= 0 && (pair[l] & 15) == 3;
         double b = (double)t[i].nbytes;
         if (r == GLM5_ROLE_ATTN_K_B || r == GLM5_ROLE_ATTN_V_B) {
             if (!compact) continue;

@@ -221,7 +221,8 @@ typedef struct glm5_tensor_ref {
 typedef struct glm5_decode_bytes {
     double group[GLM5_DB_COUNT];
     double total;        /* every group but GLM5_DB_NEXTN */
-    uint32_t n_compact;  /* layers read through the compact k_b/v_b pair */
+    uint32_t n_compact;  /* layers read through the compact k_b/v_b pair (F32 kv_b beside it, and
+                          * rows the GPU's compact kernel takes: whole blocks, 32..8192, k % 32) */
     uint32_t n_kv_b_f32; /* layers read through a float32 kv_b */
 } glm5_decode_bytes;
 

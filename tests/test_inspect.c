@@ -500,11 +500,47 @@ static void test_corrupt(const char *dir) {
     free(img);
 }
 
+/* The compact k_b/v_b pair counts only where the GPU's compact kernel takes its rows (whole
+ * blocks, a multiple of 32, at most 8192) and kv_b is float32; else the float32 kv_b is what a
+ * decode token reads. */
+static void test_decode_bytes_compact_rule(void) {
+    glm5_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.n_layer = hp.n_layer_main = 1;
+    hp.n_expert = 8;
+    hp.n_expert_used = 2;
+    static const struct { uint32_t kb, vb, kvb; uint64_t kb_k, vb_k; int compact; } c[] = {
+        {QT_Q5_0, QT_Q6_K, QT_F32, 192, 512, 1},  /* the oracle's */
+        {QT_Q4_K, QT_Q6_K, QT_F32, 192, 512, 0},  /* 192 is no whole number of Q4_K blocks */
+        {QT_Q8_0, QT_Q8_0, QT_F32, 48, 512, 0},   /* 48 is no multiple of 32 */
+        {QT_Q8_0, QT_Q8_0, QT_F32, 192, 16384, 0}, /* over 8192 */
+        {QT_Q5_0, QT_Q6_K, QT_Q8_0, 192, 512, 0}, /* kv_b not float32 */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        const glm5_tensor_ref t[] = {
+            {"blk.0.attn_q_a.weight", QT_Q8_0, {64, 32, 1, 1}, 1000},
+            {"blk.0.attn_kv_b.weight", c[i].kvb, {512, 1792, 1, 1}, 512 * 1792 * 4},
+            {"blk.0.attn_k_b.weight", c[i].kb, {c[i].kb_k, 512, 4, 1}, 5000},
+            {"blk.0.attn_v_b.weight", c[i].vb, {c[i].vb_k, 256, 4, 1}, 6000},
+        };
+        glm5_decode_bytes db;
+        glm5_decode_bytes_of(&hp, t, 4, &db);
+        const double want = 1000 + (c[i].compact ? 11000.0 : 512.0 * 1792 * 4);
+        T_CHECK(db.n_compact == (uint32_t)c[i].compact && db.n_kv_b_f32 == (uint32_t)!c[i].compact &&
+                    fabs(db.total - want) < 1e-6,
+                "decode bytes, k_b %s k=%llu, v_b %s k=%llu, kv_b %s: compact %u, f32 %u, %.0f bytes (want %d, %.0f)",
+                quant_type_name(c[i].kb), (unsigned long long)c[i].kb_k, quant_type_name(c[i].vb),
+                (unsigned long long)c[i].vb_k, quant_type_name(c[i].kvb), db.n_compact, db.n_kv_b_f32, db.total,
+                c[i].compact, want);
+    }
+}
+
 int main(void) {
     json_t *ref = load_json(t_shared("oracle/glm5-tiny/dequant_reference.json"));
     T_CHECK(ref != NULL, "dequant_reference.json loads");
     const char *dir = t_tmpdir();
     char *d = strdup(dir);
+    test_decode_bytes_compact_rule();
     test_oracle_report(ref);
     test_cli_json(ref);
     if (ref) test_dump(d, ref);

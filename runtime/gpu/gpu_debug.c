@@ -191,9 +191,16 @@ static g5_status prof_replay(rt_gpu_model *g, const fplan *pl, g5_error *err) {
     }
     for (uint32_t r = 0; r < g->T; r++) {
         rk = &g->rk[r];
-        CK(gm_norm_x(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, err));
+        /* as gm_forward_device: a one-token step's final norm writes the head's int8 input */
+        const int h8 = n == 1 && rk->head_write ? gm_q8_takes(rk, &rk->head, 1) : 0;
+        CK(gm_norm_x_q8(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, h8, &rk->head_q8, err));
         PMARK("step", "output_norm (+ residual add)");
-        if (rk->head_write) CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg, rk->head.m, err));
+        if (rk->head_write && rk->head_q8.q) {
+            const cuk_q8_act x = gm_q8_rows(&rk->head_q8, 0);
+            CK(gm_gemv_q8_in(rk, &rk->head, &x, 1, rk->lg, rk->head.m, err));
+        } else if (rk->head_write) {
+            CK(gm_gemv_q8(rk, &rk->head, rk->h + (uint64_t)(n - 1) * E, (int64_t)E, 1, rk->lg, rk->head.m, err));
+        }
         PMARK("step", "lm_head gemv");
     }
     return G5_OK;

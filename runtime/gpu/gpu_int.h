@@ -165,8 +165,10 @@ struct rt_gpu_model {
     int has_mtp;                     /* the CPU model has a NextN block: set up on every rank */
     struct gm_graph *graph;          /* the decode step's CUDA graph (opts.cuda_graph; gpu_graph.c) */
     int32_t *amh_i;                  /* out->argmax: [T][rows] each rank's argmax column (global) */
-    float *amh_v;                    /* and its logit, copied from rk->ami / amv (host) */
+    float *amh_v;                    /* and its logit, copied from rk->ami / amv (host; one
+                                      * allocation from amh_i, page-locked unless amh_paged) */
     uint64_t amh_cap;                /* rows of T entries they hold */
+    int amh_paged;                   /* the page-locked allocation failed: malloc'ed */
     uint32_t graph_bound;            /* 0, or while gm_forward_graph captures a one-token step: the
                                         attention stage takes its position from rk->pos (pl->pos0
                                         is only the capturing step's), writes the caches through

@@ -160,11 +160,12 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
     const uint64_t E = hp->n_embd, KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
     const uint64_t kvb_rows = (uint64_t)c->H_l * (NOPE + V);
     const uint32_t NL = hp->n_layer_main + (g->has_mtp ? 1 : 0); /* the NextN layer last */
-    /* extras arena: every vector and a float32 kv_b per layer, each 256-byte aligned */
+    /* extras arena: every vector, and a float32 kv_b for each layer whose kv_b is not float32
+     * already, each 256-byte aligned */
     uint64_t cap = up256(E * 4) + 256 + (g->has_mtp ? GM_MTP_EXTRA_BYTES(E) : 0);
     for (uint32_t il = 0; il < NL; il++)
         cap += up256(E * 4) * 2 + up256(hp->q_lora * 4) + up256(KL * 4) + up256(hp->idx_head_dim * 4) * 2 +
-               up256((uint64_t)hp->n_expert * 4) + up256(kvb_rows * KL * 4);
+               up256((uint64_t)hp->n_expert * 4) + (c->layers[il].kv_b.type == QT_F32 ? 0 : up256(kvb_rows * KL * 4));
     CUK_CHECK(cudaSetDevice(rk->dev));
     CUK_CHECK(cudaMalloc((void **)&rk->xmem, cap));
     rk->xcap = cap;
@@ -406,6 +407,8 @@ static void free_work(gl_rank *rk) {
     rk->sc_cap = 0;
 }
 
+static void argmax_free(rt_gpu_model *g);
+
 void rt_gpu_model_free(rt_gpu_model *g) {
     if (!g) return;
     /* ranks sharing a device share rank 0's stream: only owners touch (and destroy) a stream */
@@ -415,8 +418,7 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         if (rk->own_stream) cudaStreamSynchronize(rk->st);
     }
     gm_graph_free(g);
-    free(g->amh_i);
-    free(g->amh_v);
+    argmax_free(g);
     rt_gpu_seq_free(g->def);
     for (uint32_t r = 0; g->rk && r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
@@ -1122,15 +1124,27 @@ static void argmax_combine(const rt_gpu_model *g, uint32_t rows, int32_t *ids, f
     }
 }
 
-/* The host staging of out->argmax for `rows` rows of every rank. */
+static void argmax_free(rt_gpu_model *g) {
+    if (g->amh_paged) free(g->amh_i);
+    else rt_gpu_host_free(g->amh_i);
+    g->amh_i = NULL;
+    g->amh_v = NULL;
+    g->amh_cap = 0;
+}
+
+/* The host staging of out->argmax for `rows` rows of every rank: page-locked, since a copy into
+ * pageable memory returns only when done, which would hold each rank's head launches until the
+ * rank before it had finished (malloc'ed if the driver has no page-locked memory to give). */
 static g5_status argmax_room(rt_gpu_model *g, uint32_t rows, g5_error *err) {
     const uint64_t need = (uint64_t)rows * g->T;
     if (need <= g->amh_cap) return G5_OK;
-    int32_t *i = realloc(g->amh_i, need * sizeof *i);
-    if (i) g->amh_i = i;
-    float *v = i ? realloc(g->amh_v, need * sizeof *v) : NULL;
-    if (v) g->amh_v = v;
-    if (!i || !v) return g5_fail(err, G5_ERR_NOMEM, "argmax staging for %u rows", rows);
+    argmax_free(g);
+    const size_t bytes = (size_t)need * (sizeof *g->amh_i + sizeof *g->amh_v);
+    void *p = rt_gpu_host_alloc(bytes);
+    g->amh_paged = !p;
+    if (!p && !(p = malloc(bytes))) return g5_fail(err, G5_ERR_NOMEM, "argmax staging for %u rows", rows);
+    g->amh_i = p;
+    g->amh_v = (float *)(void *)(g->amh_i + need);
     g->amh_cap = need;
     return G5_OK;
 }
@@ -1228,13 +1242,18 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
         g->rk[r].batch_rows = pl->n_seg > 1;
         g->rk[r].multi = multi;
     }
-    CK(graph ? gm_forward_graph(g, pl, bound, out, err) : gm_forward_device(g, pl, out, 0, err));
+    const g5_status fst = graph ? gm_forward_graph(g, pl, bound, out, err) : gm_forward_device(g, pl, out, 0, err);
     for (uint32_t r = 0; r < g->T; r++) {
         g->rk[r].batch_rows = 0;
         g->rk[r].multi = 0;
+        if (fst != G5_OK) { /* copies already queued into the caller's (page-locked) rows end first */
+            if (cudaSetDevice(g->rk[r].dev) == cudaSuccess) (void)cudaStreamSynchronize(g->rk[r].st);
+            continue;
+        }
         CUK_CHECK(cudaSetDevice(g->rk[r].dev));
         CUK_CHECK(cudaStreamSynchronize(g->rk[r].st));
     }
+    if (fst != G5_OK) return fst;
     /* several processes: each wrote only its ranks' vocabulary columns */
     if (out && out->logits) CK(gm_coll_gather_logits(g, out->logits, out->all_logits ? n : 1, err));
     if (out && out->argmax) {

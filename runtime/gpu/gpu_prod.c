@@ -148,7 +148,7 @@ g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, 
                        g5_error *err) {
     const cuk_stream cs = (cuk_stream)rk->st;
     const int q8 = planes == 2 ? gm_q8x2_takes(rk, W, n) : gm_q8_takes(rk, W, n);
-    if (!q8 || F % (32 * planes)) {
+    if (!q8 || F % 64) { /* gm_q8_buf's scale rows (F / 16 a plane) keep 16-byte alignment */
         CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
         return planes == 2 ? gm_gemv_q8x2(rk, W, rk->ga, F, n, y, ldy, err) : gm_gemv_q8(rk, W, rk->ga, F, n, y, ldy, err);
     }

@@ -565,6 +565,14 @@ static void test_refusals(void) {
     a.x.planes = 3;
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "planes"), "refused: planes 3 (%s)", err.msg);
     a.x.planes = 1;
+    a.w2 = w;
+    a.y2 = y + 3; /* y's row is 4 floats */
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "overlaps"), "refused: y2 overlapping y (%s)",
+            err.msg);
+    a.y2 = y + 4;
+    T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_OK, "y2 right after y's one row: launched (%s)", err.msg);
+    a.w2 = NULL;
+    a.y2 = NULL;
     a.k = 320;
     T_CHECK(cuk_gemv_q8(&a, NULL, &err) == G5_ERR_INVALID_ARG, "refused: Q4_K k=320 (%s)", err.msg);
     const cuk_q8_quantize_args qa = {dx, 48, 48, 1, q, 48, ds, 4, 1};

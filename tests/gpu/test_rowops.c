@@ -336,10 +336,15 @@ static void test_norm_rope(void) {
             ok = ok && cuk_rope(&(cuk_rope_args){dy0, n, W, 1, W, dim, R, theta, dpos}, NULL, &e) == G5_OK;
             ok = ok && cuk_norm_rope(&(cuk_norm_rope_args){dx1, W, dw, dy1, W, n, dim, 1e-5f, R, theta, dpos}, NULL, &e) == G5_OK;
             T_CHECK(ok, "norm_rope dim=%lld: %s", (long long)dim, e.msg);
-            const int same = same_dev(dy0, dy1, N);
+            const int same = same_dev(dy0, dy1, N) && (inplace || same_dev(dx0, dx1, N)); /* x untouched */
             T_CHECK(same, "norm_rope dim=%lld rot=%lld n=%lld in place %d: not the separate launches' bits", (long long)dim,
                     (long long)R, (long long)n, inplace);
             cases += same;
+            if (inplace && n > 1) {
+                const g5_status rs = cuk_norm_rope(&(cuk_norm_rope_args){dx1, W, dw, dx1, W + 2, n - 1, dim, 1e-5f, R, theta,
+                                                                         dpos}, NULL, &e);
+                T_CHECK(rs == G5_ERR_INVALID_ARG && strstr(e.msg, "ldx"), "norm_rope refused: in place, ldy != ldx (%s)", e.msg);
+            }
             free(hx), free(hw);
             cudaFree(dx0), cudaFree(dx1), cudaFree(dw), cudaFree(dy0), cudaFree(dpos);
             if (!inplace) cudaFree(dy1);
