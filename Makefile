@@ -5,7 +5,7 @@
 CC       ?= gcc
 BUILD    ?= build
 OPT      ?= -O2
-CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread -I. -MMD -MP $(EXTRA_CFLAGS)
+CFLAGS   := -std=c11 -D_GNU_SOURCE -ffp-contract=off $(OPT) -g -Wall -Wextra -Werror -pthread -I. -MMD -MP $(EXTRA_CFLAGS)
 LDFLAGS  := -pthread $(EXTRA_LDFLAGS)
 LDLIBS   := -lxxhash -lzstd -lpcre2-8 -ljansson -lm
 
@@ -136,7 +136,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_BINS := $(patsubst fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
 build/fuzz/%: fuzz/%.c $(FORMAT_SRC) $(CONVERT_SRC) $(RUNTIME_SRC)
 	@mkdir -p $(dir $@)
-	clang -std=c11 -D_GNU_SOURCE -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $^ $(LDLIBS) -pthread -o $@
+	clang -std=c11 -D_GNU_SOURCE -ffp-contract=off -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $^ $(LDLIBS) -pthread -o $@
 fuzz: $(FUZZ_BINS)
 	@set -e; for f in $(FUZZ_BINS); do \
 	  name=$$(basename $$f); mkdir -p build/fuzz/corpus-$$name; \

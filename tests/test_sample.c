@@ -4,6 +4,7 @@
 #include "tests/test_util.h"
 
 #include "runtime/text/sample.h"
+#include "format/det_exp.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -459,6 +460,8 @@ typedef struct ref_cand {
     float logit, p;
 } ref_cand;
 
+__extension__ typedef unsigned __int128 ref_u128;
+
 static int ref_better(const ref_cand *a, const ref_cand *b) {
     return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
 }
@@ -475,7 +478,7 @@ static int ref_cmp_i32(const void *a, const void *b) {
  * entries), into c[0..n) in the order the draw walks; returns their count (0: every logit NaN or
  * -inf). */
 static size_t ref_chain(const samp_params *p, const float *logits, uint32_t n, const int32_t *hist, size_t nh,
-                        ref_cand *c) {
+                        ref_cand *c, uint64_t *mass, uint64_t *total) {
     for (uint32_t i = 0; i < n; i++) c[i] = (ref_cand){(int32_t)i, isnan(logits[i]) ? -INFINITY : logits[i], 0};
     size_t w = nh < (size_t)p->repeat_last_n ? nh : (size_t)p->repeat_last_n;
     if (w && !(p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)) {
@@ -527,38 +530,45 @@ static size_t ref_chain(const samp_params *p, const float *logits, uint32_t n, c
         }
         m = k;
     }
+    const int ranked = (p->top_k > 0 && (size_t)p->top_k < n_finite) || p->top_p < 1.0f;
+    if (ranked) qsort(c, m, sizeof *c, ref_cmp);
     float maxl = -INFINITY;
     for (size_t i = 0; i < m; i++)
         if (c[i].logit > maxl) maxl = c[i].logit;
-    double z = 0;
-    for (size_t i = 0; i < m; i++) z += exp((double)c[i].logit - maxl);
+    /* masses: weight e^((l - maxl) / T) (1 at maxl) times 2^(63 - bit length of n), truncated */
+    int bits = 0;
+    while ((n >> bits) != 0) bits++;
+    const double scale = ldexp(1.0, 63 - bits);
+#define REF_W(l, T) ((l) == maxl ? 1.0 : dx_exp_neg(((double)(l) - (double)maxl) / (double)(T)))
+    uint64_t z = 0;
+    for (size_t i = 0; i < m; i++) z += (uint64_t)(REF_W(c[i].logit, 1.0f) * scale);
     if (p->min_p > 0 && p->min_p <= 1) {
-        float thr = maxl + logf(p->min_p);
         size_t k = 0;
         for (size_t i = 0; i < m; i++)
-            if (c[i].logit >= thr) c[k++] = c[i];
+            if (REF_W(c[i].logit, 1.0f) >= (double)p->min_p) c[k++] = c[i];
         m = k;
     }
-    const int by_id = !(p->top_k > 0 && (size_t)p->top_k < n_finite);
-    if (!by_id || p->top_p < 1.0f) qsort(c, m, sizeof *c, ref_cmp);
-    if (p->top_p < 1.0f) {
-        double cum = 0;
-        size_t keep = m;
+    if (p->top_p < 1.0f) { /* the first prefix with cum >= top_p z, compared exactly as cum 2^sh >= a z
+                            * (top_p = a 2^-sh; sh <= 64 for every top_p >= 2^-40) */
+        int e;
+        const uint64_t a = (uint64_t)ldexpf(frexpf(p->top_p, &e), 24);
+        const int sh = 24 - e;
+        uint64_t cum = 0;
         for (size_t i = 0; i < m; i++) {
-            cum += exp((double)c[i].logit - maxl) / z;
-            if (cum >= p->top_p) {
-                keep = i + 1;
+            cum += (uint64_t)(REF_W(c[i].logit, 1.0f) * scale);
+            if (!(p->top_p > 0) || (sh <= 64 && ((ref_u128)cum << sh) >= (ref_u128)a * z)) {
+                m = i + 1;
                 break;
             }
         }
-        m = keep;
     }
-    double zt = 0;
-    for (size_t i = 0; i < m; i++) zt += exp(((double)c[i].logit - maxl) / p->temperature);
+    *total = 0;
+    for (size_t i = 0; i < m; i++) *total += mass[i] = (uint64_t)(REF_W(c[i].logit, p->temperature) * scale);
     for (size_t i = 0; i < m; i++) {
-        c[i].p = (float)(exp(((double)c[i].logit - maxl) / p->temperature) / zt);
+        c[i].p = (float)((double)mass[i] / (double)*total);
         c[i].logit /= p->temperature;
     }
+#undef REF_W
     return m;
 }
 
@@ -572,9 +582,10 @@ static void test_chain_equals_definition(void) {
     enum { NV = 3000, CASES = 600 };
     float *l = malloc(NV * sizeof *l);
     ref_cand *rc = malloc(NV * sizeof *rc);
+    uint64_t *rmass = malloc(NV * sizeof *rmass);
     samp_cand *got = malloc(NV * sizeof *got);
     int bad = 0, n_err_same = 0, draw_same = 0;
-    for (int c = 0; c < CASES && l && rc && got; c++) {
+    for (int c = 0; c < CASES && l && rc && got && rmass; c++) {
         const uint32_t n = 1 + (uint32_t)(urand() * (c % 3 == 0 ? 40 : NV - 1));
         const int kind = c % 5; /* 0 random, 1 coarse (ties), 2 some NaN/inf, 3 mostly -inf, 4 all -inf */
         for (uint32_t i = 0; i < n; i++) {
@@ -597,7 +608,8 @@ static void test_chain_equals_definition(void) {
         int32_t hist[200];
         const size_t nh = (size_t)(urand() * 200);
         for (size_t i = 0; i < nh; i++) hist[i] = (int32_t)(urand() * (n + 4)) - 2; /* a few out of range */
-        const size_t want = ref_chain(&p, l, n, hist, nh, rc);
+        uint64_t total = 0;
+        const size_t want = ref_chain(&p, l, n, hist, nh, rc, rmass, &total);
         samp_ctx *s = NULL, *d = NULL, *u = NULL;
         size_t m = 0;
         int32_t drawn = -1;
@@ -613,18 +625,18 @@ static void test_chain_equals_definition(void) {
             bad += st != G5_ERR_INVALID_ARG || sd != G5_ERR_INVALID_ARG;
             continue;
         }
-        /* the draw scans the chain's order (rc's): ranked, or ids ascending when nothing ranks */
-        int32_t want_id = rc[want - 1].id;
+        /* the draw walks the chain's order (rc's): the first whose running mass passes
+         * floor(r total), r = k / 2^53 */
+        int32_t want_id = rc[0].id;
         if (want > 1) {
-            double sum = 0, cum = 0;
-            for (size_t i = 0; i < want; i++) sum += rc[i].p;
+            const uint64_t k = (uint64_t)ldexp(r, 53);
+            const uint64_t t = (uint64_t)(((ref_u128)k * total) >> 53);
+            uint64_t cum = 0;
             for (size_t i = 0; i < want; i++)
-                if (r * sum < (cum += rc[i].p)) {
+                if (t < (cum += rmass[i])) {
                     want_id = rc[i].id;
                     break;
                 }
-        } else {
-            want_id = rc[0].id;
         }
         draw_same += sd == G5_OK && drawn == want_id;
         qsort(rc, want, sizeof *rc, ref_cmp); /* samp_candidates lists them ranked */
@@ -639,7 +651,7 @@ static void test_chain_equals_definition(void) {
     }
     T_CHECK(bad == 0 && n_err_same > 0, "the chain equals its written-out definition bit for bit: %d of %d cases "
             "differ (%d all-dropped cases refused alike, %d draws equal)", bad, CASES, n_err_same, draw_same);
-    free(l), free(rc), free(got);
+    free(l), free(rc), free(got), free(rmass);
 }
 
 /* samp_is_argmax: where it says 1, samp_sample's token is cuk_argmax's rule applied to the logits
@@ -685,7 +697,125 @@ static void test_is_argmax(void) {
     samp_free(b);
 }
 
+/* dx_exp_neg (format/det_exp.h), the weights' exp: these bits on every host and on the GPU
+ * (recorded from this implementation; gcc -O0 / -O2 and clang give them alike), within 3 ulp of
+ * libm's exp over [-708, 0], 0 below and for NaN, 1 at 0. */
+static void test_det_exp(void) {
+    static const struct { double x; uint64_t bits; } gold[] = {
+        {-0x1.641db6ca2c08ap-7, 0x3fefa773f86cad98ull}, {-0x1p-1, 0x3fe368b2fc6f960bull},
+        {-0x1p+0, 0x3fd78b56362cef38ull}, {-0x1.26bb1bbb55516p+1, 0x3fb9999999999998ull},
+        {-0x1.48p+3, 0x3f02899a7a835446ull}, {-0x1.f19999999999ap+4, 0x3d218904a8660eb3ull},
+        {-0x1.9p+6, 0x36ea8c1f14e2af5eull}, {-0x1.eb73b645a1cacp+8, 0x139fa939f3d2f13eull},
+        {-0x1.61f3333333333p+9, 0x001a4904f4342895ull},
+    };
+    int same = 0;
+    for (size_t i = 0; i < sizeof gold / sizeof gold[0]; i++) {
+        const double v = dx_exp_neg(gold[i].x);
+        uint64_t b;
+        memcpy(&b, &v, sizeof b);
+        same += b == gold[i].bits;
+    }
+    T_CHECK(same == (int)(sizeof gold / sizeof gold[0]), "dx_exp_neg: %d of %zu recorded values", same,
+            sizeof gold / sizeof gold[0]);
+    double worst = 0;
+    for (int i = 0; i <= 200000; i++) {
+        const double x = i % 2 ? -708.0 * i / 200000.0 : -12.0 * i / 200000.0, a = dx_exp_neg(x), e = exp(x);
+        const double u = fabs(a - e) / (nextafter(e, INFINITY) - e);
+        if (u > worst) worst = u;
+    }
+    T_CHECK(worst <= 3.0, "dx_exp_neg within %.1f ulp of exp over [-708, 0]", worst);
+    T_CHECK(dx_exp_neg(0.0) == 1.0 && dx_exp_neg(-0.0) == 1.0 && dx_exp_neg(-709.0) == 0.0 && dx_exp_neg(NAN) == 0.0 &&
+                dx_exp_neg(-INFINITY) == 0.0,
+            "dx_exp_neg: 1 at 0, 0 below -708, for NaN and -inf");
+}
+
+/* samp_device_row: where it says 1, the device's arithmetic (written out here from the contract
+ * of cuda/cuk_sample.h: raw logits, NaN as -inf, the argmax for greedy rows, else dx_mass over
+ * every id with min-p by dx_min_p_keeps, r = floor(k total / 2^53), the first id in ascending
+ * order whose running mass passes r) gives samp_sample's token on a twin sampler, draw after
+ * draw (so the random streams stay together); where it says 0 (top-k cut, top-p, penalties in
+ * force) nothing is taken from the stream. */
+static void test_device_row(void) {
+    enum { V = 700 };
+    float l[V];
+    int bad = 0, said = 0, refused = 0;
+    for (int c = 0; c < 300; c++) {
+        samp_params p = base();
+        p.seed = (uint64_t)c * 7919;
+        p.temperature = c % 9 == 0 ? 0.0f : (float)(0.3 + urand() * 1.4);
+        p.min_p = urand() < 0.5 ? 0.0f : (float)(urand() * 0.5);
+        const int kind = c % 6; /* 4: top-k cut, 5: top-p or penalties: the host's */
+        p.top_k = kind == 4 ? 20 : kind == 3 ? V : 0;
+        p.top_p = kind == 5 && c % 2 ? 0.9f : 1.0f;
+        p.repeat_last_n = 8;
+        p.repeat_penalty = kind == 5 && c % 2 == 0 ? 1.3f : 1.0f;
+        samp_ctx *a = NULL, *b = NULL;
+        if (samp_create(&p, V, &a, NULL) || samp_create(&p, V, &b, NULL)) {
+            bad++;
+            samp_free(a);
+            continue;
+        }
+        samp_accept(a, 5), samp_accept(b, 5);
+        for (int d = 0; d < 4; d++) {
+            for (int i = 0; i < V; i++) {
+                const double u = urand();
+                l[i] = u < 0.02 ? NAN : u < 0.05 ? -INFINITY : (float)(urand() * 24 - 12);
+            }
+            if (c % 50 == 7 && d == 1)
+                for (int i = 0; i < V; i++) l[i] = -INFINITY; /* refused alike */
+            samp_dev_row row;
+            const int dev = samp_device_row(a, &row);
+            int32_t want = -1, got = -1;
+            const g5_status st = samp_sample(b, l, &want, NULL);
+            if (!dev) { /* nothing taken: a's own draw is b's */
+                int32_t x = -1;
+                const g5_status sa = samp_sample(a, l, &x, NULL);
+                bad += kind < 4 || sa != st || (!st && x != want);
+                if (!st) samp_accept(a, want), samp_accept(b, want);
+                continue;
+            }
+            said++;
+            float maxl = -INFINITY;
+            int32_t best = -1;
+            for (int i = 0; i < V; i++)
+                if (l[i] > maxl) maxl = l[i], best = i;
+            if (row.temperature <= 0) {
+                got = best;
+            } else if (best >= 0) {
+                const int K = dx_mass_bits(V);
+                const double scale = ldexp(1.0, K), xmin = dx_mass_xmin(K);
+                uint64_t total = 0, mass[V];
+                for (int i = 0; i < V; i++) {
+                    const float x = l[i] != l[i] ? -INFINITY : l[i];
+                    mass[i] = row.min_p > 0 && !dx_min_p_keeps(x, maxl, row.min_p, row.lmin) ? 0
+                              : dx_mass(x, maxl, row.temperature, scale, xmin);
+                    total += mass[i];
+                }
+                const uint64_t r = (uint64_t)(((ref_u128)row.k * total) >> 53);
+                uint64_t cum = 0;
+                for (int i = 0; i < V && got < 0; i++)
+                    if (r < (cum += mass[i])) got = i;
+            }
+            if (got < 0) { /* a refused request ends (the device took its number, the host did not) */
+                refused += st == G5_ERR_INVALID_ARG;
+                bad += st != G5_ERR_INVALID_ARG;
+                break;
+            }
+            if (st != G5_OK || got != want)
+                printf("  device row %d/%d: temp %g min_p %g top_k %d: device %d, host %d (%s)\n", c, d, p.temperature,
+                       p.min_p, p.top_k, got, want, g5_strerror(st));
+            bad += st != G5_OK || got != want;
+            samp_accept(a, want), samp_accept(b, want);
+        }
+        samp_free(a), samp_free(b);
+    }
+    T_CHECK(bad == 0 && said > 500 && refused > 0, "samp_device_row: the device's arithmetic draws samp_sample's token "
+            "(%d rows, %d refused alike, %d differ)", said, refused, bad);
+}
+
 int main(void) {
+    test_det_exp();
+    test_device_row();
     test_chain_equals_definition();
     test_greedy();
     test_is_argmax();

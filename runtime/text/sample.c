@@ -1,6 +1,8 @@
 /* Sampling chain and stop strings. Semantics are documented in sample.h. */
 #include "runtime/text/sample.h"
 
+#include "format/det_exp.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,12 @@ struct samp_ctx {
     uint32_t *pen_n;   /* [hist_cap] occurrences of sorted[i]'s id in the window (penalties) */
     uint32_t hist_cap, hist_n, hist_head;
     int ranked;        /* the last chain left cand ranked (else in ascending id order) */
+    double scale;      /* 2^K: weights to masses (run_chain) */
+    double xmin;       /* -K ln2 - 1e-6: exponents whose mass is certainly 0 */
+    uint64_t *mass;    /* [n_vocab] once a list of over 256 is weighed */
+    uint64_t *mw;      /* the last chain's masses, cand's order: mass or mass_small */
+    uint64_t total;    /* their sum */
+    uint64_t mass_small[256];
 };
 
 void samp_params_default(samp_params *p) {
@@ -77,6 +85,9 @@ g5_status samp_create(const samp_params *p, uint32_t n_vocab, samp_ctx **out, g5
     if (!s) return g5_fail(err, G5_ERR_NOMEM, "samp_create: out of memory");
     s->p = *p;
     s->n_vocab = n_vocab;
+    const int k = dx_mass_bits(n_vocab);
+    s->scale = ldexp(1.0, k);
+    s->xmin = dx_mass_xmin(k);
     s->hist_cap = (uint32_t)p->repeat_last_n;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     if (s->hist_cap) {
@@ -97,6 +108,7 @@ void samp_free(samp_ctx *s) {
     if (!s) return;
     free(s->cand);
     free(s->tmp);
+    free(s->mass);
     free(s->qp);
     free(s->hist);
     free(s->sorted);
@@ -275,6 +287,27 @@ static void rank_cands(samp_ctx *s, samp_cand *c, size_t m, int by_id) {
     else qsort(c, m, sizeof *c, cmp_cand);
 }
 
+/* ---- weights and masses (format/det_exp.h: dx_mass, dx_min_p_keeps) ----
+ * Sums of masses are exact in any order: top-p's running sum and the draw compare integers. */
+
+static uint64_t cand_mass(const samp_ctx *s, float l, float maxl, float T) {
+    return dx_mass(l, maxl, T, s->scale, s->xmin);
+}
+
+__extension__ typedef unsigned __int128 samp_u128;
+
+/* The least integer >= top_p * z, exactly: top_p = a * 2^-sh with a the float's 24-bit mantissa. */
+static uint64_t top_p_need(float top_p, uint64_t z) {
+    if (!(top_p > 0)) return 0;
+    int e;
+    const float f = frexpf(top_p, &e); /* top_p = f 2^e, f in [0.5, 1), e <= 0 below 1 */
+    const uint64_t a = (uint64_t)ldexpf(f, 24);
+    const int sh = 24 - e;
+    const samp_u128 prod = (samp_u128)a * z; /* < 2^87 */
+    if (sh >= 88) return prod ? 1 : 0;
+    return (uint64_t)((prod + (((samp_u128)1 << sh) - 1)) >> sh);
+}
+
 enum { RANK_BUCKETS = 2048 };
 
 /* A candidate's bucket for top-p's partial ranking: eighths of a nat below the largest logit, the
@@ -287,19 +320,18 @@ static uint32_t rank_bucket(float maxl, float l) {
 }
 
 /* top-p over c[0..m) (ascending ids, m > 256): ranks only as much of the list as the cut needs and
- * returns how many are kept, the ranked prefix whose running sum of e^(l - maxl) / z first reaches
- * top_p (all m if none), left at the front of c. mass[b] (the e^(l - maxl) of bucket b's
- * candidates, summed in another order) only chooses the buckets ranked first: those moved to the
- * front in id order and sorted; if the exact running sum does not reach top_p in them, the rest
- * is sorted behind them (every one of them ranks below every front one), so the kept prefix is
- * the one a full sort gives, bit for bit. */
-static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, double z, const double *mass) {
+ * returns how many are kept, the ranked prefix whose running sum of masses at temperature 1 first
+ * reaches need (all m if none), left at the front of c. mass[b] (bucket b's masses, min-p's
+ * dropped candidates included) chooses the buckets ranked first: those moved to the front in id
+ * order and sorted. If min-p dropped some of their mass, the running sum may not reach need there;
+ * the rest is then sorted behind them (every one of them ranks below every front one), so the kept
+ * prefix is the one a full sort gives. */
+static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, uint64_t need, const uint64_t *mass) {
     samp_cand *c = s->cand;
-    const double top_p = s->p.top_p, want = (top_p + 1e-7) * z;
     uint32_t nb = RANK_BUCKETS;
-    double acc = 0;
+    uint64_t acc = 0;
     for (uint32_t b = 0; b < RANK_BUCKETS; b++)
-        if ((acc += mass[b]) >= want) {
+        if ((acc += mass[b]) >= need) {
             nb = b + 1;
             break;
         }
@@ -315,43 +347,27 @@ static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, double z, const doubl
         k = m;
     }
     rank_cands(s, c, k, 1);
-    double cum = 0;
+    uint64_t cum = 0;
     for (size_t i = 0; i < m; i++) {
         if (i == k) rank_cands(s, c + k, m - k, 1); /* the running sum needs the rest too */
-        cum += exp((double)c[i].logit - maxl) / z;
-        if (cum >= top_p) return i + 1;
+        cum += cand_mass(s, c[i].logit, maxl, 1.0f);
+        if (cum >= need) return i + 1;
     }
     return m;
 }
 
-/* The probabilities at the chain's temperature T: e = exp((l - ml) / T) in double for each
- * candidate, zt their sum in the candidates' order, p = e / zt; the logit becomes l / T. One exp
- * each: kept in e[0..m) where given, else computed again (the same number). */
-static void chain_probs(samp_cand *c, size_t m, float ml, float T, double *e) {
-    double zt = 0;
-    for (size_t i = 0; i < m; i++) {
-        const double x = exp(((double)c[i].logit - ml) / T);
-        if (e) e[i] = x;
-        zt += x;
-    }
-    for (size_t i = 0; i < m; i++) {
-        const double x = e ? e[i] : exp(((double)c[i].logit - ml) / T);
-        c[i].p = (float)(x / zt);
-        c[i].logit /= T;
-    }
-}
-
-/* Runs the chain into s->cand[0..*n) with probabilities filled in: ranked (most probable first,
- * then lower id) when top-k cut the list or top-p is on, else in ascending id order.
+/* Runs the chain into s->cand[0..*n) and their masses at the chain's temperature into
+ * s->mass[0..*n) (s->total their sum), with probabilities (mass / total) filled in: ranked (most
+ * probable first, then lower id) when top-k cut the list or top-p is on, else in ascending id
+ * order.
  *
  * One pass over the vocabulary: each token's logit (NaN as -inf, then its window penalties) is
  * dropped at -inf, else greedy keeps the best (larger logit, then lower id), and otherwise the
  * tokens are kept in id order until top_k of them are, from then on as a min-heap of the top_k
- * best (built by sifting up in order, then root replacements): the set and layout a full copy of
- * the candidates followed by that heap selection gives (tests/test_sample.c holds the two equal
- * bit for bit). Between penalized ids the scan is one compare per token with thr (NaN compares
- * false): while the heap fills thr is -inf, so the count of kept tokens is exact until it is full
- * (or greedy has a best), after which only the tokens that change the result are looked at. */
+ * best (built by sifting up in order, then root replacements). Between penalized ids the scan is
+ * one compare per token with thr (NaN compares false): while the heap fills thr is -inf, so every
+ * token is kept until it is full (or greedy has a best), after which only the tokens that change
+ * the result are looked at. */
 static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_error *err) {
     const samp_params *p = &s->p;
     const uint32_t n = s->n_vocab, np = window_penalties(s);
@@ -383,55 +399,64 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     if (q.greedy) {
         s->cand[0] = q.best;
         s->cand[0].p = 1.0f;
+        s->mw = s->mass_small;
+        s->mw[0] = s->total = 1;
         s->ranked = 1;
         *n_out = 1;
         return G5_OK;
     }
     const int by_id = m <= q.top; /* no heap: the candidates are in ascending id order */
     if (m > q.top) m = q.top;
-
-    /* top-p measures probabilities over the set top-k left (before min-p), at temperature 1. */
+    if (m > 256 && !s->mass && !(s->mass = malloc((size_t)n * sizeof *s->mass)))
+        return g5_fail(err, G5_ERR_NOMEM, "sampler: out of memory for %u masses", n);
+    uint64_t *const mass = s->mw = m > 256 ? s->mass : s->mass_small;
+    if (!by_id) rank_cands(s, s->cand, m, 0);
     float maxl = -INFINITY;
     for (size_t i = 0; i < m; i++)
         if (s->cand[i].logit > maxl) maxl = s->cand[i].logit;
-    const int top_p = p->top_p < 1.0f, partial = top_p && by_id && m > 256;
-    double z = 0, mass[RANK_BUCKETS];
-    if (partial) memset(mass, 0, sizeof mass);
-    for (size_t i = 0; top_p && i < m; i++) {
-        const double e = exp((double)s->cand[i].logit - maxl);
-        z += e;
-        if (partial) mass[rank_bucket(maxl, s->cand[i].logit)] += e;
-    }
 
-    /* min-p keeps a prefix of the ranked order whatever top-p does, so it may run before the
-     * ranking (which it makes cheaper) without changing the result. */
-    if (p->min_p > 0 && p->min_p <= 1) {
-        float thr = maxl + logf(p->min_p);
+    /* top-p measures masses over the set top-k left (before min-p), at temperature 1 */
+    const int top_p = p->top_p < 1.0f, partial = top_p && by_id && m > 256, min_p = p->min_p > 0 && p->min_p <= 1;
+    uint64_t z = 0, bmass[RANK_BUCKETS];
+    if (partial) memset(bmass, 0, sizeof bmass);
+    for (size_t i = 0; top_p && i < m; i++) {
+        const uint64_t w = cand_mass(s, s->cand[i].logit, maxl, 1.0f);
+        z += w;
+        if (partial) bmass[rank_bucket(maxl, s->cand[i].logit)] += w;
+    }
+    /* min-p keeps the candidates whose weight at temperature 1 is at least min_p (the largest's
+     * is 1), in their order */
+    if (min_p) {
+        const double lmin = log((double)p->min_p);
         size_t k = 0;
         for (size_t i = 0; i < m; i++)
-            if (s->cand[i].logit >= thr) s->cand[k++] = s->cand[i];
-        m = k; /* the max survives: thr <= maxl */
+            if (dx_min_p_keeps(s->cand[i].logit, maxl, p->min_p, lmin)) s->cand[k++] = s->cand[i];
+        m = k;
     }
-
     s->ranked = top_p || !by_id;
-    if (partial && m > 256) {
-        m = top_p_cut(s, m, maxl, z, mass);
-    } else if (top_p || !by_id) {
-        rank_cands(s, s->cand, m, by_id);
-        double cum = 0;
-        for (size_t i = 0; top_p && i < m; i++) {
-            cum += exp((double)s->cand[i].logit - maxl) / z;
-            if (cum >= p->top_p) {
-                m = i + 1;
-                break;
+    if (top_p) {
+        const uint64_t need = top_p_need(p->top_p, z);
+        if (partial && m > 256) {
+            m = top_p_cut(s, m, maxl, need, bmass);
+        } else {
+            rank_cands(s, s->cand, m, by_id);
+            uint64_t cum = 0;
+            for (size_t i = 0; i < m; i++) {
+                cum += cand_mass(s, s->cand[i].logit, maxl, 1.0f);
+                if (cum >= need) {
+                    m = i + 1;
+                    break;
+                }
             }
         }
     }
-    /* maxl is the first ranked candidate's logit (min-p and top-p keep it) */
-    double e_small[256];
-    if (m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
-    chain_probs(s->cand, m, maxl, p->temperature,
-                m <= 256 ? e_small : s->tmp ? (double *)(void *)s->tmp : NULL);
+    uint64_t total = 0;
+    for (size_t i = 0; i < m; i++) total += mass[i] = cand_mass(s, s->cand[i].logit, maxl, p->temperature);
+    for (size_t i = 0; i < m; i++) {
+        s->cand[i].p = (float)((double)mass[i] / (double)total);
+        s->cand[i].logit /= p->temperature;
+    }
+    s->total = total;
     *n_out = m;
     return G5_OK;
 }
@@ -464,26 +489,44 @@ g5_status samp_argmax_check(float logit, g5_error *err) {
     return logit > -INFINITY ? G5_OK : g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
 }
 
+int samp_device_row(samp_ctx *s, samp_dev_row *row) {
+    if (!s || !row) return 0;
+    const samp_params *p = &s->p;
+    if (s->hist_n && !penalties_off(p)) return 0;
+    memset(row, 0, sizeof *row);
+    if (!(p->temperature > 0)) return 1;
+    if ((p->top_k > 0 && (uint32_t)p->top_k < s->n_vocab) || p->top_p < 1.0f) return 0;
+    row->temperature = p->temperature;
+    if (p->min_p > 0 && p->min_p <= 1) {
+        row->min_p = p->min_p;
+        row->lmin = log((double)p->min_p);
+    }
+    row->k = xoshiro_next(s->rng) >> 11; /* samp_sample's number */
+    return 1;
+}
+
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err) {
     if (!s || !logits || !id) return g5_fail(err, G5_ERR_INVALID_ARG, "samp_sample: bad arguments");
     size_t m;
     g5_status st = run_chain(s, logits, &m, err);
     if (st != G5_OK) return st;
-    if (m == 1) {
+    if (!(s->p.temperature > 0)) { /* greedy: the argmax, no random number */
         *id = s->cand[0].id;
         return G5_OK;
     }
-    double sum = 0;
-    for (size_t i = 0; i < m; i++) sum += s->cand[i].p;
-    double r = samp_rand(s) * sum, cum = 0;
-    for (size_t i = 0; i < m; i++) {
-        cum += s->cand[i].p;
-        if (r < cum) {
+    /* r = floor(u * total) for samp_rand's u = k / 2^53, uniform in [0, total) up to 2^-53: the
+     * first candidate whose running mass passes r. Every sampled draw takes one number, a single
+     * candidate too, so the stream does not depend on the logits (a device draw takes its number
+     * before the logits exist: samp_device_row). */
+    const uint64_t k = xoshiro_next(s->rng) >> 11;
+    const uint64_t r = (uint64_t)(((samp_u128)k * s->total) >> 53);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < m; i++)
+        if (r < (cum += s->mw[i])) {
             *id = s->cand[i].id;
             return G5_OK;
         }
-    }
-    *id = s->cand[m - 1].id; /* r rounded up to the total */
+    *id = s->cand[m - 1].id; /* not reached: r < total */
     return G5_OK;
 }
 

@@ -10,15 +10,21 @@
  * top-p keeps the most probable tokens until their cumulative probability reaches top_p (the
  * token that crosses it included); min-p keeps tokens whose probability is at least
  * min_p * the largest probability. At least one token always survives.
- * The draw: each survivor's probability is e / (the sum of the e in the candidates' order), with
- * e = exp((logit - largest logit) / temperature) in double; the draw walks the candidates in
- * order until the running sum passes r * total. The order is the ranked one (most probable
- * first, ties: lower id first) when top-k cut the list or top-p is on, and ascending ids when
- * nothing ranks them (no top-k cut, top-p off: OpenAI's defaults), so those draws need no sort.
+ * Probabilities are integer masses: a candidate's weight e^((logit - largest logit) / T) (the
+ * largest has 1; min-p and top-p use the weights at temperature 1) computed by format/det_exp.h,
+ * times 2^K and truncated (K = 63 - the bit length of n_vocab: 45 for GLM-5's 154880 tokens, so a
+ * token 2^-45 below the most probable one has mass 0). Sums of masses are exact in any order, so
+ * top-p's running sum and the draw are the same on the host and on the GPU. min-p keeps the
+ * tokens whose weight is at least min_p; top-p keeps the shortest ranked prefix whose mass reaches
+ * top_p of the mass of the set top-k left. The draw takes r = floor(u * total mass) (u from the
+ * random stream, 53 bits) and the first candidate whose running mass passes r, walking the
+ * candidates ranked (most probable first, ties: lower id first) when top-k cut the list or top-p
+ * is on, and by ascending id when nothing ranks them (OpenAI's defaults), so those draws need no
+ * sort.
  *
- * Randomness comes from our own xoshiro256** seeded through splitmix64, and the draw uses only
- * float comparisons on normalized probabilities, so a seed gives the same tokens on every
- * platform and build for the same logits. */
+ * Randomness comes from our own xoshiro256** seeded through splitmix64, the weights from our own
+ * exp and the draw from integer sums, so a seed gives the same tokens on every platform and build
+ * for the same logits. */
 #ifndef G5_SAMPLE_H
 #define G5_SAMPLE_H
 
@@ -79,6 +85,22 @@ int samp_params_argmax(const samp_params *p);
 /* G5_OK if an argmax whose logit is `logit` is the sampler's token, else samp_sample's refusal of
  * those logits (every logit NaN or -inf). */
 g5_status samp_argmax_check(float logit, g5_error *err);
+
+/* A draw a device makes from the raw logits of one row (cuda/cuk_sample.h: the same chain, the
+ * same masses, the same token). */
+typedef struct samp_dev_row {
+    float temperature; /* <= 0: the argmax (larger logit, then lower id; NaN never) */
+    float min_p;       /* <= 0: off */
+    double lmin;       /* log(min_p) where on (only its neighbourhood matters: any libm's will do) */
+    uint64_t k;        /* a sampled draw's 53 random bits */
+} samp_dev_row;
+
+/* 1 if samp_sample's next draw is one a device can make (greedy, or sampling with top-k off or not
+ * below n_vocab and top-p off; in both cases no penalty in force on the window as it is now):
+ * *row then describes it, a sampled draw's random number already taken from the stream as
+ * samp_sample would take it, so the device's token must be used as this draw. 0, with nothing
+ * taken, where the draw needs samp_sample. */
+int samp_device_row(samp_ctx *s, samp_dev_row *row);
 
 /* Runs the chain and draws one token. Does not call samp_accept. */
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err);
