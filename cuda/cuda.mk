@@ -67,6 +67,9 @@ $(GPU_DIR)/tests/%: $(GPU_DIR)/obj/tests/gpu/%.o $(GPU_LIB) $(GPU_FORMAT_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CUDA_GENCODE) $(filter-out %.stamp,$^) $(CUBLAS_LINK) -lm -lpthread -o $@
 
+# cuk_sample's test draws with the host sampler too
+$(GPU_DIR)/tests/test_gpu_sample: $(BUILD)/obj/runtime/text/sample.o
+
 # One verdict: every GPU test program, then tests/gpu/oracle_cli.sh (glm5-run --device cuda on the
 # oracle: greedy equality, --check verdicts, graph/draft/TP 2/NCCL variants, as assertions), the
 # grand total `N passed, N failed` last, non-zero exit on any failure. Per-case lines of the GPU

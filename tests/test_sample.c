@@ -729,12 +729,12 @@ static void test_det_exp(void) {
             "dx_exp_neg: 1 at 0, 0 below -708, for NaN and -inf");
 }
 
-/* samp_device_row: where it says 1, the device's arithmetic (written out here from the contract
- * of cuda/cuk_sample.h: raw logits, NaN as -inf, the argmax for greedy rows, else dx_mass over
- * every id with min-p by dx_min_p_keeps, r = floor(k total / 2^53), the first id in ascending
- * order whose running mass passes r) gives samp_sample's token on a twin sampler, draw after
- * draw (so the random streams stay together); where it says 0 (top-k cut, top-p, penalties in
- * force) nothing is taken from the stream. */
+/* samp_device_row and samp_device_draw (the device's arithmetic, cuda/cuk_sample.h's contract:
+ * raw logits, NaN as -inf, the argmax for greedy rows, else dx_mass over every id with min-p by
+ * dx_min_p_keeps, r = floor(k total / 2^53), the first id in ascending order whose running mass
+ * passes r): where samp_device_row says 1, the draw gives samp_sample's token on a twin sampler,
+ * draw after draw (so the random streams stay together); where it says 0 (top-k cut, top-p,
+ * penalties in force) nothing is taken from the stream. */
 static void test_device_row(void) {
     enum { V = 700 };
     float l[V];
@@ -775,27 +775,7 @@ static void test_device_row(void) {
                 continue;
             }
             said++;
-            float maxl = -INFINITY;
-            int32_t best = -1;
-            for (int i = 0; i < V; i++)
-                if (l[i] > maxl) maxl = l[i], best = i;
-            if (row.temperature <= 0) {
-                got = best;
-            } else if (best >= 0) {
-                const int K = dx_mass_bits(V);
-                const double scale = ldexp(1.0, K), xmin = dx_mass_xmin(K);
-                uint64_t total = 0, mass[V];
-                for (int i = 0; i < V; i++) {
-                    const float x = l[i] != l[i] ? -INFINITY : l[i];
-                    mass[i] = row.min_p > 0 && !dx_min_p_keeps(x, maxl, row.min_p, row.lmin) ? 0
-                              : dx_mass(x, maxl, row.temperature, scale, xmin);
-                    total += mass[i];
-                }
-                const uint64_t r = (uint64_t)(((ref_u128)row.k * total) >> 53);
-                uint64_t cum = 0;
-                for (int i = 0; i < V && got < 0; i++)
-                    if (r < (cum += mass[i])) got = i;
-            }
+            got = samp_device_draw(&row, l, V);
             if (got < 0) { /* a refused request ends (the device took its number, the host did not) */
                 refused += st == G5_ERR_INVALID_ARG;
                 bad += st != G5_ERR_INVALID_ARG;

@@ -489,13 +489,18 @@ g5_status samp_argmax_check(float logit, g5_error *err) {
     return logit > -INFINITY ? G5_OK : g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
 }
 
-int samp_device_row(samp_ctx *s, samp_dev_row *row) {
-    if (!s || !row) return 0;
+int samp_device_ok(const samp_ctx *s) {
+    if (!s) return 0;
     const samp_params *p = &s->p;
     if (s->hist_n && !penalties_off(p)) return 0;
+    return !(p->temperature > 0) || !((p->top_k > 0 && (uint32_t)p->top_k < s->n_vocab) || p->top_p < 1.0f);
+}
+
+int samp_device_row(samp_ctx *s, samp_dev_row *row) {
+    if (!row || !samp_device_ok(s)) return 0;
+    const samp_params *p = &s->p;
     memset(row, 0, sizeof *row);
     if (!(p->temperature > 0)) return 1;
-    if ((p->top_k > 0 && (uint32_t)p->top_k < s->n_vocab) || p->top_p < 1.0f) return 0;
     row->temperature = p->temperature;
     if (p->min_p > 0 && p->min_p <= 1) {
         row->min_p = p->min_p;
@@ -503,6 +508,29 @@ int samp_device_row(samp_ctx *s, samp_dev_row *row) {
     }
     row->k = xoshiro_next(s->rng) >> 11; /* samp_sample's number */
     return 1;
+}
+
+int32_t samp_device_draw(const samp_dev_row *row, const float *logits, uint32_t n_vocab) {
+    float maxl = -INFINITY;
+    int32_t best = -1;
+    for (uint32_t i = 0; i < n_vocab; i++)
+        if (logits[i] > maxl) maxl = logits[i], best = (int32_t)i;
+    if (best < 0 || !(row->temperature > 0)) return best;
+    const int k = dx_mass_bits(n_vocab);
+    const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
+    uint64_t total = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the total, then the walk to r */
+        const uint64_t r = pass ? (uint64_t)(((samp_u128)row->k * total) >> 53) : 0;
+        uint64_t cum = 0;
+        for (uint32_t i = 0; i < n_vocab; i++) {
+            const float l = logits[i] != logits[i] ? -INFINITY : logits[i];
+            const uint64_t m = row->min_p > 0 && !dx_min_p_keeps(l, maxl, row->min_p, row->lmin)
+                                   ? 0 : dx_mass(l, maxl, row->temperature, scale, xmin);
+            if (!pass) total += m;
+            else if (r < (cum += m)) return (int32_t)i;
+        }
+    }
+    return best; /* not reached: r < total */
 }
 
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err) {

@@ -95,12 +95,17 @@ typedef struct samp_dev_row {
     uint64_t k;        /* a sampled draw's 53 random bits */
 } samp_dev_row;
 
-/* 1 if samp_sample's next draw is one a device can make (greedy, or sampling with top-k off or not
- * below n_vocab and top-p off; in both cases no penalty in force on the window as it is now):
- * *row then describes it, a sampled draw's random number already taken from the stream as
- * samp_sample would take it, so the device's token must be used as this draw. 0, with nothing
- * taken, where the draw needs samp_sample. */
+/* 1 if samp_sample's next draw is one a device can make: greedy, or sampling with top-k off or not
+ * below n_vocab and top-p off; in both cases no penalty in force on the window as it is now. */
+int samp_device_ok(const samp_ctx *s);
+/* Where samp_device_ok: 1 and *row describing the draw, a sampled draw's random number taken from
+ * the stream as samp_sample would take it, so the device's token must be used as this draw. 0,
+ * with nothing taken, where the draw needs samp_sample. */
 int samp_device_row(samp_ctx *s, samp_dev_row *row);
+/* The device's draw computed here (what rt_eng_decode_draw does without a device): the token
+ * samp_sample would have drawn from logits[n_vocab], -1 where no logit is > -inf (samp_sample
+ * refuses those). */
+int32_t samp_device_draw(const samp_dev_row *row, const float *logits, uint32_t n_vocab);
 
 /* Runs the chain and draws one token. Does not call samp_accept. */
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err);

@@ -1,0 +1,45 @@
+/* Token draws on the device from each row's logits (cuda/sample.cu): the host sampler's chain
+ * (runtime/text/sample.h, specs/numerics.md "Token draws") for the draws samp_device_row admits,
+ * with the same integer masses (format/det_exp.h), so the same token for the same logits and
+ * random number:
+ *   temperature <= 0: the argmax (larger logit, then lower id; NaN never);
+ *   else each id's mass dx_mass(l, maxl, T) (0 where min-p drops it, NaN read as -inf), total
+ *   their sum, r = floor(k * total / 2^53), and the first id in ascending order whose running
+ *   mass exceeds r.
+ * A row with no logit > -inf gives -1 (the host sampler refuses those logits). */
+#ifndef G5_CUDA_CUK_SAMPLE_H
+#define G5_CUDA_CUK_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda/cuk.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuk_sample_row {
+    float temperature; /* <= 0: the argmax */
+    float min_p;       /* <= 0: off */
+    double lmin;       /* log(min_p) where on */
+    uint64_t k;        /* 53 random bits */
+} cuk_sample_row;
+
+typedef struct cuk_sample_args {
+    const float *x;             /* [n_rows][ldx], n logits a row */
+    int64_t ldx;
+    int32_t n, n_rows;          /* n <= 2^31 - 1, n_rows <= 65535 */
+    const cuk_sample_row *rows; /* [n_rows], device */
+    void *scratch;              /* cuk_sample_scratch_bytes(n_rows), device, 16-byte aligned */
+    int32_t *out;               /* [n_rows], device */
+} cuk_sample_args;
+
+size_t cuk_sample_scratch_bytes(int32_t n_rows);
+g5_status cuk_sample(const cuk_sample_args *a, cuk_stream stream, g5_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,233 @@
+/* Token draws on the device (cuda/cuk_sample.h). Three launches a call, each row's vocabulary
+ * cut into SEGS segments of consecutive ids:
+ *   k_samp_max   each segment's largest logit and its first id (the argmax rule)
+ *   k_samp_mass  each segment's mass at its row's temperature, from the row's largest logit
+ *   k_samp_pick  a row's token: the argmax, or the segment holding r, then the warp's piece of it,
+ *                then the id, each found from exact integer prefix sums
+ * Masses are integers, so how the sums are split and combined changes nothing: the token is the
+ * host sampler's (runtime/text/sample.c) bit for bit. */
+#include <stdint.h>
+
+#include "cuda/cuk_internal.cuh"
+#include "cuda/cuk_sample.h"
+#include "format/det_exp.h"
+
+#define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
+
+namespace {
+
+constexpr int SEGS = 16;          /* segments a row */
+constexpr int SEG_THREADS = 256;  /* k_samp_max, k_samp_mass */
+constexpr int PICK_THREADS = 1024; /* k_samp_pick: 32 warps */
+
+struct Scratch {
+    float *seg_max;     /* [n_rows][SEGS] */
+    int32_t *seg_arg;   /* [n_rows][SEGS]: its first id, -1 for a segment of NaN only */
+    uint64_t *seg_mass; /* [n_rows][SEGS] */
+};
+
+__host__ __device__ inline Scratch scratch_of(void *p, int32_t n_rows) {
+    Scratch s;
+    s.seg_mass = (uint64_t *)p;
+    s.seg_max = (float *)(s.seg_mass + (size_t)n_rows * SEGS);
+    s.seg_arg = (int32_t *)(s.seg_max + (size_t)n_rows * SEGS);
+    return s;
+}
+
+__device__ __forceinline__ void seg_range(int32_t n, int s, int32_t *b, int32_t *e) {
+    const int32_t len = (int32_t)(((int64_t)n + SEGS - 1) / SEGS);
+    const int64_t lo = (int64_t)s * len, hi = lo + len;
+    *b = (int32_t)(lo < n ? lo : n);
+    *e = (int32_t)(hi < n ? hi : n);
+}
+
+/* (v, i) replaces (bv, bi) if it is larger, or equal with a lower id; i < 0 is no candidate. */
+__device__ __forceinline__ void take_better(float &bv, int32_t &bi, float v, int32_t i) {
+    if (i < 0) return;
+    if (bi < 0 || v > bv || (v == bv && i < bi)) bv = v, bi = i;
+}
+
+/* The mass of logit l of a row (NaN read as -inf; 0 where min-p drops it). */
+__device__ __forceinline__ uint64_t row_mass(float l, float maxl, const cuk_sample_row &r, double scale,
+                                             double xmin) {
+    if (l != l) l = -INFINITY;
+    if (r.min_p > 0.0f && !dx_min_p_keeps(l, maxl, r.min_p, r.lmin)) return 0;
+    return dx_mass(l, maxl, r.temperature, scale, xmin);
+}
+
+__device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* grid (SEGS, n_rows), SEG_THREADS threads: thread t reads ids b + t, b + t + SEG_THREADS, ... of
+ * segment blockIdx.x; (value, id) pairs combined by take_better over the warp, then the block. */
+__global__ void __launch_bounds__(SEG_THREADS)
+    k_samp_max(const float *__restrict__ x, int64_t ldx, int32_t n, Scratch sc) {
+    const int row = blockIdx.y, s = blockIdx.x;
+    int32_t b, e;
+    seg_range(n, s, &b, &e);
+    const float *xr = x + (int64_t)row * ldx;
+    float bv = -INFINITY;
+    int32_t bi = -1;
+    for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS) {
+        const float v = xr[i];
+        if (v == v) take_better(bv, bi, v, i); /* NaN never wins */
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        take_better(bv, bi, ov, oi);
+    }
+    __shared__ float sv[SEG_THREADS / 32];
+    __shared__ int32_t si[SEG_THREADS / 32];
+    const int w = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) sv[w] = bv, si[w] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int j = 1; j < SEG_THREADS / 32; j++) take_better(bv, bi, sv[j], si[j]);
+        sc.seg_max[row * SEGS + s] = bi < 0 ? -INFINITY : bv;
+        sc.seg_arg[row * SEGS + s] = bi;
+    }
+}
+
+/* The largest logit of a row, from its segments' (-inf where it has none > -inf). */
+__device__ __forceinline__ float row_max(const Scratch &sc, int row) {
+    float m = -INFINITY;
+    for (int s = 0; s < SEGS; s++) m = fmaxf(m, sc.seg_max[row * SEGS + s]);
+    return m;
+}
+
+/* grid (SEGS, n_rows), SEG_THREADS threads: thread t sums the masses of ids b + t + j SEG_THREADS
+ * of segment blockIdx.x; the block's sum (exact) is the segment's mass. Argmax rows write 0. */
+__global__ void __launch_bounds__(SEG_THREADS)
+    k_samp_mass(const float *__restrict__ x, int64_t ldx, int32_t n, const cuk_sample_row *__restrict__ rows,
+                double scale, double xmin, Scratch sc) {
+    const int row = blockIdx.y, s = blockIdx.x;
+    const cuk_sample_row r = rows[row];
+    const float maxl = row_max(sc, row);
+    uint64_t acc = 0;
+    if (r.temperature > 0.0f && maxl > -INFINITY) {
+        int32_t b, e;
+        seg_range(n, s, &b, &e);
+        const float *xr = x + (int64_t)row * ldx;
+        for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS) acc += row_mass(xr[i], maxl, r, scale, xmin);
+    }
+    acc = warp_sum(acc);
+    __shared__ uint64_t sm[SEG_THREADS / 32];
+    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t t = 0;
+        for (int j = 0; j < SEG_THREADS / 32; j++) t += sm[j];
+        sc.seg_mass[row * SEGS + s] = t;
+    }
+}
+
+/* grid (n_rows), PICK_THREADS threads. Argmax rows: thread 0 combines the segments. Sampled rows:
+ * thread 0 finds the segment whose mass range holds r (r = floor(k total / 2^53)); warp w sums
+ * the masses of its piece of that segment (ids p0 + w L .. p0 + (w + 1) L, lanes 32 apart);
+ * thread 0 finds the piece holding the remainder; that piece's warp walks it 32 ids at a time,
+ * an inclusive scan of the lanes' masses over the running sum, the first lane past it giving the
+ * id. Every sum is of integers: exact, so the id is the first whose running mass from id 0
+ * exceeds r. */
+__global__ void __launch_bounds__(PICK_THREADS)
+    k_samp_pick(const float *__restrict__ x, int64_t ldx, int32_t n, const cuk_sample_row *__restrict__ rows,
+                double scale, double xmin, Scratch sc, int32_t *__restrict__ out) {
+    const int row = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const cuk_sample_row r = rows[row];
+    __shared__ int32_t s_b, s_e;
+    __shared__ uint64_t s_rem, s_piece[PICK_THREADS / 32];
+    __shared__ int s_w;
+    if (r.temperature <= 0.0f) {
+        if (threadIdx.x == 0) {
+            float bv = -INFINITY;
+            int32_t bi = -1;
+            for (int s = 0; s < SEGS; s++) take_better(bv, bi, sc.seg_max[row * SEGS + s], sc.seg_arg[row * SEGS + s]);
+            out[row] = bi >= 0 && bv > -INFINITY ? bi : -1;
+        }
+        return;
+    }
+    const float maxl = row_max(sc, row);
+    if (!(maxl > -INFINITY)) {
+        if (threadIdx.x == 0) out[row] = -1;
+        return;
+    }
+    if (threadIdx.x == 0) {
+        uint64_t total = 0;
+        for (int s = 0; s < SEGS; s++) total += sc.seg_mass[row * SEGS + s];
+        /* k < 2^53, total < 2^63: bits 53..115 of their product */
+        const uint64_t lo = r.k * total, hi = __umul64hi(r.k, total);
+        uint64_t rem = (hi << 11) | (lo >> 53);
+        int s = 0;
+        while (s < SEGS - 1 && rem >= sc.seg_mass[row * SEGS + s]) rem -= sc.seg_mass[row * SEGS + s++];
+        int32_t b, e;
+        seg_range(n, s, &b, &e);
+        s_b = b;
+        s_e = e;
+        s_rem = rem;
+    }
+    __syncthreads();
+    const float *xr = x + (int64_t)row * ldx;
+    const int32_t b = s_b, e = s_e, len = (e - b + 31) / 32; /* a warp's piece: ceil((e - b) / 32) ids */
+    const int32_t p0 = b + w * len < e ? b + w * len : e, p1 = p0 + len < e ? p0 + len : e;
+    uint64_t acc = 0;
+    for (int32_t i = p0 + lane; i < p1; i += 32) acc += row_mass(xr[i], maxl, r, scale, xmin);
+    acc = warp_sum(acc);
+    if (lane == 0) s_piece[w] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t rem = s_rem;
+        int j = 0;
+        while (j < PICK_THREADS / 32 - 1 && rem >= s_piece[j]) rem -= s_piece[j++];
+        s_w = j;
+        s_rem = rem;
+    }
+    __syncthreads();
+    if (w != s_w) return;
+    const uint64_t rem = s_rem;
+    uint64_t run = 0;
+    for (int32_t i0 = p0; i0 < p1; i0 += 32) {
+        const int32_t i = i0 + lane;
+        uint64_t v = i < p1 ? row_mass(xr[i], maxl, r, scale, xmin) : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) { /* inclusive scan over the lanes */
+            const uint64_t t = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += t;
+        }
+        const unsigned hit = __ballot_sync(0xffffffffu, rem < run + v);
+        if (hit) {
+            if (lane == 0) out[row] = i0 + __ffs((int)hit) - 1;
+            return;
+        }
+        run += __shfl_sync(0xffffffffu, v, 31);
+    }
+    if (lane == 0) out[row] = p1 > p0 ? p1 - 1 : -1; /* not reached: rem < the piece's mass */
+}
+
+} // namespace
+
+extern "C" size_t cuk_sample_scratch_bytes(int32_t n_rows) {
+    return n_rows > 0 ? (size_t)n_rows * SEGS * (sizeof(uint64_t) + sizeof(float) + sizeof(int32_t)) : 0;
+}
+
+extern "C" g5_status cuk_sample(const cuk_sample_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("sample: args is NULL");
+    if (!a->x || !a->rows || !a->scratch || !a->out) return BAD("sample: x, rows, scratch or out is NULL");
+    if (a->n < 1) return BAD("sample: n=%d must be positive", (int)a->n);
+    if (a->n_rows < 1 || a->n_rows > 65535) return BAD("sample: n_rows=%d outside 1..65535", (int)a->n_rows);
+    if (a->ldx < a->n) return BAD("sample: ldx=%lld < n=%d", (long long)a->ldx, (int)a->n);
+    if ((uintptr_t)a->scratch % 16 || (uintptr_t)a->rows % 8) return BAD("sample: scratch or rows misaligned");
+    const cudaStream_t st = (cudaStream_t)stream;
+    const Scratch sc = scratch_of(a->scratch, a->n_rows);
+    const int k = dx_mass_bits((uint32_t)a->n);
+    const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
+    const dim3 grid(SEGS, (unsigned)a->n_rows);
+    k_samp_max<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, sc);
+    k_samp_mass<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc);
+    k_samp_pick<<<(unsigned)a->n_rows, PICK_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, a->out);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
