@@ -394,6 +394,24 @@ g5_status rt_eng_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t
     return st;
 }
 
+g5_status rt_eng_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                             const samp_dev_row *rows, int32_t *ids, g5_error *err) {
+    const g5_status so = own_seqs(e, seqs, n_seq, err);
+    if (so) return so;
+    if (!rows || !ids) return g5_fail(err, G5_ERR_INVALID_ARG, "decode_draw: no rows or ids");
+    if (e->ops->decode_draw && rt_eng_draws_on_device(e))
+        return e->ops->decode_draw(e, seqs, tokens, n_seq, rows, ids, err);
+    const uint32_t V = rt_eng_hparams(e)->n_vocab;
+    float *lg = malloc((size_t)(n_seq ? n_seq : 1) * V * sizeof *lg);
+    if (!lg) return g5_fail(err, G5_ERR_NOMEM, "logits of %u sequences", n_seq);
+    const g5_status st = e->ops->decode(e, seqs, tokens, n_seq, lg, err);
+    for (uint32_t i = 0; i < n_seq && !st; i++) ids[i] = samp_device_draw(&rows[i], lg + (size_t)i * V, V);
+    free(lg);
+    return st;
+}
+
+int rt_eng_draws_on_device(const rt_eng *e) { return e && e->ops->draws_on_device && e->ops->draws_on_device(e); }
+
 g5_status rt_eng_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                              const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
     for (uint32_t i = 0; i < n_seq; i++) {

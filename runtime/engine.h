@@ -42,6 +42,7 @@
 #include "runtime/cpu/comm.h"
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
+#include "runtime/text/sample.h"
 
 typedef struct rt_eng rt_eng;
 typedef struct rt_eng_seq rt_eng_seq;
@@ -230,6 +231,16 @@ g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *token
  * On failure no sequence has advanced. */
 g5_status rt_eng_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                                int32_t *ids, float *logit, g5_error *err);
+/* rt_eng_decode giving each sequence's token drawn as rows[i] says (samp_device_row: greedy, or
+ * sampling without top-k cut, top-p or penalties in force): ids[i] is the token samp_sample
+ * would have drawn from its next-token logits, -1 where no logit is > -inf (the sampler refuses
+ * those: so must the caller). CUDA with rt_eng_draws_on_device draws on the device
+ * (cuda/cuk_sample.h), so 4 bytes a sequence cross the bus and the host takes no pass over the
+ * logits; elsewhere from the logits on the host (samp_device_draw). On failure no sequence has
+ * advanced. */
+g5_status rt_eng_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                             const samp_dev_row *rows, int32_t *ids, g5_error *err);
+int rt_eng_draws_on_device(const rt_eng *e);
 /* Batched rows, the speculative verification of several sequences in one step: n_tok[i] >= 1
  * consecutive tokens for seqs[i] (distinct sequences of e) at its next positions; tokens and
  * out's rows grouped by sequence in order: logits [rows][n_vocab] (all_logits is implied) and

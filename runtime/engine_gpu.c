@@ -377,6 +377,22 @@ static g5_status gpu_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int
     return rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);
 }
 
+static g5_status gpu_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                                 const samp_dev_row *rows, int32_t *ids, g5_error *err) {
+    eng_gpu *x = e->dev;
+    const g5_status sr = batch_room(x, n_seq, err);
+    if (sr) return sr;
+    for (uint32_t i = 0; i < n_seq; i++) x->batch[i] = gseq(seqs[i]);
+    const rt_gpu_outputs out = {.draw = rows, .draw_ids = ids, .all_logits = 1};
+    return rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);
+}
+
+/* --check compares each step's logits: its draws stay on the host */
+static int gpu_draws_on_device(const rt_eng *e) {
+    const eng_gpu *x = e->dev;
+    return x && !x->chk && rt_gpu_model_info(x->g)->draws;
+}
+
 static g5_status gpu_decode_rows(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                                  const int32_t *tokens, const rt_eng_out *out, g5_error *err) {
     eng_gpu *x = e->dev;
@@ -458,6 +474,8 @@ static const rt_eng_ops gpu_ops = {
     .prefill = gpu_prefill,
     .decode = gpu_decode,
     .decode_argmax = gpu_decode_argmax,
+    .decode_draw = gpu_decode_draw,
+    .draws_on_device = gpu_draws_on_device,
     .decode_rows = gpu_decode_rows,
     .mtp = gpu_mtp,
     .mtp_rows = gpu_mtp_rows,

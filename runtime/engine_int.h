@@ -27,6 +27,11 @@ typedef struct rt_eng_ops {
     /* NULL: rt_eng_decode_argmax takes the argmax of decode's logits on the host */
     g5_status (*decode_argmax)(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                                int32_t *ids, float *logit, g5_error *err);
+    /* NULL: rt_eng_decode_draw draws from decode's logits on the host (samp_device_draw);
+     * draws_on_device says whether this engine's draws run on its device */
+    g5_status (*decode_draw)(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
+                             const samp_dev_row *rows, int32_t *ids, g5_error *err);
+    int (*draws_on_device)(const rt_eng *e);
     /* NULL: rt_eng_decode_rows runs one prefill call per sequence */
     g5_status (*decode_rows)(rt_eng *e, rt_eng_seq *const *seqs, const uint32_t *n_tok, uint32_t n_seq,
                              const int32_t *tokens, const rt_eng_out *out, g5_error *err);

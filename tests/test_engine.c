@@ -276,6 +276,31 @@ int main(void) {
             T_CHECK(ids[s] == w && same(&lv[s], &x[w], 1), "sequence %d: decode_argmax %d (%g), the logits' argmax %d (%g)", s,
                     ids[s], (double)lv[s], w, (double)x[w]);
         }
+        /* the drawn form: a greedy row and two sampled ones (one with min-p), each the token a twin
+         * sampler's samp_sample draws from the step's logits (the CPU engine draws on the host) */
+        samp_ctx *sa[NS] = {0}, *sb[NS] = {0};
+        samp_dev_row rows[NS];
+        int32_t dids[NS] = {0};
+        for (int s = 0; s < NS && ok; s++) {
+            samp_params sp;
+            samp_params_default(&sp);
+            sp.temperature = s == 0 ? 0.0f : 0.6f + 0.4f * (float)s;
+            sp.top_k = 0;
+            sp.top_p = 1.0f;
+            sp.min_p = s == 2 ? 0.05f : 0.0f;
+            sp.seed = 100 + (uint64_t)s;
+            ok = samp_create(&sp, V, &sa[s], &e) == G5_OK && samp_create(&sp, V, &sb[s], &e) == G5_OK &&
+                 samp_device_row(sa[s], &rows[s]) &&
+                 rt_eng_truncate(sq[s], rt_eng_seq_n_past(sq[s]) - 1, rt_eng_seq_mtp_n_past(sq[s]), &e) == G5_OK;
+        }
+        ok = ok && !rt_eng_draws_on_device(en) && rt_eng_decode_draw(en, sq, next, NS, rows, dids, &e) == G5_OK;
+        T_CHECK(ok, "decode_draw: %s", e.msg);
+        for (int s = 0; s < NS && ok; s++) {
+            int32_t want = -1;
+            T_CHECK(samp_sample(sb[s], da + (size_t)s * V, &want, &e) == G5_OK && dids[s] == want,
+                    "sequence %d: decode_draw %d, samp_sample %d", s, dids[s], want);
+        }
+        for (int s = 0; s < NS; s++) samp_free(sa[s]), samp_free(sb[s]);
     }
     if (ok) { /* batched rows (MTP verification): 2, 1 and 2 tokens against each sequence's own call */
         const uint32_t nt[NS] = {2, 1, 2};

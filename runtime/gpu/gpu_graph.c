@@ -212,7 +212,7 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
         return st;
     }
     g->info.graph_instantiations++;
-    key_store(gr, g, pl, bound, out && (out->logits || out->argmax));
+    key_store(gr, g, pl, bound, out && (out->logits || out->argmax || out->draw));
     return G5_OK;
 }
 
@@ -234,7 +234,7 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
         if (!g->graph) return g5_fail(err, G5_ERR_NOMEM, "CUDA graph state");
     }
     struct gm_graph *gr = g->graph;
-    if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, out && (out->logits || out->argmax)))
+    if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, out && (out->logits || out->argmax || out->draw)))
         CK(capture(g, gr, pl, bound, out, err));
     /* every rank's graph launched before any is waited for: under NCCL each one's all-reduces
      * wait for the others' */
@@ -267,6 +267,12 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
             CK(gm_head_argmax(rk, 0, 1, err));
             CK(gm_head_argmax_out(g, rk, 1, err));
         }
+    if (out && out->draw) { /* rt_gpu_info.draws: rank 0 holds the whole head */
+        gl_rank *rk = &g->rk[0];
+        CUK_CHECK(cudaSetDevice(rk->dev));
+        CK(gm_head_draw(g, rk, 0, 1, err));
+        CK(gm_head_draw_out(g, rk, 1, err));
+    }
     return G5_OK;
 }
 

@@ -15,6 +15,7 @@
 #include "cuda/cuk_check.h"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_q8.h"
+#include "cuda/cuk_sample.h"
 #include "runtime/gpu/gpu_linear.h"
 #include "runtime/gpu/gpu_model.h"
 #include "runtime/cpu/model_tensors.h"
@@ -105,6 +106,9 @@ typedef struct gl_rank {
     float *ga, *gb, *gu, *moe, *rl, *wts, *wts_l, *lg;
     int32_t *ami;                    /* [n] the argmax of each row's logits on this rank's columns */
     float *amv;                      /* [n] its logit (out->argmax: cuk_argmax) */
+    cuk_sample_row *drr;             /* [n] out->draw's rows (uploaded by gm_head_draw) */
+    int32_t *dri;                    /* [n] their tokens */
+    void *drs;                       /* cuk_sample's scratch for CUK_GEMV_MAX_N rows */
     /* The residual adds are folded into the RMSNorm that reads x next (cuk_add_rms_norm): a
      * stage leaves its output as oa (+ ob: the routed and the shared experts, one device only),
      * the collective turns it into the pending addends pa (+ pb) that x still lacks. */
@@ -169,6 +173,8 @@ struct rt_gpu_model {
                                       * allocation from amh_i, page-locked unless amh_paged) */
     uint64_t amh_cap;                /* rows of T entries they hold */
     int amh_paged;                   /* the page-locked allocation failed: malloc'ed */
+    cuk_sample_row *drh;             /* out->draw's rows staged for upload (page-locked unless
+                                      * amh_paged; in amh_i's allocation) */
     uint32_t graph_bound;            /* 0, or while gm_forward_graph captures a one-token step: the
                                         attention stage takes its position from rk->pos (pl->pos0
                                         is only the capturing step's), writes the caches through
@@ -351,6 +357,11 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
  * entries copied to g->amh_i / amh_v (staged for that many rows by forward_plan). */
 g5_status gm_head_argmax(gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err);
 g5_status gm_head_argmax_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_error *err);
+/* out->draw on rank rk (the one holding the whole head): rows row0 .. row0 + c of g->drh
+ * uploaded and drawn from the c logits rows in rk->lg (cuk_sample) into rk->dri at row0; then,
+ * after the last, the `rows` tokens copied to g->amh_i. */
+g5_status gm_head_draw(rt_gpu_model *g, gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err);
+g5_status gm_head_draw_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_error *err);
 
 /* ---- the decode step as a CUDA graph (gpu_graph.c) ---- */
 

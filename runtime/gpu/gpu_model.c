@@ -379,6 +379,9 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     rt_gpu_load_release(); /* the loader's pinned ring, kept across the ranks, is not needed after */
     g->info.load.seconds = gm_now_s() - t0;
     g->info.load.gb_per_s = g->info.load.seconds > 0 ? (double)g->info.load.bytes / g->info.load.seconds / 1e9 : 0;
+    /* device draws (out->draw): one rank of one process holds the whole vocabulary's head */
+    g->info.draws = g->T == 1 && g->info.n_processes == 1 && g->rk[0].head_write && g->rk[0].head_col0 == 0 &&
+                    (uint64_t)g->rk[0].head.m == g->hp.n_vocab;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, g->rk[0].dev) == cudaSuccess)
         snprintf(g->info.device_name, sizeof g->info.device_name, "%s", prop.name);
@@ -624,6 +627,9 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->lg = take(&c, (uint64_t)CUK_GEMV_MAX_N * head_m * F);
     rk->ami = take(&c, N * 4);
     rk->amv = take(&c, N * 4);
+    rk->drr = take(&c, N * sizeof *rk->drr);
+    rk->dri = take(&c, N * 4);
+    rk->drs = take(&c, cuk_sample_scratch_bytes(CUK_GEMV_MAX_N));
     rk->latf = take(&c, N * gm_lat_w(hp) * F);
     rk->ikf = take(&c, N * hp->idx_head_dim * F);
     rk->cat = take(&c, g->has_mtp ? N * 2 * E * F : 16);
@@ -1051,7 +1057,7 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
             }
         }
     }
-    const int head = out && (out->logits || out->argmax);
+    const int head = out && (out->logits || out->argmax || out->draw);
     const uint32_t first = head && out->all_logits ? 0 : n - 1;
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
@@ -1085,8 +1091,10 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
                     CUK_CHECK(cudaMemcpy2DAsync(out->logits + (uint64_t)(t0 - first) * V + rk->head_col0, V * 4, rk->lg,
                                          VL * 4, VL * 4, c, cudaMemcpyDeviceToHost, rk->st));
                 if (!graph && out->argmax) CK(gm_head_argmax(rk, t0 - first, c, err));
+                if (!graph && out->draw) CK(gm_head_draw(g, rk, t0 - first, c, err));
             }
             if (!graph && out->argmax) CK(gm_head_argmax_out(g, rk, n - first, err));
+            if (!graph && out->draw) CK(gm_head_draw_out(g, rk, n - first, err));
         }
     }
     return G5_OK;
@@ -1104,6 +1112,21 @@ g5_status gm_head_argmax_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_err
                        (unsigned long long)g->amh_cap);
     CUK_CHECK(cudaMemcpyAsync(g->amh_i + (size_t)rk->r * rows, rk->ami, rows * 4, cudaMemcpyDeviceToHost, rk->st));
     CUK_CHECK(cudaMemcpyAsync(g->amh_v + (size_t)rk->r * rows, rk->amv, rows * 4, cudaMemcpyDeviceToHost, rk->st));
+    return G5_OK;
+}
+
+g5_status gm_head_draw(rt_gpu_model *g, gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err) {
+    const int64_t VL = rk->head.m;
+    CUK_CHECK(cudaMemcpyAsync(rk->drr + row0, g->drh + row0, c * sizeof *rk->drr, cudaMemcpyHostToDevice, rk->st));
+    const cuk_sample_args a = {rk->lg, VL, (int32_t)VL, (int32_t)c, rk->drr + row0, rk->drs, rk->dri + row0};
+    CK(cuk_sample(&a, (cuk_stream)rk->st, err));
+    return G5_OK;
+}
+
+g5_status gm_head_draw_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_error *err) {
+    if (rows > g->amh_cap) return g5_fail(err, G5_ERR_INTERNAL, "draw staging for %u rows holds %llu", rows,
+                                          (unsigned long long)g->amh_cap);
+    CUK_CHECK(cudaMemcpyAsync(g->amh_i, rk->dri, rows * 4, cudaMemcpyDeviceToHost, rk->st));
     return G5_OK;
 }
 
@@ -1125,25 +1148,28 @@ static void argmax_combine(const rt_gpu_model *g, uint32_t rows, int32_t *ids, f
 }
 
 static void argmax_free(rt_gpu_model *g) {
-    if (g->amh_paged) free(g->amh_i);
-    else rt_gpu_host_free(g->amh_i);
+    if (g->amh_paged) free(g->drh);
+    else rt_gpu_host_free(g->drh);
+    g->drh = NULL;
     g->amh_i = NULL;
     g->amh_v = NULL;
     g->amh_cap = 0;
 }
 
-/* The host staging of out->argmax for `rows` rows of every rank: page-locked, since a copy into
- * pageable memory returns only when done, which would hold each rank's head launches until the
- * rank before it had finished (malloc'ed if the driver has no page-locked memory to give). */
+/* The host staging of out->argmax and out->draw for `rows` rows (of every rank): the draws' rows,
+ * then the ids and logits. Page-locked, since a copy into pageable memory returns only when done,
+ * which would hold each rank's head launches until the rank before it had finished (malloc'ed if
+ * the driver has no page-locked memory to give). */
 static g5_status argmax_room(rt_gpu_model *g, uint32_t rows, g5_error *err) {
     const uint64_t need = (uint64_t)rows * g->T;
     if (need <= g->amh_cap) return G5_OK;
     argmax_free(g);
-    const size_t bytes = (size_t)need * (sizeof *g->amh_i + sizeof *g->amh_v);
+    const size_t bytes = (size_t)need * (sizeof *g->drh + sizeof *g->amh_i + sizeof *g->amh_v);
     void *p = rt_gpu_host_alloc(bytes);
     g->amh_paged = !p;
     if (!p && !(p = malloc(bytes))) return g5_fail(err, G5_ERR_NOMEM, "argmax staging for %u rows", rows);
-    g->amh_i = p;
+    g->drh = p;
+    g->amh_i = (int32_t *)(void *)(g->drh + need);
     g->amh_v = (float *)(void *)(g->amh_i + need);
     g->amh_cap = need;
     return G5_OK;
@@ -1187,6 +1213,9 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
                               g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const uint32_t n = pl->n;
+    if (out && out->draw && (!g->info.draws || !out->draw_ids || out->argmax))
+        return g5_fail(err, G5_ERR_INVALID_ARG, "device draws: %s", !g->info.draws ? "the output head is split over "
+                       "ranks or processes (rt_gpu_info.draws)" : !out->draw_ids ? "no draw_ids" : "not with argmax");
     for (uint32_t t = 0; t < n; t++)
         if (tokens[t] < 0 || (uint32_t)tokens[t] >= hp->n_vocab)
             return g5_fail(err, G5_ERR_INVALID_ARG, "token %d at index %u is outside the vocabulary (%u)", tokens[t],
@@ -1234,7 +1263,11 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     if (st) return st;
     if (multi) CK(gm_write_rows(g, pl, 0, hp->n_layer_main, err));
     const uint32_t out_rows = out && out->all_logits ? n : 1;
-    if (out && out->argmax) CK(argmax_room(g, out_rows, err));
+    if (out && (out->argmax || out->draw)) CK(argmax_room(g, out_rows, err));
+    for (uint32_t i = 0; out && out->draw && i < out_rows; i++) {
+        const samp_dev_row *d = &out->draw[i];
+        g->drh[i] = (cuk_sample_row){d->temperature, d->min_p, d->lmin, d->k};
+    }
     /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
      * to one-token calls (its GEMV kernels sum each row alike) */
     for (uint32_t r = 0; r < g->T; r++) {
@@ -1260,6 +1293,7 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
         argmax_combine(g, out_rows, out->argmax, out->argmax_logit);
         CK(gm_coll_gather_argmax(g, out->argmax, out->argmax_logit, out_rows, err));
     }
+    if (out && out->draw) memcpy(out->draw_ids, g->amh_i, (size_t)out_rows * sizeof *out->draw_ids);
     for (uint32_t i = 0; i < pl->n_seg; i++) pl->seq[i]->n_past = pl->pos0[i] + pl->len[i];
     return G5_OK;
 }

@@ -91,6 +91,7 @@
 
 #include "runtime/gpu/gpu_load.h"
 #include "runtime/cpu/model.h"
+#include "runtime/text/sample.h"
 
 typedef struct rt_gpu_model rt_gpu_model;
 
@@ -157,6 +158,8 @@ typedef struct rt_gpu_info {
                                     update in place: runtime/gpu/gpu_graph.c says why) */
     uint64_t graph_nodes;        /* nodes of the last captured step's graph on its first rank:
                                     the step's kernels, copies and memsets, i.e. its launches */
+    int draws;                   /* rt_gpu_outputs.draw is served: one process, one rank holding
+                                    the whole output head */
     const char *gemm;            /* the prefill GEMM path's compute: "f32", "f16" */
     int gemm_min, gemm_min_expert; /* resolved thresholds (gemm_min 0: the path is off) */
     uint64_t gemm_calls;         /* cuBLAS GEMMs run so far (all ranks) */
@@ -204,6 +207,12 @@ typedef struct rt_gpu_outputs {
      * be NULL). Both or neither. */
     int32_t *argmax;
     float *argmax_logit;
+    /* The rows' token draws made on the device where rt_gpu_info.draws (cuda/cuk_sample.h: the
+     * host sampler's chain for what samp_device_row admits, the same token): draw[i] describes
+     * row i's draw, draw_ids[i] receives its token (-1 for a row with no logit > -inf, which the
+     * sampler refuses). Both or neither; not with argmax. */
+    const samp_dev_row *draw;
+    int32_t *draw_ids;
     /* Debugging and --check (rank 0's view; all ranks hold the same after each all-reduce): */
     float *layer_hidden;         /* [n_layer_main + 1][n][n_embd], as rt_outputs.layer_hidden */
     float *attn_out;             /* [n_layer_main][n][n_embd]: attention output summed over ranks */

@@ -20,7 +20,8 @@
  * by one chunk per step, not by its whole prefill (/metrics: glm5_prefill_chunks_total, and
  * glm5_decode_steps_beside_prefill_total, the decode steps run while a prompt was part way
  * through; where the engine's time goes: glm5_decode_steps_total, glm5_decode_step_seconds_total,
- * glm5_prefill_seconds_total and glm5_token_draw_seconds_total, the host's share). A sequence that needs a block when none is free preempts the most recently admitted
+ * glm5_prefill_seconds_total and glm5_token_draw_seconds_total, the host's share;
+ * glm5_device_draw_steps_total, the steps whose tokens were drawn on the GPU). A sequence that needs a block when none is free preempts the most recently admitted
  * one, which is recomputed later from its prompt and the tokens it already produced (results
  * are unchanged: the model gives bit-identical results whether tokens are fed together or one
  * at a time, and the sampler keeps its state).
@@ -222,6 +223,9 @@ typedef struct srv_stats {
     uint64_t decode_steps_beside_prefill; /* decode steps run while a prompt was part way through
                                              its chunks (the steps chunking let in) */
     uint64_t decode_steps;     /* engine steps that decoded (one batched forward call each) */
+    uint64_t device_draw_steps; /* of those, steps whose tokens were drawn on the device
+                                   (rt_eng_decode_draw: sampled requests without top-k, top-p,
+                                   penalties or logprobs) */
     double decode_seconds;     /* wall time of those steps: forward call (logits to host) + draws */
     double prefill_seconds;    /* wall time of prompt chunks (their last chunk's draw included) */
     double draw_seconds;       /* wall time drawing tokens (sampling, detokenizing, stop strings,

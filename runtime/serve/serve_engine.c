@@ -974,6 +974,10 @@ static void draw_many(srv_server *s, srv_req **dec, uint32_t k, const float *log
  * logits as they are, and it asks for nothing else of them. */
 static int argmax_draw(const srv_req *r) { return !r->dr && !r->p.logprobs && samp_is_argmax(r->samp); }
 
+/* 1: r's next token may come from rt_eng_decode_draw: a draw the device makes (samp_device_ok),
+ * and r asks for nothing else of the logits. */
+static int device_draw(const srv_req *r) { return !r->dr && !r->p.logprobs && samp_device_ok(r->samp); }
+
 /* The token of r and what its text adds, without the lock: r's sampler, forced tokens and text
  * stream are the engine's alone (serve_int.h), so draws of different sequences may run at once. */
 static void draw_pick(const srv_server *s, srv_req *r, const float *logits, int32_t pick, float pick_logit,
@@ -1145,9 +1149,12 @@ static void prefill_step(srv_server *s, srv_req *r) {
 /* One token for each of the n decoding sequences in dec, in one batched forward call. CUDA, when
  * every one of them takes the argmax (argmax_draw: greedy requests without logprobs or
  * penalties in force): the step gives the ids and their logits (pick, pick_l [n]) computed on
- * the GPU, not the rows' logits (20 MB at 32 sequences), and the draws need no pass over them. */
+ * the GPU, not the rows' logits (20 MB at 32 sequences), and the draws need no pass over them.
+ * Else, where the engine draws on its device and every draw is one it makes (device_draw:
+ * greedy or sampled without top-k cut, top-p or penalties, no logprobs): the step gives the
+ * tokens (pick), each sampler's random number taken beforehand (samp_device_row, rows [n]). */
 static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks, int32_t *pick,
-                        float *pick_l, srv_drawn *drawn) {
+                        float *pick_l, samp_dev_row *rows, srv_drawn *drawn) {
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++)
         if (is_live_locked(dec[i])) (void)reserve_locked(s, dec[i], dec[i]->n_past + 1);
@@ -1171,8 +1178,13 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
     }
     int am = s->gpu != NULL;
     for (uint32_t i = 0; i < k && am; i++) am = argmax_draw(dec[i]);
+    int dv = !am && s->gpu != NULL && rt_eng_draws_on_device(s->eng);
+    for (uint32_t i = 0; i < k && dv; i++) dv = device_draw(dec[i]);
+    for (uint32_t i = 0; i < k && dv && !st; i++) /* takes each sampled draw's random number */
+        if (!samp_device_row(dec[i]->samp, &rows[i])) st = g5_fail(&e, G5_ERR_INTERNAL, "device draw refused");
     if (!st) st = am ? rt_eng_decode_argmax(s->eng, sts, toks, k, pick, pick_l, &e)
-                     : rt_eng_decode(s->eng, sts, toks, k, s->logits, &e);
+                 : dv ? rt_eng_decode_draw(s->eng, sts, toks, k, rows, pick, &e)
+                      : rt_eng_decode(s->eng, sts, toks, k, s->logits, &e);
     if (st != G5_OK) {
         pthread_mutex_lock(&s->mu);
         for (uint32_t i = 0; i < k; i++) retire_locked(s, dec[i], NULL, s->gpu && st == G5_ERR_NOMEM ? 503 : 500, e.msg);
@@ -1183,8 +1195,10 @@ static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **s
         dec[i]->n_past++;
         dec[i]->feed_off++;
         if (am) draw(s, dec[i], NULL, pick[i], pick_l[i]);
+        else if (dv) draw(s, dec[i], NULL, pick[i], pick[i] >= 0 ? 0.0f : NAN); /* -1: no logit > -inf */
     }
-    if (!am) draw_many(s, dec, k, s->logits, drawn);
+    s->device_draw_pending += dv;
+    if (!am && !dv) draw_many(s, dec, k, s->logits, drawn);
 }
 
 /* No draft when it cannot be used: the context has no room for it, or the next token is the
@@ -1287,8 +1301,9 @@ static void *engine_main(void *arg) {
     uint32_t *ntok = malloc(mb * sizeof *ntok);
     int32_t *pick = malloc(mb * sizeof *pick); /* a greedy step's ids and logits (decode_step) */
     float *pick_l = malloc(mb * sizeof *pick_l);
+    samp_dev_row *rows = malloc(mb * sizeof *rows); /* a device-drawn step's draws */
     srv_drawn *drawn = malloc(mb * sizeof *drawn); /* a step's draws before they are published */
-    const int ok = batch && dec && sts && toks && ntok && pick && pick_l && drawn;
+    const int ok = batch && dec && sts && toks && ntok && pick && pick_l && rows && drawn;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         if (s->load != SRV_READY || !ok) {
@@ -1313,7 +1328,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         const double t0 = srv_now();
         if (nd && s->draft) decode_step_mtp(s, dec, nd, sts, toks, ntok);
-        else if (nd) decode_step(s, dec, nd, sts, toks, pick, pick_l, drawn);
+        else if (nd) decode_step(s, dec, nd, sts, toks, pick, pick_l, rows, drawn);
         const double t1 = srv_now();
         for (uint32_t i = 0; i < n; i++)
             if (batch[i]->n_feed - batch[i]->feed_off > 1) prefill_step(s, batch[i]);
@@ -1325,6 +1340,8 @@ static void *engine_main(void *arg) {
         s->prefill_seconds += t2 - t1;
         s->draw_seconds += s->draw_pending;
         s->draw_pending = 0;
+        s->device_draw_steps += s->device_draw_pending;
+        s->device_draw_pending = 0;
         for (uint32_t i = 0; i < n; i++)
             if (req_unref_locked(batch[i])) req_destroy(batch[i]);
     }
@@ -1345,6 +1362,7 @@ static void *engine_main(void *arg) {
     free(ntok);
     free(pick);
     free(pick_l);
+    free(rows);
     free(drawn);
     return NULL;
 }
@@ -1420,6 +1438,7 @@ void srv_get_stats(srv_server *s, srv_stats *o) {
     o->prefill_chunks = s->prefill_chunks;
     o->decode_steps_beside_prefill = s->decode_steps_beside_prefill;
     o->decode_steps = s->decode_steps;
+    o->device_draw_steps = s->device_draw_steps;
     o->decode_seconds = s->decode_seconds;
     o->prefill_seconds = s->prefill_seconds;
     o->draw_seconds = s->draw_seconds;

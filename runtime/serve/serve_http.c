@@ -217,6 +217,8 @@ static char *metrics_text(srv_server *s) {
     sb_printf(&b, "glm5_decode_steps_beside_prefill_total %llu\n", (unsigned long long)s->decode_steps_beside_prefill);
     sb_metric(&b, "glm5_decode_steps_total", "counter", "engine steps that decoded (one batched forward call each)");
     sb_printf(&b, "glm5_decode_steps_total %llu\n", (unsigned long long)s->decode_steps);
+    sb_metric(&b, "glm5_device_draw_steps_total", "counter", "decode steps whose tokens were drawn on the device");
+    sb_printf(&b, "glm5_device_draw_steps_total %llu\n", (unsigned long long)s->device_draw_steps);
     sb_metric(&b, "glm5_decode_step_seconds_total", "counter",
               "time in decode steps: the batched forward call (logits to the host included) and the draws");
     sb_printf(&b, "glm5_decode_step_seconds_total %.6f\n", s->decode_seconds);

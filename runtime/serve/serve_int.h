@@ -192,6 +192,8 @@ struct srv_server {
     uint64_t draft_proposed, draft_accepted;
     uint64_t prefill_chunks, decode_steps_beside_prefill; /* srv_stats */
     uint64_t decode_steps;     /* srv_stats: engine steps that decoded */
+    uint64_t device_draw_steps; /* srv_stats: decode steps drawn on the device */
+    uint64_t device_draw_pending; /* the engine thread's, moved under the lock once a step */
     double decode_seconds, prefill_seconds, draw_seconds; /* srv_stats: time in decode steps, in
                                                              prompt chunks, drawing tokens */
     double draw_pending;       /* the engine thread's draw time not yet in draw_seconds (that

@@ -181,7 +181,10 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
         T_CHECK(rt_gpu_forward_batch(g, bad, tv, 2, lb, &e) == G5_ERR_INVALID_ARG && rt_gpu_seq_n_past(bs[2]) == k_lens[2],
                 "%s: a token outside the vocabulary must be refused without advancing anything", c->name);
     }
-    uint32_t rows = 0, diff_rows = 0, steps_gt16 = 0, am_rows = 0, am_bad = 0;
+    uint32_t rows = 0, diff_rows = 0, steps_gt16 = 0, am_rows = 0, am_bad = 0, dr_rows = 0, dr_bad = 0;
+    const int draws = rt_gpu_model_info(g)->draws;
+    samp_dev_row drows[NSEQ];
+    int32_t dv[NSEQ], dv1[NSEQ];
     double worst = 0, t_batch = 0, t_single = 0;
     int32_t am[NSEQ], am1[NSEQ];
     float av[NSEQ], av1[NSEQ];
@@ -197,11 +200,19 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
             tok[k++] = next[i];
         }
         if (k > CUK_GEMV_MAX_N) steps_gt16++;
-        /* the argmax outputs (greedy steps: rt_eng_decode_argmax) on two steps of three, on the
-         * second without the logits, for the batch and for the one-token calls (graphs too) */
-        const int mode = s % 3, want_am = mode != 0, want_lg = mode != 2;
+        /* the argmax outputs (greedy steps: rt_eng_decode_argmax) on two steps of four, on the
+         * second without the logits, for the batch and for the one-token calls (graphs too); on
+         * the fourth, where the model draws on the device, the draws (rt_eng_decode_draw: the
+         * batch without its logits, the one-token calls with them) */
+        const int mode = s % 4, want_dr = mode == 3 && draws, want_am = mode == 1 || mode == 2, want_lg = mode < 2;
+        for (uint32_t j = 0; j < k && want_dr; j++) {
+            const uint32_t u = (uint32_t)(rnd() % 4);
+            drows[j] = (samp_dev_row){u == 0 ? 0.0f : unif(0.4f, 1.4f), u == 3 ? unif(0.01f, 0.2f) : 0.0f, 0, rnd() >> 11};
+            if (drows[j].min_p > 0) drows[j].lmin = log((double)drows[j].min_p);
+        }
         const rt_gpu_outputs ob = {.logits = want_lg ? lb : NULL, .all_logits = 1, .argmax = want_am ? am : NULL,
-                                   .argmax_logit = want_am ? av : NULL};
+                                   .argmax_logit = want_am ? av : NULL, .draw = want_dr ? drows : NULL,
+                                   .draw_ids = want_dr ? dv : NULL};
         double t0 = now_s();
         ok &= rt_gpu_forward_rows(g, bb, NULL, k, tok, &ob, &e) == G5_OK;
         t_batch += now_s() - t0;
@@ -209,7 +220,8 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
         t0 = now_s();
         for (uint32_t j = 0; j < k && ok; j++) {
             const rt_gpu_outputs o1 = {.logits = lr + (size_t)j * V, .argmax = want_am ? &am1[j] : NULL,
-                                       .argmax_logit = want_am ? &av1[j] : NULL};
+                                       .argmax_logit = want_am ? &av1[j] : NULL, .draw = want_dr ? &drows[j] : NULL,
+                                       .draw_ids = want_dr ? &dv1[j] : NULL};
             ok &= rt_gpu_forward_seq(g, rs[idx[j]], &tok[j], 1, &o1, &e) == G5_OK;
         }
         t_single += now_s() - t0;
@@ -219,6 +231,11 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
             if (want_am) {
                 am_rows++;
                 am_bad += !argmax_ok(am[j], av[j], b, V) + !argmax_ok(am1[j], av1[j], b, V);
+            }
+            if (want_dr) {
+                const int32_t w = samp_device_draw(&drows[j], b, V);
+                dr_rows++;
+                dr_bad += (dv[j] != w) + (dv1[j] != w);
             }
             if (want_lg && memcmp(a, b, (size_t)V * 4)) {
                 const double d = max_abs_diff(a, b, V);
@@ -247,6 +264,9 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     T_CHECK(ok && am_rows > 0 && am_bad == 0,
             "%s: argmax outputs (batched and one-token) must be the logits' argmax and its bits (%u wrong of 2 x %u)",
             c->name, am_bad, am_rows);
+    T_CHECK(ok && (draws ? dr_rows > 0 : dr_rows == 0) && dr_bad == 0,
+            "%s: device draws (batched and one-token) must be samp_device_draw's tokens from the logits (%u wrong of "
+            "2 x %u; draws %s)", c->name, dr_bad, dr_rows, draws ? "on" : "off: the head is split");
     for (uint32_t i = 0; i < NSEQ; i++) {
         rt_gpu_seq_free(bs[i]);
         rt_gpu_seq_free(rs[i]);
@@ -518,6 +538,60 @@ static void prefix_server(const pcfg *c, const char *model) {
     srv_free(off);
 }
 
+/* ---- token draws on the device (rt_eng_decode_draw) ---- */
+
+/* One sampled completion (temperature 0.9, the seed, min_p; logprobs 1 or none): its token ids. */
+static int complete_sampled(uint16_t port, const int32_t *ids, uint32_t n, long seed, double min_p, int logprobs,
+                            int32_t *out, uint32_t cap_out, uint32_t *n_out) {
+    size_t cap = 160 + (size_t)n * 12;
+    char *body = xmalloc(cap), *p = body;
+    p += snprintf(p, cap, "{\"max_tokens\":%u,\"temperature\":0.9,\"seed\":%ld,\"min_p\":%g,%s\"return_token_ids\":true,"
+                  "\"prompt\":[", cap_out, seed, min_p, logprobs ? "\"logprobs\":1," : "");
+    for (uint32_t i = 0; i < n; i++) p += snprintf(p, cap - (size_t)(p - body), "%s%d", i ? "," : "", ids[i]);
+    snprintf(p, cap - (size_t)(p - body), "]}");
+    char *resp = NULL;
+    const int status = http_body(port, "POST", "/v1/completions", body, &resp);
+    free(body);
+    *n_out = 0;
+    json_t *j = status == 200 && resp ? json_loads(resp, 0, NULL) : NULL;
+    json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+    for (size_t k = 0; k < json_array_size(t) && *n_out < cap_out; k++)
+        out[(*n_out)++] = (int32_t)json_integer_value(json_array_get(t, k));
+    json_decref(j);
+    free(resp);
+    return status;
+}
+
+/* Seeded sampled requests drawn on the device (no logprobs: rt_eng_decode_draw where the model
+ * draws there) give the ids of the same requests with logprobs, which the host draws from the
+ * logits; glm5_device_draw_steps_total counts the device's steps (none where the head is split). */
+static void draw_server(const pcfg *c, const char *model) {
+    srv_server *s = start_gpu_server(model, c, 0, 0);
+    if (s && srv_get_load_state(s, NULL) == SRV_READY) {
+        const uint16_t port = srv_port(s);
+        const double d0 = get_metric(port, "glm5_device_draw_steps_total");
+        int same = 0, n_req = 0;
+        for (int k = 0; k < 4; k++) {
+            int32_t pr[40], a[24], b[24];
+            for (int i = 0; i < 40; i++) pr[i] = (int32_t)(10 + rnd() % 1500);
+            uint32_t na = 0, nb = 0;
+            const double mp = k % 2 ? 0.05 : 0.0;
+            const int sa = complete_sampled(port, pr, 40, 1000 + k, mp, 0, a, 24, &na);
+            const int sb = complete_sampled(port, pr, 40, 1000 + k, mp, 1, b, 24, &nb);
+            n_req++;
+            same += sa == 200 && sb == 200 && na > 0 && na == nb && !memcmp(a, b, na * sizeof *a);
+        }
+        const double d1 = get_metric(port, "glm5_device_draw_steps_total");
+        T_CHECK(same == n_req, "%s: seeded sampled requests drawn without logprobs give the ids of the same requests "
+                "drawn on the host (%d of %d)", c->name, same, n_req);
+        const int draws = c->tp2 == 0; /* one rank holds the head */
+        T_CHECK(draws ? d1 - d0 > 0 : d1 == d0, "%s: glm5_device_draw_steps_total +%.0f (%s)", c->name, d1 - d0,
+                draws ? "want > 0" : "want 0: the head is split");
+        T_CHECK(idle_after(port, 10), "%s: draw server idle after the requests", c->name);
+    }
+    srv_free(s);
+}
+
 /* ---- chunked prefill beside decoding (runtime/serve/serve_engine.c, srv_prefill_chunk) ---- */
 
 #define CNA 300    /* the long prompt: 9 blocks of PBT and 12 tokens */
@@ -640,6 +714,9 @@ static int run_batch_tests(void) {
     if (have[1]) prefix_server(&pc[4], dirs[1]);
     if (have[0]) prefix_server(&pc[6], dirs[0]);
     if (have[0]) prefix_server(&pc[7], dirs[0]);
+    if (have[0]) draw_server(&pc[0], dirs[0]);
+    if (have[0]) draw_server(&pc[2], dirs[0]);
+    if (have[1]) draw_server(&pc[4], dirs[1]);
     if (have[0]) chunked_server(&pc[0], dirs[0]);
     if (have[0]) chunked_server(&pc[2], dirs[0]);
     if (have[1]) chunked_server(&pc[4], dirs[1]);
