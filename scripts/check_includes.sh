@@ -5,7 +5,8 @@
 #   format/          format/ only
 #   convert/         format/
 #   cuda/            format/quant.h (the type table; format/quant_blocks.h, its decoders shared
-#                    with the device) and format/status.h only
+#                    with the device), format/det_exp.h (the sampler's arithmetic, shared with
+#                    the device) and format/status.h only
 #   runtime/cpu/     format/
 #   runtime/text/    format/
 #   runtime/gpu/     runtime/cpu/, cuda/, format/
@@ -51,7 +52,7 @@ check() {
     BEGIN {
         ok["format"] = " format "
         ok["convert"] = " convert format "
-        ok["cuda"] = " cuda format/quant.h format/quant_blocks.h format/status.h "
+        ok["cuda"] = " cuda format/quant.h format/quant_blocks.h format/det_exp.h format/status.h "
         ok["runtime/cpu"] = " runtime/cpu format "
         ok["runtime/text"] = " runtime/text format "
         ok["runtime/gpu"] = " runtime/gpu runtime/cpu cuda format "

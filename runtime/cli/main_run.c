@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -645,6 +646,12 @@ int main(int argc, char **argv) {
      * same calls): each decode step gives the argmax and its logit computed on the GPU, not the
      * vocabulary's logits (rt_eng_decode_argmax); --check follows plain prefill calls */
     const int argmax_steps = a.cuda && !dr && !a.check && samp_params_argmax(&a.sp);
+    /* else, one process drawing on its GPU (rt_eng_draws_on_device), sampling that the device does
+     * (no top-k cut, top-p or penalties): each decode step gives the token drawn there, the
+     * sampler's random number taken beforehand (rt_eng_decode_draw) */
+    const int draw_steps = !argmax_steps && a.cuda && !dr && !a.check && rt_comm_size(comm) == 1 &&
+                           rt_eng_draws_on_device(en) && samp_params_device(&a.sp, (uint32_t)V);
+    samp_dev_row drow;
     int32_t pick = -1;
     float pick_logit = 0;
     double t1 = now_s();
@@ -678,9 +685,9 @@ int main(int argc, char **argv) {
     while (n_gen < a.n_predict && !stopped) {
         int32_t id, x = -1;
         const float *q = dr ? rt_drafter_draft(dr, &x) : NULL; /* a draft pending verification */
-        if (picked) { /* the sampler's token and its refusal, from the argmax the step gave */
+        if (picked) { /* the sampler's token and its refusal, from the argmax or draw the step gave */
             id = pick;
-            st = samp_argmax_check(pick_logit, &e);
+            st = samp_argmax_check(draw_steps ? (pick >= 0 ? 0.0f : NAN) : pick_logit, &e);
             if (st && a.fast) snprintf(e.msg, sizeof e.msg, "%s", RT_ENG_FAST_RANGE_MSG);
         } else {
             st = q ? samp_sample_spec(samp, last, q, x, &id, NULL, &e) : samp_sample(samp, last, &id, &e);
@@ -718,11 +725,14 @@ int main(int argc, char **argv) {
         }
         if (stopped || n_gen == a.n_predict) break;
         if (bc_open && (st = rt_comm_bcast(comm, &id, sizeof id, 0, &e))) { rc = fail(&e, st, "token broadcast"); unclean = 1; goto out; }
-        st = dr             ? rt_drafter_step(dr, id, logits, &e)
-             : argmax_steps ? rt_eng_decode_argmax(en, &seq, &id, 1, &pick, &pick_logit, &e)
-                            : rt_eng_prefill(seq, &id, 1, &(rt_eng_out){.logits = logits}, &e);
+        if (draw_steps && !samp_device_row(samp, &drow)) st = g5_fail(&e, G5_ERR_INTERNAL, "device draw refused");
+        else
+            st = dr             ? rt_drafter_step(dr, id, logits, &e)
+                 : argmax_steps ? rt_eng_decode_argmax(en, &seq, &id, 1, &pick, &pick_logit, &e)
+                 : draw_steps   ? rt_eng_decode_draw(en, &seq, &id, 1, &drow, &pick, &e)
+                                : rt_eng_prefill(seq, &id, 1, &(rt_eng_out){.logits = logits}, &e);
         if (st) { rc = fail(&e, st, "decode step"); unclean = 1; goto out; }
-        picked = argmax_steps;
+        picked = argmax_steps || draw_steps;
         last = logits;
     }
     if (!stopped) {

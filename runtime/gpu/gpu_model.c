@@ -1264,10 +1264,7 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     if (multi) CK(gm_write_rows(g, pl, 0, hp->n_layer_main, err));
     const uint32_t out_rows = out && out->all_logits ? n : 1;
     if (out && (out->argmax || out->draw)) CK(argmax_room(g, out_rows, err));
-    for (uint32_t i = 0; out && out->draw && i < out_rows; i++) {
-        const samp_dev_row *d = &out->draw[i];
-        g->drh[i] = (cuk_sample_row){d->temperature, d->min_p, d->lmin, d->k};
-    }
+    if (out && out->draw) memcpy(g->drh, out->draw, (size_t)out_rows * sizeof *g->drh);
     /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
      * to one-token calls (its GEMV kernels sum each row alike) */
     for (uint32_t r = 0; r < g->T; r++) {

@@ -90,8 +90,8 @@
 #include <stdio.h>
 
 #include "runtime/gpu/gpu_load.h"
+#include "cuda/cuk_sample.h"
 #include "runtime/cpu/model.h"
-#include "runtime/text/sample.h"
 
 typedef struct rt_gpu_model rt_gpu_model;
 
@@ -209,9 +209,9 @@ typedef struct rt_gpu_outputs {
     float *argmax_logit;
     /* The rows' token draws made on the device where rt_gpu_info.draws (cuda/cuk_sample.h: the
      * host sampler's chain for what samp_device_row admits, the same token): draw[i] describes
-     * row i's draw, draw_ids[i] receives its token (-1 for a row with no logit > -inf, which the
-     * sampler refuses). Both or neither; not with argmax. */
-    const samp_dev_row *draw;
+     * row i's draw (samp_dev_row's fields), draw_ids[i] receives its token (-1 for a row with no
+     * logit > -inf, which the sampler refuses). Both or neither; not with argmax. */
+    const cuk_sample_row *draw;
     int32_t *draw_ids;
     /* Debugging and --check (rank 0's view; all ranks hold the same after each all-reduce): */
     float *layer_hidden;         /* [n_layer_main + 1][n][n_embd], as rt_outputs.layer_hidden */

@@ -489,11 +489,18 @@ g5_status samp_argmax_check(float logit, g5_error *err) {
     return logit > -INFINITY ? G5_OK : g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
 }
 
+/* A draw of p over n_vocab a device makes, given whether penalties are in force. */
+static int device_params(const samp_params *p, uint32_t n_vocab, int penalties) {
+    if (penalties) return 0;
+    return !(p->temperature > 0) || !((p->top_k > 0 && (uint32_t)p->top_k < n_vocab) || p->top_p < 1.0f);
+}
+
 int samp_device_ok(const samp_ctx *s) {
-    if (!s) return 0;
-    const samp_params *p = &s->p;
-    if (s->hist_n && !penalties_off(p)) return 0;
-    return !(p->temperature > 0) || !((p->top_k > 0 && (uint32_t)p->top_k < s->n_vocab) || p->top_p < 1.0f);
+    return s && device_params(&s->p, s->n_vocab, s->hist_n && !penalties_off(&s->p));
+}
+
+int samp_params_device(const samp_params *p, uint32_t n_vocab) {
+    return p && device_params(p, n_vocab, p->repeat_last_n > 0 && !penalties_off(p));
 }
 
 int samp_device_row(samp_ctx *s, samp_dev_row *row) {

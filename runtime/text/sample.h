@@ -98,6 +98,9 @@ typedef struct samp_dev_row {
 /* 1 if samp_sample's next draw is one a device can make: greedy, or sampling with top-k off or not
  * below n_vocab and top-p off; in both cases no penalty in force on the window as it is now. */
 int samp_device_ok(const samp_ctx *s);
+/* 1 if every draw of a sampler made with p over n_vocab tokens is one a device makes, whatever its
+ * window (decided from the options alone, as samp_params_argmax). */
+int samp_params_device(const samp_params *p, uint32_t n_vocab);
 /* Where samp_device_ok: 1 and *row describing the draw, a sampled draw's random number taken from
  * the stream as samp_sample would take it, so the device's token must be used as this draw. 0,
  * with nothing taken, where the draw needs samp_sample. */

@@ -43,6 +43,7 @@
 #include "runtime/cpu/model.h"
 #include "runtime/cpu/weights.h"
 #include "runtime/gpu/gpu_model.h"
+#include "runtime/text/sample.h"
 #include "tests/gpu/bench_util.h"
 
 enum { MAX_LIST = 16 };
@@ -296,6 +297,40 @@ int main(int argc, char **argv) {
             const double per2 = (now_s() - a2) / tg;
             printf("tg%u @ %u %s, argmax steps: %.1f tok/s (%.3f ms per token)\n", tg, d + tg + 2, prec, 1.0 / per2,
                    per2 * 1e3);
+        }
+        { /* sampled at OpenAI's defaults (temperature 0.9, no top-k, top-p 1): the logits and the
+           * host's draw (samp_sample), then the same steps drawn on the device (rt_gpu_outputs.draw) */
+            samp_params sp;
+            samp_params_default(&sp);
+            sp.temperature = 0.9f, sp.top_k = 0, sp.top_p = 1.0f, sp.min_p = 0.0f, sp.seed = 5;
+            samp_ctx *sc = NULL;
+            GK(samp_create(&sp, hp->n_vocab, &sc, &err_));
+            int32_t id = -1;
+            double a3 = now_s(), host_s = 0;
+            for (uint32_t s = 0; s < tg; s++) {
+                GK(rt_gpu_forward(g, ids + d + 4 + tg + s % 2, 1, &out, &err_));
+                const double h0 = now_s();
+                GK(samp_sample(sc, logits, &id, &err_));
+                host_s += now_s() - h0;
+            }
+            const double per3 = (now_s() - a3) / tg;
+            printf("tg%u @ %u %s, sampled, host draws: %.1f tok/s (%.3f ms per token, of which the draw %.3f ms)\n", tg,
+                   d + 2 * tg + 2, prec, 1.0 / per3, per3 * 1e3, host_s * 1e3 / tg);
+            if (gi->draws) {
+                samp_dev_row row;
+                cuk_sample_row cr;
+                const rt_gpu_outputs od = {.draw = &cr, .draw_ids = &id};
+                a3 = now_s();
+                for (uint32_t s = 0; s < tg; s++) { /* the host's part of a device draw, timed with it */
+                    samp_device_row(sc, &row);
+                    cr = (cuk_sample_row){row.temperature, row.min_p, row.lmin, row.k};
+                    GK(rt_gpu_forward(g, ids + d + 4 + tg + s % 2, 1, &od, &err_));
+                }
+                const double per4 = (now_s() - a3) / tg;
+                printf("tg%u @ %u %s, sampled, device draws: %.1f tok/s (%.3f ms per token)\n", tg, d + 3 * tg + 2, prec,
+                       1.0 / per4, per4 * 1e3);
+            }
+            samp_free(sc);
         }
         if (profile) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_)); /* the last step, sub-step by sub-step */
     }

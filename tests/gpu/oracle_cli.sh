@@ -103,6 +103,18 @@ for cfg in tp1:precise tp2:precise tp1:fast; do
     fi
 done
 
+# sampling drawn on the device (draw steps: temperature and min-p, no top-k cut or top-p) gives the
+# tokens the host draws from the same logits (--check keeps the draws on the host), graphs too
+samp() { "$RUN" --device cuda --tokens "$P1" -n 24 --temp 0.9 --top-k 0 --top-p 1 --min-p 0.02 --seed 11 --ids "$@"; }
+for pr in precise fast; do
+    dev=$(samp -m "$W/tp1" -q --precision "$pr"); rc=$?
+    host=$(samp -m "$W/tp1" --precision "$pr" --check 100 2>"$OUT/samp_check_$pr.txt"); rc2=$?
+    expect "sampled $pr: exit 0 both ways, tokens drawn" $(( rc != 0 || rc2 != 0 || $(n_ids "$dev") < 1 )) "exit $rc / $rc2: $dev"
+    [ "$dev" = "$host" ]; expect "sampled $pr: the device's draws equal the host's" $? "device $dev / host $host"
+    graph=$(samp -m "$W/tp1" -q --precision "$pr" --cuda-graph on); rc=$?
+    [ $rc -eq 0 ] && [ "$graph" = "$dev" ]; expect "sampled $pr --cuda-graph on: the same tokens" $? "exit $rc: $graph"
+done
+
 # fast mode: stage by stage within glm5-run's fast tolerance (5e-2) with every cache type, the
 # end-to-end logits reported ("reported, not judged"), and 24 tokens
 for kc in f32 f16 bf16; do

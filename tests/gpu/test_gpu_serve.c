@@ -184,6 +184,7 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     uint32_t rows = 0, diff_rows = 0, steps_gt16 = 0, am_rows = 0, am_bad = 0, dr_rows = 0, dr_bad = 0;
     const int draws = rt_gpu_model_info(g)->draws;
     samp_dev_row drows[NSEQ];
+    cuk_sample_row crows[NSEQ];
     int32_t dv[NSEQ], dv1[NSEQ];
     double worst = 0, t_batch = 0, t_single = 0;
     int32_t am[NSEQ], am1[NSEQ];
@@ -209,9 +210,10 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
             const uint32_t u = (uint32_t)(rnd() % 4);
             drows[j] = (samp_dev_row){u == 0 ? 0.0f : unif(0.4f, 1.4f), u == 3 ? unif(0.01f, 0.2f) : 0.0f, 0, rnd() >> 11};
             if (drows[j].min_p > 0) drows[j].lmin = log((double)drows[j].min_p);
+            crows[j] = (cuk_sample_row){drows[j].temperature, drows[j].min_p, drows[j].lmin, drows[j].k};
         }
         const rt_gpu_outputs ob = {.logits = want_lg ? lb : NULL, .all_logits = 1, .argmax = want_am ? am : NULL,
-                                   .argmax_logit = want_am ? av : NULL, .draw = want_dr ? drows : NULL,
+                                   .argmax_logit = want_am ? av : NULL, .draw = want_dr ? crows : NULL,
                                    .draw_ids = want_dr ? dv : NULL};
         double t0 = now_s();
         ok &= rt_gpu_forward_rows(g, bb, NULL, k, tok, &ob, &e) == G5_OK;
@@ -220,7 +222,7 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
         t0 = now_s();
         for (uint32_t j = 0; j < k && ok; j++) {
             const rt_gpu_outputs o1 = {.logits = lr + (size_t)j * V, .argmax = want_am ? &am1[j] : NULL,
-                                       .argmax_logit = want_am ? &av1[j] : NULL, .draw = want_dr ? &drows[j] : NULL,
+                                       .argmax_logit = want_am ? &av1[j] : NULL, .draw = want_dr ? &crows[j] : NULL,
                                        .draw_ids = want_dr ? &dv1[j] : NULL};
             ok &= rt_gpu_forward_seq(g, rs[idx[j]], &tok[j], 1, &o1, &e) == G5_OK;
         }
