@@ -8,6 +8,8 @@
  *   pdl-wait     PDL launches, griddepcontrol.wait first, then the weights (session 8's form)
  *   pdl-pre      PDL launches, the row's weights loaded into registers first, then
  *                launch_dependents and the wait, then x (the form a GEMV could take)
+ *   pdl-l2       PDL launches, the row's weights prefetched into L2 first, then
+ *                launch_dependents and the wait, then weights and x read as plain does
  *   empty, empty-pdl   the same chain with no weights (the launch floor, without and with PDL)
  * at weights of 0.5, 2 and 8 MB per kernel, against the byte time at the D2D copy rate of the
  * same run. The PDL chains' final outputs must equal the plain chain's bit for bit (a misplaced
@@ -24,15 +26,18 @@
 
 enum { K = 2048, NK = 240, THREADS = 256, ROWS_PER_CTA = THREADS / 32, PER_LANE = K / 32 };
 
-typedef enum { V_PLAIN, V_PDL_WAIT, V_PDL_PRE, V_EMPTY, V_EMPTY_PDL, N_V } variant;
-static const char *const VNAME[N_V] = {"plain", "pdl-wait", "pdl-pre", "empty", "empty-pdl"};
+typedef enum { V_PLAIN, V_PDL_WAIT, V_PDL_PRE, V_PDL_L2, V_EMPTY, V_EMPTY_PDL, N_V } variant;
+static const char *const VNAME[N_V] = {"plain", "pdl-wait", "pdl-pre", "pdl-l2", "empty", "empty-pdl"};
 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 /* Grid: m / ROWS_PER_CTA CTAs; warp = one row of w [m][K]; lane l sums elements l + 32 j. MODE 0:
- * no PDL; 1: wait first; 2: weights first, then trigger and wait. y[row] = w[row] . x (x = the
- * previous kernel's y, its first K elements). */
+ * no PDL; 1: wait first; 2: weights first (into registers), then trigger and wait; 3: the row's
+ * weights prefetched into L2 (prefetch.global.L2, one 128-byte line a lane a step), then trigger
+ * and wait, then the weights read as in MODE 0 (the form any kernel could take without holding
+ * its weights in registers). y[row] = w[row] . x (x = the previous kernel's y, its first K
+ * elements). */
 template <int MODE>
 __global__ void __launch_bounds__(THREADS) k_chain(const float *__restrict__ w, const float *x, float *y, int m) {
     const int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_CTA + (threadIdx.x >> 5);
@@ -42,6 +47,12 @@ __global__ void __launch_bounds__(THREADS) k_chain(const float *__restrict__ w, 
     }
     float wv[PER_LANE];
     const float *wr = w + (int64_t)(row < m ? row : m - 1) * K;
+    if (MODE == 3) {
+        for (int c = lane; c < K / 32; c += 32) /* the row's 128-byte lines */
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + 32 * c));
+        pdl_launch();
+        pdl_wait();
+    }
 #pragma unroll
     for (int j = 0; j < PER_LANE; j++) wv[j] = __ldg(wr + lane + 32 * j);
     if (MODE == 2) {
@@ -66,7 +77,7 @@ template <int PDL> __global__ void __launch_bounds__(THREADS) k_empty(const floa
 }
 
 static void launch(variant v, const float *w, const float *x, float *y, int m, cudaStream_t st) {
-    const int pdl = v == V_PDL_WAIT || v == V_PDL_PRE || v == V_EMPTY_PDL;
+    const int pdl = v == V_PDL_WAIT || v == V_PDL_PRE || v == V_PDL_L2 || v == V_EMPTY_PDL;
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at.val.programmaticStreamSerializationAllowed = 1;
@@ -80,6 +91,7 @@ static void launch(variant v, const float *w, const float *x, float *y, int m, c
     case V_PLAIN: CK(cudaLaunchKernelEx(&cfg, k_chain<0>, w, x, y, m)); break;
     case V_PDL_WAIT: CK(cudaLaunchKernelEx(&cfg, k_chain<1>, w, x, y, m)); break;
     case V_PDL_PRE: CK(cudaLaunchKernelEx(&cfg, k_chain<2>, w, x, y, m)); break;
+    case V_PDL_L2: CK(cudaLaunchKernelEx(&cfg, k_chain<3>, w, x, y, m)); break;
     case V_EMPTY: CK(cudaLaunchKernelEx(&cfg, k_empty<0>, x, y)); break;
     default: CK(cudaLaunchKernelEx(&cfg, k_empty<1>, x, y)); break;
     }
@@ -120,7 +132,7 @@ int main(int argc, char **argv) {
     int fails = 0;
     printf("| weights per kernel | byte time us |");
     for (int v = 0; v < N_V; v++) printf(" %s |", VNAME[v]);
-    printf(" (us per kernel) |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf(" (us per kernel) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t mi = 0; mi < sizeof MS / sizeof MS[0]; mi++) {
         const int m = MS[mi];
         const size_t wbytes = (size_t)m * K * 4;
@@ -155,11 +167,12 @@ int main(int argc, char **argv) {
         }
         const int same = !memcmp(out[V_PLAIN], out[V_PDL_WAIT], (size_t)m * 4) &&
                          !memcmp(out[V_PLAIN], out[V_PDL_PRE], (size_t)m * 4) &&
+                         !memcmp(out[V_PLAIN], out[V_PDL_L2], (size_t)m * 4) &&
                          !memcmp(out[V_EMPTY], out[V_EMPTY_PDL], (size_t)K * 4);
         if (!same) fails++;
-        printf("| %.1f MB, %d CTAs | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", wbytes / 1048576.0, m / ROWS_PER_CTA,
-               wbytes / (gbs * 1e9) * 1e6, us[V_PLAIN], us[V_PDL_WAIT], us[V_PDL_PRE], us[V_EMPTY], us[V_EMPTY_PDL],
-               same ? "outputs equal" : "OUTPUTS DIFFER");
+        printf("| %.1f MB, %d CTAs | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", wbytes / 1048576.0,
+               m / ROWS_PER_CTA, wbytes / (gbs * 1e9) * 1e6, us[V_PLAIN], us[V_PDL_WAIT], us[V_PDL_PRE], us[V_PDL_L2],
+               us[V_EMPTY], us[V_EMPTY_PDL], same ? "outputs equal" : "OUTPUTS DIFFER");
         for (int v = 0; v < N_V; v++) free(out[v]);
         for (int i = 0; i < NK; i++) CK(cudaFree(wk[i]));
         CK(cudaFree(seed));
