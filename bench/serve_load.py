@@ -87,7 +87,7 @@ def one(port, model, ids, max_tokens, t0, out, i, seed=0):
 
 
 METRICS = ("glm5_decode_steps_total", "glm5_decode_step_seconds_total", "glm5_prefill_seconds_total",
-           "glm5_token_draw_seconds_total")
+           "glm5_token_draw_seconds_total", "glm5_device_draw_steps_total")
 
 
 def metrics(port):
@@ -106,10 +106,10 @@ def metrics(port):
 
 def engine_line(n, m0, m1):
     d = {k: m1[k] - m0[k] for k in METRICS}
-    steps, dec, pre, draw = (d[k] for k in METRICS)
+    steps, dec, pre, draw, dev = (d[k] for k in METRICS)
     per = 1e3 * dec / steps if steps else 0.0
-    return (f"engine, clients {n}: {steps:.0f} decode steps, {dec:.2f} s ({per:.2f} ms per step, of which "
-            f"{1e3 * draw / steps if steps else 0.0:.2f} ms token draws), prefill {pre:.2f} s")
+    return (f"engine, clients {n}: {steps:.0f} decode steps ({dev:.0f} drawn on the device), {dec:.2f} s ({per:.2f} ms "
+            f"per step, of which {1e3 * draw / steps if steps else 0.0:.2f} ms token draws), prefill {pre:.2f} s")
 
 
 def prompts_of(n, prompt, vocab):
