@@ -24,6 +24,9 @@ struct samp_ctx {
     double xmin;       /* -K ln2 - 1e-6: exponents whose mass is certainly 0 */
     uint64_t *mass;    /* [n_vocab] once a list of over 256 is weighed */
     uint64_t *mw;      /* the last chain's masses, cand's order: mass or mass_small */
+    uint64_t *m1;      /* [n_vocab] by id: top-p's masses at temperature 1 (lists of over 256),
+                        * so its running sum and a temperature-1 draw take no second exp */
+    int m1_on;         /* the last chain filled m1 */
     uint64_t total;    /* their sum */
     uint64_t mass_small[256];
 };
@@ -109,6 +112,7 @@ void samp_free(samp_ctx *s) {
     free(s->cand);
     free(s->tmp);
     free(s->mass);
+    free(s->m1);
     free(s->qp);
     free(s->hist);
     free(s->sorted);
@@ -294,6 +298,11 @@ static uint64_t cand_mass(const samp_ctx *s, float l, float maxl, float T) {
     return dx_mass(l, maxl, T, s->scale, s->xmin);
 }
 
+/* Candidate c's mass at temperature 1: top-p's, kept by id where m1_on. */
+static uint64_t cand_mass1(const samp_ctx *s, const samp_cand *c, float maxl) {
+    return s->m1_on ? s->m1[c->id] : cand_mass(s, c->logit, maxl, 1.0f);
+}
+
 __extension__ typedef unsigned __int128 samp_u128;
 
 /* The least integer >= top_p * z, exactly: top_p = a * 2^-sh with a the float's 24-bit mantissa. */
@@ -350,7 +359,7 @@ static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, uint64_t need, const 
     uint64_t cum = 0;
     for (size_t i = 0; i < m; i++) {
         if (i == k) rank_cands(s, c + k, m - k, 1); /* the running sum needs the rest too */
-        cum += cand_mass(s, c[i].logit, maxl, 1.0f);
+        cum += cand_mass1(s, &c[i], maxl);
         if (cum >= need) return i + 1;
     }
     return m;
@@ -419,11 +428,15 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     const int top_p = p->top_p < 1.0f, partial = top_p && by_id && m > 256, min_p = p->min_p > 0 && p->min_p <= 1;
     uint64_t z = 0, bmass[RANK_BUCKETS];
     if (partial) memset(bmass, 0, sizeof bmass);
+    if (top_p && m > 256 && !s->m1) s->m1 = malloc((size_t)n * sizeof *s->m1); /* else computed again */
+    s->m1_on = 0;
     for (size_t i = 0; top_p && i < m; i++) {
         const uint64_t w = cand_mass(s, s->cand[i].logit, maxl, 1.0f);
         z += w;
         if (partial) bmass[rank_bucket(maxl, s->cand[i].logit)] += w;
+        if (m > 256 && s->m1) s->m1[s->cand[i].id] = w;
     }
+    s->m1_on = top_p && m > 256 && s->m1;
     /* min-p keeps the candidates whose weight at temperature 1 is at least min_p (the largest's
      * is 1), in their order */
     if (min_p) {
@@ -442,7 +455,7 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
             rank_cands(s, s->cand, m, by_id);
             uint64_t cum = 0;
             for (size_t i = 0; i < m; i++) {
-                cum += cand_mass(s, s->cand[i].logit, maxl, 1.0f);
+                cum += cand_mass1(s, &s->cand[i], maxl);
                 if (cum >= need) {
                     m = i + 1;
                     break;
@@ -451,7 +464,9 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
         }
     }
     uint64_t total = 0;
-    for (size_t i = 0; i < m; i++) total += mass[i] = cand_mass(s, s->cand[i].logit, maxl, p->temperature);
+    for (size_t i = 0; i < m; i++)
+        total += mass[i] = p->temperature == 1.0f ? cand_mass1(s, &s->cand[i], maxl)
+                                                  : cand_mass(s, s->cand[i].logit, maxl, p->temperature);
     for (size_t i = 0; i < m; i++) {
         s->cand[i].p = (float)((double)mass[i] / (double)total);
         s->cand[i].logit /= p->temperature;
