@@ -18,7 +18,8 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # runtime's soname (a machine with only libcublas.so.13 installed)
 CUBLAS_LINK ?= $(if $(wildcard $(CUDA_HOME)/lib64/libcublas.so /usr/lib/x86_64-linux-gnu/libcublas.so /usr/lib64/libcublas.so),-lcublas,-l:libcublas.so.13)
 NVCCFLAGS := -std=c++17 -O3 $(CUDA_GENCODE) -I. \
-             -Xcompiler -Wall,-Wextra,-Wno-unknown-pragmas -Werror all-warnings -MMD -MP $(EXTRA_NVCCFLAGS)
+             -Xcompiler -Wall,-Wextra,-Wno-unknown-pragmas,-ffp-contract=off -Werror all-warnings -MMD -MP \
+             $(EXTRA_NVCCFLAGS)
 
 GPU_DIR        := $(BUILD)/gpu
 GPU_LIB        := $(GPU_DIR)/libg5cuda.a

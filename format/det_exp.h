@@ -4,10 +4,11 @@
  *
  * Plain IEEE double operations in a fixed order and nothing from a math library: the device form
  * spells every product and sum as its _rn intrinsic (which nvcc never fuses into a multiply-add),
- * the host form is compiled with -ffp-contract=off (the Makefile's CFLAGS), so no product is fused
- * into the sum that follows it. Reduction x = m ln2/32 + r (|r| <= ln2/64; ln2 in two parts, so m
- * times the high part is exact), a degree-6 Taylor polynomial of e^r, times 2^((m mod 32)/32) from
- * a table of 32 doubles, times 2^floor(m/32) from its exponent bits. Within 3 ulp of e^x; 0 below
+ * the host form is compiled with -ffp-contract=off (the Makefile's CFLAGS, and cuda.mk's for the
+ * host side of .cu files), so no product is fused into the sum that follows it. Reduction
+ * x = m ln2/32 + r (|r| <= ln2/64; ln2 in two parts, so m times the high part is exact), a
+ * degree-6 Taylor polynomial of e^r, times 2^((m mod 32)/32) from a table of 32 doubles, times
+ * 2^floor(m/32) from its exponent bits. Within 3 ulp of e^x; 0 below
  * -708 (and for NaN and -inf), 1 at 0 and above. */
 #ifndef G5_DET_EXP_H
 #define G5_DET_EXP_H

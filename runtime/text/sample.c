@@ -557,18 +557,20 @@ int32_t samp_device_draw(const samp_dev_row *row, const float *logits, uint32_t 
 
 g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *err) {
     if (!s || !logits || !id) return g5_fail(err, G5_ERR_INVALID_ARG, "samp_sample: bad arguments");
+    /* Every sampled draw takes one number first, a single candidate or refused logits too, so the
+     * stream does not depend on the logits (a device draw takes its number before the logits
+     * exist: samp_device_row). */
+    const int sampled = s->p.temperature > 0;
+    const uint64_t k = sampled ? xoshiro_next(s->rng) >> 11 : 0;
     size_t m;
     g5_status st = run_chain(s, logits, &m, err);
     if (st != G5_OK) return st;
-    if (!(s->p.temperature > 0)) { /* greedy: the argmax, no random number */
+    if (!sampled) { /* greedy: the argmax, no random number */
         *id = s->cand[0].id;
         return G5_OK;
     }
     /* r = floor(u * total) for samp_rand's u = k / 2^53, uniform in [0, total) up to 2^-53: the
-     * first candidate whose running mass passes r. Every sampled draw takes one number, a single
-     * candidate too, so the stream does not depend on the logits (a device draw takes its number
-     * before the logits exist: samp_device_row). */
-    const uint64_t k = xoshiro_next(s->rng) >> 11;
+     * first candidate whose running mass passes r */
     const uint64_t r = (uint64_t)(((samp_u128)k * s->total) >> 53);
     uint64_t cum = 0;
     for (size_t i = 0; i < m; i++)

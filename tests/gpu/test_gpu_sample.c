@@ -39,7 +39,7 @@ static void one_case(int32_t V, int32_t R) {
     for (int32_t r = 0; r < R; r++) {
         samp_params p;
         samp_params_default(&p);
-        p.temperature = r % 5 == 0 ? 0.0f : unif(0.3f, 1.5f);
+        p.temperature = r % 5 == 4 ? 0.0f : unif(0.3f, 1.5f); /* row 0 samples (the one-row cases) */
         p.top_k = r % 3 == 0 ? V : 0;
         p.top_p = 1.0f;
         p.min_p = r % 2 ? unif(0.001f, 0.3f) : 0.0f;
@@ -89,7 +89,7 @@ static void one_case(int32_t V, int32_t R) {
             samp_accept(a[r], want), samp_accept(b[r], want);
         }
     }
-    T_CHECK(bad == 0 && same > 0 && sampled > 0, "V=%d, %d rows x 3 draws: %d tokens equal to the host's (%d sampled "
+    T_CHECK(bad == 0 && same > 0 && sampled > 0 && (R < 5 || sampled < 3 * R), "V=%d, %d rows x 3 draws: %d tokens equal to the host's (%d sampled "
             "rows), %d refused alike, %d differ", (int)V, (int)R, same, sampled, refused, bad);
     for (int32_t r = 0; r < R; r++) samp_free(a[r]), samp_free(b[r]);
     free(a), free(b), free(hl), free(hr), free(hout);
