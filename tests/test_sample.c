@@ -469,6 +469,10 @@ static int ref_cmp(const void *a, const void *b) {
     const ref_cand *x = a, *y = b;
     return ref_better(x, y) ? -1 : ref_better(y, x) ? 1 : 0;
 }
+static int ref_cmp_id(const void *a, const void *b) {
+    const ref_cand *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
 static int ref_cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return x < y ? -1 : x > y;
@@ -530,8 +534,8 @@ static size_t ref_chain(const samp_params *p, const float *logits, uint32_t n, c
         }
         m = k;
     }
-    const int ranked = (p->top_k > 0 && (size_t)p->top_k < n_finite) || p->top_p < 1.0f;
-    if (ranked) qsort(c, m, sizeof *c, ref_cmp);
+    (void)n_finite;
+    qsort(c, m, sizeof *c, ref_cmp); /* ranked: ties of equal logits by id */
     float maxl = -INFINITY;
     for (size_t i = 0; i < m; i++)
         if (c[i].logit > maxl) maxl = c[i].logit;
@@ -548,20 +552,24 @@ static size_t ref_chain(const samp_params *p, const float *logits, uint32_t n, c
             if (REF_W(c[i].logit, 1.0f) >= (double)p->min_p) c[k++] = c[i];
         m = k;
     }
-    if (p->top_p < 1.0f) { /* the first prefix with cum >= top_p z, compared exactly as cum 2^sh >= a z
-                            * (top_p = a 2^-sh; sh <= 64 for every top_p >= 2^-40) */
+    if (p->top_p < 1.0f) { /* the largest logit v whose group and those above it hold at least
+                            * top_p z (at least 1), compared exactly as cum 2^sh >= a z (top_p = a 2^-sh;
+                            * sh <= 64 for every top_p >= 2^-40); every candidate >= v kept */
         int e;
         const uint64_t a = (uint64_t)ldexpf(frexpf(p->top_p, &e), 24);
         const int sh = 24 - e;
         uint64_t cum = 0;
-        for (size_t i = 0; i < m; i++) {
-            cum += (uint64_t)(REF_W(c[i].logit, 1.0f) * scale);
-            if (!(p->top_p > 0) || (sh <= 64 && ((ref_u128)cum << sh) >= (ref_u128)a * z)) {
-                m = i + 1;
+        for (size_t i = 0; i < m;) {
+            size_t j = i; /* the group of logit c[i].logit */
+            while (j < m && c[j].logit == c[i].logit) cum += (uint64_t)(REF_W(c[j].logit, 1.0f) * scale), j++;
+            if (cum >= 1 && (!(p->top_p > 0) || (sh <= 64 && ((ref_u128)cum << sh) >= (ref_u128)a * z))) {
+                m = j;
                 break;
             }
+            i = j;
         }
     }
+    qsort(c, m, sizeof *c, ref_cmp_id); /* the draw walks ascending ids */
     *total = 0;
     for (size_t i = 0; i < m; i++) *total += mass[i] = (uint64_t)(REF_W(c[i].logit, p->temperature) * scale);
     for (size_t i = 0; i < m; i++) {

@@ -19,7 +19,6 @@ struct samp_ctx {
     int32_t *sorted;   /* scratch for counting the window */
     uint32_t *pen_n;   /* [hist_cap] occurrences of sorted[i]'s id in the window (penalties) */
     uint32_t hist_cap, hist_n, hist_head;
-    int ranked;        /* the last chain left cand ranked (else in ascending id order) */
     double scale;      /* 2^K: weights to masses (run_chain) */
     double xmin;       /* -K ln2 - 1e-6: exponents whose mass is certainly 0 */
     uint64_t *mass;    /* [n_vocab] once a list of over 256 is weighed */
@@ -155,15 +154,10 @@ static uint32_t desc_key(float l) {
     return ~u;
 }
 
-/* c[0..m), given in ascending id order, into cmp_cand's order: a stable LSD radix sort on
- * desc_key, 11 bits a pass (a pass whose digit is the same for every key is skipped), so equal
- * logits keep the lower id first. The keys ride in the candidates' p, which the chain fills
- * afterwards. O(m), where qsort took 25 ms at GLM-5's 154880 tokens. */
-static void sort_by_logit(samp_cand *c, samp_cand *tmp, size_t m) {
-    for (size_t i = 0; i < m; i++) {
-        const uint32_t k = desc_key(c[i].logit);
-        memcpy(&c[i].p, &k, sizeof k);
-    }
+/* c[0..m) into ascending order of the 32-bit keys in their p: a stable LSD radix sort, 11 bits a
+ * pass (a pass whose digit is the same for every key is skipped). O(m), where qsort took 25 ms at
+ * GLM-5's 154880 tokens. The chain fills p afterwards. */
+static void sort_keyed(samp_cand *c, samp_cand *tmp, size_t m) {
     samp_cand *src = c, *dst = tmp;
     for (int sh = 0; sh < 32; sh += 11) {
         size_t cnt[2048] = {0};
@@ -188,6 +182,36 @@ static void sort_by_logit(samp_cand *c, samp_cand *tmp, size_t m) {
         dst = t;
     }
     if (src != c) memcpy(c, src, m * sizeof *c);
+}
+
+/* c[0..m), given in ascending id order, into cmp_cand's order (the stable sort on desc_key keeps
+ * equal logits' lower id first). */
+static void sort_by_logit(samp_cand *c, samp_cand *tmp, size_t m) {
+    for (size_t i = 0; i < m; i++) {
+        const uint32_t k = desc_key(c[i].logit);
+        memcpy(&c[i].p, &k, sizeof k);
+    }
+    sort_keyed(c, tmp, m);
+}
+
+static int cmp_id(const void *a, const void *b) {
+    const samp_cand *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* c[0..m) into ascending id order: the radix sort on the id where a scratch list exists and the
+ * list is long, else qsort. */
+static void sort_ids(samp_ctx *s, samp_cand *c, size_t m) {
+    if (m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
+    if (m <= 256 || !s->tmp) {
+        qsort(c, m, sizeof *c, cmp_id);
+        return;
+    }
+    for (size_t i = 0; i < m; i++) {
+        const uint32_t k = (uint32_t)c[i].id;
+        memcpy(&c[i].p, &k, sizeof k);
+    }
+    sort_keyed(c, s->tmp, m);
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -365,10 +389,8 @@ static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, uint64_t need, const 
     return m;
 }
 
-/* Runs the chain into s->cand[0..*n) and their masses at the chain's temperature into
- * s->mass[0..*n) (s->total their sum), with probabilities (mass / total) filled in: ranked (most
- * probable first, then lower id) when top-k cut the list or top-p is on, else in ascending id
- * order.
+/* Runs the chain into s->cand[0..*n), in ascending id order, and their masses at the chain's
+ * temperature into s->mw[0..*n) (s->total their sum), with probabilities (mass / total) filled in.
  *
  * One pass over the vocabulary: each token's logit (NaN as -inf, then its window penalties) is
  * dropped at -inf, else greedy keeps the best (larger logit, then lower id), and otherwise the
@@ -410,7 +432,6 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
         s->cand[0].p = 1.0f;
         s->mw = s->mass_small;
         s->mw[0] = s->total = 1;
-        s->ranked = 1;
         *n_out = 1;
         return G5_OK;
     }
@@ -419,13 +440,13 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     if (m > 256 && !s->mass && !(s->mass = malloc((size_t)n * sizeof *s->mass)))
         return g5_fail(err, G5_ERR_NOMEM, "sampler: out of memory for %u masses", n);
     uint64_t *const mass = s->mw = m > 256 ? s->mass : s->mass_small;
-    if (!by_id) rank_cands(s, s->cand, m, 0);
+    if (!by_id) sort_ids(s, s->cand, m); /* the top_k of the heap, in id order */
     float maxl = -INFINITY;
     for (size_t i = 0; i < m; i++)
         if (s->cand[i].logit > maxl) maxl = s->cand[i].logit;
 
     /* top-p measures masses over the set top-k left (before min-p), at temperature 1 */
-    const int top_p = p->top_p < 1.0f, partial = top_p && by_id && m > 256, min_p = p->min_p > 0 && p->min_p <= 1;
+    const int top_p = p->top_p < 1.0f, partial = top_p && m > 256, min_p = p->min_p > 0 && p->min_p <= 1;
     uint64_t z = 0, bmass[RANK_BUCKETS];
     if (partial) memset(bmass, 0, sizeof bmass);
     if (top_p && m > 256 && !s->m1) s->m1 = malloc((size_t)n * sizeof *s->m1); /* else computed again */
@@ -446,22 +467,27 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
             if (dx_min_p_keeps(s->cand[i].logit, maxl, p->min_p, lmin)) s->cand[k++] = s->cand[i];
         m = k;
     }
-    s->ranked = top_p || !by_id;
+    /* top-p keeps every candidate whose logit is at least that of the ranked prefix's last, the
+     * prefix whose running mass first reaches need (its ties included: the largest logit v with
+     * the mass of the logits >= v at least need); then back into id order */
     if (top_p) {
-        const uint64_t need = top_p_need(p->top_p, z);
+        const uint64_t nz = top_p_need(p->top_p, z), need = nz ? nz : 1;
+        size_t kr = m;
         if (partial && m > 256) {
-            m = top_p_cut(s, m, maxl, need, bmass);
+            kr = top_p_cut(s, m, maxl, need, bmass);
         } else {
-            rank_cands(s, s->cand, m, by_id);
+            rank_cands(s, s->cand, m, 1);
             uint64_t cum = 0;
-            for (size_t i = 0; i < m; i++) {
-                cum += cand_mass1(s, &s->cand[i], maxl);
-                if (cum >= need) {
-                    m = i + 1;
+            for (size_t i = 0; i < m; i++)
+                if ((cum += cand_mass1(s, &s->cand[i], maxl)) >= need) {
+                    kr = i + 1;
                     break;
                 }
-            }
         }
+        /* the cut's ties follow it in the ranked part (one bucket holds them all) */
+        while (kr < m && s->cand[kr].logit == s->cand[kr - 1].logit) kr++;
+        m = kr;
+        sort_ids(s, s->cand, m);
     }
     uint64_t total = 0;
     for (size_t i = 0; i < m; i++)
@@ -484,8 +510,8 @@ g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size
     size_t m;
     g5_status st = run_chain(s, logits, &m, err);
     if (st != G5_OK) return st;
-    if (!s->ranked) /* the draw's id order, shown ranked (the radix sort would take p for its keys) */
-        qsort(s->cand, m, sizeof *s->cand, cmp_cand);
+    qsort(s->cand, m, sizeof *s->cand, cmp_cand); /* the draw's id order, shown ranked (not by the radix
+                                                   * sort: it would take p for its keys) */
     memcpy(out, s->cand, (m < cap ? m : cap) * sizeof *out);
     *n = m;
     if (m > cap)

@@ -15,12 +15,12 @@
  * times 2^K and truncated (K = 63 - the bit length of n_vocab: 45 for GLM-5's 154880 tokens, so a
  * token 2^-45 below the most probable one has mass 0). Sums of masses are exact in any order, so
  * top-p's running sum and the draw are the same on the host and on the GPU. min-p keeps the
- * tokens whose weight is at least min_p; top-p keeps the shortest ranked prefix whose mass reaches
- * top_p of the mass of the set top-k left. The draw takes r = floor(u * total mass) (u from the
- * random stream, 53 bits) and the first candidate whose running mass passes r, walking the
- * candidates ranked (most probable first, ties: lower id first) when top-k cut the list or top-p
- * is on, and by ascending id when nothing ranks them (OpenAI's defaults), so those draws need no
- * sort.
+ * tokens whose weight is at least min_p; top-p keeps the tokens whose logit is at least v, the
+ * largest logit such that the tokens at or above it hold top_p of the mass of the set top-k left
+ * (the shortest ranked prefix reaching it, with the ties of its last). The draw takes
+ * r = floor(u * total mass) (u from the random stream, 53 bits) and the first kept token, by
+ * ascending id, whose running mass passes r: no ranking order enters the draw, so a draw with
+ * nothing to rank (OpenAI's defaults) needs no sort.
  *
  * Randomness comes from our own xoshiro256** seeded through splitmix64, the weights from our own
  * exp and the draw from integer sums, so a seed gives the same tokens on every platform and build
