@@ -1,6 +1,9 @@
-/* Token draws on the device (cuda/cuk_sample.h). Three launches a call, each row's vocabulary
- * cut into SEGS segments of consecutive ids:
+/* Token draws on the device (cuda/cuk_sample.h). Each row's vocabulary cut into SEGS segments of
+ * consecutive ids:
  *   k_samp_max   each segment's largest logit and its first id (the argmax rule)
+ *   (top-p rows, any_top_p) k_samp_hist + k_samp_cut three times: a radix select of the key kt
+ *                on dx_desc_key, 11 + 11 + 10 bits, over histograms of temperature-1 masses
+ *                (the first pass also sums z, every id's temperature-1 mass)
  *   k_samp_mass  each segment's mass at its row's temperature, from the row's largest logit
  *   k_samp_pick  a row's token: the argmax, or the segment holding r, then the warp's piece of it,
  *                then the id, each found from exact integer prefix sums
@@ -20,16 +23,30 @@ constexpr int SEGS = 16;          /* segments a row */
 constexpr int SEG_THREADS = 256;  /* k_samp_max, k_samp_mass */
 constexpr int PICK_THREADS = 1024; /* k_samp_pick: 32 warps */
 
+constexpr int HBINS = 2048;       /* a radix pass's histogram */
+
+/* A top-p row's select: z, the mass still needed inside the bin chosen so far, the key's digits
+ * chosen so far, kt once found (UINT32_MAX: every key). */
+struct TopP {
+    uint64_t z, need;
+    uint32_t prefix, kt;
+    int32_t done, pad;
+};
+
 struct Scratch {
+    uint64_t *seg_mass; /* [n_rows][SEGS] */
+    uint64_t *hist;     /* [n_rows][HBINS] */
+    TopP *tp;           /* [n_rows] */
     float *seg_max;     /* [n_rows][SEGS] */
     int32_t *seg_arg;   /* [n_rows][SEGS]: its first id, -1 for a segment of NaN only */
-    uint64_t *seg_mass; /* [n_rows][SEGS] */
 };
 
 __host__ __device__ inline Scratch scratch_of(void *p, int32_t n_rows) {
     Scratch s;
     s.seg_mass = (uint64_t *)p;
-    s.seg_max = (float *)(s.seg_mass + (size_t)n_rows * SEGS);
+    s.hist = s.seg_mass + (size_t)n_rows * SEGS;
+    s.tp = (TopP *)(s.hist + (size_t)n_rows * HBINS);
+    s.seg_max = (float *)(s.tp + n_rows);
     s.seg_arg = (int32_t *)(s.seg_max + (size_t)n_rows * SEGS);
     return s;
 }
@@ -47,12 +64,23 @@ __device__ __forceinline__ void take_better(float &bv, int32_t &bi, float v, int
     if (bi < 0 || v > bv || (v == bv && i < bi)) bv = v, bi = i;
 }
 
-/* The mass of logit l of a row (NaN read as -inf; 0 where min-p drops it). */
-__device__ __forceinline__ uint64_t row_mass(float l, float maxl, const cuk_sample_row &r, double scale,
+/* 1 if logit l (NaN read as -inf) survives min-p. */
+__device__ __forceinline__ int min_p_keeps(float l, float maxl, const cuk_sample_row &r) {
+    return r.min_p <= 0.0f || dx_min_p_keeps(l, maxl, r.min_p, r.lmin);
+}
+
+/* The mass of logit l of a row (NaN read as -inf; 0 where min-p or top-p, key above kt, drops it). */
+__device__ __forceinline__ uint64_t row_mass(float l, float maxl, const cuk_sample_row &r, uint32_t kt, double scale,
                                              double xmin) {
     if (l != l) l = -INFINITY;
-    if (r.min_p > 0.0f && !dx_min_p_keeps(l, maxl, r.min_p, r.lmin)) return 0;
+    if (!min_p_keeps(l, maxl, r)) return 0;
+    if (kt != 0xffffffffu && !(l > -INFINITY && dx_desc_key(l) <= kt)) return 0;
     return dx_mass(l, maxl, r.temperature, scale, xmin);
+}
+
+/* The row's top-p key bound: UINT32_MAX where top-p is off. */
+__device__ __forceinline__ uint32_t row_kt(const cuk_sample_row &r, const Scratch &sc, int row) {
+    return r.top_p < 1.0f ? sc.tp[row].kt : 0xffffffffu;
 }
 
 __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
@@ -100,6 +128,99 @@ __device__ __forceinline__ float row_max(const Scratch &sc, int row) {
     return m;
 }
 
+/* A top-p row's radix pass (1, 2, 3: the key's bits 31..21, 20..10, 9..0): whether key k's
+ * higher digits are those chosen so far, and its digit in this pass. */
+__device__ __forceinline__ bool in_pass(uint32_t k, int pass, uint32_t prefix, uint32_t *d) {
+    if (pass == 1) return *d = k >> 21, true;
+    if (pass == 2) return *d = (k >> 10) & 2047u, (k >> 21) == prefix;
+    return *d = k & 1023u, (k >> 10) == prefix;
+}
+
+/* grid (SEGS, n_rows), SEG_THREADS threads; top-p rows only (the others, and rows whose kt is
+ * found, return at once). Thread t adds the temperature-1 mass of each id b + t + j SEG_THREADS
+ * of the segment that survives min-p and lies in this pass into a shared histogram of its digit
+ * (exact 64-bit atomics), flushed into the row's global histogram; pass 1 also sums every id's
+ * temperature-1 mass into z. */
+__global__ void __launch_bounds__(SEG_THREADS)
+    k_samp_hist(const float *__restrict__ x, int64_t ldx, int32_t n, const cuk_sample_row *__restrict__ rows,
+                double scale, double xmin, Scratch sc, int pass) {
+    const int row = blockIdx.y, s = blockIdx.x;
+    const cuk_sample_row r = rows[row];
+    const float maxl = row_max(sc, row);
+    if (!(r.temperature > 0.0f) || !(r.top_p < 1.0f) || !(maxl > -INFINITY) || sc.tp[row].done) return;
+    __shared__ unsigned long long h[HBINS];
+    for (int i = threadIdx.x; i < HBINS; i += SEG_THREADS) h[i] = 0;
+    __syncthreads();
+    const uint32_t prefix = sc.tp[row].prefix;
+    int32_t b, e;
+    seg_range(n, s, &b, &e);
+    const float *xr = x + (int64_t)row * ldx;
+    uint64_t z = 0;
+    for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS) {
+        const float l = xr[i];
+        uint32_t d;
+        if (!(l > -INFINITY) || !in_pass(dx_desc_key(l), pass, prefix, &d)) continue; /* NaN, -inf: mass 0 */
+        const uint64_t w = dx_mass(l, maxl, 1.0f, scale, xmin); /* every id's in pass 1 */
+        z += w;
+        if (w && min_p_keeps(l, maxl, r)) atomicAdd(&h[d], (unsigned long long)w);
+    }
+    if (pass == 1) {
+        z = warp_sum(z);
+        if ((threadIdx.x & 31) == 0 && z) atomicAdd((unsigned long long *)&sc.tp[row].z, (unsigned long long)z);
+    }
+    __syncthreads();
+    unsigned long long *g = (unsigned long long *)(sc.hist + (size_t)row * HBINS);
+    for (int i = threadIdx.x; i < HBINS; i += SEG_THREADS)
+        if (h[i]) atomicAdd(&g[i], h[i]);
+}
+
+/* grid (n_rows), 1024 threads; top-p rows only. Thread t owns bins 2t and 2t + 1 of the row's
+ * histogram; an exclusive scan of their pair sums (exact) finds the bin d with
+ * cum(< d) < need <= cum(<= d): d joins the prefix, need becomes need - cum(< d), and after the
+ * third pass the prefix is kt. No such bin in pass 1 (min-p's survivors hold less than need):
+ * kt = UINT32_MAX, every survivor kept. The histogram is cleared for the next pass. */
+__global__ void __launch_bounds__(1024)
+    k_samp_cut(const cuk_sample_row *__restrict__ rows, Scratch sc, int pass) {
+    const int row = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
+    const cuk_sample_row r = rows[row];
+    TopP *tp = &sc.tp[row];
+    if (!(r.temperature > 0.0f) || !(r.top_p < 1.0f) || !(row_max(sc, row) > -INFINITY) || tp->done) return;
+    __shared__ uint64_t s_warp[32];
+    __shared__ int s_found;
+    uint64_t *g = sc.hist + (size_t)row * HBINS;
+    const uint64_t h0 = g[2 * t], h1 = g[2 * t + 1];
+    const uint64_t need = pass == 1 ? dx_top_p_need(r.top_p, tp->z) : tp->need;
+    uint64_t v = h0 + h1; /* inclusive scan over the warp, then over the warps */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) s_warp[w] = v;
+    if (t == 0) s_found = 0;
+    __syncthreads();
+    uint64_t before = 0;
+    for (int j = 0; j < w; j++) before += s_warp[j];
+    const uint64_t excl = before + v - (h0 + h1);
+    int d = -1;
+    uint64_t rem = 0;
+    if (excl < need && need <= excl + h0) d = 2 * t, rem = need - excl;
+    else if (excl + h0 < need && need <= excl + h0 + h1) d = 2 * t + 1, rem = need - excl - h0;
+    __syncthreads(); /* every thread has read the histogram before it is cleared */
+    g[2 * t] = 0;
+    g[2 * t + 1] = 0;
+    if (d >= 0) { /* one thread: the bins' ranges do not overlap */
+        s_found = 1;
+        const int bits = pass == 3 ? 10 : 11;
+        const uint32_t prefix = pass == 1 ? (uint32_t)d : tp->prefix << bits | (uint32_t)d;
+        tp->prefix = prefix;
+        tp->need = rem;
+        if (pass == 3) tp->kt = prefix, tp->done = 1;
+    }
+    __syncthreads();
+    if (t == 0 && !s_found) tp->kt = 0xffffffffu, tp->done = 1; /* less than need in all */
+}
+
 /* grid (SEGS, n_rows), SEG_THREADS threads: thread t sums the masses of ids b + t + j SEG_THREADS
  * of segment blockIdx.x; the block's sum (exact) is the segment's mass. Argmax rows write 0. */
 __global__ void __launch_bounds__(SEG_THREADS)
@@ -113,7 +234,9 @@ __global__ void __launch_bounds__(SEG_THREADS)
         int32_t b, e;
         seg_range(n, s, &b, &e);
         const float *xr = x + (int64_t)row * ldx;
-        for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS) acc += row_mass(xr[i], maxl, r, scale, xmin);
+        const uint32_t kt = row_kt(r, sc, row);
+        for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS)
+            acc += row_mass(xr[i], maxl, r, kt, scale, xmin);
     }
     acc = warp_sum(acc);
     __shared__ uint64_t sm[SEG_THREADS / 32];
@@ -171,10 +294,11 @@ __global__ void __launch_bounds__(PICK_THREADS)
     }
     __syncthreads();
     const float *xr = x + (int64_t)row * ldx;
+    const uint32_t kt = row_kt(r, sc, row);
     const int32_t b = s_b, e = s_e, len = (e - b + 31) / 32; /* a warp's piece: ceil((e - b) / 32) ids */
     const int32_t p0 = b + w * len < e ? b + w * len : e, p1 = p0 + len < e ? p0 + len : e;
     uint64_t acc = 0;
-    for (int32_t i = p0 + lane; i < p1; i += 32) acc += row_mass(xr[i], maxl, r, scale, xmin);
+    for (int32_t i = p0 + lane; i < p1; i += 32) acc += row_mass(xr[i], maxl, r, kt, scale, xmin);
     acc = warp_sum(acc);
     if (lane == 0) s_piece[w] = acc;
     __syncthreads();
@@ -191,7 +315,7 @@ __global__ void __launch_bounds__(PICK_THREADS)
     uint64_t run = 0;
     for (int32_t i0 = p0; i0 < p1; i0 += 32) {
         const int32_t i = i0 + lane;
-        uint64_t v = i < p1 ? row_mass(xr[i], maxl, r, scale, xmin) : 0;
+        uint64_t v = i < p1 ? row_mass(xr[i], maxl, r, kt, scale, xmin) : 0;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) { /* inclusive scan over the lanes */
             const uint64_t t = __shfl_up_sync(0xffffffffu, v, o);
@@ -210,7 +334,9 @@ __global__ void __launch_bounds__(PICK_THREADS)
 } // namespace
 
 extern "C" size_t cuk_sample_scratch_bytes(int32_t n_rows) {
-    return n_rows > 0 ? (size_t)n_rows * SEGS * (sizeof(uint64_t) + sizeof(float) + sizeof(int32_t)) : 0;
+    return n_rows > 0 ? (size_t)n_rows * (SEGS * (sizeof(uint64_t) + sizeof(float) + sizeof(int32_t)) +
+                                          HBINS * sizeof(uint64_t) + sizeof(TopP))
+                      : 0;
 }
 
 extern "C" g5_status cuk_sample(const cuk_sample_args *a, cuk_stream stream, g5_error *err) {
@@ -226,6 +352,13 @@ extern "C" g5_status cuk_sample(const cuk_sample_args *a, cuk_stream stream, g5_
     const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
     const dim3 grid(SEGS, (unsigned)a->n_rows);
     k_samp_max<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, sc);
+    if (a->any_top_p) {
+        CUK_CHECK(cudaMemsetAsync(sc.hist, 0, (size_t)a->n_rows * (HBINS * sizeof(uint64_t) + sizeof(TopP)), st));
+        for (int pass = 1; pass <= 3; pass++) {
+            k_samp_hist<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, pass);
+            k_samp_cut<<<(unsigned)a->n_rows, 1024, 0, st>>>(a->rows, sc, pass);
+        }
+    }
     k_samp_mass<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc);
     k_samp_pick<<<(unsigned)a->n_rows, PICK_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, a->out);
     CUK_CHECK(cudaGetLastError());

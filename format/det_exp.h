@@ -13,6 +13,7 @@
 #ifndef G5_DET_EXP_H
 #define G5_DET_EXP_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -113,6 +114,45 @@ DX_FN int dx_min_p_keeps(float l, float maxl, float min_p, double lmin) {
     if (x >= DX_ADD(lmin, 1e-6)) return 1;
     if (x <= DX_ADD(lmin, -1e-6)) return 0;
     return dx_exp_neg(x) >= (double)min_p;
+}
+
+/* A logit as a key whose ascending order is descending logits (-0 as +0; NaN is never given). */
+DX_FN uint32_t dx_desc_key(float l) {
+    if (l == 0.0f) l = 0.0f;
+    uint32_t u;
+    memcpy(&u, &l, sizeof u);
+    u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending in the float's value */
+    return ~u;
+}
+
+#if !defined(__CUDA_ARCH__)
+__extension__ typedef unsigned __int128 dx_u128;
+#endif
+
+/* top-p's need: max(1, ceil(top_p * z)) exactly (top_p = a 2^-sh, a the float's 24-bit mantissa,
+ * the product in 128 bits as hi:lo); 1 for top_p <= 0. */
+DX_FN uint64_t dx_top_p_need(float top_p, uint64_t z) {
+    if (!(top_p > 0)) return 1;
+    int e;
+    const float f = frexpf(top_p, &e); /* top_p = f 2^e, f in [0.5, 1) */
+    const uint64_t a = (uint64_t)ldexpf(f, 24);
+    const int sh = 24 - e; /* >= 24 below 1 */
+#if defined(__CUDA_ARCH__)
+    const uint64_t hi = __umul64hi(a, z);
+#else
+    const uint64_t hi = (uint64_t)(((dx_u128)a * z) >> 64);
+#endif
+    uint64_t lo = a * z, h = hi;
+    if (sh >= 88) return 1; /* a z < 2^87: the ceiling is 1 (or 0, raised to 1) */
+    if (sh >= 64) { /* ceil(h:lo / 2^sh) = (h >> (sh - 64)) + any bit below */
+        const int t = sh - 64;
+        const uint64_t q = h >> t, rest = lo | (t ? h & ((1ull << t) - 1) : 0);
+        const uint64_t c = q + (rest != 0);
+        return c ? c : 1;
+    }
+    const uint64_t q = (h << (64 - sh)) | (lo >> sh), rest = lo & ((1ull << sh) - 1);
+    const uint64_t c = q + (rest != 0);
+    return c ? c : 1;
 }
 
 #endif

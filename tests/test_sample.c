@@ -732,6 +732,20 @@ static void test_det_exp(void) {
         if (u > worst) worst = u;
     }
     T_CHECK(worst <= 3.0, "dx_exp_neg within %.1f ulp of exp over [-708, 0]", worst);
+    int need_bad = 0; /* dx_top_p_need against the 128-bit ceiling written out */
+    for (int i = 0; i < 20000; i++) {
+        const float tp = i % 97 == 0 ? 0.0f : i % 89 == 0 ? 1e-30f : (float)urand();
+        const uint64_t z = i % 3 == 0 ? (uint64_t)(urand() * 1e6) : ((uint64_t)(urand() * 4294967296.0) << 31) + 1;
+        int e;
+        const uint64_t a = (uint64_t)ldexpf(frexpf(tp, &e), 24);
+        const int sh = 24 - e;
+        const ref_u128 prod = (ref_u128)a * z;
+        uint64_t want = 1;
+        if (tp > 0 && sh < 128) want = (uint64_t)((prod + (((ref_u128)1 << sh) - 1)) >> sh);
+        if (want == 0) want = 1;
+        need_bad += dx_top_p_need(tp, z) != want;
+    }
+    T_CHECK(need_bad == 0, "dx_top_p_need: max(1, ceil(top_p z)) exactly (%d of 20000 differ)", need_bad);
     T_CHECK(dx_exp_neg(0.0) == 1.0 && dx_exp_neg(-0.0) == 1.0 && dx_exp_neg(-709.0) == 0.0 && dx_exp_neg(NAN) == 0.0 &&
                 dx_exp_neg(-INFINITY) == 0.0,
             "dx_exp_neg: 1 at 0, 0 below -708, for NaN and -inf");
@@ -752,7 +766,7 @@ static void test_device_row(void) {
         p.seed = (uint64_t)c * 7919;
         p.temperature = c % 9 == 0 ? 0.0f : (float)(0.3 + urand() * 1.4);
         p.min_p = urand() < 0.5 ? 0.0f : (float)(urand() * 0.5);
-        const int kind = c % 6; /* 4: top-k cut, 5: top-p or penalties: the host's */
+        const int kind = c % 6; /* 4: top-k cut, 5: top-p (the device's) or penalties (the host's) */
         p.top_k = kind == 4 ? 20 : kind == 3 ? V : 0;
         p.top_p = kind == 5 && c % 2 ? 0.9f : 1.0f;
         p.repeat_last_n = 8;
@@ -764,11 +778,13 @@ static void test_device_row(void) {
             continue;
         }
         samp_accept(a, 5), samp_accept(b, 5);
-        bad += samp_params_device(&p, V) != (kind < 4); /* whatever the window */
+        const int dev_ok = kind < 4 || (kind == 5 && c % 2);
+        bad += samp_params_device(&p, V) != dev_ok; /* whatever the window */
         for (int d = 0; d < 4; d++) {
             for (int i = 0; i < V; i++) {
                 const double u = urand();
-                l[i] = u < 0.02 ? NAN : u < 0.05 ? -INFINITY : (float)(urand() * 24 - 12);
+                l[i] = u < 0.02 ? NAN : u < 0.05 ? -INFINITY : c % 7 == 2 ? (float)(int)(urand() * 6) /* ties */
+                                                                : (float)(urand() * 24 - 12);
             }
             if (c % 50 == 7 && d == 1)
                 for (int i = 0; i < V; i++) l[i] = -INFINITY; /* refused alike */
@@ -779,7 +795,7 @@ static void test_device_row(void) {
             if (!dev) { /* nothing taken: a's own draw is b's */
                 int32_t x = -1;
                 const g5_status sa = samp_sample(a, l, &x, NULL);
-                bad += kind < 4 || sa != st || (!st && x != want);
+                bad += dev_ok || sa != st || (!st && x != want);
                 if (!st) samp_accept(a, want), samp_accept(b, want);
                 continue;
             }

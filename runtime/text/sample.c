@@ -144,15 +144,9 @@ static int cmp_cand(const void *a, const void *b) {
     return better(x, y) ? -1 : better(y, x) ? 1 : 0;
 }
 
-/* A logit as a key whose ascending order is better()'s order of logits: larger first, -0 as +0
- * (equal under better()); never NaN here (the chain drops NaN as -inf). */
-static uint32_t desc_key(float l) {
-    if (l == 0.0f) l = 0.0f;
-    uint32_t u;
-    memcpy(&u, &l, sizeof u);
-    u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending in the float's value */
-    return ~u;
-}
+/* A logit as a key whose ascending order is better()'s order of logits (dx_desc_key: larger
+ * first, -0 as +0); never NaN here (the chain drops NaN as -inf). */
+static uint32_t desc_key(float l) { return dx_desc_key(l); }
 
 /* c[0..m) into ascending order of the 32-bit keys in their p: a stable LSD radix sort, 11 bits a
  * pass (a pass whose digit is the same for every key is skipped). O(m), where qsort took 25 ms at
@@ -329,17 +323,6 @@ static uint64_t cand_mass1(const samp_ctx *s, const samp_cand *c, float maxl) {
 
 __extension__ typedef unsigned __int128 samp_u128;
 
-/* The least integer >= top_p * z, exactly: top_p = a * 2^-sh with a the float's 24-bit mantissa. */
-static uint64_t top_p_need(float top_p, uint64_t z) {
-    if (!(top_p > 0)) return 0;
-    int e;
-    const float f = frexpf(top_p, &e); /* top_p = f 2^e, f in [0.5, 1), e <= 0 below 1 */
-    const uint64_t a = (uint64_t)ldexpf(f, 24);
-    const int sh = 24 - e;
-    const samp_u128 prod = (samp_u128)a * z; /* < 2^87 */
-    if (sh >= 88) return prod ? 1 : 0;
-    return (uint64_t)((prod + (((samp_u128)1 << sh) - 1)) >> sh);
-}
 
 enum { RANK_BUCKETS = 2048 };
 
@@ -471,7 +454,7 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
      * prefix whose running mass first reaches need (its ties included: the largest logit v with
      * the mass of the logits >= v at least need); then back into id order */
     if (top_p) {
-        const uint64_t nz = top_p_need(p->top_p, z), need = nz ? nz : 1;
+        const uint64_t need = dx_top_p_need(p->top_p, z);
         size_t kr = m;
         if (partial && m > 256) {
             kr = top_p_cut(s, m, maxl, need, bmass);
@@ -533,7 +516,7 @@ g5_status samp_argmax_check(float logit, g5_error *err) {
 /* A draw of p over n_vocab a device makes, given whether penalties are in force. */
 static int device_params(const samp_params *p, uint32_t n_vocab, int penalties) {
     if (penalties) return 0;
-    return !(p->temperature > 0) || !((p->top_k > 0 && (uint32_t)p->top_k < n_vocab) || p->top_p < 1.0f);
+    return !(p->temperature > 0) || !(p->top_k > 0 && (uint32_t)p->top_k < n_vocab);
 }
 
 int samp_device_ok(const samp_ctx *s) {
@@ -550,12 +533,48 @@ int samp_device_row(samp_ctx *s, samp_dev_row *row) {
     memset(row, 0, sizeof *row);
     if (!(p->temperature > 0)) return 1;
     row->temperature = p->temperature;
+    row->top_p = p->top_p < 1.0f ? p->top_p : 1.0f;
     if (p->min_p > 0 && p->min_p <= 1) {
         row->min_p = p->min_p;
         row->lmin = log((double)p->min_p);
     }
     row->k = xoshiro_next(s->rng) >> 11; /* samp_sample's number */
     return 1;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* top-p's threshold for samp_device_draw: the largest key (dx_desc_key, ascending = descending
+ * logits) such that the masses at temperature 1 of the kept tokens (min-p's) at or below it
+ * reach need; every key where they never do. Each token's (key, mass) packed as key << 32 | id
+ * into a sort, then the masses summed in key order. */
+static uint32_t device_top_p_key(const samp_dev_row *row, const float *logits, uint32_t n, float maxl, double scale,
+                                 double xmin) {
+    uint64_t *ki = malloc((size_t)n * sizeof *ki), z = 0;
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const float l = logits[i] != logits[i] ? -INFINITY : logits[i];
+        z += dx_mass(l, maxl, 1.0f, scale, xmin);
+        if (ki && l > -INFINITY && (row->min_p <= 0 || dx_min_p_keeps(l, maxl, row->min_p, row->lmin)))
+            ki[m++] = (uint64_t)dx_desc_key(l) << 32 | i;
+    }
+    if (!ki) return UINT32_MAX; /* out of memory: keep every token (only the CPU engine's draws come here) */
+    qsort(ki, m, sizeof *ki, cmp_u64);
+    const uint64_t need = dx_top_p_need(row->top_p, z);
+    uint64_t cum = 0;
+    uint32_t key = UINT32_MAX;
+    for (uint32_t i = 0; i < m; i++) {
+        const float l = logits[(uint32_t)ki[i]];
+        if ((cum += dx_mass(l, maxl, 1.0f, scale, xmin)) >= need) {
+            key = (uint32_t)(ki[i] >> 32);
+            break;
+        }
+    }
+    free(ki);
+    return key;
 }
 
 int32_t samp_device_draw(const samp_dev_row *row, const float *logits, uint32_t n_vocab) {
@@ -566,14 +585,16 @@ int32_t samp_device_draw(const samp_dev_row *row, const float *logits, uint32_t 
     if (best < 0 || !(row->temperature > 0)) return best;
     const int k = dx_mass_bits(n_vocab);
     const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
+    const uint32_t kt = row->top_p < 1.0f ? device_top_p_key(row, logits, n_vocab, maxl, scale, xmin) : UINT32_MAX;
     uint64_t total = 0;
     for (int pass = 0; pass < 2; pass++) { /* the total, then the walk to r */
         const uint64_t r = pass ? (uint64_t)(((samp_u128)row->k * total) >> 53) : 0;
         uint64_t cum = 0;
         for (uint32_t i = 0; i < n_vocab; i++) {
             const float l = logits[i] != logits[i] ? -INFINITY : logits[i];
-            const uint64_t m = row->min_p > 0 && !dx_min_p_keeps(l, maxl, row->min_p, row->lmin)
-                                   ? 0 : dx_mass(l, maxl, row->temperature, scale, xmin);
+            const int keep = (row->min_p <= 0 || dx_min_p_keeps(l, maxl, row->min_p, row->lmin)) &&
+                             (kt == UINT32_MAX || (l > -INFINITY && dx_desc_key(l) <= kt));
+            const uint64_t m = keep ? dx_mass(l, maxl, row->temperature, scale, xmin) : 0;
             if (!pass) total += m;
             else if (r < (cum += m)) return (int32_t)i;
         }
