@@ -36,7 +36,8 @@ typedef struct cuk_sample_args {
     const cuk_sample_row *rows; /* [n_rows], device */
     void *scratch;              /* cuk_sample_scratch_bytes(n_rows), device, 16-byte aligned */
     int32_t *out;               /* [n_rows], device */
-    int32_t any_top_p;          /* some row has top_p < 1 (its threshold's passes run; 0: skipped) */
+    int32_t any_top_p;          /* some sampled row has top_p < 1 (its threshold's passes run; 0:
+                                 * skipped, so it must not be 0 then) */
 } cuk_sample_args;
 
 size_t cuk_sample_scratch_bytes(int32_t n_rows);

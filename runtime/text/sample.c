@@ -531,6 +531,7 @@ int samp_device_row(samp_ctx *s, samp_dev_row *row) {
     if (!row || !samp_device_ok(s)) return 0;
     const samp_params *p = &s->p;
     memset(row, 0, sizeof *row);
+    row->top_p = 1.0f;
     if (!(p->temperature > 0)) return 1;
     row->temperature = p->temperature;
     row->top_p = p->top_p < 1.0f ? p->top_p : 1.0f;
