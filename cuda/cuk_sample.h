@@ -3,11 +3,14 @@
  * with the same integer masses (format/det_exp.h), so the same token for the same logits and
  * random number:
  *   temperature <= 0: the argmax (larger logit, then lower id; NaN never);
- *   else each id's mass dx_mass(l, maxl, T) (0 where min-p drops it or top-p does: top_p < 1
- *   keeps the logits whose dx_desc_key is at most kt, the least key at which the masses at
- *   temperature 1 of min-p's survivors at or below it reach dx_top_p_need(top_p, z), z the
- *   temperature-1 mass of every id; NaN read as -inf), total their sum,
- *   r = floor(k * total / 2^53), and the first id in ascending order whose running mass exceeds r.
+ *   else each id's mass dx_mass(l, maxl, T), 0 for NaN and -inf and where
+ *     top-k drops it (0 < top_k < n: the set is the top_k best by dx_desc_key, then id),
+ *     min-p drops it, or
+ *     top-p drops it (top_p < 1: it keeps the keys at most kt, the least key at which the
+ *     temperature-1 masses of the set's min-p survivors at or below it reach
+ *     dx_top_p_need(top_p, z), z the temperature-1 mass of the set);
+ *   total their sum, r = floor(k * total / 2^53), and the first id in ascending order whose
+ *   running mass exceeds r.
  * A row with no logit > -inf gives -1 (the host sampler refuses those logits). */
 #ifndef G5_CUDA_CUK_SAMPLE_H
 #define G5_CUDA_CUK_SAMPLE_H
@@ -25,6 +28,7 @@ typedef struct cuk_sample_row {
     float temperature; /* <= 0: the argmax */
     float min_p;       /* <= 0: off */
     float top_p;       /* >= 1: off */
+    int32_t top_k;     /* <= 0 or >= n: off */
     double lmin;       /* log(min_p) where on */
     uint64_t k;        /* 53 random bits */
 } cuk_sample_row;
@@ -38,6 +42,7 @@ typedef struct cuk_sample_args {
     int32_t *out;               /* [n_rows], device */
     int32_t any_top_p;          /* some sampled row has top_p < 1 (its threshold's passes run; 0:
                                  * skipped, so it must not be 0 then) */
+    int32_t any_top_k;          /* some sampled row has 0 < top_k < n (likewise) */
 } cuk_sample_args;
 
 size_t cuk_sample_scratch_bytes(int32_t n_rows);

@@ -19,24 +19,30 @@
 
 namespace {
 
-constexpr int SEGS = 16;          /* segments a row */
-constexpr int SEG_THREADS = 256;  /* k_samp_max, k_samp_mass */
+constexpr int SEGS = 16;           /* segments a row */
+constexpr int SEG_THREADS = 256;   /* k_samp_max, k_samp_hist, k_samp_mass */
 constexpr int PICK_THREADS = 1024; /* k_samp_pick: 32 warps */
+constexpr int HBINS = 2048;        /* a radix pass's histogram */
+constexpr uint32_t ALL = 0xffffffffu;
 
-constexpr int HBINS = 2048;       /* a radix pass's histogram */
+/* What a pass, cut, mass or pick works on: the draw (masses at the temperature; top-p's
+ * temperature-1 masses in hist / cut), or top-k's set (counts). */
+enum { W_DRAW = 0, W_TOPK = 1 };
 
-/* A top-p row's select: z, the mass still needed inside the bin chosen so far, the key's digits
- * chosen so far, kt once found (UINT32_MAX: every key). */
-struct TopP {
-    uint64_t z, need;
-    uint32_t prefix, kt;
-    int32_t done, pad;
+/* A row's selects. Top-k: the count still needed inside the bin chosen so far, the key's digits
+ * so far; then kk, the key of the k-th best (ALL: no cut), how many of kk's ties are in (kneed)
+ * and the last of them by id (idk). Top-p: z, the mass still needed, the digits so far, kt (ALL:
+ * every key). */
+struct Sel {
+    uint64_t z, need, kneed;
+    uint32_t prefix, kt, kprefix, kk;
+    int32_t done, kdone, idk, pad;
 };
 
 struct Scratch {
     uint64_t *seg_mass; /* [n_rows][SEGS] */
     uint64_t *hist;     /* [n_rows][HBINS] */
-    TopP *tp;           /* [n_rows] */
+    Sel *sel;           /* [n_rows] */
     float *seg_max;     /* [n_rows][SEGS] */
     int32_t *seg_arg;   /* [n_rows][SEGS]: its first id, -1 for a segment of NaN only */
 };
@@ -45,8 +51,8 @@ __host__ __device__ inline Scratch scratch_of(void *p, int32_t n_rows) {
     Scratch s;
     s.seg_mass = (uint64_t *)p;
     s.hist = s.seg_mass + (size_t)n_rows * SEGS;
-    s.tp = (TopP *)(s.hist + (size_t)n_rows * HBINS);
-    s.seg_max = (float *)(s.tp + n_rows);
+    s.sel = (Sel *)(s.hist + (size_t)n_rows * HBINS);
+    s.seg_max = (float *)(s.sel + n_rows);
     s.seg_arg = (int32_t *)(s.seg_max + (size_t)n_rows * SEGS);
     return s;
 }
@@ -64,23 +70,48 @@ __device__ __forceinline__ void take_better(float &bv, int32_t &bi, float v, int
     if (bi < 0 || v > bv || (v == bv && i < bi)) bv = v, bi = i;
 }
 
-/* 1 if logit l (NaN read as -inf) survives min-p. */
-__device__ __forceinline__ int min_p_keeps(float l, float maxl, const cuk_sample_row &r) {
+__device__ __forceinline__ bool sampled(const cuk_sample_row &r) { return r.temperature > 0.0f; }
+__device__ __forceinline__ bool top_k_on(const cuk_sample_row &r, int32_t n) {
+    return sampled(r) && r.top_k > 0 && r.top_k < n;
+}
+__device__ __forceinline__ bool top_p_on(const cuk_sample_row &r) { return sampled(r) && r.top_p < 1.0f; }
+
+/* A row's bounds as the mass functions read them: top-k's (kk, idk) and top-p's kt, ALL where off. */
+struct Bounds {
+    uint32_t kk, kt;
+    int32_t idk;
+};
+
+__device__ __forceinline__ Bounds bounds_of(const cuk_sample_row &r, int32_t n, const Scratch &sc, int row) {
+    Bounds b = {ALL, ALL, 0};
+    if (top_k_on(r, n)) b.kk = sc.sel[row].kk, b.idk = sc.sel[row].idk;
+    if (top_p_on(r)) b.kt = sc.sel[row].kt;
+    return b;
+}
+
+/* 1 if the token of key k and id i is in the top-k set. */
+__device__ __forceinline__ bool in_top_k(uint32_t k, int32_t i, const Bounds &b) {
+    return b.kk == ALL || k < b.kk || (k == b.kk && i <= b.idk);
+}
+
+/* 1 if logit l (> -inf) survives min-p. */
+__device__ __forceinline__ bool min_p_keeps(float l, float maxl, const cuk_sample_row &r) {
     return r.min_p <= 0.0f || dx_min_p_keeps(l, maxl, r.min_p, r.lmin);
 }
 
-/* The mass of logit l of a row (NaN read as -inf; 0 where min-p or top-p, key above kt, drops it). */
-__device__ __forceinline__ uint64_t row_mass(float l, float maxl, const cuk_sample_row &r, uint32_t kt, double scale,
-                                             double xmin) {
-    if (l != l) l = -INFINITY;
-    if (!min_p_keeps(l, maxl, r)) return 0;
-    if (kt != 0xffffffffu && !(l > -INFINITY && dx_desc_key(l) <= kt)) return 0;
+/* The draw's mass of id i, logit l: 0 for NaN and -inf, outside the top-k set, below min-p or
+ * above top-p's key bound; else dx_mass at the row's temperature. */
+__device__ __forceinline__ uint64_t row_mass(float l, int32_t i, float maxl, const cuk_sample_row &r, const Bounds &b,
+                                             double scale, double xmin) {
+    if (!(l > -INFINITY)) return 0;
+    const uint32_t k = dx_desc_key(l);
+    if (!in_top_k(k, i, b) || !min_p_keeps(l, maxl, r) || (b.kt != ALL && k > b.kt)) return 0;
     return dx_mass(l, maxl, r.temperature, scale, xmin);
 }
 
-/* The row's top-p key bound: UINT32_MAX where top-p is off. */
-__device__ __forceinline__ uint32_t row_kt(const cuk_sample_row &r, const Scratch &sc, int row) {
-    return r.top_p < 1.0f ? sc.tp[row].kt : 0xffffffffu;
+/* Top-k's tie count: 1 for an id in kk's tie group. */
+__device__ __forceinline__ uint64_t tie_count(float l, const Bounds &b) {
+    return l > -INFINITY && dx_desc_key(l) == b.kk ? 1 : 0;
 }
 
 __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
@@ -128,45 +159,59 @@ __device__ __forceinline__ float row_max(const Scratch &sc, int row) {
     return m;
 }
 
-/* A top-p row's radix pass (1, 2, 3: the key's bits 31..21, 20..10, 9..0): whether key k's
- * higher digits are those chosen so far, and its digit in this pass. */
+/* A radix pass (1, 2, 3: the key's bits 31..21, 20..10, 9..0): whether key k's higher digits
+ * are those chosen so far, and its digit in this pass. */
 __device__ __forceinline__ bool in_pass(uint32_t k, int pass, uint32_t prefix, uint32_t *d) {
     if (pass == 1) return *d = k >> 21, true;
     if (pass == 2) return *d = (k >> 10) & 2047u, (k >> 21) == prefix;
     return *d = k & 1023u, (k >> 10) == prefix;
 }
 
-/* grid (SEGS, n_rows), SEG_THREADS threads; top-p rows only (the others, and rows whose kt is
- * found, return at once). Thread t adds the temperature-1 mass of each id b + t + j SEG_THREADS
- * of the segment that survives min-p and lies in this pass into a shared histogram of its digit
- * (exact 64-bit atomics), flushed into the row's global histogram; pass 1 also sums every id's
- * temperature-1 mass into z. */
+/* 1 if row r still selects in this phase (W_TOPK: top-k's key; W_DRAW: top-p's key). */
+__device__ __forceinline__ bool selecting(const cuk_sample_row &r, int32_t n, const Sel &s, float maxl, int what) {
+    if (!(maxl > -INFINITY)) return false;
+    return what == W_TOPK ? top_k_on(r, n) && !s.kdone : top_p_on(r) && !s.done;
+}
+
+/* grid (SEGS, n_rows), SEG_THREADS threads; selecting rows only (the others return at once).
+ * Thread t adds, for each id b + t + j SEG_THREADS of the segment in this pass, its weight into a
+ * shared histogram of its digit (exact 64-bit atomics), flushed into the row's global histogram.
+ * W_TOPK: weight 1 for every logit > -inf. W_DRAW (top-p): the temperature-1 mass of the ids of
+ * the top-k set that survive min-p; pass 1 also sums every top-k id's temperature-1 mass into z. */
 __global__ void __launch_bounds__(SEG_THREADS)
     k_samp_hist(const float *__restrict__ x, int64_t ldx, int32_t n, const cuk_sample_row *__restrict__ rows,
-                double scale, double xmin, Scratch sc, int pass) {
+                double scale, double xmin, Scratch sc, int pass, int what) {
     const int row = blockIdx.y, s = blockIdx.x;
     const cuk_sample_row r = rows[row];
     const float maxl = row_max(sc, row);
-    if (!(r.temperature > 0.0f) || !(r.top_p < 1.0f) || !(maxl > -INFINITY) || sc.tp[row].done) return;
+    if (!selecting(r, n, sc.sel[row], maxl, what)) return;
     __shared__ unsigned long long h[HBINS];
     for (int i = threadIdx.x; i < HBINS; i += SEG_THREADS) h[i] = 0;
     __syncthreads();
-    const uint32_t prefix = sc.tp[row].prefix;
+    const uint32_t prefix = what == W_TOPK ? sc.sel[row].kprefix : sc.sel[row].prefix;
+    const Bounds bd = bounds_of(r, n, sc, row); /* W_DRAW: top-k's set is known; kt is not used */
     int32_t b, e;
     seg_range(n, s, &b, &e);
     const float *xr = x + (int64_t)row * ldx;
     uint64_t z = 0;
     for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS) {
         const float l = xr[i];
+        if (!(l > -INFINITY)) continue; /* NaN, -inf: not counted, mass 0 */
+        const uint32_t k = dx_desc_key(l);
         uint32_t d;
-        if (!(l > -INFINITY) || !in_pass(dx_desc_key(l), pass, prefix, &d)) continue; /* NaN, -inf: mass 0 */
-        const uint64_t w = dx_mass(l, maxl, 1.0f, scale, xmin); /* every id's in pass 1 */
+        if (!in_pass(k, pass, prefix, &d)) continue;
+        if (what == W_TOPK) {
+            atomicAdd(&h[d], 1ull);
+            continue;
+        }
+        if (!in_top_k(k, i, bd)) continue;
+        const uint64_t w = dx_mass(l, maxl, 1.0f, scale, xmin);
         z += w;
         if (w && min_p_keeps(l, maxl, r)) atomicAdd(&h[d], (unsigned long long)w);
     }
-    if (pass == 1) {
+    if (what == W_DRAW && pass == 1) {
         z = warp_sum(z);
-        if ((threadIdx.x & 31) == 0 && z) atomicAdd((unsigned long long *)&sc.tp[row].z, (unsigned long long)z);
+        if ((threadIdx.x & 31) == 0 && z) atomicAdd((unsigned long long *)&sc.sel[row].z, (unsigned long long)z);
     }
     __syncthreads();
     unsigned long long *g = (unsigned long long *)(sc.hist + (size_t)row * HBINS);
@@ -174,22 +219,25 @@ __global__ void __launch_bounds__(SEG_THREADS)
         if (h[i]) atomicAdd(&g[i], h[i]);
 }
 
-/* grid (n_rows), 1024 threads; top-p rows only. Thread t owns bins 2t and 2t + 1 of the row's
+/* grid (n_rows), 1024 threads; selecting rows only. Thread t owns bins 2t and 2t + 1 of the row's
  * histogram; an exclusive scan of their pair sums (exact) finds the bin d with
  * cum(< d) < need <= cum(<= d): d joins the prefix, need becomes need - cum(< d), and after the
- * third pass the prefix is kt. No such bin in pass 1 (min-p's survivors hold less than need):
- * kt = UINT32_MAX, every survivor kept. The histogram is cleared for the next pass. */
+ * third pass the prefix is the key (W_TOPK: kk, its remaining need kneed; W_DRAW: kt). need in
+ * pass 1: top_k, or dx_top_p_need(top_p, z). No such bin in pass 1 (fewer logits > -inf than
+ * top_k; min-p's survivors holding less than need): ALL, every one kept. The histogram is cleared
+ * for the next pass. */
 __global__ void __launch_bounds__(1024)
-    k_samp_cut(const cuk_sample_row *__restrict__ rows, Scratch sc, int pass) {
+    k_samp_cut(int32_t n, const cuk_sample_row *__restrict__ rows, Scratch sc, int pass, int what) {
     const int row = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
     const cuk_sample_row r = rows[row];
-    TopP *tp = &sc.tp[row];
-    if (!(r.temperature > 0.0f) || !(r.top_p < 1.0f) || !(row_max(sc, row) > -INFINITY) || tp->done) return;
+    Sel *sl = &sc.sel[row];
+    if (!selecting(r, n, *sl, row_max(sc, row), what)) return;
     __shared__ uint64_t s_warp[32];
     __shared__ int s_found;
     uint64_t *g = sc.hist + (size_t)row * HBINS;
     const uint64_t h0 = g[2 * t], h1 = g[2 * t + 1];
-    const uint64_t need = pass == 1 ? dx_top_p_need(r.top_p, tp->z) : tp->need;
+    const uint64_t need = what == W_TOPK ? (pass == 1 ? (uint64_t)r.top_k : sl->kneed)
+                                         : (pass == 1 ? dx_top_p_need(r.top_p, sl->z) : sl->need);
     uint64_t v = h0 + h1; /* inclusive scan over the warp, then over the warps */
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -212,31 +260,55 @@ __global__ void __launch_bounds__(1024)
     if (d >= 0) { /* one thread: the bins' ranges do not overlap */
         s_found = 1;
         const int bits = pass == 3 ? 10 : 11;
-        const uint32_t prefix = pass == 1 ? (uint32_t)d : tp->prefix << bits | (uint32_t)d;
-        tp->prefix = prefix;
-        tp->need = rem;
-        if (pass == 3) tp->kt = prefix, tp->done = 1;
+        if (what == W_TOPK) {
+            const uint32_t prefix = pass == 1 ? (uint32_t)d : sl->kprefix << bits | (uint32_t)d;
+            sl->kprefix = prefix;
+            sl->kneed = rem;
+            if (pass == 3) sl->kk = prefix, sl->kdone = 1;
+        } else {
+            const uint32_t prefix = pass == 1 ? (uint32_t)d : sl->prefix << bits | (uint32_t)d;
+            sl->prefix = prefix;
+            sl->need = rem;
+            if (pass == 3) sl->kt = prefix, sl->done = 1;
+        }
     }
     __syncthreads();
-    if (t == 0 && !s_found) tp->kt = 0xffffffffu, tp->done = 1; /* less than need in all */
+    if (t == 0 && !s_found) { /* less than need in all */
+        if (what == W_TOPK) sl->kk = ALL, sl->kdone = 1;
+        else sl->kt = ALL, sl->done = 1;
+    }
 }
 
-/* grid (SEGS, n_rows), SEG_THREADS threads: thread t sums the masses of ids b + t + j SEG_THREADS
- * of segment blockIdx.x; the block's sum (exact) is the segment's mass. Argmax rows write 0. */
+/* 1 if row r takes part in a mass or pick of `what`: W_DRAW every sampled row with a logit
+ * > -inf, W_TOPK the rows whose top-k cuts (kk known, not ALL). */
+__device__ __forceinline__ bool weighing(const cuk_sample_row &r, int32_t n, const Scratch &sc, int row, float maxl,
+                                         int what) {
+    if (!sampled(r) || !(maxl > -INFINITY)) return false;
+    return what == W_DRAW || (top_k_on(r, n) && sc.sel[row].kk != ALL);
+}
+
+/* An id's weight: W_DRAW its mass, W_TOPK 1 in kk's tie group. */
+__device__ __forceinline__ uint64_t weight_of(float l, int32_t i, float maxl, const cuk_sample_row &r, const Bounds &b,
+                                              double scale, double xmin, int what) {
+    return what == W_TOPK ? tie_count(l, b) : row_mass(l, i, maxl, r, b, scale, xmin);
+}
+
+/* grid (SEGS, n_rows), SEG_THREADS threads: thread t sums the weights of ids b + t + j SEG_THREADS
+ * of segment blockIdx.x; the block's sum (exact) is the segment's. Rows not weighing write 0. */
 __global__ void __launch_bounds__(SEG_THREADS)
     k_samp_mass(const float *__restrict__ x, int64_t ldx, int32_t n, const cuk_sample_row *__restrict__ rows,
-                double scale, double xmin, Scratch sc) {
+                double scale, double xmin, Scratch sc, int what) {
     const int row = blockIdx.y, s = blockIdx.x;
     const cuk_sample_row r = rows[row];
     const float maxl = row_max(sc, row);
     uint64_t acc = 0;
-    if (r.temperature > 0.0f && maxl > -INFINITY) {
+    if (weighing(r, n, sc, row, maxl, what)) {
         int32_t b, e;
         seg_range(n, s, &b, &e);
         const float *xr = x + (int64_t)row * ldx;
-        const uint32_t kt = row_kt(r, sc, row);
+        const Bounds bd = bounds_of(r, n, sc, row);
         for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS)
-            acc += row_mass(xr[i], maxl, r, kt, scale, xmin);
+            acc += weight_of(xr[i], i, maxl, r, bd, scale, xmin, what);
     }
     acc = warp_sum(acc);
     __shared__ uint64_t sm[SEG_THREADS / 32];
@@ -249,22 +321,24 @@ __global__ void __launch_bounds__(SEG_THREADS)
     }
 }
 
-/* grid (n_rows), PICK_THREADS threads. Argmax rows: thread 0 combines the segments. Sampled rows:
- * thread 0 finds the segment whose mass range holds r (r = floor(k total / 2^53)); warp w sums
- * the masses of its piece of that segment (ids p0 + w L .. p0 + (w + 1) L, lanes 32 apart);
- * thread 0 finds the piece holding the remainder; that piece's warp walks it 32 ids at a time,
- * an inclusive scan of the lanes' masses over the running sum, the first lane past it giving the
- * id. Every sum is of integers: exact, so the id is the first whose running mass from id 0
- * exceeds r. */
+/* grid (n_rows), PICK_THREADS threads. W_DRAW: argmax rows: thread 0 combines the segments;
+ * sampled rows: r = floor(k total / 2^53), the token into out. W_TOPK (rows whose top-k cuts):
+ * r = kneed - 1 over the tie counts, the id into the row's idk. Thread 0 finds the segment whose
+ * weight range holds r; warp w sums the weights of its piece of that segment (ids p0 + w L ..
+ * p0 + (w + 1) L, lanes 32 apart); thread 0 finds the piece holding the remainder; that piece's
+ * warp walks it 32 ids at a time, an inclusive scan of the lanes' weights over the running sum,
+ * the first lane past it giving the id. Every sum is of integers: exact, so the id is the first
+ * whose running weight from id 0 exceeds r. */
 __global__ void __launch_bounds__(PICK_THREADS)
     k_samp_pick(const float *__restrict__ x, int64_t ldx, int32_t n, const cuk_sample_row *__restrict__ rows,
-                double scale, double xmin, Scratch sc, int32_t *__restrict__ out) {
+                double scale, double xmin, Scratch sc, int32_t *__restrict__ out, int what) {
     const int row = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const cuk_sample_row r = rows[row];
     __shared__ int32_t s_b, s_e;
     __shared__ uint64_t s_rem, s_piece[PICK_THREADS / 32];
     __shared__ int s_w;
-    if (r.temperature <= 0.0f) {
+    const float maxl = row_max(sc, row);
+    if (what == W_DRAW && !sampled(r)) {
         if (threadIdx.x == 0) {
             float bv = -INFINITY;
             int32_t bi = -1;
@@ -273,17 +347,22 @@ __global__ void __launch_bounds__(PICK_THREADS)
         }
         return;
     }
-    const float maxl = row_max(sc, row);
-    if (!(maxl > -INFINITY)) {
+    if (what == W_DRAW && !(maxl > -INFINITY)) {
         if (threadIdx.x == 0) out[row] = -1;
         return;
     }
+    if (!weighing(r, n, sc, row, maxl, what)) return;
     if (threadIdx.x == 0) {
-        uint64_t total = 0;
-        for (int s = 0; s < SEGS; s++) total += sc.seg_mass[row * SEGS + s];
-        /* k < 2^53, total < 2^63: bits 53..115 of their product */
-        const uint64_t lo = r.k * total, hi = __umul64hi(r.k, total);
-        uint64_t rem = (hi << 11) | (lo >> 53);
+        uint64_t rem;
+        if (what == W_TOPK) {
+            rem = sc.sel[row].kneed - 1; /* kneed >= 1 of the tie group */
+        } else {
+            uint64_t total = 0;
+            for (int s = 0; s < SEGS; s++) total += sc.seg_mass[row * SEGS + s];
+            /* k < 2^53, total < 2^63: bits 53..115 of their product */
+            const uint64_t lo = r.k * total, hi = __umul64hi(r.k, total);
+            rem = (hi << 11) | (lo >> 53);
+        }
         int s = 0;
         while (s < SEGS - 1 && rem >= sc.seg_mass[row * SEGS + s]) rem -= sc.seg_mass[row * SEGS + s++];
         int32_t b, e;
@@ -294,11 +373,11 @@ __global__ void __launch_bounds__(PICK_THREADS)
     }
     __syncthreads();
     const float *xr = x + (int64_t)row * ldx;
-    const uint32_t kt = row_kt(r, sc, row);
+    const Bounds bd = bounds_of(r, n, sc, row);
     const int32_t b = s_b, e = s_e, len = (e - b + 31) / 32; /* a warp's piece: ceil((e - b) / 32) ids */
     const int32_t p0 = b + w * len < e ? b + w * len : e, p1 = p0 + len < e ? p0 + len : e;
     uint64_t acc = 0;
-    for (int32_t i = p0 + lane; i < p1; i += 32) acc += row_mass(xr[i], maxl, r, kt, scale, xmin);
+    for (int32_t i = p0 + lane; i < p1; i += 32) acc += weight_of(xr[i], i, maxl, r, bd, scale, xmin, what);
     acc = warp_sum(acc);
     if (lane == 0) s_piece[w] = acc;
     __syncthreads();
@@ -312,10 +391,11 @@ __global__ void __launch_bounds__(PICK_THREADS)
     __syncthreads();
     if (w != s_w) return;
     const uint64_t rem = s_rem;
+    int32_t *dst = what == W_TOPK ? &sc.sel[row].idk : &out[row];
     uint64_t run = 0;
     for (int32_t i0 = p0; i0 < p1; i0 += 32) {
         const int32_t i = i0 + lane;
-        uint64_t v = i < p1 ? row_mass(xr[i], maxl, r, kt, scale, xmin) : 0;
+        uint64_t v = i < p1 ? weight_of(xr[i], i, maxl, r, bd, scale, xmin, what) : 0;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) { /* inclusive scan over the lanes */
             const uint64_t t = __shfl_up_sync(0xffffffffu, v, o);
@@ -323,19 +403,19 @@ __global__ void __launch_bounds__(PICK_THREADS)
         }
         const unsigned hit = __ballot_sync(0xffffffffu, rem < run + v);
         if (hit) {
-            if (lane == 0) out[row] = i0 + __ffs((int)hit) - 1;
+            if (lane == 0) *dst = i0 + __ffs((int)hit) - 1;
             return;
         }
         run += __shfl_sync(0xffffffffu, v, 31);
     }
-    if (lane == 0) out[row] = p1 > p0 ? p1 - 1 : -1; /* not reached: rem < the piece's mass */
+    if (lane == 0) *dst = p1 > p0 ? p1 - 1 : -1; /* not reached: rem < the piece's weight */
 }
 
 } // namespace
 
 extern "C" size_t cuk_sample_scratch_bytes(int32_t n_rows) {
     return n_rows > 0 ? (size_t)n_rows * (SEGS * (sizeof(uint64_t) + sizeof(float) + sizeof(int32_t)) +
-                                          HBINS * sizeof(uint64_t) + sizeof(TopP))
+                                          HBINS * sizeof(uint64_t) + sizeof(Sel))
                       : 0;
 }
 
@@ -352,15 +432,23 @@ extern "C" g5_status cuk_sample(const cuk_sample_args *a, cuk_stream stream, g5_
     const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
     const dim3 grid(SEGS, (unsigned)a->n_rows);
     k_samp_max<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, sc);
-    if (a->any_top_p) {
-        CUK_CHECK(cudaMemsetAsync(sc.hist, 0, (size_t)a->n_rows * (HBINS * sizeof(uint64_t) + sizeof(TopP)), st));
+    if (a->any_top_k || a->any_top_p)
+        CUK_CHECK(cudaMemsetAsync(sc.hist, 0, (size_t)a->n_rows * (HBINS * sizeof(uint64_t) + sizeof(Sel)), st));
+    for (int what = W_TOPK; what >= W_DRAW; what--) { /* top-k's set, then top-p's key within it */
+        if (what == W_TOPK ? !a->any_top_k : !a->any_top_p) continue;
         for (int pass = 1; pass <= 3; pass++) {
-            k_samp_hist<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, pass);
-            k_samp_cut<<<(unsigned)a->n_rows, 1024, 0, st>>>(a->rows, sc, pass);
+            k_samp_hist<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, pass, what);
+            k_samp_cut<<<(unsigned)a->n_rows, 1024, 0, st>>>(a->n, a->rows, sc, pass, what);
+        }
+        if (what == W_TOPK) { /* the last of kk's ties that the set takes, by id */
+            k_samp_mass<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, W_TOPK);
+            k_samp_pick<<<(unsigned)a->n_rows, PICK_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc,
+                                                                        a->out, W_TOPK);
         }
     }
-    k_samp_mass<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc);
-    k_samp_pick<<<(unsigned)a->n_rows, PICK_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, a->out);
+    k_samp_mass<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, W_DRAW);
+    k_samp_pick<<<(unsigned)a->n_rows, PICK_THREADS, 0, st>>>(a->x, a->ldx, a->n, a->rows, scale, xmin, sc, a->out,
+                                                                W_DRAW);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

@@ -386,7 +386,7 @@ static g5_status gpu_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32
     if (!cr) return g5_fail(err, G5_ERR_NOMEM, "draws of %u sequences", n_seq);
     for (uint32_t i = 0; i < n_seq; i++) {
         x->batch[i] = gseq(seqs[i]);
-        cr[i] = (cuk_sample_row){rows[i].temperature, rows[i].min_p, rows[i].top_p, rows[i].lmin, rows[i].k};
+        cr[i] = (cuk_sample_row){rows[i].temperature, rows[i].min_p, rows[i].top_p, rows[i].top_k, rows[i].lmin, rows[i].k};
     }
     const rt_gpu_outputs out = {.draw = cr, .draw_ids = ids, .all_logits = 1};
     const g5_status st = rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);

@@ -766,9 +766,9 @@ static void test_device_row(void) {
         p.seed = (uint64_t)c * 7919;
         p.temperature = c % 9 == 0 ? 0.0f : (float)(0.3 + urand() * 1.4);
         p.min_p = urand() < 0.5 ? 0.0f : (float)(urand() * 0.5);
-        const int kind = c % 6; /* 4: top-k cut, 5: top-p (the device's) or penalties (the host's) */
+        const int kind = c % 6; /* 4: top-k cut, 5: top-p, or penalties (the host's alone) */
         p.top_k = kind == 4 ? 20 : kind == 3 ? V : 0;
-        p.top_p = kind == 5 && c % 2 ? 0.9f : 1.0f;
+        p.top_p = (kind == 5 && c % 2) || (kind == 4 && c % 4 == 0) ? 0.9f : 1.0f; /* top-k with top-p too */
         p.repeat_last_n = 8;
         p.repeat_penalty = kind == 5 && c % 2 == 0 ? 1.3f : 1.0f;
         samp_ctx *a = NULL, *b = NULL;
@@ -778,7 +778,7 @@ static void test_device_row(void) {
             continue;
         }
         samp_accept(a, 5), samp_accept(b, 5);
-        const int dev_ok = kind < 4 || (kind == 5 && c % 2);
+        const int dev_ok = !(kind == 5 && c % 2 == 0);
         bad += samp_params_device(&p, V) != dev_ok; /* whatever the window */
         for (int d = 0; d < 4; d++) {
             for (int i = 0; i < V; i++) {

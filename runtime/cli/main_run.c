@@ -647,7 +647,7 @@ int main(int argc, char **argv) {
      * vocabulary's logits (rt_eng_decode_argmax); --check follows plain prefill calls */
     const int argmax_steps = a.cuda && !dr && !a.check && samp_params_argmax(&a.sp);
     /* else, one process drawing on its GPU (rt_eng_draws_on_device), sampling that the device does
-     * (no top-k cut or penalties): each decode step gives the token drawn there, the
+     * (no penalty in force): each decode step gives the token drawn there, the
      * sampler's random number taken beforehand (rt_eng_decode_draw) */
     const int draw_steps = !argmax_steps && a.cuda && !dr && !a.check && rt_comm_size(comm) == 1 &&
                            rt_eng_draws_on_device(en) && samp_params_device(&a.sp, (uint32_t)V);

@@ -1118,9 +1118,13 @@ g5_status gm_head_argmax_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_err
 g5_status gm_head_draw(rt_gpu_model *g, gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err) {
     const int64_t VL = rk->head.m;
     CUK_CHECK(cudaMemcpyAsync(rk->drr + row0, g->drh + row0, c * sizeof *rk->drr, cudaMemcpyHostToDevice, rk->st));
-    int32_t any_top_p = 0;
-    for (uint32_t i = row0; i < row0 + c; i++) any_top_p |= g->drh[i].temperature > 0 && g->drh[i].top_p < 1.0f;
-    const cuk_sample_args a = {rk->lg, VL, (int32_t)VL, (int32_t)c, rk->drr + row0, rk->drs, rk->dri + row0, any_top_p};
+    int32_t any_top_p = 0, any_top_k = 0;
+    for (uint32_t i = row0; i < row0 + c; i++) {
+        any_top_p |= g->drh[i].temperature > 0 && g->drh[i].top_p < 1.0f;
+        any_top_k |= g->drh[i].temperature > 0 && g->drh[i].top_k > 0 && g->drh[i].top_k < VL;
+    }
+    const cuk_sample_args a = {rk->lg, VL, (int32_t)VL, (int32_t)c, rk->drr + row0, rk->drs, rk->dri + row0, any_top_p,
+                               any_top_k};
     CK(cuk_sample(&a, (cuk_stream)rk->st, err));
     return G5_OK;
 }

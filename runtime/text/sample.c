@@ -513,18 +513,11 @@ g5_status samp_argmax_check(float logit, g5_error *err) {
     return logit > -INFINITY ? G5_OK : g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
 }
 
-/* A draw of p over n_vocab a device makes, given whether penalties are in force. */
-static int device_params(const samp_params *p, uint32_t n_vocab, int penalties) {
-    if (penalties) return 0;
-    return !(p->temperature > 0) || !(p->top_k > 0 && (uint32_t)p->top_k < n_vocab);
-}
-
-int samp_device_ok(const samp_ctx *s) {
-    return s && device_params(&s->p, s->n_vocab, s->hist_n && !penalties_off(&s->p));
-}
+int samp_device_ok(const samp_ctx *s) { return s && !(s->hist_n && !penalties_off(&s->p)); }
 
 int samp_params_device(const samp_params *p, uint32_t n_vocab) {
-    return p && device_params(p, n_vocab, p->repeat_last_n > 0 && !penalties_off(p));
+    (void)n_vocab;
+    return p && !(p->repeat_last_n > 0 && !penalties_off(p));
 }
 
 int samp_device_row(samp_ctx *s, samp_dev_row *row) {
@@ -535,6 +528,7 @@ int samp_device_row(samp_ctx *s, samp_dev_row *row) {
     if (!(p->temperature > 0)) return 1;
     row->temperature = p->temperature;
     row->top_p = p->top_p < 1.0f ? p->top_p : 1.0f;
+    row->top_k = p->top_k > 0 && (uint32_t)p->top_k < s->n_vocab ? p->top_k : 0;
     if (p->min_p > 0 && p->min_p <= 1) {
         row->min_p = p->min_p;
         row->lmin = log((double)p->min_p);
@@ -548,56 +542,84 @@ static int cmp_u64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* top-p's threshold for samp_device_draw: the largest key (dx_desc_key, ascending = descending
- * logits) such that the masses at temperature 1 of the kept tokens (min-p's) at or below it
- * reach need; every key where they never do. Each token's (key, mass) packed as key << 32 | id
- * into a sort, then the masses summed in key order. */
-static uint32_t device_top_p_key(const samp_dev_row *row, const float *logits, uint32_t n, float maxl, double scale,
-                                 double xmin) {
-    uint64_t *ki = malloc((size_t)n * sizeof *ki), z = 0;
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const float l = logits[i] != logits[i] ? -INFINITY : logits[i];
-        z += dx_mass(l, maxl, 1.0f, scale, xmin);
-        if (ki && l > -INFINITY && (row->min_p <= 0 || dx_min_p_keeps(l, maxl, row->min_p, row->lmin)))
-            ki[m++] = (uint64_t)dx_desc_key(l) << 32 | i;
+/* samp_device_draw's view of a row: its logits (NaN read as -inf) and the bounds of its set. */
+typedef struct dev_view {
+    const samp_dev_row *row;
+    const float *logits;
+    uint32_t n;
+    float maxl;
+    double scale, xmin;
+    uint32_t kk, kt; /* top-k's key and top-p's, UINT32_MAX where off */
+    int32_t idk;     /* the last of kk's ties in the set, by id */
+} dev_view;
+
+static float dv_logit(const dev_view *v, uint32_t i) { return v->logits[i] != v->logits[i] ? -INFINITY : v->logits[i]; }
+
+/* 1 if id i (its logit > -inf, key k) is in the top-k set. */
+static int dv_in_top_k(const dev_view *v, uint32_t k, uint32_t i) {
+    return v->kk == UINT32_MAX || k < v->kk || (k == v->kk && (int32_t)i <= v->idk);
+}
+
+/* The (key << 32 | id) of the logits > -inf of v (those of the top-k set with min-p's survivors
+ * only where `kept`), sorted; *m their count. NULL when out of memory. */
+static uint64_t *dv_sorted(const dev_view *v, int kept, uint32_t *m) {
+    uint64_t *ki = malloc((size_t)v->n * sizeof *ki);
+    *m = 0;
+    for (uint32_t i = 0; ki && i < v->n; i++) {
+        const float l = dv_logit(v, i);
+        if (!(l > -INFINITY)) continue;
+        const uint32_t k = dx_desc_key(l);
+        if (kept && (!dv_in_top_k(v, k, i) || (v->row->min_p > 0 && !dx_min_p_keeps(l, v->maxl, v->row->min_p, v->row->lmin))))
+            continue;
+        ki[(*m)++] = (uint64_t)k << 32 | i;
     }
-    if (!ki) return UINT32_MAX; /* out of memory: keep every token (only the CPU engine's draws come here) */
-    qsort(ki, m, sizeof *ki, cmp_u64);
-    const uint64_t need = dx_top_p_need(row->top_p, z);
-    uint64_t cum = 0;
-    uint32_t key = UINT32_MAX;
-    for (uint32_t i = 0; i < m; i++) {
-        const float l = logits[(uint32_t)ki[i]];
-        if ((cum += dx_mass(l, maxl, 1.0f, scale, xmin)) >= need) {
-            key = (uint32_t)(ki[i] >> 32);
-            break;
-        }
-    }
-    free(ki);
-    return key;
+    if (ki) qsort(ki, *m, sizeof *ki, cmp_u64);
+    return ki;
 }
 
 int32_t samp_device_draw(const samp_dev_row *row, const float *logits, uint32_t n_vocab) {
-    float maxl = -INFINITY;
+    dev_view v = {row, logits, n_vocab, -INFINITY, 0, 0, UINT32_MAX, UINT32_MAX, 0};
     int32_t best = -1;
     for (uint32_t i = 0; i < n_vocab; i++)
-        if (logits[i] > maxl) maxl = logits[i], best = (int32_t)i;
+        if (logits[i] > v.maxl) v.maxl = logits[i], best = (int32_t)i;
     if (best < 0 || !(row->temperature > 0)) return best;
-    const int k = dx_mass_bits(n_vocab);
-    const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
-    const uint32_t kt = row->top_p < 1.0f ? device_top_p_key(row, logits, n_vocab, maxl, scale, xmin) : UINT32_MAX;
+    const int kb = dx_mass_bits(n_vocab);
+    v.scale = ldexp(1.0, kb), v.xmin = dx_mass_xmin(kb);
+    uint32_t m;
+    if (row->top_k > 0 && (uint32_t)row->top_k < n_vocab) { /* the top_k-th of (key, id), if it cuts */
+        uint64_t *ki = dv_sorted(&v, 0, &m);
+        if (ki && m > (uint32_t)row->top_k) v.kk = (uint32_t)(ki[row->top_k - 1] >> 32), v.idk = (int32_t)(uint32_t)ki[row->top_k - 1];
+        free(ki);
+    }
+    if (row->top_p < 1.0f) { /* the least key at which the kept masses reach need */
+        uint64_t z = 0, cum = 0;
+        for (uint32_t i = 0; i < n_vocab; i++) {
+            const float l = dv_logit(&v, i);
+            if (l > -INFINITY && dv_in_top_k(&v, dx_desc_key(l), i)) z += dx_mass(l, v.maxl, 1.0f, v.scale, v.xmin);
+        }
+        const uint64_t need = dx_top_p_need(row->top_p, z);
+        uint64_t *ki = dv_sorted(&v, 1, &m);
+        for (uint32_t j = 0; ki && j < m; j++)
+            if ((cum += dx_mass(logits[(uint32_t)ki[j]], v.maxl, 1.0f, v.scale, v.xmin)) >= need) {
+                v.kt = (uint32_t)(ki[j] >> 32);
+                break;
+            }
+        free(ki);
+    }
     uint64_t total = 0;
     for (int pass = 0; pass < 2; pass++) { /* the total, then the walk to r */
         const uint64_t r = pass ? (uint64_t)(((samp_u128)row->k * total) >> 53) : 0;
         uint64_t cum = 0;
         for (uint32_t i = 0; i < n_vocab; i++) {
-            const float l = logits[i] != logits[i] ? -INFINITY : logits[i];
-            const int keep = (row->min_p <= 0 || dx_min_p_keeps(l, maxl, row->min_p, row->lmin)) &&
-                             (kt == UINT32_MAX || (l > -INFINITY && dx_desc_key(l) <= kt));
-            const uint64_t m = keep ? dx_mass(l, maxl, row->temperature, scale, xmin) : 0;
-            if (!pass) total += m;
-            else if (r < (cum += m)) return (int32_t)i;
+            const float l = dv_logit(&v, i);
+            if (!(l > -INFINITY)) continue;
+            const uint32_t k = dx_desc_key(l);
+            const int keep = dv_in_top_k(&v, k, i) &&
+                             (row->min_p <= 0 || dx_min_p_keeps(l, v.maxl, row->min_p, row->lmin)) &&
+                             (v.kt == UINT32_MAX || k <= v.kt);
+            const uint64_t mass = keep ? dx_mass(l, v.maxl, row->temperature, v.scale, v.xmin) : 0;
+            if (!pass) total += mass;
+            else if (r < (cum += mass)) return (int32_t)i;
         }
     }
     return best; /* not reached: r < total */

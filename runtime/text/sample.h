@@ -92,16 +92,16 @@ typedef struct samp_dev_row {
     float temperature; /* <= 0: the argmax (larger logit, then lower id; NaN never) */
     float min_p;       /* <= 0: off */
     float top_p;       /* >= 1: off */
+    int32_t top_k;     /* <= 0 or >= n_vocab: off */
     double lmin;       /* log(min_p) where on (only its neighbourhood matters: any libm's will do) */
     uint64_t k;        /* a sampled draw's 53 random bits */
 } samp_dev_row;
 
-/* 1 if samp_sample's next draw is one a device can make: greedy, or sampling with top-k off or not
- * below n_vocab (min-p and top-p as set); in both cases no penalty in force on the window as it
- * is now. */
+/* 1 if samp_sample's next draw is one a device can make: greedy or sampled, with no penalty in
+ * force on the window as it is now. */
 int samp_device_ok(const samp_ctx *s);
 /* 1 if every draw of a sampler made with p over n_vocab tokens is one a device makes, whatever its
- * window (decided from the options alone, as samp_params_argmax). */
+ * window (decided from the options alone, as samp_params_argmax): no penalty can be in force. */
 int samp_params_device(const samp_params *p, uint32_t n_vocab);
 /* Where samp_device_ok: 1 and *row describing the draw, a sampled draw's random number taken from
  * the stream as samp_sample would take it, so the device's token must be used as this draw. 0,

@@ -1,6 +1,6 @@
 /* cuk_sample (cuda/sample.cu) at GLM-5's 154880 tokens: us per call for 1, 8 and 16 rows
  * (a decode step's head chunk holds at most CUK_GEMV_MAX_N = 16) of greedy, sampled (temperature
- * 0.9), min-p and top-p rows, against what a host draw needs first: the rows' logits copied to
+ * 0.9), min-p, top-p and llama.cpp-default (top-k) rows, against what a host draw needs first: the rows' logits copied to
  * page-locked host memory (and the byte time of one read of them at the D2D copy rate of this
  * run). Usage: bench_sample [calls per case] */
 #include <cuda_runtime_api.h>
@@ -41,8 +41,9 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    static const struct { const char *name; float t, min_p, top_p; } kinds[] = {
-        {"greedy", 0, 0, 1}, {"temperature 0.9", 0.9f, 0, 1}, {"+ min-p 0.05", 0.9f, 0.05f, 1}, {"+ top-p 0.95", 0.9f, 0, 0.95f}};
+    static const struct { const char *name; float t, min_p, top_p; int32_t top_k; } kinds[] = {
+        {"greedy", 0, 0, 1, 0}, {"temperature 0.9", 0.9f, 0, 1, 0}, {"+ min-p 0.05", 0.9f, 0.05f, 1, 0},
+        {"+ top-p 0.95", 0.9f, 0, 0.95f, 0}, {"llama.cpp's (0.8, top-k 40, top-p 0.95, min-p 0.05)", 0.8f, 0.05f, 0.95f, 40}};
     printf("| rows | draw | cuk_sample us | logits to host us | one read of the logits at the copy rate us |\n");
     printf("| --- | --- | --- | --- | --- |\n");
     for (size_t ni = 0; ni < sizeof NR / sizeof NR[0]; ni++) {
@@ -57,10 +58,10 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
             cuk_sample_row hr[16];
             for (int32_t r = 0; r < n; r++)
-                hr[r] = (cuk_sample_row){kinds[k].t, kinds[k].min_p, kinds[k].top_p,
+                hr[r] = (cuk_sample_row){kinds[k].t, kinds[k].min_p, kinds[k].top_p, kinds[k].top_k,
                                          kinds[k].min_p > 0 ? log((double)kinds[k].min_p) : 0, (uint64_t)(r + 1) * 2654435761ull};
             CK(cudaMemcpy(dr, hr, n * sizeof *dr, cudaMemcpyHostToDevice));
-            const cuk_sample_args a = {dl, V, V, n, dr, scratch, dout, kinds[k].top_p < 1.0f};
+            const cuk_sample_args a = {dl, V, V, n, dr, scratch, dout, kinds[k].top_p < 1.0f, kinds[k].top_k > 0};
             GK(cuk_sample(&a, NULL, &err_));
             CK(cudaEventRecord(e0, NULL));
             for (int c = 0; c < calls; c++) GK(cuk_sample(&a, NULL, &err_));

@@ -40,7 +40,7 @@ static void one_case(int32_t V, int32_t R) {
         samp_params p;
         samp_params_default(&p);
         p.temperature = r % 5 == 4 ? 0.0f : unif(0.3f, 1.5f); /* row 0 samples (the one-row cases) */
-        p.top_k = r % 3 == 0 ? V : 0;
+        p.top_k = r % 3 == 0 ? V : r % 3 == 1 && V > 40 ? 1 + (int32_t)(rnd() % 40) : 0; /* off, or a cut */
         p.min_p = r % 2 ? unif(0.001f, 0.3f) : 0.0f;
         p.top_p = r % 7 >= 3 ? unif(0.3f, 0.99f) : 1.0f; /* top-p rows beside rows without */
         p.seed = rnd();
@@ -58,7 +58,7 @@ static void one_case(int32_t V, int32_t R) {
     CK(cudaMalloc(&scratch, cuk_sample_scratch_bytes(R)));
     int same = 0, refused = 0, sampled = 0, bad = 0;
     for (int round = 0; round < 3; round++) {
-        int32_t any_tp = 0;
+        int32_t any_tp = 0, any_tk = 0;
         for (int32_t r = 0; r < R; r++) {
             fill_row(hl + (size_t)r * ldx, V, r, round);
             samp_dev_row d;
@@ -66,14 +66,15 @@ static void one_case(int32_t V, int32_t R) {
                 bad++;
                 memset(&d, 0, sizeof d);
             }
-            hr[r] = (cuk_sample_row){d.temperature, d.min_p, d.top_p, d.lmin, d.k};
-            any_tp |= d.top_p < 1.0f;
+            hr[r] = (cuk_sample_row){d.temperature, d.min_p, d.top_p, d.top_k, d.lmin, d.k};
+            any_tp |= d.temperature > 0 && d.top_p < 1.0f;
+            any_tk |= d.temperature > 0 && d.top_k > 0;
             sampled += d.temperature > 0;
         }
         CK(cudaMemcpy(dl, hl, (size_t)R * ldx * sizeof *dl, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dr, hr, (size_t)R * sizeof *dr, cudaMemcpyHostToDevice));
         g5_error e = {0};
-        const cuk_sample_args sa = {dl, ldx, V, R, dr, scratch, dout, any_tp};
+        const cuk_sample_args sa = {dl, ldx, V, R, dr, scratch, dout, any_tp, any_tk};
         T_CHECK(cuk_sample(&sa, NULL, &e) == G5_OK, "cuk_sample V=%d R=%d: %s", (int)V, (int)R, e.msg);
         CK(cudaMemcpy(hout, dout, (size_t)R * sizeof *hout, cudaMemcpyDeviceToHost));
         for (int32_t r = 0; r < R; r++) {
@@ -108,7 +109,7 @@ static void test_refusals(void) {
     CK(cudaMalloc(&s, 4096));
     CK(cudaMalloc((void **)&o, 64));
     CK(cudaMalloc((void **)&rw, 256));
-    cuk_sample_args a = {x, 64, 64, 2, rw, s, o, 0};
+    cuk_sample_args a = {x, 64, 64, 2, rw, s, o, 0, 0};
     a.n_rows = 0;
     T_CHECK(cuk_sample(&a, NULL, &e) == G5_ERR_INVALID_ARG && strstr(e.msg, "n_rows"), "refused: n_rows 0 (%s)", e.msg);
     a.n_rows = 2;

@@ -209,9 +209,11 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
         for (uint32_t j = 0; j < k && want_dr; j++) {
             const uint32_t u = (uint32_t)(rnd() % 4);
             drows[j] = (samp_dev_row){u == 0 ? 0.0f : unif(0.4f, 1.4f), u == 3 ? unif(0.01f, 0.2f) : 0.0f,
-                                      u == 2 || (u == 3 && j % 2) ? unif(0.5f, 0.99f) : 1.0f, 0, rnd() >> 11};
+                                      u == 2 || (u == 3 && j % 2) ? unif(0.5f, 0.99f) : 1.0f, u == 1 && j % 2 ? 40 : 0, 0,
+                                      rnd() >> 11};
             if (drows[j].min_p > 0) drows[j].lmin = log((double)drows[j].min_p);
-            crows[j] = (cuk_sample_row){drows[j].temperature, drows[j].min_p, drows[j].top_p, drows[j].lmin, drows[j].k};
+            crows[j] = (cuk_sample_row){drows[j].temperature, drows[j].min_p, drows[j].top_p, drows[j].top_k, drows[j].lmin,
+                                        drows[j].k};
         }
         const rt_gpu_outputs ob = {.logits = want_lg ? lb : NULL, .all_logits = 1, .argmax = want_am ? am : NULL,
                                    .argmax_logit = want_am ? av : NULL, .draw = want_dr ? crows : NULL,
