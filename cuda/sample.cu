@@ -1,14 +1,18 @@
 /* Token draws on the device (cuda/cuk_sample.h). Each row's vocabulary cut into SEGS segments of
  * consecutive ids:
  *   k_samp_max   each segment's largest logit and its first id (the argmax rule)
- *   (top-p rows, any_top_p) k_samp_hist + k_samp_cut three times: a radix select of the key kt
- *                on dx_desc_key, 11 + 11 + 10 bits, over histograms of temperature-1 masses
- *                (the first pass also sums z, every id's temperature-1 mass)
+ *   (top-k rows, any_top_k) k_samp_hist + k_samp_cut three times in W_TOPK: a radix select of
+ *                the top_k-th key kk (dx_desc_key, 11 + 11 + 10 bits) over count histograms;
+ *                then k_samp_mass + k_samp_pick in W_TOPK: the last of kk's ties in the set, by
+ *                an exact prefix count in id order (idk)
+ *   (top-p rows, any_top_p) k_samp_hist + k_samp_cut three times in W_DRAW: the same select of
+ *                the cut's key kt over histograms of the set's temperature-1 masses (the first
+ *                pass also sums z, the set's temperature-1 mass)
  *   k_samp_mass  each segment's mass at its row's temperature, from the row's largest logit
  *   k_samp_pick  a row's token: the argmax, or the segment holding r, then the warp's piece of it,
  *                then the id, each found from exact integer prefix sums
- * Masses are integers, so how the sums are split and combined changes nothing: the token is the
- * host sampler's (runtime/text/sample.c) bit for bit. */
+ * Masses and counts are integers, so how the sums are split and combined changes nothing: the
+ * token is the host sampler's (runtime/text/sample.c) bit for bit. */
 #include <stdint.h>
 
 #include "cuda/cuk_internal.cuh"
