@@ -398,9 +398,13 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
             }
             q.m = m;
         }
+        float thr = q.thr; /* a register: the scan compares each token with it */
         for (; i < end; i++) {
             const float l = logits[i];
-            if (l > q.thr) pass_take(&q, (samp_cand){(int32_t)i, l, 0});
+            if (l > thr) {
+                pass_take(&q, (samp_cand){(int32_t)i, l, 0});
+                thr = q.thr;
+            }
         }
         if (i == n) break;
         float l = logits[i];
