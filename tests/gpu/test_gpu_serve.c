@@ -467,30 +467,44 @@ static srv_server *start_gpu_server(const char *model, const pcfg *c, int prefix
     return s;
 }
 
+/* POST /v1/completions with the JSON fields `fields` and the prompt ids: the status, up to cap_out
+ * token ids of the first choice, and the parsed response (*resp, NULL unless 200; the caller
+ * frees it). */
+static int post_completion(uint16_t port, const char *fields, const int32_t *ids, uint32_t n, int32_t *out,
+                           uint32_t cap_out, uint32_t *n_out, json_t **resp) {
+    size_t cap = strlen(fields) + 32 + (size_t)n * 12;
+    char *body = xmalloc(cap), *p = body;
+    p += snprintf(p, cap, "{%s,\"prompt\":[", fields);
+    for (uint32_t i = 0; i < n; i++) p += snprintf(p, cap - (size_t)(p - body), "%s%d", i ? "," : "", ids[i]);
+    snprintf(p, cap - (size_t)(p - body), "]}");
+    char *text = NULL;
+    const int status = http_body(port, "POST", "/v1/completions", body, &text);
+    free(body);
+    *n_out = 0;
+    json_t *j = status == 200 && text ? json_loads(text, 0, NULL) : NULL;
+    json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+    for (size_t k = 0; k < json_array_size(t) && *n_out < cap_out; k++)
+        out[(*n_out)++] = (int32_t)json_integer_value(json_array_get(t, k));
+    free(text);
+    *resp = j;
+    return status;
+}
+
 /* One greedy completion of ids (max_tokens): up to cap token ids, usage.prompt_tokens_details.cached_tokens
  * and the finish reason (finish may be NULL). */
 static int complete_req(uint16_t port, const int32_t *ids, uint32_t n, uint32_t max_tokens, int32_t *out, uint32_t cap_out,
                         uint32_t *n_out, long *cached, char finish[16]) {
-    size_t cap = 96 + (size_t)n * 12;
-    char *body = xmalloc(cap), *p = body;
-    p += snprintf(p, cap, "{\"max_tokens\":%u,\"temperature\":0,\"return_token_ids\":true,\"prompt\":[", max_tokens);
-    for (uint32_t i = 0; i < n; i++) p += snprintf(p, cap - (size_t)(p - body), "%s%d", i ? "," : "", ids[i]);
-    snprintf(p, cap - (size_t)(p - body), "]}");
-    char *resp = NULL;
-    const int status = http_body(port, "POST", "/v1/completions", body, &resp);
-    free(body);
-    *n_out = 0;
+    char fields[96];
+    snprintf(fields, sizeof fields, "\"max_tokens\":%u,\"temperature\":0,\"return_token_ids\":true", max_tokens);
+    json_t *j = NULL;
+    const int status = post_completion(port, fields, ids, n, out, cap_out, n_out, &j);
     *cached = -1;
-    json_t *j = status == 200 && resp ? json_loads(resp, 0, NULL) : NULL;
-    json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *t = json_object_get(ch, "token_ids");
-    for (size_t k = 0; k < json_array_size(t) && *n_out < cap_out; k++)
-        out[(*n_out)++] = (int32_t)json_integer_value(json_array_get(t, k));
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     json_t *d = json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens");
     if (json_is_integer(d)) *cached = (long)json_integer_value(d);
     if (finish) snprintf(finish, 16, "%s", json_is_string(json_object_get(ch, "finish_reason"))
                                                ? json_string_value(json_object_get(ch, "finish_reason")) : "");
     json_decref(j);
-    free(resp);
     return status;
 }
 
@@ -548,22 +562,12 @@ static void prefix_server(const pcfg *c, const char *model) {
 /* One sampled completion (temperature 0.9, the seed, min_p; logprobs 1 or none): its token ids. */
 static int complete_sampled(uint16_t port, const int32_t *ids, uint32_t n, long seed, double min_p, int logprobs,
                             int32_t *out, uint32_t cap_out, uint32_t *n_out) {
-    size_t cap = 160 + (size_t)n * 12;
-    char *body = xmalloc(cap), *p = body;
-    p += snprintf(p, cap, "{\"max_tokens\":%u,\"temperature\":0.9,\"seed\":%ld,\"min_p\":%g,%s\"return_token_ids\":true,"
-                  "\"prompt\":[", cap_out, seed, min_p, logprobs ? "\"logprobs\":1," : "");
-    for (uint32_t i = 0; i < n; i++) p += snprintf(p, cap - (size_t)(p - body), "%s%d", i ? "," : "", ids[i]);
-    snprintf(p, cap - (size_t)(p - body), "]}");
-    char *resp = NULL;
-    const int status = http_body(port, "POST", "/v1/completions", body, &resp);
-    free(body);
-    *n_out = 0;
-    json_t *j = status == 200 && resp ? json_loads(resp, 0, NULL) : NULL;
-    json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
-    for (size_t k = 0; k < json_array_size(t) && *n_out < cap_out; k++)
-        out[(*n_out)++] = (int32_t)json_integer_value(json_array_get(t, k));
+    char fields[160];
+    snprintf(fields, sizeof fields, "\"max_tokens\":%u,\"temperature\":0.9,\"seed\":%ld,\"min_p\":%g,%s\"return_token_ids\":true",
+             cap_out, seed, min_p, logprobs ? "\"logprobs\":1," : "");
+    json_t *j = NULL;
+    const int status = post_completion(port, fields, ids, n, out, cap_out, n_out, &j);
     json_decref(j);
-    free(resp);
     return status;
 }
 
