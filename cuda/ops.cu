@@ -7,6 +7,7 @@
 
 #include <cooperative_groups.h>
 
+#include "cuda/argmax.cuh"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
 #include "cuda/q8_quant.cuh"
@@ -345,11 +346,7 @@ __global__ void k_add(const float *a, const float *b, float *y, int64_t n) {
 
 /* Argmax. Grid: one CTA per row; block: 256 threads. Each thread scans elements tid, tid+256,
  * ... keeping the largest non-NaN value and its lowest index; warps then the CTA reduce
- * (larger value wins, equal values: lower index). */
-__device__ __forceinline__ void better(float &bv, int64_t &bi, float v, int64_t i) {
-    if (i < 0) return;
-    if (bi < 0 || v > bv || (v == bv && i < bi)) bv = v, bi = i;
-}
+ * (cuda/argmax.cuh: larger value wins, equal values: lower index). */
 
 __global__ void __launch_bounds__(NORM_THREADS)
     k_argmax(const float *__restrict__ x, int64_t ldx, int64_t n, int32_t *out, float *val) {
@@ -360,19 +357,14 @@ __global__ void __launch_bounds__(NORM_THREADS)
     int64_t bi = -1;
     for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) {
         const float v = xr[i];
-        if (v == v) better(bv, bi, v, i); /* NaN never wins */
+        if (v == v) argmax_take(bv, bi, v, i); /* NaN never wins */
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        better(bv, bi, ov, oi);
-    }
+    argmax_warp(bv, bi);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) sv[warp] = bv, si[warp] = bi;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int j = 0; j < NORM_THREADS / 32; j++) better(bv, bi, sv[j], si[j]);
+        for (int j = 0; j < NORM_THREADS / 32; j++) argmax_take(bv, bi, sv[j], si[j]);
         out[blockIdx.x] = (int32_t)bi;
         if (val) val[blockIdx.x] = bi < 0 ? __int_as_float(0x7fc00000) : bv;
     }

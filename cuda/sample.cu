@@ -1,6 +1,6 @@
 /* Token draws on the device (cuda/cuk_sample.h). Each row's vocabulary cut into SEGS segments of
  * consecutive ids:
- *   k_samp_max   each segment's largest logit and its first id (the argmax rule)
+ *   k_samp_max   each segment's largest logit and its first id (the argmax rule, argmax.cuh)
  *   (top-k rows, any_top_k) k_samp_hist + k_samp_cut three times in W_TOPK: a radix select of
  *                the top_k-th key kk (dx_desc_key, 11 + 11 + 10 bits) over count histograms;
  *                then k_samp_mass + k_samp_pick in W_TOPK: the last of kk's ties in the set, by
@@ -15,6 +15,7 @@
  * token is the host sampler's (runtime/text/sample.c) bit for bit. */
 #include <stdint.h>
 
+#include "cuda/argmax.cuh"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_sample.h"
 #include "format/det_exp.h"
@@ -68,11 +69,6 @@ __device__ __forceinline__ void seg_range(int32_t n, int s, int32_t *b, int32_t 
     *e = (int32_t)(hi < n ? hi : n);
 }
 
-/* (v, i) replaces (bv, bi) if it is larger, or equal with a lower id; i < 0 is no candidate. */
-__device__ __forceinline__ void take_better(float &bv, int32_t &bi, float v, int32_t i) {
-    if (i < 0) return;
-    if (bi < 0 || v > bv || (v == bv && i < bi)) bv = v, bi = i;
-}
 
 __device__ __forceinline__ bool sampled(const cuk_sample_row &r) { return r.temperature > 0.0f; }
 __device__ __forceinline__ bool top_k_on(const cuk_sample_row &r, int32_t n) {
@@ -125,7 +121,7 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
 }
 
 /* grid (SEGS, n_rows), SEG_THREADS threads: thread t reads ids b + t, b + t + SEG_THREADS, ... of
- * segment blockIdx.x; (value, id) pairs combined by take_better over the warp, then the block. */
+ * segment blockIdx.x; (value, id) pairs combined by argmax_take over the warp, then the block. */
 __global__ void __launch_bounds__(SEG_THREADS)
     k_samp_max(const float *__restrict__ x, int64_t ldx, int32_t n, Scratch sc) {
     const int row = blockIdx.y, s = blockIdx.x;
@@ -136,21 +132,16 @@ __global__ void __launch_bounds__(SEG_THREADS)
     int32_t bi = -1;
     for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS) {
         const float v = xr[i];
-        if (v == v) take_better(bv, bi, v, i); /* NaN never wins */
+        if (v == v) argmax_take(bv, bi, v, i); /* NaN never wins */
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        take_better(bv, bi, ov, oi);
-    }
+    argmax_warp(bv, bi);
     __shared__ float sv[SEG_THREADS / 32];
     __shared__ int32_t si[SEG_THREADS / 32];
     const int w = threadIdx.x >> 5;
     if ((threadIdx.x & 31) == 0) sv[w] = bv, si[w] = bi;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int j = 1; j < SEG_THREADS / 32; j++) take_better(bv, bi, sv[j], si[j]);
+        for (int j = 1; j < SEG_THREADS / 32; j++) argmax_take(bv, bi, sv[j], si[j]);
         sc.seg_max[row * SEGS + s] = bi < 0 ? -INFINITY : bv;
         sc.seg_arg[row * SEGS + s] = bi;
     }
@@ -346,7 +337,7 @@ __global__ void __launch_bounds__(PICK_THREADS)
         if (threadIdx.x == 0) {
             float bv = -INFINITY;
             int32_t bi = -1;
-            for (int s = 0; s < SEGS; s++) take_better(bv, bi, sc.seg_max[row * SEGS + s], sc.seg_arg[row * SEGS + s]);
+            for (int s = 0; s < SEGS; s++) argmax_take(bv, bi, sc.seg_max[row * SEGS + s], sc.seg_arg[row * SEGS + s]);
             out[row] = bi >= 0 && bv > -INFINITY ? bi : -1;
         }
         return;
