@@ -155,4 +155,18 @@ DX_FN uint64_t dx_top_p_need(float top_p, uint64_t z) {
     return c ? c : 1;
 }
 
+/* A window token's logit after the penalties (llama.cpp's order): divided by the repeat penalty
+ * if positive, multiplied by it if not, then count * frequency + presence subtracted; float
+ * operations one at a time (the device spells them as _rn intrinsics). */
+DX_FN float dx_penalized(float l, float repeat, float frequency, float presence, uint32_t count) {
+#if defined(__CUDA_ARCH__)
+    l = l <= 0 ? __fmul_rn(l, repeat) : __fdiv_rn(l, repeat);
+    return __fsub_rn(l, __fadd_rn(__fmul_rn((float)count, frequency), presence));
+#else
+    l = l <= 0 ? l * repeat : l / repeat;
+    const float f = (float)count * frequency;
+    return l - (f + presence);
+#endif
+}
+
 #endif

@@ -241,10 +241,7 @@ static uint32_t window_penalties(samp_ctx *s) {
 
 /* A penalized logit: repeat penalty (toward lower), then count x frequency + presence. */
 static float penalized(const samp_params *p, float l, uint32_t count) {
-    if (l <= 0) l *= p->repeat_penalty;
-    else l /= p->repeat_penalty;
-    l -= (float)count * p->frequency_penalty + p->presence_penalty;
-    return l;
+    return dx_penalized(l, p->repeat_penalty, p->frequency_penalty, p->presence_penalty, count);
 }
 
 /* Sifts c[j] up the min-heap c[0..) (worst of the kept at the root). */
@@ -517,11 +514,11 @@ g5_status samp_argmax_check(float logit, g5_error *err) {
     return logit > -INFINITY ? G5_OK : g5_fail(err, G5_ERR_INVALID_ARG, "sampler: every logit is NaN or -inf");
 }
 
-int samp_device_ok(const samp_ctx *s) { return s && !(s->hist_n && !penalties_off(&s->p)); }
+int samp_device_ok(const samp_ctx *s) { return s != NULL; }
 
 int samp_params_device(const samp_params *p, uint32_t n_vocab) {
     (void)n_vocab;
-    return p && !(p->repeat_last_n > 0 && !penalties_off(p));
+    return p != NULL;
 }
 
 int samp_device_row(samp_ctx *s, samp_dev_row *row) {
@@ -529,6 +526,12 @@ int samp_device_row(samp_ctx *s, samp_dev_row *row) {
     const samp_params *p = &s->p;
     memset(row, 0, sizeof *row);
     row->top_p = 1.0f;
+    row->repeat_penalty = p->repeat_penalty;
+    row->frequency_penalty = p->frequency_penalty;
+    row->presence_penalty = p->presence_penalty;
+    row->n_pen = window_penalties(s); /* the window as the chain would see it now */
+    row->pen_ids = s->sorted;
+    row->pen_counts = s->pen_n;
     if (!(p->temperature > 0)) return 1;
     row->temperature = p->temperature;
     row->top_p = p->top_p < 1.0f ? p->top_p : 1.0f;
@@ -581,7 +584,26 @@ static uint64_t *dv_sorted(const dev_view *v, int kept, uint32_t *m) {
     return ki;
 }
 
+static int32_t device_draw(const samp_dev_row *row, const float *logits, uint32_t n_vocab);
+
 int32_t samp_device_draw(const samp_dev_row *row, const float *logits, uint32_t n_vocab) {
+    float *pl = NULL; /* the penalized copy where penalties are in force */
+    if (row->n_pen) {
+        if (!(pl = malloc((size_t)n_vocab * sizeof *pl))) return -1;
+        memcpy(pl, logits, (size_t)n_vocab * sizeof *pl);
+        for (uint32_t j = 0; j < row->n_pen; j++) {
+            const int32_t i = row->pen_ids[j];
+            const float l = pl[i] != pl[i] ? -INFINITY : pl[i];
+            pl[i] = dx_penalized(l, row->repeat_penalty, row->frequency_penalty, row->presence_penalty, row->pen_counts[j]);
+        }
+        logits = pl;
+    }
+    const int32_t id = device_draw(row, logits, n_vocab);
+    free(pl);
+    return id;
+}
+
+static int32_t device_draw(const samp_dev_row *row, const float *logits, uint32_t n_vocab) {
     dev_view v = {row, logits, n_vocab, -INFINITY, 0, 0, UINT32_MAX, UINT32_MAX, 0};
     int32_t best = -1;
     for (uint32_t i = 0; i < n_vocab; i++)

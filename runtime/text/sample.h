@@ -95,13 +95,20 @@ typedef struct samp_dev_row {
     int32_t top_k;     /* <= 0 or >= n_vocab: off */
     double lmin;       /* log(min_p) where on (only its neighbourhood matters: any libm's will do) */
     uint64_t k;        /* a sampled draw's 53 random bits */
+    /* The penalties in force: the window's distinct ids, ascending, and their counts (n_pen 0:
+     * none), in the sampler's own arrays (valid until its next call), applied to those ids'
+     * logits first as the chain applies them (dx_penalized, NaN read as -inf). */
+    float repeat_penalty, frequency_penalty, presence_penalty;
+    uint32_t n_pen;
+    const int32_t *pen_ids;
+    const uint32_t *pen_counts;
 } samp_dev_row;
 
-/* 1 if samp_sample's next draw is one a device can make: greedy or sampled, with no penalty in
- * force on the window as it is now. */
+/* 1 if samp_sample's next draw is one a device can make: every draw (greedy or sampled, with the
+ * penalties in force passed along). */
 int samp_device_ok(const samp_ctx *s);
 /* 1 if every draw of a sampler made with p over n_vocab tokens is one a device makes, whatever its
- * window (decided from the options alone, as samp_params_argmax): no penalty can be in force. */
+ * window (decided from the options alone, as samp_params_argmax). */
 int samp_params_device(const samp_params *p, uint32_t n_vocab);
 /* Where samp_device_ok: 1 and *row describing the draw, a sampled draw's random number taken from
  * the stream as samp_sample would take it, so the device's token must be used as this draw. 0,
