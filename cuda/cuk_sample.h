@@ -11,7 +11,9 @@
  *     dx_top_p_need(top_p, z), z the temperature-1 mass of the set);
  *   total their sum, r = floor(k * total / 2^53), and the first id in ascending order whose
  *   running mass exceeds r.
- * A row with no logit > -inf gives -1 (the host sampler refuses those logits). */
+ * First, the logits of each row's penalized ids become dx_penalized's (NaN read as -inf), as the
+ * host chain applies its window's penalties. A row with no logit > -inf gives -1 (the host
+ * sampler refuses those logits). */
 #ifndef G5_CUDA_CUK_SAMPLE_H
 #define G5_CUDA_CUK_SAMPLE_H
 
@@ -31,10 +33,13 @@ typedef struct cuk_sample_row {
     int32_t top_k;     /* <= 0 or >= n: off */
     double lmin;       /* log(min_p) where on */
     uint64_t k;        /* 53 random bits */
+    float repeat_penalty, frequency_penalty, presence_penalty;
+    uint32_t pen_off, n_pen; /* the row's penalized ids: pen_ids[pen_off .. pen_off + n_pen) */
 } cuk_sample_row;
 
 typedef struct cuk_sample_args {
-    const float *x;             /* [n_rows][ldx], n logits a row */
+    float *x;                   /* [n_rows][ldx], n logits a row; a row's penalized ids rewritten
+                                 * in place with their penalized logits */
     int64_t ldx;
     int32_t n, n_rows;          /* n <= 2^31 - 1, n_rows <= 65535 */
     const cuk_sample_row *rows; /* [n_rows], device */
@@ -43,6 +48,9 @@ typedef struct cuk_sample_args {
     int32_t any_top_p;          /* some sampled row has top_p < 1 (its threshold's passes run; 0:
                                  * skipped, so it must not be 0 then) */
     int32_t any_top_k;          /* some sampled row has 0 < top_k < n (likewise) */
+    const int32_t *pen_ids;     /* device: the rows' penalized ids (distinct within a row, < n) */
+    const uint32_t *pen_counts; /* device: their counts in the window */
+    int32_t any_pen;            /* some row has n_pen > 0 (likewise) */
 } cuk_sample_args;
 
 size_t cuk_sample_scratch_bytes(int32_t n_rows);

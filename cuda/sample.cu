@@ -1,5 +1,6 @@
 /* Token draws on the device (cuda/cuk_sample.h). Each row's vocabulary cut into SEGS segments of
  * consecutive ids:
+ *   (rows with penalties, any_pen) k_samp_penalize: the window's logits penalized in place
  *   k_samp_max   each segment's largest logit and its first id (the argmax rule, argmax.cuh)
  *   (top-k rows, any_top_k) k_samp_hist + k_samp_cut three times in W_TOPK: a radix select of
  *                the top_k-th key kk (dx_desc_key, 11 + 11 + 10 bits) over count histograms;
@@ -118,6 +119,21 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* grid (n_rows), 64 threads: thread t rewrites the logits of the row's penalized ids t, t + 64,
+ * ... (distinct ids: no two threads touch one logit) with dx_penalized's (NaN read as -inf). */
+__global__ void __launch_bounds__(64) k_samp_penalize(float *__restrict__ x, int64_t ldx, const cuk_sample_row *__restrict__ rows,
+                                                      const int32_t *__restrict__ ids, const uint32_t *__restrict__ counts) {
+    const int row = blockIdx.x;
+    const cuk_sample_row r = rows[row];
+    float *xr = x + (int64_t)row * ldx;
+    for (uint32_t j = threadIdx.x; j < r.n_pen; j += 64) {
+        const int32_t i = ids[r.pen_off + j];
+        const float l = xr[i];
+        xr[i] = dx_penalized(l != l ? -INFINITY : l, r.repeat_penalty, r.frequency_penalty, r.presence_penalty,
+                             counts[r.pen_off + j]);
+    }
 }
 
 /* grid (SEGS, n_rows), SEG_THREADS threads: thread t reads ids b + t, b + t + SEG_THREADS, ... of
@@ -426,6 +442,10 @@ extern "C" g5_status cuk_sample(const cuk_sample_args *a, cuk_stream stream, g5_
     const int k = dx_mass_bits((uint32_t)a->n);
     const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
     const dim3 grid(SEGS, (unsigned)a->n_rows);
+    if (a->any_pen) {
+        if (!a->pen_ids || !a->pen_counts) return BAD("sample: penalties without pen_ids or pen_counts");
+        k_samp_penalize<<<(unsigned)a->n_rows, 64, 0, st>>>(a->x, a->ldx, a->rows, a->pen_ids, a->pen_counts);
+    }
     k_samp_max<<<grid, SEG_THREADS, 0, st>>>(a->x, a->ldx, a->n, sc);
     if (a->any_top_k || a->any_top_p)
         CUK_CHECK(cudaMemsetAsync(sc.hist, 0, (size_t)a->n_rows * (HBINS * sizeof(uint64_t) + sizeof(Sel)), st));

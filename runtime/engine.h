@@ -231,8 +231,8 @@ g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *token
  * On failure no sequence has advanced. */
 g5_status rt_eng_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                                int32_t *ids, float *logit, g5_error *err);
-/* rt_eng_decode giving each sequence's token drawn as rows[i] says (samp_device_row: greedy, or
- * sampling without penalties in force): ids[i] is the token samp_sample
+/* rt_eng_decode giving each sequence's token drawn as rows[i] says (samp_device_row: any draw,
+ * its penalties included): ids[i] is the token samp_sample
  * would have drawn from its next-token logits, -1 where no logit is > -inf (the sampler refuses
  * those: so must the caller). CUDA with rt_eng_draws_on_device draws on the device
  * (cuda/cuk_sample.h), so 4 bytes a sequence cross the bus and the host takes no pass over the

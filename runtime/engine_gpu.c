@@ -382,15 +382,31 @@ static g5_status gpu_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32
     eng_gpu *x = e->dev;
     const g5_status sr = batch_room(x, n_seq, err);
     if (sr) return sr;
+    uint32_t np = 0; /* the rows' penalty lists, one after another */
+    for (uint32_t i = 0; i < n_seq; i++) np += rows[i].n_pen;
     cuk_sample_row *cr = malloc((size_t)(n_seq ? n_seq : 1) * sizeof *cr);
-    if (!cr) return g5_fail(err, G5_ERR_NOMEM, "draws of %u sequences", n_seq);
-    for (uint32_t i = 0; i < n_seq; i++) {
-        x->batch[i] = gseq(seqs[i]);
-        cr[i] = (cuk_sample_row){rows[i].temperature, rows[i].min_p, rows[i].top_p, rows[i].top_k, rows[i].lmin, rows[i].k};
+    int32_t *pi = malloc((size_t)(np ? np : 1) * sizeof *pi);
+    uint32_t *pc = malloc((size_t)(np ? np : 1) * sizeof *pc);
+    if (!cr || !pi || !pc) {
+        free(cr), free(pi), free(pc);
+        return g5_fail(err, G5_ERR_NOMEM, "draws of %u sequences", n_seq);
     }
-    const rt_gpu_outputs out = {.draw = cr, .draw_ids = ids, .all_logits = 1};
+    for (uint32_t i = 0, off = 0; i < n_seq; off += rows[i++].n_pen) {
+        const samp_dev_row *d = &rows[i];
+        x->batch[i] = gseq(seqs[i]);
+        cr[i] = (cuk_sample_row){.temperature = d->temperature, .min_p = d->min_p, .top_p = d->top_p, .top_k = d->top_k,
+                                 .lmin = d->lmin, .k = d->k, .repeat_penalty = d->repeat_penalty,
+                                 .frequency_penalty = d->frequency_penalty, .presence_penalty = d->presence_penalty,
+                                 .pen_off = off, .n_pen = d->n_pen};
+        if (d->n_pen) {
+            memcpy(pi + off, d->pen_ids, d->n_pen * sizeof *pi);
+            memcpy(pc + off, d->pen_counts, d->n_pen * sizeof *pc);
+        }
+    }
+    const rt_gpu_outputs out = {.draw = cr, .draw_ids = ids, .all_logits = 1, .draw_pen_ids = pi, .draw_pen_counts = pc,
+                                .draw_n_pen = np};
     const g5_status st = rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);
-    free(cr);
+    free(cr), free(pi), free(pc);
     return st;
 }
 

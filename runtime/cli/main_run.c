@@ -646,9 +646,9 @@ int main(int argc, char **argv) {
      * same calls): each decode step gives the argmax and its logit computed on the GPU, not the
      * vocabulary's logits (rt_eng_decode_argmax); --check follows plain prefill calls */
     const int argmax_steps = a.cuda && !dr && !a.check && samp_params_argmax(&a.sp);
-    /* else, one process drawing on its GPU (rt_eng_draws_on_device), sampling that the device does
-     * (no penalty in force): each decode step gives the token drawn there, the
-     * sampler's random number taken beforehand (rt_eng_decode_draw) */
+    /* else, one process drawing on its GPU (rt_eng_draws_on_device), with no draft or --check:
+     * each decode step gives the token drawn there (penalties included), the sampler's random
+     * number taken beforehand (rt_eng_decode_draw) */
     const int draw_steps = !argmax_steps && a.cuda && !dr && !a.check && rt_comm_size(comm) == 1 &&
                            rt_eng_draws_on_device(en) && samp_params_device(&a.sp, (uint32_t)V);
     samp_dev_row drow;

@@ -109,6 +109,9 @@ typedef struct gl_rank {
     cuk_sample_row *drr;             /* [n] out->draw's rows (uploaded by gm_head_draw) */
     int32_t *dri;                    /* [n] their tokens */
     void *drs;                       /* cuk_sample's scratch for CUK_GEMV_MAX_N rows */
+    int32_t *dpi;                    /* [dpen_cap] out->draw's penalized ids (uploaded per call) */
+    uint32_t *dpc;                   /* [dpen_cap] their counts */
+    uint32_t dpen_cap;
     /* The residual adds are folded into the RMSNorm that reads x next (cuk_add_rms_norm): a
      * stage leaves its output as oa (+ ob: the routed and the shared experts, one device only),
      * the collective turns it into the pending addends pa (+ pb) that x still lacks. */

@@ -404,10 +404,39 @@ fail:
 static void free_work(gl_rank *rk) {
     if (rk->work) cudaFree(rk->work);
     if (rk->sc) cudaFree(rk->sc);
+    if (rk->dpi) cudaFree(rk->dpi);
+    if (rk->dpc) cudaFree(rk->dpc);
     rk->work = NULL;
     rk->sc = NULL;
+    rk->dpi = NULL;
+    rk->dpc = NULL;
     rk->ncap = 0;
     rk->sc_cap = 0;
+    rk->dpen_cap = 0;
+}
+
+/* out->draw's penalty list on rank rk (the one holding the head), before the call's device work:
+ * the device arrays grown to it (the previous call's work has ended), then copied on the rank's
+ * stream (from pageable memory: each copy is staged before it returns). */
+static g5_status draw_pen_upload(gl_rank *rk, const rt_gpu_outputs *out, g5_error *err) {
+    const uint32_t n = out->draw_n_pen;
+    if (!n) return G5_OK;
+    if (!out->draw_pen_ids || !out->draw_pen_counts)
+        return g5_fail(err, G5_ERR_INVALID_ARG, "device draws: %u penalized ids without their arrays", n);
+    CUK_CHECK(cudaSetDevice(rk->dev));
+    if (n > rk->dpen_cap) {
+        if (rk->dpi) cudaFree(rk->dpi);
+        if (rk->dpc) cudaFree(rk->dpc);
+        rk->dpi = NULL;
+        rk->dpc = NULL;
+        rk->dpen_cap = 0;
+        CUK_CHECK(cudaMalloc((void **)&rk->dpi, (size_t)n * sizeof *rk->dpi));
+        CUK_CHECK(cudaMalloc((void **)&rk->dpc, (size_t)n * sizeof *rk->dpc));
+        rk->dpen_cap = n;
+    }
+    CUK_CHECK(cudaMemcpyAsync(rk->dpi, out->draw_pen_ids, (size_t)n * sizeof *rk->dpi, cudaMemcpyHostToDevice, rk->st));
+    CUK_CHECK(cudaMemcpyAsync(rk->dpc, out->draw_pen_counts, (size_t)n * sizeof *rk->dpc, cudaMemcpyHostToDevice, rk->st));
+    return G5_OK;
 }
 
 static void argmax_free(rt_gpu_model *g);
@@ -1118,13 +1147,14 @@ g5_status gm_head_argmax_out(rt_gpu_model *g, gl_rank *rk, uint32_t rows, g5_err
 g5_status gm_head_draw(rt_gpu_model *g, gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err) {
     const int64_t VL = rk->head.m;
     CUK_CHECK(cudaMemcpyAsync(rk->drr + row0, g->drh + row0, c * sizeof *rk->drr, cudaMemcpyHostToDevice, rk->st));
-    int32_t any_top_p = 0, any_top_k = 0;
+    int32_t any_top_p = 0, any_top_k = 0, any_pen = 0;
     for (uint32_t i = row0; i < row0 + c; i++) {
         any_top_p |= g->drh[i].temperature > 0 && g->drh[i].top_p < 1.0f;
         any_top_k |= g->drh[i].temperature > 0 && g->drh[i].top_k > 0 && g->drh[i].top_k < VL;
+        any_pen |= g->drh[i].n_pen > 0;
     }
     const cuk_sample_args a = {rk->lg, VL, (int32_t)VL, (int32_t)c, rk->drr + row0, rk->drs, rk->dri + row0, any_top_p,
-                               any_top_k};
+                               any_top_k, rk->dpi, rk->dpc, any_pen};
     CK(cuk_sample(&a, (cuk_stream)rk->st, err));
     return G5_OK;
 }
@@ -1270,7 +1300,18 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
     if (multi) CK(gm_write_rows(g, pl, 0, hp->n_layer_main, err));
     const uint32_t out_rows = out && out->all_logits ? n : 1;
     if (out && (out->argmax || out->draw)) CK(argmax_room(g, out_rows, err));
-    if (out && out->draw) memcpy(g->drh, out->draw, (size_t)out_rows * sizeof *g->drh);
+    if (out && out->draw) {
+        memcpy(g->drh, out->draw, (size_t)out_rows * sizeof *g->drh);
+        for (uint32_t i = 0; i < out_rows; i++)
+            if ((uint64_t)g->drh[i].pen_off + g->drh[i].n_pen > out->draw_n_pen)
+                return g5_fail(err, G5_ERR_INVALID_ARG, "device draws: row %u's penalties past the list of %u", i,
+                               out->draw_n_pen);
+        for (uint32_t j = 0; j < out->draw_n_pen; j++) /* the kernel writes these logits */
+            if (!out->draw_pen_ids || out->draw_pen_ids[j] < 0 || (uint32_t)out->draw_pen_ids[j] >= hp->n_vocab)
+                return g5_fail(err, G5_ERR_INVALID_ARG, "device draws: penalized id %d outside the vocabulary (%u)",
+                               out->draw_pen_ids ? out->draw_pen_ids[j] : -1, hp->n_vocab);
+        CK(draw_pen_upload(&g->rk[0], out, err)); /* rt_gpu_info.draws: rank 0 holds the head */
+    }
     /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical
      * to one-token calls (its GEMV kernels sum each row alike) */
     for (uint32_t r = 0; r < g->T; r++) {

@@ -224,8 +224,7 @@ typedef struct srv_stats {
                                              its chunks (the steps chunking let in) */
     uint64_t decode_steps;     /* engine steps that decoded (one batched forward call each) */
     uint64_t device_draw_steps; /* of those, steps whose tokens were drawn on the device
-                                   (rt_eng_decode_draw: requests without penalties in force
-                                   or logprobs) */
+                                   (rt_eng_decode_draw: requests without logprobs or drafts) */
     double decode_seconds;     /* wall time of those steps: forward call (logits to host) + draws */
     double prefill_seconds;    /* wall time of prompt chunks (their last chunk's draw included) */
     double draw_seconds;       /* wall time drawing tokens (sampling, detokenizing, stop strings,

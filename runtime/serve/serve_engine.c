@@ -1151,7 +1151,7 @@ static void prefill_step(srv_server *s, srv_req *r) {
  * penalties in force): the step gives the ids and their logits (pick, pick_l [n]) computed on
  * the GPU, not the rows' logits (20 MB at 32 sequences), and the draws need no pass over them.
  * Else, where the engine draws on its device and every draw is one it makes (device_draw:
- * greedy or sampled without penalties in force, no logprobs): the step gives the
+ * any draw but a logprobs request's or a draft's): the step gives the
  * tokens (pick), each sampler's random number taken beforehand (samp_device_row, rows [n]). */
 static void decode_step(srv_server *s, srv_req **dec, uint32_t n, rt_eng_seq **sts, int32_t *toks, int32_t *pick,
                         float *pick_l, samp_dev_row *rows, srv_drawn *drawn) {

@@ -323,7 +323,8 @@ int main(int argc, char **argv) {
                 a3 = now_s();
                 for (uint32_t s = 0; s < tg; s++) { /* the host's part of a device draw, timed with it */
                     samp_device_row(sc, &row);
-                    cr = (cuk_sample_row){row.temperature, row.min_p, row.top_p, row.top_k, row.lmin, row.k};
+                    cr = (cuk_sample_row){.temperature = row.temperature, .min_p = row.min_p, .top_p = row.top_p,
+                                          .top_k = row.top_k, .lmin = row.lmin, .k = row.k}; /* no penalties here */
                     GK(rt_gpu_forward(g, ids + d + 4 + tg + s % 2, 1, &od, &err_));
                 }
                 const double per4 = (now_s() - a3) / tg;

@@ -58,10 +58,11 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
             cuk_sample_row hr[16];
             for (int32_t r = 0; r < n; r++)
-                hr[r] = (cuk_sample_row){kinds[k].t, kinds[k].min_p, kinds[k].top_p, kinds[k].top_k,
-                                         kinds[k].min_p > 0 ? log((double)kinds[k].min_p) : 0, (uint64_t)(r + 1) * 2654435761ull};
+                hr[r] = (cuk_sample_row){.temperature = kinds[k].t, .min_p = kinds[k].min_p, .top_p = kinds[k].top_p,
+                                         .top_k = kinds[k].top_k, .lmin = kinds[k].min_p > 0 ? log((double)kinds[k].min_p) : 0,
+                                         .k = (uint64_t)(r + 1) * 2654435761ull};
             CK(cudaMemcpy(dr, hr, n * sizeof *dr, cudaMemcpyHostToDevice));
-            const cuk_sample_args a = {dl, V, V, n, dr, scratch, dout, kinds[k].top_p < 1.0f, kinds[k].top_k > 0};
+            const cuk_sample_args a = {dl, V, V, n, dr, scratch, dout, kinds[k].top_p < 1.0f, kinds[k].top_k > 0, NULL, NULL, 0};
             GK(cuk_sample(&a, NULL, &err_));
             CK(cudaEventRecord(e0, NULL));
             for (int c = 0; c < calls; c++) GK(cuk_sample(&a, NULL, &err_));

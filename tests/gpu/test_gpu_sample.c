@@ -2,7 +2,8 @@
  * samplers with the same parameters and seed; one gives its samp_device_row (and so its random
  * number) to the device, the other runs samp_sample on the same logits. The tokens must be equal,
  * draw after draw (so the random streams stay together), for greedy and sampled rows, with and
- * without min-p and top-p (the radix select of its threshold), at GLM-5's vocabulary and small ones, with NaN, infinities, ties and rows that
+ * without top-k, top-p, min-p and penalties (the window's logits penalized in place first), at
+ * GLM-5's vocabulary and small ones, with NaN, infinities, ties and rows that
  * hold no logit > -inf (-1 on the device, refused on the host). */
 #define G5_TEST_NAME "test_gpu_sample"
 #define G5_TEST_SEED 0x5a3e1eull
@@ -43,6 +44,11 @@ static void one_case(int32_t V, int32_t R) {
         p.top_k = r % 3 == 0 ? V : r % 3 == 1 && V > 40 ? 1 + (int32_t)(rnd() % 40) : 0; /* off, or a cut */
         p.min_p = r % 2 ? unif(0.001f, 0.3f) : 0.0f;
         p.top_p = r % 7 >= 3 ? unif(0.3f, 0.99f) : 1.0f; /* top-p rows beside rows without */
+        if (r % 4 == 2) { /* penalties over the window (64 tokens: the draws so far) */
+            p.repeat_penalty = 1.3f;
+            p.frequency_penalty = r % 3 ? 0.4f : 0.0f;
+            p.presence_penalty = 0.6f;
+        }
         p.seed = rnd();
         a[r] = b[r] = NULL;
         T_CHECK(samp_create(&p, (uint32_t)V, &a[r], NULL) == G5_OK && samp_create(&p, (uint32_t)V, &b[r], NULL) == G5_OK,
@@ -52,13 +58,18 @@ static void one_case(int32_t V, int32_t R) {
     cuk_sample_row *hr = xmalloc((size_t)R * sizeof *hr), *dr = NULL;
     int32_t *hout = xmalloc((size_t)R * sizeof *hout), *dout = NULL;
     void *scratch = NULL;
+    int32_t *hpi = xmalloc((size_t)R * 64 * sizeof *hpi), *dpi = NULL; /* the rows' penalized ids, counts */
+    uint32_t *hpc = xmalloc((size_t)R * 64 * sizeof *hpc), *dpc = NULL;
+    CK(cudaMalloc((void **)&dpi, (size_t)R * 64 * sizeof *dpi));
+    CK(cudaMalloc((void **)&dpc, (size_t)R * 64 * sizeof *dpc));
     CK(cudaMalloc((void **)&dl, (size_t)R * ldx * sizeof *dl));
     CK(cudaMalloc((void **)&dr, (size_t)R * sizeof *dr));
     CK(cudaMalloc((void **)&dout, (size_t)R * sizeof *dout));
     CK(cudaMalloc(&scratch, cuk_sample_scratch_bytes(R)));
-    int same = 0, refused = 0, sampled = 0, bad = 0;
+    int same = 0, refused = 0, sampled = 0, bad = 0, penalized = 0;
     for (int round = 0; round < 3; round++) {
-        int32_t any_tp = 0, any_tk = 0;
+        int32_t any_tp = 0, any_tk = 0, any_pen = 0;
+        uint32_t np = 0;
         for (int32_t r = 0; r < R; r++) {
             fill_row(hl + (size_t)r * ldx, V, r, round);
             samp_dev_row d;
@@ -66,15 +77,28 @@ static void one_case(int32_t V, int32_t R) {
                 bad++;
                 memset(&d, 0, sizeof d);
             }
-            hr[r] = (cuk_sample_row){d.temperature, d.min_p, d.top_p, d.top_k, d.lmin, d.k};
+            if (d.n_pen > 64) { /* the window is 64 tokens */
+                bad++;
+                d.n_pen = 0;
+            }
+            hr[r] = (cuk_sample_row){.temperature = d.temperature, .min_p = d.min_p, .top_p = d.top_p, .top_k = d.top_k,
+                                     .lmin = d.lmin, .k = d.k, .repeat_penalty = d.repeat_penalty,
+                                     .frequency_penalty = d.frequency_penalty, .presence_penalty = d.presence_penalty,
+                                     .pen_off = np, .n_pen = d.n_pen};
+            if (d.n_pen) memcpy(hpi + np, d.pen_ids, d.n_pen * sizeof *hpi), memcpy(hpc + np, d.pen_counts, d.n_pen * sizeof *hpc);
+            np += d.n_pen;
+            any_pen |= d.n_pen > 0;
             any_tp |= d.temperature > 0 && d.top_p < 1.0f;
             any_tk |= d.temperature > 0 && d.top_k > 0;
             sampled += d.temperature > 0;
         }
         CK(cudaMemcpy(dl, hl, (size_t)R * ldx * sizeof *dl, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dr, hr, (size_t)R * sizeof *dr, cudaMemcpyHostToDevice));
+        if (np) CK(cudaMemcpy(dpi, hpi, np * sizeof *hpi, cudaMemcpyHostToDevice));
+        if (np) CK(cudaMemcpy(dpc, hpc, np * sizeof *hpc, cudaMemcpyHostToDevice));
+        penalized += np > 0;
         g5_error e = {0};
-        const cuk_sample_args sa = {dl, ldx, V, R, dr, scratch, dout, any_tp, any_tk};
+        const cuk_sample_args sa = {dl, ldx, V, R, dr, scratch, dout, any_tp, any_tk, dpi, dpc, any_pen};
         T_CHECK(cuk_sample(&sa, NULL, &e) == G5_OK, "cuk_sample V=%d R=%d: %s", (int)V, (int)R, e.msg);
         CK(cudaMemcpy(hout, dout, (size_t)R * sizeof *hout, cudaMemcpyDeviceToHost));
         for (int32_t r = 0; r < R; r++) {
@@ -92,11 +116,12 @@ static void one_case(int32_t V, int32_t R) {
             samp_accept(a[r], want), samp_accept(b[r], want);
         }
     }
-    T_CHECK(bad == 0 && same > 0 && sampled > 0 && (R < 5 || sampled < 3 * R), "V=%d, %d rows x 3 draws: %d tokens equal to the host's (%d sampled "
-            "rows), %d refused alike, %d differ", (int)V, (int)R, same, sampled, refused, bad);
+    T_CHECK(bad == 0 && same > 0 && sampled > 0 && (R < 5 || (sampled < 3 * R && penalized > 0)),
+            "V=%d, %d rows x 3 draws: %d tokens equal to the host's (%d sampled rows, %d calls with penalties), %d refused "
+            "alike, %d differ", (int)V, (int)R, same, sampled, penalized, refused, bad);
     for (int32_t r = 0; r < R; r++) samp_free(a[r]), samp_free(b[r]);
-    free(a), free(b), free(hl), free(hr), free(hout);
-    cudaFree(dl), cudaFree(dr), cudaFree(dout), cudaFree(scratch);
+    free(a), free(b), free(hl), free(hr), free(hout), free(hpi), free(hpc);
+    cudaFree(dl), cudaFree(dr), cudaFree(dout), cudaFree(scratch), cudaFree(dpi), cudaFree(dpc);
 }
 
 static void test_refusals(void) {
@@ -109,7 +134,7 @@ static void test_refusals(void) {
     CK(cudaMalloc(&s, 4096));
     CK(cudaMalloc((void **)&o, 64));
     CK(cudaMalloc((void **)&rw, 256));
-    cuk_sample_args a = {x, 64, 64, 2, rw, s, o, 0, 0};
+    cuk_sample_args a = {x, 64, 64, 2, rw, s, o, 0, 0, NULL, NULL, 0};
     a.n_rows = 0;
     T_CHECK(cuk_sample(&a, NULL, &e) == G5_ERR_INVALID_ARG && strstr(e.msg, "n_rows"), "refused: n_rows 0 (%s)", e.msg);
     a.n_rows = 2;

@@ -208,12 +208,12 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
         const int mode = s % 4, want_dr = mode == 3 && draws, want_am = mode == 1 || mode == 2, want_lg = mode < 2;
         for (uint32_t j = 0; j < k && want_dr; j++) {
             const uint32_t u = (uint32_t)(rnd() % 4);
-            drows[j] = (samp_dev_row){u == 0 ? 0.0f : unif(0.4f, 1.4f), u == 3 ? unif(0.01f, 0.2f) : 0.0f,
-                                      u == 2 || (u == 3 && j % 2) ? unif(0.5f, 0.99f) : 1.0f, u == 1 && j % 2 ? 40 : 0, 0,
-                                      rnd() >> 11};
+            drows[j] = (samp_dev_row){.temperature = u == 0 ? 0.0f : unif(0.4f, 1.4f), .min_p = u == 3 ? unif(0.01f, 0.2f) : 0.0f,
+                                      .top_p = u == 2 || (u == 3 && j % 2) ? unif(0.5f, 0.99f) : 1.0f,
+                                      .top_k = u == 1 && j % 2 ? 40 : 0, .k = rnd() >> 11}; /* no penalties: n_pen 0 */
             if (drows[j].min_p > 0) drows[j].lmin = log((double)drows[j].min_p);
-            crows[j] = (cuk_sample_row){drows[j].temperature, drows[j].min_p, drows[j].top_p, drows[j].top_k, drows[j].lmin,
-                                        drows[j].k};
+            crows[j] = (cuk_sample_row){.temperature = drows[j].temperature, .min_p = drows[j].min_p, .top_p = drows[j].top_p,
+                                        .top_k = drows[j].top_k, .lmin = drows[j].lmin, .k = drows[j].k};
         }
         const rt_gpu_outputs ob = {.logits = want_lg ? lb : NULL, .all_logits = 1, .argmax = want_am ? am : NULL,
                                    .argmax_logit = want_am ? av : NULL, .draw = want_dr ? crows : NULL,
@@ -559,12 +559,14 @@ static void prefix_server(const pcfg *c, const char *model) {
 
 /* ---- token draws on the device (rt_eng_decode_draw) ---- */
 
-/* One sampled completion (temperature 0.9, the seed, min_p; logprobs 1 or none): its token ids. */
-static int complete_sampled(uint16_t port, const int32_t *ids, uint32_t n, long seed, double min_p, int logprobs,
-                            int32_t *out, uint32_t cap_out, uint32_t *n_out) {
-    char fields[160];
-    snprintf(fields, sizeof fields, "\"max_tokens\":%u,\"temperature\":0.9,\"seed\":%ld,\"min_p\":%g,%s\"return_token_ids\":true",
-             cap_out, seed, min_p, logprobs ? "\"logprobs\":1," : "");
+/* One sampled completion (temperature 0.9, the seed, min_p, a presence penalty; logprobs 1 or
+ * none): its token ids. */
+static int complete_sampled(uint16_t port, const int32_t *ids, uint32_t n, long seed, double min_p, double presence,
+                            int logprobs, int32_t *out, uint32_t cap_out, uint32_t *n_out) {
+    char fields[200];
+    snprintf(fields, sizeof fields,
+             "\"max_tokens\":%u,\"temperature\":0.9,\"seed\":%ld,\"min_p\":%g,\"presence_penalty\":%g,%s\"return_token_ids\":true",
+             cap_out, seed, min_p, presence, logprobs ? "\"logprobs\":1," : "");
     json_t *j = NULL;
     const int status = post_completion(port, fields, ids, n, out, cap_out, n_out, &j);
     json_decref(j);
@@ -584,9 +586,9 @@ static void draw_server(const pcfg *c, const char *model) {
             int32_t pr[40], a[24], b[24];
             for (int i = 0; i < 40; i++) pr[i] = (int32_t)(10 + rnd() % 1500);
             uint32_t na = 0, nb = 0;
-            const double mp = k % 2 ? 0.05 : 0.0;
-            const int sa = complete_sampled(port, pr, 40, 1000 + k, mp, 0, a, 24, &na);
-            const int sb = complete_sampled(port, pr, 40, 1000 + k, mp, 1, b, 24, &nb);
+            const double mp = k % 2 ? 0.05 : 0.0, pres = k >= 2 ? 1.5 : 0.0; /* penalties on the device too */
+            const int sa = complete_sampled(port, pr, 40, 1000 + k, mp, pres, 0, a, 24, &na);
+            const int sb = complete_sampled(port, pr, 40, 1000 + k, mp, pres, 1, b, 24, &nb);
             n_req++;
             same += sa == 200 && sb == 200 && na > 0 && na == nb && !memcmp(a, b, na * sizeof *a);
         }
