@@ -39,7 +39,8 @@ typedef struct cuk_sample_row {
 
 typedef struct cuk_sample_args {
     float *x;                   /* [n_rows][ldx], n logits a row; a row's penalized ids rewritten
-                                 * in place with their penalized logits */
+                                 * in place with their penalized logits (a second call on the same
+                                 * rows would penalize them twice) */
     int64_t ldx;
     int32_t n, n_rows;          /* n <= 2^31 - 1, n_rows <= 65535 */
     const cuk_sample_row *rows; /* [n_rows], device */

@@ -766,9 +766,9 @@ static void test_device_row(void) {
         p.seed = (uint64_t)c * 7919;
         p.temperature = c % 9 == 0 ? 0.0f : (float)(0.3 + urand() * 1.4);
         p.min_p = urand() < 0.5 ? 0.0f : (float)(urand() * 0.5);
-        const int kind = c % 6, pen = kind == 5 && c % 4 == 1; /* 4: top-k cut; 5: penalties or top-p */
+        const int kind = c % 6, pen = c % 4 == 1; /* 4: top-k cut; 5: top-p; penalties beside any */
         p.top_k = kind == 4 ? 20 : kind == 3 ? V : 0;
-        p.top_p = (kind == 5 && !pen) || (kind == 4 && c % 4 == 0) ? 0.9f : 1.0f; /* top-k with top-p too */
+        p.top_p = kind == 5 || (kind == 4 && c % 4 == 0) ? 0.9f : 1.0f; /* top-k with top-p too */
         p.repeat_last_n = 8;
         p.repeat_penalty = pen ? 1.3f : 1.0f;
         p.frequency_penalty = pen && c % 3 ? 0.4f : 0.0f;

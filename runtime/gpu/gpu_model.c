@@ -416,8 +416,10 @@ static void free_work(gl_rank *rk) {
 }
 
 /* out->draw's penalty list on rank rk (the one holding the head), before the call's device work:
- * the device arrays grown to it (the previous call's work has ended), then copied on the rank's
- * stream (from pageable memory: each copy is staged before it returns). */
+ * the device arrays grown to it, geometrically (the previous call's work has ended: forward_plan
+ * synchronizes before it returns), then copied on the rank's stream. The host list may be
+ * pageable: the caller keeps it until forward_plan returns, which waits for the stream first, on
+ * failure too. */
 static g5_status draw_pen_upload(gl_rank *rk, const rt_gpu_outputs *out, g5_error *err) {
     const uint32_t n = out->draw_n_pen;
     if (!n) return G5_OK;
@@ -425,17 +427,23 @@ static g5_status draw_pen_upload(gl_rank *rk, const rt_gpu_outputs *out, g5_erro
         return g5_fail(err, G5_ERR_INVALID_ARG, "device draws: %u penalized ids without their arrays", n);
     CUK_CHECK(cudaSetDevice(rk->dev));
     if (n > rk->dpen_cap) {
+        const uint32_t cap = n > 2 * rk->dpen_cap ? n : 2 * rk->dpen_cap;
         if (rk->dpi) cudaFree(rk->dpi);
         if (rk->dpc) cudaFree(rk->dpc);
         rk->dpi = NULL;
         rk->dpc = NULL;
         rk->dpen_cap = 0;
-        CUK_CHECK(cudaMalloc((void **)&rk->dpi, (size_t)n * sizeof *rk->dpi));
-        CUK_CHECK(cudaMalloc((void **)&rk->dpc, (size_t)n * sizeof *rk->dpc));
-        rk->dpen_cap = n;
+        CUK_CHECK(cudaMalloc((void **)&rk->dpi, (size_t)cap * sizeof *rk->dpi));
+        CUK_CHECK(cudaMalloc((void **)&rk->dpc, (size_t)cap * sizeof *rk->dpc));
+        rk->dpen_cap = cap;
     }
-    CUK_CHECK(cudaMemcpyAsync(rk->dpi, out->draw_pen_ids, (size_t)n * sizeof *rk->dpi, cudaMemcpyHostToDevice, rk->st));
-    CUK_CHECK(cudaMemcpyAsync(rk->dpc, out->draw_pen_counts, (size_t)n * sizeof *rk->dpc, cudaMemcpyHostToDevice, rk->st));
+    cudaError_t ce = cudaMemcpyAsync(rk->dpi, out->draw_pen_ids, (size_t)n * sizeof *rk->dpi, cudaMemcpyHostToDevice, rk->st);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(rk->dpc, out->draw_pen_counts, (size_t)n * sizeof *rk->dpc, cudaMemcpyHostToDevice, rk->st);
+    if (ce != cudaSuccess) {
+        (void)cudaStreamSynchronize(rk->st); /* a copy already queued ends before the list is freed */
+        return g5_fail(err, G5_ERR_INTERNAL, "device draws: penalty upload: %s", cudaGetErrorString(ce));
+    }
     return G5_OK;
 }
 
@@ -1310,6 +1318,10 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
             if (!out->draw_pen_ids || out->draw_pen_ids[j] < 0 || (uint32_t)out->draw_pen_ids[j] >= hp->n_vocab)
                 return g5_fail(err, G5_ERR_INVALID_ARG, "device draws: penalized id %d outside the vocabulary (%u)",
                                out->draw_pen_ids ? out->draw_pen_ids[j] : -1, hp->n_vocab);
+        for (uint32_t i = 0; i < out_rows; i++) /* ascending within a row: distinct, so no two threads share a logit */
+            for (uint32_t j = 1; j < g->drh[i].n_pen; j++)
+                if (out->draw_pen_ids[g->drh[i].pen_off + j] <= out->draw_pen_ids[g->drh[i].pen_off + j - 1])
+                    return g5_fail(err, G5_ERR_INVALID_ARG, "device draws: row %u's penalized ids are not ascending", i);
         CK(draw_pen_upload(&g->rk[0], out, err)); /* rt_gpu_info.draws: rank 0 holds the head */
     }
     /* the prefill GEMM path serves single-sequence calls: a decode batch's rows stay bit-identical

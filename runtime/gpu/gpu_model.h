@@ -213,8 +213,8 @@ typedef struct rt_gpu_outputs {
      * logit > -inf, which the sampler refuses). Both or neither; not with argmax. */
     const cuk_sample_row *draw;
     int32_t *draw_ids;
-    const int32_t *draw_pen_ids;      /* the rows' penalized ids and counts, draw[i].pen_off and */
-    const uint32_t *draw_pen_counts;  /* .n_pen indexing them (draw_n_pen in all; may be 0) */
+    const int32_t *draw_pen_ids;      /* the rows' penalized ids (ascending within a row) and counts, */
+    const uint32_t *draw_pen_counts;  /* draw[i].pen_off and .n_pen indexing them (draw_n_pen in all) */
     uint32_t draw_n_pen;
     /* Debugging and --check (rank 0's view; all ranks hold the same after each all-reduce): */
     float *layer_hidden;         /* [n_layer_main + 1][n][n_embd], as rt_outputs.layer_hidden */

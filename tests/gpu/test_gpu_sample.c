@@ -53,6 +53,10 @@ static void one_case(int32_t V, int32_t R) {
         a[r] = b[r] = NULL;
         T_CHECK(samp_create(&p, (uint32_t)V, &a[r], NULL) == G5_OK && samp_create(&p, (uint32_t)V, &b[r], NULL) == G5_OK,
                 "samplers");
+        for (int j = 0; j < 40 && a[r] && b[r]; j++) { /* a window of repeats: counts up to 14 */
+            const int32_t t = (int32_t)((r * 7 + j % 3 + (j % 5 == 0 ? j : 0)) % V);
+            samp_accept(a[r], t), samp_accept(b[r], t);
+        }
     }
     float *hl = xmalloc((size_t)R * ldx * sizeof *hl), *dl = NULL;
     cuk_sample_row *hr = xmalloc((size_t)R * sizeof *hr), *dr = NULL;
