@@ -185,6 +185,8 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     const int draws = rt_gpu_model_info(g)->draws;
     samp_dev_row drows[NSEQ];
     cuk_sample_row crows[NSEQ];
+    int32_t pids[NSEQ * 5]; /* the draws' penalty lists, one after another */
+    uint32_t pcnt[NSEQ * 5], np = 0;
     int32_t dv[NSEQ], dv1[NSEQ];
     double worst = 0, t_batch = 0, t_single = 0;
     int32_t am[NSEQ], am1[NSEQ];
@@ -206,18 +208,32 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
          * the fourth, where the model draws on the device, the draws (rt_eng_decode_draw: the
          * batch without its logits, the one-token calls with them) */
         const int mode = s % 4, want_dr = mode == 3 && draws, want_am = mode == 1 || mode == 2, want_lg = mode < 2;
+        np = 0;
         for (uint32_t j = 0; j < k && want_dr; j++) {
             const uint32_t u = (uint32_t)(rnd() % 4);
             drows[j] = (samp_dev_row){.temperature = u == 0 ? 0.0f : unif(0.4f, 1.4f), .min_p = u == 3 ? unif(0.01f, 0.2f) : 0.0f,
                                       .top_p = u == 2 || (u == 3 && j % 2) ? unif(0.5f, 0.99f) : 1.0f,
-                                      .top_k = u == 1 && j % 2 ? 40 : 0, .k = rnd() >> 11}; /* no penalties: n_pen 0 */
+                                      .top_k = u == 1 && j % 2 ? 40 : 0, .k = rnd() >> 11}; /* penalties: below */
             if (drows[j].min_p > 0) drows[j].lmin = log((double)drows[j].min_p);
+            if (j % 3 == 1) { /* penalties on up to 5 ascending ids */
+                const uint32_t m = 1 + (uint32_t)(rnd() % 5);
+                int32_t id = (int32_t)(rnd() % (V / 8));
+                for (uint32_t q = 0; q < m && id < (int32_t)V; q++, id += 1 + (int32_t)(rnd() % 7))
+                    pids[np + drows[j].n_pen] = id, pcnt[np + drows[j].n_pen++] = 1 + (uint32_t)(rnd() % 4);
+                drows[j].repeat_penalty = 1.3f, drows[j].frequency_penalty = 0.3f, drows[j].presence_penalty = 0.5f;
+                drows[j].pen_ids = pids + np, drows[j].pen_counts = pcnt + np;
+            }
             crows[j] = (cuk_sample_row){.temperature = drows[j].temperature, .min_p = drows[j].min_p, .top_p = drows[j].top_p,
-                                        .top_k = drows[j].top_k, .lmin = drows[j].lmin, .k = drows[j].k};
+                                        .top_k = drows[j].top_k, .lmin = drows[j].lmin, .k = drows[j].k,
+                                        .repeat_penalty = drows[j].repeat_penalty,
+                                        .frequency_penalty = drows[j].frequency_penalty,
+                                        .presence_penalty = drows[j].presence_penalty, .pen_off = np, .n_pen = drows[j].n_pen};
+            np += drows[j].n_pen;
         }
         const rt_gpu_outputs ob = {.logits = want_lg ? lb : NULL, .all_logits = 1, .argmax = want_am ? am : NULL,
                                    .argmax_logit = want_am ? av : NULL, .draw = want_dr ? crows : NULL,
-                                   .draw_ids = want_dr ? dv : NULL};
+                                   .draw_ids = want_dr ? dv : NULL, .draw_pen_ids = pids, .draw_pen_counts = pcnt,
+                                   .draw_n_pen = want_dr ? np : 0};
         double t0 = now_s();
         ok &= rt_gpu_forward_rows(g, bb, NULL, k, tok, &ob, &e) == G5_OK;
         t_batch += now_s() - t0;
@@ -226,7 +242,8 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
         for (uint32_t j = 0; j < k && ok; j++) {
             const rt_gpu_outputs o1 = {.logits = lr + (size_t)j * V, .argmax = want_am ? &am1[j] : NULL,
                                        .argmax_logit = want_am ? &av1[j] : NULL, .draw = want_dr ? &crows[j] : NULL,
-                                       .draw_ids = want_dr ? &dv1[j] : NULL};
+                                       .draw_ids = want_dr ? &dv1[j] : NULL, .draw_pen_ids = pids, .draw_pen_counts = pcnt,
+                                       .draw_n_pen = want_dr ? np : 0}; /* crows[j].pen_off indexes the whole list */
             ok &= rt_gpu_forward_seq(g, rs[idx[j]], &tok[j], 1, &o1, &e) == G5_OK;
         }
         t_single += now_s() - t0;
