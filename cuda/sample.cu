@@ -370,9 +370,7 @@ __global__ void __launch_bounds__(PICK_THREADS)
         } else {
             uint64_t total = 0;
             for (int s = 0; s < SEGS; s++) total += sc.seg_mass[row * SEGS + s];
-            /* k < 2^53, total < 2^63: bits 53..115 of their product */
-            const uint64_t lo = r.k * total, hi = __umul64hi(r.k, total);
-            rem = (hi << 11) | (lo >> 53);
+            rem = dx_draw_point(r.k, total);
         }
         int s = 0;
         while (s < SEGS - 1 && rem >= sc.seg_mass[row * SEGS + s]) rem -= sc.seg_mass[row * SEGS + s++];

@@ -129,6 +129,21 @@ DX_FN uint32_t dx_desc_key(float l) {
 __extension__ typedef unsigned __int128 dx_u128;
 #endif
 
+/* The high 64 bits of a * b. */
+DX_FN uint64_t dx_mul_hi(uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH__)
+    return __umul64hi(a, b);
+#else
+    return (uint64_t)(((dx_u128)a * b) >> 64);
+#endif
+}
+
+/* The draw's point in [0, total): floor(k * total / 2^53) for k's 53 random bits (total < 2^63,
+ * so the product's bits 53..115 fit). */
+DX_FN uint64_t dx_draw_point(uint64_t k, uint64_t total) {
+    return dx_mul_hi(k, total) << 11 | (k * total) >> 53;
+}
+
 /* top-p's need: max(1, ceil(top_p * z)) exactly (top_p = a 2^-sh, a the float's 24-bit mantissa,
  * the product in 128 bits as hi:lo); 1 for top_p <= 0. */
 DX_FN uint64_t dx_top_p_need(float top_p, uint64_t z) {
@@ -137,12 +152,7 @@ DX_FN uint64_t dx_top_p_need(float top_p, uint64_t z) {
     const float f = frexpf(top_p, &e); /* top_p = f 2^e, f in [0.5, 1) */
     const uint64_t a = (uint64_t)ldexpf(f, 24);
     const int sh = 24 - e; /* >= 24 below 1 */
-#if defined(__CUDA_ARCH__)
-    const uint64_t hi = __umul64hi(a, z);
-#else
-    const uint64_t hi = (uint64_t)(((dx_u128)a * z) >> 64);
-#endif
-    uint64_t lo = a * z, h = hi;
+    const uint64_t lo = a * z, h = dx_mul_hi(a, z);
     if (sh >= 88) return 1; /* a z < 2^87: the ceiling is 1 (or 0, raised to 1) */
     if (sh >= 64) { /* ceil(h:lo / 2^sh) = (h >> (sh - 64)) + any bit below */
         const int t = sh - 64;

@@ -373,15 +373,23 @@ g5_status rt_eng_decode(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *token
     return st ? st : e->ops->decode(e, seqs, tokens, n_seq, logits, err);
 }
 
+/* The host side of the decode forms that give tokens: decode's logits of the step into *lg
+ * (malloc'ed, [n_seq][n_vocab]; the caller frees it, on failure too). */
+static g5_status decode_to_host(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq, float **lg,
+                                g5_error *err) {
+    *lg = malloc((size_t)(n_seq ? n_seq : 1) * rt_eng_hparams(e)->n_vocab * sizeof **lg);
+    if (!*lg) return g5_fail(err, G5_ERR_NOMEM, "logits of %u sequences", n_seq);
+    return e->ops->decode(e, seqs, tokens, n_seq, *lg, err);
+}
+
 g5_status rt_eng_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                                int32_t *ids, float *logit, g5_error *err) {
     const g5_status so = own_seqs(e, seqs, n_seq, err);
     if (so) return so;
     if (e->ops->decode_argmax) return e->ops->decode_argmax(e, seqs, tokens, n_seq, ids, logit, err);
     const size_t V = rt_eng_hparams(e)->n_vocab;
-    float *lg = malloc((size_t)(n_seq ? n_seq : 1) * V * sizeof *lg);
-    if (!lg) return g5_fail(err, G5_ERR_NOMEM, "logits of %u sequences", n_seq);
-    const g5_status st = e->ops->decode(e, seqs, tokens, n_seq, lg, err);
+    float *lg = NULL;
+    const g5_status st = decode_to_host(e, seqs, tokens, n_seq, &lg, err);
     for (uint32_t i = 0; i < n_seq && !st; i++) { /* cuk_argmax's rule */
         const float *x = lg + i * V;
         int64_t best = -1;
@@ -402,9 +410,8 @@ g5_status rt_eng_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *
     if (e->ops->decode_draw && rt_eng_draws_on_device(e))
         return e->ops->decode_draw(e, seqs, tokens, n_seq, rows, ids, err);
     const uint32_t V = rt_eng_hparams(e)->n_vocab;
-    float *lg = malloc((size_t)(n_seq ? n_seq : 1) * V * sizeof *lg);
-    if (!lg) return g5_fail(err, G5_ERR_NOMEM, "logits of %u sequences", n_seq);
-    const g5_status st = e->ops->decode(e, seqs, tokens, n_seq, lg, err);
+    float *lg = NULL;
+    const g5_status st = decode_to_host(e, seqs, tokens, n_seq, &lg, err);
     for (uint32_t i = 0; i < n_seq && !st; i++) ids[i] = samp_device_draw(&rows[i], lg + (size_t)i * V, V);
     free(lg);
     return st;

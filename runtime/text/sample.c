@@ -12,8 +12,8 @@ struct samp_ctx {
     uint32_t n_vocab;
     uint64_t rng[4];
     samp_cand *cand;   /* [n_vocab] working set */
-    samp_cand *tmp;    /* [n_vocab] once a list of over 256 is ranked or weighed: the radix sort's and
-                        * top-p's partition scratch, then the probabilities' exps (as doubles) */
+    samp_cand *tmp;    /* [n_vocab] once a list of over 256 is sorted: the radix sort's and top-p's
+                        * partition scratch (cand_scratch) */
     float *qp;         /* [n_vocab] speculative sampling: q by id (0 off the draft's set) */
     int32_t *hist;     /* ring of the last repeat_last_n accepted ids */
     int32_t *sorted;   /* scratch for counting the window */
@@ -144,9 +144,12 @@ static int cmp_cand(const void *a, const void *b) {
     return better(x, y) ? -1 : better(y, x) ? 1 : 0;
 }
 
-/* A logit as a key whose ascending order is better()'s order of logits (dx_desc_key: larger
- * first, -0 as +0); never NaN here (the chain drops NaN as -inf). */
-static uint32_t desc_key(float l) { return dx_desc_key(l); }
+/* s->tmp, allocated at first use; NULL when out of memory (the callers fall back on qsort or a
+ * full sort). */
+static samp_cand *cand_scratch(samp_ctx *s) {
+    if (!s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
+    return s->tmp;
+}
 
 /* c[0..m) into ascending order of the 32-bit keys in their p: a stable LSD radix sort, 11 bits a
  * pass (a pass whose digit is the same for every key is skipped). O(m), where qsort took 25 ms at
@@ -178,11 +181,12 @@ static void sort_keyed(samp_cand *c, samp_cand *tmp, size_t m) {
     if (src != c) memcpy(c, src, m * sizeof *c);
 }
 
-/* c[0..m), given in ascending id order, into cmp_cand's order (the stable sort on desc_key keeps
- * equal logits' lower id first). */
+/* c[0..m), given in ascending id order, into cmp_cand's order (the stable sort on dx_desc_key,
+ * larger logits first with -0 as +0, keeps equal logits' lower id first; never NaN here: the chain
+ * drops NaN as -inf). */
 static void sort_by_logit(samp_cand *c, samp_cand *tmp, size_t m) {
     for (size_t i = 0; i < m; i++) {
-        const uint32_t k = desc_key(c[i].logit);
+        const uint32_t k = dx_desc_key(c[i].logit);
         memcpy(&c[i].p, &k, sizeof k);
     }
     sort_keyed(c, tmp, m);
@@ -196,8 +200,7 @@ static int cmp_id(const void *a, const void *b) {
 /* c[0..m) into ascending id order: the radix sort on the id where a scratch list exists and the
  * list is long, else qsort. */
 static void sort_ids(samp_ctx *s, samp_cand *c, size_t m) {
-    if (m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
-    if (m <= 256 || !s->tmp) {
+    if (m <= 256 || !cand_scratch(s)) {
         qsort(c, m, sizeof *c, cmp_id);
         return;
     }
@@ -298,11 +301,10 @@ static inline void pass_take(chain_pass *q, samp_cand c) {
     q->m++;
 }
 
-/* Sorts c[0..m) into better()'s order: a list in ascending id order (by_id) of more than 256 by
- * the radix sort (stable: ties stay in id order), others by qsort (whose order is a total one). */
-static void rank_cands(samp_ctx *s, samp_cand *c, size_t m, int by_id) {
-    if (by_id && m > 256 && !s->tmp) s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp);
-    if (by_id && m > 256 && s->tmp) sort_by_logit(c, s->tmp, m);
+/* Sorts c[0..m), given in ascending id order, into better()'s order: more than 256 by the radix
+ * sort (stable: ties stay in id order), fewer by qsort (whose order is a total one). */
+static void rank_cands(samp_ctx *s, samp_cand *c, size_t m) {
+    if (m > 256 && cand_scratch(s)) sort_by_logit(c, s->tmp, m);
     else qsort(c, m, sizeof *c, cmp_cand);
 }
 
@@ -317,8 +319,6 @@ static uint64_t cand_mass(const samp_ctx *s, float l, float maxl, float T) {
 static uint64_t cand_mass1(const samp_ctx *s, const samp_cand *c, float maxl) {
     return s->m1_on ? s->m1[c->id] : cand_mass(s, c->logit, maxl, 1.0f);
 }
-
-__extension__ typedef unsigned __int128 samp_u128;
 
 
 enum { RANK_BUCKETS = 2048 };
@@ -349,7 +349,7 @@ static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, uint64_t need, const 
             break;
         }
     size_t k = 0;
-    if (nb < RANK_BUCKETS && (s->tmp || (s->tmp = malloc((size_t)s->n_vocab * sizeof *s->tmp)))) {
+    if (nb < RANK_BUCKETS && cand_scratch(s)) {
         size_t r = 0; /* a stable partition: buckets below nb to the front */
         for (size_t i = 0; i < m; i++) {
             if (rank_bucket(maxl, c[i].logit) < nb) c[k++] = c[i];
@@ -359,10 +359,10 @@ static size_t top_p_cut(samp_ctx *s, size_t m, float maxl, uint64_t need, const 
     } else {
         k = m;
     }
-    rank_cands(s, c, k, 1);
+    rank_cands(s, c, k);
     uint64_t cum = 0;
     for (size_t i = 0; i < m; i++) {
-        if (i == k) rank_cands(s, c + k, m - k, 1); /* the running sum needs the rest too */
+        if (i == k) rank_cands(s, c + k, m - k); /* the running sum needs the rest too */
         cum += cand_mass1(s, &c[i], maxl);
         if (cum >= need) return i + 1;
     }
@@ -433,15 +433,16 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     const int top_p = p->top_p < 1.0f, partial = top_p && m > 256, min_p = p->min_p > 0 && p->min_p <= 1;
     uint64_t z = 0, bmass[RANK_BUCKETS];
     if (partial) memset(bmass, 0, sizeof bmass);
-    if (top_p && m > 256 && !s->m1) s->m1 = malloc((size_t)n * sizeof *s->m1); /* else computed again */
+    if (partial && !s->m1) s->m1 = malloc((size_t)n * sizeof *s->m1); /* else computed again */
+    uint64_t *const m1 = partial ? s->m1 : NULL;
     s->m1_on = 0;
     for (size_t i = 0; top_p && i < m; i++) {
         const uint64_t w = cand_mass(s, s->cand[i].logit, maxl, 1.0f);
         z += w;
         if (partial) bmass[rank_bucket(maxl, s->cand[i].logit)] += w;
-        if (m > 256 && s->m1) s->m1[s->cand[i].id] = w;
+        if (m1) m1[s->cand[i].id] = w;
     }
-    s->m1_on = top_p && m > 256 && s->m1;
+    s->m1_on = m1 != NULL;
     /* min-p keeps the candidates whose weight at temperature 1 is at least min_p (the largest's
      * is 1), in their order */
     if (min_p) {
@@ -460,7 +461,7 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
         if (partial && m > 256) {
             kr = top_p_cut(s, m, maxl, need, bmass);
         } else {
-            rank_cands(s, s->cand, m, 1);
+            rank_cands(s, s->cand, m);
             uint64_t cum = 0;
             for (size_t i = 0; i < m; i++)
                 if ((cum += cand_mass1(s, &s->cand[i], maxl)) >= need) {
@@ -634,7 +635,7 @@ static int32_t device_draw(const samp_dev_row *row, const float *logits, uint32_
     }
     uint64_t total = 0;
     for (int pass = 0; pass < 2; pass++) { /* the total, then the walk to r */
-        const uint64_t r = pass ? (uint64_t)(((samp_u128)row->k * total) >> 53) : 0;
+        const uint64_t r = pass ? dx_draw_point(row->k, total) : 0;
         uint64_t cum = 0;
         for (uint32_t i = 0; i < n_vocab; i++) {
             const float l = dv_logit(&v, i);
@@ -667,7 +668,7 @@ g5_status samp_sample(samp_ctx *s, const float *logits, int32_t *id, g5_error *e
     }
     /* r = floor(u * total) for samp_rand's u = k / 2^53, uniform in [0, total) up to 2^-53: the
      * first candidate whose running mass passes r */
-    const uint64_t r = (uint64_t)(((samp_u128)k * s->total) >> 53);
+    const uint64_t r = dx_draw_point(k, s->total);
     uint64_t cum = 0;
     for (size_t i = 0; i < m; i++)
         if (r < (cum += s->mw[i])) {
