@@ -274,7 +274,8 @@ typedef struct rt_eng_check_result {
     double max_stage_attn, max_stage_ffn, max_layer, logits_rel_l2, min_overlap_mean;
     double head_rel_l2;          /* the output head from the GPU's last layer (one rank) */
     double mtp_rel_l2;           /* the NextN block's draft logits; mtp_n positions (0: none) */
-    uint32_t mtp_n;
+    uint32_t mtp_n, mtp_agree;   /* mtp_agree: positions whose draft argmax agrees */
+    uint32_t max_exp_diff;       /* most tokens of one layer whose expert set differs (one rank) */
 } rt_eng_check_result;
 /* 1 and *out filled when the engine runs a check; 0 otherwise. */
 int rt_eng_check_result_get(const rt_eng *e, rt_eng_check_result *out);

@@ -129,7 +129,8 @@ static int gpu_check_result(const rt_eng *e, rt_eng_check_result *out) {
     *out = (rt_eng_check_result){.ok = cs.ok, .n_tokens = cs.n_tokens, .max_stage_attn = cs.max_stage_attn,
                                  .max_stage_ffn = cs.max_stage_ffn, .max_layer = cs.max_layer,
                                  .logits_rel_l2 = cs.logits_rel_l2, .min_overlap_mean = cs.min_overlap_mean,
-                                 .head_rel_l2 = cs.head_rel_l2, .mtp_rel_l2 = cs.mtp_rel_l2, .mtp_n = cs.mtp_n};
+                                 .head_rel_l2 = cs.head_rel_l2, .mtp_rel_l2 = cs.mtp_rel_l2, .mtp_n = cs.mtp_n,
+                                 .mtp_agree = cs.mtp_agree, .max_exp_diff = cs.max_exp_diff};
     return 1;
 }
 

@@ -773,10 +773,12 @@ int main(int argc, char **argv) {
     rt_eng_check_result cs;
     if (en && rt_eng_check_result_get(en, &cs)) {
         fprintf(stderr, "glm5-run: check %s over %u tokens: stage max rel diff attn %.3e moe %.3e, layer %.3e, "
-                "logits rel L2 %.3e, head logits rel L2 %.3e, top-k overlap >= %.4f", cs.ok ? "PASSED" : "FAILED",
-                cs.n_tokens, cs.max_stage_attn, cs.max_stage_ffn, cs.max_layer, cs.logits_rel_l2, cs.head_rel_l2,
-                cs.min_overlap_mean);
-        if (cs.mtp_n) fprintf(stderr, ", MTP draft logits rel L2 %.3e over %u positions", cs.mtp_rel_l2, cs.mtp_n);
+                "logits rel L2 %.3e, head logits rel L2 %.3e, top-k overlap >= %.4f, experts differ at <= %u tokens a layer",
+                cs.ok ? "PASSED" : "FAILED", cs.n_tokens, cs.max_stage_attn, cs.max_stage_ffn, cs.max_layer, cs.logits_rel_l2,
+                cs.head_rel_l2, cs.min_overlap_mean, cs.max_exp_diff);
+        if (cs.mtp_n)
+            fprintf(stderr, ", MTP draft logits rel L2 %.3e over %u positions (argmax agrees at %u)", cs.mtp_rel_l2, cs.mtp_n,
+                    cs.mtp_agree);
         fputc('\n', stderr);
         if (!cs.ok) rc = EXIT_CHECK;
     }

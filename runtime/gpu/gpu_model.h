@@ -388,7 +388,9 @@ void rt_gpu_check_free(rt_gpu_check *c); /* accepts NULL */
  * tol_logits (the "check: mtp" line; summary mtp_rel_l2). */
 g5_status rt_gpu_check_forward(rt_gpu_check *c, const int32_t *tokens, uint32_t n,
                                const rt_gpu_outputs *out, g5_error *err);
-/* 1 while every checked value was within tolerance. */
+/* 1 while every checked value was within tolerance (per call) and, over all checked tokens, each
+ * layer's tokens with another expert set than the CPU stage's are at most 1 - min_overlap of them
+ * and (fast, stagewise) the NextN draft argmax agrees at >= 0.9 of its positions. */
 int rt_gpu_check_ok(const rt_gpu_check *c);
 uint32_t rt_gpu_check_n_checked(const rt_gpu_check *c);
 /* Largest differences seen (for summaries). */
@@ -399,8 +401,10 @@ typedef struct rt_gpu_check_summary {
                                     runs; largest per call) */
     double mtp_rel_l2;           /* NextN block's draft logits (largest per call), both sides fed
                                     the GPU's hidden states; mtp_n positions checked (0: no block) */
-    uint32_t mtp_n;
-    int ok;
+    uint32_t mtp_n, mtp_agree;   /* mtp_agree: positions whose draft argmax agrees */
+    uint32_t max_exp_diff;       /* the layer with most checked tokens whose expert set differs
+                                    from the CPU stage's: their count (stage runs) */
+    int ok;                      /* rt_gpu_check_ok */
 } rt_gpu_check_summary;
 void rt_gpu_check_get_summary(const rt_gpu_check *c, rt_gpu_check_summary *s);
 
