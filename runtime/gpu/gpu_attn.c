@@ -1,7 +1,6 @@
 /* The attention stage of the GPU forward pass (gm_attn_stage): MLA with the DSA indexer, after
- * runtime/cpu/attn.c line by line (its comments explain the math). Decode-shaped calls take
- * W_UK / W_UV from the compact attn_k_b / attn_v_b where the set has them, prompts the float32
- * kv_b (specs/numerics.md). Compiled to nothing unless G5_WITH_CUDA. */
+ * runtime/cpu/attn.c line by line (its comments explain the math). W_UK / W_UV come from the
+ * float32 kv_b (specs/numerics.md). Compiled to nothing unless G5_WITH_CUDA. */
 #ifdef G5_WITH_CUDA
 
 #include <math.h>
@@ -98,14 +97,13 @@ static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const f
 }
 
 /* ao = W_UV o_lat per head for the call's n rows: a prompt's TF32 product (tc), its per-head
- * GEMMs, or one launch for all heads (the compact attn_v_b where the call is decode-shaped). */
-static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L, uint32_t n, int tc, int compact,
-                          g5_error *err) {
+ * GEMMs, or one launch for all heads. */
+static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L, uint32_t n, int tc, g5_error *err) {
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head, H = rk->c->H_l;
     if (tc) {
         CK(gl_lin_wuv(rk->lin, L->kvb + NOPE * KL, (NOPE + V) * KL, (int32_t)H, KL, V, rk->olat, n, rk->ao, err));
-    } else if (gl_lin_use(rk->lin, n) && !compact) {
+    } else if (gl_lin_use(rk->lin, n)) {
         for (int64_t h = 0; h < H; h++) {
             const dmat wuv = {QT_F32, L->kvb + (h * (NOPE + V) + NOPE) * KL, KL, V};
             CK(gm_gemv(rk, &wuv, rk->olat + h * KL, H * KL, n, rk->ao + h * V, H * V, err));
@@ -116,15 +114,10 @@ static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L
         uint32_t xt;
         const void *xin = gm_act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
         if (st) return st;
-        /* all heads in one launch (a row's bits independent of n: batched decode stays exact), from
-         * the compact attn_v_b where the call is decode-shaped */
-        const cuk_head_gemv_q_args uv = {L->v_b.type, L->v_b.w, (int32_t)H, (int32_t)V, (int32_t)KL, xin, xt, ld,
-                                         KL, (int32_t)n, rk->ao, H * V, V};
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact) */
         const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
                                        (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
-        if (compact && cuk_head_gemv_q_fits(&uv)) {
-            CK(cuk_head_gemv_q(&uv, cs, err));
-        } else if (cuk_head_gemv_fits(&hg)) {
+        if (cuk_head_gemv_fits(&hg)) {
             CK(cuk_head_gemv(&hg, cs, err));
         } else {
             const int64_t es = xt == CUK_ACT_BF16 ? 2 : 4;
@@ -225,14 +218,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
                                     .qlat = rk->qlat};
-    /* decode-shaped calls (one row per segment: decode steps, batched or captured, and the rows
-     * of an MTP verification, gm_rows_plan) read W_UK and W_UV in their compact stored types, one
-     * launch for all heads; prompts read the float32 kv_b, in kernels organised for many tokens */
-    const int compact = L->k_b.w && !tc && n == pl->n_seg;
-    const cuk_head_gemv_q_args uk = {L->k_b.type, L->k_b.w, (int32_t)H, (int32_t)KL, (int32_t)NOPE, rk->q,
-                                     CUK_ACT_F32, H * (NOPE + R), NOPE + R, (int32_t)n, rk->qlat, H * KL, KL};
-    if (compact && cuk_head_gemv_q_fits(&uk)) CK(cuk_head_gemv_q(&uk, cs, err));
-    else CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
+    CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
     PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
@@ -270,7 +256,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         CK(cuk_mla_attend_fresh(&at, cs, err));
     }
     PMARK("attn", "mla_attend");
-    CK(attn_wuv(hp, rk, L, n, tc, compact, err));
+    CK(attn_wuv(hp, rk, L, n, tc, err));
     PMARK("attn", "W_UV gemv (all heads, one launch)");
     CK(gm_gemv_q8x2(rk, &L->o, rk->ao, H * V, n, rk->part, E, err));
     PMARK("attn", "attn_output gemv");

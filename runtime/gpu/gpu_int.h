@@ -43,9 +43,6 @@ typedef struct gl_layer {
     const float *ffn_norm, *router_b;                /* [E] [NE] (router_b may be NULL) */
     dmat q_a, q_b, kv_a, o;
     const float *kvb;                                /* [H_l * (NOPE + V)][KL] float32 */
-    dmat k_b, v_b;                                   /* attn_k_b [H_l * KL] rows of NOPE, attn_v_b
-                                                        [H_l * V] rows of KL, compact (decode);
-                                                        w NULL: decode reads kvb */
     dmat idx_q_b, idx_k, idx_proj;
     dmat ffn_gate, ffn_up, ffn_down, router;
     uint32_t exp_type, exp_down_type;

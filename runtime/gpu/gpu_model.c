@@ -207,18 +207,6 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
             CK(cuk_dequant_rows(&dq, NULL, err));
             L->kvb = d;
         }
-        /* the compact pair, where the set carries it and kv_b holds the same numbers (F32): then
-         * both MLA layouts compute one function (specs/sharding.md "kv_b"); else k_b.w stays NULL
-         * (rk->L is calloc'ed) */
-        if (cl->k_b.data && cl->v_b.data && cl->kv_b.type == QT_F32 &&
-            cuk_head_gemv_q_takes(cl->k_b.type, (int64_t)NOPE) && cuk_head_gemv_q_takes(cl->v_b.type, (int64_t)KL)) {
-            const void *kb = dptr(rk, cl->k_b.data, cl->k_b.nrows * cl->k_b.row_bytes);
-            const void *vb = dptr(rk, cl->v_b.data, cl->v_b.nrows * cl->v_b.row_bytes);
-            if (!kb || !vb)
-                return g5_fail(err, G5_ERR_INTERNAL, "rank %u layer %u: attn_k_b/attn_v_b not uploaded", rk->rg, il);
-            L->k_b = (dmat){cl->k_b.type, kb, (int64_t)NOPE, (int64_t)cl->k_b.nrows};
-            L->v_b = (dmat){cl->v_b.type, vb, (int64_t)KL, (int64_t)cl->v_b.nrows};
-        }
         if (L->has_idx) {
             CK(dmat_of(rk, &cl->idx_q_b, "indexer.attn_q_b", il, &L->idx_q_b, err));
             CK(dmat_of(rk, &cl->idx_k, "indexer.attn_k", il, &L->idx_k, err));
