@@ -225,8 +225,6 @@ static json_t *decode_json(const glm5_hparams *hp, const glm5_tensor_ref *refs, 
     json_object_set_new(d, "groups", gs);
     json_object_set_new(d, "total_bytes", json_real(db.total));
     json_object_set_new(d, "nextn_per_draft_bytes", json_real(db.group[GLM5_DB_NEXTN]));
-    json_object_set_new(d, "layers_compact_kv_b", json_integer(db.n_compact));
-    json_object_set_new(d, "layers_f32_kv_b", json_integer(db.n_kv_b_f32));
     return d;
 }
 
@@ -234,11 +232,8 @@ static void print_decode(FILE *f, const json_t *d, const char *indent, const cha
     if (!json_is_object(d)) return;
     size_t i;
     const json_t *e;
-    fprintf(f, "%sone decode token reads %.1f MB%s (%lld layers read W_UK/W_UV from the compact attn_k_b/"
-               "attn_v_b, %lld from a float32 kv_b):\n",
-            indent, json_real_value(json_object_get(d, "total_bytes")) / 1e6, what,
-            (long long)json_integer_value(json_object_get(d, "layers_compact_kv_b")),
-            (long long)json_integer_value(json_object_get(d, "layers_f32_kv_b")));
+    fprintf(f, "%sone decode token reads %.1f MB%s (W_UK/W_UV from the float32 kv_b):\n", indent,
+            json_real_value(json_object_get(d, "total_bytes")) / 1e6, what);
     json_array_foreach(json_object_get(d, "groups"), i, e)
         fprintf(f, "%s  %-18s %10.1f MB\n", indent, json_string_value(json_object_get(e, "group")),
                 json_real_value(json_object_get(e, "bytes")) / 1e6);

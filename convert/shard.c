@@ -28,7 +28,7 @@ static shard_rule role_rule(glm5_role r, int ep, const char **why) {
     switch (r) {
     case GLM5_ROLE_ATTN_Q_B: *why = "heads"; return SHARD_ROWS;
     case GLM5_ROLE_ATTN_KV_B: *why = "heads"; return SHARD_ROWS;
-    case GLM5_ROLE_ATTN_K_B: case GLM5_ROLE_ATTN_V_B: *why = "heads (compact, read at decode)"; return SHARD_HEADS;
+    case GLM5_ROLE_ATTN_K_B: case GLM5_ROLE_ATTN_V_B: *why = "heads (carried, unread)"; return SHARD_HEADS;
     case GLM5_ROLE_OUTPUT: *why = "vocabulary"; return SHARD_ROWS;
     case GLM5_ROLE_NEXTN_HEAD: *why = "vocabulary"; return SHARD_ROWS;
     case GLM5_ROLE_FFN_GATE: case GLM5_ROLE_FFN_UP: *why = "FFN rows"; return SHARD_ROWS;

@@ -5,8 +5,8 @@
  *
  * Every rank holds every plan tensor, with the same local shape and size, in the same order and
  * at the same data offset: only the bytes differ. attn_k_b + attn_v_b are carried as they are
- * (cut by heads: the decode path reads them in their compact types) and also give one derived
- * tensor blk.N.attn_kv_b.weight (rebuilt, see glm5_rebuild_kv_b: prefill and the CPU reference
+ * (cut by heads; the runtime does not read them) and also give one derived tensor
+ * blk.N.attn_kv_b.weight (rebuilt, see glm5_rebuild_kv_b: prefill, decode and the CPU reference
  * read it), placed right after the later of the pair. */
 #ifndef G5_SHARD_H
 #define G5_SHARD_H

@@ -30,38 +30,6 @@ typedef struct cuk_head_gemv_args {
     int64_t ldy, ldyh;
 } cuk_head_gemv_args;
 
-/* The same product with the heads' matrices in their compact stored type (the MLA decode path's
- * W_UK^T from attn_k_b and W_UV from attn_v_b, specs/sharding.md "kv_b"): row r of head h is row
- * h * m + r of w, rows of k elements of w_type, contiguous (row_bytes = k / block x block bytes).
- * Weights decoded exactly as the CPU dequantizes them (cuda/deq_sub.h deq_row32). The sum of one
- * output: for each 32-element piece j of the row in order, an fmaf chain over its 32 products
- * (from 0, ascending), and the pieces' results added from 0 in ascending j. It depends on k and
- * the type only, never on n: a row's bits are the same alone or in a batch. No tensor cores. */
-typedef struct cuk_head_gemv_q_args {
-    uint32_t w_type;
-    const void *w;         /* [n_head * m] rows of k elements of w_type */
-    int32_t n_head, m, k;
-    const void *x;         /* [n][ldx] of x_type; head h's input at column h * ldxh */
-    uint32_t x_type;       /* CUK_ACT_F32 or CUK_ACT_BF16 */
-    int64_t ldx, ldxh;
-    int32_t n;
-    float *y;              /* [n][ldy]; head h's outputs at column h * ldyh */
-    int64_t ldy, ldyh;
-} cuk_head_gemv_q_args;
-
-/* 1 if cuk_head_gemv_q decodes rows of k elements of this type: F32, F16, BF16 and every
- * quantized weight type whose blocks hold a multiple of 32 elements, k a multiple of the block
- * (and of 32) and at most CUK_HEAD_GEMV_Q_MAX_K. */
-#define CUK_HEAD_GEMV_Q_MAX_K 8192
-int cuk_head_gemv_q_takes(uint32_t w_type, int64_t k);
-
-/* 1 if cuk_head_gemv_q takes these arguments: the type and k as above, 16-byte aligned input
- * pieces (x, ldx and ldxh multiples of 4 floats or 8 bf16), positive sizes. */
-int cuk_head_gemv_q_fits(const cuk_head_gemv_q_args *a);
-
-/* The product above on `stream`; G5_ERR_INVALID_ARG where cuk_head_gemv_q_fits says 0. */
-g5_status cuk_head_gemv_q(const cuk_head_gemv_q_args *a, cuk_stream stream, g5_error *err);
-
 /* 1 if cuk_head_gemv takes these arguments: k a multiple of 4 and at most 1024, float4-aligned
  * weight rows, 16-byte (f32) or 8-byte (bf16) aligned input pieces, positive sizes. */
 int cuk_head_gemv_fits(const cuk_head_gemv_args *a);

@@ -7,20 +7,13 @@
  * deq_sub(type, b, s, y): y[0..32) = elements 32 s .. 32 s + 31 of the block at b, for the block
  * types of 32 elements (s = 0: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of 256 (s < 8: Q4_K, Q5_K,
  * Q6_K, IQ4_XS); returns 0 for any other type (y untouched; cuda/model_ops.cu decodes the low-bit
- * types of format/quant_blocks.h a block per thread instead).
- *
- * deq_row32(type, row, j, y): y[0..32) = elements 32 j .. 32 j + 31 of a row of any type whose
- * blocks hold a multiple of 32 elements, or of F32/F16/BF16: deq_sub's types, the low-bit types
- * of format/quant_blocks.h (four of their 8-element groups) and the float types; 0 for others.
- * The decoder of cuda/head_gemv.cu's per-head products over compact weights (attn_k_b,
- * attn_v_b). */
+ * types of format/quant_blocks.h a block per thread instead). */
 #ifndef G5_DEQ_SUB_H
 #define G5_DEQ_SUB_H
 
 #include <stdint.h>
 
 #include "format/quant.h"
-#include "format/quant_blocks.h"
 
 #ifdef __CUDACC__
 #define DQS_FN static __host__ __device__ __forceinline__
@@ -204,78 +197,6 @@ DQS_FN int deq_sub(uint32_t type, const uint8_t *b, int s, float *y) {
     default:
         return 0;
     }
-}
-
-/* Bytes of one block of the types deq_row32 decodes, and its elements in *elems; 0 for others. */
-DQS_FN int dqs_block_bytes(uint32_t type, int *elems) {
-    *elems = 32;
-    switch (type) {
-    case QT_F32: *elems = 1; return 4;
-    case QT_F16: case QT_BF16: *elems = 1; return 2;
-    case QT_Q4_0: case QT_IQ4_NL: return 18;
-    case QT_Q4_1: return 20;
-    case QT_Q5_0: return 22;
-    case QT_Q5_1: return 24;
-    case QT_Q8_0: return 34;
-    case QT_MXFP4: return QB_B_MXFP4;
-    case QT_NVFP4: *elems = 64; return QB_B_NVFP4;
-    default: break;
-    }
-    *elems = 256;
-    switch (type) {
-    case QT_Q4_K: return 144;
-    case QT_Q5_K: return 176;
-    case QT_Q6_K: return 210;
-    case QT_IQ4_XS: return 136;
-    case QT_Q2_K: return QB_B_Q2_K;
-    case QT_Q3_K: return QB_B_Q3_K;
-    case QT_IQ2_XXS: return QB_B_IQ2_XXS;
-    case QT_IQ2_XS: return QB_B_IQ2_XS;
-    case QT_IQ2_S: return QB_B_IQ2_S;
-    case QT_IQ3_XXS: return QB_B_IQ3_XXS;
-    case QT_IQ3_S: return QB_B_IQ3_S;
-    case QT_IQ1_S: return QB_B_IQ1_S;
-    case QT_IQ1_M: return QB_B_IQ1_M;
-    case QT_TQ1_0: return QB_B_TQ1_0;
-    case QT_TQ2_0: return QB_B_TQ2_0;
-    default: *elems = 0; return 0;
-    }
-}
-
-DQS_FN int deq_row32(uint32_t type, const uint8_t *row, int64_t j, float *y) {
-    int be;
-    const int bb = dqs_block_bytes(type, &be);
-    const int64_t e0 = 32 * j;
-    if (!bb) return 0;
-    if (be == 1) { /* F32, F16, BF16: element by element */
-        const uint8_t *p = row + e0 * bb;
-        DQS_UNROLL
-        for (int l = 0; l < 32; l++) {
-            if (type == QT_F16) {
-                y[l] = dqs_half(p + 2 * l);
-            } else {
-                const uint32_t u = type == QT_BF16 ? dqs_rd16(p + 2 * l) << 16
-                                                   : dqs_rd16(p + 4 * l) | (dqs_rd16(p + 4 * l + 2) << 16);
-#ifdef __CUDA_ARCH__
-                y[l] = __uint_as_float(u);
-#else
-                __builtin_memcpy(&y[l], &u, 4);
-#endif
-            }
-        }
-        return 1;
-    }
-    const uint8_t *b = row + (e0 / be) * bb;
-    const int w = (int)(e0 % be);
-    if (deq_sub_handles(type)) return deq_sub(type, b, w / 32, y);
-    DQS_UNROLL
-    for (int q = 0; q < 4; q++) {
-        float f[8], mb;
-        const float a = qb_group(type, b, w / 8 + q, f, &mb);
-        DQS_UNROLL
-        for (int l = 0; l < 8; l++) y[8 * q + l] = qb_elem(a, f[l], mb);
-    }
-    return 1;
 }
 
 #endif

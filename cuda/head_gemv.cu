@@ -1,5 +1,4 @@
-/* Batched GEMVs with one matrix per head (cuda/cuk_head_gemv.h): float32 matrices
- * (k_head_gemv) and matrices in their compact stored types (k_head_gemv_q).
+/* Batched float32 GEMV with one matrix per head (cuda/cuk_head_gemv.h).
  *
  * The W_UV product of a decode step is 8 heads x 256 rows x 512 columns of float32 (4 MB) and
  * at most a few input rows: it is a pure weight stream. One launch covers every head: each warp
@@ -9,7 +8,6 @@
 
 #include "cuda/cuk_head_gemv.h"
 #include "cuda/cuk_internal.cuh"
-#include "cuda/deq_sub.h"
 
 namespace {
 
@@ -77,80 +75,6 @@ __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv
     }
 }
 
-constexpr int HQ_THREADS = 256; /* per block: one 32-element piece of a row each */
-constexpr int HQ_TC = 8;        /* input rows per shared-memory round */
-
-/* 32 inputs from 16-byte aligned x + off, as float32 (bf16 is the high half of a float32). */
-template <bool BF> __device__ __forceinline__ void ld_x32(const void *x, int64_t off, float *v) {
-    if constexpr (BF) {
-        const uint4 *p = (const uint4 *)((const uint16_t *)x + off);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint4 u = __ldg(p + i);
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                v[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
-                v[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
-            }
-        }
-    } else {
-        const float4 *p = (const float4 *)((const float *)x + off);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 f = __ldg(p + i);
-            v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-        }
-    }
-}
-
-/* grid (ceil(n_head * m / R)), HQ_THREADS threads, R = HQ_THREADS / spr rows per block (spr =
- * k / 32 pieces per row; rows of several heads may share a block). Thread i < R spr owns piece
- * i % spr of global row g = blockIdx.x R + i / spr (head g / m): it decodes the piece's 32
- * weights once into registers, then, for each round of up to HQ_TC input rows t, stores its fmaf
- * chain over the piece for every t in shared memory; after a barrier, thread j < R tc adds row
- * j % R's spr pieces of round row j / R in piece order and stores y. Nothing depends on n but the
- * number of rounds. */
-template <bool BF>
-__global__ void __launch_bounds__(HQ_THREADS) k_head_gemv_q(const cuk_head_gemv_q_args a, int64_t row_bytes,
-                                                            int spr, int R) {
-    __shared__ float part[HQ_TC][HQ_THREADS];
-    const int tid = threadIdx.x;
-    const int64_t total = (int64_t)a.n_head * a.m, g0 = (int64_t)blockIdx.x * R;
-    const int rows = (int)(total - g0 < R ? total - g0 : R);
-    const int rl = tid / spr, pc = tid - rl * spr;
-    const bool own = rl < rows;
-    float w[32];
-    int64_t xo = 0;
-    if (own) {
-        const int64_t g = g0 + rl;
-        (void)deq_row32(a.w_type, (const uint8_t *)a.w + g * row_bytes, pc, w);
-        xo = g / a.m * a.ldxh + 32 * pc;
-    }
-    for (int t0 = 0; t0 < a.n; t0 += HQ_TC) {
-        const int tc = a.n - t0 < HQ_TC ? a.n - t0 : HQ_TC;
-        if (own) {
-            for (int tt = 0; tt < tc; tt++) {
-                float xv[32];
-                ld_x32<BF>(a.x, (int64_t)(t0 + tt) * a.ldx + xo, xv);
-                float acc = 0.0f;
-#pragma unroll
-                for (int l = 0; l < 32; l++) acc = fmaf(w[l], xv[l], acc);
-                part[tt][tid] = acc;
-            }
-        }
-        __syncthreads();
-        for (int j = tid; j < rows * tc; j += HQ_THREADS) {
-            const int rr = j % rows, tt = j / rows;
-            float sum = 0.0f;
-            for (int q = 0; q < spr; q++) sum = __fadd_rn(sum, part[tt][rr * spr + q]);
-            const int64_t g = g0 + rr, h = g / a.m;
-            a.y[(int64_t)(t0 + tt) * a.ldy + h * a.ldyh + (g - h * a.m)] = sum;
-        }
-        __syncthreads();
-    }
-}
-
 template <bool BF> void launch(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
     const int th = HG_WARPS * 32;
     switch (J) {
@@ -188,43 +112,6 @@ extern "C" g5_status cuk_head_gemv(const cuk_head_gemv_args *a, cuk_stream strea
         launch<true>(a, J, blocks, (cudaStream_t)stream);
     else
         launch<false>(a, J, blocks, (cudaStream_t)stream);
-    CUK_CHECK(cudaGetLastError());
-    return G5_OK;
-}
-
-extern "C" int cuk_head_gemv_q_takes(uint32_t w_type, int64_t k) {
-    int be;
-    const int bb = dqs_block_bytes(w_type, &be);
-    return bb > 0 && k >= 32 && k <= CUK_HEAD_GEMV_Q_MAX_K && k % 32 == 0 && k % be == 0;
-}
-
-extern "C" int cuk_head_gemv_q_fits(const cuk_head_gemv_q_args *a) {
-    if (!a || !a->w || !a->x || !a->y || !cuk_head_gemv_q_takes(a->w_type, a->k)) return 0;
-    if (a->n_head < 1 || a->m < 1 || a->n < 1) return 0;
-    if (a->x_type != CUK_ACT_F32 && a->x_type != CUK_ACT_BF16) return 0;
-    const int64_t al = a->x_type == CUK_ACT_F32 ? 4 : 8; /* elements in 16 bytes */
-    if (((uintptr_t)a->x & 15) || a->ldx < 0 || a->ldxh < 0 || a->ldx % al || a->ldxh % al) return 0;
-    if (a->ldy < 0 || a->ldyh < 0) return 0;
-    const int64_t R = HQ_THREADS / (a->k / 32);
-    if (((int64_t)a->n_head * a->m + R - 1) / R > 2147483647) return 0;
-    return 1;
-}
-
-extern "C" g5_status cuk_head_gemv_q(const cuk_head_gemv_q_args *a, cuk_stream stream, g5_error *err) {
-    if (!cuk_head_gemv_q_fits(a))
-        return g5_fail(err, G5_ERR_INVALID_ARG,
-                       "head_gemv_q: unsupported arguments (type %s, k=%d: a multiple of the block and of 32, "
-                       "at most %d; 16-byte aligned inputs)",
-                       a ? quant_type_name(a->w_type) : "?", a ? a->k : 0, CUK_HEAD_GEMV_Q_MAX_K);
-    int be;
-    const int bb = dqs_block_bytes(a->w_type, &be);
-    const int64_t row_bytes = (int64_t)a->k / be * bb;
-    const int spr = a->k / 32, R = HQ_THREADS / spr;
-    const unsigned blocks = (unsigned)(((int64_t)a->n_head * a->m + R - 1) / R);
-    if (a->x_type == CUK_ACT_BF16)
-        k_head_gemv_q<true><<<blocks, HQ_THREADS, 0, (cudaStream_t)stream>>>(*a, row_bytes, spr, R);
-    else
-        k_head_gemv_q<false><<<blocks, HQ_THREADS, 0, (cudaStream_t)stream>>>(*a, row_bytes, spr, R);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

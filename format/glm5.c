@@ -680,40 +680,36 @@ static glm5_db_group db_group_of(glm5_role r) {
     }
 }
 
-/* 1 if the rows of attn_k_b / attn_v_b (ne[0] elements) are ones the GPU decode reads compact:
- * whole blocks of the type, a multiple of 32, at most 8192 (cuda's cuk_head_gemv_q_takes, which
- * format/ cannot call). */
-static int compact_row_ok(const glm5_tensor_ref *t) {
-    const quant_type_info *q = quant_type_get(t->type);
-    const uint64_t k = t->ne[0];
-    return q && q->supported && k >= 32 && k <= 8192 && k % 32 == 0 && k % q->block_elems == 0;
+/* Elements of a tensor (unused dimensions are 1; 0 read as 1). */
+static double ref_elems(const glm5_tensor_ref *t) {
+    double e = 1;
+    for (int d = 0; d < 4; d++) e *= t->ne[d] ? (double)t->ne[d] : 1.0;
+    return e;
 }
 
 void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint64_t n, glm5_decode_bytes *out) {
     memset(out, 0, sizeof *out);
-    /* per layer: bit 0 attn_k_b, 1 attn_v_b, 2 a kv_b that is not F32, 3 a k_b or v_b whose rows
-     * the GPU's compact kernel does not take */
-    uint8_t pair[GLM5_MAX_LAYERS] = {0};
+    /* layers that carry kv_b; the others (a GGUF's) have it rebuilt from attn_k_b/attn_v_b */
+    uint8_t has_kv_b[GLM5_MAX_LAYERS] = {0};
     for (uint64_t i = 0; i < n; i++) {
         int32_t l;
         const glm5_role r = glm5_classify(t[i].name, &l);
         if (l < 0 || (uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS) continue;
-        pair[l] |= r == GLM5_ROLE_ATTN_K_B ? (compact_row_ok(&t[i]) ? 1 : 8)
-                 : r == GLM5_ROLE_ATTN_V_B ? (compact_row_ok(&t[i]) ? 2 : 8)
-                 : r == GLM5_ROLE_ATTN_KV_B && t[i].type != QT_F32 ? 4 : 0;
+        if (r == GLM5_ROLE_ATTN_KV_B) has_kv_b[l] = 1;
     }
     for (uint64_t i = 0; i < n; i++) {
         int32_t l;
         const glm5_role r = glm5_classify(t[i].name, &l);
         if (r == GLM5_ROLE_UNKNOWN || (l >= 0 && ((uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS))) continue;
         if (l >= 0 && glm5_role_is_indexer(r) && !glm5_layer_has_indexer(hp, (uint32_t)l)) continue;
-        const int compact = l >= 0 && (pair[l] & 15) == 3;
         double b = (double)t[i].nbytes;
         if (r == GLM5_ROLE_ATTN_K_B || r == GLM5_ROLE_ATTN_V_B) {
-            if (!compact) continue;
+            /* beside kv_b (converter 1.1) the pair is never read; without it (a GGUF) the runtime
+             * rebuilds kv_b from the pair, whose elements it holds one for one, as float32 */
+            if (l >= 0 && has_kv_b[l]) continue;
+            b = 4.0 * ref_elems(&t[i]);
         } else if (r == GLM5_ROLE_ATTN_KV_B) {
-            if (compact) continue;
-            b = 4.0 * (double)t[i].ne[0] * (double)t[i].ne[1];
+            b = 4.0 * ref_elems(&t[i]); /* float32 rows, whatever type the set stores */
         } else if (r == GLM5_ROLE_EXP_GATE || r == GLM5_ROLE_EXP_UP || r == GLM5_ROLE_EXP_DOWN) {
             b *= (double)hp->n_expert_used / (double)hp->n_expert;
         } else if (r == GLM5_ROLE_TOKEN_EMBD || r == GLM5_ROLE_NEXTN_EMBED) {
@@ -721,10 +717,6 @@ void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint
         }
         const int nextn = l >= 0 && (uint32_t)l >= hp->n_layer_main;
         out->group[nextn ? GLM5_DB_NEXTN : db_group_of(r)] += b;
-        if (r == GLM5_ROLE_ATTN_Q_A && !nextn) { /* once per layer */
-            if (compact) out->n_compact++;
-            else out->n_kv_b_f32++;
-        }
     }
     for (int g = 0; g < GLM5_DB_COUNT; g++)
         if (g != GLM5_DB_NEXTN) out->total += out->group[g];

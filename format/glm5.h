@@ -192,13 +192,14 @@ g5_status glm5_model_validate(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *e
  * Bytes of one rank's weights that one decode step reads per token (one sequence, greedy), by
  * group, as the CUDA runtime reads them: the routed experts at n_expert_used / n_expert of their
  * bytes (the average under uniform routing, whole or split experts alike), one row of
- * token_embd, and per layer either the compact attn_k_b + attn_v_b pair (where the set carries
- * both and kv_b is F32 or absent: the absorbed decode path reads them, specs/sharding.md "kv_b")
- * or kv_b as the float32 rows the runtime makes of it. The NextN layer (layers >= n_layer_main)
- * is counted apart: it runs once per draft with --draft mtp, never in a plain step. Tensors the
- * model does not read (a shared layer's indexer duplicates) and unknown names count nowhere. */
+ * token_embd, and per layer W_UK/W_UV as the float32 kv_b rows the GPU decode reads, whatever
+ * type kv_b is stored in (a GGUF's, rebuilt from attn_k_b/attn_v_b: 4 bytes per element of the
+ * pair); the attn_k_b/attn_v_b that converter 1.1 carries beside kv_b are not read. The NextN
+ * layer (layers >= n_layer_main) is counted apart: it runs once per draft with --draft mtp,
+ * never in a plain step. Tensors the model does not read (a shared layer's indexer duplicates)
+ * and unknown names count nowhere. */
 typedef enum glm5_db_group {
-    GLM5_DB_ATTN,       /* q_a, q_b, kv_a, W_UK/W_UV (k_b + v_b or kv_b), attn_output */
+    GLM5_DB_ATTN,       /* q_a, q_b, kv_a, W_UK/W_UV (float32 kv_b), attn_output */
     GLM5_DB_INDEXER,
     GLM5_DB_DENSE_FFN,
     GLM5_DB_SHARED,     /* shared experts */
@@ -221,9 +222,6 @@ typedef struct glm5_tensor_ref {
 typedef struct glm5_decode_bytes {
     double group[GLM5_DB_COUNT];
     double total;        /* every group but GLM5_DB_NEXTN */
-    uint32_t n_compact;  /* layers read through the compact k_b/v_b pair (F32 kv_b beside it, and
-                          * rows the GPU's compact kernel takes: whole blocks, 32..8192, k % 32) */
-    uint32_t n_kv_b_f32; /* layers read through a float32 kv_b */
 } glm5_decode_bytes;
 
 /* Fills *out from one rank's n tensors. */

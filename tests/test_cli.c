@@ -2,6 +2,7 @@
  * inspect round trips, split sets, --dry-run, --json, --dump, errors naming their cause, and
  * convert -> verify -> inspect OUTDIR on a synthetic model, with a damaged blob and a refusal.
  * The binary is $G5_BIN_DIR/glm5-shard, else $BUILD/bin/glm5-shard, else build/bin/. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -216,14 +217,34 @@ static void test_convert_verify(void) {
                 "2 ranks");
         /* 94 source tensors, all carried, plus one attn_kv_b rebuilt per layer: 4 layers */
         T_CHECK(json_integer_value(json_object_get(j, "n_tensors")) == 94 + 4, "98 blob tensors");
-        /* per rank: every main layer reads W_UK/W_UV from the carried pair */
-        const json_t *dpt = json_object_get(json_object_get(j, "model"), "decode_per_token");
-        T_CHECK(json_integer_value(json_object_get(dpt, "layers_compact_kv_b")) == 3 &&
-                    json_integer_value(json_object_get(dpt, "layers_f32_kv_b")) == 0 &&
-                    json_real_value(json_object_get(dpt, "total_bytes")) > 0,
-                "blob set: decode bytes per rank through the compact pair");
         size_t i;
         json_t *t;
+        /* per rank: the main layers' attention reads q_a, q_b, kv_a, attn_output as stored and
+         * W_UK/W_UV as the float32 kv_b, never the attn_k_b/attn_v_b carried beside it */
+        const json_t *mj = json_object_get(j, "model"), *dpt = json_object_get(mj, "decode_per_token");
+        const long long nlm = json_integer_value(json_object_get(json_object_get(mj, "hparams"), "n_layer_main"));
+        double want_attn = 0, got_attn = -1;
+        json_array_foreach(json_object_get(j, "tensors"), i, t) {
+            const char *nm = json_string_value(json_object_get(t, "name"));
+            int layer = -1, off = 0;
+            if (!nm || sscanf(nm, "blk.%d.%n", &layer, &off) != 1 || !off || layer >= nlm) continue;
+            if (!strcmp(nm + off, "attn_kv_b.weight")) {
+                double e = 4;
+                const json_t *l = json_object_get(t, "local_shape");
+                for (size_t d = 0; d < json_array_size(l); d++) e *= (double)json_integer_value(json_array_get(l, d));
+                want_attn += e;
+            } else if (!strcmp(nm + off, "attn_q_a.weight") || !strcmp(nm + off, "attn_q_b.weight") ||
+                       !strcmp(nm + off, "attn_kv_a_mqa.weight") || !strcmp(nm + off, "attn_output.weight")) {
+                want_attn += (double)json_integer_value(json_object_get(t, "bytes"));
+            }
+        }
+        json_array_foreach(json_object_get(dpt, "groups"), i, t)
+            if (!strcmp(json_string_value(json_object_get(t, "group")), "attention"))
+                got_attn = json_real_value(json_object_get(t, "bytes"));
+        T_CHECK(nlm == 3 && want_attn > 0 && fabs(got_attn - want_attn) < 1e-9 * want_attn &&
+                    json_real_value(json_object_get(dpt, "total_bytes")) > got_attn,
+                "blob set: decode attention bytes per rank %.0f (want %.0f: the float32 kv_b, not the pair)",
+                got_attn, want_attn);
         int bad = 0;
         json_array_foreach(json_object_get(j, "tensors"), i, t) {
             const json_t *ax = json_object_get(t, "axis");

@@ -459,7 +459,7 @@ static void test_kv_b_types(void) {
 
 /* A set as converter 1.0 wrote it (attn_k_b/attn_v_b not carried; the test hook): version 1.0.0
  * in its headers, 90 tensors, kv_b bytes those of the 1.1 set; it verifies, deep included
- * (verify plans it as 1.0 did), and the runtime opens it with no compact pair. */
+ * (verify plans it as 1.0 did), and --resume over it gives the 1.1 set byte for byte. */
 static void test_legacy_set(void) {
     const char *model = T_ORACLE_GGUF;
     char dir[4200], ref[4200];

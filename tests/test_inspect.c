@@ -139,7 +139,8 @@ static void test_oracle_report(const json_t *ref) {
             T_CHECK(json_is_true(json_object_get(g, "truncated")), "marked truncated");
         }
         /* what one decode token reads, recounted from the tensor list: main layers and globals,
-         * the routed experts at n_expert_used / n_expert, one embedding row, k_b + v_b */
+         * the routed experts at n_expert_used / n_expert, one embedding row, W_UK/W_UV as the
+         * float32 kv_b the runtime rebuilds from this GGUF's k_b + v_b (4 bytes per element) */
         const json_t *hp = json_object_get(a, "hparams"), *dpt = json_object_get(a, "decode_per_token");
         const double used = (double)json_integer_value(json_object_get(hp, "n_expert_used")) /
                             (double)json_integer_value(json_object_get(hp, "n_expert"));
@@ -156,6 +157,11 @@ static void test_oracle_report(const json_t *ref) {
             }
             if (!strcmp(nm, "token_embd.weight"))
                 b /= (double)json_integer_value(json_array_get(json_object_get(g, "shape"), 1));
+            if (strstr(nm, ".attn_k_b.") || strstr(nm, ".attn_v_b.")) {
+                b = 4;
+                for (size_t d = 0; d < json_array_size(json_object_get(g, "shape")); d++)
+                    b *= (double)json_integer_value(json_array_get(json_object_get(g, "shape"), d));
+            }
             want += b;
         }
         json_array_foreach(json_object_get(dpt, "groups"), i, g)
@@ -163,11 +169,9 @@ static void test_oracle_report(const json_t *ref) {
                 got_routed = json_real_value(json_object_get(g, "bytes"));
         const double got = json_real_value(json_object_get(dpt, "total_bytes"));
         T_CHECK(fabs(got - want) <= 1e-9 * want + 1e-3 && fabs(got_routed - want_routed) < 1e-6 * want_routed + 1e-3 &&
-                    json_integer_value(json_object_get(dpt, "layers_compact_kv_b")) == nlm &&
-                    json_integer_value(json_object_get(dpt, "layers_f32_kv_b")) == 0 &&
                     json_real_value(json_object_get(dpt, "nextn_per_draft_bytes")) > 0,
-                "decode bytes per token %.0f (want %.0f), routed %.0f (want %.0f), %lld compact layers", got, want,
-                got_routed, want_routed, (long long)json_integer_value(json_object_get(dpt, "layers_compact_kv_b")));
+                "decode bytes per token %.0f (want %.0f), routed %.0f (want %.0f)", got, want, got_routed,
+                want_routed);
         if (ref) check_report_vs_reference(rep, ref);
         char *txt = NULL;
         size_t len = 0;
@@ -500,38 +504,39 @@ static void test_corrupt(const char *dir) {
     free(img);
 }
 
-/* The compact k_b/v_b pair counts only where the GPU's compact kernel takes its rows (whole
- * blocks, a multiple of 32, at most 8192) and kv_b is float32; else the float32 kv_b is what a
- * decode token reads. */
-static void test_decode_bytes_compact_rule(void) {
+/* W_UK/W_UV count as the float32 kv_b the GPU decode reads, whatever type kv_b is stored in;
+ * the attn_k_b/attn_v_b carried beside it are not read; without kv_b (a GGUF) the pair counts
+ * as the float32 kv_b rebuilt from it (4 bytes per element: the same bytes). */
+static void test_decode_bytes_kv_b(void) {
     glm5_hparams hp;
     memset(&hp, 0, sizeof hp);
     hp.n_layer = hp.n_layer_main = 1;
     hp.n_expert = 8;
     hp.n_expert_used = 2;
-    static const struct { uint32_t kb, vb, kvb; uint64_t kb_k, vb_k; int compact; } c[] = {
-        {QT_Q5_0, QT_Q6_K, QT_F32, 192, 512, 1},  /* the oracle's */
-        {QT_Q4_K, QT_Q6_K, QT_F32, 192, 512, 0},  /* 192 is no whole number of Q4_K blocks */
-        {QT_Q8_0, QT_Q8_0, QT_F32, 48, 512, 0},   /* 48 is no multiple of 32 */
-        {QT_Q8_0, QT_Q8_0, QT_F32, 192, 16384, 0}, /* over 8192 */
-        {QT_Q5_0, QT_Q6_K, QT_Q8_0, 192, 512, 0}, /* kv_b not float32 */
+    static const struct { const char *what; uint32_t kvb; int has_kvb, has_pair; } c[] = {
+        {"F32 kv_b and the pair (converter 1.1)", QT_F32, 1, 1},
+        {"BF16 kv_b and the pair", QT_BF16, 1, 1},
+        {"Q8_0 kv_b alone (--kv-b-type q8_0)", QT_Q8_0, 1, 0},
+        {"F32 kv_b alone (converter 1.0)", QT_F32, 1, 0},
+        {"the pair alone (a GGUF)", QT_F32, 0, 1},
     };
+    const double f32_kvb = 4.0 * 512 * 1792; /* kv_lora 512, 4 heads x (192 + 256) rows */
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        const glm5_tensor_ref t[] = {
-            {"blk.0.attn_q_a.weight", QT_Q8_0, {64, 32, 1, 1}, 1000},
-            {"blk.0.attn_kv_b.weight", c[i].kvb, {512, 1792, 1, 1}, 512 * 1792 * 4},
-            {"blk.0.attn_k_b.weight", c[i].kb, {c[i].kb_k, 512, 4, 1}, 5000},
-            {"blk.0.attn_v_b.weight", c[i].vb, {c[i].vb_k, 256, 4, 1}, 6000},
-        };
+        glm5_tensor_ref t[4];
+        uint64_t n = 0;
+        t[n++] = (glm5_tensor_ref){"blk.0.attn_q_a.weight", QT_Q8_0, {64, 32, 1, 1}, 1000};
+        /* kv_b's stored bytes (7000 here, whatever its type) are never what counts */
+        if (c[i].has_kvb) t[n++] = (glm5_tensor_ref){"blk.0.attn_kv_b.weight", c[i].kvb, {512, 1792, 1, 1}, 7000};
+        if (c[i].has_pair) {
+            t[n++] = (glm5_tensor_ref){"blk.0.attn_k_b.weight", QT_Q5_0, {192, 512, 4, 1}, 5000};
+            t[n++] = (glm5_tensor_ref){"blk.0.attn_v_b.weight", QT_Q6_K, {512, 256, 4, 1}, 6000};
+        }
         glm5_decode_bytes db;
-        glm5_decode_bytes_of(&hp, t, 4, &db);
-        const double want = 1000 + (c[i].compact ? 11000.0 : 512.0 * 1792 * 4);
-        T_CHECK(db.n_compact == (uint32_t)c[i].compact && db.n_kv_b_f32 == (uint32_t)!c[i].compact &&
-                    fabs(db.total - want) < 1e-6,
-                "decode bytes, k_b %s k=%llu, v_b %s k=%llu, kv_b %s: compact %u, f32 %u, %.0f bytes (want %d, %.0f)",
-                quant_type_name(c[i].kb), (unsigned long long)c[i].kb_k, quant_type_name(c[i].vb),
-                (unsigned long long)c[i].vb_k, quant_type_name(c[i].kvb), db.n_compact, db.n_kv_b_f32, db.total,
-                c[i].compact, want);
+        glm5_decode_bytes_of(&hp, t, n, &db);
+        const double want = 1000 + f32_kvb;
+        T_CHECK(fabs(db.total - want) < 1e-6 && fabs(db.group[GLM5_DB_ATTN] - want) < 1e-6,
+                "decode bytes, %s: total %.0f, attention %.0f (want %.0f)", c[i].what, db.total,
+                db.group[GLM5_DB_ATTN], want);
     }
 }
 
@@ -540,7 +545,7 @@ int main(void) {
     T_CHECK(ref != NULL, "dequant_reference.json loads");
     const char *dir = t_tmpdir();
     char *d = strdup(dir);
-    test_decode_bytes_compact_rule();
+    test_decode_bytes_kv_b();
     test_oracle_report(ref);
     test_cli_json(ref);
     if (ref) test_dump(d, ref);

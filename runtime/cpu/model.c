@@ -133,18 +133,6 @@ static g5_status setup_layer(rt_model *m, rt_rank *rk, uint32_t il, g5_error *er
     MAT(q_b, "blk.%u.attn_q_b.weight", hp->q_lora, H_l * (hp->qk_nope + hp->qk_rope));
     MAT(kv_a, "blk.%u.attn_kv_a_mqa.weight", E, hp->kv_lora + hp->qk_rope);
     MAT(kv_b, "blk.%u.attn_kv_b.weight", hp->kv_lora, H_l * (hp->qk_nope + hp->v_head));
-    if (has_fmt(rk, "blk.%u.attn_k_b.weight", il) && has_fmt(rk, "blk.%u.attn_v_b.weight", il)) {
-        MAT(k_b, "blk.%u.attn_k_b.weight", hp->qk_nope, H_l * hp->kv_lora);
-        MAT(v_b, "blk.%u.attn_v_b.weight", hp->kv_lora, H_l * hp->v_head);
-        char kn[128], vn[128];
-        const rt_tensor *tk = find_fmt(rk->w, kn, sizeof kn, "blk.%u.attn_k_b.weight", il);
-        const rt_tensor *tv = find_fmt(rk->w, vn, sizeof vn, "blk.%u.attn_v_b.weight", il);
-        if (tk->ne[1] != hp->kv_lora || tk->ne[2] != H_l || tv->ne[1] != hp->v_head || tv->ne[2] != H_l)
-            return g5_fail(err, G5_ERR_MODEL, "rank %u: '%s' / '%s' hold %llu / %llu heads of %llu / %llu rows, "
-                           "expected %llu heads of %u / %u", rk->r, kn, vn, (unsigned long long)tk->ne[2],
-                           (unsigned long long)tv->ne[2], (unsigned long long)tk->ne[1],
-                           (unsigned long long)tv->ne[1], (unsigned long long)H_l, hp->kv_lora, hp->v_head);
-    }
     MAT(o, "blk.%u.attn_output.weight", H_l * hp->v_head, E);
     /* NextN blocks run their own indexer; main layers per indexer.types */
     L->has_indexer = L->nextn ? 1 : hp->idx_full[il];

@@ -39,12 +39,6 @@ typedef struct rt_layer {
     rt_mat q_b;                  /* [H_l * (qk_nope + qk_rope)] rows of q_lora */
     rt_mat kv_a;                 /* [kv_lora + qk_rope] rows of n_embd */
     rt_mat kv_b;                 /* [H_l * (qk_nope + v_head)] rows of kv_lora */
-    /* kv_b's sources in their own (compact) types, for the absorbed decode path (the GPU's):
-     * head h's W_UK transposed is rows [h * kv_lora, (h + 1) * kv_lora) of k_b, its W_UV rows
-     * [h * v_head, (h + 1) * v_head) of v_b. data NULL where the set lacks them (blob sets of
-     * converter < 1.1, a GGUF that stores attn_kv_b itself). */
-    rt_mat k_b;                  /* [H_l * kv_lora] rows of qk_nope */
-    rt_mat v_b;                  /* [H_l * v_head] rows of kv_lora */
     rt_mat o;                    /* [n_embd] rows of H_l * v_head */
     /* indexer (replicated) */
     rt_mat idx_q_b;              /* [idx_n_head * idx_head_dim] rows of q_lora */

@@ -11,9 +11,7 @@
  * absorb and attention outputs finite and not all zero, every top-k count min(position + 1,
  * 2048) with distinct in-range positions. (The old-vs-split and lane-vs-thread-per-key
  * comparisons of the kernel choices: bench/NOTES.md, bench/RESULTS.md.) First, W_UV
- * (bench_wuv): 8 per-head GEMVs against one cuk_head_gemv launch; then W_UK and W_UV of a decode
- * step from the float32 kv_b (cuk_mla_absorb, cuk_head_gemv) against the compact attn_k_b /
- * attn_v_b (cuk_head_gemv_q), at 8 and 64 heads (TP 8 and TP 1). Usage: bench_attn [only_decode] */
+ * (bench_wuv): 8 per-head GEMVs against one cuk_head_gemv launch. Usage: bench_attn [only_decode] */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -378,118 +376,6 @@ static void bench_wuv(void) {
     free(yg);
 }
 
-/* us per launch of fn(copy i) over `iters` launches, copies rotating. */
-typedef void (*launch_fn)(int copy, int n, void *ctx);
-static double time_launches(launch_fn fn, int n, void *ctx, int iters) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int it = -1; it < iters; it++) {
-        if (it == 0) CK(cudaEventRecord(e0, NULL));
-        fn(it + 1, n, ctx);
-    }
-    CK(cudaEventRecord(e1, NULL));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return ms * 1e3 / iters;
-}
-
-/* The decode step's W_UK / W_UV weights, float32 kv_b copies and compact k_b / v_b copies, each
- * rotating over >= 256 MB; q and o_lat for up to 32 rows. */
-typedef struct cmp_ctx {
-    int nh;                        /* heads */
-    uint8_t *kvb, *kb, *vb;        /* rotation sets */
-    size_t kvb_sz, kb_sz, vb_sz;
-    int nkvb, nkb, nvb;
-    uint32_t kb_type, vb_type;
-    float *q, *olat, *qlat, *ao;
-} cmp_ctx;
-
-static void run_absorb_f32(int c, int n, void *p) {
-    cmp_ctx *x = p;
-    const cuk_mla_absorb_args a = {{n, x->nh, NOPE, R, KL}, x->q, (const float *)(x->kvb + (size_t)(c % x->nkvb) * x->kvb_sz),
-                                   HR, x->qlat};
-    GK(cuk_mla_absorb(&a, NULL, E));
-}
-static void run_absorb_q(int c, int n, void *p) {
-    cmp_ctx *x = p;
-    const cuk_head_gemv_q_args a = {x->kb_type, x->kb + (size_t)(c % x->nkb) * x->kb_sz, x->nh, KL, NOPE, x->q,
-                                    CUK_ACT_F32, (int64_t)x->nh * QW, QW, n, x->qlat, (int64_t)x->nh * KL, KL};
-    GK(cuk_head_gemv_q(&a, NULL, E));
-}
-static void run_wuv_f32(int c, int n, void *p) {
-    cmp_ctx *x = p;
-    const float *w = (const float *)(x->kvb + (size_t)(c % x->nkvb) * x->kvb_sz);
-    const cuk_head_gemv_args a = {w + NOPE * KL, HR * KL, KL, x->nh, VH, KL, x->olat, CUK_ACT_F32,
-                                  (int64_t)x->nh * KL, KL, n, x->ao, (int64_t)x->nh * VH, VH};
-    GK(cuk_head_gemv(&a, NULL, E));
-}
-static void run_wuv_q(int c, int n, void *p) {
-    cmp_ctx *x = p;
-    const cuk_head_gemv_q_args a = {x->vb_type, x->vb + (size_t)(c % x->nvb) * x->vb_sz, x->nh, VH, KL, x->olat,
-                                    CUK_ACT_F32, (int64_t)x->nh * KL, KL, n, x->ao, (int64_t)x->nh * VH, VH};
-    GK(cuk_head_gemv_q(&a, NULL, E));
-}
-
-/* One rotation set of `bytes`-sized copies of random data of `type` (quant_fill_random blocks,
- * or floats in [-0.1, 0.1]). */
-static uint8_t *rot_set(uint32_t type, uint64_t elems, size_t *sz, int *n) {
-    uint64_t bytes = 0;
-    if (quant_row_bytes(type, elems, &bytes) != G5_OK) exit(2);
-    *sz = ((size_t)bytes + 255) & ~(size_t)255;
-    *n = (int)((ROT_BYTES + *sz - 1) / *sz);
-    uint8_t *h = malloc(bytes);
-    if (!h) exit(2);
-    if (type == QT_F32) {
-        for (uint64_t i = 0; i < elems; i++) ((float *)(void *)h)[i] = unif(-0.1f, 0.1f);
-    } else {
-        uint64_t seed = 42;
-        if (quant_fill_random(type, h, bytes / quant_type_get(type)->block_bytes, &seed) != G5_OK) exit(2);
-    }
-    uint8_t *d = dalloc(*sz * *n);
-    for (int i = 0; i < *n; i++) CK(cudaMemcpy(d + (size_t)i * *sz, h, bytes, cudaMemcpyHostToDevice));
-    free(h);
-    return d;
-}
-
-static void bench_compact(void) {
-    static const int heads[] = {8, 64}, ns[] = {1, 8, 32};
-    for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++) {
-        cmp_ctx x = {.nh = heads[hi], .kb_type = QT_Q5_0, .vb_type = QT_Q6_K};
-        const int nh = x.nh;
-        x.kvb = rot_set(QT_F32, (uint64_t)nh * HR * KL, &x.kvb_sz, &x.nkvb);
-        x.kb = rot_set(x.kb_type, (uint64_t)nh * KL * NOPE, &x.kb_sz, &x.nkb);
-        x.vb = rot_set(x.vb_type, (uint64_t)nh * VH * KL, &x.vb_sz, &x.nvb);
-        float *q = rand_h((size_t)32 * nh * QW, -1, 1), *o = rand_h((size_t)32 * nh * KL, -1, 1);
-        x.q = dup_d(q, (size_t)32 * nh * QW * 4);
-        x.olat = dup_d(o, (size_t)32 * nh * KL * 4);
-        x.qlat = dalloc((size_t)32 * nh * KL * 4);
-        x.ao = dalloc((size_t)32 * nh * VH * 4);
-        const double mb_uk = (double)nh * NOPE * KL * 4 / 1e6, mb_uv = (double)nh * VH * KL * 4 / 1e6;
-        uint64_t kbb = 0, vbb = 0;
-        (void)quant_row_bytes(x.kb_type, (uint64_t)nh * KL * NOPE, &kbb);
-        (void)quant_row_bytes(x.vb_type, (uint64_t)nh * VH * KL, &vbb);
-        printf("== W_UK / W_UV of a decode step, %d heads: float32 kv_b (%.2f + %.2f MB) against compact %s k_b + %s "
-               "v_b (%.2f + %.2f MB)\n",
-               nh, mb_uk, mb_uv, quant_type_name(x.kb_type), quant_type_name(x.vb_type), kbb / 1e6, vbb / 1e6);
-        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
-            const int n = ns[ni];
-            const double a32 = time_launches(run_absorb_f32, n, &x, 200), aq = time_launches(run_absorb_q, n, &x, 200);
-            const double u32 = time_launches(run_wuv_f32, n, &x, 200), uq = time_launches(run_wuv_q, n, &x, 200);
-            printf("  n %2d: W_UK f32 %7.2f us, compact %7.2f us (%.2f of copy); W_UV f32 %7.2f us, compact %7.2f us "
-                   "(%.2f of copy); both: %.2f -> %.2f us\n",
-                   n, a32, aq, kbb / (aq * 1e3) / copy_gbs, u32, uq, vbb / (uq * 1e3) / copy_gbs, a32 + u32, aq + uq);
-        }
-        fflush(stdout);
-        cudaFree(x.kvb), cudaFree(x.kb), cudaFree(x.vb), cudaFree(x.q), cudaFree(x.olat), cudaFree(x.qlat),
-            cudaFree(x.ao);
-        free(q), free(o);
-    }
-}
-
 int main(int argc, char **argv) {
     const int only_decode = argc > 1 && atoi(argv[1]) != 0;
     copy_gbs = bench_copy_gbs();
@@ -500,7 +386,6 @@ int main(int argc, char **argv) {
         {"prefill 512 @4k", 512, 4096, CUK_F32}, {"prefill 512 @4k", 512, 4096, CUK_BF16},
     };
     bench_wuv();
-    bench_compact();
     const size_t nc = sizeof cfgs / sizeof cfgs[0];
     for (size_t i = 0; i < nc; i++) {
         if (only_decode && cfgs[i].n_tok > 8) continue;

@@ -469,14 +469,13 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
     step_bytes b;
     memset(&b, 0, sizeof b);
     const glm5_hparams *hp = &R->hp;
-    /* W_UK/W_UV: the plan carries attn_k_b/attn_v_b beside the F32 kv_b (converter 1.1), and
-     * the decode step reads the compact pair, not kv_b (specs/sharding.md "kv_b") */
-    int pair = 0;
-    for (uint64_t i = 0; i < R->n_tab; i++) pair |= R->role[i] == GLM5_ROLE_ATTN_K_B;
     for (uint64_t i = 0; i < R->n_tab; i++) {
         const rt_tensor *t = &R->tab[i];
-        const double nb = (double)t->nbytes;
-        if (R->role[i] == GLM5_ROLE_ATTN_KV_B && pair) continue;
+        double nb = (double)t->nbytes;
+        /* W_UK/W_UV: the decode step reads the float32 kv_b (whatever type it is stored in), not
+         * the attn_k_b/attn_v_b the plan carries beside it (converter 1.1) */
+        if (R->role[i] == GLM5_ROLE_ATTN_K_B || R->role[i] == GLM5_ROLE_ATTN_V_B) continue;
+        if (R->role[i] == GLM5_ROLE_ATTN_KV_B) nb = 4.0 * (double)t->ne[0] * (double)t->ne[1];
         switch (R->role[i]) {
         case GLM5_ROLE_TOKEN_EMBD: b.embd += nb / (double)t->ne[1]; break;
         case GLM5_ROLE_OUTPUT: b.head += nb; break;
@@ -492,7 +491,7 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
         case GLM5_ROLE_SHEXP_GATE: case GLM5_ROLE_SHEXP_UP: case GLM5_ROLE_SHEXP_DOWN: b.shexp += nb; break;
         default:
             if (is_norm(R->role[i])) b.norms += nb;
-            else b.attn += nb; /* q_a, q_b, kv_a, k_b + v_b (else kv_b, F32), attn_output */
+            else b.attn += nb; /* q_a, q_b, kv_a, kv_b (float32), attn_output */
             break;
         }
     }
@@ -785,7 +784,7 @@ static uint32_t prefill_gemms(const rank_model *R, uint32_t n_tok, gemm_shape *s
     for (uint64_t i = 0; i < R->n_tab; i++) {
         const rt_tensor *t = &R->tab[i];
         const glm5_role r = R->role[i];
-        /* the compact attn_k_b / attn_v_b are decode's: a prompt's products read kv_b */
+        /* attn_k_b / attn_v_b are carried, not read: a prompt's products read kv_b */
         if (t->n_dims < 2 || r == GLM5_ROLE_TOKEN_EMBD || r == GLM5_ROLE_OUTPUT || r == GLM5_ROLE_ATTN_K_B ||
             r == GLM5_ROLE_ATTN_V_B)
             continue;
