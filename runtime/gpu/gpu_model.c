@@ -24,7 +24,6 @@
 #include "runtime/gpu/gpu_linear.h"
 #include "runtime/cpu/model_tensors.h"
 
-#include "cuda/cuk_head_gemv.h"
 #include "runtime/gpu/gpu_int.h"
 
 void rt_gpu_opts_default(rt_gpu_opts *o) {
