@@ -19,6 +19,11 @@ typedef struct eng_gpu {
     int blobs;                   /* loaded from a blob set (else copied from host memory) */
     rt_gpu_seq **batch;          /* [cap] decode step scratch */
     uint32_t cap;
+    cuk_sample_row *drow;        /* [drow_cap] a draw step's rows (gpu_decode_draw) */
+    uint32_t drow_cap;
+    int32_t *dpen_ids;           /* [dpen_cap] its rows' penalty lists, one after another */
+    uint32_t *dpen_counts;
+    uint32_t dpen_cap;
     /* prefix caching (engine.h): the device store and its index, or NULL */
     rt_gpu_prefix *pfx;
     rt_pfx *idx;
@@ -99,6 +104,9 @@ static void gpu_destroy(rt_eng *e) {
     rt_gpu_check_free(x->chk);
     rt_gpu_model_free(x->g);
     free(x->batch);
+    free(x->drow);
+    free(x->dpen_ids);
+    free(x->dpen_counts);
     free(x);
     e->dev = NULL;
 }
@@ -378,6 +386,26 @@ static g5_status gpu_decode_argmax(rt_eng *e, rt_eng_seq *const *seqs, const int
     return rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);
 }
 
+/* x->drow holds n_seq rows and x->dpen_* np penalty entries (grown, never shrunk: no allocation
+ * per step once the largest batch was seen). */
+static g5_status draw_room(eng_gpu *x, uint32_t n_seq, uint32_t np, g5_error *err) {
+    if (n_seq > x->drow_cap) {
+        cuk_sample_row *r = realloc(x->drow, (size_t)n_seq * sizeof *r);
+        if (!r) return g5_fail(err, G5_ERR_NOMEM, "draws of %u sequences", n_seq);
+        x->drow = r;
+        x->drow_cap = n_seq;
+    }
+    if (np > x->dpen_cap) {
+        int32_t *i = realloc(x->dpen_ids, (size_t)np * sizeof *i);
+        if (i) x->dpen_ids = i;
+        uint32_t *c = i ? realloc(x->dpen_counts, (size_t)np * sizeof *c) : NULL;
+        if (!c) return g5_fail(err, G5_ERR_NOMEM, "penalty lists of %u entries", np);
+        x->dpen_counts = c;
+        x->dpen_cap = np;
+    }
+    return G5_OK;
+}
+
 static g5_status gpu_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32_t *tokens, uint32_t n_seq,
                                  const samp_dev_row *rows, int32_t *ids, g5_error *err) {
     eng_gpu *x = e->dev;
@@ -385,13 +413,11 @@ static g5_status gpu_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32
     if (sr) return sr;
     uint32_t np = 0; /* the rows' penalty lists, one after another */
     for (uint32_t i = 0; i < n_seq; i++) np += rows[i].n_pen;
-    cuk_sample_row *cr = malloc((size_t)(n_seq ? n_seq : 1) * sizeof *cr);
-    int32_t *pi = malloc((size_t)(np ? np : 1) * sizeof *pi);
-    uint32_t *pc = malloc((size_t)(np ? np : 1) * sizeof *pc);
-    if (!cr || !pi || !pc) {
-        free(cr), free(pi), free(pc);
-        return g5_fail(err, G5_ERR_NOMEM, "draws of %u sequences", n_seq);
-    }
+    const g5_status sd = draw_room(x, n_seq, np, err);
+    if (sd) return sd;
+    cuk_sample_row *cr = x->drow;
+    int32_t *pi = x->dpen_ids;
+    uint32_t *pc = x->dpen_counts;
     for (uint32_t i = 0, off = 0; i < n_seq; off += rows[i++].n_pen) {
         const samp_dev_row *d = &rows[i];
         x->batch[i] = gseq(seqs[i]);
@@ -406,9 +432,7 @@ static g5_status gpu_decode_draw(rt_eng *e, rt_eng_seq *const *seqs, const int32
     }
     const rt_gpu_outputs out = {.draw = cr, .draw_ids = ids, .all_logits = 1, .draw_pen_ids = pi, .draw_pen_counts = pc,
                                 .draw_n_pen = np};
-    const g5_status st = rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);
-    free(cr), free(pi), free(pc);
-    return st;
+    return rt_gpu_forward_rows(x->g, x->batch, NULL, n_seq, tokens, &out, err);
 }
 
 /* --check compares each step's logits: its draws stay on the host */
