@@ -478,13 +478,19 @@ static g5_status run_chain(samp_ctx *s, const float *logits, size_t *n_out, g5_e
     for (size_t i = 0; i < m; i++)
         total += mass[i] = p->temperature == 1.0f ? cand_mass1(s, &s->cand[i], maxl)
                                                   : cand_mass(s, s->cand[i].logit, maxl, p->temperature);
-    for (size_t i = 0; i < m; i++) {
-        s->cand[i].p = (float)((double)mass[i] / (double)total);
-        s->cand[i].logit /= p->temperature;
-    }
     s->total = total;
     *n_out = m;
     return G5_OK;
+}
+
+/* The candidates' p (mass / total) and logit / T, for the callers that show or compare them; a
+ * draw reads only the masses (samp_sample). Greedy's one candidate keeps p 1 and its logit. */
+static void cand_probs(samp_ctx *s, size_t m) {
+    if (!(s->p.temperature > 0)) return;
+    for (size_t i = 0; i < m; i++) {
+        s->cand[i].p = (float)((double)s->mw[i] / (double)s->total);
+        s->cand[i].logit /= s->p.temperature;
+    }
 }
 
 g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size_t cap, size_t *n,
@@ -495,6 +501,7 @@ g5_status samp_candidates(samp_ctx *s, const float *logits, samp_cand *out, size
     size_t m;
     g5_status st = run_chain(s, logits, &m, err);
     if (st != G5_OK) return st;
+    cand_probs(s, m);
     qsort(s->cand, m, sizeof *s->cand, cmp_cand); /* the draw's id order, shown ranked (not by the radix
                                                    * sort: it would take p for its keys) */
     memcpy(out, s->cand, (m < cap ? m : cap) * sizeof *out);
@@ -697,12 +704,14 @@ g5_status samp_sample_spec(samp_ctx *s, const float *target_logits, const float 
     size_t mq, m;
     g5_status st = run_chain(s, draft_logits, &mq, err);
     if (st != G5_OK) return st;
+    cand_probs(s, mq);
     /* q as samp_sample draws: the kept probabilities renormalized (so are p's below) */
     double qsum = 0;
     for (size_t i = 0; i < mq; i++) qsum += s->cand[i].p;
     for (size_t i = 0; i < mq; i++) s->qp[s->cand[i].id] = (float)(s->cand[i].p / qsum);
     const double qx = s->qp[x];
     st = run_chain(s, target_logits, &m, err);
+    if (st == G5_OK) cand_probs(s, m);
     if (st == G5_OK) {
         double px = 0, sum = 0;
         for (size_t i = 0; i < m; i++) {
