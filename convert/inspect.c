@@ -224,7 +224,6 @@ static json_t *decode_json(const glm5_hparams *hp, const glm5_tensor_ref *refs, 
     }
     json_object_set_new(d, "groups", gs);
     json_object_set_new(d, "total_bytes", json_real(db.total));
-    json_object_set_new(d, "fast_total_bytes", json_real(db.total - db.kv_b / 2)); /* the fp16 kv_b */
     json_object_set_new(d, "nextn_per_draft_bytes", json_real(db.group[GLM5_DB_NEXTN]));
     return d;
 }
@@ -233,9 +232,8 @@ static void print_decode(FILE *f, const json_t *d, const char *indent, const cha
     if (!json_is_object(d)) return;
     size_t i;
     const json_t *e;
-    fprintf(f, "%sone decode token reads %.1f MB%s in precise mode (W_UK/W_UV from the float32 kv_b), %.1f MB in "
-               "fast mode (an fp16 copy):\n", indent, json_real_value(json_object_get(d, "total_bytes")) / 1e6, what,
-            json_real_value(json_object_get(d, "fast_total_bytes")) / 1e6);
+    fprintf(f, "%sone decode token reads %.1f MB%s (W_UK/W_UV from the float32 kv_b):\n", indent,
+            json_real_value(json_object_get(d, "total_bytes")) / 1e6, what);
     json_array_foreach(json_object_get(d, "groups"), i, e)
         fprintf(f, "%s  %-18s %10.1f MB\n", indent, json_string_value(json_object_get(e, "group")),
                 json_real_value(json_object_get(e, "bytes")) / 1e6);

@@ -708,10 +708,8 @@ void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint
              * rebuilds kv_b from the pair, whose elements it holds one for one, as float32 */
             if (l >= 0 && has_kv_b[l]) continue;
             b = 4.0 * ref_elems(&t[i]);
-            if (l >= 0 && (uint32_t)l < hp->n_layer_main) out->kv_b += b;
         } else if (r == GLM5_ROLE_ATTN_KV_B) {
             b = 4.0 * ref_elems(&t[i]); /* float32 rows, whatever type the set stores */
-            if (l >= 0 && (uint32_t)l < hp->n_layer_main) out->kv_b += b;
         } else if (r == GLM5_ROLE_EXP_GATE || r == GLM5_ROLE_EXP_UP || r == GLM5_ROLE_EXP_DOWN) {
             b *= (double)hp->n_expert_used / (double)hp->n_expert;
         } else if (r == GLM5_ROLE_TOKEN_EMBD || r == GLM5_ROLE_NEXTN_EMBED) {

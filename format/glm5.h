@@ -222,8 +222,6 @@ typedef struct glm5_tensor_ref {
 typedef struct glm5_decode_bytes {
     double group[GLM5_DB_COUNT];
     double total;        /* every group but GLM5_DB_NEXTN */
-    double kv_b;         /* of total: kv_b (or the pair it is rebuilt from) as float32, what precise
-                            mode reads; fast mode reads an fp16 copy, half of it */
 } glm5_decode_bytes;
 
 /* Fills *out from one rank's n tensors. */

@@ -149,9 +149,8 @@ static double blas_bf16_tflops(void) {
 }
 
 /* What rank 0 reads for one decode token (glm5_decode_bytes_of: the routed experts at top-k / n,
- * one embedding row, W_UK/W_UV as the float32 kv_b, in fast mode as its fp16 copy; the NextN
- * block apart), printed by group. */
-static double token_bytes(const rt_wset *ws, const glm5_hparams *hp, int fast) {
+ * one embedding row, W_UK/W_UV as the float32 kv_b; the NextN block apart), printed by group. */
+static double token_bytes(const rt_wset *ws, const glm5_hparams *hp) {
     const rt_weights *w = rt_wset_rank(ws, rt_wset_rank_first(ws));
     const uint64_t nt = rt_weights_n_tensors(w);
     glm5_tensor_ref *refs = malloc(sizeof *refs * (nt ? nt : 1));
@@ -163,12 +162,11 @@ static double token_bytes(const rt_wset *ws, const glm5_hparams *hp, int fast) {
     glm5_decode_bytes db;
     glm5_decode_bytes_of(hp, refs, nt, &db);
     free(refs);
-    if (fast) db.group[GLM5_DB_ATTN] -= db.kv_b / 2;
-    printf("decode bytes per token (rank 0; W_UK/W_UV from the %s kv_b):", fast ? "fp16" : "float32");
+    printf("decode bytes per token (rank 0; W_UK/W_UV from the float32 kv_b):");
     for (int g = 0; g < GLM5_DB_COUNT; g++)
         printf("%s %s %.1f MB", g ? ";" : "", glm5_db_group_name((glm5_db_group)g), db.group[g] / 1e6);
     printf("\n");
-    return fast ? db.total - db.kv_b / 2 : db.total;
+    return db.total;
 }
 
 static void fill_tokens(int32_t *ids, uint32_t n, uint32_t vocab, uint64_t *seed) {
@@ -229,7 +227,7 @@ int main(int argc, char **argv) {
            "graph %s; load %.2f s (%.2f GB)\n", model, rt_wset_source(ws), prec, hp->n_layer, hp->n_layer_main,
            hp->n_expert, hp->n_expert_used, hp->n_vocab, gi->device_name, gi->precision, gi->cache,
            gi->cuda_graph ? "on" : "off", now_s() - t0, gi->weight_bytes / 1e9);
-    const double rate = copy_rate(), tb = token_bytes(ws, hp, fast), floor_s = tb / rate;
+    const double rate = copy_rate(), tb = token_bytes(ws, hp), floor_s = tb / rate;
     printf("ceiling: device copy %.0f GB/s; one decode token reads %.1f MB -> floor %.3f ms (%.0f tok/s)\n",
            rate / 1e9, tb / 1e6, floor_s * 1e3, 1.0 / floor_s);
 
