@@ -42,12 +42,8 @@ __device__ __forceinline__ bool dev_range(const int32_t *dpos, int64_t bound, in
     return p >= 0 && p + n_tok <= bound;
 }
 
-__device__ __forceinline__ float ldw(const float *p) { return *p; }
-__device__ __forceinline__ float ldw(const __half *p) { return __half2float(*p); }
-
-/* grid (n_head, ceil(n_tok / ABS_TOK)); kvb float32 or fp16 (converted exactly) */
-template <typename W>
-__global__ void k_absorb(cuk_mla_dims d, const float *__restrict__ q, const W *__restrict__ kvb,
+/* grid (n_head, ceil(n_tok / ABS_TOK)) */
+__global__ void k_absorb(cuk_mla_dims d, const float *__restrict__ q, const float *__restrict__ kvb,
                          int32_t head_rows, float *__restrict__ qlat) {
     extern __shared__ float qs[]; /* [ABS_TOK][nope] */
     const int h = blockIdx.x;
@@ -59,13 +55,13 @@ __global__ void k_absorb(cuk_mla_dims d, const float *__restrict__ q, const W *_
         qs[i] = q[((int64_t)(t0 + tt) * d.n_head + h) * QW + dd];
     }
     __syncthreads();
-    const W *Wk = kvb + (int64_t)h * head_rows * d.kv_lora; /* [nope][kv_lora] */
+    const float *W = kvb + (int64_t)h * head_rows * d.kv_lora; /* [nope][kv_lora] */
     for (int c = threadIdx.x; c < d.kv_lora; c += blockDim.x) {
         float acc[ABS_TOK];
 #pragma unroll
         for (int tt = 0; tt < ABS_TOK; tt++) acc[tt] = 0.0f;
         for (int dd = 0; dd < d.nope; dd++) {
-            const float w = ldw(Wk + (int64_t)dd * d.kv_lora + c);
+            const float w = W[(int64_t)dd * d.kv_lora + c];
 #pragma unroll
             for (int tt = 0; tt < ABS_TOK; tt++)
                 if (tt < nt) acc[tt] = __fadd_rn(acc[tt], __fmul_rn(qs[tt * d.nope + dd], w));
@@ -197,20 +193,9 @@ constexpr int AB_THREADS = 256;
  * stages W_UK[h][0..nope)[c0 .. c0 + 32) in shared memory in one go (all loads in flight at
  * once: the decode case is latency bound), then thread (lane, warp) sums column c0 + lane for
  * tokens warp and warp + 8 over d in order, exactly the CPU's operations. Shared: ws
- * [nope][AB_COLS], qs [AB_TOK][nope]. W_UK is float32 or fp16 (fast mode's decode copy: half the
- * bytes, each weight converted exactly to float32 as it is staged). */
-__device__ __forceinline__ float4 ldw4(const float *p) { return *(const float4 *)p; }
-__device__ __forceinline__ float4 ldw4(const __half *p) {
-    const uint2 u = *(const uint2 *)p; /* one 8-byte load, four halves */
-    return make_float4(__half2float(__ushort_as_half((unsigned short)u.x)),
-                       __half2float(__ushort_as_half((unsigned short)(u.x >> 16))),
-                       __half2float(__ushort_as_half((unsigned short)u.y)),
-                       __half2float(__ushort_as_half((unsigned short)(u.y >> 16))));
-}
-
-template <typename W>
+ * [nope][AB_COLS], qs [AB_TOK][nope]. */
 __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, const float *__restrict__ q,
-                                                             const W *__restrict__ kvb, int32_t head_rows,
+                                                             const float *__restrict__ kvb, int32_t head_rows,
                                                              int vec, float *__restrict__ qlat) {
     extern __shared__ __align__(16) float abs_sm[];
     const int N = d.nope, KL = d.kv_lora, QW = d.nope + d.rope;
@@ -218,18 +203,18 @@ __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, con
     float *qs = abs_sm + (size_t)N * AB_COLS; /* [AB_TOK][N] */
     const int h = blockIdx.x, c0 = blockIdx.y * AB_COLS, t0 = blockIdx.z * AB_TOK;
     const int nt = min(AB_TOK, d.n_tok - t0);
-    const W *Wk = kvb + (int64_t)h * head_rows * KL; /* [nope][kv_lora] */
-    if (vec) { /* kv_lora % 4 == 0, kvb aligned to 4 elements: a piece never straddles kv_lora */
+    const float *W = kvb + (int64_t)h * head_rows * KL; /* [nope][kv_lora] */
+    if (vec) { /* kv_lora % 4 == 0, kvb 16-byte aligned: a float4 never straddles kv_lora */
         for (int i = threadIdx.x; i < N * (AB_COLS / 4); i += AB_THREADS) {
             const int r = i / (AB_COLS / 4), c4 = (i % (AB_COLS / 4)) * 4;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (c0 + c4 < KL) v = ldw4(Wk + (int64_t)r * KL + c0 + c4);
+            if (c0 + c4 < KL) v = *(const float4 *)(W + (int64_t)r * KL + c0 + c4);
             *(float4 *)(ws + r * AB_COLS + c4) = v;
         }
     } else {
         for (int i = threadIdx.x; i < N * AB_COLS; i += AB_THREADS) {
             const int r = i / AB_COLS, cc = i % AB_COLS;
-            ws[i] = c0 + cc < KL ? ldw(Wk + (int64_t)r * KL + c0 + cc) : 0.0f;
+            ws[i] = c0 + cc < KL ? W[(int64_t)r * KL + c0 + cc] : 0.0f;
         }
     }
     for (int i = threadIdx.x; i < nt * N; i += AB_THREADS) {
@@ -502,45 +487,39 @@ static int smem_optin(void) {
     return d ? (int)d->smem_optin : 0;
 }
 
-/* The absorb launches for weights of type W (k_absorb_split where its shared memory fits). */
-template <typename W>
-static g5_status absorb_launch(const cuk_mla_absorb_args *a, const W *kvb, cudaStream_t stream, g5_error *err) {
+extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err) {
+    if (!a) return BAD("mla_absorb: no args");
     const cuk_mla_dims *const d = &a->d;
+    const float *const q = a->q, *const kvb = a->kvb;
+    const int32_t head_rows = a->head_rows;
+    float *const qlat = a->qlat;
+    g5_status st = check_dims("mla_absorb", d, err);
+    if (st) return st;
+    if (!q || !kvb || !qlat) return BAD("mla_absorb: NULL pointer");
+    if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
     /* qs holds the block's tokens only: a decode step's blocks (1 token) then fit 8 per SM, so
      * the 64-head, 16-slice grid runs in one wave */
     const size_t smem_split =
         ((size_t)d->nope * AB_COLS + (size_t)(d->n_tok < AB_TOK ? d->n_tok : AB_TOK) * d->nope) * sizeof(float);
     if (smem_split <= 48 * 1024 || (int64_t)smem_split <= smem_optin()) {
-        static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per device and W (0: none yet) */
+        static size_t allowed_dev[CUK_MAX_DEVICES]; /* the opt-in, once per device (0: none yet) */
         size_t &allowed = allowed_dev[cuk_device_slot()];
         if (smem_split > (allowed ? allowed : 48 * 1024)) {
-            CUK_CHECK(cudaFuncSetAttribute(k_absorb_split<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
+            CUK_CHECK(cudaFuncSetAttribute(k_absorb_split, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin()));
             allowed = (size_t)smem_optin();
         }
-        const int vec = d->kv_lora % 4 == 0 && ((uintptr_t)kvb & (4 * sizeof(W) - 1)) == 0;
+        const int vec = d->kv_lora % 4 == 0 && ((uintptr_t)kvb & 15) == 0;
         dim3 grid((unsigned)d->n_head, (unsigned)((d->kv_lora + AB_COLS - 1) / AB_COLS),
                   (unsigned)((d->n_tok + AB_TOK - 1) / AB_TOK));
-        k_absorb_split<W><<<grid, AB_THREADS, smem_split, stream>>>(*d, a->q, kvb, a->head_rows, vec, a->qlat);
+        k_absorb_split<<<grid, AB_THREADS, smem_split, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, vec, qlat);
         CUK_CHECK_LAUNCH("mla_absorb");
         return G5_OK;
     }
     const size_t smem = (size_t)ABS_TOK * d->nope * sizeof(float);
     dim3 grid((unsigned)d->n_head, (unsigned)((d->n_tok + ABS_TOK - 1) / ABS_TOK));
-    k_absorb<W><<<grid, ABS_THREADS, smem, stream>>>(*d, a->q, kvb, a->head_rows, a->qlat);
+    k_absorb<<<grid, ABS_THREADS, smem, (cudaStream_t)stream>>>(*d, q, kvb, head_rows, qlat);
     CUK_CHECK_LAUNCH("mla_absorb");
     return G5_OK;
-}
-
-extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err) {
-    if (!a) return BAD("mla_absorb: no args");
-    const cuk_mla_dims *const d = &a->d;
-    g5_status st = check_dims("mla_absorb", d, err);
-    if (st) return st;
-    if (!a->q || !a->kvb || !a->qlat) return BAD("mla_absorb: NULL pointer");
-    if (a->head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", a->head_rows, d->nope);
-    if (a->kvb_type == CUK_F32) return absorb_launch(a, (const float *)a->kvb, (cudaStream_t)stream, err);
-    if (a->kvb_type == CUK_F16) return absorb_launch(a, (const __half *)a->kvb, (cudaStream_t)stream, err);
-    return BAD("mla_absorb: kvb_type %u is neither CUK_F32 nor CUK_F16", a->kvb_type);
 }
 
 /* Cluster size for the head-group attention: enough blocks to cover the SMs at decode, at most

@@ -1,13 +1,12 @@
-/* A batched GEMV with one matrix per head, in one launch (the MLA W_UV product: each head's
- * latent attention output times that head's W_UV rows of kv_b), float32 or fp16 weights.
+/* A batched float32 GEMV with one matrix per head, in one launch (the MLA W_UV product:
+ * each head's latent attention output times that head's W_UV rows of kv_b).
  *
  * For t < n, h < n_head, r < m:
  *   y[t * ldy + h * ldyh + r] = sum over c < k of w[h * ld_head + r * ldw + c] * x[t][h][c],
  * with x[t][h][c] = x[t * ldx + h * ldxh + c] (float32, or bf16 read exactly as float32).
  * The sum of one output is formed in a fixed order that depends on k alone, never on n or on
  * the other rows: a row's bits are the same whether it is computed alone or in a batch (the
- * server's batched decode relies on that). Float32 products and sums (fmaf; an fp16 weight is
- * converted exactly), no tensor cores. */
+ * server's batched decode relies on that). Pure float32 (fmaf), no tensor cores. */
 #ifndef G5_CUDA_CUK_HEAD_GEMV_H
 #define G5_CUDA_CUK_HEAD_GEMV_H
 
@@ -19,11 +18,8 @@
 extern "C" {
 #endif
 
-/* Weight types of cuk_head_gemv. */
-enum { CUK_HG_W_F32 = 0, CUK_HG_W_F16 = 1 };
-
 typedef struct cuk_head_gemv_args {
-    const void *w;         /* head h, row r: w + h * ld_head + r * ldw elements of w_type, k of them */
+    const float *w;        /* head h, row r: w + h * ld_head + r * ldw, k floats */
     int64_t ld_head, ldw;
     int32_t n_head, m, k;
     const void *x;         /* [n][ldx] of x_type; head h's input at column h * ldxh */
@@ -32,11 +28,10 @@ typedef struct cuk_head_gemv_args {
     int32_t n;
     float *y;              /* [n][ldy]; head h's outputs at column h * ldyh */
     int64_t ldy, ldyh;
-    uint32_t w_type;       /* CUK_HG_W_F32 (0) or CUK_HG_W_F16 */
 } cuk_head_gemv_args;
 
-/* 1 if cuk_head_gemv takes these arguments: k a multiple of 4 and at most 1024, weight rows
- * aligned to four elements, 16-byte (f32) or 8-byte (bf16) aligned input pieces, positive sizes. */
+/* 1 if cuk_head_gemv takes these arguments: k a multiple of 4 and at most 1024, float4-aligned
+ * weight rows, 16-byte (f32) or 8-byte (bf16) aligned input pieces, positive sizes. */
 int cuk_head_gemv_fits(const cuk_head_gemv_args *a);
 
 /* The product above on `stream`; G5_ERR_INVALID_ARG where cuk_head_gemv_fits says 0. */

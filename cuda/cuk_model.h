@@ -135,10 +135,9 @@ typedef struct cuk_mla_dims {
 typedef struct cuk_mla_absorb_args {
     cuk_mla_dims d;
     const float *q;          /* [n_tok][n_head][nope + rope] */
-    const void *kvb;         /* [n_head * head_rows][kv_lora] of kvb_type */
+    const float *kvb;        /* [n_head * head_rows][kv_lora] float32 */
     int32_t head_rows;       /* >= nope */
     float *qlat;             /* [n_tok][n_head][kv_lora] */
-    uint32_t kvb_type;       /* CUK_F32 (0) or CUK_F16 (each weight converted exactly; float32 sums) */
 } cuk_mla_absorb_args;
 g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err);
 

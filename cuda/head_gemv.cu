@@ -1,11 +1,9 @@
-/* Batched GEMV with one matrix per head, float32 or fp16 weights (cuda/cuk_head_gemv.h).
+/* Batched float32 GEMV with one matrix per head (cuda/cuk_head_gemv.h).
  *
- * The W_UV product of a decode step is 8 heads x 256 rows x 512 columns of float32 (4 MB; half
- * that in fp16, fast mode) and at most a few input rows: it is a pure weight stream. One launch
- * covers every head: each warp owns HG_RW weight rows, loads them into registers once (all its
- * loads issued up front, so the whole matrix is in flight at once over the GPU), then runs every
- * input row t against them. */
-#include <cuda_fp16.h>
+ * The W_UV product of a decode step is 8 heads x 256 rows x 512 columns of float32 (4 MB) and
+ * at most a few input rows: it is a pure weight stream. One launch covers every head: each warp
+ * owns HG_RW weight rows, loads them into registers once (all its loads issued up front, so the
+ * whole matrix is in flight at once over the GPU), then runs every input row t against them. */
 #include <stdint.h>
 
 #include "cuda/cuk_head_gemv.h"
@@ -27,24 +25,12 @@ template <bool BF> __device__ __forceinline__ float4 ld_x4(const void *x, int64_
     }
 }
 
-__device__ __forceinline__ float h2f(uint32_t bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
-
-/* Four consecutive weights as float32 (fp16 converts exactly). */
-template <bool WH> __device__ __forceinline__ float4 ld_w4(const void *w, int64_t off) {
-    if constexpr (WH) {
-        const uint2 u = __ldcs((const uint2 *)((const __half *)w + off));
-        return make_float4(h2f(u.x & 0xFFFFu), h2f(u.x >> 16), h2f(u.y & 0xFFFFu), h2f(u.y >> 16));
-    } else {
-        return __ldcs((const float4 *)((const float *)w + off));
-    }
-}
-
 /* grid (ceil(n_head * m / (HG_WARPS * HG_RW))), HG_WARPS warps. Global row g = h * m + r; warp
  * w of block b owns rows (b * HG_WARPS + w) * HG_RW + i, i < HG_RW. Lane l holds columns
  * 4 * (l + 32 j) .. + 3 (j < J) of each of its rows in registers. For each t < n and each row:
  * the lane's partial dot product (fmaf chain over its pieces in j order), a butterfly shuffle
  * sum, and lane 0 stores y. The order depends on k only, so a row's bits never depend on n. */
-template <int J, bool BF, bool WH>
+template <int J, bool BF>
 __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv_args a) {
     const int lane = threadIdx.x & 31;
     const int64_t total = (int64_t)a.n_head * a.m;
@@ -57,13 +43,13 @@ __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv
     for (int i = 0; i < HG_RW; i++) {
         const int64_t g = g0 + i < total ? g0 + i : total - 1; /* a clamped duplicate is never stored */
         const int64_t h = g / a.m, r = g % a.m;
-        const int64_t wo = h * a.ld_head + r * a.ldw;
+        const float4 *wp = (const float4 *)(a.w + h * a.ld_head + r * a.ldw);
         xo[i] = h * a.ldxh;
         yo[i] = h * a.ldyh + r;
 #pragma unroll
         for (int j = 0; j < J; j++) {
             const int c4 = lane + 32 * j;
-            wr[i][j] = c4 < k4 ? ld_w4<WH>(a.w, wo + 4 * c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            wr[i][j] = c4 < k4 ? __ldcs(wp + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
     for (int t = 0; t < a.n; t++) {
@@ -89,13 +75,13 @@ __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv
     }
 }
 
-template <bool BF, bool WH> void launch(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
+template <bool BF> void launch(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
     const int th = HG_WARPS * 32;
     switch (J) {
-    case 1: k_head_gemv<1, BF, WH><<<blocks, th, 0, s>>>(*a); break;
-    case 2: k_head_gemv<2, BF, WH><<<blocks, th, 0, s>>>(*a); break;
-    case 4: k_head_gemv<4, BF, WH><<<blocks, th, 0, s>>>(*a); break;
-    default: k_head_gemv<8, BF, WH><<<blocks, th, 0, s>>>(*a); break;
+    case 1: k_head_gemv<1, BF><<<blocks, th, 0, s>>>(*a); break;
+    case 2: k_head_gemv<2, BF><<<blocks, th, 0, s>>>(*a); break;
+    case 4: k_head_gemv<4, BF><<<blocks, th, 0, s>>>(*a); break;
+    default: k_head_gemv<8, BF><<<blocks, th, 0, s>>>(*a); break;
     }
 }
 
@@ -105,8 +91,7 @@ extern "C" int cuk_head_gemv_fits(const cuk_head_gemv_args *a) {
     if (!a || !a->w || !a->x || !a->y) return 0;
     if (a->n_head < 1 || a->m < 1 || a->k < 4 || a->k > 1024 || a->k % 4 || a->n < 1) return 0;
     if (a->x_type != CUK_ACT_F32 && a->x_type != CUK_ACT_BF16) return 0;
-    if (a->w_type != CUK_HG_W_F32 && a->w_type != CUK_HG_W_F16) return 0;
-    if (((uintptr_t)a->w & (a->w_type == CUK_HG_W_F16 ? 7 : 15)) || a->ld_head % 4 || a->ldw % 4 || a->ld_head < 0 || a->ldw < a->k) return 0;
+    if (((uintptr_t)a->w & 15) || a->ld_head % 4 || a->ldw % 4 || a->ld_head < 0 || a->ldw < a->k) return 0;
     const uintptr_t xal = a->x_type == CUK_ACT_F32 ? 15 : 7;
     if (((uintptr_t)a->x & xal) || a->ldx % 4 || a->ldxh % 4 || a->ldxh < 0 || a->ldx < 0) return 0;
     if (a->ldyh < 0 || a->ldy < 0) return 0;
@@ -123,11 +108,10 @@ extern "C" g5_status cuk_head_gemv(const cuk_head_gemv_args *a, cuk_stream strea
     const int J = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : 8;
     const int64_t per = HG_WARPS * HG_RW;
     const unsigned blocks = (unsigned)(((int64_t)a->n_head * a->m + per - 1) / per);
-    const int wh = a->w_type == CUK_HG_W_F16;
     if (a->x_type == CUK_ACT_BF16)
-        wh ? launch<true, true>(a, J, blocks, (cudaStream_t)stream) : launch<true, false>(a, J, blocks, (cudaStream_t)stream);
+        launch<true>(a, J, blocks, (cudaStream_t)stream);
     else
-        wh ? launch<false, true>(a, J, blocks, (cudaStream_t)stream) : launch<false, false>(a, J, blocks, (cudaStream_t)stream);
+        launch<false>(a, J, blocks, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

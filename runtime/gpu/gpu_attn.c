@@ -114,14 +114,9 @@ static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L
         uint32_t xt;
         const void *xin = gm_act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
         if (st) return st;
-        /* all heads in one launch (a row's bits independent of n: batched decode stays exact),
-         * from the fp16 kv_b where there is one (fast mode) */
-        cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
-                                 (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V, CUK_HG_W_F32};
-        if (L->kvb16) {
-            hg.w = (const uint16_t *)L->kvb16 + NOPE * KL;
-            hg.w_type = CUK_HG_W_F16;
-        }
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact) */
+        const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
+                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
         if (cuk_head_gemv_fits(&hg)) {
             CK(cuk_head_gemv(&hg, cs, err));
         } else {
@@ -221,12 +216,8 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
         PMARK("attn", "q rope");
     }
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
-    /* the prompt's TF32 product reads the float32 kv_b, the CUDA-core kernels the fp16 one where
-     * there is one (fast mode) */
-    const int ab16 = !tc && L->kvb16;
-    const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = ab16 ? L->kvb16 : (const void *)L->kvb,
-                                    .head_rows = (int32_t)(NOPE + V), .qlat = rk->qlat,
-                                    .kvb_type = ab16 ? CUK_F16 : CUK_F32};
+    const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
+                                    .qlat = rk->qlat};
     CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
     PMARK("attn", "mla_absorb");
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones

@@ -43,8 +43,6 @@ typedef struct gl_layer {
     const float *ffn_norm, *router_b;                /* [E] [NE] (router_b may be NULL) */
     dmat q_a, q_b, kv_a, o;
     const float *kvb;                                /* [H_l * (NOPE + V)][KL] float32 */
-    const void *kvb16;                               /* the same in fp16 (fast mode, else NULL): what
-                                                        decode's CUDA-core absorb and W_UV read */
     dmat idx_q_b, idx_k, idx_proj;
     dmat ffn_gate, ffn_up, ffn_down, router;
     uint32_t exp_type, exp_down_type;

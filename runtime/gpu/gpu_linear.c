@@ -415,10 +415,8 @@ g5_status gl_lin_absorb(gl_lin *l, const cuk_mla_absorb_args *ab, g5_error *err)
     if (!l->blas) return g5_fail(err, G5_ERR_INTERNAL, "prefill GEMM path used while off");
     const cuk_mla_dims *d = &ab->d;
     const int64_t H = d->n_head, NR = d->nope + d->rope, KL = d->kv_lora;
-    if (ab->kvb_type != CUK_F32) return g5_fail(err, G5_ERR_INTERNAL, "TF32 absorb with a kv_b of type %u", ab->kvb_type);
     /* column-major per head: qlat^T (KL x n) = W_UK^T (KL x nope, kvb rows as columns) q_nope^T */
-    const cuk_gemm_ex_args a = {CUK_GEMM_TF32, 0, 0, KL, d->n_tok, d->nope, (const float *)ab->kvb, KL,
-                                (int64_t)ab->head_rows * KL,
+    const cuk_gemm_ex_args a = {CUK_GEMM_TF32, 0, 0, KL, d->n_tok, d->nope, ab->kvb, KL, (int64_t)ab->head_rows * KL,
                                 ab->q, H * NR, NR, 0.0f, ab->qlat, H * KL, KL, (int32_t)H};
     return gemm_ex(l, &a, err);
 }

@@ -159,13 +159,12 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
     const uint64_t E = hp->n_embd, KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
     const uint64_t kvb_rows = (uint64_t)c->H_l * (NOPE + V);
     const uint32_t NL = hp->n_layer_main + (g->has_mtp ? 1 : 0); /* the NextN layer last */
-    /* extras arena: every vector, a float32 kv_b for each layer whose kv_b is not float32
-     * already and, in fast mode, an fp16 kv_b for each layer, each 256-byte aligned */
+    /* extras arena: every vector, and a float32 kv_b for each layer whose kv_b is not float32
+     * already, each 256-byte aligned */
     uint64_t cap = up256(E * 4) + 256 + (g->has_mtp ? GM_MTP_EXTRA_BYTES(E) : 0);
     for (uint32_t il = 0; il < NL; il++)
         cap += up256(E * 4) * 2 + up256(hp->q_lora * 4) + up256(KL * 4) + up256(hp->idx_head_dim * 4) * 2 +
-               up256((uint64_t)hp->n_expert * 4) + (c->layers[il].kv_b.type == QT_F32 ? 0 : up256(kvb_rows * KL * 4)) +
-               (rk->q8 ? up256((kvb_rows * KL + 1) / 2 * 4) : 0);
+               up256((uint64_t)hp->n_expert * 4) + (c->layers[il].kv_b.type == QT_F32 ? 0 : up256(kvb_rows * KL * 4));
     CUK_CHECK(cudaSetDevice(rk->dev));
     CUK_CHECK(cudaMalloc((void **)&rk->xmem, cap));
     rk->xcap = cap;
@@ -207,13 +206,6 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
             CK(cuk_dequant_rows(&dq, NULL, err));
             L->kvb = d;
         }
-        if (rk->q8) { /* fast mode: decode reads kv_b in fp16, half the bytes (specs/numerics.md) */
-            const float *h16 = NULL;
-            CK(put_f32(rk, NULL, (kvb_rows * KL + 1) / 2, &h16, err));
-            CK(cuk_convert(L->kvb, (int64_t)KL, (void *)h16, CUK_F16, (int64_t)KL, (int64_t)kvb_rows, (int64_t)KL, NULL,
-                           err));
-            L->kvb16 = h16;
-        }
         if (L->has_idx) {
             CK(dmat_of(rk, &cl->idx_q_b, "indexer.attn_q_b", il, &L->idx_q_b, err));
             CK(dmat_of(rk, &cl->idx_k, "indexer.attn_k", il, &L->idx_k, err));
@@ -252,7 +244,7 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
         }
     }
     if (g->has_mtp) CK(gm_mtp_setup_rank(g, rk, err));
-    CUK_CHECK(cudaDeviceSynchronize()); /* kv_b dequantization and fp16 copies */
+    CUK_CHECK(cudaDeviceSynchronize()); /* kv_b dequantization */
     return G5_OK;
 }
 

@@ -10,9 +10,8 @@
  * in the same run (the ceiling). Sanity checks (tests/gpu/test_kernels has the CPU references):
  * absorb and attention outputs finite and not all zero, every top-k count min(position + 1,
  * 2048) with distinct in-range positions. (The old-vs-split and lane-vs-thread-per-key
- * comparisons of the kernel choices: bench/NOTES.md, bench/RESULTS.md.) First, kv_b at decode
- * (bench_kvb): W_UK and W_UV from float32 against fast mode's fp16 copy, 64 and 8 heads, with
- * checks. Usage: bench_attn [only_decode] */
+ * comparisons of the kernel choices: bench/NOTES.md, bench/RESULTS.md.) First, W_UV
+ * (bench_wuv): 8 per-head GEMVs against one cuk_head_gemv launch. Usage: bench_attn [only_decode] */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -160,6 +159,15 @@ static int topk_bad_rows(const int32_t *sel, const int32_t *ns, int n, int64_t P
     return bad_rows;
 }
 
+static double max_diff(const float *x, const float *y, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)x[i] - y[i]);
+        if (d > m || d != d) m = d != d ? INFINITY : d;
+    }
+    return m;
+}
+
 static int fails;
 
 static void bench_cfg(const cfg *c) {
@@ -260,119 +268,112 @@ static void bench_cfg(const cfg *c) {
     cudaFree(b.ns);
 }
 
-/* kv_b at decode, float32 against fast mode's fp16 copy: W_UK (cuk_mla_absorb) and W_UV
- * (cuk_head_gemv, float32 inputs) for 64 heads (GLM-5 at TP 1, the peer model) and 8 (TP 8),
- * n = 1, 8, 32 rows. Weights rotate over >= 256 MB. Checks: each output against a float64
- * product of the weights the kernel read (fp16-rounded for fp16; max |diff| <= 1e-5 max |ref|),
- * and every row of a batched call bitwise equal to a one-row call of that row (the server's
- * batched decode needs it). */
-enum { KB_NMAX = 32 };
-static double kvb_time(int v, int hn, int n, const uint8_t *dw, size_t wb, int nc, const float *dq, const float *dx,
-                       float *dy) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    const int iters = 100;
-    for (int it = -1; it < iters; it++) {
-        if (it == 0) CK(cudaEventRecord(e0, NULL));
-        const uint8_t *w = dw + (size_t)((it + 1) % nc) * wb;
-        const int f16 = v & 1;
-        if (v < 2) {
-            const cuk_mla_absorb_args ab = {.d = {n, hn, NOPE, R, KL}, .q = dq, .kvb = w, .head_rows = HR, .qlat = dy,
-                                            .kvb_type = f16 ? CUK_F16 : CUK_F32};
-            GK(cuk_mla_absorb(&ab, NULL, E));
-        } else {
-            const size_t es = f16 ? 2 : 4;
-            const cuk_head_gemv_args a = {w + (size_t)NOPE * KL * es, HR * KL, KL, hn, VH, KL, dx, CUK_ACT_F32,
-                                          (int64_t)hn * KL, KL, n, dy, (int64_t)hn * VH, VH,
-                                          f16 ? CUK_HG_W_F16 : CUK_HG_W_F32};
-            GK(cuk_head_gemv(&a, NULL, E));
-        }
+/* W_UV at decode: y[t][h][0..VH) = W_UV[h] o_lat[t][h] for the 8 heads, as 8 cuk_gemv launches
+ * (one per head, the former path) and as one cuk_head_gemv launch, for n = 1, 4, 16 rows, f32
+ * and bf16 inputs. Checks: head_gemv against a double CPU product (max |diff| / max |ref|), each
+ * row of a batched call bitwise equal to a one-row call of that row (the server's batched decode
+ * needs it), and the agreement with the per-head GEMVs. Weights rotate over >= 256 MB. */
+static void bench_wuv(void) {
+    const size_t wb = ((size_t)H * HR * KL * 4 + 255) & ~(size_t)255;
+    const int nc = (int)((ROT_BYTES + wb - 1) / wb);
+    float *kvb = rand_h((size_t)H * HR * KL, -0.1f, 0.1f);
+    uint8_t *dw = dalloc(wb * nc);
+    for (int i = 0; i < nc; i++) CK(cudaMemcpy(dw + i * wb, kvb, (size_t)H * HR * KL * 4, cudaMemcpyHostToDevice));
+    enum { NMAX = 16 };
+    float *x = rand_h((size_t)NMAX * H * KL, -1, 1);
+    uint16_t *xb = malloc((size_t)NMAX * H * KL * 2);
+    float *xbf = malloc((size_t)NMAX * H * KL * 4); /* the bf16 inputs as float32 */
+    float *y = malloc((size_t)NMAX * H * VH * 4), *y1 = malloc((size_t)NMAX * H * VH * 4);
+    float *yg = malloc((size_t)NMAX * H * VH * 4);
+    if (!xb || !xbf || !y || !y1 || !yg) exit(2);
+    for (size_t i = 0; i < (size_t)NMAX * H * KL; i++) {
+        xb[i] = quant_f32_to_bf16(x[i]);
+        xbf[i] = quant_bf16_to_f32(xb[i]);
     }
-    CK(cudaEventRecord(e1, NULL));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return ms * 1e3 / iters;
-}
-
-static void bench_kvb(void) {
-    static const int heads[] = {64, 8}, ns[] = {1, 8, 32};
-    static const char *const VN[4] = {"absorb f32", "absorb f16", "W_UV f32", "W_UV f16"};
-    for (size_t hi = 0; hi < 2; hi++) {
-        const int hn = heads[hi];
-        const size_t nw = (size_t)hn * HR * KL;
-        float *w32 = rand_h(nw, -0.1f, 0.1f), *w16f = malloc(nw * 4);
-        uint16_t *w16 = malloc(nw * 2);
-        float *q = rand_h((size_t)KB_NMAX * hn * QW, -1, 1), *x = rand_h((size_t)KB_NMAX * hn * KL, -1, 1);
-        const size_t ymax = (size_t)KB_NMAX * hn * KL;
-        float *y = malloc(ymax * 4), *y1 = malloc(ymax * 4);
-        if (!w16f || !w16 || !y || !y1) exit(2);
-        for (size_t i = 0; i < nw; i++) w16f[i] = quant_f16_to_f32(w16[i] = quant_f32_to_f16(w32[i]));
-        const size_t wb = (nw * 4 + 255) & ~(size_t)255;
-        const int nc = (int)((ROT_BYTES + wb - 1) / wb) + 1;
-        uint8_t *dw32 = dalloc(wb * nc), *dw16 = dalloc(wb * nc); /* fp16 copies at the same strides */
-        for (int i = 0; i < nc; i++) {
-            CK(cudaMemcpy(dw32 + i * wb, w32, nw * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(dw16 + i * wb, w16, nw * 2, cudaMemcpyHostToDevice));
-        }
-        float *dq = dup_d(q, (size_t)KB_NMAX * hn * QW * 4), *dx = dup_d(x, (size_t)KB_NMAX * hn * KL * 4);
-        float *dy = dalloc(ymax * 4);
-        printf("== kv_b at decode, %d heads (W_UK %.1f MB, W_UV %.1f MB in float32; %d rotation copies)\n", hn,
-               (double)hn * NOPE * KL * 4 / 1e6, (double)hn * VH * KL * 4 / 1e6, nc);
+    void *dx = dup_d(x, (size_t)NMAX * H * KL * 4), *dxb = dup_d(xb, (size_t)NMAX * H * KL * 2);
+    float *dy = dalloc((size_t)NMAX * H * VH * 4);
+    printf("== W_UV (%d heads x %d x %d float32, %.1f MB, %d rotation copies)\n", H, VH, KL, (double)H * VH * KL * 4 / 1e6,
+           nc);
+    static const int ns[] = {1, 4, 16};
+    for (int xt = 0; xt < 2; xt++)
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             const int n = ns[ni];
-            printf("  n %2d:", n);
-            int bad = 0;
-            for (int v = 0; v < 4; v++) {
-                const uint8_t *dw = v & 1 ? dw16 : dw32;
-                const double us = kvb_time(v, hn, n, dw, wb, nc, dq, dx, dy);
-                const size_t m = v < 2 ? (size_t)KL : (size_t)VH, ny = (size_t)n * hn * m;
-                CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost));
-                for (int t = 0; t < n; t++) /* row t alone, into its own place */
-                    kvb_time(v, hn, 1, dw, 0, 1, dq + (size_t)t * hn * QW, dx + (size_t)t * hn * KL, dy + (size_t)t * hn * m);
-                CK(cudaMemcpy(y1, dy, ny * 4, cudaMemcpyDeviceToHost));
-                const int rows_bad = memcmp(y, y1, ny * 4) != 0;
-                const float *wr = v & 1 ? w16f : w32;
-                double dmax = 0, rmax = 0;
-                for (int t = 0; t < n; t++)
-                    for (int h = 0; h < hn; h++)
-                        for (size_t r = 0; r < m; r++) {
-                            double acc = 0;
-                            if (v < 2)
-                                for (int d = 0; d < NOPE; d++)
-                                    acc += (double)q[((size_t)t * hn + h) * QW + d] * wr[((size_t)h * HR + d) * KL + r];
-                            else
-                                for (int c = 0; c < KL; c++)
-                                    acc += (double)x[((size_t)t * hn + h) * KL + c] * wr[((size_t)h * HR + NOPE + r) * KL + c];
-                            const double got = y[((size_t)t * hn + h) * m + r];
-                            if (fabs(got - acc) > dmax || got != got) dmax = got != got ? INFINITY : fabs(got - acc);
-                            if (fabs(acc) > rmax) rmax = fabs(acc);
+            const void *xin = xt ? dxb : dx;
+            const size_t es = xt ? 2 : 4;
+            double us[2];
+            for (int v = 0; v < 2; v++) { /* 0: per-head cuk_gemv, 1: cuk_head_gemv */
+                cudaEvent_t e0, e1;
+                CK(cudaEventCreate(&e0));
+                CK(cudaEventCreate(&e1));
+                const int iters = 200;
+                for (int it = -1; it < iters; it++) {
+                    if (it == 0) CK(cudaEventRecord(e0, NULL));
+                    const float *w = (const float *)(dw + (size_t)((it + 1) % nc) * wb);
+                    if (v == 0) {
+                        for (int h = 0; h < H; h++) {
+                            const cuk_gemv_args a = {QT_F32, w + ((size_t)h * HR + NOPE) * KL, KL, VH,
+                                                     (const uint8_t *)xin + (size_t)h * KL * es, (uint32_t)xt, H * KL, n,
+                                                     dy + h * VH, H * VH};
+                            GK(cuk_gemv(&a, NULL, E));
                         }
-                const int ok = !rows_bad && dmax <= 1e-5 * rmax && rmax > 0;
-                const double mb = (double)hn * (v < 2 ? NOPE : VH) * KL * (v & 1 ? 2 : 4) / 1e6;
-                printf("  %s %7.2f us (%.2f of copy)%s", VN[v], us, mb * 1e3 / us / copy_gbs, ok ? "" : " MISMATCH");
-                bad |= !ok;
+                    } else {
+                        const cuk_head_gemv_args a = {w + NOPE * KL, HR * KL, KL, H, VH, KL, xin, (uint32_t)xt, H * KL,
+                                                      KL, n, dy, H * VH, VH};
+                        GK(cuk_head_gemv(&a, NULL, E));
+                    }
+                }
+                CK(cudaEventRecord(e1, NULL));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                us[v] = ms * 1e3 / iters;
+                CK(cudaEventDestroy(e0));
+                CK(cudaEventDestroy(e1));
+                CK(cudaMemcpy(v ? y : yg, dy, (size_t)n * H * VH * 4, cudaMemcpyDeviceToHost));
             }
-            printf("\n");
-            fails += bad;
+            /* the last iteration used copy iters % nc: every copy holds the same weights */
+            int rows_bad = 0;
+            for (int t = 0; t < n; t++) { /* row t alone */
+                const cuk_head_gemv_args a = {(const float *)dw + NOPE * KL, HR * KL, KL, H, VH, KL,
+                                              (const uint8_t *)xin + (size_t)t * H * KL * es, (uint32_t)xt, H * KL, KL, 1,
+                                              dy + (size_t)t * H * VH, H * VH, VH};
+                GK(cuk_head_gemv(&a, NULL, E));
+            }
+            CK(cudaMemcpy(y1, dy, (size_t)n * H * VH * 4, cudaMemcpyDeviceToHost));
+            for (int t = 0; t < n; t++) rows_bad += memcmp(y1 + (size_t)t * H * VH, y + (size_t)t * H * VH, H * VH * 4) != 0;
+            double dmax = 0, rmax = 0;
+            const float *xr = xt ? xbf : x;
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < H; h++)
+                    for (int r = 0; r < VH; r++) {
+                        double acc = 0;
+                        const float *wr = kvb + ((size_t)h * HR + NOPE + r) * KL, *xv = xr + ((size_t)t * H + h) * KL;
+                        for (int c = 0; c < KL; c++) acc += (double)wr[c] * xv[c];
+                        const double got = y[((size_t)t * H + h) * VH + r];
+                        if (fabs(got - acc) > dmax || got != got) dmax = got != got ? INFINITY : fabs(got - acc);
+                        if (fabs(acc) > rmax) rmax = fabs(acc);
+                    }
+            const double gd = max_diff(y, yg, (size_t)n * H * VH);
+            const int ok = rows_bad == 0 && dmax <= 1e-5 * rmax && rmax > 0;
+            const double mb = (double)H * VH * KL * 4 / 1e6;
+            printf("  %s n %2d: per-head gemv %7.2f us (%5.0f GB/s)  head_gemv %7.2f us (%5.0f GB/s, %.2f of copy)  "
+                   "err vs double %.1e of %.1e, vs gemv %.1e, batched rows != single: %d: %s\n",
+                   xt ? "bf16" : "f32 ", n, us[0], mb * 1e3 / us[0], us[1], mb * 1e3 / us[1],
+                   mb * 1e3 / us[1] / copy_gbs, dmax, rmax, gd, rows_bad, ok ? "ok" : "MISMATCH");
+            fails += !ok;
         }
-        fflush(stdout);
-        cudaFree(dw32);
-        cudaFree(dw16);
-        cudaFree(dq);
-        cudaFree(dx);
-        cudaFree(dy);
-        free(w32);
-        free(w16f);
-        free(w16);
-        free(q);
-        free(x);
-        free(y);
-        free(y1);
-    }
+    fflush(stdout);
+    cudaFree(dw);
+    cudaFree(dx);
+    cudaFree(dxb);
+    cudaFree(dy);
+    free(kvb);
+    free(x);
+    free(xb);
+    free(xbf);
+    free(y);
+    free(y1);
+    free(yg);
 }
 
 int main(int argc, char **argv) {
@@ -384,7 +385,7 @@ int main(int argc, char **argv) {
         {"decode 4 tok 8k", 4, 8192, CUK_BF16},
         {"prefill 512 @4k", 512, 4096, CUK_F32}, {"prefill 512 @4k", 512, 4096, CUK_BF16},
     };
-    bench_kvb();
+    bench_wuv();
     const size_t nc = sizeof cfgs / sizeof cfgs[0];
     for (size_t i = 0; i < nc; i++) {
         if (only_decode && cfgs[i].n_tok > 8) continue;
