@@ -289,6 +289,8 @@ int main(int argc, char **argv) {
             int32_t pick = -1;
             float pick_logit = 0;
             const rt_gpu_outputs oa = {.argmax = &pick, .argmax_logit = &pick_logit};
+            /* one step first: its graph is captured then, not in the timed steps */
+            GK(rt_gpu_forward(g, ids + d + 2 + tg, 1, &oa, &err_));
             const double a2 = now_s();
             for (uint32_t s = 0; s < tg; s++) GK(rt_gpu_forward(g, ids + d + 2 + tg + s % 2, 1, &oa, &err_));
             const double per2 = (now_s() - a2) / tg;
@@ -303,6 +305,7 @@ int main(int argc, char **argv) {
             samp_ctx *sc = NULL;
             GK(samp_create(&sp, hp->n_vocab, &sc, &err_));
             int32_t id = -1;
+            GK(rt_gpu_forward(g, ids + d + 4 + tg, 1, &out, &err_));
             double a3 = now_s(), host_s = 0;
             for (uint32_t s = 0; s < tg; s++) {
                 GK(rt_gpu_forward(g, ids + d + 4 + tg + s % 2, 1, &out, &err_));
@@ -317,6 +320,10 @@ int main(int argc, char **argv) {
                 samp_dev_row row;
                 cuk_sample_row cr;
                 const rt_gpu_outputs od = {.draw = &cr, .draw_ids = &id};
+                samp_device_row(sc, &row); /* one step first (its graph's capture) */
+                cr = (cuk_sample_row){.temperature = row.temperature, .min_p = row.min_p, .top_p = row.top_p,
+                                      .top_k = row.top_k, .lmin = row.lmin, .k = row.k};
+                GK(rt_gpu_forward(g, ids + d + 4 + tg, 1, &od, &err_));
                 a3 = now_s();
                 for (uint32_t s = 0; s < tg; s++) { /* the host's part of a device draw, timed with it */
                     samp_device_row(sc, &row);
