@@ -25,7 +25,10 @@
 
 namespace {
 
-constexpr int SEGS = 16;           /* segments a row */
+#ifndef CUK_SAMP_SEGS
+#define CUK_SAMP_SEGS 16
+#endif
+constexpr int SEGS = CUK_SAMP_SEGS; /* segments a row */
 constexpr int SEG_THREADS = 256;   /* k_samp_max, k_samp_hist, k_samp_mass */
 constexpr int PICK_THREADS = 1024; /* k_samp_pick: 32 warps */
 constexpr int HBINS = 2048;        /* a radix pass's histogram */
