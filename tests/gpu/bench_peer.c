@@ -231,9 +231,9 @@ int main(int argc, char **argv) {
     printf("ceiling: device copy %.0f GB/s; one decode token reads %.1f MB -> floor %.3f ms (%.0f tok/s)\n",
            rate / 1e9, tb / 1e6, floor_s * 1e3, 1.0 / floor_s);
 
-    uint32_t max_n = batch_depth + tg + 4;
+    uint32_t max_n = batch_depth + tg + 8;
     for (uint32_t i = 0; i < pp.n; i++) max_n = pp.v[i] > max_n ? pp.v[i] : max_n;
-    for (uint32_t i = 0; i < depth.n; i++) max_n = depth.v[i] + tg + 4 > max_n ? depth.v[i] + tg + 4 : max_n;
+    for (uint32_t i = 0; i < depth.n; i++) max_n = depth.v[i] + tg + 8 > max_n ? depth.v[i] + tg + 8 : max_n;
     int32_t *ids = malloc(sizeof *ids * max_n);
     /* page-locked, as glm5-serve's (rt_eng_host_alloc): the batch rows' logits copy at the bus rate */
     float *logits = rt_gpu_host_alloc(sizeof *logits * (size_t)hp->n_vocab * 64);
@@ -273,7 +273,7 @@ int main(int argc, char **argv) {
     }
     for (uint32_t i = 0; i < depth.n; i++) {
         const uint32_t d = depth.v[i];
-        fill_tokens(ids, d + tg + 4, hp->n_vocab, &seed);
+        fill_tokens(ids, d + tg + 8, hp->n_vocab, &seed); /* the loops below read up to d + tg + 5 */
         rt_gpu_reset(g);
         GK(rt_gpu_forward(g, ids, d, &out, &err_));
         for (uint32_t s = 0; s < 2; s++) GK(rt_gpu_forward(g, ids + d + s, 1, &out, &err_));
