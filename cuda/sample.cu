@@ -1,4 +1,4 @@
-/* Token draws on the device (cuda/cuk_sample.h). Each row's vocabulary cut into SEGS segments of
+/* Token draws on the device (cuda/cuk_sample.h). Each row's vocabulary cut into segs segments of
  * consecutive ids:
  *   (rows with penalties, any_pen) k_samp_penalize: the window's logits penalized in place
  *   k_samp_max   each segment's largest logit and its first id (the argmax rule, argmax.cuh)
@@ -25,10 +25,7 @@
 
 namespace {
 
-#ifndef CUK_SAMP_SEGS
-#define CUK_SAMP_SEGS 16
-#endif
-constexpr int SEGS = CUK_SAMP_SEGS; /* segments a row */
+constexpr int SEGS_MAX = 64;       /* segments a row at most (samp_segs picks by the row count) */
 constexpr int SEG_THREADS = 256;   /* k_samp_max, k_samp_hist, k_samp_mass */
 constexpr int PICK_THREADS = 1024; /* k_samp_pick: 32 warps */
 constexpr int HBINS = 2048;        /* a radix pass's histogram */
@@ -49,25 +46,27 @@ struct Sel {
 };
 
 struct Scratch {
-    uint64_t *seg_mass; /* [n_rows][SEGS] */
+    uint64_t *seg_mass; /* [n_rows][segs] */
     uint64_t *hist;     /* [n_rows][HBINS] */
     Sel *sel;           /* [n_rows] */
-    float *seg_max;     /* [n_rows][SEGS] */
-    int32_t *seg_arg;   /* [n_rows][SEGS]: its first id, -1 for a segment of NaN only */
+    float *seg_max;     /* [n_rows][segs] */
+    int32_t *seg_arg;   /* [n_rows][segs]: its first id, -1 for a segment of NaN only */
+    int segs;           /* segments a row, <= SEGS_MAX: the grid's x of the segment kernels */
 };
 
-__host__ __device__ inline Scratch scratch_of(void *p, int32_t n_rows) {
+__host__ __device__ inline Scratch scratch_of(void *p, int32_t n_rows, int segs) {
     Scratch s;
+    s.segs = segs;
     s.seg_mass = (uint64_t *)p;
-    s.hist = s.seg_mass + (size_t)n_rows * SEGS;
+    s.hist = s.seg_mass + (size_t)n_rows * SEGS_MAX;
     s.sel = (Sel *)(s.hist + (size_t)n_rows * HBINS);
     s.seg_max = (float *)(s.sel + n_rows);
-    s.seg_arg = (int32_t *)(s.seg_max + (size_t)n_rows * SEGS);
+    s.seg_arg = (int32_t *)(s.seg_max + (size_t)n_rows * SEGS_MAX);
     return s;
 }
 
-__device__ __forceinline__ void seg_range(int32_t n, int s, int32_t *b, int32_t *e) {
-    const int32_t len = (int32_t)(((int64_t)n + SEGS - 1) / SEGS);
+__device__ __forceinline__ void seg_range(int32_t n, int s, int segs, int32_t *b, int32_t *e) {
+    const int32_t len = (int32_t)(((int64_t)n + segs - 1) / segs);
     const int64_t lo = (int64_t)s * len, hi = lo + len;
     *b = (int32_t)(lo < n ? lo : n);
     *e = (int32_t)(hi < n ? hi : n);
@@ -139,13 +138,13 @@ __global__ void __launch_bounds__(64) k_samp_penalize(float *__restrict__ x, int
     }
 }
 
-/* grid (SEGS, n_rows), SEG_THREADS threads: thread t reads ids b + t, b + t + SEG_THREADS, ... of
+/* grid (segs, n_rows), SEG_THREADS threads: thread t reads ids b + t, b + t + SEG_THREADS, ... of
  * segment blockIdx.x; (value, id) pairs combined by argmax_take over the warp, then the block. */
 __global__ void __launch_bounds__(SEG_THREADS)
     k_samp_max(const float *__restrict__ x, int64_t ldx, int32_t n, Scratch sc) {
     const int row = blockIdx.y, s = blockIdx.x;
     int32_t b, e;
-    seg_range(n, s, &b, &e);
+    seg_range(n, s, sc.segs, &b, &e);
     const float *xr = x + (int64_t)row * ldx;
     float bv = -INFINITY;
     int32_t bi = -1;
@@ -161,15 +160,15 @@ __global__ void __launch_bounds__(SEG_THREADS)
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int j = 1; j < SEG_THREADS / 32; j++) argmax_take(bv, bi, sv[j], si[j]);
-        sc.seg_max[row * SEGS + s] = bi < 0 ? -INFINITY : bv;
-        sc.seg_arg[row * SEGS + s] = bi;
+        sc.seg_max[row * sc.segs + s] = bi < 0 ? -INFINITY : bv;
+        sc.seg_arg[row * sc.segs + s] = bi;
     }
 }
 
 /* The largest logit of a row, from its segments' (-inf where it has none > -inf). */
 __device__ __forceinline__ float row_max(const Scratch &sc, int row) {
     float m = -INFINITY;
-    for (int s = 0; s < SEGS; s++) m = fmaxf(m, sc.seg_max[row * SEGS + s]);
+    for (int s = 0; s < sc.segs; s++) m = fmaxf(m, sc.seg_max[row * sc.segs + s]);
     return m;
 }
 
@@ -187,7 +186,7 @@ __device__ __forceinline__ bool selecting(const cuk_sample_row &r, int32_t n, co
     return what == W_TOPK ? top_k_on(r, n) && !s.kdone : top_p_on(r) && !s.done;
 }
 
-/* grid (SEGS, n_rows), SEG_THREADS threads; selecting rows only (the others return at once).
+/* grid (segs, n_rows), SEG_THREADS threads; selecting rows only (the others return at once).
  * Thread t adds, for each id b + t + j SEG_THREADS of the segment in this pass, its weight into a
  * shared histogram of its digit (exact 64-bit atomics), flushed into the row's global histogram.
  * W_TOPK: weight 1 for every logit > -inf. W_DRAW (top-p): the temperature-1 mass of the ids of
@@ -205,7 +204,7 @@ __global__ void __launch_bounds__(SEG_THREADS)
     const uint32_t prefix = what == W_TOPK ? sc.sel[row].kprefix : sc.sel[row].prefix;
     const Bounds bd = bounds_of(r, n, sc, row); /* W_DRAW: top-k's set is known; kt is not used */
     int32_t b, e;
-    seg_range(n, s, &b, &e);
+    seg_range(n, s, sc.segs, &b, &e);
     const float *xr = x + (int64_t)row * ldx;
     uint64_t z = 0;
     for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS) {
@@ -307,7 +306,7 @@ __device__ __forceinline__ uint64_t weight_of(float l, int32_t i, float maxl, co
     return what == W_TOPK ? tie_count(l, b) : row_mass(l, i, maxl, r, b, scale, xmin);
 }
 
-/* grid (SEGS, n_rows), SEG_THREADS threads: thread t sums the weights of ids b + t + j SEG_THREADS
+/* grid (segs, n_rows), SEG_THREADS threads: thread t sums the weights of ids b + t + j SEG_THREADS
  * of segment blockIdx.x; the block's sum (exact) is the segment's. Rows not weighing write 0. */
 __global__ void __launch_bounds__(SEG_THREADS)
     k_samp_mass(const float *__restrict__ x, int64_t ldx, int32_t n, const cuk_sample_row *__restrict__ rows,
@@ -318,7 +317,7 @@ __global__ void __launch_bounds__(SEG_THREADS)
     uint64_t acc = 0;
     if (weighing(r, n, sc, row, maxl, what)) {
         int32_t b, e;
-        seg_range(n, s, &b, &e);
+        seg_range(n, s, sc.segs, &b, &e);
         const float *xr = x + (int64_t)row * ldx;
         const Bounds bd = bounds_of(r, n, sc, row);
         for (int32_t i = b + (int32_t)threadIdx.x; i < e; i += SEG_THREADS)
@@ -331,7 +330,7 @@ __global__ void __launch_bounds__(SEG_THREADS)
     if (threadIdx.x == 0) {
         uint64_t t = 0;
         for (int j = 0; j < SEG_THREADS / 32; j++) t += sm[j];
-        sc.seg_mass[row * SEGS + s] = t;
+        sc.seg_mass[row * sc.segs + s] = t;
     }
 }
 
@@ -356,7 +355,8 @@ __global__ void __launch_bounds__(PICK_THREADS)
         if (threadIdx.x == 0) {
             float bv = -INFINITY;
             int32_t bi = -1;
-            for (int s = 0; s < SEGS; s++) argmax_take(bv, bi, sc.seg_max[row * SEGS + s], sc.seg_arg[row * SEGS + s]);
+            for (int s = 0; s < sc.segs; s++)
+                argmax_take(bv, bi, sc.seg_max[row * sc.segs + s], sc.seg_arg[row * sc.segs + s]);
             out[row] = bi >= 0 && bv > -INFINITY ? bi : -1;
         }
         return;
@@ -372,13 +372,14 @@ __global__ void __launch_bounds__(PICK_THREADS)
             rem = sc.sel[row].kneed - 1; /* kneed >= 1 of the tie group */
         } else {
             uint64_t total = 0;
-            for (int s = 0; s < SEGS; s++) total += sc.seg_mass[row * SEGS + s];
+            for (int s = 0; s < sc.segs; s++) total += sc.seg_mass[row * sc.segs + s];
             rem = dx_draw_point(r.k, total);
         }
         int s = 0;
-        while (s < SEGS - 1 && rem >= sc.seg_mass[row * SEGS + s]) rem -= sc.seg_mass[row * SEGS + s++];
+        while (s < sc.segs - 1 && rem >= sc.seg_mass[row * sc.segs + s])
+            rem -= sc.seg_mass[row * sc.segs + s++];
         int32_t b, e;
-        seg_range(n, s, &b, &e);
+        seg_range(n, s, sc.segs, &b, &e);
         s_b = b;
         s_e = e;
         s_rem = rem;
@@ -423,10 +424,18 @@ __global__ void __launch_bounds__(PICK_THREADS)
     if (lane == 0) *dst = p1 > p0 ? p1 - 1 : -1; /* not reached: rem < the piece's weight */
 }
 
+/* Segments a row for n_rows rows: enough blocks for the SMs when there are few rows (a lone row
+ * in 16 segments ran its passes on 16 SMs). Measured (bench_sample, 154880 logits, H100, us a
+ * call; 16 / 32 / 64 / 128 segments): 1 row, top-p 0.95: 155 / 101 / 77 / 71, llama.cpp's chain
+ * 220 / 150 / 124 / 124, temperature 0.9 38 / 25 / 20 / 20; 16 rows, top-p: 167 / 121 / 131 /
+ * 168, the chain 236 / 180 / 203 / 278. The masses and counts are integers, so the segment count
+ * changes no token. */
+int samp_segs(int32_t n_rows) { return n_rows <= 4 ? 64 : n_rows <= 24 ? 32 : 16; }
+
 } // namespace
 
 extern "C" size_t cuk_sample_scratch_bytes(int32_t n_rows) {
-    return n_rows > 0 ? (size_t)n_rows * (SEGS * (sizeof(uint64_t) + sizeof(float) + sizeof(int32_t)) +
+    return n_rows > 0 ? (size_t)n_rows * (SEGS_MAX * (sizeof(uint64_t) + sizeof(float) + sizeof(int32_t)) +
                                           HBINS * sizeof(uint64_t) + sizeof(Sel))
                       : 0;
 }
@@ -439,10 +448,10 @@ extern "C" g5_status cuk_sample(const cuk_sample_args *a, cuk_stream stream, g5_
     if (a->ldx < a->n) return BAD("sample: ldx=%lld < n=%d", (long long)a->ldx, (int)a->n);
     if ((uintptr_t)a->scratch % 16 || (uintptr_t)a->rows % 8) return BAD("sample: scratch or rows misaligned");
     const cudaStream_t st = (cudaStream_t)stream;
-    const Scratch sc = scratch_of(a->scratch, a->n_rows);
+    const Scratch sc = scratch_of(a->scratch, a->n_rows, samp_segs(a->n_rows));
     const int k = dx_mass_bits((uint32_t)a->n);
     const double scale = ldexp(1.0, k), xmin = dx_mass_xmin(k);
-    const dim3 grid(SEGS, (unsigned)a->n_rows);
+    const dim3 grid((unsigned)sc.segs, (unsigned)a->n_rows);
     if (a->any_pen) {
         if (!a->pen_ids || !a->pen_counts) return BAD("sample: penalties without pen_ids or pen_counts");
         k_samp_penalize<<<(unsigned)a->n_rows, 64, 0, st>>>(a->x, a->ldx, a->rows, a->pen_ids, a->pen_counts);
