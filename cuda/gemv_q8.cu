@@ -182,7 +182,6 @@ template <int P>
 __global__ void __launch_bounds__(256)
     k_quantize(const float *__restrict__ x, int64_t ldx, int64_t k, int8_t *__restrict__ q, int64_t ldq,
                float *__restrict__ ds, int64_t ldds) {
-    pdl_trigger(); /* the GEMV after it (pdl_launch) may load its weights */
     const int lane = threadIdx.x & 31;
     const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), row = blockIdx.y;
     if (b * 32 >= k) return;

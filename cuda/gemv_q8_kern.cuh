@@ -16,7 +16,6 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
 #include "cuda/moe_plan.cuh"
-#include "cuda/pdl.cuh"
 #include "cuda/q8_load.cuh"
 #include "cuda/warp_tile.cuh"
 
@@ -80,39 +79,32 @@ template <int R, int NV> __device__ __forceinline__ void warp_sum_asc(float (&a)
             for (int v = 0; v < NV; v++) a[r][v] = __fadd_rn(a[r][v], __shfl_xor_sync(0xffffffffu, a[r][v], off));
 }
 
-/* acc[r][v] += unit u of row r (its bytes in w[r]) times vector v (v < nvec); P = 2: the second
- * plane (the same layout k bytes and k / 16 floats further, s = 0) added after the first. */
-template <int T, int R, int NV, int P>
-__device__ __forceinline__ void unit_dot(const Raw<T> (&w)[R], int u, int units, const Xrow (&xv)[NV], int nvec,
-                                         float (&acc)[R][NV]) {
-    using XT = typename XOf<T>::type;
-    const int64_t qo = (int64_t)units * 64, dso = (int64_t)units * 4;
-    typename Dec<T>::type dw[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) dw[r] = decode(w[r], u);
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        if (v < nvec) {
-#pragma unroll
-            for (int pl = 0; pl < P; pl++) {
-                XT x;
-                x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
-#pragma unroll
-                for (int r = 0; r < R; r++) acc[r][v] = __fadd_rn(acc[r][v], dot(dw[r], x, u));
-            }
-        }
-    }
-}
-
-/* acc[r][v] += row r's units u0, u0 + 32, ... times vector v (unit_dot, units ascending). */
+/* acc[r][v] += row r's units of this lane times vector v (v < nvec); P = 2: the second plane
+ * (the same layout k bytes and k / 16 floats further, s = 0) added after the first. */
 template <int T, int R, int NV, int P>
 __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int units, const Xrow (&xv)[NV], int nvec,
-                                         int u0, float (&acc)[R][NV]) {
-    for (int u = u0; u < units; u += 32) {
+                                         int lane, float (&acc)[R][NV]) {
+    using XT = typename XOf<T>::type;
+    const int64_t qo = (int64_t)units * 64, dso = (int64_t)units * 4;
+    for (int u = lane; u < units; u += 32) {
         Raw<T> w[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w[r].load(rowp[r], u);
-        unit_dot<T, R, NV, P>(w, u, units, xv, nvec, acc);
+        typename Dec<T>::type dw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) dw[r] = decode(w[r], u);
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            if (v < nvec) {
+#pragma unroll
+                for (int pl = 0; pl < P; pl++) {
+                    XT x;
+                    x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r][v] = __fadd_rn(acc[r][v], dot(dw[r], x, u));
+                }
+            }
+        }
     }
 }
 
@@ -120,23 +112,10 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
  * per lane, so a warp keeps loads in flight across groups instead of exiting after one). */
 static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 ? 4 : 1; }
 
-/* The R row pointers of the row group from r0 (rows past mt repeat the last row; never stored). */
-template <int R>
-__device__ __forceinline__ void gemv_rows(const uint8_t *w, const uint8_t *w2, int64_t rb, int64_t m, int64_t mt,
-                                          int64_t r0, const uint8_t *(&rowp)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int64_t row = r0 + r < mt ? r0 + r : mt - 1;
-        rowp[r] = row < m ? w + row * rb : w2 + (row - m) * rb;
-    }
-}
-
 /* Plain GEMV, of one matrix or (w2 non-NULL) of two of the same shape read with the same x: the
  * rows of w, then those of w2 (outputs in y2), each row's arithmetic the same either way. Grid:
  * ceil(mt / (2 G WARPS)) CTAs of WARPS warps, mt = m or 2 m; warp w of CTA c takes the G row
- * pairs from 2 G (c WARPS + w). Launched with pdl_launch (cuda/pdl.cuh): each lane loads its
- * first unit of the first row pair before pdl_wait, while the kernel that writes x finishes; the
- * units are then summed in the same order as without. */
+ * pairs from 2 G (c WARPS + w). */
 template <int T, int NV, int G, int P>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
@@ -145,16 +124,6 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     constexpr int R = 2;
     const int lane = threadIdx.x & 31;
     const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5), mt = w2 ? 2 * m : m;
-    Raw<T> w0[R]; /* unit `lane` of the first row pair: weights only, no earlier kernel writes them */
-    const bool pre = wi * G * R < mt && lane < units;
-    if (pre) {
-        const uint8_t *rowp[R];
-        gemv_rows<R>(w, w2, rb, m, mt, wi * G * R, rowp);
-#pragma unroll
-        for (int r = 0; r < R; r++) w0[r].load(rowp[r], lane);
-    }
-    pdl_trigger();
-    pdl_wait();
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
@@ -163,14 +132,13 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         const int64_t r0 = (wi * G + gi) * R;
         if (r0 >= mt) return;
         const uint8_t *rowp[R];
-        gemv_rows<R>(w, w2, rb, m, mt, r0, rowp);
-        float acc[R][NV] = {};
-        int u0 = lane;
-        if (gi == 0 && pre) {
-            unit_dot<T, R, NV, P>(w0, lane, units, xv, nvec, acc);
-            u0 = lane + 32;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = r0 + r < mt ? r0 + r : mt - 1;
+            rowp[r] = row < m ? w + row * rb : w2 + (row - m) * rb;
         }
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, u0, acc);
+        float acc[R][NV] = {};
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
         warp_sum_asc<R, NV>(acc);
         const float val = pick<R, NV>(acc, lane);
         const int r = lane / NV, v = lane % NV;
@@ -281,9 +249,9 @@ static void run_nv(const A *a, int nv, int64_t rb, int units, int planes, cudaSt
 template <int T, int NV, int G, int P> struct GemvL {
     static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
         const int64_t per = 2 * G * q8::WARPS, mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
-        (void)pdl_launch(q8::k_gemv_q8<T, NV, G, P>, dim3((unsigned)grid), dim3(q8::WARPS * 32), 0, st,
-                   (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
-                   a->ldy, (const uint8_t *)a->w2, a->y2);
+        q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
+            (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
+            a->ldy, (const uint8_t *)a->w2, a->y2);
     }
 };
 

@@ -8,7 +8,6 @@
 
 #include "cuda/cuk_head_gemv.h"
 #include "cuda/cuk_internal.cuh"
-#include "cuda/pdl.cuh"
 
 namespace {
 
@@ -33,7 +32,6 @@ template <bool BF> __device__ __forceinline__ float4 ld_x4(const void *x, int64_
  * sum, and lane 0 stores y. The order depends on k only, so a row's bits never depend on n. */
 template <int J, bool BF>
 __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv_args a) {
-    cuk::pdl_trigger(); /* attn_output's input quantization, then its GEMV (pdl_launch), follow */
     const int lane = threadIdx.x & 31;
     const int64_t total = (int64_t)a.n_head * a.m;
     const int64_t g0 = ((int64_t)blockIdx.x * HG_WARPS + (threadIdx.x >> 5)) * HG_RW;

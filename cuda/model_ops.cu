@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "cuda/cuk_internal.cuh"
-#include "cuda/pdl.cuh"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_q8.h"
 #include "cuda/deq_sub.h"
@@ -225,7 +224,6 @@ template <int P>
 __global__ void __launch_bounds__(256)
     k_silu_mul_q8(const float *g, int64_t ldg, const float *u, int64_t ldu, float *y, int64_t ldy, int64_t dim,
                   int8_t *__restrict__ q, int64_t ldq, float *__restrict__ ds, int64_t ldds) {
-    cuk::pdl_trigger(); /* the down GEMV after it (pdl_launch) may load its weights */
     const int lane = threadIdx.x & 31;
     const int64_t b = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), r = blockIdx.y, c = b * 32 + lane;
     if (b * 32 >= dim) return;

@@ -9,7 +9,6 @@
 
 #include "cuda/argmax.cuh"
 #include "cuda/cuk_internal.cuh"
-#include "cuda/pdl.cuh"
 #include "cuda/cuk_q8.h"
 #include "cuda/q8_quant.cuh"
 #include "cuda/rowops.cuh"
@@ -145,7 +144,6 @@ __device__ __forceinline__ float4 ln_out(float4 x, double mean, double inv, floa
  * The arithmetic per element is the CPU's: x * scale * w, (float)((x - mean) * inv) * w + b. */
 template <int KIND, int EX>
 __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tail) {
-    cuk::pdl_trigger(); /* the next kernel, a GEMV launched with pdl_launch, may load its weights */
     __shared__ double wsh[2][NR_T / 32];
     __shared__ double csh[2][NR_CL];
     const int cs = p.cs;
