@@ -790,6 +790,26 @@ static void test_add_argmax(void) {
     }
     free(hx);
     CK(cudaFree(dx)); CK(cudaFree(dout)); CK(cudaFree(dval));
+    /* aligned rows of a length that is not a multiple of 4 (float4 pieces, then the tail one by
+     * one): the maximum in the tail, in the last whole piece, tied across the two */
+    {
+        const int64_t n = 4099, ld = 4100, nr = 3;
+        float *h = xmalloc(sizeof(float) * nr * ld);
+        for (int64_t i = 0; i < nr * ld; i++) h[i] = unif(-5, 5);
+        h[0 * ld + 4097] = 9.0f;                          /* row 0: in the tail */
+        h[1 * ld + 4095] = 9.0f;                          /* row 1: the last whole piece */
+        h[2 * ld + 4098] = 9.0f, h[2 * ld + 17] = 9.0f;   /* row 2: tie, the lower id wins */
+        h[0 * ld + 4099] = 50.0f;                         /* padding: never read */
+        const int32_t wt[3] = {4097, 4095, 17};
+        float *d = dalloc(sizeof(float) * nr * ld);
+        int32_t *o = dalloc(sizeof(int32_t) * nr), g[3];
+        CK(cudaMemcpy(d, h, sizeof(float) * nr * ld, cudaMemcpyHostToDevice));
+        T_CHECK(cuk_argmax(d, ld, nr, n, o, NULL, NULL, &err) == G5_OK, "argmax tail: %s", err.msg);
+        CK(cudaMemcpy(g, o, sizeof g, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < 3; r++) T_CHECK(g[r] == wt[r], "argmax tail row %d: got %d want %d", r, g[r], wt[r]);
+        free(h);
+        CK(cudaFree(d)); CK(cudaFree(o));
+    }
 }
 
 /* ---------------- host-side validation (no kernel runs) ---------------- */
