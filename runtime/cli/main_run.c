@@ -96,7 +96,8 @@ static void usage(FILE *f) {
             "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache;\n"
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
-            "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default off)\n"
+            "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default on; the same\n"
+            "                       tokens as plain launches)\n"
             "  --collective auto|nccl  GPU: between ranks (auto: none for one rank, a device-side\n"
             "                       sum on one GPU, NCCL across GPUs; nccl: also for TP 1)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
@@ -180,6 +181,7 @@ static int parse_args(int argc, char **argv, args *a) {
     a->n_predict = 64;
     a->prefill_chunk = DEFAULT_PREFILL_CHUNK;
     a->think = 1;
+    a->cuda_graph = 1;
     a->mla = RT_MLA_ABSORBED;
     samp_params_default(&a->sp);
     int64_t top_k = a->sp.top_k, last_n = a->sp.repeat_last_n;

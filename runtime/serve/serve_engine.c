@@ -539,6 +539,7 @@ static void *loader_main(void *arg) {
     eo.precision = s->cfg.gpu_fast ? RT_ENG_FAST : RT_ENG_PRECISE;
     eo.cache = (rt_eng_cache)s->cfg.gpu_kv_cache;
     eo.verify = !s->cfg.gpu_no_verify;
+    eo.cuda_graph = s->cfg.gpu_graph;
     /* prefix caching; with --draft mtp the blocks (CPU pool or GPU store) also keep the hidden
      * states the drafter rebuilds the NextN cache of a reused prefix from */
     eo.kv_prefix_cache = s->cfg.prefix_cache;

@@ -657,6 +657,7 @@ void srv_config_default(srv_config *c) {
     c->prefix_cache = 1;
     c->gpu_prefix_cache_mb = 2048;
     c->gpu_prefix_block = 256;
+    c->gpu_graph = 1;
     /* Slow clients (half-sent requests) each hold a connection until the timeout: the limits sit
      * far above a batch's worth, so they cannot lock out /health or fresh clients. */
     c->max_connections = 512;
