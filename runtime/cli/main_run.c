@@ -96,8 +96,9 @@ static void usage(FILE *f) {
             "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache;\n"
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
-            "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (default on; the same\n"
-            "                       tokens as plain launches)\n"
+            "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (the same tokens as plain\n"
+            "                       launches; default on in one process, off under mpirun/srun\n"
+            "                       and with --collective nccl, where graphs have not run yet)\n"
             "  --collective auto|nccl  GPU: between ranks (auto: none for one rank, a device-side\n"
             "                       sum on one GPU, NCCL across GPUs; nccl: also for TP 1)\n"
             "  --check N            GPU: run the CPU reference beside it for the first N tokens,\n"
@@ -181,7 +182,7 @@ static int parse_args(int argc, char **argv, args *a) {
     a->n_predict = 64;
     a->prefill_chunk = DEFAULT_PREFILL_CHUNK;
     a->think = 1;
-    a->cuda_graph = 1;
+    a->cuda_graph = -1; /* main: on for one process without --collective nccl */
     a->mla = RT_MLA_ABSORBED;
     samp_params_default(&a->sp);
     int64_t top_k = a->sp.top_k, last_n = a->sp.repeat_last_n;
@@ -509,6 +510,7 @@ int main(int argc, char **argv) {
         rt_comm_free(comm);
         return pa < 0 ? 0 : 2;
     }
+    if (a.cuda_graph < 0) a.cuda_graph = rt_comm_size(comm) == 1 && !a.nccl;
     /* CUDA graphs under NCCL (--collective nccl, or one rank per process under a launcher):
      * NCCL_GRAPH_MIXING_SUPPORT=0 before any communicator exists, a value the user set kept
      * (runtime/gpu/gpu_model.h, rt_gpu_model_create, says why) */
