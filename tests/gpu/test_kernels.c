@@ -793,22 +793,30 @@ static void test_add_argmax(void) {
     /* aligned rows of a length that is not a multiple of 4 (float4 pieces, then the tail one by
      * one): the maximum in the tail, in the last whole piece, tied across the two */
     {
-        const int64_t n = 4099, ld = 4100, nr = 3;
+        const int64_t n = 4099, ld = 4100, nr = 5;
         float *h = xmalloc(sizeof(float) * nr * ld);
         for (int64_t i = 0; i < nr * ld; i++) h[i] = unif(-5, 5);
         h[0 * ld + 4097] = 9.0f;                          /* row 0: in the tail */
         h[1 * ld + 4095] = 9.0f;                          /* row 1: the last whole piece */
         h[2 * ld + 4098] = 9.0f, h[2 * ld + 17] = 9.0f;   /* row 2: tie, the lower id wins */
         h[0 * ld + 4099] = 50.0f;                         /* padding: never read */
-        const int32_t wt[3] = {4097, 4095, 17};
-        float *d = dalloc(sizeof(float) * nr * ld);
-        int32_t *o = dalloc(sizeof(int32_t) * nr), g[3];
+        h[3 * ld + 0] = NAN, h[3 * ld + 6] = NAN, h[3 * ld + 2001] = NAN; /* row 3: NaNs in pieces */
+        h[3 * ld + 2002] = 8.0f;
+        for (int64_t i = 0; i < n; i++) h[4 * ld + i] = NAN; /* row 4: all NaN: -1 */
+        const int32_t wt[5] = {4097, 4095, 17, 2002, -1};
+        float *d = dalloc(sizeof(float) * nr * ld), *dv = dalloc(sizeof(float) * nr), gv[5];
+        int32_t *o = dalloc(sizeof(int32_t) * nr), g[5];
         CK(cudaMemcpy(d, h, sizeof(float) * nr * ld, cudaMemcpyHostToDevice));
-        T_CHECK(cuk_argmax(d, ld, nr, n, o, NULL, NULL, &err) == G5_OK, "argmax tail: %s", err.msg);
+        T_CHECK(cuk_argmax(d, ld, nr, n, o, dv, NULL, &err) == G5_OK, "argmax tail: %s", err.msg);
         CK(cudaMemcpy(g, o, sizeof g, cudaMemcpyDeviceToHost));
-        for (int r = 0; r < 3; r++) T_CHECK(g[r] == wt[r], "argmax tail row %d: got %d want %d", r, g[r], wt[r]);
+        CK(cudaMemcpy(gv, dv, sizeof gv, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < 5; r++) {
+            T_CHECK(g[r] == wt[r], "argmax tail row %d: got %d want %d", r, g[r], wt[r]);
+            const int same = wt[r] < 0 ? gv[r] != gv[r] : !memcmp(&gv[r], &h[r * ld + wt[r]], 4);
+            T_CHECK(same, "argmax tail value of row %d: %g", r, (double)gv[r]);
+        }
         free(h);
-        CK(cudaFree(d)); CK(cudaFree(o));
+        CK(cudaFree(d)); CK(cudaFree(o)); CK(cudaFree(dv));
     }
 }
 
