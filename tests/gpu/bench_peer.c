@@ -169,6 +169,25 @@ static double token_bytes(const rt_wset *ws, const glm5_hparams *hp) {
     return db.total;
 }
 
+/* Seconds a step of tg one-token steps whose token sc draws on the device (rt_gpu_outputs.draw:
+ * the host's part, samp_device_row, timed with it; no penalties), after one untimed step (its
+ * graph's capture). The steps feed ids[0] and ids[1] in turn. */
+static double device_draw_steps(rt_gpu_model *g, samp_ctx *sc, const int32_t *ids, uint32_t tg) {
+    samp_dev_row row;
+    cuk_sample_row cr;
+    int32_t id = -1;
+    const rt_gpu_outputs od = {.draw = &cr, .draw_ids = &id};
+    double a = 0;
+    for (uint32_t s = 0; s <= tg; s++) {
+        if (s == 1) a = now_s();
+        samp_device_row(sc, &row);
+        cr = (cuk_sample_row){.temperature = row.temperature, .min_p = row.min_p, .top_p = row.top_p,
+                              .top_k = row.top_k, .lmin = row.lmin, .k = row.k};
+        GK(rt_gpu_forward(g, ids + s % 2, 1, &od, &err_));
+    }
+    return (now_s() - a) / tg;
+}
+
 static void fill_tokens(int32_t *ids, uint32_t n, uint32_t vocab, uint64_t *seed) {
     for (uint32_t i = 0; i < n; i++) {
         *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -317,23 +336,16 @@ int main(int argc, char **argv) {
             printf("tg%u @ %u %s, sampled, host draws: %.1f tok/s (%.3f ms per token, of which the draw %.3f ms)\n", tg,
                    d + 2 * tg + 2, prec, 1.0 / per3, per3 * 1e3, host_s * 1e3 / tg);
             if (gi->draws) {
-                samp_dev_row row;
-                cuk_sample_row cr;
-                const rt_gpu_outputs od = {.draw = &cr, .draw_ids = &id};
-                samp_device_row(sc, &row); /* one step first (its graph's capture) */
-                cr = (cuk_sample_row){.temperature = row.temperature, .min_p = row.min_p, .top_p = row.top_p,
-                                      .top_k = row.top_k, .lmin = row.lmin, .k = row.k};
-                GK(rt_gpu_forward(g, ids + d + 4 + tg, 1, &od, &err_));
-                a3 = now_s();
-                for (uint32_t s = 0; s < tg; s++) { /* the host's part of a device draw, timed with it */
-                    samp_device_row(sc, &row);
-                    cr = (cuk_sample_row){.temperature = row.temperature, .min_p = row.min_p, .top_p = row.top_p,
-                                          .top_k = row.top_k, .lmin = row.lmin, .k = row.k}; /* no penalties here */
-                    GK(rt_gpu_forward(g, ids + d + 4 + tg + s % 2, 1, &od, &err_));
-                }
-                const double per4 = (now_s() - a3) / tg;
+                const double per4 = device_draw_steps(g, sc, ids + d + 4 + tg, tg);
                 printf("tg%u @ %u %s, sampled, device draws: %.1f tok/s (%.3f ms per token)\n", tg, d + 3 * tg + 2, prec,
                        1.0 / per4, per4 * 1e3);
+                samp_ctx *sc2 = NULL; /* the same with top-p 0.95 (its threshold's radix passes) */
+                sp.top_p = 0.95f;
+                GK(samp_create(&sp, hp->n_vocab, &sc2, &err_));
+                const double per5 = device_draw_steps(g, sc2, ids + d + 4 + tg, tg);
+                printf("tg%u @ %u %s, sampled top-p 0.95, device draws: %.1f tok/s (%.3f ms per token)\n", tg,
+                       d + 4 * tg + 3, prec, 1.0 / per5, per5 * 1e3);
+                samp_free(sc2);
             }
             samp_free(sc);
         }
