@@ -717,6 +717,27 @@ static void test_rope(void) {
     }
 }
 
+/* cuk_argmax with the values over nr rows of n (row stride ld; d the device copy of h): each
+ * row's id equal to want[r], its value that of its id's element (NaN where want[r] is -1). */
+static void argmax_values_check(const char *what, const float *d, const float *h, int64_t ld, int nr, int64_t n,
+                                const int32_t *want) {
+    g5_error err = {0};
+    int32_t *dout = dalloc(sizeof(int32_t) * nr), *got = xmalloc(sizeof(int32_t) * nr);
+    float *dval = dalloc(sizeof(float) * nr), *gv = xmalloc(sizeof(float) * nr);
+    poison(dout, sizeof(int32_t) * nr);
+    T_CHECK(cuk_argmax(d, ld, nr, n, dout, dval, NULL, &err) == G5_OK, "%s: %s", what, err.msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got, dout, sizeof(int32_t) * nr, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gv, dval, sizeof(float) * nr, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < nr; r++) {
+        T_CHECK(got[r] == want[r], "%s, row %d: got %d want %d", what, r, got[r], want[r]);
+        const int same = want[r] < 0 ? gv[r] != gv[r] : !memcmp(&gv[r], &h[r * ld + want[r]], 4);
+        T_CHECK(same, "%s, value of row %d: %g", what, r, (double)gv[r]);
+    }
+    free(got), free(gv);
+    CK(cudaFree(dout)); CK(cudaFree(dval));
+}
+
 static void test_add_argmax(void) {
     const int64_t n = 6144 * 3 + 1;
     float *ha = xmalloc(sizeof(float) * n), *hb = xmalloc(sizeof(float) * n), *hy = xmalloc(sizeof(float) * n);
@@ -770,26 +791,15 @@ static void test_add_argmax(void) {
     int32_t *dout = dalloc(sizeof(int32_t) * rows);
     CK(cudaMemcpy(dx, hx, sizeof(float) * rows * ldx, cudaMemcpyHostToDevice));
     poison(dout, sizeof(int32_t) * rows);
-    float *dval = dalloc(sizeof(float) * rows);
     T_CHECK(cuk_argmax(dx, ldx, rows, V, dout, NULL, NULL, &err) == G5_OK, "argmax: %s", err.msg);
     CK(cudaDeviceSynchronize());
     int32_t got[6];
     CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
     for (int r = 0; r < 6; r++) T_CHECK(got[r] == want[r], "argmax row %d: got %d want %d", r, got[r], want[r]);
     /* with the values: the same indices, each row's value that of its index (NaN for row 3) */
-    poison(dout, sizeof(int32_t) * rows);
-    T_CHECK(cuk_argmax(dx, ldx, rows, V, dout, dval, NULL, &err) == G5_OK, "argmax with values: %s", err.msg);
-    CK(cudaDeviceSynchronize());
-    float gv[6];
-    CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(gv, dval, sizeof gv, cudaMemcpyDeviceToHost));
-    for (int r = 0; r < 6; r++) {
-        T_CHECK(got[r] == want[r], "argmax with values, row %d: got %d want %d", r, got[r], want[r]);
-        const int same = want[r] < 0 ? gv[r] != gv[r] : !memcmp(&gv[r], &hx[r * ldx + want[r]], 4);
-        T_CHECK(same, "argmax value of row %d: %g", r, (double)gv[r]);
-    }
+    argmax_values_check("argmax with values", dx, hx, ldx, (int)rows, V, want);
     free(hx);
-    CK(cudaFree(dx)); CK(cudaFree(dout)); CK(cudaFree(dval));
+    CK(cudaFree(dx)); CK(cudaFree(dout));
     /* aligned rows of a length that is not a multiple of 4 (float4 pieces, then the tail one by
      * one): the maximum in the tail, in the last whole piece, tied across the two */
     {
@@ -804,19 +814,11 @@ static void test_add_argmax(void) {
         h[3 * ld + 2002] = 8.0f;
         for (int64_t i = 0; i < n; i++) h[4 * ld + i] = NAN; /* row 4: all NaN: -1 */
         const int32_t wt[5] = {4097, 4095, 17, 2002, -1};
-        float *d = dalloc(sizeof(float) * nr * ld), *dv = dalloc(sizeof(float) * nr), gv[5];
-        int32_t *o = dalloc(sizeof(int32_t) * nr), g[5];
+        float *d = dalloc(sizeof(float) * nr * ld);
         CK(cudaMemcpy(d, h, sizeof(float) * nr * ld, cudaMemcpyHostToDevice));
-        T_CHECK(cuk_argmax(d, ld, nr, n, o, dv, NULL, &err) == G5_OK, "argmax tail: %s", err.msg);
-        CK(cudaMemcpy(g, o, sizeof g, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(gv, dv, sizeof gv, cudaMemcpyDeviceToHost));
-        for (int r = 0; r < 5; r++) {
-            T_CHECK(g[r] == wt[r], "argmax tail row %d: got %d want %d", r, g[r], wt[r]);
-            const int same = wt[r] < 0 ? gv[r] != gv[r] : !memcmp(&gv[r], &h[r * ld + wt[r]], 4);
-            T_CHECK(same, "argmax tail value of row %d: %g", r, (double)gv[r]);
-        }
+        argmax_values_check("argmax tail", d, h, ld, (int)nr, n, wt);
         free(h);
-        CK(cudaFree(d)); CK(cudaFree(o)); CK(cudaFree(dv));
+        CK(cudaFree(d));
     }
 }
 
