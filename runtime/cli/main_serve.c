@@ -38,8 +38,8 @@ static void usage(FILE *f) {
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
             "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  --cuda-graph on|off   GPU: the decode steps of a lone sequence as CUDA graph launches\n"
-            "                       (default on; the same tokens, about 0.45 ms a step less on the\n"
-            "                       peer model: bench/RESULTS.md)\n"
+            "                       (default on; the same tokens as plain launches; off where one\n"
+            "                       process drives several GPUs through NCCL)\n"
             "  --block-tokens N     tokens per cache block (default 16)\n"
             "  --threads N          model threads (default: online cores)\n"
             "  --draw-threads N     threads drawing a decode step's sampled tokens, the engine's\n"
@@ -191,9 +191,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "glm5-serve: this build has no CUDA; use build/gpu/bin/glm5-serve (make gpu-model)\n");
         return 2;
     }
-    /* CUDA graphs beside NCCL want NCCL_GRAPH_MIXING_SUPPORT=0 before any communicator exists (a
-     * value the user set kept; runtime/gpu/gpu_model.h says why), as glm5-run sets it */
-    if (c.device == SRV_DEVICE_CUDA && c.gpu_graph) setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
 
     /* Every thread inherits this mask; the main thread alone takes the signals. */
     sigset_t set;
