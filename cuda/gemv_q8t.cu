@@ -19,7 +19,15 @@
  * per residue 4G .. 4G + 3), loading the next step while it multiplies this one; the KW warps'
  * subtrees of a tile are merged in shared memory, pairwise in group order. In a 32-element
  * sub-block the mma's k positions 4c..4c+3 and 16+4c..16+4c+3 hold elements 8c..8c+7 (for A and
- * B alike), so a lane reads 8 consecutive bytes of a row. KW depends on (m, k) only. */
+ * B alike), so a lane reads 8 consecutive bytes of a row. KW depends on (m, k) only.
+ *
+ * A second form, k_gemv_q8t_sx, for 17..32 columns of matrices of >= 12288 rows: a CTA's 8 warps
+ * take 8 tiles of one k-range (the same groups and order), the CTA stages that range's x columns
+ * in shared memory once, and the ranges of a row block form a thread-block cluster whose subtrees
+ * are merged pairwise in range order through distributed shared memory: the same bits. The first
+ * form reads x through L1 per warp and is bound by it there (ncu: L1 83% busy, 8 warps per SM);
+ * on short matrices and at few columns it stays faster (bench/RESULTS.md, session 23). */
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -30,6 +38,8 @@
 #include "cuda/moe_plan.cuh"
 #include "cuda/q8_load.cuh"
 #include "cuda/q8_quant.cuh"
+
+namespace cg = cooperative_groups;
 
 namespace cuk {
 namespace q8t {
@@ -172,6 +182,19 @@ template <> struct Step<QT_Q8_0> {
     }
 };
 
+/* Where the x columns are read from: global memory (the MoE kernel: each warp its own rows) or
+ * the shared-memory slot k_gemv_q8t's CTA staged (the step's columns, rows XStride apart). */
+struct XG {
+    static __device__ __forceinline__ uint2 q2(const int8_t *p) { return ldg64(p); }
+    static __device__ __forceinline__ uint32_t q1(const int8_t *p) { return ldg32(p); }
+    static __device__ __forceinline__ float4 f4(const float *p) { return ldg_f4(p); }
+};
+struct XS {
+    static __device__ __forceinline__ uint2 q2(const int8_t *p) { return *(const uint2 *)(const void *)p; }
+    static __device__ __forceinline__ uint32_t q1(const int8_t *p) { return *(const uint32_t *)(const void *)p; }
+    static __device__ __forceinline__ float4 f4(const float *p) { return *(const float4 *)(const void *)p; }
+};
+
 /* S += one unit's values f of the lane's four C elements (rows g, g + 8 x columns 2c, 2c + 1);
  * P = 2: the columns are a vector's two planes, added to one sum, plane 0 first (S[0], S[2]). */
 template <int P> __device__ __forceinline__ void acc_unit(float (&S)[4], const float (&f)[4]) {
@@ -188,17 +211,17 @@ template <int P> __device__ __forceinline__ void acc_unit(float (&S)[4], const f
  * its two 32-element sub-blocks, ws/wm[row][sb] the weight scales and mins (K4: Q4_K, Q5_K) or
  * the two Q8_0 block scales (wm unused). step_units below: the 4 units of step s (64-element
  * units 4s .. 4s + 3, i.e. residues 4 (s % 8) + j) into S[j]. */
-template <int NT, int P, bool K4>
+template <int NT, int P, bool K4, class XL>
 __device__ __forceinline__ void unit_tiles(const uint32_t (&a)[2][4], const float (&ws)[2][2],
                                               const float (&wm)[2][2], const Cols<NT> &cl, int64_t xo, int c,
                                               float (&S)[NT][4]) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        const float4 e0 = ldg_f4(cl.xds + cl.ds[t][0] + xo / 16), e1 = ldg_f4(cl.xds + cl.ds[t][1] + xo / 16);
+        const float4 e0 = XL::f4(cl.xds + cl.ds[t][0] + xo / 16), e1 = XL::f4(cl.xds + cl.ds[t][1] + xo / 16);
         float r[2][4];
 #pragma unroll
         for (int sb = 0; sb < 2; sb++) {
-            const uint2 b = ldg64(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
+            const uint2 b = XL::q2(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
             mma32(r[sb], a[sb], b.x, b.y);
         }
         float f[4];
@@ -213,7 +236,7 @@ __device__ __forceinline__ void unit_tiles(const uint32_t (&a)[2][4], const floa
     }
 }
 
-template <int NT, int P>
+template <int NT, int P, class XL = XG>
 __device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
 #pragma unroll
@@ -230,11 +253,11 @@ __device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT
             a[1][r] = (q.x >> 4) & 0x0F0F0F0Fu;
             a[1][2 + r] = (q.y >> 4) & 0x0F0F0F0Fu;
         }
-        unit_tiles<NT, P, true>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
+        unit_tiles<NT, P, true, XL>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
     }
 }
 
-template <int NT, int P>
+template <int NT, int P, class XL = XG>
 __device__ __forceinline__ void step_units(const Step<QT_Q5_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
 #pragma unroll
@@ -251,11 +274,11 @@ __device__ __forceinline__ void step_units(const Step<QT_Q5_K> &w, const Cols<NT
             a[1][r] = ((q.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> (2 * j + 1)) & 0x01010101u) << 4);
             a[1][2 + r] = ((q.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> (2 * j + 1)) & 0x01010101u) << 4);
         }
-        unit_tiles<NT, P, true>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
+        unit_tiles<NT, P, true, XL>(a, ws, wm, cl, s * 256 + 64 * j, c, S[j]);
     }
 }
 
-template <int NT, int P>
+template <int NT, int P, class XL = XG>
 __device__ __forceinline__ void step_units(const Step<QT_Q8_0> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
 #pragma unroll
@@ -271,11 +294,11 @@ __device__ __forceinline__ void step_units(const Step<QT_Q8_0> &w, const Cols<NT
             a[1][r] = w.hi[r][p][0];
             a[1][2 + r] = w.hi[r][p][1];
         }
-        unit_tiles<NT, P, false>(a, ws, ws, cl, s * 256 + 64 * p, c, S[p]);
+        unit_tiles<NT, P, false, XL>(a, ws, ws, cl, s * 256 + 64 * p, c, S[p]);
     }
 }
 
-template <int NT, int P>
+template <int NT, int P, class XL = XG>
 __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
     float d[2];
@@ -289,8 +312,8 @@ __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT
         for (int t = 0; t < NT; t++)
 #pragma unroll
             for (int col = 0; col < 2; col++) {
-                e[t][col][0] = ldg_f4(cl.xds + cl.ds[t][col] + s * 16 + 8 * h);
-                e[t][col][1] = ldg_f4(cl.xds + cl.ds[t][col] + s * 16 + 8 * h + 4);
+                e[t][col][0] = XL::f4(cl.xds + cl.ds[t][col] + s * 16 + 8 * h);
+                e[t][col][1] = XL::f4(cl.xds + cl.ds[t][col] + s * 16 + 8 * h + 4);
             }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -313,7 +336,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT
                 }
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
-                    const uint32_t b = ldg32(cl.xq + cl.q[t] + s * 256 + 128 * h + 32 * q + 16 * i + 4 * c);
+                    const uint32_t b = XL::q1(cl.xq + cl.q[t] + s * 256 + 128 * h + 32 * q + 16 * i + 4 * c);
                     float r4[4];
                     mma16(r4, a[0], a[1], b);
                     const float dx0 = (q & 1) ? e[t][0][q >> 1].z : e[t][0][q >> 1].x;
@@ -441,6 +464,188 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
                 for (int i = 0; i < 4; i++) res[t][i] = __fadd_rn(res[t][i], red[wid + h][4 * t + i][lane]);
         __syncthreads();
+    }
+    if (!live || ks != 0) return;
+    const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (P == 2) {
+            const int v = 4 * t + c;
+            if (v < n) {
+                if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][0];
+                if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2];
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int v = 8 * t + 2 * c + e;
+                if (v < n) {
+                    if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][e];
+                    if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2 + e];
+                }
+            }
+        }
+    }
+}
+
+/* The x side of k_gemv_q8t in shared memory: the CTA stages the x of its k-range once, step by step
+ * in the range's order, for all 8 of its warps (each warp used to read its x columns through L1 on
+ * its own, and the L1 pipe was the bound: ncu, bench/RESULTS.md session 23). A slot holds one
+ * 256-element step: the int8 bytes of every column (row stride XStride: the 8-byte reads of lanes
+ * g, c hit distinct banks; Q6_K's 4-byte reads want 272), then the (d, s) pairs of its 8 blocks
+ * (row stride XD floats, for the same reason). Ranges longer than max_steps go in chunks. */
+template <int T> struct XStride { static constexpr int v = 288; };
+template <> struct XStride<QT_Q6_K> { static constexpr int v = 272; };
+constexpr int XD = 20;
+constexpr int XSMEM = 200 * 1024; /* the slots' dynamic shared memory; with red: <= 227 KB */
+template <int T, int NT> struct XSlot {
+    static constexpr int cols = NT * 8, qbytes = cols * XStride<T>::v, bytes = qbytes + cols * XD * 4;
+    static constexpr int max_steps = XSMEM / bytes;
+};
+
+/* Step r (0-based) of a k-range's order (groups G0 .. G0 + ng - 1, each its steps G, G + 8, ..),
+ * or -1 past its end; range_steps: how many there are. */
+__host__ __device__ __forceinline__ int nth_step(int G0, int ng, int steps, int r) {
+    for (int gi = 0; gi < ng; gi++) {
+        const int G = G0 + gi;
+        if (G >= steps) return -1;
+        const int cnt = (steps - G + 7) / 8;
+        if (r < cnt) return G + 8 * r;
+        r -= cnt;
+    }
+    return -1;
+}
+__host__ __device__ __forceinline__ int range_steps(int G0, int ng, int steps) {
+    int n = 0;
+    for (int gi = 0; gi < ng && G0 + gi < steps; gi++) n += (steps - G0 - gi + 7) / 8;
+    return n;
+}
+
+/* Steps r0 .. r1 - 1 of the range into slots 0 .. r1 - r0 - 1 of buf (cp.async, every column). */
+template <int T, int NT, int P>
+__device__ __forceinline__ void stage_x(uint8_t *buf, int G0, int ng, int steps, int r0, int r1,
+                                        const int8_t *__restrict__ xq, int64_t ldq, const float *__restrict__ xds,
+                                        int64_t ldds, int64_t k, int n) {
+    using SL = XSlot<T, NT>;
+    constexpr int QCH = SL::cols * 16, CH = QCH + SL::cols * 4; /* 16-byte chunks: bytes, then (d, s) */
+    for (int r = r0; r < r1; r++) {
+        const int s = nth_step(G0, ng, steps, r);
+        uint8_t *slot = buf + (r - r0) * SL::bytes;
+        for (int i = threadIdx.x; i < CH; i += WARPS * 32) {
+            const bool isq = i < QCH;
+            const int col = isq ? i >> 4 : (i - QCH) >> 2, ch = isq ? i & 15 : (i - QCH) & 3;
+            int v = P == 2 ? col >> 1 : col;
+            v = v < n ? v : n - 1; /* columns past n compute a copy of the last one, never stored */
+            const int pl = P == 2 ? col & 1 : 0;
+            const void *src = isq ? (const void *)(xq + v * ldq + pl * k + (int64_t)s * 256 + 16 * ch)
+                                  : (const void *)(xds + v * ldds + pl * (k / 16) + (int64_t)s * 16 + 4 * ch);
+            uint8_t *dst = isq ? slot + col * XStride<T>::v + 16 * ch : slot + SL::qbytes + (col * XD + 4 * ch) * 4;
+            cp16((uint32_t)__cvta_generic_to_shared(dst), src, true);
+        }
+    }
+}
+
+/* The GEMV (grid and lanes: the top comment). steps = k / 256; kw = k-ranges (1, 2, 4, 8), range
+ * ks taking the residue groups ks * 8 / kw .. (ks + 1) * 8 / kw - 1: CTA b * kw + ks, all 8 warps
+ * in range ks, one 16-row tile each (rows 128 b ..); the kw CTAs of a row block form a cluster
+ * and merge their subtrees through distributed shared memory. */
+template <int T, int NT, int P>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+    k_gemv_q8t_sx(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int steps, int kw, const int8_t *__restrict__ xq,
+                  int64_t ldq, const float *__restrict__ xds, int64_t ldds, int64_t k, int n, float *__restrict__ y,
+                  int64_t ldy) {
+    using SL = XSlot<T, NT>;
+    extern __shared__ __align__(16) uint8_t xsm[]; /* [<= SL::max_steps][SL::bytes] */
+    __shared__ float red[WARPS][NT * 4][32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int ks = (int)(blockIdx.x % (unsigned)kw);
+    const int64_t row0 = ((int64_t)(blockIdx.x / (unsigned)kw) * WARPS + wid) * 16;
+    const bool live = row0 < m;
+    const int64_t ra = row0 + g < m ? row0 + g : m - 1, rb8 = row0 + g + 8 < m ? row0 + g + 8 : m - 1;
+    const uint8_t *rp[2] = {w + ra * rb, w + rb8 * rb};
+    Cols<NT> cl;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        cl.q[t] = (uint32_t)((8 * t + g) * XStride<T>::v);
+        cl.ds[t][0] = (uint32_t)((8 * t + 2 * c) * XD);
+        cl.ds[t][1] = (uint32_t)((8 * t + 2 * c + 1) * XD);
+    }
+    /* Residue group G (0..7) = units 4 G .. 4 G + 3 of each 2048-element chunk = step s = G + 8 i of
+     * chunk i: the dp4a kernel's lanes 4 G .. 4 G + 3. Per group the four residue sums run over the
+     * chunks in order (S), the leaf (S0 + S1) + (S2 + S3) is the warp butterfly's first two levels,
+     * and the leaves are merged pairwise in group order (a binary counter: stk[b] holds a finished
+     * subtree of 2^b leaves), the butterfly's last three levels, finished across the cluster below. */
+    const int ng = 8 / kw, G0 = ks * ng, rsteps = range_steps(G0, ng, steps);
+    float res[NT][4], stk[3][NT][4], S[4][NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            res[t][e] = stk[0][t][e] = stk[1][t][e] = stk[2][t][e] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) S[j][t][e] = 0.0f;
+        }
+    int gi = 0, st = G0; /* the warp's place: group gi, step st */
+    Step<T> cur;
+    if (live && st < steps) cur.load(rp, st, c);
+    for (int c0 = 0; c0 < rsteps; c0 += SL::max_steps) {
+        const int c1 = rsteps - c0 < SL::max_steps ? rsteps : c0 + SL::max_steps;
+        /* the chunk's first step on its own, so its multiply overlaps the rest's copies */
+        stage_x<T, NT, P>(xsm, G0, ng, steps, c0, c0 + 1, xq, ldq, xds, ldds, k, n);
+        cp_commit();
+        stage_x<T, NT, P>(xsm + SL::bytes, G0, ng, steps, c0 + 1, c1, xq, ldq, xds, ldds, k, n);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        for (int r = c0; r < c1; r++) {
+            if (r == c0 + 1) {
+                cp_wait<0>();
+                __syncthreads();
+            }
+            const uint8_t *slot = xsm + (r - c0) * SL::bytes;
+            cl.xq = (const int8_t *)slot;
+            cl.xds = (const float *)(slot + SL::qbytes);
+            /* the warp's next step: the group's next, else the next group's first */
+            int sn = st + 8, gn = gi;
+            if (sn >= steps) {
+                gn++;
+                sn = gn < ng ? G0 + gn : steps;
+            }
+            Step<T> nxt;
+            if (live && sn < steps) nxt.load(rp, sn, c);
+            if (live) step_units<NT, P, XS>(cur, cl, 0, c, S);
+            cur = nxt;
+            if (gn != gi) { /* group gi done */
+                leaf_merge<NT>(S, gi, stk, res);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) S[j][t][0] = S[j][t][1] = S[j][t][2] = S[j][t][3] = 0.0f;
+            }
+            gi = gn;
+            st = sn;
+        }
+        __syncthreads(); /* every warp is done with the chunk's slots */
+    }
+    for (; gi < ng; gi++) leaf_merge<NT>(S, gi, stk, res); /* groups with no steps: zero leaves */
+    /* the ranges of a tile: their subtrees merged pairwise in range order, across the cluster */
+    if (kw > 1) {
+        cg::cluster_group cluster = cg::this_cluster();
+        for (int h = 1; h < kw; h <<= 1) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) red[wid][4 * t + i][lane] = res[t][i];
+            cluster.sync();
+            if (ks % (2 * h) == 0) {
+                const float(*o)[NT * 4][32] = (const float(*)[NT * 4][32])cluster.map_shared_rank(&red[0][0][0], ks + h);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) res[t][i] = __fadd_rn(res[t][i], o[wid][4 * t + i][lane]);
+            }
+            cluster.sync(); /* read before the next level writes, and before any CTA exits */
+        }
     }
     if (!live || ks != 0) return;
     const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
@@ -613,9 +818,9 @@ __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
     cp_wait<0>();
 }
 
-/* Warps per 16-row tile from the shape alone: split k until about 2048 warps run (16 per SM of
- * an H200), while every warp keeps at least 2 steps. */
-static int kw_for(int64_t m, int64_t k) {
+/* k_gemv_q8t's warps per 16-row tile from the shape alone: split k until about 2048 warps run (16
+ * per SM of an H200), while every warp keeps at least 2 steps. */
+static int kw_l1(int64_t m, int64_t k) {
     const int64_t tiles = (m + 15) / 16, steps = k / 256;
     int kw = 1;
     while (kw < 8 && tiles * kw < 2048 && steps >= 4 * kw) kw *= 2;
@@ -623,17 +828,51 @@ static int kw_for(int64_t m, int64_t k) {
 }
 
 template <int T, int NT, int P>
-static void launch(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    const int kw = kw_for(a->m, a->k);
+static g5_status launch_l1(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
+    const int kw = kw_l1(a->m, a->k);
     const int64_t tiles = (a->m + 15) / 16, per = WARPS / kw;
     k_gemv_q8t<T, NT, P><<<(unsigned)((tiles + per - 1) / per), WARPS * 32, 0, st>>>(
         (const uint8_t *)a->w, rb, a->m, (int)(a->k / 256), kw, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->k, a->n, a->y,
         a->ldy);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+/* k-ranges per 128-row block: split k until about 256 CTAs run (2 per SM of an H100/H200) while
+ * every range keeps at least 4 steps, and until a range's x fits the slots in one chunk where it
+ * can (past 8 ranges the kernel takes a range in chunks). */
+static int kw_sx(int64_t blocks, int steps, int max_steps) {
+    int kw = 1;
+    while (kw < 8 && (range_steps(0, 8 / kw, steps) > max_steps || (blocks * kw < 256 && steps >= 4 * kw))) kw *= 2;
+    return kw;
+}
+
+template <int T, int NT, int P>
+static g5_status launch_sx(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
+    using SL = XSlot<T, NT>;
+    const int64_t blocks = ((a->m + 15) / 16 + WARPS - 1) / WARPS;
+    const int steps = (int)(a->k / 256), kw = kw_sx(blocks, steps, SL::max_steps);
+    const int rs = range_steps(0, 8 / kw, steps);
+    const size_t smem = (size_t)(rs < SL::max_steps ? rs : SL::max_steps) * SL::bytes;
+    static bool raised[CUK_MAX_DEVICES]; /* the largest slot set, opted into once per device */
+    const int slot = cuk_device_slot();
+    if (!raised[slot]) {
+        CUK_CHECK(cudaFuncSetAttribute(k_gemv_q8t_sx<T, NT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       SL::max_steps * SL::bytes));
+        raised[slot] = true;
+    }
+    cudaLaunchAttribute at;
+    const cudaLaunchConfig_t cfg = cuk_cluster_cfg(&at, (unsigned)kw, dim3((unsigned)(blocks * kw)), WARPS * 32, smem, st);
+    CUK_CHECK(cudaLaunchKernelEx(&cfg, k_gemv_q8t_sx<T, NT, P>, (const uint8_t *)a->w, rb, a->m, steps, kw,
+                                 (const int8_t *)a->x.q, (int64_t)a->x.ldq, (const float *)a->x.ds, (int64_t)a->x.ldds,
+                                 (int64_t)a->k, (int)a->n, a->y, (int64_t)a->ldy));
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
 }
 
 /* Columns (vectors x planes) of one launch: up to 32 (NT = 4; more would spill the residue sums),
  * a larger n in launches of 32 / P vectors, which changes no bits (they never depend on n). */
-template <int T, int P> static void launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+template <int T, int P> static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
     constexpr int per = 32 / P;
     for (int v0 = 0; v0 < a->n; v0 += per) {
         cuk_gemv_q8_args b = *a;
@@ -641,16 +880,23 @@ template <int T, int P> static void launch_nt(const cuk_gemv_q8_args *a, int64_t
         b.x.q += (int64_t)v0 * a->x.ldq;
         b.x.ds += (int64_t)v0 * a->x.ldds;
         b.y += (int64_t)v0 * a->ldy;
+        /* the form by shape (bench/RESULTS.md session 23): x staged in shared memory wins at 32
+         * columns on matrices of >= 12288 rows, the L1 form on shorter ones and at 8; sx only
+         * where a k-range's x fits its slots at once (k <= 34816: every GLM-5 product), the case
+         * that ran on a GPU */
         const int cols = b.n * P;
-        if (cols <= 8) launch<T, 1, P>(&b, rb, st);
-        else if (cols <= 16) launch<T, 2, P>(&b, rb, st);
-        else launch<T, 4, P>(&b, rb, st);
+        const bool sx = cols > 16 && a->m >= 12288 && (a->k / 256 + 7) / 8 <= XSlot<T, 4>::max_steps;
+        const g5_status s = cols <= 8    ? launch_l1<T, 1, P>(&b, rb, st, err)
+                            : cols <= 16 ? launch_l1<T, 2, P>(&b, rb, st, err)
+                            : sx         ? launch_sx<T, 4, P>(&b, rb, st, err)
+                                         : launch_l1<T, 4, P>(&b, rb, st, err);
+        if (s != G5_OK) return s;
     }
+    return G5_OK;
 }
 
-template <int T> static void launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-    if (a->x.planes == 2) launch_nt<T, 2>(a, rb, st);
-    else launch_nt<T, 1>(a, rb, st);
+template <int T> static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
+    return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, err) : launch_nt<T, 1>(a, rb, st, err);
 }
 
 /* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups; the ring's shared
@@ -712,13 +958,11 @@ extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, 
     if (a->ldy < a->m) return BAD("gemv_q8t: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
     const cudaStream_t st = (cudaStream_t)stream;
     switch (a->w_type) {
-    case QT_Q4_K: q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st); break;
-    case QT_Q5_K: q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st); break;
-    case QT_Q6_K: q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st); break;
-    default: q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st); break;
+    case QT_Q4_K: return q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st, err);
+    case QT_Q5_K: return q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st, err);
+    case QT_Q6_K: return q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st, err);
+    default: return q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st, err);
     }
-    CUK_CHECK(cudaGetLastError());
-    return G5_OK;
 }
 
 /* cuk_q8t_takes' types but Q6_K, whose 210-byte steps cp.async cannot copy (not 16-byte aligned). */

@@ -615,6 +615,7 @@ int main(void) {
             test_gemv_t(t, 40, 1024, planes); /* four steps over two warps, groups 4..7 empty */
             test_gemv_t(t, 17, 5120, planes); /* 20 steps: residues with three units and with two */
             test_gemv_t(t, 3, 12288, planes); /* six units per residue */
+            test_gemv_t(t, 12301, 1536, planes); /* 17+ columns of a tall matrix: x staged in shared memory */
         }
     return t_report(G5_TEST_NAME);
 }
