@@ -388,6 +388,33 @@ __device__ __forceinline__ void leaf_merge(const float (&S)[4][NT][4], int gi, f
         for (int e = 0; e < 4; e++) res[t][e] = v[t][e];
 }
 
+/* A tile's finished sums into y (rows row0 + g and row0 + g + 8 of the lane's C columns; P = 2:
+ * a vector's two planes are one sum, in the plane-0 columns). */
+template <int NT, int P>
+__device__ __forceinline__ void store_tile(const float (&res)[NT][4], float *__restrict__ y, int64_t ldy, int64_t m,
+                                           int n, int64_t row0, int g, int c) {
+    const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (P == 2) {
+            const int v = 4 * t + c;
+            if (v < n) {
+                if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][0];
+                if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2];
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int v = 8 * t + 2 * c + e;
+                if (v < n) {
+                    if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][e];
+                    if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2 + e];
+                }
+            }
+        }
+    }
+}
+
 /* The GEMV (grid and lanes: the top comment). steps = k / 256; kw = warps per tile (1, 2, 4, 8),
  * warp ks of a tile taking the residue groups ks * 8 / kw .. (ks + 1) * 8 / kw - 1. */
 template <int T, int NT, int P>
@@ -465,27 +492,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 for (int i = 0; i < 4; i++) res[t][i] = __fadd_rn(res[t][i], red[wid + h][4 * t + i][lane]);
         __syncthreads();
     }
-    if (!live || ks != 0) return;
-    const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (P == 2) {
-            const int v = 4 * t + c;
-            if (v < n) {
-                if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][0];
-                if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2];
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int v = 8 * t + 2 * c + e;
-                if (v < n) {
-                    if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][e];
-                    if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2 + e];
-                }
-            }
-        }
-    }
+    if (live && ks == 0) store_tile<NT, P>(res, y, ldy, m, n, row0, g, c);
 }
 
 /* The x side of k_gemv_q8t in shared memory: the CTA stages the x of its k-range once, step by step
@@ -647,27 +654,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             cluster.sync(); /* read before the next level writes, and before any CTA exits */
         }
     }
-    if (!live || ks != 0) return;
-    const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (P == 2) {
-            const int v = 4 * t + c;
-            if (v < n) {
-                if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][0];
-                if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2];
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int v = 8 * t + 2 * c + e;
-                if (v < n) {
-                    if (r_lo < m) y[(int64_t)v * ldy + r_lo] = res[t][e];
-                    if (r_hi < m) y[(int64_t)v * ldy + r_hi] = res[t][2 + e];
-                }
-            }
-        }
-    }
+    if (live && ks == 0) store_tile<NT, P>(res, y, ldy, m, n, row0, g, c);
 }
 
 /* ---- MoE experts on the tensor cores (cuk_moe_gate_up_q8t, cuk_moe_down_q8t) ----
