@@ -29,6 +29,7 @@
 #define CUK_MLA_DEC_CLUSTER_MAX 16          /* attn_dec.cu: non-portable, only where the device grants it */
 #define CUK_TOPK_SPLIT_CLUSTER_MAX 16       /* indexer.cu: non-portable, only where the device grants it */
 #define CUK_MOE_MM_SMEM ((64 + 2 * 128) * (128 + 8) * 2) /* moe_mm.cu: input tile + gate and up weight tiles, fp16 */
+#define CUK_Q8T_SX_SMEM (200u * 1024) /* gemv_q8t.cu: k_gemv_q8t_sx's x slots (+ 16 KB static): sm_90's 227 KB only */
 
 /* GLM-5's shapes the byte counts below are taken at. */
 #define CUK_G5_NOPE 192
@@ -67,6 +68,10 @@ static const cuk_kernel_limit cuk_kernel_limits[] = {
     {"k_topk_split", 0, CUK_PORTABLE_CLUSTER, CUK_TOPK_SPLIT_CLUSTER_MAX, 0, "k_topk"},
     {"k_norm", 0, CUK_NORM_CLUSTER_MAX, 0, 0, NULL},
     {"k_moe_mm", CUK_MOE_MM_SMEM, 1, 0, 0, NULL},
+    /* gemv_q8t.cu: the L1 form has static shared memory only; the sx form's slots need sm_90's
+     * opt-in, and its launcher takes the L1 form where the device cannot give them */
+    {"k_gemv_q8t", 0, 1, 0, 0, NULL},
+    {"k_gemv_q8t_sx", CUK_Q8T_SX_SMEM, CUK_PORTABLE_CLUSTER, 0, 1, "k_gemv_q8t"},
 };
 #define CUK_N_KERNEL_LIMITS (sizeof cuk_kernel_limits / sizeof cuk_kernel_limits[0])
 

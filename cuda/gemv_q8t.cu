@@ -504,7 +504,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 template <int T> struct XStride { static constexpr int v = 288; };
 template <> struct XStride<QT_Q6_K> { static constexpr int v = 272; };
 constexpr int XD = 20;
-constexpr int XSMEM = 200 * 1024; /* the slots' dynamic shared memory; with red: <= 227 KB */
+constexpr int XSMEM = (int)CUK_Q8T_SX_SMEM; /* the slots' dynamic shared memory; with red: <= 227 KB */
 template <int T, int NT> struct XSlot {
     static constexpr int cols = NT * 8, qbytes = cols * XStride<T>::v, bytes = qbytes + cols * XD * 4;
     static constexpr int max_steps = XSMEM / bytes;
@@ -834,6 +834,13 @@ static int kw_sx(int64_t blocks, int steps, int max_steps) {
     return kw;
 }
 
+/* Whether the device lets a block have k_gemv_q8t_sx's slots and its static red (sm_90: 227 KB
+ * of opt-in shared memory); sm_120 gives 99 KB and takes the L1 form (cuk_limits.h). */
+template <int T> static bool sx_fits() {
+    const size_t need = (size_t)XSlot<T, 4>::max_steps * XSlot<T, 4>::bytes + sizeof(float) * WARPS * 4 * 4 * 32;
+    return cuk_device_smem_cap(need) >= need;
+}
+
 template <int T, int NT, int P>
 static g5_status launch_sx(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
     using SL = XSlot<T, NT>;
@@ -872,7 +879,7 @@ template <int T, int P> static g5_status launch_nt(const cuk_gemv_q8_args *a, in
          * where a k-range's x fits its slots at once (k <= 34816: every GLM-5 product), the case
          * that ran on a GPU */
         const int cols = b.n * P;
-        const bool sx = cols > 16 && a->m >= 12288 && (a->k / 256 + 7) / 8 <= XSlot<T, 4>::max_steps;
+        const bool sx = cols > 16 && a->m >= 12288 && (a->k / 256 + 7) / 8 <= XSlot<T, 4>::max_steps && sx_fits<T>();
         const g5_status s = cols <= 8    ? launch_l1<T, 1, P>(&b, rb, st, err)
                             : cols <= 16 ? launch_l1<T, 2, P>(&b, rb, st, err)
                             : sx         ? launch_sx<T, 4, P>(&b, rb, st, err)
