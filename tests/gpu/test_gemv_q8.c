@@ -615,7 +615,10 @@ int main(void) {
             test_gemv_t(t, 40, 1024, planes); /* four steps over two warps, groups 4..7 empty */
             test_gemv_t(t, 17, 5120, planes); /* 20 steps: residues with three units and with two */
             test_gemv_t(t, 3, 12288, planes); /* six units per residue */
-            test_gemv_t(t, 12301, 1536, planes); /* 17+ columns of a tall matrix: x staged in shared memory */
+            /* 17+ columns of a tall matrix: x staged in shared memory; k-ranges as clusters of 2 (groups
+             * 6, 7 empty) and of 4 */
+            test_gemv_t(t, 12301, 1536, planes);
+            test_gemv_t(t, 12301, 2048, planes);
         }
     return t_report(G5_TEST_NAME);
 }
