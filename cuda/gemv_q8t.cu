@@ -865,8 +865,13 @@ static g5_status launch_sx(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
 }
 
 /* Columns (vectors x planes) of one launch: up to 32 (NT = 4; more would spill the residue sums),
- * a larger n in launches of 32 / P vectors, which changes no bits (they never depend on n). */
-template <int T, int P> static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
+ * a larger n in launches of 32 / P vectors, which changes no bits (they never depend on n).
+ * all_sx: every launch in the sx form (cuk_gemv_q8t_sx), else the form by shape (bench/RESULTS.md
+ * session 23): x staged in shared memory wins at 32 columns on matrices of >= 12288 rows, the L1
+ * form on shorter ones and at 8; sx only where a k-range's x fits its slots at once (k <= 34816:
+ * every GLM-5 product). */
+template <int T, int P>
+static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, g5_error *err) {
     constexpr int per = 32 / P;
     for (int v0 = 0; v0 < a->n; v0 += per) {
         cuk_gemv_q8_args b = *a;
@@ -874,23 +879,28 @@ template <int T, int P> static g5_status launch_nt(const cuk_gemv_q8_args *a, in
         b.x.q += (int64_t)v0 * a->x.ldq;
         b.x.ds += (int64_t)v0 * a->x.ldds;
         b.y += (int64_t)v0 * a->ldy;
-        /* the form by shape (bench/RESULTS.md session 23): x staged in shared memory wins at 32
-         * columns on matrices of >= 12288 rows, the L1 form on shorter ones and at 8; sx only
-         * where a k-range's x fits its slots at once (k <= 34816: every GLM-5 product), the case
-         * that ran on a GPU */
         const int cols = b.n * P;
-        const bool sx = cols > 16 && a->m >= 12288 && (a->k / 256 + 7) / 8 <= XSlot<T, 4>::max_steps && sx_fits<T>();
-        const g5_status s = cols <= 8    ? launch_l1<T, 1, P>(&b, rb, st, err)
-                            : cols <= 16 ? launch_l1<T, 2, P>(&b, rb, st, err)
-                            : sx         ? launch_sx<T, 4, P>(&b, rb, st, err)
-                                         : launch_l1<T, 4, P>(&b, rb, st, err);
+        g5_status s;
+        if (all_sx)
+            s = cols <= 8    ? launch_sx<T, 1, P>(&b, rb, st, err)
+                : cols <= 16 ? launch_sx<T, 2, P>(&b, rb, st, err)
+                             : launch_sx<T, 4, P>(&b, rb, st, err);
+        else if (cols > 16 && a->m >= 12288 && (a->k / 256 + 7) / 8 <= XSlot<T, 4>::max_steps && sx_fits<T>())
+            s = launch_sx<T, 4, P>(&b, rb, st, err);
+        else
+            s = cols <= 8    ? launch_l1<T, 1, P>(&b, rb, st, err)
+                : cols <= 16 ? launch_l1<T, 2, P>(&b, rb, st, err)
+                             : launch_l1<T, 4, P>(&b, rb, st, err);
         if (s != G5_OK) return s;
     }
     return G5_OK;
 }
 
-template <int T> static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
-    return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, err) : launch_nt<T, 1>(a, rb, st, err);
+template <int T> static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, g5_error *err) {
+    if (all_sx && !sx_fits<T>())
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8t_sx: the device gives a block less than the %zu bytes of shared memory its x slots need",
+                       (size_t)XSlot<T, 4>::max_steps * XSlot<T, 4>::bytes);
+    return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, all_sx, err) : launch_nt<T, 1>(a, rb, st, all_sx, err);
 }
 
 /* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups; the ring's shared
@@ -930,33 +940,42 @@ extern "C" int cuk_q8t_takes(uint32_t t, int64_t k) {
     return t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0;
 }
 
-extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
-    if (!a) return BAD("gemv_q8t: args is NULL");
+/* cuk_gemv_q8t and cuk_gemv_q8t_sx: the argument checks (what names the call), then the launches. */
+static g5_status gemv_q8t_run(const char *what, const cuk_gemv_q8_args *a, cuk_stream stream, bool all_sx, g5_error *err) {
+    if (!a) return BAD("%s: args is NULL", what);
     if (!cuk_q8t_takes(a->w_type, a->k))
-        return BAD("gemv_q8t: type %s with k=%lld has no int8 tensor-core kernel", quant_type_name(a->w_type),
+        return BAD("%s: type %s with k=%lld has no int8 tensor-core kernel", what, quant_type_name(a->w_type),
                    (long long)a->k);
-    if (!a->w || (uintptr_t)a->w % 16) return BAD("gemv_q8t: weights NULL or not 16-byte aligned");
-    if (a->w2) return BAD("gemv_q8t: a second matrix (w2) is cuk_gemv_q8's alone");
-    if (a->m <= 0 || a->m > (1LL << 31)) return BAD("gemv_q8t: m=%lld outside 1..2^31", (long long)a->m);
+    if (!a->w || (uintptr_t)a->w % 16) return BAD("%s: weights NULL or not 16-byte aligned", what);
+    if (a->w2) return BAD("%s: a second matrix (w2) is cuk_gemv_q8's alone", what);
+    if (a->m <= 0 || a->m > (1LL << 31)) return BAD("%s: m=%lld outside 1..2^31", what, (long long)a->m);
     uint64_t rb = 0, tot = 0;
     if (quant_row_bytes(a->w_type, (uint64_t)a->k, &rb) != G5_OK || g5_mul_u64(rb, (uint64_t)a->m, &tot))
-        return BAD("gemv_q8t: m=%lld rows of k=%lld overflow", (long long)a->m, (long long)a->k);
-    if (a->n < 1 || a->n > CUK_Q8T_MAX_N) return BAD("gemv_q8t: n=%d outside 1..%d", (int)a->n, CUK_Q8T_MAX_N);
+        return BAD("%s: m=%lld rows of k=%lld overflow", what, (long long)a->m, (long long)a->k);
+    if (a->n < 1 || a->n > CUK_Q8T_MAX_N) return BAD("%s: n=%d outside 1..%d", what, (int)a->n, CUK_Q8T_MAX_N);
     const cuk_q8_act *x = &a->x;
-    const g5_status sx = cuk::q8_check_act("gemv_q8t", "x", x, a->k, err);
+    const g5_status sx = cuk::q8_check_act(what, "x", x, a->k, err);
     if (sx != G5_OK) return sx;
-    /* the kernel's 32-bit x offsets */
+    /* the L1 form's 32-bit x offsets */
     if ((uint64_t)a->n * (uint64_t)x->ldq > 0xFFFFFFFFull || (uint64_t)a->n * (uint64_t)x->ldds > 0x3FFFFFFFull)
-        return BAD("gemv_q8t: x of %d rows exceeds 4 GB", (int)a->n);
-    if (!a->y) return BAD("gemv_q8t: y is NULL");
-    if (a->ldy < a->m) return BAD("gemv_q8t: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
+        return BAD("%s: x of %d rows exceeds 4 GB", what, (int)a->n);
+    if (!a->y) return BAD("%s: y is NULL", what);
+    if (a->ldy < a->m) return BAD("%s: ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
     const cudaStream_t st = (cudaStream_t)stream;
     switch (a->w_type) {
-    case QT_Q4_K: return q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st, err);
-    case QT_Q5_K: return q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st, err);
-    case QT_Q6_K: return q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st, err);
-    default: return q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st, err);
+    case QT_Q4_K: return q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st, all_sx, err);
+    case QT_Q5_K: return q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st, all_sx, err);
+    case QT_Q6_K: return q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st, all_sx, err);
+    default: return q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st, all_sx, err);
     }
+}
+
+extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
+    return gemv_q8t_run("gemv_q8t", a, stream, false, err);
+}
+
+extern "C" g5_status cuk_gemv_q8t_sx(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
+    return gemv_q8t_run("gemv_q8t_sx", a, stream, true, err);
 }
 
 /* cuk_q8t_takes' types but Q6_K, whose 210-byte steps cp.async cannot copy (not 16-byte aligned). */

@@ -1,5 +1,5 @@
-/* int8-activation GEMV (cuda/cuk_q8.h: the dp4a cuk_gemv_q8 and the tensor-core cuk_gemv_q8t, one
- * and two planes) against the float kernels fast decode ran before (cuk_gemv with bf16 x), n = 1,
+/* int8-activation GEMV (cuda/cuk_q8.h: the dp4a cuk_gemv_q8 and the tensor-core cuk_gemv_q8t, the
+ * latter also in its shared-x form for every launch, cuk_gemv_q8t_sx; one and two planes) against the float kernels fast decode ran before (cuk_gemv with bf16 x), n = 1,
  * 2, 4, 8 and 32, at the shapes of the roles that take it: the output head (154880 x
  * 6144 Q6_K at TP 1, 19360 x 6144 at TP 8), the shared expert (2048 x 6144, 6144 x 2048), and the
  * routed experts of one decode token (64 experts of 2048 x 6144 gate/up, 6144 x 2048 down, 8
@@ -70,8 +70,9 @@ typedef struct ops {
 } ops;
 
 /* The variants of one shape at n vectors: cuk_gemv with bf16 x (n <= 8), cuk_gemv_q8 (dp4a, in
- * launches of 8 as the runtime makes them) with one and two planes, cuk_gemv_q8t (tensor cores)
- * with one and two planes. */
+ * launches of 8 as the runtime makes them) with one and two planes, cuk_gemv_q8t (tensor cores,
+ * its form by shape) and cuk_gemv_q8t_sx (the shared-x form throughout), each with one and two
+ * planes. */
 static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t k, int n, double rate) {
     uint64_t rb = 0, stride = 0;
     if (quant_row_bytes(t, (uint64_t)k, &rb)) exit(2);
@@ -79,10 +80,20 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     const int copies = fill_pool(pool, t, bytes, &stride);
     const cuk_q8_quantize_args q2a = {o->xf, 32768, k, n, o->q2, 32768, o->ds2, 2048, 2};
     GK(cuk_q8_quantize(&q2a, NULL, &err_));
-    double us[5];
-    for (int v = 0; v < 5; v++) {
+    double us[7];
+    for (int v = 0; v < 7; v++) {
         us[v] = -1;
         if ((v == 0 && n > 8) || (v >= 3 && !cuk_q8t_takes(t, k))) continue;
+        if (v >= 5) { /* the sx form needs sm_90's shared memory: a "-" where the device refuses it */
+            const cuk_gemv_q8_args g = {t, pool, k, m, {o->q, 32768, o->ds, 2048, 1}, n, o->y, m, NULL, NULL};
+            g5_error e = {0};
+            const g5_status st = cuk_gemv_q8t_sx(&g, NULL, &e);
+            if (st == G5_ERR_UNSUPPORTED) continue;
+            if (st != G5_OK) {
+                fprintf(stderr, "bench_q8: gemv_q8t_sx: %s\n", e.msg);
+                exit(BENCH_EXIT);
+            }
+        }
         for (int i = -3; i < iters; i++) {
             if (i == 0) CK(cudaEventRecord(ev_a, NULL));
             const void *w = pool + (uint64_t)((i + 3) % copies) * stride;
@@ -100,8 +111,8 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
                     GK(cuk_gemv_q8(&g, NULL, &err_));
                 }
             } else {
-                const cuk_gemv_q8_args g = {t, w, k, m, v == 3 ? x1 : x2, n, o->y, m, NULL, NULL};
-                GK(cuk_gemv_q8t(&g, NULL, &err_));
+                const cuk_gemv_q8_args g = {t, w, k, m, v % 2 ? x1 : x2, n, o->y, m, NULL, NULL};
+                GK(v <= 4 ? cuk_gemv_q8t(&g, NULL, &err_) : cuk_gemv_q8t_sx(&g, NULL, &err_));
             }
         }
         CK(cudaEventRecord(ev_b, NULL));
@@ -109,7 +120,7 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
         us[v] = elapsed_ms() * 1e3 / iters;
     }
     printf("| %s | %lld x %lld | %d | %.1f |", quant_type_name(t), (long long)m, (long long)k, n, bytes / 1e6);
-    for (int v = 0; v < 5; v++) {
+    for (int v = 0; v < 7; v++) {
         if (us[v] < 0) printf(" - |");
         else printf(" %.2f (%.3f) |", us[v], bytes / (us[v] * 1e-6) / rate);
     }
@@ -316,7 +327,8 @@ int main(int argc, char **argv) {
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
     printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
-           "(ratio) | q8t two planes |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+           "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes |\n"
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
     static const int NS[] = {1, 2, 4, 8, 32}, NA[] = {1, 2, 4, 32}; /* where q8t starts to win */
     for (int ti = 0; ti < 4; ti++)

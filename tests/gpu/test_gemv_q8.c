@@ -291,7 +291,7 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     fill_x(x, N, k);
     dq8 o = quantize(x, N, k, planes, tn);
     float *dy = dalloc((size_t)(N * m) * 4), *dy1 = dalloc((size_t)m * 4);
-    float *y = xmalloc((size_t)(N * m) * 4), *y1 = xmalloc((size_t)m * 4);
+    float *y = xmalloc((size_t)(N * m) * 4), *y1 = xmalloc((size_t)m * 4), *ysx = xmalloc((size_t)(N * m) * 4);
     double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)(N * m) * 8);
     for (int v = 0; v < N; v++) {
         q8_row(&o, v, k, xd);
@@ -317,6 +317,17 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
                 (long long)k, n, planes, worst);
         T_CHECK(same, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: every vector bit-identical to cuk_gemv_q8's "
                 "one-vector launch", tn, (long long)m, (long long)k, n, planes);
+        /* the second form on every shape, whatever cuk_gemv_q8t picked: the same bits */
+        const g5_status ss = cuk_gemv_q8t_sx(&a, NULL, &err);
+        if (ss == G5_ERR_UNSUPPORTED) {
+            printf("  %s gemv_q8t_sx: not on this device (%s)\n", tn, err.msg);
+        } else {
+            T_CHECK(ss == G5_OK, "%s gemv_q8t_sx n=%d: %s", tn, n, err.msg);
+            get(ysx, dy, (size_t)(n * m) * 4);
+            T_CHECK(memcmp(ysx, y, (size_t)(n * m) * 4) == 0,
+                    "%s gemv_q8t_sx m=%lld k=%lld n=%d planes %d: bit-identical to gemv_q8t", tn, (long long)m,
+                    (long long)k, n, planes);
+        }
         if (n == 1 || n == N)
             printf("  %s gemv_q8t m=%lld k=%lld n=%d planes %d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, planes,
                    worst);
@@ -325,7 +336,7 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     CK(cudaFree(dw));
     CK(cudaFree(dy));
     CK(cudaFree(dy1));
-    free(wf), free(x), free(y), free(y1), free(xd), free(ref);
+    free(wf), free(x), free(y), free(y1), free(ysx), free(xd), free(ref);
 }
 
 static void test_refusals_moe_t(void) {
@@ -619,6 +630,7 @@ int main(void) {
              * 6, 7 empty) and of 4 */
             test_gemv_t(t, 12301, 1536, planes);
             test_gemv_t(t, 12301, 2048, planes);
+            test_gemv_t(t, 3, 40960, planes); /* sx: a k-range of 20 steps, staged in two chunks */
         }
     return t_report(G5_TEST_NAME);
 }
