@@ -8,7 +8,7 @@
  * so L2 holds none between launches; random blocks. Ceiling in the same run: D2D cudaMemcpy of
  * 512 MiB (read + written). Prints us per launch (mean of iters after 3 warm-ups), GB/s of
  * weight bytes and the ratio to the copy rate; the quantizer's time on its own.
- * Usage: bench_q8 [iters] */
+ * Usage: bench_q8 [iters [TYPE M K N]]: with a shape, that one row alone (for ncu). */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -288,8 +288,14 @@ static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t
 
 int main(int argc, char **argv) {
     if (argc > 1) iters = atoi(argv[1]);
-    if (iters < 1) {
-        fprintf(stderr, "usage: bench_q8 [iters >= 1]\n");
+    /* one shape alone (for ncu: its launches are the only GEMV ones after the copy) */
+    const int one = argc == 6;
+    const int ot = one ? quant_type_from_name(argv[2]) : 0;
+    const long long om = one ? atoll(argv[3]) : 0, ok = one ? atoll(argv[4]) : 0;
+    const int on = one ? atoi(argv[5]) : 0;
+    if (iters < 1 || (argc != 2 && argc != 1 && !one) ||
+        (one && (ot < 0 || om < 1 || om > 160000 || ok < 256 || ok > 16384 || ok % 256 || on < 1 || on > 32))) {
+        fprintf(stderr, "usage: bench_q8 [iters >= 1 [TYPE M K N]] (K a multiple of 256 up to 16384, N 1..32)\n");
         return 2;
     }
     CK(cudaEventCreate(&ev_a));
@@ -326,6 +332,12 @@ int main(int argc, char **argv) {
     printf("bench_q8: D2D copy %.0f GB/s (read + written); quantize 1 x 6144: %.2f us per launch\n", rate / 1e9,
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
+    if (one) {
+        printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
+               "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes |\n");
+        gemv_row(pool, &o, (uint32_t)ot, om, ok, on, rate);
+        return 0;
+    }
     printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
            "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes |\n"
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
