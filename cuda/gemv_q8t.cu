@@ -38,6 +38,7 @@
 #include "cuda/moe_plan.cuh"
 #include "cuda/q8_load.cuh"
 #include "cuda/q8_quant.cuh"
+#include "cuda/q8t_order.h"
 
 namespace cg = cooperative_groups;
 
@@ -510,24 +511,6 @@ template <int T, int NT> struct XSlot {
     static constexpr int max_steps = XSMEM / bytes;
 };
 
-/* Step r (0-based) of a k-range's order (groups G0 .. G0 + ng - 1, each its steps G, G + 8, ..),
- * or -1 past its end; range_steps: how many there are. */
-__host__ __device__ __forceinline__ int nth_step(int G0, int ng, int steps, int r) {
-    for (int gi = 0; gi < ng; gi++) {
-        const int G = G0 + gi;
-        if (G >= steps) return -1;
-        const int cnt = (steps - G + 7) / 8;
-        if (r < cnt) return G + 8 * r;
-        r -= cnt;
-    }
-    return -1;
-}
-__host__ __device__ __forceinline__ int range_steps(int G0, int ng, int steps) {
-    int n = 0;
-    for (int gi = 0; gi < ng && G0 + gi < steps; gi++) n += (steps - G0 - gi + 7) / 8;
-    return n;
-}
-
 /* Steps r0 .. r1 - 1 of the range into slots 0 .. r1 - r0 - 1 of buf (cp.async, every column). */
 template <int T, int NT, int P>
 __device__ __forceinline__ void stage_x(uint8_t *buf, int G0, int ng, int steps, int r0, int r1,
@@ -536,7 +519,7 @@ __device__ __forceinline__ void stage_x(uint8_t *buf, int G0, int ng, int steps,
     using SL = XSlot<T, NT>;
     constexpr int QCH = SL::cols * 16, CH = QCH + SL::cols * 4; /* 16-byte chunks: bytes, then (d, s) */
     for (int r = r0; r < r1; r++) {
-        const int s = nth_step(G0, ng, steps, r);
+        const int s = q8t_nth_step(G0, ng, steps, r);
         uint8_t *slot = buf + (r - r0) * SL::bytes;
         for (int i = threadIdx.x; i < CH; i += WARPS * 32) {
             const bool isq = i < QCH;
@@ -582,7 +565,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
      * chunks in order (S), the leaf (S0 + S1) + (S2 + S3) is the warp butterfly's first two levels,
      * and the leaves are merged pairwise in group order (a binary counter: stk[b] holds a finished
      * subtree of 2^b leaves), the butterfly's last three levels, finished across the cluster below. */
-    const int ng = 8 / kw, G0 = ks * ng, rsteps = range_steps(G0, ng, steps);
+    const int ng = 8 / kw, G0 = ks * ng, rsteps = q8t_range_steps(G0, ng, steps);
     float res[NT][4], stk[3][NT][4], S[4][NT][4];
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -612,12 +595,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             const uint8_t *slot = xsm + (r - c0) * SL::bytes;
             cl.xq = (const int8_t *)slot;
             cl.xds = (const float *)(slot + SL::qbytes);
-            /* the warp's next step: the group's next, else the next group's first */
-            int sn = st + 8, gn = gi;
-            if (sn >= steps) {
-                gn++;
-                sn = gn < ng ? G0 + gn : steps;
-            }
+            int gn;
+            const int sn = q8t_next_step(G0, ng, steps, gi, st, &gn);
             Step<T> nxt;
             if (live && sn < steps) nxt.load(rp, sn, c);
             if (live) step_units<NT, P, XS>(cur, cl, 0, c, S);
@@ -805,33 +784,15 @@ __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
     cp_wait<0>();
 }
 
-/* k_gemv_q8t's warps per 16-row tile from the shape alone: split k until about 2048 warps run (16
- * per SM of an H200), while every warp keeps at least 2 steps. */
-static int kw_l1(int64_t m, int64_t k) {
-    const int64_t tiles = (m + 15) / 16, steps = k / 256;
-    int kw = 1;
-    while (kw < 8 && tiles * kw < 2048 && steps >= 4 * kw) kw *= 2;
-    return kw;
-}
-
 template <int T, int NT, int P>
 static g5_status launch_l1(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
-    const int kw = kw_l1(a->m, a->k);
+    const int kw = q8t_kw_l1(a->m, a->k);
     const int64_t tiles = (a->m + 15) / 16, per = WARPS / kw;
     k_gemv_q8t<T, NT, P><<<(unsigned)((tiles + per - 1) / per), WARPS * 32, 0, st>>>(
         (const uint8_t *)a->w, rb, a->m, (int)(a->k / 256), kw, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->k, a->n, a->y,
         a->ldy);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
-}
-
-/* k-ranges per 128-row block: split k until about 256 CTAs run (2 per SM of an H100/H200) while
- * every range keeps at least 4 steps, and until a range's x fits the slots in one chunk where it
- * can (past 8 ranges the kernel takes a range in chunks). */
-static int kw_sx(int64_t blocks, int steps, int max_steps) {
-    int kw = 1;
-    while (kw < 8 && (range_steps(0, 8 / kw, steps) > max_steps || (blocks * kw < 256 && steps >= 4 * kw))) kw *= 2;
-    return kw;
 }
 
 /* Whether the device lets a block have k_gemv_q8t_sx's slots and its static red (sm_90: 227 KB
@@ -845,8 +806,8 @@ template <int T, int NT, int P>
 static g5_status launch_sx(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
     using SL = XSlot<T, NT>;
     const int64_t blocks = ((a->m + 15) / 16 + WARPS - 1) / WARPS;
-    const int steps = (int)(a->k / 256), kw = kw_sx(blocks, steps, SL::max_steps);
-    const int rs = range_steps(0, 8 / kw, steps);
+    const int steps = (int)(a->k / 256), kw = q8t_kw_sx(blocks, steps, SL::max_steps);
+    const int rs = q8t_range_steps(0, 8 / kw, steps);
     const size_t smem = (size_t)(rs < SL::max_steps ? rs : SL::max_steps) * SL::bytes;
     static bool raised[CUK_MAX_DEVICES]; /* the largest slot set, opted into once per device */
     const int slot = cuk_device_slot();
