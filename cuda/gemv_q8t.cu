@@ -97,17 +97,19 @@ template <int NT> struct Cols {
 
 template <int T> struct Step;
 
-/* Where a step's bytes are read from: global memory (non-coherent loads) or, for the MoE kernel,
- * the shared-memory stage its cp.async filled (the same byte layout). */
+/* Where a step's weight bytes or x columns are read from: global memory (non-coherent loads), or
+ * shared memory (the MoE kernel's weight stage, k_gemv_q8t_sx's x slots: the same layouts). */
 struct Gld {
-    static __device__ __forceinline__ uint4 v4(const uint8_t *p) { return ldg128(p); }
-    static __device__ __forceinline__ uint2 v2(const uint8_t *p) { return ldg64(p); }
-    static __device__ __forceinline__ uint32_t w(const uint8_t *p) { return ldg32(p); }
+    static __device__ __forceinline__ uint4 v4(const void *p) { return ldg128(p); }
+    static __device__ __forceinline__ uint2 v2(const void *p) { return ldg64(p); }
+    static __device__ __forceinline__ uint32_t w(const void *p) { return ldg32(p); }
+    static __device__ __forceinline__ float4 f4(const float *p) { return ldg_f4(p); }
 };
 struct Sld {
-    static __device__ __forceinline__ uint4 v4(const uint8_t *p) { return *(const uint4 *)(const void *)p; }
-    static __device__ __forceinline__ uint2 v2(const uint8_t *p) { return *(const uint2 *)(const void *)p; }
-    static __device__ __forceinline__ uint32_t w(const uint8_t *p) { return *(const uint32_t *)(const void *)p; }
+    static __device__ __forceinline__ uint4 v4(const void *p) { return *(const uint4 *)p; }
+    static __device__ __forceinline__ uint2 v2(const void *p) { return *(const uint2 *)p; }
+    static __device__ __forceinline__ uint32_t w(const void *p) { return *(const uint32_t *)p; }
+    static __device__ __forceinline__ float4 f4(const float *p) { return *(const float4 *)(const void *)p; }
 };
 
 template <> struct Step<QT_Q4_K> {
@@ -183,19 +185,6 @@ template <> struct Step<QT_Q8_0> {
     }
 };
 
-/* Where the x columns are read from: global memory (the MoE kernel: each warp its own rows) or
- * the shared-memory slot k_gemv_q8t's CTA staged (the step's columns, rows XStride apart). */
-struct XG {
-    static __device__ __forceinline__ uint2 q2(const int8_t *p) { return ldg64(p); }
-    static __device__ __forceinline__ uint32_t q1(const int8_t *p) { return ldg32(p); }
-    static __device__ __forceinline__ float4 f4(const float *p) { return ldg_f4(p); }
-};
-struct XS {
-    static __device__ __forceinline__ uint2 q2(const int8_t *p) { return *(const uint2 *)(const void *)p; }
-    static __device__ __forceinline__ uint32_t q1(const int8_t *p) { return *(const uint32_t *)(const void *)p; }
-    static __device__ __forceinline__ float4 f4(const float *p) { return *(const float4 *)(const void *)p; }
-};
-
 /* S += one unit's values f of the lane's four C elements (rows g, g + 8 x columns 2c, 2c + 1);
  * P = 2: the columns are a vector's two planes, added to one sum, plane 0 first (S[0], S[2]). */
 template <int P> __device__ __forceinline__ void acc_unit(float (&S)[4], const float (&f)[4]) {
@@ -222,7 +211,7 @@ __device__ __forceinline__ void unit_tiles(const uint32_t (&a)[2][4], const floa
         float r[2][4];
 #pragma unroll
         for (int sb = 0; sb < 2; sb++) {
-            const uint2 b = XL::q2(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
+            const uint2 b = XL::v2(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
             mma32(r[sb], a[sb], b.x, b.y);
         }
         float f[4];
@@ -237,7 +226,7 @@ __device__ __forceinline__ void unit_tiles(const uint32_t (&a)[2][4], const floa
     }
 }
 
-template <int NT, int P, class XL = XG>
+template <int NT, int P, class XL = Gld>
 __device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
 #pragma unroll
@@ -258,7 +247,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT
     }
 }
 
-template <int NT, int P, class XL = XG>
+template <int NT, int P, class XL = Gld>
 __device__ __forceinline__ void step_units(const Step<QT_Q5_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
 #pragma unroll
@@ -279,7 +268,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q5_K> &w, const Cols<NT
     }
 }
 
-template <int NT, int P, class XL = XG>
+template <int NT, int P, class XL = Gld>
 __device__ __forceinline__ void step_units(const Step<QT_Q8_0> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
 #pragma unroll
@@ -299,7 +288,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q8_0> &w, const Cols<NT
     }
 }
 
-template <int NT, int P, class XL = XG>
+template <int NT, int P, class XL = Gld>
 __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
     float d[2];
@@ -337,7 +326,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT
                 }
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
-                    const uint32_t b = XL::q1(cl.xq + cl.q[t] + s * 256 + 128 * h + 32 * q + 16 * i + 4 * c);
+                    const uint32_t b = XL::w(cl.xq + cl.q[t] + s * 256 + 128 * h + 32 * q + 16 * i + 4 * c);
                     float r4[4];
                     mma16(r4, a[0], a[1], b);
                     const float dx0 = (q & 1) ? e[t][0][q >> 1].z : e[t][0][q >> 1].x;
@@ -599,7 +588,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             const int sn = q8t_next_step(G0, ng, steps, gi, st, &gn);
             Step<T> nxt;
             if (live && sn < steps) nxt.load(rp, sn, c);
-            if (live) step_units<NT, P, XS>(cur, cl, 0, c, S);
+            if (live) step_units<NT, P, Sld>(cur, cl, 0, c, S);
             cur = nxt;
             if (gn != gi) { /* group gi done */
                 leaf_merge<NT>(S, gi, stk, res);
