@@ -835,7 +835,8 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
             s = cols <= 8    ? launch_sx<T, 1, P>(&b, rb, st, err)
                 : cols <= 16 ? launch_sx<T, 2, P>(&b, rb, st, err)
                              : launch_sx<T, 4, P>(&b, rb, st, err);
-        else if (cols > 16 && a->m >= 12288 && (a->k / 256 + 7) / 8 <= XSlot<T, 4>::max_steps && sx_fits<T>())
+        else if (cols > 16 && a->m >= 12288 && q8t_range_steps(0, 1, (int)(a->k / 256)) <= XSlot<T, 4>::max_steps &&
+                 sx_fits<T>())
             s = launch_sx<T, 4, P>(&b, rb, st, err);
         else
             s = cols <= 8    ? launch_l1<T, 1, P>(&b, rb, st, err)
