@@ -332,15 +332,13 @@ int main(int argc, char **argv) {
     printf("bench_q8: D2D copy %.0f GB/s (read + written); quantize 1 x 6144: %.2f us per launch\n", rate / 1e9,
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
-    if (one) {
-        printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
-               "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes |\n");
-        gemv_row(pool, &o, (uint32_t)ot, om, ok, on, rate);
-        return 0;
-    }
     printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
            "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes |\n"
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    if (one) {
+        gemv_row(pool, &o, (uint32_t)ot, om, ok, on, rate);
+        return 0;
+    }
     const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};
     static const int NS[] = {1, 2, 4, 8, 32}, NA[] = {1, 2, 4, 32}; /* where q8t starts to win */
     for (int ti = 0; ti < 4; ti++)
