@@ -21,12 +21,17 @@
  * sub-block the mma's k positions 4c..4c+3 and 16+4c..16+4c+3 hold elements 8c..8c+7 (for A and
  * B alike), so a lane reads 8 consecutive bytes of a row. KW depends on (m, k) only.
  *
- * A second form, k_gemv_q8t_sx, for 17..32 columns of matrices of >= 12288 rows: a CTA's 8 warps
+ * A second form, k_gemv_q8t_sx, for 9..32 columns of matrices of >= 12288 rows: a CTA's 8 warps
  * take 8 tiles of one k-range (the same groups and order), the CTA stages that range's x columns
  * in shared memory once, and the ranges of a row block form a thread-block cluster whose subtrees
  * are merged pairwise in range order through distributed shared memory: the same bits. The first
  * form reads x through L1 per warp and is bound by it there (ncu: L1 83% busy, 8 warps per SM);
- * on short matrices and at few columns it stays faster (bench/RESULTS.md, session 23). */
+ * on short matrices and at few columns it stays faster (bench/RESULTS.md, session 23).
+ *
+ * On shorter matrices at more than 8 columns the first form reads x re-laid out by one launch more
+ * (k_x_frag, into the caller's scratch) in mma-fragment order: a warp's B fragment is one 256-byte
+ * read instead of 8 rows' 8 bytes, its (d, s) pairs one line; the same loops and bits, 1.0-1.35x
+ * faster at 16-64 columns (session 24). */
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -100,12 +105,14 @@ template <int T> struct Step;
 /* Where a step's weight bytes or x columns are read from: global memory (non-coherent loads), or
  * shared memory (the MoE kernel's weight stage, k_gemv_q8t_sx's x slots: the same layouts). */
 struct Gld {
+    static constexpr int XB = 32, DU = 4; /* x: address step of a 32-element sub-block (bytes), of a unit's (d, s) (floats) */
     static __device__ __forceinline__ uint4 v4(const void *p) { return ldg128(p); }
     static __device__ __forceinline__ uint2 v2(const void *p) { return ldg64(p); }
     static __device__ __forceinline__ uint32_t w(const void *p) { return ldg32(p); }
     static __device__ __forceinline__ float4 f4(const float *p) { return ldg_f4(p); }
 };
 struct Sld {
+    static constexpr int XB = 32, DU = 4;
     static __device__ __forceinline__ uint4 v4(const void *p) { return *(const uint4 *)p; }
     static __device__ __forceinline__ uint2 v2(const void *p) { return *(const uint2 *)p; }
     static __device__ __forceinline__ uint32_t w(const void *p) { return *(const uint32_t *)p; }
@@ -185,6 +192,14 @@ template <> struct Step<QT_Q8_0> {
     }
 };
 
+/* x re-laid out by k_x_frag in mma-fragment order (the fx launches): per 32-element sub-block and
+ * column tile, 256 bytes [g][c][8], so a warp's B fragment is one contiguous 256-byte read instead
+ * of 8 rows' 8 bytes each; per unit and tile 32 floats [c][column 2c, 2c + 1][d0 s0 d1 s1], a
+ * lane's (d, s) pairs on one line. */
+template <int NT> struct XF : Gld {
+    static constexpr int XB = NT * 256, DU = NT * 32;
+};
+
 /* S += one unit's values f of the lane's four C elements (rows g, g + 8 x columns 2c, 2c + 1);
  * P = 2: the columns are a vector's two planes, added to one sum, plane 0 first (S[0], S[2]). */
 template <int P> __device__ __forceinline__ void acc_unit(float (&S)[4], const float (&f)[4]) {
@@ -207,11 +222,12 @@ __device__ __forceinline__ void unit_tiles(const uint32_t (&a)[2][4], const floa
                                               float (&S)[NT][4]) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        const float4 e0 = XL::f4(cl.xds + cl.ds[t][0] + xo / 16), e1 = XL::f4(cl.xds + cl.ds[t][1] + xo / 16);
+        const float4 e0 = XL::f4(cl.xds + cl.ds[t][0] + (xo / 64) * XL::DU),
+                     e1 = XL::f4(cl.xds + cl.ds[t][1] + (xo / 64) * XL::DU);
         float r[2][4];
 #pragma unroll
         for (int sb = 0; sb < 2; sb++) {
-            const uint2 b = XL::v2(cl.xq + cl.q[t] + xo + 32 * sb + 8 * c);
+            const uint2 b = XL::v2(cl.xq + cl.q[t] + (xo / 32 + sb) * XL::XB + 8 * c);
             mma32(r[sb], a[sb], b.x, b.y);
         }
         float f[4];
@@ -302,8 +318,8 @@ __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT
         for (int t = 0; t < NT; t++)
 #pragma unroll
             for (int col = 0; col < 2; col++) {
-                e[t][col][0] = XL::f4(cl.xds + cl.ds[t][col] + s * 16 + 8 * h);
-                e[t][col][1] = XL::f4(cl.xds + cl.ds[t][col] + s * 16 + 8 * h + 4);
+                e[t][col][0] = XL::f4(cl.xds + cl.ds[t][col] + (4 * s + 2 * h) * XL::DU);
+                e[t][col][1] = XL::f4(cl.xds + cl.ds[t][col] + (4 * s + 2 * h + 1) * XL::DU);
             }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -326,7 +342,7 @@ __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT
                 }
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
-                    const uint32_t b = XL::w(cl.xq + cl.q[t] + s * 256 + 128 * h + 32 * q + 16 * i + 4 * c);
+                    const uint32_t b = XL::w(cl.xq + cl.q[t] + (8 * s + 4 * h + q) * XL::XB + 16 * i + 4 * c);
                     float r4[4];
                     mma16(r4, a[0], a[1], b);
                     const float dx0 = (q & 1) ? e[t][0][q >> 1].z : e[t][0][q >> 1].x;
@@ -407,7 +423,7 @@ __device__ __forceinline__ void store_tile(const float (&res)[NT][4], float *__r
 
 /* The GEMV (grid and lanes: the top comment). steps = k / 256; kw = warps per tile (1, 2, 4, 8),
  * warp ks of a tile taking the residue groups ks * 8 / kw .. (ks + 1) * 8 / kw - 1. */
-template <int T, int NT, int P>
+template <int T, int NT, int P, class XL = Gld>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     k_gemv_q8t(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int steps, int kw, const int8_t *__restrict__ xq,
                int64_t ldq, const float *__restrict__ xds, int64_t ldds, int64_t k, int n, float *__restrict__ y,
@@ -424,6 +440,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     cl.xds = xds;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
+        if constexpr (XL::XB != 32) { /* the fragment layout */
+            cl.q[t] = (uint32_t)(t * 256 + g * 32);
+            cl.ds[t][0] = (uint32_t)(t * 32 + c * 8);
+            cl.ds[t][1] = (uint32_t)(t * 32 + c * 8 + 4);
+            continue;
+        }
         const int col = 8 * t + g;
         int v = P == 2 ? col >> 1 : col;
         v = v < n ? v : n - 1; /* columns past n compute a copy of the last one, never stored */
@@ -463,7 +485,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 const int sn = st + 8 < steps ? st + 8 : gi + 1 < ng && G + 1 < steps ? G + 1 : -1;
                 Step<T> nxt;
                 if (sn >= 0) nxt.load(rp, sn, c);
-                step_units<NT, P>(cur, cl, st, c, S);
+                step_units<NT, P, XL>(cur, cl, st, c, S);
                 cur = nxt;
             }
         leaf_merge<NT>(S, gi, stk, res);
@@ -784,6 +806,56 @@ static g5_status launch_l1(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
     return G5_OK;
 }
 
+/* x of one launch's columns into the fragment order of XF<NT>. Grid: one thread per
+ * lane's 8 bytes of a sub-block and tile, then one per (unit, tile, c) for its 8 (d, s) floats. */
+template <int NT, int P>
+__global__ void k_x_frag(const int8_t *__restrict__ xq, int64_t ldq, const float *__restrict__ xds, int64_t ldds,
+                         int64_t k, int n, int8_t *__restrict__ fq, float *__restrict__ fds) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nq = k / 32 * NT * 32, nd = k / 64 * NT * 4;
+    auto src_col = [&](int col, int &pl) {
+        int v = P == 2 ? col >> 1 : col;
+        pl = P == 2 ? col & 1 : 0;
+        return v < n ? v : n - 1;
+    };
+    if (i < nq) {
+        const int64_t b = i / (NT * 32);
+        const int r = (int)(i % (NT * 32)), t = r / 32, l = r % 32;
+        int pl;
+        const int v = src_col(8 * t + l / 4, pl);
+        *(uint2 *)(void *)(fq + i * 8) = ldg64(xq + v * ldq + pl * k + 32 * b + 8 * (l % 4));
+    } else if (i < nq + nd) {
+        const int64_t j = i - nq, u = j / (NT * 4);
+        const int r = (int)(j % (NT * 4)), t = r / 4, c = r % 4;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int pl;
+            const int v = src_col(8 * t + 2 * c + e, pl);
+            *(float4 *)(void *)(fds + (u * NT + t) * 32 + c * 8 + 4 * e) = ldg_f4(xds + v * ldds + pl * (k / 16) + 4 * u);
+        }
+    }
+}
+
+/* The L1 form on x re-laid out first (fx): scratch holds k * NT * 10 bytes (CUK_Q8T_SCRATCH_PER_K
+ * covers NT = 4). */
+static_assert(4 * 10 == CUK_Q8T_SCRATCH_PER_K, "the scratch of NT = 4 column tiles a k element");
+
+template <int T, int NT, int P>
+static g5_status launch_fx(const cuk_gemv_q8_args *a, int64_t rb, int8_t *scratch, cudaStream_t st, g5_error *err) {
+    int8_t *fq = scratch;
+    float *fds = (float *)(void *)(scratch + a->k / 32 * NT * 256);
+    const int64_t items = a->k / 32 * NT * 32 + a->k / 64 * NT * 4;
+    k_x_frag<NT, P><<<(unsigned)((items + 255) / 256), 256, 0, st>>>(a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->k,
+                                                                      (int)a->n, fq, fds);
+    CUK_CHECK(cudaGetLastError());
+    const int kw = q8t_kw_l1(a->m, a->k);
+    const int64_t tiles = (a->m + 15) / 16, per = WARPS / kw;
+    k_gemv_q8t<T, NT, P, XF<NT>><<<(unsigned)((tiles + per - 1) / per), WARPS * 32, 0, st>>>(
+        (const uint8_t *)a->w, rb, a->m, (int)(a->k / 256), kw, fq, 0, fds, 0, a->k, a->n, a->y, a->ldy);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
 /* Whether the device lets a block have k_gemv_q8t_sx's slots and its static red (sm_90: 227 KB
  * of opt-in shared memory); sm_120 gives 99 KB and takes the L1 form (cuk_limits.h). */
 template <int T> static bool sx_fits() {
@@ -814,14 +886,22 @@ static g5_status launch_sx(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
     return G5_OK;
 }
 
+/* Whether a launch of NT column tiles takes the sx form by shape: a tall matrix (>= 12288 rows) at
+ * more than 8 columns, a k-range's x fitting its slots at once (k <= 34816: every GLM-5 product),
+ * and the device giving a block the memory. */
+template <int T, int NT> static bool sx_by_shape(const cuk_gemv_q8_args *a) {
+    return a->m >= 12288 && q8t_range_steps(0, 1, (int)(a->k / 256)) <= XSlot<T, NT>::max_steps && sx_fits<T>();
+}
+
 /* Columns (vectors x planes) of one launch: up to 32 (NT = 4; more would spill the residue sums),
  * a larger n in launches of 32 / P vectors, which changes no bits (they never depend on n).
- * all_sx: every launch in the sx form (cuk_gemv_q8t_sx), else the form by shape (bench/RESULTS.md
- * session 23): x staged in shared memory wins at 32 columns on matrices of >= 12288 rows, the L1
- * form on shorter ones and at 8; sx only where a k-range's x fits its slots at once (k <= 34816:
- * every GLM-5 product). */
+ * all_sx: every launch in the sx form (cuk_gemv_q8t_sx). Else the form by shape (bench/RESULTS.md,
+ * sessions 23 and 24): at more than 8 columns sx on tall matrices, else the L1 form on x re-laid
+ * out in fragment order where the caller gave scratch (fx); at 8 columns or fewer the L1 form on x
+ * as it is (the relayout launch costs more than it saves there). */
 template <int T, int P>
-static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, g5_error *err) {
+static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, int8_t *fx,
+                           g5_error *err) {
     constexpr int per = 32 / P;
     for (int v0 = 0; v0 < a->n; v0 += per) {
         cuk_gemv_q8_args b = *a;
@@ -835,9 +915,12 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
             s = cols <= 8    ? launch_sx<T, 1, P>(&b, rb, st, err)
                 : cols <= 16 ? launch_sx<T, 2, P>(&b, rb, st, err)
                              : launch_sx<T, 4, P>(&b, rb, st, err);
-        else if (cols > 16 && a->m >= 12288 && q8t_range_steps(0, 1, (int)(a->k / 256)) <= XSlot<T, 4>::max_steps &&
-                 sx_fits<T>())
+        else if (cols > 16 && sx_by_shape<T, 4>(&b))
             s = launch_sx<T, 4, P>(&b, rb, st, err);
+        else if (cols > 8 && cols <= 16 && sx_by_shape<T, 2>(&b))
+            s = launch_sx<T, 2, P>(&b, rb, st, err);
+        else if (cols > 8 && fx)
+            s = cols <= 16 ? launch_fx<T, 2, P>(&b, rb, fx, st, err) : launch_fx<T, 4, P>(&b, rb, fx, st, err);
         else
             s = cols <= 8    ? launch_l1<T, 1, P>(&b, rb, st, err)
                 : cols <= 16 ? launch_l1<T, 2, P>(&b, rb, st, err)
@@ -847,11 +930,12 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
     return G5_OK;
 }
 
-template <int T> static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, g5_error *err) {
+template <int T>
+static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, int8_t *fx, g5_error *err) {
     if (all_sx && !sx_fits<T>())
         return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8t_sx: the device gives a block less than the %zu bytes of shared memory its x slots need",
                        (size_t)XSlot<T, 4>::max_steps * XSlot<T, 4>::bytes);
-    return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, all_sx, err) : launch_nt<T, 1>(a, rb, st, all_sx, err);
+    return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, all_sx, fx, err) : launch_nt<T, 1>(a, rb, st, all_sx, fx, err);
 }
 
 /* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups; the ring's shared
@@ -892,7 +976,8 @@ extern "C" int cuk_q8t_takes(uint32_t t, int64_t k) {
 }
 
 /* cuk_gemv_q8t and cuk_gemv_q8t_sx: the argument checks (what names the call), then the launches. */
-static g5_status gemv_q8t_run(const char *what, const cuk_gemv_q8_args *a, cuk_stream stream, bool all_sx, g5_error *err) {
+static g5_status gemv_q8t_run(const char *what, const cuk_gemv_q8_args *a, cuk_stream stream, bool all_sx, int8_t *fx,
+                              g5_error *err) {
     if (!a) return BAD("%s: args is NULL", what);
     if (!cuk_q8t_takes(a->w_type, a->k))
         return BAD("%s: type %s with k=%lld has no int8 tensor-core kernel", what, quant_type_name(a->w_type),
@@ -914,19 +999,23 @@ static g5_status gemv_q8t_run(const char *what, const cuk_gemv_q8_args *a, cuk_s
     if (a->ldy < a->m) return BAD("%s: ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
     const cudaStream_t st = (cudaStream_t)stream;
     switch (a->w_type) {
-    case QT_Q4_K: return q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st, all_sx, err);
-    case QT_Q5_K: return q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st, all_sx, err);
-    case QT_Q6_K: return q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st, all_sx, err);
-    default: return q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st, all_sx, err);
+    case QT_Q4_K: return q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st, all_sx, fx, err);
+    case QT_Q5_K: return q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st, all_sx, fx, err);
+    case QT_Q6_K: return q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st, all_sx, fx, err);
+    default: return q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st, all_sx, fx, err);
     }
 }
 
-extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
-    return gemv_q8t_run("gemv_q8t", a, stream, false, err);
+extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, void *scratch, size_t scratch_bytes, cuk_stream stream,
+                                  g5_error *err) {
+    if (a && scratch && ((uintptr_t)scratch % 16 || scratch_bytes / CUK_Q8T_SCRATCH_PER_K < (uint64_t)a->k))
+        return BAD("gemv_q8t: scratch of %zu bytes unaligned or under k=%lld x %d", scratch_bytes, (long long)a->k,
+                   CUK_Q8T_SCRATCH_PER_K);
+    return gemv_q8t_run("gemv_q8t", a, stream, false, (int8_t *)scratch, err);
 }
 
 extern "C" g5_status cuk_gemv_q8t_sx(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
-    return gemv_q8t_run("gemv_q8t_sx", a, stream, true, err);
+    return gemv_q8t_run("gemv_q8t_sx", a, stream, true, NULL, err);
 }
 
 /* cuk_q8t_takes' types but Q6_K, whose 210-byte steps cp.async cannot copy (not 16-byte aligned). */

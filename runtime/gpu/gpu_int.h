@@ -123,6 +123,8 @@ typedef struct gl_rank {
     int8_t *q8q;                     /* int8 copies of product inputs, rows of planes * k (fast
                                         mode, the roles of specs/numerics.md; cuda/cuk_q8.h) */
     float *q8d;                      /* their (d, s) pairs per 32 elements, rows of planes * k / 16 */
+    void *q8x;                       /* cuk_gemv_q8t's scratch: x in fragment order, q8x_bytes */
+    uint64_t q8x_bytes;
     gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
     int32_t *mplan;                  /* MoE routing plans, one per GM_MOE_CHUNK tokens (cuk_moe_plan) */

@@ -67,11 +67,13 @@ typedef struct ops {
     float *y, *part; /* [8 * 8][160000] */
     int32_t *ids, *plan;
     float *wts;
+    void *fx;        /* cuk_gemv_q8t's scratch: 16384 * CUK_Q8T_SCRATCH_PER_K bytes */
 } ops;
 
 /* The variants of one shape at n vectors: cuk_gemv with bf16 x (n <= 8), cuk_gemv_q8 (dp4a, in
  * launches of 8 as the runtime makes them) with one and two planes, cuk_gemv_q8t (tensor cores,
- * its form by shape) and cuk_gemv_q8t_sx (the shared-x form throughout), each with one and two
+ * its form by shape, with scratch as the runtime gives it), cuk_gemv_q8t_sx (the shared-x form
+ * throughout) and cuk_gemv_q8t without scratch (x never re-laid out), each with one and two
  * planes. */
 static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t k, int n, double rate) {
     uint64_t rb = 0, stride = 0;
@@ -80,11 +82,11 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     const int copies = fill_pool(pool, t, bytes, &stride);
     const cuk_q8_quantize_args q2a = {o->xf, 32768, k, n, o->q2, 32768, o->ds2, 2048, 2};
     GK(cuk_q8_quantize(&q2a, NULL, &err_));
-    double us[7];
-    for (int v = 0; v < 7; v++) {
+    double us[9];
+    for (int v = 0; v < 9; v++) {
         us[v] = -1;
         if ((v == 0 && n > 8) || (v >= 3 && !cuk_q8t_takes(t, k))) continue;
-        if (v >= 5) { /* the sx form needs sm_90's shared memory: a "-" where the device refuses it */
+        if (v >= 5 && v <= 6) { /* the sx form needs sm_90's shared memory: a "-" where the device refuses it */
             const cuk_gemv_q8_args g = {t, pool, k, m, {o->q, 32768, o->ds, 2048, 1}, n, o->y, m, NULL, NULL};
             g5_error e = {0};
             const g5_status st = cuk_gemv_q8t_sx(&g, NULL, &e);
@@ -112,7 +114,9 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
                 }
             } else {
                 const cuk_gemv_q8_args g = {t, w, k, m, v % 2 ? x1 : x2, n, o->y, m, NULL, NULL};
-                GK(v <= 4 ? cuk_gemv_q8t(&g, NULL, &err_) : cuk_gemv_q8t_sx(&g, NULL, &err_));
+                GK(v <= 4   ? cuk_gemv_q8t(&g, o->fx, (size_t)16384 * CUK_Q8T_SCRATCH_PER_K, NULL, &err_)
+                   : v <= 6 ? cuk_gemv_q8t_sx(&g, NULL, &err_)
+                            : cuk_gemv_q8t(&g, NULL, 0, NULL, &err_));
             }
         }
         CK(cudaEventRecord(ev_b, NULL));
@@ -120,7 +124,7 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
         us[v] = elapsed_ms() * 1e3 / iters;
     }
     printf("| %s | %lld x %lld | %d | %.1f |", quant_type_name(t), (long long)m, (long long)k, n, bytes / 1e6);
-    for (int v = 0; v < 7; v++) {
+    for (int v = 0; v < 9; v++) {
         if (us[v] < 0) printf(" - |");
         else printf(" %.2f (%.3f) |", us[v], bytes / (us[v] * 1e-6) / rate);
     }
@@ -313,6 +317,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&o.part, (size_t)64 * 160000 * 4));
     CK(cudaMalloc((void **)&o.ids, 64 * 4));
     CK(cudaMalloc((void **)&o.wts, 256 * 4));
+    CK(cudaMalloc(&o.fx, (size_t)16384 * CUK_Q8T_SCRATCH_PER_K));
     CK(cudaMalloc((void **)&o.plan, 8 * (size_t)cuk_moe_plan_words(1, 8) * 4));
     float *hx = malloc(32 * 32768 * 4);
     if (!hx) return 2;
@@ -333,8 +338,8 @@ int main(int argc, char **argv) {
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
     printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
-           "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes |\n"
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+           "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes | q8t no scratch (ratio) | two planes |\n"
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     if (one) {
         gemv_row(pool, &o, (uint32_t)ot, om, ok, on, rate);
         return 0;

@@ -12,7 +12,8 @@
  *   bit-identical to its one-vector launch; skipped (weight 0) pairs left untouched;
  * - cuk_gemv_q8 with a second matrix (w2, y2): both outputs bit-identical to their own launches
  *   (every type, odd m, n = 1, 3, 8), and cuk_gemv_q8t refusing w2;
- * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance;
+ * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance, with and
+ *   without its scratch (x re-laid out or not) and in the sx form: the same bits;
  * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores) bit-identical to the dp4a MoE kernels
  *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
@@ -291,6 +292,7 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     fill_x(x, N, k);
     dq8 o = quantize(x, N, k, planes, tn);
     float *dy = dalloc((size_t)(N * m) * 4), *dy1 = dalloc((size_t)m * 4);
+    void *fxs = dalloc((size_t)k * CUK_Q8T_SCRATCH_PER_K);
     float *y = xmalloc((size_t)(N * m) * 4), *y1 = xmalloc((size_t)m * 4), *ysx = xmalloc((size_t)(N * m) * 4);
     double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)(N * m) * 8);
     for (int v = 0; v < N; v++) {
@@ -301,7 +303,8 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
         const int n = NS[ni];
         const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m, NULL, NULL};
-        T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_OK, "%s gemv_q8t n=%d: %s", tn, n, err.msg);
+        T_CHECK(cuk_gemv_q8t(&a, fxs, (size_t)k * CUK_Q8T_SCRATCH_PER_K, NULL, &err) == G5_OK, "%s gemv_q8t n=%d: %s",
+                tn, n, err.msg);
         get(y, dy, (size_t)(n * m) * 4);
         double worst = 0;
         int same = 1;
@@ -317,6 +320,12 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
                 (long long)k, n, planes, worst);
         T_CHECK(same, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: every vector bit-identical to cuk_gemv_q8's "
                 "one-vector launch", tn, (long long)m, (long long)k, n, planes);
+        /* without scratch (x read as it is where cuk_gemv_q8t re-lays it out): the same bits */
+        T_CHECK(cuk_gemv_q8t(&a, NULL, 0, NULL, &err) == G5_OK, "%s gemv_q8t n=%d, no scratch: %s", tn, n, err.msg);
+        get(ysx, dy, (size_t)(n * m) * 4);
+        T_CHECK(memcmp(ysx, y, (size_t)(n * m) * 4) == 0,
+                "%s gemv_q8t m=%lld k=%lld n=%d planes %d: no scratch, bit-identical", tn, (long long)m, (long long)k, n,
+                planes);
         /* the second form on every shape, whatever cuk_gemv_q8t picked: the same bits */
         const g5_status ss = cuk_gemv_q8t_sx(&a, NULL, &err);
         if (ss == G5_ERR_UNSUPPORTED) {
@@ -336,6 +345,7 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     CK(cudaFree(dw));
     CK(cudaFree(dy));
     CK(cudaFree(dy1));
+    CK(cudaFree(fxs));
     free(wf), free(x), free(y), free(y1), free(ysx), free(xd), free(ref);
 }
 
@@ -369,21 +379,28 @@ static void test_refusals_t(void) {
     int8_t *q = dalloc(64 * 1024);
     float *ds = dalloc(64 * 256), *y = dalloc(64 * 256);
     cuk_gemv_q8_args a = {QT_Q4_K, w, 256, 16, {q, 512, ds, 32, 1}, 33, y, 16, NULL, NULL};
-    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "n=33"), "q8t refused: n=33 (%s)", err.msg);
+    T_CHECK(cuk_gemv_q8t(&a, NULL, 0, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "n=33"), "q8t refused: n=33 (%s)", err.msg);
     a.n = 1;
     a.k = 320;
-    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "k=320"), "q8t refused: Q4_K k=320 (%s)", err.msg);
+    T_CHECK(cuk_gemv_q8t(&a, NULL, 0, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "k=320"), "q8t refused: Q4_K k=320 (%s)", err.msg);
     a.k = 256;
     a.w_type = QT_Q4_0;
-    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q4_0"), "q8t refused: Q4_0 (%s)", err.msg);
+    T_CHECK(cuk_gemv_q8t(&a, NULL, 0, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "Q4_0"), "q8t refused: Q4_0 (%s)", err.msg);
     a.w_type = QT_Q8_0;
     a.w2 = w;
     a.y2 = y;
-    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "w2"), "q8t refused: w2 (%s)", err.msg);
+    T_CHECK(cuk_gemv_q8t(&a, NULL, 0, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "w2"), "q8t refused: w2 (%s)", err.msg);
     a.w2 = NULL;
     a.y2 = NULL;
     a.x.ldq = 200;
-    T_CHECK(cuk_gemv_q8t(&a, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldq"), "q8t refused: ldq 200 (%s)", err.msg);
+    T_CHECK(cuk_gemv_q8t(&a, NULL, 0, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldq"), "q8t refused: ldq 200 (%s)", err.msg);
+    a.x.ldq = 512;
+    T_CHECK(cuk_gemv_q8t(&a, q, 256 * CUK_Q8T_SCRATCH_PER_K - 1, NULL, &err) == G5_ERR_INVALID_ARG &&
+                strstr(err.msg, "scratch"),
+            "q8t refused: scratch one byte short (%s)", err.msg);
+    T_CHECK(cuk_gemv_q8t(&a, q + 8, 256 * CUK_Q8T_SCRATCH_PER_K, NULL, &err) == G5_ERR_INVALID_ARG &&
+                strstr(err.msg, "scratch"),
+            "q8t refused: scratch not 16-byte aligned (%s)", err.msg);
     T_CHECK(cuk_q8t_takes(QT_Q8_0, 512) && !cuk_q8t_takes(QT_Q8_0, 64) && cuk_q8t_takes(QT_Q6_K, 6144) &&
                 !cuk_q8t_takes(QT_Q4_0, 256),
             "cuk_q8t_takes: the four types with k %% 256, nothing else");
