@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_model.h"
@@ -297,9 +298,16 @@ int main(int argc, char **argv) {
     const int ot = one ? quant_type_from_name(argv[2]) : 0;
     const long long om = one ? atoll(argv[3]) : 0, ok = one ? atoll(argv[4]) : 0;
     const int on = one ? atoi(argv[5]) : 0;
-    if (iters < 1 || (argc != 2 && argc != 1 && !one) ||
+    /* one batched MoE step alone (for ncu): bench_q8 ITERS moe N_TOK */
+    const int moe1 = argc == 4 && !strcmp(argv[2], "moe"), mn = moe1 ? atoi(argv[3]) : 0;
+    if (moe1 && (mn < 1 || mn > 32)) {
+        fprintf(stderr, "usage: bench_q8 ITERS moe N_TOK (N_TOK 1..32)\n");
+        return 2;
+    }
+    if (iters < 1 || (argc != 2 && argc != 1 && !one && !moe1) ||
         (one && (ot < 0 || om < 1 || om > 160000 || ok < 256 || ok > 16384 || ok % 256 || on < 1 || on > 32))) {
-        fprintf(stderr, "usage: bench_q8 [iters >= 1 [TYPE M K N]] (K a multiple of 256 up to 16384, N 1..32)\n");
+        fprintf(stderr, "usage: bench_q8 [iters >= 1 [TYPE M K N | moe N_TOK]] (K a multiple of 256 up to 16384, "
+                        "N 1..32)\n");
         return 2;
     }
     CK(cudaEventCreate(&ev_a));
@@ -342,6 +350,12 @@ int main(int argc, char **argv) {
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     if (one) {
         gemv_row(pool, &o, (uint32_t)ot, om, ok, on, rate);
+        return 0;
+    }
+    if (moe1) {
+        printf("| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) |\n"
+               "| --- | --- | --- | --- | --- | --- |\n");
+        moe_batch_row(pool, &o, QT_Q4_K, QT_Q5_K, mn, rate);
         return 0;
     }
     const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0};

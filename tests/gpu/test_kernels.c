@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cuda/cuk.h"
+#include "cuda/cuk_head_gemv.h"
 #include "format/quant.h"
 #include "format/quant_blocks.h"
 #include "tests/test_util.h"
@@ -905,6 +906,82 @@ static void test_validation(void) {
     CK(cudaFree(w)); CK(cudaFree(x)); CK(cudaFree(y));
 }
 
+/* The bits cuk_head_gemv promises (cuda/cuk_head_gemv.h), emulated: lane l's partial over its
+ * float4 pieces l + 32 j in j order (fmaf chain from 0), then the lanes' tree xor 16, 8, 4, 2, 1. */
+static float head_gemv_emul(const float *w, const float *x, int k) {
+    float p[32];
+    for (int l = 0; l < 32; l++) {
+        float acc = 0.0f;
+        for (int c4 = l; c4 < k / 4; c4 += 32)
+            for (int e = 0; e < 4; e++) acc = fmaf(w[4 * c4 + e], x[4 * c4 + e], acc);
+        p[l] = acc;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float q[32];
+        for (int l = 0; l < 32; l++) q[l] = p[l] + p[l ^ o];
+        memcpy(p, q, sizeof p);
+    }
+    return p[0];
+}
+
+/* cuk_head_gemv: every output bit-identical to the emulated order, for f32 and bf16 inputs, odd
+ * row counts (a warp's clamped rows), k below a full lane set, and n across the pass size. */
+static void test_head_gemv(void) {
+    static const struct { int H, m, k; } S[] = {{3, 37, 512}, {2, 256, 512}, {5, 9, 200}, {1, 4, 1024}};
+    static const int NS[] = {1, 3, 8, 19, 32};
+    for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+        const int H = S[si].H, m = S[si].m, k = S[si].k, N = 32;
+        const int64_t ldw = k + 4, ld_head = (int64_t)m * ldw + 8, ldxh = k + 12, ldx = H * ldxh + 4;
+        const int64_t ldyh = m + 3, ldy = H * ldyh + 5;
+        float *w = xmalloc((size_t)(H * ld_head) * 4), *x = xmalloc((size_t)(N * ldx) * 4);
+        uint16_t *xb = xmalloc((size_t)(N * ldx) * 2);
+        float *xr = xmalloc((size_t)k * 4), *y = xmalloc((size_t)(N * ldy) * 4);
+        for (int64_t i = 0; i < H * ld_head; i++) w[i] = unif(-1.0f, 1.0f);
+        for (int64_t i = 0; i < N * ldx; i++) {
+            x[i] = unif(-2.0f, 2.0f);
+            xb[i] = (uint16_t)(bits(x[i]) >> 16);
+        }
+        float *dw = dup_d(w, (size_t)(H * ld_head) * 4), *dy = dalloc((size_t)(N * ldy) * 4);
+        void *dx = dup_d(x, (size_t)(N * ldx) * 4), *dxb = dup_d(xb, (size_t)(N * ldx) * 2);
+        for (int bf = 0; bf < 2; bf++)
+            for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+                const int n = NS[ni];
+                const cuk_head_gemv_args a = {dw, ld_head, ldw, H, m, k, bf ? dxb : dx, bf ? CUK_ACT_BF16 : CUK_ACT_F32,
+                                              ldx, ldxh, n, dy, ldy, ldyh};
+                poison(dy, (size_t)(N * ldy) * 4);
+                g5_error err = {0};
+                T_CHECK(cuk_head_gemv_fits(&a) && cuk_head_gemv(&a, NULL, &err) == G5_OK, "head_gemv: %s", err.msg);
+                get(y, dy, (size_t)(N * ldy) * 4);
+                int same = 1, pad = 1;
+                for (int t = 0; t < n; t++)
+                    for (int h = 0; h < H; h++) {
+                        for (int c = 0; c < k; c++) {
+                            const int64_t xi = t * ldx + h * ldxh + c;
+                            if (bf) {
+                                const uint32_t u = (uint32_t)xb[xi] << 16;
+                                memcpy(&xr[c], &u, 4);
+                            } else {
+                                xr[c] = x[xi];
+                            }
+                        }
+                        for (int r = 0; r < m; r++) {
+                            const float e = head_gemv_emul(w + h * ld_head + r * ldw, xr, k);
+                            same &= bits(e) == bits(y[t * ldy + h * ldyh + r]);
+                        }
+                    }
+                for (int t = 0; t < N; t++) /* everything but the outputs stays poisoned */
+                    for (int64_t i = 0; i < ldy; i++)
+                        if (t >= n || i / ldyh >= H || i % ldyh >= m) pad &= is_poison(y[t * ldy + i]);
+                T_CHECK(same, "head_gemv H=%d m=%d k=%d n=%d %s: every output has the emulated order's bits", H, m, k, n,
+                        bf ? "bf16" : "f32");
+                T_CHECK(pad, "head_gemv H=%d m=%d k=%d n=%d: nothing written past the outputs", H, m, k, n);
+            }
+        note("  head_gemv H=%d m=%d k=%d: n = 1..32, f32 and bf16\n", H, m, k);
+        CK(cudaFree(dw)); CK(cudaFree(dy)); CK(cudaFree(dx)); CK(cudaFree(dxb));
+        free(w), free(x), free(xb), free(xr), free(y);
+    }
+}
+
 int main(void) {
     const char *dp = getenv("G5_TEST_DETAIL");
     if (dp && *dp) g_detail = fopen(dp, "a");
@@ -920,6 +997,7 @@ int main(void) {
     test_add_argmax();
     test_gemv();
     test_moe();
+    test_head_gemv();
     if (g_detail) {
         fprintf(g_detail, "test_kernels: %d passed, %d failed\n", t_passed, t_failed);
         fclose(g_detail);
