@@ -186,16 +186,13 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
 namespace cg = cooperative_groups;
 
 constexpr int AB_COLS = 32;  /* W_UK columns per absorb block: one per lane */
-constexpr int AB_TOK = 32;   /* tokens per absorb block: four per thread (warp w: w, w + 8, w + 16, w + 24) */
+constexpr int AB_TOK = 16;   /* tokens per absorb block: two per thread (warp w: w and w + 8) */
 constexpr int AB_THREADS = 256;
-constexpr int AB_TW = AB_TOK / (AB_THREADS / 32); /* tokens per warp */
 
 /* grid (n_head, ceil(kv_lora / AB_COLS), ceil(n_tok / AB_TOK)), AB_THREADS threads. The block
  * stages W_UK[h][0..nope)[c0 .. c0 + 32) in shared memory in one go (all loads in flight at
  * once: the decode case is latency bound), then thread (lane, warp) sums column c0 + lane for
- * its AB_TW tokens over d in order, exactly the CPU's operations. Each w read from shared memory
- * serves AB_TW tokens and each float4 of a token's q four d (nope % 4 == 0): a 32-token step's
- * block is bound by its shared-memory reads (bench/RESULTS.md, session 24). Shared: ws
+ * tokens warp and warp + 8 over d in order, exactly the CPU's operations. Shared: ws
  * [nope][AB_COLS], qs [AB_TOK][nope]. */
 __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, const float *__restrict__ q,
                                                              const float *__restrict__ kvb, int32_t head_rows,
@@ -226,45 +223,20 @@ __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, con
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (warp >= nt) return;
-    const float *qt[AB_TW]; /* tokens past nt repeat the warp's first, never stored */
-#pragma unroll
-    for (int u = 0; u < AB_TW; u++) {
-        const int t = warp + u * (AB_THREADS / 32);
-        qt[u] = qs + (t < nt ? t : warp) * N;
-    }
-    float acc[AB_TW];
-#pragma unroll
-    for (int u = 0; u < AB_TW; u++) acc[u] = 0.0f;
-    if (N % 4 == 0) {
-#pragma unroll 2
-        for (int dd = 0; dd < N; dd += 4) {
-            const float w0 = ws[dd * AB_COLS + lane], w1 = ws[(dd + 1) * AB_COLS + lane],
-                        w2 = ws[(dd + 2) * AB_COLS + lane], w3 = ws[(dd + 3) * AB_COLS + lane];
-#pragma unroll
-            for (int u = 0; u < AB_TW; u++) {
-                const float4 qv = *(const float4 *)(qt[u] + dd);
-                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.x, w0));
-                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.y, w1));
-                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.z, w2));
-                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.w, w3));
-            }
-        }
-    } else {
-#pragma unroll 4
-        for (int dd = 0; dd < N; dd++) {
-            const float w = ws[dd * AB_COLS + lane];
-#pragma unroll
-            for (int u = 0; u < AB_TW; u++) acc[u] = __fadd_rn(acc[u], __fmul_rn(qt[u][dd], w));
-        }
+    const int ta = warp, tb = warp + AB_THREADS / 32;
+    if (ta >= nt) return;
+    const float *qa = qs + ta * N, *qb = qs + (tb < nt ? tb : ta) * N;
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 8
+    for (int dd = 0; dd < N; dd++) {
+        const float w = ws[dd * AB_COLS + lane];
+        a = __fadd_rn(a, __fmul_rn(qa[dd], w));
+        b = __fadd_rn(b, __fmul_rn(qb[dd], w));
     }
     const int c = c0 + lane;
     if (c >= KL) return;
-#pragma unroll
-    for (int u = 0; u < AB_TW; u++) {
-        const int t = warp + u * (AB_THREADS / 32);
-        if (t < nt) qlat[((int64_t)(t0 + t) * d.n_head + h) * KL + c] = acc[u];
-    }
+    qlat[((int64_t)(t0 + ta) * d.n_head + h) * KL + c] = a;
+    if (tb < nt) qlat[((int64_t)(t0 + tb) * d.n_head + h) * KL + c] = b;
 }
 
 /* ---- head-group decode attention (the default for decode steps) ---- */
