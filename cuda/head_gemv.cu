@@ -147,7 +147,8 @@ template <bool BF> void launch(const cuk_head_gemv_args *a, int J, unsigned bloc
 
 extern "C" int cuk_head_gemv_fits(const cuk_head_gemv_args *a) {
     if (!a || !a->w || !a->x || !a->y) return 0;
-    if (a->n_head < 1 || a->m < 1 || a->k < 4 || a->k > 1024 || a->k % 4 || a->n < 1) return 0;
+    if (a->n_head < 1 || a->m < 1 || a->m > INT32_MAX - HG_RW || a->k < 4 || a->k > 1024 || a->k % 4 || a->n < 1)
+        return 0;
     if (a->x_type != CUK_ACT_F32 && a->x_type != CUK_ACT_BF16) return 0;
     if (((uintptr_t)a->w & 15) || a->ld_head % 4 || a->ldw % 4 || a->ld_head < 0 || a->ldw < a->k) return 0;
     const uintptr_t xal = a->x_type == CUK_ACT_F32 ? 15 : 7;

@@ -285,7 +285,7 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
 static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     const char *tn = quant_type_name(t);
     enum { N = CUK_Q8T_MAX_N };
-    static const int NS[] = {1, 2, 5, 8, 17, 32};
+    static const int NS[] = {1, 2, 5, 8, 12, 17, 32}; /* 12: the 9-16 column forms at one plane */
     float *wf;
     void *dw = weights(t, m, k, &wf);
     float *x = xmalloc((size_t)(N * k) * 4);
@@ -321,12 +321,14 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
         T_CHECK(same, "%s gemv_q8t m=%lld k=%lld n=%d planes %d: every vector bit-identical to cuk_gemv_q8's "
                 "one-vector launch", tn, (long long)m, (long long)k, n, planes);
         /* without scratch (x read as it is where cuk_gemv_q8t re-lays it out): the same bits */
+        CK(cudaMemset(dy, 0xFF, (size_t)(n * m) * 4));
         T_CHECK(cuk_gemv_q8t(&a, NULL, 0, NULL, &err) == G5_OK, "%s gemv_q8t n=%d, no scratch: %s", tn, n, err.msg);
         get(ysx, dy, (size_t)(n * m) * 4);
         T_CHECK(memcmp(ysx, y, (size_t)(n * m) * 4) == 0,
                 "%s gemv_q8t m=%lld k=%lld n=%d planes %d: no scratch, bit-identical", tn, (long long)m, (long long)k, n,
                 planes);
         /* the second form on every shape, whatever cuk_gemv_q8t picked: the same bits */
+        CK(cudaMemset(dy, 0xFF, (size_t)(n * m) * 4));
         const g5_status ss = cuk_gemv_q8t_sx(&a, NULL, &err);
         if (ss == G5_ERR_UNSUPPORTED) {
             printf("  %s gemv_q8t_sx: not on this device (%s)\n", tn, err.msg);
