@@ -795,11 +795,12 @@ __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
     cp_wait<0>();
 }
 
-template <int T, int NT, int P>
+/* The L1 form; XL = XF<NT>: a->x is the fragment-order copy k_x_frag made (launch_fx). */
+template <int T, int NT, int P, class XL = Gld>
 static g5_status launch_l1(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
     const int kw = q8t_kw_l1(a->m, a->k);
     const int64_t tiles = (a->m + 15) / 16, per = WARPS / kw;
-    k_gemv_q8t<T, NT, P><<<(unsigned)((tiles + per - 1) / per), WARPS * 32, 0, st>>>(
+    k_gemv_q8t<T, NT, P, XL><<<(unsigned)((tiles + per - 1) / per), WARPS * 32, 0, st>>>(
         (const uint8_t *)a->w, rb, a->m, (int)(a->k / 256), kw, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->k, a->n, a->y,
         a->ldy);
     CUK_CHECK(cudaGetLastError());
@@ -842,18 +843,15 @@ static_assert(4 * 10 == CUK_Q8T_SCRATCH_PER_K, "the scratch of NT = 4 column til
 
 template <int T, int NT, int P>
 static g5_status launch_fx(const cuk_gemv_q8_args *a, int64_t rb, int8_t *scratch, cudaStream_t st, g5_error *err) {
+    cuk_gemv_q8_args b = *a;
     int8_t *fq = scratch;
     float *fds = (float *)(void *)(scratch + a->k / 32 * NT * 256);
     const int64_t items = a->k / 32 * NT * 32 + a->k / 64 * NT * 4;
     k_x_frag<NT, P><<<(unsigned)((items + 255) / 256), 256, 0, st>>>(a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->k,
                                                                       (int)a->n, fq, fds);
     CUK_CHECK(cudaGetLastError());
-    const int kw = q8t_kw_l1(a->m, a->k);
-    const int64_t tiles = (a->m + 15) / 16, per = WARPS / kw;
-    k_gemv_q8t<T, NT, P, XF<NT>><<<(unsigned)((tiles + per - 1) / per), WARPS * 32, 0, st>>>(
-        (const uint8_t *)a->w, rb, a->m, (int)(a->k / 256), kw, fq, 0, fds, 0, a->k, a->n, a->y, a->ldy);
-    CUK_CHECK(cudaGetLastError());
-    return G5_OK;
+    b.x = cuk_q8_act{fq, 0, fds, 0, a->x.planes}; /* the layout is XF's; the strides are unused */
+    return launch_l1<T, NT, P, XF<NT>>(&b, rb, st, err);
 }
 
 /* Whether the device lets a block have k_gemv_q8t_sx's slots and its static red (sm_90: 227 KB

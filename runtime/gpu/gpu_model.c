@@ -664,7 +664,7 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     const uint64_t q8n = xbn > N * 2 * E ? xbn : N * 2 * E; /* + the NextN input [n][2E] */
     rk->q8q = take(&c, rk->q8 ? 2 * q8n : 16); /* two planes where gemv_q8x2 runs */
     rk->q8d = take(&c, rk->q8 ? 2 * q8n / 16 * 4 : 16);
-    /* the widest int8 tensor-core product's k (max_ncols: every weight's row length) */
+    /* cuk_gemv_q8t's scratch for the widest product's k (max_ncols: every weight's row length) */
     rk->q8x_bytes = rk->q8 ? (uint64_t)CUK_Q8T_SCRATCH_PER_K * (rk->c->max_ncols > E ? rk->c->max_ncols : E) : 16;
     rk->q8x = take(&c, rk->q8x_bytes);
     rk->ids = take(&c, N * U * 4);

@@ -114,14 +114,12 @@ static g5_status gemv_q8_in2(const gl_rank *rk, const dmat *W, const dmat *W2, c
                              float *y, float *y2, int64_t ldy, g5_error *err) {
     const int tc = !W2 && q8t_for(W, n);
     const uint32_t per = tc ? CUK_Q8T_MAX_N : CUK_Q8_MAX_N;
-    /* the scratch is sized for every weight's k (max_ncols); a NULL scratch only skips the relayout */
-    const int fits = rk->q8x_bytes / CUK_Q8T_SCRATCH_PER_K >= (uint64_t)W->k;
     for (uint32_t t0 = 0; t0 < n; t0 += per) {
         const uint32_t c = n - t0 < per ? n - t0 : per;
         const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m, gm_q8_rows(x, t0), (int32_t)c, y + (int64_t)t0 * ldy, ldy,
                                     W2 ? W2->w : NULL, W2 ? y2 + (int64_t)t0 * ldy : NULL};
         const cuk_stream cs = (cuk_stream)rk->st;
-        CK(tc ? cuk_gemv_q8t(&a, fits ? rk->q8x : NULL, rk->q8x_bytes, cs, err) : cuk_gemv_q8(&a, cs, err));
+        CK(tc ? cuk_gemv_q8t(&a, rk->q8x, rk->q8x_bytes, cs, err) : cuk_gemv_q8(&a, cs, err));
     }
     return G5_OK;
 }
