@@ -214,6 +214,10 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
     (void)stride;
 }
 
+#define MOE_BATCH_HEAD                                                                                         \
+    "| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) |\n"           \
+    "| --- | --- | --- | --- | --- | --- |\n"
+
 /* A batched decode step's routed experts: n_tok tokens, each routed to 8 of 64 experts (a fixed
  * pseudo-random draw per token, 4 rotating draws), gate+up (t_gu) and down (t_dn, + slot sum)
  * by the dp4a kernels (cuk_moe_*_q8) and the tensor-core ones (cuk_moe_*_q8t). MB: the weights
@@ -353,8 +357,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (moe1) {
-        printf("| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) |\n"
-               "| --- | --- | --- | --- | --- | --- |\n");
+        fputs(MOE_BATCH_HEAD, stdout);
         moe_batch_row(pool, &o, QT_Q4_K, QT_Q5_K, mn, rate);
         return 0;
     }
@@ -381,8 +384,7 @@ int main(int argc, char **argv) {
     moe_row(pool, &o, QT_Q4_K, QT_Q5_K, rate);
     moe_row(pool, &o, QT_Q5_K, QT_Q6_K, rate);
     moe_row(pool, &o, QT_Q8_0, QT_Q8_0, rate);
-    printf("| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) |\n"
-           "| --- | --- | --- | --- | --- | --- |\n");
+    fputs(MOE_BATCH_HEAD, stdout);
     static const int NB[] = {1, 2, 4, 8, 16, 32};
     for (int i = 0; i < 6; i++) moe_batch_row(pool, &o, QT_Q4_K, QT_Q5_K, NB[i], rate);
     return 0;
