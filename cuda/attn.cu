@@ -186,13 +186,54 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
 namespace cg = cooperative_groups;
 
 constexpr int AB_COLS = 32;  /* W_UK columns per absorb block: one per lane */
-constexpr int AB_TOK = 16;   /* tokens per absorb block: two per thread (warp w: w and w + 8) */
+constexpr int AB_TOK = 32;   /* tokens per absorb block: four per thread (warp w: w, w + 8, w + 16, w + 24) */
 constexpr int AB_THREADS = 256;
+constexpr int AB_TW = AB_TOK / (AB_THREADS / 32); /* tokens per warp */
+
+/* Column c0 + lane of the absorbed query for NU tokens warp, warp + 8, .. of the block, summed over d
+ * in order (the CPU's operations): each w read from shared memory serves NU tokens; with F4 each
+ * float4 of a token's q serves four d (nope % 4 == 0). A block of one token (a decode step at batch
+ * 1) is one warp's dependent chain: it takes the scalar loop, as before the multi-token form. */
+template <int NU, bool F4>
+__device__ __forceinline__ void absorb_cols(const float *qs, const float *ws, int N, int KL, int c0, int lane,
+                                            int warp, int t0, int n_head, int h, float *__restrict__ qlat) {
+    float acc[NU];
+#pragma unroll
+    for (int u = 0; u < NU; u++) acc[u] = 0.0f;
+    if (F4 && N % 4 == 0) {
+#pragma unroll 2
+        for (int dd = 0; dd < N; dd += 4) {
+            const float w0 = ws[dd * AB_COLS + lane], w1 = ws[(dd + 1) * AB_COLS + lane],
+                        w2 = ws[(dd + 2) * AB_COLS + lane], w3 = ws[(dd + 3) * AB_COLS + lane];
+#pragma unroll
+            for (int u = 0; u < NU; u++) {
+                const float4 qv = *(const float4 *)(qs + (warp + u * (AB_THREADS / 32)) * N + dd);
+                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.x, w0));
+                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.y, w1));
+                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.z, w2));
+                acc[u] = __fadd_rn(acc[u], __fmul_rn(qv.w, w3));
+            }
+        }
+    } else {
+#pragma unroll 8
+        for (int dd = 0; dd < N; dd++) {
+            const float w = ws[dd * AB_COLS + lane];
+#pragma unroll
+            for (int u = 0; u < NU; u++)
+                acc[u] = __fadd_rn(acc[u], __fmul_rn(qs[(warp + u * (AB_THREADS / 32)) * N + dd], w));
+        }
+    }
+    const int c = c0 + lane;
+    if (c >= KL) return;
+#pragma unroll
+    for (int u = 0; u < NU; u++)
+        qlat[((int64_t)(t0 + warp + u * (AB_THREADS / 32)) * n_head + h) * KL + c] = acc[u];
+}
 
 /* grid (n_head, ceil(kv_lora / AB_COLS), ceil(n_tok / AB_TOK)), AB_THREADS threads. The block
  * stages W_UK[h][0..nope)[c0 .. c0 + 32) in shared memory in one go (all loads in flight at
  * once: the decode case is latency bound), then thread (lane, warp) sums column c0 + lane for
- * tokens warp and warp + 8 over d in order, exactly the CPU's operations. Shared: ws
+ * its tokens (up to AB_TW: absorb_cols) over d in order, exactly the CPU's operations. Shared: ws
  * [nope][AB_COLS], qs [AB_TOK][nope]. */
 __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, const float *__restrict__ q,
                                                              const float *__restrict__ kvb, int32_t head_rows,
@@ -223,20 +264,19 @@ __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, con
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ta = warp, tb = warp + AB_THREADS / 32;
-    if (ta >= nt) return;
-    const float *qa = qs + ta * N, *qb = qs + (tb < nt ? tb : ta) * N;
-    float a = 0.0f, b = 0.0f;
-#pragma unroll 8
-    for (int dd = 0; dd < N; dd++) {
-        const float w = ws[dd * AB_COLS + lane];
-        a = __fadd_rn(a, __fmul_rn(qa[dd], w));
-        b = __fadd_rn(b, __fmul_rn(qb[dd], w));
+    if (warp >= nt) return;
+    /* the warp's tokens: warp + 8 u for u < nu (a run-time count, so a one-token block computes one) */
+    const int nu = min(AB_TW, (nt - warp + AB_THREADS / 32 - 1) / (AB_THREADS / 32));
+    if (nt == 1) {
+        absorb_cols<1, false>(qs, ws, N, KL, c0, lane, warp, t0, d.n_head, h, qlat);
+        return;
     }
-    const int c = c0 + lane;
-    if (c >= KL) return;
-    qlat[((int64_t)(t0 + ta) * d.n_head + h) * KL + c] = a;
-    if (tb < nt) qlat[((int64_t)(t0 + tb) * d.n_head + h) * KL + c] = b;
+    switch (nu) {
+    case 1: absorb_cols<1, true>(qs, ws, N, KL, c0, lane, warp, t0, d.n_head, h, qlat); break;
+    case 2: absorb_cols<2, true>(qs, ws, N, KL, c0, lane, warp, t0, d.n_head, h, qlat); break;
+    case 3: absorb_cols<3, true>(qs, ws, N, KL, c0, lane, warp, t0, d.n_head, h, qlat); break;
+    default: absorb_cols<AB_TW, true>(qs, ws, N, KL, c0, lane, warp, t0, d.n_head, h, qlat); break;
+    }
 }
 
 /* ---- head-group decode attention (the default for decode steps) ---- */

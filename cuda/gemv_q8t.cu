@@ -55,7 +55,9 @@ constexpr int BIAS_I = 0x4B400000; /* 1.5 * 2^23 as float bits */
 constexpr float BIAS_F = 12582912.0f;
 
 using q8l::h2f;
-using q8l::k4_scale;
+using q8l::k4_scale_of;
+using q8l::k4_unpack;
+using q8l::K4Hdr;
 using q8l::ldg128;
 using q8l::ldg32;
 using q8l::ldg64;
@@ -245,14 +247,15 @@ __device__ __forceinline__ void unit_tiles(const uint32_t (&a)[2][4], const floa
 template <int NT, int P, class XL = Gld>
 __device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
+    const K4Hdr kh[2] = {k4_unpack(w.h[0]), k4_unpack(w.h[1])};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float ws[2][2], wm[2][2];
         uint32_t a[2][4];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            k4_scale(w.h[r], 2 * j, ws[r][0], wm[r][0]);
-            k4_scale(w.h[r], 2 * j + 1, ws[r][1], wm[r][1]);
+            k4_scale_of(kh[r], 2 * j, ws[r][0], wm[r][0]);
+            k4_scale_of(kh[r], 2 * j + 1, ws[r][1], wm[r][1]);
             const uint2 q = w.q[r][j];
             a[0][r] = q.x & 0x0F0F0F0Fu;
             a[0][2 + r] = q.y & 0x0F0F0F0Fu;
@@ -266,14 +269,15 @@ __device__ __forceinline__ void step_units(const Step<QT_Q4_K> &w, const Cols<NT
 template <int NT, int P, class XL = Gld>
 __device__ __forceinline__ void step_units(const Step<QT_Q5_K> &w, const Cols<NT> &cl, int64_t s, int c,
                                            float (&S)[4][NT][4]) {
+    const K4Hdr kh[2] = {k4_unpack(w.h[0]), k4_unpack(w.h[1])};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float ws[2][2], wm[2][2];
         uint32_t a[2][4];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            k4_scale(w.h[r], 2 * j, ws[r][0], wm[r][0]);
-            k4_scale(w.h[r], 2 * j + 1, ws[r][1], wm[r][1]);
+            k4_scale_of(kh[r], 2 * j, ws[r][0], wm[r][0]);
+            k4_scale_of(kh[r], 2 * j + 1, ws[r][1], wm[r][1]);
             const uint2 q = w.q[r][j], qh = w.qh[r];
             a[0][r] = (q.x & 0x0F0F0F0Fu) | (((qh.x >> (2 * j)) & 0x01010101u) << 4);
             a[0][2 + r] = (q.y & 0x0F0F0F0Fu) | (((qh.y >> (2 * j)) & 0x01010101u) << 4);

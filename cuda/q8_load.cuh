@@ -58,6 +58,29 @@ __device__ __forceinline__ void k4_scale(const uint4 &hdr, int j, float &d1, flo
     m1 = h2f(hdr.x >> 16) * (float)mn;
 }
 
+/* A Q4_K/Q5_K header unpacked once per block for k4_scale_of: d and dmin as floats, the 8
+ * sub-blocks' 6-bit scales and mins as bytes (j < 4 in lo, j >= 4 in hi). */
+struct K4Hdr {
+    float d, dm;
+    uint32_t s_lo, m_lo, s_hi, m_hi;
+};
+__device__ __forceinline__ K4Hdr k4_unpack(const uint4 &hdr) {
+    K4Hdr k;
+    k.d = h2f(hdr.x);
+    k.dm = h2f(hdr.x >> 16);
+    k.s_lo = hdr.y & 0x3F3F3F3Fu;
+    k.m_lo = hdr.z & 0x3F3F3F3Fu;
+    k.s_hi = (hdr.w & 0x0F0F0F0Fu) | ((hdr.y >> 2) & 0x30303030u);
+    k.m_hi = ((hdr.w >> 4) & 0x0F0F0F0Fu) | ((hdr.z >> 2) & 0x30303030u);
+    return k;
+}
+/* k4_scale's d1, m1 (the same bits: the same integers times the same floats). */
+__device__ __forceinline__ void k4_scale_of(const K4Hdr &k, int j, float &d1, float &m1) {
+    const int sh = 8 * (j & 3);
+    d1 = k.d * (float)(((j < 4 ? k.s_lo : k.s_hi) >> sh) & 0xFFu);
+    m1 = k.dm * (float)(((j < 4 ? k.m_lo : k.m_hi) >> sh) & 0xFFu);
+}
+
 /* Q4_K/Q5_K unit: sub-blocks 0 and 1 with weight scales d0, d1 and mins m0, m1, x's (d, s) of the
  * two blocks, the exact dot products i0, i1 as floats. */
 __device__ __forceinline__ float unit_k4(float d0, float m0, float d1, float m1, float dx0, float sx0, float dx1,

@@ -362,6 +362,45 @@ static void test_scores(void) {
     }
 }
 
+/* Absorption alone, every output's bits against the CPU's order (runtime/cpu/attn.c absorb_task):
+ * token counts that give a block each per-warp count (1 token alone, 1..4 a warp, a second block
+ * of one), a nope that is not a multiple of 4 (the scalar loop) and a kv_lora that is not (the
+ * unvectorised staging). */
+static void test_absorb(void) {
+    static const struct { int n, h, nope, kl; } cfg[] = {
+        {1, 3, 192, 512}, {8, 2, 192, 512}, {26, 2, 192, 512}, {33, 2, 192, 512}, {70, 1, 192, 96},
+        {1, 2, 66, 99},   {13, 3, 66, 99},  {33, 2, 66, 99},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int n = cfg[c].n, H = cfg[c].h, NOPE = cfg[c].nope, KL = cfg[c].kl, R = 64, HR = NOPE + 128;
+        const int QW = NOPE + R;
+        float *q = xmalloc((size_t)n * H * QW * 4), *kvb = xmalloc((size_t)H * HR * KL * 4);
+        for (int64_t i = 0; i < (int64_t)n * H * QW; i++) q[i] = unif(-1, 1);
+        for (int64_t i = 0; i < (int64_t)H * HR * KL; i++) kvb[i] = unif(-0.1f, 0.1f);
+        float *dq = dup_d(q, (size_t)n * H * QW * 4), *dkvb = dup_d(kvb, (size_t)H * HR * KL * 4);
+        float *dql = dalloc((size_t)n * H * KL * 4);
+        CK(cudaMemset(dql, 0xFF, (size_t)n * H * KL * 4));
+        g5_error e = {0};
+        const cuk_mla_absorb_args ab = {.d = {n, H, NOPE, R, KL}, .q = dq, .kvb = dkvb, .head_rows = HR, .qlat = dql};
+        T_CHECK(cuk_mla_absorb(&ab, NULL, &e) == G5_OK, "absorb: %s", e.msg);
+        float *ql = xmalloc((size_t)n * H * KL * 4), *acc = xmalloc((size_t)KL * 4);
+        get(ql, dql, (size_t)n * H * KL * 4);
+        uint64_t diff = 0;
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < H; h++) {
+                const float *qn = q + ((int64_t)t * H + h) * QW;
+                for (int cc = 0; cc < KL; cc++) acc[cc] = 0.0f;
+                for (int dd = 0; dd < NOPE; dd++)
+                    for (int cc = 0; cc < KL; cc++) acc[cc] = acc[cc] + qn[dd] * kvb[((int64_t)h * HR + dd) * KL + cc];
+                for (int cc = 0; cc < KL; cc++) diff += bits(ql[((int64_t)t * H + h) * KL + cc]) != bits(acc[cc]);
+            }
+        T_CHECK(diff == 0, "absorb n=%d heads=%d nope=%d kv_lora=%d: %llu of %lld outputs differ from the CPU's bits", n,
+                H, NOPE, KL, (unsigned long long)diff, (long long)n * H * KL);
+        free(q), free(kvb), free(ql), free(acc);
+        cudaFree(dq), cudaFree(dkvb), cudaFree(dql);
+    }
+}
+
 static void test_mla(void) {
     static const struct { int n, h, nope, rope, kl, v; int64_t P; int K; } cfg[] = {
         {4, 4, 192, 64, 512, 256, 100, 32},    /* the oracle model, prefill */
@@ -1333,6 +1372,7 @@ int main(void) {
     test_route();
     test_topk();
     test_scores();
+    test_absorb();
     test_mla();
     test_silu();
     test_convert();
