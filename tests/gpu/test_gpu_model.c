@@ -362,6 +362,14 @@ static void test_scores(void) {
     }
 }
 
+/* The absorbed query of head h's q_nope qn (nope) through W_UK (kvb head h's first nope rows of
+ * head_rows, kv_lora wide) in the CPU's order (runtime/cpu/attn.c absorb_task), float32, into acc. */
+static void absorb_ref(const float *qn, const float *kvb, int h, int nope, int head_rows, int kl, float *acc) {
+    for (int cc = 0; cc < kl; cc++) acc[cc] = 0.0f;
+    for (int dd = 0; dd < nope; dd++)
+        for (int cc = 0; cc < kl; cc++) acc[cc] = acc[cc] + qn[dd] * kvb[((int64_t)h * head_rows + dd) * kl + cc];
+}
+
 /* Absorption alone, every output's bits against the CPU's order (runtime/cpu/attn.c absorb_task):
  * token counts that give a block each per-warp count (1 token alone, 1..4 a warp, a second block
  * of one), a nope that is not a multiple of 4 (the scalar loop) and a kv_lora that is not (the
@@ -389,9 +397,7 @@ static void test_absorb(void) {
         for (int t = 0; t < n; t++)
             for (int h = 0; h < H; h++) {
                 const float *qn = q + ((int64_t)t * H + h) * QW;
-                for (int cc = 0; cc < KL; cc++) acc[cc] = 0.0f;
-                for (int dd = 0; dd < NOPE; dd++)
-                    for (int cc = 0; cc < KL; cc++) acc[cc] = acc[cc] + qn[dd] * kvb[((int64_t)h * HR + dd) * KL + cc];
+                absorb_ref(qn, kvb, h, NOPE, (int)HR, KL, acc);
                 for (int cc = 0; cc < KL; cc++) diff += bits(ql[((int64_t)t * H + h) * KL + cc]) != bits(acc[cc]);
             }
         T_CHECK(diff == 0, "absorb n=%d heads=%d nope=%d kv_lora=%d: %llu of %lld outputs differ from the CPU's bits", n,
@@ -451,9 +457,7 @@ static void test_mla(void) {
         for (int t = 0; t < n; t++)
             for (int h = 0; h < H; h++) {
                 const float *qn = q + ((int64_t)t * H + h) * QW;
-                for (int cc = 0; cc < KL; cc++) acc[cc] = 0.0f;
-                for (int dd = 0; dd < NOPE; dd++)
-                    for (int cc = 0; cc < KL; cc++) acc[cc] = acc[cc] + qn[dd] * kvb[((int64_t)h * HR + dd) * KL + cc];
+                absorb_ref(qn, kvb, h, NOPE, (int)HR, KL, acc);
                 const float *g = ql + ((int64_t)t * H + h) * KL;
                 for (int cc = 0; cc < KL; cc++) {
                     ql_diff += bits(g[cc]) != bits(acc[cc]);
