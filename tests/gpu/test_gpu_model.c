@@ -397,7 +397,7 @@ static void test_absorb(void) {
         for (int t = 0; t < n; t++)
             for (int h = 0; h < H; h++) {
                 const float *qn = q + ((int64_t)t * H + h) * QW;
-                absorb_ref(qn, kvb, h, NOPE, (int)HR, KL, acc);
+                absorb_ref(qn, kvb, h, NOPE, HR, KL, acc);
                 for (int cc = 0; cc < KL; cc++) diff += bits(ql[((int64_t)t * H + h) * KL + cc]) != bits(acc[cc]);
             }
         T_CHECK(diff == 0, "absorb n=%d heads=%d nope=%d kv_lora=%d: %llu of %lld outputs differ from the CPU's bits", n,
