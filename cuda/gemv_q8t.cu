@@ -31,7 +31,8 @@
  * On shorter matrices at more than 8 columns the first form reads x re-laid out by one launch more
  * (k_x_frag, into the caller's scratch) in mma-fragment order: a warp's B fragment is one 256-byte
  * read instead of 8 rows' 8 bytes, its (d, s) pairs one line; the same loops and bits, 1.0-1.35x
- * faster at 16-64 columns (session 24). */
+ * faster at 16-64 columns (session 24). Two planes of 17-32 vectors (64 columns) take that form with
+ * 8 tiles, one launch where 4 tiles took two (session 26; tall matrices of short rows excepted). */
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -363,18 +364,24 @@ __device__ __forceinline__ void step_units(const Step<QT_Q6_K> &w, const Cols<NT
     }
 }
 
+/* P = 2 sums a vector's two planes into C elements 0 and 2 (acc_unit): 1 and 3 carry nothing. At 8
+ * column tiles every loop over the elements skips them, so they take no registers and 8 tiles fit
+ * (narrower launches keep the code they had: the skip moved some of their spills around). */
+template <int NT, int P> __device__ constexpr bool sum_elem(int e) { return !(P == 2 && NT == 8) || !(e & 1); }
+
 /* One residue group's leaf (its four residue sums S: the dp4a warp butterfly's first two levels)
  * merged as leaf gi of the warp's range into the binary counter stk (stk[b]: a finished subtree of
  * 2^b leaves; bit b of gi set: v = stk[b] + v, the first clear bit stores v), the butterfly's last
  * three levels; res gets v, the range's whole tree after its last leaf. Both kernels below sum
  * through this, which keeps their bits the dp4a kernel's. */
-template <int NT>
+template <int NT, int P = 1>
 __device__ __forceinline__ void leaf_merge(const float (&S)[4][NT][4], int gi, float (&stk)[3][NT][4], float (&res)[NT][4]) {
     float v[NT][4];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(__fadd_rn(S[0][t][e], S[1][t][e]), __fadd_rn(S[2][t][e], S[3][t][e]));
+        for (int e = 0; e < 4; e++)
+            v[t][e] = sum_elem<NT, P>(e) ? __fadd_rn(__fadd_rn(S[0][t][e], S[1][t][e]), __fadd_rn(S[2][t][e], S[3][t][e])) : 0.0f;
     bool stored = false;
 #pragma unroll
     for (int b = 0; b < 3; b++) {
@@ -383,12 +390,14 @@ __device__ __forceinline__ void leaf_merge(const float (&S)[4][NT][4], int gi, f
 #pragma unroll
             for (int t = 0; t < NT; t++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) v[t][e] = __fadd_rn(stk[b][t][e], v[t][e]);
+                for (int e = 0; e < 4; e++)
+                    if (sum_elem<NT, P>(e)) v[t][e] = __fadd_rn(stk[b][t][e], v[t][e]);
         } else {
 #pragma unroll
             for (int t = 0; t < NT; t++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) stk[b][t][e] = v[t][e];
+                for (int e = 0; e < 4; e++)
+                    if (sum_elem<NT, P>(e)) stk[b][t][e] = v[t][e];
             stored = true;
         }
     }
@@ -492,20 +501,22 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 step_units<NT, P, XL>(cur, cl, st, c, S);
                 cur = nxt;
             }
-        leaf_merge<NT>(S, gi, stk, res);
+        leaf_merge<NT, P>(S, gi, stk, res);
     }
     /* the warps of a tile: their subtrees merged pairwise in range order */
     for (int h = 1; h < kw; h <<= 1) {
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[wid][4 * t + i][lane] = res[t][i];
+            for (int i = 0; i < 4; i++)
+                if (sum_elem<NT, P>(i)) red[wid][4 * t + i][lane] = res[t][i];
         __syncthreads();
         if (ks % (2 * h) == 0)
 #pragma unroll
             for (int t = 0; t < NT; t++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) res[t][i] = __fadd_rn(res[t][i], red[wid + h][4 * t + i][lane]);
+                for (int i = 0; i < 4; i++)
+                    if (sum_elem<NT, P>(i)) res[t][i] = __fadd_rn(res[t][i], red[wid + h][4 * t + i][lane]);
         __syncthreads();
     }
     if (live && ks == 0) store_tile<NT, P>(res, y, ldy, m, n, row0, g, c);
@@ -617,7 +628,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             if (live) step_units<NT, P, Sld>(cur, cl, 0, c, S);
             cur = nxt;
             if (gn != gi) { /* group gi done */
-                leaf_merge<NT>(S, gi, stk, res);
+                leaf_merge<NT, P>(S, gi, stk, res);
 #pragma unroll
                 for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -628,7 +639,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
         __syncthreads(); /* every warp is done with the chunk's slots */
     }
-    for (; gi < ng; gi++) leaf_merge<NT>(S, gi, stk, res); /* groups with no steps: zero leaves */
+    for (; gi < ng; gi++) leaf_merge<NT, P>(S, gi, stk, res); /* groups with no steps: zero leaves */
     /* the ranges of a tile: their subtrees merged pairwise in range order, across the cluster */
     if (kw > 1) {
         cg::cluster_group cluster = cg::this_cluster();
@@ -636,14 +647,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
             for (int t = 0; t < NT; t++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) red[wid][4 * t + i][lane] = res[t][i];
+                for (int i = 0; i < 4; i++)
+                    if (sum_elem<NT, P>(i)) red[wid][4 * t + i][lane] = res[t][i];
             cluster.sync();
             if (ks % (2 * h) == 0) {
                 const float(*o)[NT * 4][32] = (const float(*)[NT * 4][32])cluster.map_shared_rank(&red[0][0][0], ks + h);
 #pragma unroll
                 for (int t = 0; t < NT; t++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) res[t][i] = __fadd_rn(res[t][i], o[wid][4 * t + i][lane]);
+                    for (int i = 0; i < 4; i++)
+                        if (sum_elem<NT, P>(i)) res[t][i] = __fadd_rn(res[t][i], o[wid][4 * t + i][lane]);
             }
             cluster.sync(); /* read before the next level writes, and before any CTA exits */
         }
@@ -842,8 +855,8 @@ __global__ void k_x_frag(const int8_t *__restrict__ xq, int64_t ldq, const float
 }
 
 /* The L1 form on x re-laid out first (fx): scratch holds k * NT * 10 bytes (CUK_Q8T_SCRATCH_PER_K
- * covers NT = 4). */
-static_assert(4 * 10 == CUK_Q8T_SCRATCH_PER_K, "the scratch of NT = 4 column tiles a k element");
+ * covers NT = 8). */
+static_assert(8 * 10 == CUK_Q8T_SCRATCH_PER_K, "the scratch of NT = 8 column tiles a k element");
 
 template <int T, int NT, int P>
 static g5_status launch_fx(const cuk_gemv_q8_args *a, int64_t rb, int8_t *scratch, cudaStream_t st, g5_error *err) {
@@ -895,16 +908,33 @@ template <int T, int NT> static bool sx_by_shape(const cuk_gemv_q8_args *a) {
     return a->m >= 12288 && q8t_range_steps(0, 1, (int)(a->k / 256)) <= XSlot<T, NT>::max_steps && sx_fits<T>();
 }
 
-/* Columns (vectors x planes) of one launch: up to 32 (NT = 4; more would spill the residue sums),
- * a larger n in launches of 32 / P vectors, which changes no bits (they never depend on n).
+/* The fx form with 8 column tiles: two planes (their C elements 1 and 3 idle: sum_elem) of types
+ * whose step fits beside 8 tiles' sums; launch_nt asks for it only there. */
+template <int T, int P>
+static g5_status launch_fx8(const cuk_gemv_q8_args *a, int64_t rb, int8_t *fx, cudaStream_t st, g5_error *err) {
+    if constexpr (P == 2 && T != QT_Q6_K)
+        return launch_fx<T, 8, P>(a, rb, fx, st, err);
+    else
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8t: no 8-tile form for type %s with %d planes",
+                       quant_type_name((uint32_t)T), P);
+}
+
+/* Columns (vectors x planes) of one launch: up to 32 (NT = 4; more would spill the residue sums);
+ * with two planes and scratch (fx) up to 64 (NT = 8: two planes hold half the sums). A larger n
+ * goes in launches of that many columns, which changes no bits (they never depend on n).
  * all_sx: every launch in the sx form (cuk_gemv_q8t_sx). Else the form by shape (bench/RESULTS.md,
- * sessions 23 and 24): at more than 8 columns sx on tall matrices, else the L1 form on x re-laid
+ * sessions 23 to 26): at 33-64 columns (two planes, scratch given, not Q6_K) fx with 8 tiles except
+ * on tall matrices of k <= 4096; at 9-32 columns sx on tall matrices, else the L1 form on x re-laid
  * out in fragment order where the caller gave scratch (fx); at 8 columns or fewer the L1 form on x
  * as it is (the relayout launch costs more than it saves there). */
 template <int T, int P>
 static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, int8_t *fx,
                            g5_error *err) {
-    constexpr int per = 32 / P;
+    constexpr bool nt8 = P == 2 && T != QT_Q6_K; /* Q6_K's 8 tiles spill (its step holds more) */
+    /* a tall matrix of short rows (q_b: 16384 x 2048) keeps two sx launches: 58 us against 67 for
+     * one of 8 tiles at 32 vectors on the H100, where 12288 x 6144 took 110 against 153 */
+    const bool tall_short = a->k <= 4096 && sx_by_shape<T, 4>(a);
+    const int per = nt8 && fx && !all_sx && !tall_short ? 32 : 32 / P;
     for (int v0 = 0; v0 < a->n; v0 += per) {
         cuk_gemv_q8_args b = *a;
         b.n = a->n - v0 < per ? a->n - v0 : per;
@@ -913,7 +943,9 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
         b.y += (int64_t)v0 * a->ldy;
         const int cols = b.n * P;
         g5_status s;
-        if (all_sx)
+        if (nt8 && cols > 32) /* two planes of 17-32 vectors: one launch of 8 column tiles (fx only) */
+            s = launch_fx8<T, P>(&b, rb, fx, st, err);
+        else if (all_sx)
             s = cols <= 8    ? launch_sx<T, 1, P>(&b, rb, st, err)
                 : cols <= 16 ? launch_sx<T, 2, P>(&b, rb, st, err)
                              : launch_sx<T, 4, P>(&b, rb, st, err);

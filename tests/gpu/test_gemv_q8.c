@@ -285,7 +285,7 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
 static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
     const char *tn = quant_type_name(t);
     enum { N = CUK_Q8T_MAX_N };
-    static const int NS[] = {1, 2, 5, 8, 12, 17, 32}; /* 12: the 9-16 column forms at one plane */
+    static const int NS[] = {1, 2, 5, 8, 12, 17, 24, 32}; /* 12: the 9-16 column forms at one plane; 24: a part 8th tile at two planes */
     float *wf;
     void *dw = weights(t, m, k, &wf);
     float *x = xmalloc((size_t)(N * k) * 4);
