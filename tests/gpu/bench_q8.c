@@ -367,18 +367,20 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 5; i++) gemv_row(pool, &o, types[ti], 19360, 6144, NS[i], rate);
     gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 1, rate);
     gemv_row(pool, &o, QT_Q6_K, 154880, 6144, 32, rate);
-    /* the peer model's attention products: q_a, kv_a, q_b, attn_output; dense FFN gate, down; the
-     * shared expert's gate and down */
+    /* the peer model's products (synth --preset glm5: convert/synth.c's types and dims): q_a, kv_a,
+     * q_b (64 heads x 256), the indexer's q_b (32 x 128), attn_output (64 heads x v 256); dense FFN
+     * gate (and up), down; the shared expert's gate (and up), down */
     for (int i = 0; i < 4; i++) {
         const int n = NA[i];
         gemv_row(pool, &o, QT_Q6_K, 2048, 6144, n, rate);
         gemv_row(pool, &o, QT_Q8_0, 576, 6144, n, rate);
         gemv_row(pool, &o, QT_Q5_K, 16384, 2048, n, rate);
-        gemv_row(pool, &o, QT_Q5_K, 6144, 8192, n, rate);
+        gemv_row(pool, &o, QT_Q5_K, 4096, 2048, n, rate);
+        gemv_row(pool, &o, QT_Q5_K, 6144, 16384, n, rate);
         gemv_row(pool, &o, QT_Q4_K, 12288, 6144, n, rate);
         gemv_row(pool, &o, QT_Q4_K, 6144, 12288, n, rate);
-        gemv_row(pool, &o, QT_Q4_K, 2048, 6144, n, rate);
-        gemv_row(pool, &o, QT_Q4_K, 6144, 2048, n, rate);
+        gemv_row(pool, &o, QT_Q8_0, 2048, 6144, n, rate);
+        gemv_row(pool, &o, QT_Q8_0, 6144, 2048, n, rate);
     }
     printf("| routed experts, one token | MB | cuk_moe_* bf16 us (ratio) | _q8 us (ratio) |\n| --- | --- | --- | --- |\n");
     moe_row(pool, &o, QT_Q4_K, QT_Q5_K, rate);
