@@ -117,8 +117,8 @@ g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *er
  * bits for every row (the order above). scratch: NULL, or >= k * CUK_Q8T_SCRATCH_PER_K bytes,
  * 16-byte aligned, where launches of more than 8 columns (vectors x planes) on matrices the x-staged
  * form does not take re-lay x out first (faster; the same bits), and two planes of more than 16
- * vectors (weights but Q6_K) run so as one launch of 64 columns instead of two. Launches on one
- * stream may share it. */
+ * vectors (weights but Q6_K) run so as one launch of 64 columns instead of two, except on the tall
+ * matrices of k <= 4096 that the x-staged form takes. Launches on one stream may share it. */
 #define CUK_Q8T_MAX_N 32
 #define CUK_Q8T_SCRATCH_PER_K 80
 int cuk_q8t_takes(uint32_t w_type, int64_t k);
