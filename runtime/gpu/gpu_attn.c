@@ -20,7 +20,7 @@
  * (g->graph_bound; its new latent and key rows written first, by *cw), of a batched decode step
  * (multi) or of each sequence in turn. */
 static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi,
-                              cuk_cache_write_rows_args *cw, g5_error *err) {
+                              const cuk_q8_act *qq, cuk_cache_write_rows_args *cw, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const cuk_stream cs = (cuk_stream)rk->st;
@@ -33,7 +33,12 @@ static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const f
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     /* new keys straight into a single sequence's cache, else staged in rk->ikf */
     float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
-    CK(gm_gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
+    /* the indexer's query from q_b's two int8 planes of qr where q_b took them (*qq, still in
+     * rk->q8q) and its weights have an int8 kernel (specs/numerics.md), else from float32 qr */
+    if (qq->planes == 2 && gm_q8x2_takes(rk, &L->idx_q_b, n))
+        CK(gm_gemv_q8_in(rk, &L->idx_q_b, qq, n, rk->iq, IH * ID, err));
+    else
+        CK(gm_gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
     PMARK("attn", "idx_q_b gemv");
     CK(gm_gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, !tc, err));
     PMARK("attn", "idx_k gemv");
@@ -208,7 +213,7 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
     if (L->has_idx) { /* q roped by the indexer's preparation launch */
-        CK(attn_indexer(g, rk, il, pl, tc, multi, &cw, err));
+        CK(attn_indexer(g, rk, il, pl, tc, multi, &qq, &cw, err));
     } else {
         const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
                                   .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
