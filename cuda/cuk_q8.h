@@ -129,11 +129,6 @@ g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, void *scratch, size_t scratch_
  * bench_q8, which compare the forms; G5_ERR_UNSUPPORTED where the device cannot give a block its
  * 216 KB of shared memory (sm_120). */
 g5_status cuk_gemv_q8t_sx(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
-/* cuk_gemv_q8t in its cl form for every launch (x re-laid out in fragment order into scratch, which
- * is required, then the x-staged form's grid and clusters with nothing staged): the same bits.
- * For tests and bench_q8. */
-g5_status cuk_gemv_q8t_cl(const cuk_gemv_q8_args *a, void *scratch, size_t scratch_bytes, cuk_stream stream,
-                          g5_error *err);
 
 /* cuk_moe_gate_up with int8 inputs: x holds the n_tok tokens' rows; out, plan, ids as there. */
 typedef struct cuk_moe_gate_up_q8_args {

@@ -564,10 +564,8 @@ __device__ __forceinline__ void stage_x(uint8_t *buf, int G0, int ng, int steps,
 /* The GEMV (grid and lanes: the top comment). steps = k / 256; kw = k-ranges (1, 2, 4, 8), range
  * ks taking the residue groups ks * 8 / kw .. (ks + 1) * 8 / kw - 1: CTA b * kw + ks, all 8 warps
  * in range ks, one 16-row tile each (rows 128 b ..); the kw CTAs of a row block form a cluster
- * and merge their subtrees through distributed shared memory. STG = false (the cl form): nothing
- * staged, x is k_x_frag's fragment-order copy (XF<NT>) read through L1, where the CTA's 8 tiles of
- * one range share its lines (the L1 form's CTAs each read all of x: bench/RESULTS.md session 28). */
-template <int T, int NT, int P, bool STG = true>
+ * and merge their subtrees through distributed shared memory. */
+template <int T, int NT, int P>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     k_gemv_q8t_sx(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int steps, int kw, const int8_t *__restrict__ xq,
                   int64_t ldq, const float *__restrict__ xds, int64_t ldds, int64_t k, int n, float *__restrict__ y,
@@ -582,19 +580,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int64_t ra = row0 + g < m ? row0 + g : m - 1, rb8 = row0 + g + 8 < m ? row0 + g + 8 : m - 1;
     const uint8_t *rp[2] = {w + ra * rb, w + rb8 * rb};
     Cols<NT> cl;
-    cl.xq = xq;
-    cl.xds = xds;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        if constexpr (STG) {
-            cl.q[t] = (uint32_t)((8 * t + g) * XStride<T>::v);
-            cl.ds[t][0] = (uint32_t)((8 * t + 2 * c) * XD);
-            cl.ds[t][1] = (uint32_t)((8 * t + 2 * c + 1) * XD);
-        } else { /* XF<NT>'s offsets (k_gemv_q8t's fragment layout) */
-            cl.q[t] = (uint32_t)(t * 256 + g * 32);
-            cl.ds[t][0] = (uint32_t)(t * 32 + c * 8);
-            cl.ds[t][1] = (uint32_t)(t * 32 + c * 8 + 4);
-        }
+        cl.q[t] = (uint32_t)((8 * t + g) * XStride<T>::v);
+        cl.ds[t][0] = (uint32_t)((8 * t + 2 * c) * XD);
+        cl.ds[t][1] = (uint32_t)((8 * t + 2 * c + 1) * XD);
     }
     /* Residue group G (0..7) = units 4 G .. 4 G + 3 of each 2048-element chunk = step s = G + 8 i of
      * chunk i: the dp4a kernel's lanes 4 G .. 4 G + 3. Per group the four residue sums run over the
@@ -614,24 +604,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     int gi = 0, st = G0; /* the warp's place: group gi, step st */
     Step<T> cur;
     if (live && st < steps) cur.load(rp, st, c);
-    for (int r = 0; !STG && r < rsteps; r++) {
-        int gn;
-        const int sn = q8t_next_step(G0, ng, steps, gi, st, &gn);
-        Step<T> nxt;
-        if (live && sn < steps) nxt.load(rp, sn, c);
-        if (live) step_units<NT, P, XF<NT>>(cur, cl, st, c, S);
-        cur = nxt;
-        if (gn != gi) { /* group gi done */
-            leaf_merge<NT, P>(S, gi, stk, res);
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) S[j][t][0] = S[j][t][1] = S[j][t][2] = S[j][t][3] = 0.0f;
-        }
-        gi = gn;
-        st = sn;
-    }
-    for (int c0 = 0; STG && c0 < rsteps; c0 += SL::max_steps) {
+    for (int c0 = 0; c0 < rsteps; c0 += SL::max_steps) {
         const int c1 = rsteps - c0 < SL::max_steps ? rsteps : c0 + SL::max_steps;
         /* the chunk's first step on its own, so its multiply overlaps the rest's copies */
         stage_x<T, NT, P>(xsm, G0, ng, steps, c0, c0 + 1, xq, ldq, xds, ldds, k, n);
@@ -928,32 +901,6 @@ static g5_status launch_sx(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
     return G5_OK;
 }
 
-/* The cl form: x re-laid out in fragment order (k_x_frag, into scratch as launch_fx), then the sx
- * grid and clusters with nothing staged. */
-template <int T, int NT, int P>
-static g5_status launch_cl(const cuk_gemv_q8_args *a, int64_t rb, int8_t *scratch, cudaStream_t st, g5_error *err) {
-    if constexpr (NT == 8 && (P != 2 || T == QT_Q6_K)) {
-        return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8t: no 8-tile form for type %s with %d planes",
-                       quant_type_name((uint32_t)T), P);
-    } else {
-        int8_t *fq = scratch;
-        float *fds = (float *)(void *)(scratch + a->k / 32 * NT * 256);
-        const int64_t items = a->k / 32 * NT * 32 + a->k / 64 * NT * 4;
-        k_x_frag<NT, P><<<(unsigned)((items + 255) / 256), 256, 0, st>>>(a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->k,
-                                                                          (int)a->n, fq, fds);
-        CUK_CHECK(cudaGetLastError());
-        const int64_t blocks = ((a->m + 15) / 16 + WARPS - 1) / WARPS;
-        const int steps = (int)(a->k / 256), kw = q8t_kw_sx(blocks, steps, 1 << 20);
-        cudaLaunchAttribute at;
-        const cudaLaunchConfig_t cfg = cuk_cluster_cfg(&at, (unsigned)kw, dim3((unsigned)(blocks * kw)), WARPS * 32, 0, st);
-        CUK_CHECK(cudaLaunchKernelEx(&cfg, k_gemv_q8t_sx<T, NT, P, false>, (const uint8_t *)a->w, rb, a->m, steps, kw,
-                                     (const int8_t *)fq, (int64_t)0, (const float *)fds, (int64_t)0, (int64_t)a->k,
-                                     (int)a->n, a->y, (int64_t)a->ldy));
-        CUK_CHECK(cudaGetLastError());
-        return G5_OK;
-    }
-}
-
 /* Whether a launch of NT column tiles takes the sx form by shape: a tall matrix (>= 12288 rows) at
  * more than 8 columns, a k-range's x fitting its slots at once (k <= 34816: every GLM-5 product),
  * and the device giving a block the memory. */
@@ -980,13 +927,9 @@ static g5_status launch_fx8(const cuk_gemv_q8_args *a, int64_t rb, int8_t *fx, c
  * on tall matrices of k <= 4096; at 9-32 columns sx on tall matrices, else the L1 form on x re-laid
  * out in fragment order where the caller gave scratch (fx); at 8 columns or fewer the L1 form on x
  * as it is (the relayout launch costs more than it saves there). */
-enum Form { BY_SHAPE, ALL_SX, ALL_CL };
-constexpr bool CL8 = false; /* EXPERIMENT (session 28): the 8-tile launches in the cl form */
-
 template <int T, int P>
-static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, Form form, int8_t *fx,
+static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, int8_t *fx,
                            g5_error *err) {
-    const bool all_sx = form == ALL_SX;
     constexpr bool nt8 = P == 2 && T != QT_Q6_K; /* Q6_K's 8 tiles spill (its step holds more) */
     /* a tall matrix of short rows (q_b: 16384 x 2048) keeps two sx launches: 58 us against 67 for
      * one of 8 tiles at 32 vectors on the H100, where 12288 x 6144 took 110 against 153 */
@@ -1000,13 +943,8 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
         b.y += (int64_t)v0 * a->ldy;
         const int cols = b.n * P;
         g5_status s;
-        if (form == ALL_CL)
-            s = cols <= 8    ? launch_cl<T, 1, P>(&b, rb, fx, st, err)
-                : cols <= 16 ? launch_cl<T, 2, P>(&b, rb, fx, st, err)
-                : cols <= 32 ? launch_cl<T, 4, P>(&b, rb, fx, st, err)
-                             : launch_cl<T, 8, P>(&b, rb, fx, st, err);
-        else if (nt8 && cols > 32) /* two planes of 17-32 vectors: one launch of 8 column tiles (fx only) */
-            s = CL8 ? launch_cl<T, 8, P>(&b, rb, fx, st, err) : launch_fx8<T, P>(&b, rb, fx, st, err);
+        if (nt8 && cols > 32) /* two planes of 17-32 vectors: one launch of 8 column tiles (fx only) */
+            s = launch_fx8<T, P>(&b, rb, fx, st, err);
         else if (all_sx)
             s = cols <= 8    ? launch_sx<T, 1, P>(&b, rb, st, err)
                 : cols <= 16 ? launch_sx<T, 2, P>(&b, rb, st, err)
@@ -1027,11 +965,11 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
 }
 
 template <int T>
-static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, Form form, int8_t *fx, g5_error *err) {
-    if (form == ALL_SX && !sx_fits<T>())
+static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, int8_t *fx, g5_error *err) {
+    if (all_sx && !sx_fits<T>())
         return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8t_sx: the device gives a block less than the %zu bytes of shared memory its x slots need",
                        (size_t)XSlot<T, 4>::max_steps * XSlot<T, 4>::bytes);
-    return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, form, fx, err) : launch_nt<T, 1>(a, rb, st, form, fx, err);
+    return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, all_sx, fx, err) : launch_nt<T, 1>(a, rb, st, all_sx, fx, err);
 }
 
 /* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups; the ring's shared
@@ -1072,7 +1010,7 @@ extern "C" int cuk_q8t_takes(uint32_t t, int64_t k) {
 }
 
 /* cuk_gemv_q8t and cuk_gemv_q8t_sx: the argument checks (what names the call), then the launches. */
-static g5_status gemv_q8t_run(const char *what, const cuk_gemv_q8_args *a, cuk_stream stream, q8t::Form form, int8_t *fx,
+static g5_status gemv_q8t_run(const char *what, const cuk_gemv_q8_args *a, cuk_stream stream, bool all_sx, int8_t *fx,
                               g5_error *err) {
     if (!a) return BAD("%s: args is NULL", what);
     if (!cuk_q8t_takes(a->w_type, a->k))
@@ -1095,36 +1033,23 @@ static g5_status gemv_q8t_run(const char *what, const cuk_gemv_q8_args *a, cuk_s
     if (a->ldy < a->m) return BAD("%s: ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
     const cudaStream_t st = (cudaStream_t)stream;
     switch (a->w_type) {
-    case QT_Q4_K: return q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st, form, fx, err);
-    case QT_Q5_K: return q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st, form, fx, err);
-    case QT_Q6_K: return q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st, form, fx, err);
-    default: return q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st, form, fx, err);
+    case QT_Q4_K: return q8t::launch_p<QT_Q4_K>(a, (int64_t)rb, st, all_sx, fx, err);
+    case QT_Q5_K: return q8t::launch_p<QT_Q5_K>(a, (int64_t)rb, st, all_sx, fx, err);
+    case QT_Q6_K: return q8t::launch_p<QT_Q6_K>(a, (int64_t)rb, st, all_sx, fx, err);
+    default: return q8t::launch_p<QT_Q8_0>(a, (int64_t)rb, st, all_sx, fx, err);
     }
-}
-
-static g5_status scratch_check(const char *what, const cuk_gemv_q8_args *a, const void *scratch, size_t scratch_bytes,
-                               g5_error *err) {
-    if (a && scratch && ((uintptr_t)scratch % 16 || scratch_bytes / CUK_Q8T_SCRATCH_PER_K < (uint64_t)a->k))
-        return BAD("%s: scratch of %zu bytes unaligned or under k=%lld x %d", what, scratch_bytes, (long long)a->k,
-                   CUK_Q8T_SCRATCH_PER_K);
-    return G5_OK;
 }
 
 extern "C" g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, void *scratch, size_t scratch_bytes, cuk_stream stream,
                                   g5_error *err) {
-    const g5_status s = scratch_check("gemv_q8t", a, scratch, scratch_bytes, err);
-    return s != G5_OK ? s : gemv_q8t_run("gemv_q8t", a, stream, q8t::BY_SHAPE, (int8_t *)scratch, err);
+    if (a && scratch && ((uintptr_t)scratch % 16 || scratch_bytes / CUK_Q8T_SCRATCH_PER_K < (uint64_t)a->k))
+        return BAD("gemv_q8t: scratch of %zu bytes unaligned or under k=%lld x %d", scratch_bytes, (long long)a->k,
+                   CUK_Q8T_SCRATCH_PER_K);
+    return gemv_q8t_run("gemv_q8t", a, stream, false, (int8_t *)scratch, err);
 }
 
 extern "C" g5_status cuk_gemv_q8t_sx(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
-    return gemv_q8t_run("gemv_q8t_sx", a, stream, q8t::ALL_SX, NULL, err);
-}
-
-extern "C" g5_status cuk_gemv_q8t_cl(const cuk_gemv_q8_args *a, void *scratch, size_t scratch_bytes, cuk_stream stream,
-                                     g5_error *err) {
-    if (!scratch) return BAD("gemv_q8t_cl: scratch is NULL");
-    const g5_status s = scratch_check("gemv_q8t_cl", a, scratch, scratch_bytes, err);
-    return s != G5_OK ? s : gemv_q8t_run("gemv_q8t_cl", a, stream, q8t::ALL_CL, (int8_t *)scratch, err);
+    return gemv_q8t_run("gemv_q8t_sx", a, stream, true, NULL, err);
 }
 
 /* cuk_q8t_takes' types but Q6_K, whose 210-byte steps cp.async cannot copy (not 16-byte aligned). */

@@ -83,8 +83,8 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     const int copies = fill_pool(pool, t, bytes, &stride);
     const cuk_q8_quantize_args q2a = {o->xf, 32768, k, n, o->q2, 32768, o->ds2, 2048, 2};
     GK(cuk_q8_quantize(&q2a, NULL, &err_));
-    double us[11];
-    for (int v = 0; v < 11; v++) {
+    double us[9];
+    for (int v = 0; v < 9; v++) {
         us[v] = -1;
         if ((v == 0 && n > 8) || (v >= 3 && !cuk_q8t_takes(t, k))) continue;
         if (v >= 5 && v <= 6) { /* the sx form needs sm_90's shared memory: a "-" where the device refuses it */
@@ -117,8 +117,7 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
                 const cuk_gemv_q8_args g = {t, w, k, m, v % 2 ? x1 : x2, n, o->y, m, NULL, NULL};
                 GK(v <= 4   ? cuk_gemv_q8t(&g, o->fx, (size_t)16384 * CUK_Q8T_SCRATCH_PER_K, NULL, &err_)
                    : v <= 6 ? cuk_gemv_q8t_sx(&g, NULL, &err_)
-                   : v <= 8 ? cuk_gemv_q8t(&g, NULL, 0, NULL, &err_)
-                            : cuk_gemv_q8t_cl(&g, o->fx, (size_t)16384 * CUK_Q8T_SCRATCH_PER_K, NULL, &err_));
+                            : cuk_gemv_q8t(&g, NULL, 0, NULL, &err_));
             }
         }
         CK(cudaEventRecord(ev_b, NULL));
@@ -126,7 +125,7 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
         us[v] = elapsed_ms() * 1e3 / iters;
     }
     printf("| %s | %lld x %lld | %d | %.1f |", quant_type_name(t), (long long)m, (long long)k, n, bytes / 1e6);
-    for (int v = 0; v < 11; v++) {
+    for (int v = 0; v < 9; v++) {
         if (us[v] < 0) printf(" - |");
         else printf(" %.2f (%.3f) |", us[v], bytes / (us[v] * 1e-6) / rate);
     }
@@ -351,9 +350,8 @@ int main(int argc, char **argv) {
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
     printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
-           "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes | q8t no scratch (ratio) | two planes | "
-           "cuk_gemv_q8t_cl (ratio) | cl two planes |\n"
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+           "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes | q8t no scratch (ratio) | two planes |\n"
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     if (one) {
         gemv_row(pool, &o, (uint32_t)ot, om, ok, on, rate);
         return 0;

@@ -13,7 +13,7 @@
  * - cuk_gemv_q8 with a second matrix (w2, y2): both outputs bit-identical to their own launches
  *   (every type, odd m, n = 1, 3, 8), and cuk_gemv_q8t refusing w2;
  * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance, with and
- *   without its scratch (x re-laid out or not) and in the sx and cl forms: the same bits;
+ *   without its scratch (x re-laid out or not) and in the sx form: the same bits;
  * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores) bit-identical to the dp4a MoE kernels
  *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
@@ -339,14 +339,6 @@ static void test_gemv_t(uint32_t t, int64_t m, int64_t k, int planes) {
                     "%s gemv_q8t_sx m=%lld k=%lld n=%d planes %d: bit-identical to gemv_q8t", tn, (long long)m,
                     (long long)k, n, planes);
         }
-        /* the cl form (x in fragment order, the sx grid with nothing staged) on every shape: the same bits */
-        CK(cudaMemset(dy, 0xFF, (size_t)(n * m) * 4));
-        T_CHECK(cuk_gemv_q8t_cl(&a, fxs, (size_t)k * CUK_Q8T_SCRATCH_PER_K, NULL, &err) == G5_OK, "%s gemv_q8t_cl n=%d: %s",
-                tn, n, err.msg);
-        get(ysx, dy, (size_t)(n * m) * 4);
-        T_CHECK(memcmp(ysx, y, (size_t)(n * m) * 4) == 0,
-                "%s gemv_q8t_cl m=%lld k=%lld n=%d planes %d: bit-identical to gemv_q8t", tn, (long long)m, (long long)k, n,
-                planes);
         if (n == 1 || n == N)
             printf("  %s gemv_q8t m=%lld k=%lld n=%d planes %d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, planes,
                    worst);
@@ -411,11 +403,6 @@ static void test_refusals_t(void) {
     T_CHECK(cuk_gemv_q8t(&a, q + 8, 256 * CUK_Q8T_SCRATCH_PER_K, NULL, &err) == G5_ERR_INVALID_ARG &&
                 strstr(err.msg, "scratch"),
             "q8t refused: scratch not 16-byte aligned (%s)", err.msg);
-    T_CHECK(cuk_gemv_q8t_cl(&a, NULL, 0, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "scratch"),
-            "q8t_cl refused: no scratch (%s)", err.msg);
-    T_CHECK(cuk_gemv_q8t_cl(&a, q, 256 * CUK_Q8T_SCRATCH_PER_K - 1, NULL, &err) == G5_ERR_INVALID_ARG &&
-                strstr(err.msg, "scratch"),
-            "q8t_cl refused: scratch one byte short (%s)", err.msg);
     T_CHECK(cuk_q8t_takes(QT_Q8_0, 512) && !cuk_q8t_takes(QT_Q8_0, 64) && cuk_q8t_takes(QT_Q6_K, 6144) &&
                 !cuk_q8t_takes(QT_Q4_0, 256),
             "cuk_q8t_takes: the four types with k %% 256, nothing else");
