@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# A/B comparison of source trees in one device call: the working tree and named variants of it,
+# built side by side (a variant is a copy of the working tree's build with its own files laid
+# over, so only what they touch is rebuilt), then bench_peer on the trees alternated, so every
+# figure has its baseline from the same call and machine (bench/RESULTS.md's practice).
+#
+#   bash bench/ab.sh prepare NAME=REV [NAME=REV ..]   # here: .dev/ab/NAME/ holds the files in which
+#                                                       # REV differs from the working tree (and a
+#                                                       # list of those REV lacks); carry .dev
+#   bash bench/ab.sh prepare NAME=DIR                   # or the files under DIR (an overlay as is)
+#   OUT=/tmp/out bash bench/ab.sh run                   # on the GPU machine (logs: $OUT/ab.log)
+#
+# run: builds the working tree (glm5-shard, bench_peer, bench_q8, and with TESTGPU=1 every GPU
+# target), then each .dev/ab/NAME tree in /tmp/ab-NAME, makes the centred peer model meanwhile
+# (bench/peer.sh's, in W) and with TESTGPU=1 runs `make test-gpu` on the working tree; then ROUNDS
+# (default 2) rounds of bench_peer over the trees in order (PEER: its options, default the batched
+# step at depth 512: `--pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1`), and for each line of
+# Q8 (`;`-separated bench_q8 arguments, e.g. "20 moe 32;20 Q5_K 6144 16384 32") bench_q8 in every
+# tree. A warm machine keeps the builds and the model (a second call rebuilds only what changed).
+# Environment: as bench/peer.sh (B, CC, DEPS, W, LAYERS, EXPERTS); the variants run with the same.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+R=$PWD
+AB=.dev/ab
+
+prepare() {
+  rm -rf "$AB"
+  mkdir -p "$AB"
+  local spec name src f
+  for spec in "$@"; do
+    name=${spec%%=*}
+    src=${spec#*=}
+    case $name in '' | *[!A-Za-z0-9_-]*) echo "ab.sh: bad variant name in '$spec'" >&2; return 2 ;; esac
+    mkdir -p "$AB/$name"
+    if [ -d "$src" ]; then
+      cp -r "$src/." "$AB/$name/"
+    else
+      git rev-parse --verify -q "$src^{commit}" >/dev/null || { echo "ab.sh: '$src' is no revision or folder" >&2; return 2; }
+      # files REV has and the working tree has otherwise (or not at all), then those REV lacks
+      git diff --name-only --no-renames --diff-filter=d -R "$src" -- . | while read -r f; do
+        mkdir -p "$AB/$name/$(dirname "$f")"
+        git show "$src:$f" >"$AB/$name/$f"
+      done
+      git diff --name-only --no-renames --diff-filter=D -R "$src" -- . >"$AB/$name.gone"
+    fi
+    echo "$name: $(find "$AB/$name" -type f | wc -l) file(s) over the working tree$([ -s "$AB/$name.gone" ] && echo ", $(wc -l <"$AB/$name.gone") removed")"
+  done
+}
+
+run() {
+  OUT=${OUT:-/tmp/ab-out}
+  W=${W:-/tmp/g5peer}
+  mkdir -p "$OUT" "$W"
+  export CENTRED=1
+  source bench/common.sh
+  SECONDS=0
+  bench_header
+  local targets="$B/bin/glm5-shard $B/gpu/tests/bench_peer $B/gpu/tests/bench_q8" t v trees="$R"
+  [ "${TESTGPU:-0}" = 1 ] && targets="gpu gpu-model $B/bin/glm5-shard"
+  # shellcheck disable=SC2086
+  bench_build "$OUT/build.log" $targets || return 3
+  local names=""
+  for d in "$AB"/*/; do [ -d "$d" ] && names="$names $(basename "$d")"; done
+  (
+    for v in $names; do
+      rm -rf "/tmp/ab-$v"
+      cp -a "$R" "/tmp/ab-$v"
+      cp -r "$AB/$v/." "/tmp/ab-$v/"
+      [ -f "$AB/$v.gone" ] && (cd "/tmp/ab-$v" && xargs -r rm -f <"$R/$AB/$v.gone")
+      # a failed build must not leave the working tree's copied binaries to be measured as the variant
+      (cd "/tmp/ab-$v" && bench_build "$OUT/build_$v.log" "$B/bin/glm5-shard" "$B/gpu/tests/bench_peer" \
+        "$B/gpu/tests/bench_q8") || { echo "variant $v: build failed, not run"; rm -f "/tmp/ab-$v/$B/gpu/tests/bench_peer"; }
+    done
+    bench_peer_model || echo "peer model: failed"
+    echo "side builds and model done in ${SECONDS}s"
+  ) >"$OUT/side.log" 2>&1 &
+  local bg=$! rc=0
+  if [ "${TESTGPU:-0}" = 1 ]; then
+    local t0=$SECONDS
+    make CC="$CC" BUILD="$B" EXTRA_CFLAGS="-isystem $DEPS/include -Wno-error" EXTRA_LDFLAGS="-L$DEPS/lib" \
+      TEST_JOBS=8 test-gpu >"$OUT/test-gpu.log" 2>&1 || rc=1
+    echo "make test-gpu rc=$rc in $((SECONDS - t0))s: $(tail -1 "$OUT/test-gpu.log")"
+    grep -E "passed" "$OUT/test-gpu.log" | grep -v " 0 failed" | head -20
+  fi
+  wait "$bg"
+  cat "$OUT/side.log"
+  local sfx=${CENTRED:+-centred}
+  blobs=$W/tp1$sfx
+  for v in $names; do [ -x "/tmp/ab-$v/$B/gpu/tests/bench_peer" ] && trees="$trees /tmp/ab-$v"; done
+  local r
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for t in $trees; do
+      # shellcheck disable=SC2086
+      timeout "${LIMIT:-200}" "$t/$B/gpu/tests/bench_peer" -m "$blobs" --precision fast \
+        ${PEER:---pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1} >"$OUT/peer_$(basename "$t")_$r.log" 2>&1 || rc=1
+      echo "round $r $(basename "$t"): $(grep -o 'batch [0-9]* @ [0-9]* fast: [0-9.]* tok/s aggregate ([0-9.]* ms' \
+        "$OUT/peer_$(basename "$t")_$r.log" | sed 's/ fast//; s/ tok\/s aggregate (/ tok\/s, /' | tr '\n' ';')"
+    done
+  done
+  local line q8s=()
+  IFS=';' read -ra q8s <<<"${Q8:-}"
+  for line in "${q8s[@]}"; do
+    for t in $trees; do
+      # shellcheck disable=SC2086
+      echo "bench_q8 $line, $(basename "$t"): $(timeout 120 "$t/$B/gpu/tests/bench_q8" $line 2>&1 | grep '^| [a-zA-Z]' | tail -2 | tr '\n' ' ')"
+    done
+  done
+  echo "ab.sh rc=$rc total ${SECONDS}s"
+  return $rc
+}
+
+case "${1:-}" in
+  prepare) shift; prepare "$@" ;;
+  run) shift; OUT=${OUT:-/tmp/ab-out}; mkdir -p "$OUT"; run "$@" 2>&1 | tee "$OUT/ab.log"; exit "${PIPESTATUS[0]}" ;;
+  *) echo "usage: bash bench/ab.sh prepare NAME=REV|NAME=DIR ... | run" >&2; exit 2 ;;
+esac
