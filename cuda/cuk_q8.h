@@ -174,6 +174,12 @@ g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_e
 int cuk_moe_q8t_takes(uint32_t w_type, int64_t k, int32_t planes);
 g5_status cuk_moe_gate_up_q8t(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
 g5_status cuk_moe_down_q8t(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
+/* The same with each CTA's x columns staged once in shared memory for its warps (the xs form):
+ * the same bits. For tests and bench_q8, which compare the forms (bench/NOTES.md, session 28);
+ * G5_ERR_UNSUPPORTED where the device cannot give a block the memory (k's 8 columns beside the
+ * weight rings). */
+g5_status cuk_moe_gate_up_q8t_xs(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
+g5_status cuk_moe_down_q8t_xs(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
 
 #ifdef __cplusplus
 }

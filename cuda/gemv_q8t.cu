@@ -38,6 +38,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
 #include "cuda/mma.cuh"
@@ -716,7 +718,18 @@ struct StepCursor {
     }
 };
 
-template <int T, int NM>
+/* The xs form's x slots after the weight rings: per column a row of k bytes then one of k / 16
+ * (d, s) floats, padded so that a warp's 8-byte B reads (lanes g, c) and 16-byte pair reads (4
+ * addresses) hit distinct banks. */
+__host__ __device__ constexpr int64_t moe_xs_qs(int64_t k) { return k + 32; }
+__host__ __device__ constexpr int64_t moe_xs_ds(int64_t k) { return k / 16 + 4; }
+template <int T> constexpr size_t moe_smem(int64_t k, bool xs) {
+    return (size_t)MW * MST * 16 * StepBytes<T>::v + (xs ? (size_t)(8 * moe_xs_qs(k) + 32 * moe_xs_ds(k)) : 0);
+}
+
+/* XS: the CTA's x columns staged once in shared memory for its MW warps (tests and bench_q8:
+ * cuk_moe_*_q8t_xs), where they are read through L1 by each warp (bench/NOTES.md, session 28). */
+template <int T, int NM, bool XS>
 __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
     extern __shared__ __align__(16) uint8_t msm[];
     constexpr int SB = StepBytes<T>::v, CH = SB / 16, STAGE = 16 * SB;
@@ -731,17 +744,40 @@ __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
     const int pos0 = pv.start(grp);
     const int nvec = pv.count(grp) + (grp + 1 < ng_all && pv.expert(grp + 1) == e ? pv.count(grp + 1) : 0);
     const int row0 = ((int)blockIdx.y * MW + wid) * 16;
-    if (row0 >= p.m) return; /* only warp-level synchronization below */
+    if (!XS && row0 >= p.m) return; /* only warp-level synchronization below */
+    const int v = g < nvec ? g : nvec - 1;
+    const int u0 = 2 * c < nvec ? 2 * c : nvec - 1, u1 = 2 * c + 1 < nvec ? 2 * c + 1 : nvec - 1;
     Cols<1> cl;
-    cl.xq = p.xq;
-    cl.xds = p.xds;
-    {
-        const int v = g < nvec ? g : nvec - 1;
-        const int u0 = 2 * c < nvec ? 2 * c : nvec - 1, u1 = 2 * c + 1 < nvec ? 2 * c + 1 : nvec - 1;
+    if constexpr (XS) { /* every thread copies, then the CTA's one barrier: before any warp returns */
+        const int64_t k = (int64_t)p.steps * 256, qs = moe_xs_qs(k), ds = moe_xs_ds(k);
+        uint8_t *xq_s = msm + MW * MST * STAGE;
+        float *xd_s = (float *)(void *)(xq_s + 8 * qs);
+        const int qch = (int)(k / 16), per = qch + (int)(k / 64); /* 16-byte chunks a column */
+        for (int i = threadIdx.x; i < nvec * per; i += MW * 32) {
+            const int col = i / per, j = i - col * per;
+            const int64_t xr = pv.pair(pos0 + col) / p.xdiv;
+            if (j < qch)
+                cp16((uint32_t)__cvta_generic_to_shared(xq_s + col * qs + 16 * j), p.xq + xr * p.ldq + 16 * j, true);
+            else
+                cp16((uint32_t)__cvta_generic_to_shared(xd_s + col * ds + 4 * (j - qch)), p.xds + xr * p.ldds + 4 * (j - qch),
+                     true);
+        }
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+        cl.xq = (const int8_t *)xq_s;
+        cl.xds = xd_s;
+        cl.q[0] = (uint32_t)(v * qs);
+        cl.ds[0][0] = (uint32_t)(u0 * ds);
+        cl.ds[0][1] = (uint32_t)(u1 * ds);
+    } else {
+        cl.xq = p.xq;
+        cl.xds = p.xds;
         cl.q[0] = (uint32_t)((pv.pair(pos0 + v) / p.xdiv) * p.ldq);
         cl.ds[0][0] = (uint32_t)((pv.pair(pos0 + u0) / p.xdiv) * p.ldds);
         cl.ds[0][1] = (uint32_t)((pv.pair(pos0 + u1) / p.xdiv) * p.ldds);
     }
+    if (XS && row0 >= p.m) return; /* only warp-level synchronization below */
     uint8_t *ring = msm + wid * (MST * STAGE);
     const int64_t eoff = (int64_t)e * p.m * p.rb;
     const int n_steps = NM * p.steps;
@@ -787,7 +823,7 @@ __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
                 __syncwarp(); /* every lane has read the stage the next issue overwrites */
                 issue();
                 used++;
-                step_units<1, 1>(cur, cl, st, c, S);
+                step_units<1, 1, typename std::conditional<XS, Sld, Gld>::type>(cur, cl, st, c, S);
             }
             leaf_merge<1>(S, gi, stk, res);
         }
@@ -974,26 +1010,31 @@ static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st
 
 /* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups; the ring's shared
  * memory is opted into once per device and instance. */
-template <int T, int NM> static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
-    const size_t smem = (size_t)MW * MST * 16 * StepBytes<T>::v;
+template <int T, int NM, bool XS>
+static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
+    const size_t smem = moe_smem<T>((int64_t)p.steps * 256, XS);
     static bool raised[CUK_MAX_DEVICES];
     const int slot = cuk_device_slot();
-    if (!raised[slot]) {
-        CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        raised[slot] = true;
+    if (XS && cuk_device_smem_cap(smem) < smem)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "moe_q8t_xs: k=%d needs %zu bytes of shared memory a block, the device gives %zu",
+                       p.steps * 256, smem, cuk_device_smem_cap(smem));
+    if (XS || !raised[slot]) { /* the xs form's size follows k: set at every launch (tests and bench_q8 only) */
+        CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised[slot] = !XS;
     }
     const int tiles = (p.m + 15) / 16;
     const dim3 grid((unsigned)n_groups, (unsigned)((tiles + MW - 1) / MW));
-    k_moe_q8t<T, NM><<<grid, MW * 32, smem, st>>>(p);
+    k_moe_q8t<T, NM, XS><<<grid, MW * 32, smem, st>>>(p);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
-template <int NM> static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
+template <int NM>
+static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, bool xs, cudaStream_t st, g5_error *err) {
     switch (t) {
-    case QT_Q4_K: return moe_launch<QT_Q4_K, NM>(p, n_groups, st, err);
-    case QT_Q5_K: return moe_launch<QT_Q5_K, NM>(p, n_groups, st, err);
-    default: return moe_launch<QT_Q8_0, NM>(p, n_groups, st, err);
+    case QT_Q4_K: return xs ? moe_launch<QT_Q4_K, NM, true>(p, n_groups, st, err) : moe_launch<QT_Q4_K, NM, false>(p, n_groups, st, err);
+    case QT_Q5_K: return xs ? moe_launch<QT_Q5_K, NM, true>(p, n_groups, st, err) : moe_launch<QT_Q5_K, NM, false>(p, n_groups, st, err);
+    default: return xs ? moe_launch<QT_Q8_0, NM, true>(p, n_groups, st, err) : moe_launch<QT_Q8_0, NM, false>(p, n_groups, st, err);
     }
 }
 
@@ -1069,24 +1110,38 @@ static g5_status moe_t_check(const char *what, uint32_t t, int64_t k, int64_t m,
     return G5_OK;
 }
 
-extern "C" g5_status cuk_moe_gate_up_q8t(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
+static g5_status moe_gate_up_t(const char *what, const cuk_moe_gate_up_q8_args *a, bool xs, cuk_stream stream,
+                               g5_error *err) {
     int64_t rb = 0;
-    g5_status st = q8_moe_gate_up_check("moe_gate_up_q8t", a, &rb, err);
-    if (st == G5_OK) st = moe_t_check("moe_gate_up_q8t", a->w_type, a->k, a->m, &a->x, a->n_tok, err);
+    g5_status st = q8_moe_gate_up_check(what, a, &rb, err);
+    if (st == G5_OK) st = moe_t_check(what, a->w_type, a->k, a->m, &a->x, a->n_tok, err);
     if (st != G5_OK) return st;
     const q8t::MoeT p = {{(const uint8_t *)a->w_gate, (const uint8_t *)a->w_up}, rb, (int)a->m, (int)(a->k / 256), a->plan,
                          a->n_tok * a->top_k, a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo};
-    return q8t::moe_type<2>(a->w_type, p, a->n_tok * a->top_k, (cudaStream_t)stream, err);
+    return q8t::moe_type<2>(a->w_type, p, a->n_tok * a->top_k, xs, (cudaStream_t)stream, err);
 }
 
-extern "C" g5_status cuk_moe_down_q8t(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
+static g5_status moe_down_t(const char *what, const cuk_moe_down_q8_args *a, bool xs, cuk_stream stream, g5_error *err) {
     int64_t rb = 0;
-    g5_status st = q8_moe_down_check("moe_down_q8t", a, &rb, err);
-    if (st == G5_OK) st = moe_t_check("moe_down_q8t", a->w_type, a->k, a->m, &a->h, (int64_t)a->n_tok * a->top_k, err);
+    g5_status st = q8_moe_down_check(what, a, &rb, err);
+    if (st == G5_OK) st = moe_t_check(what, a->w_type, a->k, a->m, &a->h, (int64_t)a->n_tok * a->top_k, err);
     if (st != G5_OK) return st;
     const q8t::MoeT p = {{(const uint8_t *)a->w, (const uint8_t *)a->w}, rb, (int)a->m, (int)(a->k / 256), a->plan,
                          a->n_tok * a->top_k, 1, a->h.q, a->h.ldq, a->h.ds, a->h.ldds, a->part, a->ldp};
-    if ((st = q8t::moe_type<1>(a->w_type, p, a->n_tok * a->top_k, (cudaStream_t)stream, err)) != G5_OK) return st;
+    if ((st = q8t::moe_type<1>(a->w_type, p, a->n_tok * a->top_k, xs, (cudaStream_t)stream, err)) != G5_OK) return st;
     return q8_moe_combine(a, (cudaStream_t)stream, err);
+}
+
+extern "C" g5_status cuk_moe_gate_up_q8t(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
+    return moe_gate_up_t("moe_gate_up_q8t", a, false, stream, err);
+}
+extern "C" g5_status cuk_moe_down_q8t(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
+    return moe_down_t("moe_down_q8t", a, false, stream, err);
+}
+extern "C" g5_status cuk_moe_gate_up_q8t_xs(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
+    return moe_gate_up_t("moe_gate_up_q8t_xs", a, true, stream, err);
+}
+extern "C" g5_status cuk_moe_down_q8t_xs(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
+    return moe_down_t("moe_down_q8t_xs", a, true, stream, err);
 }
 

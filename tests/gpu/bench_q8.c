@@ -177,8 +177,8 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
         const cuk_moe_plan_args pa = {o->ids + s * TOPK, o->wts, 1, TOPK, TOPK, TOPK, NE, o->plan + s * pw};
         GK(cuk_moe_plan(&pa, NULL, &err_));
     }
-    double us[2][2];
-    for (int v = 0; v < 2; v++)
+    double us[3][2];
+    for (int v = 0; v < 3; v++)
         for (int part = 0; part < 2; part++) {
             for (int i = -3; i < iters; i++) {
                 if (i == 0) CK(cudaEventRecord(ev_a, NULL));
@@ -215,13 +215,14 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
 }
 
 #define MOE_BATCH_HEAD                                                                                         \
-    "| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) |\n"           \
-    "| --- | --- | --- | --- | --- | --- |\n"
+    "| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) | q8t xs us (ratio) |\n" \
+    "| --- | --- | --- | --- | --- | --- | --- |\n"
 
 /* A batched decode step's routed experts: n_tok tokens, each routed to 8 of 64 experts (a fixed
  * pseudo-random draw per token, 4 rotating draws), gate+up (t_gu) and down (t_dn, + slot sum)
- * by the dp4a kernels (cuk_moe_*_q8) and the tensor-core ones (cuk_moe_*_q8t). MB: the weights
- * of the experts the draw touches (each read once at best). */
+ * by the dp4a kernels (cuk_moe_*_q8) and the tensor-core ones (cuk_moe_*_q8t, and the _xs forms
+ * with each CTA's x staged in shared memory). MB: the weights of the experts the draw touches
+ * (each read once at best). */
 static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, int n_tok, double rate) {
     enum { TOPK = 8, E = 6144, FE = 2048, NE = 64, SETS = 4 };
     uint64_t rg = 0, rd = 0;
@@ -264,8 +265,8 @@ static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t
         const cuk_moe_plan_args pa = {ids + s * 32 * TOPK, o->wts, n_tok, TOPK, TOPK, TOPK, NE, plan + s * pw};
         GK(cuk_moe_plan(&pa, NULL, &err_));
     }
-    double us[2][2];
-    for (int v = 0; v < 2; v++)
+    double us[3][2];
+    for (int v = 0; v < 3; v++)
         for (int part = 0; part < 2; part++) {
             for (int i = -3; i < iters; i++) {
                 if (i == 0) CK(cudaEventRecord(ev_a, NULL));
@@ -274,11 +275,11 @@ static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t
                 if (part == 0) {
                     const cuk_moe_gate_up_q8_args g = {t_gu, wg, wu, E, FE, NE, id, TOPK, TOPK,
                                                        {o->q, 32768, o->ds, 2048, 1}, n_tok, o->y, FE, pl};
-                    GK(v ? cuk_moe_gate_up_q8t(&g, NULL, &err_) : cuk_moe_gate_up_q8(&g, NULL, &err_));
+                    GK(v == 2 ? cuk_moe_gate_up_q8t_xs(&g, NULL, &err_) : v ? cuk_moe_gate_up_q8t(&g, NULL, &err_) : cuk_moe_gate_up_q8(&g, NULL, &err_));
                 } else {
                     const cuk_moe_down_q8_args d = {t_dn, wd, FE, E, NE, id, o->wts, TOPK, TOPK, TOPK,
                                                     {o->q, 2048, o->ds, 128, 1}, n_tok, o->y, E, pl, o->part, E};
-                    GK(v ? cuk_moe_down_q8t(&d, NULL, &err_) : cuk_moe_down_q8(&d, NULL, &err_));
+                    GK(v == 2 ? cuk_moe_down_q8t_xs(&d, NULL, &err_) : v ? cuk_moe_down_q8t(&d, NULL, &err_) : cuk_moe_down_q8(&d, NULL, &err_));
                 }
             }
             CK(cudaEventRecord(ev_b, NULL));
@@ -286,10 +287,12 @@ static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t
             us[v][part] = elapsed_ms() * 1e3 / iters;
         }
     const double bg = touched * 2 * mg, bd = touched * md;
-    printf("| gate+up %s | %d | %.1f | %.1f | %.2f (%.3f) | %.2f (%.3f) |\n", ti_g->name, n_tok, touched, bg / 1e6,
-           us[0][0], bg / (us[0][0] * 1e-6) / rate, us[1][0], bg / (us[1][0] * 1e-6) / rate);
-    printf("| down %s (+ slot sum) | %d | %.1f | %.1f | %.2f (%.3f) | %.2f (%.3f) |\n", ti_d->name, n_tok, touched, bd / 1e6,
-           us[0][1], bd / (us[0][1] * 1e-6) / rate, us[1][1], bd / (us[1][1] * 1e-6) / rate);
+    printf("| gate+up %s | %d | %.1f | %.1f | %.2f (%.3f) | %.2f (%.3f) | %.2f (%.3f) |\n", ti_g->name, n_tok, touched,
+           bg / 1e6, us[0][0], bg / (us[0][0] * 1e-6) / rate, us[1][0], bg / (us[1][0] * 1e-6) / rate, us[2][0],
+           bg / (us[2][0] * 1e-6) / rate);
+    printf("| down %s (+ slot sum) | %d | %.1f | %.1f | %.2f (%.3f) | %.2f (%.3f) | %.2f (%.3f) |\n", ti_d->name, n_tok,
+           touched, bd / 1e6, us[0][1], bd / (us[0][1] * 1e-6) / rate, us[1][1], bd / (us[1][1] * 1e-6) / rate, us[2][1],
+           bd / (us[2][1] * 1e-6) / rate);
     fflush(stdout);
     CK(cudaFree(ids));
     CK(cudaFree(plan));

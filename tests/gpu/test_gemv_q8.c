@@ -14,7 +14,8 @@
  *   (every type, odd m, n = 1, 3, 8), and cuk_gemv_q8t refusing w2;
  * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance, with and
  *   without its scratch (x re-laid out or not) and in the sx form: the same bits;
- * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores) bit-identical to the dp4a MoE kernels
+ * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores; also with x staged, the _xs forms)
+ *   bit-identical to the dp4a MoE kernels
  *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
 #include <cuda_runtime_api.h>
@@ -475,11 +476,16 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes, int ntok) {
                                         ntok, dout, m, plan};
     T_CHECK(cuk_moe_gate_up_q8(&gu, NULL, &err) == G5_OK, "%s gate_up: %s", tn, err.msg);
     get(out, dout, (size_t)(P * m) * 4);
-    if (tc) {
+    for (int xs = 0; tc && xs < 2; xs++) { /* the tensor-core kernels, x read as it is and staged (xs) */
         CK(cudaMemset(dout, 0xFF, (size_t)(P * m) * 4));
-        T_CHECK(cuk_moe_gate_up_q8t(&gu, NULL, &err) == G5_OK, "%s gate_up q8t: %s", tn, err.msg);
+        const g5_status s = xs ? cuk_moe_gate_up_q8t_xs(&gu, NULL, &err) : cuk_moe_gate_up_q8t(&gu, NULL, &err);
+        if (xs && s == G5_ERR_UNSUPPORTED) {
+            printf("  %s gate_up q8t_xs: not on this device (%s)\n", tn, err.msg);
+            continue;
+        }
+        T_CHECK(s == G5_OK, "%s gate_up q8t%s: %s", tn, xs ? "_xs" : "", err.msg);
         get(outt, dout, (size_t)(P * m) * 4);
-        moe_t_same("gate_up", tn, outt, out, wts, P, m, 1);
+        moe_t_same(xs ? "gate_up (x staged)" : "gate_up", tn, outt, out, wts, P, m, 1);
     }
     double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)(m > k ? m : k) * 8);
     double worst = 0;
@@ -523,11 +529,16 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes, int ntok) {
                                          ntok, dy, k, plan, dpart, k};
         T_CHECK(cuk_moe_down_q8(&dn, NULL, &err) == G5_OK, "%s down: %s", tn, err.msg);
         get(y, dy, (size_t)(ntok * k) * 4);
-        if (tc_dn) {
+        for (int xs = 0; tc_dn && xs < 2; xs++) {
             CK(cudaMemset(dy, 0xFF, (size_t)(ntok * k) * 4));
-            T_CHECK(cuk_moe_down_q8t(&dn, NULL, &err) == G5_OK, "%s down q8t: %s", tn, err.msg);
+            const g5_status s = xs ? cuk_moe_down_q8t_xs(&dn, NULL, &err) : cuk_moe_down_q8t(&dn, NULL, &err);
+            if (xs && s == G5_ERR_UNSUPPORTED) {
+                printf("  %s down q8t_xs: not on this device (%s)\n", tn, err.msg);
+                continue;
+            }
+            T_CHECK(s == G5_OK, "%s down q8t%s: %s", tn, xs ? "_xs" : "", err.msg);
             get(yt, dy, (size_t)(ntok * k) * 4);
-            moe_t_same("down", tn, yt, y, NULL, ntok, k, 0);
+            moe_t_same(xs ? "down (x staged)" : "down", tn, yt, y, NULL, ntok, k, 0);
         }
         double *hd = xmalloc((size_t)m * 8);
         worst = 0;
