@@ -753,14 +753,15 @@ __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
         uint8_t *xq_s = msm + MW * MST * STAGE;
         float *xd_s = (float *)(void *)(xq_s + 8 * qs);
         const int qch = (int)(k / 16), per = qch + (int)(k / 64); /* 16-byte chunks a column */
-        for (int i = threadIdx.x; i < nvec * per; i += MW * 32) {
-            const int col = i / per, j = i - col * per;
+        for (int col = 0; col < nvec; col++) {
             const int64_t xr = pv.pair(pos0 + col) / p.xdiv;
-            if (j < qch)
-                cp16((uint32_t)__cvta_generic_to_shared(xq_s + col * qs + 16 * j), p.xq + xr * p.ldq + 16 * j, true);
-            else
-                cp16((uint32_t)__cvta_generic_to_shared(xd_s + col * ds + 4 * (j - qch)), p.xds + xr * p.ldds + 4 * (j - qch),
-                     true);
+            for (int j = threadIdx.x; j < per; j += MW * 32) {
+                if (j < qch)
+                    cp16((uint32_t)__cvta_generic_to_shared(xq_s + col * qs + 16 * j), p.xq + xr * p.ldq + 16 * j, true);
+                else
+                    cp16((uint32_t)__cvta_generic_to_shared(xd_s + col * ds + 4 * (j - qch)),
+                         p.xds + xr * p.ldds + 4 * (j - qch), true);
+            }
         }
         cp_commit();
         cp_wait<0>();
@@ -969,8 +970,8 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
     constexpr bool nt8 = P == 2 && T != QT_Q6_K; /* Q6_K's 8 tiles spill (its step holds more) */
     /* a tall matrix of short rows (q_b: 16384 x 2048) keeps two sx launches: 58 us against 67 for
      * one of 8 tiles at 32 vectors on the H100, where 12288 x 6144 took 110 against 153 */
-    const bool tall_short = a->k <= 4096 && sx_by_shape<T, 4>(a);
-    const int per = nt8 && fx && !all_sx && !tall_short ? 32 : 32 / P;
+    const bool wide = nt8 && fx && !all_sx && !(a->k <= 4096 && sx_by_shape<T, 4>(a)); /* 32 vectors a launch */
+    const int per = wide ? 32 : 32 / P;
     for (int v0 = 0; v0 < a->n; v0 += per) {
         cuk_gemv_q8_args b = *a;
         b.n = a->n - v0 < per ? a->n - v0 : per;
@@ -1018,9 +1019,11 @@ static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_err
     if (XS && cuk_device_smem_cap(smem) < smem)
         return g5_fail(err, G5_ERR_UNSUPPORTED, "moe_q8t_xs: k=%d needs %zu bytes of shared memory a block, the device gives %zu",
                        p.steps * 256, smem, cuk_device_smem_cap(smem));
-    if (XS || !raised[slot]) { /* the xs form's size follows k: set at every launch (tests and bench_q8 only) */
+    if (XS) { /* its size follows k: set at every launch (tests and bench_q8 only) */
         CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        raised[slot] = !XS;
+    } else if (!raised[slot]) {
+        CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised[slot] = true;
     }
     const int tiles = (p.m + 15) / 16;
     const dim3 grid((unsigned)n_groups, (unsigned)((tiles + MW - 1) / MW));
@@ -1029,13 +1032,16 @@ static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_err
     return G5_OK;
 }
 
+template <int NM, bool XS> static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
+    switch (t) {
+    case QT_Q4_K: return moe_launch<QT_Q4_K, NM, XS>(p, n_groups, st, err);
+    case QT_Q5_K: return moe_launch<QT_Q5_K, NM, XS>(p, n_groups, st, err);
+    default: return moe_launch<QT_Q8_0, NM, XS>(p, n_groups, st, err);
+    }
+}
 template <int NM>
 static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, bool xs, cudaStream_t st, g5_error *err) {
-    switch (t) {
-    case QT_Q4_K: return xs ? moe_launch<QT_Q4_K, NM, true>(p, n_groups, st, err) : moe_launch<QT_Q4_K, NM, false>(p, n_groups, st, err);
-    case QT_Q5_K: return xs ? moe_launch<QT_Q5_K, NM, true>(p, n_groups, st, err) : moe_launch<QT_Q5_K, NM, false>(p, n_groups, st, err);
-    default: return xs ? moe_launch<QT_Q8_0, NM, true>(p, n_groups, st, err) : moe_launch<QT_Q8_0, NM, false>(p, n_groups, st, err);
-    }
+    return xs ? moe_type<NM, true>(t, p, n_groups, st, err) : moe_type<NM, false>(t, p, n_groups, st, err);
 }
 
 } // namespace q8t

@@ -177,8 +177,8 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
         const cuk_moe_plan_args pa = {o->ids + s * TOPK, o->wts, 1, TOPK, TOPK, TOPK, NE, o->plan + s * pw};
         GK(cuk_moe_plan(&pa, NULL, &err_));
     }
-    double us[3][2];
-    for (int v = 0; v < 3; v++)
+    double us[2][2];
+    for (int v = 0; v < 2; v++)
         for (int part = 0; part < 2; part++) {
             for (int i = -3; i < iters; i++) {
                 if (i == 0) CK(cudaEventRecord(ev_a, NULL));
