@@ -52,6 +52,8 @@ run() {
   W=${W:-/tmp/g5peer}
   mkdir -p "$OUT" "$W"
   export CENTRED=1
+  # the oracle for make test-gpu: scripts/gpu-deps.sh's copy, carried with the tree
+  [ -z "${GLM5_SHARED:-}" ] && [ -d "$R/oracle-carry/oracle" ] && export GLM5_SHARED=$R/oracle-carry
   source bench/common.sh
   SECONDS=0
   bench_header

@@ -174,12 +174,12 @@ g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_e
 int cuk_moe_q8t_takes(uint32_t w_type, int64_t k, int32_t planes);
 g5_status cuk_moe_gate_up_q8t(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
 g5_status cuk_moe_down_q8t(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
-/* The same with each CTA's x columns staged once in shared memory for its warps (the xs form):
- * the same bits. For tests and bench_q8, which compare the forms (bench/NOTES.md, session 28);
- * G5_ERR_UNSUPPORTED where the device cannot give a block the memory (k's 8 columns beside the
- * weight rings). */
-g5_status cuk_moe_gate_up_q8t_xs(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
-g5_status cuk_moe_down_q8t_xs(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
+/* The same in the L1 form alone (each warp reads its x columns from global memory): what the
+ * two above launch where the device cannot give a block the xs form's x slots beside its weight
+ * ring (sm_90: k > 16128; sm_120's 99 KB: k > 6400 for Q4_K, 5376 for Q5_K, 3072 for Q8_0). For
+ * tests and bench_q8, which compare the forms: the same bits. */
+g5_status cuk_moe_gate_up_q8t_l1(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
+g5_status cuk_moe_down_q8t_l1(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
 
 #ifdef __cplusplus
 }

@@ -676,8 +676,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
  * it). Its weights come through a ring of MST shared-memory stages per warp, one 256-element
  * step of the 16 rows each, filled by cp.async MST - 1 steps ahead in the order the residue
  * groups consume them (group G: steps G, G + 8, ..); the warp's own lanes fill and read its
- * ring, so no CTA barrier. The x columns are read from global memory as k_gemv_q8t reads them.
- * k_gemv_q8t holds its next step in registers (up to 255 of them: one CTA of 8 warps per SM); the
+ * ring, so no barrier but the one after the x columns are staged: in the xs form every thread
+ * first copies the CTA's (up to 8) x columns for the whole k into shared memory, read there by
+ * the warps; in the L1 form (where the device cannot give the slots) the warps read them from
+ * global memory as k_gemv_q8t does. k_gemv_q8t holds its next step in registers (up to 255 of them: one CTA of 8 warps per SM); the
  * ring keeps MST - 1 steps in flight per warp at 128 registers (16 warps per SM). The same ring
  * for the dense product (column tiles as x, one and two planes) lost to k_gemv_q8t on most
  * shapes, since each column tile decodes the weights again (bench/RESULTS.md, session 13). */
@@ -727,8 +729,8 @@ template <int T> constexpr size_t moe_smem(int64_t k, bool xs) {
     return (size_t)MW * MST * 16 * StepBytes<T>::v + (xs ? (size_t)(8 * moe_xs_qs(k) + 32 * moe_xs_ds(k)) : 0);
 }
 
-/* XS: the CTA's x columns staged once in shared memory for its MW warps (tests and bench_q8:
- * cuk_moe_*_q8t_xs), where they are read through L1 by each warp (bench/NOTES.md, session 28). */
+/* XS: the CTA's x columns staged once in shared memory for its MW warps (the xs form); else each
+ * warp reads them from global memory through L1 (the L1 form, where the slots do not fit). */
 template <int T, int NM, bool XS>
 __global__ void __launch_bounds__(MW * 32, 4) k_moe_q8t(MoeT p) {
     extern __shared__ __align__(16) uint8_t msm[];
@@ -1009,20 +1011,24 @@ static g5_status launch_p(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st
     return a->x.planes == 2 ? launch_nt<T, 2>(a, rb, st, all_sx, fx, err) : launch_nt<T, 1>(a, rb, st, all_sx, fx, err);
 }
 
-/* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups; the ring's shared
- * memory is opted into once per device and instance. */
+/* Whether the xs form's ring and x slots fit a block of the device (cuk_q8.h: sm_90 to k = 16128
+ * for every type, sm_120 to 6400 for Q4_K, 5376 for Q5_K and 3072 for Q8_0). */
+template <int T> static bool moe_xs_fits(int64_t k) {
+    const size_t need = moe_smem<T>(k, true);
+    return cuk_device_smem_cap(need) >= need;
+}
+
+/* One MoE launch (grid: the kernel's comment) over up to n_groups plan groups. Each instance is
+ * opted into shared memory once per device: the L1 form its ring, the xs form all the device
+ * gives (its size follows k). */
 template <int T, int NM, bool XS>
 static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
     const size_t smem = moe_smem<T>((int64_t)p.steps * 256, XS);
     static bool raised[CUK_MAX_DEVICES];
     const int slot = cuk_device_slot();
-    if (XS && cuk_device_smem_cap(smem) < smem)
-        return g5_fail(err, G5_ERR_UNSUPPORTED, "moe_q8t_xs: k=%d needs %zu bytes of shared memory a block, the device gives %zu",
-                       p.steps * 256, smem, cuk_device_smem_cap(smem));
-    if (XS) { /* its size follows k: set at every launch (tests and bench_q8 only) */
-        CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    } else if (!raised[slot]) {
-        CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (!raised[slot]) {
+        const size_t cap = XS ? cuk_device_smem_cap((size_t)1 << 30) : smem;
+        CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
         raised[slot] = true;
     }
     const int tiles = (p.m + 15) / 16;
@@ -1032,16 +1038,19 @@ static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_err
     return G5_OK;
 }
 
-template <int NM, bool XS> static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, cudaStream_t st, g5_error *err) {
-    switch (t) {
-    case QT_Q4_K: return moe_launch<QT_Q4_K, NM, XS>(p, n_groups, st, err);
-    case QT_Q5_K: return moe_launch<QT_Q5_K, NM, XS>(p, n_groups, st, err);
-    default: return moe_launch<QT_Q8_0, NM, XS>(p, n_groups, st, err);
-    }
+/* The xs form where it fits the device (bench/RESULTS.md, session 29: 1.13x to 1.17x faster at 8
+ * to 32 tokens on the H100), else the L1 form (l1: always, for tests). The same bits either way. */
+template <int NM, int T> static g5_status moe_form(const MoeT &p, int n_groups, bool l1, cudaStream_t st, g5_error *err) {
+    if (!l1 && moe_xs_fits<T>((int64_t)p.steps * 256)) return moe_launch<T, NM, true>(p, n_groups, st, err);
+    return moe_launch<T, NM, false>(p, n_groups, st, err);
 }
 template <int NM>
-static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, bool xs, cudaStream_t st, g5_error *err) {
-    return xs ? moe_type<NM, true>(t, p, n_groups, st, err) : moe_type<NM, false>(t, p, n_groups, st, err);
+static g5_status moe_type(uint32_t t, const MoeT &p, int n_groups, bool l1, cudaStream_t st, g5_error *err) {
+    switch (t) {
+    case QT_Q4_K: return moe_form<NM, QT_Q4_K>(p, n_groups, l1, st, err);
+    case QT_Q5_K: return moe_form<NM, QT_Q5_K>(p, n_groups, l1, st, err);
+    default: return moe_form<NM, QT_Q8_0>(p, n_groups, l1, st, err);
+    }
 }
 
 } // namespace q8t
@@ -1116,7 +1125,7 @@ static g5_status moe_t_check(const char *what, uint32_t t, int64_t k, int64_t m,
     return G5_OK;
 }
 
-static g5_status moe_gate_up_t(const char *what, const cuk_moe_gate_up_q8_args *a, bool xs, cuk_stream stream,
+static g5_status moe_gate_up_t(const char *what, const cuk_moe_gate_up_q8_args *a, bool l1, cuk_stream stream,
                                g5_error *err) {
     int64_t rb = 0;
     g5_status st = q8_moe_gate_up_check(what, a, &rb, err);
@@ -1124,17 +1133,17 @@ static g5_status moe_gate_up_t(const char *what, const cuk_moe_gate_up_q8_args *
     if (st != G5_OK) return st;
     const q8t::MoeT p = {{(const uint8_t *)a->w_gate, (const uint8_t *)a->w_up}, rb, (int)a->m, (int)(a->k / 256), a->plan,
                          a->n_tok * a->top_k, a->top_k, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->out, a->ldo};
-    return q8t::moe_type<2>(a->w_type, p, a->n_tok * a->top_k, xs, (cudaStream_t)stream, err);
+    return q8t::moe_type<2>(a->w_type, p, a->n_tok * a->top_k, l1, (cudaStream_t)stream, err);
 }
 
-static g5_status moe_down_t(const char *what, const cuk_moe_down_q8_args *a, bool xs, cuk_stream stream, g5_error *err) {
+static g5_status moe_down_t(const char *what, const cuk_moe_down_q8_args *a, bool l1, cuk_stream stream, g5_error *err) {
     int64_t rb = 0;
     g5_status st = q8_moe_down_check(what, a, &rb, err);
     if (st == G5_OK) st = moe_t_check(what, a->w_type, a->k, a->m, &a->h, (int64_t)a->n_tok * a->top_k, err);
     if (st != G5_OK) return st;
     const q8t::MoeT p = {{(const uint8_t *)a->w, (const uint8_t *)a->w}, rb, (int)a->m, (int)(a->k / 256), a->plan,
                          a->n_tok * a->top_k, 1, a->h.q, a->h.ldq, a->h.ds, a->h.ldds, a->part, a->ldp};
-    if ((st = q8t::moe_type<1>(a->w_type, p, a->n_tok * a->top_k, xs, (cudaStream_t)stream, err)) != G5_OK) return st;
+    if ((st = q8t::moe_type<1>(a->w_type, p, a->n_tok * a->top_k, l1, (cudaStream_t)stream, err)) != G5_OK) return st;
     return q8_moe_combine(a, (cudaStream_t)stream, err);
 }
 
@@ -1144,10 +1153,9 @@ extern "C" g5_status cuk_moe_gate_up_q8t(const cuk_moe_gate_up_q8_args *a, cuk_s
 extern "C" g5_status cuk_moe_down_q8t(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
     return moe_down_t("moe_down_q8t", a, false, stream, err);
 }
-extern "C" g5_status cuk_moe_gate_up_q8t_xs(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
-    return moe_gate_up_t("moe_gate_up_q8t_xs", a, true, stream, err);
+extern "C" g5_status cuk_moe_gate_up_q8t_l1(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err) {
+    return moe_gate_up_t("moe_gate_up_q8t_l1", a, true, stream, err);
 }
-extern "C" g5_status cuk_moe_down_q8t_xs(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
-    return moe_down_t("moe_down_q8t_xs", a, true, stream, err);
+extern "C" g5_status cuk_moe_down_q8t_l1(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
+    return moe_down_t("moe_down_q8t_l1", a, true, stream, err);
 }
-

@@ -784,11 +784,10 @@ static g5_status flush_x(gl_rank *rk, uint32_t n, int64_t E, g5_error *err) {
 /* The routed experts' tensor-core kernels (cuk_moe_*_q8t: an expert's weights read once for up to 8
  * of its pairs, where the dp4a kernels read them once per 4 and repeat the integer work per pair)
  * for calls of at least MOE_Q8T_MIN_TOK tokens; the same bits either way (cuda/cuk_q8.h). Measured
- * (H100, bench/RESULTS.md session 28): at 8 tokens the dp4a kernels are faster (bench_q8 gate+up
- * 265.9 against 280.0 us, down 177.5 against 182.5; bench_peer batch 8 9.22 against 9.32 ms, three
- * rounds), at 16 the tensor-core ones (365.5 against 435.1, 239.1 against 282.3). Session 13 (H200,
- * older kernels) had them winning from 8. */
-#define MOE_Q8T_MIN_TOK 9
+ * (H100, bench/RESULTS.md session 29, the xs form): at 8 tokens bench_q8 gate+up 260.1 against
+ * 266.2 us (dp4a), down 157.9 against 178.0; at 16 331.2 against 435.2, 202.0 against 282.2.
+ * Session 28's L1 form lost at 8 tokens (280.7, 183.4). */
+#define MOE_Q8T_MIN_TOK 8
 static int moe_q8t_for(uint32_t type, int64_t k, uint32_t n) {
     return n >= MOE_Q8T_MIN_TOK && cuk_moe_q8t_takes(type, k, 1);
 }

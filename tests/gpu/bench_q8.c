@@ -215,13 +215,13 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
 }
 
 #define MOE_BATCH_HEAD                                                                                         \
-    "| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t us (ratio) | q8t xs us (ratio) |\n" \
+    "| routed experts, batched step | tokens | experts touched | MB | dp4a us (ratio) | q8t L1 form us (ratio) | q8t us (ratio) |\n" \
     "| --- | --- | --- | --- | --- | --- | --- |\n"
 
 /* A batched decode step's routed experts: n_tok tokens, each routed to 8 of 64 experts (a fixed
  * pseudo-random draw per token, 4 rotating draws), gate+up (t_gu) and down (t_dn, + slot sum)
- * by the dp4a kernels (cuk_moe_*_q8) and the tensor-core ones (cuk_moe_*_q8t, and the _xs forms
- * with each CTA's x staged in shared memory). MB: the weights of the experts the draw touches
+ * by the dp4a kernels (cuk_moe_*_q8) and the tensor-core ones (the L1 form, cuk_moe_*_q8t_l1, and
+ * cuk_moe_*_q8t: each CTA's x staged in shared memory where it fits). MB: the weights of the experts the draw touches
  * (each read once at best). */
 static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, int n_tok, double rate) {
     enum { TOPK = 8, E = 6144, FE = 2048, NE = 64, SETS = 4 };
@@ -275,11 +275,11 @@ static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t
                 if (part == 0) {
                     const cuk_moe_gate_up_q8_args g = {t_gu, wg, wu, E, FE, NE, id, TOPK, TOPK,
                                                        {o->q, 32768, o->ds, 2048, 1}, n_tok, o->y, FE, pl};
-                    GK(v == 2 ? cuk_moe_gate_up_q8t_xs(&g, NULL, &err_) : v ? cuk_moe_gate_up_q8t(&g, NULL, &err_) : cuk_moe_gate_up_q8(&g, NULL, &err_));
+                    GK(v == 2 ? cuk_moe_gate_up_q8t(&g, NULL, &err_) : v ? cuk_moe_gate_up_q8t_l1(&g, NULL, &err_) : cuk_moe_gate_up_q8(&g, NULL, &err_));
                 } else {
                     const cuk_moe_down_q8_args d = {t_dn, wd, FE, E, NE, id, o->wts, TOPK, TOPK, TOPK,
                                                     {o->q, 2048, o->ds, 128, 1}, n_tok, o->y, E, pl, o->part, E};
-                    GK(v == 2 ? cuk_moe_down_q8t_xs(&d, NULL, &err_) : v ? cuk_moe_down_q8t(&d, NULL, &err_) : cuk_moe_down_q8(&d, NULL, &err_));
+                    GK(v == 2 ? cuk_moe_down_q8t(&d, NULL, &err_) : v ? cuk_moe_down_q8t_l1(&d, NULL, &err_) : cuk_moe_down_q8(&d, NULL, &err_));
                 }
             }
             CK(cudaEventRecord(ev_b, NULL));

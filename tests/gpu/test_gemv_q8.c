@@ -14,7 +14,7 @@
  *   (every type, odd m, n = 1, 3, 8), and cuk_gemv_q8t refusing w2;
  * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance, with and
  *   without its scratch (x re-laid out or not) and in the sx form: the same bits;
- * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores; also with x staged, the _xs forms)
+ * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores: x staged where it fits, and the _l1 forms)
  *   bit-identical to the dp4a MoE kernels
  *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
@@ -476,16 +476,12 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes, int ntok) {
                                         ntok, dout, m, plan};
     T_CHECK(cuk_moe_gate_up_q8(&gu, NULL, &err) == G5_OK, "%s gate_up: %s", tn, err.msg);
     get(out, dout, (size_t)(P * m) * 4);
-    for (int xs = 0; tc && xs < 2; xs++) { /* the tensor-core kernels, x read as it is and staged (xs) */
+    for (int l1 = 0; tc && l1 < 2; l1++) { /* the tensor-core kernels: the form by device, then the L1 form */
         CK(cudaMemset(dout, 0xFF, (size_t)(P * m) * 4));
-        const g5_status s = xs ? cuk_moe_gate_up_q8t_xs(&gu, NULL, &err) : cuk_moe_gate_up_q8t(&gu, NULL, &err);
-        if (xs && s == G5_ERR_UNSUPPORTED) {
-            printf("  %s gate_up q8t_xs: not on this device (%s)\n", tn, err.msg);
-            continue;
-        }
-        T_CHECK(s == G5_OK, "%s gate_up q8t%s: %s", tn, xs ? "_xs" : "", err.msg);
+        T_CHECK((l1 ? cuk_moe_gate_up_q8t_l1(&gu, NULL, &err) : cuk_moe_gate_up_q8t(&gu, NULL, &err)) == G5_OK,
+                "%s gate_up q8t%s: %s", tn, l1 ? "_l1" : "", err.msg);
         get(outt, dout, (size_t)(P * m) * 4);
-        moe_t_same(xs ? "gate_up (x staged)" : "gate_up", tn, outt, out, wts, P, m, 1);
+        moe_t_same(l1 ? "gate_up (L1 form)" : "gate_up", tn, outt, out, wts, P, m, 1);
     }
     double *xd = xmalloc((size_t)k * 8), *ref = xmalloc((size_t)(m > k ? m : k) * 8);
     double worst = 0;
@@ -529,16 +525,12 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes, int ntok) {
                                          ntok, dy, k, plan, dpart, k};
         T_CHECK(cuk_moe_down_q8(&dn, NULL, &err) == G5_OK, "%s down: %s", tn, err.msg);
         get(y, dy, (size_t)(ntok * k) * 4);
-        for (int xs = 0; tc_dn && xs < 2; xs++) {
+        for (int l1 = 0; tc_dn && l1 < 2; l1++) {
             CK(cudaMemset(dy, 0xFF, (size_t)(ntok * k) * 4));
-            const g5_status s = xs ? cuk_moe_down_q8t_xs(&dn, NULL, &err) : cuk_moe_down_q8t(&dn, NULL, &err);
-            if (xs && s == G5_ERR_UNSUPPORTED) {
-                printf("  %s down q8t_xs: not on this device (%s)\n", tn, err.msg);
-                continue;
-            }
-            T_CHECK(s == G5_OK, "%s down q8t%s: %s", tn, xs ? "_xs" : "", err.msg);
+            T_CHECK((l1 ? cuk_moe_down_q8t_l1(&dn, NULL, &err) : cuk_moe_down_q8t(&dn, NULL, &err)) == G5_OK,
+                    "%s down q8t%s: %s", tn, l1 ? "_l1" : "", err.msg);
             get(yt, dy, (size_t)(ntok * k) * 4);
-            moe_t_same(xs ? "down (x staged)" : "down", tn, yt, y, NULL, ntok, k, 0);
+            moe_t_same(l1 ? "down (L1 form)" : "down", tn, yt, y, NULL, ntok, k, 0);
         }
         double *hd = xmalloc((size_t)m * 8);
         worst = 0;
