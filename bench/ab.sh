@@ -16,7 +16,8 @@
 # (default 2) rounds of bench_peer over the trees in order (PEER: its options, default the batched
 # step at depth 512: `--pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1`), and for each line of
 # Q8 (`;`-separated bench_q8 arguments, e.g. "20 moe 32;20 Q5_K 6144 16384 32") bench_q8 in every
-# tree. A warm machine keeps the builds and the model (a second call rebuilds only what changed).
+# tree; with PROFILE=1 then bench_peer --profile on the working tree (batch 1 and 32: $OUT/profile.log).
+# A warm machine keeps the builds and the model (a second call rebuilds only what changed).
 # Environment: as bench/peer.sh (B, CC, DEPS, W, LAYERS, EXPERTS); the variants run with the same.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -107,6 +108,11 @@ run() {
       echo "bench_q8 $line, $(basename "$t"): $(timeout 120 "$t/$B/gpu/tests/bench_q8" $line 2>&1 | grep '^| [a-zA-Z]' | tail -2 | tr '\n' ' ')"
     done
   done
+  if [ "${PROFILE:-0}" = 1 ]; then # the working tree's sub-step tables, one token and batch 32
+    timeout 120 "$R/$B/gpu/tests/bench_peer" -m "$blobs" --precision fast --pp 512 --depth 512 --tg 16 --batch 1,32 \
+      --reps 1 --profile >"$OUT/profile.log" 2>&1 || rc=1
+    echo "profile: $OUT/profile.log"
+  fi
   echo "ab.sh rc=$rc total ${SECONDS}s"
   return $rc
 }

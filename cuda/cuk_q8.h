@@ -111,6 +111,11 @@ typedef struct cuk_gemv_q8_args {
     float *y2;         /* with w2: its outputs [n][ldy], apart from y's */
 } cuk_gemv_q8_args;
 g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
+/* cuk_gemv_q8 with each CTA's x rows staged in shared memory first (the xs form; weights Q4_K,
+ * Q5_K or Q8_0): the same bits. For tests and bench_q8, which compare the two (bench/NOTES.md,
+ * session 29); G5_ERR_UNSUPPORTED for other types or where n x planes x k x 1.25 bytes exceed
+ * what the device gives a block. */
+g5_status cuk_gemv_q8_xs(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
 
 /* The same product on the tensor cores (cuda/gemv_q8t.cu): up to CUK_Q8T_MAX_N vectors in one
  * pass, weights Q4_K, Q5_K, Q6_K or Q8_0 with k % 256 == 0 (cuk_q8t_takes), with cuk_gemv_q8's

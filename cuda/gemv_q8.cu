@@ -277,23 +277,52 @@ static void run_type(int kind, uint32_t t, const A *a, int nv, int64_t rb, int64
     }
 }
 
-extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
-    if (!a) return BAD("gemv_q8: args is NULL");
-    int64_t rb = 0;
-    g5_status st = check_w("gemv_q8", a->w_type, a->w, a->k, a->m, 1, &rb, err);
+/* cuk_gemv_q8 and cuk_gemv_q8_xs: the argument checks, what names the call. */
+static g5_status gemv_q8_check(const char *what, const cuk_gemv_q8_args *a, int64_t *rb, g5_error *err) {
+    if (!a) return BAD("%s: args is NULL", what);
+    g5_status st = check_w(what, a->w_type, a->w, a->k, a->m, 1, rb, err);
     if (st != G5_OK) return st;
-    if (a->n < 1 || a->n > CUK_Q8_MAX_N) return BAD("gemv_q8: n=%d outside 1..%d", (int)a->n, CUK_Q8_MAX_N);
-    if ((st = q8_check_act("gemv_q8", "x", &a->x, a->k, err)) != G5_OK) return st;
-    if (!a->y) return BAD("gemv_q8: y is NULL");
-    if (a->ldy < a->m) return BAD("gemv_q8: ldy=%lld < m=%lld", (long long)a->ldy, (long long)a->m);
-    if (a->w2 && ((uintptr_t)a->w2 % 16 || !a->y2)) return BAD("gemv_q8: w2 not 16-byte aligned, or y2 NULL");
-    if (a->w2 && 2 * a->m > (1LL << 31)) return BAD("gemv_q8: 2 x m=%lld rows outside 1..2^31", (long long)a->m);
+    if (a->n < 1 || a->n > CUK_Q8_MAX_N) return BAD("%s: n=%d outside 1..%d", what, (int)a->n, CUK_Q8_MAX_N);
+    if ((st = q8_check_act(what, "x", &a->x, a->k, err)) != G5_OK) return st;
+    if (!a->y) return BAD("%s: y is NULL", what);
+    if (a->ldy < a->m) return BAD("%s: ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
+    if (a->w2 && ((uintptr_t)a->w2 % 16 || !a->y2)) return BAD("%s: w2 not 16-byte aligned, or y2 NULL", what);
+    if (a->w2 && 2 * a->m > (1LL << 31)) return BAD("%s: 2 x m=%lld rows outside 1..2^31", what, (long long)a->m);
     if (a->w2) { /* both outputs are __restrict__: their spans [n][ldy] (m used) must not meet */
         const int64_t span = (int64_t)(a->n - 1) * a->ldy + a->m;
-        if (a->y2 < a->y + span && a->y < a->y2 + span) return BAD("gemv_q8: y2 overlaps y");
+        if (a->y2 < a->y + span && a->y < a->y2 + span) return BAD("%s: y2 overlaps y", what);
     }
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
+    int64_t rb = 0;
+    const g5_status st = gemv_q8_check("gemv_q8", a, &rb, err);
+    if (st != G5_OK) return st;
     static_assert(CUK_Q8_MAX_N == 8, "cuk_gemv_q8: widths 1, 2, 4, 8");
     run_type<GemvL, 8>(Q8_GEMV, a->w_type, a, a->n, rb, a->k, a->x.planes, (cudaStream_t)stream);
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+extern "C" g5_status cuk_gemv_q8_xs(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
+    int64_t rb = 0;
+    const g5_status st = gemv_q8_check("gemv_q8_xs", a, &rb, err);
+    if (st != G5_OK) return st;
+    if (a->w_type != QT_Q4_K && a->w_type != QT_Q5_K && a->w_type != QT_Q8_0)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8_xs: type %s has no staged form (Q4_K, Q5_K, Q8_0)",
+                       quant_type_name(a->w_type));
+    const size_t smem = (size_t)a->n * (size_t)a->x.planes * (size_t)(a->k / 64) * q8::XS_UNIT;
+    if (cuk_device_smem_cap(smem) < smem)
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8_xs: %d vectors of k=%lld need %zu bytes of shared memory a block, the device gives %zu",
+                       (int)a->n, (long long)a->k, smem, cuk_device_smem_cap(smem));
+    const int units = (int)(a->k / 64);
+    const cudaStream_t cs = (cudaStream_t)stream;
+    switch (a->w_type) {
+    case QT_Q4_K: run_nv<GemvXL, 8, QT_Q4_K>(a, a->n, rb, units, a->x.planes, cs); break;
+    case QT_Q5_K: run_nv<GemvXL, 8, QT_Q5_K>(a, a->n, rb, units, a->x.planes, cs); break;
+    default: run_nv<GemvXL, 8, QT_Q8_0>(a, a->n, rb, units, a->x.planes, cs); break;
+    }
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

@@ -58,6 +58,12 @@ struct X64 {
         for (int i = 0; i < 4; i++) q[i] = ldg128(p + 16 * i);
         ds = ldg_f4(x.ds + (int64_t)u * 4);
     }
+    /* from k_gemv_q8's staged x (its XS form): the unit's 64 bytes, then its 4 floats */
+    __device__ void load_s(const uint8_t *p) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = *(const uint4 *)(const void *)(p + 16 * i);
+        ds = *(const float4 *)(const void *)(p + 64);
+    }
     __device__ uint32_t word(int i) const { return u4get(q[i >> 2], i & 3); }
 };
 
@@ -79,11 +85,16 @@ template <int R, int NV> __device__ __forceinline__ void warp_sum_asc(float (&a)
             for (int v = 0; v < NV; v++) a[r][v] = __fadd_rn(a[r][v], __shfl_xor_sync(0xffffffffu, a[r][v], off));
 }
 
+/* The XS form's x in shared memory: per vector and plane, per unit its 64 int8 bytes and its 4
+ * floats (80 bytes: the 16-byte reads of 8 lanes, 80 bytes apart, hit distinct banks). */
+constexpr int XS_UNIT = 80;
+
 /* acc[r][v] += row r's units of this lane times vector v (v < nvec); P = 2: the second plane
- * (the same layout k bytes and k / 16 floats further, s = 0) added after the first. */
-template <int T, int R, int NV, int P>
+ * (the same layout k bytes and k / 16 floats further, s = 0) added after the first. XS: x read
+ * from sx ([NV][P][units][XS_UNIT] in shared memory) instead of xv; the same values. */
+template <int T, int R, int NV, int P, bool XS = false>
 __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int units, const Xrow (&xv)[NV], int nvec,
-                                         int lane, float (&acc)[R][NV]) {
+                                         int lane, float (&acc)[R][NV], const uint8_t *sx = nullptr) {
     using XT = typename XOf<T>::type;
     const int64_t qo = (int64_t)units * 64, dso = (int64_t)units * 4;
     for (int u = lane; u < units; u += 32) {
@@ -99,7 +110,10 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
 #pragma unroll
                 for (int pl = 0; pl < P; pl++) {
                     XT x;
-                    x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
+                    if constexpr (XS)
+                        x.load_s(sx + ((int64_t)(v * P + pl) * units + u) * XS_UNIT);
+                    else
+                        x.load(Xrow{xv[v].q + pl * qo, xv[v].ds + pl * dso}, u);
 #pragma unroll
                     for (int r = 0; r < R; r++) acc[r][v] = __fadd_rn(acc[r][v], dot(dw[r], x, u));
                 }
@@ -115,8 +129,10 @@ static __host__ __device__ constexpr int groups_for(int units) { return units <=
 /* Plain GEMV, of one matrix or (w2 non-NULL) of two of the same shape read with the same x: the
  * rows of w, then those of w2 (outputs in y2), each row's arithmetic the same either way. Grid:
  * ceil(mt / (2 G WARPS)) CTAs of WARPS warps, mt = m or 2 m; warp w of CTA c takes the G row
- * pairs from 2 G (c WARPS + w). */
-template <int T, int NV, int G, int P>
+ * pairs from 2 G (c WARPS + w). XS (cuk_gemv_q8_xs, tests and bench_q8; types read as X64): the
+ * CTA's threads first copy its nvec x rows (both planes) into dynamic shared memory in
+ * rows_dot's XS layout, then one barrier, then the warps read x there instead of through L1. */
+template <int T, int NV, int G, int P, bool XS = false>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
               int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
@@ -127,6 +143,27 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
+    extern __shared__ __align__(16) uint8_t gsx[]; /* XS: [nvec][P][units][XS_UNIT] */
+    if constexpr (XS) { /* every thread copies 16-byte pieces: a unit's 4 of int8 bytes, then its floats */
+        const int per = 5 * units;
+        for (int vp = 0; vp < nvec * P; vp++) {
+            const int v = vp / P, pl = vp - v * P;
+            const int8_t *q = xq + (int64_t)v * ldq + (int64_t)pl * units * 64;
+            const float *ds = xds + (int64_t)v * ldds + (int64_t)pl * units * 4;
+            for (int j = threadIdx.x; j < per; j += WARPS * 32) {
+                const int u = j / 5, part = j - 5 * u;
+                uint4 val;
+                if (part < 4) {
+                    val = ldg128(q + (int64_t)u * 64 + 16 * part);
+                } else {
+                    const float4 f = ldg_f4(ds + (int64_t)u * 4);
+                    val = make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
+                }
+                *(uint4 *)(void *)(gsx + ((int64_t)vp * units + u) * XS_UNIT + 16 * part) = val;
+            }
+        }
+        __syncthreads();
+    }
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
         const int64_t r0 = (wi * G + gi) * R;
@@ -138,7 +175,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             rowp[r] = row < m ? w + row * rb : w2 + (row - m) * rb;
         }
         float acc[R][NV] = {};
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
+        rows_dot<T, R, NV, P, XS>(rowp, units, xv, nvec, lane, acc, gsx);
         warp_sum_asc<R, NV>(acc);
         const float val = pick<R, NV>(acc, lane);
         const int r = lane / NV, v = lane % NV;
@@ -252,6 +289,26 @@ template <int T, int NV, int G, int P> struct GemvL {
         q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
             (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
             a->ldy, (const uint8_t *)a->w2, a->y2);
+    }
+};
+
+/* The XS form of GemvL (cuk_gemv_q8_xs): nvec x rows of both planes staged per CTA; each
+ * instance opted into all the shared memory the device gives, once per device. */
+template <int T, int NV, int G, int P> struct GemvXL {
+    static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int units = (int)(a->k / 64);
+        const size_t smem = (size_t)a->n * P * units * q8::XS_UNIT;
+        static bool raised[CUK_MAX_DEVICES];
+        const int slot = cuk_device_slot();
+        if (!raised[slot]) { /* a failure shows as the launch's error */
+            (void)cudaFuncSetAttribute(q8::k_gemv_q8<T, NV, G, P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)cuk_device_smem_cap((size_t)1 << 30));
+            raised[slot] = true;
+        }
+        const int64_t per = 2 * G * q8::WARPS, mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
+        q8::k_gemv_q8<T, NV, G, P, true><<<(unsigned)grid, q8::WARPS * 32, smem, st>>>(
+            (const uint8_t *)a->w, rb, a->m, units, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y, a->ldy,
+            (const uint8_t *)a->w2, a->y2);
     }
 };
 

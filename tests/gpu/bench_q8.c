@@ -74,8 +74,9 @@ typedef struct ops {
 /* The variants of one shape at n vectors: cuk_gemv with bf16 x (n <= 8), cuk_gemv_q8 (dp4a, in
  * launches of 8 as the runtime makes them) with one and two planes, cuk_gemv_q8t (tensor cores,
  * its form by shape, with scratch as the runtime gives it), cuk_gemv_q8t_sx (the shared-x form
- * throughout) and cuk_gemv_q8t without scratch (x never re-laid out), each with one and two
- * planes. */
+ * throughout), cuk_gemv_q8t without scratch (x never re-laid out) and cuk_gemv_q8_xs (the dp4a
+ * kernel with x staged in shared memory, in launches of 8; Q4_K, Q5_K, Q8_0), each with one and
+ * two planes. */
 static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t k, int n, double rate) {
     uint64_t rb = 0, stride = 0;
     if (quant_row_bytes(t, (uint64_t)k, &rb)) exit(2);
@@ -83,10 +84,23 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     const int copies = fill_pool(pool, t, bytes, &stride);
     const cuk_q8_quantize_args q2a = {o->xf, 32768, k, n, o->q2, 32768, o->ds2, 2048, 2};
     GK(cuk_q8_quantize(&q2a, NULL, &err_));
-    double us[9];
-    for (int v = 0; v < 9; v++) {
+    double us[11];
+    for (int v = 0; v < 11; v++) {
         us[v] = -1;
-        if ((v == 0 && n > 8) || (v >= 3 && !cuk_q8t_takes(t, k))) continue;
+        if ((v == 0 && n > 8) || (v >= 3 && v <= 8 && !cuk_q8t_takes(t, k))) continue;
+        if (v >= 9) { /* the dp4a xs form: Q4_K, Q5_K, Q8_0 where the rows fit a block, else a "-" */
+            const int c = n < CUK_Q8_MAX_N ? n : CUK_Q8_MAX_N;
+            const cuk_gemv_q8_args g = {t, pool, k, m, v == 9 ? (cuk_q8_act){o->q, 32768, o->ds, 2048, 1}
+                                                              : (cuk_q8_act){o->q2, 32768, o->ds2, 2048, 2},
+                                        c, o->y, m, NULL, NULL};
+            g5_error e = {0};
+            const g5_status st = cuk_gemv_q8_xs(&g, NULL, &e);
+            if (st == G5_ERR_UNSUPPORTED) continue;
+            if (st != G5_OK) {
+                fprintf(stderr, "bench_q8: gemv_q8_xs: %s\n", e.msg);
+                exit(BENCH_EXIT);
+            }
+        }
         if (v >= 5 && v <= 6) { /* the sx form needs sm_90's shared memory: a "-" where the device refuses it */
             const cuk_gemv_q8_args g = {t, pool, k, m, {o->q, 32768, o->ds, 2048, 1}, n, o->y, m, NULL, NULL};
             g5_error e = {0};
@@ -104,14 +118,14 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
             if (v == 0) {
                 const cuk_gemv_args g = {t, w, k, m, o->x16, CUK_ACT_BF16, 32768, n, o->y, m};
                 GK(cuk_gemv(&g, NULL, &err_));
-            } else if (v <= 2) {
+            } else if (v <= 2 || v >= 9) {
                 for (int t0 = 0; t0 < n; t0 += CUK_Q8_MAX_N) {
-                    cuk_q8_act x = v == 1 ? x1 : x2;
+                    cuk_q8_act x = v % 2 ? x1 : x2; /* v 1, 9: one plane */
                     x.q += t0 * x.ldq;
                     x.ds += t0 * x.ldds;
                     const int c = n - t0 < CUK_Q8_MAX_N ? n - t0 : CUK_Q8_MAX_N;
                     const cuk_gemv_q8_args g = {t, w, k, m, x, c, o->y + (int64_t)t0 * m, m, NULL, NULL};
-                    GK(cuk_gemv_q8(&g, NULL, &err_));
+                    GK(v <= 2 ? cuk_gemv_q8(&g, NULL, &err_) : cuk_gemv_q8_xs(&g, NULL, &err_));
                 }
             } else {
                 const cuk_gemv_q8_args g = {t, w, k, m, v % 2 ? x1 : x2, n, o->y, m, NULL, NULL};
@@ -125,7 +139,7 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
         us[v] = elapsed_ms() * 1e3 / iters;
     }
     printf("| %s | %lld x %lld | %d | %.1f |", quant_type_name(t), (long long)m, (long long)k, n, bytes / 1e6);
-    for (int v = 0; v < 9; v++) {
+    for (int v = 0; v < 11; v++) {
         if (us[v] < 0) printf(" - |");
         else printf(" %.2f (%.3f) |", us[v], bytes / (us[v] * 1e-6) / rate);
     }
@@ -353,8 +367,9 @@ int main(int argc, char **argv) {
            elapsed_ms() * 1e3 / iters);
     GK(cuk_q8_quantize(&qa, NULL, &err_));
     printf("| type | shape | n | MB | cuk_gemv bf16 us (ratio) | cuk_gemv_q8 us (ratio) | two planes | cuk_gemv_q8t "
-           "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes | q8t no scratch (ratio) | two planes |\n"
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+           "(ratio) | q8t two planes | cuk_gemv_q8t_sx (ratio) | sx two planes | q8t no scratch (ratio) | two planes | "
+           "cuk_gemv_q8_xs (ratio) | xs two planes |\n"
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     if (one) {
         gemv_row(pool, &o, (uint32_t)ot, om, ok, on, rate);
         return 0;

@@ -14,9 +14,11 @@
  *   (every type, odd m, n = 1, 3, 8), and cuk_gemv_q8t refusing w2;
  * - cuk_gemv_q8t (tensor cores) the same way for n = 1..32, and its batch invariance, with and
  *   without its scratch (x re-laid out or not) and in the sx form: the same bits;
- * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores: x staged where it fits, and the _l1 forms)
- *   bit-identical to the dp4a MoE kernels
+ * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores: x staged where it fits, and the _l1
+ *   forms) bit-identical to the dp4a MoE kernels
  *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
+ * - cuk_gemv_q8_xs (the dp4a GEMV with x staged in shared memory; Q4_K, Q5_K, Q8_0) bit-identical
+ *   to cuk_gemv_q8, alone and with w2, on every cuk_gemv_q8 shape above;
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -234,6 +236,7 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
     void *dw2 = weights(t, m, k, &wf2);
     float *dz = dalloc((size_t)(N * m) * 4), *dp1 = dalloc((size_t)(N * m) * 4), *dp2 = dalloc((size_t)(N * m) * 4);
     float *z = xmalloc((size_t)(N * m) * 4), *p1 = xmalloc((size_t)(N * m) * 4), *p2 = xmalloc((size_t)(N * m) * 4);
+    float *dxs = dalloc((size_t)(N * m) * 4), *yxs = xmalloc((size_t)(N * m) * 4);
     g5_error err = {0};
     for (int n = 1; n <= N; n += n < 3 ? 2 : 5) { /* 1, 3, 8 */
         const cuk_gemv_q8_args a = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dy, m, NULL, NULL};
@@ -256,6 +259,20 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
         T_CHECK(same, "%s gemv m=%lld k=%lld n=%d planes %d: every vector bit-identical to its one-vector launch", tn,
                 (long long)m, (long long)k, n, planes);
         printf("  %s gemv m=%lld k=%lld n=%d planes %d: rel L2 %.2e\n", tn, (long long)m, (long long)k, n, planes, worst);
+        /* the xs form (x staged in shared memory): the same bits wherever it is offered; it must
+         * be for Q4_K, Q5_K and Q8_0 where the rows fit any sm_90 or sm_120 block (99 KB) */
+        const int xs_must = (t == QT_Q4_K || t == QT_Q5_K || t == QT_Q8_0) && (int64_t)n * planes * k / 64 * 80 <= 99 * 1024;
+        cuk_gemv_q8_args ax = a;
+        ax.y = dxs;
+        CK(cudaMemset(dxs, 0xFF, (size_t)(n * m) * 4));
+        const g5_status sx = cuk_gemv_q8_xs(&ax, NULL, &err);
+        T_CHECK(sx == G5_OK || (sx == G5_ERR_UNSUPPORTED && !xs_must), "%s gemv_q8_xs n=%d planes %d: %s", tn, n, planes,
+                sx == G5_OK ? "ok" : err.msg);
+        if (sx == G5_OK) {
+            get(yxs, dxs, (size_t)(n * m) * 4);
+            T_CHECK(!memcmp(yxs, y, (size_t)(n * m) * 4), "%s gemv_q8_xs m=%lld k=%lld n=%d planes %d: bit-identical to gemv_q8",
+                    tn, (long long)m, (long long)k, n, planes);
+        }
         /* w and w2 in one launch: each output as its own launch gives it */
         const cuk_gemv_q8_args a2 = {t, dw2, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dz, m, NULL, NULL};
         const cuk_gemv_q8_args ap = {t, dw, k, m, {o.q, o.ldq, o.ds, o.ldds, o.planes}, n, dp1, m, dw2, dp2};
@@ -267,13 +284,24 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
         T_CHECK(!memcmp(p1, y, (size_t)(n * m) * 4) && !memcmp(p2, z, (size_t)(n * m) * 4),
                 "%s gemv pair m=%lld k=%lld n=%d planes %d: both outputs bit-identical to their own launches", tn,
                 (long long)m, (long long)k, n, planes);
+        if (sx == G5_OK) { /* the pair in the xs form */
+            CK(cudaMemset(dp1, 0xFF, (size_t)(n * m) * 4));
+            CK(cudaMemset(dp2, 0xFF, (size_t)(n * m) * 4));
+            T_CHECK(cuk_gemv_q8_xs(&ap, NULL, &err) == G5_OK, "%s gemv_q8_xs pair: %s", tn, err.msg);
+            get(p1, dp1, (size_t)(n * m) * 4);
+            get(p2, dp2, (size_t)(n * m) * 4);
+            T_CHECK(!memcmp(p1, y, (size_t)(n * m) * 4) && !memcmp(p2, z, (size_t)(n * m) * 4),
+                    "%s gemv_q8_xs pair m=%lld k=%lld n=%d planes %d: both outputs bit-identical to gemv_q8's", tn,
+                    (long long)m, (long long)k, n, planes);
+        }
     }
     q8_free(&o);
     CK(cudaFree(dw2));
     CK(cudaFree(dz));
     CK(cudaFree(dp1));
     CK(cudaFree(dp2));
-    free(wf2), free(z), free(p1), free(p2);
+    free(wf2), free(z), free(p1), free(p2), free(yxs);
+    CK(cudaFree(dxs));
     CK(cudaFree(dw));
     CK(cudaFree(dy));
     CK(cudaFree(dy1));
