@@ -88,26 +88,17 @@ static void gemv_row(uint8_t *pool, const ops *o, uint32_t t, int64_t m, int64_t
     for (int v = 0; v < 11; v++) {
         us[v] = -1;
         if ((v == 0 && n > 8) || (v >= 3 && v <= 8 && !cuk_q8t_takes(t, k))) continue;
-        if (v >= 9) { /* the dp4a xs form: Q4_K, Q5_K, Q8_0 where the rows fit a block, else a "-" */
-            const int c = n < CUK_Q8_MAX_N ? n : CUK_Q8_MAX_N;
-            const cuk_gemv_q8_args g = {t, pool, k, m, v == 9 ? (cuk_q8_act){o->q, 32768, o->ds, 2048, 1}
-                                                              : (cuk_q8_act){o->q2, 32768, o->ds2, 2048, 2},
-                                        c, o->y, m, NULL, NULL};
+        /* the forms a device or type may refuse, probed once: a "-" where refused. The sx form needs
+         * sm_90's shared memory; the dp4a xs form takes Q4_K, Q5_K, Q8_0 where the rows fit a block. */
+        if ((v >= 5 && v <= 6) || v >= 9) {
+            const int c = v >= 9 && n > CUK_Q8_MAX_N ? CUK_Q8_MAX_N : n;
+            const cuk_q8_act xp = v == 10 ? (cuk_q8_act){o->q2, 32768, o->ds2, 2048, 2} : (cuk_q8_act){o->q, 32768, o->ds, 2048, 1};
+            const cuk_gemv_q8_args g = {t, pool, k, m, xp, c, o->y, m, NULL, NULL};
             g5_error e = {0};
-            const g5_status st = cuk_gemv_q8_xs(&g, NULL, &e);
+            const g5_status st = v >= 9 ? cuk_gemv_q8_xs(&g, NULL, &e) : cuk_gemv_q8t_sx(&g, NULL, &e);
             if (st == G5_ERR_UNSUPPORTED) continue;
             if (st != G5_OK) {
-                fprintf(stderr, "bench_q8: gemv_q8_xs: %s\n", e.msg);
-                exit(BENCH_EXIT);
-            }
-        }
-        if (v >= 5 && v <= 6) { /* the sx form needs sm_90's shared memory: a "-" where the device refuses it */
-            const cuk_gemv_q8_args g = {t, pool, k, m, {o->q, 32768, o->ds, 2048, 1}, n, o->y, m, NULL, NULL};
-            g5_error e = {0};
-            const g5_status st = cuk_gemv_q8t_sx(&g, NULL, &e);
-            if (st == G5_ERR_UNSUPPORTED) continue;
-            if (st != G5_OK) {
-                fprintf(stderr, "bench_q8: gemv_q8t_sx: %s\n", e.msg);
+                fprintf(stderr, "bench_q8: %s: %s\n", v >= 9 ? "gemv_q8_xs" : "gemv_q8t_sx", e.msg);
                 exit(BENCH_EXIT);
             }
         }
