@@ -302,7 +302,7 @@ template <int T, int NV, int G, int P> struct GemvXL {
         const int slot = cuk_device_slot();
         if (!raised[slot]) { /* a failure shows as the launch's error */
             (void)cudaFuncSetAttribute(q8::k_gemv_q8<T, NV, G, P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)cuk_device_smem_cap((size_t)1 << 30));
+                                       (int)cuk_device_smem_cap((size_t)227 * 1024));
             raised[slot] = true;
         }
         const int64_t per = 2 * G * q8::WARPS, mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;

@@ -1027,7 +1027,7 @@ static g5_status moe_launch(const MoeT &p, int n_groups, cudaStream_t st, g5_err
     static bool raised[CUK_MAX_DEVICES];
     const int slot = cuk_device_slot();
     if (!raised[slot]) {
-        const size_t cap = XS ? cuk_device_smem_cap((size_t)1 << 30) : smem;
+        const size_t cap = XS ? cuk_device_smem_cap((size_t)227 * 1024) : smem; /* sm_90: the most any device gives */
         CUK_CHECK(cudaFuncSetAttribute(k_moe_q8t<T, NM, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
         raised[slot] = true;
     }
