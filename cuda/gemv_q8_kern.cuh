@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 #pragma unroll
     for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
     extern __shared__ __align__(16) uint8_t gsx[]; /* XS: [nvec][P][units][XS_UNIT] */
-    if constexpr (XS) { /* every thread copies 16-byte pieces: a unit's 4 of int8 bytes, then its floats */
+    if constexpr (XS) { /* every thread copies 16-byte pieces: a unit's four of int8 bytes, then its floats */
         const int per = 5 * units;
         for (int vp = 0; vp < nvec * P; vp++) {
             const int v = vp / P, pl = vp - v * P;

@@ -679,8 +679,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
  * ring, so no barrier but the one after the x columns are staged: in the xs form every thread
  * first copies the CTA's (up to 8) x columns for the whole k into shared memory, read there by
  * the warps; in the L1 form (where the device cannot give the slots) the warps read them from
- * global memory as k_gemv_q8t does. k_gemv_q8t holds its next step in registers (up to 255 of them: one CTA of 8 warps per SM); the
- * ring keeps MST - 1 steps in flight per warp at 128 registers (16 warps per SM). The same ring
+ * global memory as k_gemv_q8t does. k_gemv_q8t holds its next step in registers (up to 255 of
+ * them: one CTA of 8 warps per SM); the ring keeps MST - 1 steps in flight per warp at 128 registers (16 warps per SM). The same ring
  * for the dense product (column tiles as x, one and two planes) lost to k_gemv_q8t on most
  * shapes, since each column tile decodes the weights again (bench/RESULTS.md, session 13). */
 constexpr int MW = 4, MST = 4;

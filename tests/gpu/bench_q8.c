@@ -226,8 +226,8 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
 /* A batched decode step's routed experts: n_tok tokens, each routed to 8 of 64 experts (a fixed
  * pseudo-random draw per token, 4 rotating draws), gate+up (t_gu) and down (t_dn, + slot sum)
  * by the dp4a kernels (cuk_moe_*_q8) and the tensor-core ones (the L1 form, cuk_moe_*_q8t_l1, and
- * cuk_moe_*_q8t: each CTA's x staged in shared memory where it fits). MB: the weights of the experts the draw touches
- * (each read once at best). */
+ * cuk_moe_*_q8t: each CTA's x staged in shared memory where it fits). MB: the weights of the
+ * experts the draw touches (each read once at best). */
 static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, int n_tok, double rate) {
     enum { TOPK = 8, E = 6144, FE = 2048, NE = 64, SETS = 4 };
     uint64_t rg = 0, rd = 0;
