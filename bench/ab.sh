@@ -8,6 +8,8 @@
 #                                                       # REV differs from the working tree (and a
 #                                                       # list of those REV lacks); carry .dev
 #   bash bench/ab.sh prepare NAME=DIR                   # or the files under DIR (an overlay as is)
+#   bash bench/ab.sh prepare NAME=FILE.patch            # or the working tree's files with the patch
+#                                                       # applied (bench/pending/: prepared, not run)
 #   OUT=/tmp/out bash bench/ab.sh run                   # on the GPU machine (logs: $OUT/ab.log)
 #
 # run: builds the working tree (glm5-shard, bench_peer, bench_q8, and with TESTGPU=1 every GPU
@@ -35,8 +37,15 @@ prepare() {
     mkdir -p "$AB/$name"
     if [ -d "$src" ]; then
       cp -r "$src/." "$AB/$name/"
+    elif [ -f "$src" ]; then # a patch: the files it touches, copied, then patched in the copy
+      git apply --check "$src" || { echo "ab.sh: '$src' does not apply to the working tree" >&2; return 2; }
+      git apply --numstat "$src" | cut -f3 | while read -r f; do
+        mkdir -p "$AB/$name/$(dirname "$f")"
+        [ -f "$f" ] && cp "$f" "$AB/$name/$f"
+      done
+      git apply --unsafe-paths --directory="$AB/$name" "$src" || return 2
     else
-      git rev-parse --verify -q "$src^{commit}" >/dev/null || { echo "ab.sh: '$src' is no revision or folder" >&2; return 2; }
+      git rev-parse --verify -q "$src^{commit}" >/dev/null || { echo "ab.sh: '$src' is no revision, folder or patch" >&2; return 2; }
       # files REV has and the working tree has otherwise (or not at all), then those REV lacks
       git diff --name-only --no-renames --diff-filter=d -R "$src" -- . | while read -r f; do
         mkdir -p "$AB/$name/$(dirname "$f")"
