@@ -8,7 +8,7 @@
 #                                                       # REV differs from the working tree (and a
 #                                                       # list of those REV lacks); carry .dev
 #   bash bench/ab.sh prepare NAME=DIR                   # or the files under DIR (an overlay as is)
-#   bash bench/ab.sh prepare NAME=FILE.patch            # or the working tree's files with the patch
+#   bash bench/ab.sh prepare NAME=A.patch[+B.patch]     # or the working tree's files with the patches
 #                                                       # applied (bench/pending/: prepared, not run)
 #   OUT=/tmp/out bash bench/ab.sh run                   # on the GPU machine (logs: $OUT/ab.log)
 #
@@ -37,13 +37,17 @@ prepare() {
     mkdir -p "$AB/$name"
     if [ -d "$src" ]; then
       cp -r "$src/." "$AB/$name/"
-    elif [ -f "$src" ]; then # a patch: the files it touches, copied, then patched in the copy
-      git apply --check "$src" || { echo "ab.sh: '$src' does not apply to the working tree" >&2; return 2; }
-      git apply --numstat "$src" | cut -f3 | while read -r f; do
-        mkdir -p "$AB/$name/$(dirname "$f")"
-        [ -f "$f" ] && cp "$f" "$AB/$name/$f"
+    elif [ -f "${src%%+*}" ]; then # patches (a+b: in turn): the files they touch, copied, patched in the copy
+      local pf
+      for pf in ${src//+/ }; do
+        [ -f "$pf" ] || { echo "ab.sh: no patch '$pf'" >&2; return 2; }
+        git apply --numstat "$pf" | cut -f3 | while read -r f; do
+          mkdir -p "$AB/$name/$(dirname "$f")"
+          [ -f "$f" ] && [ ! -f "$AB/$name/$f" ] && cp "$f" "$AB/$name/$f"
+        done
+        git apply --unsafe-paths --directory="$AB/$name" "$pf" ||
+          { echo "ab.sh: '$pf' does not apply to the working tree (after the ones before it)" >&2; return 2; }
       done
-      git apply --unsafe-paths --directory="$AB/$name" "$src" || return 2
     else
       git rev-parse --verify -q "$src^{commit}" >/dev/null || { echo "ab.sh: '$src' is no revision, folder or patch" >&2; return 2; }
       # files REV has and the working tree has otherwise (or not at all), then those REV lacks
