@@ -292,19 +292,25 @@ template <int T, int NV, int G, int P> struct GemvL {
     }
 };
 
-/* The XS form of GemvL (cuk_gemv_q8_xs): nvec x rows of both planes staged per CTA; each
- * instance opted into all the shared memory the device gives, once per device. */
+/* Kernel K opted into all the shared memory the device gives a block, once per device and
+ * instance (K itself is the template argument: one flag per kernel, not per signature); a failure
+ * shows as the launch's error. */
+template <auto K> static void xs_optin() {
+    static bool raised[CUK_MAX_DEVICES];
+    const int slot = cuk_device_slot();
+    if (!raised[slot]) {
+        (void)cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)cuk_device_smem_cap((size_t)227 * 1024));
+        raised[slot] = true;
+    }
+}
+
+/* The XS form of GemvL (cuk_gemv_q8_xs): nvec x rows of both planes staged per CTA. */
 template <int T, int NV, int G, int P> struct GemvXL {
     static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
         const int units = (int)(a->k / 64);
         const size_t smem = (size_t)a->n * P * units * q8::XS_UNIT;
-        static bool raised[CUK_MAX_DEVICES];
-        const int slot = cuk_device_slot();
-        if (!raised[slot]) { /* a failure shows as the launch's error */
-            (void)cudaFuncSetAttribute(q8::k_gemv_q8<T, NV, G, P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)cuk_device_smem_cap((size_t)227 * 1024));
-            raised[slot] = true;
-        }
+        xs_optin<q8::k_gemv_q8<T, NV, G, P, true>>();
         const int64_t per = 2 * G * q8::WARPS, mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
         q8::k_gemv_q8<T, NV, G, P, true><<<(unsigned)grid, q8::WARPS * 32, smem, st>>>(
             (const uint8_t *)a->w, rb, a->m, units, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y, a->ldy,
