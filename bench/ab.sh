@@ -19,6 +19,7 @@
 # step at depth 512: `--pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1`), and for each line of
 # Q8 (`;`-separated bench_q8 arguments, e.g. "20 moe 32;20 Q5_K 6144 16384 32") bench_q8 in every
 # tree; with PROFILE=1 then bench_peer --profile on the working tree (batch 1 and 32: $OUT/profile.log).
+# $OUT keeps ab.log, test-gpu.log and profile.log; the build and per-run logs go into logs.tgz.
 # A warm machine keeps the builds and the model (a second call rebuilds only what changed).
 # Environment: as bench/peer.sh (B, CC, DEPS, W, LAYERS, EXPERTS); the variants run with the same.
 set -uo pipefail
@@ -126,6 +127,8 @@ run() {
       --reps 1 --profile >"$OUT/profile.log" 2>&1 || rc=1
     echo "profile: $OUT/profile.log"
   fi
+  # the device tool brings back at most 8 files: the per-run logs go back as one archive
+  (cd "$OUT" && tar -czf logs.tgz --remove-files build*.log peer_*.log side.log 2>/dev/null)
   echo "ab.sh rc=$rc total ${SECONDS}s"
   return $rc
 }

@@ -14,25 +14,32 @@
 #include "runtime/gpu/gpu_int.h"
 #include "runtime/gpu/gpu_linear.h"
 
-/* The attention stage's indexer (a layer with one of its own): the query, key and weight
- * projections and their preparation (whose launch also ropes the attention's query rk->q, made
- * before), then the scores and the top-k selection into rk->sel and rk->n_sel: of a graph step
- * (g->graph_bound; its new latent and key rows written first, by *cw), of a batched decode step
- * (multi) or of each sequence in turn. */
-static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi,
-                              const cuk_q8_act *qq, cuk_cache_write_rows_args *cw, g5_error *err) {
+/* Where a step's new indexer keys go: straight into a single sequence's cache, else rk->ikf. */
+static float *idx_key_rows(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl) {
+    const int64_t ID = g->hp.idx_head_dim;
+    return pl->n_seg == 1 && !g->graph_bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID
+                                             : rk->ikf;
+}
+
+/* The indexer's key and weight projections of h (float32 input, so no shared input buffer: they
+ * may run as side work). */
+static g5_status idx_key_proj(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, g5_error *err) {
+    const gl_layer *L = &rk->L[il];
+    const int64_t E = g->hp.n_embd, ID = g->hp.idx_head_dim, IH = g->hp.idx_n_head;
+    CK(gm_gemv_k(rk, &L->idx_k, rk->h, E, pl->n, idx_key_rows(g, rk, il, pl), ID, !tc, err));
+    PMARK("attn", "idx_k gemv");
+    CK(gm_gemv_k(rk, &L->idx_proj, rk->h, E, pl->n, rk->iw, IH, !tc, err));
+    PMARK("attn", "idx_proj gemv");
+    return G5_OK;
+}
+
+/* The indexer's query projection (of a layer with an indexer). */
+static g5_status idx_query(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, const cuk_q8_act *qq,
+                           g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
-    const cuk_stream cs = (cuk_stream)rk->st;
-    const int64_t E = hp->n_embd, QL = hp->q_lora, R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
-    const int64_t K = hp->idx_top_k, KVW = (int64_t)hp->kv_lora + R, mpb = rk->multi;
-    const int64_t H = rk->c->H_l, NOPE = hp->qk_nope;
-    const uint32_t n = pl->n, bound = g->graph_bound;
-    const int one = pl->n_seg == 1;
-    const float theta = hp->rope_theta;
-    const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
-    /* new keys straight into a single sequence's cache, else staged in rk->ikf */
-    float *ik = one && !bound ? gm_seq_idxk(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * ID : rk->ikf;
+    const int64_t QL = hp->q_lora, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const uint32_t n = pl->n;
     /* the indexer's query from q_b's two int8 planes of qr where q_b took them (*qq, still in
      * rk->q8q) and its weights have an int8 kernel (specs/numerics.md), else from float32 qr */
     if (qq->planes == 2 && gm_q8x2_takes(rk, &L->idx_q_b, n))
@@ -40,19 +47,40 @@ static g5_status attn_indexer(rt_gpu_model *g, gl_rank *rk, uint32_t il, const f
     else
         CK(gm_gemv_k(rk, &L->idx_q_b, rk->qr, QL, n, rk->iq, IH * ID, !tc, err));
     PMARK("attn", "idx_q_b gemv");
-    CK(gm_gemv_k(rk, &L->idx_k, rk->h, E, n, ik, ID, !tc, err));
-    PMARK("attn", "idx_k gemv");
-    CK(gm_gemv_k(rk, &L->idx_proj, rk->h, E, n, rk->iw, IH, !tc, err));
-    PMARK("attn", "idx_proj gemv");
-    /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits */
-    const cuk_idx_prep_args ip = {.q = rk->iq, .k = ik, .w = rk->iw, .k_norm_w = L->idx_k_norm,
-                                  .k_norm_b = L->idx_k_norm_b, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
-                                  .dim = (int32_t)ID, .n_rot = (int32_t)R, .theta = theta, .pos = rk->pos,
-                                  .eps = RT_IDX_NORM_EPS, .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH)),
-                                  .q2 = rk->q, .tok_stride2 = H * (NOPE + R), .n_head2 = (int32_t)H,
+    return G5_OK;
+}
+
+static g5_status idx_prep(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const gl_layer *L = &rk->L[il];
+    const int64_t R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const int64_t H = rk->c->H_l, NOPE = hp->qk_nope;
+    /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits; it also ropes
+     * the attention's query rk->q */
+    const cuk_idx_prep_args ip = {.q = rk->iq, .k = idx_key_rows(g, rk, il, pl), .w = rk->iw,
+                                  .k_norm_w = L->idx_k_norm, .k_norm_b = L->idx_k_norm_b, .n_tok = (int32_t)pl->n,
+                                  .n_head = (int32_t)IH, .dim = (int32_t)ID, .n_rot = (int32_t)R,
+                                  .theta = hp->rope_theta, .pos = rk->pos, .eps = RT_IDX_NORM_EPS,
+                                  .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH)), .q2 = rk->q,
+                                  .tok_stride2 = H * (NOPE + R), .n_head2 = (int32_t)H,
                                   .head_stride2 = (int32_t)(NOPE + R), .rot_off2 = (int32_t)NOPE};
-    CK(cuk_idx_prep(&ip, cs, err));
+    CK(cuk_idx_prep(&ip, (cuk_stream)rk->st, err));
     PMARK("attn", "idx rope+norm+rope+scale, q rope (cuk_idx_prep)");
+    return G5_OK;
+}
+
+/* The scores and top-k selection of the call's tokens into rk->sel and rk->n_sel: of a graph step
+ * (g->graph_bound; its new latent and key rows written first, by *cw), of a batched decode step
+ * (multi) or of each sequence in turn. */
+static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi,
+                            cuk_cache_write_rows_args *cw, g5_error *err) {
+    const glm5_hparams *hp = &g->hp;
+    const cuk_stream cs = (cuk_stream)rk->st;
+    const int64_t R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
+    const int64_t K = hp->idx_top_k, KVW = (int64_t)hp->kv_lora + R, mpb = rk->multi;
+    const uint32_t n = pl->n, bound = g->graph_bound;
+    const int one = pl->n_seg == 1;
+    const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     /* the scores and selections of the call's tokens: bound, multi or per sequence below */
     cuk_idx_scores_args sa = {.q = rk->iq, .w = rk->iw, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
                               .dim = (int32_t)ID, .sc = rk->sc};
@@ -162,20 +190,58 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     const int64_t mpb = rk->multi;
     CUK_CHECK(cudaSetDevice(rk->dev));
+    gm_side_reset(rk);
     /* q_a and kv_a read the same h: one two-plane quantization of it serves both, made by the
      * norm's launch (cuk_norm_q8) where its width allows */
     const int qa8 = gm_q8x2_takes(rk, &L->q_a, n), kva8 = gm_q8x2_takes(rk, &L->kv_a, n);
     cuk_q8_act hq = {0};
     CK(gm_norm_x_q8(rk, L->attn_norm, n, E, eps, qa8 || kva8 ? 2 : 0, &hq, err));
     PMARK("attn", "attn_norm (+ residual add, + int8 quantize of h)");
+    /* a decode step's side work (gm_side_begin; on the GEMV paths, and not where products share
+     * rk->xb's bf16 copy of h): the latent path (kv_a, its norm and RoPE, the cache writes) and the
+     * indexer's key and weight projections run beside q_a, q_a_norm, q_b and idx_q_b; then the
+     * absorption beside the indexer's scores and selection. The same kernels on the same inputs:
+     * the same bits as in one stream. */
+    const int side = !tc && !gl_lin_use(rk->lin, n) && !rk->fast;
+    CK(gm_side_begin(g, rk, side, err));
+    if (kva8) CK(gm_gemv_q8_in(rk, &L->kv_a, &hq, n, rk->kv, KVW, err));
+    else CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
+    PMARK("attn", "kv_a gemv");
+    CK(gm_side_point(rk, 1, err)); /* hq read: q_a_norm may overwrite rk->q8q */
+    /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
+     * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
+     * cuk_cache_write_rows at the positions in rk->pos, below); norm, copy of the rope part and
+     * its RoPE in one launch */
+    const cuk_stream ss = (cuk_stream)rk->st; /* the side stream from gm_side_begin to gm_side_end */
+    const int direct = one && !bound && g->lat_type == CUK_F32;
+    float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
+                            : rk->latf;
+    const cuk_norm_rope_args nr = {.x = rk->kv, .ldx = KVW, .w = L->kv_a_norm, .y = lat_new, .ldy = KVW, .n_rows = n,
+                                   .dim = KL, .eps = eps, .n_rot = R, .theta = theta, .pos = rk->pos};
+    CK(cuk_norm_rope(&nr, ss, err));
+    /* a graph step's new rows (the keys too, with an indexer: idx_select) */
+    cuk_cache_write_rows_args cw = {.lat_new = rk->latf, .lat_w = KVW, .lat_type = g->lat_type,
+                                    .lat = bound ? gm_seq_lat(g, pl->seq[0], rk->r, il) : NULL,
+                                    .cap = bound ? pl->seq[0]->cap : 0, .pos = rk->pos, .n_rows = n};
+    if (bound && !L->has_idx) CK(cuk_cache_write_rows(&cw, ss, err));
+    if (multi && !L->has_idx) CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, NULL, 0, rows, (int32_t)n, ss, err));
+    for (uint32_t i = 0; i < pl->n_seg && !direct && !bound && !multi; i++) {
+        uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
+        const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
+        if (g->lat_type == CUK_F32)
+            CUK_CHECK(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
+        else
+            CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, ss, err));
+    }
+    PMARK("attn", "latent norm+rope+cache write");
+    if (L->has_idx) CK(idx_key_proj(g, rk, il, pl, tc, err));
+    CK(gm_side_end(rk, err));
     /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
      * whose indexer still picks in float32 */
     if (qa8) CK(gm_gemv_q8_in(rk, &L->q_a, &hq, n, rk->qr, QL, err));
     else CK(gm_gemv_k(rk, &L->q_a, rk->h, E, n, rk->qr, QL, L->has_idx && !tc, err));
     PMARK("attn", "q_a gemv");
-    if (kva8) CK(gm_gemv_q8_in(rk, &L->kv_a, &hq, n, rk->kv, KVW, err));
-    else CK(gm_gemv(rk, &L->kv_a, rk->h, E, n, rk->kv, KVW, err));
-    PMARK("attn", "kv_a gemv");
+    CK(gm_side_wait(rk, 1, err));
     /* q_a_norm in place, with q_b's two-plane input quantized by the same launch (rk->q8q: h's
      * copy is no longer read) */
     const int qb8 = gm_q8x2_takes(rk, &L->q_b, n);
@@ -184,36 +250,13 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
                                       .dim = QL, .eps = eps};
     CK(gm_norm_q8(rk, &qn, qb8 ? 2 : 0, &qq, err));
     PMARK("attn", "q_a_norm (+ int8 quantize of qr)");
-    /* the new latents in float32: straight into the f32 cache of a single sequence, else staged
-     * in rk->latf and copied (f32) or converted into each sequence's cache (a graph step: by
-     * cuk_cache_write_rows at the positions in rk->pos, below); norm, copy of the rope part and
-     * its RoPE in one launch */
-    const int direct = one && !bound && g->lat_type == CUK_F32;
-    float *lat_new = direct ? (float *)(void *)(gm_seq_lat(g, pl->seq[0], rk->r, il) + (int64_t)pl->pos0[0] * KVW * 4)
-                            : rk->latf;
-    const cuk_norm_rope_args nr = {.x = rk->kv, .ldx = KVW, .w = L->kv_a_norm, .y = lat_new, .ldy = KVW, .n_rows = n,
-                                   .dim = KL, .eps = eps, .n_rot = R, .theta = theta, .pos = rk->pos};
-    CK(cuk_norm_rope(&nr, cs, err));
-    /* a graph step's new rows (the keys too, with an indexer: below) */
-    cuk_cache_write_rows_args cw = {.lat_new = rk->latf, .lat_w = KVW, .lat_type = g->lat_type,
-                                    .lat = bound ? gm_seq_lat(g, pl->seq[0], rk->r, il) : NULL,
-                                    .cap = bound ? pl->seq[0]->cap : 0, .pos = rk->pos, .n_rows = n};
-    if (bound && !L->has_idx) CK(cuk_cache_write_rows(&cw, cs, err));
-    if (multi && !L->has_idx) CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, NULL, 0, rows, (int32_t)n, cs, err));
-    for (uint32_t i = 0; i < pl->n_seg && !direct && !bound && !multi; i++) {
-        uint8_t *dst = gm_seq_lat(g, pl->seq[i], rk->r, il) + (int64_t)pl->pos0[i] * KVW * g->lat_es;
-        const float *src = rk->latf + (int64_t)pl->row0[i] * KVW;
-        if (g->lat_type == CUK_F32)
-            CUK_CHECK(cudaMemcpyAsync(dst, src, (size_t)pl->len[i] * KVW * 4, cudaMemcpyDeviceToDevice, rk->st));
-        else
-            CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, cs, err));
-    }
-    PMARK("attn", "latent norm+rope+cache write");
     if (qb8) CK(gm_gemv_q8_in(rk, &L->q_b, &qq, n, rk->q, H * (NOPE + R), err));
     else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
+    if (L->has_idx) CK(idx_query(g, rk, il, pl, tc, &qq, err));
+    CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     if (L->has_idx) { /* q roped by the indexer's preparation launch */
-        CK(attn_indexer(g, rk, il, pl, tc, multi, &qq, &cw, err));
+        CK(idx_prep(g, rk, il, pl, err));
     } else {
         const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
                                   .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
@@ -223,8 +266,12 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
                                     .qlat = rk->qlat};
-    CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, cs, err));
+    CK(gm_side_begin(g, rk, side && L->has_idx, err));
+    CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, (cuk_stream)rk->st, err));
     PMARK("attn", "mla_absorb");
+    CK(gm_side_end(rk, err));
+    if (L->has_idx) CK(idx_select(g, rk, il, pl, tc, multi, &cw, err));
+    CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
     cuk_mla_attend_args at = {.d = d, .q = rk->q, .qlat = rk->qlat, .lat = gm_seq_lat(g, pl->seq[0], rk->r, il),

@@ -123,8 +123,17 @@ typedef struct gl_rank {
     int8_t *q8q;                     /* int8 copies of product inputs, rows of planes * k (fast
                                         mode, the roles of specs/numerics.md; cuda/cuk_q8.h) */
     float *q8d;                      /* their (d, s) pairs per 32 elements, rows of planes * k / 16 */
+    uint64_t q8n;                    /* q8q's halves, in elements: side work's inputs use the upper
+                                        (gm_q8_buf), so while it runs each chain has one */
     void *q8x;                       /* cuk_gemv_q8t's scratch: x in fragment order, q8x_bytes */
     uint64_t q8x_bytes;
+    /* side work (gm_side_begin): the second stream (rank 0's where ranks share a device), its
+     * events ([0] fork, [1, GM_SIDE_JOIN) points, [GM_SIDE_JOIN] join) and its own q8t scratch;
+     * side: 0 none, 1 queuing on the side (st and st2, q8x and q8x2 swapped), 2 join pending */
+    cudaStream_t st2;
+    cudaEvent_t side_ev[4];
+    void *q8x2;
+    int side, side_rec;
     gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
     int32_t *mplan;                  /* MoE routing plans, one per GM_MOE_CHUNK tokens (cuk_moe_plan) */
@@ -313,10 +322,15 @@ g5_status gm_gemv(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx,
 int gm_q8_takes(const gl_rank *rk, const dmat *W, uint32_t n);
 int gm_q8x2_takes(const gl_rank *rk, const dmat *W, uint32_t n);
 /* The rank's int8 buffer (rk->q8q / q8d) as rows of k in `planes` planes: the layout gm_q8_in and
- * the fused norms write. */
+ * the fused norms write; its upper half while side work is being queued (gm_side_begin). */
+static inline uint64_t gm_q8_off(const gl_rank *rk) { return rk->side == 1 ? rk->q8n : 0; }
 static inline cuk_q8_act gm_q8_buf(const gl_rank *rk, int64_t k, int planes) {
-    return (cuk_q8_act){rk->q8q, planes * k, rk->q8d, planes * k / 16, planes};
+    const uint64_t o = gm_q8_off(rk);
+    return (cuk_q8_act){rk->q8q + o, planes * k, rk->q8d + o / 16, planes * k / 16, planes};
 }
+/* G5_OK where n rows of k in `planes` planes fit gm_q8_buf's space: the whole buffer, or a half
+ * while side work may run (the main chain's and the side's inputs must not meet). */
+g5_status gm_q8_room(const gl_rank *rk, int64_t n, int64_t k, int planes, g5_error *err);
 /* x from its row t0 on. */
 static inline cuk_q8_act gm_q8_rows(const cuk_q8_act *x, int64_t t0) {
     return (cuk_q8_act){x->q + t0 * x->ldq, x->ldq, x->ds + t0 * x->ldds, x->ldds, x->planes};
@@ -348,6 +362,20 @@ g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, 
  * specs/numerics.md lists (output heads, routed and shared experts, the NextN projection). */
 g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                      int64_t ldy, g5_error *err);
+/* Side work of a decode step: what is queued between gm_side_begin and gm_side_end runs on the
+ * rank's second stream (rk->st and rk->q8x are swapped meanwhile, so every helper queues there),
+ * after all that the main stream held at gm_side_begin and beside what it queues after
+ * gm_side_end; gm_side_wait(rk, i) makes the main stream wait for the side's work up to
+ * gm_side_point(rk, i) (GM_SIDE_JOIN: all of it, which must come before the stage ends). Side work
+ * must not touch what the main stream uses meanwhile: its int8 inputs go to the upper half of
+ * rk->q8q / q8d (gm_q8_buf), and it never uses rk->xb (bf16 inputs). Off (all of it in order on the main stream) where `on` is 0,
+ * under the profiler or without a second stream; no GEMM path (gl_lin: its own stream) inside. */
+enum { GM_SIDE_JOIN = 3 };
+g5_status gm_side_begin(const rt_gpu_model *g, gl_rank *rk, int on, g5_error *err);
+g5_status gm_side_point(gl_rank *rk, int i, g5_error *err);
+g5_status gm_side_end(gl_rank *rk, g5_error *err);
+g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err);
+void gm_side_reset(gl_rank *rk);
 g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err);
 g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err);
 /* The device work of one forward call after the token and position uploads (gpu_model.c). With

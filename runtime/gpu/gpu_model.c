@@ -344,9 +344,21 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
                 goto loaded;
             }
             rk->own_stream = 1;
+            if ((ce = cudaStreamCreateWithFlags(&rk->st2, cudaStreamNonBlocking)) != cudaSuccess) {
+                rk->st2 = NULL;
+                st = g5_fail(err, G5_ERR_INTERNAL, "side stream: %s", cudaGetErrorString(ce));
+                goto loaded;
+            }
         } else {
             rk->st = g->rk[0].st; /* ranks sharing a device share one stream: stage order is kept */
+            rk->st2 = g->rk[0].st2;
         }
+        for (int i = 0; i < 4; i++)
+            if ((ce = cudaEventCreateWithFlags(&rk->side_ev[i], cudaEventDisableTiming)) != cudaSuccess) {
+                rk->side_ev[i] = NULL;
+                st = g5_fail(err, G5_ERR_INTERNAL, "side event: %s", cudaGetErrorString(ce));
+                goto loaded;
+            }
         rt_gpu_load_stats ls;
         memset(&ls, 0, sizeof ls);
         if ((st = load_rank_weights(g, rk, set ? blob_set_rank(set, rk->rg) : NULL, opts, &ls, err))) goto loaded;
@@ -443,6 +455,7 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         gl_rank *rk = &g->rk[r];
         cudaSetDevice(rk->dev);
         if (rk->own_stream) cudaStreamSynchronize(rk->st);
+        if (rk->own_stream && rk->st2) cudaStreamSynchronize(rk->st2);
     }
     gm_graph_free(g);
     argmax_free(g);
@@ -460,11 +473,16 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         free(rk->segs);
         free(rk->L);
     }
-    for (uint32_t r = 0; g->rk && r < g->T; r++)
-        if (g->rk[r].own_stream) {
-            cudaSetDevice(g->rk[r].dev);
-            cudaStreamDestroy(g->rk[r].st);
+    for (uint32_t r = 0; g->rk && r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        cudaSetDevice(rk->dev);
+        for (int i = 0; i < 4; i++)
+            if (rk->side_ev[i]) cudaEventDestroy(rk->side_ev[i]);
+        if (rk->own_stream) {
+            cudaStreamDestroy(rk->st);
+            if (rk->st2) cudaStreamDestroy(rk->st2);
         }
+    }
 #ifdef G5_HAVE_NCCL
     if (g->nccl.lib) dlclose(g->nccl.lib);
 #endif
@@ -661,12 +679,15 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     if (N * U * rk->c->ffe_l > xbn) xbn = N * U * rk->c->ffe_l;
     if (N * H * hp->kv_lora > xbn) xbn = N * H * hp->kv_lora; /* every head's W_UV input at once */
     rk->xb = take(&c, rk->fast ? xbn * 2 : 16);
-    const uint64_t q8n = xbn > N * 2 * E ? xbn : N * 2 * E; /* + the NextN input [n][2E] */
+    uint64_t q8n = xbn > N * 2 * E ? xbn : N * 2 * E; /* + the NextN input [n][2E] */
+    q8n = (q8n + 63) / 64 * 64;                         /* the upper half's q and ds 16-byte aligned */
+    rk->q8n = rk->q8 ? q8n : 0;
     rk->q8q = take(&c, rk->q8 ? 2 * q8n : 16); /* two planes where gemv_q8x2 runs */
     rk->q8d = take(&c, rk->q8 ? 2 * q8n / 16 * 4 : 16);
     /* cuk_gemv_q8t's scratch for the widest product's k (max_ncols: every weight's row length) */
     rk->q8x_bytes = rk->q8 ? (uint64_t)CUK_Q8T_SCRATCH_PER_K * (rk->c->max_ncols > E ? rk->c->max_ncols : E) : 16;
     rk->q8x = take(&c, rk->q8x_bytes);
+    rk->q8x2 = take(&c, rk->q8x_bytes);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
     const uint64_t nch = (N + GM_MOE_CHUNK - 1) / GM_MOE_CHUNK, chn = N < GM_MOE_CHUNK ? N : GM_MOE_CHUNK;
@@ -743,6 +764,60 @@ void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, c
     p->n++;
 }
 
+/* ---- side work (gpu_int.h) ---- */
+
+static void side_swap(gl_rank *rk) {
+    cudaStream_t t = rk->st;
+    rk->st = rk->st2;
+    rk->st2 = t;
+    void *q = rk->q8x;
+    rk->q8x = rk->q8x2;
+    rk->q8x2 = q;
+}
+
+g5_status gm_side_begin(const rt_gpu_model *g, gl_rank *rk, int on, g5_error *err) {
+    if (rk->side == 2) CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
+    if (!on || g->prof || !rk->st2 || rk->side) return G5_OK;
+    CUK_CHECK(cudaEventRecord(rk->side_ev[0], rk->st));
+    CUK_CHECK(cudaStreamWaitEvent(rk->st2, rk->side_ev[0], 0));
+    side_swap(rk);
+    rk->side = 1;
+    rk->side_rec = 0;
+    return G5_OK;
+}
+
+g5_status gm_side_point(gl_rank *rk, int i, g5_error *err) {
+    if (rk->side != 1) return G5_OK;
+    if (i < 1 || i >= GM_SIDE_JOIN) return g5_fail(err, G5_ERR_INTERNAL, "side point %d outside 1..%d", i, GM_SIDE_JOIN - 1);
+    CUK_CHECK(cudaEventRecord(rk->side_ev[i], rk->st));
+    rk->side_rec |= 1 << i;
+    return G5_OK;
+}
+
+g5_status gm_side_end(gl_rank *rk, g5_error *err) {
+    if (rk->side != 1) return G5_OK;
+    side_swap(rk);
+    rk->side = 2;
+    CUK_CHECK(cudaEventRecord(rk->side_ev[GM_SIDE_JOIN], rk->st2));
+    return G5_OK;
+}
+
+/* A point not recorded in this side run (its work was queued on the main stream, or never) waits
+ * for the join: never less than what it names. */
+g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err) {
+    if (rk->side != 2) return G5_OK;
+    if (i < 1 || i > GM_SIDE_JOIN || !(rk->side_rec & (1 << i))) i = GM_SIDE_JOIN;
+    CUK_CHECK(cudaStreamWaitEvent(rk->st, rk->side_ev[i], 0));
+    if (i == GM_SIDE_JOIN) rk->side = 0;
+    return G5_OK;
+}
+
+/* After a failed stage: the main stream back in rk->st (the side's work is not waited for). */
+void gm_side_reset(gl_rank *rk) {
+    if (rk->side == 1) side_swap(rk);
+    rk->side = 0;
+}
+
 /* ---- stages ---- */
 
 /* rk->h = RMSNorm(x) * w over n rows, the pending residual add folded in first. */
@@ -802,12 +877,13 @@ static int moe_h_q8(const gl_rank *rk, const gl_layer *L, int64_t E, uint32_t n)
 }
 
 /* The MoE products of a decode step (or a short call) from rk->h and, where moe_h_q8 says, its
- * one-plane int8 copy *hq (made with the norm): the shared expert's gate and up, then
- * the routed experts by plan group (cuda/cuk.h), their down products summed over slots into
- * rk->moe. Fast mode: int8 inputs for every product whose type has an int8 kernel (the roles of
+ * one-plane int8 copy *hq (made with the norm): the shared expert's gate and up (unless sh_done:
+ * queued as side work, whose point 1 comes before gate*up overwrites *hq), then the routed
+ * experts by plan group (cuda/cuk.h), their down products summed over slots into rk->moe. Fast
+ * mode: int8 inputs for every product whose type has an int8 kernel (the roles of
  * specs/numerics.md), bf16 for the others; precise: float32. */
 static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, const int32_t *ids,
-                               const float *wts, uint32_t n, const cuk_q8_act *hq_in, g5_error *err) {
+                               const float *wts, uint32_t n, const cuk_q8_act *hq_in, int sh_done, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const rt_rank_tensors *c = rk->c;
     const cuk_stream cs = (cuk_stream)rk->st;
@@ -827,7 +903,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
         if (st) return st;
         if (rk->fast) PMARK(S, "bf16 convert of h");
     }
-    if (L->sh_contrib) {
+    if (L->sh_contrib && !sh_done) {
         if (q8_sh) {
             CK(gm_gemv_q8_pair_in(rk, &L->sh_gate, &L->sh_up, &hq, n, rk->ga, rk->gb, SL, err));
             PMARK(S, "shared gate + up gemv (int8 input)");
@@ -869,6 +945,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
     const void *hin = NULL;
     cuk_q8_act gq = {0};
     if (q8_dn) {
+        CK(gm_side_wait(rk, 1, err)); /* the shared expert's gate and up have read h's copy */
         CK(gm_q8_in(rk, rk->gu, FE, (int64_t)n * U, FE, 1, &gq, err));
         PMARK(S, "int8 quantize of gate*up");
     } else {
@@ -908,12 +985,14 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
     const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
     CUK_CHECK(cudaSetDevice(rk->dev));
     const char *const S = L->dense ? "dense" : "moe";
+    gm_side_reset(rk);
     /* h's int8 copy for the products that take one, made by the norm's launch (cuk_norm_q8):
      * two planes for the dense gate and up, one for the routed and shared experts' */
     const int dense8 = L->dense && !gl_lin_use(rk->lin, n) && gm_q8x2_takes(rk, &L->ffn_gate, n) &&
                        L->ffn_up.type == L->ffn_gate.type;
     cuk_q8_act hq = {0};
-    CK(gm_norm_x_q8(rk, L->ffn_norm, n, E, hp->rms_eps, dense8 ? 2 : !L->dense && moe_h_q8(rk, L, E, n) ? 1 : 0, &hq,
+    const int moe8 = L->dense ? 0 : moe_h_q8(rk, L, E, n);
+    CK(gm_norm_x_q8(rk, L->ffn_norm, n, E, hp->rms_eps, dense8 ? 2 : moe8 ? 1 : 0, &hq,
                     err));
     PMARK(S, "ffn_norm (+ residual add, + int8 quantize of h)");
     rk->oa = rk->part;
@@ -942,6 +1021,22 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
         PMARK(S, "silu_mul (+ int8 quantize) + ffn_down gemv");
         return G5_OK;
     }
+    /* a decode step's side work (gm_side_begin): the shared expert (int8 gate and up of h's copy,
+     * point 1, silu into the upper half of rk->q8q, down into rk->part) beside the router, the
+     * routing and the routed experts; moe_gemv_path waits for point 1 before it quantizes gate*up
+     * over h's copy, and the stage for the join before part is read */
+    const int64_t FE = c->ffe_l, SL = L->sh_l;
+    /* moe_h_q8: 0 on the GEMM path; bf16 inputs (rk->fast) would share rk->xb between the chains */
+    const int sh_side = L->sh_contrib && (moe8 >> 1) && !rk->fast;
+    CK(gm_side_begin(g, rk, sh_side, err));
+    if (sh_side) {
+        CK(gm_gemv_q8_pair_in(rk, &L->sh_gate, &L->sh_up, &hq, n, rk->ga, rk->gb, SL, err));
+        PMARK(S, "shared gate + up gemv (int8 input)");
+        CK(gm_side_point(rk, 1, err));
+        CK(gm_silu_gemv(rk, &L->sh_down, SL, n, 1, rk->part, E, err));
+        PMARK(S, "shared silu_mul (+ int8 quantize) + down gemv");
+    }
+    CK(gm_side_end(rk, err));
     CK(gm_gemv_k(rk, &L->router, rk->h, E, n, rk->rl, NE, 1, err));
     PMARK(S, "router gemv (f32 input)");
     cuk_route_args ra = {rk->rl, NE, L->router_b, (int32_t)n, (int32_t)NE, (int32_t)U, (int32_t)hp->n_group,
@@ -958,7 +1053,6 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
         wts = rk->wts_l;
         PMARK(S, "localize");
     }
-    const int64_t FE = c->ffe_l, SL = L->sh_l;
     if (gl_lin_use(rk->lin, n)) { /* prefill: tokens grouped by expert, GEMMs (gpu_linear.h) */
         const gl_moe_args ma = {L->exp_type, L->exp_down_type, L->exp_gate, L->exp_up, L->exp_down, E, FE,
                                 (int32_t)NE, (int32_t)c->exp0, (int32_t)c->n_exp_l, rk->ids, rk->wts, (int32_t)U,
@@ -971,12 +1065,13 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
             PMARK(S, "shared gate+up (GEMM path)");
         }
     } else {
-        CK(moe_gemv_path(g, rk, L, ids, wts, n, &hq, err));
+        CK(moe_gemv_path(g, rk, L, ids, wts, n, &hq, sh_side, err));
     }
-    if (L->sh_contrib) {
+    if (L->sh_contrib && !sh_side) {
         CK(gm_silu_gemv(rk, &L->sh_down, SL, n, 1, rk->part, E, err));
         PMARK(S, "shared silu_mul (+ int8 quantize) + down gemv");
     }
+    CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     /* one device: the next norm adds moe (+ part) to x itself; ranks to be summed need part */
     if (g->coll == COLL_NONE) {
         rk->oa = rk->moe;
@@ -1052,8 +1147,20 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
  * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
  * `graph` (one token, no debugging outputs) every call below only enqueues on the ranks' streams
  * (rank 0's for all under the device-side sum), which are being captured (gpu_graph.c). */
+static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
+                                g5_error *err);
+
+/* forward_device, and on failure every rank's main stream back in rk->st (a stage may have failed
+ * between gm_side_begin and gm_side_end; a capture must end on the stream it began on). */
 g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
                             g5_error *err) {
+    const g5_status st = forward_device(g, pl, out, graph, err);
+    for (uint32_t r = 0; st && r < g->T; r++) gm_side_reset(&g->rk[r]);
+    return st;
+}
+
+static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
+                                g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const uint32_t n = pl->n;
     const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
