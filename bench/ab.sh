@@ -9,7 +9,7 @@
 #                                                       # list of those REV lacks); carry .dev
 #   bash bench/ab.sh prepare NAME=DIR                   # or the files under DIR (an overlay as is)
 #   bash bench/ab.sh prepare NAME=A.patch[+B.patch]     # or the working tree's files with the patches
-#                                                       # applied (bench/pending/: prepared, not run)
+#                                                       # applied (prepared changes, not yet run)
 #   OUT=/tmp/out bash bench/ab.sh run                   # on the GPU machine (logs: $OUT/ab.log)
 #
 # run: builds the working tree (glm5-shard, bench_peer, bench_q8, and with TESTGPU=1 every GPU
