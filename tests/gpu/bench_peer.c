@@ -6,7 +6,9 @@
  *   tg M @ d    M single-token decode steps after a d-token prefill (llama-bench -d d -n M):
  *               tokens / seconds of the steps alone, after 2 untimed warm-up steps
  *   batch B @ d B sequences, each prefilled with d tokens, then M batched decode steps
- *               (rt_gpu_forward_batch): aggregate tok/s, what glm5-serve's decode loop does
+ *               (rt_gpu_forward_batch, every row's logits copied to the host): aggregate tok/s;
+ *               then M more giving each row's argmax on the device (rt_gpu_forward_rows), what
+ *               glm5-serve's greedy decode loop does
  * Prompts are random token ids (fixed seed). The ceiling measured in the same run is the
  * device-to-device copy rate; each decode figure is also given as a ratio to the bytes one token
  * must read (rank 0's tensors with the routed experts at n_expert_used / n_expert, one embedding
@@ -357,7 +359,7 @@ int main(int argc, char **argv) {
         rt_gpu_seq *seqs[64] = {0};
         int32_t tok[64];
         for (uint32_t b = 0; b < B; b++) {
-            GK(rt_gpu_seq_create(g, batch_depth + tg + 4, &seqs[b], &err_));
+            GK(rt_gpu_seq_create(g, batch_depth + 2 * tg + 8, &seqs[b], &err_));
             fill_tokens(ids, batch_depth, hp->n_vocab, &seed);
             GK(rt_gpu_forward_seq(g, seqs[b], ids, batch_depth, &out, &err_));
         }
@@ -373,6 +375,24 @@ int main(int argc, char **argv) {
                dt / tg * 1e3);
         sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| batch %u @ d%u | %.1f |\n", B, batch_depth,
                                B * tg / dt);
+        { /* the same steps giving each row's argmax instead of its logits: glm5-serve's greedy
+           * decode (rt_eng_decode_argmax), without the B rows' logits copy to the host */
+            int32_t am[64];
+            float av[64];
+            const rt_gpu_outputs oa = {.argmax = am, .argmax_logit = av, .all_logits = 1};
+            fill_tokens(tok, B, hp->n_vocab, &seed);
+            GK(rt_gpu_forward_rows(g, seqs, NULL, B, tok, &oa, &err_)); /* warm-up (a graph's capture) */
+            const double a2 = now_s();
+            for (uint32_t s = 0; s < tg; s++) {
+                fill_tokens(tok, B, hp->n_vocab, &seed);
+                GK(rt_gpu_forward_rows(g, seqs, NULL, B, tok, &oa, &err_));
+            }
+            const double dt2 = now_s() - a2;
+            printf("batch %u @ %u %s, argmax steps: %.1f tok/s aggregate (%.3f ms per step)\n", B, batch_depth, prec,
+                   B * tg / dt2, dt2 / tg * 1e3);
+            sl += (size_t)snprintf(summary + sl, sizeof summary - sl, "| batch %u @ d%u, argmax | %.1f |\n", B,
+                                   batch_depth, B * tg / dt2);
+        }
         if (profile && B > 1) GK(rt_gpu_debug_profile_batch(g, seqs, B, stdout, &err_));
         for (uint32_t b = 0; b < B; b++) rt_gpu_seq_free(seqs[b]);
     }
