@@ -163,7 +163,7 @@ static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L
     return G5_OK;
 }
 
-g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
+static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const cuk_stream cs = (cuk_stream)rk->st;
@@ -315,6 +315,14 @@ g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *
     rk->oa = rk->part;
     rk->ob = NULL;
     return G5_OK;
+}
+
+/* attn_stage, and after a failure the rank's main stream back in rk->st (the stage may have failed
+ * between gm_side_begin and gm_side_end): every caller finds the streams as they were. */
+g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
+    const g5_status st = attn_stage(g, rk, il, pl, err);
+    if (st) gm_side_reset(rk);
+    return st;
 }
 
 #endif /* G5_WITH_CUDA */

@@ -134,7 +134,7 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
     return G5_OK;
 }
 
-g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
+static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const rt_rank_tensors *c = rk->c;
@@ -241,6 +241,13 @@ g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5
         PMARK(S, "experts copy to part");
     }
     return G5_OK;
+}
+
+/* ffn_stage, and after a failure the rank's main stream back in rk->st (as gm_attn_stage). */
+g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err) {
+    const g5_status st = ffn_stage(g, rk, il, n, err);
+    if (st) gm_side_reset(rk);
+    return st;
 }
 
 #endif /* G5_WITH_CUDA */
