@@ -190,7 +190,6 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     const int64_t mpb = rk->multi;
     CUK_CHECK(cudaSetDevice(rk->dev));
-    gm_side_reset(rk);
     /* q_a and kv_a read the same h: one two-plane quantization of it serves both, made by the
      * norm's launch (cuk_norm_q8) where its width allows */
     const int qa8 = gm_q8x2_takes(rk, &L->q_a, n), kva8 = gm_q8x2_takes(rk, &L->kv_a, n);

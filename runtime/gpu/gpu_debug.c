@@ -258,7 +258,6 @@ static g5_status prof_capture(rt_gpu_model *g, const fplan *pl, gprof *p, cudaGr
         g->prof = p;
     }
     g5_status st = prof_replay(g, pl, err);
-    for (uint32_t r = 0; st && r < g->T; r++) gm_side_reset(&g->rk[r]); /* the capture ends on r0->st */
     g->prof = NULL;
     cudaGraph_t graph = NULL;
     const cudaError_t ce = cudaStreamEndCapture(r0->st, &graph);

@@ -328,9 +328,6 @@ static inline cuk_q8_act gm_q8_buf(const gl_rank *rk, int64_t k, int planes) {
     const uint64_t o = gm_q8_off(rk);
     return (cuk_q8_act){rk->q8q + o, planes * k, rk->q8d + o / 16, planes * k / 16, planes};
 }
-/* G5_OK where n rows of k in `planes` planes fit gm_q8_buf's space: the whole buffer, or a half
- * while side work may run (the main chain's and the side's inputs must not meet). */
-g5_status gm_q8_room(const gl_rank *rk, int64_t n, int64_t k, int planes, g5_error *err);
 /* x from its row t0 on. */
 static inline cuk_q8_act gm_q8_rows(const cuk_q8_act *x, int64_t t0) {
     return (cuk_q8_act){x->q + t0 * x->ldq, x->ldq, x->ds + t0 * x->ldds, x->ldds, x->planes};

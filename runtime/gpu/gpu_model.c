@@ -813,7 +813,8 @@ g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err) {
     return G5_OK;
 }
 
-/* After a failed stage: the main stream back in rk->st (the side's work is not waited for). */
+/* After a failed stage (gm_attn_stage, gm_ffn_stage): the main stream back in rk->st, so that a
+ * capture ends on the stream it began on (the side's work is not waited for). */
 void gm_side_reset(gl_rank *rk) {
     if (rk->side == 1) side_swap(rk);
     rk->side = 0;
@@ -918,20 +919,8 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
  * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
  * `graph` (one token, no debugging outputs) every call below only enqueues on the ranks' streams
  * (rank 0's for all under the device-side sum), which are being captured (gpu_graph.c). */
-static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
-                                g5_error *err);
-
-/* forward_device, and on failure every rank's main stream back in rk->st (a stage may have failed
- * between gm_side_begin and gm_side_end; a capture must end on the stream it began on). */
 g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
                             g5_error *err) {
-    const g5_status st = forward_device(g, pl, out, graph, err);
-    for (uint32_t r = 0; st && r < g->T; r++) gm_side_reset(&g->rk[r]);
-    return st;
-}
-
-static g5_status forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
-                                g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const uint32_t n = pl->n;
     const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;

@@ -70,22 +70,30 @@ int gm_q8_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
     return rk->q8 && !gl_lin_use(rk->lin, n) && cuk_q8_takes(W->type, W->k);
 }
 
-/* x [n][ldx] quantized into rk->q8q/q8d as rows of k in `planes` planes (cuda/cuk_q8.h); *o
- * describes them. */
-g5_status gm_q8_room(const gl_rank *rk, int64_t n, int64_t k, int planes, g5_error *err) {
+/* Where n rows of k in `planes` planes of int8 inputs are written (gm_q8_buf's layout): *q, *ds
+ * and their description *b; refused unless they fit the whole buffer, or its half while side
+ * work may run (the main chain's and the side's inputs must not meet). */
+static g5_status q8_dst(const gl_rank *rk, int64_t n, int64_t k, int planes, int8_t **q, float **ds, cuk_q8_act *b,
+                        g5_error *err) {
     const uint64_t need = (uint64_t)n * (uint64_t)k * (uint64_t)planes, room = rk->side ? rk->q8n : 2 * rk->q8n;
     if (need > room)
         return g5_fail(err, G5_ERR_INTERNAL, "int8 inputs of %lld rows x %lld x %d planes: room for %llu elements",
                        (long long)n, (long long)k, planes, (unsigned long long)room);
+    *q = rk->q8q + gm_q8_off(rk);
+    *ds = rk->q8d + gm_q8_off(rk) / 16;
+    *b = gm_q8_buf(rk, k, planes);
     return G5_OK;
 }
 
+/* x [n][ldx] quantized into rk->q8q/q8d as rows of k in `planes` planes (cuda/cuk_q8.h); *o
+ * describes them. */
 g5_status gm_q8_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, int planes,
                    cuk_q8_act *o, g5_error *err) {
-    CK(gm_q8_room(rk, n, k, planes, err));
-    const cuk_q8_act b = gm_q8_buf(rk, k, planes);
-    const uint64_t off = gm_q8_off(rk);
-    const cuk_q8_quantize_args qa = {x, ldx, k, n, rk->q8q + off, b.ldq, rk->q8d + off / 16, b.ldds, planes};
+    int8_t *q = NULL;
+    float *ds = NULL;
+    cuk_q8_act b = {0};
+    CK(q8_dst(rk, n, k, planes, &q, &ds, &b, err));
+    const cuk_q8_quantize_args qa = {x, ldx, k, n, q, b.ldq, ds, b.ldds, planes};
     CK(cuk_q8_quantize(&qa, (cuk_stream)rk->st, err));
     *o = b;
     return G5_OK;
@@ -95,10 +103,11 @@ g5_status gm_norm_q8(const gl_rank *rk, const cuk_add_rms_norm_args *na, int pla
     const cuk_stream cs = (cuk_stream)rk->st;
     *o = (cuk_q8_act){0};
     if (planes && cuk_norm_q8_fits(na->dim)) {
-        CK(gm_q8_room(rk, na->n_rows, na->dim, planes, err));
-        const cuk_q8_act b = gm_q8_buf(rk, na->dim, planes);
-        const uint64_t off = gm_q8_off(rk);
-        const cuk_norm_q8_args a = {*na, rk->q8q + off, b.ldq, rk->q8d + off / 16, b.ldds, planes};
+        int8_t *q = NULL;
+        float *ds = NULL;
+        cuk_q8_act b = {0};
+        CK(q8_dst(rk, na->n_rows, na->dim, planes, &q, &ds, &b, err));
+        const cuk_norm_q8_args a = {*na, q, b.ldq, ds, b.ldds, planes};
         CK(cuk_norm_q8(&a, cs, err));
         *o = b;
         return G5_OK;
@@ -152,7 +161,7 @@ g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, 
 static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                           int64_t ldy, int planes, g5_error *err) {
     if (!gm_q8_takes(rk, W, n)) return gm_gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
-    cuk_q8_act q;
+    cuk_q8_act q = {0};
     CK(gm_q8_in(rk, x, ldx, n, W->k, planes, &q, err));
     return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);
 }
@@ -165,11 +174,11 @@ g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, 
         CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
         return planes == 2 ? gm_gemv_q8x2(rk, W, rk->ga, F, n, y, ldy, err) : gm_gemv_q8(rk, W, rk->ga, F, n, y, ldy, err);
     }
-    CK(gm_q8_room(rk, n, F, planes, err));
-    const cuk_q8_act q = gm_q8_buf(rk, F, planes);
-    const uint64_t o = gm_q8_off(rk);
-    const cuk_silu_mul_q8_args a = {rk->ga, F, rk->gb, F, rk->ga, F, n, F, rk->q8q + o, q.ldq, rk->q8d + o / 16,
-                                    q.ldds, planes};
+    int8_t *qd = NULL;
+    float *ds = NULL;
+    cuk_q8_act q = {0};
+    CK(q8_dst(rk, n, F, planes, &qd, &ds, &q, err));
+    const cuk_silu_mul_q8_args a = {rk->ga, F, rk->gb, F, rk->ga, F, n, F, qd, q.ldq, ds, q.ldds, planes};
     CK(cuk_silu_mul_q8(&a, cs, err));
     return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);
 }
