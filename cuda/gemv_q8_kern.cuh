@@ -131,9 +131,12 @@ static __host__ __device__ constexpr int groups_for(int units) { return units <=
  * ceil(mt / (2 G WARPS)) CTAs of WARPS warps, mt = m or 2 m; warp w of CTA c takes the G row
  * pairs from 2 G (c WARPS + w). XS (cuk_gemv_q8_xs, tests and bench_q8; types read as X64): the
  * CTA's threads first copy its nvec x rows (both planes) into dynamic shared memory in
- * rows_dot's XS layout, then one barrier, then the warps read x there instead of through L1. */
+ * rows_dot's XS layout, then one barrier, then the warps read x there instead of through L1.
+ * One vector: three CTAs an SM (80 registers; sm_90 ptxas: no spills but 16-28 bytes for Q5_K's
+ * two planes), so that a product of 6144 rows (3072 warps of row pairs) fills the SMs' 3168 warp
+ * slots in one wave instead of 1.45 waves of the 2112 that 2 CTAs of 103-123 registers give. */
 template <int T, int NV, int G, int P, bool XS = false>
-__global__ void __launch_bounds__(WARPS * 32, 2)
+__global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 3 : 2)
     k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
               int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
               int64_t ldy, const uint8_t *__restrict__ w2, float *__restrict__ y2) {

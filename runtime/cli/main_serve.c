@@ -37,7 +37,7 @@ static void usage(FILE *f) {
             "  --precision precise|fast  GPU arithmetic, as glm5-run (default precise)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
             "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
-            "  --cuda-graph on|off   GPU: the decode steps of a lone sequence as CUDA graph launches\n"
+            "  --cuda-graph on|off   GPU: decode steps (batched ones too) as CUDA graph launches\n"
             "                       (default on; the same tokens as plain launches; off where one\n"
             "                       process drives several GPUs through NCCL)\n"
             "  --block-tokens N     tokens per cache block (default 16)\n"

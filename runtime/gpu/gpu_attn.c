@@ -163,6 +163,14 @@ static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L
     return G5_OK;
 }
 
+int gm_attn_multi(const rt_gpu_model *g, const gl_rank *rk, uint32_t n) {
+    const glm5_hparams *hp = &g->hp;
+    const cuk_mla_dims dm = {(int32_t)n, (int32_t)rk->c->H_l, (int32_t)hp->qk_nope, (int32_t)hp->qk_rope,
+                             (int32_t)hp->kv_lora};
+    return cuk_mla_attend_multi_fits(&dm, g->lat_type) &&
+           cuk_idx_multi_fits((int32_t)hp->idx_n_head, (int32_t)hp->idx_head_dim);
+}
+
 static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];

@@ -21,7 +21,10 @@
  * of the plain path (65536 keys' worth at 32769), while a capture per GM_GRAPH_STEP tokens costs
  * nothing next to the steps between them. The top-k's cluster is sized from the bound (its
  * selection is exact whatever the slices). The attention's own shape does not depend on the key count (its
- * cluster follows the top-k size), the other stages' not at all. */
+ * cluster follows the top-k size), the other stages' not at all.
+ *
+ * A batched step (one token of each of n sequences, or a rows step) is captured too, one graph
+ * per row count: gm_forward_graph_rows, below. */
 #ifdef G5_WITH_CUDA
 
 #include <stdlib.h>
@@ -47,9 +50,10 @@ typedef struct grank {
 struct gm_graph {
     int valid;                       /* the key below is what every exec was captured for */
     int nccl_warm;                   /* the step's all-reduce ran once outside a capture */
-    const rt_gpu_seq *seq;
+    const rt_gpu_seq *seq;           /* NULL for a batched step's (its sequences are data) */
+    uint32_t n;                      /* rows */
     uint32_t cap, bound;             /* the sequence's capacity (its caches' layer stride); the
-                                        bucket (g->graph_bound of the capture) */
+                                        bucket (g->graph_bound of the capture, or rk->multi) */
     int logits;                      /* the head GEMVs were captured (out->logits or argmax) */
     grank rk[];                      /* [T] */
 };
@@ -61,15 +65,20 @@ uint32_t gm_graph_bound(uint32_t P, uint32_t cap) {
     return b < cap ? (uint32_t)b : cap;
 }
 
+/* The step's sequence, or NULL for a batched step (rows of several, read from rk->mrows). */
+static const rt_gpu_seq *key_seq(const fplan *pl) { return pl->n_seg == 1 ? pl->seq[0] : NULL; }
+
 static gkey_rank key_rank(const rt_gpu_model *g, const fplan *pl, uint32_t r) {
     const gl_rank *rk = &g->rk[r];
-    const rt_gpu_seq *s = pl->seq[0];
-    return (gkey_rank){rk->work, rk->sc, s->rk[r].lat, s->rk[r].idxk, rk->ncap, rk->sc_cap};
+    const rt_gpu_seq *s = key_seq(pl);
+    return (gkey_rank){rk->work, rk->sc, s ? s->rk[r].lat : NULL, s ? s->rk[r].idxk : NULL, rk->ncap, rk->sc_cap};
 }
 
 static int key_same(const struct gm_graph *k, const rt_gpu_model *g, const fplan *pl, uint32_t bound, int logits) {
-    const rt_gpu_seq *s = pl->seq[0];
-    if (!k->valid || k->seq != s || k->cap != s->cap || k->bound != bound || k->logits != logits) return 0;
+    const rt_gpu_seq *s = key_seq(pl);
+    if (!k->valid || k->seq != s || k->n != pl->n || k->cap != (s ? s->cap : 0) || k->bound != bound ||
+        k->logits != logits)
+        return 0;
     for (uint32_t r = 0; r < g->T; r++) {
         const gkey_rank a = key_rank(g, pl, r), *b = &k->rk[r].key;
         if (a.work != b->work || a.sc != b->sc || a.lat != b->lat || a.idxk != b->idxk || a.ncap != b->ncap ||
@@ -80,8 +89,9 @@ static int key_same(const struct gm_graph *k, const rt_gpu_model *g, const fplan
 }
 
 static void key_store(struct gm_graph *k, const rt_gpu_model *g, const fplan *pl, uint32_t bound, int logits) {
-    k->seq = pl->seq[0];
-    k->cap = pl->seq[0]->cap;
+    k->seq = key_seq(pl);
+    k->n = pl->n;
+    k->cap = k->seq ? k->seq->cap : 0;
     k->bound = bound;
     k->logits = logits;
     for (uint32_t r = 0; r < g->T; r++) k->rk[r].key = key_rank(g, pl, r);
@@ -146,7 +156,7 @@ static g5_status nccl_warm(rt_gpu_model *g, struct gm_graph *gr, g5_error *err) 
  * order against plain launches); captures are rare (one per bucket, sequence or buffer change),
  * so the instantiation's cost does not matter. */
 static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, uint32_t bound,
-                         const rt_gpu_outputs *out, g5_error *err) {
+                         const rt_gpu_outputs *out, int mode, g5_error *err) {
     gr->valid = 0;
     execs_free(g, gr);
     CK(nccl_warm(g, gr, err));
@@ -169,8 +179,8 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
     if (ce != cudaSuccess) {
         st = g5_fail(err, G5_ERR_INTERNAL, "CUDA graph capture of the decode step: begin: %s", cudaGetErrorString(ce));
     } else {
-        g->graph_bound = bound;
-        st = gm_forward_device(g, pl, out, 1, err);
+        g->graph_bound = mode == GM_DEV_GRAPH ? bound : 0; /* a batched step's bound is rk->multi */
+        st = gm_forward_device(g, pl, out, mode, err);
         g->graph_bound = 0;
     }
     /* every capture begun is ended, whatever failed, so that the streams stay usable */
@@ -183,7 +193,7 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
                          cudaGetErrorString(ee));
     }
     g->info.graph_captures++;
-    for (uint32_t r = 0; r < g->T && !st; r++) { /* the step's launch count, from its first rank's graph */
+    for (uint32_t r = 0; r < g->T && !st && mode == GM_DEV_GRAPH; r++) { /* a one-token step's launch count */
         size_t nn = 0;
         if (graphs[r] && cudaGraphGetNodes(graphs[r], NULL, &nn) == cudaSuccess) {
             g->info.graph_nodes = nn;
@@ -216,6 +226,23 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
     return G5_OK;
 }
 
+/* Every rank's graph launched before any is waited for: under NCCL each one's all-reduces wait
+ * for the others'. */
+static g5_status launch(rt_gpu_model *g, const struct gm_graph *gr, g5_error *err) {
+    for (uint32_t r = 0; r < g->T; r++) {
+        gl_rank *rk = &g->rk[r];
+        if (!gr->rk[r].exec) continue;
+        CUK_CHECK(cudaSetDevice(rk->dev));
+        CUK_CHECK(cudaGraphLaunch(gr->rk[r].exec, rk->st));
+    }
+    g->info.graph_steps++;
+    return G5_OK;
+}
+
+static struct gm_graph *graph_new(const rt_gpu_model *g) {
+    return calloc(1, sizeof(struct gm_graph) + (size_t)g->T * sizeof(grank));
+}
+
 g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, const rt_gpu_outputs *out,
                            g5_error *err) {
     gl_rank *r0 = &g->rk[0];
@@ -229,22 +256,11 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
         if (g->rk[r].sc_cap < bound)
             return g5_fail(err, G5_ERR_INTERNAL, "graph step: rank %u holds %llu scores, bound %u", r,
                            (unsigned long long)g->rk[r].sc_cap, bound);
-    if (!g->graph) {
-        g->graph = calloc(1, sizeof *g->graph + (size_t)g->T * sizeof(grank));
-        if (!g->graph) return g5_fail(err, G5_ERR_NOMEM, "CUDA graph state");
-    }
+    if (!g->graph && !(g->graph = graph_new(g))) return g5_fail(err, G5_ERR_NOMEM, "CUDA graph state");
     struct gm_graph *gr = g->graph;
     if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, out && (out->logits || out->argmax || out->draw)))
-        CK(capture(g, gr, pl, bound, out, err));
-    /* every rank's graph launched before any is waited for: under NCCL each one's all-reduces
-     * wait for the others' */
-    for (uint32_t r = 0; r < g->T; r++) {
-        gl_rank *rk = &g->rk[r];
-        if (!gr->rk[r].exec) continue;
-        CUK_CHECK(cudaSetDevice(rk->dev));
-        CUK_CHECK(cudaGraphLaunch(gr->rk[r].exec, rk->st));
-    }
-    g->info.graph_steps++;
+        CK(capture(g, gr, pl, bound, out, GM_DEV_GRAPH, err));
+    CK(launch(g, gr, err));
     const uint64_t E = g->hp.n_embd;
     if (out && out->hidden) {
         CUK_CHECK(cudaSetDevice(r0->dev));
@@ -276,11 +292,50 @@ g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, con
     return G5_OK;
 }
 
+/* A batched step's rows are independent of the sequences they belong to: the attention kernels
+ * read each row's caches, capacity and position from rk->mrows (uploaded before every launch),
+ * the other stages see only the row count, and rk->multi (the key count the indexer's and the
+ * attention's launches are shaped for) is the bucket: so one graph per row count serves every
+ * batch of that size until the bucket or a work buffer changes. The head runs after the replay
+ * (its logits copies go to the caller's rows, and a step of more than CUK_GEMV_MAX_N rows reuses
+ * rk->lg between chunks). Bits: the kernels' per-row order does not depend on the key count they
+ * are shaped for (cuk_model.h), so a replay gives the plain launches' rows. */
+g5_status gm_forward_graph_rows(rt_gpu_model *g, const fplan *pl, uint32_t bound, const rt_gpu_outputs *out,
+                                g5_error *err) {
+    const uint32_t n = pl->n;
+    if (n < 2 || n > GM_RGRAPH_MAX || pl->n_seg != n || !bound)
+        return g5_fail(err, G5_ERR_INTERNAL, "batched graph step: %u row(s) in %u segment(s), bound %u", n, pl->n_seg,
+                       bound);
+    for (uint32_t r = 0; r < g->T; r++)
+        if (g->rk[r].multi != bound || g->rk[r].sc_cap < (uint64_t)n * bound)
+            return g5_fail(err, G5_ERR_INTERNAL, "batched graph step: rank %u shaped for %u keys, %llu scores; bound %u",
+                           r, g->rk[r].multi, (unsigned long long)g->rk[r].sc_cap, bound);
+    for (uint32_t i = 0; i < n; i++)
+        if ((uint64_t)pl->pos0[i] + 1 > bound)
+            return g5_fail(err, G5_ERR_INTERNAL, "batched graph step: row %u at position %u, bound %u", i, pl->pos0[i],
+                           bound);
+    if (!g->rgraph[n] && !(g->rgraph[n] = graph_new(g))) return g5_fail(err, G5_ERR_NOMEM, "CUDA graph state");
+    struct gm_graph *gr = g->rgraph[n];
+    const int head = out && (out->logits || out->argmax || out->draw);
+    if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, head)) CK(capture(g, gr, pl, bound, out, GM_DEV_BODY, err));
+    CK(launch(g, gr, err));
+    if (out && out->hidden) {
+        gl_rank *r0 = &g->rk[0];
+        CUK_CHECK(cudaSetDevice(r0->dev));
+        CUK_CHECK(cudaMemcpyAsync(out->hidden, r0->h, (size_t)n * g->hp.n_embd * 4, cudaMemcpyDeviceToHost, r0->st));
+    }
+    return gm_forward_head(g, pl, out, err);
+}
+
 void gm_graph_free(rt_gpu_model *g) {
-    if (!g->graph) return;
-    execs_free(g, g->graph);
+    if (g->graph) execs_free(g, g->graph);
     free(g->graph);
     g->graph = NULL;
+    for (uint32_t n = 0; n <= GM_RGRAPH_MAX; n++) {
+        if (g->rgraph[n]) execs_free(g, g->rgraph[n]);
+        free(g->rgraph[n]);
+        g->rgraph[n] = NULL;
+    }
 }
 
 typedef int rt_gpu_graph_unused_;

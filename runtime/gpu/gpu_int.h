@@ -164,6 +164,9 @@ typedef struct nccl_api {
 } nccl_api;
 #endif
 
+/* The most rows of a batched step run as a CUDA graph (gm_forward_graph_rows). */
+#define GM_RGRAPH_MAX 64u
+
 struct rt_gpu_model {
     const rt_model *cpu;
     glm5_hparams hp;
@@ -179,6 +182,7 @@ struct rt_gpu_model {
     rt_gpu_seq *def;                 /* rt_gpu_forward's sequence */
     int has_mtp;                     /* the CPU model has a NextN block: set up on every rank */
     struct gm_graph *graph;          /* the decode step's CUDA graph (opts.cuda_graph; gpu_graph.c) */
+    struct gm_graph *rgraph[GM_RGRAPH_MAX + 1]; /* a batched step's of n rows, by n (NULL: none yet) */
     int32_t *amh_i;                  /* out->argmax: [T][rows] each rank's argmax column (global) */
     float *amh_v;                    /* and its logit, copied from rk->ami / amv (host; one
                                       * allocation from amh_i, page-locked unless amh_paged) */
@@ -373,12 +377,21 @@ g5_status gm_side_point(gl_rank *rk, int i, g5_error *err);
 g5_status gm_side_end(gl_rank *rk, g5_error *err);
 g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err);
 void gm_side_reset(gl_rank *rk);
+/* 1: a batched step of n rows runs the multi-sequence attention and indexer launches on rank rk
+ * in every layer (gm_attn_stage takes them where rk->multi is set; every layer's, whether it has
+ * an indexer or not, where this holds). */
+int gm_attn_multi(const rt_gpu_model *g, const gl_rank *rk, uint32_t n);
 g5_status gm_attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err);
 g5_status gm_ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n, g5_error *err);
 /* The device work of one forward call after the token and position uploads (gpu_model.c). With
- * `graph` (one token, no debugging outputs, g->graph_bound set) it only enqueues on the ranks'
- * streams, which are being captured, and leaves the logits in each rank's rk->lg. */
+ * `graph` GM_DEV_GRAPH (one token, no debugging outputs, g->graph_bound set) it only enqueues on
+ * the ranks' streams, which are being captured, and leaves the logits in each rank's rk->lg;
+ * GM_DEV_BODY (a batched step being captured: no debugging outputs) it stops after the final
+ * norm, and gm_forward_head runs the head after the replay. */
+enum { GM_DEV_PLAIN = 0, GM_DEV_GRAPH = 1, GM_DEV_BODY = 2 };
 g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph, g5_error *err);
+/* forward_device's head (the head GEMVs, logits copies, argmax, draws), launched plainly. */
+g5_status gm_forward_head(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, g5_error *err);
 /* out->argmax on rank rk: the argmax of the c logits rows in rk->lg into rk->ami / amv at row0
  * (rows counted from the call's first logits row); then, after the last, the rank's `rows`
  * entries copied to g->amh_i / amh_v (staged for that many rows by forward_plan). */
@@ -407,7 +420,15 @@ uint32_t gm_graph_bound(uint32_t P, uint32_t cap);
  * changed; then the logits (out->logits) and hidden state copies on the ranks' streams. */
 g5_status gm_forward_graph(rt_gpu_model *g, const fplan *pl, uint32_t bound, const rt_gpu_outputs *out,
                            g5_error *err);
-void gm_graph_free(rt_gpu_model *g); /* g->graph, each rank's executable graph on its device */
+/* A batched step of n = pl->n rows, one a sequence or several of one at consecutive positions
+ * (2 <= n <= GM_RGRAPH_MAX; every rank's rk->multi = bound = gm_graph_bound(its largest key count,
+ * UINT32_MAX), work buffers reserved for n * bound scores, tokens, positions and rk->mrows
+ * uploaded): its layers and final norm as a launch of g->rgraph[n], captured first only when
+ * what it was captured for changed (the sequences are not: the attention reads their caches and
+ * positions from rk->mrows); then the hidden state copy and gm_forward_head. */
+g5_status gm_forward_graph_rows(rt_gpu_model *g, const fplan *pl, uint32_t bound, const rt_gpu_outputs *out,
+                                g5_error *err);
+void gm_graph_free(rt_gpu_model *g); /* g->graph and g->rgraph, each rank's executable graphs */
 /* ---- processes and collectives (gpu_coll.c) ---- */
 
 /* rk[i].dev for each local rank, g->coll and info.n_devices, by the rules of gpu_model.h

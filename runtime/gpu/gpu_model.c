@@ -919,11 +919,14 @@ g5_status gm_collective(rt_gpu_model *g, uint32_t n, float *dbg, g5_error *err) 
  * final norm and (logits) the head GEMVs into rk->lg (copied out here unless `graph`). With
  * `graph` (one token, no debugging outputs) every call below only enqueues on the ranks' streams
  * (rank 0's for all under the device-side sum), which are being captured (gpu_graph.c). */
+static g5_status forward_head(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
+                              g5_error *err);
+
 g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
                             g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const uint32_t n = pl->n;
-    const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k, V = hp->n_vocab;
+    const uint64_t E = hp->n_embd, Lm = hp->n_layer_main, K = hp->idx_top_k;
     for (uint32_t r = 0; r < g->T; r++) {
         gl_rank *rk = &g->rk[r];
         CUK_CHECK(cudaSetDevice(rk->dev));
@@ -965,6 +968,17 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
         CK(gm_norm_x_q8(rk, rk->out_norm, n, (int64_t)E, hp->rms_eps, h8, &rk->head_q8, err));
     }
     if (!graph && out && out->hidden) CK(d2h(r0, out->hidden, r0->h, nE * 4, err));
+    return graph == GM_DEV_BODY ? G5_OK : forward_head(g, pl, out, graph, err);
+}
+
+/* The output head of forward_device after its final norm: the head GEMVs into rk->lg, and unless
+ * `graph` the logits copies, argmax and draws of each chunk of rows. */
+static g5_status forward_head(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, int graph,
+                              g5_error *err) {
+    const uint32_t n = pl->n;
+    const uint64_t E = g->hp.n_embd, V = g->hp.n_vocab;
+    const int head = out && (out->logits || out->argmax || out->draw);
+    const uint32_t first = head && out->all_logits ? 0 : n - 1;
     if (head) {
         for (uint32_t r = 0; r < g->T; r++) {
             gl_rank *rk = &g->rk[r];
@@ -993,6 +1007,10 @@ g5_status gm_forward_device(rt_gpu_model *g, const fplan *pl, const rt_gpu_outpu
         }
     }
     return G5_OK;
+}
+
+g5_status gm_forward_head(rt_gpu_model *g, const fplan *pl, const rt_gpu_outputs *out, g5_error *err) {
+    return forward_head(g, pl, out, GM_DEV_PLAIN, err);
 }
 
 g5_status gm_head_argmax(gl_rank *rk, uint32_t row0, uint32_t c, g5_error *err) {
@@ -1140,11 +1158,20 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
         multi = mp;
         if ((uint64_t)n * mp > sc_need) sc_need = (uint64_t)n * mp;
     }
-    const int graph = g->info.cuda_graph && n == 1 && pl->n_seg == 1 &&
-                      !(out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts));
-    /* a graph step: its launches shaped for `bound` key positions, the score buffer too */
+    const int dbg = out && (out->layer_hidden || out->attn_out || out->ffn_out || out->topk || out->experts);
+    const int graph = g->info.cuda_graph && n == 1 && pl->n_seg == 1 && !dbg;
+    /* a graph step: its launches shaped for `bound` key positions, the score buffer too; a
+     * batched one (gm_forward_graph_rows): its attention's (multi), for every row */
     const uint32_t bound = graph ? gm_graph_bound(pl->pos0[0] + 1, pl->seq[0]->cap) : 0;
     if (bound > sc_need) sc_need = bound;
+    /* only where every layer's attention takes the multi launches: a per-sequence one would hold
+     * the capturing step's sequences and positions */
+    int rgraph = g->info.cuda_graph && multi && n <= GM_RGRAPH_MAX && !dbg;
+    for (uint32_t r = 0; r < g->T && rgraph; r++) rgraph = gm_attn_multi(g, &g->rk[r], n);
+    if (rgraph) {
+        multi = gm_graph_bound(multi, UINT32_MAX);
+        if ((uint64_t)n * multi > sc_need) sc_need = (uint64_t)n * multi;
+    }
     int32_t *pos = malloc(n * sizeof *pos);
     if (!pos) return g5_fail(err, G5_ERR_NOMEM, "positions");
     for (uint32_t i = 0; i < pl->n_seg; i++)
@@ -1189,7 +1216,9 @@ static g5_status forward_plan(rt_gpu_model *g, const fplan *pl, const int32_t *t
         g->rk[r].batch_rows = pl->n_seg > 1;
         g->rk[r].multi = multi;
     }
-    const g5_status fst = graph ? gm_forward_graph(g, pl, bound, out, err) : gm_forward_device(g, pl, out, 0, err);
+    const g5_status fst = graph    ? gm_forward_graph(g, pl, bound, out, err)
+                          : rgraph ? gm_forward_graph_rows(g, pl, multi, out, err)
+                                   : gm_forward_device(g, pl, out, GM_DEV_PLAIN, err);
     for (uint32_t r = 0; r < g->T; r++) {
         g->rk[r].batch_rows = 0;
         g->rk[r].multi = 0;

@@ -137,7 +137,9 @@ typedef struct rt_gpu_opts {
                                     NULL: copy from the weight set's host memory */
     rt_gpu_load_opts load;
     int cuda_graph;              /* 1: single-token calls (decode steps) run as one CUDA graph
-                                    launch (see rt_gpu_forward); 0 (default): plain launches */
+                                    launch (see rt_gpu_forward), batched steps (rt_gpu_forward_rows,
+                                    up to 64 rows) as one launch of a graph per row count; 0
+                                    (default): plain launches */
 } rt_gpu_opts;
 
 void rt_gpu_opts_default(rt_gpu_opts *o);
@@ -273,8 +275,11 @@ g5_status rt_gpu_forward_seq(rt_gpu_model *g, rt_gpu_seq *s, const int32_t *toke
  * all n_seq rows (GEMV launches of up to CUK_GEMV_MAX_N rows); the indexer and the attention
  * run per sequence against its own caches. The rows are computed by the same kernels with the
  * same per-row summation order as n_seq separate one-token rt_gpu_forward_seq calls, so each
- * row's logits equal those bit for bit (tests/gpu/test_gpu_serve.c checks it). On error no
- * sequence advances. */
+ * row's logits equal those bit for bit (tests/gpu/test_gpu_serve.c checks it). With
+ * opts.cuda_graph a step of up to 64 rows, its layers and final norm, is one launch of a CUDA
+ * graph captured once per row count and key-count bucket (the sequences and their positions are
+ * read from device tables, so any batch of that size replays it); the head runs after it. On
+ * error no sequence advances. */
 g5_status rt_gpu_forward_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, const int32_t *tokens,
                                uint32_t n_seq, float *logits, g5_error *err);
 /* A batched step of a few tokens per sequence (the server's MTP verification: [token, draft]):

@@ -188,8 +188,8 @@ typedef struct srv_config {
     int gpu_fast;            /* CUDA: --precision fast (default precise) */
     int gpu_kv_cache;        /* CUDA: latent cache type, rt_gpu_cache (0: precision's default) */
     int gpu_no_verify;       /* skip the blob checksums while loading (CPU: rt_wset_open_ex; CUDA: the loader) */
-    int gpu_graph;           /* CUDA: a lone sequence's decode steps as CUDA graph launches (default 1;
-                                the same tokens as plain launches) */
+    int gpu_graph;           /* CUDA: decode steps (a lone sequence's and batched ones) as CUDA graph
+                                launches (default 1; the same tokens as plain launches) */
     srv_log_fn log;          /* may be NULL */
     void *log_user;
 } srv_config;

@@ -2,9 +2,10 @@
  * and the concurrent-client half of tests/gpu/serve_gpu.sh.
  *
  * Without arguments (make test-gpu, tests/gpu/run_device.sh): the oracle (../shared/oracle,
- * $GLM5_SHARED) converted to blobs at TP 1 and TP 2; per configuration (precise, precise with
- * the one-token reference through CUDA graphs, fast
- * with its bf16 cache, fast with an f16 cache, TP 2 on one device) 18 sequences of different prompt lengths (1 .. 250 tokens: some above the
+ * $GLM5_SHARED) converted to blobs at TP 1 and TP 2; per configuration (precise, fast with its
+ * bf16 cache, fast with an f16 cache, TP 2 on one device; precise, fast and TP 2 fast with CUDA
+ * graphs: batched steps of up to GM_RGRAPH_MAX rows and the one-token reference both replayed
+ * graphs) 18 sequences of different prompt lengths (1 .. 250 tokens: some above the
  * indexer's top-k, so the selection differs per sequence) are prefilled, then decoded for 10
  * steps twice over: one rt_gpu_forward_batch call per step (batches of 18 rows, more than one
  * 16-row GEMV launch; some steps leave a third of the sequences out and the order changes) and
@@ -717,7 +718,9 @@ static int run_batch_tests(void) {
     }
     static const bcfg cfg[] = {
         {"TP=1 precise", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0},
-        {"TP=1 precise, one-token calls as CUDA graphs", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 1},
+        {"TP=1 precise, CUDA graphs (batched and one-token steps)", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 1},
+        {"TP=1 fast (bf16 cache), CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1},
+        {"TP=2 fast (bf16 cache), CUDA graphs", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1},
         {"TP=1 fast (bf16 cache)", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0},
         {"TP=1 fast, f16 cache", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0},
         {"TP=2 precise", 1, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0},
