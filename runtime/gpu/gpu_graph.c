@@ -45,6 +45,9 @@ typedef struct gkey_rank {
 typedef struct grank {
     cudaGraphExec_t exec;            /* on rk->st; NULL for a rank that shares rank 0's stream */
     gkey_rank key;
+    cuk_q8_act head_q8;              /* a batched step's: rk->head_q8 as its captured final norm
+                                        left it, for the head after each replay (other calls
+                                        overwrite rk->head_q8 in between) */
 } grank;
 
 struct gm_graph {
@@ -223,6 +226,7 @@ static g5_status capture(rt_gpu_model *g, struct gm_graph *gr, const fplan *pl, 
     }
     g->info.graph_instantiations++;
     key_store(gr, g, pl, bound, out && (out->logits || out->argmax || out->draw));
+    for (uint32_t r = 0; r < g->T; r++) gr->rk[r].head_q8 = g->rk[r].head_q8;
     return G5_OK;
 }
 
@@ -319,6 +323,8 @@ g5_status gm_forward_graph_rows(rt_gpu_model *g, const fplan *pl, uint32_t bound
     const int head = out && (out->logits || out->argmax || out->draw);
     if (!gr->rk[0].exec || !key_same(gr, g, pl, bound, head)) CK(capture(g, gr, pl, bound, out, GM_DEV_BODY, err));
     CK(launch(g, gr, err));
+    /* the head reads the int8 rows the replayed norm wrote, as the capture described them */
+    for (uint32_t r = 0; r < g->T; r++) g->rk[r].head_q8 = gr->rk[r].head_q8;
     if (out && out->hidden) {
         gl_rank *r0 = &g->rk[0];
         CUK_CHECK(cudaSetDevice(r0->dev));
