@@ -101,6 +101,10 @@ typedef struct cuk_route_args {
     float scale;            /* routed scaling factor, applied last */
     int32_t *ids;           /* [n_tok][n_used] chosen experts, ascending */
     float *wts;             /* [n_tok][n_used] their weights */
+    int32_t *plan;          /* NULL, or (n_tok 1) where the same launch writes cuk_moe_plan's plan of
+                               the token's ids and weights over n_expert experts
+                               ([cuk_moe_plan_words(1, n_used)], device): the decode step's plan
+                               without a launch of its own */
 } cuk_route_args;
 
 /* For each token, runtime/cpu/model.c's rt_moe_route: scores = sigmoid (or softmax) of the logits;

@@ -476,6 +476,27 @@ __global__ void __launch_bounds__(1024) k_route(cuk_route_args a) {
         ch[k] = id;
         cw[k] = __fmul_rn(w, a.scale);
     }
+    if (a.plan) { /* one token (checked): k_moe_plan's plan of these picks, which are distinct, in
+                     range and ascending, so each computed pair (weight not 0) is a group of its
+                     own, in slot order; __syncwarp orders the lanes' stores before lane 0 reads */
+        __syncwarp();
+        if (lane == 0) {
+            int32_t *g_e = a.plan + 1, *g_start = g_e + U, *g_cnt = g_start + U, *list = g_cnt + U, *flag = list + U;
+            int ng = 0;
+            for (int k = 0; k < U; k++) {
+                const int f = cw[k] == 0.0f ? 0 : 1;
+                flag[k] = f;
+                if (f) {
+                    g_e[ng] = ch[k];
+                    g_start[ng] = ng;
+                    g_cnt[ng] = 1;
+                    list[ng] = k;
+                    ng++;
+                }
+            }
+            a.plan[0] = ng;
+        }
+    }
 }
 
 __global__ void k_localize(const int32_t *ids, const float *wts, int64_t cnt, int32_t exp0,
@@ -844,6 +865,7 @@ extern "C" g5_status cuk_moe_route(const cuk_route_args *a, cuk_stream stream, g
     const int eligible = a->n_group > 1 && a->topk_group < a->n_group ? a->topk_group * (a->n_expert / a->n_group) : a->n_expert;
     if (a->n_used < 1 || a->n_used > ROUTE_MAX_USED || a->n_used > eligible)
         return BAD("moe_route: n_used=%d outside 1..min(64, %d eligible experts)", a->n_used, eligible);
+    if (a->plan && a->n_tok != 1) return BAD("moe_route: a plan is written for one token, not %d", a->n_tok);
     const unsigned threads = (unsigned)(a->n_expert + 31) / 32 * 32;
     const size_t smem = (size_t)((a->n_expert + 3) / 4 * 4 + 2 * a->n_expert + a->n_group) * sizeof(float) +
                         (2 * ROUTE_MAX_USED + 32) * sizeof(int32_t) + (size_t)a->n_expert + 16;

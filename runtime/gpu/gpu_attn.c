@@ -206,9 +206,9 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     PMARK("attn", "attn_norm (+ residual add, + int8 quantize of h)");
     /* a decode step's side work (gm_side_begin; on the GEMV paths, and not where products share
      * rk->xb's bf16 copy of h): the latent path (kv_a, its norm and RoPE, the cache writes) and the
-     * indexer's key and weight projections run beside q_a, q_a_norm, q_b and idx_q_b; then the
-     * absorption beside the indexer's scores and selection. The same kernels on the same inputs:
-     * the same bits as in one stream. */
+     * indexer's key and weight projections run beside q_a, q_a_norm and q_b, and idx_q_b on a
+     * third stream beside q_b (gm_aux_begin); then the absorption beside the indexer's scores and
+     * selection. The same kernels on the same inputs: the same bits as in one stream. */
     const int side = !tc && !gl_lin_use(rk->lin, n) && !rk->fast;
     CK(gm_side_begin(g, rk, side, err));
     if (kva8) CK(gm_gemv_q8_in(rk, &L->kv_a, &hq, n, rk->kv, KVW, err));
@@ -257,11 +257,20 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
                                       .dim = QL, .eps = eps};
     CK(gm_norm_q8(rk, &qn, qb8 ? 2 : 0, &qq, err));
     PMARK("attn", "q_a_norm (+ int8 quantize of qr)");
+    /* the indexer's query on the third stream, beside q_b and the side's key chain: it reads qq
+     * (the lower half of rk->q8q) or qr, which nothing writes before the joins, and writes rk->iq,
+     * which nothing reads before them; in order after q_b where the third stream is off */
+    if (L->has_idx) {
+        CK(gm_aux_begin(g, rk, side, err));
+        if (rk->aux == 1) CK(idx_query(g, rk, il, pl, tc, &qq, err));
+        CK(gm_aux_end(rk, err));
+    }
     if (qb8) CK(gm_gemv_q8_in(rk, &L->q_b, &qq, n, rk->q, H * (NOPE + R), err));
     else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
-    if (L->has_idx) CK(idx_query(g, rk, il, pl, tc, &qq, err));
+    if (L->has_idx && rk->aux != 2) CK(idx_query(g, rk, il, pl, tc, &qq, err));
     CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
+    CK(gm_aux_wait(rk, err));
     if (L->has_idx) { /* q roped by the indexer's preparation launch */
         CK(idx_prep(g, rk, il, pl, err));
     } else {

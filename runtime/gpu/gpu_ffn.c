@@ -36,11 +36,13 @@ static int moe_h_q8(const gl_rank *rk, const gl_layer *L, int64_t E, uint32_t n)
 /* The MoE products of a decode step (or a short call) from rk->h and, where moe_h_q8 says, its
  * one-plane int8 copy *hq (made with the norm): the shared expert's gate and up (unless sh_done:
  * queued as side work, whose point 1 comes before gate*up overwrites *hq), then the routed
- * experts by plan group (cuda/cuk.h), their down products summed over slots into rk->moe. Fast
+ * experts by plan group (cuda/cuk.h; planned: rk->mplan already holds the one token's plan, made
+ * by the routing launch), their down products summed over slots into rk->moe. Fast
  * mode: int8 inputs for every product whose type has an int8 kernel (the roles of
  * specs/numerics.md), bf16 for the others; precise: float32. */
 static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, const int32_t *ids,
-                               const float *wts, uint32_t n, const cuk_q8_act *hq_in, int sh_done, g5_error *err) {
+                               const float *wts, uint32_t n, const cuk_q8_act *hq_in, int sh_done, int planned,
+                               g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const rt_rank_tensors *c = rk->c;
     const cuk_stream cs = (cuk_stream)rk->st;
@@ -81,8 +83,10 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
         int32_t *plan = rk->mplan + (int64_t)(t0 / GM_MOE_CHUNK) * pw;
         const cuk_moe_plan_args pa = {ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)nc, (int32_t)U,
                                       U, U, (int32_t)c->n_exp_l, plan};
-        CK(cuk_moe_plan(&pa, cs, err));
-        PMARK(S, "moe_plan");
+        if (!planned) { /* else the routing launch wrote it (ffn_stage) */
+            CK(cuk_moe_plan(&pa, cs, err));
+            PMARK(S, "moe_plan");
+        }
         if (q8_gu) {
             const cuk_moe_gate_up_q8_args gu = {
                 L->exp_type, L->exp_gate, L->exp_up, E, FE, (int32_t)c->n_exp_l, ids + (int64_t)t0 * U, (int32_t)U, U,
@@ -197,7 +201,10 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
     PMARK(S, "router gemv (f32 input)");
     cuk_route_args ra = {rk->rl, NE, L->router_b, (int32_t)n, (int32_t)NE, (int32_t)U, (int32_t)hp->n_group,
                          (int32_t)hp->topk_group, (int32_t)hp->expert_gating_func, hp->expert_weights_norm,
-                         hp->expert_weights_scale, rk->ids, rk->wts};
+                         hp->expert_weights_scale, rk->ids, rk->wts, NULL};
+    /* one token on the GEMV path with every expert local: the routing launch writes the plan too */
+    const int planned = n == 1 && c->n_exp_l == hp->n_expert && !gl_lin_use(rk->lin, n);
+    if (planned) ra.plan = rk->mplan;
     CK(cuk_moe_route(&ra, cs, err));
     PMARK(S, "route (k_route)");
     const int32_t *ids = rk->ids;
@@ -221,7 +228,7 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
             PMARK(S, "shared gate+up (GEMM path)");
         }
     } else {
-        CK(moe_gemv_path(g, rk, L, ids, wts, n, &hq, sh_side, err));
+        CK(moe_gemv_path(g, rk, L, ids, wts, n, &hq, sh_side, planned, err));
     }
     if (L->sh_contrib && !sh_side) {
         CK(gm_silu_gemv(rk, &L->sh_down, SL, n, 1, rk->part, E, err));

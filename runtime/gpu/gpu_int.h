@@ -134,6 +134,13 @@ typedef struct gl_rank {
     cudaEvent_t side_ev[4];
     void *q8x2;
     int side, side_rec;
+    /* the third stream (gm_aux_begin; rank 0's where ranks share a device), its fork and join
+     * events and its q8t scratch; aux: 0 none, 1 queuing there (st and st3, q8x and q8x3
+     * swapped), 2 join pending */
+    cudaStream_t st3;
+    cudaEvent_t aux_ev[2];
+    void *q8x3;
+    int aux;
     gl_lin *lin;                     /* the prefill GEMM path: cuBLAS handle, scratch */
     int32_t *ids, *ids_l, *sel, *n_sel, *tok, *pos;
     int32_t *mplan;                  /* MoE routing plans, one per GM_MOE_CHUNK tokens (cuk_moe_plan) */
@@ -377,6 +384,15 @@ g5_status gm_side_point(gl_rank *rk, int i, g5_error *err);
 g5_status gm_side_end(gl_rank *rk, g5_error *err);
 g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err);
 void gm_side_reset(gl_rank *rk);
+/* Work on the rank's third stream, beside the main chain and the side work: what is queued
+ * between gm_aux_begin and gm_aux_end runs after all that the main stream held at gm_aux_begin;
+ * gm_aux_wait makes the main stream wait for all of it (before the stage ends). Only while no
+ * side work is being queued; aux work quantizes nothing (no int8 buffer half of its own: q8_dst
+ * refuses) and never uses rk->xb. Off (rk->aux stays 0: the caller queues the work in order)
+ * where `on` is 0, under the profiler or without a third stream. gm_side_reset puts it back too. */
+g5_status gm_aux_begin(const rt_gpu_model *g, gl_rank *rk, int on, g5_error *err);
+g5_status gm_aux_end(gl_rank *rk, g5_error *err);
+g5_status gm_aux_wait(gl_rank *rk, g5_error *err);
 /* 1: a batched step of n rows runs the multi-sequence attention and indexer launches on rank rk
  * in every layer (gm_attn_stage takes them where rk->multi is set; every layer's, whether it has
  * an indexer or not, where this holds). */

@@ -350,14 +350,26 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
                 st = g5_fail(err, G5_ERR_INTERNAL, "side stream: %s", cudaGetErrorString(ce));
                 goto loaded;
             }
+            if ((ce = cudaStreamCreateWithFlags(&rk->st3, cudaStreamNonBlocking)) != cudaSuccess) {
+                rk->st3 = NULL;
+                st = g5_fail(err, G5_ERR_INTERNAL, "third stream: %s", cudaGetErrorString(ce));
+                goto loaded;
+            }
         } else {
             rk->st = g->rk[0].st; /* ranks sharing a device share one stream: stage order is kept */
             rk->st2 = g->rk[0].st2;
+            rk->st3 = g->rk[0].st3;
         }
         for (int i = 0; i < 4; i++)
             if ((ce = cudaEventCreateWithFlags(&rk->side_ev[i], cudaEventDisableTiming)) != cudaSuccess) {
                 rk->side_ev[i] = NULL;
                 st = g5_fail(err, G5_ERR_INTERNAL, "side event: %s", cudaGetErrorString(ce));
+                goto loaded;
+            }
+        for (int i = 0; i < 2; i++)
+            if ((ce = cudaEventCreateWithFlags(&rk->aux_ev[i], cudaEventDisableTiming)) != cudaSuccess) {
+                rk->aux_ev[i] = NULL;
+                st = g5_fail(err, G5_ERR_INTERNAL, "third stream's event: %s", cudaGetErrorString(ce));
                 goto loaded;
             }
         rt_gpu_load_stats ls;
@@ -457,6 +469,7 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         cudaSetDevice(rk->dev);
         if (rk->own_stream) cudaStreamSynchronize(rk->st);
         if (rk->own_stream && rk->st2) cudaStreamSynchronize(rk->st2);
+        if (rk->own_stream && rk->st3) cudaStreamSynchronize(rk->st3);
     }
     gm_graph_free(g);
     argmax_free(g);
@@ -479,9 +492,12 @@ void rt_gpu_model_free(rt_gpu_model *g) {
         cudaSetDevice(rk->dev);
         for (int i = 0; i < 4; i++)
             if (rk->side_ev[i]) cudaEventDestroy(rk->side_ev[i]);
+        for (int i = 0; i < 2; i++)
+            if (rk->aux_ev[i]) cudaEventDestroy(rk->aux_ev[i]);
         if (rk->own_stream) {
             cudaStreamDestroy(rk->st);
             if (rk->st2) cudaStreamDestroy(rk->st2);
+            if (rk->st3) cudaStreamDestroy(rk->st3);
         }
     }
 #ifdef G5_HAVE_NCCL
@@ -689,6 +705,7 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->q8x_bytes = rk->q8 ? (uint64_t)CUK_Q8T_SCRATCH_PER_K * (rk->c->max_ncols > E ? rk->c->max_ncols : E) : 16;
     rk->q8x = take(&c, rk->q8x_bytes);
     rk->q8x2 = take(&c, rk->q8x_bytes);
+    rk->q8x3 = take(&c, rk->q8x_bytes);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
     const uint64_t nch = (N + GM_MOE_CHUNK - 1) / GM_MOE_CHUNK, chn = N < GM_MOE_CHUNK ? N : GM_MOE_CHUNK;
@@ -813,11 +830,48 @@ g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err) {
     return G5_OK;
 }
 
+static void aux_swap(gl_rank *rk) {
+    cudaStream_t t = rk->st;
+    rk->st = rk->st3;
+    rk->st3 = t;
+    void *q = rk->q8x;
+    rk->q8x = rk->q8x3;
+    rk->q8x3 = q;
+}
+
+g5_status gm_aux_begin(const rt_gpu_model *g, gl_rank *rk, int on, g5_error *err) {
+    if (rk->aux == 2) CK(gm_aux_wait(rk, err));
+    if (!on || g->prof || !rk->st3 || rk->aux || rk->side == 1) return G5_OK;
+    CUK_CHECK(cudaEventRecord(rk->aux_ev[0], rk->st));
+    CUK_CHECK(cudaStreamWaitEvent(rk->st3, rk->aux_ev[0], 0));
+    aux_swap(rk);
+    rk->aux = 1;
+    return G5_OK;
+}
+
+g5_status gm_aux_end(gl_rank *rk, g5_error *err) {
+    if (rk->aux != 1) return G5_OK;
+    aux_swap(rk);
+    rk->aux = 2;
+    CUK_CHECK(cudaEventRecord(rk->aux_ev[1], rk->st3));
+    return G5_OK;
+}
+
+g5_status gm_aux_wait(gl_rank *rk, g5_error *err) {
+    if (rk->aux != 2) return G5_OK;
+    CUK_CHECK(cudaStreamWaitEvent(rk->st, rk->aux_ev[1], 0));
+    rk->aux = 0;
+    return G5_OK;
+}
+
 /* After a failed stage (gm_attn_stage, gm_ffn_stage): the main stream back in rk->st, so that a
- * capture ends on the stream it began on (the side's work is not waited for). */
+ * capture ends on the stream it began on (the side's and the third stream's work is not waited
+ * for). Work is queued on at most one of them at a time: the side's swap or the third's is undone. */
 void gm_side_reset(gl_rank *rk) {
     if (rk->side == 1) side_swap(rk);
+    if (rk->aux == 1) aux_swap(rk);
     rk->side = 0;
+    rk->aux = 0;
 }
 
 /* ---- stages ---- */

@@ -75,6 +75,9 @@ int gm_q8_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
  * work may run (the main chain's and the side's inputs must not meet). */
 static g5_status q8_dst(const gl_rank *rk, int64_t n, int64_t k, int planes, int8_t **q, float **ds, cuk_q8_act *b,
                         g5_error *err) {
+    if (rk->aux == 1) /* gm_aux_begin: the third stream has no half of its own */
+        return g5_fail(err, G5_ERR_INTERNAL, "int8 inputs of %lld x %lld quantized on the third stream", (long long)n,
+                       (long long)k);
     const uint64_t need = (uint64_t)n * (uint64_t)k * (uint64_t)planes, room = rk->side ? rk->q8n : 2 * rk->q8n;
     if (need > room)
         return g5_fail(err, G5_ERR_INTERNAL, "int8 inputs of %lld rows x %lld x %d planes: room for %llu elements",

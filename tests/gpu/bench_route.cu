@@ -57,7 +57,7 @@ typedef struct bufs {
 static cuk_route_args args_for(const bufs *b, int i, int n_tok) {
     const size_t off = (size_t)i * MAX_TOK;
     cuk_route_args a = {b->work + off * NE, NE, b->bias, n_tok, NE, U, 1, 1, 2, 1, SCALE, b->ids + off * U,
-                        b->wts + off * U};
+                        b->wts + off * U, NULL};
     return a;
 }
 

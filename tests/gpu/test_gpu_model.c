@@ -178,7 +178,7 @@ static void test_route(void) {
         CK(cudaMemset(dids, 0xFF, (size_t)n * U * 4));
         CK(cudaMemset(dw, 0xFF, (size_t)n * U * 4));
         cuk_route_args a = {dlg, NE, cfg[c].bias ? dbias : NULL, n, NE, U, cfg[c].g, cfg[c].tg, cfg[c].gating,
-                            cfg[c].norm, cfg[c].scale, dids, dw};
+                            cfg[c].norm, cfg[c].scale, dids, dw, NULL};
         g5_error e = {0};
         T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route: %s", e.msg);
         get(ids, dids, (size_t)n * U * 4);

@@ -515,7 +515,7 @@ static void test_route(void) {
             float *lg = xmalloc((size_t)n * NE * 4), *bias = xmalloc((size_t)NE * 4);
             route_inputs(style, n, NE, lg, bias);
             float *dbias = style == 7 ? NULL : dup_d(bias, (size_t)NE * 4);
-            const cuk_route_args a = {NULL, NE, NULL, n, NE, U, G, TG, cfg[c].gating, 1, 2.5f, NULL, NULL};
+            const cuk_route_args a = {NULL, NE, NULL, n, NE, U, G, TG, cfg[c].gating, 1, 2.5f, NULL, NULL, NULL};
             int32_t *ids = xmalloc((size_t)n * U * 4), *ref = xmalloc((size_t)n * U * 4);
             float *w = xmalloc((size_t)n * U * 4), *sc = xmalloc((size_t)n * NE * 4);
             route_run(&a, lg, dbias, ids, w, sc);
@@ -543,6 +543,63 @@ static void test_route(void) {
         }
 }
 
+/* A routing launch of one token with a plan (the decode step's form) gives the ids and weights of
+ * the launch without it, and the plan cuk_moe_plan makes of them: its group count, the groups'
+ * experts, starts and counts, the pair list, and every pair's flag (a weight-0 pair, from scale 0,
+ * is flagged 0 and in no group; at scale 0 only NaN weights, from NaN logits, are computed). */
+static void test_route_plan(void) {
+    static const struct { int ne, u, g, tg, gating; float scale; } cfg[] = {
+        {256, 8, 8, 4, 2, 2.5f}, {64, 6, 8, 3, 1, 1.0f}, {1024, 64, 1, 1, 2, 2.5f}, {33, 1, 1, 1, 2, 1.0f},
+        {256, 8, 1, 1, 2, 0.0f}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
+        for (int style = 0; style < 8; style++) {
+            const int NE = cfg[c].ne, U = cfg[c].u, P = U, W = (int)cuk_moe_plan_words(1, U);
+            float *lg = xmalloc((size_t)NE * 4), *bias = xmalloc((size_t)NE * 4);
+            route_inputs(style, 1, NE, lg, bias);
+            float *dbias = style == 7 ? NULL : dup_d(bias, (size_t)NE * 4);
+            float *dlg = dup_d(lg, (size_t)NE * 4), *dlg2 = dup_d(lg, (size_t)NE * 4), *dw = dalloc((size_t)U * 4);
+            float *dw2 = dalloc((size_t)U * 4);
+            int32_t *dids = dalloc((size_t)U * 4), *dids2 = dalloc((size_t)U * 4);
+            int32_t *dplan = dalloc((size_t)W * 4), *dref = dalloc((size_t)W * 4);
+            cuk_route_args a = {dlg, NE, dbias, 1, NE, U, cfg[c].g, cfg[c].tg, cfg[c].gating, 1, cfg[c].scale,
+                                dids, dw, dplan};
+            g5_error e = {0};
+            T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route with a plan: %s", e.msg);
+            a.logits = dlg2, a.ids = dids2, a.wts = dw2, a.plan = NULL;
+            T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_OK, "route: %s", e.msg);
+            const cuk_moe_plan_args pa = {dids, dw, 1, U, U, U, NE, dref};
+            T_CHECK(cuk_moe_plan(&pa, NULL, &e) == G5_OK, "plan: %s", e.msg);
+            int32_t *ids = xmalloc((size_t)U * 4), *ids2 = xmalloc((size_t)U * 4);
+            int32_t *pl = xmalloc((size_t)W * 4), *ref = xmalloc((size_t)W * 4);
+            float *w = xmalloc((size_t)U * 4), *w2 = xmalloc((size_t)U * 4);
+            get(ids, dids, (size_t)U * 4), get(ids2, dids2, (size_t)U * 4);
+            get(w, dw, (size_t)U * 4), get(w2, dw2, (size_t)U * 4);
+            get(pl, dplan, (size_t)W * 4), get(ref, dref, (size_t)W * 4);
+            T_CHECK(!memcmp(ids, ids2, (size_t)U * 4) && !memcmp(w, w2, (size_t)U * 4),
+                    "route NE=%d style %d: a plan changes the ids or weights", NE, style);
+            const int ng = ref[0];
+            int bad = pl[0] != ng;
+            for (int gi = 0; gi < ng && !bad && gi < P; gi++)
+                for (int part = 0; part < 3; part++) bad |= pl[1 + part * P + gi] != ref[1 + part * P + gi];
+            for (int i = 0; i < ng && !bad && i < P; i++) bad |= pl[1 + 3 * P + i] != ref[1 + 3 * P + i];
+            for (int p = 0; p < P && !bad; p++) bad |= pl[1 + 4 * P + p] != ref[1 + 4 * P + p];
+            T_CHECK(!bad, "route NE=%d U=%d scale %g style %d: its plan differs from cuk_moe_plan's (groups %d / %d)", NE,
+                    U, (double)cfg[c].scale, style, pl[0], ng);
+            int nz = 0; /* pairs computed: weight not 0 (a NaN logit's NaN weight counts) */
+            for (int k = 0; k < U; k++) nz += !(w[k] == 0.0f);
+            T_CHECK(ng == nz && (cfg[c].scale != 0.0f || style == 3 || style == 4 || nz == 0), "route NE=%d scale %g style %d: %d groups for %d pairs of weight not 0",
+                    NE, (double)cfg[c].scale, style, ng, nz);
+            free(ids), free(ids2), free(pl), free(ref), free(w), free(w2), free(lg), free(bias);
+            cudaFree(dbias), cudaFree(dlg), cudaFree(dlg2), cudaFree(dw), cudaFree(dw2), cudaFree(dids), cudaFree(dids2);
+            cudaFree(dplan), cudaFree(dref);
+        }
+    /* a plan of more than one token is refused */
+    const cuk_route_args a = {(float *)(void *)16, 8, NULL, 2, 8, 2, 1, 1, 2, 1, 1.0f, (int32_t *)(void *)16,
+                              (float *)(void *)16, (int32_t *)(void *)16};
+    g5_error e = {0};
+    T_CHECK(cuk_moe_route(&a, NULL, &e) == G5_ERR_INVALID_ARG, "route: a plan of 2 tokens accepted");
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
@@ -557,5 +614,6 @@ int main(void) {
     test_silu_mul_q8();
     test_norm_rope();
     test_route();
+    test_route_plan();
     return t_report(G5_TEST_NAME);
 }
