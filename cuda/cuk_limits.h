@@ -65,6 +65,8 @@ static const cuk_kernel_limit cuk_kernel_limits[] = {
     {"k_attend", CUK_G5_KVW * 4 + CUK_G5_TOPK * (4 + 4), 1, 0, 0, NULL},
     /* indexer.cu: (n_head * dim + n_head) floats; the split kernel only up to CUK_SMEM_NO_OPTIN */
     {"k_scores_split / k_scores", (CUK_G5_IDX_HEADS * CUK_G5_IDX_DIM + CUK_G5_IDX_HEADS) * 4, 1, 0, 0, NULL},
+    /* indexer.cu: the staged decode kernel's double buffers (ST_SMEM) */
+    {"k_scores_tile", 4 * 2 * 8 * 32 * 16, 1, 0, 0, NULL},
     {"k_topk_split", 0, CUK_PORTABLE_CLUSTER, CUK_TOPK_SPLIT_CLUSTER_MAX, 0, "k_topk"},
     {"k_norm", 0, CUK_NORM_CLUSTER_MAX, 0, 0, NULL},
     {"k_moe_mm", CUK_MOE_MM_SMEM, 1, 0, 0, NULL},

@@ -10,6 +10,7 @@
 
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
+#include "cuda/mma.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
@@ -264,24 +265,31 @@ __global__ void __launch_bounds__(SS_THREADS) k_scores_split(const float *__rest
     sc[(int64_t)t * ld_sc + s] = r;
 }
 
-constexpr int SL_WARPS = 4;   /* per block */
-constexpr int SL_KG = 8;      /* keys per warp pass: independent FMA chains per lane */
-constexpr int SL_MAXD4 = 32;  /* query float4 pieces held in registers (dim <= 128) */
+constexpr int SL_MAXD4 = 32; /* query float4 pieces held in registers (dim <= 128) */
 
-/* grid (nbx, n_tok), SL_WARPS warps: the same scores as k_scores_split, bit for bit, with the
- * work spread for short contexts too (a thread per key leaves most SMs idle below ~16k keys).
- * Lane h holds head h's query row q[t][h] in registers (lanes >= n_head hold zeros) and w[t][h].
- * Warps take groups of SL_KG consecutive keys (warp-strided over the grid's x warps): each lane
- * runs SL_KG fmaf chains (key pieces read as warp-wide broadcasts) in k_scores_split's order
- * (d ascending), then the relu'd, weighted head terms go through shared memory and lane i < SL_KG
- * adds key i's 32 terms in head order (a skipped or absent head adds +0, which leaves the sum's
- * bits unchanged: the sum starts at +0 and never becomes -0). */
-__global__ void __launch_bounds__(SL_WARPS * 32) k_scores_lane(const float *__restrict__ q, const float *__restrict__ w,
+constexpr int ST_WARPS = 4; /* per block */
+constexpr int ST_KG = 8;    /* keys a warp takes at a time: independent FMA chains per lane */
+constexpr size_t ST_SMEM = (size_t)ST_WARPS * 2 * ST_KG * SL_MAXD4 * 16;
+static_assert(ST_SMEM <= CUK_SMEM_NO_OPTIN, "k_scores_tile needs no shared-memory opt-in (cuda/cuk_limits.h)");
+
+/* grid (nbx, n_tok), ST_WARPS warps: the same scores as k_scores_split, bit for bit, for decode
+ * launches (a thread per key leaves most SMs idle below ~16k keys, and its 512-byte row per thread
+ * reads poorly). Lane h holds head h's query row q[t][h] in registers (lanes >= n_head hold
+ * zeros) and w[t][h]. Warps take groups of ST_KG consecutive keys (warp-strided over the grid's x
+ * warps); a group's rows are staged by 16-byte cp.async into the warp's double buffer (lane i
+ * copies piece i of every row: coalesced), the next group's copies in flight while this one is
+ * computed. Each lane runs ST_KG fmaf chains (key pieces read as shared-memory broadcasts) in
+ * k_scores_split's order (d ascending); the relu'd, weighted head terms go through shared memory
+ * and lane i < ST_KG adds key i's 32 terms in head order (a skipped or absent head adds +0, which
+ * leaves the sum's bits unchanged: the sum starts at +0 and never becomes -0).
+ * Dynamic shared: [ST_WARPS][2][ST_KG][SL_MAXD4] float4 (ST_SMEM bytes). */
+__global__ void __launch_bounds__(ST_WARPS * 32) k_scores_tile(const float *__restrict__ q, const float *__restrict__ w,
                                                                const float *k, int32_t n_head, int32_t dim,
                                                                int64_t pos0_h, const int32_t *__restrict__ dpos,
                                                                const cuk_seq_row *__restrict__ rows, int64_t bound,
                                                                float *__restrict__ sc, int64_t ld_sc) {
-    __shared__ float red[SL_WARPS][SL_KG][33];
+    extern __shared__ __align__(16) float4 st_buf[];
+    __shared__ float red[ST_WARPS][ST_KG][33];
     const int64_t pos0 = rows ? 0 : first_pos(pos0_h, dpos, bound, (int)gridDim.y);
     if (pos0 < 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -292,12 +300,25 @@ __global__ void __launch_bounds__(SL_WARPS * 32) k_scores_lane(const float *__re
         if (cnt < 0 || !rows[t].idxk) return;
         k = rows[t].idxk;
     }
-    const int64_t ngr = (cnt + SL_KG - 1) / SL_KG;
-    const int64_t nw = (int64_t)gridDim.x * SL_WARPS;
-    int64_t g = (int64_t)blockIdx.x * SL_WARPS + warp;
+    const int64_t ngr = (cnt + ST_KG - 1) / ST_KG;
+    const int64_t nw = (int64_t)gridDim.x * ST_WARPS;
+    int64_t g = (int64_t)blockIdx.x * ST_WARPS + warp;
     if (g >= ngr) return; /* warp-uniform; no block barrier below */
     const int d4n = dim >> 2;
     const bool hl = lane < n_head;
+    float4 *wb = st_buf + (int64_t)warp * 2 * ST_KG * SL_MAXD4; /* [2][ST_KG][SL_MAXD4] */
+    const uint32_t wb_s = (uint32_t)__cvta_generic_to_shared(wb);
+    /* group gg's rows into buffer b; always one commit, so that wait_group counts stay uniform */
+    auto stage = [&](int64_t gg, int b) {
+        if (gg < ngr && lane < d4n)
+#pragma unroll
+            for (int i = 0; i < ST_KG; i++) {
+                const int64_t s = gg * ST_KG + i < cnt ? gg * ST_KG + i : cnt - 1; /* a clamped duplicate is never stored */
+                cuk::cp16(wb_s + (uint32_t)(((b * ST_KG + i) * SL_MAXD4 + lane) * 16), k + s * dim + lane * 4, true);
+            }
+        cuk::cp_commit();
+    };
+    stage(g, 0);
     const float4 *qp = (const float4 *)(q + ((int64_t)t * n_head + (hl ? lane : 0)) * dim);
     float4 qr[SL_MAXD4];
 #pragma unroll
@@ -305,22 +326,20 @@ __global__ void __launch_bounds__(SL_WARPS * 32) k_scores_lane(const float *__re
         qr[d4] = hl && d4 < d4n ? __ldg(qp + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float wh = hl ? w[(int64_t)t * n_head + lane] : 0.0f;
     float *rw = &red[warp][0][0];
-    for (; g < ngr; g += nw) {
-        const int64_t s0 = g * SL_KG;
-        const float4 *kp[SL_KG];
-        float acc[SL_KG];
+    for (int b = 0; g < ngr; g += nw, b ^= 1) {
+        stage(g + nw, b ^ 1); /* its buffer was last read before the previous pass's final __syncwarp */
+        cuk::cp_wait<1>();
+        __syncwarp();
+        const float4 *kb = wb + b * ST_KG * SL_MAXD4;
+        float acc[ST_KG];
 #pragma unroll
-        for (int i = 0; i < SL_KG; i++) {
-            const int64_t s = s0 + i < cnt ? s0 + i : cnt - 1; /* a clamped duplicate is never stored */
-            kp[i] = (const float4 *)(k + s * dim);
-            acc[i] = 0.0f;
-        }
+        for (int i = 0; i < ST_KG; i++) acc[i] = 0.0f;
 #pragma unroll
         for (int d4 = 0; d4 < SL_MAXD4; d4++) {
             if (d4 < d4n) {
 #pragma unroll
-                for (int i = 0; i < SL_KG; i++) {
-                    const float4 kv = __ldg(kp[i] + d4);
+                for (int i = 0; i < ST_KG; i++) {
+                    const float4 kv = kb[i * SL_MAXD4 + d4];
                     acc[i] = fmaf(qr[d4].x, kv.x, acc[i]);
                     acc[i] = fmaf(qr[d4].y, kv.y, acc[i]);
                     acc[i] = fmaf(qr[d4].z, kv.z, acc[i]);
@@ -329,15 +348,17 @@ __global__ void __launch_bounds__(SL_WARPS * 32) k_scores_lane(const float *__re
             }
         }
 #pragma unroll
-        for (int i = 0; i < SL_KG; i++) rw[i * 33 + lane] = hl && acc[i] > 0.0f ? __fmul_rn(wh, acc[i]) : 0.0f;
+        for (int i = 0; i < ST_KG; i++) rw[i * 33 + lane] = hl && acc[i] > 0.0f ? __fmul_rn(wh, acc[i]) : 0.0f;
         __syncwarp();
-        if (lane < SL_KG && s0 + lane < cnt) {
+        const int64_t s0 = g * ST_KG;
+        if (lane < ST_KG && s0 + lane < cnt) {
             float r = 0.0f;
             for (int h = 0; h < 32; h++) r = __fadd_rn(r, rw[lane * 33 + h]);
             sc[(int64_t)t * ld_sc + s0 + lane] = r;
         }
         __syncwarp();
     }
+    cuk::cp_wait<0>();
 }
 
 constexpr int TS_MAXCL = CUK_TOPK_SPLIT_CLUSTER_MAX; /* cuda/cuk_limits.h */
@@ -475,21 +496,23 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
         return BAD("idx_scores: n_head=%d x dim=%d must be positive and at most 12288", n_head, dim);
     if ((P + SC_WARPS - 1) / SC_WARPS > 2147483647) return BAD("idx_scores: too many positions");
     const size_t smem = ((size_t)n_head * dim + n_head) * sizeof(float);
-    /* The lane kernel (same bits as the thread-per-key one) wins for decode steps up to ~16k keys
-     * (bench_attn, H200: 1k 9.5 vs 26.0 us, 8k 13.1 vs 26.9) and loses beyond and in prefill
-     * (32k 39.5 vs 31.8; 512 tokens at 4k 1549 vs 840). */
-    if ((n_tok <= 4 || rows) && P <= 16384 && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
+    /* The staged kernel (same bits as the thread-per-key one) wins for decode steps at every
+     * context measured (bench/pending/idxbench.cu, H100, one token: 1k 7.4 vs 12.4 us for the
+     * broadcast-load kernel it replaced, 16k 14.1 vs 23.5, 128k 56.8 vs 78.7 for the thread per key)
+     * and loses in prefill (512 tokens at 4k: the thread per key, 840 vs 1549 us for the
+     * broadcast-load kernel, H200). */
+    if ((n_tok <= 4 || rows) && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
         ((uintptr_t)q & 15) == 0) {
-        /* enough warps to fill the SMs (about 2 blocks each), a key group per warp at most; the
-         * warps stride over the key groups, so a grid made for more keys than there are is
-         * exact too (its extra warps leave at once) */
+        /* two blocks an SM (what the registers allow), a key group per warp at most; the warps
+         * stride over the key groups, so a grid made for more keys than there are is exact too
+         * (its extra warps leave at once) */
         static int sms = 0;
         if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
-        const int64_t groups = (P + SL_KG - 1) / SL_KG, want = (groups + SL_WARPS - 1) / SL_WARPS;
+        const int64_t groups = (P + ST_KG - 1) / ST_KG, want = (groups + ST_WARPS - 1) / ST_WARPS;
         const int64_t cap = (2 * (int64_t)sms + n_tok - 1) / n_tok;
         dim3 g3((unsigned)(want < cap ? want : cap), (unsigned)n_tok);
-        k_scores_lane<<<g3, SL_WARPS * 32, 0, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, rows, P, sc,
-                                                                        ld_sc);
+        k_scores_tile<<<g3, ST_WARPS * 32, ST_SMEM, (cudaStream_t)stream>>>(q, w, k, n_head, dim, pos0, dpos, rows, P,
+                                                                             sc, ld_sc);
         CUK_CHECK_LAUNCH("idx_scores");
         return G5_OK;
     }

@@ -2,8 +2,9 @@
  * "positions in device memory"; runtime/gpu/gpu_graph.c) against the host-position launchers:
  *  - cuk_idx_scores_dev / cuk_idx_topk_dev / cuk_mla_attend_dev give the bits of cuk_idx_scores /
  *    cuk_idx_topk / cuk_mla_attend_fresh at the same position, for bounds from the position
- *    itself to 32 times it, across the lane/thread-per-key score kernels' 16384-key edge, the
- *    top-k cluster sizes, the f32 cache and the bf16/f16 caches with fresh rows, one and three
+ *    itself to 32 times it, across the graph's 16384-key bucket edge (the staged score kernel on
+ *    both sides since session 33; the thread per key in prefill-sized launches), the top-k
+ *    cluster sizes, the f32 cache and the bf16/f16 caches with fresh rows, one and three
  *    query tokens, and prefill-sized launches (one block per token for the top-k, per (head,
  *    token) for the attention: the kernels the split ones leave those shapes to);
  *  - cuk_cache_write_rows writes what cuk_convert writes, at the device positions, and nothing
