@@ -1,0 +1,167 @@
+/* Fast mode's MLA decode attention (k_mla_dec, cuda/attn_dec.cu, which this file includes) at
+ * the peer model's TP 1 shape: 64 heads, kv_lora 512, rope 64, nope 192, a bf16 latent cache,
+ * top-k 2048. The launcher picks RB (row blocks of 16 heads a CTA) from the head count alone:
+ * 64 heads -> RB 4, one CTA row of 64 heads per token and a cluster of ceil(max_sel / 128) = 16
+ * CTAs, so a one-token step keeps 16 of 132 SMs busy. This times RB 1, 2 and 4 (4, 2 and 1 head
+ * blocks a token: 64, 32 and 16 CTAs for one token) at 1, 8 and 32 tokens with 512 and 2048
+ * selected keys, the caches rotating over copies filling >= 256 MB (a layer's cache is not in
+ * the L2 when its attention runs), and reports how far each form's outputs are from RB 4's (RB
+ * changes how a row's softmax sum is split over warps, so the bits differ by float rounding;
+ * the form must stay one per head count: a token's bits may not depend on the token count).
+ * Needs no build on the device (compiled here: bench/NOTES.md "Session 33"). Exits 1 if a
+ * form's output is not finite or further than 1e-2 (relative to the largest |output|) from
+ * RB 4's. Usage: decbench [reps] */
+#include "cuda/attn_dec.cu"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#define CK_(x)                                                                                     \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+enum { H = 64, NOPE = 192, R = 64, KL = 512, KVW = KL + R, TOPK = 2048, MAXT = 32 };
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float unif(float a, float b) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return a + (b - a) * (float)((rng >> 40) * (1.0 / 16777216.0));
+}
+static uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <typename F> static float time_us(int reps, F f) {
+    cudaEvent_t a, b;
+    CK_(cudaEventCreate(&a));
+    CK_(cudaEventCreate(&b));
+    f(0);
+    CK_(cudaDeviceSynchronize());
+    CK_(cudaEventRecord(a));
+    for (int i = 0; i < reps; i++) f(i);
+    CK_(cudaEventRecord(b));
+    CK_(cudaEventSynchronize(b));
+    CK_(cudaGetLastError());
+    float ms = 0;
+    CK_(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms * 1000.0f / (float)reps;
+}
+
+static g5_status launch(int rb, const ac_args &a, g5_error *err) {
+    switch (rb) {
+    case 1: return dec_launch<1, true>(a, 0, err);
+    case 2: return dec_launch<2, true>(a, 0, err);
+    default: return dec_launch<4, true>(a, 0, err);
+    }
+}
+
+int main(int argc, char **argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 200;
+    cudaDeviceProp prop;
+    CK_(cudaGetDeviceProperties(&prop, 0));
+    printf("decbench: %s, %d SMs; k_mla_dec, %d heads, bf16 cache, top-k %d; us per launch, mean of %d\n", prop.name,
+           prop.multiProcessorCount, H, TOPK, reps);
+    const int64_t NPOS = 16384; /* cache rows a copy */
+    const int64_t copy_b = NPOS * KVW * 2, ncopy = ((256ll << 20) + copy_b - 1) / copy_b;
+    uint16_t *lat;
+    CK_(cudaMalloc(&lat, ncopy * copy_b));
+    {
+        std::vector<uint16_t> h((size_t)NPOS * KVW);
+        for (auto &x : h) x = bf16_of(unif(-1, 1));
+        for (int64_t c = 0; c < ncopy; c++)
+            CK_(cudaMemcpy((uint8_t *)lat + c * copy_b, h.data(), copy_b, cudaMemcpyHostToDevice));
+    }
+    float *q, *qlat, *out[3];
+    int32_t *sel, *nsel;
+    {
+        std::vector<float> hq((size_t)MAXT * H * (NOPE + R)), hl((size_t)MAXT * H * KL);
+        for (auto &x : hq) x = unif(-1, 1);
+        for (auto &x : hl) x = unif(-0.2f, 0.2f);
+        CK_(cudaMalloc(&q, hq.size() * 4));
+        CK_(cudaMalloc(&qlat, hl.size() * 4));
+        CK_(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+        CK_(cudaMemcpy(qlat, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+    }
+    for (int v = 0; v < 3; v++) CK_(cudaMalloc(&out[v], (size_t)MAXT * H * KL * 4));
+    CK_(cudaMalloc(&sel, (size_t)MAXT * TOPK * 4));
+    CK_(cudaMalloc(&nsel, MAXT * 4));
+    printf("| tokens | keys each | RB 1 | RB 2 | RB 4 (now) | max |RB - RB 4| / max |out|: RB 1, RB 2 |\n");
+    printf("| --- | --- | --- | --- | --- | --- |\n");
+    int fails = 0;
+    const int toks[3] = {1, 8, 32}, keys[2] = {512, 2048};
+    for (int nk : keys)
+        for (int nt : toks) {
+            /* token t's nk selected positions: ascending, spread over the cache (as the top-k gives) */
+            std::vector<int32_t> hs((size_t)MAXT * TOPK, -1), hn(MAXT, nk);
+            for (int t = 0; t < nt; t++) {
+                int64_t p = (int64_t)(unif(0, 1) * 7);
+                for (int i = 0; i < nk; i++) {
+                    hs[(size_t)t * TOPK + i] = (int32_t)p;
+                    p += 1 + (int64_t)(unif(0, 1) * (2.0 * NPOS / nk - 1.0));
+                    if (p >= NPOS) p = NPOS - 1 - (nk - 1 - i);
+                }
+            }
+            CK_(cudaMemcpy(sel, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+            CK_(cudaMemcpy(nsel, hn.data(), hn.size() * 4, cudaMemcpyHostToDevice));
+            ac_args a;
+            memset(&a, 0, sizeof a);
+            a.d.n_tok = nt, a.d.n_head = H, a.d.nope = NOPE, a.d.rope = R, a.d.kv_lora = KL;
+            a.q = q, a.qlat = qlat, a.fresh = NULL, a.fresh0 = NPOS, a.n_pos = NPOS, a.dpos = NULL, a.bound = NPOS;
+            a.sel = sel, a.ld_sel = TOPK, a.n_sel = nsel, a.max_sel = TOPK;
+            a.scale = 1.0f / sqrtf((float)(NOPE + R)), a.rows = NULL;
+            float t_us[3];
+            for (int v = 0; v < 3; v++) {
+                const int rb = 1 << v;
+                g5_error err = {};
+                t_us[v] = time_us(reps, [&](int i) {
+                    ac_args b = a;
+                    b.lat = (const uint8_t *)lat + (int64_t)(i % ncopy) * copy_b;
+                    b.out = out[v];
+                    if (launch(rb, b, &err) != G5_OK) {
+                        fprintf(stderr, "RB %d: %s\n", rb, err.msg);
+                        exit(2);
+                    }
+                });
+                ac_args b = a; /* copy 0, for the comparison */
+                b.lat = lat;
+                b.out = out[v];
+                if (launch(rb, b, &err) != G5_OK) exit(2);
+            }
+            CK_(cudaDeviceSynchronize());
+            const size_t n = (size_t)nt * H * KL;
+            std::vector<float> o[3];
+            for (int v = 0; v < 3; v++) {
+                o[v].resize(n);
+                CK_(cudaMemcpy(o[v].data(), out[v], n * 4, cudaMemcpyDeviceToHost));
+            }
+            double mx = 0, d[2] = {0, 0};
+            int finite = 1;
+            for (size_t i = 0; i < n; i++) {
+                mx = fmax(mx, fabs(o[2][i]));
+                for (int v = 0; v < 2; v++) d[v] = fmax(d[v], fabs((double)o[v][i] - o[2][i]));
+                for (int v = 0; v < 3; v++) finite &= isfinite(o[v][i]) != 0;
+            }
+            const double r1 = mx > 0 ? d[0] / mx : 0, r2 = mx > 0 ? d[1] / mx : 0;
+            if (!finite || r1 > 1e-2 || r2 > 1e-2 || mx == 0) {
+                printf("FAIL %d tokens x %d keys: finite %d, max |out| %.3g, differences %.3g %.3g\n", nt, nk, finite, mx,
+                       r1, r2);
+                fails++;
+            }
+            printf("| %d | %d | %.2f | %.2f | %.2f | %.2e, %.2e |\n", nt, nk, t_us[0], t_us[1], t_us[2], r1, r2);
+        }
+    printf("decbench: %d failed\n", fails);
+    return fails ? 1 : 0;
+}
