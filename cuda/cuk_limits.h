@@ -29,6 +29,7 @@
 #define CUK_MLA_DEC_CLUSTER_MAX 16          /* attn_dec.cu: non-portable, only where the device grants it */
 #define CUK_TOPK_SPLIT_CLUSTER_MAX 16       /* indexer.cu: non-portable, only where the device grants it */
 #define CUK_MOE_MM_SMEM ((64 + 2 * 128) * (128 + 8) * 2) /* moe_mm.cu: input tile + gate and up weight tiles, fp16 */
+#define CUK_SCORES_TILE_SMEM (4 * 2 * 8 * 32 * 16) /* indexer.cu: k_scores_tile's per-warp double buffers of key rows */
 #define CUK_Q8T_SX_SMEM (200u * 1024) /* gemv_q8t.cu: k_gemv_q8t_sx's x slots (+ 16 KB static): sm_90's 227 KB only */
 
 /* GLM-5's shapes the byte counts below are taken at. */
@@ -65,8 +66,7 @@ static const cuk_kernel_limit cuk_kernel_limits[] = {
     {"k_attend", CUK_G5_KVW * 4 + CUK_G5_TOPK * (4 + 4), 1, 0, 0, NULL},
     /* indexer.cu: (n_head * dim + n_head) floats; the split kernel only up to CUK_SMEM_NO_OPTIN */
     {"k_scores_split / k_scores", (CUK_G5_IDX_HEADS * CUK_G5_IDX_DIM + CUK_G5_IDX_HEADS) * 4, 1, 0, 0, NULL},
-    /* indexer.cu: the staged decode kernel's double buffers (ST_SMEM) */
-    {"k_scores_tile", 4 * 2 * 8 * 32 * 16, 1, 0, 0, NULL},
+    {"k_scores_tile", CUK_SCORES_TILE_SMEM, 1, 0, 0, NULL},
     {"k_topk_split", 0, CUK_PORTABLE_CLUSTER, CUK_TOPK_SPLIT_CLUSTER_MAX, 0, "k_topk"},
     {"k_norm", 0, CUK_NORM_CLUSTER_MAX, 0, 0, NULL},
     {"k_moe_mm", CUK_MOE_MM_SMEM, 1, 0, 0, NULL},

@@ -265,12 +265,13 @@ __global__ void __launch_bounds__(SS_THREADS) k_scores_split(const float *__rest
     sc[(int64_t)t * ld_sc + s] = r;
 }
 
-constexpr int SL_MAXD4 = 32; /* query float4 pieces held in registers (dim <= 128) */
+constexpr int ST_MAXD4 = 32; /* query float4 pieces held in registers (dim <= 128) */
 
 constexpr int ST_WARPS = 4; /* per block */
 constexpr int ST_KG = 8;    /* keys a warp takes at a time: independent FMA chains per lane */
-constexpr size_t ST_SMEM = (size_t)ST_WARPS * 2 * ST_KG * SL_MAXD4 * 16;
-static_assert(ST_SMEM <= CUK_SMEM_NO_OPTIN, "k_scores_tile needs no shared-memory opt-in (cuda/cuk_limits.h)");
+constexpr size_t ST_SMEM = (size_t)ST_WARPS * 2 * ST_KG * ST_MAXD4 * 16;
+static_assert(ST_SMEM == CUK_SCORES_TILE_SMEM && ST_SMEM <= CUK_SMEM_NO_OPTIN,
+              "cuk_limits.h's entry; no shared-memory opt-in needed");
 
 /* grid (nbx, n_tok), ST_WARPS warps: the same scores as k_scores_split, bit for bit, for decode
  * launches (a thread per key leaves most SMs idle below ~16k keys, and its 512-byte row per thread
@@ -282,7 +283,7 @@ static_assert(ST_SMEM <= CUK_SMEM_NO_OPTIN, "k_scores_tile needs no shared-memor
  * k_scores_split's order (d ascending); the relu'd, weighted head terms go through shared memory
  * and lane i < ST_KG adds key i's 32 terms in head order (a skipped or absent head adds +0, which
  * leaves the sum's bits unchanged: the sum starts at +0 and never becomes -0).
- * Dynamic shared: [ST_WARPS][2][ST_KG][SL_MAXD4] float4 (ST_SMEM bytes). */
+ * Dynamic shared: [ST_WARPS][2][ST_KG][ST_MAXD4] float4 (ST_SMEM bytes). */
 __global__ void __launch_bounds__(ST_WARPS * 32) k_scores_tile(const float *__restrict__ q, const float *__restrict__ w,
                                                                const float *k, int32_t n_head, int32_t dim,
                                                                int64_t pos0_h, const int32_t *__restrict__ dpos,
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(ST_WARPS * 32) k_scores_tile(const float *__re
     if (g >= ngr) return; /* warp-uniform; no block barrier below */
     const int d4n = dim >> 2;
     const bool hl = lane < n_head;
-    float4 *wb = st_buf + (int64_t)warp * 2 * ST_KG * SL_MAXD4; /* [2][ST_KG][SL_MAXD4] */
+    float4 *wb = st_buf + (int64_t)warp * 2 * ST_KG * ST_MAXD4; /* [2][ST_KG][ST_MAXD4] */
     const uint32_t wb_s = (uint32_t)__cvta_generic_to_shared(wb);
     /* group gg's rows into buffer b; always one commit, so that wait_group counts stay uniform */
     auto stage = [&](int64_t gg, int b) {
@@ -314,15 +315,15 @@ __global__ void __launch_bounds__(ST_WARPS * 32) k_scores_tile(const float *__re
 #pragma unroll
             for (int i = 0; i < ST_KG; i++) {
                 const int64_t s = gg * ST_KG + i < cnt ? gg * ST_KG + i : cnt - 1; /* a clamped duplicate is never stored */
-                cuk::cp16(wb_s + (uint32_t)(((b * ST_KG + i) * SL_MAXD4 + lane) * 16), k + s * dim + lane * 4, true);
+                cuk::cp16(wb_s + (uint32_t)(((b * ST_KG + i) * ST_MAXD4 + lane) * 16), k + s * dim + lane * 4, true);
             }
         cuk::cp_commit();
     };
     stage(g, 0);
     const float4 *qp = (const float4 *)(q + ((int64_t)t * n_head + (hl ? lane : 0)) * dim);
-    float4 qr[SL_MAXD4];
+    float4 qr[ST_MAXD4];
 #pragma unroll
-    for (int d4 = 0; d4 < SL_MAXD4; d4++)
+    for (int d4 = 0; d4 < ST_MAXD4; d4++)
         qr[d4] = hl && d4 < d4n ? __ldg(qp + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float wh = hl ? w[(int64_t)t * n_head + lane] : 0.0f;
     float *rw = &red[warp][0][0];
@@ -330,16 +331,16 @@ __global__ void __launch_bounds__(ST_WARPS * 32) k_scores_tile(const float *__re
         stage(g + nw, b ^ 1); /* its buffer was last read before the previous pass's final __syncwarp */
         cuk::cp_wait<1>();
         __syncwarp();
-        const float4 *kb = wb + b * ST_KG * SL_MAXD4;
+        const float4 *kb = wb + b * ST_KG * ST_MAXD4;
         float acc[ST_KG];
 #pragma unroll
         for (int i = 0; i < ST_KG; i++) acc[i] = 0.0f;
 #pragma unroll
-        for (int d4 = 0; d4 < SL_MAXD4; d4++) {
+        for (int d4 = 0; d4 < ST_MAXD4; d4++) {
             if (d4 < d4n) {
 #pragma unroll
                 for (int i = 0; i < ST_KG; i++) {
-                    const float4 kv = kb[i * SL_MAXD4 + d4];
+                    const float4 kv = kb[i * ST_MAXD4 + d4];
                     acc[i] = fmaf(qr[d4].x, kv.x, acc[i]);
                     acc[i] = fmaf(qr[d4].y, kv.y, acc[i]);
                     acc[i] = fmaf(qr[d4].z, kv.z, acc[i]);
@@ -501,7 +502,7 @@ static g5_status idx_scores(const float *q, const float *w, const float *k, int3
      * broadcast-load kernel it replaced, 16k 14.1 vs 23.5, 128k 56.8 vs 78.7 for the thread per key)
      * and loses in prefill (512 tokens at 4k: the thread per key, 840 vs 1549 us for the
      * broadcast-load kernel, H200). */
-    if ((n_tok <= 4 || rows) && n_head <= 32 && dim % 4 == 0 && dim <= 4 * SL_MAXD4 && ((uintptr_t)k & 15) == 0 &&
+    if ((n_tok <= 4 || rows) && n_head <= 32 && dim % 4 == 0 && dim <= 4 * ST_MAXD4 && ((uintptr_t)k & 15) == 0 &&
         ((uintptr_t)q & 15) == 0) {
         /* two blocks an SM (what the registers allow), a key group per warp at most; the warps
          * stride over the key groups, so a grid made for more keys than there are is exact too
