@@ -33,23 +33,23 @@ static int moe_h_q8(const gl_rank *rk, const gl_layer *L, int64_t E, uint32_t n)
            (L->sh_contrib && gm_q8_takes(rk, &L->sh_gate, n) && L->sh_up.type == L->sh_gate.type) << 1;
 }
 
-/* The MoE products of a decode step (or a short call) from rk->h and, where moe_h_q8 says, its
- * one-plane int8 copy *hq (made with the norm): the shared expert's gate and up (unless sh_done:
- * queued as side work, whose point 1 comes before gate*up overwrites *hq), then the routed
- * experts by plan group (cuda/cuk.h; planned: rk->mplan already holds the one token's plan, made
- * by the routing launch), their down products summed over slots into rk->moe. Fast
- * mode: int8 inputs for every product whose type has an int8 kernel (the roles of
+/* The MoE products of a decode step (or a short call) from rk->h and, where hq8 (the stage's
+ * moe_h_q8) says, its one-plane int8 copy *hq (made with the norm): the shared expert's gate and
+ * up (unless sh_done: queued as side work, whose point 1 comes before gate*up overwrites *hq),
+ * then the routed experts by plan group (cuda/cuk.h; planned: rk->mplan already holds the one
+ * token's plan, made by the routing launch), their down products summed over slots into rk->moe.
+ * Fast mode: int8 inputs for every product whose type has an int8 kernel (the roles of
  * specs/numerics.md), bf16 for the others; precise: float32. */
 static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, const int32_t *ids,
-                               const float *wts, uint32_t n, const cuk_q8_act *hq_in, int sh_done, int planned,
-                               g5_error *err) {
+                               const float *wts, uint32_t n, int hq8, const cuk_q8_act *hq_in, int sh_done,
+                               int planned, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const rt_rank_tensors *c = rk->c;
     const cuk_stream cs = (cuk_stream)rk->st;
     const int64_t E = hp->n_embd, U = hp->n_expert_used, FE = c->ffe_l, SL = L->sh_l;
     const char *const S = "moe";
     const dmat ed = {L->exp_down_type, L->exp_down, FE, E};
-    const int hq8 = moe_h_q8(rk, L, E, n), q8_gu = hq8 & 1, q8_sh = hq8 >> 1, q8_dn = gm_q8_takes(rk, &ed, n);
+    const int q8_gu = hq8 & 1, q8_sh = hq8 >> 1, q8_dn = gm_q8_takes(rk, &ed, n);
     g5_status st;
     int64_t ld = E;
     uint32_t xt = CUK_ACT_F32;
@@ -228,7 +228,7 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
             PMARK(S, "shared gate+up (GEMM path)");
         }
     } else {
-        CK(moe_gemv_path(g, rk, L, ids, wts, n, &hq, sh_side, planned, err));
+        CK(moe_gemv_path(g, rk, L, ids, wts, n, moe8, &hq, sh_side, planned, err));
     }
     if (L->sh_contrib && !sh_side) {
         CK(gm_silu_gemv(rk, &L->sh_down, SL, n, 1, rk->part, E, err));

@@ -784,14 +784,18 @@ void gm_prof_mark(const rt_gpu_model *g, const gl_rank *rk, const char *stage, c
 
 /* ---- side work (gpu_int.h) ---- */
 
-static void side_swap(gl_rank *rk) {
+/* The main stream and its q8t scratch exchanged with another stream's (side work, the third
+ * stream): every helper queues where rk->st points. */
+static void swap_main(gl_rank *rk, cudaStream_t *st, void **q8x) {
     cudaStream_t t = rk->st;
-    rk->st = rk->st2;
-    rk->st2 = t;
+    rk->st = *st;
+    *st = t;
     void *q = rk->q8x;
-    rk->q8x = rk->q8x2;
-    rk->q8x2 = q;
+    rk->q8x = *q8x;
+    *q8x = q;
 }
+
+static void side_swap(gl_rank *rk) { swap_main(rk, &rk->st2, &rk->q8x2); }
 
 g5_status gm_side_begin(const rt_gpu_model *g, gl_rank *rk, int on, g5_error *err) {
     if (rk->side == 2) CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
@@ -830,14 +834,7 @@ g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err) {
     return G5_OK;
 }
 
-static void aux_swap(gl_rank *rk) {
-    cudaStream_t t = rk->st;
-    rk->st = rk->st3;
-    rk->st3 = t;
-    void *q = rk->q8x;
-    rk->q8x = rk->q8x3;
-    rk->q8x3 = q;
-}
+static void aux_swap(gl_rank *rk) { swap_main(rk, &rk->st3, &rk->q8x3); }
 
 g5_status gm_aux_begin(const rt_gpu_model *g, gl_rank *rk, int on, g5_error *err) {
     if (rk->aux == 2) CK(gm_aux_wait(rk, err));
