@@ -19,12 +19,16 @@
 
 #include <vector>
 
-#define CK_(x)                                                                                     \
+#define BENCH_EXIT 2 /* a failed call; 1: a difference */
+#include "tests/gpu/bench_util.h" /* CK */
+
+/* bench_util.h's GK for C++: its `= {0}` does not initialize g5_error's enum member there */
+#define GXX(call)                                                                                  \
     do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
-            exit(2);                                                                               \
+        g5_error err_ = {};                                                                        \
+        if ((call) != G5_OK) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg);               \
+            exit(BENCH_EXIT);                                                                      \
         }                                                                                          \
     } while (0)
 
@@ -45,17 +49,17 @@ static uint16_t bf16_of(float f) {
 
 template <typename F> static float time_us(int reps, F f) {
     cudaEvent_t a, b;
-    CK_(cudaEventCreate(&a));
-    CK_(cudaEventCreate(&b));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
     f(0);
-    CK_(cudaDeviceSynchronize());
-    CK_(cudaEventRecord(a));
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(a));
     for (int i = 0; i < reps; i++) f(i);
-    CK_(cudaEventRecord(b));
-    CK_(cudaEventSynchronize(b));
-    CK_(cudaGetLastError());
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
     float ms = 0;
-    CK_(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaEventElapsedTime(&ms, a, b));
     cudaEventDestroy(a), cudaEventDestroy(b);
     return ms * 1000.0f / (float)reps;
 }
@@ -71,18 +75,18 @@ static g5_status launch(int rb, const ac_args &a, g5_error *err) {
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
     cudaDeviceProp prop;
-    CK_(cudaGetDeviceProperties(&prop, 0));
+    CK(cudaGetDeviceProperties(&prop, 0));
     printf("decbench: %s, %d SMs; k_mla_dec, %d heads, bf16 cache, top-k %d; us per launch, mean of %d\n", prop.name,
            prop.multiProcessorCount, H, TOPK, reps);
     const int64_t NPOS = 16384; /* cache rows a copy */
     const int64_t copy_b = NPOS * KVW * 2, ncopy = ((256ll << 20) + copy_b - 1) / copy_b;
     uint16_t *lat;
-    CK_(cudaMalloc(&lat, ncopy * copy_b));
+    CK(cudaMalloc(&lat, ncopy * copy_b));
     {
         std::vector<uint16_t> h((size_t)NPOS * KVW);
         for (auto &x : h) x = bf16_of(unif(-1, 1));
         for (int64_t c = 0; c < ncopy; c++)
-            CK_(cudaMemcpy((uint8_t *)lat + c * copy_b, h.data(), copy_b, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy((uint8_t *)lat + c * copy_b, h.data(), copy_b, cudaMemcpyHostToDevice));
     }
     float *q, *qlat, *out[3];
     int32_t *sel, *nsel;
@@ -90,14 +94,14 @@ int main(int argc, char **argv) {
         std::vector<float> hq((size_t)MAXT * H * (NOPE + R)), hl((size_t)MAXT * H * KL);
         for (auto &x : hq) x = unif(-1, 1);
         for (auto &x : hl) x = unif(-0.2f, 0.2f);
-        CK_(cudaMalloc(&q, hq.size() * 4));
-        CK_(cudaMalloc(&qlat, hl.size() * 4));
-        CK_(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
-        CK_(cudaMemcpy(qlat, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&q, hq.size() * 4));
+        CK(cudaMalloc(&qlat, hl.size() * 4));
+        CK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(qlat, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
     }
-    for (int v = 0; v < 3; v++) CK_(cudaMalloc(&out[v], (size_t)MAXT * H * KL * 4));
-    CK_(cudaMalloc(&sel, (size_t)MAXT * TOPK * 4));
-    CK_(cudaMalloc(&nsel, MAXT * 4));
+    for (int v = 0; v < 3; v++) CK(cudaMalloc(&out[v], (size_t)MAXT * H * KL * 4));
+    CK(cudaMalloc(&sel, (size_t)MAXT * TOPK * 4));
+    CK(cudaMalloc(&nsel, MAXT * 4));
     printf("| tokens | keys each | RB 1 | RB 2 | RB 4 (now) | max |RB - RB 4| / max |out|: RB 1, RB 2 |\n");
     printf("| --- | --- | --- | --- | --- | --- |\n");
     int fails = 0;
@@ -114,8 +118,8 @@ int main(int argc, char **argv) {
                     if (p >= NPOS) p = NPOS - 1 - (nk - 1 - i);
                 }
             }
-            CK_(cudaMemcpy(sel, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
-            CK_(cudaMemcpy(nsel, hn.data(), hn.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(sel, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(nsel, hn.data(), hn.size() * 4, cudaMemcpyHostToDevice));
             ac_args a;
             memset(&a, 0, sizeof a);
             a.d.n_tok = nt, a.d.n_head = H, a.d.nope = NOPE, a.d.rope = R, a.d.kv_lora = KL;
@@ -125,27 +129,23 @@ int main(int argc, char **argv) {
             float t_us[3];
             for (int v = 0; v < 3; v++) {
                 const int rb = 1 << v;
-                g5_error err = {};
                 t_us[v] = time_us(reps, [&](int i) {
                     ac_args b = a;
                     b.lat = (const uint8_t *)lat + (int64_t)(i % ncopy) * copy_b;
                     b.out = out[v];
-                    if (launch(rb, b, &err) != G5_OK) {
-                        fprintf(stderr, "RB %d: %s\n", rb, err.msg);
-                        exit(2);
-                    }
+                    GXX(launch(rb, b, &err_));
                 });
                 ac_args b = a; /* copy 0, for the comparison */
                 b.lat = lat;
                 b.out = out[v];
-                if (launch(rb, b, &err) != G5_OK) exit(2);
+                GXX(launch(rb, b, &err_));
             }
-            CK_(cudaDeviceSynchronize());
+            CK(cudaDeviceSynchronize());
             const size_t n = (size_t)nt * H * KL;
             std::vector<float> o[3];
             for (int v = 0; v < 3; v++) {
                 o[v].resize(n);
-                CK_(cudaMemcpy(o[v].data(), out[v], n * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(o[v].data(), out[v], n * 4, cudaMemcpyDeviceToHost));
             }
             double mx = 0, d[2] = {0, 0};
             int finite = 1;

@@ -18,21 +18,16 @@
 
 #include <vector>
 
-#define CK_(x)                                                                                     \
+#define BENCH_EXIT 2 /* a failed call; 1: a difference */
+#include "tests/gpu/bench_util.h" /* CK */
+
+/* bench_util.h's GK for C++: its `= {0}` does not initialize g5_error's enum member there */
+#define GXX(call)                                                                                  \
     do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define G_(x)                                                                                      \
-    do {                                                                                           \
-        g5_error er_ = {};                                                                         \
-        g5_error *err = &er_;                                                                      \
-        if ((x) != G5_OK) {                                                                        \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, err->msg);                          \
-            exit(2);                                                                               \
+        g5_error err_ = {};                                                                        \
+        if ((call) != G5_OK) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg);               \
+            exit(BENCH_EXIT);                                                                      \
         }                                                                                          \
     } while (0)
 
@@ -71,9 +66,9 @@ __global__ void __launch_bounds__(RL_WARPS * 32) ref_scores_lane(const float *__
     const int d4n = dim >> 2;
     const bool hl = lane < n_head;
     const float4 *qp = (const float4 *)(q + ((int64_t)t * n_head + (hl ? lane : 0)) * dim);
-    float4 qr[SL_MAXD4];
+    float4 qr[ST_MAXD4];
 #pragma unroll
-    for (int d4 = 0; d4 < SL_MAXD4; d4++)
+    for (int d4 = 0; d4 < ST_MAXD4; d4++)
         qr[d4] = hl && d4 < d4n ? __ldg(qp + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float wh = hl ? w[(int64_t)t * n_head + lane] : 0.0f;
     float *rw = &red[warp][0][0];
@@ -88,7 +83,7 @@ __global__ void __launch_bounds__(RL_WARPS * 32) ref_scores_lane(const float *__
             acc[i] = 0.0f;
         }
 #pragma unroll
-        for (int d4 = 0; d4 < SL_MAXD4; d4++) {
+        for (int d4 = 0; d4 < ST_MAXD4; d4++) {
             if (d4 < d4n) {
 #pragma unroll
                 for (int i = 0; i < RL_KG; i++) {
@@ -125,8 +120,8 @@ static float *dev_rand(size_t n, float a, float b) {
     std::vector<float> h(n);
     for (auto &x : h) x = unif(a, b);
     float *d;
-    CK_(cudaMalloc(&d, n * 4));
-    CK_(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d, n * 4));
+    CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -156,7 +151,7 @@ static void ref_scores(const float *q, const float *w, const float *k, int n_tok
         dim3 g2((unsigned)((P + SS_THREADS - 1) / SS_THREADS), (unsigned)n_tok);
         k_scores_split<<<g2, SS_THREADS, smem>>>(q, w, k, n_head, dim, pos0, dpos, rows, P, sc, ld_sc);
     }
-    CK_(cudaGetLastError());
+    CK(cudaGetLastError());
 }
 
 static int fails = 0, checks = 0;
@@ -164,9 +159,9 @@ static int fails = 0, checks = 0;
 /* n floats of a and b (device) bit for bit */
 static void same(const float *a, const float *b, size_t n, const char *what) {
     std::vector<float> x(n), y(n);
-    CK_(cudaDeviceSynchronize());
-    CK_(cudaMemcpy(x.data(), a, n * 4, cudaMemcpyDeviceToHost));
-    CK_(cudaMemcpy(y.data(), b, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(x.data(), a, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(y.data(), b, n * 4, cudaMemcpyDeviceToHost));
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) bad += memcmp(&x[i], &y[i], 4) != 0;
     checks++;
@@ -183,17 +178,17 @@ static void check_bits(void) {
     float *k = dev_rand((size_t)maxc * 128, -1, 1), *q = dev_rand(8 * 32 * 128, -1, 1), *w = dev_rand(8 * 32, 0, 1);
     float *s1, *s2;
     int32_t *dpos;
-    CK_(cudaMalloc(&s1, (size_t)8 * maxc * 4));
-    CK_(cudaMalloc(&s2, (size_t)8 * maxc * 4));
-    CK_(cudaMalloc(&dpos, 4));
+    CK(cudaMalloc(&s1, (size_t)8 * maxc * 4));
+    CK(cudaMalloc(&s2, (size_t)8 * maxc * 4));
+    CK(cudaMalloc(&dpos, 4));
     char what[160];
     for (int hd = 0; hd < 2; hd++) {
         const int IH = heads[hd], ID = dims[hd];
         for (int64_t c : ctx)
             for (int n = 1; n <= 4; n++) { /* host position: token t sees c - n + t + 1 keys */
                 const int64_t pos0 = c >= n ? c - n : 0, P = pos0 + n, ld = P + 3;
-                CK_(cudaMemset(s1, 0, (size_t)n * ld * 4));
-                CK_(cudaMemset(s2, 0, (size_t)n * ld * 4));
+                CK(cudaMemset(s1, 0, (size_t)n * ld * 4));
+                CK(cudaMemset(s2, 0, (size_t)n * ld * 4));
                 cuk_idx_scores_args a;
                 memset(&a, 0, sizeof a);
                 a.q = q;
@@ -205,7 +200,7 @@ static void check_bits(void) {
                 a.pos0 = pos0;
                 a.sc = s1;
                 a.ld_sc = ld;
-                G_(cuk_idx_scores(&a, NULL, err));
+                GXX(cuk_idx_scores(&a, NULL, &err_));
                 ref_scores(q, w, k, n, IH, ID, pos0, NULL, NULL, P, s2, ld);
                 snprintf(what, sizeof what, "cuk_idx_scores %dx%d pos0 %lld n_tok %d", IH, ID, (long long)pos0, n);
                 same(s1, s2, (size_t)n * ld, what);
@@ -214,9 +209,9 @@ static void check_bits(void) {
             const int64_t P = bucket(c);
             if (P > maxc) continue;
             const int32_t pos = (int32_t)(c - 1);
-            CK_(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
-            CK_(cudaMemset(s1, 0, (size_t)P * 4));
-            CK_(cudaMemset(s2, 0, (size_t)P * 4));
+            CK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
+            CK(cudaMemset(s1, 0, (size_t)P * 4));
+            CK(cudaMemset(s2, 0, (size_t)P * 4));
             cuk_idx_scores_args a;
             memset(&a, 0, sizeof a);
             a.q = q;
@@ -229,7 +224,7 @@ static void check_bits(void) {
             a.pos_bound = P;
             a.sc = s1;
             a.ld_sc = P;
-            G_(cuk_idx_scores_dev(&a, NULL, err));
+            GXX(cuk_idx_scores_dev(&a, NULL, &err_));
             ref_scores(q, w, k, 1, IH, ID, 0, dpos, NULL, P, s2, P);
             snprintf(what, sizeof what, "cuk_idx_scores_dev %dx%d keys %lld bucket %lld", IH, ID, (long long)c, (long long)P);
             same(s1, s2, (size_t)P, what);
@@ -247,10 +242,10 @@ static void check_bits(void) {
                 bound = bound > cap ? bound : cap;
             }
             cuk_seq_row *dr;
-            CK_(cudaMalloc(&dr, 8 * sizeof(cuk_seq_row)));
-            CK_(cudaMemcpy(dr, hr.data(), 8 * sizeof(cuk_seq_row), cudaMemcpyHostToDevice));
-            CK_(cudaMemset(s1, 0, (size_t)8 * bound * 4));
-            CK_(cudaMemset(s2, 0, (size_t)8 * bound * 4));
+            CK(cudaMalloc(&dr, 8 * sizeof(cuk_seq_row)));
+            CK(cudaMemcpy(dr, hr.data(), 8 * sizeof(cuk_seq_row), cudaMemcpyHostToDevice));
+            CK(cudaMemset(s1, 0, (size_t)8 * bound * 4));
+            CK(cudaMemset(s2, 0, (size_t)8 * bound * 4));
             cuk_idx_scores_args a;
             memset(&a, 0, sizeof a);
             a.q = q;
@@ -262,7 +257,7 @@ static void check_bits(void) {
             a.pos_bound = bound;
             a.sc = s1;
             a.ld_sc = bound;
-            G_(cuk_idx_scores_multi(&a, NULL, err));
+            GXX(cuk_idx_scores_multi(&a, NULL, &err_));
             ref_scores(q, w, NULL, 8, IH, ID, 0, NULL, dr, bound, s2, bound);
             snprintf(what, sizeof what, "cuk_idx_scores_multi %dx%d 8 rows, bound %lld", IH, ID, (long long)bound);
             same(s1, s2, (size_t)8 * bound, what);
@@ -274,17 +269,17 @@ static void check_bits(void) {
 
 template <typename F> static float time_us(int reps, F f) {
     cudaEvent_t a, b;
-    CK_(cudaEventCreate(&a));
-    CK_(cudaEventCreate(&b));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
     f(0);
-    CK_(cudaDeviceSynchronize());
-    CK_(cudaEventRecord(a));
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(a));
     for (int i = 0; i < reps; i++) f(i);
-    CK_(cudaEventRecord(b));
-    CK_(cudaEventSynchronize(b));
-    CK_(cudaGetLastError());
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
     float ms = 0;
-    CK_(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaEventElapsedTime(&ms, a, b));
     cudaEventDestroy(a), cudaEventDestroy(b);
     return ms * 1000.0f / (float)reps;
 }
@@ -292,7 +287,7 @@ template <typename F> static float time_us(int reps, F f) {
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
     cudaDeviceProp prop;
-    CK_(cudaGetDeviceProperties(&prop, 0));
+    CK(cudaGetDeviceProperties(&prop, 0));
     printf("idxbench: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     check_bits();
     printf("bits: %d comparisons, %d differ\n", checks, fails);
@@ -302,14 +297,14 @@ int main(int argc, char **argv) {
     float *dk = dev_rand((size_t)nrows * ID, -1, 1), *dq = dev_rand(IH * ID, -1, 1), *dw = dev_rand(IH, 0, 1);
     float *dsc;
     int32_t *dpos;
-    CK_(cudaMalloc(&dsc, (size_t)bucket(131072) * 4));
-    CK_(cudaMalloc(&dpos, 4));
+    CK(cudaMalloc(&dsc, (size_t)bucket(131072) * 4));
+    CK(cudaMalloc(&dpos, 4));
     printf("one token, %d heads x %d, position in device memory, us per launch (mean of %d)\n\n", IH, ID, reps);
     printf("| keys | bucket | old kernels | k_scores_tile | key bytes at the copy rate of 3.0 TB/s |\n| --- | --- | --- | --- | --- |\n");
     for (int64_t cnt : cnts) {
         const int64_t P = bucket(cnt), ncopy = nrows / P;
         const int32_t pos = (int32_t)(cnt - 1);
-        CK_(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
         const float t_old = time_us(reps, [&](int i) {
             ref_scores(dq, dw, dk + (int64_t)(i % ncopy) * P * ID, 1, IH, ID, 0, dpos, NULL, P, dsc, P);
         });
@@ -326,7 +321,7 @@ int main(int argc, char **argv) {
             a.pos_bound = P;
             a.sc = dsc;
             a.ld_sc = P;
-            G_(cuk_idx_scores_dev(&a, NULL, err));
+            GXX(cuk_idx_scores_dev(&a, NULL, &err_));
         });
         printf("| %lld | %lld | %.2f | %.2f | %.2f |\n", (long long)cnt, (long long)P, t_old, t_new,
                (double)cnt * row_b / 3.0e6);
@@ -335,32 +330,32 @@ int main(int argc, char **argv) {
      * (the launcher's choice: clusters of up to 16, slices of at least 1024 positions) */
     int32_t *dsel, *dn;
     float *dsc2;
-    CK_(cudaMalloc(&dsc2, (size_t)bucket(131072) * 4));
-    CK_(cudaMalloc(&dsel, 2048 * 4));
-    CK_(cudaMalloc(&dn, 4));
+    CK(cudaMalloc(&dsc2, (size_t)bucket(131072) * 4));
+    CK(cudaMalloc(&dsel, 2048 * 4));
+    CK(cudaMalloc(&dn, 4));
     const int clmax = cuk_cluster_max((const void *)k_topk_split, TS_MAXCL, TK_THREADS, 0, 0);
     printf("\ntop-k 2048 of one token's scores, us per launch: k_topk (one block), k_topk_split in clusters of 1-%d\n\n", clmax);
     printf("| keys | bucket | k_topk | cl 1 | cl 2 | cl 4 | cl 8 | cl 16 | one, aggregated | one, plain |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    CK_(cudaFuncSetAttribute(k_topk_one<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024 * 4));
-    CK_(cudaFuncSetAttribute(k_topk_one<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024 * 4));
+    CK(cudaFuncSetAttribute(k_topk_one<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024 * 4));
+    CK(cudaFuncSetAttribute(k_topk_one<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024 * 4));
     std::vector<int32_t> r0(2048), r1(2048);
     for (int64_t cnt : cnts) {
         const int64_t P = bucket(cnt);
         const int32_t pos = (int32_t)(cnt - 1);
-        CK_(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
         {
             cuk_idx_scores_args a;
             memset(&a, 0, sizeof a);
             a.q = dq, a.w = dw, a.k = dk, a.n_tok = 1, a.n_head = IH, a.dim = ID, a.pos0_dev = dpos, a.pos_bound = P;
             a.sc = dsc, a.ld_sc = P;
-            G_(cuk_idx_scores_dev(&a, NULL, err));
+            GXX(cuk_idx_scores_dev(&a, NULL, &err_));
         }
         float t[8];
         t[0] = time_us(reps, [&](int) {
             k_topk<<<1, TK_THREADS>>>(dsc, P, 0, dpos, (const cuk_seq_row *)NULL, P, 2048, dsel, 2048, dn);
         });
-        CK_(cudaDeviceSynchronize());
-        CK_(cudaMemcpy(r0.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(r0.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
         for (int c = 0; c < 5; c++) {
             const int cl = 1 << c;
             t[1 + c] = 0.0f;
@@ -368,12 +363,12 @@ int main(int argc, char **argv) {
             auto f = [&](int) {
                 cudaLaunchAttribute at;
                 const cudaLaunchConfig_t cfg = cuk_cluster_cfg(&at, (unsigned)cl, dim3((unsigned)cl, 1, 1), TK_THREADS, 0, 0);
-                CK_(cudaLaunchKernelEx(&cfg, k_topk_split, (const float *)dsc, P, (int64_t)0, (const int32_t *)dpos,
+                CK(cudaLaunchKernelEx(&cfg, k_topk_split, (const float *)dsc, P, (int64_t)0, (const int32_t *)dpos,
                                        (const cuk_seq_row *)NULL, P, (int32_t)2048, dsel, (int64_t)2048, dn));
             };
             t[1 + c] = time_us(reps, f);
-            CK_(cudaDeviceSynchronize());
-            CK_(cudaMemcpy(r1.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(r1.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
             checks++;
             if (memcmp(r0.data(), r1.data(), 2048 * 4)) {
                 printf("FAIL top-k keys %lld: cluster %d differs from k_topk\n", (long long)cnt, cl);
@@ -395,16 +390,16 @@ int main(int argc, char **argv) {
                     std::vector<float> adv((size_t)P);
                     for (auto &x : adv)
                         x = kind == 1 ? 1.0f : kind == 2 ? (float)(int)unif(0, 4) : (unif(0, 1) < 0.9f ? 0.0f : unif(0, 1));
-                    CK_(cudaMemcpy(dsc2, adv.data(), P * 4, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(dsc2, adv.data(), P * 4, cudaMemcpyHostToDevice));
                 }
                 const float *src = kind ? dsc2 : dsc;
                 k_topk<<<1, TK_THREADS>>>(src, P, 0, dpos, (const cuk_seq_row *)NULL, P, 2048, dsel, 2048, dn);
-                CK_(cudaDeviceSynchronize());
-                CK_(cudaMemcpy(r0.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
-                CK_(cudaMemset(dsel, 0xFF, 2048 * 4));
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(r0.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemset(dsel, 0xFF, 2048 * 4));
                 f(0);
-                CK_(cudaDeviceSynchronize());
-                CK_(cudaMemcpy(r1.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(r1.data(), dsel, 2048 * 4, cudaMemcpyDeviceToHost));
                 checks++;
                 if (memcmp(r0.data(), r1.data(), 2048 * 4)) {
                     printf("FAIL top-k keys %lld input %d: k_topk_one<%d> differs from k_topk\n", (long long)cnt, kind, v == 0);
