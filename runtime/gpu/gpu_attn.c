@@ -81,7 +81,10 @@ static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     const uint32_t n = pl->n, bound = g->graph_bound;
     const int one = pl->n_seg == 1;
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
-    /* the scores and selections of the call's tokens: bound, multi or per sequence below */
+    /* the scores and selections of the call's tokens: bound, multi or per sequence below. While a
+     * launch's tokens see at most K keys each (its bound, or its last position + 1, <= K), every
+     * key is selected: the top-k writes 0 .. count - 1 without reading a score, so the scores
+     * are not computed (the same selections) */
     cuk_idx_scores_args sa = {.q = rk->iq, .w = rk->iw, .n_tok = (int32_t)n, .n_head = (int32_t)IH,
                               .dim = (int32_t)ID, .sc = rk->sc};
     cuk_idx_topk_args ta = {.sc = rk->sc, .n_tok = (int32_t)n, .k = (int32_t)K, .sel = rk->sel, .ld_sel = K,
@@ -94,15 +97,17 @@ static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
         CK(cuk_cache_write_rows(cw, cs, err));
         sa.pos0_dev = ta.pos0_dev = rk->pos;
         sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = bound;
-        CK(cuk_idx_scores_dev(&sa, cs, err));
+        if (bound > K) CK(cuk_idx_scores_dev(&sa, cs, err));
         CK(cuk_idx_topk_dev(&ta, cs, err));
     }
     if (multi) { /* new rows, scores and selections of all sequences, a launch each */
         CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, rk->ikf, ID, rows, (int32_t)n, cs, err));
         sa.rows = ta.rows = rows;
         sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = mpb;
-        CK(cuk_idx_scores_multi(&sa, cs, err));
-        PMARK("attn", "idx_scores");
+        if (mpb > K) {
+            CK(cuk_idx_scores_multi(&sa, cs, err));
+            PMARK("attn", "idx_scores");
+        }
         CK(cuk_idx_topk_multi(&ta, cs, err));
         PMARK("attn", "idx_topk");
     }
@@ -121,8 +126,10 @@ static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
         sa.ld_sc = ta.ld_sc = P;
         ta.sel = rk->sel + t0 * K;
         ta.n_sel = rk->n_sel + t0;
-        CK(tc ? gl_lin_idx_scores(rk->lin, &sa, err) : cuk_idx_scores(&sa, cs, err)); /* tc: one sequence */
-        PMARK("attn", "idx_scores");
+        if (P > K) {
+            CK(tc ? gl_lin_idx_scores(rk->lin, &sa, err) : cuk_idx_scores(&sa, cs, err)); /* tc: one sequence */
+            PMARK("attn", "idx_scores");
+        }
         CK(cuk_idx_topk(&ta, cs, err));
         PMARK("attn", "idx_topk");
     }
