@@ -110,8 +110,8 @@ run() {
       # shellcheck disable=SC2086
       timeout "${LIMIT:-200}" "$t/$B/gpu/tests/bench_peer" -m "$blobs" --precision fast \
         ${PEER:---pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1} >"$OUT/peer_$(basename "$t")_$r.log" 2>&1 || rc=1
-      echo "round $r $(basename "$t"): $(grep -o 'batch [0-9]* @ [0-9]* fast[a-z, ]*: [0-9.]* tok/s aggregate ([0-9.]* ms' \
-        "$OUT/peer_$(basename "$t")_$r.log" | sed 's/ fast//; s/, argmax steps/ argmax/; s/ tok\/s aggregate (/ tok\/s, /' |
+      echo "round $r $(basename "$t"): $(grep -oE '(tg[0-9]+|batch [0-9]+) @ [0-9]+ fast: [0-9.]+ tok/s( aggregate)? \([0-9.]+ ms' \
+        "$OUT/peer_$(basename "$t")_$r.log" | sed 's/ fast//; s/ tok\/s aggregate (/ tok\/s, /; s/ tok\/s (/ tok\/s, /' |
         tr '\n' ';')"
     done
   done

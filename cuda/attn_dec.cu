@@ -16,12 +16,17 @@
  * on the way). Warp w owns rows 16 (w % RB) .. + 16 and, of the KS = 8 / RB warps per row block,
  * is number ks = w / RB: for S = Q K^T it computes keys 64 / KS * ks .. of the tile, for O += P V
  * value columns 512 / KS * ks ..; row maxima and sums meet in shared memory, P goes through it
- * as fp16 (the numerics of k_mla_flash). Each CTA then leaves its running max m, sum l and
- * unnormalised O (float32) in its shared memory and, after a cluster barrier, CTA `rank` combines
- * a 1 / CL share of the token's (head, column) outputs over the busy CTAs in rank order (flash-
- * decoding through distributed shared memory: no global scratch, one launch). CL is fixed by the
- * head count, max_sel and the device, never by the token count, so a token's bits are the same in
- * a one-token launch, a graph step and a multi-sequence step. */
+ * as fp16 (the numerics of k_mla_flash). A row's running sum is kept per 8-key column group of
+ * the tile (whichever warp computes it) and the groups are added in order at the end, so the bits
+ * are the same for every RB. Each CTA then leaves its running max m, sum l and unnormalised O
+ * (float32) in its shared memory and, after a cluster barrier, CTA `rank` combines a 1 / CL share
+ * of the token's (head, column) outputs over the busy CTAs in rank order (flash-decoding through
+ * distributed shared memory: no global scratch, one launch). CL is fixed by max_sel and the
+ * device (the smallest largest cluster of the forms that fit), never by the token count, so a
+ * token's bits are the same in a one-token launch, a graph step and a multi-sequence step, while
+ * the launcher picks RB per launch: 16 heads a CTA for one token (64 CTAs at 64 heads, against 16
+ * with RB 4: 12.9 against 21.1 us at 512 keys on the H100), RB 4 from about 8 tokens (41.7
+ * against 57.8 us at RB 1), bench/RESULTS.md. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -49,7 +54,7 @@ constexpr int DKEYS_PER_CTA = 2 * FBN;    /* the cluster is sized for two tiles 
 /* Shared memory of a CTA of M rows: the query tile, two key tiles, the P tile, key positions,
  * the row maxima and sums of the 8 warps. After the last tile the key tiles hold the CTA's
  * unnormalised O ([M][512] float32) and the query tile its m, l and the combine's weights. */
-__host__ __device__ constexpr int dec_smem(int M) { return M * ROWB + 2 * SK_B + M * FBN * 2 + 2 * FBN * 4 + 2 * 8 * 16 * 4; }
+__host__ __device__ constexpr int dec_smem(int M) { return M * ROWB + 2 * SK_B + M * FBN * 2 + 2 * FBN * 4 + 8 * 16 * 4; }
 static_assert(dec_smem(64) <= 227 * 1024, "k_mla_dec<4> fits sm_90's opt-in");
 static_assert(64 * FDV * 4 <= 2 * SK_B, "the partial O fits the key tiles");
 static_assert((2 + DMAXCL + 1) * 64 * 4 <= 64 * ROWB, "m, l and the weights fit the query tile");
@@ -136,7 +141,6 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     uint8_t *sqg = smem, *skg0 = smem + M * ROWB, *pp = skg0 + 2 * SK_B;
     int *kpos = (int *)(void *)(pp + M * FBN * 2); /* [2][FBN] */
     float *rmax = (float *)(void *)(kpos + 2 * FBN); /* [KS][M] */
-    float *rsum = rmax + KS * M;                     /* [KS][M] */
 
     const cuk_mla_dims d = a.d;
     const int H = d.n_head, t = blockIdx.z, h0 = blockIdx.y * M, nh = min(M, H - h0);
@@ -155,7 +159,10 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     float o[2 * NP][4];
 #pragma unroll
     for (int nt = 0; nt < 2 * NP; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+    float mrun[2] = {-INFINITY, -INFINITY};
+    float lrun[NKT][2]; /* per 8-key column group of the tile: the sum's order does not depend on RB */
+#pragma unroll
+    for (int nt = 0; nt < NKT; nt++) lrun[nt][0] = lrun[nt][1] = 0.0f;
     if (b0 < b1) {
         int jn = load_tile(sk0, skg0, kpos, kr.lat, kr, selrow, ns, b0 * FBN, &bad);
         cp_commit();
@@ -255,11 +262,10 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
                 const float mu = mn == -INFINITY ? 0.0f : mn;
                 alpha[i] = __expf(mrun[i] - mu);
                 mrun[i] = mn;
-                lrun[i] *= alpha[i];
 #pragma unroll
                 for (int nt = 0; nt < NKT; nt++) {
                     const float p0 = __expf(s[nt][2 * i] - mu), p1 = __expf(s[nt][2 * i + 1] - mu);
-                    lrun[i] += p0 + p1;
+                    lrun[nt][i] = __fadd_rn(__fmul_rn(lrun[nt][i], alpha[i]), __fadd_rn(p0, p1));
                     *(uint32_t *)(void *)(pp + swp(r, ks * NKT + nt) + c4 * 4) = h2(p0, p1);
                 }
             }
@@ -276,13 +282,18 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
             __syncthreads();
         }
     }
-    /* this CTA's state: rsum [KS][M] -> l per row; O into the key tiles, m and l into the query tile */
+    /* this CTA's state: the column groups' sums [FBN / 8][M] (in the P tile, free after the last
+     * tile) -> l per row, in group order; O into the key tiles, m and l into the query tile */
+    float *gsum = (float *)(void *)pp;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 1);
-        lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 2);
-        if (c4 == 0) rsum[ks * M + rb * 16 + g + 8 * i] = lrun[i];
-    }
+    for (int nt = 0; nt < NKT; nt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float l = lrun[nt][i];
+            l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 1));
+            l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
+            if (c4 == 0) gsum[(ks * NKT + nt) * M + rb * 16 + g + 8 * i] = l;
+        }
     float *po = (float *)(void *)skg0;   /* [M][512] */
     float *cm = (float *)(void *)sqg;    /* [M] */
     float *cs = cm + M;                  /* [M] */
@@ -304,7 +315,7 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
             const int r = rb * 16 + g + 8 * i;
             float l = 0.0f;
 #pragma unroll
-            for (int k = 0; k < KS; k++) l += rsum[k * M + r];
+            for (int k = 0; k < FBN / 8; k++) l = __fadd_rn(l, gsum[k * M + r]);
             cm[r] = mrun[i];
             cs[r] = l;
         }
@@ -362,27 +373,67 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     cl.sync(); /* the others may still read this CTA's shared memory */
 }
 
-int rb_for(int n_head) { return n_head <= 16 ? 1 : n_head <= 32 ? 2 : 4; }
-
-template <int RB, bool BF16>
-g5_status dec_launch(const ac_args &a, cudaStream_t st, g5_error *err) {
-    constexpr int M = 16 * RB;
-    const size_t smem = dec_smem(M);
-    static int cl_dev[CUK_MAX_DEVICES]; /* per device: the opt-in and the largest cluster */
+/* The largest cluster of every form that fits the device (`fit` of them: RB 1, 2, 4), so that CL,
+ * and with it the bits, do not depend on which form a launch takes. Once per device. */
+template <bool BF16>
+g5_status dec_cluster_max(int fit, cudaStream_t st, int *out, g5_error *err) {
+    static int cl_dev[CUK_MAX_DEVICES];
     int &max_cl = cl_dev[cuk_device_slot()];
     if (max_cl == 0) {
-        CUK_CHECK(cudaFuncSetAttribute(k_mla_dec<RB, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        max_cl = cuk_cluster_max((const void *)k_mla_dec<RB, BF16>, DMAXCL, DT, smem, st);
+        const void *fn[3] = {(const void *)k_mla_dec<1, BF16>, (const void *)k_mla_dec<2, BF16>,
+                             (const void *)k_mla_dec<4, BF16>};
+        int m = DMAXCL;
+        for (int i = 0; i < fit; i++) {
+            const int smem = dec_smem(16 << i);
+            CUK_CHECK(cudaFuncSetAttribute(fn[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            m = min(m, cuk_cluster_max(fn[i], DMAXCL, DT, (size_t)smem, st));
+        }
+        max_cl = m;
     }
-    int cl = (a.max_sel + DKEYS_PER_CTA - 1) / DKEYS_PER_CTA;
-    if (cl > max_cl) cl = max_cl;
-    if (cl < 1) cl = 1;
+    *out = max_cl;
+    return G5_OK;
+}
+
+template <int RB, bool BF16>
+g5_status dec_launch(const ac_args &a, int cl, cudaStream_t st, g5_error *err) {
+    constexpr int M = 16 * RB;
     cudaLaunchAttribute at;
     const cudaLaunchConfig_t cfg = cuk_cluster_cfg(
-        &at, (unsigned)cl, dim3((unsigned)cl, (unsigned)((a.d.n_head + M - 1) / M), (unsigned)a.d.n_tok), DT, smem, st);
+        &at, (unsigned)cl, dim3((unsigned)cl, (unsigned)((a.d.n_head + M - 1) / M), (unsigned)a.d.n_tok), DT,
+        dec_smem(M), st);
     CUK_CHECK(cudaLaunchKernelEx(&cfg, k_mla_dec<RB, BF16>, a));
     CUK_CHECK_LAUNCH("mla_attend (tensor cores)");
     return G5_OK;
+}
+
+/* How many of the forms RB 1, 2, 4 the device's opt-in holds (0: none) */
+int dec_forms_fit(const cuk_device *dev) {
+    int n = 0;
+    while (n < 3 && dev && (int64_t)dec_smem(16 << n) <= (int64_t)dev->smem_optin) n++;
+    return n;
+}
+
+template <bool BF16>
+g5_status dec_run(const ac_args &a, cudaStream_t st, g5_error *err) {
+    const cuk_device *dev = cuk_device_current();
+    const int fit = dec_forms_fit(dev);
+    int max_cl = 0;
+    const g5_status s = dec_cluster_max<BF16>(fit, st, &max_cl, err);
+    if (s != G5_OK) return s;
+    int cl = (a.max_sel + DKEYS_PER_CTA - 1) / DKEYS_PER_CTA;
+    if (cl > max_cl) cl = max_cl;
+    if (cl < 1) cl = 1;
+    /* then the fewest CTAs (more heads a CTA: each key tile serves more rows) that fill at least
+     * half the SMs: one token of 64 heads runs as RB 1 on 64 CTAs, 8 tokens as RB 4 on 128 */
+    int lg = 0; /* RB 16 << lg heads a CTA: no more than the heads need, no more than fit */
+    while (lg + 1 < fit && (16 << lg) < a.d.n_head) lg++;
+    const int64_t per = (int64_t)cl * a.d.n_tok;
+    while (lg > 0 && per * ((a.d.n_head + (16 << lg) - 1) / (16 << lg)) * 2 <= dev->sm_count) lg--;
+    switch (lg) {
+    case 0: return dec_launch<1, BF16>(a, cl, st, err);
+    case 1: return dec_launch<2, BF16>(a, cl, st, err);
+    default: return dec_launch<4, BF16>(a, cl, st, err);
+    }
 }
 
 } // namespace
@@ -390,18 +441,12 @@ g5_status dec_launch(const ac_args &a, cudaStream_t st, g5_error *err) {
 int mla_dec_fits(const cuk_mla_dims *d, uint32_t lat_type) {
     if (!d || d->kv_lora != FDV || d->rope != FD - FDV || d->nope < 0 || d->nope % 4) return 0;
     if (lat_type != CUK_BF16 && lat_type != CUK_F16) return 0;
-    if (d->n_head < 1 || (d->n_head + 63) / 64 > 65535) return 0;
-    const cuk_device *dev = cuk_device_current(); /* cuda/cuk_device.h */
-    return dev && (int64_t)dec_smem(16 * rb_for(d->n_head)) <= (int64_t)dev->smem_optin;
+    if (d->n_head < 1 || (d->n_head + 15) / 16 > 65535) return 0;
+    return dec_forms_fit(cuk_device_current()) > 0; /* cuda/cuk_device.h */
 }
 
 g5_status mla_dec_run(const ac_args &a, uint32_t lat_type, cudaStream_t st, g5_error *err) {
     if (((uintptr_t)a.q | (uintptr_t)a.qlat | (uintptr_t)a.lat | (uintptr_t)a.fresh) & 15)
         return g5_fail(err, G5_ERR_INVALID_ARG, "mla_attend (tensor cores): operands not 16-byte aligned");
-    const bool bf = lat_type == CUK_BF16;
-    switch (rb_for(a.d.n_head)) {
-    case 1: return bf ? dec_launch<1, true>(a, st, err) : dec_launch<1, false>(a, st, err);
-    case 2: return bf ? dec_launch<2, true>(a, st, err) : dec_launch<2, false>(a, st, err);
-    default: return bf ? dec_launch<4, true>(a, st, err) : dec_launch<4, false>(a, st, err);
-    }
+    return lat_type == CUK_BF16 ? dec_run<true>(a, st, err) : dec_run<false>(a, st, err);
 }

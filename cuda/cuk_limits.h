@@ -61,12 +61,14 @@ static const cuk_kernel_limit cuk_kernel_limits[] = {
     /* attn.cu: (AH_HB + AH_TK) rows of (kv_lora + rope + 4) floats */
     {"k_attend_hg", (8 + 32) * (CUK_G5_KVW + 4) * 4, CUK_PORTABLE_CLUSTER, CUK_ATTEND_SPLIT_CLUSTER_MAX, 1, "k_attend"},
     /* attn_dec.cu: 64 query rows, two key tiles of 64 rows, the P tile (fp16), positions, maxima */
-    {"k_mla_dec", 64 * CUK_G5_KVW * 2 + 2 * 64 * CUK_G5_KVW * 2 + 64 * 64 * 2 + 2 * 64 * 4 + 2 * 8 * 16 * 4,
+    {"k_mla_dec", 64 * CUK_G5_KVW * 2 + 2 * 64 * CUK_G5_KVW * 2 + 64 * 64 * 2 + 2 * 64 * 4 + 8 * 16 * 4,
      CUK_PORTABLE_CLUSTER, CUK_MLA_DEC_CLUSTER_MAX, 1, "k_attend_hg"},
     {"k_attend", CUK_G5_KVW * 4 + CUK_G5_TOPK * (4 + 4), 1, 0, 0, NULL},
     /* indexer.cu: (n_head * dim + n_head) floats; the split kernel only up to CUK_SMEM_NO_OPTIN */
     {"k_scores_split / k_scores", (CUK_G5_IDX_HEADS * CUK_G5_IDX_DIM + CUK_G5_IDX_HEADS) * 4, 1, 0, 0, NULL},
     {"k_scores_tile", CUK_SCORES_TILE_SMEM, 1, 0, 0, NULL},
+    /* indexer.cu: a token's keys (4 bytes each) up to TO_MAX_KEYS = 32768 and the device's opt-in */
+    {"k_topk_one", 32768 * 4, 1, 0, 1, "k_topk_split"},
     {"k_topk_split", 0, CUK_PORTABLE_CLUSTER, CUK_TOPK_SPLIT_CLUSTER_MAX, 0, "k_topk"},
     {"k_norm", 0, CUK_NORM_CLUSTER_MAX, 0, 0, NULL},
     {"k_moe_mm", CUK_MOE_MM_SMEM, 1, 0, 0, NULL},

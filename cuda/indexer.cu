@@ -205,6 +205,115 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
     if (threadIdx.x == 0) n_sel[t] = K;
 }
 
+constexpr int TO_THREADS = 1024;
+constexpr int TO_WARPS = TO_THREADS / 32;
+constexpr size_t TO_STATIC = 2048; /* k_topk_one's static shared memory (about 1.2 KB), rounded up */
+constexpr int64_t TO_MAX_KEYS = 32768; /* the launcher's bound for it (bench/RESULTS.md, session 34) */
+static_assert(TO_MAX_KEYS < 65536, "a warp's and the row's counts fit 16 bits");
+
+/* grid (n_tok), TO_THREADS threads, dynamic shared: the row's radix keys ([>= bound] uint32).
+ * k_topk's selection (the same output) with the row read from global memory once: the four
+ * radix passes run over the keys in shared memory (plain shared-memory atomics: faster than
+ * warp-aggregated adds here), then warp w takes a contiguous chunk of the positions: it counts
+ * its keys above and equal to the threshold (lane j reads key j of each 32: no bank conflicts),
+ * one scan over the 32 warps of (above << 16 | equal) gives each warp its output offset and the
+ * equal keys before it, and the warp writes its chunk in order, 32 keys a step, ranks from
+ * ballots. The launcher keeps the bound below 65536 keys (TO_MAX_KEYS). */
+__global__ void __launch_bounds__(TO_THREADS) k_topk_one(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0_h,
+                                                         const int32_t *__restrict__ dpos,
+                                                         const cuk_seq_row *__restrict__ rows, int64_t bound, int32_t K,
+                                                         int32_t *__restrict__ sel, int64_t ld_sel,
+                                                         int32_t *__restrict__ n_sel) {
+    extern __shared__ uint32_t to_keys[];
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_remaining;
+    __shared__ uint32_t wsum[TO_WARPS];
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t pos0 = rows ? 0 : first_pos(pos0_h, dpos, bound, (int)gridDim.x);
+    const int cnt = (int)(rows ? row_cnt(rows, t, bound) : pos0 + t + 1);
+    if (pos0 < 0 || cnt < 0) {
+        if (threadIdx.x == 0) n_sel[t] = 0;
+        return;
+    }
+    int32_t *out = sel + (int64_t)t * ld_sel;
+    if (cnt <= K) {
+        for (int i = threadIdx.x; i < K; i += TO_THREADS) out[i] = i < cnt ? i : -1;
+        if (threadIdx.x == 0) n_sel[t] = cnt;
+        return;
+    }
+    const float *row = sc + (int64_t)t * ld_sc;
+    for (int s = threadIdx.x; s < cnt; s += TO_THREADS) to_keys[s] = key_of(row[s]);
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_remaining = K;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += TO_THREADS) hist[i] = 0;
+        __syncthreads();
+        const uint32_t prefix = s_prefix;
+        const uint32_t hi = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+        for (int s = threadIdx.x; s < cnt; s += TO_THREADS) {
+            const uint32_t key = to_keys[s];
+            if ((key & hi) == (prefix & hi)) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const int rem = s_remaining;
+            int b;
+            uint32_t above;
+            pick_bin(hist, rem, threadIdx.x, &b, &above);
+            if (threadIdx.x == 0) {
+                s_remaining = rem - (int)above;
+                s_prefix = prefix | ((uint32_t)b << shift);
+            }
+        }
+        __syncthreads();
+    }
+    const uint32_t thr = s_prefix;
+    const int need_eq = s_remaining; /* keys equal to thr to take, lowest positions first */
+    const int chunk = (cnt + TO_WARPS * 32 - 1) / (TO_WARPS * 32) * 32;
+    const int c0 = min(cnt, warp * chunk), c1 = min(cnt, c0 + chunk);
+    uint32_t gt = 0, eq = 0;
+    for (int s = c0 + lane; s < c1; s += 32) {
+        const uint32_t key = to_keys[s];
+        gt += key > thr;
+        eq += key == thr;
+    }
+    uint32_t v = gt << 16 | eq;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) wsum[warp] = v;
+    __syncthreads();
+    if (warp == 0) { /* exclusive scan over the warps */
+        const uint32_t w = wsum[lane];
+        uint32_t x = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        wsum[lane] = x - w;
+    }
+    __syncthreads();
+    const uint32_t before = wsum[warp];
+    int eq_seen = (int)(before & 0xFFFFu);
+    int taken = (int)(before >> 16) + min(eq_seen, need_eq);
+    const unsigned lt = (1u << lane) - 1u;
+    for (int base = c0; base < c1; base += 32) { /* warp-uniform trip count */
+        const int s = base + lane;
+        const uint32_t key = s < c1 ? to_keys[s] : 0u;
+        const bool is_gt = s < c1 && key > thr, is_eq = s < c1 && key == thr;
+        const unsigned eqb = __ballot_sync(0xffffffffu, is_eq);
+        const bool take = is_gt || (is_eq && eq_seen + __popc(eqb & lt) < need_eq);
+        const unsigned tb = __ballot_sync(0xffffffffu, take);
+        if (take) out[taken + __popc(tb & lt)] = s;
+        taken += __popc(tb);
+        eq_seen += __popc(eqb);
+    }
+    if (threadIdx.x == 0) n_sel[t] = K;
+}
+
 /* ---- split implementations (decode-sized launches; the ones above take the other shapes) ---- */
 
 namespace cg = cooperative_groups;
@@ -566,6 +675,21 @@ static g5_status idx_topk(const float *sc, int64_t ld_sc, int32_t n_tok, int64_t
     if (sms <= 0) sms = cuk_sm_count() > 0 ? cuk_sm_count() : 132;
     if (n_tok < sms) {
         const cudaStream_t st = (cudaStream_t)stream;
+        /* one block per token with the row's keys in shared memory, up to TO_MAX_KEYS where the
+         * device's opt-in holds them: no cluster barriers, one read of the row (4096 keys: 7.9
+         * against 15.3 us for the split kernel on the H100; bench/RESULTS.md, session 34) */
+        static size_t one_cap_dev[CUK_MAX_DEVICES];
+        size_t &one_cap = one_cap_dev[cuk_device_slot()];
+        if (one_cap == 0) {
+            one_cap = cuk_device_smem_cap((size_t)TO_MAX_KEYS * 4 + TO_STATIC) - TO_STATIC;
+            CUK_CHECK(cudaFuncSetAttribute(k_topk_one, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)one_cap));
+        }
+        if (P <= TO_MAX_KEYS && (size_t)P * 4 <= one_cap) {
+            k_topk_one<<<(unsigned)n_tok, TO_THREADS, (size_t)P * 4, st>>>(sc, ld_sc, pos0, dpos, rows, P, k, sel, ld_sel,
+                                                                           n_sel);
+            CUK_CHECK_LAUNCH("idx_topk");
+            return G5_OK;
+        }
         /* 16-block clusters are non-portable: used where one fits (checked once per device) */
         static int max_cl_dev[CUK_MAX_DEVICES];
         int &max_cl = max_cl_dev[cuk_device_slot()];

@@ -253,6 +253,7 @@ static int cmp_i32(const void *a, const void *b) {
 static void test_topk(void) {
     static const struct { int k; int64_t pos0; int n; int ties; } cfg[] = {
         {32, 0, 455, 1}, {32, 100, 7, 0}, {2048, 4000, 3, 1}, {2048, 0, 2, 0}, {64, 10, 200, 1}, {2048, 20000, 2, 0},
+        {2048, 30000, 2, 1}, {2048, 40000, 1, 1}, /* the one-block kernel at its largest, the split kernel past it */
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int K = cfg[c].k, n = cfg[c].n;
