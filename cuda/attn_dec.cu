@@ -25,8 +25,8 @@
  * device (the smallest largest cluster of the forms that fit), never by the token count, so a
  * token's bits are the same in a one-token launch, a graph step and a multi-sequence step, while
  * the launcher picks RB per launch: 16 heads a CTA for one token (64 CTAs at 64 heads, against 16
- * with RB 4: 12.9 against 21.1 us at 512 keys on the H100), RB 4 from about 8 tokens (41.7
- * against 57.8 us at RB 1), bench/RESULTS.md. */
+ * with RB 4: 12.6 against 20.7 us at 512 keys on the H100), RB 4 from 4 tokens (at 8: 40.4
+ * against 56.8 us at RB 1), bench/RESULTS.md. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -424,11 +424,12 @@ g5_status dec_run(const ac_args &a, cudaStream_t st, g5_error *err) {
     if (cl > max_cl) cl = max_cl;
     if (cl < 1) cl = 1;
     /* then the fewest CTAs (more heads a CTA: each key tile serves more rows) that fill at least
-     * half the SMs: one token of 64 heads runs as RB 1 on 64 CTAs, 8 tokens as RB 4 on 128 */
+     * a third of the SMs: 64 heads run as RB 1, 2 and 4 on 64 CTAs for 1, 2 and 4 tokens (12.6,
+     * 16.0 and 21.0 us at 512 keys on the H100, each the fastest form) */
     int lg = 0; /* RB 16 << lg heads a CTA: no more than the heads need, no more than fit */
     while (lg + 1 < fit && (16 << lg) < a.d.n_head) lg++;
     const int64_t per = (int64_t)cl * a.d.n_tok;
-    while (lg > 0 && per * ((a.d.n_head + (16 << lg) - 1) / (16 << lg)) * 2 <= dev->sm_count) lg--;
+    while (lg > 0 && per * ((a.d.n_head + (16 << lg) - 1) / (16 << lg)) * 3 < dev->sm_count) lg--;
     switch (lg) {
     case 0: return dec_launch<1, BF16>(a, cl, st, err);
     case 1: return dec_launch<2, BF16>(a, cl, st, err);
