@@ -137,6 +137,23 @@ __device__ __forceinline__ void pick_bin(const uint32_t *h, int rem, int lane, i
     *b_out = b;
 }
 
+/* One radix pass's choice, by the block's first warp: the bin of the remaining K-th largest key
+ * among h's counts (pick_bin) joins the shared prefix, and the keys above it leave the count still
+ * to take. The caller's barrier follows. */
+__device__ __forceinline__ void radix_pick(const uint32_t *h, uint32_t prefix, int shift, uint32_t *s_prefix,
+                                           int *s_remaining) {
+    if (threadIdx.x < 32) {
+        const int rem = *s_remaining;
+        int b;
+        uint32_t above;
+        pick_bin(h, rem, threadIdx.x, &b, &above);
+        if (threadIdx.x == 0) {
+            *s_remaining = rem - (int)above;
+            *s_prefix = prefix | ((uint32_t)b << shift);
+        }
+    }
+}
+
 /* one block per query token */
 __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0_h, const int32_t *__restrict__ dpos,
                        const cuk_seq_row *__restrict__ rows, int64_t bound, int32_t K, int32_t *__restrict__ sel,
@@ -173,16 +190,7 @@ __global__ void k_topk(const float *__restrict__ sc, int64_t ld_sc, int64_t pos0
             if ((key & hi) == (prefix & hi)) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
         }
         __syncthreads();
-        if (threadIdx.x < 32) {
-            const int rem = s_remaining;
-            int b;
-            uint32_t above;
-            pick_bin(hist, rem, threadIdx.x, &b, &above);
-            if (threadIdx.x == 0) {
-                s_remaining = rem - (int)above;
-                s_prefix = prefix | ((uint32_t)b << shift);
-            }
-        }
+        radix_pick(hist, prefix, shift, &s_prefix, &s_remaining);
         __syncthreads();
     }
     const uint32_t thr = s_prefix;
@@ -258,16 +266,7 @@ __global__ void __launch_bounds__(TO_THREADS) k_topk_one(const float *__restrict
             if ((key & hi) == (prefix & hi)) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
         }
         __syncthreads();
-        if (threadIdx.x < 32) {
-            const int rem = s_remaining;
-            int b;
-            uint32_t above;
-            pick_bin(hist, rem, threadIdx.x, &b, &above);
-            if (threadIdx.x == 0) {
-                s_remaining = rem - (int)above;
-                s_prefix = prefix | ((uint32_t)b << shift);
-            }
-        }
+        radix_pick(hist, prefix, shift, &s_prefix, &s_remaining);
         __syncthreads();
     }
     const uint32_t thr = s_prefix;
@@ -539,16 +538,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_split(const float *__restri
             tot[i] = v;
         }
         __syncthreads();
-        if (threadIdx.x < 32) {
-            const int rem = s_remaining;
-            int b;
-            uint32_t above;
-            pick_bin(tot, rem, threadIdx.x, &b, &above);
-            if (threadIdx.x == 0) {
-                s_remaining = rem - (int)above;
-                s_prefix = prefix | ((uint32_t)b << shift);
-            }
-        }
+        radix_pick(tot, prefix, shift, &s_prefix, &s_remaining);
         __syncthreads();
     }
     const uint32_t thr = s_prefix;

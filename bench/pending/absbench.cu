@@ -11,50 +11,11 @@
  * s34-first-call.sh does both). Exits 1 on a failed check. Usage: absbench [reps] */
 #include "cuda/attn.cu"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bench/pending/pending.cuh"
 
-#include <vector>
-
-#define BENCH_EXIT 2
-#include "tests/gpu/bench_util.h" /* CK */
-
-#define GXX(call)                                                                                  \
-    do {                                                                                           \
-        g5_error err_ = {};                                                                        \
-        if ((call) != G5_OK) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg);               \
-            exit(BENCH_EXIT);                                                                      \
-        }                                                                                          \
-    } while (0)
 
 enum { H = 64, NOPE = 192, R = 64, KL = 512, HR = 448, MAXT = 32 };
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float unif(float a, float b) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return a + (b - a) * (float)((rng >> 40) * (1.0 / 16777216.0));
-}
-
-template <typename F> static float time_us(int reps, F f) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    f(0);
-    CK(cudaDeviceSynchronize());
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < reps; i++) f(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms * 1000.0f / (float)reps;
-}
 
 enum { NV = 6 };
 static const char *const VN[NV] = {"split (CPU order)", "fast 8x24, 3/SM (production)", "fast 16x12, 4/SM",

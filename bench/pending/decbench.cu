@@ -10,55 +10,15 @@
  * Usage: decbench [reps] */
 #include "cuda/attn_dec.cu"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bench/pending/pending.cuh"
 
-#include <vector>
-
-#define BENCH_EXIT 2 /* a failed call; 1: a difference */
-#include "tests/gpu/bench_util.h" /* CK */
-
-/* bench_util.h's GK for C++: its `= {0}` does not initialize g5_error's enum member there */
-#define GXX(call)                                                                                  \
-    do {                                                                                           \
-        g5_error err_ = {};                                                                        \
-        if ((call) != G5_OK) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg);               \
-            exit(BENCH_EXIT);                                                                      \
-        }                                                                                          \
-    } while (0)
 
 enum { H = 64, NOPE = 192, R = 64, KL = 512, KVW = KL + R, TOPK = 2048, MAXT = 32 };
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float unif(float a, float b) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return a + (b - a) * (float)((rng >> 40) * (1.0 / 16777216.0));
-}
 static uint16_t bf16_of(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-template <typename F> static float time_us(int reps, F f) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    f(0);
-    CK(cudaDeviceSynchronize());
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < reps; i++) f(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms * 1000.0f / (float)reps;
 }
 
 static int g_cl = 16;

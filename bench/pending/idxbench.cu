@@ -12,24 +12,8 @@
  * Exits 1 on any difference. Usage: idxbench [reps] */
 #include "cuda/indexer.cu"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bench/pending/pending.cuh"
 
-#include <vector>
-
-#define BENCH_EXIT 2 /* a failed call; 1: a difference */
-#include "tests/gpu/bench_util.h" /* CK */
-
-/* bench_util.h's GK for C++: its `= {0}` does not initialize g5_error's enum member there */
-#define GXX(call)                                                                                  \
-    do {                                                                                           \
-        g5_error err_ = {};                                                                        \
-        if ((call) != G5_OK) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg);               \
-            exit(BENCH_EXIT);                                                                      \
-        }                                                                                          \
-    } while (0)
 
 namespace {
 constexpr int RL_WARPS = 4;   /* per block */
@@ -109,13 +93,6 @@ __global__ void __launch_bounds__(RL_WARPS * 32) ref_scores_lane(const float *__
 
 } // namespace
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float unif(float a, float b) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return a + (b - a) * (float)((rng >> 40) * (1.0 / 16777216.0));
-}
 static float *dev_rand(size_t n, float a, float b) {
     std::vector<float> h(n);
     for (auto &x : h) x = unif(a, b);
@@ -265,23 +242,6 @@ static void check_bits(void) {
         }
     }
     cudaFree(k), cudaFree(q), cudaFree(w), cudaFree(s1), cudaFree(s2), cudaFree(dpos);
-}
-
-template <typename F> static float time_us(int reps, F f) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    f(0);
-    CK(cudaDeviceSynchronize());
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < reps; i++) f(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms * 1000.0f / (float)reps;
 }
 
 int main(int argc, char **argv) {

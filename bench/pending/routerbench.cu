@@ -10,14 +10,7 @@
 #include "cuda/gemv_impl.cuh"
 
 #include <cooperative_groups.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <vector>
-
-#define BENCH_EXIT 2
-#include "tests/gpu/bench_util.h" /* CK */
+#include "bench/pending/pending.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -81,30 +74,6 @@ static void wide(const float *w, int m, int k, const float *x, int nvec, float *
     CK(cudaLaunchKernelEx(&cfg, k_wide<6>, w, m, k, x, (int64_t)k, nvec, y, (int64_t)m));
 }
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float unif(float a, float b) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return a + (b - a) * (float)((rng >> 40) * (1.0 / 16777216.0));
-}
-
-template <typename F> static float time_us(int reps, F f) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    f(0);
-    CK(cudaDeviceSynchronize());
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < reps; i++) f(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms * 1000.0f / (float)reps;
-}
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
