@@ -1,79 +1,21 @@
 /* The MoE router's product at one vector (and 8, 32): float32 weights [m][6144], m = 64 (the peer
- * model) or 256 (GLM-5), through the landed k_gemv (cuda/gemv_impl.cuh, which this file
- * includes: 16 CTAs of 4 warps at m = 64, one 2-chunk pipeline a warp, so about 128 KB in flight
- * over the GPU) against a prototype that puts the whole matrix in flight at once: clusters of 8
- * CTAs split k, each warp one row's 768-column slice in registers (6 float4 a lane), the slices'
- * sums added in rank order through distributed shared memory. The weights rotate over copies
- * filling >= 256 MB. Checks the prototype within 1e-5 of k_gemv (relative to the largest
- * output) and its rows of a batched launch bit for bit its one-vector launches. Compiled here,
- * run with no build on the device. Usage: routerbench [reps] */
+ * model) or 256 (GLM-5), through k_gemv (cuda/gemv_impl.cuh: 16 CTAs of 4 warps at m = 64, one
+ * 2-chunk pipeline a warp, so about 128 KB in flight over the GPU) against cuk_gemv_wide
+ * (cuda/gemv_wide.cu: clusters of 8 CTAs split k, each warp one row's 768-column slice in
+ * registers, the slices' sums added in rank order through distributed shared memory); both
+ * files are included. The weights rotate over copies filling >= 256 MB. Checks cuk_gemv_wide
+ * within 1e-5 of k_gemv (relative to the largest output) and its rows of a batched launch bit for
+ * bit its one-vector launches. Compiled here, run with no build on the device. Usage:
+ * routerbench [reps] */
 #include "cuda/gemv_impl.cuh"
+#include "cuda/gemv_wide.cu"
 
-#include <cooperative_groups.h>
 #include "bench/pending/pending.cuh"
 
-namespace cg = cooperative_groups;
-
-constexpr int WS = 8;  /* k slices: the cluster */
-constexpr int WR = 8;  /* rows a CTA: one a warp */
-constexpr int WNV = 32; /* vectors at most */
-
-template <int J>
-__global__ void __launch_bounds__(WR * 32) k_wide(const float *__restrict__ w, int m, int k,
-                                                  const float *__restrict__ x, int64_t ldx, int nvec,
-                                                  float *__restrict__ y, int64_t ldy) {
-    __shared__ float part[WR][WNV];
-    cg::cluster_group cl = cg::this_cluster();
-    const int s = (int)cl.block_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = blockIdx.y * WR + warp, rr = r < m ? r : m - 1, ks = k / WS, c0 = s * ks;
-    float4 wv[J];
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int c = c0 + 4 * (lane + 32 * j);
-        wv[j] = c < c0 + ks ? __ldcs((const float4 *)(w + (int64_t)rr * k + c)) : make_float4(0, 0, 0, 0);
-    }
-    for (int v = 0; v < nvec; v++) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int c = c0 + 4 * (lane + 32 * j);
-            if (c < c0 + ks) {
-                const float4 xv = __ldg((const float4 *)(x + (int64_t)v * ldx + c));
-                acc = fmaf(wv[j].x, xv.x, acc);
-                acc = fmaf(wv[j].y, xv.y, acc);
-                acc = fmaf(wv[j].z, xv.z, acc);
-                acc = fmaf(wv[j].w, xv.w, acc);
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) part[warp][v] = acc;
-    }
-    cl.sync();
-    /* slice s's CTA stores vectors v = s, s + WS, ..: each output the slices' sums in rank order */
-    for (int i = threadIdx.x; i < WR * nvec; i += WR * 32) {
-        const int rw = i % WR, v = i / WR;
-        if (v % WS != s) continue;
-        const int row = blockIdx.y * WR + rw;
-        float t = 0.0f;
-#pragma unroll
-        for (int q = 0; q < WS; q++) t += cl.map_shared_rank(&part[0][0], q)[rw * WNV + v];
-        if (row < m) y[(int64_t)v * ldy + row] = t;
-    }
-    cl.sync();
-}
-
 static void wide(const float *w, int m, int k, const float *x, int nvec, float *y) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = WS, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cfg.gridDim = dim3(WS, (unsigned)((m + WR - 1) / WR), 1);
-    cfg.blockDim = dim3(WR * 32, 1, 1);
-    cfg.attrs = &at, cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, k_wide<6>, w, m, k, x, (int64_t)k, nvec, y, (int64_t)m));
+    const cuk_gemv_args a = {QT_F32, w, k, m, x, CUK_ACT_F32, k, nvec, y, m};
+    GXX(cuk_gemv_wide(&a, NULL, &err_));
 }
-
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
@@ -89,15 +31,15 @@ int main(int argc, char **argv) {
         std::vector<float> h((size_t)(total / 4));
         for (auto &v : h) v = unif(-0.05f, 0.05f);
         CK(cudaMemcpy(w, h.data(), total, cudaMemcpyHostToDevice));
-        std::vector<float> hx((size_t)WNV * K);
+        std::vector<float> hx((size_t)32 * K);
         for (auto &v : hx) v = unif(-1, 1);
         CK(cudaMalloc(&x, hx.size() * 4));
         CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
     }
-    CK(cudaMalloc(&y0, (size_t)WNV * 256 * 4));
-    CK(cudaMalloc(&y1, (size_t)WNV * 256 * 4));
-    CK(cudaMalloc(&y2, (size_t)WNV * 256 * 4));
-    printf("| m | n | k_gemv | wide (clusters of %d) | bytes at 3.0 TB/s |\n| --- | --- | --- | --- | --- |\n", WS);
+    CK(cudaMalloc(&y0, (size_t)32 * 256 * 4));
+    CK(cudaMalloc(&y1, (size_t)32 * 256 * 4));
+    CK(cudaMalloc(&y2, (size_t)32 * 256 * 4));
+    printf("| m | n | k_gemv | cuk_gemv_wide | bytes at 3.0 TB/s |\n| --- | --- | --- | --- | --- |\n");
     int fails = 0;
     const int ms[2] = {64, 256}, ns[3] = {1, 8, 32};
     for (int m : ms)
@@ -128,7 +70,7 @@ int main(int argc, char **argv) {
                 e = fmax(e, fabs((double)a1[i] - a0[i]));
             }
             if (!(e <= 1e-5 * mx) || mx == 0) {
-                printf("FAIL m %d n %d: wide differs from k_gemv by %.3g (max %.3g)\n", m, n, e, mx);
+                printf("FAIL m %d n %d: cuk_gemv_wide differs from k_gemv by %.3g (max %.3g)\n", m, n, e, mx);
                 fails++;
             }
             for (int v = 0; v < n && n > 1; v++) {
