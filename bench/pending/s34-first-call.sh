@@ -7,8 +7,8 @@
 #                          (cuk_gemv_wide; routerbench, not yet run, times it against k_gemv);
 #   s32-gemv-r1.patch      k_gemv_q8 with one row a warp for q_a / kv_a at one vector;
 # builds .dev/idx/absbench, routerbench and idxbench (every top-k form against k_topk) on the
-# patched tree, and prepares the ab.sh variants noabs, norouter and nor1 (HEAD's files of each
-# change). Then, on the device (carry gpu-deps, oracle-carry, .dev):
+# patched tree, and prepares the ab.sh variants noabs, norouter and nor1 (HEAD's call site of
+# each change, or HEAD's kernel header for nor1). Then, on the device (carry gpu-deps, oracle-carry, .dev):
 #   ./.dev/idx/absbench 200 >$OUT/absbench.log; ./.dev/idx/routerbench 300 >$OUT/routerbench.log;
 #   ./.dev/idx/idxbench 100 >$OUT/idxbench.log;
 #   TESTGPU=1 ROUNDS=2 \
@@ -22,14 +22,13 @@ cd "$(dirname "$0")/../.."
 P=bench/pending
 NV="nvcc -std=c++17 -O3 -arch=sm_90 -Xcompiler -Wall,-Wextra,-Wno-unknown-pragmas,-ffp-contract=off -Werror all-warnings"
 rm -rf /tmp/v-noabs /tmp/v-norouter /tmp/v-nor1 /tmp/abo
-mkdir -p /tmp/abo .dev/idx
-for f in cuda/attn.cu cuda/cuk_model.h runtime/gpu/gpu_attn.c tests/gpu/test_gpu_model.c specs/numerics.md; do
-  mkdir -p "/tmp/v-noabs/$(dirname "$f")" && git show "HEAD:$f" >"/tmp/v-noabs/$f"
-done
-for f in cuda/cuk.h runtime/gpu/gpu_ffn.c tests/gpu/test_kernels.c specs/numerics.md; do
-  mkdir -p "/tmp/v-norouter/$(dirname "$f")" && git show "HEAD:$f" >"/tmp/v-norouter/$f"
-done
-mkdir -p /tmp/v-nor1/cuda && git show HEAD:cuda/gemv_q8_kern.cuh >/tmp/v-nor1/cuda/gemv_q8_kern.cuh
+mkdir -p /tmp/abo .dev/idx /tmp/v-noabs/runtime/gpu /tmp/v-norouter/runtime/gpu /tmp/v-nor1/cuda
+# each variant lays one call site (or one kernel header) of HEAD over the patched tree, so the
+# side builds recompile a file or a few: noabs calls the absorption without .fast, norouter the
+# router through gm_gemv_k, nor1 has HEAD's k_gemv_q8
+git show HEAD:runtime/gpu/gpu_attn.c >/tmp/v-noabs/runtime/gpu/gpu_attn.c
+git show HEAD:runtime/gpu/gpu_ffn.c >/tmp/v-norouter/runtime/gpu/gpu_ffn.c
+git show HEAD:cuda/gemv_q8_kern.cuh >/tmp/v-nor1/cuda/gemv_q8_kern.cuh
 git apply "$P/s34-absorb-fast.patch"
 git apply "$P/s34-router-wide.patch"
 git apply "$P/s32-gemv-r1.patch"
@@ -39,5 +38,4 @@ $NV -I. -c cuda/attn_dec.cu -o /tmp/abo/attn_dec.o
 $NV -I. -cudart static -o .dev/idx/absbench "$P/absbench.cu" /tmp/abo/device.o /tmp/abo/attn_dec.o /tmp/abo/status.o
 $NV -I. -cudart static -o .dev/idx/routerbench "$P/routerbench.cu" /tmp/abo/device.o /tmp/abo/status.o
 $NV -I. -cudart static -o .dev/idx/idxbench "$P/idxbench.cu" /tmp/abo/device.o /tmp/abo/status.o
-# norouter keeps the tree's cuda/gemv_wide.cu (an overlay cannot remove a file): nothing calls it there
 bash bench/ab.sh prepare noabs=/tmp/v-noabs norouter=/tmp/v-norouter nor1=/tmp/v-nor1
