@@ -12,8 +12,10 @@
 #   ./.dev/idx/absbench 200 >$OUT/absbench.log; ./.dev/idx/routerbench 300 >$OUT/routerbench.log;
 #   ./.dev/idx/idxbench 100 >$OUT/idxbench.log;
 #   TESTGPU=1 ROUNDS=2 \
-#     PEER="--pp 512 --depth 512,4096 --tg 16 --batch 1,32 --reps 1" \
-#     Q8="20 Q8_0 2048 6144 1;20 Q8_0 576 6144 1" bash bench/ab.sh run
+#     PEER="--pp 512 --depth 512,4096 --tg 16 --batch 1,32 --reps 1" bash bench/ab.sh run
+# (about 550 s from a cold machine: four trees, two rounds; a warm machine reuses the builds, so
+# `Q8="20 Q8_0 2048 6144 1;20 Q8_0 576 6144 1" ROUNDS=0 bash bench/ab.sh run` right after gives
+# nor1's kernel times)
 # make test-gpu there runs on the working tree with all three: test_gpu_model's absorption table
 # and test_kernels' gemv_wide table check the new orders' bits against their emulations, and the
 # oracle's fast bar decides whether the new sums (absorption, router logits) may land.
