@@ -417,6 +417,7 @@ template <bool BF16>
 g5_status dec_run(const ac_args &a, cudaStream_t st, g5_error *err) {
     const cuk_device *dev = cuk_device_current();
     const int fit = dec_forms_fit(dev);
+    if (!fit) return g5_fail(err, G5_ERR_INVALID_ARG, "mla_attend (tensor cores): no form fits the device");
     int max_cl = 0;
     const g5_status s = dec_cluster_max<BF16>(fit, st, &max_cl, err);
     if (s != G5_OK) return s;

@@ -70,16 +70,21 @@ __device__ __forceinline__ uint32_t key_of(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Inclusive prefix sum of x over the warp (lane l: lanes 0 .. l). */
+template <typename T> __device__ __forceinline__ T warp_incl_scan(T x, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
 /* Exclusive prefix sum of v over the block (blockDim.x == TK_THREADS); *total gets the sum.
  * Uses ws [TK_WARPS + 1]; ends with a barrier, so it may be called again at once. */
 __device__ int block_scan(int v, int *ws, int *total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
+    const int x = warp_incl_scan(v, lane);
     if (lane == 31) ws[warp] = x;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -286,13 +291,7 @@ __global__ void __launch_bounds__(TO_THREADS) k_topk_one(const float *__restrict
     __syncthreads();
     if (warp == 0) { /* exclusive scan over the warps */
         const uint32_t w = wsum[lane];
-        uint32_t x = w;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        wsum[lane] = x - w;
+        wsum[lane] = warp_incl_scan(w, lane) - w;
     }
     __syncthreads();
     const uint32_t before = wsum[warp];
