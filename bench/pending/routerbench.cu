@@ -1,4 +1,4 @@
-/* The MoE router's product at one vector (and 8, 32): float32 weights [m][6144], m = 64 (the peer
+/* The MoE router's product at 1, 4, 8, 16 and 32 vectors: float32 weights [m][6144], m = 64 (the peer
  * model) or 256 (GLM-5), through k_gemv (cuda/gemv_impl.cuh: 16 CTAs of 4 warps at m = 64, one
  * 2-chunk pipeline a warp, so about 128 KB in flight over the GPU) against cuk_gemv_wide
  * (cuda/gemv_wide.cu: clusters of 8 CTAs split k, each warp one row's 768-column slice in
@@ -41,7 +41,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&y2, (size_t)32 * 256 * 4));
     printf("| m | n | k_gemv | cuk_gemv_wide | bytes at 3.0 TB/s |\n| --- | --- | --- | --- | --- |\n");
     int fails = 0;
-    const int ms[2] = {64, 256}, ns[3] = {1, 8, 32};
+    const int ms[2] = {64, 256}, ns[5] = {1, 4, 8, 16, 32};
     for (int m : ms)
         for (int n : ns) {
             const int64_t mat = (int64_t)m * K, ncopy = total / 4 / mat;
@@ -49,11 +49,15 @@ int main(int argc, char **argv) {
                 cuk_gemv_args a;
                 memset(&a, 0, sizeof a);
                 a.w_type = QT_F32, a.w = w + (int64_t)(i % ncopy) * mat, a.k = K, a.m = m, a.x = x;
-                a.x_type = CUK_ACT_F32, a.ldx = K, a.n = n, a.y = out, a.ldy = m;
-                g5_error e = {};
-                if (cuk::gemv_run<QT_F32>(&a, 0, &e) != G5_OK) {
-                    fprintf(stderr, "gemv: %s\n", e.msg);
-                    exit(BENCH_EXIT);
+                a.x_type = CUK_ACT_F32, a.ldx = K, a.y = out, a.ldy = m;
+                for (int v0 = 0; v0 < n; v0 += CUK_GEMV_MAX_N) { /* as gm_gemv_k: launches of <= 16 */
+                    a.x = x + (int64_t)v0 * K, a.y = out + (int64_t)v0 * m;
+                    a.n = n - v0 < CUK_GEMV_MAX_N ? n - v0 : CUK_GEMV_MAX_N;
+                    g5_error e = {};
+                    if (cuk::gemv_run<QT_F32>(&a, 0, &e) != G5_OK) {
+                        fprintf(stderr, "gemv: %s\n", e.msg);
+                        exit(BENCH_EXIT);
+                    }
                 }
             };
             const float t0 = time_us(reps, [&](int i) { base(i, y0); });

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda/cuk.h"
+#include "cuda/cuk_gemv_wide.h"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_q8.h"
 #include "runtime/gpu/gpu_int.h"
@@ -197,7 +198,15 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
         PMARK(S, "shared silu_mul (+ int8 quantize) + down gemv");
     }
     CK(gm_side_end(rk, err));
-    CK(gm_gemv_k(rk, &L->router, rk->h, E, n, rk->rl, NE, 1, err));
+    /* fast modes' decode steps: the router's float32 product with all of its bytes in flight at
+     * once (cuk_gemv_wide: its own order of the sums, a row's bits independent of n); precise
+     * mode and prompt calls keep gm_gemv_k's */
+    const cuk_gemv_args rw = {L->router.type, L->router.w, L->router.k, L->router.m, rk->h, CUK_ACT_F32, E,
+                              (int32_t)n, rk->rl, NE};
+    if (rk->q8 && !gl_lin_use(rk->lin, n) && cuk_gemv_wide_fits(&rw))
+        CK(cuk_gemv_wide(&rw, cs, err));
+    else
+        CK(gm_gemv_k(rk, &L->router, rk->h, E, n, rk->rl, NE, 1, err));
     PMARK(S, "router gemv (f32 input)");
     cuk_route_args ra = {rk->rl, NE, L->router_b, (int32_t)n, (int32_t)NE, (int32_t)U, (int32_t)hp->n_group,
                          (int32_t)hp->topk_group, (int32_t)hp->expert_gating_func, hp->expert_weights_norm,

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cuda/cuk.h"
+#include "cuda/cuk_gemv_wide.h"
 #include "cuda/cuk_head_gemv.h"
 #include "format/quant.h"
 #include "format/quant_blocks.h"
@@ -906,6 +907,17 @@ static void test_validation(void) {
     CK(cudaFree(w)); CK(cudaFree(x)); CK(cudaFree(y));
 }
 
+/* A warp's butterfly sum (acc += shfl_xor(acc, o) for o = 16 .. 1) of the lanes' partials p,
+ * emulated: lane 0's total (p is overwritten). */
+static float lane_tree(float p[32]) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float q[32];
+        for (int l = 0; l < 32; l++) q[l] = p[l] + p[l ^ o];
+        memcpy(p, q, 32 * sizeof *p);
+    }
+    return p[0];
+}
+
 /* The bits cuk_head_gemv promises (cuda/cuk_head_gemv.h), emulated: lane l's partial over its
  * float4 pieces l + 32 j in j order (fmaf chain from 0), then the lanes' tree xor 16, 8, 4, 2, 1. */
 static float head_gemv_emul(const float *w, const float *x, int k) {
@@ -916,12 +928,7 @@ static float head_gemv_emul(const float *w, const float *x, int k) {
             for (int e = 0; e < 4; e++) acc = fmaf(w[4 * c4 + e], x[4 * c4 + e], acc);
         p[l] = acc;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float q[32];
-        for (int l = 0; l < 32; l++) q[l] = p[l] + p[l ^ o];
-        memcpy(p, q, sizeof p);
-    }
-    return p[0];
+    return lane_tree(p);
 }
 
 /* cuk_head_gemv: every output bit-identical to the emulated order, for f32 and bf16 inputs, odd
@@ -982,6 +989,78 @@ static void test_head_gemv(void) {
     }
 }
 
+/* The bits cuk_gemv_wide promises (cuda/cuk.h), emulated: per slice s of ks = k / 8 columns, lane
+ * l's fmaf chain over its float4 pieces l + 32 j in j order, the lanes' tree xor 16 .. 1, then the
+ * 8 slice sums added in order from 0. */
+static float gemv_wide_emul(const float *w, const float *x, int k) {
+    const int ks = k / 8;
+    float total = 0.0f;
+    for (int sl = 0; sl < 8; sl++) {
+        float p[32];
+        for (int l = 0; l < 32; l++) {
+            float acc = 0.0f;
+            for (int c = 4 * l; c < ks; c += 128)
+                for (int e = 0; e < 4; e++) acc = fmaf(w[sl * ks + c + e], x[sl * ks + c + e], acc);
+            p[l] = acc;
+        }
+        total = total + lane_tree(p);
+    }
+    return total;
+}
+
+/* cuk_gemv_wide: every output bit-identical to the emulated order (so a row's bits never depend
+ * on n), rows past m and columns past m untouched, for the router's shapes (64 and 256 x 6144),
+ * rows that leave a CTA's warps idle, the largest and smallest slices, and n past one launch's 32
+ * vectors; the shapes it refuses. */
+static void test_gemv_wide(void) {
+    static const struct { int m, k; } S[] = {{64, 6144}, {256, 6144}, {13, 2048}, {5, 8192}, {9, 32}};
+    static const int NS[] = {1, 3, 32, 40};
+    for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+        const int m = S[si].m, k = S[si].k, N = 40;
+        const int64_t ldx = k + 4, ldy = m + 3;
+        float *w = xmalloc((size_t)m * k * 4), *x = xmalloc((size_t)N * ldx * 4), *y = xmalloc((size_t)N * ldy * 4);
+        for (int64_t i = 0; i < (int64_t)m * k; i++) w[i] = unif(-1.0f, 1.0f);
+        for (int64_t i = 0; i < N * ldx; i++) x[i] = unif(-2.0f, 2.0f);
+        float *dw = dup_d(w, (size_t)m * k * 4), *dx = dup_d(x, (size_t)N * ldx * 4), *dy = dalloc((size_t)N * ldy * 4);
+        for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+            const int n = NS[ni];
+            const cuk_gemv_args a = {QT_F32, dw, k, m, dx, CUK_ACT_F32, ldx, n, dy, ldy};
+            poison(dy, (size_t)N * ldy * 4);
+            g5_error err = {0};
+            T_CHECK(cuk_gemv_wide_fits(&a) && cuk_gemv_wide(&a, NULL, &err) == G5_OK, "gemv_wide: %s", err.msg);
+            get(y, dy, (size_t)N * ldy * 4);
+            int same = 1, pad = 1;
+            for (int v = 0; v < N; v++)
+                for (int64_t i = 0; i < ldy; i++) {
+                    if (v < n && i < m)
+                        same &= bits(gemv_wide_emul(w + i * k, x + v * ldx, k)) == bits(y[v * ldy + i]);
+                    else
+                        pad &= is_poison(y[v * ldy + i]);
+                }
+            T_CHECK(same, "gemv_wide m=%d k=%d n=%d: every output has the emulated order's bits", m, k, n);
+            T_CHECK(pad, "gemv_wide m=%d k=%d n=%d: nothing written past the outputs", m, k, n);
+        }
+        note("  gemv_wide m=%d k=%d: n = 1, 3, 32, 40\n", m, k);
+        CK(cudaFree(dw)); CK(cudaFree(dx)); CK(cudaFree(dy));
+        free(w), free(x), free(y);
+    }
+    float *d = dalloc(4096 * 4);
+    const cuk_gemv_args ok = {QT_F32, d, 64, 8, d, CUK_ACT_F32, 64, 1, d, 8};
+    cuk_gemv_args bad = ok;
+    T_CHECK(cuk_gemv_wide_fits(&ok), "gemv_wide takes k=64");
+    bad.k = 48, bad.ldx = 64;
+    T_CHECK(!cuk_gemv_wide_fits(&bad), "gemv_wide refuses k=48 (not a multiple of 32)");
+    bad = ok, bad.k = 8224, bad.ldx = 8224;
+    T_CHECK(!cuk_gemv_wide_fits(&bad), "gemv_wide refuses k=8224 (over 8192)");
+    bad = ok, bad.x_type = CUK_ACT_BF16;
+    T_CHECK(!cuk_gemv_wide_fits(&bad), "gemv_wide refuses bf16 input");
+    bad = ok, bad.w_type = QT_Q8_0;
+    T_CHECK(!cuk_gemv_wide_fits(&bad), "gemv_wide refuses Q8_0 weights");
+    g5_error err = {0};
+    T_CHECK(cuk_gemv_wide(&bad, NULL, &err) == G5_ERR_INVALID_ARG, "gemv_wide: a refused shape is an error");
+    CK(cudaFree(d));
+}
+
 int main(void) {
     const char *dp = getenv("G5_TEST_DETAIL");
     if (dp && *dp) g_detail = fopen(dp, "a");
@@ -998,6 +1077,7 @@ int main(void) {
     test_gemv();
     test_moe();
     test_head_gemv();
+    test_gemv_wide();
     if (g_detail) {
         fprintf(g_detail, "test_kernels: %d passed, %d failed\n", t_passed, t_failed);
         fclose(g_detail);
