@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Session 36's first device calls, prepared in session 35 (bench/NOTES.md, "Session 35").
 # s35-span.patch: k_gemv_q8 and k_down_q8 put rows of <= 16 units (64-element units) side by
-# side in a warp (span lanes a row, 32 / span rows) instead of leaving 32 - units lanes idle; the
-# same sums in the same tree (a span's tree, then + 0: what the idle lanes added), so the bits
-# are unchanged. It matters at TP 8's shapes: the expert down reads rows of k = 256 (4 units: 28
-# of 32 lanes idle), attn_output k = 1024 (16 units), the shared expert's down k = 256; the peer
-# model (TP 1) has no row under 32 units.
-#   bash bench/pending/s35-first-call.sh here     # here: applies the patch, keeps HEAD's header
-#   bash bench/pending/s35-first-call.sh test     # device call 1: build, make test-gpu, bench_decode
-#   bash bench/pending/s35-first-call.sh ab       # device call 2 (warm): HEAD's header in a copy,
-#                                                 # bench_decode both, two rounds alternated
+#   side in a warp (span lanes a row, 32 / span rows) instead of leaving 32 - units lanes idle;
+#   the same sums in the same tree (a span's tree, then + 0: what the idle lanes added), so the
+#   bits are unchanged. It matters at TP 8's shapes: the expert down reads rows of k = 256 (4
+#   units: 28 of 32 lanes idle), attn_output k = 1024 (16 units), the shared expert's down k =
+#   256; the peer model (TP 1) has no row under 32 units.
+# s35-router-pdl.patch: cuk_gemv_wide (fast decode's router, its weights all in registers) is
+#   launched as a programmatic dependent launch and waits (griddepcontrol.wait) only after its
+#   weight loads; k_norm (the MoE layer's ffn_norm before it) lets dependents launch at its start.
+#   bench_pdl measured this form at 4.1 -> 1.9 us a 2 MB kernel (RESULTS session 22, H100).
+#   bash bench/pending/s35-first-call.sh here     # here: applies both patches, keeps HEAD's
+#                                                 # gemv_q8 header, prepares the ab.sh variant
+#                                                 # nopdl (HEAD's gemv_wide.cu and ops.cu)
+#   bash bench/pending/s35-first-call.sh test     # device call 1: build, make test-gpu
+#   bash bench/pending/s35-first-call.sh ab       # device call 2 (warm): bench_decode with HEAD's
+#                                                 # header against the tree (span), then ab.sh's
+#                                                 # peer rounds against nopdl (pdl)
 # carry gpu-deps, oracle-carry and .dev. A cold build took 175-180 s in most calls of sessions
 # 34-35 but 443 s in one, so the test run and the A/B are two calls.
 set -u
@@ -18,7 +25,12 @@ case "${1:-}" in
 here)
   mkdir -p .dev/base/cuda
   git show HEAD:cuda/gemv_q8_kern.cuh >.dev/base/cuda/gemv_q8_kern.cuh
+  rm -rf /tmp/v-nopdl && mkdir -p /tmp/v-nopdl/cuda
+  git show HEAD:cuda/gemv_wide.cu >/tmp/v-nopdl/cuda/gemv_wide.cu
+  git show HEAD:cuda/ops.cu >/tmp/v-nopdl/cuda/ops.cu
   git apply bench/pending/s35-span.patch
+  git apply bench/pending/s35-router-pdl.patch
+  bash bench/ab.sh prepare nopdl=/tmp/v-nopdl
   ;;
 test)
   export GLM5_SHARED=$PWD/oracle-carry
@@ -47,6 +59,9 @@ ab)
     done
   done
   grep -E "moe_down|attn_output|shared silu|per layer|totals" "$OUT/dec_base_2.log" "$OUT/dec_span_2.log"
+  echo "bench_decode done ${SECONDS}s"
+  ROUNDS=2 PEER="--pp 512 --depth 512,4096 --tg 16 --batch 1,8,32 --reps 1" bash bench/ab.sh run >"$OUT/ab.log" 2>&1
+  grep -E "^round|rc=" "$OUT/ab.log"
   echo "total ${SECONDS}s"
   ;;
 *) echo "usage: $0 here|test|ab" >&2; exit 2 ;;
