@@ -10,6 +10,7 @@
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_q8.h"
 #include "cuda/deq_sub.h"
+#include "cuda/moe_plan.cuh"
 #include "cuda/q8_quant.cuh"
 #include "cuda/rowops.cuh"
 #include "format/quant_blocks.h"
@@ -481,7 +482,8 @@ __global__ void __launch_bounds__(1024) k_route(cuk_route_args a) {
                      own, in slot order; __syncwarp orders the lanes' stores before lane 0 reads */
         __syncwarp();
         if (lane == 0) {
-            int32_t *g_e = a.plan + 1, *g_start = g_e + U, *g_cnt = g_start + U, *list = g_cnt + U, *flag = list + U;
+            const cuk::PlanParts<int32_t> pp(a.plan, U);
+            int32_t *g_e = pp.g_e, *g_start = pp.g_start, *g_cnt = pp.g_cnt, *list = pp.list, *flag = pp.flag;
             int ng = 0;
             for (int k = 0; k < U; k++) {
                 const int f = cw[k] == 0.0f ? 0 : 1;

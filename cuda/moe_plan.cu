@@ -50,8 +50,9 @@ __global__ void __launch_bounds__(PLAN_T) k_moe_plan(const int32_t *__restrict__
                                                      int n_expert, int32_t *__restrict__ plan) {
     __shared__ int cnt[PLAN_MAX_EXPERTS], start[PLAN_MAX_EXPERTS];
     __shared__ int swarp[32];
-    const int P = n_tok * top_k, G = P;
-    int32_t *g_e = plan + 1, *g_start = g_e + G, *g_cnt = g_start + G, *list = g_cnt + G, *flag = list + P;
+    const int P = n_tok * top_k;
+    const PlanParts<int32_t> pp(plan, P);
+    int32_t *g_e = pp.g_e, *g_start = pp.g_start, *g_cnt = pp.g_cnt, *list = pp.list, *flag = pp.flag;
     for (int e = threadIdx.x; e < n_expert; e += PLAN_T) cnt[e] = 0;
     __syncthreads();
     for (int p = threadIdx.x; p < P; p += PLAN_T) {
@@ -127,7 +128,7 @@ __global__ void k_moe_combine(const float *__restrict__ part, int64_t ldp, const
 
 g5_status moe_combine(const cuk_moe_down_args *a, cudaStream_t st, g5_error *err) {
     const int64_t P = (int64_t)a->n_tok * a->top_k;
-    const int32_t *flag = a->plan + 1 + 3 * P + P;
+    const int32_t *flag = PlanParts<const int32_t>(a->plan, P).flag;
     const dim3 grid((unsigned)((a->m + 255) / 256), (unsigned)a->n_tok);
     k_moe_combine<<<grid, 256, 0, st>>>(a->part, a->ldp, a->wts, a->ld_wts, flag, a->top_k, a->m, a->y, a->ldy);
     CUK_CHECK(cudaGetLastError());

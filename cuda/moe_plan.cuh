@@ -22,6 +22,15 @@ struct PlanView {
     __device__ int pair(int pos) const { return plan[1 + 3 * P + pos]; }
 };
 
+/* The plan's regions for P pairs (as many group slots as pairs), where its writers (k_moe_plan,
+ * k_route's one-token plan) and the slot sum (its flags) find them. I: int32_t or const int32_t. */
+template <class I> struct PlanParts {
+    I *g_e, *g_start, *g_cnt, *list, *flag;
+    __host__ __device__ PlanParts(I *plan, int64_t P)
+        : g_e(plan + 1), g_start(plan + 1 + P), g_cnt(plan + 1 + 2 * P), list(plan + 1 + 3 * P),
+          flag(plan + 1 + 4 * P) {}
+};
+
 /* y of cuk_moe_down from its part rows (one launch). */
 g5_status moe_combine(const cuk_moe_down_args *a, cudaStream_t st, g5_error *err);
 
