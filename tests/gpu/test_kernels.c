@@ -989,9 +989,9 @@ static void test_head_gemv(void) {
     }
 }
 
-/* The bits cuk_gemv_wide promises (cuda/cuk_gemv_wide.h), emulated: per slice s of ks = k / 8 columns, lane
- * l's fmaf chain over its float4 pieces l + 32 j in j order, the lanes' tree xor 16 .. 1, then the
- * 8 slice sums added in order from 0. */
+/* The bits cuk_gemv_wide promises (cuda/cuk_gemv_wide.h), emulated: per slice s of ks = k / 8
+ * columns, lane l's fmaf chain over its float4 pieces l + 32 j in j order, the lanes' tree xor
+ * 16 .. 1, then the 8 slice sums added in order from 0. */
 static float gemv_wide_emul(const float *w, const float *x, int k) {
     const int ks = k / 8;
     float total = 0.0f;
