@@ -75,29 +75,39 @@ template <int T> __device__ __forceinline__ const Raw<T> &decode(const Raw<T> &w
 
 /* Butterfly sum over the warp with the offsets ascending (1, 2, .., 16): each total is the
  * pairwise tree over the lanes in their natural order, ((l0 + l1) + (l2 + l3)) + ..., the order
- * gemv_q8t.cu rebuilds from its per-residue sums (cuda/cuk_q8.h). */
-template <int R, int NV> __device__ __forceinline__ void warp_sum_asc(float (&a)[R][NV]) {
+ * gemv_q8t.cu rebuilds from its per-residue sums (cuda/cuk_q8.h). span < 32 (a power of two):
+ * the same tree within each span of lanes (rows of few units, seg_for), then + 0, which is what
+ * the whole warp's tree adds from lanes that hold no unit (it turns a -0 total into +0): the bits
+ * of a row spread over all 32 lanes. */
+template <int R, int NV> __device__ __forceinline__ void warp_sum_asc(float (&a)[R][NV], int span = 32) {
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1)
+    for (int off = 1; off < 32; off <<= 1) {
+        if (off >= span) break;
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int v = 0; v < NV; v++) a[r][v] = __fadd_rn(a[r][v], __shfl_xor_sync(0xffffffffu, a[r][v], off));
+    }
+    if (span < 32)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int v = 0; v < NV; v++) a[r][v] = __fadd_rn(a[r][v], 0.0f);
 }
 
 /* The XS form's x in shared memory: per vector and plane, per unit its 64 int8 bytes and its 4
  * floats (80 bytes: the 16-byte reads of 8 lanes, 80 bytes apart, hit distinct banks). */
 constexpr int XS_UNIT = 80;
 
-/* acc[r][v] += row r's units of this lane times vector v (v < nvec); P = 2: the second plane
+/* acc[r][v] += row r's units u0, u0 + us, .. times vector v (v < nvec); P = 2: the second plane
  * (the same layout k bytes and k / 16 floats further, s = 0) added after the first. XS: x read
  * from sx ([NV][P][units][XS_UNIT] in shared memory) instead of xv; the same values. */
 template <int T, int R, int NV, int P, bool XS = false>
 __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int units, const Xrow (&xv)[NV], int nvec,
-                                         int lane, float (&acc)[R][NV], const uint8_t *sx = nullptr) {
+                                         int u0, int us, float (&acc)[R][NV], const uint8_t *sx = nullptr) {
     using XT = typename XOf<T>::type;
     const int64_t qo = (int64_t)units * 64, dso = (int64_t)units * 4;
-    for (int u = lane; u < units; u += 32) {
+    for (int u = u0; u < units; u += us) {
         Raw<T> w[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w[r].load(rowp[r], u);
@@ -122,14 +132,23 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
     }
 }
 
-/* Rows per warp: G groups of R rows, one after the other (G = 4 where a row has at most one unit
- * per lane, so a warp keeps loads in flight across groups instead of exiting after one). */
-static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 ? 4 : 1; }
+/* Lanes a row's units spread over in k_gemv_q8 and k_down_q8: the whole warp, or for rows of 16
+ * units or fewer (TP 8's expert down, k = 256: 4 units; its attn_output, k = 1024: 16) the power
+ * of two covering them, 32 / span rows side by side in the warp instead of most lanes idle. */
+static __host__ __device__ constexpr int seg_for(int units) {
+    return units > 16 ? 32 : units > 8 ? 16 : units > 4 ? 8 : units > 2 ? 4 : units > 1 ? 2 : 1;
+}
+
+/* Rows per warp: G groups of R rows (times 32 / seg_for side by side), one after the other (G = 4
+ * where a row has one unit per lane over the whole warp, so a warp keeps loads in flight across
+ * groups instead of exiting after one; rows of <= 16 units fill the warp side by side instead). */
+static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 && units > 16 ? 4 : 1; }
 
 /* Plain GEMV, of one matrix or (w2 non-NULL) of two of the same shape read with the same x: the
  * rows of w, then those of w2 (outputs in y2), each row's arithmetic the same either way. Grid:
- * ceil(mt / (2 G WARPS)) CTAs of WARPS warps, mt = m or 2 m; warp w of CTA c takes the G row
- * pairs from 2 G (c WARPS + w). XS (cuk_gemv_q8_xs, tests and bench_q8; types read as X64): the
+ * ceil(mt / (2 G WARPS ns)) CTAs of WARPS warps, mt = m or 2 m, ns = 32 / seg_for(units); warp w
+ * of CTA c takes G groups of ns row pairs from 2 G ns (c WARPS + w), lanes s span .. s span +
+ * span - 1 the pair s of a group (unit ul = lane % span, then ul + span, ..). XS (cuk_gemv_q8_xs, tests and bench_q8; types read as X64): the
  * CTA's threads first copy its nvec x rows (both planes) into dynamic shared memory in
  * rows_dot's XS layout, then one barrier, then the warps read x there instead of through L1.
  * One vector: three CTAs an SM (80 registers; sm_90 ptxas: no spills but 16-28 bytes for Q5_K's
@@ -167,23 +186,28 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 3 : 2)
         }
         __syncthreads();
     }
+    /* G = 4 only where units > 16 (groups_for): span 32 at compile time there */
+    const int span = G == 4 ? 32 : seg_for(units), ns = 32 / span, ul = lane & (span - 1);
+    const int64_t sr = (int64_t)(lane / span) * R; /* the lane's slot's first row in the group */
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
-        const int64_t r0 = (wi * G + gi) * R;
+        const int64_t r0 = (wi * G + gi) * R * ns;
         if (r0 >= mt) return;
         const uint8_t *rowp[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int64_t row = r0 + r < mt ? r0 + r : mt - 1;
+            const int64_t row = r0 + sr + r < mt ? r0 + sr + r : mt - 1;
             rowp[r] = row < m ? w + row * rb : w2 + (row - m) * rb;
         }
         float acc[R][NV] = {};
-        rows_dot<T, R, NV, P, XS>(rowp, units, xv, nvec, lane, acc, gsx);
-        warp_sum_asc<R, NV>(acc);
-        const float val = pick<R, NV>(acc, lane);
-        const int r = lane / NV, v = lane % NV;
-        const int64_t row = r0 + r;
-        if (lane < R * NV && v < nvec && row < mt) (row < m ? y + row : y2 + (row - m))[(int64_t)v * ldy] = val;
+        rows_dot<T, R, NV, P, XS>(rowp, units, xv, nvec, ul, span, acc, gsx);
+        warp_sum_asc<R, NV>(acc, span);
+        for (int i = ul; i < R * NV; i += span) {
+            const float val = pick<R, NV>(acc, i);
+            const int r = i / NV, v = i % NV;
+            const int64_t row = r0 + sr + r;
+            if (v < nvec && row < mt) (row < m ? y + row : y2 + (row - m))[(int64_t)v * ldy] = val;
+        }
     }
 }
 
@@ -216,7 +240,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         if (m0 >= m) return;
         const uint8_t *rowp[R] = {wg + eoff + m0 * rb, wu + eoff + m0 * rb};
         float acc[R][NV] = {};
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, 32, acc);
         warp_sum_asc<R, NV>(acc);
         const float g = pick<R, NV>(acc, lane), up = pick<R, NV>(acc, lane + NV);
         if (lane < nvec) {
@@ -225,7 +249,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     }
 }
 
-/* MoE down. Grid: x = ceil(m / (2 G WARPS)), y = plan group; rows of the pairs' part rows. */
+/* MoE down. Grid: x = ceil(m / (2 G WARPS 32 / seg_for(units))), y = plan group; rows of the
+ * pairs' part rows; the warp's rows as k_gemv_q8's. */
 template <int T, int NV, int G, int P>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
@@ -245,19 +270,23 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         const int64_t p = v < nvec ? pv.pair(pos0 + v) : 0;
         xv[v] = Xrow{hq + p * ldq, hds + p * ldds};
     }
+    const int span = G == 4 ? 32 : seg_for(units), ns = 32 / span, ul = lane & (span - 1); /* as k_gemv_q8 */
+    const int64_t sr = (int64_t)(lane / span) * R;
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
-        const int64_t r0 = (wi * G + gi) * R;
+        const int64_t r0 = (wi * G + gi) * R * ns;
         if (r0 >= m) return;
         const uint8_t *rowp[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) rowp[r] = we + (r0 + r < m ? r0 + r : m - 1) * rb;
+        for (int r = 0; r < R; r++) rowp[r] = we + (r0 + sr + r < m ? r0 + sr + r : m - 1) * rb;
         float acc[R][NV] = {};
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, lane, acc);
-        warp_sum_asc<R, NV>(acc);
-        const float val = pick<R, NV>(acc, lane);
-        const int r = lane / NV, v = lane % NV;
-        if (lane < R * NV && v < nvec && r0 + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + r] = val;
+        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, ul, span, acc);
+        warp_sum_asc<R, NV>(acc, span);
+        for (int i = ul; i < R * NV; i += span) {
+            const float val = pick<R, NV>(acc, i);
+            const int r = i / NV, v = i % NV;
+            if (v < nvec && r0 + sr + r < m) part[(int64_t)pv.pair(pos0 + v) * ldp + r0 + sr + r] = val;
+        }
     }
 }
 
@@ -288,7 +317,8 @@ static void run_nv(const A *a, int nv, int64_t rb, int units, int planes, cudaSt
 
 template <int T, int NV, int G, int P> struct GemvL {
     static void run(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st) {
-        const int64_t per = 2 * G * q8::WARPS, mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
+        const int64_t per = 2 * G * q8::WARPS * (32 / q8::seg_for((int)(a->k / 64))),
+                      mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
         q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
             (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
             a->ldy, (const uint8_t *)a->w2, a->y2);
@@ -314,7 +344,8 @@ template <int T, int NV, int G, int P> struct GemvXL {
         const int units = (int)(a->k / 64);
         const size_t smem = (size_t)a->n * P * units * q8::XS_UNIT;
         xs_optin<q8::k_gemv_q8<T, NV, G, P, true>>();
-        const int64_t per = 2 * G * q8::WARPS, mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
+        const int64_t per = 2 * G * q8::WARPS * (32 / q8::seg_for(units)), mt = a->w2 ? 2 * a->m : a->m,
+                      grid = (mt + per - 1) / per;
         q8::k_gemv_q8<T, NV, G, P, true><<<(unsigned)grid, q8::WARPS * 32, smem, st>>>(
             (const uint8_t *)a->w, rb, a->m, units, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y, a->ldy,
             (const uint8_t *)a->w2, a->y2);
@@ -339,7 +370,7 @@ template <int T, int NV, int G, int P> struct GateUpL {
 template <int T, int NV, int G, int P> struct DownL {
     static void run(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
         const int n_pairs = a->n_tok * a->top_k;
-        const int64_t per = 2 * G * q8::WARPS;
+        const int64_t per = 2 * G * q8::WARPS * (32 / q8::seg_for((int)(a->k / 64)));
         const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
         q8::k_down_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
                                                                  a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,

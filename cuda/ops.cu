@@ -254,6 +254,11 @@ __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tai
  * with y's int8 rows (EX = NE_Q8_1, NE_Q8_2) or not (NE_NONE). */
 template <int KIND, int EX>
 __global__ void __launch_bounds__(NR_T) k_norm(NormArgs p) {
+    /* a kernel launched after this one with programmatic stream serialization (cuk_gemv_wide:
+     * the router after the MoE layer's ffn_norm) may start now and load its weights; it reads y
+     * only after griddepcontrol.wait, which waits for this grid's completion and its writes. No
+     * effect on an ordinary launch after it. */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     norm_rows<KIND, EX>(p, nullptr);
 }
 

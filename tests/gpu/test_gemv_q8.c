@@ -662,7 +662,9 @@ int main(void) {
     for (int planes = 1; planes <= 2; planes++)
         for (size_t i = 0; i < N_TYPES; i++) {
             const uint32_t t = TYPES[i];
-            test_gemv(t, 37, 512, planes);   /* 8 units per row: lanes 8..31 idle */
+            test_gemv(t, 37, 512, planes);   /* 8 units per row: 4 row pairs side by side (span 8) */
+            test_gemv(t, 45, 256, planes);   /* 4 units: 8 pairs side by side, the last group partial */
+            test_gemv(t, 29, 768, planes);   /* 12 units in spans of 16: lanes 12..15 of each hold none */
             test_gemv(t, 64, 2048, planes);  /* one unit per lane: 4 row pairs per warp */
             test_gemv(t, 9, 6144, planes);   /* three units per lane, odd m */
             test_moe(t, 256, 512, planes, 5);
