@@ -18,7 +18,10 @@
 # (default 2) rounds of bench_peer over the trees in order (PEER: its options, default the batched
 # step at depth 512: `--pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1`), and for each line of
 # Q8 (`;`-separated bench_q8 arguments, e.g. "20 moe 32;20 Q5_K 6144 16384 32") bench_q8 in every
-# tree; with PROFILE=1 then bench_peer --profile on the working tree (batch 1 and 32: $OUT/profile.log).
+# tree; with DECODE=1, ROUNDS rounds of bench_decode (one TP 8 rank, bench/decode.sh's model; DEC:
+# its options, default `--decode --layers 78 --ctx 1024,32768 --steps 20 --modes fast --graph on`)
+# over the trees alternated, every variant then building bench_decode too; with PROFILE=1 then
+# bench_peer --profile on the working tree (batch 1 and 32: $OUT/profile.log).
 # $OUT keeps ab.log, test-gpu.log and profile.log; the build and per-run logs go into logs.tgz.
 # A warm machine keeps the builds and the model (a second call rebuilds only what changed).
 # Environment: as bench/peer.sh (B, CC, DEPS, W, LAYERS, EXPERTS); the variants run with the same.
@@ -73,6 +76,8 @@ run() {
   SECONDS=0
   bench_header
   local targets="$B/bin/glm5-shard $B/gpu/tests/bench_peer $B/gpu/tests/bench_q8" t v trees="$R"
+  local vtargets="$B/bin/glm5-shard $B/gpu/tests/bench_peer $B/gpu/tests/bench_q8"
+  [ "${DECODE:-0}" = 1 ] && targets="$targets $B/gpu/tests/bench_decode" && vtargets="$vtargets $B/gpu/tests/bench_decode"
   [ "${TESTGPU:-0}" = 1 ] && targets="gpu gpu-model $B/bin/glm5-shard"
   # shellcheck disable=SC2086
   bench_build "$OUT/build.log" $targets || return 3
@@ -85,8 +90,9 @@ run() {
       cp -r "$AB/$v/." "/tmp/ab-$v/"
       [ -f "$AB/$v.gone" ] && (cd "/tmp/ab-$v" && xargs -r rm -f <"$R/$AB/$v.gone")
       # a failed build must not leave the working tree's copied binaries to be measured as the variant
-      (cd "/tmp/ab-$v" && bench_build "$OUT/build_$v.log" "$B/bin/glm5-shard" "$B/gpu/tests/bench_peer" \
-        "$B/gpu/tests/bench_q8") || { echo "variant $v: build failed, not run"; rm -f "/tmp/ab-$v/$B/gpu/tests/bench_peer"; }
+      # shellcheck disable=SC2086
+      (cd "/tmp/ab-$v" && bench_build "$OUT/build_$v.log" $vtargets) ||
+        { echo "variant $v: build failed, not run"; rm -f "/tmp/ab-$v/$B/gpu/tests/bench_peer"; }
     done
     bench_peer_model || echo "peer model: failed"
     echo "side builds and model done in ${SECONDS}s"
@@ -123,13 +129,24 @@ run() {
       echo "bench_q8 $line, $(basename "$t"): $(timeout 120 "$t/$B/gpu/tests/bench_q8" $line 2>&1 | grep '^| [a-zA-Z]' | tail -2 | tr '\n' ' ')"
     done
   done
+  for r in $(seq 1 "$([ "${DECODE:-0}" = 1 ] && echo "${ROUNDS:-2}" || echo 0)"); do
+    for t in $trees; do
+      local dl
+      dl="$OUT/dec_$(basename "$t")_$r.log"
+      # shellcheck disable=SC2086
+      (cd "$t" && timeout "${LIMIT:-200}" "$B/gpu/tests/bench_decode" \
+        ${DEC:---decode --layers 78 --ctx 1024,32768 --steps 20 --modes fast --graph on}) >"$dl" 2>&1 || rc=1
+      echo "decode round $r $(basename "$t"): $(grep -E '^decode ' "$dl" | sed 's/ median of.*RATIO/, ratio/; s/ (vs.*//' |
+        tr -s ' ' | tr '\n' ';')"
+    done
+  done
   if [ "${PROFILE:-0}" = 1 ]; then # the working tree's sub-step tables, one token and batch 32
     timeout 120 "$R/$B/gpu/tests/bench_peer" -m "$blobs" --precision fast --pp 512 --depth 512 --tg 16 --batch 1,32 \
       --reps 1 --profile >"$OUT/profile.log" 2>&1 || rc=1
     echo "profile: $OUT/profile.log"
   fi
   # the device tool brings back at most 8 files: the per-run logs go back as one archive
-  (cd "$OUT" && tar -czf logs.tgz --remove-files build*.log peer_*.log side.log 2>/dev/null)
+  (cd "$OUT" && tar -czf logs.tgz --remove-files build*.log peer_*.log dec_*.log side.log 2>/dev/null)
   echo "ab.sh rc=$rc total ${SECONDS}s"
   return $rc
 }
