@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 37's first device calls, prepared in session 36 (bench/NOTES.md, "Session 36"). Four
+# Session 37's first device calls, prepared in session 36 (bench/NOTES.md, "Session 36"). Five
 # changes, each meant to leave every bit as it is:
 # s36-aux.patch: the indexer's key and weight projections (idx_k, idx_proj) move from the side
 #   stream (after the latent path) to the third stream, ahead of idx_q_b; gm_aux_begin forks the
@@ -17,9 +17,17 @@
 #   (cuk_router_route: the last CTA of cuk_gemv_wide's grid to finish routes the token, counted
 #   on a device word in the work buffer); k_route's body moves to cuda/route.cuh for both; the
 #   test is test_rowops' test_router_route (the fused launch against the two, bit for bit).
-#   bash bench/pending/s36-first-call.sh here   # applies the four, prepares the ab.sh variants
-#                                               # noaux (HEAD's gpu_attn.c), nog1 (HEAD's
-#                                               # gemv_q8_kern.cuh), noabs (HEAD's attn.cu), norr
+# s36-pdl-trig.patch + s36-pdl-gemv.patch: session 22's PDL on the int8 GEMVs (ded0813, reverted
+#   for no gain on the peer model's long rows) again, for the TP 8 rank's short ones: k_gemv_q8 and
+#   k_down_q8 are programmatic launches; a one-vector, one-group instance loads its lanes' first
+#   unit of weights before pdl_wait, which with span / g1 is a lane's whole share there (the form
+#   bench_pdl found 2 us a kernel faster); k_norm, k_quantize and k_silu_mul_q8 trigger their
+#   dependents at their start (cuda/pdl.cuh). Other instances wait first (ptxas: the preload in
+#   them spilled). Variant nopdl: the tree's gemv_q8_kern.cuh without s36-pdl-gemv.
+#   bash bench/pending/s36-first-call.sh here   # applies the six, prepares the ab.sh variants
+#                                               # noaux (HEAD's gpu_attn.c), nog1 and nopdl (the
+#                                               # tree's gemv_q8_kern.cuh without s36-g1 or
+#                                               # s36-pdl-gemv), noabs (HEAD's attn.cu), norr
 #                                               # (HEAD's gpu_ffn.c: the two launches)
 #                                               # and builds .dev/idx/absbench (needs a gpu build's
 #                                               # device.o and attn_dec.o: make gpu, or the two)
@@ -31,16 +39,21 @@ set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
 here)
-  rm -rf /tmp/v-noaux /tmp/v-nog1 /tmp/v-noabs /tmp/v-norr
-  mkdir -p /tmp/v-noaux/runtime/gpu /tmp/v-nog1/cuda /tmp/v-noabs/cuda /tmp/v-norr/runtime/gpu
+  for p in aux g1 absorb-one router-route pdl-trig pdl-gemv; do
+    git apply "bench/pending/s36-$p.patch" || { echo "s36-$p.patch does not apply" >&2; exit 2; }
+  done
+  rm -rf /tmp/v-noaux /tmp/v-nog1 /tmp/v-nopdl /tmp/v-noabs /tmp/v-norr
+  mkdir -p /tmp/v-noaux/runtime/gpu /tmp/v-nog1/cuda /tmp/v-nopdl/cuda /tmp/v-noabs/cuda /tmp/v-norr/runtime/gpu
   # with HEAD's gpu_attn.c the third stream is started once a layer, so gm_aux_begin's change is idle
   git show HEAD:runtime/gpu/gpu_attn.c >/tmp/v-noaux/runtime/gpu/gpu_attn.c
-  git show HEAD:cuda/gemv_q8_kern.cuh >/tmp/v-nog1/cuda/gemv_q8_kern.cuh
+  for v in nog1:g1 nopdl:pdl-gemv; do # the tree's gemv_q8_kern.cuh without that one change
+    cp cuda/gemv_q8_kern.cuh "/tmp/v-${v%%:*}/cuda/"
+    patch -s -R -p1 -d "/tmp/v-${v%%:*}" <"bench/pending/s36-${v#*:}.patch" || exit 2
+  done
   git show HEAD:cuda/attn.cu >/tmp/v-noabs/cuda/attn.cu
   git show HEAD:runtime/gpu/gpu_ffn.c >/tmp/v-norr/runtime/gpu/gpu_ffn.c
-  git apply bench/pending/s36-aux.patch bench/pending/s36-g1.patch bench/pending/s36-absorb-one.patch \
-    bench/pending/s36-router-route.patch || exit 2
-  bash bench/ab.sh prepare noaux=/tmp/v-noaux nog1=/tmp/v-nog1 noabs=/tmp/v-noabs norr=/tmp/v-norr || exit 2
+  bash bench/ab.sh prepare noaux=/tmp/v-noaux nog1=/tmp/v-nog1 nopdl=/tmp/v-nopdl noabs=/tmp/v-noabs \
+    norr=/tmp/v-norr || exit 2
   gcc -std=c11 -D_GNU_SOURCE -O2 -I. -c format/status.c -o /tmp/status.o || exit 2
   make -j2 CUDA_ARCH=90 G5_NO_DEPS=1 build/gpu/obj/cuda/device.o build/gpu/obj/cuda/attn_dec.o || exit 2
   mkdir -p .dev/idx && nvcc -std=c++17 -O3 -arch=sm_90 -I. -Xcompiler -Wall,-Wextra,-ffp-contract=off \
