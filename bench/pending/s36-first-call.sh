@@ -48,7 +48,7 @@ here)
   git show HEAD:runtime/gpu/gpu_attn.c >/tmp/v-noaux/runtime/gpu/gpu_attn.c
   for v in nog1:g1 nopdl:pdl-gemv; do # the tree's gemv_q8_kern.cuh without that one change
     cp cuda/gemv_q8_kern.cuh "/tmp/v-${v%%:*}/cuda/"
-    patch -s -R -p1 -d "/tmp/v-${v%%:*}" <"bench/pending/s36-${v#*:}.patch" || exit 2
+    patch -s -R -p1 --no-backup-if-mismatch -d "/tmp/v-${v%%:*}" <"bench/pending/s36-${v#*:}.patch" || exit 2
   done
   git show HEAD:cuda/attn.cu >/tmp/v-noabs/cuda/attn.cu
   git show HEAD:runtime/gpu/gpu_ffn.c >/tmp/v-norr/runtime/gpu/gpu_ffn.c
