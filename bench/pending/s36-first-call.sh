@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 37's first device calls, prepared in session 36 (bench/NOTES.md, "Session 36"). Five
+# Session 37's first device calls, prepared in session 36 (bench/NOTES.md, "Session 36"). Six
 # changes, each meant to leave every bit as it is:
 # s36-aux.patch: the indexer's key and weight projections (idx_k, idx_proj) move from the side
 #   stream (after the latent path) to the third stream, ahead of idx_q_b; gm_aux_begin forks the
@@ -24,11 +24,14 @@
 #   bench_pdl found 2 us a kernel faster); k_norm, k_quantize and k_silu_mul_q8 trigger their
 #   dependents at their start (cuda/pdl.cuh). Other instances wait first (ptxas: the preload in
 #   them spilled). Variant nopdl: the tree's gemv_q8_kern.cuh without s36-pdl-gemv.
-#   bash bench/pending/s36-first-call.sh here   # applies the six, prepares the ab.sh variants
-#                                               # noaux (HEAD's gpu_attn.c), nog1 and nopdl (the
-#                                               # tree's gemv_q8_kern.cuh without s36-g1 or
-#                                               # s36-pdl-gemv), noabs (HEAD's attn.cu), norr
-#                                               # (HEAD's gpu_ffn.c: the two launches)
+# s36-absorb-early.patch (after s36-aux): the absorption starts on the side stream right after
+#   q_b instead of after the indexer's preparation launch: it reads q's nope part alone, which the
+#   preparation (it ropes the rope part in place) does not touch. At one token it was the longer
+#   branch (peer: 18.1 us against the selection's 4.6), so its start moves 7.6-9 us earlier.
+#   bash bench/pending/s36-first-call.sh here   # applies the seven, prepares the ab.sh variants,
+#                                               # each the tree without one change: noaux, late,
+#                                               # nog1, nopdl, noabs, norr (HEAD's gpu_ffn.c: the
+#                                               # router and the routing in two launches)
 #                                               # and builds .dev/idx/absbench (needs a gpu build's
 #                                               # device.o and attn_dec.o: make gpu, or the two)
 #   device call 1: bash bench/pending/s36-first-call.sh test  # absbench, build, make test-gpu,
@@ -39,21 +42,23 @@ set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
 here)
-  for p in aux g1 absorb-one router-route pdl-trig pdl-gemv; do
+  for p in aux absorb-early g1 absorb-one router-route pdl-trig pdl-gemv; do
     git apply "bench/pending/s36-$p.patch" || { echo "s36-$p.patch does not apply" >&2; exit 2; }
   done
-  rm -rf /tmp/v-noaux /tmp/v-nog1 /tmp/v-nopdl /tmp/v-noabs /tmp/v-norr
-  mkdir -p /tmp/v-noaux/runtime/gpu /tmp/v-nog1/cuda /tmp/v-nopdl/cuda /tmp/v-noabs/cuda /tmp/v-norr/runtime/gpu
-  # with HEAD's gpu_attn.c the third stream is started once a layer, so gm_aux_begin's change is idle
-  git show HEAD:runtime/gpu/gpu_attn.c >/tmp/v-noaux/runtime/gpu/gpu_attn.c
-  for v in nog1:g1 nopdl:pdl-gemv; do # the tree's gemv_q8_kern.cuh without that one change
-    cp cuda/gemv_q8_kern.cuh "/tmp/v-${v%%:*}/cuda/"
-    patch -s -R -p1 --no-backup-if-mismatch -d "/tmp/v-${v%%:*}" <"bench/pending/s36-${v#*:}.patch" || exit 2
-  done
-  git show HEAD:cuda/attn.cu >/tmp/v-noabs/cuda/attn.cu
-  git show HEAD:runtime/gpu/gpu_ffn.c >/tmp/v-norr/runtime/gpu/gpu_ffn.c
-  bash bench/ab.sh prepare noaux=/tmp/v-noaux nog1=/tmp/v-nog1 nopdl=/tmp/v-nopdl noabs=/tmp/v-noabs \
-    norr=/tmp/v-norr || exit 2
+  # variant $1: the tree's file $3 without patch $2's change to it
+  rev() {
+    rm -rf "/tmp/v-$1" && mkdir -p "/tmp/v-$1/$(dirname "$3")" && cp "$3" "/tmp/v-$1/$3" &&
+      git apply -R --include="*/$3" --unsafe-paths --directory="/tmp/v-$1" "bench/pending/s36-$2.patch"
+  }
+  rev noaux aux runtime/gpu/gpu_attn.c || exit 2 # gm_aux_begin's change is then idle
+  rev late absorb-early runtime/gpu/gpu_attn.c || exit 2
+  rev nog1 g1 cuda/gemv_q8_kern.cuh || exit 2
+  rev nopdl pdl-gemv cuda/gemv_q8_kern.cuh || exit 2
+  rev noabs absorb-one cuda/attn.cu || exit 2
+  rm -rf /tmp/v-norr && mkdir -p /tmp/v-norr/runtime/gpu
+  git show HEAD:runtime/gpu/gpu_ffn.c >/tmp/v-norr/runtime/gpu/gpu_ffn.c # the two launches
+  bash bench/ab.sh prepare noaux=/tmp/v-noaux late=/tmp/v-late nog1=/tmp/v-nog1 nopdl=/tmp/v-nopdl \
+    noabs=/tmp/v-noabs norr=/tmp/v-norr || exit 2
   gcc -std=c11 -D_GNU_SOURCE -O2 -I. -c format/status.c -o /tmp/status.o || exit 2
   make -j2 CUDA_ARCH=90 G5_NO_DEPS=1 build/gpu/obj/cuda/device.o build/gpu/obj/cuda/attn_dec.o || exit 2
   mkdir -p .dev/idx && nvcc -std=c++17 -O3 -arch=sm_90 -I. -Xcompiler -Wall,-Wextra,-ffp-contract=off \
