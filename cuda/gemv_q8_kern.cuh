@@ -133,8 +133,8 @@ __device__ __forceinline__ void rows_dot(const uint8_t *const (&rowp)[R], int un
 }
 
 /* Lanes a row's units spread over in k_gemv_q8 and k_down_q8: the whole warp, or for rows of 16
- * units or fewer (TP 8's expert down, k = 256: 4 units; its attn_output, k = 1024: 16) the power
- * of two covering them, 32 / span rows side by side in the warp instead of most lanes idle. */
+ * units or fewer (a TP 8 rank's routed and shared experts' down, k = 256: 4 units) the power of
+ * two covering them, 32 / span rows side by side in the warp instead of most lanes idle. */
 static __host__ __device__ constexpr int seg_for(int units) {
     return units > 16 ? 32 : units > 8 ? 16 : units > 4 ? 8 : units > 2 ? 4 : units > 1 ? 2 : 1;
 }
@@ -148,9 +148,10 @@ static __host__ __device__ constexpr int groups_for(int units) { return units <=
  * rows of w, then those of w2 (outputs in y2), each row's arithmetic the same either way. Grid:
  * ceil(mt / (2 G WARPS ns)) CTAs of WARPS warps, mt = m or 2 m, ns = 32 / seg_for(units); warp w
  * of CTA c takes G groups of ns row pairs from 2 G ns (c WARPS + w), lanes s span .. s span +
- * span - 1 the pair s of a group (unit ul = lane % span, then ul + span, ..). XS (cuk_gemv_q8_xs, tests and bench_q8; types read as X64): the
- * CTA's threads first copy its nvec x rows (both planes) into dynamic shared memory in
- * rows_dot's XS layout, then one barrier, then the warps read x there instead of through L1.
+ * span - 1 the pair s of a group (unit ul = lane % span, then ul + span, ..). XS
+ * (cuk_gemv_q8_xs, tests and bench_q8; types read as X64): the CTA's threads first copy its nvec
+ * x rows (both planes) into dynamic shared memory in rows_dot's XS layout, then one barrier,
+ * then the warps read x there instead of through L1.
  * One vector: three CTAs an SM (80 registers; sm_90 ptxas: no spills but 16-28 bytes for Q5_K's
  * two planes), so that a product of 6144 rows (3072 warps of row pairs) fills the SMs' 3168 warp
  * slots in one wave instead of 1.45 waves of the 2112 that 2 CTAs of 103-123 registers give. */

@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(WR * 32) k_gemv_wide(const float *__restrict__
         wv[j] = c < ks ? __ldcs((const float4 *)(w + rr * k + c0 + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     /* the launch is a programmatic dependent one: with the weights in registers, wait for the
-     * grid before (the norm that writes x) to complete, its writes visible; a no-op after an
-     * ordinary predecessor (bench_pdl: 4.1 -> 1.9 us a 2 MB kernel in this form) */
+     * grid before (the norm that writes x, which lets it start early) to complete, its writes
+     * visible (bench_pdl: 4.1 -> 1.9 us a 2 MB kernel in this form) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
     /* VB vectors at a time, so a warp has VB J loads of x in flight rather than J (one vector
      * a pass leaves the launch bound by L2 latency at n = 32: routerbench 19.5 -> 18.0 us at
