@@ -13,7 +13,7 @@
 #   OUT=/tmp/out bash bench/ab.sh run                   # on the GPU machine (logs: $OUT/ab.log)
 #
 # run: builds the working tree (glm5-shard, bench_peer, bench_q8, and with TESTGPU=1 every GPU
-# target), then each .dev/ab/NAME tree in /tmp/ab-NAME, makes the centred peer model meanwhile
+# target), then each .dev/ab/NAME tree in build/ab/NAME, makes the centred peer model meanwhile
 # (bench/peer.sh's, in W) and with TESTGPU=1 runs `make test-gpu` on the working tree; then ROUNDS
 # (default 2) rounds of bench_peer over the trees in order (PEER: its options, default the batched
 # step at depth 512: `--pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1`), and for each line of
@@ -65,14 +65,41 @@ prepare() {
   done
 }
 
+# build/ab/NAME: the working tree's files with NAME's over them, and its own build. The device keeps
+# ignored build output in the tree between calls of a warm machine but not /tmp, so the variants
+# and the peer model live under build/. A first call copies the tree's build and its files with
+# their times (nothing but what NAME's files touch is rebuilt); later calls copy only the files
+# whose content differs. Copying every file afresh each call rebuilt the slow int8 GEMV units
+# (about 220 s a variant) every call.
+sync_variant() {
+  local v=$1 d=$R/build/ab/$1 f src new=0
+  if [ ! -d "$d/$B" ]; then
+    rm -rf "$d" && mkdir -p "$d/$(dirname "$B")" && cp -a "$R/$B" "$d/$B" || return 1
+    new=1
+  fi
+  { git -C "$R" ls-files -co --exclude-standard; (cd "$AB/$v" && find . -type f | sed 's|^\./||'); } | sort -u |
+    while read -r f; do
+      src=$R/$f
+      [ -f "$AB/$v/$f" ] && src=$AB/$v/$f
+      [ -f "$src" ] || continue
+      [ -f "$AB/$v.gone" ] && grep -qxF "$f" "$AB/$v.gone" && continue
+      cmp -s "$src" "$d/$f" && continue
+      mkdir -p "$(dirname "$d/$f")"
+      if [ $new = 1 ] && [ "$src" = "$R/$f" ]; then cp -p "$src" "$d/$f"; else cp "$src" "$d/$f"; fi
+    done
+  [ -f "$AB/$v.gone" ] && (cd "$d" && xargs -r rm -f <"$R/$AB/$v.gone")
+  return 0
+}
+
 run() {
   OUT=${OUT:-/tmp/ab-out}
-  W=${W:-/tmp/g5peer}
+  W=${W:-$R/build/g5peer}
   mkdir -p "$OUT" "$W"
   export CENTRED=1
   # the oracle for make test-gpu: scripts/gpu-deps.sh's copy, carried with the tree
   [ -z "${GLM5_SHARED:-}" ] && [ -d "$R/oracle-carry/oracle" ] && export GLM5_SHARED=$R/oracle-carry
   source bench/common.sh
+  DEPS=$(cd "$DEPS" && pwd) # the variants build in their own folders
   SECONDS=0
   bench_header
   local targets="$B/bin/glm5-shard $B/gpu/tests/bench_peer $B/gpu/tests/bench_q8" t v trees="$R"
@@ -84,17 +111,18 @@ run() {
   local names=""
   for d in "$AB"/*/; do [ -d "$d" ] && names="$names $(basename "$d")"; done
   (
+    # the variants build side by side: each is bound by a few slow units on one core apiece
     for v in $names; do
-      rm -rf "/tmp/ab-$v"
-      cp -a "$R" "/tmp/ab-$v"
-      cp -r "$AB/$v/." "/tmp/ab-$v/"
-      [ -f "$AB/$v.gone" ] && (cd "/tmp/ab-$v" && xargs -r rm -f <"$R/$AB/$v.gone")
-      # a failed build must not leave the working tree's copied binaries to be measured as the variant
-      # shellcheck disable=SC2086
-      (cd "/tmp/ab-$v" && bench_build "$OUT/build_$v.log" $vtargets) ||
-        { echo "variant $v: build failed, not run"; rm -f "/tmp/ab-$v/$B/gpu/tests/bench_peer"; }
+      (
+        sync_variant "$v"
+        # a failed build must not leave the working tree's copied binaries to be measured as the variant
+        # shellcheck disable=SC2086
+        (cd "$R/build/ab/$v" && bench_build "$OUT/build_$v.log" $vtargets) ||
+          { echo "variant $v: build failed, not run"; rm -f "$R/build/ab/$v/$B/gpu/tests/bench_peer"; }
+      ) &
     done
     bench_peer_model || echo "peer model: failed"
+    wait
     echo "side builds and model done in ${SECONDS}s"
   ) >"$OUT/side.log" 2>&1 &
   local bg=$! rc=0
@@ -109,7 +137,7 @@ run() {
   cat "$OUT/side.log"
   local sfx=${CENTRED:+-centred}
   blobs=$W/tp1$sfx
-  for v in $names; do [ -x "/tmp/ab-$v/$B/gpu/tests/bench_peer" ] && trees="$trees /tmp/ab-$v"; done
+  for v in $names; do [ -x "$R/build/ab/$v/$B/gpu/tests/bench_peer" ] && trees="$trees $R/build/ab/$v"; done
   local r
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for t in $trees; do
