@@ -12,11 +12,20 @@ B=${B:-build/dev}
 export G5_NO_DEPS=1
 CC=${CC:-$( [ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc )}
 DEPS=${DEPS:-gpu-deps}
+# Build for the device's own architecture alone: the field default (CUDA_ARCH "90 120", cuda/cuda.mk)
+# runs ptxas twice for every kernel, which doubled the device's builds (the sm_90 code is the same).
+# Exported, so that every make here (ab.sh's make test-gpu too) sees the same arch stamp and none
+# of them rebuilds all of cuda/ for another target set.
+if [ -z "${CUDA_ARCH:-}" ]; then
+  _cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  case $_cap in [0-9][0-9] | [0-9][0-9][0-9]) export CUDA_ARCH=$_cap CUDA_PTX=$_cap ;; esac
+  unset _cap
+fi
 
 bench_header() {
   echo "== device"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-  echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo ?)}; $(nproc) cores; $(free -g | awk '/Mem:/ {print $2 " GiB RAM"}')"
+  echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo ?)}; $(nproc) cores; $(free -g | awk '/Mem:/ {print $2 " GiB RAM"}'); CUDA_ARCH ${CUDA_ARCH:-default}"
 }
 
 bench_build() {
