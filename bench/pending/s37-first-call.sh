@@ -4,22 +4,32 @@
 # tree without them) did not run in the same call, and the TP 8 rank's decode rounds did not run.
 # bench/pending/s37-decode.patch is the six together: s36-aux, s36-absorb-early, s36-g1,
 # s36-absorb-one, s36-pdl-trig and s36-pdl-gemv (their separate patches are in git history,
-# 149ac36). Variants: head = HEAD's files (the tree without the six), nog1 = the tree without
-# s36-g1 (it reverse-applies to gemv_q8_kern.cuh alone).
-#   bash bench/pending/s37-first-call.sh here   # applies s37-decode.patch, prepares head and nog1
+# 149ac36). s37-uv-pdl.patch (after it): the W_UV product (k_head_gemv) becomes a programmatic
+# dependent launch that loads its weights (all of them in registers, as it did) before pdl_wait,
+# and decode's attention (k_mla_dec) triggers its dependents at its start: a TP 8 rank's 4 MB of
+# W_UV load while the attention runs (bench_pdl's form, 4.1 -> 1.9 us a 2 MB kernel).
+# Variants: head = HEAD's files (the tree without the seven), nog1 = the tree without s36-g1 (it
+# reverse-applies to gemv_q8_kern.cuh alone), nouv = the tree without s37-uv-pdl.
+#   bash bench/pending/s37-first-call.sh here   # applies the two patches, prepares the variants
 #   device call 1: bash bench/pending/s37-first-call.sh test  # make test-gpu on the tree, the
 #                                   # variants built meanwhile (all kept under build/ for call 2)
 #   device call 2 (warm): bash bench/pending/s37-first-call.sh ab  # peer and TP 8 decode rounds
-# carry gpu-deps, oracle-carry and .dev. Land the six if main beats head in both; nog1 decides g1.
+# carry gpu-deps, oracle-carry and .dev. Land what beats head in both the peer and the TP 8 rounds;
+# nog1 decides g1, nouv the W_UV launch. Builds are for sm_90 alone now (bench/common.sh), about
+# half of session 37's 222 s; the variants build side by side and stay under build/ for call 2.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
 here)
-  git apply bench/pending/s37-decode.patch || { echo "s37-decode.patch does not apply" >&2; exit 2; }
+  for p in decode uv-pdl; do
+    git apply "bench/pending/s37-$p.patch" || { echo "s37-$p.patch does not apply" >&2; exit 2; }
+  done
+  rm -rf /tmp/v-nouv && mkdir -p /tmp/v-nouv/cuda && git show HEAD:cuda/head_gemv.cu >/tmp/v-nouv/cuda/head_gemv.cu &&
+    git show HEAD:cuda/attn_dec.cu >/tmp/v-nouv/cuda/attn_dec.cu || exit 2
   rm -rf /tmp/v-nog1 && mkdir -p /tmp/v-nog1/cuda && cp cuda/gemv_q8_kern.cuh /tmp/v-nog1/cuda/ &&
     git show 149ac36:bench/pending/s36-g1.patch >/tmp/s36-g1.patch &&
     git apply -R --include="*/cuda/gemv_q8_kern.cuh" --unsafe-paths --directory=/tmp/v-nog1 /tmp/s36-g1.patch || exit 2
-  bash bench/ab.sh prepare head=HEAD nog1=/tmp/v-nog1 || exit 2
+  bash bench/ab.sh prepare head=HEAD nog1=/tmp/v-nog1 nouv=/tmp/v-nouv || exit 2
   ;;
 test)
   TESTGPU=1 DECODE=1 ROUNDS=0 bash bench/ab.sh run >"$OUT/ab.log" 2>&1
