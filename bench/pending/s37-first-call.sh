@@ -14,6 +14,7 @@
 #   device call 1: bash bench/pending/s37-first-call.sh test  # make test-gpu on the tree, the
 #                                   # variants built meanwhile (all kept under build/ for call 2)
 #   device call 2 (warm): bash bench/pending/s37-first-call.sh ab  # peer and TP 8 decode rounds
+#   device call 3 (warm, after landing): bash bench/pending/s37-first-call.sh readme  # peer.sh, serve.sh
 # carry gpu-deps, oracle-carry and .dev. Land what beats head in both the peer and the TP 8 rounds;
 # nog1 decides g1, nouv the W_UV launch. Builds are for sm_90 alone now (bench/common.sh), about
 # half of session 37's 222 s; the variants build side by side and stay under build/ for call 2.
@@ -40,5 +41,12 @@ ab)
     bash bench/ab.sh run >"$OUT/ab.log" 2>&1
   grep -E "^round|^decode round|rc=|side builds" "$OUT/ab.log"
   ;;
-*) echo "usage: $0 here|test|ab" >&2; exit 2 ;;
+readme) # call 3, on the tree as landed: the README's rows (the peer model of calls 1-2 reused)
+  W=$PWD/build/g5peer CENTRED=1 LONG=0 PRECISIONS=fast bash bench/peer.sh >"$OUT/peer.out" 2>&1
+  echo "peer.sh rc=$?"
+  W=$PWD/build/g5peer SKIP_BUILD=0 CENTRED=1 PRECISIONS=fast VERIFY=1 bash bench/serve.sh >"$OUT/serve.out" 2>&1
+  echo "serve.sh rc=$?"
+  tail -25 "$OUT/peer.out"; tail -12 "$OUT/serve.out"
+  ;;
+*) echo "usage: $0 here|test|ab|readme" >&2; exit 2 ;;
 esac
