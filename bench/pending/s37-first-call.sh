@@ -8,29 +8,49 @@
 # dependent launch that loads its weights (all of them in registers, as it did) before pdl_wait,
 # and decode's attention (k_mla_dec) triggers its dependents at its start: a TP 8 rank's 4 MB of
 # W_UV load while the attention runs (bench_pdl's form, 4.1 -> 1.9 us a 2 MB kernel).
-# Variants: head = HEAD's files (the tree without the seven), nog1 = the tree without s36-g1 (it
-# reverse-applies to gemv_q8_kern.cuh alone), nouv = the tree without s37-uv-pdl.
+# s37-uv-q8.patch (after both): the W_UV launch also writes attn_output's two int8 planes of its
+# output (cuk_head_gemv's q: a block of 8 warps is one 32-element int8 block, quantized in shared
+# memory with q8_quant.cuh's rule), so the quantization launch before attn_output goes: one
+# launch less on the main chain a layer; test_kernels' test_head_gemv_q8 checks the bytes against
+# cuk_q8_quantize of the same output.
+# Variants: head = HEAD's files (the tree without any), nog1 = the tree without s36-g1 (it
+# reverse-applies to gemv_q8_kern.cuh alone), noq8 = the tree without s37-uv-q8, nouv = the tree
+# without s37-uv-q8 and s37-uv-pdl.
 #   bash bench/pending/s37-first-call.sh here   # applies the two patches, prepares the variants
 #   device call 1: bash bench/pending/s37-first-call.sh test  # make test-gpu on the tree, the
 #                                   # variants built meanwhile (all kept under build/ for call 2)
 #   device call 2 (warm): bash bench/pending/s37-first-call.sh ab  # peer and TP 8 decode rounds
 #   device call 3 (warm, after landing): bash bench/pending/s37-first-call.sh readme  # peer.sh, serve.sh
 # carry gpu-deps, oracle-carry and .dev. Land what beats head in both the peer and the TP 8 rounds;
-# nog1 decides g1, nouv the W_UV launch. Builds are for sm_90 alone now (bench/common.sh), about
+# nog1 decides g1, noq8 and nouv the W_UV launch's two changes. Builds are for sm_90 alone now (bench/common.sh), about
 # half of session 37's 222 s; the variants build side by side and stay under build/ for call 2.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
 here)
-  for p in decode uv-pdl; do
+  for p in decode uv-pdl uv-q8; do
     git apply "bench/pending/s37-$p.patch" || { echo "s37-$p.patch does not apply" >&2; exit 2; }
   done
-  rm -rf /tmp/v-nouv && mkdir -p /tmp/v-nouv/cuda && git show HEAD:cuda/head_gemv.cu >/tmp/v-nouv/cuda/head_gemv.cu &&
-    git show HEAD:cuda/attn_dec.cu >/tmp/v-nouv/cuda/attn_dec.cu || exit 2
+  # variant $1: the tree's files without patches $2.. (reverse-applied last first to copies)
+  rev() {
+    local v=$1 p f
+    shift
+    rm -rf "/tmp/v-$v" && mkdir -p "/tmp/v-$v" || return 1
+    for p in "$@"; do
+      git apply --numstat "bench/pending/s37-$p.patch" | cut -f3 | while read -r f; do
+        mkdir -p "/tmp/v-$v/$(dirname "$f")" && [ -f "/tmp/v-$v/$f" ] || cp "$f" "/tmp/v-$v/$f"
+      done
+    done
+    for p in $(printf '%s\n' "$@" | tac); do
+      git apply -R --unsafe-paths --directory="/tmp/v-$v" "bench/pending/s37-$p.patch" || return 1
+    done
+  }
+  rev noq8 uv-q8 || exit 2
+  rev nouv uv-pdl uv-q8 || exit 2
   rm -rf /tmp/v-nog1 && mkdir -p /tmp/v-nog1/cuda && cp cuda/gemv_q8_kern.cuh /tmp/v-nog1/cuda/ &&
     git show 149ac36:bench/pending/s36-g1.patch >/tmp/s36-g1.patch &&
     git apply -R --include="*/cuda/gemv_q8_kern.cuh" --unsafe-paths --directory=/tmp/v-nog1 /tmp/s36-g1.patch || exit 2
-  bash bench/ab.sh prepare head=HEAD nog1=/tmp/v-nog1 nouv=/tmp/v-nouv || exit 2
+  bash bench/ab.sh prepare head=HEAD nog1=/tmp/v-nog1 noq8=/tmp/v-noq8 nouv=/tmp/v-nouv || exit 2
   ;;
 test)
   TESTGPU=1 DECODE=1 ROUNDS=0 bash bench/ab.sh run >"$OUT/ab.log" 2>&1
