@@ -13,22 +13,30 @@
 # memory with q8_quant.cuh's rule), so the quantization launch before attn_output goes: one
 # launch less on the main chain a layer; test_kernels' test_head_gemv_q8 checks the bytes against
 # cuk_q8_quantize of the same output.
+# s37-gu-q8.patch (after the three): the routed experts' gate+up launch (k_gate_up_q8) also
+# writes the down product's one-plane int8 input (a cluster of 4 CTAs, 32 rows, is one int8
+# block: the first CTA reads the others' rows through distributed shared memory; G = 4 CTAs hold
+# a block alone), into a buffer of its own (rk->gq8), so the quantization launch before the down
+# goes and the down no longer waits for the shared expert's gate and up; test_gemv_q8 checks the
+# bytes against cuk_q8_quantize of the same rows.
 # Variants: head = HEAD's files (the tree without any), nog1 = the tree without s36-g1 (it
 # reverse-applies to gemv_q8_kern.cuh alone), noq8 = the tree without s37-uv-q8, nouv = the tree
-# without s37-uv-q8 and s37-uv-pdl.
-#   bash bench/pending/s37-first-call.sh here   # applies the two patches, prepares the variants
+# without s37-uv-q8 and s37-uv-pdl, nogu = the tree without s37-gu-q8.
+#   bash bench/pending/s37-first-call.sh here   # applies the four patches, prepares the variants
 #   device call 1: bash bench/pending/s37-first-call.sh test  # make test-gpu on the tree, the
 #                                   # variants built meanwhile (all kept under build/ for call 2)
-#   device call 2 (warm): bash bench/pending/s37-first-call.sh ab  # peer and TP 8 decode rounds
-#   device call 3 (warm, after landing): bash bench/pending/s37-first-call.sh readme  # peer.sh, serve.sh
+#   device call 2 (warm): bash bench/pending/s37-first-call.sh ab   # the peer rounds
+#   device call 3 (warm): bash bench/pending/s37-first-call.sh dec  # the TP 8 decode rounds
+#   device call 4 (warm, after landing): bash bench/pending/s37-first-call.sh readme  # peer.sh, serve.sh
 # carry gpu-deps, oracle-carry and .dev. Land what beats head in both the peer and the TP 8 rounds;
-# nog1 decides g1, noq8 and nouv the W_UV launch's two changes. Builds are for sm_90 alone now (bench/common.sh), about
-# half of session 37's 222 s; the variants build side by side and stay under build/ for call 2.
+# nog1 decides g1, noq8 and nouv the W_UV launch's two changes, nogu the gate+up's int8 rows.
+# Builds are for sm_90 alone now (bench/common.sh), about half of session 37's 222 s; the variants
+# build side by side and stay under build/ for the later calls.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
 here)
-  for p in decode uv-pdl uv-q8; do
+  for p in decode uv-pdl uv-q8 gu-q8; do
     git apply "bench/pending/s37-$p.patch" || { echo "s37-$p.patch does not apply" >&2; exit 2; }
   done
   # variant $1: the tree's files without patches $2.. (reverse-applied last first to copies)
@@ -47,26 +55,31 @@ here)
   }
   rev noq8 uv-q8 || exit 2
   rev nouv uv-pdl uv-q8 || exit 2
+  rev nogu gu-q8 || exit 2
   rm -rf /tmp/v-nog1 && mkdir -p /tmp/v-nog1/cuda && cp cuda/gemv_q8_kern.cuh /tmp/v-nog1/cuda/ &&
     git show 149ac36:bench/pending/s36-g1.patch >/tmp/s36-g1.patch &&
     git apply -R --include="*/cuda/gemv_q8_kern.cuh" --unsafe-paths --directory=/tmp/v-nog1 /tmp/s36-g1.patch || exit 2
-  bash bench/ab.sh prepare head=HEAD nog1=/tmp/v-nog1 noq8=/tmp/v-noq8 nouv=/tmp/v-nouv || exit 2
+  bash bench/ab.sh prepare head=HEAD nog1=/tmp/v-nog1 noq8=/tmp/v-noq8 nouv=/tmp/v-nouv nogu=/tmp/v-nogu || exit 2
   ;;
 test)
   TESTGPU=1 DECODE=1 ROUNDS=0 bash bench/ab.sh run >"$OUT/ab.log" 2>&1
   grep -E "make test-gpu|passed|variant|build rc|side builds|peer model" "$OUT/ab.log" | grep -v " 0 failed$" | head -20
   ;;
-ab)
-  DECODE=1 ROUNDS=2 LIMIT=90 PEER="--pp 512 --depth 512,4096 --tg 16 --batch 1,8,32 --reps 1" \
+ab) # the peer rounds (six trees, about 210 s)
+  ROUNDS=2 LIMIT=90 PEER="--pp 512 --depth 512,4096 --tg 16 --batch 1,8,32 --reps 1" \
     bash bench/ab.sh run >"$OUT/ab.log" 2>&1
-  grep -E "^round|^decode round|rc=|side builds" "$OUT/ab.log"
+  grep -E "^round|rc=|side builds" "$OUT/ab.log"
   ;;
-readme) # call 3, on the tree as landed: the README's rows (the peer model of calls 1-2 reused)
+dec) # the TP 8 rank's decode rounds (six trees, about 300 s)
+  DECODE=1 ROUNDS=2 PROUNDS=0 LIMIT=90 bash bench/ab.sh run >"$OUT/ab.log" 2>&1
+  grep -E "^decode round|rc=|side builds" "$OUT/ab.log"
+  ;;
+readme) # call 4, on the tree as landed: the README's rows (the peer model of calls 1-2 reused)
   W=$PWD/build/g5peer CENTRED=1 LONG=0 PRECISIONS=fast bash bench/peer.sh >"$OUT/peer.out" 2>&1
   echo "peer.sh rc=$?"
   W=$PWD/build/g5peer SKIP_BUILD=0 CENTRED=1 PRECISIONS=fast VERIFY=1 bash bench/serve.sh >"$OUT/serve.out" 2>&1
   echo "serve.sh rc=$?"
   tail -25 "$OUT/peer.out"; tail -12 "$OUT/serve.out"
   ;;
-*) echo "usage: $0 here|test|ab|readme" >&2; exit 2 ;;
+*) echo "usage: $0 here|test|ab|dec|readme" >&2; exit 2 ;;
 esac
