@@ -32,6 +32,10 @@
 # nog1 decides g1, noq8 and nouv the W_UV launch's two changes, nogu the gate+up's int8 rows.
 # Builds are for sm_90 alone now (bench/common.sh), about half of session 37's 222 s; the variants
 # build side by side and stay under build/ for the later calls.
+# Where make test-gpu fails: test_kernels' head_gemv q8 lines -> s37-uv-q8; test_gemv_q8's "gate_up
+# + int8" lines -> s37-gu-q8; test_gpu_model (graph = plain launches, TP 1 = TP n, the bars) ->
+# the launches' order: s37-uv-pdl and s37-gu-q8 (programmatic launches, the cluster), then
+# s37-decode's aux / absorb-early; the variants' trees (build/ab/NAME) can run the same test.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
