@@ -23,6 +23,7 @@
 # over the trees alternated, every variant then building bench_decode too; with PROFILE=1 then
 # bench_peer --profile on the working tree (batch 1 and 32: $OUT/profile.log).
 # $OUT keeps ab.log, test-gpu.log and profile.log; the build and per-run logs go into logs.tgz.
+# bench/ab_table.py turns ab.log's round lines into RESULTS tables (differences from a base tree).
 # A warm machine keeps the builds and the model (a second call rebuilds only what changed).
 # Environment: as bench/peer.sh (B, CC, DEPS, W, LAYERS, EXPERTS); the variants run with the same.
 set -uo pipefail

@@ -73,10 +73,12 @@ ab) # the peer rounds (six trees, about 210 s)
   ROUNDS=2 LIMIT=90 PEER="--pp 512 --depth 512,4096 --tg 16 --batch 1,8,32 --reps 1" \
     bash bench/ab.sh run >"$OUT/ab.log" 2>&1
   grep -E "^round|rc=|side builds" "$OUT/ab.log"
+  python3 bench/ab_table.py "$OUT/ab.log"
   ;;
 dec) # the TP 8 rank's decode rounds (six trees, about 300 s)
   DECODE=1 ROUNDS=2 PROUNDS=0 LIMIT=90 bash bench/ab.sh run >"$OUT/ab.log" 2>&1
   grep -E "^decode round|rc=|side builds" "$OUT/ab.log"
+  python3 bench/ab_table.py "$OUT/ab.log"
   ;;
 readme) # call 4, on the tree as landed: the README's rows (the peer model of calls 1-2 reused)
   W=$PWD/build/g5peer CENTRED=1 LONG=0 PRECISIONS=fast bash bench/peer.sh >"$OUT/peer.out" 2>&1
