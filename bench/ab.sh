@@ -15,8 +15,9 @@
 # run: builds the working tree (glm5-shard, bench_peer, bench_q8, and with TESTGPU=1 every GPU
 # target), then each .dev/ab/NAME tree in build/ab/NAME, makes the centred peer model meanwhile
 # (bench/peer.sh's, in W) and with TESTGPU=1 runs `make test-gpu` on the working tree; then ROUNDS
-# (default 2; PROUNDS, where set, for these alone) rounds of bench_peer over the trees in order (PEER: its options, default the batched
-# step at depth 512: `--pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1`), and for each line of
+# (default 2; PROUNDS, where set, for these alone) rounds of bench_peer over the trees in order
+# (PEER: its options, default the batched step at depth 512: `--pp 512 --depth 512 --tg 16
+# --batch 1,8,32 --reps 1`), and for each line of
 # Q8 (`;`-separated bench_q8 arguments, e.g. "20 moe 32;20 Q5_K 6144 16384 32") bench_q8 in every
 # tree; with DECODE=1, ROUNDS rounds of bench_decode (one TP 8 rank, bench/decode.sh's model; DEC:
 # its options, default `--decode --layers 78 --ctx 1024,32768 --steps 20 --modes fast --graph on`)

@@ -43,26 +43,28 @@ here)
   for p in decode uv-pdl uv-q8 gu-q8; do
     git apply "bench/pending/s37-$p.patch" || { echo "s37-$p.patch does not apply" >&2; exit 2; }
   done
-  # variant $1: the tree's files without patches $2.. (reverse-applied last first to copies)
+  # variant $1: copies of the files that patches $2.. touch, with those patches reverse-applied
+  # (last first), i.e. the tree without them
   rev() {
     local v=$1 p f
     shift
-    rm -rf "/tmp/v-$v" && mkdir -p "/tmp/v-$v" || return 1
+    rm -rf "/tmp/v-$v" || return 1
     for p in "$@"; do
-      git apply --numstat "bench/pending/s37-$p.patch" | cut -f3 | while read -r f; do
-        mkdir -p "/tmp/v-$v/$(dirname "$f")" && [ -f "/tmp/v-$v/$f" ] || cp "$f" "/tmp/v-$v/$f"
+      git apply --numstat "$p" | cut -f3 | while read -r f; do
+        [ -f "/tmp/v-$v/$f" ] && continue
+        mkdir -p "/tmp/v-$v/$(dirname "$f")" && cp "$f" "/tmp/v-$v/$f"
       done
     done
     for p in $(printf '%s\n' "$@" | tac); do
-      git apply -R --unsafe-paths --directory="/tmp/v-$v" "bench/pending/s37-$p.patch" || return 1
+      git apply -R --unsafe-paths --directory="/tmp/v-$v" "$p" || return 1
     done
   }
-  rev noq8 uv-q8 || exit 2
-  rev nouv uv-pdl uv-q8 || exit 2
-  rev nogu gu-q8 || exit 2
-  rm -rf /tmp/v-nog1 && mkdir -p /tmp/v-nog1/cuda && cp cuda/gemv_q8_kern.cuh /tmp/v-nog1/cuda/ &&
-    git show 149ac36:bench/pending/s36-g1.patch >/tmp/s36-g1.patch &&
-    git apply -R --include="*/cuda/gemv_q8_kern.cuh" --unsafe-paths --directory=/tmp/v-nog1 /tmp/s36-g1.patch || exit 2
+  P=bench/pending
+  git show 149ac36:bench/pending/s36-g1.patch >/tmp/s36-g1.patch || exit 2
+  rev nog1 /tmp/s36-g1.patch || exit 2
+  rev noq8 $P/s37-uv-q8.patch || exit 2
+  rev nouv $P/s37-uv-pdl.patch $P/s37-uv-q8.patch || exit 2
+  rev nogu $P/s37-gu-q8.patch || exit 2
   bash bench/ab.sh prepare head=HEAD nog1=/tmp/v-nog1 noq8=/tmp/v-noq8 nouv=/tmp/v-nouv nogu=/tmp/v-nogu || exit 2
   ;;
 test)
