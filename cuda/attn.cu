@@ -8,7 +8,8 @@
  * (flash-decoding: each block keeps a running max / sum / weighted latent sum per head, the
  * cluster combines them through distributed shared memory, so no global scratch is needed). The
  * first ones, one block per (head, token), run prefill-sized launches and the shapes the split
- * ones do not cover. */
+ * ones do not cover. A one-token absorption (a decode step at batch 1) takes k_absorb_one, each
+ * thread a whole column of W_UK in registers; all three absorption kernels add in the CPU's order. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -279,6 +280,42 @@ __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, con
     }
 }
 
+/* ---- one-token absorption ---- */
+
+constexpr int AO_THREADS = 128;
+constexpr int AO_MAXNC = 6; /* 32-row chunks of W_UK a thread holds at most: nope <= 192 (GLM-5's) */
+
+/* grid (n_head, ceil(kv_lora / AO_THREADS)), AO_THREADS threads, one token (a decode step at batch
+ * 1). Thread c of head h loads its whole column W_UK[h][0..N)[c] into registers at once, so all of
+ * the launch's bytes are in flight together (the split form stages 32-column slices in shared
+ * memory, then sums them on one warp), and sums q_nope[d] * w[d] over d in order: the CPU's
+ * operations, the split kernel's bits. N = 32 NC; a column past kv_lora reads the last one again
+ * and stores nothing. */
+template <int NC>
+__global__ void __launch_bounds__(AO_THREADS, 2) k_absorb_one(cuk_mla_dims d, const float *__restrict__ q,
+                                                             const float *__restrict__ kvb, int32_t head_rows,
+                                                             float *__restrict__ qlat) {
+    constexpr int N = 32 * NC;
+    __shared__ float qs[N];
+    const int h = blockIdx.x, c = blockIdx.y * AO_THREADS + threadIdx.x, KL = d.kv_lora;
+    const float *W = kvb + (int64_t)h * head_rows * KL + (c < KL ? c : KL - 1); /* [nope][kv_lora], column c */
+    float w[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) w[i] = __ldg(W + (int64_t)i * KL);
+    for (int i = threadIdx.x; i < N; i += AO_THREADS) qs[i] = q[(int64_t)h * (d.nope + d.rope) + i];
+    __syncthreads();
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; i++) acc = __fadd_rn(acc, __fmul_rn(qs[i], w[i]));
+    if (c < KL) qlat[(int64_t)h * KL + c] = acc;
+}
+
+template <int NC> static void absorb_one(const cuk_mla_dims *d, const float *q, const float *kvb, int32_t head_rows,
+                                         float *qlat, cudaStream_t st) {
+    const dim3 grid((unsigned)d->n_head, (unsigned)((d->kv_lora + AO_THREADS - 1) / AO_THREADS));
+    k_absorb_one<NC><<<grid, AO_THREADS, 0, st>>>(*d, q, kvb, head_rows, qlat);
+}
+
 /* ---- head-group decode attention (the default for decode steps) ---- */
 
 
@@ -537,6 +574,19 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream str
     if (st) return st;
     if (!q || !kvb || !qlat) return BAD("mla_absorb: NULL pointer");
     if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
+    if (d->n_tok == 1 && d->nope % 32 == 0 && d->nope <= 32 * AO_MAXNC) {
+        const cudaStream_t st = (cudaStream_t)stream;
+        switch (d->nope / 32) {
+        case 1: absorb_one<1>(d, q, kvb, head_rows, qlat, st); break;
+        case 2: absorb_one<2>(d, q, kvb, head_rows, qlat, st); break;
+        case 3: absorb_one<3>(d, q, kvb, head_rows, qlat, st); break;
+        case 4: absorb_one<4>(d, q, kvb, head_rows, qlat, st); break;
+        case 5: absorb_one<5>(d, q, kvb, head_rows, qlat, st); break;
+        default: absorb_one<6>(d, q, kvb, head_rows, qlat, st); break;
+        }
+        CUK_CHECK_LAUNCH("mla_absorb");
+        return G5_OK;
+    }
     /* qs holds the block's tokens only: a decode step's blocks (1 token) then fit 8 per SM, so
      * the 64-head, 16-slice grid runs in one wave */
     const size_t smem_split =

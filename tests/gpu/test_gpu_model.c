@@ -374,11 +374,13 @@ static void absorb_ref(const float *qn, const float *kvb, int h, int nope, int h
 /* Absorption alone, every output's bits against the CPU's order (runtime/cpu/attn.c absorb_task):
  * token counts that give a block each per-warp count (1 token alone, 1..4 a warp, a second block
  * of one), a nope that is not a multiple of 4 (the scalar loop) and a kv_lora that is not (the
- * unvectorised staging). */
+ * unvectorised staging); one token with a nope of 32-row chunks takes k_absorb_one (GLM-5 at TP 1
+ * and 8; 2 and 3 chunks, a kv_lora that leaves most of the last block's columns past it). */
 static void test_absorb(void) {
     static const struct { int n, h, nope, kl; } cfg[] = {
         {1, 3, 192, 512}, {8, 2, 192, 512}, {26, 2, 192, 512}, {33, 2, 192, 512}, {70, 1, 192, 96},
-        {1, 2, 66, 99},   {13, 3, 66, 99},  {33, 2, 66, 99},
+        {1, 2, 66, 99},   {13, 3, 66, 99},  {33, 2, 66, 99},   {1, 64, 192, 512}, {1, 8, 192, 512},
+        {1, 2, 64, 100},  {1, 3, 96, 300},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int n = cfg[c].n, H = cfg[c].h, NOPE = cfg[c].nope, KL = cfg[c].kl, R = 64, HR = NOPE + 128;
