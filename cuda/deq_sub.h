@@ -199,4 +199,73 @@ DQS_FN int deq_sub(uint32_t type, const uint8_t *b, int s, float *y) {
     }
 }
 
+/* The exact int8 form of a sub-block (cuda/cuk_kvb_exact.h): for the types whose every element is
+ * one rounded product of a scale and a small integer (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, IQ4_XS), q[l]
+ * and sc[l / 16] such that dqs_mul(sc[l / 16], q[l]) is deq_sub's y[l], bit for bit (products
+ * commute; Q6_K's d * sc is exact, so its scale is that product). Returns 0 (nothing written) for
+ * the other types, whose elements are a product minus (or plus) a second term. */
+DQS_FN int deq_sub_i8(uint32_t type, const uint8_t *b, int s, float *sc, int8_t *q) {
+    switch (type) {
+    case QT_Q4_0:
+        sc[0] = sc[1] = dqs_half(b);
+        DQS_UNROLL
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)((b[2 + j] & 0x0f) - 8);
+            q[j + 16] = (int8_t)((b[2 + j] >> 4) - 8);
+        }
+        return 1;
+    case QT_Q5_0: {
+        const uint32_t qh = dqs_rd16(b + 2) | (dqs_rd16(b + 4) << 16);
+        sc[0] = sc[1] = dqs_half(b);
+        DQS_UNROLL
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)((int)((b[6 + j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16);
+            q[j + 16] = (int8_t)((int)((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        }
+        return 1;
+    }
+    case QT_Q8_0:
+        sc[0] = sc[1] = dqs_half(b);
+        DQS_UNROLL
+        for (int j = 0; j < 32; j++) q[j] = (int8_t)b[2 + j];
+        return 1;
+    case QT_IQ4_NL:
+        sc[0] = sc[1] = dqs_half(b);
+        DQS_UNROLL
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)dqs_iq4(b[2 + j] & 0xf);
+            q[j + 16] = (int8_t)dqs_iq4(b[2 + j] >> 4);
+        }
+        return 1;
+    case QT_Q6_K: {
+        const int n = s >> 2, c = s & 3;
+        const float d = dqs_half(b + 208);
+        const uint8_t *ql = b + 64 * n + (c & 1) * 32, *qh = b + 128 + 32 * n;
+        const int8_t *scs = (const int8_t *)(b + 192 + 8 * n) + 2 * c;
+        sc[0] = dqs_mul(d, (float)scs[0]);
+        sc[1] = dqs_mul(d, (float)scs[1]);
+        DQS_UNROLL
+        for (int l = 0; l < 32; l++) {
+            const int lo = (c & 2) ? ql[l] >> 4 : ql[l] & 0xf;
+            q[l] = (int8_t)((int)(lo | (((qh[l] >> (2 * c)) & 3) << 4)) - 32);
+        }
+        return 1;
+    }
+    case QT_IQ4_XS: {
+        const uint32_t sh = dqs_rd16(b + 2);
+        const uint8_t *qs = b + 8 + 16 * s;
+        const int ls = ((b[4 + s / 2] >> 4 * (s % 2)) & 0xf) | (int)(((sh >> 2 * s) & 3) << 4);
+        sc[0] = sc[1] = dqs_mul(dqs_half(b), (float)(ls - 32));
+        DQS_UNROLL
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)dqs_iq4(qs[j] & 0xf);
+            q[j + 16] = (int8_t)dqs_iq4(qs[j] >> 4);
+        }
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
 #endif

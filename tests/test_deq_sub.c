@@ -1,7 +1,8 @@
 /* cuda/deq_sub.h (the element-parallel sub-block decoder of the GPU's 16-bit weight tiles) on the
  * CPU against format/quant.c's quant_dequantize, bit for bit (NaN for NaN), for every block type
  * it decodes: random blocks from quant_fill_random and blocks of random bytes (NaN, infinite and
- * subnormal half scales included), every sub-block of each. */
+ * subnormal half scales included), every sub-block of each; and deq_sub_i8's exact int8 form
+ * (scale times integer, one rounded product) against the same values. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,25 @@ static void check_type(uint32_t type) {
             }
         T_CHECK(ok, "%s: decoded", ti->name);
         T_CHECK(bad == 0, "%s (%s blocks): %d of %d elements differ, first at %d", ti->name,
+                pass ? "random-byte" : "random", bad, nb * be, first);
+        /* the exact int8 form: dqs_mul(sc, q) is the dequantized element, or the type has none */
+        const int i8 = type != QT_Q4_1 && type != QT_Q5_1 && type != QT_Q4_K && type != QT_Q5_K;
+        int8_t q[32];
+        float sc[2];
+        bad = 0, first = -1, ok = 1;
+        for (int b = 0; b < nb; b++)
+            for (int s = 0; s < be / 32; s++) {
+                const int got = deq_sub_i8(type, blk + (size_t)b * bb, s, sc, q);
+                ok &= got == i8;
+                if (!got) continue;
+                for (int l = 0; l < 32; l++)
+                    if (!same(dqs_mul(sc[l / 16], (float)q[l]), ref[(size_t)b * be + s * 32 + l])) {
+                        if (first < 0) first = b * be + s * 32 + l;
+                        bad++;
+                    }
+            }
+        T_CHECK(ok, "%s: int8 form %s", ti->name, i8 ? "given" : "refused");
+        T_CHECK(bad == 0, "%s (%s blocks): int8 form, %d of %d elements differ, first at %d", ti->name,
                 pass ? "random-byte" : "random", bad, nb * be, first);
     }
     free(blk), free(ref);
