@@ -290,18 +290,35 @@ constexpr int AO_MAXNC = 6; /* 32-row chunks of W_UK a thread holds at most: nop
  * the launch's bytes are in flight together (the split form stages 32-column slices in shared
  * memory, then sums them on one warp), and sums q_nope[d] * w[d] over d in order: the CPU's
  * operations, the split kernel's bits. N = 32 NC; a column past kv_lora reads the last one again
- * and stores nothing. */
-template <int NC>
+ * and stores nothing. WQ: the column comes from kv_b's exact int8 form (kq, ksk: a byte an element
+ * and a scale per 16 rows, so a quarter of the bytes), each weight the float32 product it is in
+ * kv_b, so the sums and bits are the float32 form's. */
+template <int NC, bool WQ>
 __global__ void __launch_bounds__(AO_THREADS, 2) k_absorb_one(cuk_mla_dims d, const float *__restrict__ q,
                                                              const float *__restrict__ kvb, int32_t head_rows,
-                                                             float *__restrict__ qlat) {
+                                                             float *__restrict__ qlat, const int8_t *__restrict__ kq,
+                                                             const float *__restrict__ ksk) {
     constexpr int N = 32 * NC;
     __shared__ float qs[N];
     const int h = blockIdx.x, c = blockIdx.y * AO_THREADS + threadIdx.x, KL = d.kv_lora;
-    const float *W = kvb + (int64_t)h * head_rows * KL + (c < KL ? c : KL - 1); /* [nope][kv_lora], column c */
+    const int cc = c < KL ? c : KL - 1;
     float w[N];
+    if constexpr (WQ) { /* the exact int8 form: each float the one product the float32 kv_b holds */
+        const int8_t *Q = kq + (int64_t)h * head_rows * KL + cc;       /* [nope][kv_lora], column c */
+        const float *S = ksk + (int64_t)h * (N / 16) * KL + cc;        /* [nope / 16][kv_lora] */
+        int8_t qv[N];
+        float sv[N / 16];
 #pragma unroll
-    for (int i = 0; i < N; i++) w[i] = __ldg(W + (int64_t)i * KL);
+        for (int i = 0; i < N; i++) qv[i] = __ldg(Q + (int64_t)i * KL);
+#pragma unroll
+        for (int g = 0; g < N / 16; g++) sv[g] = __ldg(S + (int64_t)g * KL);
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = __fmul_rn(sv[i / 16], (float)qv[i]);
+    } else {
+        const float *W = kvb + (int64_t)h * head_rows * KL + cc; /* [nope][kv_lora], column c */
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = __ldg(W + (int64_t)i * KL);
+    }
     for (int i = threadIdx.x; i < N; i += AO_THREADS) qs[i] = q[(int64_t)h * (d.nope + d.rope) + i];
     __syncthreads();
     float acc = 0.0f;
@@ -310,10 +327,13 @@ __global__ void __launch_bounds__(AO_THREADS, 2) k_absorb_one(cuk_mla_dims d, co
     if (c < KL) qlat[(int64_t)h * KL + c] = acc;
 }
 
-template <int NC> static void absorb_one(const cuk_mla_dims *d, const float *q, const float *kvb, int32_t head_rows,
-                                         float *qlat, cudaStream_t st) {
+template <int NC> static void absorb_one(const cuk_mla_absorb_args *a, cudaStream_t st) {
+    const cuk_mla_dims *d = &a->d;
     const dim3 grid((unsigned)d->n_head, (unsigned)((d->kv_lora + AO_THREADS - 1) / AO_THREADS));
-    k_absorb_one<NC><<<grid, AO_THREADS, 0, st>>>(*d, q, kvb, head_rows, qlat);
+    if (a->kq)
+        k_absorb_one<NC, true><<<grid, AO_THREADS, 0, st>>>(*d, a->q, a->kvb, a->head_rows, a->qlat, a->kq, a->ksk);
+    else
+        k_absorb_one<NC, false><<<grid, AO_THREADS, 0, st>>>(*d, a->q, a->kvb, a->head_rows, a->qlat, NULL, NULL);
 }
 
 /* ---- head-group decode attention (the default for decode steps) ---- */
@@ -574,15 +594,16 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream str
     if (st) return st;
     if (!q || !kvb || !qlat) return BAD("mla_absorb: NULL pointer");
     if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
+    if (!a->kq != !a->ksk) return BAD("mla_absorb: kq and ksk go together");
     if (d->n_tok == 1 && d->nope % 32 == 0 && d->nope <= 32 * AO_MAXNC) {
         const cudaStream_t st = (cudaStream_t)stream;
         switch (d->nope / 32) {
-        case 1: absorb_one<1>(d, q, kvb, head_rows, qlat, st); break;
-        case 2: absorb_one<2>(d, q, kvb, head_rows, qlat, st); break;
-        case 3: absorb_one<3>(d, q, kvb, head_rows, qlat, st); break;
-        case 4: absorb_one<4>(d, q, kvb, head_rows, qlat, st); break;
-        case 5: absorb_one<5>(d, q, kvb, head_rows, qlat, st); break;
-        default: absorb_one<6>(d, q, kvb, head_rows, qlat, st); break;
+        case 1: absorb_one<1>(a, st); break;
+        case 2: absorb_one<2>(a, st); break;
+        case 3: absorb_one<3>(a, st); break;
+        case 4: absorb_one<4>(a, st); break;
+        case 5: absorb_one<5>(a, st); break;
+        default: absorb_one<6>(a, st); break;
         }
         CUK_CHECK_LAUNCH("mla_absorb");
         return G5_OK;

@@ -28,10 +28,17 @@ typedef struct cuk_head_gemv_args {
     int32_t n;
     float *y;              /* [n][ldy]; head h's outputs at column h * ldyh */
     int64_t ldy, ldyh;
+    const int8_t *wq;      /* optional: the weights in an exact int8 form, read instead of w (which
+                              may then be NULL): w[h][r][c] = wq[h * ld_head + r * ldw + c] times
+                              ws[h * ws_ld_head + r * ws_ldw + c / 16], one __fmul_rn (kv_b's form,
+                              cuk_kvb_exact in cuda/cuk_model.h): the same values, so the same bits */
+    const float *ws;
+    int64_t ws_ld_head, ws_ldw;
 } cuk_head_gemv_args;
 
 /* 1 if cuk_head_gemv takes these arguments: k a multiple of 4 and at most 1024, float4-aligned
- * weight rows, 16-byte (f32) or 8-byte (bf16) aligned input pieces, positive sizes. */
+ * weight rows (with wq: k a multiple of 16, 4-byte aligned int8 rows, float-aligned scales), 16-byte
+ * (f32) or 8-byte (bf16) aligned input pieces, positive sizes. */
 int cuk_head_gemv_fits(const cuk_head_gemv_args *a);
 
 /* The product above on `stream`; G5_ERR_INVALID_ARG where cuk_head_gemv_fits says 0. */

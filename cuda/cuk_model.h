@@ -133,15 +133,43 @@ typedef struct cuk_mla_dims {
     int32_t nope, rope, kv_lora;
 } cuk_mla_dims;
 
+/* The exact int8 form of kv_b (decode's W_UK and W_UV bytes: 1.25 bytes an element, not 4),
+ * made from the GGUF's own attn_k_b / attn_v_b where their type is one of deq_sub_i8's
+ * (cuda/deq_sub.h: every element one rounded product of a scale and an integer). With
+ * HR = nope + v rows a head, element (row h * HR + r, column c) of kv_b is the float32 product
+ *   r < nope (W_UK):  ksk[(h * nope / 16 + r / 16) * kv_lora + c] * kq[(h * HR + r) * kv_lora + c]
+ *   r >= nope (W_UV): ksv[(h * v + r - nope) * kv_lora / 16 + c / 16] * kq[(h * HR + r) * kv_lora + c]
+ * (one __fmul_rn), the scales running along the source's own blocks: W_UK's down the rows (attn_k_b
+ * rows are W_UK columns), W_UV's along them. cuk_kvb_exact writes the three arrays and compares
+ * every product with the float32 kv_b the same weights gave (the CPU's dequantization): *n_bad is
+ * the number of elements whose bits differ (0: the form is exact and the kernels may read it). */
+typedef struct cuk_kvb_exact_args {
+    uint32_t k_type, v_type; /* deq_sub_i8's types (cuk_kvb_exact_takes) */
+    const void *k_b;         /* attn_k_b: [n_head * kv_lora] rows of nope elements */
+    const void *v_b;         /* attn_v_b: [n_head * v] rows of kv_lora elements */
+    int32_t n_head, nope, v, kv_lora; /* nope, kv_lora multiples of 32 and of their type's block */
+    const float *kvb;        /* [n_head * (nope + v)][kv_lora]: the float32 kv_b to match */
+    int8_t *kq;              /* out: [n_head * (nope + v)][kv_lora] */
+    float *ksk;              /* out: [n_head][nope / 16][kv_lora] */
+    float *ksv;              /* out: [n_head][v][kv_lora / 16] */
+} cuk_kvb_exact_args;
+int cuk_kvb_exact_takes(uint32_t type);
+/* Synchronous (it reads the count back); G5_ERR_INVALID_ARG for shapes or types it does not take. */
+g5_status cuk_kvb_exact(const cuk_kvb_exact_args *a, cuk_stream stream, uint64_t *n_bad, g5_error *err);
+
 /* qlat[t][h][c] = sum over d < nope, in order, of q_nope[t][h][d] * W_UK[h][d][c], with
  * W_UK[h][d] = row h * head_rows + d of kvb (the kv_b layout: nope W_UK rows then v_head W_UV
- * rows per head). */
+ * rows per head). kq / ksk (optional, both or neither): kv_b's exact int8 form (cuk_kvb_exact,
+ * head_rows = nope + v), read instead of kvb by the one-token launch: the same values, a quarter
+ * of the bytes, the same bits. */
 typedef struct cuk_mla_absorb_args {
     cuk_mla_dims d;
     const float *q;          /* [n_tok][n_head][nope + rope] */
     const float *kvb;        /* [n_head * head_rows][kv_lora] float32 */
     int32_t head_rows;       /* >= nope */
     float *qlat;             /* [n_tok][n_head][kv_lora] */
+    const int8_t *kq;        /* optional: [n_head * head_rows][kv_lora] */
+    const float *ksk;        /* with kq: [n_head][nope / 16][kv_lora] */
 } cuk_mla_absorb_args;
 g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err);
 

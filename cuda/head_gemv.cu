@@ -5,7 +5,11 @@
  * owns HG_RW weight rows, loads them into registers once (all its loads issued up front, so the
  * whole matrix is in flight at once over the GPU), then runs every input row t against them. A
  * batched step (32 rows) is instruction-bound instead: its inputs go in passes of HG_TB whose
- * HG_RW x HG_TB sums share one warp reduction (31 shuffles, not 160). */
+ * HG_RW x HG_TB sums share one warp reduction (31 shuffles, not 160).
+ *
+ * With a.wq the weights come from kv_b's exact int8 form (a byte and a quarter an element, not
+ * four): the warp forms each float as it loads it, so the registers hold the float32 values and
+ * everything after the loads is the float32 kernel's, bit for bit. */
 #include <stdint.h>
 
 #include "cuda/cuk_head_gemv.h"
@@ -107,7 +111,21 @@ __device__ __forceinline__ void hg_pass(const cuk_head_gemv_args &a, const float
  * (fmaf chain over its pieces in j order), the pass's sums reduced together (hg_warp_sum: the
  * butterfly's tree), each stored by the lane that holds it. A sum's order depends on k only, so
  * a row's bits never depend on n. */
-template <int J, bool BF>
+/* Columns 4 c4 .. 4 c4 + 3 of a weight row: float32, or (WQ) formed from the exact int8 form,
+ * each the one rounded product scale x integer that the float32 value is. */
+template <bool WQ>
+__device__ __forceinline__ float4 hg_w4(const cuk_head_gemv_args &a, int64_t h, int r, int c4) {
+    if constexpr (WQ) {
+        const uint32_t u = __ldcs((const uint32_t *)(a.wq + h * a.ld_head + (int64_t)r * a.ldw) + c4);
+        const float s = __ldg(a.ws + h * a.ws_ld_head + (int64_t)r * a.ws_ldw + c4 / 4);
+        return make_float4(__fmul_rn(s, (float)(int8_t)(u & 0xff)), __fmul_rn(s, (float)(int8_t)((u >> 8) & 0xff)),
+                           __fmul_rn(s, (float)(int8_t)((u >> 16) & 0xff)), __fmul_rn(s, (float)(int8_t)(u >> 24)));
+    } else {
+        return __ldcs((const float4 *)(a.w + h * a.ld_head + (int64_t)r * a.ldw) + c4);
+    }
+}
+
+template <int J, bool BF, bool WQ>
 __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv_args a) {
     const int lane = threadIdx.x & 31;
     const int groups = (a.m + HG_RW - 1) / HG_RW;
@@ -120,11 +138,10 @@ __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv
 #pragma unroll
     for (int i = 0; i < HG_RW; i++) {
         const int r = r0 + i < a.m ? r0 + i : a.m - 1;
-        const float4 *wp = (const float4 *)(a.w + h * a.ld_head + (int64_t)r * a.ldw);
 #pragma unroll
         for (int j = 0; j < J; j++) {
             const int c4 = lane + 32 * j;
-            wr[i][j] = c4 < k4 ? __ldcs(wp + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            wr[i][j] = c4 < k4 ? hg_w4<WQ>(a, h, r, c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
     const int64_t xo = h * a.ldxh, yo = h * a.ldyh + r0;
@@ -133,24 +150,33 @@ __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv
     for (; t < a.n; t++) hg_pass<1, J, BF>(a, wr, xo, yo, r0, t, lane);
 }
 
-template <bool BF> void launch(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
+template <bool BF, bool WQ> void launch(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
     const int th = HG_WARPS * 32;
     switch (J) {
-    case 1: k_head_gemv<1, BF><<<blocks, th, 0, s>>>(*a); break;
-    case 2: k_head_gemv<2, BF><<<blocks, th, 0, s>>>(*a); break;
-    case 4: k_head_gemv<4, BF><<<blocks, th, 0, s>>>(*a); break;
-    default: k_head_gemv<8, BF><<<blocks, th, 0, s>>>(*a); break;
+    case 1: k_head_gemv<1, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
+    case 2: k_head_gemv<2, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
+    case 4: k_head_gemv<4, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
+    default: k_head_gemv<8, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
     }
+}
+
+template <bool BF> void launch_w(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
+    if (a->wq) launch<BF, true>(a, J, blocks, s);
+    else launch<BF, false>(a, J, blocks, s);
 }
 
 } // namespace
 
 extern "C" int cuk_head_gemv_fits(const cuk_head_gemv_args *a) {
-    if (!a || !a->w || !a->x || !a->y) return 0;
+    if (!a || (!a->w && !a->wq) || !a->x || !a->y) return 0;
     if (a->n_head < 1 || a->m < 1 || a->m > INT32_MAX - HG_RW || a->k < 4 || a->k > 1024 || a->k % 4 || a->n < 1)
         return 0;
     if (a->x_type != CUK_ACT_F32 && a->x_type != CUK_ACT_BF16) return 0;
-    if (((uintptr_t)a->w & 15) || a->ld_head % 4 || a->ldw % 4 || a->ld_head < 0 || a->ldw < a->k) return 0;
+    if (a->ld_head % 4 || a->ldw % 4 || a->ld_head < 0 || a->ldw < a->k) return 0;
+    if (a->wq ? (a->k % 16 || ((uintptr_t)a->wq & 3) || !a->ws || ((uintptr_t)a->ws & 3) || a->ws_ld_head < 0 ||
+                 a->ws_ldw < a->k / 16)
+              : ((uintptr_t)a->w & 15) != 0)
+        return 0;
     const uintptr_t xal = a->x_type == CUK_ACT_F32 ? 15 : 7;
     if (((uintptr_t)a->x & xal) || a->ldx % 4 || a->ldxh % 4 || a->ldxh < 0 || a->ldx < 0) return 0;
     if (a->ldyh < 0 || a->ldy < 0) return 0;
@@ -168,9 +194,9 @@ extern "C" g5_status cuk_head_gemv(const cuk_head_gemv_args *a, cuk_stream strea
     const int64_t groups = (int64_t)a->n_head * ((a->m + HG_RW - 1) / HG_RW);
     const unsigned blocks = (unsigned)((groups + HG_WARPS - 1) / HG_WARPS);
     if (a->x_type == CUK_ACT_BF16)
-        launch<true>(a, J, blocks, (cudaStream_t)stream);
+        launch_w<true>(a, J, blocks, (cudaStream_t)stream);
     else
-        launch<false>(a, J, blocks, (cudaStream_t)stream);
+        launch_w<false>(a, J, blocks, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

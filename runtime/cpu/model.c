@@ -87,6 +87,15 @@ static g5_status need_vec(rt_model *m, rt_rank *rk, const char *fmt, uint32_t il
     return G5_OK;
 }
 
+/* A matrix the model may use where present with this shape and type (else *out zeroed). */
+static void opt_mat(const rt_rank *rk, const char *fmt, uint32_t il, uint64_t ncols, uint64_t nrows, rt_mat *out) {
+    char name[128];
+    const rt_tensor *t = find_fmt(rk->w, name, sizeof name, fmt, il);
+    g5_error e;
+    memset(out, 0, sizeof *out);
+    if (t && mat_of(rk, t, name, ncols, nrows, out, &e)) memset(out, 0, sizeof *out);
+}
+
 static int has_fmt(const rt_rank *rk, const char *fmt, uint32_t il) {
     char name[128];
     return find_fmt(rk->w, name, sizeof name, fmt, il) != NULL;
@@ -133,6 +142,8 @@ static g5_status setup_layer(rt_model *m, rt_rank *rk, uint32_t il, g5_error *er
     MAT(q_b, "blk.%u.attn_q_b.weight", hp->q_lora, H_l * (hp->qk_nope + hp->qk_rope));
     MAT(kv_a, "blk.%u.attn_kv_a_mqa.weight", E, hp->kv_lora + hp->qk_rope);
     MAT(kv_b, "blk.%u.attn_kv_b.weight", hp->kv_lora, H_l * (hp->qk_nope + hp->v_head));
+    opt_mat(rk, "blk.%u.attn_k_b.weight", il, hp->qk_nope, H_l * hp->kv_lora, &L->k_b);
+    opt_mat(rk, "blk.%u.attn_v_b.weight", il, hp->kv_lora, H_l * hp->v_head, &L->v_b);
     MAT(o, "blk.%u.attn_output.weight", H_l * hp->v_head, E);
     /* NextN blocks run their own indexer; main layers per indexer.types */
     L->has_indexer = L->nextn ? 1 : hp->idx_full[il];

@@ -39,6 +39,9 @@ typedef struct rt_layer {
     rt_mat q_b;                  /* [H_l * (qk_nope + qk_rope)] rows of q_lora */
     rt_mat kv_a;                 /* [kv_lora + qk_rope] rows of n_embd */
     rt_mat kv_b;                 /* [H_l * (qk_nope + v_head)] rows of kv_lora */
+    rt_mat k_b, v_b;             /* the GGUF's own pair where the set holds it with this rank's
+                                    heads (.data NULL otherwise): [H_l * kv_lora] rows of qk_nope,
+                                    [H_l * v_head] rows of kv_lora; the GPU's exact int8 kv_b */
     rt_mat o;                    /* [n_embd] rows of H_l * v_head */
     /* indexer (replicated) */
     rt_mat idx_q_b;              /* [idx_n_head * idx_head_dim] rows of q_lora */

@@ -155,8 +155,10 @@ static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L
         const void *xin = gm_act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
         if (st) return st;
         /* all heads in one launch (a row's bits independent of n: batched decode stays exact) */
+        /* kv_b's exact int8 form where the layer has it (wq): a quarter of the bytes, the same bits */
         const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
-                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V};
+                                       (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V,
+                                       L->kq ? L->kq + NOPE * KL : NULL, L->ksv, V * (KL / 16), KL / 16};
         if (cuk_head_gemv_fits(&hg)) {
             CK(cuk_head_gemv(&hg, cs, err));
         } else {
@@ -288,7 +290,7 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     }
     const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
     const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
-                                    .qlat = rk->qlat};
+                                    .qlat = rk->qlat, .kq = L->kq, .ksk = L->ksk};
     CK(gm_side_begin(g, rk, side && L->has_idx, err));
     CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, (cuk_stream)rk->st, err));
     PMARK("attn", "mla_absorb");

@@ -43,6 +43,9 @@ typedef struct gl_layer {
     const float *ffn_norm, *router_b;                /* [E] [NE] (router_b may be NULL) */
     dmat q_a, q_b, kv_a, o;
     const float *kvb;                                /* [H_l * (NOPE + V)][KL] float32 */
+    const int8_t *kq;                                /* kv_b's exact int8 form, or NULL (decode's
+                                                        W_UK / W_UV read it: cuk_kvb_exact) */
+    const float *ksk, *ksv;                          /* its scales: [H_l][NOPE/16][KL], [H_l][V][KL/16] */
     dmat idx_q_b, idx_k, idx_proj;
     dmat ffn_gate, ffn_up, ffn_down, router;
     uint32_t exp_type, exp_down_type;
@@ -84,6 +87,7 @@ typedef struct gl_rank {
     uint64_t wbytes;
     uint8_t *xmem;                   /* float32 extras */
     uint64_t xcap, xoff;
+    uint32_t kvx_layers;             /* layers whose kv_b has its exact int8 form (gl_layer.kq) */
     seg *segs;
     uint64_t n_segs;
     gl_layer *L;                     /* [n_layer_main (+ 1: the NextN layer, with MTP)] */

@@ -154,6 +154,45 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
     return G5_OK;
 }
 
+/* Whether kv_b's exact int8 form can be made from the layer's attn_k_b / attn_v_b (its bytes). */
+static uint64_t kvx_bytes(const glm5_hparams *hp, const rt_layer *cl, uint64_t H) {
+    const uint64_t KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
+    if (!cl->k_b.data || !cl->v_b.data || !cuk_kvb_exact_takes(cl->k_b.type) || !cuk_kvb_exact_takes(cl->v_b.type))
+        return 0;
+    if (NOPE % 32 || KL % 32 || NOPE % quant_type_get(cl->k_b.type)->block_elems ||
+        KL % quant_type_get(cl->v_b.type)->block_elems)
+        return 0;
+    return up256(H * (NOPE + V) * KL) + up256(H * (NOPE / 16) * KL * 4) + up256(H * V * (KL / 16) * 4);
+}
+
+/* kv_b's exact int8 form for decode's W_UK / W_UV (a quarter of the float32 bytes, the same bits:
+ * cuk_kvb_exact) where the layer has one and every product proves equal to the float32 kv_b just
+ * made; otherwise its arena space is given back and the kernels read the float32 kv_b. */
+static g5_status kvb_exact(gl_rank *rk, const glm5_hparams *hp, const rt_layer *cl, gl_layer *L, g5_error *err) {
+    const uint64_t KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head, H = rk->c->H_l;
+    const void *kb = dptr(rk, cl->k_b.data, cl->k_b.nrows * cl->k_b.row_bytes);
+    const void *vb = dptr(rk, cl->v_b.data, cl->v_b.nrows * cl->v_b.row_bytes);
+    if (!kvx_bytes(hp, cl, H) || !kb || !vb) return G5_OK;
+    const uint64_t off0 = rk->xoff;
+    const float *q = NULL, *sk = NULL, *sv = NULL;
+    CK(put_f32(rk, NULL, (H * (NOPE + V) * KL + 3) / 4, &q, err));
+    CK(put_f32(rk, NULL, H * (NOPE / 16) * KL, &sk, err));
+    CK(put_f32(rk, NULL, H * V * (KL / 16), &sv, err));
+    const cuk_kvb_exact_args a = {.k_type = cl->k_b.type, .v_type = cl->v_b.type, .k_b = kb, .v_b = vb,
+                                  .n_head = (int32_t)H, .nope = (int32_t)NOPE, .v = (int32_t)V, .kv_lora = (int32_t)KL,
+                                  .kvb = L->kvb, .kq = (int8_t *)(void *)q, .ksk = (float *)sk, .ksv = (float *)sv};
+    uint64_t bad = 0;
+    CK(cuk_kvb_exact(&a, NULL, &bad, err));
+    if (bad) {
+        rk->xoff = off0;
+        return G5_OK;
+    }
+    L->kq = (const int8_t *)(const void *)q;
+    L->ksk = sk, L->ksv = sv;
+    rk->kvx_layers++;
+    return G5_OK;
+}
+
 static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const rt_rank_tensors *c = rk->c;
@@ -165,7 +204,8 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
     uint64_t cap = up256(E * 4) + 256 + (g->has_mtp ? GM_MTP_EXTRA_BYTES(E) : 0);
     for (uint32_t il = 0; il < NL; il++)
         cap += up256(E * 4) * 2 + up256(hp->q_lora * 4) + up256(KL * 4) + up256(hp->idx_head_dim * 4) * 2 +
-               up256((uint64_t)hp->n_expert * 4) + (c->layers[il].kv_b.type == QT_F32 ? 0 : up256(kvb_rows * KL * 4));
+               up256((uint64_t)hp->n_expert * 4) + (c->layers[il].kv_b.type == QT_F32 ? 0 : up256(kvb_rows * KL * 4)) +
+               kvx_bytes(hp, &c->layers[il], c->H_l);
     CUK_CHECK(cudaSetDevice(rk->dev));
     CUK_CHECK(cudaMalloc((void **)&rk->xmem, cap));
     rk->xcap = cap;
@@ -207,6 +247,7 @@ static g5_status setup_rank(rt_gpu_model *g, gl_rank *rk, g5_error *err) {
             CK(cuk_dequant_rows(&dq, NULL, err));
             L->kvb = d;
         }
+        CK(kvb_exact(rk, hp, cl, L, err));
         if (L->has_idx) {
             CK(dmat_of(rk, &cl->idx_q_b, "indexer.attn_q_b", il, &L->idx_q_b, err));
             CK(dmat_of(rk, &cl->idx_k, "indexer.attn_k", il, &L->idx_k, err));
@@ -386,6 +427,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
             goto loaded;
         }
         g->info.extra_bytes += rk->xoff;
+        g->info.kvb_exact_layers += rk->kvx_layers;
         if ((st = gl_lin_create(&lcfg, (cuk_stream)rk->st, &g->info, &rk->lin, err))) goto loaded;
     }
     rt_gpu_load_release(); /* the loader's pinned ring, kept across the ranks, is not needed after */

@@ -168,7 +168,10 @@ typedef struct rt_gpu_info {
     uint64_t gemm_expert_gemv;   /* grouped experts run by GEMV (fewer rows than gemm_min_expert) */
     char device_name[256];
     uint64_t weight_bytes;       /* all ranks, the loaded tensor data */
-    uint64_t extra_bytes;        /* float32 copies (norms, biases, kv_b) */
+    uint64_t extra_bytes;        /* float32 copies (norms, biases, kv_b), kv_b's exact int8 form */
+    uint32_t kvb_exact_layers;   /* layers (summed over this process's ranks) whose decode W_UK /
+                                    W_UV read kv_b's exact int8 form (cuk_kvb_exact: attn_k_b and
+                                    attn_v_b present, of types with one, every value proved equal) */
     rt_gpu_load_stats load;      /* summed over ranks (seconds: wall time of all loads; with
                                     several processes the slowest process's; these and the byte
                                     counts above cover all processes) */

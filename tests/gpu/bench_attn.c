@@ -318,7 +318,7 @@ static void bench_wuv(void) {
                         }
                     } else {
                         const cuk_head_gemv_args a = {w + NOPE * KL, HR * KL, KL, H, VH, KL, xin, (uint32_t)xt, H * KL,
-                                                      KL, n, dy, H * VH, VH};
+                                                      KL, n, dy, H * VH, VH, NULL, NULL, 0, 0};
                         GK(cuk_head_gemv(&a, NULL, E));
                     }
                 }
@@ -336,7 +336,7 @@ static void bench_wuv(void) {
             for (int t = 0; t < n; t++) { /* row t alone */
                 const cuk_head_gemv_args a = {(const float *)dw + NOPE * KL, HR * KL, KL, H, VH, KL,
                                               (const uint8_t *)xin + (size_t)t * H * KL * es, (uint32_t)xt, H * KL, KL, 1,
-                                              dy + (size_t)t * H * VH, H * VH, VH};
+                                              dy + (size_t)t * H * VH, H * VH, VH, NULL, NULL, 0, 0};
                 GK(cuk_head_gemv(&a, NULL, E));
             }
             CK(cudaMemcpy(y1, dy, (size_t)n * H * VH * 4, cudaMemcpyDeviceToHost));

@@ -18,6 +18,7 @@
 #include "cuda/cuk.h"
 #include "cuda/cuk_gemv_wide.h"
 #include "cuda/cuk_head_gemv.h"
+#include "cuda/cuk_model.h"
 #include "format/quant.h"
 #include "format/quant_blocks.h"
 #include "tests/test_util.h"
@@ -954,7 +955,7 @@ static void test_head_gemv(void) {
             for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
                 const int n = NS[ni];
                 const cuk_head_gemv_args a = {dw, ld_head, ldw, H, m, k, bf ? dxb : dx, bf ? CUK_ACT_BF16 : CUK_ACT_F32,
-                                              ldx, ldxh, n, dy, ldy, ldyh};
+                                              ldx, ldxh, n, dy, ldy, ldyh, NULL, NULL, 0, 0};
                 poison(dy, (size_t)(N * ldy) * 4);
                 g5_error err = {0};
                 T_CHECK(cuk_head_gemv_fits(&a) && cuk_head_gemv(&a, NULL, &err) == G5_OK, "head_gemv: %s", err.msg);
@@ -1061,6 +1062,117 @@ static void test_gemv_wide(void) {
     CK(cudaFree(d));
 }
 
+/* kv_b's exact int8 form (cuk_kvb_exact) from random attn_k_b / attn_v_b blocks of each type pair:
+ * the kv_b of the CPU's dequantization (W_UK[h][d][c] = k_b[h][c][d]) proves exact (no element
+ * counted), every scale x integer read back equals it, one changed float of kv_b is counted; then
+ * the kernels that read the form give the float32 form's bits: cuk_head_gemv (W_UV, n = 1..32)
+ * and the one-token cuk_mla_absorb (W_UK). */
+static void test_kvb_exact(void) {
+    static const struct { uint32_t kt, vt; int H; } S[] = {
+        {QT_Q5_0, QT_Q6_K, 3}, {QT_Q8_0, QT_Q8_0, 2}, {QT_Q4_0, QT_IQ4_XS, 1}, {QT_IQ4_NL, QT_Q5_0, 2}};
+    const int NOPE = 192, V = 256, KL = 512, R = 64, HR = NOPE + V;
+    T_CHECK(!cuk_kvb_exact_takes(QT_Q4_K) && !cuk_kvb_exact_takes(QT_Q5_1) && !cuk_kvb_exact_takes(QT_F32) &&
+                cuk_kvb_exact_takes(QT_Q6_K),
+            "kvb_exact: the types with a product minus a term, and float types, have no int8 form");
+    for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+        const int H = S[si].H;
+        const quant_type_info *kt = quant_type_get(S[si].kt), *vt = quant_type_get(S[si].vt);
+        const size_t kbytes = (size_t)H * KL * (NOPE / kt->block_elems) * kt->block_bytes;
+        const size_t vbytes = (size_t)H * V * (KL / vt->block_elems) * vt->block_bytes;
+        const size_t nkv = (size_t)H * HR * KL;
+        uint8_t *kb = xmalloc(kbytes), *vb = xmalloc(vbytes);
+        float *kf = xmalloc((size_t)H * KL * NOPE * 4), *vf = xmalloc((size_t)H * V * KL * 4), *kvb = xmalloc(nkv * 4);
+        T_CHECK(quant_fill_random(S[si].kt, kb, kbytes / kt->block_bytes, &g_rng) == G5_OK &&
+                    quant_fill_random(S[si].vt, vb, vbytes / vt->block_bytes, &g_rng) == G5_OK &&
+                    quant_dequantize(S[si].kt, kb, (uint64_t)H * KL * NOPE, kf) == G5_OK &&
+                    quant_dequantize(S[si].vt, vb, (uint64_t)H * V * KL, vf) == G5_OK,
+                "kvb_exact %s/%s: random blocks", kt->name, vt->name);
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < KL; c++) {
+                for (int d = 0; d < NOPE; d++) kvb[((size_t)h * HR + d) * KL + c] = kf[((size_t)h * KL + c) * NOPE + d];
+                for (int j = 0; j < V; j++) kvb[((size_t)h * HR + NOPE + j) * KL + c] = vf[((size_t)h * V + j) * KL + c];
+            }
+        void *dkb = dup_d(kb, kbytes), *dvb = dup_d(vb, vbytes);
+        float *dkvb = dup_d(kvb, nkv * 4);
+        int8_t *dkq = dalloc(nkv);
+        float *dsk = dalloc((size_t)H * (NOPE / 16) * KL * 4), *dsv = dalloc((size_t)H * V * (KL / 16) * 4);
+        cuk_kvb_exact_args a = {S[si].kt, S[si].vt, dkb, dvb, H, NOPE, V, KL, dkvb, dkq, dsk, dsv};
+        g5_error err = {0};
+        uint64_t bad = 1;
+        T_CHECK(cuk_kvb_exact(&a, NULL, &bad, &err) == G5_OK && bad == 0, "kvb_exact %s/%s H=%d: every product is kv_b's "
+                "float (%llu differ) %s", kt->name, vt->name, H, (unsigned long long)bad, err.msg);
+        int8_t *kq = xmalloc(nkv);
+        float *sk = xmalloc((size_t)H * (NOPE / 16) * KL * 4), *sv = xmalloc((size_t)H * V * (KL / 16) * 4);
+        get(kq, dkq, nkv);
+        get(sk, dsk, (size_t)H * (NOPE / 16) * KL * 4);
+        get(sv, dsv, (size_t)H * V * (KL / 16) * 4);
+        size_t diff = 0;
+        for (int h = 0; h < H; h++)
+            for (int r = 0; r < HR; r++)
+                for (int c = 0; c < KL; c++) {
+                    const size_t e = ((size_t)h * HR + r) * KL + c;
+                    const float s = r < NOPE ? sk[((size_t)h * (NOPE / 16) + r / 16) * KL + c]
+                                             : sv[((size_t)h * V + r - NOPE) * (KL / 16) + c / 16];
+                    volatile float p = s * (float)kq[e];
+                    diff += bits(p) != bits(kvb[e]);
+                }
+        T_CHECK(diff == 0, "kvb_exact %s/%s: %zu of %zu read back differ from kv_b", kt->name, vt->name, diff, nkv);
+        /* one float off in each part: counted */
+        const size_t ek = ((size_t)(H - 1) * HR + 77) * KL + 301, ev = ((size_t)(H - 1) * HR + NOPE + 5) * KL + 17;
+        float *kvb2 = xmalloc(nkv * 4);
+        memcpy(kvb2, kvb, nkv * 4);
+        kvb2[ek] = kvb2[ek] == 0.0f ? 1.0f : -kvb2[ek];
+        kvb2[ev] = nextafterf(kvb2[ev], INFINITY);
+        float *dkvb2 = dup_d(kvb2, nkv * 4);
+        a.kvb = dkvb2;
+        T_CHECK(cuk_kvb_exact(&a, NULL, &bad, &err) == G5_OK && bad == 2, "kvb_exact: two changed floats counted (%llu)",
+                (unsigned long long)bad);
+        a.nope = 100;
+        T_CHECK(cuk_kvb_exact(&a, NULL, &bad, &err) == G5_ERR_INVALID_ARG, "kvb_exact: nope 100 refused");
+        /* W_UV from the form: the float32 kernel's bits, n across the pass size, with int8 rows too */
+        const int N = 32;
+        float *x = xmalloc((size_t)N * H * KL * 4), *y0 = xmalloc((size_t)N * H * V * 4), *y1 = xmalloc((size_t)N * H * V * 4);
+        for (size_t i = 0; i < (size_t)N * H * KL; i++) x[i] = unif(-2.0f, 2.0f);
+        float *dx = dup_d(x, (size_t)N * H * KL * 4), *dy = dalloc((size_t)N * H * V * 4);
+        static const int NS[] = {1, 3, 8, 9, 32};
+        int same = 1;
+        for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++)
+            for (int wq = 0; wq < 2; wq++) {
+                cuk_head_gemv_args g = {dkvb + (size_t)NOPE * KL, (int64_t)HR * KL, KL, H, V, KL, dx, CUK_ACT_F32,
+                                        (int64_t)H * KL, KL, NS[ni], dy, (int64_t)H * V, V,
+                                        wq ? dkq + (size_t)NOPE * KL : NULL, wq ? dsv : NULL, (int64_t)V * (KL / 16),
+                                        KL / 16};
+                if (wq) g.w = NULL;
+                poison(dy, (size_t)N * H * V * 4);
+                T_CHECK(cuk_head_gemv_fits(&g) && cuk_head_gemv(&g, NULL, &err) == G5_OK, "head_gemv wq: %s", err.msg);
+                get(wq ? y1 : y0, dy, (size_t)N * H * V * 4);
+                if (wq)
+                    for (size_t i = 0; i < (size_t)NS[ni] * H * V; i++) same &= bits(y0[i]) == bits(y1[i]);
+            }
+        T_CHECK(same, "kvb_exact %s/%s: W_UV from the int8 form has the float32 kernel's bits, n = 1..32", kt->name,
+                vt->name);
+        /* W_UK, one token */
+        float *qh = xmalloc((size_t)H * (NOPE + R) * 4), *l0 = xmalloc((size_t)H * KL * 4), *l1 = xmalloc((size_t)H * KL * 4);
+        for (size_t i = 0; i < (size_t)H * (NOPE + R); i++) qh[i] = unif(-2.0f, 2.0f);
+        float *dqh = dup_d(qh, (size_t)H * (NOPE + R) * 4), *dl = dalloc((size_t)H * KL * 4);
+        for (int wq = 0; wq < 2; wq++) {
+            const cuk_mla_absorb_args ab = {.d = {1, H, NOPE, R, KL}, .q = dqh, .kvb = dkvb, .head_rows = HR, .qlat = dl,
+                                            .kq = wq ? dkq : NULL, .ksk = wq ? dsk : NULL};
+            poison(dl, (size_t)H * KL * 4);
+            T_CHECK(cuk_mla_absorb(&ab, NULL, &err) == G5_OK, "absorb wq=%d: %s", wq, err.msg);
+            get(wq ? l1 : l0, dl, (size_t)H * KL * 4);
+        }
+        T_CHECK(!memcmp(l0, l1, (size_t)H * KL * 4), "kvb_exact %s/%s: one-token W_UK from the int8 form has the float32 "
+                "kernel's bits", kt->name, vt->name);
+        note("  kvb_exact %s/%s H=%d: exact, read back, W_UV n=1..32 and W_UK bits equal\n", kt->name, vt->name, H);
+        CK(cudaFree(dkb)); CK(cudaFree(dvb)); CK(cudaFree(dkvb)); CK(cudaFree(dkvb2)); CK(cudaFree(dkq));
+        CK(cudaFree(dsk)); CK(cudaFree(dsv)); CK(cudaFree(dx)); CK(cudaFree(dy));
+        CK(cudaFree(dqh)); CK(cudaFree(dl));
+        free(kb), free(vb), free(kf), free(vf), free(kvb), free(kvb2), free(kq), free(sk), free(sv), free(x), free(y0);
+        free(y1), free(qh), free(l0), free(l1);
+    }
+}
+
 int main(void) {
     const char *dp = getenv("G5_TEST_DETAIL");
     if (dp && *dp) g_detail = fopen(dp, "a");
@@ -1077,6 +1189,7 @@ int main(void) {
     test_gemv();
     test_moe();
     test_head_gemv();
+    test_kvb_exact();
     test_gemv_wide();
     if (g_detail) {
         fprintf(g_detail, "test_kernels: %d passed, %d failed\n", t_passed, t_failed);
