@@ -232,7 +232,7 @@ static void print_decode(FILE *f, const json_t *d, const char *indent, const cha
     if (!json_is_object(d)) return;
     size_t i;
     const json_t *e;
-    fprintf(f, "%sone decode token reads %.1f MB%s (W_UK/W_UV from the float32 kv_b):\n", indent,
+    fprintf(f, "%sone decode token reads %.1f MB%s (W_UK/W_UV as the GPU decode reads them):\n", indent,
             json_real_value(json_object_get(d, "total_bytes")) / 1e6, what);
     json_array_foreach(json_object_get(d, "groups"), i, e)
         fprintf(f, "%s  %-18s %10.1f MB\n", indent, json_string_value(json_object_get(e, "group")),

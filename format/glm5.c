@@ -689,13 +689,17 @@ static double ref_elems(const glm5_tensor_ref *t) {
 
 void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint64_t n, glm5_decode_bytes *out) {
     memset(out, 0, sizeof *out);
-    /* layers that carry kv_b; the others (a GGUF's) have it rebuilt from attn_k_b/attn_v_b */
-    uint8_t has_kv_b[GLM5_MAX_LAYERS] = {0};
+    /* layers that carry kv_b (the others, a GGUF's, have it rebuilt from attn_k_b/attn_v_b), and
+     * the layers whose pair has the exact int8 form the GPU decode reads instead (bit 0: attn_k_b
+     * of such a type, bit 1: attn_v_b) */
+    uint8_t has_kv_b[GLM5_MAX_LAYERS] = {0}, i8[GLM5_MAX_LAYERS] = {0};
     for (uint64_t i = 0; i < n; i++) {
         int32_t l;
         const glm5_role r = glm5_classify(t[i].name, &l);
         if (l < 0 || (uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS) continue;
         if (r == GLM5_ROLE_ATTN_KV_B) has_kv_b[l] = 1;
+        if (r == GLM5_ROLE_ATTN_K_B && quant_exact_i8(t[i].type)) i8[l] |= 1;
+        if (r == GLM5_ROLE_ATTN_V_B && quant_exact_i8(t[i].type)) i8[l] |= 2;
     }
     for (uint64_t i = 0; i < n; i++) {
         int32_t l;
@@ -703,12 +707,15 @@ void glm5_decode_bytes_of(const glm5_hparams *hp, const glm5_tensor_ref *t, uint
         if (r == GLM5_ROLE_UNKNOWN || (l >= 0 && ((uint32_t)l >= hp->n_layer || l >= GLM5_MAX_LAYERS))) continue;
         if (l >= 0 && glm5_role_is_indexer(r) && !glm5_layer_has_indexer(hp, (uint32_t)l)) continue;
         double b = (double)t[i].nbytes;
+        const int exact = l >= 0 && i8[l] == 3;
         if (r == GLM5_ROLE_ATTN_K_B || r == GLM5_ROLE_ATTN_V_B) {
-            /* beside kv_b (converter 1.1) the pair is never read; without it (a GGUF) the runtime
-             * rebuilds kv_b from the pair, whose elements it holds one for one, as float32 */
-            if (l >= 0 && has_kv_b[l]) continue;
-            b = 4.0 * ref_elems(&t[i]);
+            /* kv_b's elements one for one: in the exact int8 form (a byte, a float per 16), or,
+             * without kv_b beside the pair (a GGUF), as the float32 kv_b rebuilt from it */
+            if (exact) b = 1.25 * ref_elems(&t[i]);
+            else if (l >= 0 && has_kv_b[l]) continue;
+            else b = 4.0 * ref_elems(&t[i]);
         } else if (r == GLM5_ROLE_ATTN_KV_B) {
+            if (exact) continue;        /* the pair's int8 form is read instead */
             b = 4.0 * ref_elems(&t[i]); /* float32 rows, whatever type the set stores */
         } else if (r == GLM5_ROLE_EXP_GATE || r == GLM5_ROLE_EXP_UP || r == GLM5_ROLE_EXP_DOWN) {
             b *= (double)hp->n_expert_used / (double)hp->n_expert;

@@ -192,14 +192,17 @@ g5_status glm5_model_validate(const gguf_ctx *ctx, glm5_hparams *hp, g5_error *e
  * Bytes of one rank's weights that one decode step reads per token (one sequence, greedy), by
  * group, as the CUDA runtime reads them: the routed experts at n_expert_used / n_expert of their
  * bytes (the average under uniform routing, whole or split experts alike), one row of
- * token_embd, and per layer W_UK/W_UV as the float32 kv_b rows the GPU decode reads, whatever
- * type kv_b is stored in (a GGUF's, rebuilt from attn_k_b/attn_v_b: 4 bytes per element of the
- * pair); the attn_k_b/attn_v_b that converter 1.1 carries beside kv_b are not read. The NextN
+ * token_embd, and per layer W_UK/W_UV as the GPU decode reads them: kv_b's exact int8 form (1.25
+ * bytes per element of the pair: a byte, and a float scale per 16) where the layer holds
+ * attn_k_b and attn_v_b of types that have one (quant_exact_i8: a GGUF, or a converter 1.1 blob,
+ * whose kv_b beside them is then not counted), else the float32 kv_b rows (4 bytes per element,
+ * whatever type kv_b is stored in). (A GGUF opened at TP > 1 reads the float32 kv_b: its pair is
+ * not cut by heads.) The NextN
  * layer (layers >= n_layer_main) is counted apart: it runs once per draft with --draft mtp,
  * never in a plain step. Tensors the model does not read (a shared layer's indexer duplicates)
  * and unknown names count nowhere. */
 typedef enum glm5_db_group {
-    GLM5_DB_ATTN,       /* q_a, q_b, kv_a, W_UK/W_UV (float32 kv_b), attn_output */
+    GLM5_DB_ATTN,       /* q_a, q_b, kv_a, W_UK/W_UV (kv_b's int8 form or float32), attn_output */
     GLM5_DB_INDEXER,
     GLM5_DB_DENSE_FFN,
     GLM5_DB_SHARED,     /* shared experts */

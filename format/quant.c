@@ -127,6 +127,11 @@ int quant_type_from_name(const char *name) {
     return -1;
 }
 
+int quant_exact_i8(uint32_t type) {
+    return type == QT_Q4_0 || type == QT_Q5_0 || type == QT_Q8_0 || type == QT_IQ4_NL || type == QT_Q6_K ||
+           type == QT_IQ4_XS;
+}
+
 g5_status quant_check_supported(uint32_t type, g5_error *err) {
     const quant_type_info *t = quant_type_get(type);
     if (!t) return g5_fail(err, G5_ERR_TENSOR_TYPE, "type id %u: unknown", type);

@@ -45,6 +45,11 @@ int quant_type_from_name(const char *name);
  * or G5_ERR_UNSUPPORTED ("IQ2_XXS (16): not supported"). */
 g5_status quant_check_supported(uint32_t type, g5_error *err);
 
+/* 1 for the block types whose every element is one rounded product of a scale and an integer of
+ * at most 8 bits (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, IQ4_XS): the GPU holds kv_b made of them in an
+ * exact int8 form (cuda/deq_sub.h's deq_sub_i8, cuda/cuk_model.h's cuk_kvb_exact). */
+int quant_exact_i8(uint32_t type);
+
 /* Bytes for n elements of type (n must be a multiple of the block size). G5_ERR_ALIGN if not,
  * G5_ERR_OVERFLOW on overflow, G5_ERR_TENSOR_TYPE for an unknown type. */
 g5_status quant_row_bytes(uint32_t type, uint64_t n_elems, uint64_t *out);

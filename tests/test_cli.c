@@ -220,7 +220,8 @@ static void test_convert_verify(void) {
         size_t i;
         json_t *t;
         /* per rank: the main layers' attention reads q_a, q_b, kv_a, attn_output as stored and
-         * W_UK/W_UV as the float32 kv_b, never the attn_k_b/attn_v_b carried beside it */
+         * W_UK/W_UV as kv_b's exact int8 form made from the attn_k_b/attn_v_b carried beside it
+         * (the oracle's Q5_0/Q6_K have one: 1.25 bytes per element), not the float32 kv_b */
         const json_t *mj = json_object_get(j, "model"), *dpt = json_object_get(mj, "decode_per_token");
         const long long nlm = json_integer_value(json_object_get(json_object_get(mj, "hparams"), "n_layer_main"));
         double want_attn = 0, got_attn = -1;
@@ -228,8 +229,8 @@ static void test_convert_verify(void) {
             const char *nm = json_string_value(json_object_get(t, "name"));
             int layer = -1, off = 0;
             if (!nm || sscanf(nm, "blk.%d.%n", &layer, &off) != 1 || !off || layer >= nlm) continue;
-            if (!strcmp(nm + off, "attn_kv_b.weight")) {
-                double e = 4;
+            if (!strcmp(nm + off, "attn_k_b.weight") || !strcmp(nm + off, "attn_v_b.weight")) {
+                double e = 1.25;
                 const json_t *l = json_object_get(t, "local_shape");
                 for (size_t d = 0; d < json_array_size(l); d++) e *= (double)json_integer_value(json_array_get(l, d));
                 want_attn += e;
@@ -243,7 +244,7 @@ static void test_convert_verify(void) {
                 got_attn = json_real_value(json_object_get(t, "bytes"));
         T_CHECK(nlm == 3 && want_attn > 0 && fabs(got_attn - want_attn) < 1e-9 * want_attn &&
                     json_real_value(json_object_get(dpt, "total_bytes")) > got_attn,
-                "blob set: decode attention bytes per rank %.0f (want %.0f: the float32 kv_b, not the pair)",
+                "blob set: decode attention bytes per rank %.0f (want %.0f: the pair's int8 form, not kv_b)",
                 got_attn, want_attn);
         int bad = 0;
         json_array_foreach(json_object_get(j, "tensors"), i, t) {

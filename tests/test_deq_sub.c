@@ -51,6 +51,7 @@ static void check_type(uint32_t type) {
                 pass ? "random-byte" : "random", bad, nb * be, first);
         /* the exact int8 form: dqs_mul(sc, q) is the dequantized element, or the type has none */
         const int i8 = type != QT_Q4_1 && type != QT_Q5_1 && type != QT_Q4_K && type != QT_Q5_K;
+        T_CHECK(quant_exact_i8(type) == i8, "%s: quant_exact_i8 says %d", ti->name, quant_exact_i8(type));
         int8_t q[32];
         float sc[2];
         bad = 0, first = -1, ok = 1;

@@ -139,8 +139,9 @@ static void test_oracle_report(const json_t *ref) {
             T_CHECK(json_is_true(json_object_get(g, "truncated")), "marked truncated");
         }
         /* what one decode token reads, recounted from the tensor list: main layers and globals,
-         * the routed experts at n_expert_used / n_expert, one embedding row, W_UK/W_UV as the
-         * float32 kv_b the runtime rebuilds from this GGUF's k_b + v_b (4 bytes per element) */
+         * the routed experts at n_expert_used / n_expert, one embedding row, W_UK/W_UV as kv_b's
+         * exact int8 form (1.25 bytes per element of k_b + v_b: the oracle's are Q5_0 and Q6_K,
+         * which have one) or else the float32 kv_b rebuilt from them (4 bytes per element) */
         const json_t *hp = json_object_get(a, "hparams"), *dpt = json_object_get(a, "decode_per_token");
         const double used = (double)json_integer_value(json_object_get(hp, "n_expert_used")) /
                             (double)json_integer_value(json_object_get(hp, "n_expert"));
@@ -158,7 +159,7 @@ static void test_oracle_report(const json_t *ref) {
             if (!strcmp(nm, "token_embd.weight"))
                 b /= (double)json_integer_value(json_array_get(json_object_get(g, "shape"), 1));
             if (strstr(nm, ".attn_k_b.") || strstr(nm, ".attn_v_b.")) {
-                b = 4;
+                b = quant_exact_i8((uint32_t)quant_type_from_name(json_string_value(json_object_get(g, "type")))) ? 1.25 : 4;
                 for (size_t d = 0; d < json_array_size(json_object_get(g, "shape")); d++)
                     b *= (double)json_integer_value(json_array_get(json_object_get(g, "shape"), d));
             }
@@ -504,21 +505,25 @@ static void test_corrupt(const char *dir) {
     free(img);
 }
 
-/* W_UK/W_UV count as the float32 kv_b the GPU decode reads, whatever type kv_b is stored in;
- * the attn_k_b/attn_v_b carried beside it are not read; without kv_b (a GGUF) the pair counts
- * as the float32 kv_b rebuilt from it (4 bytes per element: the same bytes). */
+/* W_UK/W_UV count as the GPU decode reads them: where attn_k_b and attn_v_b are both of types
+ * with the exact int8 form (quant_exact_i8), that form, 1.25 bytes per element, and kv_b beside
+ * them not at all; otherwise the float32 kv_b, whatever type kv_b is stored in (the pair beside
+ * it not read; without kv_b, a GGUF, the pair counts as the float32 kv_b rebuilt from it: 4
+ * bytes per element, the same bytes). */
 static void test_decode_bytes_kv_b(void) {
     glm5_hparams hp;
     memset(&hp, 0, sizeof hp);
     hp.n_layer = hp.n_layer_main = 1;
     hp.n_expert = 8;
     hp.n_expert_used = 2;
-    static const struct { const char *what; uint32_t kvb; int has_kvb, has_pair; } c[] = {
-        {"F32 kv_b and the pair (converter 1.1)", QT_F32, 1, 1},
-        {"BF16 kv_b and the pair", QT_BF16, 1, 1},
-        {"Q8_0 kv_b alone (--kv-b-type q8_0)", QT_Q8_0, 1, 0},
-        {"F32 kv_b alone (converter 1.0)", QT_F32, 1, 0},
-        {"the pair alone (a GGUF)", QT_F32, 0, 1},
+    static const struct { const char *what; uint32_t kvb; int has_kvb, has_pair; uint32_t kt, vt; int i8; } c[] = {
+        {"F32 kv_b and a Q5_0/Q6_K pair (converter 1.1)", QT_F32, 1, 1, QT_Q5_0, QT_Q6_K, 1},
+        {"BF16 kv_b and a Q8_0/IQ4_XS pair", QT_BF16, 1, 1, QT_Q8_0, QT_IQ4_XS, 1},
+        {"F32 kv_b and a Q5_1/Q6_K pair (Q5_1 has no int8 form)", QT_F32, 1, 1, QT_Q5_1, QT_Q6_K, 0},
+        {"Q8_0 kv_b alone (--kv-b-type q8_0)", QT_Q8_0, 1, 0, 0, 0, 0},
+        {"F32 kv_b alone (converter 1.0)", QT_F32, 1, 0, 0, 0, 0},
+        {"a Q4_0/IQ4_NL pair alone (a GGUF)", QT_F32, 0, 1, QT_Q4_0, QT_IQ4_NL, 1},
+        {"a Q5_0/Q5_K pair alone (Q5_K has no int8 form)", QT_F32, 0, 1, QT_Q5_0, QT_Q5_K, 0},
     };
     const double f32_kvb = 4.0 * 512 * 1792; /* kv_lora 512, 4 heads x (192 + 256) rows */
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
@@ -528,12 +533,12 @@ static void test_decode_bytes_kv_b(void) {
         /* kv_b's stored bytes (7000 here, whatever its type) are never what counts */
         if (c[i].has_kvb) t[n++] = (glm5_tensor_ref){"blk.0.attn_kv_b.weight", c[i].kvb, {512, 1792, 1, 1}, 7000};
         if (c[i].has_pair) {
-            t[n++] = (glm5_tensor_ref){"blk.0.attn_k_b.weight", QT_Q5_0, {192, 512, 4, 1}, 5000};
-            t[n++] = (glm5_tensor_ref){"blk.0.attn_v_b.weight", QT_Q6_K, {512, 256, 4, 1}, 6000};
+            t[n++] = (glm5_tensor_ref){"blk.0.attn_k_b.weight", c[i].kt, {192, 512, 4, 1}, 5000};
+            t[n++] = (glm5_tensor_ref){"blk.0.attn_v_b.weight", c[i].vt, {512, 256, 4, 1}, 6000};
         }
         glm5_decode_bytes db;
         glm5_decode_bytes_of(&hp, t, n, &db);
-        const double want = 1000 + f32_kvb;
+        const double want = 1000 + (c[i].i8 ? f32_kvb / 4 * 1.25 : f32_kvb);
         T_CHECK(fabs(db.total - want) < 1e-6 && fabs(db.group[GLM5_DB_ATTN] - want) < 1e-6,
                 "decode bytes, %s: total %.0f, attention %.0f (want %.0f)", c[i].what, db.total,
                 db.group[GLM5_DB_ATTN], want);

@@ -469,13 +469,26 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
     step_bytes b;
     memset(&b, 0, sizeof b);
     const glm5_hparams *hp = &R->hp;
+    /* W_UK/W_UV: the decode step reads kv_b's exact int8 form (1.25 bytes per element of the
+     * attn_k_b/attn_v_b the plan carries beside kv_b, converter 1.1) where both have one (this
+     * model's layers are all of one mix), else the float32 kv_b, whatever type it is stored in */
+    int kx = 0, vx = 0;
+    for (uint64_t i = 0; i < R->n_tab; i++) {
+        if (R->role[i] == GLM5_ROLE_ATTN_K_B) kx = quant_exact_i8(R->tab[i].type);
+        if (R->role[i] == GLM5_ROLE_ATTN_V_B) vx = quant_exact_i8(R->tab[i].type);
+    }
+    const int exact = kx && vx;
     for (uint64_t i = 0; i < R->n_tab; i++) {
         const rt_tensor *t = &R->tab[i];
         double nb = (double)t->nbytes;
-        /* W_UK/W_UV: the decode step reads the float32 kv_b (whatever type it is stored in), not
-         * the attn_k_b/attn_v_b the plan carries beside it (converter 1.1) */
-        if (R->role[i] == GLM5_ROLE_ATTN_K_B || R->role[i] == GLM5_ROLE_ATTN_V_B) continue;
-        if (R->role[i] == GLM5_ROLE_ATTN_KV_B) nb = 4.0 * (double)t->ne[0] * (double)t->ne[1];
+        if (R->role[i] == GLM5_ROLE_ATTN_K_B || R->role[i] == GLM5_ROLE_ATTN_V_B) {
+            if (!exact) continue;
+            nb = 1.25 * (double)t->ne[0] * (double)t->ne[1] * (double)(t->ne[2] ? t->ne[2] : 1);
+        }
+        if (R->role[i] == GLM5_ROLE_ATTN_KV_B) {
+            if (exact) continue;
+            nb = 4.0 * (double)t->ne[0] * (double)t->ne[1];
+        }
         switch (R->role[i]) {
         case GLM5_ROLE_TOKEN_EMBD: b.embd += nb / (double)t->ne[1]; break;
         case GLM5_ROLE_OUTPUT: b.head += nb; break;
@@ -491,7 +504,7 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
         case GLM5_ROLE_SHEXP_GATE: case GLM5_ROLE_SHEXP_UP: case GLM5_ROLE_SHEXP_DOWN: b.shexp += nb; break;
         default:
             if (is_norm(R->role[i])) b.norms += nb;
-            else b.attn += nb; /* q_a, q_b, kv_a, kv_b (float32), attn_output */
+            else b.attn += nb; /* q_a, q_b, kv_a, W_UK/W_UV, attn_output */
             break;
         }
     }

@@ -151,7 +151,8 @@ static double blas_bf16_tflops(void) {
 }
 
 /* What rank 0 reads for one decode token (glm5_decode_bytes_of: the routed experts at top-k / n,
- * one embedding row, W_UK/W_UV as the float32 kv_b; the NextN block apart), printed by group. */
+ * one embedding row, W_UK/W_UV as the GPU decode reads them (glm5_decode_bytes_of: kv_b's exact int8
+ * form where attn_k_b/attn_v_b have one); the NextN block apart), printed by group. */
 static double token_bytes(const rt_wset *ws, const glm5_hparams *hp) {
     const rt_weights *w = rt_wset_rank(ws, rt_wset_rank_first(ws));
     const uint64_t nt = rt_weights_n_tensors(w);
@@ -164,7 +165,7 @@ static double token_bytes(const rt_wset *ws, const glm5_hparams *hp) {
     glm5_decode_bytes db;
     glm5_decode_bytes_of(hp, refs, nt, &db);
     free(refs);
-    printf("decode bytes per token (rank 0; W_UK/W_UV from the float32 kv_b):");
+    printf("decode bytes per token (rank 0; W_UK/W_UV as decode reads them):");
     for (int g = 0; g < GLM5_DB_COUNT; g++)
         printf("%s %s %.1f MB", g ? ";" : "", glm5_db_group_name((glm5_db_group)g), db.group[g] / 1e6);
     printf("\n");
