@@ -53,8 +53,8 @@ test) # make test-gpu on the tree (all four), then the peer rounds over six tree
   grep -E "FAIL" "$OUT/test-gpu.log" | head -20
   python3 bench/ab_table.py "$OUT/ab.log"
   ;;
-dec) # the TP 8 rank's decode rounds (six trees)
-  DECODE=1 ROUNDS=2 PROUNDS=0 LIMIT=90 bash bench/ab.sh run >"$OUT/ab.log" 2>&1
+dec) # the TP 8 rank's decode rounds (six trees), then the tree's sub-step profile (batch 1, 32)
+  DECODE=1 ROUNDS=2 PROUNDS=0 LIMIT=90 PROFILE=1 bash bench/ab.sh run >"$OUT/ab.log" 2>&1
   grep -E "^decode round|rc=|side builds" "$OUT/ab.log"
   python3 bench/ab_table.py "$OUT/ab.log"
   ;;
