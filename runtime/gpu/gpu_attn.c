@@ -154,8 +154,8 @@ static g5_status attn_wuv(const glm5_hparams *hp, gl_rank *rk, const gl_layer *L
         uint32_t xt;
         const void *xin = gm_act_in(rk, rk->olat, H * KL, n, H * KL, &ld, &xt, 0, &st, err);
         if (st) return st;
-        /* all heads in one launch (a row's bits independent of n: batched decode stays exact) */
-        /* kv_b's exact int8 form where the layer has it (wq): a quarter of the bytes, the same bits */
+        /* all heads in one launch (a row's bits independent of n: batched decode stays exact),
+         * from kv_b's exact int8 form where the layer has it (wq): a quarter of the bytes, same bits */
         const cuk_head_gemv_args hg = {L->kvb + NOPE * KL, (NOPE + V) * KL, KL, (int32_t)H, (int32_t)V,
                                        (int32_t)KL, xin, xt, ld, KL, (int32_t)n, rk->ao, H * V, V,
                                        L->kq ? L->kq + NOPE * KL : NULL, L->ksv, V * (KL / 16), KL / 16};

@@ -154,13 +154,12 @@ static g5_status load_rank_weights(rt_gpu_model *g, gl_rank *rk, const blob *b,
     return G5_OK;
 }
 
-/* Whether kv_b's exact int8 form can be made from the layer's attn_k_b / attn_v_b (its bytes). */
+/* The bytes of kv_b's exact int8 form where the layer's attn_k_b / attn_v_b give one, else 0. The
+ * CPU model took the pair only with rows of whole blocks (rt_mat_view), and every block of these
+ * types is whole 32-element sub-blocks, so cuk_kvb_exact's shapes hold. */
 static uint64_t kvx_bytes(const glm5_hparams *hp, const rt_layer *cl, uint64_t H) {
     const uint64_t KL = hp->kv_lora, NOPE = hp->qk_nope, V = hp->v_head;
     if (!cl->k_b.data || !cl->v_b.data || !cuk_kvb_exact_takes(cl->k_b.type) || !cuk_kvb_exact_takes(cl->v_b.type))
-        return 0;
-    if (NOPE % 32 || KL % 32 || NOPE % quant_type_get(cl->k_b.type)->block_elems ||
-        KL % quant_type_get(cl->v_b.type)->block_elems)
         return 0;
     return up256(H * (NOPE + V) * KL) + up256(H * (NOPE / 16) * KL * 4) + up256(H * V * (KL / 16) * 4);
 }

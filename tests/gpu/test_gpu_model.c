@@ -1000,8 +1000,8 @@ static rt_gpu_model *open_gpu(const char *path, int blobs, rt_wset **ws, rt_mode
         printf("%s: %s, %u rank(s) on %u device(s), collective %s, weights %llu bytes (+%llu float32 extras), load %.4f s (%.2f GB/s)\n",
                label, gi->device_name, gi->n_ranks, gi->n_devices, gi->collective, (unsigned long long)gi->weight_bytes,
                (unsigned long long)gi->extra_bytes, gi->load.seconds, gi->load.gb_per_s);
-        /* the oracle's attn_k_b / attn_v_b (Q5_0 / Q6_K) have the exact int8 form at every layer
-         * (the NextN one included) where the set holds them with a rank's heads */
+        /* the oracle's attn_k_b / attn_v_b (Q5_0 / Q6_K) give the exact int8 form at each of its
+         * 3 main layers (and the NextN one where loaded) where the set holds them with a rank's heads */
         if (gi->n_ranks == 1 || blobs)
             T_CHECK(gi->kvb_exact_layers >= 3 * gi->n_local_ranks, "%s: %u layer(s) read kv_b's exact int8 form at decode",
                     label, gi->kvb_exact_layers);
