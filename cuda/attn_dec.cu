@@ -36,6 +36,7 @@
 #include "cuda/attn_int.cuh"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/mla_tile.cuh"
+#include "cuda/pdl.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -136,6 +137,9 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     __shared__ int bad, bad_any;
     cg::cluster_group cl = cg::this_cluster();
     const int CL = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    /* the W_UV product after it (cuk_head_gemv, a programmatic launch) may start and load its
+     * weights; it reads this kernel's output only after its pdl_wait */
+    cuk::pdl_trigger();
     const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t sk0 = sq + M * ROWB, sp = sk0 + 2 * SK_B;
     uint8_t *sqg = smem, *skg0 = smem + M * ROWB, *pp = skg0 + 2 * SK_B;

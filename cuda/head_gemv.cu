@@ -9,11 +9,18 @@
  *
  * With a.wq the weights come from kv_b's exact int8 form (a byte and a quarter an element, not
  * four): the warp forms each float as it loads it, so the registers hold the float32 values and
- * everything after the loads is the float32 kernel's, bit for bit. */
+ * everything after the loads is the float32 kernel's, bit for bit.
+ *
+ * The launch is a programmatic dependent one (cuda/pdl.cuh): the warps load their weights, then
+ * wait for the kernel before (decode's attention, k_mla_dec, which lets it start early) before
+ * reading x, so the weights are in registers when the attention ends (bench_pdl's form: 4.1 ->
+ * 1.9 us a 2 MB kernel). In the int8 form a decode step's W_UV fits one wave (10.5 MB at TP 1,
+ * 1.3 MB on a TP 8 rank); a grid of more than one wave preloads its first wave only. */
 #include <stdint.h>
 
 #include "cuda/cuk_head_gemv.h"
 #include "cuda/cuk_internal.cuh"
+#include "cuda/pdl.cuh"
 
 namespace {
 
@@ -144,25 +151,25 @@ __global__ void __launch_bounds__(HG_WARPS * 32) k_head_gemv(const cuk_head_gemv
             wr[i][j] = c4 < k4 ? hg_w4<WQ>(a, h, r, c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
+    cuk::pdl_wait(); /* x is the kernel before's output; nothing is written before this */
     const int64_t xo = h * a.ldxh, yo = h * a.ldyh + r0;
     int t = 0;
     for (; t + HG_TB <= a.n; t += HG_TB) hg_pass<HG_TB, J, BF>(a, wr, xo, yo, r0, t, lane);
     for (; t < a.n; t++) hg_pass<1, J, BF>(a, wr, xo, yo, r0, t, lane);
 }
 
-template <bool BF, bool WQ> void launch(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
-    const int th = HG_WARPS * 32;
+template <bool BF, bool WQ> cudaError_t launch(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
+    const dim3 th(HG_WARPS * 32);
     switch (J) {
-    case 1: k_head_gemv<1, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
-    case 2: k_head_gemv<2, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
-    case 4: k_head_gemv<4, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
-    default: k_head_gemv<8, BF, WQ><<<blocks, th, 0, s>>>(*a); break;
+    case 1: return cuk::pdl_launch(k_head_gemv<1, BF, WQ>, dim3(blocks), th, 0, s, *a);
+    case 2: return cuk::pdl_launch(k_head_gemv<2, BF, WQ>, dim3(blocks), th, 0, s, *a);
+    case 4: return cuk::pdl_launch(k_head_gemv<4, BF, WQ>, dim3(blocks), th, 0, s, *a);
+    default: return cuk::pdl_launch(k_head_gemv<8, BF, WQ>, dim3(blocks), th, 0, s, *a);
     }
 }
 
-template <bool BF> void launch_w(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
-    if (a->wq) launch<BF, true>(a, J, blocks, s);
-    else launch<BF, false>(a, J, blocks, s);
+template <bool BF> cudaError_t launch_w(const cuk_head_gemv_args *a, int J, unsigned blocks, cudaStream_t s) {
+    return a->wq ? launch<BF, true>(a, J, blocks, s) : launch<BF, false>(a, J, blocks, s);
 }
 
 } // namespace
@@ -193,10 +200,8 @@ extern "C" g5_status cuk_head_gemv(const cuk_head_gemv_args *a, cuk_stream strea
     const int J = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : 8;
     const int64_t groups = (int64_t)a->n_head * ((a->m + HG_RW - 1) / HG_RW);
     const unsigned blocks = (unsigned)((groups + HG_WARPS - 1) / HG_WARPS);
-    if (a->x_type == CUK_ACT_BF16)
-        launch_w<true>(a, J, blocks, (cudaStream_t)stream);
-    else
-        launch_w<false>(a, J, blocks, (cudaStream_t)stream);
+    CUK_CHECK(a->x_type == CUK_ACT_BF16 ? launch_w<true>(a, J, blocks, (cudaStream_t)stream)
+                                         : launch_w<false>(a, J, blocks, (cudaStream_t)stream));
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
