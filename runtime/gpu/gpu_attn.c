@@ -214,10 +214,11 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     CK(gm_norm_x_q8(rk, L->attn_norm, n, E, eps, qa8 || kva8 ? 2 : 0, &hq, err));
     PMARK("attn", "attn_norm (+ residual add, + int8 quantize of h)");
     /* a decode step's side work (gm_side_begin; on the GEMV paths, and not where products share
-     * rk->xb's bf16 copy of h): the latent path (kv_a, its norm and RoPE, the cache writes) and the
-     * indexer's key and weight projections run beside q_a, q_a_norm and q_b, and idx_q_b on a
-     * third stream beside q_b (gm_aux_begin); then the absorption beside the indexer's scores and
-     * selection. The same kernels on the same inputs: the same bits as in one stream. */
+     * rk->xb's bf16 copy of h): the latent path (kv_a, its norm and RoPE, the cache writes) on the
+     * side stream, the indexer's key and weight projections after it there or (from two tokens on)
+     * on a third stream (gm_aux_begin), and idx_q_b on the third stream, run beside q_a, q_a_norm
+     * and q_b; then the absorption beside the indexer's scores and selection. The same kernels on
+     * the same inputs: the same bits as in one stream. */
     const int side = !tc && !gl_lin_use(rk->lin, n) && !rk->fast;
     CK(gm_side_begin(g, rk, side, err));
     if (kva8) CK(gm_gemv_q8_in(rk, &L->kv_a, &hq, n, rk->kv, KVW, err));
@@ -250,8 +251,20 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
             CK(cuk_convert(src, KVW, dst, g->lat_type, KVW, pl->len[i], KVW, ss, err));
     }
     PMARK("attn", "latent norm+rope+cache write");
-    if (L->has_idx) CK(idx_key_proj(g, rk, il, pl, tc, err));
+    /* the indexer's key and weight projections of h: after the latent path on the side stream at
+     * one token, on the third stream from two tokens on. There the side chain (kv_a, latent, idx_k,
+     * idx_proj) was the step's longest; moving them gains 0.18 ms a step at batch 32 and 0.08 at 8
+     * (H100), but moved at one token too they cost 0.01 there (bench/RESULTS.md, session 39): the
+     * third stream's fork costs more than the chains' overlap gives. idx_q_b follows them there
+     * (idx_query), and idx_prep reads their outputs after gm_aux_wait. */
+    const int key_aux = side && n > 1;
+    if (L->has_idx && !key_aux) CK(idx_key_proj(g, rk, il, pl, tc, err));
     CK(gm_side_end(rk, err));
+    if (L->has_idx && key_aux) {
+        CK(gm_aux_begin(g, rk, 1, err));
+        CK(idx_key_proj(g, rk, il, pl, tc, err));
+        CK(gm_aux_end(rk, err));
+    }
     /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
      * whose indexer still picks in float32 */
     if (qa8) CK(gm_gemv_q8_in(rk, &L->q_a, &hq, n, rk->qr, QL, err));

@@ -389,8 +389,9 @@ g5_status gm_side_end(gl_rank *rk, g5_error *err);
 g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err);
 void gm_side_reset(gl_rank *rk);
 /* Work on the rank's third stream, beside the main chain and the side work: what is queued
- * between gm_aux_begin and gm_aux_end runs after all that the main stream held at gm_aux_begin;
- * gm_aux_wait makes the main stream wait for all of it (before the stage ends). Only while no
+ * between gm_aux_begin and gm_aux_end runs after all that the main stream held at gm_aux_begin
+ * (and after the third stream's earlier work, where no gm_aux_wait came between); gm_aux_wait
+ * makes the main stream wait for all of it (before the stage ends). Only while no
  * side work is being queued; aux work quantizes nothing (no int8 buffer half of its own: q8_dst
  * refuses) and never uses rk->xb. Off (rk->aux stays 0: the caller queues the work in order)
  * where `on` is 0, under the profiler or without a third stream. gm_side_reset puts it back too. */

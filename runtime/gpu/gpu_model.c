@@ -878,8 +878,9 @@ g5_status gm_side_wait(gl_rank *rk, int i, g5_error *err) {
 static void aux_swap(gl_rank *rk) { swap_main(rk, &rk->st3, &rk->q8x3); }
 
 g5_status gm_aux_begin(const rt_gpu_model *g, gl_rank *rk, int on, g5_error *err) {
-    if (rk->aux == 2) CK(gm_aux_wait(rk, err));
-    if (!on || g->prof || !rk->st3 || rk->aux || rk->side == 1) return G5_OK;
+    if (!on || g->prof || !rk->st3 || rk->aux == 1 || rk->side == 1) return gm_aux_wait(rk, err);
+    /* with a join pending (aux 2) the third stream goes on after what it holds, now also after
+     * what the main stream holds; gm_aux_wait then joins all of it */
     CUK_CHECK(cudaEventRecord(rk->aux_ev[0], rk->st));
     CUK_CHECK(cudaStreamWaitEvent(rk->st3, rk->aux_ev[0], 0));
     aux_swap(rk);
