@@ -130,7 +130,8 @@ int cuk_q8t_takes(uint32_t w_type, int64_t k);
 g5_status cuk_gemv_q8t(const cuk_gemv_q8_args *a, void *scratch, size_t scratch_bytes, cuk_stream stream,
                        g5_error *err);
 /* cuk_gemv_q8t in its second form for every launch (x staged in shared memory per k-range, the
- * ranges a thread-block cluster; cuk_gemv_q8t takes it by shape): the same bits. For tests and
+ * ranges a thread-block cluster; two planes of 17-32 vectors in one launch of 64 columns where the
+ * weights are not Q6_K; cuk_gemv_q8t takes it by shape): the same bits. For tests and
  * bench_q8, which compare the forms; G5_ERR_UNSUPPORTED where the device cannot give a block its
  * 216 KB of shared memory (sm_120). */
 g5_status cuk_gemv_q8t_sx(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);

@@ -912,10 +912,12 @@ static g5_status launch_fx(const cuk_gemv_q8_args *a, int64_t rb, int8_t *scratc
 
 /* Whether the device lets a block have k_gemv_q8t_sx's slots and its static red (sm_90: 227 KB
  * of opt-in shared memory); sm_120 gives 99 KB and takes the L1 form (cuk_limits.h). */
-template <int T> static bool sx_fits() {
-    const size_t need = (size_t)XSlot<T, 4>::max_steps * XSlot<T, 4>::bytes + sizeof(float) * WARPS * 4 * 4 * 32;
+template <int T, int NT = 4> static bool sx_fits() {
+    const size_t need = (size_t)XSlot<T, NT>::max_steps * XSlot<T, NT>::bytes + sizeof(float) * WARPS * NT * 4 * 32;
     return cuk_device_smem_cap(need) >= need;
 }
+static_assert(XSlot<QT_Q5_K, 8>::max_steps * XSlot<QT_Q5_K, 8>::bytes + 4 * WARPS * 8 * 4 * 32 <= 227 * 1024,
+              "8 column tiles' slots and red fit sm_90's opt-in");
 
 template <int T, int NT, int P>
 static g5_status launch_sx(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, g5_error *err) {
@@ -947,12 +949,12 @@ template <int T, int NT> static bool sx_by_shape(const cuk_gemv_q8_args *a) {
     return a->m >= 12288 && q8t_range_steps(0, 1, (int)(a->k / 256)) <= XSlot<T, NT>::max_steps && sx_fits<T>();
 }
 
-/* The fx form with 8 column tiles: two planes (their C elements 1 and 3 idle: sum_elem) of types
- * whose step fits beside 8 tiles' sums; launch_nt asks for it only there. */
+/* The fx or sx form with 8 column tiles: two planes (their C elements 1 and 3 idle: sum_elem) of
+ * types whose step fits beside 8 tiles' sums; launch_nt asks for it only there. */
 template <int T, int P>
-static g5_status launch_fx8(const cuk_gemv_q8_args *a, int64_t rb, int8_t *fx, cudaStream_t st, g5_error *err) {
+static g5_status launch_t8(const cuk_gemv_q8_args *a, int64_t rb, int8_t *fx, bool sx, cudaStream_t st, g5_error *err) {
     if constexpr (P == 2 && T != QT_Q6_K)
-        return launch_fx<T, 8, P>(a, rb, fx, st, err);
+        return sx ? launch_sx<T, 8, P>(a, rb, st, err) : launch_fx<T, 8, P>(a, rb, fx, st, err);
     else
         return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8t: no 8-tile form for type %s with %d planes",
                        quant_type_name((uint32_t)T), P);
@@ -961,7 +963,10 @@ static g5_status launch_fx8(const cuk_gemv_q8_args *a, int64_t rb, int8_t *fx, c
 /* Columns (vectors x planes) of one launch: up to 32 (NT = 4; more would spill the residue sums);
  * with two planes and scratch (fx) up to 64 (NT = 8: two planes hold half the sums). A larger n
  * goes in launches of that many columns, which changes no bits (they never depend on n).
- * all_sx: every launch in the sx form (cuk_gemv_q8t_sx). Else the form by shape (bench/RESULTS.md,
+ * all_sx: every launch in the sx form (cuk_gemv_q8t_sx), two planes of 17-32 vectors with 8 tiles
+ * where the device gives the block its 216 KB (bench/RESULTS.md, session 39: against the form by
+ * shape 21% faster on 16384 x 2048, 19% on 6144 x 2048 and 20% on 576 x 6144, 5-50% slower on the
+ * peer model's other shapes; not yet taken by shape). Else the form by shape (bench/RESULTS.md,
  * sessions 23 to 26): at 33-64 columns (two planes, scratch given, not Q6_K) fx with 8 tiles except
  * on tall matrices of k <= 4096; at 9-32 columns sx on tall matrices, else the L1 form on x re-laid
  * out in fragment order where the caller gave scratch (fx); at 8 columns or fewer the L1 form on x
@@ -972,7 +977,7 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
     constexpr bool nt8 = P == 2 && T != QT_Q6_K; /* Q6_K's 8 tiles spill (its step holds more) */
     /* a tall matrix of short rows (q_b: 16384 x 2048) keeps two sx launches: 58 us against 67 for
      * one of 8 tiles at 32 vectors on the H100, where 12288 x 6144 took 110 against 153 */
-    const bool wide = nt8 && fx && !all_sx && !(a->k <= 4096 && sx_by_shape<T, 4>(a)); /* 32 vectors a launch */
+    const bool wide = nt8 && (all_sx ? sx_fits<T, 8>() : fx && !(a->k <= 4096 && sx_by_shape<T, 4>(a))); /* 32 vectors a launch */
     const int per = wide ? 32 : 32 / P;
     for (int v0 = 0; v0 < a->n; v0 += per) {
         cuk_gemv_q8_args b = *a;
@@ -982,8 +987,8 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
         b.y += (int64_t)v0 * a->ldy;
         const int cols = b.n * P;
         g5_status s;
-        if (nt8 && cols > 32) /* two planes of 17-32 vectors: one launch of 8 column tiles (fx only) */
-            s = launch_fx8<T, P>(&b, rb, fx, st, err);
+        if (nt8 && cols > 32) /* two planes of 17-32 vectors: one launch of 8 column tiles (fx or all_sx) */
+            s = launch_t8<T, P>(&b, rb, fx, all_sx, st, err);
         else if (all_sx)
             s = cols <= 8    ? launch_sx<T, 1, P>(&b, rb, st, err)
                 : cols <= 16 ? launch_sx<T, 2, P>(&b, rb, st, err)
