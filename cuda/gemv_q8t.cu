@@ -949,6 +949,14 @@ template <int T, int NT> static bool sx_by_shape(const cuk_gemv_q8_args *a) {
     return a->m >= 12288 && q8t_range_steps(0, 1, (int)(a->k / 256)) <= XSlot<T, NT>::max_steps && sx_fits<T>();
 }
 
+/* Two planes of 17-32 vectors in the sx form with 8 tiles instead of fx: where bench_q8 measured it
+ * faster at 32 vectors on the H100 (bench/RESULTS.md, session 39): short rows on tall matrices (q_b
+ * 16384 x 2048: 46.0 against 58.3 us for two sx launches; the shared down 6144 x 2048: 35.1 against
+ * 43.1) and the short matrices (kv_a 576 x 6144: 25.1 against 31.5). */
+template <int T> static bool sx8_by_shape(const cuk_gemv_q8_args *a) {
+    return ((a->k <= 2048 && a->m >= 6144) || a->m <= 1024) && sx_fits<T, 8>();
+}
+
 /* The fx or sx form with 8 column tiles: two planes (their C elements 1 and 3 idle: sum_elem) of
  * types whose step fits beside 8 tiles' sums; launch_nt asks for it only there. */
 template <int T, int P>
@@ -977,7 +985,8 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
     constexpr bool nt8 = P == 2 && T != QT_Q6_K; /* Q6_K's 8 tiles spill (its step holds more) */
     /* a tall matrix of short rows (q_b: 16384 x 2048) keeps two sx launches: 58 us against 67 for
      * one of 8 tiles at 32 vectors on the H100, where 12288 x 6144 took 110 against 153 */
-    const bool wide = nt8 && (all_sx ? sx_fits<T, 8>() : fx && !(a->k <= 4096 && sx_by_shape<T, 4>(a))); /* 32 vectors a launch */
+    const bool sx8 = nt8 && (all_sx ? sx_fits<T, 8>() : fx && sx8_by_shape<T>(a));
+    const bool wide = nt8 && (sx8 || (fx && !all_sx && !(a->k <= 4096 && sx_by_shape<T, 4>(a)))); /* 32 vectors a launch */
     const int per = wide ? 32 : 32 / P;
     for (int v0 = 0; v0 < a->n; v0 += per) {
         cuk_gemv_q8_args b = *a;
@@ -988,7 +997,7 @@ static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t s
         const int cols = b.n * P;
         g5_status s;
         if (nt8 && cols > 32) /* two planes of 17-32 vectors: one launch of 8 column tiles (fx or all_sx) */
-            s = launch_t8<T, P>(&b, rb, fx, all_sx, st, err);
+            s = launch_t8<T, P>(&b, rb, fx, sx8, st, err);
         else if (all_sx)
             s = cols <= 8    ? launch_sx<T, 1, P>(&b, rb, st, err)
                 : cols <= 16 ? launch_sx<T, 2, P>(&b, rb, st, err)
