@@ -180,85 +180,70 @@ struct XH {
     int64_t ldx, ldsum;
 };
 
-template <int T, int NT, int KW, int XP>
-__global__ void __launch_bounds__(KW * 32, (NT == 4 && XP == 2 ? 12 : 16) / KW) k_h16x(const uint8_t *__restrict__ w, int64_t rb, int64_t m,
-                                                           int steps, XH x, int n, float *__restrict__ y, int64_t ldy) {
-    __shared__ float red[KW][NT * 4][32];
-    const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    const int64_t ra = row0 + g < m ? row0 + g : m - 1, rb8 = row0 + g + 8 < m ? row0 + g + 8 : m - 1;
-    const uint8_t *rp[2] = {w + ra * rb, w + rb8 * rb};
-    int64_t xo[NT], so[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const int col = 8 * t + g < n ? 8 * t + g : n - 1;
-        xo[t] = (int64_t)col * x.ldx + 8 * c;
-        so[t] = (int64_t)col * x.ldsum + 4 * c;
-    }
+/* One 256-element block s of the lane's rows into C (the order of k_h16x's top comment). */
+template <int T, int NT, int XP>
+__device__ __forceinline__ void h16x_step(const Step<T> &cur, const XH &x, const int64_t (&xo)[NT], const int64_t (&so)[NT],
+                                          int s, int c, float (&C)[NT][4]) {
     const __half2 k1024 = __float2half2_rn(1024.0f);
     const uint32_t msel = (uint32_t)((2 * c) & 3) | 0x40u | ((uint32_t)(((2 * c) & 3) + 1) << 8) | 0x4000u;
-    float C[NT][4];
+    const K4Hdr kh[2] = {k4_unpack(cur.h[0]), k4_unpack(cur.h[1])};
+    float P[NT][4];
 #pragma unroll
-    for (int t = 0; t < NT; t++) C[t][0] = C[t][1] = C[t][2] = C[t][3] = 0.0f;
-    Step<T> cur;
-    if (ks < steps) cur.load(rp, ks, c);
-    for (int s = ks; s < steps; s += KW) {
-        Step<T> nxt;
-        if (s + KW < steps) nxt.load(rp, s + KW, c);
-        const K4Hdr kh[2] = {k4_unpack(cur.h[0]), k4_unpack(cur.h[1])};
-        float P[NT][4];
+    for (int t = 0; t < NT; t++) P[t][0] = P[t][1] = P[t][2] = P[t][3] = 0.0f;
 #pragma unroll
-        for (int t = 0; t < NT; t++) P[t][0] = P[t][1] = P[t][2] = P[t][3] = 0.0f;
+    for (int j = 0; j < 4; j++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int h = 0; h < 2; h++) {
+            const int sb = 2 * j + h;
+            uint32_t A[2][2][2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int sb = 2 * j + h;
-                uint32_t A[2][2][2];
+            for (int r = 0; r < 2; r++) {
+                const uint32_t scb = ((sb < 4 ? kh[r].s_lo : kh[r].s_hi) >> (8 * (sb & 3))) & 0xFFu;
+                const __half2 sc2 = __hsub2(u2h(0x64006400u | scb | (scb << 16)), k1024);
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const uint32_t scb = ((sb < 4 ? kh[r].s_lo : kh[r].s_hi) >> (8 * (sb & 3))) & 0xFFu;
-                    const __half2 sc2 = __hsub2(u2h(0x64006400u | scb | (scb << 16)), k1024);
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        const uint32_t word = hf ? cur.q[r][j].y : cur.q[r][j].x;
-                        uint32_t v = (word >> (4 * h)) & 0x0F0F0F0Fu;
-                        if (T == QT_Q5_K) v |= (((hf ? cur.qh[r].y : cur.qh[r].x) >> sb) & 0x01010101u) << 4;
-                        A[r][hf][0] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4140)), k1024), sc2));
-                        A[r][hf][1] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4342)), k1024), sc2));
-                    }
-                }
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const int64_t e = xo[t] + (int64_t)s * 256 + 64 * j + 32 * h;
-                    const uint4 b = __ldg((const uint4 *)(x.hi + e));
-                    mma16(P[t], A[0][0][0], A[1][0][0], A[0][0][1], A[1][0][1], b.x, b.y);
-                    mma16(P[t], A[0][1][0], A[1][1][0], A[0][1][1], A[1][1][1], b.z, b.w);
-                    if (XP == 2) {
-                        const uint4 l = __ldg((const uint4 *)(x.lo + e));
-                        mma16(P[t], A[0][0][0], A[1][0][0], A[0][0][1], A[1][0][1], l.x, l.y);
-                        mma16(P[t], A[0][1][0], A[1][1][0], A[0][1][1], A[1][1][1], l.z, l.w);
-                    }
+                for (int hf = 0; hf < 2; hf++) {
+                    const uint32_t word = hf ? cur.q[r][j].y : cur.q[r][j].x;
+                    uint32_t v = (word >> (4 * h)) & 0x0F0F0F0Fu;
+                    if (T == QT_Q5_K) v |= (((hf ? cur.qh[r].y : cur.qh[r].x) >> sb) & 0x01010101u) << 4;
+                    A[r][hf][0] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4140)), k1024), sc2));
+                    A[r][hf][1] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4342)), k1024), sc2));
                 }
             }
-        /* the mins: m of sub-blocks 2c, 2c + 1 (rows g, g + 8) against S_hi and S_lo of x */
-        uint32_t am[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++)
-            am[r] = h2u(__hsub2(u2h(__byte_perm(c < 2 ? kh[r].m_lo : kh[r].m_hi, 0x64u, msel)), k1024));
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const uint2 b = __ldg((const uint2 *)(x.sums + so[t] + (int64_t)s * 16));
-            float Pm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma16(Pm, am[0], am[1], am[0], am[1], b.x, b.y);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const K4Hdr &k = kh[e >> 1];
-                C[t][e] = __fadd_rn(C[t][e], __fsub_rn(__fmul_rn(k.d, P[t][e]), __fmul_rn(k.dm, Pm[e])));
+            for (int t = 0; t < NT; t++) {
+                const int64_t e = xo[t] + (int64_t)s * 256 + 64 * j + 32 * h;
+                const uint4 b = __ldg((const uint4 *)(x.hi + e));
+                mma16(P[t], A[0][0][0], A[1][0][0], A[0][0][1], A[1][0][1], b.x, b.y);
+                mma16(P[t], A[0][1][0], A[1][1][0], A[0][1][1], A[1][1][1], b.z, b.w);
+                if (XP == 2) {
+                    const uint4 l = __ldg((const uint4 *)(x.lo + e));
+                    mma16(P[t], A[0][0][0], A[1][0][0], A[0][0][1], A[1][0][1], l.x, l.y);
+                    mma16(P[t], A[0][1][0], A[1][1][0], A[0][1][1], A[1][1][1], l.z, l.w);
+                }
             }
         }
-        cur = nxt;
+    /* the mins: m of sub-blocks 2c, 2c + 1 (rows g, g + 8) against S_hi and S_lo of x */
+    uint32_t am[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) am[r] = h2u(__hsub2(u2h(__byte_perm(c < 2 ? kh[r].m_lo : kh[r].m_hi, 0x64u, msel)), k1024));
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const uint2 b = __ldg((const uint2 *)(x.sums + so[t] + (int64_t)s * 16));
+        float Pm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma16(Pm, am[0], am[1], am[0], am[1], b.x, b.y);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const K4Hdr &k = kh[e >> 1];
+            C[t][e] = __fadd_rn(C[t][e], __fsub_rn(__fmul_rn(k.d, P[t][e]), __fmul_rn(k.dm, Pm[e])));
+        }
     }
+}
+
+/* The KW warps' partials in warp order, then y (undoing x's scale). */
+template <int NT, int KW>
+__device__ __forceinline__ void h16x_finish(float (&C)[NT][4], float (*red)[NT * 4][32], const XH &x, int64_t row0,
+                                            int64_t m, int n, float *__restrict__ y, int64_t ldy) {
+    const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     if (KW > 1) {
 #pragma unroll
         for (int t = 0; t < NT; t++)
@@ -283,6 +268,121 @@ __global__ void __launch_bounds__(KW * 32, (NT == 4 && XP == 2 ? 12 : 16) / KW) 
             const int col = 8 * t + 2 * c + (e & 1);
             if (row < m && col < n) y[(int64_t)col * ldy + row] = __fmul_rn(C[t][e], x.unscale[col]);
         }
+}
+
+template <int NT>
+__device__ __forceinline__ void h16x_cols(const XH &x, int n, int g, int c, int64_t (&xo)[NT], int64_t (&so)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const int col = 8 * t + g < n ? 8 * t + g : n - 1;
+        xo[t] = (int64_t)col * x.ldx + 8 * c;
+        so[t] = (int64_t)col * x.ldsum + 4 * c;
+    }
+}
+
+/* Grid and lanes as k_h16; the next block's weights held in registers while this one multiplies. */
+template <int T, int NT, int KW, int XP>
+__global__ void __launch_bounds__(KW * 32, (NT == 4 && XP == 2 ? 12 : 16) / KW) k_h16x(const uint8_t *__restrict__ w, int64_t rb, int64_t m,
+                                                           int steps, XH x, int n, float *__restrict__ y, int64_t ldy) {
+    __shared__ float red[KW][NT * 4][32];
+    const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    const int64_t ra = row0 + g < m ? row0 + g : m - 1, rb8 = row0 + g + 8 < m ? row0 + g + 8 : m - 1;
+    const uint8_t *rp[2] = {w + ra * rb, w + rb8 * rb};
+    int64_t xo[NT], so[NT];
+    h16x_cols<NT>(x, n, g, c, xo, so);
+    float C[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) C[t][0] = C[t][1] = C[t][2] = C[t][3] = 0.0f;
+    Step<T> cur;
+    if (ks < steps) cur.load(rp, ks, c);
+    for (int s = ks; s < steps; s += KW) {
+        Step<T> nxt;
+        if (s + KW < steps) nxt.load(rp, s + KW, c);
+        h16x_step<T, NT, XP>(cur, x, xo, so, s, c, C);
+        cur = nxt;
+    }
+    h16x_finish<NT, KW>(C, red, x, row0, m, n, y, ldy);
+}
+
+__device__ __forceinline__ void cpa16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* The same with the weights through a per-warp ring of ST shared-memory stages (one block of the
+ * tile's 16 rows each), ST - 1 blocks in flight by cp.async and none held in registers. */
+template <int T, int NT, int KW, int XP, int ST>
+__global__ void __launch_bounds__(KW * 32, 16 / KW) k_h16r(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int steps,
+                                                           XH x, int n, float *__restrict__ y, int64_t ldy) {
+    constexpr int BB = T == QT_Q5_K ? 176 : 144, CH = BB / 16, QO = T == QT_Q5_K ? 48 : 16;
+    extern __shared__ __align__(16) uint8_t ring[]; /* [KW][ST][16][BB] */
+    __shared__ float red[KW][NT * 4][32];
+    const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    uint8_t *my = ring + (size_t)ks * ST * 16 * BB;
+    int64_t xo[NT], so[NT];
+    h16x_cols<NT>(x, n, g, c, xo, so);
+    float C[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) C[t][0] = C[t][1] = C[t][2] = C[t][3] = 0.0f;
+    const int nmine = steps > ks ? (steps - ks + KW - 1) / KW : 0; /* blocks ks, ks + KW, .. */
+    auto issue = [&](int i) {                                        /* the warp's i-th block into stage i % ST */
+        if (i < nmine) {
+            const int64_t s = ks + (int64_t)i * KW;
+            uint8_t *st = my + (i % ST) * 16 * BB;
+            for (int q = lane; q < 16 * CH; q += 32) {
+                const int r = q / CH, o = (q % CH) * 16;
+                const int64_t row = row0 + r < m ? row0 + r : m - 1;
+                cpa16(st + r * BB + o, w + row * rb + s * BB + o);
+            }
+        }
+        cpa_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < ST - 1; i++) issue(i);
+    for (int i = 0; i < nmine; i++) {
+        issue(i + ST - 1);
+        cpa_wait<ST - 1>();
+        __syncwarp();
+        const uint8_t *st = my + (i % ST) * 16 * BB;
+        Step<T> cur;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint8_t *bp = st + (g + 8 * r) * BB;
+            cur.h[r] = *(const uint4 *)bp;
+            if (T == QT_Q5_K) cur.qh[r] = *(const uint2 *)(bp + 16 + 8 * c);
+#pragma unroll
+            for (int j = 0; j < 4; j++) cur.q[r][j] = *(const uint2 *)(bp + QO + 32 * j + 8 * c);
+        }
+        __syncwarp(); /* read before the stage is filled again */
+        h16x_step<T, NT, XP>(cur, x, xo, so, ks + i * KW, c, C);
+    }
+    cpa_wait<0>();
+    h16x_finish<NT, KW>(C, red, x, row0, m, n, y, ldy);
+}
+
+template <int T, int KW, int ST>
+static void launch_r(const uint8_t *w, int64_t rb, int64_t m, int64_t k, const XH &x, int n, float *y, int64_t ldy) {
+    constexpr int BB = T == QT_Q5_K ? 176 : 144;
+    const size_t smem = (size_t)KW * ST * 16 * BB;
+    const unsigned grid = (unsigned)((m + 15) / 16);
+    const int steps = (int)(k / 256);
+    static bool raised = false;
+    if (!raised) {
+        CK(cudaFuncSetAttribute(k_h16r<T, 1, KW, 2, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CK(cudaFuncSetAttribute(k_h16r<T, 2, KW, 2, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CK(cudaFuncSetAttribute(k_h16r<T, 4, KW, 2, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised = true;
+    }
+    if (n <= 8)
+        k_h16r<T, 1, KW, 2, ST><<<grid, KW * 32, smem>>>(w, rb, m, steps, x, n, y, ldy);
+    else if (n <= 16)
+        k_h16r<T, 2, KW, 2, ST><<<grid, KW * 32, smem>>>(w, rb, m, steps, x, n, y, ldy);
+    else
+        k_h16r<T, 4, KW, 2, ST><<<grid, KW * 32, smem>>>(w, rb, m, steps, x, n, y, ldy);
+    CK(cudaGetLastError());
 }
 
 template <int T, int KW, int XP>
@@ -427,9 +527,10 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
     CK(cudaMemcpy(dsum, xsum.data(), xsum.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dun, unsc.data(), unsc.size() * 4, cudaMemcpyHostToDevice));
     /* form f on vectors v0 .. v0 + n - 1 into yo */
-    enum { NF = 7 };
+    enum { NF = 9 };
     static const char *const names[NF] = {"q8t one plane", "q8t two planes", "dp4a xs two planes", "h16 KW 4",
-                                          "h16x one plane KW 4", "h16x KW 4", "h16x KW 8"};
+                                          "h16x one plane KW 4", "h16x KW 4", "h16x KW 8", "h16r KW 4 ST 4",
+                                          "h16r KW 8 ST 3"};
     auto form = [&](int f, const uint8_t *wp, int v0, int n, float *yo) {
         const bool q5 = t == QT_Q5_K;
         h16::XH xa = {dhi + (size_t)v0 * k, dlo + (size_t)v0 * k, dsum + (size_t)v0 * (k / 256) * 16, dun + v0, k, k / 256 * 16};
@@ -449,9 +550,15 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
         } else if (f == 5) {
             if (q5) h16::launch_x<QT_Q5_K, 4, 2>(wp, (int64_t)rb, m, k, xa, n, yo, m);
             else h16::launch_x<QT_Q4_K, 4, 2>(wp, (int64_t)rb, m, k, xa, n, yo, m);
-        } else {
+        } else if (f == 6) {
             if (q5) h16::launch_x<QT_Q5_K, 8, 2>(wp, (int64_t)rb, m, k, xa, n, yo, m);
             else h16::launch_x<QT_Q4_K, 8, 2>(wp, (int64_t)rb, m, k, xa, n, yo, m);
+        } else if (f == 7) {
+            if (q5) h16::launch_r<QT_Q5_K, 4, 4>(wp, (int64_t)rb, m, k, xa, n, yo, m);
+            else h16::launch_r<QT_Q4_K, 4, 4>(wp, (int64_t)rb, m, k, xa, n, yo, m);
+        } else {
+            if (q5) h16::launch_r<QT_Q5_K, 8, 3>(wp, (int64_t)rb, m, k, xa, n, yo, m);
+            else h16::launch_r<QT_Q4_K, 8, 3>(wp, (int64_t)rb, m, k, xa, n, yo, m);
         }
     };
     std::vector<float> hy((size_t)NV * m), hy1((size_t)NV * m);
@@ -484,7 +591,7 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
         printf("\n");
         fflush(stdout);
         /* the exact form is to be as close to float64 as the two-plane int8 form */
-        if (err[5] > 2 * err[1] + 1e-7 || err[6] != err[5] || err[5] < 0) {
+        if (err[5] > 2 * err[1] + 1e-7 || err[6] != err[5] || err[7] != err[5] || err[8] != err[5] || err[5] < 0) {
             fprintf(stderr, "h16bench: %s n %d: h16x error %.2e / %.2e against q8t two planes %.2e\n", what, n, err[5],
                     err[6], err[1]);
             failures++;
@@ -506,7 +613,7 @@ int main(int argc, char **argv) {
            "max |y - ref| / sum |w x| against float64\n\n",
            prop.name, prop.multiProcessorCount, rate / 1e9);
     printf("| shape | n | MB | q8t one plane | q8t two planes | dp4a xs two planes | h16 KW 4 | h16x one plane KW 4 | "
-           "h16x KW 4 | h16x KW 8 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+           "h16x KW 4 | h16x KW 8 | h16r KW 4 ST 4 | h16r KW 8 ST 3 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     shape(pool, QT_Q5_K, 6144, 16384, "attn_output", rate, reps);
     shape(pool, QT_Q5_K, 16384, 2048, "q_b", rate, reps);
     shape(pool, QT_Q4_K, 12288, 6144, "dense gate", rate, reps);
