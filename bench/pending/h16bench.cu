@@ -4,17 +4,17 @@
  * float work bounds it at 32 vectors: bench/RESULTS.md, session 39). Every output element is its
  * warp's chain of mma over its k-range in order, then the KW warps' partials added in warp order:
  * nothing depends on n, so a batched row keeps its one-row bits by construction (checked below).
+ * Forms: h16 (d sc q - dmin m folded into one fp16 weight; registers hold the next block, or
+ * k_h16ring: a per-warp cp.async ring), h16x (sc q exact in fp16, x as two fp16 planes, d and
+ * dmin applied per block: as close to float64 as float32 allows).
  *
  * Measures, at the peer model's Q4_K / Q5_K shapes and n = 1, 8, 32: the copy rate (the ceiling),
  * cuk_gemv_q8t one and two planes (the runtime's batched form), cuk_gemv_q8_xs two planes at n = 1
- * (the one-token form), and k_h16 at KW = 4 and 8; the error of each against a float64 product of
- * the dequantized weights and the float32 x (max over outputs of |y - ref| / sum |w x|); and that
- * k_h16's column j at n = 32 equals its output at n = 1 on column j alone, bit for bit.
+ * (the one-token form) and the forms above; the error of each against a float64 product of the
+ * dequantized weights and the float32 x (max over outputs of |y - ref| / sum |w x|); and that
+ * every column at n = 8 and 32 equals its output at n = 1 on that column alone, bit for bit.
  *
- * Built on the CPU machine, run on the device with no build there:
- *   make -j2 CUDA_ARCH=90 G5_NO_DEPS=1 build/gpu/obj/cuda/{device,gemv_q8t,gemv_q8,gemv_q8_lba,gemv_q8_lbb,gemv_q8_lbc,moe_plan}.o
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -ffp-contract=off -I. -c format/status.c -o /tmp/status.o (and format/quant*.c)
- *   nvcc -std=c++17 -O3 -arch=sm_90 -I. -cudart static -o .dev/h16bench bench/pending/h16bench.cu <those objects>
+ * Built on the CPU machine, run on the device with no build there: bench/pending/s40-next.sh.
  * Usage: h16bench [reps]. Exits 1 on a failed check. */
 #include <cuda_fp16.h>
 #include <math.h>
