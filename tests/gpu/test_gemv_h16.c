@@ -1,0 +1,252 @@
+/* The fp16 tensor-core products (cuda/gemv_h16.cu, API cuda/cuk_h16.h):
+ * - cuk_h16_prep bit-exact against its CPU emulation here (the exponent of the row's largest
+ *   magnitude, the power-of-two scale, fp16 rounded to nearest even), rows of zeros, with a NaN,
+ *   with an infinity, tiny and huge rows included;
+ * - cuk_gemv_h16 for Q4_K and Q5_K against a float64 product of the weights as the kernel rounds
+ *   them (d sc and dmin m as the CPU's dequantizer forms them, one fma, fp16 to nearest even:
+ *   emulated here bit for bit) with the prepared x: every output within 1e-5 of sum |w x| (the
+ *   float32 accumulation; one wrong weight or x element moves an output by about sum |w x| / k);
+ *   odd m, one block per warp and many, n = 1..40 (two launches past 32);
+ * - batch invariance: every column of an n-vector call bit-identical to its one-vector launch;
+ * - refusals: a type without a kernel, k not a multiple of 256, n < 1, a misaligned ldx. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuk.h"
+#include "cuda/cuk_h16.h"
+#include "format/quant.h"
+#include "tests/test_util.h"
+
+#define G5_TEST_NAME "test_gemv_h16"
+#define G5_TEST_SEED 0x416e16ull
+#include "tests/gpu/gpu_test_util.h"
+
+/* IEEE half bits of f, rounded to nearest even (what __float2half_rn gives but for NaN payloads) */
+static uint16_t f2h(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, au = u & 0x7FFFFFFFu;
+    if (au >= 0x7F800000u) return (uint16_t)(sign | (au > 0x7F800000u ? 0x7E00u : 0x7C00u));
+    if (au >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* >= 65520: infinity */
+    if (au <= 0x33000000u) return (uint16_t)sign;             /* <= 2^-25: zero (the tie goes to even) */
+    const int e = (int)(au >> 23) - 127;
+    const uint32_t mant = (au & 0x7FFFFFu) | 0x800000u;
+    if (e < -14) { /* a subnormal half: mant * 2^(e - 23) / 2^-24 */
+        const int sh = -e - 1;
+        uint32_t h = mant >> sh;
+        const uint32_t rem = mant & ((1u << sh) - 1u), half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)(e + 15) << 10) | ((mant >> 13) & 0x3FFu);
+    const uint32_t rem = mant & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+
+static float h2f(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    float f;
+    if (e == 31) {
+        const uint32_t u = sign | 0x7F800000u | (m << 13);
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    if (e == 0) f = ldexpf((float)m, -24);
+    else f = ldexpf((float)(m | 1024u), (int)e - 25);
+    return sign ? -f : f;
+}
+
+/* cuk_h16_prep's emulation for one row */
+static void prep_host(const float *x, int64_t k, uint16_t *xh, float *unscale) {
+    float mx = 0.0f;
+    for (int64_t i = 0; i < k; i++) mx = fmaxf(mx, fabsf(x[i]));
+    int e = 0;
+    if (mx > 0.0f && isfinite(mx)) {
+        int ex;
+        frexpf(mx, &ex);
+        e = 15 - ex;
+        e = e < -126 ? -126 : e > 126 ? 126 : e;
+    }
+    for (int64_t i = 0; i < k; i++) xh[i] = f2h(ldexpf(x[i], e));
+    *unscale = ldexpf(1.0f, -e);
+}
+
+/* Row r of a Q4_K / Q5_K matrix as the kernel's fp16 weights (as floats) */
+static void weights_host(uint32_t t, const uint8_t *row, int64_t k, float *w) {
+    const int bb = t == QT_Q5_K ? 176 : 144, qo = t == QT_Q5_K ? 48 : 16;
+    for (int64_t s = 0; s < k / 256; s++) {
+        const uint8_t *b = row + s * bb, *sc = b + 4;
+        const float d = h2f((uint16_t)(b[0] | b[1] << 8)), dmin = h2f((uint16_t)(b[2] | b[3] << 8));
+        for (int j = 0; j < 4; j++)
+            for (int h = 0; h < 2; h++) {
+                const int sb = 2 * j + h;
+                int scv, mv;
+                if (sb < 4) {
+                    scv = sc[sb] & 63;
+                    mv = sc[sb + 4] & 63;
+                } else {
+                    scv = (sc[sb + 4] & 0xF) | ((sc[sb - 4] >> 6) << 4);
+                    mv = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
+                }
+                volatile float d1 = d * (float)scv, m1 = dmin * (float)mv;
+                for (int l = 0; l < 32; l++) {
+                    int q = (b[qo + 32 * j + l] >> (4 * h)) & 0xF;
+                    if (t == QT_Q5_K) q |= ((b[16 + l] >> sb) & 1) << 4;
+                    w[s * 256 + 64 * j + 32 * h + l] = h2f(f2h(fmaf((float)q, d1, -m1)));
+                }
+            }
+    }
+}
+
+static void fill_x(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = unif(-1.0f, 1.0f);
+        if (rnd() % 97 == 0) x[i] *= 30.0f;
+    }
+}
+
+static void test_prep(void) {
+    enum { K = 1000, N = 7 };
+    float *x = xmalloc(sizeof(float) * N * K);
+    fill_x(x, (int64_t)N * K);
+    for (int i = 0; i < K; i++) x[K + i] = 0.0f;                 /* a row of zeros */
+    x[2 * K + 17] = NAN;                                         /* a NaN */
+    x[3 * K + 5] = INFINITY;                                     /* an infinity */
+    for (int i = 0; i < K; i++) x[4 * K + i] *= 1e-30f;          /* tiny: the scale clamps */
+    for (int i = 0; i < K; i++) x[5 * K + i] *= 3e30f;           /* huge */
+    for (int i = 0; i < K; i++) x[6 * K + i] = ldexpf(x[6 * K + i], -20); /* subnormal halves */
+    float *dx = dup_d(x, sizeof(float) * N * K), *dun = dalloc(sizeof(float) * N);
+    uint16_t *dxh = dalloc(2 * (size_t)N * (K + 8));
+    const cuk_h16_prep_args pa = {dx, K, K, N, dxh, K + 8, dun};
+    g5_error e = {0};
+    T_CHECK(cuk_h16_prep(&pa, NULL, &e) == G5_OK, "h16_prep: %s", e.msg);
+    uint16_t *xh = xmalloc(2 * (size_t)N * (K + 8)), *ref = xmalloc(2 * K);
+    float un[N];
+    get(xh, dxh, 2 * (size_t)N * (K + 8));
+    get(un, dun, sizeof un);
+    for (int r = 0; r < N; r++) {
+        float ru;
+        prep_host(x + (size_t)r * K, K, ref, &ru);
+        int diff = 0;
+        for (int i = 0; i < K; i++) {
+            const uint16_t a = xh[(size_t)r * (K + 8) + i], b = ref[i];
+            const int nan_a = (a & 0x7C00u) == 0x7C00u && (a & 1023u), nan_b = (b & 0x7C00u) == 0x7C00u && (b & 1023u);
+            diff += nan_a || nan_b ? nan_a != nan_b : a != b;
+        }
+        T_CHECK(diff == 0, "h16_prep row %d: %d elements differ from the emulation", r, diff);
+        T_CHECK(memcmp(&un[r], &ru, 4) == 0, "h16_prep row %d: unscale %g against %g", r, un[r], ru);
+    }
+    free(x), free(xh), free(ref);
+    cudaFree(dx), cudaFree(dxh), cudaFree(dun);
+}
+
+/* One shape: m rows of k of type t, n vectors; the emulated reference and the batch invariance. */
+static void test_gemv(uint32_t t, int64_t m, int64_t k, int n) {
+    uint64_t rb = 0;
+    if (quant_row_bytes(t, (uint64_t)k, &rb) != G5_OK) exit(2);
+    const quant_type_info *ti = quant_type_get(t);
+    uint8_t *hw = xmalloc(rb * (size_t)m);
+    uint64_t st = rnd();
+    if (quant_fill_random(t, hw, rb * (uint64_t)m / ti->block_bytes, &st) != G5_OK) exit(2);
+    const int64_t ldx = k + 8;
+    float *x = xmalloc(sizeof(float) * (size_t)n * k);
+    fill_x(x, (int64_t)n * k);
+    uint8_t *dw = dup_d(hw, rb * (size_t)m);
+    float *dx = dup_d(x, sizeof(float) * (size_t)n * k), *dun = dalloc(sizeof(float) * (size_t)n);
+    uint16_t *dxh = dalloc(2 * (size_t)n * ldx);
+    float *dy = dalloc(sizeof(float) * (size_t)n * m), *dy1 = dalloc(sizeof(float) * (size_t)n * m);
+    g5_error e = {0};
+    const cuk_h16_prep_args pa = {dx, k, k, n, dxh, ldx, dun};
+    T_CHECK(cuk_h16_prep(&pa, NULL, &e) == G5_OK, "h16_prep: %s", e.msg);
+    const cuk_gemv_h16_args ga = {t, dw, k, m, {dxh, ldx, dun}, n, dy, m};
+    T_CHECK(cuk_gemv_h16(&ga, NULL, &e) == G5_OK, "gemv_h16 %s %lldx%lld n %d: %s", quant_type_name(t), (long long)m,
+            (long long)k, n, e.msg);
+    for (int v = 0; v < n; v++) { /* each vector alone */
+        const cuk_gemv_h16_args g1 = {t, dw, k, m, {dxh + (size_t)v * ldx, ldx, dun + v}, 1, dy1 + (size_t)v * m, m};
+        T_CHECK(cuk_gemv_h16(&g1, NULL, &e) == G5_OK, "gemv_h16 one vector: %s", e.msg);
+    }
+    float *y = xmalloc(sizeof(float) * (size_t)n * m), *y1 = xmalloc(sizeof(float) * (size_t)n * m);
+    uint16_t *xh = xmalloc(2 * (size_t)n * ldx);
+    float *un = xmalloc(sizeof(float) * (size_t)n), *w = xmalloc(sizeof(float) * (size_t)k);
+    get(y, dy, sizeof(float) * (size_t)n * m);
+    get(y1, dy1, sizeof(float) * (size_t)n * m);
+    get(xh, dxh, 2 * (size_t)n * ldx);
+    get(un, dun, sizeof(float) * (size_t)n);
+    T_CHECK(memcmp(y, y1, sizeof(float) * (size_t)n * m) == 0, "gemv_h16 %s %lldx%lld n %d: a vector differs from its one-vector launch",
+            quant_type_name(t), (long long)m, (long long)k, n);
+    double worst = 0;
+    for (int64_t o = 0; o < m; o++) {
+        weights_host(t, hw + (size_t)o * rb, k, w);
+        for (int v = 0; v < n; v++) {
+            double s = 0, a = 0;
+            for (int64_t i = 0; i < k; i++) {
+                const double p = (double)w[i] * (double)h2f(xh[(size_t)v * ldx + i]);
+                s += p;
+                a += fabs(p);
+            }
+            const double d = fabs((double)y[(size_t)v * m + o] - s * un[v]) / (a * un[v] + 1e-30);
+            if (d > worst) worst = d;
+        }
+    }
+    T_CHECK(worst <= 1e-5, "gemv_h16 %s %lldx%lld n %d: |y - ref| / sum |w x| up to %.2e", quant_type_name(t),
+            (long long)m, (long long)k, n, worst);
+    free(hw), free(x), free(y), free(y1), free(xh), free(un), free(w);
+    cudaFree(dw), cudaFree(dx), cudaFree(dun), cudaFree(dxh), cudaFree(dy), cudaFree(dy1);
+}
+
+static void test_refusals(void) {
+    uint8_t *dw = dalloc(1 << 16);
+    uint16_t *dxh = dalloc(1 << 14);
+    float *dy = dalloc(1 << 14), *dun = dalloc(64);
+    g5_error e = {0};
+    cuk_gemv_h16_args a = {QT_Q6_K, dw, 256, 16, {dxh, 256, dun}, 1, dy, 16};
+    T_CHECK(cuk_gemv_h16(&a, NULL, &e) == G5_ERR_UNSUPPORTED, "gemv_h16 refuses Q6_K");
+    a.type = QT_Q4_K;
+    a.k = 300;
+    a.x.ldx = 304;
+    T_CHECK(cuk_gemv_h16(&a, NULL, &e) == G5_ERR_UNSUPPORTED, "gemv_h16 refuses k = 300");
+    a.k = 256;
+    a.x.ldx = 256;
+    a.n = 0;
+    T_CHECK(cuk_gemv_h16(&a, NULL, &e) == G5_ERR_INVALID_ARG, "gemv_h16 refuses n = 0");
+    a.n = 1;
+    a.x.ldx = 260;
+    T_CHECK(cuk_gemv_h16(&a, NULL, &e) == G5_ERR_INVALID_ARG, "gemv_h16 refuses ldx = 260");
+    a.x.ldx = 256;
+    a.w = NULL;
+    T_CHECK(cuk_gemv_h16(&a, NULL, &e) == G5_ERR_INVALID_ARG, "gemv_h16 refuses no weights");
+    a.w = dw;
+    T_CHECK(cuk_gemv_h16(&a, NULL, &e) == G5_OK, "gemv_h16 takes the corrected call: %s", e.msg);
+    cuk_h16_prep_args p = {dy, 256, 0, 1, dxh, 256, dun};
+    T_CHECK(cuk_h16_prep(&p, NULL, &e) == G5_ERR_INVALID_ARG, "h16_prep refuses k = 0");
+    p.k = 256;
+    p.ldxh = 255;
+    T_CHECK(cuk_h16_prep(&p, NULL, &e) == G5_ERR_INVALID_ARG, "h16_prep refuses ldxh < k");
+    T_CHECK(cuk_h16_takes(QT_Q5_K, 2048) && !cuk_h16_takes(QT_Q8_0, 2048) && !cuk_h16_takes(QT_Q4_K, 128),
+            "cuk_h16_takes");
+    CK(cudaDeviceSynchronize());
+    cudaFree(dw), cudaFree(dxh), cudaFree(dy), cudaFree(dun);
+}
+
+int main(void) {
+    if (!t_need_device()) return t_report(G5_TEST_NAME);
+    test_prep();
+    test_refusals();
+    static const uint32_t types[] = {QT_Q4_K, QT_Q5_K};
+    for (int i = 0; i < 2; i++) {
+        const uint32_t t = types[i];
+        test_gemv(t, 16, 256, 1);   /* one block: warps 1..3 of the tile hold none */
+        test_gemv(t, 37, 512, 5);   /* a part tile, two blocks */
+        test_gemv(t, 1, 2048, 8);   /* one row */
+        test_gemv(t, 100, 2048, 13); /* two column tiles */
+        test_gemv(t, 17, 6144, 32);  /* four column tiles, 24 blocks over 4 warps */
+        test_gemv(t, 64, 1024, 40);  /* two launches: 32 + 8 */
+        test_gemv(t, 9, 16384, 3);   /* the longest rows */
+    }
+    return t_report(G5_TEST_NAME);
+}
