@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# h16bench (bench/pending/h16bench.cu: fp16-mma products for batched decode, bench/RESULTS.md
-# session 40) built on the CPU machine and run on the device with no build there.
-#   bash bench/pending/s40-next.sh build   # here: the cuda objects it links, then .dev/h16bench
-#   device call, carry [".dev"] alone (the binary is ~38 MB): bash bench/pending/s40-next.sh run
-# What to read: the one-vector column of k_h16ring (24 warps an SM) against dp4a xs; h16 at 8 and
-# 32 vectors against q8t two planes; the bits line (every column equal to its one-vector launch).
+# Session 41's device work for the fp16 products (bench/RESULTS.md and NOTES.md, session 40).
+#   bash bench/pending/s40-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
+#   device call A, carry [".dev"] alone (the binary is ~38 MB): bash bench/pending/s40-next.sh bench
+#     h16bench: k_h16ring's one-vector column against dp4a xs, h16 at 8 and 32 vectors against q8t,
+#     every column equal to its one-vector launch
+#   bash bench/pending/s40-next.sh here    # applies s40-h16-wire.patch, prepares head=HEAD (ab.sh)
+#   device call B, carry gpu-deps, oracle-carry, .dev (rm .dev/h16bench first: the carry limit):
+#     bash bench/pending/s40-next.sh test  # make test-gpu on the wired tree (test_gemv_h16 among
+#                                          # them), peer rounds at 1 / 8 / 32 against HEAD
+# Land the wiring where test_gpu_model's fast bar holds, the tests pass, and the batched steps gain
+# more than one token loses (measure the step; then bench/serve.sh with VERIFY=1).
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
@@ -22,10 +27,22 @@ build)
   rm -rf .dev/fmt
   ls -la .dev/h16bench
   ;;
-run)
+bench)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   timeout 300 .dev/h16bench 30
   echo "h16bench rc=$?"
   ;;
-*) echo "usage: $0 build|run" >&2; exit 2 ;;
+here)
+  git apply bench/pending/s40-h16-wire.patch || { echo "s40-h16-wire.patch does not apply" >&2; exit 2; }
+  bash bench/ab.sh prepare head=HEAD || exit 2
+  ;;
+test)
+  TESTGPU=1 ROUNDS=2 LIMIT=60 PEER="--pp 512 --depth 512 --tg 16 --batch 1,8,32 --reps 1" \
+    bash bench/ab.sh run >"$OUT/ab.log" 2>&1
+  echo "ab.sh rc=$?"
+  grep -E "make test-gpu|build rc|side builds" "$OUT/ab.log" | head
+  grep -E "FAIL|test_gemv_h16|fast" "$OUT/test-gpu.log" | head -30
+  python3 bench/ab_table.py "$OUT/ab.log" head
+  ;;
+*) echo "usage: $0 build|bench|here|test" >&2; exit 2 ;;
 esac
