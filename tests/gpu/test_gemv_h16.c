@@ -117,7 +117,7 @@ static void test_prep(void) {
     for (int i = 0; i < K; i++) x[K + i] = 0.0f;                 /* a row of zeros */
     x[2 * K + 17] = NAN;                                         /* a NaN */
     x[3 * K + 5] = INFINITY;                                     /* an infinity */
-    for (int i = 0; i < K; i++) x[4 * K + i] *= 1e-30f;          /* tiny: the scale clamps */
+    for (int i = 0; i < K; i++) x[4 * K + i] *= 1e-36f;          /* tiny: e clamps at 126 */
     for (int i = 0; i < K; i++) x[5 * K + i] *= 3e30f;           /* huge */
     for (int i = 0; i < K; i++) x[6 * K + i] = ldexpf(x[6 * K + i], -20); /* subnormal halves */
     float *dx = dup_d(x, sizeof(float) * N * K), *dun = dalloc(sizeof(float) * N);
