@@ -104,6 +104,32 @@ __device__ __forceinline__ void block_mma(const Blk<T> &b, const __half *const (
         }
 }
 
+/* The W warps' partials of a tile (C: this warp's) added in warp order by warp 0, times each
+ * column's 2^-e, into y. Every thread of the CTA calls it. */
+template <int NT, int W>
+__device__ __forceinline__ void tile_finish(const float (&C)[NT][4], float (*red)[NT * 4][32],
+                                            const float *__restrict__ unscale, int64_t row0, int64_t m, int n,
+                                            float *__restrict__ y, int64_t ldy) {
+    const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[ks][4 * t + e][lane] = C[t][e];
+    __syncthreads();
+    if (ks != 0) return;
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = red[0][4 * t + e][lane];
+#pragma unroll
+            for (int q = 1; q < W; q++) v = __fadd_rn(v, red[q][4 * t + e][lane]);
+            const int64_t row = row0 + g + 8 * (e >> 1);
+            const int col = 8 * t + 2 * c + (e & 1);
+            if (row < m && col < n) y[(int64_t)col * ldy + row] = __fmul_rn(v, unscale[col]);
+        }
+}
+
 /* The GEMV (grid and lanes: the top comment). NT column tiles of 8 (n <= 8 NT). */
 template <int T, int NT>
 __global__ void __launch_bounds__(KW * 32, 16 / KW)
@@ -128,23 +154,7 @@ __global__ void __launch_bounds__(KW * 32, 16 / KW)
         block_mma<T, NT>(cur, xc, s, C);
         cur = nxt;
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) red[ks][4 * t + e][lane] = C[t][e];
-    __syncthreads();
-    if (ks != 0) return;
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float v = red[0][4 * t + e][lane];
-#pragma unroll
-            for (int q = 1; q < KW; q++) v = __fadd_rn(v, red[q][4 * t + e][lane]);
-            const int64_t row = row0 + g + 8 * (e >> 1);
-            const int col = 8 * t + 2 * c + (e & 1);
-            if (row < m && col < n) y[(int64_t)col * ldy + row] = __fmul_rn(v, unscale[col]);
-        }
+    tile_finish<NT, KW>(C, red, unscale, row0, m, n, y, ldy);
 }
 
 /* cuk_h16_prep: one CTA of 256 threads a row; the largest magnitude by a block max (fmaxf: its

@@ -99,37 +99,6 @@ __device__ __forceinline__ void h16x_step(const Step<T> &cur, const XH &x, const
     }
 }
 
-/* The KW warps' partials in warp order, then y (undoing x's scale). */
-template <int NT, int KW>
-__device__ __forceinline__ void h16x_finish(float (&C)[NT][4], float (*red)[NT * 4][32], const XH &x, int64_t row0,
-                                            int64_t m, int n, float *__restrict__ y, int64_t ldy) {
-    const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    if (KW > 1) {
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) red[ks][4 * t + e][lane] = C[t][e];
-        __syncthreads();
-        if (ks != 0) return;
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = red[0][4 * t + e][lane];
-                for (int q = 1; q < KW; q++) v = __fadd_rn(v, red[q][4 * t + e][lane]);
-                C[t][e] = v;
-            }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int64_t row = row0 + g + 8 * (e >> 1);
-            const int col = 8 * t + 2 * c + (e & 1);
-            if (row < m && col < n) y[(int64_t)col * ldy + row] = __fmul_rn(C[t][e], x.unscale[col]);
-        }
-}
-
 template <int NT>
 __device__ __forceinline__ void h16x_cols(const XH &x, int n, int g, int c, int64_t (&xo)[NT], int64_t (&so)[NT]) {
 #pragma unroll
@@ -162,7 +131,7 @@ __global__ void __launch_bounds__(KW * 32, (NT == 4 && XP == 2 ? 12 : 16) / KW) 
         h16x_step<T, NT, XP>(cur, x, xo, so, s, c, C);
         cur = nxt;
     }
-    h16x_finish<NT, KW>(C, red, x, row0, m, n, y, ldy);
+    tile_finish<NT, KW>(C, red, x.unscale, row0, m, n, y, ldy);
 }
 
 __device__ __forceinline__ void cpa16(void *dst, const void *src) {
@@ -224,23 +193,7 @@ __global__ void __launch_bounds__(KW * 32, MINB) k_h16ring(const uint8_t *__rest
         block_mma<T, NT>(cur, xc, ks + (int64_t)i * KW, C);
     }
     cpa_wait<0>();
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) red[ks][4 * t + e][lane] = C[t][e];
-    __syncthreads();
-    if (ks != 0) return;
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float v = red[0][4 * t + e][lane];
-#pragma unroll
-            for (int q = 1; q < KW; q++) v = __fadd_rn(v, red[q][4 * t + e][lane]);
-            const int64_t row = row0 + g + 8 * (e >> 1);
-            const int col = 8 * t + 2 * c + (e & 1);
-            if (row < m && col < n) y[(int64_t)col * ldy + row] = __fmul_rn(v, unscale[col]);
-        }
+    tile_finish<NT, KW>(C, red, unscale, row0, m, n, y, ldy);
 }
 
 /* NT = 1 at 6 CTAs of 4 warps an SM (24 warps; 3 stages: 34 KB a CTA), wider at 4 */
