@@ -19,6 +19,7 @@
 
 #include "cuda/cuk_h16.h"
 #include "cuda/cuk_internal.cuh"
+#include "cuda/mma.cuh"
 #include "cuda/q8_load.cuh"
 #include "format/quant.h"
 
@@ -31,6 +32,7 @@ using cuk::q8l::k4_scale_of;
 using cuk::q8l::k4_unpack;
 using cuk::q8l::ldg128;
 using cuk::q8l::ldg64;
+using cuk::mma_f16;
 
 constexpr int KW = CUK_H16_KW;
 
@@ -55,14 +57,6 @@ template <int T> struct Blk {
 
 __device__ __forceinline__ uint32_t h2u(__half2 v) { return *(const uint32_t *)&v; }
 
-/* d[4] += A B for one m16n8k16 f16 product with float32 accumulators */
-__device__ __forceinline__ void mma16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                      uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* Quant byte i of v as a float: 0x4B0000qq is 2^23 + q exactly */
 template <int I> __device__ __forceinline__ float qf(uint32_t v) {
     return __fsub_rn(__uint_as_float(__byte_perm(v, 0x4B00u, 0x5440u | I)), 8388608.0f);
@@ -83,23 +77,23 @@ __device__ __forceinline__ void block_mma(const Blk<T> &b, const __half *const (
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int sb = 2 * j + h;
-            uint32_t A[2][2][2]; /* [row g, g + 8][bytes 0..3, 4..7][lo, hi] */
+            uint32_t A[2][4]; /* per 4-byte half of the lane's bytes, the A fragment (cuda/mma.cuh's order) */
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
+            for (int r = 0; r < 2; r++) { /* rows g, g + 8 */
                 float d1, m1;
                 k4_scale_of(kh[r], sb, d1, m1);
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     uint32_t v = ((hf ? b.q[r][j].y : b.q[r][j].x) >> (4 * h)) & 0x0F0F0F0Fu;
                     if (T == QT_Q5_K) v |= (((hf ? b.qh[r].y : b.qh[r].x) >> sb) & 0x01010101u) << 4;
-                    deq4(v, d1, -m1, A[r][hf][0], A[r][hf][1]);
+                    deq4(v, d1, -m1, A[hf][r], A[hf][2 + r]);
                 }
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const uint4 x = ldg128(xc[t] + s * 256 + 64 * j + 32 * h);
-                mma16(C[t], A[0][0][0], A[1][0][0], A[0][0][1], A[1][0][1], x.x, x.y);
-                mma16(C[t], A[0][1][0], A[1][1][0], A[0][1][1], A[1][1][1], x.z, x.w);
+                mma_f16(C[t], A[0], x.x, x.y);
+                mma_f16(C[t], A[1], x.z, x.w);
             }
         }
 }

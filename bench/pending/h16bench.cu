@@ -55,7 +55,7 @@ __device__ __forceinline__ void h16x_step(const Step<T> &cur, const XH &x, const
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int sb = 2 * j + h;
-            uint32_t A[2][2][2];
+            uint32_t A[2][4]; /* per 4-byte half, the A fragment (cuda/mma.cuh's order) */
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const uint32_t scb = ((sb < 4 ? kh[r].s_lo : kh[r].s_hi) >> (8 * (sb & 3))) & 0xFFu;
@@ -65,32 +65,32 @@ __device__ __forceinline__ void h16x_step(const Step<T> &cur, const XH &x, const
                     const uint32_t word = hf ? cur.q[r][j].y : cur.q[r][j].x;
                     uint32_t v = (word >> (4 * h)) & 0x0F0F0F0Fu;
                     if (T == QT_Q5_K) v |= (((hf ? cur.qh[r].y : cur.qh[r].x) >> sb) & 0x01010101u) << 4;
-                    A[r][hf][0] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4140)), k1024), sc2));
-                    A[r][hf][1] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4342)), k1024), sc2));
+                    A[hf][r] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4140)), k1024), sc2));
+                    A[hf][2 + r] = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64u, 0x4342)), k1024), sc2));
                 }
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int64_t e = xo[t] + (int64_t)s * 256 + 64 * j + 32 * h;
                 const uint4 b = __ldg((const uint4 *)(x.hi + e));
-                mma16(P[t], A[0][0][0], A[1][0][0], A[0][0][1], A[1][0][1], b.x, b.y);
-                mma16(P[t], A[0][1][0], A[1][1][0], A[0][1][1], A[1][1][1], b.z, b.w);
+                cuk::mma_f16(P[t], A[0], b.x, b.y);
+                cuk::mma_f16(P[t], A[1], b.z, b.w);
                 if (XP == 2) {
                     const uint4 l = __ldg((const uint4 *)(x.lo + e));
-                    mma16(P[t], A[0][0][0], A[1][0][0], A[0][0][1], A[1][0][1], l.x, l.y);
-                    mma16(P[t], A[0][1][0], A[1][1][0], A[0][1][1], A[1][1][1], l.z, l.w);
+                    cuk::mma_f16(P[t], A[0], l.x, l.y);
+                    cuk::mma_f16(P[t], A[1], l.z, l.w);
                 }
             }
         }
     /* the mins: m of sub-blocks 2c, 2c + 1 (rows g, g + 8) against S_hi and S_lo of x */
-    uint32_t am[2];
+    uint32_t am[4]; /* the A fragment: m of rows g, g + 8 against S_hi (k 2c..) and S_lo (k 2c + 8..) */
 #pragma unroll
-    for (int r = 0; r < 2; r++) am[r] = h2u(__hsub2(u2h(__byte_perm(c < 2 ? kh[r].m_lo : kh[r].m_hi, 0x64u, msel)), k1024));
+    for (int r = 0; r < 2; r++) am[r] = am[2 + r] = h2u(__hsub2(u2h(__byte_perm(c < 2 ? kh[r].m_lo : kh[r].m_hi, 0x64u, msel)), k1024));
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const uint2 b = __ldg((const uint2 *)(x.sums + so[t] + (int64_t)s * 16));
         float Pm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma16(Pm, am[0], am[1], am[0], am[1], b.x, b.y);
+        cuk::mma_f16(Pm, am, b.x, b.y);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const K4Hdr &k = kh[e >> 1];
@@ -134,11 +134,6 @@ __global__ void __launch_bounds__(KW * 32, (NT == 4 && XP == 2 ? 12 : 16) / KW) 
     tile_finish<NT, KW>(C, red, x.unscale, row0, m, n, y, ldy);
 }
 
-__device__ __forceinline__ void cpa16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 /* cuk_gemv_h16 (gemv_h16.cu's k_gemv_h16) with the weights through a per-warp ring of ST shared-
  * memory stages (one block of the tile's 16 rows each, ST - 1 in flight by cp.async) instead of
@@ -168,16 +163,16 @@ __global__ void __launch_bounds__(KW * 32, MINB) k_h16ring(const uint8_t *__rest
             for (int q = lane; q < 16 * CH; q += 32) {
                 const int r = q / CH, o = (q % CH) * 16;
                 const int64_t row = row0 + r < m ? row0 + r : m - 1;
-                cpa16(st + r * BB + o, w + row * rb + s * BB + o);
+                cuk::cp16((uint32_t)__cvta_generic_to_shared(st + r * BB + o), w + row * rb + s * BB + o, true);
             }
         }
-        cpa_commit();
+        cuk::cp_commit();
     };
 #pragma unroll
     for (int i = 0; i < ST - 1; i++) issue(i);
     for (int i = 0; i < nmine; i++) {
         issue(i + ST - 1);
-        cpa_wait<ST - 1>();
+        cuk::cp_wait<ST - 1>();
         __syncwarp();
         const uint8_t *st = my + (i % ST) * 16 * BB;
         Blk<T> cur;
@@ -192,7 +187,7 @@ __global__ void __launch_bounds__(KW * 32, MINB) k_h16ring(const uint8_t *__rest
         __syncwarp(); /* read before the stage is filled again */
         block_mma<T, NT>(cur, xc, ks + (int64_t)i * KW, C);
     }
-    cpa_wait<0>();
+    cuk::cp_wait<0>();
     tile_finish<NT, KW>(C, red, unscale, row0, m, n, y, ldy);
 }
 

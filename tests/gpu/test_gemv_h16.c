@@ -25,42 +25,6 @@
 #define G5_TEST_SEED 0x416e16ull
 #include "tests/gpu/gpu_test_util.h"
 
-/* IEEE half bits of f, rounded to nearest even (what __float2half_rn gives but for NaN payloads) */
-static uint16_t f2h(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint32_t sign = (u >> 16) & 0x8000u, au = u & 0x7FFFFFFFu;
-    if (au >= 0x7F800000u) return (uint16_t)(sign | (au > 0x7F800000u ? 0x7E00u : 0x7C00u));
-    if (au >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* >= 65520: infinity */
-    if (au <= 0x33000000u) return (uint16_t)sign;             /* <= 2^-25: zero (the tie goes to even) */
-    const int e = (int)(au >> 23) - 127;
-    const uint32_t mant = (au & 0x7FFFFFu) | 0x800000u;
-    if (e < -14) { /* a subnormal half: mant * 2^(e - 23) / 2^-24 */
-        const int sh = -e - 1;
-        uint32_t h = mant >> sh;
-        const uint32_t rem = mant & ((1u << sh) - 1u), half = 1u << (sh - 1);
-        if (rem > half || (rem == half && (h & 1u))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)(e + 15) << 10) | ((mant >> 13) & 0x3FFu);
-    const uint32_t rem = mant & 0x1FFFu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is right */
-    return (uint16_t)(sign | h);
-}
-
-static float h2f(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
-    float f;
-    if (e == 31) {
-        const uint32_t u = sign | 0x7F800000u | (m << 13);
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    if (e == 0) f = ldexpf((float)m, -24);
-    else f = ldexpf((float)(m | 1024u), (int)e - 25);
-    return sign ? -f : f;
-}
-
 /* cuk_h16_prep's emulation for one row */
 static void prep_host(const float *x, int64_t k, uint16_t *xh, float *unscale) {
     float mx = 0.0f;
@@ -72,7 +36,7 @@ static void prep_host(const float *x, int64_t k, uint16_t *xh, float *unscale) {
         e = 15 - ex;
         e = e < -126 ? -126 : e > 126 ? 126 : e;
     }
-    for (int64_t i = 0; i < k; i++) xh[i] = f2h(ldexpf(x[i], e));
+    for (int64_t i = 0; i < k; i++) xh[i] = quant_f32_to_f16(ldexpf(x[i], e));
     *unscale = ldexpf(1.0f, -e);
 }
 
@@ -81,7 +45,7 @@ static void weights_host(uint32_t t, const uint8_t *row, int64_t k, float *w) {
     const int bb = t == QT_Q5_K ? 176 : 144, qo = t == QT_Q5_K ? 48 : 16;
     for (int64_t s = 0; s < k / 256; s++) {
         const uint8_t *b = row + s * bb, *sc = b + 4;
-        const float d = h2f((uint16_t)(b[0] | b[1] << 8)), dmin = h2f((uint16_t)(b[2] | b[3] << 8));
+        const float d = quant_f16_to_f32((uint16_t)(b[0] | b[1] << 8)), dmin = quant_f16_to_f32((uint16_t)(b[2] | b[3] << 8));
         for (int j = 0; j < 4; j++)
             for (int h = 0; h < 2; h++) {
                 const int sb = 2 * j + h;
@@ -97,7 +61,7 @@ static void weights_host(uint32_t t, const uint8_t *row, int64_t k, float *w) {
                 for (int l = 0; l < 32; l++) {
                     int q = (b[qo + 32 * j + l] >> (4 * h)) & 0xF;
                     if (t == QT_Q5_K) q |= ((b[16 + l] >> sb) & 1) << 4;
-                    w[s * 256 + 64 * j + 32 * h + l] = h2f(f2h(fmaf((float)q, d1, -m1)));
+                    w[s * 256 + 64 * j + 32 * h + l] = quant_f16_to_f32(quant_f32_to_f16(fmaf((float)q, d1, -m1)));
                 }
             }
     }
@@ -185,7 +149,7 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int n) {
         for (int v = 0; v < n; v++) {
             double s = 0, a = 0;
             for (int64_t i = 0; i < k; i++) {
-                const double p = (double)w[i] * (double)h2f(xh[(size_t)v * ldx + i]);
+                const double p = (double)w[i] * (double)quant_f16_to_f32(xh[(size_t)v * ldx + i]);
                 s += p;
                 a += fabs(p);
             }
