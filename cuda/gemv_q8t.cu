@@ -32,7 +32,8 @@
  * (k_x_frag, into the caller's scratch) in mma-fragment order: a warp's B fragment is one 256-byte
  * read instead of 8 rows' 8 bytes, its (d, s) pairs one line; the same loops and bits, 1.0-1.35x
  * faster at 16-64 columns (session 24). Two planes of 17-32 vectors (64 columns) take that form with
- * 8 tiles, one launch where 4 tiles took two (session 26; tall matrices of short rows excepted). */
+ * 8 tiles, one launch where 4 tiles took two (session 26), or the second form with 8 tiles on short
+ * rows of tall matrices and on short matrices (sx8_by_shape; sessions 39 and 40). */
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
