@@ -46,6 +46,17 @@ typedef struct cuk_h16_prep_args {
 } cuk_h16_prep_args;
 g5_status cuk_h16_prep(const cuk_h16_prep_args *a, cuk_stream stream, g5_error *err);
 
+/* cuk_rms_norm (norm.a NULL) or cuk_add_rms_norm (norm.a given) of the rows, whose outputs y are
+ * also made the fp16 operand xh, unscale as cuk_h16_prep does, in one launch: x, y, xh and unscale
+ * bit for bit those of the two launches it replaces. Takes the dims cuk_norm_q8_fits says. */
+typedef struct cuk_norm_h16_args {
+    cuk_add_rms_norm_args norm; /* norm.a == NULL: plain RMSNorm, y may equal x */
+    uint16_t *xh;               /* [n_rows][ldxh], 16-byte aligned */
+    int64_t ldxh;               /* >= dim, a multiple of 8 */
+    float *unscale;             /* [n_rows] */
+} cuk_norm_h16_args;
+g5_status cuk_norm_h16(const cuk_norm_h16_args *a, cuk_stream stream, g5_error *err);
+
 /* y[v][o] = sum_i W[o][i] x[v][i] for v < n, o < m; W: m rows of k elements of `type`. */
 typedef struct cuk_gemv_h16_args {
     uint32_t type;   /* cuk_h16_takes */

@@ -21,6 +21,7 @@
 #include "cuda/cuk_internal.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/q8_load.cuh"
+#include "cuda/rowops.cuh"
 #include "format/quant.h"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(KW * 32, 16 / KW)
 /* cuk_h16_prep: one CTA of 256 threads a row; the largest magnitude by a block max (fmaxf: its
  * result does not depend on the order), then every element scaled and rounded. */
 __global__ void __launch_bounds__(256) k_h16_prep(const float *__restrict__ x, int64_t ldx, int64_t k,
-                                                  __half *__restrict__ xh, int64_t ldxh, float *__restrict__ unscale) {
+                                                  uint16_t *__restrict__ xh, int64_t ldxh, float *__restrict__ unscale) {
     __shared__ float wmax[8];
     const float *xr = x + (int64_t)blockIdx.x * ldx;
     float mx = 0.0f;
@@ -166,15 +167,9 @@ __global__ void __launch_bounds__(256) k_h16_prep(const float *__restrict__ x, i
     mx = wmax[0];
 #pragma unroll
     for (int i = 1; i < 8; i++) mx = fmaxf(mx, wmax[i]);
-    int e = 0;
-    if (mx > 0.0f && mx <= 3.402823466e38f) {
-        int ex;
-        frexpf(mx, &ex); /* mx in [2^(ex - 1), 2^ex) */
-        e = 15 - ex;
-        e = e < -126 ? -126 : e > 126 ? 126 : e;
-    }
-    __half *o = xh + (int64_t)blockIdx.x * ldxh;
-    for (int64_t i = threadIdx.x; i < k; i += 256) o[i] = __float2half_rn(ldexpf(xr[i], e));
+    const int e = rowops_h16_exp(mx);
+    uint16_t *o = xh + (int64_t)blockIdx.x * ldxh;
+    for (int64_t i = threadIdx.x; i < k; i += 256) o[i] = rowops_h16_of(xr[i], e);
     if (threadIdx.x == 0) unscale[blockIdx.x] = ldexpf(1.0f, -e);
 }
 
@@ -210,7 +205,7 @@ extern "C" g5_status cuk_h16_prep(const cuk_h16_prep_args *a, cuk_stream stream,
     if (a->k < 1 || a->n < 1 || a->n > 0x7fffffff || a->ldx < a->k || a->ldxh < a->k)
         return BAD("h16_prep: k=%lld n=%lld ldx=%lld ldxh=%lld", (long long)a->k, (long long)a->n, (long long)a->ldx,
                    (long long)a->ldxh);
-    k_h16_prep<<<(unsigned)a->n, 256, 0, (cudaStream_t)stream>>>(a->x, a->ldx, a->k, (__half *)a->xh, a->ldxh,
+    k_h16_prep<<<(unsigned)a->n, 256, 0, (cudaStream_t)stream>>>(a->x, a->ldx, a->k, a->xh, a->ldxh,
                                                                  a->unscale);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;

@@ -8,6 +8,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/argmax.cuh"
+#include "cuda/cuk_h16.h"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_q8.h"
 #include "cuda/q8_quant.cuh"
@@ -47,15 +48,16 @@ struct NormArgs {
     int64_t n_rows, dim;
     float eps;
     int cs;            /* CTAs per row (cluster size) */
-    int8_t *q;         /* NE_Q8_1 / NE_Q8_2: y's int8 rows [n_rows][ldq] (cuda/cuk_q8.h) */
+    int8_t *q;         /* NE_Q8_1 / NE_Q8_2: y's int8 rows [n_rows][ldq] (cuda/cuk_q8.h); NE_H16:
+                          y's fp16 rows (cuda/cuk_h16.h), ldq halves apart */
     int64_t ldq;
-    float *ds;         /* [n_rows][ldds] */
+    float *ds;         /* [n_rows][ldds]; NE_H16: 2^-e [n_rows] */
     int64_t ldds;
 };
 
 /* What a norm launch does besides y: nothing, y's int8 rows in one or two planes (cuk_norm_q8),
- * or the RoPE'd tail of the row after dim (cuk_norm_rope). */
-enum { NE_NONE = 0, NE_Q8_1 = 1, NE_Q8_2 = 2, NE_ROPE = 3 };
+ * the RoPE'd tail of the row after dim (cuk_norm_rope), or y's fp16 rows (cuk_norm_h16). */
+enum { NE_NONE = 0, NE_Q8_1 = 1, NE_Q8_2 = 2, NE_ROPE = 3, NE_H16 = 4 };
 
 constexpr int ROPE_MAX_PAIRS = 128;
 struct RopeInv {
@@ -85,22 +87,23 @@ __device__ __forceinline__ void cl_arrive_relaxed() { asm volatile("barrier.clus
 __device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
-/* Sum of one double per thread over the row's CTAs; every thread gets the total. Order: lanes by
- * butterfly, warps in index order, CTAs in rank order. Slots alternate between consecutive
+/* Sum (MAX: the largest, by fmax) of one double per thread over the row's CTAs; every thread gets
+ * the total. Order: lanes by butterfly, warps in index order, CTAs in rank order. Slots alternate between consecutive
  * calls (red counts them), so a call never overwrites partials another thread or CTA may still
  * be reading from the call before; a CTA pushes its partial into every CTA's slot, so after the
  * cluster barrier each reads only its own shared memory and may exit at once. started: the
  * kernel's opening relaxed arrive has not been waited for yet (a CTA may write another's shared
  * memory only once that one is running). */
+template <bool MAX = false>
 __device__ double row_sum(double v, double (*wsh)[NR_T / 32], double (*csh)[NR_CL], int &red, bool &started,
                           int cs) {
     const int slot = red++ & 1;
-    v = rowops_warp_sum(v);
+    v = MAX ? rowops_warp_max(v) : rowops_warp_sum(v);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (lane == 0) wsh[slot][warp] = v;
     __syncthreads();
     double t = wsh[slot][0];
-    for (int i = 1; i < nw; i++) t += wsh[slot][i];
+    for (int i = 1; i < nw; i++) t = MAX ? fmax(t, wsh[slot][i]) : t + wsh[slot][i];
     if (cs == 1) return t;
     if (started) {
         cl_wait();
@@ -114,7 +117,7 @@ __device__ double row_sum(double v, double (*wsh)[NR_T / 32], double (*csh)[NR_C
     cl_arrive();
     cl_wait();
     t = csh[slot][0];
-    for (int r = 1; r < cs; r++) t += csh[slot][r];
+    for (int r = 1; r < cs; r++) t = MAX ? fmax(t, csh[slot][r]) : t + csh[slot][r];
     return t;
 }
 
@@ -229,6 +232,26 @@ __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tai
                                                             p.dim, p.ds + row * p.ldds, e0 >> 5);
             }
         }
+        if (EX == NE_H16) { /* k_h16_prep's scale and rounding of y (every thread has nc chunks here) */
+            double mx = 0.0;
+#pragma unroll
+            for (int j = 0; j < NR_NC; j++) {
+                if (j >= nc) break;
+                const float4 o = rms_out(xv[j], scale, wv[j]);
+                mx = fmax(mx, (double)fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))));
+            }
+            const int e = rowops_h16_exp((float)row_sum<true>(mx, wsh, csh, red, started, cs));
+#pragma unroll
+            for (int j = 0; j < NR_NC; j++) {
+                if (j >= nc) break;
+                const int64_t e0 = (g + j * P) * 4;
+                const float4 o = rms_out(xv[j], scale, wv[j]);
+                *(uint2 *)((uint16_t *)p.q + row * p.ldq + e0) =
+                    make_uint2((uint32_t)rowops_h16_of(o.x, e) | (uint32_t)rowops_h16_of(o.y, e) << 16,
+                               (uint32_t)rowops_h16_of(o.z, e) | (uint32_t)rowops_h16_of(o.w, e) << 16);
+            }
+            if (g == 0) p.ds[row] = ldexpf(1.0f, -e);
+        }
         for (int j = NR_NC; j < nc; j++) {
             const int64_t e0 = (g + j * P) * 4;
             const float4 v = rowops_ld4(xr, e0, p.dim, vec); /* NK_ADD_RMS: this thread's own write */
@@ -251,7 +274,7 @@ __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tai
 }
 
 /* RMSNorm (NK_RMS), residual add + RMSNorm (NK_ADD_RMS), LayerNorm (NK_LAYER) as norm_rows says,
- * with y's int8 rows (EX = NE_Q8_1, NE_Q8_2) or not (NE_NONE). */
+ * with y's int8 rows (EX = NE_Q8_1, NE_Q8_2), its fp16 rows (NE_H16) or not (NE_NONE). */
 template <int KIND, int EX>
 __global__ void __launch_bounds__(NR_T) k_norm(NormArgs p) {
     /* a kernel launched after this one with programmatic stream serialization (cuk_gemv_wide:
@@ -488,6 +511,30 @@ extern "C" g5_status cuk_norm_q8(const cuk_norm_q8_args *args, cuk_stream stream
     if (n->a) return P == 2 ? launch_norm_fn(k_norm<NK_ADD_RMS, NE_Q8_2>, p, cs, err)
                             : launch_norm_fn(k_norm<NK_ADD_RMS, NE_Q8_1>, p, cs, err);
     return P == 2 ? launch_norm_fn(k_norm<NK_RMS, NE_Q8_2>, p, cs, err) : launch_norm_fn(k_norm<NK_RMS, NE_Q8_1>, p, cs, err);
+}
+
+extern "C" g5_status cuk_norm_h16(const cuk_norm_h16_args *args, cuk_stream stream, g5_error *err) {
+    if (!args) return BAD("norm_h16: no args");
+    const cuk_add_rms_norm_args *n = &args->norm;
+    g5_status st = check_rows("norm_h16", n->x, n->y, n->ldx, n->ldy, n->n_rows, n->dim, err);
+    if (st != G5_OK) return st;
+    if (!n->w) return BAD("norm_h16: w is NULL");
+    if (!(n->eps >= 0.0f)) return BAD("norm_h16: eps=%g must be >= 0", (double)n->eps);
+    if (n->a) {
+        if (n->lda < n->dim) return BAD("norm_h16: lda=%lld < dim=%lld", (long long)n->lda, (long long)n->dim);
+        if (n->y == n->x || n->y == n->a || (n->b && n->y == n->b)) return BAD("norm_h16: y aliases an input");
+    } else if (n->b) {
+        return BAD("norm_h16: b without a");
+    }
+    if (!cuk_norm_q8_fits(n->dim)) return BAD("norm_h16: dim=%lld is not one cuk_norm_q8_fits takes", (long long)n->dim);
+    if (!args->xh || !args->unscale) return BAD("norm_h16: xh or unscale is NULL");
+    if (args->ldxh < n->dim || args->ldxh % 8 || ((uintptr_t)args->xh & 15))
+        return BAD("norm_h16: ldxh=%lld (a multiple of 8 >= dim = %lld; xh 16-byte aligned)", (long long)args->ldxh,
+                   (long long)n->dim);
+    const NormArgs p = {n->x, n->ldx, n->a, n->b, n->lda, n->w, nullptr, n->y, n->ldy, n->n_rows, n->dim, n->eps, 1,
+                        (int8_t *)args->xh, args->ldxh, args->unscale, 0};
+    const cudaStream_t cs = (cudaStream_t)stream;
+    return n->a ? launch_norm_fn(k_norm<NK_ADD_RMS, NE_H16>, p, cs, err) : launch_norm_fn(k_norm<NK_RMS, NE_H16>, p, cs, err);
 }
 
 extern "C" g5_status cuk_norm_rope(const cuk_norm_rope_args *a, cuk_stream stream, g5_error *err) {

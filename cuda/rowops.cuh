@@ -4,6 +4,7 @@
 #ifndef G5_ROWOPS_CUH
 #define G5_ROWOPS_CUH
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -14,6 +15,26 @@ __device__ __forceinline__ double rowops_warp_sum(double v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
 }
+
+/* Max over the 32 lanes by xor butterfly (fmax: NaN loses, the order does not matter). */
+__device__ __forceinline__ double rowops_warp_max(double v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* The fp16 operand's row scale (cuda/cuk_h16.h): e with mx * 2^e in [2^14, 2^15) for mx, the
+ * row's largest magnitude, clamped to [-126, 126]; 0 for a row of zeros or with an infinity. */
+__device__ __forceinline__ int rowops_h16_exp(float mx) {
+    if (!(mx > 0.0f && mx <= 3.402823466e38f)) return 0;
+    int ex;
+    frexpf(mx, &ex); /* mx in [2^(ex - 1), 2^ex) */
+    const int e = 15 - ex;
+    return e < -126 ? -126 : e > 126 ? 126 : e;
+}
+
+/* v * 2^e rounded to fp16 (nearest even), as IEEE half bits */
+__device__ __forceinline__ uint16_t rowops_h16_of(float v, int e) { return __half_as_ushort(__float2half_rn(ldexpf(v, e))); }
 
 /* cos/sin of RoPE pair i at position pos: the angle pos * inv_i in float32, cos and sin in
  * float64 of that float (the CPU reference's arithmetic), rounded to float. */

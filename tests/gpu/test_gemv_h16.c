@@ -8,7 +8,10 @@
  *   float32 accumulation; one wrong weight or x element moves an output by about sum |w x| / k);
  *   odd m, one block per warp and many, n = 1..40 (two launches past 32);
  * - batch invariance: every column of an n-vector call bit-identical to its one-vector launch;
- * - refusals: a type without a kernel, k not a multiple of 256, n < 1, a misaligned ldx. */
+ * - cuk_norm_h16 bit for bit the norm and cuk_h16_prep it replaces (x, y, xh, unscale), plain
+ *   and with the residual add, zeros / NaN / infinity / tiny / huge rows;
+ * - refusals: a type without a kernel, k not a multiple of 256, n < 1, a misaligned ldx; a norm
+ *   dim cuk_norm_q8_fits does not take, a misaligned ldxh, no xh. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +21,7 @@
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_h16.h"
+#include "cuda/cuk_q8.h"
 #include "format/quant.h"
 #include "tests/test_util.h"
 
@@ -109,6 +113,66 @@ static void test_prep(void) {
     cudaFree(dx), cudaFree(dxh), cudaFree(dun);
 }
 
+/* cuk_norm_h16 against the launches it replaces (the norm, then cuk_h16_prep), bit for bit: x (the
+ * residual add's write), y, xh and unscale; add: with the residual add (and b), else the plain
+ * norm. Rows: random, zeros, a NaN, an infinity, tiny, huge. */
+static void test_norm_h16(int64_t dim, int n, int add, int with_b) {
+    T_CHECK(cuk_norm_q8_fits(dim), "norm_h16: cuk_norm_q8_fits(%lld)", (long long)dim);
+    const int64_t ld = dim + 8, sz = (int64_t)n * ld;
+    float *x = xmalloc(sizeof(float) * sz), *a = xmalloc(sizeof(float) * sz), *b = xmalloc(sizeof(float) * sz),
+          *w = xmalloc(sizeof(float) * dim);
+    fill_x(x, sz), fill_x(a, sz), fill_x(b, sz), fill_x(w, dim);
+    if (n > 1) for (int64_t i = 0; i < ld; i++) x[ld + i] = a[ld + i] = b[ld + i] = 0.0f;
+    if (n > 2) x[2 * ld + 3] = NAN;
+    if (n > 3) a[3 * ld + dim - 1] = INFINITY;
+    if (n > 4) for (int64_t i = 0; i < ld; i++) x[4 * ld + i] *= 1e-30f;
+    if (n > 5) for (int64_t i = 0; i < ld; i++) x[5 * ld + i] *= 1e30f;
+    float *dx[2], *dy[2], *dun[2];
+    uint16_t *dxh[2];
+    float *da = dup_d(a, sizeof(float) * sz), *db = dup_d(b, sizeof(float) * sz), *dw = dup_d(w, sizeof(float) * dim);
+    g5_error e = {0};
+    for (int v = 0; v < 2; v++) {
+        dx[v] = dup_d(x, sizeof(float) * sz), dy[v] = dalloc(sizeof(float) * sz), dun[v] = dalloc(sizeof(float) * n);
+        dxh[v] = dalloc(2 * (size_t)sz);
+        cudaMemset(dy[v], 0, sizeof(float) * sz), cudaMemset(dxh[v], 0, 2 * (size_t)sz);
+        const cuk_add_rms_norm_args na = {.x = dx[v], .ldx = ld, .a = add ? da : NULL, .b = add && with_b ? db : NULL,
+                                          .lda = ld, .w = dw, .y = add ? dy[v] : dx[v], .ldy = ld, .n_rows = n,
+                                          .dim = dim, .eps = 1e-6f};
+        if (v == 0) {
+            const cuk_norm_h16_args ha = {na, dxh[v], ld, dun[v]};
+            T_CHECK(cuk_norm_h16(&ha, NULL, &e) == G5_OK, "norm_h16: %s", e.msg);
+        } else {
+            T_CHECK((add ? cuk_add_rms_norm(&na, NULL, &e) : cuk_rms_norm(na.x, ld, dw, na.y, ld, n, dim, 1e-6f, NULL, &e)) ==
+                        G5_OK, "norm: %s", e.msg);
+            const cuk_h16_prep_args pa = {na.y, ld, dim, n, dxh[v], ld, dun[v]};
+            T_CHECK(cuk_h16_prep(&pa, NULL, &e) == G5_OK, "h16_prep: %s", e.msg);
+        }
+    }
+    T_CHECK(cudaDeviceSynchronize() == cudaSuccess, "norm_h16: sync");
+    float *h[2][3];
+    uint16_t *hx[2];
+    for (int v = 0; v < 2; v++) {
+        h[v][0] = xmalloc(sizeof(float) * sz), h[v][1] = xmalloc(sizeof(float) * sz), h[v][2] = xmalloc(sizeof(float) * n);
+        hx[v] = xmalloc(2 * (size_t)sz);
+        get(h[v][0], dx[v], sizeof(float) * sz), get(h[v][1], dy[v], sizeof(float) * sz);
+        get(h[v][2], dun[v], sizeof(float) * n), get(hx[v], dxh[v], 2 * (size_t)sz);
+    }
+    const char *what = add ? (with_b ? "x + a + b" : "x + a") : "x";
+    T_CHECK(memcmp(h[0][0], h[1][0], sizeof(float) * sz) == 0, "norm_h16 (%s) dim %lld n %d: x differs", what, (long long)dim, n);
+    T_CHECK(memcmp(h[0][1], h[1][1], sizeof(float) * sz) == 0, "norm_h16 (%s) dim %lld n %d: y differs", what, (long long)dim, n);
+    T_CHECK(memcmp(h[0][2], h[1][2], sizeof(float) * n) == 0, "norm_h16 (%s) dim %lld n %d: unscale differs", what, (long long)dim, n);
+    T_CHECK(memcmp(hx[0], hx[1], 2 * (size_t)sz) == 0, "norm_h16 (%s) dim %lld n %d: xh differs", what, (long long)dim, n);
+    int scaled = 0; /* the test's own sense: the rows were scaled at all (unscale != 1 somewhere) */
+    for (int r = 0; r < n; r++) scaled += h[0][2][r] != 1.0f;
+    T_CHECK(scaled > 0, "norm_h16 dim %lld n %d: no row scaled", (long long)dim, n);
+    for (int v = 0; v < 2; v++) {
+        free(h[v][0]), free(h[v][1]), free(h[v][2]), free(hx[v]);
+        cudaFree(dx[v]), cudaFree(dy[v]), cudaFree(dun[v]), cudaFree(dxh[v]);
+    }
+    free(x), free(a), free(b), free(w);
+    cudaFree(da), cudaFree(db), cudaFree(dw);
+}
+
 /* One shape: m rows of k of type t, n vectors; the emulated reference and the batch invariance. */
 static void test_gemv(uint32_t t, int64_t m, int64_t k, int n) {
     uint64_t rb = 0;
@@ -191,6 +255,21 @@ static void test_refusals(void) {
     p.k = 256;
     p.ldxh = 255;
     T_CHECK(cuk_h16_prep(&p, NULL, &e) == G5_ERR_INVALID_ARG, "h16_prep refuses ldxh < k");
+    {
+        float *dx = dalloc(sizeof(float) * 512), *dw = dalloc(sizeof(float) * 512), *du = dalloc(4);
+        uint16_t *dh = dalloc(2 * 512);
+        cuk_norm_h16_args na = {{.x = dx, .ldx = 512, .w = dw, .y = dx, .ldy = 512, .n_rows = 1, .dim = 512, .eps = 1e-6f},
+                                dh, 512, du};
+        T_CHECK(cuk_norm_h16(&na, NULL, &e) == G5_OK, "norm_h16 takes dim 512: %s", e.msg);
+        na.norm.dim = na.norm.ldx = na.norm.ldy = 100;
+        T_CHECK(cuk_norm_h16(&na, NULL, &e) == G5_ERR_INVALID_ARG, "norm_h16 refuses dim 100");
+        na.norm.dim = 256, na.ldxh = 260;
+        T_CHECK(cuk_norm_h16(&na, NULL, &e) == G5_ERR_INVALID_ARG, "norm_h16 refuses ldxh = 260");
+        na.ldxh = 512, na.xh = NULL;
+        T_CHECK(cuk_norm_h16(&na, NULL, &e) == G5_ERR_INVALID_ARG, "norm_h16 refuses no xh");
+        cudaDeviceSynchronize();
+        cudaFree(dx), cudaFree(dw), cudaFree(du), cudaFree(dh);
+    }
     T_CHECK(cuk_h16_takes(QT_Q5_K, 2048) && !cuk_h16_takes(QT_Q8_0, 2048) && !cuk_h16_takes(QT_Q4_K, 128),
             "cuk_h16_takes");
     CK(cudaDeviceSynchronize());
@@ -201,6 +280,11 @@ int main(void) {
     if (!t_need_device()) return t_report(G5_TEST_NAME);
     test_prep();
     test_refusals();
+    test_norm_h16(2048, 1, 0, 0); /* q_a_norm of one token */
+    test_norm_h16(2048, 32, 0, 0);
+    test_norm_h16(6144, 6, 1, 0); /* ffn_norm after attention: x + a */
+    test_norm_h16(6144, 32, 1, 1); /* after the MoE: x + (experts + shared) */
+    test_norm_h16(512, 3, 1, 1);
     static const uint32_t types[] = {QT_Q4_K, QT_Q5_K};
     for (int i = 0; i < 2; i++) {
         const uint32_t t = types[i];
