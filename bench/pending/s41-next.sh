@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 41's device work for the fp16 products (bench/RESULTS.md and NOTES.md, session 40).
-#   bash bench/pending/s40-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
-#   device call A, carry [".dev"] alone (the binary is ~38 MB): bash bench/pending/s40-next.sh bench
+# Session 41-42 device work for the fp16 products (bench/RESULTS.md and NOTES.md, session 40).
+#   bash bench/pending/s41-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
+#   device call A, carry [".dev"] alone (the binary is ~38 MB): bash bench/pending/s41-next.sh bench
 #     h16bench: k_h16ring's one-vector column against dp4a xs, h16 at 8 and 32 vectors against q8t,
 #     every column equal to its one-vector launch
-#   bash bench/pending/s40-next.sh here    # applies s40-h16-wire.patch, prepares head=HEAD (ab.sh)
+#   bash bench/pending/s41-next.sh here    # applies s41-h16-wire.patch, prepares head=HEAD (ab.sh)
 #   device call B, carry gpu-deps, oracle-carry, .dev (rm .dev/h16bench first: the carry limit):
-#     bash bench/pending/s40-next.sh test  # make test-gpu on the wired tree (test_gemv_h16 among
+#     bash bench/pending/s41-next.sh test  # make test-gpu on the wired tree (test_gemv_h16 among
 #                                          # them), peer rounds at 1 / 8 / 32 against HEAD
 # Land the wiring where test_gpu_model's fast bar holds, the tests pass, and the batched steps gain
 # more than one token loses (measure the step; then bench/serve.sh with VERIFY=1).
@@ -33,7 +33,7 @@ bench)
   echo "h16bench rc=$?"
   ;;
 here)
-  git apply bench/pending/s40-h16-wire.patch || { echo "s40-h16-wire.patch does not apply" >&2; exit 2; }
+  git apply bench/pending/s41-h16-wire.patch || { echo "s41-h16-wire.patch does not apply" >&2; exit 2; }
   bash bench/ab.sh prepare head=HEAD || exit 2
   ;;
 test)
