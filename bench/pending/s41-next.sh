@@ -8,8 +8,9 @@
 #   device call B, carry gpu-deps, oracle-carry, .dev (rm .dev/h16bench first: the carry limit):
 #     bash bench/pending/s41-next.sh test  # make test-gpu on the wired tree (test_gemv_h16 among
 #                                          # them), peer rounds at 1 / 8 / 32 against HEAD
-# Land the wiring where test_gpu_model's fast bar holds, the tests pass, and the batched steps gain
-# more than one token loses (measure the step; then bench/serve.sh with VERIFY=1).
+# Session 41 ran both (bench/RESULTS.md, session 41): the wiring is not landed (one token +0.29 ms,
+# batch 32 -2.3 ms; oracle_cli fast/f16's NextN bar 9.12e-2 > 0.09). bench/NOTES.md, session 41,
+# lists the ways on; each reuses `here` + `test` with its own patch.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
