@@ -488,20 +488,28 @@ extern "C" int cuk_norm_q8_fits(int64_t dim) {
     return nch % P == 0 && nch / P <= NR_NC;
 }
 
+/* The norm half of a fused norm launch (cuk_norm_q8, cuk_norm_h16): rows, weights, eps, the add's
+ * operands, a dim cuk_norm_q8_fits takes. */
+static g5_status check_fused_norm(const char *what, const cuk_add_rms_norm_args *n, g5_error *err) {
+    g5_status st = check_rows(what, n->x, n->y, n->ldx, n->ldy, n->n_rows, n->dim, err);
+    if (st != G5_OK) return st;
+    if (!n->w) return BAD("%s: w is NULL", what);
+    if (!(n->eps >= 0.0f)) return BAD("%s: eps=%g must be >= 0", what, (double)n->eps);
+    if (n->a) {
+        if (n->lda < n->dim) return BAD("%s: lda=%lld < dim=%lld", what, (long long)n->lda, (long long)n->dim);
+        if (n->y == n->x || n->y == n->a || (n->b && n->y == n->b)) return BAD("%s: y aliases an input", what);
+    } else if (n->b) {
+        return BAD("%s: b without a", what);
+    }
+    if (!cuk_norm_q8_fits(n->dim)) return BAD("%s: dim=%lld is not one cuk_norm_q8_fits takes", what, (long long)n->dim);
+    return G5_OK;
+}
+
 extern "C" g5_status cuk_norm_q8(const cuk_norm_q8_args *args, cuk_stream stream, g5_error *err) {
     if (!args) return BAD("norm_q8: no args");
     const cuk_add_rms_norm_args *n = &args->norm;
-    g5_status st = check_rows("norm_q8", n->x, n->y, n->ldx, n->ldy, n->n_rows, n->dim, err);
+    g5_status st = check_fused_norm("norm_q8", n, err);
     if (st != G5_OK) return st;
-    if (!n->w) return BAD("norm_q8: w is NULL");
-    if (!(n->eps >= 0.0f)) return BAD("norm_q8: eps=%g must be >= 0", (double)n->eps);
-    if (n->a) {
-        if (n->lda < n->dim) return BAD("norm_q8: lda=%lld < dim=%lld", (long long)n->lda, (long long)n->dim);
-        if (n->y == n->x || n->y == n->a || (n->b && n->y == n->b)) return BAD("norm_q8: y aliases an input");
-    } else if (n->b) {
-        return BAD("norm_q8: b without a");
-    }
-    if (!cuk_norm_q8_fits(n->dim)) return BAD("norm_q8: dim=%lld is not one cuk_norm_q8_fits takes", (long long)n->dim);
     const cuk_q8_act o = {args->q, args->ldq, args->ds, args->ldds, args->planes};
     if ((st = cuk::q8_check_act("norm_q8", "out", &o, n->dim, err)) != G5_OK) return st;
     const int P = args->planes;
@@ -516,17 +524,8 @@ extern "C" g5_status cuk_norm_q8(const cuk_norm_q8_args *args, cuk_stream stream
 extern "C" g5_status cuk_norm_h16(const cuk_norm_h16_args *args, cuk_stream stream, g5_error *err) {
     if (!args) return BAD("norm_h16: no args");
     const cuk_add_rms_norm_args *n = &args->norm;
-    g5_status st = check_rows("norm_h16", n->x, n->y, n->ldx, n->ldy, n->n_rows, n->dim, err);
+    const g5_status st = check_fused_norm("norm_h16", n, err);
     if (st != G5_OK) return st;
-    if (!n->w) return BAD("norm_h16: w is NULL");
-    if (!(n->eps >= 0.0f)) return BAD("norm_h16: eps=%g must be >= 0", (double)n->eps);
-    if (n->a) {
-        if (n->lda < n->dim) return BAD("norm_h16: lda=%lld < dim=%lld", (long long)n->lda, (long long)n->dim);
-        if (n->y == n->x || n->y == n->a || (n->b && n->y == n->b)) return BAD("norm_h16: y aliases an input");
-    } else if (n->b) {
-        return BAD("norm_h16: b without a");
-    }
-    if (!cuk_norm_q8_fits(n->dim)) return BAD("norm_h16: dim=%lld is not one cuk_norm_q8_fits takes", (long long)n->dim);
     if (!args->xh || !args->unscale) return BAD("norm_h16: xh or unscale is NULL");
     if (args->ldxh < n->dim || args->ldxh % 8 || ((uintptr_t)args->xh & 15))
         return BAD("norm_h16: ldxh=%lld (a multiple of 8 >= dim = %lld; xh 16-byte aligned)", (long long)args->ldxh,
