@@ -10,7 +10,8 @@
 #                                          # them), peer rounds at 1 / 8 / 32 against HEAD
 # Session 41 ran both (bench/RESULTS.md, session 41): the wiring is not landed (one token +0.29 ms,
 # batch 32 -2.3 ms; oracle_cli fast/f16's NextN bar 9.12e-2 > 0.09). bench/NOTES.md, session 41,
-# lists the ways on; each reuses `here` + `test` with its own patch.
+# lists the ways on; each reuses `here` + `test` with its own patch. `serve` (not run yet: no machine
+# came) measures glm5-serve with the wiring applied.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
@@ -45,5 +46,12 @@ test)
   grep -E "FAIL|test_gemv_h16|fast" "$OUT/test-gpu.log" | head -30
   python3 bench/ab_table.py "$OUT/ab.log" head
   ;;
-*) echo "usage: $0 build|bench|here|test" >&2; exit 2 ;;
+serve)
+  # on the device, after `git apply bench/pending/s41-h16-wire.patch` here (carry gpu-deps alone):
+  # glm5-serve with the wiring at 1 / 8 / 32 clients (HEAD's: 318.5 / 781.3 / 1248.8 tok/s, session 39)
+  W=$PWD/build/g5peer SKIP_BUILD=0 CENTRED=1 PRECISIONS=fast timeout 370 bash bench/serve.sh >"$OUT/serve_out.log" 2>&1
+  echo "serve.sh rc=$?"
+  tail -40 "$OUT/serve_out.log"
+  ;;
+*) echo "usage: $0 build|bench|here|test|serve" >&2; exit 2 ;;
 esac
