@@ -220,6 +220,8 @@ __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tai
         } else {
             scale = (float)(1.0 / sqrt(s / (double)p.dim + (double)p.eps));
         }
+        float4 yv[NR_NC]; /* NE_H16: the thread's y chunks, kept for their fp16 copy */
+        double mx = 0.0;  /* NE_H16: their largest magnitude */
 #pragma unroll
         for (int j = 0; j < NR_NC; j++) {
             if (j >= nc) break;
@@ -231,21 +233,18 @@ __device__ __forceinline__ void norm_rows(const NormArgs &p, const NormTail *tai
                 cuk::q8q::quant_block<4, EX == NE_Q8_2 ? 2 : 1>(v, (int)((e0 >> 2) & 7), p.q + row * p.ldq + (e0 & ~31ll),
                                                             p.dim, p.ds + row * p.ldds, e0 >> 5);
             }
-        }
-        if (EX == NE_H16) { /* k_h16_prep's scale and rounding of y (every thread has nc chunks here) */
-            double mx = 0.0;
-#pragma unroll
-            for (int j = 0; j < NR_NC; j++) {
-                if (j >= nc) break;
-                const float4 o = rms_out(xv[j], scale, wv[j]);
+            if (EX == NE_H16) {
+                yv[j] = o;
                 mx = fmax(mx, (double)fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))));
             }
+        }
+        if (EX == NE_H16) { /* k_h16_prep's scale and rounding of y (every thread has nc chunks here) */
             const int e = rowops_h16_exp((float)row_sum<true>(mx, wsh, csh, red, started, cs));
 #pragma unroll
             for (int j = 0; j < NR_NC; j++) {
                 if (j >= nc) break;
                 const int64_t e0 = (g + j * P) * 4;
-                const float4 o = rms_out(xv[j], scale, wv[j]);
+                const float4 o = yv[j];
                 *(uint2 *)((uint16_t *)p.q + row * p.ldq + e0) =
                     make_uint2((uint32_t)rowops_h16_of(o.x, e) | (uint32_t)rowops_h16_of(o.y, e) << 16,
                                (uint32_t)rowops_h16_of(o.z, e) | (uint32_t)rowops_h16_of(o.w, e) << 16);
