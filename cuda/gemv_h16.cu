@@ -99,6 +99,28 @@ __device__ __forceinline__ void block_mma(const Blk<T> &b, const __half *const (
         }
 }
 
+/* The lane's two rows of the CTA's 16-row tile (g, g + 8; past m the last row, read but never
+ * stored by tile_finish). */
+__device__ __forceinline__ void tile_rows(const uint8_t *w, int64_t rb, int64_t m, int g, const uint8_t *(&rp)[2]) {
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    rp[0] = w + (row0 + g < m ? row0 + g : m - 1) * rb;
+    rp[1] = w + (row0 + g + 8 < m ? row0 + g + 8 : m - 1) * rb;
+}
+
+/* Warp ks's blocks ks, ks + KW, .. of the lane's rows in order, each given to step(block, s) while
+ * the next one loads into registers. */
+template <int T, typename Step>
+__device__ __forceinline__ void tile_blocks(const uint8_t *const (&rp)[2], int steps, int ks, int c, Step step) {
+    Blk<T> cur;
+    if (ks < steps) cur.load(rp, ks, c);
+    for (int s = ks; s < steps; s += KW) {
+        Blk<T> nxt;
+        if (s + KW < steps) nxt.load(rp, s + KW, c);
+        step(cur, s);
+        cur = nxt;
+    }
+}
+
 /* The W warps' partials of a tile (C: this warp's) added in warp order by warp 0, times each
  * column's 2^-e, into y. Every thread of the CTA calls it. */
 template <int NT, int W>
@@ -132,24 +154,14 @@ __global__ void __launch_bounds__(KW * 32, 16 / KW)
                int64_t ldx, const float *__restrict__ unscale, int n, float *__restrict__ y, int64_t ldy) {
     __shared__ float red[KW][NT * 4][32];
     const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    const int64_t ra = row0 + g < m ? row0 + g : m - 1, rb8 = row0 + g + 8 < m ? row0 + g + 8 : m - 1;
-    const uint8_t *rp[2] = {w + ra * rb, w + rb8 * rb};
+    const uint8_t *rp[2];
+    tile_rows(w, rb, m, g, rp);
     const __half *xc[NT]; /* column 8 t + g's x (a copy of the last column past n, never stored) */
 #pragma unroll
     for (int t = 0; t < NT; t++) xc[t] = x + (int64_t)(8 * t + g < n ? 8 * t + g : n - 1) * ldx + 8 * c;
-    float C[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; t++) C[t][0] = C[t][1] = C[t][2] = C[t][3] = 0.0f;
-    Blk<T> cur;
-    if (ks < steps) cur.load(rp, ks, c);
-    for (int s = ks; s < steps; s += KW) {
-        Blk<T> nxt;
-        if (s + KW < steps) nxt.load(rp, s + KW, c);
-        block_mma<T, NT>(cur, xc, s, C);
-        cur = nxt;
-    }
-    tile_finish<NT, KW>(C, red, unscale, row0, m, n, y, ldy);
+    float C[NT][4] = {};
+    tile_blocks<T>(rp, steps, ks, c, [&](const Blk<T> &b, int s) { block_mma<T, NT>(b, xc, s, C); });
+    tile_finish<NT, KW>(C, red, unscale, (int64_t)blockIdx.x * 16, m, n, y, ldy);
 }
 
 /* cuk_h16_prep: one CTA of 256 threads a row; the largest magnitude by a block max (fmaxf: its
@@ -183,12 +195,8 @@ g5_status launch(const cuk_gemv_h16_args *a, int64_t rb, cudaStream_t st, g5_err
         const __half *xv = x + v0 * a->x.ldx;
         const float *us = a->x.unscale + v0;
         float *yv = a->y + v0 * a->ldy;
-        if (nv <= 8)
-            k_gemv_h16<T, 1><<<grid, KW * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, steps, xv, a->x.ldx, us, nv, yv, a->ldy);
-        else if (nv <= 16)
-            k_gemv_h16<T, 2><<<grid, KW * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, steps, xv, a->x.ldx, us, nv, yv, a->ldy);
-        else
-            k_gemv_h16<T, 4><<<grid, KW * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, steps, xv, a->x.ldx, us, nv, yv, a->ldy);
+        const auto fn = nv <= 8 ? k_gemv_h16<T, 1> : nv <= 16 ? k_gemv_h16<T, 2> : k_gemv_h16<T, 4>;
+        fn<<<grid, KW * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, steps, xv, a->x.ldx, us, nv, yv, a->ldy);
         CUK_CHECK(cudaGetLastError());
     }
     return G5_OK;

@@ -1,16 +1,16 @@
 /* The fp16 tensor-core GEMV of batched decode (cuda/gemv_h16.cu, which this file includes) against
  * the int8 forms the runtime runs now, at the peer model's Q4_K / Q5_K shapes and n = 1, 8, 32:
  * the copy rate (the ceiling); cuk_gemv_q8t one and two planes (the runtime's batched form);
- * cuk_gemv_q8_xs two planes at n = 1 (its one-token form); cuk_gemv_h16; k_h16ring (the same
- * blocks in the same order with the weights through a per-warp cp.async ring instead of
- * registers: 24 warps an SM at one column tile; its outputs must equal cuk_gemv_h16's bit for
- * bit); and h16x (sc q exact in fp16, x as two fp16 planes and per-block sums, d and dmin applied
- * a block: the precision reference, 30-70x closer to float64 than two int8 planes and slower:
- * bench/RESULTS.md, session 40). Also the error of each against a float64 product of the
+ * cuk_gemv_q8_xs two planes at n = 1 (its one-token form); cuk_gemv_h16; and h16x (sc q exact in
+ * fp16, x as two fp16 planes and per-block sums, d and dmin applied a block: the precision
+ * reference, 30-70x closer to float64 than two int8 planes and slower: bench/RESULTS.md, session
+ * 40). Also the error of each against a float64 product of the
  * dequantized weights and the float32 x (max over outputs of |y - ref| / sum |w x|), and that
  * every column at n = 8 and 32 equals its one-vector launch bit for bit.
  *
- * Built on the CPU machine, run on the device with no build there: bench/pending/s40-next.sh.
+ * (k_h16ring, the weights through a per-warp cp.async ring, lost at every n and is gone: bench/
+ * RESULTS.md, session 41.) Built on the CPU machine, run on the device with no build there:
+ * bench/pending/s41-next.sh.
  * Usage: h16bench [reps]. Exits 1 on a failed check. */
 #include <cuda_fp16.h>
 #include <math.h>
@@ -22,8 +22,6 @@
 #include "format/quant.h"
 
 namespace h16 {
-
-template <int T> using Step = Blk<T>; /* gemv_h16.cu's block of a lane's two rows */
 
 __device__ __forceinline__ __half2 u2h(uint32_t v) { return *(__half2 *)&v; }
 
@@ -42,7 +40,7 @@ struct XH {
 
 /* One 256-element block s of the lane's rows into C (the order of k_h16x's top comment). */
 template <int T, int NT, int XP>
-__device__ __forceinline__ void h16x_step(const Step<T> &cur, const XH &x, const int64_t (&xo)[NT], const int64_t (&so)[NT],
+__device__ __forceinline__ void h16x_step(const Blk<T> &cur, const XH &x, const int64_t (&xo)[NT], const int64_t (&so)[NT],
                                           int s, int c, float (&C)[NT][4]) {
     const __half2 k1024 = __float2half2_rn(1024.0f);
     const uint32_t msel = (uint32_t)((2 * c) & 3) | 0x40u | ((uint32_t)(((2 * c) & 3) + 1) << 8) | 0x4000u;
@@ -115,117 +113,22 @@ __global__ void __launch_bounds__(KW * 32, (NT == 4 && XP == 2 ? 12 : 16) / KW) 
                                                            int steps, XH x, int n, float *__restrict__ y, int64_t ldy) {
     __shared__ float red[KW][NT * 4][32];
     const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    const int64_t ra = row0 + g < m ? row0 + g : m - 1, rb8 = row0 + g + 8 < m ? row0 + g + 8 : m - 1;
-    const uint8_t *rp[2] = {w + ra * rb, w + rb8 * rb};
+    const uint8_t *rp[2];
+    tile_rows(w, rb, m, g, rp);
     int64_t xo[NT], so[NT];
     h16x_cols<NT>(x, n, g, c, xo, so);
-    float C[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; t++) C[t][0] = C[t][1] = C[t][2] = C[t][3] = 0.0f;
-    Step<T> cur;
-    if (ks < steps) cur.load(rp, ks, c);
-    for (int s = ks; s < steps; s += KW) {
-        Step<T> nxt;
-        if (s + KW < steps) nxt.load(rp, s + KW, c);
-        h16x_step<T, NT, XP>(cur, x, xo, so, s, c, C);
-        cur = nxt;
-    }
-    tile_finish<NT, KW>(C, red, x.unscale, row0, m, n, y, ldy);
+    float C[NT][4] = {};
+    tile_blocks<T>(rp, steps, ks, c, [&](const Blk<T> &b, int s) { h16x_step<T, NT, XP>(b, x, xo, so, s, c, C); });
+    tile_finish<NT, KW>(C, red, x.unscale, (int64_t)blockIdx.x * 16, m, n, y, ldy);
 }
 
-
-/* cuk_gemv_h16 (gemv_h16.cu's k_gemv_h16) with the weights through a per-warp ring of ST shared-
- * memory stages (one block of the tile's 16 rows each, ST - 1 in flight by cp.async) instead of
- * the next block in registers: MINB CTAs an SM. The same blocks, order and sums: the same bits. */
-template <int T, int NT, int ST, int MINB>
-__global__ void __launch_bounds__(KW * 32, MINB) k_h16ring(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int steps,
-                                                          const __half *__restrict__ x, int64_t ldx,
-                                                          const float *__restrict__ unscale, int n,
-                                                          float *__restrict__ y, int64_t ldy) {
-    constexpr int BB = Blk<T>::BYTES, CH = BB / 16, QO = Blk<T>::QOFF;
-    extern __shared__ __align__(16) uint8_t ring[]; /* [KW][ST][16][BB] */
-    __shared__ float red[KW][NT * 4][32];
-    const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int64_t row0 = (int64_t)blockIdx.x * 16;
-    uint8_t *my = ring + (size_t)ks * ST * 16 * BB;
-    const __half *xc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) xc[t] = x + (int64_t)(8 * t + g < n ? 8 * t + g : n - 1) * ldx + 8 * c;
-    float C[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; t++) C[t][0] = C[t][1] = C[t][2] = C[t][3] = 0.0f;
-    const int nmine = steps > ks ? (steps - ks + KW - 1) / KW : 0; /* blocks ks, ks + KW, .. */
-    auto issue = [&](int i) {                                        /* the warp's i-th block into stage i % ST */
-        if (i < nmine) {
-            const int64_t s = ks + (int64_t)i * KW;
-            uint8_t *st = my + (i % ST) * 16 * BB;
-            for (int q = lane; q < 16 * CH; q += 32) {
-                const int r = q / CH, o = (q % CH) * 16;
-                const int64_t row = row0 + r < m ? row0 + r : m - 1;
-                cuk::cp16((uint32_t)__cvta_generic_to_shared(st + r * BB + o), w + row * rb + s * BB + o, true);
-            }
-        }
-        cuk::cp_commit();
-    };
-#pragma unroll
-    for (int i = 0; i < ST - 1; i++) issue(i);
-    for (int i = 0; i < nmine; i++) {
-        issue(i + ST - 1);
-        cuk::cp_wait<ST - 1>();
-        __syncwarp();
-        const uint8_t *st = my + (i % ST) * 16 * BB;
-        Blk<T> cur;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const uint8_t *bp = st + (g + 8 * r) * BB;
-            cur.h[r] = *(const uint4 *)bp;
-            if (T == QT_Q5_K) cur.qh[r] = *(const uint2 *)(bp + 16 + 8 * c);
-#pragma unroll
-            for (int j = 0; j < 4; j++) cur.q[r][j] = *(const uint2 *)(bp + QO + 32 * j + 8 * c);
-        }
-        __syncwarp(); /* read before the stage is filled again */
-        block_mma<T, NT>(cur, xc, ks + (int64_t)i * KW, C);
-    }
-    cuk::cp_wait<0>();
-    tile_finish<NT, KW>(C, red, unscale, row0, m, n, y, ldy);
-}
-
-/* NT = 1 at 6 CTAs of 4 warps an SM (24 warps; 3 stages: 34 KB a CTA), wider at 4 */
-template <int T>
-static void launch_ring(const uint8_t *w, int64_t rb, int64_t m, int64_t k, const cuk_h16_act &x, int n, float *y,
-                        int64_t ldy) {
-    constexpr int ST = 3;
-    const size_t smem = (size_t)KW * ST * 16 * Blk<T>::BYTES;
-    const unsigned grid = (unsigned)((m + 15) / 16);
-    const int steps = (int)(k / 256);
-    const __half *xh = (const __half *)x.x;
-    static bool raised = false;
-    if (!raised) {
-        CK(cudaFuncSetAttribute(k_h16ring<T, 1, ST, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CK(cudaFuncSetAttribute(k_h16ring<T, 2, ST, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CK(cudaFuncSetAttribute(k_h16ring<T, 4, ST, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        raised = true;
-    }
-    if (n <= 8)
-        k_h16ring<T, 1, ST, 6><<<grid, KW * 32, smem>>>(w, rb, m, steps, xh, x.ldx, x.unscale, n, y, ldy);
-    else if (n <= 16)
-        k_h16ring<T, 2, ST, 4><<<grid, KW * 32, smem>>>(w, rb, m, steps, xh, x.ldx, x.unscale, n, y, ldy);
-    else
-        k_h16ring<T, 4, ST, 4><<<grid, KW * 32, smem>>>(w, rb, m, steps, xh, x.ldx, x.unscale, n, y, ldy);
-    CK(cudaGetLastError());
-}
 
 template <int T, int KW, int XP>
 static void launch_x(const uint8_t *w, int64_t rb, int64_t m, int64_t k, const XH &x, int n, float *y, int64_t ldy) {
     const unsigned grid = (unsigned)((m + 15) / 16);
     const int steps = (int)(k / 256);
-    if (n <= 8)
-        k_h16x<T, 1, KW, XP><<<grid, KW * 32>>>(w, rb, m, steps, x, n, y, ldy);
-    else if (n <= 16)
-        k_h16x<T, 2, KW, XP><<<grid, KW * 32>>>(w, rb, m, steps, x, n, y, ldy);
-    else
-        k_h16x<T, 4, KW, XP><<<grid, KW * 32>>>(w, rb, m, steps, x, n, y, ldy);
+    const auto fn = n <= 8 ? k_h16x<T, 1, KW, XP> : n <= 16 ? k_h16x<T, 2, KW, XP> : k_h16x<T, 4, KW, XP>;
+    fn<<<grid, KW * 32>>>(w, rb, m, steps, x, n, y, ldy);
     CK(cudaGetLastError());
 }
 
@@ -303,7 +206,7 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
         hx[i] = unif(-1.0f, 1.0f);
         if (i % 997 == 0) hx[i] *= 20.0f;
     }
-    float *xf, *ds, *y, *y1, *y2, *hun;
+    float *xf, *ds, *y, *y1, *hun;
     int8_t *q1, *q2;
     float *ds2;
     uint16_t *xh;
@@ -311,7 +214,6 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
     CK(cudaMalloc((void **)&xf, hx.size() * 4));
     CK(cudaMalloc((void **)&xh, hx.size() * 2));
     CK(cudaMalloc((void **)&hun, (size_t)NV * 4));
-    CK(cudaMalloc((void **)&y2, (size_t)NV * m * 4));
     CK(cudaMalloc((void **)&q1, (size_t)NV * 2 * k));
     CK(cudaMalloc((void **)&q2, (size_t)NV * 2 * k));
     CK(cudaMalloc((void **)&ds, (size_t)NV * k / 8 * 4));
@@ -359,9 +261,9 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
     CK(cudaMemcpy(dsum, xsum.data(), xsum.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dun, unsc.data(), unsc.size() * 4, cudaMemcpyHostToDevice));
     /* form f on vectors v0 .. v0 + n - 1 into yo */
-    enum { NF = 6 };
+    enum { NF = 5 };
     static const char *const names[NF] = {"q8t one plane", "q8t two planes", "dp4a xs two planes", "cuk_gemv_h16",
-                                          "h16 ring", "h16x KW 4"};
+                                          "h16x KW 4"};
     auto form = [&](int f, const uint8_t *wp, int v0, int n, float *yo) {
         const bool q5 = t == QT_Q5_K;
         h16::XH xa = {dhi + (size_t)v0 * k, dlo + (size_t)v0 * k, dsum + (size_t)v0 * (k / 256) * 16, dun + v0, k, k / 256 * 16};
@@ -376,9 +278,6 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
         } else if (f == 3) {
             const cuk_gemv_h16_args g = {t, wp, k, m, xq16, n, yo, m};
             GXX(cuk_gemv_h16(&g, NULL, &err_));
-        } else if (f == 4) {
-            if (q5) h16::launch_ring<QT_Q5_K>(wp, (int64_t)rb, m, k, xq16, n, yo, m);
-            else h16::launch_ring<QT_Q4_K>(wp, (int64_t)rb, m, k, xq16, n, yo, m);
         } else {
             if (q5) h16::launch_x<QT_Q5_K, 4, 2>(wp, (int64_t)rb, m, k, xa, n, yo, m);
             else h16::launch_x<QT_Q4_K, 4, 2>(wp, (int64_t)rb, m, k, xa, n, yo, m);
@@ -405,14 +304,6 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
                     failures++;
                 }
             }
-            if (f == 3) CK(cudaMemcpy(y2, y, (size_t)n * m * 4, cudaMemcpyDeviceToDevice));
-            if (f == 4) { /* the ring: cuk_gemv_h16's bits */
-                CK(cudaMemcpy(hy1.data(), y2, (size_t)n * m * 4, cudaMemcpyDeviceToHost));
-                if (memcmp(hy.data(), hy1.data(), (size_t)n * m * 4)) {
-                    fprintf(stderr, "h16bench: %s n %d: the ring's outputs differ from cuk_gemv_h16's\n", what, n);
-                    failures++;
-                }
-            }
         }
         printf("| %s %s %lld x %lld | %d | %.1f |", quant_type_name(t), what, (long long)m, (long long)k, n, bytes / 1e6);
         for (int f = 0; f < NF; f++) {
@@ -422,13 +313,13 @@ static void shape(uint8_t *pool, uint32_t t, int64_t m, int64_t k, const char *w
         printf("\n");
         fflush(stdout);
         /* h16x: no further from float64 than the two-plane int8 form */
-        if (err[5] > 2 * err[1] + 1e-7 || err[5] < 0) {
-            fprintf(stderr, "h16bench: %s n %d: h16x error %.2e against q8t two planes %.2e\n", what, n, err[5], err[1]);
+        if (err[4] > 2 * err[1] + 1e-7 || err[4] < 0) {
+            fprintf(stderr, "h16bench: %s n %d: h16x error %.2e against q8t two planes %.2e\n", what, n, err[4], err[1]);
             failures++;
         }
     }
     cudaFree(dhi), cudaFree(dlo), cudaFree(dsum), cudaFree(dun);
-    cudaFree(hun), cudaFree(y2);
+    cudaFree(hun);
     cudaFree(xf), cudaFree(xh), cudaFree(q1), cudaFree(q2), cudaFree(ds), cudaFree(ds2), cudaFree(y), cudaFree(y1), cudaFree(fx);
 }
 
@@ -443,8 +334,8 @@ int main(int argc, char **argv) {
     printf("h16bench: %s, %d SMs; D2D copy %.0f GB/s (read + written); us per launch (ratio to the copy rate) and "
            "max |y - ref| / sum |w x| against float64\n\n",
            prop.name, prop.multiProcessorCount, rate / 1e9);
-    printf("| shape | n | MB | q8t one plane | q8t two planes | dp4a xs two planes | cuk_gemv_h16 | h16 ring (KW 4, ST 3) "
-           "| h16x KW 4 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| shape | n | MB | q8t one plane | q8t two planes | dp4a xs two planes | cuk_gemv_h16 "
+           "| h16x KW 4 |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     shape(pool, QT_Q5_K, 6144, 16384, "attn_output", rate, reps);
     shape(pool, QT_Q5_K, 16384, 2048, "q_b", rate, reps);
     shape(pool, QT_Q4_K, 12288, 6144, "dense gate", rate, reps);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Session 41-42 device work for the fp16 products (bench/RESULTS.md and NOTES.md, session 40).
+# Device work for the fp16 products (bench/RESULTS.md and NOTES.md, sessions 40 and 41).
 #   bash bench/pending/s41-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
 #   device call A, carry [".dev"] alone (the binary is ~38 MB): bash bench/pending/s41-next.sh bench
-#     h16bench: k_h16ring's one-vector column against dp4a xs, h16 at 8 and 32 vectors against q8t,
-#     every column equal to its one-vector launch
+#     h16bench: cuk_gemv_h16 at 1 vector against dp4a xs, at 8 and 32 against q8t, every column
+#     equal to its one-vector launch
 #   bash bench/pending/s41-next.sh here    # applies s41-h16-wire.patch, prepares head=HEAD (ab.sh)
 #   device call B, carry gpu-deps, oracle-carry, .dev (rm .dev/h16bench first: the carry limit):
 #     bash bench/pending/s41-next.sh test  # make test-gpu on the wired tree (test_gemv_h16 among
