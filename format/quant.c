@@ -325,8 +325,7 @@ static void deq_q3_k(const uint8_t *b, float *y) {
     }
 }
 
-/* The K-quants' 8 packed 6-bit (scale, min) pairs (ggml's get_scale_min_k4). */
-static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+void quant_k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
     if (j < 4) {
         *d = q[j] & 63;
         *m = q[j + 4] & 63;
@@ -342,9 +341,9 @@ static void deq_q4_k(const uint8_t *b, float *y) {
     const uint8_t *q = b + Q4K_QS;
     for (int is = 0; is < 8; is += 2) {
         uint8_t sc, m;
-        scale_min_k4(is, scales, &sc, &m);
+        quant_k4_scale_min(is, scales, &sc, &m);
         const float d1 = d * sc, m1 = min * m;
-        scale_min_k4(is + 1, scales, &sc, &m);
+        quant_k4_scale_min(is + 1, scales, &sc, &m);
         const float d2 = d * sc, m2 = min * m;
         for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 0xf) - m1;
         for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
@@ -360,9 +359,9 @@ static void deq_q5_k(const uint8_t *b, float *y) {
     uint8_t u1 = 1, u2 = 2;
     for (int is = 0; is < 8; is += 2) {
         uint8_t sc, m;
-        scale_min_k4(is, scales, &sc, &m);
+        quant_k4_scale_min(is, scales, &sc, &m);
         const float d1 = d * sc, m1 = min * m;
-        scale_min_k4(is + 1, scales, &sc, &m);
+        quant_k4_scale_min(is + 1, scales, &sc, &m);
         const float d2 = d * sc, m2 = min * m;
         for (int l = 0; l < 32; l++) *y++ = d1 * ((ql[l] & 0xf) + (qh[l] & u1 ? 16 : 0)) - m1;
         for (int l = 0; l < 32; l++) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;

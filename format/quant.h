@@ -74,6 +74,10 @@ g5_status quant_fill_random(uint32_t type, void *dst, uint64_t n_blocks, uint64_
  * centred on average) already and are left as they are. G5_ERR_TENSOR_TYPE for an unknown type. */
 g5_status quant_centre_blocks(uint32_t type, void *dst, uint64_t n_blocks);
 
+/* Pair j < 8 of a Q4_K / Q5_K block's 12 packed bytes of 6-bit (scale, min) pairs (ggml's
+ * get_scale_min_k4): the sub-block's scale *d and min *m. */
+void quant_k4_scale_min(int j, const uint8_t *scales, uint8_t *d, uint8_t *m);
+
 /* Half-precision helpers (IEEE binary16 and bfloat16), exact conversions, round-to-nearest-even. */
 float quant_f16_to_f32(uint16_t h);
 uint16_t quant_f32_to_f16(float f);

@@ -53,14 +53,8 @@ static void weights_host(uint32_t t, const uint8_t *row, int64_t k, float *w) {
         for (int j = 0; j < 4; j++)
             for (int h = 0; h < 2; h++) {
                 const int sb = 2 * j + h;
-                int scv, mv;
-                if (sb < 4) {
-                    scv = sc[sb] & 63;
-                    mv = sc[sb + 4] & 63;
-                } else {
-                    scv = (sc[sb + 4] & 0xF) | ((sc[sb - 4] >> 6) << 4);
-                    mv = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
-                }
+                uint8_t scv, mv;
+                quant_k4_scale_min(sb, sc, &scv, &mv);
                 volatile float d1 = d * (float)scv, m1 = dmin * (float)mv;
                 for (int l = 0; l < 32; l++) {
                     int q = (b[qo + 32 * j + l] >> (4 * h)) & 0xF;

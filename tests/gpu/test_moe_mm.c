@@ -68,14 +68,8 @@ static void kdecode(uint32_t t, const uint8_t *b, float *y) {
     const float d = quant_f16_to_f32((uint16_t)(b[0] | b[1] << 8)), mn = quant_f16_to_f32((uint16_t)(b[2] | b[3] << 8));
     const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + (t == QT_Q5_K ? 48 : 16);
     for (int sb = 0; sb < 8; sb++) {
-        int sv, mv;
-        if (sb < 4) {
-            sv = sc[sb] & 63;
-            mv = sc[sb + 4] & 63;
-        } else {
-            sv = (sc[sb + 4] & 0xf) | ((sc[sb - 4] >> 6) << 4);
-            mv = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
-        }
+        uint8_t sv, mv;
+        quant_k4_scale_min(sb, sc, &sv, &mv);
         const double dd = quant_f16_to_f32(quant_f32_to_f16(f32_mul(d, (float)sv)));
         const double nm = quant_f16_to_f32(quant_f32_to_f16(-f32_mul(mn, (float)mv)));
         for (int l = 0; l < 32; l++) {
