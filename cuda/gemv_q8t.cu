@@ -974,10 +974,11 @@ static g5_status launch_t8(const cuk_gemv_q8_args *a, int64_t rb, int8_t *fx, bo
  * goes in launches of that many columns, which changes no bits (they never depend on n).
  * all_sx: every launch in the sx form (cuk_gemv_q8t_sx), two planes of 17-32 vectors with 8 tiles
  * where the device gives the block its 216 KB. Else the form by shape (bench/RESULTS.md, sessions
- * 23 to 26, 39 and 40): at 33-64 columns (two planes, scratch given, not Q6_K) sx with 8 tiles where
- * sx8_by_shape says, else fx with 8 tiles except on tall matrices of k <= 4096; at 9-32 columns sx on tall matrices, else the L1 form on x re-laid
- * out in fragment order where the caller gave scratch (fx); at 8 columns or fewer the L1 form on x
- * as it is (the relayout launch costs more than it saves there). */
+ * 23 to 26, 39 and 40): at 33-64 columns (two planes, scratch given, not Q6_K) sx with 8 tiles
+ * where sx8_by_shape says, else fx with 8 tiles except on tall matrices of k <= 4096; at 9-32
+ * columns sx on tall matrices, else the L1 form on x re-laid out in fragment order where the
+ * caller gave scratch (fx); at 8 columns or fewer the L1 form on x as it is (the relayout launch
+ * costs more than it saves there). */
 template <int T, int P>
 static g5_status launch_nt(const cuk_gemv_q8_args *a, int64_t rb, cudaStream_t st, bool all_sx, int8_t *fx,
                            g5_error *err) {
