@@ -4,9 +4,11 @@
  *   with an infinity, tiny and huge rows included;
  * - cuk_gemv_h16 for Q4_K and Q5_K against a float64 product of the weights as the kernel rounds
  *   them (d sc and dmin m as the CPU's dequantizer forms them, one fma, fp16 to nearest even:
- *   emulated here bit for bit) with the prepared x: every output within 1e-5 of sum |w x| (the
- *   float32 accumulation; one wrong weight or x element moves an output by about sum |w x| / k);
- *   odd m, one block per warp and many, n = 1..40 (two launches past 32);
+ *   emulated here bit for bit) with the prepared x:
+ *   every output within 1e-5 of sum |w x| (the float32 accumulation; one wrong weight or x
+ *   element moves an output by about sum |w x| / k); odd m, one block per warp and many, n =
+ *   1..40 (two launches past 32), every seventh row's scales made tiny (subnormal weights);
+ *   and the decode bit for bit: one-hot x gives each weight itself;
  * - batch invariance: every column of an n-vector call bit-identical to its one-vector launch;
  * - cuk_norm_h16 bit for bit the norm and cuk_h16_prep it replaces (x, y, xh, unscale), plain
  *   and with the residual add, zeros / NaN / infinity / tiny / huge rows;
@@ -167,14 +169,65 @@ static void test_norm_h16(int64_t dim, int n, int add, int with_b) {
     cudaFree(da), cudaFree(db), cudaFree(dw);
 }
 
-/* One shape: m rows of k of type t, n vectors; the emulated reference and the batch invariance. */
-static void test_gemv(uint32_t t, int64_t m, int64_t k, int n) {
-    uint64_t rb = 0;
-    if (quant_row_bytes(t, (uint64_t)k, &rb) != G5_OK) exit(2);
+/* Random m x k weights of type t (rows of rb bytes); rows 3, 10, 17, ..: d and dmin times 2^-12,
+ * so that d sc, dmin m and many weights are fp16 subnormals (the decode's rounding there is
+ * emulated too). */
+static uint8_t *weights_random(uint32_t t, int64_t m, int64_t k, uint64_t rb) {
     const quant_type_info *ti = quant_type_get(t);
     uint8_t *hw = xmalloc(rb * (size_t)m);
     uint64_t st = rnd();
     if (quant_fill_random(t, hw, rb * (uint64_t)m / ti->block_bytes, &st) != G5_OK) exit(2);
+    for (int64_t o = 3; o < m; o += 7)
+        for (int64_t s = 0; s < k / 256; s++)
+            for (int f = 0; f < 2; f++) {
+                uint8_t *b = hw + (size_t)o * rb + (size_t)s * ti->block_bytes + 2 * f;
+                const uint16_t h = quant_f32_to_f16(ldexpf(quant_f16_to_f32((uint16_t)(b[0] | b[1] << 8)), -12));
+                b[0] = (uint8_t)(h & 0xff), b[1] = (uint8_t)(h >> 8);
+            }
+    return hw;
+}
+
+/* The decode bit for bit through the kernel: x one-hot at element p (xh = 2^14, unscale 2^-14)
+ * makes y[o] exactly row o's fp16 weight p (every other product is a zero, the float32 sums
+ * exact), for every p of two blocks, 32 vectors a launch. */
+static void test_decode_exact(uint32_t t) {
+    enum { M = 45, K = 512, N = 32 };
+    uint64_t rb = 0;
+    if (quant_row_bytes(t, K, &rb) != G5_OK) exit(2);
+    uint8_t *hw = weights_random(t, M, K, rb), *dw = dup_d(hw, rb * M);
+    float *w = xmalloc(sizeof(float) * M * K), *x = xmalloc(sizeof(float) * N * K), *y = xmalloc(sizeof(float) * N * M);
+    for (int o = 0; o < M; o++) weights_host(t, hw + (size_t)o * rb, K, w + (size_t)o * K);
+    float *dx = dalloc(sizeof(float) * N * K), *dun = dalloc(sizeof(float) * N), *dy = dalloc(sizeof(float) * N * M);
+    uint16_t *dxh = dalloc(2 * N * K);
+    int bad = 0, sub = 0;
+    for (int p0 = 0; p0 < K; p0 += N) {
+        memset(x, 0, sizeof(float) * N * K);
+        for (int v = 0; v < N; v++) x[v * K + p0 + v] = 1.0f;
+        CK(cudaMemcpy(dx, x, sizeof(float) * N * K, cudaMemcpyHostToDevice));
+        g5_error e = {0};
+        const cuk_h16_prep_args pa = {dx, K, K, N, dxh, K, dun};
+        const cuk_gemv_h16_args ga = {t, dw, K, M, {dxh, K, dun}, N, dy, M};
+        T_CHECK(cuk_h16_prep(&pa, NULL, &e) == G5_OK && cuk_gemv_h16(&ga, NULL, &e) == G5_OK, "decode %s: %s",
+                quant_type_name(t), e.msg);
+        get(y, dy, sizeof(float) * N * M);
+        for (int v = 0; v < N; v++)
+            for (int o = 0; o < M; o++) {
+                const float want = w[(size_t)o * K + p0 + v];
+                bad += y[v * M + o] != want;
+                sub += want != 0.0f && fabsf(want) < 0x1p-14f;
+            }
+    }
+    T_CHECK(bad == 0, "decode %s: %d of %d weights differ from the emulated fp16 decode", quant_type_name(t), bad, M * K);
+    T_CHECK(sub > 0, "decode %s: no subnormal weight", quant_type_name(t));
+    free(hw), free(w), free(x), free(y);
+    cudaFree(dw), cudaFree(dx), cudaFree(dun), cudaFree(dy), cudaFree(dxh);
+}
+
+/* One shape: m rows of k of type t, n vectors; the emulated reference and the batch invariance. */
+static void test_gemv(uint32_t t, int64_t m, int64_t k, int n) {
+    uint64_t rb = 0;
+    if (quant_row_bytes(t, (uint64_t)k, &rb) != G5_OK) exit(2);
+    uint8_t *hw = weights_random(t, m, k, rb);
     const int64_t ldx = k + 8;
     float *x = xmalloc(sizeof(float) * (size_t)n * k);
     fill_x(x, (int64_t)n * k);
@@ -282,6 +335,7 @@ int main(void) {
     static const uint32_t types[] = {QT_Q4_K, QT_Q5_K};
     for (int i = 0; i < 2; i++) {
         const uint32_t t = types[i];
+        test_decode_exact(t);
         test_gemv(t, 16, 256, 1);   /* one block: warps 1..3 of the tile hold none */
         test_gemv(t, 37, 512, 5);   /* a part tile, two blocks */
         test_gemv(t, 1, 2048, 8);   /* one row */
