@@ -1,17 +1,18 @@
-/* fp16 tensor-core products for batched fast-mode decode (issue 14; not used by the runtime:
- * wired and measured in session 41, one token 10% slower for batch 32 15% faster, and the f16
- * cache's --check past its NextN bar; bench/RESULTS.md and bench/NOTES.md, sessions 40-41).
+/* fp16 tensor-core products for batched fast-mode decode (issue 14): the attention and dense
+ * products under rt_gpu_opts.h16_products (glm5-serve with --max-batch > 1), bench/RESULTS.md and
+ * bench/NOTES.md, sessions 40-42.
  *
  * Each weight is decoded in registers to float32 as d sc q - dmin m (one fma after the two scale
- * products the CPU's dequantizer makes) and rounded once to fp16; x is rounded to fp16 after a
- * power-of-two scale per vector (cuk_h16_prep: its largest magnitude to [2^14, 2^15), so neither
- * range end of fp16 is reached); mma.sync m16n8k16 multiplies them with float32 accumulators.
+ * products the CPU's dequantizer makes) and rounded once to fp16 (session 42 measured the hfma2
+ * decode of cuda/moe_mm.cu here, fp16(q fp16(d sc) - fp16(dmin m)): it broke test_gpu_model's fast
+ * bar on prompt 0); x is rounded to fp16 after a power-of-two scale per vector (cuk_h16_prep: its
+ * largest magnitude to [2^14, 2^15), so neither range end of fp16 is reached); mma.sync m16n8k16
+ * multiplies them with float32 accumulators.
  * Every output is its warp's chain of mma over its k-range in k order, then the CUK_H16_KW warps'
  * partials added in warp order, then times the vector's 2^-e: nothing depends on n, so a vector's
- * outputs are bit-identical in every batch (tests/gpu/test_gemv_h16 checks it). A CPU emulation
- * of this rounding on the oracle holds the fast bar (bench/pending/s40-h16emu.patch: prompt
- * logits 1.09e-2 / 0.166 / 0.155 against 0.09 / 0.26 / 0.51, every dense argmax), where one int8
- * plane and bf16 break it. */
+ * outputs are bit-identical in every batch (tests/gpu/test_gemv_h16 checks it, and the decode
+ * bit for bit). On the oracle (test_gpu_model, H100): prompt 0 / 1 logits rel L2 1.08e-2 /
+ * 0.165 against the fast bar's 0.09 / 0.26, every dense argmax. */
 #ifndef G5_CUK_H16_H
 #define G5_CUK_H16_H
 

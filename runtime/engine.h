@@ -91,6 +91,7 @@ typedef struct rt_eng_opts {
     rt_eng_precision precision;
     rt_eng_cache cache;
     int verify;                  /* checksum the blobs while loading (default 1) */
+    int h16_products;            /* rt_gpu_opts.h16_products (fast precision) */
     int cuda_graph;              /* decode steps as CUDA graph launches (under NCCL the program
                                     sets NCCL_GRAPH_MIXING_SUPPORT first: rt_gpu_model_create) */
     int collective_nccl;         /* NCCL between ranks also for TP 1 (rt_gpu_opts.collective) */

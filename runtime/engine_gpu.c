@@ -70,6 +70,7 @@ static g5_status gpu_create(rt_eng *e, g5_error *err) {
                                                : RT_GPU_CACHE_DEFAULT;
     go.load.verify = o->verify;
     go.cuda_graph = o->cuda_graph;
+    go.h16_products = o->h16_products;
     go.collective = o->collective_nccl ? RT_GPU_COLL_NCCL : RT_GPU_COLL_AUTO;
     go.blobs = rt_wset_blobs(e->ws);
     x->blobs = go.blobs != NULL;

@@ -149,13 +149,16 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
     const char *const S = L->dense ? "dense" : "moe";
     /* h's int8 copy for the products that take one, made by the norm's launch (cuk_norm_q8):
      * two planes for the dense gate and up, one for the routed and shared experts' */
-    const int dense8 = L->dense && !gl_lin_use(rk->lin, n) && gm_q8x2_takes(rk, &L->ffn_gate, n) &&
+    const int denseh = L->dense && !gl_lin_use(rk->lin, n) && gm_h16_takes(rk, &L->ffn_gate, n) &&
+                       gm_h16_takes(rk, &L->ffn_up, n);
+    const int dense8 = !denseh && L->dense && !gl_lin_use(rk->lin, n) && gm_q8x2_takes(rk, &L->ffn_gate, n) &&
                        L->ffn_up.type == L->ffn_gate.type;
     cuk_q8_act hq = {0};
+    cuk_h16_act hh = {0};
     const int moe8 = L->dense ? 0 : moe_h_q8(rk, L, E, n);
-    CK(gm_norm_x_q8(rk, L->ffn_norm, n, E, hp->rms_eps, dense8 ? 2 : moe8 ? 1 : 0, &hq,
-                    err));
-    PMARK(S, "ffn_norm (+ residual add, + int8 quantize of h)");
+    if (denseh) CK(gm_norm_x_h16(rk, L->ffn_norm, n, E, hp->rms_eps, &hh, err)); /* one fp16 copy of h for both */
+    else CK(gm_norm_x_q8(rk, L->ffn_norm, n, E, hp->rms_eps, dense8 ? 2 : moe8 ? 1 : 0, &hq, err));
+    PMARK(S, "ffn_norm (+ residual add, + int8 or fp16 copy of h)");
     rk->oa = rk->part;
     rk->ob = NULL;
     if (L->dense) {
@@ -164,6 +167,10 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
             CK(gm_gemv(rk, &L->ffn_gate, rk->h, E, n, rk->ga, F, err));
             PMARK(S, "ffn_gate gemv (+ bf16 convert of h)");
             CK(gm_gemv(rk, &L->ffn_up, rk->h, E, n, rk->gb, F, err));
+        } else if (denseh) {
+            CK(gm_gemv_h16_in(rk, &L->ffn_gate, &hh, n, rk->ga, F, err));
+            PMARK(S, "ffn_gate gemv (fp16 input)");
+            CK(gm_gemv_h16_in(rk, &L->ffn_up, &hh, n, rk->gb, F, err));
         } else if (dense8) { /* one two-plane quantization of h for both */
             CK(gm_gemv_q8_pair_in(rk, &L->ffn_gate, &L->ffn_up, &hq, n, rk->ga, rk->gb, F, err));
             PMARK(S, "ffn_gate + ffn_up gemv (int8 input, two planes)");

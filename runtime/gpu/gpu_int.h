@@ -13,6 +13,7 @@
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_check.h"
+#include "cuda/cuk_h16.h"
 #include "cuda/cuk_model.h"
 #include "cuda/cuk_q8.h"
 #include "cuda/cuk_sample.h"
@@ -99,6 +100,7 @@ typedef struct gl_rank {
     cuk_q8_act head_q8;              /* the step's final norm output in int8 for the head (.q NULL: none) */
     int fast;                        /* bf16 inputs to the weight products (RT_GPU_BF16ACT only) */
     int q8;                          /* int8 inputs for gm_gemv_q8's roles (every mode but precise) */
+    int h16;                         /* fp16 inputs for the two-plane roles (opts.h16_products) */
     int attn_tc;                     /* decode attention on the tensor cores (every mode but precise) */
     /* work buffers for up to ncap tokens */
     void *work;
@@ -131,6 +133,10 @@ typedef struct gl_rank {
                                         (gm_q8_buf), so while it runs each chain has one */
     void *q8x;                       /* cuk_gemv_q8t's scratch: x in fragment order, q8x_bytes */
     uint64_t q8x_bytes;
+    uint16_t *h16x;                  /* fp16 copies of the two-plane roles' inputs where their
+                                        weights have an fp16 kernel (cuda/cuk_h16.h), rows of k */
+    float *h16u;                     /* their 2^-e per row */
+    uint64_t h16n;                   /* h16x's elements */
     /* side work (gm_side_begin): the second stream (rank 0's where ranks share a device), its
      * events ([0] fork, [1, GM_SIDE_JOIN) points, [GM_SIDE_JOIN] join) and its own q8t scratch;
      * side: 0 none, 1 queuing on the side (st and st2, q8x and q8x2 swapped), 2 join pending */
@@ -312,6 +318,8 @@ g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float ep
  * *o zeroed. */
 g5_status gm_norm_x_q8(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, int planes, cuk_q8_act *o,
                        g5_error *err);
+/* gm_norm_x_q8 with h's fp16 operand (gm_norm_h16) instead of its int8 planes */
+g5_status gm_norm_x_h16(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, cuk_h16_act *o, g5_error *err);
 /* rk->x = the token embeddings of rk->tok [n] (E wide), the pending residual add cleared. */
 g5_status gm_embed(gl_rank *rk, uint32_t n, int64_t E, g5_error *err);
 /* ---- products (gpu_prod.c) ---- */
@@ -357,7 +365,22 @@ g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, u
  * types match and n is below the tensor-core kernel's width (the same bits as two launches). */
 g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, const cuk_q8_act *x, uint32_t n,
                              float *y1, float *y2, int64_t ldy, g5_error *err);
-/* gm_gemv_k with two int8 planes where gm_q8x2_takes, else bf16 / float32 inputs. */
+/* 1: under opts.h16_products (rk->h16), a product of a two-plane role (gm_q8x2_takes) whose
+ * weights have an fp16 kernel takes fp16 inputs instead (cuda/cuk_h16.h: batched rows at the
+ * weights' rate, the same bits at any n). */
+int gm_h16_takes(const gl_rank *rk, const dmat *W, uint32_t n);
+/* x [n][ldx] as fp16 rows of k in rk->h16x (cuk_h16_prep); *o describes them. Main chain only: the
+ * buffer has no half for side work. */
+g5_status gm_h16_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, cuk_h16_act *o,
+                    g5_error *err);
+/* The norm *na as gm_norm_q8's, with its rows y made the fp16 operand *o as gm_h16_in would: one
+ * launch where cuk_norm_q8_fits the dim (cuk_norm_h16), the same bits either way. */
+g5_status gm_norm_h16(const gl_rank *rk, const cuk_add_rms_norm_args *na, cuk_h16_act *o, g5_error *err);
+/* y[t] = W x'[t] for the fp16 rows x (of W->k). */
+g5_status gm_gemv_h16_in(const gl_rank *rk, const dmat *W, const cuk_h16_act *x, uint32_t n, float *y, int64_t ldy,
+                         g5_error *err);
+/* gm_gemv_k with fp16 inputs where gm_h16_takes, two int8 planes where gm_q8x2_takes, else bf16 /
+ * float32 inputs. */
 g5_status gm_gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                        int64_t ldy, g5_error *err);
 /* The norm *na (cuk_add_rms_norm's, or with na->a NULL cuk_rms_norm's, y == x allowed), then

@@ -317,6 +317,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     g->lat_es = g->lat_type == CUK_F32 ? 4 : 2;
     g->info.precision = bf16act ? "bf16act" : fast ? "fast" : "precise";
     g->info.cache = g->lat_type == CUK_BF16 ? "bf16" : g->lat_type == CUK_F16 ? "f16" : "f32";
+    g->info.h16_products = fast && !bf16act && opts->h16_products;
     g->rk = calloc(g->T, sizeof *g->rk);
     const blob_set *set = opts->blobs;
     g5_status st = G5_OK;
@@ -374,6 +375,7 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
         rk->c = &rk->ctab;
         rk->fast = bf16act;
         rk->q8 = fast;
+        rk->h16 = g->info.h16_products;
         rk->attn_tc = fast;
         if ((ce = cudaSetDevice(rk->dev)) != cudaSuccess) {
             st = g5_fail(err, G5_ERR_INTERNAL, "cudaSetDevice(%d): %s", rk->dev, cudaGetErrorString(ce));
@@ -747,6 +749,9 @@ static uint64_t work_layout(const rt_gpu_model *g, gl_rank *rk, uint64_t N, uint
     rk->q8x = take(&c, rk->q8x_bytes);
     rk->q8x2 = take(&c, rk->q8x_bytes);
     rk->q8x3 = take(&c, rk->q8x_bytes);
+    rk->h16n = rk->h16 ? xbn : 0; /* every weight's k for N rows */
+    rk->h16x = take(&c, rk->h16 ? xbn * 2 : 16);
+    rk->h16u = take(&c, rk->h16 ? N * 4 : 16);
     rk->ids = take(&c, N * U * 4);
     rk->ids_l = take(&c, N * U * 4);
     const uint64_t nch = (N + GM_MOE_CHUNK - 1) / GM_MOE_CHUNK, chn = N < GM_MOE_CHUNK ? N : GM_MOE_CHUNK;
@@ -926,6 +931,14 @@ g5_status gm_norm_x_q8(gl_rank *rk, const float *w, uint32_t n, int64_t E, float
     const cuk_add_rms_norm_args na = {.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E,
                                       .w = w, .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
     CK(gm_norm_q8(rk, &na, planes, o, err));
+    rk->pa = rk->pb = NULL;
+    return G5_OK;
+}
+
+g5_status gm_norm_x_h16(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, cuk_h16_act *o, g5_error *err) {
+    const cuk_add_rms_norm_args na = {.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E,
+                                      .w = w, .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
+    CK(gm_norm_h16(rk, &na, o, err));
     rk->pa = rk->pb = NULL;
     return G5_OK;
 }

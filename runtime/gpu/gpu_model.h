@@ -140,6 +140,14 @@ typedef struct rt_gpu_opts {
                                     launch (see rt_gpu_forward), batched steps (rt_gpu_forward_rows,
                                     up to 64 rows) as one launch of a graph per row count; 0
                                     (default): plain launches */
+    /* 1: fast mode's two-plane products (q_b, the indexer's q_b, attn_output, the dense FFN) take
+     * fp16 rows on the tensor cores wherever their weights have that kernel (Q4_K, Q5_K:
+     * cuda/cuk_h16.h), at every row count: a batched step reads each weight once for all its rows
+     * (the batch-32 step of the peer model -2.3 ms), a one-token step is slower (+0.1 to 0.3 ms),
+     * and a row's bits do not depend on the batch either way. What a serving engine that batches
+     * wants (glm5-serve with --max-batch > 1); 0 (default): two int8 planes, the fastest
+     * one-token steps. Ignored in precise and bf16act modes. */
+    int h16_products;
 } rt_gpu_opts;
 
 void rt_gpu_opts_default(rt_gpu_opts *o);
@@ -151,6 +159,7 @@ typedef struct rt_gpu_info {
     const char *collective;      /* "none", "device-sum" (ranks share a device) or "nccl" */
     const char *precision;       /* "precise", "fast" or "bf16act" */
     const char *cache;           /* latent cache type: "f32", "bf16", "f16" */
+    int h16_products;            /* opts.h16_products in fast mode */
     int cuda_graph;              /* decode steps replayed as CUDA graphs (opts.cuda_graph, and
                                     not several NCCL ranks in this process) */
     uint64_t graph_steps;        /* forward calls that ran as a graph launch */

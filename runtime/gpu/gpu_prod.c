@@ -172,8 +172,10 @@ static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int6
 g5_status gm_silu_gemv(const gl_rank *rk, const dmat *W, int64_t F, uint32_t n, int planes, float *y, int64_t ldy,
                        g5_error *err) {
     const cuk_stream cs = (cuk_stream)rk->st;
-    const int q8 = planes == 2 ? gm_q8x2_takes(rk, W, n) : gm_q8_takes(rk, W, n);
-    if (!q8 || F % 64) { /* gm_q8_buf's scale rows (F / 16 a plane) keep 16-byte alignment */
+    const int q8 = planes == 2 ? gm_q8x2_takes(rk, W, n) && !gm_h16_takes(rk, W, n) : gm_q8_takes(rk, W, n);
+    /* else gm_gemv_q8x2 (fp16 inputs where the weights have their kernel); F % 64: gm_q8_buf's scale
+     * rows (F / 16 a plane) keep 16-byte alignment */
+    if (!q8 || F % 64) {
         CK(cuk_silu_mul(rk->ga, F, rk->gb, F, rk->ga, F, n, F, cs, err));
         return planes == 2 ? gm_gemv_q8x2(rk, W, rk->ga, F, n, y, ldy, err) : gm_gemv_q8(rk, W, rk->ga, F, n, y, ldy, err);
     }
@@ -191,6 +193,49 @@ g5_status gm_gemv_q8(const gl_rank *rk, const dmat *W, const float *x, int64_t l
     return gemv_q8p(rk, W, x, ldx, n, y, ldy, 1, err);
 }
 
+int gm_h16_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
+    return rk->h16n && gm_q8x2_takes(rk, W, n) && cuk_h16_takes(W->type, W->k);
+}
+
+g5_status gm_h16_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, cuk_h16_act *o,
+                    g5_error *err) {
+    if (rk->side == 1 || rk->aux == 1)
+        return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld x %lld made off the main chain", (long long)n,
+                       (long long)k);
+    if ((uint64_t)n * (uint64_t)k > rk->h16n)
+        return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld rows x %lld: room for %llu elements", (long long)n,
+                       (long long)k, (unsigned long long)rk->h16n);
+    const cuk_h16_prep_args pa = {x, ldx, k, n, rk->h16x, k, rk->h16u};
+    CK(cuk_h16_prep(&pa, (cuk_stream)rk->st, err));
+    *o = (cuk_h16_act){rk->h16x, k, rk->h16u};
+    return G5_OK;
+}
+
+g5_status gm_norm_h16(const gl_rank *rk, const cuk_add_rms_norm_args *na, cuk_h16_act *o, g5_error *err) {
+    const cuk_stream cs = (cuk_stream)rk->st;
+    if (!cuk_norm_q8_fits(na->dim)) {
+        CK(na->a ? cuk_add_rms_norm(na, cs, err)
+                 : cuk_rms_norm(na->x, na->ldx, na->w, na->y, na->ldy, na->n_rows, na->dim, na->eps, cs, err));
+        return gm_h16_in(rk, na->y, na->ldy, na->n_rows, na->dim, o, err);
+    }
+    if (rk->side == 1 || rk->aux == 1)
+        return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld x %lld made off the main chain", (long long)na->n_rows,
+                       (long long)na->dim);
+    if ((uint64_t)na->n_rows * (uint64_t)na->dim > rk->h16n)
+        return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld rows x %lld: room for %llu elements",
+                       (long long)na->n_rows, (long long)na->dim, (unsigned long long)rk->h16n);
+    const cuk_norm_h16_args a = {*na, rk->h16x, na->dim, rk->h16u};
+    CK(cuk_norm_h16(&a, cs, err));
+    *o = (cuk_h16_act){rk->h16x, na->dim, rk->h16u};
+    return G5_OK;
+}
+
+g5_status gm_gemv_h16_in(const gl_rank *rk, const dmat *W, const cuk_h16_act *x, uint32_t n, float *y, int64_t ldy,
+                         g5_error *err) {
+    const cuk_gemv_h16_args a = {W->type, W->w, W->k, W->m, *x, n, y, ldy};
+    return cuk_gemv_h16(&a, (cuk_stream)rk->st, err);
+}
+
 /* 1: a product of the attention projections or the dense FFN takes two int8 planes (about 16 bits
  * of x; specs/numerics.md: one plane breaks the fast bar there). RT_GPU_BF16ACT keeps its bf16
  * inputs. */
@@ -198,6 +243,11 @@ int gm_q8x2_takes(const gl_rank *rk, const dmat *W, uint32_t n) { return !rk->fa
 
 g5_status gm_gemv_q8x2(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                        int64_t ldy, g5_error *err) {
+    if (gm_h16_takes(rk, W, n)) {
+        cuk_h16_act h = {0};
+        CK(gm_h16_in(rk, x, ldx, n, W->k, &h, err));
+        return gm_gemv_h16_in(rk, W, &h, n, y, ldy, err);
+    }
     if (!gm_q8x2_takes(rk, W, n)) return gm_gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
     return gemv_q8p(rk, W, x, ldx, n, y, ldy, 2, err);
 }

@@ -16,7 +16,8 @@
  *
  *   bench_peer -m DIR|FILE.gguf [--precision fast|precise] [--pp 512,4096] [--tg 64]
  *              [--depth 512,4096,16384] [--batch 1,8,32] [--batch-depth 512] [--reps 3]
- *              [--cuda-graph on|off] [--no-verify] [--profile] [--chunk N]
+ *              [--cuda-graph on|off] [--no-verify] [--profile] [--chunk N] [--h16]
+ * --h16: rt_gpu_opts.h16_products (glm5-serve's batch-invariant fp16 products, with --max-batch > 1).
  * --chunk N: each pp prompt in forward calls of at most N tokens (glm5-run --prefill-chunk), so a
  * 32k-token prompt's work buffers stay those of N tokens.
  * --profile: rt_gpu_debug_profile's sub-step tables: after the pp runs, of the last pp size (the
@@ -200,7 +201,7 @@ static void fill_tokens(int32_t *ids, uint32_t n, uint32_t vocab, uint64_t *seed
 
 int main(int argc, char **argv) {
     const char *model = NULL;
-    int fast = 1, graph = 1, verify = 1, profile = 0;
+    int fast = 1, graph = 1, verify = 1, profile = 0, h16 = 0;
     uint32_t tg = 64, reps = 3, batch_depth = 512, chunk = 0;
     list pp, depth, batch;
     parse_list("512,4096", &pp);
@@ -210,6 +211,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-verify")) { verify = 0; continue; }
         if (!strcmp(a, "--profile")) { profile = 1; continue; }
+        if (!strcmp(a, "--h16")) { h16 = 1; continue; }
         if (!v) { fprintf(stderr, "bench_peer: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "-m")) model = v;
@@ -239,6 +241,7 @@ int main(int argc, char **argv) {
     rt_gpu_opts_default(&go);
     go.precision = fast ? RT_GPU_FAST : RT_GPU_PRECISE;
     go.cuda_graph = graph;
+    go.h16_products = h16;
     go.load.verify = verify;
     go.blobs = rt_wset_blobs(ws); /* the set opened above (NULL for a GGUF) */
     double t0 = now_s();
@@ -246,9 +249,9 @@ int main(int argc, char **argv) {
     const rt_gpu_info *gi = rt_gpu_model_info(g);
     const char *prec = fast ? "fast" : "precise";
     printf("bench_peer: %s (%s), %s, %u layers (%u main), %u experts (%u used), vocab %u; GPU %s, %s, cache %s, "
-           "graph %s; load %.2f s (%.2f GB); kv_b's exact int8 form in %u layer(s)\n", model, rt_wset_source(ws), prec,
+           "graph %s%s; load %.2f s (%.2f GB); kv_b's exact int8 form in %u layer(s)\n", model, rt_wset_source(ws), prec,
            hp->n_layer, hp->n_layer_main, hp->n_expert, hp->n_expert_used, hp->n_vocab, gi->device_name, gi->precision,
-           gi->cache, gi->cuda_graph ? "on" : "off", now_s() - t0, gi->weight_bytes / 1e9, gi->kvb_exact_layers);
+           gi->cache, gi->cuda_graph ? "on" : "off", gi->h16_products ? ", fp16 products" : "", now_s() - t0, gi->weight_bytes / 1e9, gi->kvb_exact_layers);
     const double rate = copy_rate(), tb = token_bytes(ws, hp), floor_s = tb / rate;
     printf("ceiling: device copy %.0f GB/s; one decode token reads %.1f MB -> floor %.3f ms (%.0f tok/s)\n",
            rate / 1e9, tb / 1e6, floor_s * 1e3, 1.0 / floor_s);

@@ -33,7 +33,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/oracle_blobs.h"
 
-/* A GPU model of the blobs in dir; nccl: through a one-rank NCCL communicator (main sets the
+/* A GPU model of the blobs in dir; nccl 1: through a one-rank NCCL communicator (main sets the
  * environment NCCL reads when it is made). */
 static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision prec, int nccl, int use_graph,
                                  const char *name, g5_error *e) {
@@ -42,11 +42,12 @@ static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision 
     go.precision = prec;
     go.blobs = dir ? rt_wset_blobs(rt_model_wset(m)) : NULL;
     go.cuda_graph = use_graph;
-    if (nccl) go.collective = RT_GPU_COLL_NCCL;
+    if (nccl == 1) go.collective = RT_GPU_COLL_NCCL;
+    go.h16_products = nccl == 2; /* the cfg tables' "nccl 2": no NCCL, fp16 products */
     rt_gpu_model *g = NULL;
     T_CHECK(rt_gpu_model_create(m, &go, &g, e) == G5_OK, "%s graph=%d: %s", name, use_graph, e->msg);
     if (g)
-        T_CHECK(!strcmp(rt_gpu_model_info(g)->collective, nccl ? "nccl" : rt_model_n_ranks(m) > 1 ? "device-sum" : "none"),
+        T_CHECK(!strcmp(rt_gpu_model_info(g)->collective, nccl == 1 ? "nccl" : rt_model_n_ranks(m) > 1 ? "device-sum" : "none"),
                 "%s: collective %s", name, rt_gpu_model_info(g)->collective);
     return g;
 }
@@ -266,6 +267,7 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
 static void test_graphs(const char *dir, const char *dir_tp2, const oracle *o) {
     static const struct { int tp2, nccl; rt_gpu_precision prec; const char *name; } cfg[] = {
         {0, 0, RT_GPU_PRECISE, "graph TP=1 precise"}, {0, 0, RT_GPU_FAST, "graph TP=1 fast"},
+        {0, 2, RT_GPU_FAST, "graph TP=1 fast, fp16 products"},
         {1, 0, RT_GPU_PRECISE, "graph TP=2 (device-sum) precise"},
         {0, 1, RT_GPU_PRECISE, "graph TP=1 one-rank NCCL precise"}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {

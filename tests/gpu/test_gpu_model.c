@@ -1088,15 +1088,18 @@ static void decode_path(rt_gpu_model *g, const oracle *o, uint32_t V, const char
 /* The precisions (runtime/gpu/gpu_model.h) and the latent cache types: argmax agreement with the
  * oracle on prompts 0 and 1 (see the check below for what is checked and what is only printed). */
 static void test_modes(const char *dir, const oracle *o) {
-    static const struct { rt_gpu_precision prec; rt_gpu_cache cache; const char *name; } cfg[] = {
-        {RT_GPU_PRECISE, RT_GPU_CACHE_BF16, "precise, bf16 cache"},
-        {RT_GPU_PRECISE, RT_GPU_CACHE_F16, "precise, f16 cache"},
-        {RT_GPU_FAST, RT_GPU_CACHE_F32, "fast, f32 cache"},
-        {RT_GPU_FAST, RT_GPU_CACHE_BF16, "fast, bf16 cache"},
-        {RT_GPU_FAST, RT_GPU_CACHE_F16, "fast, f16 cache"},
-        {RT_GPU_BF16ACT, RT_GPU_CACHE_F32, "bf16act, f32 cache"},
-        {RT_GPU_BF16ACT, RT_GPU_CACHE_BF16, "bf16act, bf16 cache"},
-        {RT_GPU_BF16ACT, RT_GPU_CACHE_F16, "bf16act, f16 cache"},
+    static const struct { rt_gpu_precision prec; rt_gpu_cache cache; int h16; const char *name; } cfg[] = {
+        {RT_GPU_PRECISE, RT_GPU_CACHE_BF16, 0, "precise, bf16 cache"},
+        {RT_GPU_PRECISE, RT_GPU_CACHE_F16, 0, "precise, f16 cache"},
+        {RT_GPU_FAST, RT_GPU_CACHE_F32, 0, "fast, f32 cache"},
+        {RT_GPU_FAST, RT_GPU_CACHE_BF16, 0, "fast, bf16 cache"},
+        {RT_GPU_FAST, RT_GPU_CACHE_F16, 0, "fast, f16 cache"},
+        /* glm5-serve's batch-invariant fp16 products (rt_gpu_opts.h16_products): the same bar */
+        {RT_GPU_FAST, RT_GPU_CACHE_BF16, 1, "fast, bf16 cache, fp16 products"},
+        {RT_GPU_FAST, RT_GPU_CACHE_F16, 1, "fast, f16 cache, fp16 products"},
+        {RT_GPU_BF16ACT, RT_GPU_CACHE_F32, 0, "bf16act, f32 cache"},
+        {RT_GPU_BF16ACT, RT_GPU_CACHE_BF16, 0, "bf16act, bf16 cache"},
+        {RT_GPU_BF16ACT, RT_GPU_CACHE_F16, 0, "bf16act, f16 cache"},
     };
     g5_error e = {0};
     rt_wset *ws = NULL;
@@ -1109,15 +1112,19 @@ static void test_modes(const char *dir, const oracle *o) {
         return;
     }
     const uint32_t V = rt_model_hparams(m)->n_vocab;
+    float *int8_lg = NULL; /* prompt 0's logits, fast with the bf16 cache and int8 products */
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         rt_gpu_opts go;
         rt_gpu_opts_default(&go);
         go.precision = cfg[c].prec;
         go.cache = cfg[c].cache;
+        go.h16_products = cfg[c].h16;
         go.blobs = dir ? rt_wset_blobs(rt_model_wset(m)) : NULL;
         rt_gpu_model *g = NULL;
         T_CHECK(rt_gpu_model_create(m, &go, &g, &e) == G5_OK, "%s: %s", cfg[c].name, e.msg);
         if (!g) continue;
+        T_CHECK(rt_gpu_model_info(g)->h16_products == cfg[c].h16, "%s: h16_products %d", cfg[c].name,
+                rt_gpu_model_info(g)->h16_products);
         for (int i = 0; i < 2; i++) {
             const prompt *p = &o->p[i];
             float *lg = xmalloc((size_t)p->n * V * 4);
@@ -1152,6 +1159,15 @@ static void test_modes(const char *dir, const oracle *o) {
                  * bf16-input mode is only measured: its 3e-3 per-stage rounding flips near-tied
                  * indexer/router choices on this random model (the oracle's README). */
                 if (cfg[c].prec == RT_GPU_FAST) fast_bar(cfg[c].name, i, p, lg, V);
+                const int bf16_fast = cfg[c].prec == RT_GPU_FAST && cfg[c].cache == RT_GPU_CACHE_BF16;
+                if (bf16_fast && i == 0 && !cfg[c].h16) {
+                    free(int8_lg);
+                    int8_lg = xmalloc((size_t)p->n * V * 4);
+                    memcpy(int8_lg, lg, (size_t)p->n * V * 4);
+                }
+                if (bf16_fast && i == 0 && cfg[c].h16 && int8_lg) /* the fp16 kernels ran at all */
+                    T_CHECK(memcmp(int8_lg, lg, (size_t)p->n * V * 4) != 0, "%s: logits equal to the int8 products'",
+                            cfg[c].name);
                 if (cfg[c].prec == RT_GPU_PRECISE) {
                     T_CHECK(sure == sure_n, "%s: prompt %d argmax up to position 31 where the gap > 0.01: %u/%u",
                             cfg[c].name, i, sure, sure_n);
@@ -1164,6 +1180,7 @@ static void test_modes(const char *dir, const oracle *o) {
         if (cfg[c].prec == RT_GPU_FAST) decode_path(g, o, V, cfg[c].name, cfg[c].cache == RT_GPU_CACHE_F32);
         rt_gpu_model_free(g);
     }
+    free(int8_lg);
     rt_model_free(m);
     rt_wset_free(ws);
 }

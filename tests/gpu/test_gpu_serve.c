@@ -81,6 +81,7 @@ typedef struct bcfg {
     rt_gpu_precision prec;
     rt_gpu_cache cache;
     int graph;
+    int h16; /* rt_gpu_opts.h16_products */
 } bcfg;
 
 static uint32_t argmax(const float *x, uint32_t n) {
@@ -132,6 +133,7 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     go.precision = c->prec;
     go.cache = c->cache;
     go.cuda_graph = c->graph;
+    go.h16_products = c->h16;
     if (m) T_CHECK(rt_gpu_model_create(m, &go, &g, &e) == G5_OK, "%s: GPU model: %s", c->name, e.msg);
     if (!g) {
         rt_model_free(m);
@@ -142,6 +144,7 @@ static void batch_vs_single(const bcfg *c, const char *dir) {
     const uint32_t V = rt_model_hparams(m)->n_vocab;
     printf("%s: %u rank(s), collective %s, %s, %s cache, graphs %s\n", c->name, gi->n_ranks, gi->collective,
            gi->precision, gi->cache, gi->cuda_graph ? "on" : "off");
+    T_CHECK(gi->h16_products == c->h16, "%s: h16_products %d", c->name, gi->h16_products);
 
     rt_gpu_seq *bs[NSEQ] = {0}, *rs[NSEQ] = {0};
     int32_t *prompt[NSEQ];
@@ -717,14 +720,17 @@ static int run_batch_tests(void) {
         have[t] = t_oracle_blobs(tmp, (uint32_t)(t + 1), dirs[t], sizeof dirs[t]);
     }
     static const bcfg cfg[] = {
-        {"TP=1 precise", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0},
-        {"TP=1 precise, CUDA graphs (batched and one-token steps)", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 1},
-        {"TP=1 fast (bf16 cache), CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1},
-        {"TP=2 fast (bf16 cache), CUDA graphs", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1},
-        {"TP=1 fast (bf16 cache)", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0},
-        {"TP=1 fast, f16 cache", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0},
-        {"TP=2 precise", 1, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0},
-        {"TP=2 fast (bf16 cache)", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0},
+        {"TP=1 precise", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 0},
+        {"TP=1 precise, CUDA graphs (batched and one-token steps)", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 1, 0},
+        {"TP=1 fast (bf16 cache), CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 0},
+        {"TP=2 fast (bf16 cache), CUDA graphs", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 0},
+        {"TP=1 fast (bf16 cache)", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
+        {"TP=1 fast, f16 cache", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0, 0},
+        {"TP=2 precise", 1, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 0},
+        {"TP=2 fast (bf16 cache)", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
+        {"TP=1 fast (bf16 cache), fp16 products, CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 1},
+        {"TP=1 fast, f16 cache, fp16 products", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0, 1},
+        {"TP=2 fast (bf16 cache), fp16 products", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 1},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
         if (have[cfg[i].tp2]) batch_vs_single(&cfg[i], dirs[cfg[i].tp2]);
