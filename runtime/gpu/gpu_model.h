@@ -143,10 +143,10 @@ typedef struct rt_gpu_opts {
     /* 1: fast mode's two-plane products (q_b, the indexer's q_b, attn_output, the dense FFN) take
      * fp16 rows on the tensor cores wherever their weights have that kernel (Q4_K, Q5_K:
      * cuda/cuk_h16.h), at every row count: a batched step reads each weight once for all its rows
-     * (the batch-32 step of the peer model -2.3 ms), a one-token step is slower (+0.1 to 0.3 ms),
-     * and a row's bits do not depend on the batch either way. What a serving engine that batches
-     * wants (glm5-serve with --max-batch > 1); 0 (default): two int8 planes, the fastest
-     * one-token steps. Ignored in precise and bf16act modes. */
+     * (the peer model's batch-32 step 15.41 -> 13.21 ms on the H100), a one-token step is slower
+     * (2.84 -> 3.14 ms), and a row's bits do not depend on the batch either way. What a serving
+     * engine that batches wants (glm5-serve with --max-batch > 1); 0 (default): two int8 planes,
+     * the fastest one-token steps. Ignored in precise and bf16act modes. */
     int h16_products;
 } rt_gpu_opts;
 
