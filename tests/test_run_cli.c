@@ -329,6 +329,10 @@ int main(void) {
     T_CHECK(run(bad7, NULL) == 2, "--tp 2 on a GGUF (TP 1): exit 2");
     char *bad8[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--tp", "0", NULL};
     T_CHECK(run(bad8, NULL) == 2, "--tp 0: exit 2");
+    char *bad12[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--products", "fp16", NULL};
+    T_CHECK(run(bad12, NULL) == 2, "--products fp16 on the CPU: exit 2");
+    char *bad13[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--products", "fp8", NULL};
+    T_CHECK(run(bad13, NULL) == 2, "--products fp8: exit 2");
     char *ok0[] = {g_bin, "-m", (char *)T_ORACLE_GGUF, "--tokens", "1", "--tp", "1", "-n", "1", "-q", NULL};
     T_CHECK(run(ok0, NULL) == 0, "--tp 1 on a GGUF runs");
     if (cst == G5_OK) {

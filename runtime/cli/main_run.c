@@ -67,6 +67,7 @@ typedef struct args {
     int64_t n_predict;
     int chat, think, ids, quiet;
     int cuda, fast, no_verify, kv_cache, cuda_graph, nccl;
+    int products;                /* --products: 1 fp16 (rt_eng_opts.h16_products) */
     int64_t check, tp, gpu0;
     int64_t ctx_size;            /* --ctx-size (0: the model's context_length) */
     int truncate;                /* --truncate: cut a prompt past the context to its end */
@@ -96,6 +97,9 @@ static void usage(FILE *f) {
             "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache;\n"
             "                       fast: bf16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
+            "  --products int8|fp16  GPU fast mode's attention and dense products: int8 (default,\n"
+            "                       the fastest single stream) or fp16, glm5-serve's with\n"
+            "                       --max-batch > 1 (then the same tokens as that server)\n"
             "  --cuda-graph on|off   GPU decode steps as CUDA graph launches (the same tokens as plain\n"
             "                       launches; default on in one process, off under mpirun/srun\n"
             "                       and with --collective nccl, where graphs have not run yet)\n"
@@ -190,7 +194,7 @@ static int parse_args(int argc, char **argv, args *a) {
     static const char *const devices[] = {"cpu", "cuda", NULL}, *const precisions[] = {"precise", "fast", NULL};
     static const char *const onoff[] = {"off", "on", NULL}, *const caches[] = {"f32", "bf16", "f16", NULL};
     static const char *const drafts[] = {"none", "mtp", NULL}, *const mlas[] = {"absorbed", "expanded", NULL};
-    static const char *const colls[] = {"auto", "nccl", NULL};
+    static const char *const colls[] = {"auto", "nccl", NULL}, *const prods[] = {"int8", "fp16", NULL};
     static const int v01[] = {0, 1}, v123[] = {1, 2, 3}, vmla[] = {RT_MLA_ABSORBED, RT_MLA_EXPANDED};
     const g5_arg tab[] = {
         {.name = "--model", .alias = "-m", .kind = G5_ARG_STR, .dst = &a->model},
@@ -201,6 +205,7 @@ static int parse_args(int argc, char **argv, args *a) {
         {.name = "--cuda-graph", .kind = G5_ARG_CHOICE, .dst = &a->cuda_graph, .choices = onoff, .values = v01},
         {.name = "--collective", .kind = G5_ARG_CHOICE, .dst = &a->nccl, .choices = colls, .values = v01},
         {.name = "--kv-cache", .kind = G5_ARG_CHOICE, .dst = &a->kv_cache, .choices = caches, .values = v123},
+        {.name = "--products", .kind = G5_ARG_CHOICE, .dst = &a->products, .choices = prods, .values = v01},
         {.name = "--draft", .kind = G5_ARG_CHOICE, .dst = &a->draft, .choices = drafts, .values = v01},
         {.name = "--check", .kind = G5_ARG_INT, .dst = &a->check, .lo = 0, .hi = INT32_MAX},
         {.name = "--no-verify", .kind = G5_ARG_FLAG, .dst = &a->no_verify},
@@ -251,6 +256,10 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     if (a->check && !a->cuda) { fprintf(stderr, "glm5-run: --check compares the GPU with the CPU: needs --device cuda\n"); return 0; }
     if (a->draft && a->check) { fprintf(stderr, "glm5-run: --draft mtp and --check cannot be combined\n"); return 0; }
+    if (a->products && !(a->cuda && a->fast)) {
+        fprintf(stderr, "glm5-run: --products fp16 chooses GPU fast mode's products: needs --device cuda --precision fast\n");
+        return 0;
+    }
     return 1;
 }
 
@@ -554,6 +563,7 @@ int main(int argc, char **argv) {
     eo.cache = (rt_eng_cache)a.kv_cache; /* 0 default, 1 f32, 2 bf16, 3 f16 */
     eo.verify = !a.no_verify;
     eo.cuda_graph = a.cuda_graph;
+    eo.h16_products = a.products;
     eo.collective_nccl = a.nccl;
     eo.check_tokens = (uint32_t)a.check;
     if (a.check && (a.fast || a.kv_cache > 1)) { /* bf16/f16 rounding: the float32 tolerances would not hold */

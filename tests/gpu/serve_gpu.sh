@@ -5,7 +5,8 @@
 #      prefix cache (engine and in-process servers: reuse counts, bit-identical outputs);
 #  (b) per configuration (TP 1 precise with --max-batch 16; TP 1 fast (bf16 cache) with
 #      --max-batch 8, so half the requests queue and join the running batch later; TP 2 precise
-#      on one device): glm5-run's greedy ids for 16 prompts of 4 .. 79 tokens (max_tokens 12 .. 42),
+#      on one device): glm5-run's greedy ids for 16 prompts of 4 .. 79 tokens (max_tokens 12 .. 42;
+#      fast: with --products fp16, the products of a fast server batching),
 #      then glm5-serve on the same blobs and 16 concurrent clients (test_gpu_serve --client)
 #      whose ids must equal glm5-run's, twice, then a client that hangs up mid-stream; and TP 1
 #      precise with --draft mtp for both programs (MTP speculative decoding: the server's greedy
@@ -68,14 +69,16 @@ echo "convert rc=$?"
 run_config() { # name blobdir max_batch extra-flags...
   local name=$1 dir=$2 mb=$3
   shift 3
-  local cases=$OUT/cases_$name.tsv
+  local cases=$OUT/cases_$name.tsv run_extra=()
+  # a fast server batching (--max-batch > 1) takes the fp16 products: glm5-run's references too
+  case " $* " in *" --precision fast "*) [ "$mb" -gt 1 ] && [ "$DEVICE" = cuda ] && run_extra=(--products fp16) ;; esac
   : >"$cases"
   SECONDS=0
   for i in $(seq 0 15); do
     local len=$((4 + 5 * i)) n=$((12 + 2 * i)) ids=""
     for k in $(seq 0 $((len - 1))); do ids="$ids${ids:+,}${P1[$(((3 * i + k) % ${#P1[@]}))]}"; done
     local out
-    out=$($B/gpu/bin/glm5-run -m "$dir" --device $DEVICE --tokens "$ids" -n $n --temp 0 --ids -q "$@" 2>>"$OUT/glm5run_$name.err")
+    out=$($B/gpu/bin/glm5-run -m "$dir" --device $DEVICE --tokens "$ids" -n $n --temp 0 --ids -q "$@" "${run_extra[@]}" 2>>"$OUT/glm5run_$name.err")
     local rc=$?
     [ $rc = 0 ] || echo "glm5-run case $i rc=$rc (see $OUT/glm5run_$name.err)"
     printf '%s\t%s\t%s\n' "$n" "$ids" "$out" >>"$cases"
