@@ -197,14 +197,20 @@ int gm_h16_takes(const gl_rank *rk, const dmat *W, uint32_t n) {
     return rk->h16n && gm_q8x2_takes(rk, W, n) && cuk_h16_takes(W->type, W->k);
 }
 
-g5_status gm_h16_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, cuk_h16_act *o,
-                    g5_error *err) {
+/* rk->h16x may take n fp16 rows of k: main chain only (it has no half for side work), room for them */
+static g5_status h16_room(const gl_rank *rk, int64_t n, int64_t k, g5_error *err) {
     if (rk->side == 1 || rk->aux == 1)
         return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld x %lld made off the main chain", (long long)n,
                        (long long)k);
     if ((uint64_t)n * (uint64_t)k > rk->h16n)
         return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld rows x %lld: room for %llu elements", (long long)n,
                        (long long)k, (unsigned long long)rk->h16n);
+    return G5_OK;
+}
+
+g5_status gm_h16_in(const gl_rank *rk, const float *x, int64_t ldx, int64_t n, int64_t k, cuk_h16_act *o,
+                    g5_error *err) {
+    CK(h16_room(rk, n, k, err));
     const cuk_h16_prep_args pa = {x, ldx, k, n, rk->h16x, k, rk->h16u};
     CK(cuk_h16_prep(&pa, (cuk_stream)rk->st, err));
     *o = (cuk_h16_act){rk->h16x, k, rk->h16u};
@@ -218,12 +224,7 @@ g5_status gm_norm_h16(const gl_rank *rk, const cuk_add_rms_norm_args *na, cuk_h1
                  : cuk_rms_norm(na->x, na->ldx, na->w, na->y, na->ldy, na->n_rows, na->dim, na->eps, cs, err));
         return gm_h16_in(rk, na->y, na->ldy, na->n_rows, na->dim, o, err);
     }
-    if (rk->side == 1 || rk->aux == 1)
-        return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld x %lld made off the main chain", (long long)na->n_rows,
-                       (long long)na->dim);
-    if ((uint64_t)na->n_rows * (uint64_t)na->dim > rk->h16n)
-        return g5_fail(err, G5_ERR_INTERNAL, "fp16 inputs of %lld rows x %lld: room for %llu elements",
-                       (long long)na->n_rows, (long long)na->dim, (unsigned long long)rk->h16n);
+    CK(h16_room(rk, na->n_rows, na->dim, err));
     const cuk_norm_h16_args a = {*na, rk->h16x, na->dim, rk->h16u};
     CK(cuk_norm_h16(&a, cs, err));
     *o = (cuk_h16_act){rk->h16x, na->dim, rk->h16u};
