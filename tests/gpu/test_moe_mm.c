@@ -24,7 +24,6 @@
 #define G5_TEST_NAME "test_moe_mm"
 #define G5_TEST_SEED 0x3e3a11ull
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/gpu/k4_h16.h"
 
 static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K};
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
@@ -48,11 +47,44 @@ static uint64_t rbytes(uint32_t t, int64_t k) {
     return rb;
 }
 
+/* x rounded to the nearest fp16 (ties to even), from the exact double: no float32 step between */
+static float f16_rne(double x) {
+    if (x == 0 || !isfinite(x)) return (float)x;
+    int ex = 0;
+    (void)frexp(fabs(x), &ex); /* |x| = m 2^ex, m in [0.5, 1) */
+    const int lead = ex - 1 < -14 ? -14 : ex - 1;
+    const double ulp = ldexp(1.0, lead - 10), r = nearbyint(x / ulp) * ulp;
+    return quant_f16_to_f32(quant_f32_to_f16((float)r)); /* r is an fp16 value (or overflows) */
+}
+
+static float f32_mul(float a, float b) {
+    volatile float r = a * b;
+    return r;
+}
+
+/* The kernel's decode of one Q4_K / Q5_K block (cuda/moe_mm.cu raw_decode): per sub-block sb,
+ * dd = fp16(d * sc), nm = fp16(-(dmin * m)), element = fp16(v * dd + nm) with one rounding. */
+static void kdecode(uint32_t t, const uint8_t *b, float *y) {
+    const float d = quant_f16_to_f32((uint16_t)(b[0] | b[1] << 8)), mn = quant_f16_to_f32((uint16_t)(b[2] | b[3] << 8));
+    const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + (t == QT_Q5_K ? 48 : 16);
+    for (int sb = 0; sb < 8; sb++) {
+        uint8_t sv, mv;
+        quant_k4_scale_min(sb, sc, &sv, &mv);
+        const double dd = quant_f16_to_f32(quant_f32_to_f16(f32_mul(d, (float)sv)));
+        const double nm = quant_f16_to_f32(quant_f32_to_f16(-f32_mul(mn, (float)mv)));
+        for (int l = 0; l < 32; l++) {
+            int v = (sb & 1) ? qs[32 * (sb / 2) + l] >> 4 : qs[32 * (sb / 2) + l] & 0xf;
+            if (t == QT_Q5_K && (qh[l] >> sb & 1)) v += 16;
+            y[32 * sb + l] = f16_rne(v * dd + nm);
+        }
+    }
+}
+
 /* w: [rows][k] blocks of t -> wf [rows][k]: the fp16 values the kernel multiplies */
 static void decode16(uint32_t t, const uint8_t *w, int64_t rows, int64_t k, float *wf) {
     const uint64_t rb = rbytes(t, k), bb = quant_type_get(t)->block_bytes;
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < k / 256; j++) t_k4_decode_h16(t, w + r * rb + j * bb, wf + r * k + j * 256);
+        for (int64_t j = 0; j < k / 256; j++) kdecode(t, w + r * rb + j * bb, wf + r * k + j * 256);
 }
 
 /* The kernel's decode against format/quant.c's exact float32 one, per element: within 2^-9 of
@@ -68,7 +100,7 @@ static void check_decode(uint32_t t) {
         printf("FAIL: random %s blocks\n", ti->name);
         exit(2);
     }
-    for (int i = 0; i < NB; i++) t_k4_decode_h16(t, w + (size_t)i * ti->block_bytes, b + i * 256);
+    for (int i = 0; i < NB; i++) kdecode(t, w + (size_t)i * ti->block_bytes, b + i * 256);
     int bad = 0;
     for (int s = 0; s < NB * 8; s++) {
         float mx = 0;
