@@ -90,10 +90,10 @@ __device__ __forceinline__ void cl_wait() { asm volatile("barrier.cluster.wait.a
 /* Sum (MAX: the largest, by fmax) of one double per thread over the row's CTAs; every thread gets
  * the total. Order: lanes by butterfly, warps in index order, CTAs in rank order. Slots alternate
  * between consecutive calls (red counts them), so a call never overwrites partials another thread
- * or CTA may still be reading from the call before; a CTA pushes its partial into every CTA's slot, so after the
- * cluster barrier each reads only its own shared memory and may exit at once. started: the
- * kernel's opening relaxed arrive has not been waited for yet (a CTA may write another's shared
- * memory only once that one is running). */
+ * or CTA may still be reading from the call before; a CTA pushes its partial into every CTA's
+ * slot, so after the cluster barrier each reads only its own shared memory and may exit at once.
+ * started: the kernel's opening relaxed arrive has not been waited for yet (a CTA may write
+ * another's shared memory only once that one is running). */
 template <bool MAX = false>
 __device__ double row_sum(double v, double (*wsh)[NR_T / 32], double (*csh)[NR_CL], int &red, bool &started,
                           int cs) {

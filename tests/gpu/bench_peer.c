@@ -251,7 +251,8 @@ int main(int argc, char **argv) {
     printf("bench_peer: %s (%s), %s, %u layers (%u main), %u experts (%u used), vocab %u; GPU %s, %s, cache %s, "
            "graph %s%s; load %.2f s (%.2f GB); kv_b's exact int8 form in %u layer(s)\n", model, rt_wset_source(ws), prec,
            hp->n_layer, hp->n_layer_main, hp->n_expert, hp->n_expert_used, hp->n_vocab, gi->device_name, gi->precision,
-           gi->cache, gi->cuda_graph ? "on" : "off", gi->h16_products ? ", fp16 products" : "", now_s() - t0, gi->weight_bytes / 1e9, gi->kvb_exact_layers);
+           gi->cache, gi->cuda_graph ? "on" : "off", gi->h16_products ? ", fp16 products" : "", now_s() - t0,
+           gi->weight_bytes / 1e9, gi->kvb_exact_layers);
     const double rate = copy_rate(), tb = token_bytes(ws, hp), floor_s = tb / rate;
     printf("ceiling: device copy %.0f GB/s; one decode token reads %.1f MB -> floor %.3f ms (%.0f tok/s)\n",
            rate / 1e9, tb / 1e6, floor_s * 1e3, 1.0 / floor_s);

@@ -4,11 +4,11 @@
  *   with an infinity, tiny and huge rows included;
  * - cuk_gemv_h16 for Q4_K and Q5_K against a float64 product of the weights as the kernel rounds
  *   them (d sc and dmin m as the CPU's dequantizer forms them, one fma, fp16 to nearest even:
- *   emulated here bit for bit) with the prepared x:
- *   every output within 1e-5 of sum |w x| (the float32 accumulation; one wrong weight or x
- *   element moves an output by about sum |w x| / k); odd m, one block per warp and many, n =
- *   1..40 (two launches past 32), every seventh row's scales made tiny (subnormal weights);
- *   and the decode bit for bit: one-hot x gives each weight itself;
+ *   emulated here bit for bit) with the prepared x: every output within 1e-5 of sum |w x| (the
+ *   float32 accumulation; one wrong weight or x element moves an output by about sum |w x| / k);
+ *   odd m, one block per warp and many, n = 1..40 (two launches past 32), every seventh row's
+ *   scales made tiny (subnormal weights); and the decode bit for bit: one-hot x gives each
+ *   weight itself;
  * - batch invariance: every column of an n-vector call bit-identical to its one-vector launch;
  * - cuk_norm_h16 bit for bit the norm and cuk_h16_prep it replaces (x, y, xh, unscale), plain
  *   and with the residual add, zeros / NaN / infinity / tiny / huge rows;
