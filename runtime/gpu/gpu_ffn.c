@@ -147,8 +147,9 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
     const int64_t E = hp->n_embd, U = hp->n_expert_used, NE = hp->n_expert;
     CUK_CHECK(cudaSetDevice(rk->dev));
     const char *const S = L->dense ? "dense" : "moe";
-    /* h's int8 copy for the products that take one, made by the norm's launch (cuk_norm_q8):
-     * two planes for the dense gate and up, one for the routed and shared experts' */
+    /* h's copy for the products that take one, made by the norm's launch: fp16 for the dense gate
+     * and up under the fp16 products (cuk_norm_h16), else int8 (cuk_norm_q8), two planes for them,
+     * one for the routed and shared experts' */
     const int denseh = L->dense && !gl_lin_use(rk->lin, n) && gm_h16_takes(rk, &L->ffn_gate, n) &&
                        gm_h16_takes(rk, &L->ffn_up, n);
     const int dense8 = !denseh && L->dense && !gl_lin_use(rk->lin, n) && gm_q8x2_takes(rk, &L->ffn_gate, n) &&
