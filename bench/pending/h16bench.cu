@@ -4,9 +4,9 @@
  * cuk_gemv_q8_xs two planes at n = 1 (its one-token form); cuk_gemv_h16; and h16x (sc q exact in
  * fp16, x as two fp16 planes and per-block sums, d and dmin applied a block: the precision
  * reference, 30-70x closer to float64 than two int8 planes and slower: bench/RESULTS.md, session
- * 40). Also the error of each against a float64 product of the
- * dequantized weights and the float32 x (max over outputs of |y - ref| / sum |w x|), and that
- * every column at n = 8 and 32 equals its one-vector launch bit for bit.
+ * 40). Also the error of each against a float64 product of the dequantized weights and the
+ * float32 x (max over outputs of |y - ref| / sum |w x|), and that every column at n = 8 and 32
+ * equals its one-vector launch bit for bit.
  *
  * (k_h16ring, the weights through a per-warp cp.async ring, lost at every n and is gone: bench/
  * RESULTS.md, session 41.) Built on the CPU machine, run on the device with no build there:
