@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Device work prepared in session 43 (bench/NOTES.md, session 43), each one call:
+#   bash bench/pending/s43-next.sh h200    # on an H200 (carry gpu-deps): the issue's figures, none
+#                                          # since session 23: bench_peer (pp512 / pp4096, tg64 at
+#                                          # 512 / 4096 / 16384 / 32768, batch 1 / 8 / 32)
+#   bash bench/pending/s43-next.sh serve   # then, the machine warm: serve.sh (fast, VERIFY=1:
+#                                          # glm5-serve's fp16 products)
+#   bash bench/pending/s43-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
+#   bash bench/pending/s43-next.sh bench   # carry [".dev"] alone (~38 MB): h16bench (cuk_gemv_h16
+#                                          # against its 8- and 16-warp, two-ahead forms at 1 / 8 / 32)
+#   bash bench/pending/s43-next.sh overlap # carry gpu-deps: tests/gpu/bench_overlap (the peer model twice,
+#                                          # prefill beside batched decode), default and high priority
+#   bash bench/pending/s43-next.sh test    # carry gpu-deps and oracle-carry: make test-gpu
+#                                          # (tests/gpu/run_device.sh, no converter bench)
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+export CENTRED=1 W=$PWD/build/g5peer
+source bench/common.sh
+T=$B/gpu/tests
+mkdir -p "$W"
+case "${1:-}" in
+build)
+  O=build/gpu/obj/cuda
+  make -j"$(nproc)" CUDA_ARCH=90 G5_NO_DEPS=1 $O/device.o $O/gemv_q8t.o $O/gemv_q8.o $O/gemv_q8_lba.o \
+    $O/gemv_q8_lbb.o $O/gemv_q8_lbc.o $O/moe_plan.o || exit 2
+  mkdir -p .dev/fmt
+  for f in status quant quant_lowbit; do
+    gcc -std=c11 -D_GNU_SOURCE -O2 -ffp-contract=off -I. -c format/$f.c -o .dev/fmt/$f.o || exit 2
+  done
+  nvcc -std=c++17 -O3 -arch=sm_90 -I. -Xcompiler -Wall,-Wextra,-ffp-contract=off -Werror all-warnings -cudart static \
+    -o .dev/h16bench bench/pending/h16bench.cu $O/device.o $O/gemv_q8t.o $O/gemv_q8.o $O/gemv_q8_lba.o \
+    $O/gemv_q8_lbb.o $O/gemv_q8_lbc.o $O/moe_plan.o .dev/fmt/*.o || exit 2
+  rm -rf .dev/fmt
+  ls -la .dev/h16bench
+  ;;
+bench)
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  timeout 300 .dev/h16bench 30
+  echo "h16bench rc=$?"
+  ;;
+h200)
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  PRECISIONS=fast LONG=0 LIMIT=300 ARGS="--pp 512,4096 --depth 512,4096,16384,32768 --batch 1,8,32 --reps 1 --tg 64" \
+    timeout 560 bash bench/peer.sh >"$OUT/peer_out.log" 2>&1
+  echo "peer.sh rc=$?"
+  grep -E "build rc|synth|convert|pp[0-9]+ |tg64 @|batch [0-9]+ @|floor|copy|total" "$OUT/peer_out.log" | head -40
+  ;;
+serve)
+  PRECISIONS=fast VERIFY=1 timeout 400 bash bench/serve.sh >"$OUT/serve_out.log" 2>&1
+  echo "serve.sh rc=$?"
+  tail -25 "$OUT/serve_out.log"
+  ;;
+overlap)
+  bench_build "$OUT/build.log" $B/bin/glm5-shard $T/bench_overlap || exit 3
+  bench_peer_model || exit 3
+  for a in "" "--priority"; do
+    timeout 150 "$T/bench_overlap" -m "$blobs" --h16 --batch 1,8,32 $a
+    echo "bench_overlap $a rc=$?"
+  done
+  ;;
+test)
+  GLM5_SHARED=$PWD/oracle-carry CONVERT_BENCH=0 timeout 580 bash tests/gpu/run_device.sh >"$OUT/rd.log" 2>&1
+  echo "run_device rc=$?"
+  grep -E "build rc|passed|FAIL" "$OUT/rd.log" | tail -30
+  ;;
+*) echo "usage: $0 build|bench|h200|serve|overlap|test" >&2; exit 2 ;;
+esac
