@@ -120,16 +120,6 @@ $(GPU_DECODE_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_decode.o $(GPU_RT_OBJ) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
 
-# tests/gpu/bench_overlap: a second model's prompt prefill beside batched decode steps. Linked like glm5-run.
-GPU_OVERLAP_BENCH := $(GPU_DIR)/tests/bench_overlap
-gpu-model: $(GPU_OVERLAP_BENCH)
-$(GPU_DIR)/obj/tests/gpu/bench_overlap.o: tests/gpu/bench_overlap.c
-	@mkdir -p $(dir $@)
-	$(CC) $(GPU_CFLAGS) -c $< -o $@
-$(GPU_OVERLAP_BENCH): $(GPU_DIR)/obj/tests/gpu/bench_overlap.o $(GPU_RT_OBJ) $(LIBS) $(GPU_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(GPU_STATIC_LIBS) $(MPI_LIBS) $(GPU_SYS_LIBS) -o $@
-
 # tests/gpu/bench_peer (bench/peer.sh): a whole model from a blob set, measured as llama-bench
 # measures llama.cpp (pp N, tg M at depth d, batched decode). Linked like glm5-run.
 GPU_PEER_BENCH := $(GPU_DIR)/tests/bench_peer

@@ -8,8 +8,6 @@
 #   bash bench/pending/s43-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
 #   bash bench/pending/s43-next.sh bench   # carry [".dev"] alone (~38 MB): h16bench (cuk_gemv_h16
 #                                          # against its 8- and 16-warp, two-ahead forms at 1 / 8 / 32)
-#   bash bench/pending/s43-next.sh overlap # carry gpu-deps: tests/gpu/bench_overlap (the peer model twice,
-#                                          # prefill beside batched decode), default and high priority
 #   bash bench/pending/s43-next.sh test    # carry gpu-deps and oracle-carry: make test-gpu
 #                                          # (tests/gpu/run_device.sh, no converter bench)
 set -u
@@ -50,18 +48,10 @@ serve)
   echo "serve.sh rc=$?"
   tail -25 "$OUT/serve_out.log"
   ;;
-overlap)
-  bench_build "$OUT/build.log" $B/bin/glm5-shard $T/bench_overlap || exit 3
-  bench_peer_model || exit 3
-  for a in "" "--priority"; do
-    timeout 150 "$T/bench_overlap" -m "$blobs" --h16 --batch 1,8,32 $a
-    echo "bench_overlap $a rc=$?"
-  done
-  ;;
 test)
   GLM5_SHARED=$PWD/oracle-carry CONVERT_BENCH=0 timeout 580 bash tests/gpu/run_device.sh >"$OUT/rd.log" 2>&1
   echo "run_device rc=$?"
   grep -E "build rc|passed|FAIL" "$OUT/rd.log" | tail -30
   ;;
-*) echo "usage: $0 build|bench|h200|serve|overlap|test" >&2; exit 2 ;;
+*) echo "usage: $0 build|bench|h200|serve|test" >&2; exit 2 ;;
 esac

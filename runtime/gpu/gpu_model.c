@@ -27,15 +27,6 @@
 
 #include "runtime/gpu/gpu_int.h"
 
-/* A rank's stream: non-blocking, at the device's greatest priority when high is set
- * (rt_gpu_opts.stream_priority_high) */
-static cudaError_t stream_new(cudaStream_t *s, int high) {
-    int least = 0, greatest = 0;
-    if (!high) return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
-    const cudaError_t ce = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    return ce != cudaSuccess ? ce : cudaStreamCreateWithPriority(s, cudaStreamNonBlocking, greatest);
-}
-
 void rt_gpu_opts_default(rt_gpu_opts *o) {
     memset(o, 0, sizeof *o);
     o->precision = RT_GPU_PRECISE;
@@ -391,17 +382,17 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
             goto loaded;
         }
         if (r == 0 || g->coll != COLL_DEVICE) {
-            if ((ce = stream_new(&rk->st, opts->stream_priority_high)) != cudaSuccess) {
+            if ((ce = cudaStreamCreateWithFlags(&rk->st, cudaStreamNonBlocking)) != cudaSuccess) {
                 st = g5_fail(err, G5_ERR_INTERNAL, "stream: %s", cudaGetErrorString(ce));
                 goto loaded;
             }
             rk->own_stream = 1;
-            if ((ce = stream_new(&rk->st2, opts->stream_priority_high)) != cudaSuccess) {
+            if ((ce = cudaStreamCreateWithFlags(&rk->st2, cudaStreamNonBlocking)) != cudaSuccess) {
                 rk->st2 = NULL;
                 st = g5_fail(err, G5_ERR_INTERNAL, "side stream: %s", cudaGetErrorString(ce));
                 goto loaded;
             }
-            if ((ce = stream_new(&rk->st3, opts->stream_priority_high)) != cudaSuccess) {
+            if ((ce = cudaStreamCreateWithFlags(&rk->st3, cudaStreamNonBlocking)) != cudaSuccess) {
                 rk->st3 = NULL;
                 st = g5_fail(err, G5_ERR_INTERNAL, "third stream: %s", cudaGetErrorString(ce));
                 goto loaded;

@@ -148,11 +148,6 @@ typedef struct rt_gpu_opts {
      * engine that batches wants (glm5-serve with --max-batch > 1); 0 (default): two int8 planes,
      * the fastest one-token steps. Ignored in precise and bf16act modes. */
     int h16_products;
-    /* 1: the ranks' streams take the device's greatest priority, so that where other work shares
-     * the GPU (tests/gpu/bench_overlap: a second model's prompt prefill beside this one's decode
-     * steps) the block scheduler starts this model's waiting blocks first; 0 (default): the
-     * default priority */
-    int stream_priority_high;
 } rt_gpu_opts;
 
 void rt_gpu_opts_default(rt_gpu_opts *o);
