@@ -8,6 +8,9 @@
 #   bash bench/pending/s43-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
 #   bash bench/pending/s43-next.sh bench   # carry [".dev"] alone (~38 MB): h16bench (cuk_gemv_h16
 #                                          # against its 8- and 16-warp, two-ahead forms at 1 / 8 / 32)
+#   bash bench/pending/s43-next.sh profile # carry gpu-deps: bench_peer --h16 --profile: the class table of
+#                                          # a 256-token prefill call (the server's), one token and a
+#                                          # batch-32 step with glm5-serve's fp16 products
 #   bash bench/pending/s43-next.sh test    # carry gpu-deps and oracle-carry: make test-gpu
 #                                          # (tests/gpu/run_device.sh, no converter bench)
 set -u
@@ -48,10 +51,18 @@ serve)
   echo "serve.sh rc=$?"
   tail -25 "$OUT/serve_out.log"
   ;;
+profile)
+  bench_build "$OUT/build.log" $B/bin/glm5-shard $T/bench_peer || exit 3
+  bench_peer_model || exit 3
+  timeout 240 "$T/bench_peer" -m "$blobs" --precision fast --h16 --pp 512,256 --depth 512 --tg 8 --batch 32 \
+    --reps 3 --profile >"$OUT/profile.log" 2>&1
+  echo "bench_peer rc=$?"
+  grep -E "^pp|^tg|^batch|class|^\| (attention|indexer|dense|routed|lm_head|other|total)" "$OUT/profile.log" | head -40
+  ;;
 test)
   GLM5_SHARED=$PWD/oracle-carry CONVERT_BENCH=0 timeout 580 bash tests/gpu/run_device.sh >"$OUT/rd.log" 2>&1
   echo "run_device rc=$?"
   grep -E "build rc|passed|FAIL" "$OUT/rd.log" | tail -30
   ;;
-*) echo "usage: $0 build|bench|h200|serve|test" >&2; exit 2 ;;
+*) echo "usage: $0 build|bench|h200|serve|profile|test" >&2; exit 2 ;;
 esac
