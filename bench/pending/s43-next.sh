@@ -7,7 +7,8 @@
 #                                          # glm5-serve's fp16 products)
 #   bash bench/pending/s43-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
 #   bash bench/pending/s43-next.sh bench   # carry [".dev"] alone (~38 MB): h16bench (cuk_gemv_h16
-#                                          # against its 8- and 16-warp, two-ahead forms at 1 / 8 / 32)
+#                                          # against the int8 forms and h16x at 1 / 8 / 32 vectors;
+#                                          # a variant of the kernel goes in before `build`)
 #   bash bench/pending/s43-next.sh profile # carry gpu-deps: bench_peer --h16 --profile: the class table of
 #                                          # a 256-token prefill call (the server's), one token and a
 #                                          # batch-32 step with glm5-serve's fp16 products

@@ -926,18 +926,22 @@ g5_status gm_norm_x(gl_rank *rk, const float *w, uint32_t n, int64_t E, float ep
     return gm_norm_x_q8(rk, w, n, E, eps, 0, &none, err);
 }
 
+/* The norm of gm_norm_x*: rk->h = RMSNorm(x + the pending addends) * w */
+static cuk_add_rms_norm_args norm_x_args(const gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps) {
+    return (cuk_add_rms_norm_args){.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E,
+                                   .w = w, .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
+}
+
 g5_status gm_norm_x_q8(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, int planes, cuk_q8_act *o,
                        g5_error *err) {
-    const cuk_add_rms_norm_args na = {.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E,
-                                      .w = w, .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
+    const cuk_add_rms_norm_args na = norm_x_args(rk, w, n, E, eps);
     CK(gm_norm_q8(rk, &na, planes, o, err));
     rk->pa = rk->pb = NULL;
     return G5_OK;
 }
 
 g5_status gm_norm_x_h16(gl_rank *rk, const float *w, uint32_t n, int64_t E, float eps, cuk_h16_act *o, g5_error *err) {
-    const cuk_add_rms_norm_args na = {.x = rk->x, .ldx = E, .a = rk->pa, .b = rk->pa ? rk->pb : NULL, .lda = E,
-                                      .w = w, .y = rk->h, .ldy = E, .n_rows = n, .dim = E, .eps = eps};
+    const cuk_add_rms_norm_args na = norm_x_args(rk, w, n, E, eps);
     CK(gm_norm_h16(rk, &na, o, err));
     rk->pa = rk->pb = NULL;
     return G5_OK;

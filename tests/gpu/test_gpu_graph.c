@@ -33,21 +33,25 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/oracle_blobs.h"
 
-/* A GPU model of the blobs in dir; nccl 1: through a one-rank NCCL communicator (main sets the
- * environment NCCL reads when it is made). */
-static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision prec, int nccl, int use_graph,
+/* What a configuration changes from the defaults (bits): GV_NCCL through a one-rank NCCL
+ * communicator (main sets the environment NCCL reads when it is made), GV_H16 the fp16 products
+ * (rt_gpu_opts.h16_products) */
+enum { GV_NCCL = 1, GV_H16 = 2 };
+
+/* A GPU model of the blobs in dir, with the GV_ options of var. */
+static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision prec, int var, int use_graph,
                                  const char *name, g5_error *e) {
     rt_gpu_opts go;
     rt_gpu_opts_default(&go);
     go.precision = prec;
     go.blobs = dir ? rt_wset_blobs(rt_model_wset(m)) : NULL;
     go.cuda_graph = use_graph;
-    if (nccl == 1) go.collective = RT_GPU_COLL_NCCL;
-    go.h16_products = nccl == 2; /* the cfg tables' "nccl 2": no NCCL, fp16 products */
+    if (var & GV_NCCL) go.collective = RT_GPU_COLL_NCCL;
+    go.h16_products = (var & GV_H16) != 0;
     rt_gpu_model *g = NULL;
     T_CHECK(rt_gpu_model_create(m, &go, &g, e) == G5_OK, "%s graph=%d: %s", name, use_graph, e->msg);
     if (g)
-        T_CHECK(!strcmp(rt_gpu_model_info(g)->collective, nccl == 1 ? "nccl" : rt_model_n_ranks(m) > 1 ? "device-sum" : "none"),
+        T_CHECK(!strcmp(rt_gpu_model_info(g)->collective, var & GV_NCCL ? "nccl" : rt_model_n_ranks(m) > 1 ? "device-sum" : "none"),
                 "%s: collective %s", name, rt_gpu_model_info(g)->collective);
     return g;
 }
@@ -57,10 +61,10 @@ static rt_gpu_model *graph_model(rt_model *m, const char *dir, rt_gpu_precision 
  * so the tokens and every step's logits must be bit-identical to the plain run's. Timed both ways
  * (printed, not asserted). */
 enum { GRAPH_STEPS = 64 };
-static int graph_run(rt_model *m, const char *dir, rt_gpu_precision prec, int nccl, int use_graph, const oracle *o,
+static int graph_run(rt_model *m, const char *dir, rt_gpu_precision prec, int var, int use_graph, const oracle *o,
                      uint32_t V, int32_t *toks, float *lg, double *secs, const char *name) {
     g5_error e = {0};
-    rt_gpu_model *g = graph_model(m, dir, prec, nccl, use_graph, name, &e);
+    rt_gpu_model *g = graph_model(m, dir, prec, var, use_graph, name, &e);
     if (!g) return 0;
     T_CHECK(rt_gpu_model_info(g)->cuda_graph == use_graph, "%s: info.cuda_graph = %d", name, use_graph);
     const prompt *p = &o->p[1];
@@ -111,10 +115,10 @@ static int graph_run(rt_model *m, const char *dir, rt_gpu_precision prec, int nc
  * chunk_at is a call of CHUNK tokens (more rows than the work buffers hold: reallocated).
  * lg: [n][V]; *gi: the model's counters at the end. */
 enum { CHUNK = 20 };
-static int graph_ctx_run(rt_model *m, const char *dir, rt_gpu_precision prec, int nccl, int use_graph, uint32_t ctx,
+static int graph_ctx_run(rt_model *m, const char *dir, rt_gpu_precision prec, int var, int use_graph, uint32_t ctx,
                          uint32_t n, uint32_t chunk_at, uint32_t V, float *lg, rt_gpu_info *gi, const char *name) {
     g5_error e = {0};
-    rt_gpu_model *g = graph_model(m, dir, prec, nccl, use_graph, name, &e);
+    rt_gpu_model *g = graph_model(m, dir, prec, var, use_graph, name, &e);
     if (!g) return 0;
     int ok = rt_gpu_debug_set_context(g, ctx, 0x5eed + ctx, &e) == G5_OK;
     rt_gpu_outputs out = {0};
@@ -195,7 +199,7 @@ static void test_graph_shrink(const char *dir) {
  * work buffers change), no more. */
 static void test_graph_buckets(const char *dir, const char *dir_tp2) {
     static const struct {
-        int tp2, nccl;
+        int tp2, var;
         rt_gpu_precision prec;
         uint32_t ctx, steps, chunk_at, captures;
         const char *name;
@@ -206,7 +210,7 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
         {0, 0, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast (bf16 cache), ctx 1020"},
         {1, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=2 (device-sum) precise, ctx 1020"},
         /* the same through a one-rank NCCL communicator: its all-reduces inside the captures */
-        {0, 1, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 one-rank NCCL precise, ctx 1020"},
+        {0, GV_NCCL, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 one-rank NCCL precise, ctx 1020"},
         /* capacity 32768; keys 16381..16384 (bound 16384, lane scores), 16385..16388 (bound
          * 24576, thread-per-key scores): 2 captures; no chunk */
         {0, 0, RT_GPU_PRECISE, 16380, 8, 99, 2, "graph buckets TP=1 precise, ctx 16380"},
@@ -224,9 +228,9 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
         rt_gpu_info ia, ib, ic;
         /* a second plain run (lc) first: two models without graphs must agree bit for bit, which
          * tells a context or plain-path difference from a graph one */
-        if (m && graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, la, &ia, cfg[c].name) &&
-            graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, lc, &ic, cfg[c].name) &&
-            graph_ctx_run(m, d, cfg[c].prec, cfg[c].nccl, 1, cfg[c].ctx, n, cfg[c].chunk_at, V, lb, &ib, cfg[c].name)) {
+        if (m && graph_ctx_run(m, d, cfg[c].prec, cfg[c].var, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, la, &ia, cfg[c].name) &&
+            graph_ctx_run(m, d, cfg[c].prec, cfg[c].var, 0, cfg[c].ctx, n, cfg[c].chunk_at, V, lc, &ic, cfg[c].name) &&
+            graph_ctx_run(m, d, cfg[c].prec, cfg[c].var, 1, cfg[c].ctx, n, cfg[c].chunk_at, V, lb, &ib, cfg[c].name)) {
             const int plain_same = !memcmp(la, lc, (size_t)n * V * 4);
             printf("%s: two plain runs %s\n", cfg[c].name, plain_same ? "bit-identical" : "DIFFER");
             T_CHECK(plain_same, "%s: two plain runs from the same synthetic context bit-identical", cfg[c].name);
@@ -265,11 +269,11 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
 }
 
 static void test_graphs(const char *dir, const char *dir_tp2, const oracle *o) {
-    static const struct { int tp2, nccl; rt_gpu_precision prec; const char *name; } cfg[] = {
+    static const struct { int tp2, var; rt_gpu_precision prec; const char *name; } cfg[] = {
         {0, 0, RT_GPU_PRECISE, "graph TP=1 precise"}, {0, 0, RT_GPU_FAST, "graph TP=1 fast"},
-        {0, 2, RT_GPU_FAST, "graph TP=1 fast, fp16 products"},
+        {0, GV_H16, RT_GPU_FAST, "graph TP=1 fast, fp16 products"},
         {1, 0, RT_GPU_PRECISE, "graph TP=2 (device-sum) precise"},
-        {0, 1, RT_GPU_PRECISE, "graph TP=1 one-rank NCCL precise"}};
+        {0, GV_NCCL, RT_GPU_PRECISE, "graph TP=1 one-rank NCCL precise"}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const char *d = cfg[c].tp2 ? dir_tp2 : dir;
         g5_error e = {0};
@@ -283,8 +287,8 @@ static void test_graphs(const char *dir, const char *dir_tp2, const oracle *o) {
             int32_t ta[GRAPH_STEPS + 2], tb[GRAPH_STEPS + 2];
             float *la = xmalloc((size_t)(GRAPH_STEPS + 2) * V * 4), *lb = xmalloc((size_t)(GRAPH_STEPS + 2) * V * 4);
             double sa = 0, sb = 0;
-            const int oka = graph_run(m, d, cfg[c].prec, cfg[c].nccl, 0, o, V, ta, la, &sa, cfg[c].name);
-            const int okb = graph_run(m, d, cfg[c].prec, cfg[c].nccl, 1, o, V, tb, lb, &sb, cfg[c].name);
+            const int oka = graph_run(m, d, cfg[c].prec, cfg[c].var, 0, o, V, ta, la, &sa, cfg[c].name);
+            const int okb = graph_run(m, d, cfg[c].prec, cfg[c].var, 1, o, V, tb, lb, &sb, cfg[c].name);
             if (oka && okb) {
                 uint32_t same_tok = 0, same_lg = 0, first_diff = GRAPH_STEPS + 2;
                 double maxrel = 0;
