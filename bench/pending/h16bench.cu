@@ -10,7 +10,7 @@
  *
  * (k_h16ring, the weights through a per-warp cp.async ring, lost at every n and is gone: bench/
  * RESULTS.md, session 41.) Built on the CPU machine, run on the device with no build there:
- * bench/pending/s43-next.sh (build, bench).
+ * bench/pending/s44-next.sh (build, bench).
  * Usage: h16bench [reps]. Exits 1 on a failed check. */
 #include <cuda_fp16.h>
 #include <math.h>

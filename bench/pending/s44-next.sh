@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Device work prepared in session 43 (bench/NOTES.md, session 43), each one call:
-#   bash bench/pending/s43-next.sh h200    # on an H200 (carry gpu-deps): the issue's figures, none
+# Device work prepared in session 44 (bench/NOTES.md, session 44), each one call:
+#   bash bench/pending/s44-next.sh h200    # on an H200 (carry gpu-deps): the issue's figures, none
 #                                          # since session 23: bench_peer (pp512 / pp4096, tg64 at
 #                                          # 512 / 4096 / 16384 / 32768, batch 1 / 8 / 32)
-#   bash bench/pending/s43-next.sh serve   # then, the machine warm: serve.sh (fast, VERIFY=1:
+#   bash bench/pending/s44-next.sh serve   # then, the machine warm: serve.sh (fast, VERIFY=1:
 #                                          # glm5-serve's fp16 products)
-#   bash bench/pending/s43-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
-#   bash bench/pending/s43-next.sh bench   # carry [".dev"] alone (~38 MB): h16bench (cuk_gemv_h16
+#   bash bench/pending/s44-next.sh build   # here: the cuda objects h16bench links, then .dev/h16bench
+#   bash bench/pending/s44-next.sh bench   # carry [".dev"] alone (~38 MB): h16bench (cuk_gemv_h16
 #                                          # against the int8 forms and h16x at 1 / 8 / 32 vectors;
 #                                          # a variant of the kernel goes in before `build`)
-#   bash bench/pending/s43-next.sh profile # carry gpu-deps: bench_peer --h16 --profile: the class table of
+#   bash bench/pending/s44-next.sh profile # carry gpu-deps: bench_peer --h16 --profile: the class table of
 #                                          # a 256-token prefill call (the server's), one token and a
 #                                          # batch-32 step with glm5-serve's fp16 products
-#   bash bench/pending/s43-next.sh test    # carry gpu-deps and oracle-carry: make test-gpu
+#   bash bench/pending/s44-next.sh test    # carry gpu-deps and oracle-carry: make test-gpu
 #                                          # (tests/gpu/run_device.sh, no converter bench)
+# moe_mm's half-tile layout (bench/pending/s44-moe-half.patch, not yet run on a GPU) is measured
+# with ab.sh, one call (carry gpu-deps, oracle-carry and .dev/ab):
+#   git apply bench/pending/s44-moe-half.patch && bash bench/ab.sh prepare base=HEAD
+#   TESTGPU=1 ROUNDS=2 PEER="--pp 256,512,4096 --depth 512 --tg 8 --batch 1 --reps 3" bash bench/ab.sh run
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 export CENTRED=1 W=$PWD/build/g5peer
