@@ -9,7 +9,12 @@
  * expert's rows split into tiles of 64; a CTA finds its expert and rows by a scan of cnt), y =
  * tiles of 128 output columns. 256 threads (8 warps); warp w owns rows 32 (w & 1) .. + 32 and
  * columns 32 (w >> 1) .. + 32 of the tile, as 2 x 4 mma.sync m16n8k16 fragments (fp16 inputs,
- * float32 accumulators) per weight matrix. Per k step of 128: the input tile (64 x 128 fp16) comes
+ * float32 accumulators) per weight matrix; a tile of 32 rows or fewer (an expert's share of a
+ * 256-token call on 64 experts, or of a 512-token call on GLM-5's 256) is laid out as rows 0 .. 31
+ * and columns 16 w .. + 15 instead, so that its mma work is half, or a quarter at 16 rows or fewer
+ * (mma_step; the loop is compiled once per layout, mm_tile). That took GLM-5's expert shapes from
+ * 1.50 to 1.20 ms a layer at 16 rows an expert and to 1.29 at 32, 1.54 against 1.52 at 64 (H100,
+ * bench/RESULTS.md session 45). Per k step of 128: the input tile (64 x 128 fp16) comes
  * by cp.async while each thread decodes one weight row's 64 elements of the step (a pair of
  * sub-blocks, whose raw bytes it loaded with 16-byte loads during the previous step's products)
  * into the fp16 tile, then 8 k16 steps of mma. Two CTAs per SM overlap one's decode with the
@@ -20,7 +25,12 @@
  * that path; a two-stage pipeline (k steps of 64, the next step's decode beside this step's
  * products, one barrier per step) at 140 against this kernel's 200; and the kernel as a dense
  * product (one expert, no counts) loses to the dequantized copy + cuBLAS at 512 rows and more
- * (0.57 against 0.23 ms for 6144 x 16384 Q4_K): bench/RESULTS.md, Session 7.
+ * (0.57 against 0.23 ms for 6144 x 16384 Q4_K): bench/RESULTS.md, Session 7. Session 45 (H100):
+ * ncu puts this kernel on its L1 / shared-memory pipe (87-89% busy; stalls on short scoreboard
+ * and MIO throttle, tensor pipe 17-23%), and two forms without the weight tile both lost: B
+ * fragments decoded from weight words in registers (one CTA an SM at 155-255 registers) 1.59 /
+ * 1.76 / 2.12 ms at 16 / 32 / 64 rows, and an L2 prefetch of the bytes two or four steps ahead
+ * 8-15% slower.
  * gate_up (two matrices): out = fp16(silu(gate) * up) per element (cuk_silu_mul_16's arithmetic);
  * one matrix: out = the float32 product. */
 #include <cuda_fp16.h>
@@ -186,13 +196,47 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
     }
 }
 
-template <int T, int NM>
-__global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
-    extern __shared__ __align__(128) uint8_t smem[];
-    __shared__ int sh[20];
-    find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
-    const int e = sh[16], row0 = sh[17], nr = sh[18];
-    if (nr <= 0) return;
+/* The 8 k16 steps of one k step into acc. Full (a tile of more than BM / 2 rows): warp w owns
+ * rows 32 (w & 1) .. + 31 and columns 32 (w >> 1) .. + 31, 2 x 4 fragments. HALF (BM / 2 rows or
+ * fewer): every warp takes rows 0 .. 31 and columns 16 w .. + 15, 2 x 2 fragments (acc[m][mi][0..1]),
+ * and the second 16 rows only where the tile has them. So a tile of 32 rows or fewer issues half
+ * the mma work, or a quarter (16 rows or fewer), spread over all four schedulers (in the full
+ * layout the rows past nr would idle the warps of one w & 1, two of the SM's four schedulers).
+ * An output's accumulator sees the same fragments in the same k order either way: the same bits. */
+template <int NM, bool HALF>
+__device__ __forceinline__ void mma_step(float (&acc)[NM][2][4][4], uint32_t sx, int warp, int lane, int nr) {
+    const int wm = warp & 1, wn = warp >> 1;
+    const int rbase = HALF ? 0 : wm * 32, cbase = HALF ? warp * 16 : wn * 32, nmi = HALF && nr <= 16 ? 1 : 2;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+            if (mi < nmi)
+                cuk::ldsm4(a[mi], sx + (uint32_t)((rbase + mi * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint32_t swm = sx + SX_B + m * SW_B;
+#pragma unroll
+            for (int nj = 0; nj < (HALF ? 1 : 2); nj++) {
+                uint32_t b[4];
+                const int br = cbase + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                cuk::ldsm4(b, swm + (uint32_t)(br * LDS + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+                    if (mi < nmi) {
+                        cuk::mma_f16(acc[m][mi][2 * nj], a[mi], b[0], b[1]);
+                        cuk::mma_f16(acc[m][mi][2 * nj + 1], a[mi], b[2], b[3]);
+                    }
+            }
+        }
+    }
+}
+
+/* One row tile: the k loop and the stores in the layout HALF (mma_step), compiled apart so that
+ * neither layout's loop carries the other's branches. */
+template <int T, int NM, bool HALF>
+__device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e, int row0, int nr) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
     const int n0 = (int)blockIdx.y * BN;
     const uint32_t sx = (uint32_t)__cvta_generic_to_shared(smem);
@@ -238,28 +282,7 @@ __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
         }
         cuk::cp_wait<0>();
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t a[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-                cuk::ldsm4(a[mi], sx + (uint32_t)((wm * 32 + mi * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
-#pragma unroll
-            for (int m = 0; m < NM; m++) {
-                const uint32_t swm = sx + SX_B + m * SW_B;
-#pragma unroll
-                for (int nj = 0; nj < 2; nj++) {
-                    uint32_t b[4];
-                    const int br = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                    cuk::ldsm4(b, swm + (uint32_t)(br * LDS + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++) {
-                        cuk::mma_f16(acc[m][mi][2 * nj], a[mi], b[0], b[1]);
-                        cuk::mma_f16(acc[m][mi][2 * nj + 1], a[mi], b[2], b[3]);
-                    }
-                }
-            }
-        }
+        mma_step<NM, HALF>(acc, sx, warp, lane, nr);
         __syncthreads();
     }
 
@@ -270,8 +293,10 @@ __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
         for (int ni = 0; ni < 4; ni++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                const int r = wm * 32 + mi * 16 + g + 8 * hr, col = n0 + wn * 32 + ni * 8 + 2 * c4;
-                if (r >= nr || col >= p.n) continue;
+                /* the fragment's rows and columns as mma_step's two warp layouts place them */
+                const int r = (HALF ? 0 : wm * 32) + mi * 16 + g + 8 * hr;
+                const int col = n0 + (HALF ? warp * 16 : wn * 32) + ni * 8 + 2 * c4;
+                if ((HALF && ni >= 2) || r >= nr || col >= p.n) continue;
                 const float *v0 = &acc[0][mi][ni][2 * hr];
                 if constexpr (NM == 2) {
                     const float *v1 = &acc[1][mi][ni][2 * hr];
@@ -286,6 +311,17 @@ __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
                     *(float2 *)((float *)p.out + (int64_t)(row0 + r) * p.ldo + col) = make_float2(v0[0], v0[1]);
                 }
             }
+}
+
+template <int T, int NM>
+__global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ int sh[20];
+    find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
+    const int e = sh[16], row0 = sh[17], nr = sh[18];
+    if (nr <= 0) return;
+    if (nr <= BM / 2) mm_tile<T, NM, true>(p, smem, e, row0, nr);
+    else mm_tile<T, NM, false>(p, smem, e, row0, nr);
 }
 
 typedef void (*mm_fn)(MmParams);

@@ -7,11 +7,13 @@
  * decoded expert behind runtime/gpu/gpu_linear.c's moe_mm_wins come from these lines. Prints ms per
  * layer and TFLOP/s of each, and the ceiling measured in the same run: cuBLAS bf16 on an
  * 8192^3 product. Weights: one random expert (quant_fill_random) copied to all 64. Median of 7
- * after 2 warm-ups. Usage: bench_moe_mm */
+ * after 2 warm-ups. Usage: bench_moe_mm [R,R,...] [--fused-only] (default 16,64,128,256,512; the
+ * second argument skips the copy path). */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuk.h"
 #include "cuda/cuk_gemm.h"
@@ -51,12 +53,21 @@ typedef struct ctx {
     cuk_blas *blas;
 } ctx;
 
-static void run_fused(ctx *c) {
+static void run_gu(ctx *c) {
     const int tiles = NL * ((c->R + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM);
     const cuk_moe_mm_args gu = {QT_Q4_K, c->wg, c->wu, E, FE, c->x, c->dcnt, NL, tiles, c->h, FE};
-    const cuk_moe_mm_args dn = {QT_Q5_K, c->wd, NULL, FE, E, c->h, c->dcnt, NL, tiles, c->ds, E};
     GK(cuk_moe_mm(&gu, NULL, &err_));
+}
+
+static void run_dn(ctx *c) {
+    const int tiles = NL * ((c->R + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM);
+    const cuk_moe_mm_args dn = {QT_Q5_K, c->wd, NULL, FE, E, c->h, c->dcnt, NL, tiles, c->ds, E};
     GK(cuk_moe_mm(&dn, NULL, &err_));
+}
+
+static void run_fused(ctx *c) {
+    run_gu(c);
+    run_dn(c);
 }
 
 static void deq(uint32_t t, const void *w, int64_t k, int64_t rows, void *out) {
@@ -135,7 +146,20 @@ static double blas_ceiling(ctx *c) {
     return 2.0 * S * S * S / (t[REPS / 2] * 1e-3) / 1e12;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int Rs[16] = {16, 64, 128, 256, 512}, nR = 5;
+    if (argc > 1) {
+        nR = 0;
+        for (char *t = argv[1], *e = NULL; *t && nR < 16; t = *e ? e + 1 : e) {
+            const long v = strtol(t, &e, 10);
+            if (e == t || v < 1 || v > 4096 || (*e && *e != ',')) {
+                fprintf(stderr, "bench_moe_mm: bad row list '%s'\n", argv[1]);
+                return 2;
+            }
+            Rs[nR++] = (int)v;
+        }
+    }
+    const int fused_only = argc > 2 && !strcmp(argv[2], "--fused-only");
     ctx c = {0};
     GK(cuk_blas_create(&c.blas, &err_));
     c.wg = rand_experts(QT_Q4_K, FE, E);
@@ -146,8 +170,7 @@ int main(void) {
     CK(cudaMalloc(&c.wd16, (size_t)NL * FE * E * 2));
     const double ceil_tf = blas_ceiling(&c);
     printf("moe_mm bench: cuBLAS bf16 8192^3: %.1f TFLOP/s (the ceiling)\n", ceil_tf);
-    const int Rs[] = {16, 64, 128, 256, 512};
-    for (int ri = 0; ri < 5; ri++) {
+    for (int ri = 0; ri < nR; ri++) {
         const int R = c.R = Rs[ri];
         const int64_t rows = (int64_t)NL * R;
         int32_t hc[NL];
@@ -165,11 +188,18 @@ int main(void) {
         CK(cudaMalloc((void **)&c.us, (size_t)rows * FE * 4));
         CK(cudaMalloc((void **)&c.ds, (size_t)rows * E * 4));
         const double fl = 2.0 * rows * 3.0 * E * FE;
-        const float tf = time_ms(run_fused, &c), to = time_ms(run_old, &c);
-        printf("moe_mm bench R=%d rows/expert (%lld rows): fused %.3f ms (%.1f TFLOP/s, %.3f of cuBLAS bf16), "
-               "dequantized copy + cuBLAS %.3f ms (%.1f TFLOP/s, %.3f)\n",
-               R, (long long)rows, tf, fl / (tf * 1e-3) / 1e12, fl / (tf * 1e-3) / 1e12 / ceil_tf, to,
-               fl / (to * 1e-3) / 1e12, fl / (to * 1e-3) / 1e12 / ceil_tf);
+        const float tf = time_ms(run_fused, &c), tg = time_ms(run_gu, &c), td = time_ms(run_dn, &c);
+        printf("moe_mm bench R=%d: fused gate+up %.3f ms, down %.3f ms\n", R, tg, td);
+        if (fused_only) {
+            printf("moe_mm bench R=%d rows/expert (%lld rows): fused %.3f ms (%.1f TFLOP/s, %.3f of cuBLAS bf16)\n", R,
+                   (long long)rows, tf, fl / (tf * 1e-3) / 1e12, fl / (tf * 1e-3) / 1e12 / ceil_tf);
+        } else {
+            const float to = time_ms(run_old, &c);
+            printf("moe_mm bench R=%d rows/expert (%lld rows): fused %.3f ms (%.1f TFLOP/s, %.3f of cuBLAS bf16), "
+                   "dequantized copy + cuBLAS %.3f ms (%.1f TFLOP/s, %.3f)\n",
+                   R, (long long)rows, tf, fl / (tf * 1e-3) / 1e12, fl / (tf * 1e-3) / 1e12 / ceil_tf, to,
+                   fl / (to * 1e-3) / 1e12, fl / (to * 1e-3) / 1e12 / ceil_tf);
+        }
         cudaFree(c.dcnt);
         cudaFree(c.x);
         cudaFree(c.h);

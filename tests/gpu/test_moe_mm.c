@@ -4,8 +4,9 @@
  * against quant_dequantize, within 2^-9 of each sub-block's largest value), fp16 inputs. For the types
  * the kernel takes (Q4_K, Q5_K; the others are refused and run the dequantized-copy path): gate+up with SwiGLU to fp16 and the single product to float32, on expert
  * counts that exercise empty experts, one row, a full tile, a tile plus one, several tiles, more
- * than 256 experts (the tile scan's second chunk) and an output width that is not a multiple of
- * the 128-column tile. Output padding (ldo > n) is poisoned and must stay untouched; every row
+ * than 256 experts (the tile scan's second chunk), tiles of 16, 32 and more rows (the kernel's
+ * quarter, half and full mma layouts) and an output width that is not a multiple of the 128-column
+ * tile. Output padding (ldo > n) is poisoned and must stay untouched; every row
  * must be written. Bounds: fp16 outputs within one fp16 rounding of the float64 value (plus 1e-4
  * absolute: float32 sums), float32 outputs rel L2 <= 1e-5 per case; a wrong row, column or
  * expert gives O(1). Runs on the device only. */
@@ -37,6 +38,7 @@ typedef struct mcase {
 static const int CNT_A[] = {0, 1, 64, 65, 130};
 static const int CNT_B[] = {3, 0, 0, 17};
 static const int CNT_D[] = {150};
+static const int CNT_E[] = {16, 32, 33, 48, 97}; /* the kernel's tile layouts: <= 16, <= 32, more rows */
 
 static uint64_t rbytes(uint32_t t, int64_t k) {
     uint64_t rb = 0;
@@ -206,6 +208,53 @@ static void run_case(uint32_t t, const mcase *c) {
     free(cnt);
 }
 
+/* The tile layouts (full above 32 rows, half up to 32, quarter up to 16) give a row the same bits:
+ * one expert's first rows as a tile of 33, 32 and 16 rows, both products compared bit for bit. */
+static void check_layouts(uint32_t t) {
+    enum { K = 512, N = 136, R = 33 };
+    const quant_type_info *ti = quant_type_get(t);
+    const uint64_t wbytes = (uint64_t)N * rbytes(t, K);
+    uint8_t *hw = xmalloc(wbytes);
+    uint64_t st = rnd();
+    if (quant_fill_random(t, hw, wbytes / ti->block_bytes, &st) != G5_OK) {
+        printf("FAIL: quant_fill_random(%s)\n", ti->name);
+        exit(2);
+    }
+    uint16_t hx[R * K];
+    for (int i = 0; i < R * K; i++) hx[i] = quant_f32_to_f16(unif(-1, 1));
+    void *dw = dup_d(hw, wbytes), *dx = dup_d(hx, sizeof hx);
+    const int rows[3] = {33, 32, 16};
+    uint16_t *oh[3];
+    float *od[3];
+    g5_error err = {0};
+    for (int v = 0; v < 3; v++) {
+        void *dc = dup_d(&rows[v], 4), *dh = dalloc((size_t)R * N * 2), *dd = dalloc((size_t)R * N * 4);
+        const cuk_moe_mm_args gu = {t, dw, dw, K, N, dx, dc, 1, 1, dh, N};
+        const cuk_moe_mm_args dn = {t, dw, NULL, K, N, dx, dc, 1, 1, dd, N};
+        T_CHECK(cuk_moe_mm(&gu, NULL, &err) == G5_OK && cuk_moe_mm(&dn, NULL, &err) == G5_OK, "%s layouts: launch (%s)",
+                ti->name, err.msg);
+        oh[v] = xmalloc((size_t)R * N * 2);
+        od[v] = xmalloc((size_t)R * N * 4);
+        get(oh[v], dh, (size_t)R * N * 2);
+        get(od[v], dd, (size_t)R * N * 4);
+        cudaFree(dc);
+        cudaFree(dh);
+        cudaFree(dd);
+    }
+    for (int v = 1; v < 3; v++) {
+        const size_t n_el = (size_t)rows[v] * N;
+        T_CHECK(!memcmp(oh[0], oh[v], n_el * 2) && !memcmp(od[0], od[v], n_el * 4),
+                "%s: the first %d rows as a tile of %d rows differ from a tile of 33", ti->name, rows[v], rows[v]);
+    }
+    for (int v = 0; v < 3; v++) {
+        free(oh[v]);
+        free(od[v]);
+    }
+    free(hw);
+    cudaFree(dw);
+    cudaFree(dx);
+}
+
 static void check_refusals(void) {
     g5_error err = {0};
     int dummy_cnt = 1;
@@ -245,10 +294,14 @@ int main(void) {
         {"4 experts 3/0/0/17 rows, k 256, n 256", 4, 256, 256, CNT_B},
         {"300 experts, rows only in the last, k 256, n 64", 300, 256, 64, NULL},
         {"1 expert of 150 rows, k 768, n 200", 1, 768, 200, CNT_D},
+        {"5 experts 16/32/33/48/97 rows, k 512, n 264", 5, 512, 264, CNT_E},
     };
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) run_case(TYPES[ti], &cases[ci]);
-    for (size_t ti = 0; ti < N_TYPES; ti++) check_decode(TYPES[ti]);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        check_decode(TYPES[ti]);
+        check_layouts(TYPES[ti]);
+    }
     check_refusals();
     return t_report(G5_TEST_NAME);
 }
