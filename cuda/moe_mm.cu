@@ -12,25 +12,25 @@
  * float32 accumulators) per weight matrix; a tile of 32 rows or fewer (an expert's share of a
  * 256-token call on 64 experts, or of a 512-token call on GLM-5's 256) is laid out as rows 0 .. 31
  * and columns 16 w .. + 15 instead, so that its mma work is half, or a quarter at 16 rows or fewer
- * (mma_step; the loop is compiled once per layout, mm_tile). That took GLM-5's expert shapes from
- * 1.50 to 1.20 ms a layer at 16 rows an expert and to 1.29 at 32, 1.54 against 1.52 at 64 (H100,
- * bench/RESULTS.md session 45). Per k step of 128: the input tile (64 x 128 fp16) comes
- * by cp.async while each thread decodes one weight row's 64 elements of the step (a pair of
- * sub-blocks, whose raw bytes it loaded with 16-byte loads during the previous step's products)
- * into the fp16 tile, then 8 k16 steps of mma. Two CTAs per SM overlap one's decode with the
- * other's products. Shared rows are padded by 16 bytes so ldmatrix is conflict-free. Types:
- * Q4_K and Q5_K (the experts of the UD-Q4_K_XL files); cuk_moe_mm_takes says no to the others,
- * which run the dequantized-copy path (runtime/gpu/gpu_linear.c). A first version decoding any
- * deq_sub.h type with its byte loads straight from global memory ran at 55 TFLOP/s, slower than
- * that path; a two-stage pipeline (k steps of 64, the next step's decode beside this step's
- * products, one barrier per step) at 140 against this kernel's 200; and the kernel as a dense
- * product (one expert, no counts) loses to the dequantized copy + cuBLAS at 512 rows and more
- * (0.57 against 0.23 ms for 6144 x 16384 Q4_K): bench/RESULTS.md, Session 7. Session 45 (H100):
- * ncu puts this kernel on its L1 / shared-memory pipe (87-89% busy; stalls on short scoreboard
- * and MIO throttle, tensor pipe 17-23%), and two forms without the weight tile both lost: B
- * fragments decoded from weight words in registers (one CTA an SM at 155-255 registers) 1.59 /
- * 1.76 / 2.12 ms at 16 / 32 / 64 rows, and an L2 prefetch of the bytes two or four steps ahead
- * 8-15% slower.
+ * (mma_step; the loop is compiled once per layout, mm_tile), and copies only the input rows that
+ * layout multiplies. That took GLM-5's expert shapes from 1.50 to 1.14 ms a layer at 16 rows an
+ * expert and to 1.24 at 32, 1.54 against 1.52 at 64 (H100, bench/RESULTS.md session 45). Per k step
+ * of 128: the input tile (up to 64 x 128 fp16) comes by cp.async while each thread decodes one
+ * weight row's 64 elements of the step (a pair of sub-blocks, whose raw bytes it loaded with
+ * 16-byte loads during the previous step's products) into the fp16 tile, then 8 k16 steps of mma.
+ * Two CTAs per SM overlap one's decode with the other's products. Shared rows are padded by 16
+ * bytes so ldmatrix is conflict-free. Types: Q4_K and Q5_K (the experts of the UD-Q4_K_XL files);
+ * cuk_moe_mm_takes says no to the others, which run the dequantized-copy path
+ * (runtime/gpu/gpu_linear.c). A first version decoding any deq_sub.h type with its byte loads
+ * straight from global memory ran at 55 TFLOP/s, slower than that path; a two-stage pipeline (k
+ * steps of 64, the next step's decode beside this step's products, one barrier per step) at 140
+ * against this kernel's 200; and the kernel as a dense product (one expert, no counts) loses to the
+ * dequantized copy + cuBLAS at 512 rows and more (0.57 against 0.23 ms for 6144 x 16384 Q4_K):
+ * bench/RESULTS.md, Session 7. Session 45 (H100): ncu puts this kernel on its L1 / shared-memory
+ * pipe (87-89% busy; stalls on short scoreboard and MIO throttle, tensor pipe 17-23%), and two
+ * forms without the weight tile both lost: B fragments decoded from weight words in registers (one
+ * CTA an SM at 155-255 registers) 1.59 / 1.76 / 2.12 ms at 16 / 32 / 64 rows, and an L2 prefetch of
+ * the bytes two or four steps ahead 8-15% slower.
  * gate_up (two matrices): out = fp16(silu(gate) * up) per element (cuk_silu_mul_16's arithmetic);
  * one matrix: out = the float32 product. */
 #include <cuda_fp16.h>
@@ -255,7 +255,8 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[m][i][j][q] = 0.0f;
 
-    /* this thread's weight job per k step: row r of the tile, sub-block pair jp of the step's four */
+    /* this thread's weight job per k step: row r of the tile, sub-block pair jp of the step's four;
+     * a lane pair takes one row (lanes on 16 rows, jp by half-warp: 4-15% slower, session 45) */
     const int r = tid >> 1, jp = tid & 1;
     const bool row_ok = n0 + r < p.n;
     const uint8_t *wrow[NM];
@@ -265,9 +266,11 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
         wrow[m] = wb[m] + (int64_t)(row_ok ? n0 + r : 0) * p.rb;
         raw_load<T>(raw[m], wrow[m], jp);
     }
+    /* the input rows mma_step reads: the rest of the tile is never multiplied into a stored output */
+    const int xrows = HALF ? (nr <= 16 ? 16 : 32) : BM;
     for (int k0 = 0; k0 < p.k; k0 += BK) {
         const int pr0 = (k0 % 256) / 64;
-        for (int i = tid; i < BM * BK / 8; i += NT) {
+        for (int i = tid; i < xrows * (BK / 8); i += NT) {
             const int r = i / (BK / 8), c = i % (BK / 8);
             const bool ok = r < nr;
             cuk::cp16(sx + (uint32_t)(r * LDS + c * 8) * 2, xr + (int64_t)(ok ? r : 0) * p.k + k0 + c * 8, ok);
