@@ -256,7 +256,7 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
                 for (int q = 0; q < 4; q++) acc[m][i][j][q] = 0.0f;
 
     /* this thread's weight job per k step: row r of the tile, sub-block pair jp of the step's four;
-     * a lane pair takes one row (lanes on 16 rows, jp by half-warp: 4-15% slower, session 45) */
+     * a lane pair takes one row (lanes on 16 rows, jp by half-warp: 5-17% slower, session 45) */
     const int r = tid >> 1, jp = tid & 1;
     const bool row_ok = n0 + r < p.n;
     const uint8_t *wrow[NM];
