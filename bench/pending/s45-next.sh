@@ -20,6 +20,11 @@
 #                                          # with test_moe_mm; NCU_R="16 64": ncu --set full of the
 #                                          # tree's k_moe_mm at those R. The binaries left in build/
 #                                          # are the last variant's: bench_build again before reuse
+#                                          # s45-moe-rot.patch (prepared, not run: the decode's two
+#                                          # lanes of a row store 4 chunks apart) goes in as a variant:
+#                                          #   git apply bench/pending/s45-moe-rot.patch && mkdir -p
+#                                          #   .dev/mv/rot && cp cuda/moe_mm.cu .dev/mv/rot/ &&
+#                                          #   git checkout cuda/moe_mm.cu
 #   bash bench/pending/s45-next.sh ncumoe  # carry gpu-deps: ncu of k_moe_mm in a 256-token fast
 #                                          # prefill call (--set full, first two launches: one
 #                                          # layer's gate+up and down), then every kernel's time
@@ -74,6 +79,7 @@ moebench)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   M=$B/gpu/tests/bench_moe_mm
   cp cuda/moe_mm.cu "$OUT/moe_mm.tree.cu"
+  touch cuda/moe_mm.cu # a warm machine's objects may be a variant's, newer than the tree's copy
   for v in tree $(ls .dev/mv 2>/dev/null); do
     [ "$v" = tree ] || cp ".dev/mv/$v/moe_mm.cu" cuda/moe_mm.cu
     bench_build "$OUT/build_$v.log" "$M" || { cp "$OUT/moe_mm.tree.cu" cuda/moe_mm.cu; continue; }
