@@ -20,11 +20,12 @@
 #                                          # with test_moe_mm; NCU_R="16 64": ncu --set full of the
 #                                          # tree's k_moe_mm at those R. The binaries left in build/
 #                                          # are the last variant's: bench_build again before reuse
-#                                          # s45-moe-rot.patch (prepared, not run: the decode's two
-#                                          # lanes of a row store 4 chunks apart) goes in as a variant:
-#                                          #   git apply bench/pending/s45-moe-rot.patch && mkdir -p
-#                                          #   .dev/mv/rot && cp cuda/moe_mm.cu .dev/mv/rot/ &&
-#                                          #   git checkout cuda/moe_mm.cu
+#                                          # The prepared, not yet run variants (NOTES session 45,
+#                                          # next 1 and 2) go in each as .dev/mv/NAME/moe_mm.cu:
+#                                          #   for v in rot wa wa32; do git apply \
+#                                          #   bench/pending/s45-moe-$v.patch && mkdir -p .dev/mv/$v &&
+#                                          #   cp cuda/moe_mm.cu .dev/mv/$v/ && git checkout
+#                                          #   cuda/moe_mm.cu; done
 #   bash bench/pending/s45-next.sh ncumoe  # carry gpu-deps: ncu of k_moe_mm in a 256-token fast
 #                                          # prefill call (--set full, first two launches: one
 #                                          # layer's gate+up and down), then every kernel's time
