@@ -83,16 +83,17 @@ profile)
   grep -E "^pp|^tg|^batch|class|^\| (attention|indexer|dense|routed|lm_head|other|total)" "$OUT/profile.log" | head -40
   ;;
 moebench)
+  # the tree's copy and the build logs stay out of $OUT: a call brings back only a few files
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   M=$B/gpu/tests/bench_moe_mm
-  cp cuda/moe_mm.cu "$OUT/moe_mm.tree.cu"
+  cp cuda/moe_mm.cu /tmp/moe_mm.tree.cu
   touch cuda/moe_mm.cu # a warm machine's objects may be a variant's, newer than the tree's copy
   for v in tree $(ls .dev/mv 2>/dev/null); do
     [ "$v" = tree ] || cp ".dev/mv/$v/moe_mm.cu" cuda/moe_mm.cu
-    bench_build "$OUT/build_$v.log" "$M" || { cp "$OUT/moe_mm.tree.cu" cuda/moe_mm.cu; continue; }
+    bench_build "/tmp/build_$v.log" "$M" || { cp /tmp/moe_mm.tree.cu cuda/moe_mm.cu; continue; }
     echo "== $v"
     for rep in 1 2; do timeout 120 "$M" 16,32,64 --fused-only | grep "fused gate"; done
-    if bench_build "$OUT/buildt_$v.log" $B/gpu/tests/test_moe_mm; then
+    if bench_build "/tmp/buildt_$v.log" $B/gpu/tests/test_moe_mm; then
       timeout 120 $B/gpu/tests/test_moe_mm >"$OUT/test_$v.log" 2>&1; echo "test_moe_mm ($v) rc=$?: $(tail -1 "$OUT/test_$v.log")"
     fi
     if [ "$v" = tree ]; then
@@ -100,12 +101,12 @@ moebench)
         timeout 150 /usr/local/cuda/bin/ncu -k regex:'^k_moe_mm$' --launch-count 2 --set full "$M" $R --fused-only \
           >"$OUT/ncu_R$R.txt" 2>&1
         echo "ncu R=$R rc=$?"
+        grep -E "k_moe_mm|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|DRAM Throughput|Issue Slots Busy" \
+          "$OUT/ncu_R$R.txt" | head -20
       done
     fi
-    cp "$OUT/moe_mm.tree.cu" cuda/moe_mm.cu
+    cp /tmp/moe_mm.tree.cu cuda/moe_mm.cu
   done
-  grep -E "k_moe_mm|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|DRAM Throughput|Issue Slots Busy|Stall" \
-    "$OUT"/ncu_R*.txt | head -40
   ;;
 moeab-build)
   L=build/loc
