@@ -14,7 +14,8 @@
  * and columns 16 w .. + 15 instead, so that its mma work is half, or a quarter at 16 rows or fewer
  * (mma_step; the loop is compiled once per layout, mm_tile), and copies only the input rows that
  * layout multiplies. That took GLM-5's expert shapes from 1.50 to 1.14 ms a layer at 16 rows an
- * expert and to 1.24 at 32, 1.54 against 1.52 at 64 (H100, bench/RESULTS.md session 45). Per k step
+ * expert and to 1.24 at 32, 1.54 against 1.52 at 64 (H100, bench/RESULTS.md session 45); the decode's
+ * store order without a bank conflict (raw_decode's jp) to 1.06 / 1.17 / 1.49 (session 46). Per k step
  * of 128: the input tile (up to 64 x 128 fp16) comes by cp.async while each thread decodes one
  * weight row's 64 elements of the step (a pair of sub-blocks, whose raw bytes it loaded with
  * 16-byte loads during the previous step's products) into the fp16 tile, then 8 k16 steps of mma.
@@ -151,7 +152,7 @@ __device__ __forceinline__ uint32_t nib2(uint32_t x, uint32_t sel) {
     return __byte_perm(x, 0x64646464u, sel) & 0xff0fff0fu;
 }
 
-template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int pr, uint4 *dst) {
+template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int pr, int jp, uint4 *dst) {
     const float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffffu)));
     const float mn = __half2float(__ushort_as_half((unsigned short)(w.h.x >> 16)));
     const uint32_t q[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
@@ -161,8 +162,12 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
         qh[4] = w.qh1.x, qh[5] = w.qh1.y, qh[6] = w.qh1.z, qh[7] = w.qh1.w;
     }
     const __half2 k1024 = __float2half2_rn(1024.0f);
+    /* lane jp = 1 decodes and stores the odd sub-block first: at each 16-byte store the two lanes
+     * of a row write chunks 4 apart, so the 8 lanes of a store phase (4 rows) hit 8 distinct
+     * bank groups (in step they hit 4, twice: rows are 272 bytes apart, the pairs 128) */
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
+    for (int it = 0; it < 2; it++) {
+        const int hh = it ^ jp;
         const int sb = 2 * pr + hh;
         uint32_t sv, mv;
         if (sb < 4) {
@@ -177,7 +182,7 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
         uint32_t o[16];
 #pragma unroll
         for (int i = 0; i < 8; i++) { /* elements 4 i .. 4 i + 3 of sub-block sb */
-            const uint32_t x = hh ? q[i] >> 4 : q[i];
+            const uint32_t x = q[i] >> (4 * hh);
             uint32_t v[2] = {nib2(x, 0x4140u), nib2(x, 0x4342u)};
             if constexpr (T == QT_Q5_K) {
                 const uint32_t t = qh[i] >> sb; /* bit 0 of each byte: that element's fifth bit */
@@ -277,7 +282,7 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
         }
         cuk::cp_commit();
 #pragma unroll
-        for (int m = 0; m < NM; m++) raw_decode<T>(raw[m], pr0 + jp, (uint4 *)(void *)(smem + SX_B + m * SW_B + (r * LDS + 64 * jp) * 2));
+        for (int m = 0; m < NM; m++) raw_decode<T>(raw[m], pr0 + jp, jp, (uint4 *)(void *)(smem + SX_B + m * SW_B + (r * LDS + 64 * jp) * 2));
         if (k0 + BK < p.k) {
             const int kn = k0 + BK;
 #pragma unroll
