@@ -9,13 +9,18 @@
  * expert's rows split into tiles of 64; a CTA finds its expert and rows by a scan of cnt), y =
  * tiles of 128 output columns. 256 threads (8 warps); warp w owns rows 32 (w & 1) .. + 32 and
  * columns 32 (w >> 1) .. + 32 of the tile, as 2 x 4 mma.sync m16n8k16 fragments (fp16 inputs,
- * float32 accumulators) per weight matrix; a tile of 32 rows or fewer (an expert's share of a
- * 256-token call on 64 experts, or of a 512-token call on GLM-5's 256) is laid out as rows 0 .. 31
- * and columns 16 w .. + 15 instead, so that its mma work is half, or a quarter at 16 rows or fewer
- * (mma_step; the loop is compiled once per layout, mm_tile), and copies only the input rows that
- * layout multiplies. That took GLM-5's expert shapes from 1.50 to 1.14 ms a layer at 16 rows an
- * expert and to 1.24 at 32, 1.54 against 1.52 at 64 (H100, bench/RESULTS.md session 45); the decode's
- * store order without a bank conflict (raw_decode's jp) to 1.06 / 1.17 / 1.49 (session 46). Per k step
+ * float32 accumulators) per weight matrix (mm_tile). A tile of 32 rows or fewer (an expert's share
+ * of a 256-token call on 64 experts, or of a 512-token call on GLM-5's 256) takes the wa form
+ * instead (wa_tile): the weights are the mma's A operand, decoded in registers by the warp that
+ * owns their 16 rows, and only the input comes through shared memory. ncu put mm_tile on its L1 /
+ * shared-memory pipe (the weight tile written and read back); at 16 / 32 rows an expert the wa form
+ * takes GLM-5's expert shapes from 1.06 / 1.17 to 0.90 / 1.02 ms a layer, where at 64 rows it
+ * loses (1.65 against 1.49: one CTA an SM for gate+up in one pass of 64 rows, 2.04 in two passes of
+ * 32), H100, bench/RESULTS.md session 46. The two forms sum k in different orders, so a row's bits
+ * depend on whether its expert's tile has more than 32 rows (llama.cpp's MMQ tiles likewise follow
+ * the batch; cuBLAS's dense products do too). Earlier forms of the small tile: the full layout with
+ * zero rows 1.50 / 1.50, half of it on rows 0 .. 31 1.14 / 1.24 (session 45), the same with the
+ * decode's stores free of bank conflicts 1.06 / 1.17 (session 46). mm_tile, per k step
  * of 128: the input tile (up to 64 x 128 fp16) comes by cp.async while each thread decodes one
  * weight row's 64 elements of the step (a pair of sub-blocks, whose raw bytes it loaded with
  * 16-byte loads during the previous step's products) into the fp16 tile, then 8 k16 steps of mma.
@@ -201,46 +206,39 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
     }
 }
 
-/* The 8 k16 steps of one k step into acc. Full (a tile of more than BM / 2 rows): warp w owns
- * rows 32 (w & 1) .. + 31 and columns 32 (w >> 1) .. + 31, 2 x 4 fragments. HALF (BM / 2 rows or
- * fewer): every warp takes rows 0 .. 31 and columns 16 w .. + 15, 2 x 2 fragments (acc[m][mi][0..1]),
- * and the second 16 rows only where the tile has them. So a tile of 32 rows or fewer issues half
- * the mma work, or a quarter (16 rows or fewer), spread over all four schedulers (in the full
- * layout the rows past nr would idle the warps of one w & 1, two of the SM's four schedulers).
- * An output's accumulator sees the same fragments in the same k order either way: the same bits. */
-template <int NM, bool HALF>
-__device__ __forceinline__ void mma_step(float (&acc)[NM][2][4][4], uint32_t sx, int warp, int lane, int nr) {
+/* The 8 k16 steps of one k step into acc: warp w owns rows 32 (w & 1) .. + 31 and columns
+ * 32 (w >> 1) .. + 31 of the tile, 2 x 4 fragments. */
+template <int NM>
+__device__ __forceinline__ void mma_step(float (&acc)[NM][2][4][4], uint32_t sx, int warp, int lane) {
     const int wm = warp & 1, wn = warp >> 1;
-    const int rbase = HALF ? 0 : wm * 32, cbase = HALF ? warp * 16 : wn * 32, nmi = HALF && nr <= 16 ? 1 : 2;
+    const int rbase = wm * 32, cbase = wn * 32;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
         uint32_t a[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
-            if (mi < nmi)
-                cuk::ldsm4(a[mi], sx + (uint32_t)((rbase + mi * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
+            cuk::ldsm4(a[mi], sx + (uint32_t)((rbase + mi * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8) * 2);
 #pragma unroll
         for (int m = 0; m < NM; m++) {
             const uint32_t swm = sx + SX_B + m * SW_B;
 #pragma unroll
-            for (int nj = 0; nj < (HALF ? 1 : 2); nj++) {
+            for (int nj = 0; nj < 2; nj++) {
                 uint32_t b[4];
                 const int br = cbase + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
                 cuk::ldsm4(b, swm + (uint32_t)(br * LDS + kk * 16 + ((lane >> 3) & 1) * 8) * 2);
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-                    if (mi < nmi) {
-                        cuk::mma_f16(acc[m][mi][2 * nj], a[mi], b[0], b[1]);
-                        cuk::mma_f16(acc[m][mi][2 * nj + 1], a[mi], b[2], b[3]);
-                    }
+                for (int mi = 0; mi < 2; mi++) {
+                    cuk::mma_f16(acc[m][mi][2 * nj], a[mi], b[0], b[1]);
+                    cuk::mma_f16(acc[m][mi][2 * nj + 1], a[mi], b[2], b[3]);
+                }
             }
         }
     }
 }
 
-/* One row tile: the k loop and the stores in the layout HALF (mma_step), compiled apart so that
- * neither layout's loop carries the other's branches. */
-template <int T, int NM, bool HALF>
+/* A row tile of more than 32 rows: the weights decoded into a shared fp16 tile, the input tile
+ * by cp.async, mma_step's layout. */
+template <int T, int NM>
 __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e, int row0, int nr) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
     const int n0 = (int)blockIdx.y * BN;
@@ -271,11 +269,9 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
         wrow[m] = wb[m] + (int64_t)(row_ok ? n0 + r : 0) * p.rb;
         raw_load<T>(raw[m], wrow[m], jp);
     }
-    /* the input rows mma_step reads: the rest of the tile is never multiplied into a stored output */
-    const int xrows = HALF ? (nr <= 16 ? 16 : 32) : BM;
     for (int k0 = 0; k0 < p.k; k0 += BK) {
         const int pr0 = (k0 % 256) / 64;
-        for (int i = tid; i < xrows * (BK / 8); i += NT) {
+        for (int i = tid; i < BM * (BK / 8); i += NT) {
             const int r = i / (BK / 8), c = i % (BK / 8);
             const bool ok = r < nr;
             cuk::cp16(sx + (uint32_t)(r * LDS + c * 8) * 2, xr + (int64_t)(ok ? r : 0) * p.k + k0 + c * 8, ok);
@@ -290,7 +286,7 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
         }
         cuk::cp_wait<0>();
         __syncthreads();
-        mma_step<NM, HALF>(acc, sx, warp, lane, nr);
+        mma_step<NM>(acc, sx, warp, lane);
         __syncthreads();
     }
 
@@ -301,10 +297,10 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
         for (int ni = 0; ni < 4; ni++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                /* the fragment's rows and columns as mma_step's two warp layouts place them */
-                const int r = (HALF ? 0 : wm * 32) + mi * 16 + g + 8 * hr;
-                const int col = n0 + (HALF ? warp * 16 : wn * 32) + ni * 8 + 2 * c4;
-                if ((HALF && ni >= 2) || r >= nr || col >= p.n) continue;
+                /* the fragment's rows and columns as mma_step places them */
+                const int r = wm * 32 + mi * 16 + g + 8 * hr;
+                const int col = n0 + wn * 32 + ni * 8 + 2 * c4;
+                if (r >= nr || col >= p.n) continue;
                 const float *v0 = &acc[0][mi][ni][2 * hr];
                 if constexpr (NM == 2) {
                     const float *v1 = &acc[1][mi][ni][2 * hr];
@@ -321,23 +317,201 @@ __device__ __forceinline__ void mm_tile(const MmParams &p, uint8_t *smem, int e,
             }
 }
 
+/* wa form (NOTES session 45, next 2): the weights are the mma's A operand, as in cuk_gemv_h16.
+ * Warp w owns weight rows n0 + 16 w .. + 15 (lane (g, c): rows g and g + 8) and every token row of
+ * the tile (n8 tiles t < ceil(nr / 8)). Per 256-element block the lane holds, per row, the header,
+ * bytes 8c .. 8c + 7 of each 32-byte quant group and (Q5_K) of the high-bit bytes. A k16 chunk is
+ * one nibble half (h) of 4 of those bytes (hf): the lane's A pieces at mma k 2c, 2c+1, 2c+8, 2c+9
+ * are the 4 consecutive elements 64 j + 32 h + 8 c + 4 hf + 0 .. 3, and its B pieces x[8 t + g]
+ * of the same elements (one 16-byte shared load serves both hf). Each sub-block's fp16 scale pair
+ * is made by lane c = sub-block / 2 of the four and shuffled. The input tile is double buffered,
+ * rows padded to 576 bytes so that a 16-byte load phase (lanes g, g + 1) is conflict-free. */
+constexpr int XLD = 256 + 32;            /* halves per shared input row */
+constexpr int SXB = 32 * XLD * 2;        /* bytes per input buffer: 32 rows */
+static_assert(2 * SXB <= SX_B + SW_B, "wa_tile's two input buffers fit mm_tile's smallest launch");
+
+__device__ __forceinline__ uint32_t pack_sc(float d, float mn, uint32_t sv, uint32_t mv) {
+    const __half a = __float2half_rn(__fmul_rn(d, (float)sv)), b = __float2half_rn(-__fmul_rn(mn, (float)mv));
+    return (uint32_t)__half_as_ushort(a) | ((uint32_t)__half_as_ushort(b) << 16);
+}
+
+/* A row tile of 32 rows or fewer in the wa form: one pass, the weights decoded in registers. */
 template <int T, int NM>
+__device__ __forceinline__ void wa_tile(const MmParams &p, uint8_t *smem, int e, int row0, int nr) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int n0 = (int)blockIdx.y * BN;
+    const uint32_t sx = (uint32_t)__cvta_generic_to_shared(smem);
+    constexpr int QOFF = T == QT_Q4_K ? 16 : 48;
+    const uint8_t *rp[NM][2];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int col = n0 + 16 * warp + g + 8 * r;
+            rp[m][r] = p.w[m] + (int64_t)e * p.ew + (int64_t)(col < p.n ? col : 0) * p.rb;
+        }
+    const int nt = (nr + 7) >> 3, xrows = 8 * nt; /* n8 tiles of token rows */
+    const __half *xr = p.x + (int64_t)row0 * p.k; // [nr][k]
+    float acc[NM][4][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[m][t][q] = 0.0f;
+
+    uint4 hd[NM][2];
+    uint2 qw[NM][2][4], qh[NM][2];
+    auto load_hdr = [&](int s) {
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uint8_t *bp = rp[m][r] + (int64_t)s * p.bb;
+                hd[m][r] = ld16(bp);
+                if constexpr (T == QT_Q5_K) qh[m][r] = __ldg((const uint2 *)(const void *)(bp + 16 + 8 * c));
+            }
+    };
+    auto load_q = [&](int s, int j) {
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                qw[m][r][j] = __ldg((const uint2 *)(const void *)(rp[m][r] + (int64_t)s * p.bb + QOFF + 32 * j + 8 * c));
+    };
+    auto load_x = [&](int s, int buf) {
+        for (int i = tid; i < xrows * 32; i += NT) {
+            const int r = i >> 5, cc = i & 31;
+            const bool ok = r < nr;
+            cuk::cp16(sx + (uint32_t)(buf * SXB + (r * XLD + cc * 8) * 2), xr + (int64_t)(ok ? r : 0) * p.k + s * 256 + cc * 8, ok);
+        }
+        cuk::cp_commit();
+    };
+    const int steps = p.k / 256;
+    load_x(0, 0);
+    load_hdr(0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) load_q(0, j);
+    const __half2 k1024 = __float2half2_rn(1024.0f);
+    for (int s = 0; s < steps; s++) {
+        cuk::cp_wait<0>();
+        __syncthreads();
+        const bool more = s + 1 < steps;
+        if (more) load_x(s + 1, (s + 1) & 1);
+        /* this lane's two sub-blocks (2c, 2c + 1) of each row: packed (fp16(d sc), fp16(-dmin m)) */
+        uint32_t sc[NM][2][2];
+        uint2 qhc[NM][2];
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uint4 &w = hd[m][r];
+                const float d = __half2float(__ushort_as_half((unsigned short)(w.x & 0xffffu)));
+                const float mn = __half2float(__ushort_as_half((unsigned short)(w.x >> 16)));
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int sb = 2 * c + hh;
+                    uint32_t sv, mv;
+                    if (sb < 4) {
+                        sv = scb(w, sb) & 63;
+                        mv = scb(w, sb + 4) & 63;
+                    } else {
+                        sv = (scb(w, sb + 4) & 0xf) | ((scb(w, sb - 4) >> 6) << 4);
+                        mv = (scb(w, sb + 4) >> 4) | ((scb(w, sb) >> 6) << 4);
+                    }
+                    sc[m][r][hh] = pack_sc(d, mn, sv, mv);
+                }
+                qhc[m][r] = T == QT_Q5_K ? qh[m][r] : make_uint2(0u, 0u);
+            }
+        if (more) load_hdr(s + 1);
+        const uint32_t xb = sx + (uint32_t)((s & 1) * SXB);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int sb = 2 * j + h;
+                uint32_t A[NM][2][4];
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const uint32_t pk = __shfl_sync(0xffffffffu, sc[m][r][h], (lane & ~3) | j);
+                        const uint32_t ddw = __byte_perm(pk, 0u, 0x1010u), nmw = __byte_perm(pk, 0u, 0x3232u);
+                        const __half2 dd = *(const __half2 *)&ddw, nm = *(const __half2 *)&nmw;
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            const uint32_t x = (hf ? qw[m][r][j].y : qw[m][r][j].x) >> (4 * h);
+                            uint32_t v[2] = {nib2(x, 0x4140u), nib2(x, 0x4342u)};
+                            if constexpr (T == QT_Q5_K) {
+                                const uint32_t tb = (hf ? qhc[m][r].y : qhc[m][r].x) >> sb;
+                                v[0] |= (__byte_perm(tb, 0u, 0x4140u) & 0x00010001u) << 4;
+                                v[1] |= (__byte_perm(tb, 0u, 0x4342u) & 0x00010001u) << 4;
+                            }
+#pragma unroll
+                            for (int q = 0; q < 2; q++) {
+                                const __half2 y = __hfma2(__hsub2(*(const __half2 *)&v[q], k1024), dd, nm);
+                                A[m][hf][2 * q + r] = *(const uint32_t *)&y;
+                            }
+                        }
+                    }
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    if (t >= nt) break;
+                    uint32_t b[4];
+                    const uint32_t ad = xb + (uint32_t)(((8 * t + g) * XLD + 64 * j + 32 * h + 8 * c) * 2);
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                                 : "r"(ad));
+#pragma unroll
+                    for (int m = 0; m < NM; m++) {
+                        cuk::mma_f16(acc[m][t], A[m][0], b[0], b[1]);
+                        cuk::mma_f16(acc[m][t], A[m][1], b[2], b[3]);
+                    }
+                }
+            }
+            if (more) load_q(s + 1, j);
+        }
+    }
+
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        if (t >= nt) break;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int tok = 8 * t + 2 * c + (q & 1), col = n0 + 16 * warp + g + 8 * (q >> 1);
+            if (tok >= nr || col >= p.n) continue;
+            const float v0 = acc[0][t][q];
+            if constexpr (NM == 2) {
+                const float v1 = acc[1][t][q];
+                const float sg = v0 / (1.0f + expf(-v0));
+                ((__half *)p.out)[(int64_t)(row0 + tok) * p.ldo + col] = __float2half_rn(__fmul_rn(sg, v1));
+            } else {
+                ((float *)p.out)[(int64_t)(row0 + tok) * p.ldo + col] = v0;
+            }
+        }
+    }
+}
+/* WA: the launch of the tiles of 32 rows or fewer (wa_tile), else of the others (mm_tile); each
+ * launch has every tile's CTA, and a CTA whose tile is the other launch's exits after find_tile.
+ * Two kernels, so that neither form's registers are the other's (one kernel with both spilled
+ * 232 bytes in the Q5_K gate+up instance). */
+template <int T, int NM, bool WA>
 __global__ void __launch_bounds__(NT, 2) k_moe_mm(MmParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int sh[20];
     find_tile(p.cnt, p.n_local, (int)blockIdx.x, sh);
     const int e = sh[16], row0 = sh[17], nr = sh[18];
-    if (nr <= 0) return;
-    if (nr <= BM / 2) mm_tile<T, NM, true>(p, smem, e, row0, nr);
-    else mm_tile<T, NM, false>(p, smem, e, row0, nr);
+    if (nr <= 0 || (nr <= BM / 2) != WA) return;
+    if constexpr (WA) wa_tile<T, NM>(p, smem, e, row0, nr);
+    else mm_tile<T, NM>(p, smem, e, row0, nr);
 }
 
 typedef void (*mm_fn)(MmParams);
 
-template <int NM> mm_fn pick(uint32_t t) {
+template <int NM, bool WA> mm_fn pick(uint32_t t) {
     switch (t) {
-    case QT_Q4_K: return k_moe_mm<QT_Q4_K, NM>;
-    case QT_Q5_K: return k_moe_mm<QT_Q5_K, NM>;
+    case QT_Q4_K: return k_moe_mm<QT_Q4_K, NM, WA>;
+    case QT_Q5_K: return k_moe_mm<QT_Q5_K, NM, WA>;
     default: return nullptr;
     }
 }
@@ -377,18 +551,21 @@ extern "C" g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_
     p.n_local = a->n_local;
     p.out = a->out;
     p.ldo = a->ldo;
-    const mm_fn fn = nm == 2 ? pick<2>(a->w_type) : pick<1>(a->w_type);
     const size_t smem = (size_t)SX_B + (size_t)nm * SW_B;
+    const dim3 grid((unsigned)a->n_tiles, (unsigned)((a->n + BN - 1) / BN));
     /* the shared-memory limit is raised once per device and kernel (a repeat is harmless) */
-    static bool raised[CUK_MAX_DEVICES][2][N_TYPE_IDS];
+    static bool raised[CUK_MAX_DEVICES][2][2][N_TYPE_IDS];
     const int slot = cuk_device_slot();
     const uint32_t ti_ix = a->w_type < N_TYPE_IDS ? a->w_type : 0;
-    if (!raised[slot][nm - 1][ti_ix]) {
-        CUK_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        raised[slot][nm - 1][ti_ix] = true;
+    for (int wa = 0; wa < 2; wa++) {
+        const mm_fn fn = nm == 2 ? (wa ? pick<2, true>(a->w_type) : pick<2, false>(a->w_type))
+                                 : (wa ? pick<1, true>(a->w_type) : pick<1, false>(a->w_type));
+        if (!raised[slot][nm - 1][wa][ti_ix]) {
+            CUK_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            raised[slot][nm - 1][wa][ti_ix] = true;
+        }
+        fn<<<grid, NT, wa ? (size_t)2 * SXB : smem, (cudaStream_t)stream>>>(p);
     }
-    const dim3 grid((unsigned)a->n_tiles, (unsigned)((a->n + BN - 1) / BN));
-    fn<<<grid, NT, smem, (cudaStream_t)stream>>>(p);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

@@ -216,9 +216,9 @@ static g5_status gemv_rows(gl_lin *l, const gl_wmat *w, const float *x, int64_t 
  * about 23.5 us per row tile (it decodes the expert's weights once per tile), the copy path about
  * 72.7 us per expert it decodes plus 0.081 us per row (cuBLAS). Few rows per expert (short prompts,
  * many experts: GLM-5 at 512 tokens has 16 rows per expert) go to cuk_moe_mm; many rows per
- * expert (pp4096 on 64 experts: 512) to the copy. Since session 45 a tile of 32 rows or fewer
- * costs about a fifth less than the 23.5 us (moe_mm.cu's half layout), so the test leans towards
- * the copy there; it is kept as measured. */
+ * expert (pp4096 on 64 experts: 512) to the copy. Since session 46 a tile of 32 rows or fewer
+ * costs about two fifths less than the 23.5 us (moe_mm.cu's wa form; a fifth in session 45), so
+ * the test leans towards the copy there; it is kept as measured. */
 static int moe_mm_wins(int64_t tiles, int64_t busy, int64_t tot) {
     return tiles * 2350 <= busy * 7270 + tot * 8;
 }

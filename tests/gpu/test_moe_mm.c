@@ -5,7 +5,7 @@
  * the kernel takes (Q4_K, Q5_K; the others are refused and run the dequantized-copy path): gate+up with SwiGLU to fp16 and the single product to float32, on expert
  * counts that exercise empty experts, one row, a full tile, a tile plus one, several tiles, more
  * than 256 experts (the tile scan's second chunk), tiles of 16, 32 and more rows (the kernel's
- * quarter, half and full mma layouts) and an output width that is not a multiple of the 128-column
+ * two forms: wa_tile up to 32 rows, mm_tile above) and an output width that is not a multiple of the 128-column
  * tile. Output padding (ldo > n) is poisoned and must stay untouched; every row
  * must be written. Bounds: fp16 outputs within one fp16 rounding of the float64 value (plus 1e-4
  * absolute: float32 sums), float32 outputs rel L2 <= 1e-5 per case; a wrong row, column or
@@ -210,8 +210,11 @@ static void run_case(uint32_t t, const mcase *c) {
 
 /* The tile layouts (full above 32 rows, half up to 32, quarter up to 16) give a row the same bits:
  * one expert's first rows as a tile of 33, 32 and 16 rows, both products compared bit for bit. */
+/* A row's bits within each of the kernel's two forms do not depend on the tile's row count: the
+ * first rows of one expert as tiles of 32, 16 and 1 rows (wa_tile) alike, and as tiles of 64 and 33
+ * rows (mm_tile) alike. (Across the forms, 32 against 33 rows, the k order differs: cuda/moe_mm.cu.) */
 static void check_layouts(uint32_t t) {
-    enum { K = 512, N = 136, R = 33 };
+    enum { K = 512, N = 136, R = 64, NV = 5 };
     const quant_type_info *ti = quant_type_get(t);
     const uint64_t wbytes = (uint64_t)N * rbytes(t, K);
     uint8_t *hw = xmalloc(wbytes);
@@ -220,14 +223,15 @@ static void check_layouts(uint32_t t) {
         printf("FAIL: quant_fill_random(%s)\n", ti->name);
         exit(2);
     }
-    uint16_t hx[R * K];
+    uint16_t *hx = xmalloc((size_t)R * K * 2);
     for (int i = 0; i < R * K; i++) hx[i] = quant_f32_to_f16(unif(-1, 1));
-    void *dw = dup_d(hw, wbytes), *dx = dup_d(hx, sizeof hx);
-    const int rows[3] = {33, 32, 16};
-    uint16_t *oh[3];
-    float *od[3];
+    void *dw = dup_d(hw, wbytes), *dx = dup_d(hx, (size_t)R * K * 2);
+    /* rows[v] compared with rows[ref[v]] over rows[v] rows */
+    const int rows[NV] = {32, 16, 1, 64, 33}, ref[NV] = {0, 0, 0, 3, 3};
+    uint16_t *oh[NV];
+    float *od[NV];
     g5_error err = {0};
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < NV; v++) {
         void *dc = dup_d(&rows[v], 4), *dh = dalloc((size_t)R * N * 2), *dd = dalloc((size_t)R * N * 4);
         const cuk_moe_mm_args gu = {t, dw, dw, K, N, dx, dc, 1, 1, dh, N};
         const cuk_moe_mm_args dn = {t, dw, NULL, K, N, dx, dc, 1, 1, dd, N};
@@ -241,15 +245,18 @@ static void check_layouts(uint32_t t) {
         cudaFree(dh);
         cudaFree(dd);
     }
-    for (int v = 1; v < 3; v++) {
+    for (int v = 0; v < NV; v++) {
+        if (ref[v] == v) continue;
         const size_t n_el = (size_t)rows[v] * N;
-        T_CHECK(!memcmp(oh[0], oh[v], n_el * 2) && !memcmp(od[0], od[v], n_el * 4),
-                "%s: the first %d rows as a tile of %d rows differ from a tile of 33", ti->name, rows[v], rows[v]);
+        T_CHECK(!memcmp(oh[ref[v]], oh[v], n_el * 2) && !memcmp(od[ref[v]], od[v], n_el * 4),
+                "%s: the first %d rows as a tile of %d rows equal to a tile of %d", ti->name, rows[v], rows[v],
+                rows[ref[v]]);
     }
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < NV; v++) {
         free(oh[v]);
         free(od[v]);
     }
+    free(hx);
     free(hw);
     cudaFree(dw);
     cudaFree(dx);
