@@ -20,18 +20,6 @@
 #                                          # with test_moe_mm; NCU_R="16 64": ncu --set full of the
 #                                          # tree's k_moe_mm at those R. The binaries left in build/
 #                                          # are the last variant's: bench_build again before reuse
-#                                          # The prepared, not yet run variants (NOTES session 45,
-#                                          # next 1 and 2) go in each as .dev/mv/NAME/moe_mm.cu:
-#                                          #   for v in rot wa wa32; do git apply \
-#                                          #   bench/pending/s45-moe-$v.patch && mkdir -p .dev/mv/$v &&
-#                                          #   cp cuda/moe_mm.cu .dev/mv/$v/ && git checkout
-#                                          #   cuda/moe_mm.cu; done
-#   bash bench/pending/s45-next.sh moeab-build # here (no GPU needed, about 20 minutes on 2 cores
-#                                          # for the library): .dev/moeab/moe_ab (bench_moe_mm over
-#                                          # the tree's moe_mm and the rot / wa / wa32 patches,
-#                                          # bench/pending/moe_ab.c) and test_moe_mm_FORM, stripped
-#   bash bench/pending/s45-next.sh moeab   # carry .dev/moeab alone (~46 MB): those binaries, no
-#                                          # build: two alternated rounds, then each form's test
 #   bash bench/pending/s45-next.sh ncumoe  # carry gpu-deps: ncu of k_moe_mm in a 256-token fast
 #                                          # prefill call (--set full, first two launches: one
 #                                          # layer's gate+up and down), then every kernel's time
@@ -108,47 +96,6 @@ moebench)
     cp /tmp/moe_mm.tree.cu cuda/moe_mm.cu
   done
   ;;
-moeab-build)
-  L=build/loc
-  make -j"$(nproc)" CC=gcc BUILD=$L CUDA_ARCH=90 CUDA_PTX=90 G5_NO_DEPS=1 EXTRA_CFLAGS="-isystem $DEPS/include -Wno-error" \
-    EXTRA_LDFLAGS="-L$DEPS/lib" $L/gpu/libg5cuda.a $L/obj/format/quant.o $L/obj/format/quant_lowbit.o \
-    $L/obj/format/status.o >/tmp/moeab_lib.log 2>&1 || { tail -20 /tmp/moeab_lib.log; exit 2; }
-  F="$L/obj/format/quant.o $L/obj/format/quant_lowbit.o $L/obj/format/status.o"
-  NV="nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -I. -Xcompiler -Wall,-Wextra,-Wno-unknown-pragmas,-ffp-contract=off -Werror all-warnings"
-  rm -rf .dev/moeab && mkdir -p .dev/moeab/obj
-  gcc -std=c11 -D_GNU_SOURCE -ffp-contract=off -O2 -Wall -Wextra -Werror -pthread -I. -I/usr/local/cuda/include \
-    -c tests/gpu/test_moe_mm.c -o .dev/moeab/obj/test.o || exit 2
-  gcc -std=c11 -D_GNU_SOURCE -ffp-contract=off -O2 -Wall -Wextra -Werror -pthread -I. -I/usr/local/cuda/include \
-    -c bench/pending/moe_ab.c -o .dev/moeab/obj/moe_ab.o || exit 2
-  objs=""
-  for v in rot wa wa32; do
-    cp cuda/moe_mm.cu .dev/moeab/obj/tree.cu
-    git apply bench/pending/s45-moe-$v.patch || exit 2
-    $NV -Dcuk_moe_mm=cuk_moe_mm_$v -Dcuk_moe_mm_takes=cuk_moe_mm_takes_$v -c cuda/moe_mm.cu -o .dev/moeab/obj/$v.o &&
-      $NV -c cuda/moe_mm.cu -o .dev/moeab/obj/${v}_plain.o
-    rc=$?
-    cp .dev/moeab/obj/tree.cu cuda/moe_mm.cu
-    [ $rc = 0 ] || exit 2
-    objs="$objs .dev/moeab/obj/$v.o"
-    nvcc -gencode arch=compute_90,code=sm_90 .dev/moeab/obj/test.o .dev/moeab/obj/${v}_plain.o $L/gpu/libg5cuda.a $F \
-      -lcublas -lm -lpthread -o .dev/moeab/test_moe_mm_$v || exit 2
-  done
-  nvcc -gencode arch=compute_90,code=sm_90 .dev/moeab/obj/test.o $L/gpu/libg5cuda.a $F -lcublas -lm -lpthread \
-    -o .dev/moeab/test_moe_mm_tree || exit 2
-  nvcc -gencode arch=compute_90,code=sm_90 .dev/moeab/obj/moe_ab.o $objs $L/gpu/libg5cuda.a $F -lcublas -lm -lpthread \
-    -o .dev/moeab/moe_ab || exit 2
-  rm -rf .dev/moeab/obj
-  strip .dev/moeab/*
-  ls -la .dev/moeab; du -sh .dev/moeab
-  ;;
-moeab)
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  cd .dev/moeab || exit 2
-  for rep in 1 2; do
-    for v in tree rot wa wa32; do timeout 60 ./moe_ab 16,32,64 --fused-only $v | grep -E "^form|fused gate"; done
-  done
-  for v in tree rot wa wa32; do timeout 60 ./test_moe_mm_$v >"$OUT/test_$v.log" 2>&1; echo "test_moe_mm $v rc=$?: $(tail -1 "$OUT/test_$v.log")"; done
-  ;;
 ncumoe)
   bench_build "$OUT/build.log" $B/bin/glm5-shard $T/bench_peer || exit 3
   bench_peer_model || exit 3
@@ -169,5 +116,5 @@ test)
   echo "run_device rc=$?"
   grep -E "build rc|passed|FAIL" "$OUT/rd.log" | tail -30
   ;;
-*) echo "usage: $0 build|bench|h200|serve|profile|moebench|moeab-build|moeab|ncumoe|test" >&2; exit 2 ;;
+*) echo "usage: $0 build|bench|h200|serve|profile|moebench|ncumoe|test" >&2; exit 2 ;;
 esac
