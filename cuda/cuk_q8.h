@@ -153,7 +153,10 @@ typedef struct cuk_moe_gate_up_q8_args {
 } cuk_moe_gate_up_q8_args;
 g5_status cuk_moe_gate_up_q8(const cuk_moe_gate_up_q8_args *a, cuk_stream stream, g5_error *err);
 
-/* cuk_moe_down with int8 inputs: h holds the n_tok * top_k pairs' rows. */
+/* cuk_moe_down with int8 inputs: h holds the n_tok * top_k pairs' rows. Or, cuk_moe_down_q8 only
+ * and where cuk_moe_down_q8_hf_takes says so, hf non-NULL: the pairs' rows in float32 (one plane,
+ * h unused), each CTA quantizing the rows it reads as cuk_q8_quantize would (the same bits), so
+ * that the decode step needs no quantize launch between gate_up and down. */
 typedef struct cuk_moe_down_q8_args {
     uint32_t w_type;
     const void *w;             /* [n_expert][m][row_bytes] */
@@ -170,8 +173,14 @@ typedef struct cuk_moe_down_q8_args {
     const int32_t *plan;
     float *part;               /* [n_tok * top_k][ldp] scratch */
     int64_t ldp;
+    const float *hf;           /* NULL, or [n_tok * top_k][ldhf] rows of k (16-byte aligned) */
+    int64_t ldhf;
 } cuk_moe_down_q8_args;
 g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
+/* 1 where cuk_moe_down_q8 takes float32 rows (hf) for weights of type t with rows of k and n_tok
+ * tokens: Q4_K, Q5_K, Q8_0 (the types whose int8 unit is 64 contiguous elements), rows staged in
+ * at most 48 KB of shared memory. */
+int cuk_moe_down_q8_hf_takes(uint32_t t, int64_t k, int32_t n_tok);
 
 /* The two MoE products on the tensor cores (cuda/gemv_q8t.cu): the same arguments and, for every
  * pair's row, the same bits as cuk_moe_gate_up_q8 / cuk_moe_down_q8 (the order above); an

@@ -366,7 +366,13 @@ g5_status cuk::q8_moe_down_check(const char *what, const cuk_moe_down_q8_args *a
     if (st != G5_OK) return st;
     if ((st = check_moe(what, a->n_expert, a->ids, a->top_k, a->ld_ids, a->n_tok, a->plan, err))) return st;
     if (!a->wts || a->ld_wts < a->top_k) return BAD("%s: wts NULL or ld_wts=%lld < top_k", what, (long long)a->ld_wts);
-    if ((st = q8_check_act(what, "h", &a->h, a->k, err)) != G5_OK) return st;
+    if (a->hf) {
+        if ((uintptr_t)a->hf % 16 || a->ldhf < a->k || a->ldhf % 4)
+            return BAD("%s: hf not 16-byte aligned, or ldhf=%lld < k=%lld or not a multiple of 4", what,
+                       (long long)a->ldhf, (long long)a->k);
+    } else if ((st = q8_check_act(what, "h", &a->h, a->k, err)) != G5_OK) {
+        return st;
+    }
     if (!a->y || a->ldy < a->m) return BAD("%s: y NULL or ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
     if (!a->part || a->ldp < a->m) return BAD("%s: part NULL or ldp=%lld < m=%lld", what, (long long)a->ldp, (long long)a->m);
     return G5_OK;
@@ -393,11 +399,30 @@ g5_status cuk::q8_moe_combine(const cuk_moe_down_q8_args *a, cudaStream_t stream
     return moe_combine(&c, stream, err);
 }
 
+extern "C" int cuk_moe_down_q8_hf_takes(uint32_t t, int64_t k, int32_t n_tok) {
+    if ((t != QT_Q4_K && t != QT_Q5_K && t != QT_Q8_0) || !cuk_q8_takes(t, k) || n_tok < 1) return 0;
+    return (int64_t)moe_nv(n_tok) * (k / 64) * q8::XS_UNIT <= 48 * 1024;
+}
+
 extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
     int64_t rb = 0;
     const g5_status st = q8_moe_down_check("moe_down_q8", a, &rb, err);
     if (st != G5_OK) return st;
-    run_type<DownL, 4>(Q8_DOWN, a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, (cudaStream_t)stream);
+    const cudaStream_t cs = (cudaStream_t)stream;
+    if (a->hf) { /* float32 rows, quantized per CTA (DownFL) */
+        if (!cuk_moe_down_q8_hf_takes(a->w_type, a->k, a->n_tok))
+            return g5_fail(err, G5_ERR_UNSUPPORTED, "moe_down_q8: float32 rows (hf) with %s weights of k=%lld, %d tokens",
+                           quant_type_name(a->w_type), (long long)a->k, (int)a->n_tok);
+        const int units = (int)(a->k / 64);
+        switch (a->w_type) {
+        case QT_Q4_K: run_nv<DownFL, 4, QT_Q4_K>(a, moe_nv(a->n_tok), rb, units, 1, cs); break;
+        case QT_Q5_K: run_nv<DownFL, 4, QT_Q5_K>(a, moe_nv(a->n_tok), rb, units, 1, cs); break;
+        default: run_nv<DownFL, 4, QT_Q8_0>(a, moe_nv(a->n_tok), rb, units, 1, cs); break;
+        }
+        CUK_CHECK(cudaGetLastError());
+        return q8_moe_combine(a, cs, err);
+    }
+    run_type<DownL, 4>(Q8_DOWN, a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, cs);
     CUK_CHECK(cudaGetLastError());
     return q8_moe_combine(a, (cudaStream_t)stream, err);
 }

@@ -17,6 +17,7 @@
 #include "cuda/cuk_q8.h"
 #include "cuda/moe_plan.cuh"
 #include "cuda/q8_load.cuh"
+#include "cuda/q8_quant.cuh"
 #include "cuda/warp_tile.cuh"
 
 namespace cuk {
@@ -250,14 +251,37 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     }
 }
 
+/* The XS layout's unit bytes (rows_dot) of the nvec rows hf + pair(v) * ldhf (k = 64 units, one
+ * plane), quantized by the CTA's warps a 32-element block per 8 lanes (q8q::quant_block<4, 1>: the
+ * bits of cuk_q8_quantize); then a barrier. Every thread of the CTA calls it. */
+template <int NV>
+__device__ __forceinline__ void stage_q8(const PlanView &pv, int pos0, int nvec, const float *__restrict__ hf,
+                                         int64_t ldhf, int units, uint8_t *sx) {
+    __shared__ __align__(16) uint8_t sink[XS_UNIT]; /* where the lanes past the last block write */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gl = lane & 7, nb = 2 * units, tot = nvec * nb;
+    for (int b0 = 4 * warp; b0 < tot; b0 += 4 * WARPS) { /* warp-uniform: quant_block shuffles the whole warp */
+        const int bi = b0 + (lane >> 3);
+        const bool on = bi < tot;
+        const int v = on ? bi / nb : 0, b = on ? bi - v * nb : 0;
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (on) f = ldg_f4(hf + (int64_t)pv.pair(pos0 + v) * ldhf + 32 * b + 4 * gl);
+        const float e4[4] = {f.x, f.y, f.z, f.w};
+        uint8_t *unit = on ? sx + ((int64_t)v * units + (b >> 1)) * XS_UNIT : sink;
+        q8q::quant_block<4, 1>(e4, gl, (int8_t *)(unit + 32 * (b & 1)), 0, (float *)(void *)(unit + 64), b & 1);
+    }
+    __syncthreads();
+}
+
 /* MoE down. Grid: x = ceil(m / (2 G WARPS 32 / seg_for(units))), y = plan group; rows of the
- * pairs' part rows; the warp's rows as k_gemv_q8's. */
-template <int T, int NV, int G, int P>
+ * pairs' part rows; the warp's rows as k_gemv_q8's. QF: h comes as float32 rows (hf), which the
+ * CTA quantizes into shared memory first (stage_q8; P = 1), and the warps read x there. */
+template <int T, int NV, int G, int P, bool QF = false>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
               int n_pairs, const int8_t *__restrict__ hq, int64_t ldq, const float *__restrict__ hds, int64_t ldds,
-              float *__restrict__ part, int64_t ldp) {
+              float *__restrict__ part, int64_t ldp, const float *__restrict__ hf, int64_t ldhf) {
     constexpr int R = 2;
+    static_assert(!QF || P == 1, "k_down_q8: float32 rows are quantized to one plane");
     const PlanView pv(plan, n_pairs);
     const int grp = blockIdx.y;
     if (grp >= pv.n_groups()) return;
@@ -265,11 +289,13 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
     const uint8_t *we = w + (int64_t)e * m * rb;
+    extern __shared__ __align__(16) uint8_t dsx[]; /* QF: [nvec][units][XS_UNIT] */
+    if constexpr (QF) stage_q8<NV>(pv, pos0, nvec, hf, ldhf, units, dsx);
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) {
         const int64_t p = v < nvec ? pv.pair(pos0 + v) : 0;
-        xv[v] = Xrow{hq + p * ldq, hds + p * ldds};
+        xv[v] = QF ? Xrow{nullptr, nullptr} : Xrow{hq + p * ldq, hds + p * ldds};
     }
     const int span = G == 4 ? 32 : seg_for(units), ns = 32 / span, ul = lane & (span - 1); /* as k_gemv_q8 */
     const int64_t sr = (int64_t)(lane / span) * R;
@@ -281,7 +307,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 #pragma unroll
         for (int r = 0; r < R; r++) rowp[r] = we + (r0 + sr + r < m ? r0 + sr + r : m - 1) * rb;
         float acc[R][NV] = {};
-        rows_dot<T, R, NV, P>(rowp, units, xv, nvec, ul, span, acc);
+        rows_dot<T, R, NV, P, QF>(rowp, units, xv, nvec, ul, span, acc, dsx);
         warp_sum_asc<R, NV>(acc, span);
         for (int i = ul; i < R * NV; i += span) {
             const float val = pick<R, NV>(acc, i);
@@ -375,7 +401,20 @@ template <int T, int NV, int G, int P> struct DownL {
         const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
         q8::k_down_q8<T, NV, G, P><<<grid, q8::WARPS * 32, 0, st>>>((const uint8_t *)a->w, rb, a->m, (int)(a->k / 64),
                                                                  a->plan, n_pairs, a->h.q, a->h.ldq, a->h.ds,
-                                                                 a->h.ldds, a->part, a->ldp);
+                                                                 a->h.ldds, a->part, a->ldp, nullptr, 0);
+    }
+};
+
+/* DownL with float32 rows (a->hf): the QF kernel, x staged per CTA (P is 1 here). */
+template <int T, int NV, int G, int P> struct DownFL {
+    static void run(const cuk_moe_down_q8_args *a, int64_t rb, cudaStream_t st) {
+        const int n_pairs = a->n_tok * a->top_k, units = (int)(a->k / 64);
+        const int64_t per = 2 * G * q8::WARPS * (32 / q8::seg_for(units));
+        const dim3 grid((unsigned)((a->m + per - 1) / per), (unsigned)n_pairs);
+        const size_t smem = (size_t)NV * units * q8::XS_UNIT;
+        q8::k_down_q8<T, NV, G, 1, true><<<grid, q8::WARPS * 32, smem, st>>>(
+            (const uint8_t *)a->w, rb, a->m, units, a->plan, n_pairs, nullptr, 0, nullptr, 0, a->part, a->ldp, a->hf,
+            a->ldhf);
     }
 };
 

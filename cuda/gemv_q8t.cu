@@ -1152,6 +1152,7 @@ static g5_status moe_gate_up_t(const char *what, const cuk_moe_gate_up_q8_args *
 
 static g5_status moe_down_t(const char *what, const cuk_moe_down_q8_args *a, bool l1, cuk_stream stream, g5_error *err) {
     int64_t rb = 0;
+    if (a && a->hf) return g5_fail(err, G5_ERR_INVALID_ARG, "%s: float32 rows (hf): cuk_moe_down_q8 only", what);
     g5_status st = q8_moe_down_check(what, a, &rb, err);
     if (st == G5_OK) st = moe_t_check(what, a->w_type, a->k, a->m, &a->h, (int64_t)a->n_tok * a->top_k, err);
     if (st != G5_OK) return st;

@@ -326,6 +326,7 @@ static const struct {
     {"int8 quantize of gate*up", PC_OTHER},
     {"bf16 convert of gate*up", PC_OTHER},
     {"moe_down (int8 input, + slot sum)", PC_MOE},
+    {"moe_down (quantizes gate*up, + slot sum)", PC_MOE},
     {"moe_down (+ slot sum)", PC_MOE},
     {"experts (prefill GEMM path)", PC_MOE},
     {"experts + shared add", PC_OTHER},

@@ -106,10 +106,17 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
     }
     const void *hin = NULL;
     cuk_q8_act gq = {0};
+    /* the dp4a down kernel quantizes gate*up itself where it can (its CTAs stage the rows they
+     * read, with cuk_q8_quantize's bits): one launch less between gate_up and down */
+    const uint32_t n1 = n < GM_MOE_CHUNK ? n : GM_MOE_CHUNK; /* the first chunk's tokens */
+    const int dn_hf = q8_dn && !moe_q8t_for(L->exp_down_type, FE, n1) &&
+                      cuk_moe_down_q8_hf_takes(L->exp_down_type, FE, (int32_t)n1);
     if (q8_dn) {
         CK(gm_side_wait(rk, 1, err)); /* the shared expert's gate and up have read h's copy */
-        CK(gm_q8_in(rk, rk->gu, FE, (int64_t)n * U, FE, 1, &gq, err));
-        PMARK(S, "int8 quantize of gate*up");
+        if (!dn_hf) {
+            CK(gm_q8_in(rk, rk->gu, FE, (int64_t)n * U, FE, 1, &gq, err));
+            PMARK(S, "int8 quantize of gate*up");
+        }
     } else {
         hin = gm_act_in(rk, rk->gu, FE, (int64_t)n * U, FE, &ld, &xt, 0, &st, err);
         if (st) return st;
@@ -123,10 +130,11 @@ static g5_status moe_gemv_path(rt_gpu_model *g, gl_rank *rk, const gl_layer *L, 
             const int64_t p0 = (int64_t)t0 * U;
             const cuk_moe_down_q8_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
                                              ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,
-                                             gm_q8_rows(&gq, p0), (int32_t)nc,
-                                             rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E};
-            CK(moe_q8t_for(L->exp_down_type, FE, nc) ? cuk_moe_down_q8t(&dn, cs, err) : cuk_moe_down_q8(&dn, cs, err));
-            PMARK(S, "moe_down (int8 input, + slot sum)");
+                                             dn_hf ? (cuk_q8_act){0} : gm_q8_rows(&gq, p0), (int32_t)nc,
+                                             rk->moe + (int64_t)t0 * E, E, plan, rk->mpart, E,
+                                             dn_hf ? rk->gu + p0 * FE : NULL, FE};
+            CK(!dn_hf && moe_q8t_for(L->exp_down_type, FE, nc) ? cuk_moe_down_q8t(&dn, cs, err) : cuk_moe_down_q8(&dn, cs, err));
+            PMARK(S, dn_hf ? "moe_down (quantizes gate*up, + slot sum)" : "moe_down (int8 input, + slot sum)");
         } else {
             cuk_moe_down_args dn = {L->exp_down_type, L->exp_down, FE, E, (int32_t)c->n_exp_l,
                                     ids + (int64_t)t0 * U, wts + (int64_t)t0 * U, (int32_t)U, U, U,

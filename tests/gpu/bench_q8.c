@@ -203,7 +203,7 @@ static void moe_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t_dn, d
                     GK(cuk_moe_gate_up_q8(&g, NULL, &err_));
                 } else {
                     const cuk_moe_down_q8_args d = {t_dn, wd, FE, E, NE, ids, o->wts, TOPK, TOPK, TOPK,
-                                                    {o->q, 2048, o->ds, 128, 1}, 1, o->y, E, plan, o->part, E};
+                                                    {o->q, 2048, o->ds, 128, 1}, 1, o->y, E, plan, o->part, E, NULL, 0};
                     GK(cuk_moe_down_q8(&d, NULL, &err_));
                 }
             }
@@ -283,7 +283,7 @@ static void moe_batch_row(uint8_t *pool, const ops *o, uint32_t t_gu, uint32_t t
                     GK(v == 2 ? cuk_moe_gate_up_q8t(&g, NULL, &err_) : v ? cuk_moe_gate_up_q8t_l1(&g, NULL, &err_) : cuk_moe_gate_up_q8(&g, NULL, &err_));
                 } else {
                     const cuk_moe_down_q8_args d = {t_dn, wd, FE, E, NE, id, o->wts, TOPK, TOPK, TOPK,
-                                                    {o->q, 2048, o->ds, 128, 1}, n_tok, o->y, E, pl, o->part, E};
+                                                    {o->q, 2048, o->ds, 128, 1}, n_tok, o->y, E, pl, o->part, E, NULL, 0};
                     GK(v == 2 ? cuk_moe_down_q8t(&d, NULL, &err_) : v ? cuk_moe_down_q8t_l1(&d, NULL, &err_) : cuk_moe_down_q8(&d, NULL, &err_));
                 }
             }

@@ -158,7 +158,7 @@ static void bench_moe_type(uint32_t type, uint8_t *pool, const float *x, float *
     cuk_moe_gate_up_q8_args gq = {type, pool, pool + s_up, EMBD, FF, E, NULL, TOPK, TOPK, {q8.q, EMBD, q8.ds, EMBD / 16, 1},
                                   1, h, FF, NULL};
     cuk_moe_down_q8_args dq = {type, pool + 2 * s_up, FF, EMBD, E, NULL, wts, TOPK, TOPK, TOPK,
-                               {q8.hq, FF, q8.hds, FF / 16, 1}, 1, y, EMBD, NULL, part, EMBD};
+                               {q8.hq, FF, q8.hds, FF / 16, 1}, 1, y, EMBD, NULL, part, EMBD, NULL, 0};
     for (int i = 0; i < iters + 2; i++) {
         if (i == 2) CK(cudaEventRecord(a, NULL));
         gq.ids = ids[i % SETS], gq.plan = plan[i % SETS];

@@ -17,6 +17,9 @@
  * - cuk_moe_gate_up_q8t / cuk_moe_down_q8t (tensor cores: x staged where it fits, and the _l1
  *   forms) bit-identical to the dp4a MoE kernels
  *   (5, 24 and 40 tokens over 6 experts: groups alone and paired, a part row tile);
+ * - cuk_moe_down_q8 from float32 rows (hf: each CTA quantizes what it reads; Q4_K, Q5_K, Q8_0, one
+ *   plane) bit-identical to its launch on cuk_q8_quantize's rows, alone and for one token, and
+ *   cuk_moe_down_q8t refusing them;
  * - cuk_gemv_q8_xs (the dp4a GEMV with x staged in shared memory; Q4_K, Q5_K, Q8_0) bit-identical
  *   to cuk_gemv_q8, alone and with w2, on every cuk_gemv_q8 shape above;
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
@@ -550,7 +553,7 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes, int ntok) {
         float *dy = dalloc((size_t)(ntok * k) * 4), *dpart = dalloc((size_t)(P * k) * 4);
         float *y = xmalloc((size_t)(ntok * k) * 4), *y1 = xmalloc((size_t)k * 4), *yt = xmalloc((size_t)(ntok * k) * 4);
         const cuk_moe_down_q8_args dn = {t, dwd, m, k, NE, did, dwts, TOPK, TOPK, TOPK, {oh.q, oh.ldq, oh.ds, oh.ldds, oh.planes},
-                                         ntok, dy, k, plan, dpart, k};
+                                         ntok, dy, k, plan, dpart, k, NULL, 0};
         T_CHECK(cuk_moe_down_q8(&dn, NULL, &err) == G5_OK, "%s down: %s", tn, err.msg);
         get(y, dy, (size_t)(ntok * k) * 4);
         for (int l1 = 0; tc_dn && l1 < 2; l1++) {
@@ -581,11 +584,38 @@ static void test_moe(uint32_t t, int64_t m, int64_t k, int planes, int ntok) {
             int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
             const cuk_moe_down_q8_args d1a = {t, dwd, m, k, NE, did + TOPK, dwts + TOPK, TOPK, TOPK, TOPK,
                                               {oh.q + TOPK * oh.ldq, oh.ldq, oh.ds + TOPK * oh.ldds, oh.ldds, oh.planes}, 1, d1, k,
-                                              p1, dpart, k};
+                                              p1, dpart, k, NULL, 0};
             T_CHECK(cuk_moe_down_q8(&d1a, NULL, &err) == G5_OK, "%s down one: %s", tn, err.msg);
             get(y1, d1, (size_t)k * 4);
             T_CHECK(memcmp(y1, y + k, (size_t)k * 4) == 0, "%s down: token 1 of %d bit-identical to its one-token launch", tn,
                     ntok);
+            CK(cudaFree(d1));
+            CK(cudaFree(p1));
+        }
+        if (planes == 1 && cuk_moe_down_q8_hf_takes(t, m, ntok)) { /* h as float32 rows, quantized inside */
+            float *dhf = dup_d(out, (size_t)(P * m) * 4), *d1 = dalloc((size_t)k * 4);
+            cuk_moe_down_q8_args df = dn;
+            df.h = (cuk_q8_act){0};
+            df.hf = dhf;
+            df.ldhf = m;
+            CK(cudaMemset(dy, 0xFF, (size_t)(ntok * k) * 4));
+            T_CHECK(cuk_moe_down_q8(&df, NULL, &err) == G5_OK, "%s down from float32 rows: %s", tn, err.msg);
+            get(yt, dy, (size_t)(ntok * k) * 4);
+            T_CHECK(!memcmp(yt, y, (size_t)(ntok * k) * 4),
+                    "%s down from float32 rows m=%lld k=%lld, %d tokens: bit-identical to the int8 rows' launch", tn,
+                    (long long)k, (long long)m, ntok);
+            int32_t *p1 = plan_for(did + TOPK, dwts + TOPK, 1);
+            cuk_moe_down_q8_args d1f = df;
+            d1f.ids = did + TOPK, d1f.wts = dwts + TOPK, d1f.n_tok = 1, d1f.y = d1, d1f.plan = p1, d1f.hf = dhf + TOPK * m;
+            T_CHECK(cuk_moe_down_q8(&d1f, NULL, &err) == G5_OK, "%s down one from float32 rows: %s", tn, err.msg);
+            get(y1, d1, (size_t)k * 4);
+            T_CHECK(!memcmp(y1, y + k, (size_t)k * 4), "%s down from float32 rows: token 1 alone bit-identical", tn);
+            T_CHECK(cuk_moe_down_q8t(&df, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "hf"),
+                    "%s down_q8t refuses float32 rows (%s)", tn, err.msg);
+            df.ldhf = m + 2;
+            T_CHECK(cuk_moe_down_q8(&df, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldhf"),
+                    "%s down: ldhf not a multiple of 4 refused (%s)", tn, err.msg);
+            CK(cudaFree(dhf));
             CK(cudaFree(d1));
             CK(cudaFree(p1));
         }
