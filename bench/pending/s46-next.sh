@@ -5,6 +5,11 @@
 #       ab.sh with TESTGPU=1 (make test-gpu on the working tree, the variant built beside it),
 #       bench_peer pp256 / pp512 / pp4096 of both trees alternated, then bench_moe_mm (R 16 / 32 /
 #       64, gate+up and down apart) of both trees, two rounds alternated
+#   git apply bench/pending/s46-gemv-xf.patch && bash bench/ab.sh prepare base=HEAD   # here, then
+#   bash bench/pending/s46-next.sh xf                # carry gpu-deps, oracle-carry, .dev/ab: make
+#       test-gpu on the patched tree (test_gemv_q8's new cuk_gemv_q8_xf cases), then bench_decode
+#       (one TP 8 rank, ctx 1024: attn_output takes the fused form there) and bench_peer (TP 1:
+#       no product takes it, so it must not move) against HEAD, two rounds alternated
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 case "${1:-}" in
@@ -29,5 +34,13 @@ mm)
     done
   done
   ;;
-*) echo "usage: $0 mm" >&2; exit 2 ;;
+xf)
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  TESTGPU=1 DECODE=1 ROUNDS=2 DEC="--decode --layers 78 --ctx 1024 --steps 20 --modes fast --graph on" OUT=$OUT \
+    timeout 570 bash bench/ab.sh run >/tmp/ab.log 2>&1
+  echo "ab.sh rc=$?"
+  grep -E "make test-gpu|passed|round|rc=" /tmp/ab.log | grep -v " 0 failed" | tail -14
+  grep -E "make test-gpu" /tmp/ab.log
+  ;;
+*) echo "usage: $0 mm|xf" >&2; exit 2 ;;
 esac
