@@ -424,5 +424,5 @@ extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream s
     }
     run_type<DownL, 4>(Q8_DOWN, a->w_type, a, moe_nv(a->n_tok), rb, a->k, a->h.planes, cs);
     CUK_CHECK(cudaGetLastError());
-    return q8_moe_combine(a, (cudaStream_t)stream, err);
+    return q8_moe_combine(a, cs, err);
 }

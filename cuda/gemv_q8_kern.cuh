@@ -254,7 +254,6 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 /* The XS layout's unit bytes (rows_dot) of the nvec rows hf + pair(v) * ldhf (k = 64 units, one
  * plane), quantized by the CTA's warps a 32-element block per 8 lanes (q8q::quant_block<4, 1>: the
  * bits of cuk_q8_quantize); then a barrier. Every thread of the CTA calls it. */
-template <int NV>
 __device__ __forceinline__ void stage_q8(const PlanView &pv, int pos0, int nvec, const float *__restrict__ hf,
                                          int64_t ldhf, int units, uint8_t *sx) {
     __shared__ __align__(16) uint8_t sink[XS_UNIT]; /* where the lanes past the last block write */
@@ -290,7 +289,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
     const uint8_t *we = w + (int64_t)e * m * rb;
     extern __shared__ __align__(16) uint8_t dsx[]; /* QF: [nvec][units][XS_UNIT] */
-    if constexpr (QF) stage_q8<NV>(pv, pos0, nvec, hf, ldhf, units, dsx);
+    if constexpr (QF) stage_q8(pv, pos0, nvec, hf, ldhf, units, dsx);
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) {

@@ -152,9 +152,26 @@ __device__ __forceinline__ uint32_t scb(const uint4 &h, int i) {
     return (w >> (8 * (i & 3))) & 0xffu;
 }
 
+/* sub-block sb's 6-bit scale and min from the 12 packed bytes (ggml's get_scale_min_k4) */
+__device__ __forceinline__ void sb_scale(const uint4 &h, int sb, uint32_t &sv, uint32_t &mv) {
+    if (sb < 4) {
+        sv = scb(h, sb) & 63;
+        mv = scb(h, sb + 4) & 63;
+    } else {
+        sv = (scb(h, sb + 4) & 0xf) | ((scb(h, sb - 4) >> 6) << 4);
+        mv = (scb(h, sb + 4) >> 4) | ((scb(h, sb) >> 6) << 4);
+    }
+}
+
 /* the quants of bytes i0, i0 + 1 of x (low nibbles) as the half2 (1024 + v0, 1024 + v1) bits */
 __device__ __forceinline__ uint32_t nib2(uint32_t x, uint32_t sel) {
     return __byte_perm(x, 0x64646464u, sel) & 0xff0fff0fu;
+}
+
+/* Q5_K: the fifth bits (bit 0 of each byte of t) of nib2's two pairs, into bit 4 of each half */
+__device__ __forceinline__ void add_hi5(uint32_t (&v)[2], uint32_t t) {
+    v[0] |= (__byte_perm(t, 0u, 0x4140u) & 0x00010001u) << 4;
+    v[1] |= (__byte_perm(t, 0u, 0x4342u) & 0x00010001u) << 4;
 }
 
 template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int pr, int jp, uint4 *dst) {
@@ -175,13 +192,7 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
         const int hh = it ^ jp;
         const int sb = 2 * pr + hh;
         uint32_t sv, mv;
-        if (sb < 4) {
-            sv = scb(w.h, sb) & 63;
-            mv = scb(w.h, sb + 4) & 63;
-        } else {
-            sv = (scb(w.h, sb + 4) & 0xf) | ((scb(w.h, sb - 4) >> 6) << 4);
-            mv = (scb(w.h, sb + 4) >> 4) | ((scb(w.h, sb) >> 6) << 4);
-        }
+        sb_scale(w.h, sb, sv, mv);
         const __half2 dd = __float2half2_rn(__fmul_rn(d, (float)sv));
         const __half2 nm = __float2half2_rn(-__fmul_rn(mn, (float)mv));
         uint32_t o[16];
@@ -189,11 +200,7 @@ template <int T> __device__ __forceinline__ void raw_decode(const Raw<T> &w, int
         for (int i = 0; i < 8; i++) { /* elements 4 i .. 4 i + 3 of sub-block sb */
             const uint32_t x = q[i] >> (4 * hh);
             uint32_t v[2] = {nib2(x, 0x4140u), nib2(x, 0x4342u)};
-            if constexpr (T == QT_Q5_K) {
-                const uint32_t t = qh[i] >> sb; /* bit 0 of each byte: that element's fifth bit */
-                v[0] |= (__byte_perm(t, 0u, 0x4140u) & 0x00010001u) << 4;
-                v[1] |= (__byte_perm(t, 0u, 0x4342u) & 0x00010001u) << 4;
-            }
+            if constexpr (T == QT_Q5_K) add_hi5(v, qh[i] >> sb); /* bit 0 of each byte: that element's fifth bit */
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const __half2 hv = __hsub2(*(const __half2 *)&v[j], k1024);
@@ -412,13 +419,7 @@ __device__ __forceinline__ void wa_tile(const MmParams &p, uint8_t *smem, int e,
                 for (int hh = 0; hh < 2; hh++) {
                     const int sb = 2 * c + hh;
                     uint32_t sv, mv;
-                    if (sb < 4) {
-                        sv = scb(w, sb) & 63;
-                        mv = scb(w, sb + 4) & 63;
-                    } else {
-                        sv = (scb(w, sb + 4) & 0xf) | ((scb(w, sb - 4) >> 6) << 4);
-                        mv = (scb(w, sb + 4) >> 4) | ((scb(w, sb) >> 6) << 4);
-                    }
+                    sb_scale(w, sb, sv, mv);
                     sc[m][r][hh] = pack_sc(d, mn, sv, mv);
                 }
                 qhc[m][r] = T == QT_Q5_K ? qh[m][r] : make_uint2(0u, 0u);
@@ -442,11 +443,7 @@ __device__ __forceinline__ void wa_tile(const MmParams &p, uint8_t *smem, int e,
                         for (int hf = 0; hf < 2; hf++) {
                             const uint32_t x = (hf ? qw[m][r][j].y : qw[m][r][j].x) >> (4 * h);
                             uint32_t v[2] = {nib2(x, 0x4140u), nib2(x, 0x4342u)};
-                            if constexpr (T == QT_Q5_K) {
-                                const uint32_t tb = (hf ? qhc[m][r].y : qhc[m][r].x) >> sb;
-                                v[0] |= (__byte_perm(tb, 0u, 0x4140u) & 0x00010001u) << 4;
-                                v[1] |= (__byte_perm(tb, 0u, 0x4342u) & 0x00010001u) << 4;
-                            }
+                            if constexpr (T == QT_Q5_K) add_hi5(v, (hf ? qhc[m][r].y : qhc[m][r].x) >> sb);
 #pragma unroll
                             for (int q = 0; q < 2; q++) {
                                 const __half2 y = __hfma2(__hsub2(*(const __half2 *)&v[q], k1024), dd, nm);
@@ -553,19 +550,20 @@ extern "C" g5_status cuk_moe_mm(const cuk_moe_mm_args *a, cuk_stream stream, g5_
     p.ldo = a->ldo;
     const size_t smem = (size_t)SX_B + (size_t)nm * SW_B;
     const dim3 grid((unsigned)a->n_tiles, (unsigned)((a->n + BN - 1) / BN));
-    /* the shared-memory limit is raised once per device and kernel (a repeat is harmless) */
-    static bool raised[CUK_MAX_DEVICES][2][2][N_TYPE_IDS];
+    const mm_fn fm = nm == 2 ? pick<2, false>(a->w_type) : pick<1, false>(a->w_type);
+    const mm_fn fw = nm == 2 ? pick<2, true>(a->w_type) : pick<1, true>(a->w_type);
+    /* mm_tile's limit is raised once per device and kernel (a repeat is harmless); wa_tile's
+     * 36 KB fit the default */
+    static bool raised[CUK_MAX_DEVICES][2][N_TYPE_IDS];
     const int slot = cuk_device_slot();
     const uint32_t ti_ix = a->w_type < N_TYPE_IDS ? a->w_type : 0;
-    for (int wa = 0; wa < 2; wa++) {
-        const mm_fn fn = nm == 2 ? (wa ? pick<2, true>(a->w_type) : pick<2, false>(a->w_type))
-                                 : (wa ? pick<1, true>(a->w_type) : pick<1, false>(a->w_type));
-        if (!raised[slot][nm - 1][wa][ti_ix]) {
-            CUK_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            raised[slot][nm - 1][wa][ti_ix] = true;
-        }
-        fn<<<grid, NT, wa ? (size_t)2 * SXB : smem, (cudaStream_t)stream>>>(p);
+    if (!raised[slot][nm - 1][ti_ix]) {
+        CUK_CHECK(cudaFuncSetAttribute(fm, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised[slot][nm - 1][ti_ix] = true;
     }
+    static_assert(2 * SXB <= 48 * 1024, "wa_tile's input buffers fit the default shared-memory limit");
+    fm<<<grid, NT, smem, (cudaStream_t)stream>>>(p);
+    fw<<<grid, NT, (size_t)2 * SXB, (cudaStream_t)stream>>>(p);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }

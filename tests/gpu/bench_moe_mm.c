@@ -53,15 +53,15 @@ typedef struct ctx {
     cuk_blas *blas;
 } ctx;
 
+static int tiles_of(const ctx *c) { return NL * ((c->R + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM); }
+
 static void run_gu(ctx *c) {
-    const int tiles = NL * ((c->R + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM);
-    const cuk_moe_mm_args gu = {QT_Q4_K, c->wg, c->wu, E, FE, c->x, c->dcnt, NL, tiles, c->h, FE};
+    const cuk_moe_mm_args gu = {QT_Q4_K, c->wg, c->wu, E, FE, c->x, c->dcnt, NL, tiles_of(c), c->h, FE};
     GK(cuk_moe_mm(&gu, NULL, &err_));
 }
 
 static void run_dn(ctx *c) {
-    const int tiles = NL * ((c->R + CUK_MOE_MM_BM - 1) / CUK_MOE_MM_BM);
-    const cuk_moe_mm_args dn = {QT_Q5_K, c->wd, NULL, FE, E, c->h, c->dcnt, NL, tiles, c->ds, E};
+    const cuk_moe_mm_args dn = {QT_Q5_K, c->wd, NULL, FE, E, c->h, c->dcnt, NL, tiles_of(c), c->ds, E};
     GK(cuk_moe_mm(&dn, NULL, &err_));
 }
 

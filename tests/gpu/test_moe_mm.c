@@ -38,7 +38,7 @@ typedef struct mcase {
 static const int CNT_A[] = {0, 1, 64, 65, 130};
 static const int CNT_B[] = {3, 0, 0, 17};
 static const int CNT_D[] = {150};
-static const int CNT_E[] = {16, 32, 33, 48, 97}; /* the kernel's tile layouts: <= 16, <= 32, more rows */
+static const int CNT_E[] = {16, 32, 33, 48, 97}; /* the kernel's two tile forms: <= 32 rows, more */
 
 static uint64_t rbytes(uint32_t t, int64_t k) {
     uint64_t rb = 0;
@@ -208,8 +208,6 @@ static void run_case(uint32_t t, const mcase *c) {
     free(cnt);
 }
 
-/* The tile layouts (full above 32 rows, half up to 32, quarter up to 16) give a row the same bits:
- * one expert's first rows as a tile of 33, 32 and 16 rows, both products compared bit for bit. */
 /* A row's bits within each of the kernel's two forms do not depend on the tile's row count: the
  * first rows of one expert as tiles of 32, 16 and 1 rows (wa_tile) alike, and as tiles of 64 and 33
  * rows (mm_tile) alike. (Across the forms, 32 against 33 rows, the k order differs: cuda/moe_mm.cu.) */
