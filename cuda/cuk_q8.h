@@ -111,6 +111,22 @@ typedef struct cuk_gemv_q8_args {
     float *y2;         /* with w2: its outputs [n][ldy], apart from y's */
 } cuk_gemv_q8_args;
 g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err);
+/* cuk_gemv_q8_xf's input: float32 rows x [n][ldx], 16-byte aligned, ldx a multiple of 4; with nw
+ * non-NULL, each row RMS-normed first (weights nw [k], 16-byte aligned; eps >= 0) as cuk_rms_norm
+ * does it. */
+typedef struct cuk_q8_xf {
+    const float *x;
+    int64_t ldx;
+    const float *nw;
+    float eps;
+} cuk_q8_xf;
+/* cuk_gemv_q8 on float32 x rows (a->x gives only the planes, 1 or 2): each CTA quantizes the rows
+ * (normed, with nw) into shared memory and reads them there, one launch instead of two or three.
+ * The outputs are those of cuk_q8_quantize followed by cuk_gemv_q8 (with nw: of cuk_norm_q8
+ * followed by cuk_gemv_q8), bit for bit. Where cuk_gemv_q8_xf_takes says so: Q4_K, Q5_K, Q8_0,
+ * at most 46 KB of staged rows. */
+g5_status cuk_gemv_q8_xf(const cuk_gemv_q8_args *a, const cuk_q8_xf *xf, cuk_stream stream, g5_error *err);
+int cuk_gemv_q8_xf_takes(uint32_t t, int64_t k, int32_t n, int32_t planes);
 /* cuk_gemv_q8 with each CTA's x rows staged in shared memory first (the xs form; weights Q4_K,
  * Q5_K or Q8_0): the same bits. For tests and bench_q8, which compare the two (bench/NOTES.md,
  * session 29); G5_ERR_UNSUPPORTED for other types or where n x planes x k x 1.25 bytes exceed

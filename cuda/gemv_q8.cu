@@ -277,13 +277,19 @@ static void run_type(int kind, uint32_t t, const A *a, int nv, int64_t rb, int64
     }
 }
 
-/* cuk_gemv_q8 and cuk_gemv_q8_xs: the argument checks, what names the call. */
-static g5_status gemv_q8_check(const char *what, const cuk_gemv_q8_args *a, int64_t *rb, g5_error *err) {
+/* cuk_gemv_q8, _xs and _xf: the argument checks, what names the call; x_f32: x comes as float32
+ * rows (cuk_gemv_q8_xf), so only its plane count is checked here. */
+static g5_status gemv_q8_check(const char *what, const cuk_gemv_q8_args *a, int64_t *rb, g5_error *err,
+                               bool x_f32 = false) {
     if (!a) return BAD("%s: args is NULL", what);
     g5_status st = check_w(what, a->w_type, a->w, a->k, a->m, 1, rb, err);
     if (st != G5_OK) return st;
     if (a->n < 1 || a->n > CUK_Q8_MAX_N) return BAD("%s: n=%d outside 1..%d", what, (int)a->n, CUK_Q8_MAX_N);
-    if ((st = q8_check_act(what, "x", &a->x, a->k, err)) != G5_OK) return st;
+    if (x_f32) {
+        if (a->x.planes != 1 && a->x.planes != 2) return BAD("%s: x.planes=%d is neither 1 nor 2", what, (int)a->x.planes);
+    } else if ((st = q8_check_act(what, "x", &a->x, a->k, err)) != G5_OK) {
+        return st;
+    }
     if (!a->y) return BAD("%s: y is NULL", what);
     if (a->ldy < a->m) return BAD("%s: ldy=%lld < m=%lld", what, (long long)a->ldy, (long long)a->m);
     if (a->w2 && ((uintptr_t)a->w2 % 16 || !a->y2)) return BAD("%s: w2 not 16-byte aligned, or y2 NULL", what);
@@ -322,6 +328,41 @@ extern "C" g5_status cuk_gemv_q8_xs(const cuk_gemv_q8_args *a, cuk_stream stream
     case QT_Q4_K: run_nv<GemvXL, 8, QT_Q4_K>(a, a->n, rb, units, a->x.planes, cs); break;
     case QT_Q5_K: run_nv<GemvXL, 8, QT_Q5_K>(a, a->n, rb, units, a->x.planes, cs); break;
     default: run_nv<GemvXL, 8, QT_Q8_0>(a, a->n, rb, units, a->x.planes, cs); break;
+    }
+    CUK_CHECK(cudaGetLastError());
+    return G5_OK;
+}
+
+/* The staged rows and the kernel's static shared memory (the norm's partials, the sink) stay under
+ * the 48 KB a block gets without opting in. */
+constexpr int64_t XF_SMEM_MAX = 46 * 1024;
+
+extern "C" int cuk_gemv_q8_xf_takes(uint32_t t, int64_t k, int32_t n, int32_t planes) {
+    if ((t != QT_Q4_K && t != QT_Q5_K && t != QT_Q8_0) || !cuk_q8_takes(t, k) || n < 1 || n > CUK_Q8_MAX_N) return 0;
+    if (planes != 1 && planes != 2) return 0;
+    return (int64_t)n * planes * (k / 64) * q8::XS_UNIT <= XF_SMEM_MAX;
+}
+
+extern "C" g5_status cuk_gemv_q8_xf(const cuk_gemv_q8_args *a, const cuk_q8_xf *xf, cuk_stream stream,
+                                    g5_error *err) {
+    int64_t rb = 0;
+    const g5_status st = gemv_q8_check("gemv_q8_xf", a, &rb, err, true);
+    if (st != G5_OK) return st;
+    if (!xf || !xf->x || (uintptr_t)xf->x % 16 || xf->ldx < a->k || xf->ldx % 4)
+        return BAD("gemv_q8_xf: x NULL or not 16-byte aligned, or ldx=%lld < k=%lld or not a multiple of 4",
+                   xf ? (long long)xf->ldx : 0LL, (long long)a->k);
+    if (xf->nw && ((uintptr_t)xf->nw % 16 || !(xf->eps >= 0.0f)))
+        return BAD("gemv_q8_xf: nw not 16-byte aligned, or eps=%g not >= 0", (double)xf->eps);
+    if (!cuk_gemv_q8_xf_takes(a->w_type, a->k, a->n, a->x.planes))
+        return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8_xf: %s weights of k=%lld, %d vectors of %d planes",
+                       quant_type_name(a->w_type), (long long)a->k, (int)a->n, (int)a->x.planes);
+    const XfArgs f = {a, {xf->x, xf->ldx, xf->nw, xf->eps, rowops_norm_shape(a->k)}};
+    const int units = (int)(a->k / 64);
+    const cudaStream_t cs = (cudaStream_t)stream;
+    switch (a->w_type) {
+    case QT_Q4_K: run_nv<GemvXFL, 8, QT_Q4_K>(&f, a->n, rb, units, a->x.planes, cs); break;
+    case QT_Q5_K: run_nv<GemvXFL, 8, QT_Q5_K>(&f, a->n, rb, units, a->x.planes, cs); break;
+    default: run_nv<GemvXFL, 8, QT_Q8_0>(&f, a->n, rb, units, a->x.planes, cs); break;
     }
     CUK_CHECK(cudaGetLastError());
     return G5_OK;

@@ -18,6 +18,7 @@
 #include "cuda/moe_plan.cuh"
 #include "cuda/q8_load.cuh"
 #include "cuda/q8_quant.cuh"
+#include "cuda/rowops.cuh"
 #include "cuda/warp_tile.cuh"
 
 namespace cuk {
@@ -145,6 +146,38 @@ static __host__ __device__ constexpr int seg_for(int units) {
  * groups instead of exiting after one; rows of <= 16 units fill the warp side by side instead). */
 static __host__ __device__ constexpr int groups_for(int units) { return units <= 32 && units > 16 ? 4 : 1; }
 
+/* The XS layout ([nvec][P][units][XS_UNIT]) of the float32 rows row(v) (v < nvec, k = 64 units),
+ * quantized by the CTA's warps a 32-element block per 8 lanes (q8q::quant_block<4, P>: the bits of
+ * cuk_q8_quantize, both planes); then a barrier. Every thread of the CTA calls it. With nw, row v
+ * is RMS-normed first, (x * nsc[v]) * nw elementwise as the norm launches round it (cuk_norm_q8's
+ * int8 rows: the quantization of that product). */
+template <int P, class RowOf>
+__device__ __forceinline__ void stage_rows(RowOf row, int nvec, int units, uint8_t *sx, const float *nw = nullptr,
+                                           const float *nsc = nullptr) {
+    __shared__ __align__(16) uint8_t sink[P * XS_UNIT]; /* where the lanes past the last block write */
+    const int lane = threadIdx.x & 31, gl = lane & 7, nb = 2 * units, tot = nvec * nb;
+    for (int b0 = 4 * (int)(threadIdx.x >> 5); b0 < tot; b0 += 4 * WARPS) { /* warp-uniform (quant_block's shuffles) */
+        const int bi = b0 + (lane >> 3);
+        const bool on = bi < tot;
+        const int v = on ? bi / nb : 0, b = on ? bi - v * nb : 0;
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (on) f = ldg_f4(row(v) + 32 * b + 4 * gl);
+        if (on && nw) {
+            const float4 g = ldg_f4(nw + 32 * b + 4 * gl);
+            const float sc = nsc[v];
+            f = make_float4(__fmul_rn(__fmul_rn(f.x, sc), g.x), __fmul_rn(__fmul_rn(f.y, sc), g.y),
+                            __fmul_rn(__fmul_rn(f.z, sc), g.z), __fmul_rn(__fmul_rn(f.w, sc), g.w));
+        }
+        const float e4[4] = {f.x, f.y, f.z, f.w};
+        /* plane 1 of the unit: units * XS_UNIT bytes further (sink: XS_UNIT) */
+        const int64_t pstep = on ? (int64_t)units * XS_UNIT : XS_UNIT;
+        uint8_t *unit = on ? sx + ((int64_t)v * P * units + (b >> 1)) * XS_UNIT : sink;
+        q8q::quant_block<4, P>(e4, gl, (int8_t *)(unit + 32 * (b & 1)), 0, (float *)(void *)(unit + 64), b & 1,
+                               pstep, pstep / 4);
+    }
+    __syncthreads();
+}
+
 /* Plain GEMV, of one matrix or (w2 non-NULL) of two of the same shape read with the same x: the
  * rows of w, then those of w2 (outputs in y2), each row's arithmetic the same either way. Grid:
  * ceil(mt / (2 G WARPS ns)) CTAs of WARPS warps, mt = m or 2 m, ns = 32 / seg_for(units); warp w
@@ -156,11 +189,22 @@ static __host__ __device__ constexpr int groups_for(int units) { return units <=
  * One vector: three CTAs an SM (80 registers; sm_90 ptxas: no spills but 16-28 bytes for Q5_K's
  * two planes), so that a product of 6144 rows (3072 warps of row pairs) fills the SMs' 3168 warp
  * slots in one wave instead of 1.45 waves of the 2112 that 2 CTAs of 103-123 registers give. */
-template <int T, int NV, int G, int P, bool XS = false>
+/* cuk_gemv_q8_xf's float32 rows (XF): x [nvec][ld]; with nw, RMS-normed first (weights nw, eps,
+ * the norm launches' split sh of a row). */
+struct XfIn {
+    const float *x;
+    int64_t ld;
+    const float *nw;
+    float eps;
+    RowopsShape sh;
+};
+
+template <int T, int NV, int G, int P, bool XS = false, bool XF = false>
 __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 3 : 2)
     k_gemv_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int8_t *__restrict__ xq,
               int64_t ldq, const float *__restrict__ xds, int64_t ldds, int nvec, float *__restrict__ y,
-              int64_t ldy, const uint8_t *__restrict__ w2, float *__restrict__ y2) {
+              int64_t ldy, const uint8_t *__restrict__ w2, float *__restrict__ y2, const XfIn xin) {
+    static_assert(XS || !XF, "k_gemv_q8: float32 x is staged");
     constexpr int R = 2;
     const int lane = threadIdx.x & 31;
     const int64_t wi = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5), mt = w2 ? 2 * m : m;
@@ -168,7 +212,18 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 3 : 2)
 #pragma unroll
     for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
     extern __shared__ __align__(16) uint8_t gsx[]; /* XS: [nvec][P][units][XS_UNIT] */
-    if constexpr (XS) { /* every thread copies 16-byte pieces: a unit's four of int8 bytes, then its floats */
+    if constexpr (XF) {
+        __shared__ float nsc[NV]; /* the rows' RMS scales */
+        if (xin.nw) {
+            __shared__ double red[ROWOPS_RMS_SH];
+            for (int v = 0; v < nvec; v++) {
+                const float sc = rowops_rms_scale(xin.x + (int64_t)v * xin.ld, 64 * (int64_t)units, xin.eps, xin.sh, red);
+                if (threadIdx.x == 0) nsc[v] = sc;
+            }
+            __syncthreads();
+        }
+        stage_rows<P>([&](int v) { return xin.x + (int64_t)v * xin.ld; }, nvec, units, gsx, xin.nw, nsc);
+    } else if constexpr (XS) { /* every thread copies 16-byte pieces: a unit's four of int8 bytes, then its floats */
         const int per = 5 * units;
         for (int vp = 0; vp < nvec * P; vp++) {
             const int v = vp / P, pl = vp - v * P;
@@ -251,29 +306,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     }
 }
 
-/* The XS layout's unit bytes (rows_dot) of the nvec rows hf + pair(v) * ldhf (k = 64 units, one
- * plane), quantized by the CTA's warps a 32-element block per 8 lanes (q8q::quant_block<4, 1>: the
- * bits of cuk_q8_quantize); then a barrier. Every thread of the CTA calls it. */
-__device__ __forceinline__ void stage_q8(const PlanView &pv, int pos0, int nvec, const float *__restrict__ hf,
-                                         int64_t ldhf, int units, uint8_t *sx) {
-    __shared__ __align__(16) uint8_t sink[XS_UNIT]; /* where the lanes past the last block write */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gl = lane & 7, nb = 2 * units, tot = nvec * nb;
-    for (int b0 = 4 * warp; b0 < tot; b0 += 4 * WARPS) { /* warp-uniform: quant_block shuffles the whole warp */
-        const int bi = b0 + (lane >> 3);
-        const bool on = bi < tot;
-        const int v = on ? bi / nb : 0, b = on ? bi - v * nb : 0;
-        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (on) f = ldg_f4(hf + (int64_t)pv.pair(pos0 + v) * ldhf + 32 * b + 4 * gl);
-        const float e4[4] = {f.x, f.y, f.z, f.w};
-        uint8_t *unit = on ? sx + ((int64_t)v * units + (b >> 1)) * XS_UNIT : sink;
-        q8q::quant_block<4, 1>(e4, gl, (int8_t *)(unit + 32 * (b & 1)), 0, (float *)(void *)(unit + 64), b & 1);
-    }
-    __syncthreads();
-}
-
 /* MoE down. Grid: x = ceil(m / (2 G WARPS 32 / seg_for(units))), y = plan group; rows of the
  * pairs' part rows; the warp's rows as k_gemv_q8's. QF: h comes as float32 rows (hf), which the
- * CTA quantizes into shared memory first (stage_q8; P = 1), and the warps read x there. */
+ * CTA quantizes into shared memory first (stage_rows; P = 1), and the warps read x there. */
 template <int T, int NV, int G, int P, bool QF = false>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
@@ -289,7 +324,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     const int e = pv.expert(grp), pos0 = pv.start(grp), nvec = pv.count(grp);
     const uint8_t *we = w + (int64_t)e * m * rb;
     extern __shared__ __align__(16) uint8_t dsx[]; /* QF: [nvec][units][XS_UNIT] */
-    if constexpr (QF) stage_q8(pv, pos0, nvec, hf, ldhf, units, dsx);
+    if constexpr (QF) stage_rows<1>([&](int v) { return hf + (int64_t)pv.pair(pos0 + v) * ldhf; }, nvec, units, dsx);
     Xrow xv[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++) {
@@ -347,7 +382,7 @@ template <int T, int NV, int G, int P> struct GemvL {
                       mt = a->w2 ? 2 * a->m : a->m, grid = (mt + per - 1) / per;
         q8::k_gemv_q8<T, NV, G, P><<<(unsigned)grid, q8::WARPS * 32, 0, st>>>(
             (const uint8_t *)a->w, rb, a->m, (int)(a->k / 64), a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y,
-            a->ldy, (const uint8_t *)a->w2, a->y2);
+            a->ldy, (const uint8_t *)a->w2, a->y2, q8::XfIn{});
     }
 };
 
@@ -374,7 +409,25 @@ template <int T, int NV, int G, int P> struct GemvXL {
                       grid = (mt + per - 1) / per;
         q8::k_gemv_q8<T, NV, G, P, true><<<(unsigned)grid, q8::WARPS * 32, smem, st>>>(
             (const uint8_t *)a->w, rb, a->m, units, a->x.q, a->x.ldq, a->x.ds, a->x.ldds, a->n, a->y, a->ldy,
-            (const uint8_t *)a->w2, a->y2);
+            (const uint8_t *)a->w2, a->y2, q8::XfIn{});
+    }
+};
+
+/* cuk_gemv_q8_xf: float32 x rows (XfArgs), quantized into the XS layout by each CTA. */
+struct XfArgs {
+    const cuk_gemv_q8_args *a;
+    q8::XfIn in;
+};
+template <int T, int NV, int G, int P> struct GemvXFL {
+    static void run(const XfArgs *f, int64_t rb, cudaStream_t st) {
+        const cuk_gemv_q8_args *a = f->a;
+        const int units = (int)(a->k / 64);
+        const size_t smem = (size_t)a->n * P * units * q8::XS_UNIT;
+        const int64_t per = 2 * G * q8::WARPS * (32 / q8::seg_for(units)), mt = a->w2 ? 2 * a->m : a->m,
+                      grid = (mt + per - 1) / per;
+        q8::k_gemv_q8<T, NV, G, P, true, true><<<(unsigned)grid, q8::WARPS * 32, smem, st>>>(
+            (const uint8_t *)a->w, rb, a->m, units, nullptr, 0, nullptr, 0, a->n, a->y, a->ldy, (const uint8_t *)a->w2,
+            a->y2, f->in);
     }
 };
 

@@ -28,7 +28,7 @@ namespace {
  * thread; beyond that, re-read). The shape (cluster size, blockDim) depends on dim alone
  * (norm_shape), so a row's reduction order, hence its bits, is the same whatever the number of
  * rows in the launch, and the same for the fused add + norm as for the plain norm. */
-constexpr int NR_T = 256; /* threads per CTA at most */
+constexpr int NR_T = ROWOPS_NT;          /* threads per CTA at most */
 constexpr int NR_CL = CUK_NORM_CLUSTER_MAX; /* CTAs per row (cluster) at most: the portable cluster size */
 constexpr int NR_NC = 4;  /* float4 chunks per thread held in registers */
 constexpr int64_t NR_MAX_CLUSTERS = 1 << 20; /* rows per launch wave (rows loop past it) */
@@ -71,17 +71,8 @@ struct NormTail {
     RopeInv inv;
 };
 
-struct NormShape {
-    int cs, threads;
-};
-
-/* One chunk per thread up to NR_CL * NR_T chunks (dim 8192), then more chunks per thread. */
-static NormShape norm_shape(int64_t dim) {
-    const int64_t nch = (dim + 3) / 4;
-    if (nch <= NR_T) return {1, (int)((nch + 31) / 32 * 32)};
-    const int64_t cs = (nch + NR_T - 1) / NR_T;
-    return {(int)(cs < NR_CL ? cs : NR_CL), NR_T};
-}
+typedef RowopsShape NormShape;
+static NormShape norm_shape(int64_t dim) { return rowops_norm_shape(dim); }
 
 __device__ __forceinline__ void cl_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }

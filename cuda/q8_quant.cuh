@@ -20,12 +20,16 @@ namespace q8q {
 
 /* One block held by G = 32 / E consecutive lanes (aligned to G within the warp), lane gl of the
  * group holding elements E gl .. E gl + E - 1 in v. Writes the block's plane-0 quants at q[0..32)
- * (plane 1 at q[k..k + 32)), and (d, s) at ds[2b], ds[2b + 1] (plane 1: ds[k / 16 + 2b], ..).
+ * (plane 1 at q[k..k + 32)), and (d, s) at ds[2b], ds[2b + 1] (plane 1: ds[k / 16 + 2b], ..);
+ * q2 / ds2 >= 0 put plane 1 at q[q2 ..] and ds[ds2 + 2b ..] instead (a staged layout).
  * Every lane of the warp must call it together (shuffles over the full mask). The amax is a max
  * and the sums are of integers, so their order does not matter: the bits are those of a
  * one-element-per-lane warp (E = 1) whatever E is. */
 template <int E, int P>
-__device__ __forceinline__ void quant_block(const float (&v)[E], int gl, int8_t *q, int64_t k, float *ds, int64_t b) {
+__device__ __forceinline__ void quant_block(const float (&v)[E], int gl, int8_t *q, int64_t k, float *ds, int64_t b,
+                                            int64_t q2 = -1, int64_t ds2 = -1) {
+    if (q2 < 0) q2 = k;
+    if (ds2 < 0) ds2 = k / 16;
     constexpr int G = 32 / E;
     float amax = fabsf(v[0]);
     int bad = !isfinite(v[0]);
@@ -68,12 +72,12 @@ __device__ __forceinline__ void quant_block(const float (&v)[E], int gl, int8_t 
         }
 #pragma unroll
         for (int o = G / 2; o > 0; o >>= 1) sum2 += __shfl_xor_sync(0xffffffffu, sum2, o);
-        if (E == 4) *(uint32_t *)(void *)(q + k + 4 * gl) = word2;
-        else q[k + gl] = (int8_t)word2;
+        if (E == 4) *(uint32_t *)(void *)(q + q2 + 4 * gl) = word2;
+        else q[q2 + gl] = (int8_t)word2;
         stot = fmaf(d2, (float)sum2, stot);
         if (gl == 0) {
-            ds[k / 16 + 2 * b] = bad ? dd : d2;
-            ds[k / 16 + 2 * b + 1] = 0.0f;
+            ds[ds2 + 2 * b] = bad ? dd : d2;
+            ds[ds2 + 2 * b + 1] = 0.0f;
         }
     }
     if (gl == 0) {

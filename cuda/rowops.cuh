@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda/cuk_limits.h"
+
 /* Sum over the 32 lanes by xor butterfly: every lane gets the same total, in an order fixed by
  * the lane layout alone. */
 __device__ __forceinline__ double rowops_warp_sum(double v) {
@@ -110,6 +112,52 @@ __device__ __forceinline__ double rowops_chunk_sq(float4 v, int64_t e0, int64_t 
     if (e0 + 2 < dim) s += (double)v.z * v.z;
     if (e0 + 3 < dim) s += (double)v.w * v.w;
     return s;
+}
+
+/* The norm launches' split of a row of dim floats (ops.cu's norm_rows): cs CTAs (one cluster) of
+ * `threads` threads, one float4 chunk a thread up to ROWOPS_NT * CUK_NORM_CLUSTER_MAX chunks (dim
+ * 8192), more chunks a thread past that. It fixes the order of a row's sums, hence their bits:
+ * rowops_rms_scale follows it. */
+constexpr int ROWOPS_NT = 256;
+struct RowopsShape {
+    int cs, threads;
+};
+__host__ __device__ inline RowopsShape rowops_norm_shape(int64_t dim) {
+    const int64_t nch = (dim + 3) / 4;
+    if (nch <= ROWOPS_NT) return {1, (int)((nch + 31) / 32 * 32)};
+    const int64_t cs = (nch + ROWOPS_NT - 1) / ROWOPS_NT;
+    return {(int)(cs < CUK_NORM_CLUSTER_MAX ? cs : CUK_NORM_CLUSTER_MAX), ROWOPS_NT};
+}
+
+/* Doubles of shared memory rowops_rms_scale takes. */
+constexpr int ROWOPS_RMS_SH = CUK_NORM_CLUSTER_MAX * (ROWOPS_NT / 32);
+
+/* RMSNorm's scale, (float)(1 / sqrt(mean(x^2) + eps)), of the row x (dim floats, 16-byte aligned)
+ * with the bits of the norm launches: sh = rowops_norm_shape(dim)'s cs CTAs of nt threads, thread
+ * g summing its chunks g, g + cs nt, .. in double, then lanes by butterfly, warps in index order,
+ * CTAs in rank order (ops.cu's row_sum). One CTA of ROWOPS_NT threads plays the cs CTAs in turn,
+ * thread t being thread t of each. sh: ROWOPS_RMS_SH doubles of shared memory. Every thread of the
+ * CTA calls it and gets the scale; it ends with a barrier, so sh may be reused at once. */
+__device__ inline float rowops_rms_scale(const float *x, int64_t dim, float eps, RowopsShape sh, double *red) {
+    const int t = (int)threadIdx.x, nw = sh.threads / 32;
+    const int64_t P = (int64_t)sh.cs * sh.threads;
+    for (int c = 0; c < sh.cs; c++) {
+        double s = 0.0;
+        if (t < sh.threads)
+            for (int64_t e0 = ((int64_t)c * sh.threads + t) * 4; e0 < dim; e0 += 4 * P)
+                s += rowops_chunk_sq(rowops_ld4(x, e0, dim, true), e0, dim);
+        s = rowops_warp_sum(s);
+        if ((t & 31) == 0 && (t >> 5) < nw) red[c * (ROWOPS_NT / 32) + (t >> 5)] = s;
+    }
+    __syncthreads();
+    double tot = 0.0;
+    for (int c = 0; c < sh.cs; c++) {
+        double tc = red[c * (ROWOPS_NT / 32)];
+        for (int i = 1; i < nw; i++) tc += red[c * (ROWOPS_NT / 32) + i];
+        tot = c == 0 ? tc : tot + tc;
+    }
+    __syncthreads();
+    return (float)(1.0 / sqrt(tot / (double)dim + (double)eps));
 }
 
 /* LayerNorm output of one element: (float)((x - mean) * inv) * w + b. */

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Device work of session 47 (bench/NOTES.md, session 47). Here first:
-#   bash bench/ab.sh prepare base=HEAD xf=DIR   # DIR: HEAD's files with s46-gemv-xf.patch applied
-#                                               # (the working tree: xf plus q_a_norm folded in, xn)
-# then, carrying gpu-deps, oracle-carry and .dev/ab:
+# Device calls of session 47 (bench/NOTES.md, session 47), reusable for the next A/B of a decode
+# change. Here first: bash bench/ab.sh prepare base=HEAD [NAME=DIR ..]; then, carrying gpu-deps,
+# oracle-carry and .dev/ab:
 #   bash bench/pending/s47-next.sh test   # ab.sh with TESTGPU=1 (make test-gpu on the working tree,
 #                                         # the variants built beside it), one round of bench_decode
-#                                         # (one TP 8 rank, ctx 1024) over the three trees
-#   bash bench/pending/s47-next.sh rounds # the machine warm: bench_decode and the peer model's tg
-#                                         # (TP 1: q_b and idx_q_b take the folded norm there too)
+#                                         # (one TP 8 rank, ctx 1024) over the trees
+#   bash bench/pending/s47-next.sh rounds # the machine warm: bench_decode and the peer model's tg16
+# or, with binaries built here (bench_decode of each tree, stripped, xz'd as .dev/bins/dec_NAME.xz:
+# a device call of about 70 s instead of a build of about 350 s):
+#   bash bench/pending/s47-next.sh bins   # carry .dev/bins alone: two rounds over them alternated
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 DEC="--decode --layers 78 --ctx 1024 --steps 20 --modes fast --graph on"
@@ -26,5 +27,19 @@ rounds)
   echo "ab.sh rc=$?"
   grep -E "round|rc=" /tmp/ab2.log | tail -20
   ;;
-*) echo "usage: $0 test|rounds" >&2; exit 2 ;;
+bins)
+  # carry .dev/bins alone: bench_decode binaries built here (dec_NAME.xz, sm_90, static but for
+  # cuBLAS), two rounds over them alternated
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  (cd .dev/bins && for f in *.xz; do xz -dc "$f" >"/tmp/${f%.xz}" && chmod +x "/tmp/${f%.xz}"; done)
+  for r in 1 2; do
+    for f in .dev/bins/*.xz; do
+      v=$(basename "${f%.xz}")
+      timeout 120 "/tmp/$v" $DEC >"/tmp/$v.$r.log" 2>&1
+      echo "round $r $v rc=$?: $(grep -E '^decode ' "/tmp/$v.$r.log" | sed 's/ median of.*RATIO/, ratio/; s/ (vs.*//' | tr -s ' ')"
+    done
+  done
+  for f in .dev/bins/*.xz; do v=$(basename "${f%.xz}"); cp "/tmp/$v.2.log" "$OUT/$v.log"; done
+  ;;
+*) echo "usage: $0 test|rounds|bins" >&2; exit 2 ;;
 esac

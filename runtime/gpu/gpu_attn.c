@@ -35,14 +35,17 @@ static g5_status idx_key_proj(rt_gpu_model *g, gl_rank *rk, uint32_t il, const f
 
 /* The indexer's query projection (of a layer with an indexer). */
 static g5_status idx_query(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, const cuk_q8_act *qq,
-                           const cuk_h16_act *qh, g5_error *err) {
+                           const cuk_h16_act *qh, const cuk_q8_xf *xn, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const int64_t QL = hp->q_lora, IH = hp->idx_n_head, ID = hp->idx_head_dim;
     const uint32_t n = pl->n;
     /* the indexer's query from q_b's two int8 planes of qr where q_b took them (*qq, still in
-     * rk->q8q) and its weights have an int8 kernel (specs/numerics.md), else from float32 qr */
-    if (qh->x && gm_h16_takes(rk, &L->idx_q_b, n)) /* qr's fp16 copy, made for q_b or for this */
+     * rk->q8q, or made per CTA from q_a's rows as q_b's, xn) and its weights have an int8 kernel
+     * (specs/numerics.md), else from float32 qr */
+    if (xn)
+        CK(gm_gemv_xf(rk, &L->idx_q_b, xn, 2, rk->iq, IH * ID, err));
+    else if (qh->x && gm_h16_takes(rk, &L->idx_q_b, n)) /* qr's fp16 copy, made for q_b or for this */
         CK(gm_gemv_h16_in(rk, &L->idx_q_b, qh, n, rk->iq, IH * ID, err));
     else if (qq->planes == 2 && gm_q8x2_takes(rk, &L->idx_q_b, n))
         CK(gm_gemv_q8_in(rk, &L->idx_q_b, qq, n, rk->iq, IH * ID, err));
@@ -284,26 +287,35 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
      * the main chain, before the third stream forks, and read by both; by the norm's launch where
      * no int8 copy is wanted */
     const int qrh = qbh || (L->has_idx && gm_h16_takes(rk, &L->idx_q_b, n));
-    if (qrh && !qb8) {
-        CK(gm_norm_h16(rk, &qn, &qh, err));
-    } else {
-        CK(gm_norm_q8(rk, &qn, qb8 ? 2 : 0, &qq, err));
-        if (qrh) CK(gm_h16_in(rk, rk->qr, QL, n, QL, &qh, err));
+    /* one token whose q_b and indexer q_b both take two int8 planes of short rows (gm_xf_takes): no
+     * norm launch, each GEMV norms and quantizes q_a's row per CTA with cuk_norm_q8's bits, so
+     * rk->qr keeps q_a's output, which nothing else reads */
+    const int qxn = qb8 && !qrh && gm_xf_takes(rk, &L->q_b, n, 2) && (uintptr_t)L->q_a_norm % 16 == 0 &&
+                    (!L->has_idx || (gm_q8x2_takes(rk, &L->idx_q_b, n) && gm_xf_takes(rk, &L->idx_q_b, n, 2)));
+    const cuk_q8_xf xn = {rk->qr, QL, L->q_a_norm, eps};
+    if (!qxn) {
+        if (qrh && !qb8) {
+            CK(gm_norm_h16(rk, &qn, &qh, err));
+        } else {
+            CK(gm_norm_q8(rk, &qn, qb8 ? 2 : 0, &qq, err));
+            if (qrh) CK(gm_h16_in(rk, rk->qr, QL, n, QL, &qh, err));
+        }
+        PMARK("attn", "q_a_norm (+ int8 or fp16 copy of qr)");
     }
-    PMARK("attn", "q_a_norm (+ int8 or fp16 copy of qr)");
     /* the indexer's query on the third stream, beside q_b and the side's key chain: it reads qq
      * (the lower half of rk->q8q) or qr, which nothing writes before the joins, and writes rk->iq,
      * which nothing reads before them; in order after q_b where the third stream is off */
     if (L->has_idx) {
         CK(gm_aux_begin(g, rk, side, err));
-        if (rk->aux == 1) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, err));
+        if (rk->aux == 1) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, qxn ? &xn : NULL, err));
         CK(gm_aux_end(rk, err));
     }
-    if (qbh) CK(gm_gemv_h16_in(rk, &L->q_b, &qh, n, rk->q, H * (NOPE + R), err));
+    if (qxn) CK(gm_gemv_xf(rk, &L->q_b, &xn, 2, rk->q, H * (NOPE + R), err));
+    else if (qbh) CK(gm_gemv_h16_in(rk, &L->q_b, &qh, n, rk->q, H * (NOPE + R), err));
     else if (qb8) CK(gm_gemv_q8_in(rk, &L->q_b, &qq, n, rk->q, H * (NOPE + R), err));
     else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
-    if (L->has_idx && rk->aux != 2) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, err));
+    if (L->has_idx && rk->aux != 2) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, qxn ? &xn : NULL, err));
     CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     CK(gm_aux_wait(rk, err));
     if (L->has_idx) { /* q roped by the indexer's preparation launch */

@@ -365,6 +365,13 @@ g5_status gm_gemv_q8_in(const gl_rank *rk, const dmat *W, const cuk_q8_act *x, u
  * types match and n is below the tensor-core kernel's width (the same bits as two launches). */
 g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, const cuk_q8_act *x, uint32_t n,
                              float *y1, float *y2, int64_t ldy, g5_error *err);
+/* 1: a one-vector product of W takes its input as float32 rows in `planes` int8 planes through
+ * gm_gemv_xf (short rows: the GEMV quantizes them per CTA, cuda/cuk_q8.h's cuk_gemv_q8_xf). */
+int gm_xf_takes(const gl_rank *rk, const dmat *W, uint32_t n, int planes);
+/* y = W x' for the float32 row *x (normed first with x->nw), quantized in `planes` planes by the
+ * GEMV's own CTAs: the bits of gm_q8_in (gm_norm_q8 with x->nw) and gm_gemv_q8_in. */
+g5_status gm_gemv_xf(const gl_rank *rk, const dmat *W, const cuk_q8_xf *x, int planes, float *y, int64_t ldy,
+                     g5_error *err);
 /* 1: under opts.h16_products (rk->h16), a product of a two-plane role (gm_q8x2_takes) whose
  * weights have an fp16 kernel takes fp16 inputs instead (cuda/cuk_h16.h: batched rows at the
  * weights' rate, the same bits at any n). */

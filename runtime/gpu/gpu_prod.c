@@ -161,9 +161,29 @@ g5_status gm_gemv_q8_pair_in(const gl_rank *rk, const dmat *W1, const dmat *W2, 
     return gm_gemv_q8_in(rk, W2, x, n, y2, ldy, err);
 }
 
+/* One vector of a short row (k <= XF_MAX_K: q_b and the indexer's q_b, k = q_lora; a TP 8 rank's
+ * attn_output, k = 2048) from float32 x: the GEMV quantizes (with a norm, normalizes) x per CTA
+ * (cuk_gemv_q8_xf, the bits of the launches it saves). Longer rows keep the separate launch, since
+ * every CTA works through the whole row (attn_output at TP 1: 16384 elements in each of 384 CTAs). */
+#define XF_MAX_K 4096
+int gm_xf_takes(const gl_rank *rk, const dmat *W, uint32_t n, int planes) {
+    return n == 1 && W->k <= XF_MAX_K && gm_q8_takes(rk, W, n) && !q8t_for(W, n) &&
+           cuk_gemv_q8_xf_takes(W->type, W->k, 1, planes);
+}
+
+g5_status gm_gemv_xf(const gl_rank *rk, const dmat *W, const cuk_q8_xf *x, int planes, float *y, int64_t ldy,
+                     g5_error *err) {
+    const cuk_gemv_q8_args a = {W->type, W->w, W->k, W->m, {NULL, 0, NULL, 0, planes}, 1, y, ldy, NULL, NULL};
+    return cuk_gemv_q8_xf(&a, x, (cuk_stream)rk->st, err);
+}
+
 static g5_status gemv_q8p(const gl_rank *rk, const dmat *W, const float *x, int64_t ldx, uint32_t n, float *y,
                           int64_t ldy, int planes, g5_error *err) {
     if (!gm_q8_takes(rk, W, n)) return gm_gemv_k(rk, W, x, ldx, n, y, ldy, 0, err);
+    if (gm_xf_takes(rk, W, n, planes) && (uintptr_t)x % 16 == 0 && ldx % 4 == 0) {
+        const cuk_q8_xf xf = {x, ldx, NULL, 0.0f};
+        return gm_gemv_xf(rk, W, &xf, planes, y, ldy, err);
+    }
     cuk_q8_act q = {0};
     CK(gm_q8_in(rk, x, ldx, n, W->k, planes, &q, err));
     return gm_gemv_q8_in(rk, W, &q, n, y, ldy, err);

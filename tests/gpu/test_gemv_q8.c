@@ -20,6 +20,10 @@
  * - cuk_moe_down_q8 from float32 rows (hf: each CTA quantizes what it reads; Q4_K, Q5_K, Q8_0, one
  *   plane) bit-identical to its launch on cuk_q8_quantize's rows, alone and for one token, and
  *   cuk_moe_down_q8t refusing them;
+ * - cuk_gemv_q8_xf (float32 x quantized per CTA into the staged layout; Q4_K, Q5_K, Q8_0, one and
+ *   two planes) bit-identical to cuk_q8_quantize + cuk_gemv_q8, alone and with w2; with a norm
+ *   (each CTA RMS-norms the rows first) bit-identical to cuk_norm_q8 + cuk_gemv_q8 at every norm
+ *   split (one CTA of 128 or 256 threads, clusters of 2, 4 and 8, two chunks a thread);
  * - cuk_gemv_q8_xs (the dp4a GEMV with x staged in shared memory; Q4_K, Q5_K, Q8_0) bit-identical
  *   to cuk_gemv_q8, alone and with w2, on every cuk_gemv_q8 shape above;
  * - refusals: a type without a kernel, n outside 1..8 (1..32), a misaligned ldq. Device only. */
@@ -296,6 +300,30 @@ static void test_gemv(uint32_t t, int64_t m, int64_t k, int planes) {
             T_CHECK(!memcmp(p1, y, (size_t)(n * m) * 4) && !memcmp(p2, z, (size_t)(n * m) * 4),
                     "%s gemv_q8_xs pair m=%lld k=%lld n=%d planes %d: both outputs bit-identical to gemv_q8's", tn,
                     (long long)m, (long long)k, n, planes);
+        }
+        if (cuk_gemv_q8_xf_takes(t, k, n, planes)) { /* float32 x, quantized per CTA: the same bits */
+            float *dxf = dup_d(x, (size_t)(n * k) * 4);
+            const cuk_gemv_q8_args af = {t, dw, k, m, {NULL, 0, NULL, 0, planes}, n, dxs, m, NULL, NULL};
+            CK(cudaMemset(dxs, 0xFF, (size_t)(n * m) * 4));
+            const cuk_q8_xf xf = {dxf, k, NULL, 0.0f}, xf_bad = {dxf, k + 2, NULL, 0.0f};
+            T_CHECK(cuk_gemv_q8_xf(&af, &xf, NULL, &err) == G5_OK, "%s gemv_q8_xf n=%d planes %d: %s", tn, n, planes,
+                    err.msg);
+            get(yxs, dxs, (size_t)(n * m) * 4);
+            T_CHECK(!memcmp(yxs, y, (size_t)(n * m) * 4),
+                    "%s gemv_q8_xf m=%lld k=%lld n=%d planes %d: bit-identical to quantize + gemv_q8", tn, (long long)m,
+                    (long long)k, n, planes);
+            const cuk_gemv_q8_args afp = {t, dw, k, m, {NULL, 0, NULL, 0, planes}, n, dp1, m, dw2, dp2};
+            CK(cudaMemset(dp1, 0xFF, (size_t)(n * m) * 4));
+            CK(cudaMemset(dp2, 0xFF, (size_t)(n * m) * 4));
+            T_CHECK(cuk_gemv_q8_xf(&afp, &xf, NULL, &err) == G5_OK, "%s gemv_q8_xf pair: %s", tn, err.msg);
+            get(p1, dp1, (size_t)(n * m) * 4);
+            get(p2, dp2, (size_t)(n * m) * 4);
+            T_CHECK(!memcmp(p1, y, (size_t)(n * m) * 4) && !memcmp(p2, z, (size_t)(n * m) * 4),
+                    "%s gemv_q8_xf pair m=%lld k=%lld n=%d planes %d: both outputs bit-identical", tn, (long long)m,
+                    (long long)k, n, planes);
+            T_CHECK(cuk_gemv_q8_xf(&af, &xf_bad, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "ldx"),
+                    "%s gemv_q8_xf: ldx not a multiple of 4 refused (%s)", tn, err.msg);
+            CK(cudaFree(dxf));
         }
     }
     q8_free(&o);
@@ -681,6 +709,58 @@ static void test_refusals(void) {
     CK(cudaFree(w));
 }
 
+/* cuk_gemv_q8_xf with a norm: each CTA's RMSNorm of the rows must give cuk_norm_q8's bits (its
+ * split of a row over clusters and threads, rowops_norm_shape), so the outputs equal cuk_norm_q8
+ * followed by cuk_gemv_q8, for n rows of k (the norm's input rows with varied magnitudes). */
+static void test_xf_norm(uint32_t t, int64_t m, int64_t k, int n, int planes) {
+    const char *tn = quant_type_name(t);
+    if (!cuk_gemv_q8_xf_takes(t, k, n, planes)) {
+        T_CHECK(0, "%s gemv_q8_xf takes k=%lld n=%d planes %d", tn, (long long)k, n, planes);
+        return;
+    }
+    float *wf;
+    void *dw = weights(t, m, k, &wf);
+    float *x = xmalloc((size_t)(n * k) * 4), *nw = xmalloc((size_t)k * 4);
+    fill_x(x, n, k);
+    for (int64_t i = 0; i < k; i++) nw[i] = unif(0.5f, 1.5f);
+    float *dx = dup_d(x, (size_t)(n * k) * 4), *dnw = dup_d(nw, (size_t)k * 4), *dyn = dalloc((size_t)(n * k) * 4);
+    const int64_t ldq = (planes * k + 15) / 16 * 16, ldds = (planes * k / 16 + 3) / 4 * 4;
+    int8_t *dq = dalloc((size_t)(n * ldq));
+    float *dds = dalloc((size_t)(n * ldds) * 4), *dy = dalloc((size_t)(n * m) * 4), *dyf = dalloc((size_t)(n * m) * 4);
+    float *y = xmalloc((size_t)(n * m) * 4), *yf = xmalloc((size_t)(n * m) * 4);
+    const float eps = 1e-5f;
+    g5_error err = {0};
+    const cuk_norm_q8_args na = {{.x = dx, .ldx = k, .w = dnw, .y = dyn, .ldy = k, .n_rows = n, .dim = k, .eps = eps},
+                                 dq, ldq, dds, ldds, planes};
+    const cuk_gemv_q8_args a = {t, dw, k, m, {dq, ldq, dds, ldds, planes}, n, dy, m, NULL, NULL};
+    T_CHECK(cuk_norm_q8_fits(k) && cuk_norm_q8(&na, NULL, &err) == G5_OK && cuk_gemv_q8(&a, NULL, &err) == G5_OK,
+            "%s norm_q8 + gemv_q8 k=%lld: %s", tn, (long long)k, err.msg);
+    const cuk_gemv_q8_args af = {t, dw, k, m, {NULL, 0, NULL, 0, planes}, n, dyf, m, NULL, NULL};
+    const cuk_q8_xf xf = {dx, k, dnw, eps};
+    CK(cudaMemset(dyf, 0xFF, (size_t)(n * m) * 4));
+    T_CHECK(cuk_gemv_q8_xf(&af, &xf, NULL, &err) == G5_OK, "%s gemv_q8_xf with a norm k=%lld: %s", tn, (long long)k,
+            err.msg);
+    get(y, dy, (size_t)(n * m) * 4);
+    get(yf, dyf, (size_t)(n * m) * 4);
+    T_CHECK(!memcmp(y, yf, (size_t)(n * m) * 4),
+            "%s gemv_q8_xf with a norm m=%lld k=%lld n=%d planes %d: bit-identical to norm_q8 + gemv_q8", tn,
+            (long long)m, (long long)k, n, planes);
+    const cuk_q8_xf xf_mis = {dx, k, dnw + 1, eps}, xf_eps = {dx, k, dnw, -1.0f};
+    T_CHECK(cuk_gemv_q8_xf(&af, &xf_mis, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "nw"),
+            "%s gemv_q8_xf: a misaligned norm weight refused (%s)", tn, err.msg);
+    T_CHECK(cuk_gemv_q8_xf(&af, &xf_eps, NULL, &err) == G5_ERR_INVALID_ARG && strstr(err.msg, "eps"),
+            "%s gemv_q8_xf: a negative eps refused (%s)", tn, err.msg);
+    CK(cudaFree(dw));
+    CK(cudaFree(dx));
+    CK(cudaFree(dnw));
+    CK(cudaFree(dyn));
+    CK(cudaFree(dq));
+    CK(cudaFree(dds));
+    CK(cudaFree(dy));
+    CK(cudaFree(dyf));
+    free(wf), free(x), free(nw), free(y), free(yf);
+}
+
 int main(void) {
     if (!t_need_device()) return t_report(G5_TEST_NAME);
     test_quantize_nan(1);
@@ -713,6 +793,18 @@ int main(void) {
             test_gemv_t(t, 12301, 1536, planes);
             test_gemv_t(t, 12301, 2048, planes);
             test_gemv_t(t, 3, 40960, planes); /* sx: a k-range of 20 steps, staged in two chunks */
+        }
+    /* after the loop above, whose random inputs (and tolerances) stay those of the tests before */
+    static const uint32_t XF_TYPES[] = {QT_Q4_K, QT_Q5_K, QT_Q8_0};
+    for (int planes = 1; planes <= 2; planes++)
+        for (size_t i = 0; i < sizeof XF_TYPES / sizeof XF_TYPES[0]; i++) {
+            const uint32_t t = XF_TYPES[i];
+            test_xf_norm(t, 77, 512, 1, planes);   /* the norm's splits (rowops_norm_shape): one CTA of 128 threads */
+            test_xf_norm(t, 77, 1024, 3, planes);  /* one CTA of 256 */
+            test_xf_norm(t, 300, 2048, 1, planes); /* a cluster of 2: q_lora */
+            test_xf_norm(t, 300, 2048, 2, planes);
+            test_xf_norm(t, 45, 4096, 1, planes);  /* 4 */
+            test_xf_norm(t, 45, 16384, 1, planes); /* 8, two chunks a thread */
         }
     return t_report(G5_TEST_NAME);
 }
