@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(WARPS * 32, NV == 1 ? 3 : 2)
     for (int v = 0; v < NV; v++) xv[v] = Xrow{xq + (int64_t)v * ldq, xds + (int64_t)v * ldds};
     extern __shared__ __align__(16) uint8_t gsx[]; /* XS: [nvec][P][units][XS_UNIT] */
     if constexpr (XF) {
+        static_assert(WARPS * 32 == ROWOPS_NT, "k_gemv_q8: rowops_rms_scale plays the norm's CTAs of ROWOPS_NT threads");
         __shared__ float nsc[NV]; /* the rows' RMS scales */
         if (xin.nw) {
             __shared__ double red[ROWOPS_RMS_SH];

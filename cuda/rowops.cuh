@@ -136,8 +136,8 @@ constexpr int ROWOPS_RMS_SH = CUK_NORM_CLUSTER_MAX * (ROWOPS_NT / 32);
  * with the bits of the norm launches: sh = rowops_norm_shape(dim)'s cs CTAs of nt threads, thread
  * g summing its chunks g, g + cs nt, .. in double, then lanes by butterfly, warps in index order,
  * CTAs in rank order (ops.cu's row_sum). One CTA of ROWOPS_NT threads plays the cs CTAs in turn,
- * thread t being thread t of each. sh: ROWOPS_RMS_SH doubles of shared memory. Every thread of the
- * CTA calls it and gets the scale; it ends with a barrier, so sh may be reused at once. */
+ * thread t being thread t of each. red: ROWOPS_RMS_SH doubles of shared memory. Every thread of
+ * the CTA calls it and gets the scale; it ends with a barrier, so red may be reused at once. */
 __device__ inline float rowops_rms_scale(const float *x, int64_t dim, float eps, RowopsShape sh, double *red) {
     const int t = (int)threadIdx.x, nw = sh.threads / 32;
     const int64_t P = (int64_t)sh.cs * sh.threads;
