@@ -195,7 +195,7 @@ typedef struct cuk_moe_down_q8_args {
 g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err);
 /* 1 where cuk_moe_down_q8 takes float32 rows (hf) for weights of type t with rows of k and n_tok
  * tokens: Q4_K, Q5_K, Q8_0 (the types whose int8 unit is 64 contiguous elements), rows staged in
- * at most 48 KB of shared memory. */
+ * at most 46 KB of shared memory. */
 int cuk_moe_down_q8_hf_takes(uint32_t t, int64_t k, int32_t n_tok);
 
 /* The two MoE products on the tensor cores (cuda/gemv_q8t.cu): the same arguments and, for every

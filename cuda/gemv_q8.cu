@@ -311,36 +311,45 @@ extern "C" g5_status cuk_gemv_q8(const cuk_gemv_q8_args *a, cuk_stream stream, g
     return G5_OK;
 }
 
+/* The types whose int8 unit is 64 contiguous elements, the ones with a staged form (x in shared
+ * memory in the XS layout: cuk_gemv_q8_xs, cuk_gemv_q8_xf, cuk_moe_down_q8 with hf). */
+static bool staged_type(uint32_t t) { return t == QT_Q4_K || t == QT_Q5_K || t == QT_Q8_0; }
+
+/* The launch L of a staged form for type t (staged_type). */
+template <template <int, int, int, int> class L, int MAXNV, class A>
+static void run_staged(uint32_t t, const A *a, int nv, int64_t rb, int units, int planes, cudaStream_t st) {
+    switch (t) {
+    case QT_Q4_K: run_nv<L, MAXNV, QT_Q4_K>(a, nv, rb, units, planes, st); break;
+    case QT_Q5_K: run_nv<L, MAXNV, QT_Q5_K>(a, nv, rb, units, planes, st); break;
+    default: run_nv<L, MAXNV, QT_Q8_0>(a, nv, rb, units, planes, st); break;
+    }
+}
+
+/* The staged rows of cuk_gemv_q8_xf and of cuk_moe_down_q8's hf at most, so that with the kernels'
+ * static shared memory (the norm's partials, stage_rows' sink) they stay under the 48 KB a block
+ * gets without opting in. */
+constexpr int64_t STAGE_SMEM_MAX = 46 * 1024;
+
 extern "C" g5_status cuk_gemv_q8_xs(const cuk_gemv_q8_args *a, cuk_stream stream, g5_error *err) {
     int64_t rb = 0;
     const g5_status st = gemv_q8_check("gemv_q8_xs", a, &rb, err);
     if (st != G5_OK) return st;
-    if (a->w_type != QT_Q4_K && a->w_type != QT_Q5_K && a->w_type != QT_Q8_0)
+    if (!staged_type(a->w_type))
         return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8_xs: type %s has no staged form (Q4_K, Q5_K, Q8_0)",
                        quant_type_name(a->w_type));
     const size_t smem = (size_t)a->n * (size_t)a->x.planes * (size_t)(a->k / 64) * q8::XS_UNIT;
     if (cuk_device_smem_cap(smem) < smem)
         return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8_xs: %d vectors of k=%lld need %zu bytes of shared memory a block, the device gives %zu",
                        (int)a->n, (long long)a->k, smem, cuk_device_smem_cap(smem));
-    const int units = (int)(a->k / 64);
-    const cudaStream_t cs = (cudaStream_t)stream;
-    switch (a->w_type) {
-    case QT_Q4_K: run_nv<GemvXL, 8, QT_Q4_K>(a, a->n, rb, units, a->x.planes, cs); break;
-    case QT_Q5_K: run_nv<GemvXL, 8, QT_Q5_K>(a, a->n, rb, units, a->x.planes, cs); break;
-    default: run_nv<GemvXL, 8, QT_Q8_0>(a, a->n, rb, units, a->x.planes, cs); break;
-    }
+    run_staged<GemvXL, 8>(a->w_type, a, a->n, rb, (int)(a->k / 64), a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
 
-/* The staged rows and the kernel's static shared memory (the norm's partials, the sink) stay under
- * the 48 KB a block gets without opting in. */
-constexpr int64_t XF_SMEM_MAX = 46 * 1024;
-
 extern "C" int cuk_gemv_q8_xf_takes(uint32_t t, int64_t k, int32_t n, int32_t planes) {
-    if ((t != QT_Q4_K && t != QT_Q5_K && t != QT_Q8_0) || !cuk_q8_takes(t, k) || n < 1 || n > CUK_Q8_MAX_N) return 0;
+    if (!staged_type(t) || !cuk_q8_takes(t, k) || n < 1 || n > CUK_Q8_MAX_N) return 0;
     if (planes != 1 && planes != 2) return 0;
-    return (int64_t)n * planes * (k / 64) * q8::XS_UNIT <= XF_SMEM_MAX;
+    return (int64_t)n * planes * (k / 64) * q8::XS_UNIT <= STAGE_SMEM_MAX;
 }
 
 extern "C" g5_status cuk_gemv_q8_xf(const cuk_gemv_q8_args *a, const cuk_q8_xf *xf, cuk_stream stream,
@@ -357,13 +366,7 @@ extern "C" g5_status cuk_gemv_q8_xf(const cuk_gemv_q8_args *a, const cuk_q8_xf *
         return g5_fail(err, G5_ERR_UNSUPPORTED, "gemv_q8_xf: %s weights of k=%lld, %d vectors of %d planes",
                        quant_type_name(a->w_type), (long long)a->k, (int)a->n, (int)a->x.planes);
     const XfArgs f = {a, {xf->x, xf->ldx, xf->nw, xf->eps, rowops_norm_shape(a->k)}};
-    const int units = (int)(a->k / 64);
-    const cudaStream_t cs = (cudaStream_t)stream;
-    switch (a->w_type) {
-    case QT_Q4_K: run_nv<GemvXFL, 8, QT_Q4_K>(&f, a->n, rb, units, a->x.planes, cs); break;
-    case QT_Q5_K: run_nv<GemvXFL, 8, QT_Q5_K>(&f, a->n, rb, units, a->x.planes, cs); break;
-    default: run_nv<GemvXFL, 8, QT_Q8_0>(&f, a->n, rb, units, a->x.planes, cs); break;
-    }
+    run_staged<GemvXFL, 8>(a->w_type, &f, a->n, rb, (int)(a->k / 64), a->x.planes, (cudaStream_t)stream);
     CUK_CHECK(cudaGetLastError());
     return G5_OK;
 }
@@ -441,8 +444,8 @@ g5_status cuk::q8_moe_combine(const cuk_moe_down_q8_args *a, cudaStream_t stream
 }
 
 extern "C" int cuk_moe_down_q8_hf_takes(uint32_t t, int64_t k, int32_t n_tok) {
-    if ((t != QT_Q4_K && t != QT_Q5_K && t != QT_Q8_0) || !cuk_q8_takes(t, k) || n_tok < 1) return 0;
-    return (int64_t)moe_nv(n_tok) * (k / 64) * q8::XS_UNIT <= 48 * 1024;
+    if (!staged_type(t) || !cuk_q8_takes(t, k) || n_tok < 1) return 0;
+    return (int64_t)moe_nv(n_tok) * (k / 64) * q8::XS_UNIT <= STAGE_SMEM_MAX;
 }
 
 extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream stream, g5_error *err) {
@@ -454,12 +457,7 @@ extern "C" g5_status cuk_moe_down_q8(const cuk_moe_down_q8_args *a, cuk_stream s
         if (!cuk_moe_down_q8_hf_takes(a->w_type, a->k, a->n_tok))
             return g5_fail(err, G5_ERR_UNSUPPORTED, "moe_down_q8: float32 rows (hf) with %s weights of k=%lld, %d tokens",
                            quant_type_name(a->w_type), (long long)a->k, (int)a->n_tok);
-        const int units = (int)(a->k / 64);
-        switch (a->w_type) {
-        case QT_Q4_K: run_nv<DownFL, 4, QT_Q4_K>(a, moe_nv(a->n_tok), rb, units, 1, cs); break;
-        case QT_Q5_K: run_nv<DownFL, 4, QT_Q5_K>(a, moe_nv(a->n_tok), rb, units, 1, cs); break;
-        default: run_nv<DownFL, 4, QT_Q8_0>(a, moe_nv(a->n_tok), rb, units, 1, cs); break;
-        }
+        run_staged<DownFL, 4>(a->w_type, a, moe_nv(a->n_tok), rb, (int)(a->k / 64), 1, cs);
         CUK_CHECK(cudaGetLastError());
         return q8_moe_combine(a, cs, err);
     }

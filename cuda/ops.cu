@@ -26,7 +26,7 @@ namespace {
  * c owned by thread c % P, P = cluster size * blockDim), every load of a thread's chunks issued
  * before any arithmetic, the chunks kept in registers for the second pass (up to NR_NC per
  * thread; beyond that, re-read). The shape (cluster size, blockDim) depends on dim alone
- * (norm_shape), so a row's reduction order, hence its bits, is the same whatever the number of
+ * (rowops_norm_shape), so a row's reduction order, hence its bits, is the same whatever the number of
  * rows in the launch, and the same for the fused add + norm as for the plain norm. */
 constexpr int NR_T = ROWOPS_NT;          /* threads per CTA at most */
 constexpr int NR_CL = CUK_NORM_CLUSTER_MAX; /* CTAs per row (cluster) at most: the portable cluster size */
@@ -70,9 +70,6 @@ struct NormTail {
     int n_pairs;
     RopeInv inv;
 };
-
-typedef RowopsShape NormShape;
-static NormShape norm_shape(int64_t dim) { return rowops_norm_shape(dim); }
 
 __device__ __forceinline__ void cl_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cl_arrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }
@@ -129,7 +126,7 @@ __device__ __forceinline__ float4 ln_out(float4 x, double mean, double inv, floa
 }
 
 /* RMSNorm (NK_RMS), residual add + RMSNorm (NK_ADD_RMS), LayerNorm (NK_LAYER). Grid: cs CTAs
- * (one cluster) per row, rows looping by the number of clusters; block: norm_shape's threads.
+ * (one cluster) per row, rows looping by the number of clusters; block: rowops_norm_shape's threads.
  * Each thread loads its chunks (x, and a, b for the add; w, bias) first, forms v = x (+ a + b),
  * writes v back for the add, sums v^2 (or v, then (v - mean)^2) in float64 over its chunks in
  * order, the row reduces (row_sum), and the thread writes its chunks of y from the registers.
@@ -280,11 +277,11 @@ __global__ void __launch_bounds__(NR_T) k_norm_rope(NormArgs p, const NormTail t
     norm_rows<NK_RMS, NE_ROPE>(p, &t);
 }
 
-/* One launch of kernel fn (k_norm or k_norm_rope) in norm_shape's clusters. */
+/* One launch of kernel fn (k_norm or k_norm_rope) in rowops_norm_shape's clusters. */
 template <typename... Args>
 static g5_status launch_norm_fn(void (*fn)(NormArgs, Args...), NormArgs p, cudaStream_t st, g5_error *err,
                                 Args... more) {
-    const NormShape sh = norm_shape(p.dim);
+    const RowopsShape sh = rowops_norm_shape(p.dim);
     p.cs = sh.cs;
     const int64_t n_cl = p.n_rows < NR_MAX_CLUSTERS ? p.n_rows : NR_MAX_CLUSTERS;
     if (sh.cs == 1) {
@@ -473,7 +470,7 @@ static int rope_inv(float theta, int64_t n_rot, RopeInv *inv) {
 
 extern "C" int cuk_norm_q8_fits(int64_t dim) {
     if (dim <= 0 || dim % 64 || dim > (1LL << 24)) return 0;
-    const NormShape sh = norm_shape(dim);
+    const RowopsShape sh = rowops_norm_shape(dim);
     const int64_t P = (int64_t)sh.cs * sh.threads, nch = dim / 4;
     return nch % P == 0 && nch / P <= NR_NC;
 }
