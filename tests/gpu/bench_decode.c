@@ -30,7 +30,10 @@
  * all-reduces of n_embd floats and a logits gather. The step time is compared with the bytes the
  * step must read (all weights a token touches: attention, indexer, router, dense FFN or shared
  * expert, the chosen experts' slices, lm_head, norms, one embedding row; the latent rows of the
- * selected keys and all indexer keys of every layer; the indexer scores), computed from the
+ * selected keys and all indexer keys of every layer; the indexer scores; at most idx_top_k keys,
+ * where every key is selected without a score, no indexer keys or scores, which the runtime does
+ * not read there, nor the indexer's query and weight projections, whose outputs nothing then
+ * needs: the runtime still computes those, bench/pending/s48-idx-short.patch), computed from the
  * tensors' nbytes, divided by the HBM rate of a device-to-device cudaMemcpy measured in the same
  * run, counted as bytes read + bytes written per second (the DRAM traffic rate; the ratio's
  * denominator). Also printed: the copy's read half, and a read-only rate (cublasSasum over the
@@ -495,8 +498,10 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
         case GLM5_ROLE_EXP_GATE: case GLM5_ROLE_EXP_UP: case GLM5_ROLE_EXP_DOWN:
             b.experts += nb / (double)t->ne[2] * hp->n_expert_used;
             break;
-        case GLM5_ROLE_IDX_Q_B: case GLM5_ROLE_IDX_K: case GLM5_ROLE_IDX_PROJ: case GLM5_ROLE_IDX_K_NORM:
-        case GLM5_ROLE_IDX_K_NORM_BIAS:
+        case GLM5_ROLE_IDX_Q_B: case GLM5_ROLE_IDX_PROJ:
+            if (P > hp->idx_top_k) b.idx += nb; /* else every key is selected: neither is needed */
+            break;
+        case GLM5_ROLE_IDX_K: case GLM5_ROLE_IDX_K_NORM: case GLM5_ROLE_IDX_K_NORM_BIAS:
             b.idx += nb;
             break;
         case GLM5_ROLE_ROUTER: case GLM5_ROLE_ROUTER_BIAS: b.router += nb; break;
@@ -511,7 +516,7 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
     const uint64_t LW = (uint64_t)hp->kv_lora + hp->qk_rope, K = hp->idx_top_k;
     for (uint32_t il = 0; il < hp->n_layer_main; il++) {
         b.lat += (double)(P < K ? P : K) * (double)(LW * lat_es);
-        if (hp->idx_full[il]) {
+        if (hp->idx_full[il] && P > K) { /* at most K keys: all selected, no score read */
             b.idxk += (double)P * hp->idx_head_dim * 4.0;
             b.scores += (double)P * 4.0;
         }
