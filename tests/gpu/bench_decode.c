@@ -472,6 +472,9 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
     step_bytes b;
     memset(&b, 0, sizeof b);
     const glm5_hparams *hp = &R->hp;
+    /* at most idx_top_k keys: every key is selected without a score, so the indexer's keys,
+     * scores, query and weight projections are not needed */
+    const int all_keys = P <= hp->idx_top_k;
     /* W_UK/W_UV: the decode step reads kv_b's exact int8 form (1.25 bytes per element of the
      * attn_k_b/attn_v_b the plan carries beside kv_b, converter 1.1) where both have one (this
      * model's layers are all of one mix), else the float32 kv_b, whatever type it is stored in */
@@ -499,7 +502,7 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
             b.experts += nb / (double)t->ne[2] * hp->n_expert_used;
             break;
         case GLM5_ROLE_IDX_Q_B: case GLM5_ROLE_IDX_PROJ:
-            if (P > hp->idx_top_k) b.idx += nb; /* else every key is selected: neither is needed */
+            if (!all_keys) b.idx += nb;
             break;
         case GLM5_ROLE_IDX_K: case GLM5_ROLE_IDX_K_NORM: case GLM5_ROLE_IDX_K_NORM_BIAS:
             b.idx += nb;
@@ -516,7 +519,7 @@ static step_bytes bytes_per_step(const rank_model *R, uint64_t P, uint64_t lat_e
     const uint64_t LW = (uint64_t)hp->kv_lora + hp->qk_rope, K = hp->idx_top_k;
     for (uint32_t il = 0; il < hp->n_layer_main; il++) {
         b.lat += (double)(P < K ? P : K) * (double)(LW * lat_es);
-        if (hp->idx_full[il] && P > K) { /* at most K keys: all selected, no score read */
+        if (hp->idx_full[il] && !all_keys) {
             b.idxk += (double)P * hp->idx_head_dim * 4.0;
             b.scores += (double)P * 4.0;
         }
