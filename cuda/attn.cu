@@ -111,8 +111,9 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row = (int64_t)t * d.n_head + h;
     float *o = out + row * KL;
-    const int ns = n_sel[t];
     const bool pos_ok = dev_range(dpos, bound, (int)gridDim.y, fresh != nullptr, &fresh0, &n_pos);
+    /* no list: every key up to the token's position (the call's tokens are the last positions) */
+    const int ns = sel ? n_sel[t] : (int)min(n_pos - ((int64_t)gridDim.y - 1 - t), (int64_t)max_sel + 1);
     if (threadIdx.x == 0) bad = ns < 1 || ns > max_sel || !pos_ok;
     for (int c = threadIdx.x; c < KL; c += blockDim.x) qv[c] = qlat[row * KL + c];
     for (int i = threadIdx.x; i < R; i += blockDim.x) qv[KL + i] = q[row * (d.nope + R) + d.nope + i];
@@ -124,7 +125,7 @@ __global__ void k_attend(cuk_mla_dims d, const float *__restrict__ q, const floa
     if (threadIdx.x == 0) bad_pos = 0;
     __syncthreads();
     for (int j = threadIdx.x; j < ns; j += blockDim.x) {
-        const int32_t s = sel[(int64_t)t * ld_sel + j];
+        const int32_t s = sel ? sel[(int64_t)t * ld_sel + j] : j;
         ps[j] = s;
         if (s < 0 || s >= n_pos) bad_pos = 1;
     }
@@ -384,8 +385,8 @@ __global__ void __launch_bounds__(AH_THREADS, 2) k_attend_hg(ac_args a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *qs = ah_sm;                  /* [AH_HB][RS] */
     float *ks = ah_sm + AH_HB * RS;     /* [AH_TK][RS] */
-    const int ns_raw = a.n_sel[t];
     const ac_range kr = ac_token_range(a, t, KVW);
+    const int ns_raw = ac_n_sel(a, t, kr);
     const int64_t fresh0 = kr.fresh0, n_pos = kr.n_pos;
     const float *fr = kr.fresh;
     const T *lat = (const T *)kr.lat;
@@ -416,7 +417,7 @@ __global__ void __launch_bounds__(AH_THREADS, 2) k_attend_hg(ac_args a) {
             const int i = threadIdx.x + AH_THREADS * u, jj = i / upr, pc = i - jj * upr;
             int32_t s = -1;
             if (jj < nk) {
-                s = a.sel[(int64_t)t * a.ld_sel + jt + jj];
+                s = a.sel ? a.sel[(int64_t)t * a.ld_sel + jt + jj] : jt + jj;
                 if (s < 0 || s >= n_pos) {
                     bad = 1;
                     s = -1;
@@ -744,7 +745,7 @@ static g5_status attend_t(const ac_args &a, size_t smem, cudaStream_t st, g5_err
  * given (dpos non-NULL: fresh0 and n_pos are read from it at run time, within bound). */
 static g5_status mla_attend(const cuk_mla_attend_args *m, const float *fresh, int64_t fresh0, int64_t n_pos,
                             const int32_t *dpos, int64_t bound, cuk_stream stream, g5_error *err) {
-    if (!m->q || !m->qlat || !m->lat || !m->sel || !m->n_sel || !m->out) return BAD("mla_attend: NULL pointer");
+    if (!m->q || !m->qlat || !m->lat || !m->sel != !m->n_sel || !m->out) return BAD("mla_attend: NULL pointer");
     if (m->max_sel < 1 || m->max_sel > 16384 || m->ld_sel < m->max_sel)
         return BAD("mla_attend: max_sel=%d outside 1..16384 or above ld_sel=%lld", m->max_sel, (long long)m->ld_sel);
     if (m->d.n_tok > 65535) return BAD("mla_attend: n_tok=%d above 65535", m->d.n_tok);
@@ -826,7 +827,7 @@ extern "C" g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *m, cuk_st
     if (!m) return BAD("mla_attend_multi: no args");
     g5_status st = check_dims("mla_attend_multi", &m->d, err);
     if (st) return st;
-    if (!m->q || !m->qlat || !m->rows || !m->sel || !m->n_sel || !m->out) return BAD("mla_attend_multi: NULL pointer");
+    if (!m->q || !m->qlat || !m->rows || !m->sel != !m->n_sel || !m->out) return BAD("mla_attend_multi: NULL pointer");
     if (m->d.n_tok > 65535) return BAD("mla_attend_multi: n_tok=%d above 65535", m->d.n_tok);
     if (m->max_sel < 1 || m->max_sel > 16384 || m->ld_sel < m->max_sel)
         return BAD("mla_attend_multi: max_sel=%d outside 1..16384 or above ld_sel=%lld", m->max_sel, (long long)m->ld_sel);

@@ -85,14 +85,14 @@ __device__ __forceinline__ void bf16x8_to_f16(uint8_t *p) {
 
 /* All threads, four per key: keys u0 .. u0 + 63 of token's list into the tile at (sk, skg: its
  * shared and generic addresses). Cache rows go by cp.async (zero-filled where there is no key),
- * fresh rows are converted and stored now. Returns this thread's key position (-1: none); a
- * listed position outside [0, n_pos) sets *bad. */
+ * fresh rows are converted and stored now (selrow NULL: the list 0, 1, ..). Returns this thread's
+ * key position (-1: none); a listed position outside [0, n_pos) sets *bad. */
 __device__ __forceinline__ int load_tile(uint32_t sk, uint8_t *skg, int *kp, const void *lat, const ac_range &kr,
                                          const int32_t *selrow, int ns, int u0, int *bad) {
     const int key = threadIdx.x >> 2, c0 = threadIdx.x & 3, u = u0 + key;
     int j = -1;
     if (u < ns) {
-        j = selrow[u];
+        j = selrow ? selrow[u] : u;
         if (j < 0 || j >= kr.n_pos) {
             *bad = 1;
             j = -1;
@@ -151,12 +151,12 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c4 = lane & 3;
     const int rb = warp % RB, ks = warp / RB;
     const ac_range kr = ac_token_range(a, t, FD);
-    const int ns_raw = a.n_sel[t];
+    const int ns_raw = ac_n_sel(a, t, kr);
     const bool ok = kr.ok && ns_raw >= 1 && ns_raw <= a.max_sel;
     const int ns = ok ? ns_raw : 0, tiles = (ns + FBN - 1) / FBN, tpc = (tiles + CL - 1) / CL;
     const int nbusy = tpc ? (tiles + tpc - 1) / tpc : 0;
     const int b0 = min(tiles, rank * tpc), b1 = min(tiles, b0 + tpc);
-    const int32_t *selrow = a.sel + (int64_t)t * a.ld_sel;
+    const int32_t *selrow = a.sel ? a.sel + (int64_t)t * a.ld_sel : nullptr; /* NULL: every key */
     if (tid == 0) bad = !ok;
     __syncthreads();
 

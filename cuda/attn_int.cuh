@@ -19,9 +19,9 @@ struct ac_args {
     int64_t fresh0, n_pos; /* fresh0 = n_pos without fresh rows */
     const int32_t *dpos;   /* non-NULL: fresh0 and n_pos from *dpos (dev_range), at most bound */
     int64_t bound;
-    const int32_t *sel;    /* [n_tok][ld_sel] */
+    const int32_t *sel;    /* [n_tok][ld_sel], or NULL: every key 0 .. n_pos - 1 */
     int64_t ld_sel;
-    const int32_t *n_sel;  /* [n_tok] */
+    const int32_t *n_sel;  /* [n_tok] (with sel) */
     int32_t max_sel;
     float scale;
     float *out;            /* [n_tok][n_head][kv_lora] */
@@ -58,6 +58,15 @@ __device__ __forceinline__ ac_range ac_token_range(const ac_args &a, int t, int 
         r.lat = rw.lat;
     }
     return r;
+}
+
+/* How many keys token t attends: n_sel[t], or without a list every key up to its position (a
+ * sequence's n_tok tokens are its last positions; with rows each token is its own sequence's
+ * last); more than max_sel counts as max_sel + 1: a NaN row, as an n_sel[t] past max_sel gives */
+__device__ __forceinline__ int ac_n_sel(const ac_args &a, int t, const ac_range &r) {
+    if (a.sel) return a.n_sel[t];
+    const int64_t seen = a.rows ? r.n_pos : r.n_pos - (a.d.n_tok - 1 - t);
+    return (int)min(seen, (int64_t)a.max_sel + 1);
 }
 
 /* Fast mode's decode attention on the tensor cores (attn_dec.cu): cuk_mla_attend's result for

@@ -190,10 +190,14 @@ typedef struct cuk_mla_attend_args {
     int64_t n_pos;           /* cuk_mla_attend, _fresh: key positions 0 .. n_pos - 1 */
     const int32_t *pos0_dev; /* _dev: [1], device: the first query token's position */
     int64_t pos_bound;       /* _dev: the caller's bound on pos0 + n_tok */
-    const int32_t *sel;      /* [n_tok][ld_sel], device: selected key positions, ascending */
+    const int32_t *sel;      /* [n_tok][ld_sel], device: selected key positions, ascending; or
+                                NULL (n_sel too): token t (at position n_pos - n_tok + t, the
+                                call's tokens being its last positions) attends every key 0 ..
+                                its position, as the list 0, 1, .. (the indexer's selection while
+                                a token sees <= idx_top_k keys) */
     int64_t ld_sel;          /* >= max_sel */
-    const int32_t *n_sel;    /* [n_tok], device: how many of sel[t] to attend */
-    int32_t max_sel;         /* 1..16384: the most any n_sel[t] may hold */
+    const int32_t *n_sel;    /* [n_tok], device: how many of sel[t] to attend (NULL with sel) */
+    int32_t max_sel;         /* 1..16384: the most any n_sel[t] (or n_pos without sel) may hold */
     float scale;
     float *out;              /* [n_tok][n_head][kv_lora] */
     uint32_t tc;             /* _fresh, _dev: 1 = fast mode's tensor-core kernel where it covers the
@@ -331,7 +335,7 @@ typedef struct cuk_attend_multi_args {
     const float *fresh;
     const cuk_seq_row *rows; /* [n_tok], device */
     int64_t pos_bound;
-    const int32_t *sel;      /* [n_tok][ld_sel] */
+    const int32_t *sel;      /* [n_tok][ld_sel], or NULL (n_sel too): every key of each sequence */
     int64_t ld_sel;
     const int32_t *n_sel;    /* [n_tok] */
     int32_t max_sel;
@@ -349,7 +353,9 @@ g5_status cuk_mla_attend_multi(const cuk_attend_multi_args *a, cuk_stream stream
  * Bit for bit those four launches (cuk_rope, cuk_layer_norm, cuk_rope, cuk_scale), which it
  * falls back to for dim > 128. With q2, the attention's query is roped in the same launch: pairs
  * from rot_off2 of its n_head2 heads (head_stride2 apart, tokens tok_stride2 apart) at the same
- * positions, n_rot and theta, bit for bit cuk_rope on it. */
+ * positions, n_rot and theta, bit for bit cuk_rope on it. n_head 0: no indexer query or
+ * weights (q and w unread, may be NULL): the key (and q2) alone, for a step whose tokens see at
+ * most idx_top_k keys, where the indexer selects every key without a score. */
 typedef struct cuk_idx_prep_args {
     float *q;                /* [n_tok][n_head][dim] */
     float *k;                /* [n_tok][dim] */

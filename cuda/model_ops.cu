@@ -893,9 +893,9 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
     const int32_t n_tok = a->n_tok, n_head = a->n_head, dim = a->dim, n_rot = a->n_rot;
     const int32_t *const pos = a->pos;
     const float theta = a->theta, eps = a->eps, w_scale = a->w_scale;
-    if (!q || !k || !w || !k_norm_w || !k_norm_b || !pos) return BAD("idx_prep: NULL pointer");
-    if (n_tok < 1 || n_head < 1 || dim < 1)
-        return BAD("idx_prep: n_tok=%d n_head=%d dim=%d must be positive", n_tok, n_head, dim);
+    if ((n_head && (!q || !w)) || !k || !k_norm_w || !k_norm_b || !pos) return BAD("idx_prep: NULL pointer");
+    if (n_tok < 1 || n_head < 0 || dim < 1)
+        return BAD("idx_prep: n_tok=%d dim=%d must be positive, n_head=%d not negative", n_tok, dim, n_head);
     if (n_rot < 2 || n_rot % 2 || n_rot > dim) return BAD("idx_prep: n_rot=%d must be even and in 2..dim=%d", n_rot, dim);
     const cuk_rope_args r2 = {a->q2, n_tok, a->tok_stride2, a->n_head2, a->head_stride2, a->rot_off2, n_rot, theta, pos};
     if (a->q2) { /* cuk_rope's checks of the second query, and its pairs within int range */
@@ -917,10 +917,10 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
         const cuk_rope_args rq = {q, n_tok, (int64_t)n_head * dim, n_head, dim, 0, n_rot, theta, pos};
         const cuk_layer_norm_args ln = {k, dim, k_norm_w, k_norm_b, k, dim, n_tok, dim, eps};
         const cuk_rope_args rk = {k, n_tok, dim, 1, dim, 0, n_rot, theta, pos};
-        g5_status st = cuk_rope(&rq, stream, err);
+        g5_status st = n_head ? cuk_rope(&rq, stream, err) : G5_OK;
         if (!st) st = cuk_layer_norm(&ln, stream, err);
         if (!st) st = cuk_rope(&rk, stream, err);
-        if (!st) st = cuk_scale(w, (int64_t)n_tok * n_head, w_scale, stream, err);
+        if (!st && n_head) st = cuk_scale(w, (int64_t)n_tok * n_head, w_scale, stream, err);
         if (!st && a->q2) st = cuk_rope(&r2, stream, err);
         return st;
     }

@@ -21,15 +21,33 @@ static float *idx_key_rows(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpla
                                              : rk->ikf;
 }
 
-/* The indexer's key and weight projections of h (float32 input, so no shared input buffer: they
- * may run as side work). */
-static g5_status idx_key_proj(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, g5_error *err) {
+/* 1 where every token of the call sees at most idx_top_k keys: a graph step's bound, a batched
+ * step's bucket (multi), else each sequence's last position + 1. The indexer then selects every
+ * key without reading a score (cuk_idx_topk), so the step needs its keys (the cache) but not its
+ * query and weight projections; a graph step's attention reads every key without a list
+ * (cuk_mla_attend_args.sel NULL), so it needs no top-k launch either (the other paths keep theirs:
+ * a debug call's out->topk reads the list; a graph step has none). */
+static int idx_all_keys(const rt_gpu_model *g, const gl_rank *rk, const fplan *pl, int multi) {
+    const uint64_t K = g->hp.idx_top_k;
+    if (g->graph_bound) return g->graph_bound <= K;
+    if (multi) return (uint64_t)rk->multi <= K;
+    for (uint32_t i = 0; i < pl->n_seg; i++)
+        if ((uint64_t)pl->pos0[i] + pl->len[i] > K) return 0;
+    return 1;
+}
+
+/* The indexer's key and (unless every key is selected: all) weight projections of h (float32
+ * input, so no shared input buffer: they may run as side work). */
+static g5_status idx_key_proj(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int all,
+                              g5_error *err) {
     const gl_layer *L = &rk->L[il];
     const int64_t E = g->hp.n_embd, ID = g->hp.idx_head_dim, IH = g->hp.idx_n_head;
     CK(gm_gemv_k(rk, &L->idx_k, rk->h, E, pl->n, idx_key_rows(g, rk, il, pl), ID, !tc, err));
     PMARK("attn", "idx_k gemv");
-    CK(gm_gemv_k(rk, &L->idx_proj, rk->h, E, pl->n, rk->iw, IH, !tc, err));
-    PMARK("attn", "idx_proj gemv");
+    if (!all) {
+        CK(gm_gemv_k(rk, &L->idx_proj, rk->h, E, pl->n, rk->iw, IH, !tc, err));
+        PMARK("attn", "idx_proj gemv");
+    }
     return G5_OK;
 }
 
@@ -55,16 +73,16 @@ static g5_status idx_query(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpla
     return G5_OK;
 }
 
-static g5_status idx_prep(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, g5_error *err) {
+static g5_status idx_prep(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int all, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const int64_t R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
     const int64_t H = rk->c->H_l, NOPE = hp->qk_nope;
     /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits; it also ropes
-     * the attention's query rk->q */
+     * the attention's query rk->q; every key selected (all): the key and rk->q alone */
     const cuk_idx_prep_args ip = {.q = rk->iq, .k = idx_key_rows(g, rk, il, pl), .w = rk->iw,
                                   .k_norm_w = L->idx_k_norm, .k_norm_b = L->idx_k_norm_b, .n_tok = (int32_t)pl->n,
-                                  .n_head = (int32_t)IH, .dim = (int32_t)ID, .n_rot = (int32_t)R,
+                                  .n_head = all ? 0 : (int32_t)IH, .dim = (int32_t)ID, .n_rot = (int32_t)R,
                                   .theta = hp->rope_theta, .pos = rk->pos, .eps = RT_IDX_NORM_EPS,
                                   .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH)), .q2 = rk->q,
                                   .tok_stride2 = H * (NOPE + R), .n_head2 = (int32_t)H,
@@ -77,7 +95,7 @@ static g5_status idx_prep(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan
 /* The scores and top-k selection of the call's tokens into rk->sel and rk->n_sel: of a graph step
  * (g->graph_bound; its new latent and key rows written first, by *cw), of a batched decode step
  * (multi) or of each sequence in turn. */
-static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi,
+static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int tc, int multi, int all,
                             cuk_cache_write_rows_args *cw, g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const cuk_stream cs = (cuk_stream)rk->st;
@@ -103,7 +121,7 @@ static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
         sa.pos0_dev = ta.pos0_dev = rk->pos;
         sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = bound;
         if (bound > K) CK(cuk_idx_scores_dev(&sa, cs, err));
-        CK(cuk_idx_topk_dev(&ta, cs, err));
+        if (!all) CK(cuk_idx_topk_dev(&ta, cs, err)); /* all: the attention reads every key */
     }
     if (multi) { /* new rows, scores and selections of all sequences, a launch each */
         CK(cuk_cache_write_multi(rk->latf, KVW, g->lat_type, rk->ikf, ID, rows, (int32_t)n, cs, err));
@@ -113,7 +131,7 @@ static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
             CK(cuk_idx_scores_multi(&sa, cs, err));
             PMARK("attn", "idx_scores");
         }
-        CK(cuk_idx_topk_multi(&ta, cs, err));
+        CK(cuk_idx_topk_multi(&ta, cs, err)); /* every key (all) still listed: out->topk may read it */
         PMARK("attn", "idx_topk");
     }
     /* per sequence, in stream order: the score buffer is reused by each */
@@ -211,6 +229,7 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
                       (!L->has_idx || cuk_idx_multi_fits((int32_t)IH, (int32_t)ID));
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     const int64_t mpb = rk->multi;
+    const int all = L->has_idx && idx_all_keys(g, rk, pl, multi); /* no indexer query, weights (or top-k) */
     CUK_CHECK(cudaSetDevice(rk->dev));
     /* q_a and kv_a read the same h: one two-plane quantization of it serves both, made by the
      * norm's launch (cuk_norm_q8) where its width allows */
@@ -263,11 +282,11 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
      * third stream's fork costs more than the chains' overlap gives. idx_q_b follows them there
      * (idx_query), and idx_prep reads their outputs after gm_aux_wait. */
     const int key_aux = side && n > 1;
-    if (L->has_idx && !key_aux) CK(idx_key_proj(g, rk, il, pl, tc, err));
+    if (L->has_idx && !key_aux) CK(idx_key_proj(g, rk, il, pl, tc, all, err));
     CK(gm_side_end(rk, err));
     if (L->has_idx && key_aux) {
         CK(gm_aux_begin(g, rk, 1, err));
-        CK(idx_key_proj(g, rk, il, pl, tc, err));
+        CK(idx_key_proj(g, rk, il, pl, tc, all, err));
         CK(gm_aux_end(rk, err));
     }
     /* qr feeds the indexer: float32 input on the GEMV path; bf16 on fast mode's tensor cores,
@@ -286,12 +305,13 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     /* qr in fp16 for q_b and the indexer's q_b where their weights have the fp16 kernel: made on
      * the main chain, before the third stream forks, and read by both; by the norm's launch where
      * no int8 copy is wanted */
-    const int qrh = qbh || (L->has_idx && gm_h16_takes(rk, &L->idx_q_b, n));
+    const int qrh = qbh || (L->has_idx && !all && gm_h16_takes(rk, &L->idx_q_b, n));
     /* one token whose q_b and indexer q_b both take two int8 planes of short rows (gm_xf_takes): no
      * norm launch, each GEMV norms and quantizes q_a's row per CTA with cuk_norm_q8's bits, so
      * rk->qr keeps q_a's output, which nothing else reads */
     const int qxn = qb8 && !qrh && gm_xf_takes(rk, &L->q_b, n, 2) && (uintptr_t)L->q_a_norm % 16 == 0 &&
-                    (!L->has_idx || (gm_q8x2_takes(rk, &L->idx_q_b, n) && gm_xf_takes(rk, &L->idx_q_b, n, 2)));
+                    (!L->has_idx || all ||
+                     (gm_q8x2_takes(rk, &L->idx_q_b, n) && gm_xf_takes(rk, &L->idx_q_b, n, 2)));
     const cuk_q8_xf xn = {rk->qr, QL, L->q_a_norm, eps};
     if (!qxn) {
         if (qrh && !qb8) {
@@ -305,7 +325,7 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     /* the indexer's query on the third stream, beside q_b and the side's key chain: it reads qq
      * (the lower half of rk->q8q) or qr, which nothing writes before the joins, and writes rk->iq,
      * which nothing reads before them; in order after q_b where the third stream is off */
-    if (L->has_idx) {
+    if (L->has_idx && !all) {
         CK(gm_aux_begin(g, rk, side, err));
         if (rk->aux == 1) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, qxn ? &xn : NULL, err));
         CK(gm_aux_end(rk, err));
@@ -315,11 +335,11 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     else if (qb8) CK(gm_gemv_q8_in(rk, &L->q_b, &qq, n, rk->q, H * (NOPE + R), err));
     else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
-    if (L->has_idx && rk->aux != 2) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, qxn ? &xn : NULL, err));
+    if (L->has_idx && !all && rk->aux != 2) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, qxn ? &xn : NULL, err));
     CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     CK(gm_aux_wait(rk, err));
     if (L->has_idx) { /* q roped by the indexer's preparation launch */
-        CK(idx_prep(g, rk, il, pl, err));
+        CK(idx_prep(g, rk, il, pl, all, err));
     } else {
         const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
                                   .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
@@ -333,14 +353,14 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, (cuk_stream)rk->st, err));
     PMARK("attn", "mla_absorb");
     CK(gm_side_end(rk, err));
-    if (L->has_idx) CK(idx_select(g, rk, il, pl, tc, multi, &cw, err));
+    if (L->has_idx) CK(idx_select(g, rk, il, pl, tc, multi, all, &cw, err));
     CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
     cuk_mla_attend_args at = {.d = d, .q = rk->q, .qlat = rk->qlat, .lat = gm_seq_lat(g, pl->seq[0], rk->r, il),
                               .lat_type = g->lat_type, .fresh = g->lat_type == CUK_F32 ? NULL : rk->latf,
-                              .pos0_dev = rk->pos, .pos_bound = bound, .sel = rk->sel, .ld_sel = K,
-                              .n_sel = rk->n_sel, .max_sel = (int32_t)K,
+                              .pos0_dev = rk->pos, .pos_bound = bound, .sel = bound && all ? NULL : rk->sel,
+                              .ld_sel = K, .n_sel = bound && all ? NULL : rk->n_sel, .max_sel = (int32_t)K,
                               .scale = (float)(1.0 / sqrt((double)(NOPE + R))), .out = rk->olat,
                               .tc = (uint32_t)rk->attn_tc};
     if (bound) CK(cuk_mla_attend_dev(&at, cs, err));

@@ -385,9 +385,13 @@ static void prof_class_flops(const rt_gpu_model *g, uint32_t pos0, uint32_t n, d
                  * n_exp_l / n_expert of them with EP */
                 fl[PC_MOE] += tok * U * local * 2 * 3 * E * FE;
             }
-            if (L->has_idx) { /* the indexer: its projections, then q . k per head and causal pair */
-                fl[PC_IDX] += tok * 2 * (mk(&L->idx_q_b) + mk(&L->idx_k) + mk(&L->idx_proj));
-                fl[PC_IDX] += pairs * 2 * IH * ID;
+            if (L->has_idx) { /* the indexer: its key projection; past top-k keys (the last
+                               * query's) its query and weights, then q . k per head and causal pair */
+                fl[PC_IDX] += tok * 2 * mk(&L->idx_k);
+                if ((double)pos0 + n > K) {
+                    fl[PC_IDX] += tok * 2 * (mk(&L->idx_q_b) + mk(&L->idx_proj));
+                    fl[PC_IDX] += pairs * 2 * IH * ID;
+                }
             }
         }
         if (rk->head_write) fl[PC_HEAD] += 2 * mk(&rk->head); /* lm_head: the last position only */

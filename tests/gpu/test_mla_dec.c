@@ -175,6 +175,29 @@ static double check_out(const seq *s, const float *out, float scale, const char 
     return rel;
 }
 
+/* The list-free form (sel and n_sel NULL: every key 0 .. p): row by row the listed launch's bits
+ * (out_list) for a token at position p < max_sel, whose list is 0 .. p (tokens whose list was
+ * made invalid, lbad, are skipped), and NaN for a token that sees more than max_sel keys.
+ * Returns the rows that differ. */
+static int nolist_rows(const seq *s, const float *out_list, const float *out, int lbad) {
+    const int64_t F = s->P - s->n;
+    int bad = 0;
+    for (int t = 0; t < s->n; t++) {
+        if (lbad && t < 3) continue;
+        for (int h = 0; h < s->H; h++) {
+            const int64_t o = ((int64_t)t * s->H + h) * KL;
+            int ok = 1;
+            if (F + t + 1 <= s->K) {
+                ok = !memcmp(out + o, out_list + o, KL * 4);
+            } else {
+                for (int k = 0; k < KL; k++) ok &= is_nan(out[o + k]);
+            }
+            bad += !ok;
+        }
+    }
+    return bad;
+}
+
 static void run_case(const dcase *c) {
     seq s;
     seq_make(&s, c);
@@ -208,6 +231,25 @@ static void run_case(const dcase *c) {
              c->lat_type == CUK_BF16 ? "bf16" : "f16", (double)c->scale, c->bad ? " (3 invalid tokens)" : "");
     check_out(&s, hout, c->scale, what);
     T_CHECK(memcmp(hout, hout2, (size_t)rows * KL * 4) == 0, "%s: _dev differs from _fresh", what);
+    /* without a list (a graph step while a token sees <= index_topk keys): _dev and _fresh, the
+     * tensor-core kernel and the float32 ones, against each one's listed launch */
+    for (int tc = 1; tc >= 0; tc--) {
+        a.tc = (uint32_t)tc, a.sel = dsel, a.n_sel = dns, a.out = dout;
+        st = cuk_mla_attend_fresh(&a, NULL, &err);
+        T_CHECK(st == G5_OK, "%s tc %d: listed launch: %s", what, tc, err.msg);
+        get(hout, dout, (size_t)rows * KL * 4);
+        a.sel = NULL, a.n_sel = NULL;
+        for (int dev = 0; dev < 2; dev++) {
+            CK(cudaMemset(dout2, 0xFF, (size_t)rows * KL * 4));
+            a.out = dout2;
+            st = dev ? cuk_mla_attend_dev(&a, NULL, &err) : cuk_mla_attend_fresh(&a, NULL, &err);
+            T_CHECK(st == G5_OK, "%s tc %d: launch without a list: %s", what, tc, err.msg);
+            get(hout2, dout2, (size_t)rows * KL * 4);
+            const int nb = nolist_rows(&s, hout, hout2, c->bad);
+            T_CHECK(nb == 0, "%s tc %d %s without a list: %d rows differ from the listed launch's (or are not NaN "
+                    "past max_sel)", what, tc, dev ? "_dev" : "_fresh", nb);
+        }
+    }
     cudaFree(dq), cudaFree(dql), cudaFree(dlat), cudaFree(dfr), cudaFree(dsel), cudaFree(dns), cudaFree(dpos);
     cudaFree(dout), cudaFree(dout2);
     free(hout), free(hout2);
@@ -238,7 +280,8 @@ static void run_multi(int H, uint32_t lat_type) {
     float *dq = dup_d(hq, (size_t)B * qw * 4), *dql = dup_d(hql, (size_t)B * lw * 4), *dfr = dup_d(hfr, (size_t)B * W * 4);
     int32_t *dsel = dup_d(hsel, (size_t)B * TOPK * 4), *dns = dup_d(hns, B * 4);
     cuk_seq_row *drows = dup_d(hr, sizeof hr);
-    float *dout = dalloc((size_t)B * lw * 4), *d1 = dalloc((size_t)lw * 4);
+    float *dout = dalloc((size_t)B * lw * 4), *d1 = dalloc((size_t)lw * 4), *d1m = dalloc((size_t)B * lw * 4);
+    float *hm = xmalloc((size_t)B * lw * 4);
     CK(cudaMemset(dout, 0xFF, (size_t)B * lw * 4));
     const cuk_attend_multi_args m = {{B, H, NOPE, ROPE, KL}, dq, dql, lat_type, dfr, drows, 4096, dsel, TOPK, dns,
                                      TOPK, 0.0625f, dout, 1};
@@ -261,10 +304,27 @@ static void run_multi(int H, uint32_t lat_type) {
         same &= memcmp(h1, hout + b * lw, (size_t)lw * 4) == 0;
     }
     T_CHECK(same, "multi H=%d: a sequence's row differs from its one-token launch", H);
+    /* without a list, the tensor-core kernel and the float32 one against their listed launches:
+     * sequences at positions < TOPK the same bits, those past it NaN */
+    for (int tc = 1; tc >= 0; tc--) {
+        cuk_attend_multi_args ml = m;
+        ml.tc = (uint32_t)tc;
+        T_CHECK(cuk_mla_attend_multi(&ml, NULL, &err) == G5_OK, "multi H=%d tc %d: %s", H, tc, err.msg);
+        get(hout, dout, (size_t)B * lw * 4);
+        ml.sel = NULL, ml.n_sel = NULL, ml.out = d1m;
+        CK(cudaMemset(d1m, 0xFF, (size_t)B * lw * 4));
+        T_CHECK(cuk_mla_attend_multi(&ml, NULL, &err) == G5_OK, "multi H=%d tc %d without a list: %s", H, tc, err.msg);
+        get(hm, d1m, (size_t)B * lw * 4);
+        int nb = 0;
+        for (int b = 0; b < B; b++) nb += nolist_rows(&s[b], hout + b * lw, hm + b * lw, 0);
+        T_CHECK(nb == 0, "multi H=%d tc %d without a list: %d rows differ from the listed launch's (or are not NaN past "
+                "TOPK)", H, tc, nb);
+    }
     CK(cudaGetLastError());
     for (int b = 0; b < B; b++) cudaFree(dlat[b]), seq_free(&s[b]);
     cudaFree(dq), cudaFree(dql), cudaFree(dfr), cudaFree(dsel), cudaFree(dns), cudaFree(drows), cudaFree(dout);
-    cudaFree(d1);
+    cudaFree(d1), cudaFree(d1m);
+    free(hm);
     free(hq), free(hql), free(hfr), free(hsel), free(hns), free(hout), free(h1);
 }
 

@@ -354,7 +354,8 @@ static void test_norm_rope(void) {
 
 /* cuk_idx_prep vs its four separate launches, bit for bit (fused shapes and the fallback), with
  * and without the attention query's RoPE (q2: 64 heads of 192 + 64, or 3 of 40 + 32 with the
- * tokens further apart, against cuk_rope on it). */
+ * tokens further apart, against cuk_rope on it); without the indexer query (n_head 0) the key
+ * and q2 alone, the same bits. */
 static void test_idx_prep(void) {
     static const struct { int ih, id, r, h2, nope2, pad2; } cfg[] = {
         {32, 128, 64, 0, 0, 0}, {4, 64, 32, 0, 0, 0}, {3, 100, 64, 0, 0, 0}, {2, 256, 64, 0, 0, 0},
@@ -398,6 +399,20 @@ static void test_idx_prep(void) {
         printf("idx_prep IH=%d ID=%d R=%d q2 %d heads: q %s, k %s, w %s, q2 %s vs the separate launches\n", IH, ID, R, H2,
                sq ? "same" : "DIFF", sk ? "same" : "DIFF", sw ? "same" : "DIFF", s2 ? "same" : "DIFF");
         T_CHECK(sq && sk && sw && s2, "idx_prep IH=%d ID=%d q2 %d heads: not the separate launches' bits", IH, ID, H2);
+        { /* n_head 0 (no indexer query or weights, q and w NULL): the key and q2 alone, the same bits */
+            float *k3 = dup_d(hk, NK * 4), *q2c = dup_d(hq2, (N2 ? N2 : 1) * 4);
+            cuk_idx_prep_args kn = ip;
+            kn.q = NULL, kn.w = NULL, kn.n_head = 0, kn.k = k3, kn.q2 = H2 ? q2c : NULL;
+            T_CHECK(cuk_idx_prep(&kn, NULL, &e) == G5_OK, "idx_prep without a query: %s", e.msg);
+            const int k_same = same_dev(k3, k1, NK * 4), q2_same = !H2 || same_dev(q2c, q2a, N2 * 4);
+            T_CHECK(k_same && q2_same, "idx_prep IH=%d ID=%d q2 %d heads without a query: key %s, q2 %s", IH, ID, H2,
+                    k_same ? "same" : "DIFF", q2_same ? "same" : "DIFF");
+            kn.n_head = -1;
+            T_CHECK(cuk_idx_prep(&kn, NULL, &e) == G5_ERR_INVALID_ARG, "idx_prep: n_head -1 refused");
+            kn.n_head = IH;
+            T_CHECK(cuk_idx_prep(&kn, NULL, &e) == G5_ERR_INVALID_ARG, "idx_prep: heads without q and w refused");
+            cudaFree(k3), cudaFree(q2c);
+        }
         if (H2) { /* heads too narrow for the rotated part: refused */
             cuk_idx_prep_args bad = ip;
             bad.head_stride2 = cfg[c].nope2 + R - 2;
