@@ -2,8 +2,8 @@
 # Device calls of session 49 (bench/NOTES.md, session 49). Binaries built here (bench_decode of
 # each tree, stripped, xz'd as $BINS/dec_NAME.xz; test binaries as t_NAME.xz), carrying $BINS alone
 # (default .dev/bins2; at most four 13 MB binaries fit the 64 MiB carry):
-#   bash bench/pending/s49-next.sh bins   # test binaries once; round 1 at ctx 1024 and 32768,
-#                                         # round 2 at 1024, the trees alternated
+#   bash bench/pending/s49-next.sh bins   # test binaries once; round 1 at ctx 1024 and 32768
+#                                         # (CTX1), round 2 at 1024, the trees alternated
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 BINS=${BINS:-.dev/bins2}
@@ -21,7 +21,7 @@ bins)
     grep -E "^FAIL" "$OUT/$v.log" | head -5
   done
   for r in 1 2; do
-    ctx=1024,32768
+    ctx=${CTX1:-1024,32768}
     [ "$r" = 2 ] && ctx=1024
     for f in "$BINS"/dec_*.xz; do
       v=$(basename "${f%.xz}")
