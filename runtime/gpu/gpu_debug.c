@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/quant.h"
 #include "runtime/gpu/gpu_int.h"
 
 /* ---- benchmark hooks (tests/gpu/bench_decode.c) ---- */
@@ -449,12 +450,121 @@ static void prof_class_table(const rt_gpu_model *g, const fplan *pl, const prof_
     if (ul) fprintf(report, "  unclassified sub-steps, charged to other: %s\n", unl);
 }
 
-static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflops, FILE *report, g5_error *err);
+/* ---- the bytes of a one-token call's sub-steps ---- */
 
-g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, FILE *report, g5_error *err) {
+/* Bytes of n rows of k elements of type t (0 where the type has no row size) */
+static double rows_bytes(uint32_t t, int64_t k, double n) {
+    uint64_t rb = 0;
+    return k > 0 && quant_row_bytes(t, (uint64_t)k, &rb) == G5_OK ? (double)rb * n : 0.0;
+}
+
+static double wb(const dmat *w) { return w->w ? rows_bytes(w->type, w->k, (double)w->m) : 0.0; }
+
+static int has(const char *label, const char *prefix) { return !strncmp(label, prefix, strlen(prefix)); }
+
+/* What one layer's sub-step (stage, label) reads in a one-token call at position pos: its weights
+ * in their stored types (kv_b's W_UK / W_UV parts in the exact int8 form where the layer has it),
+ * the latent rows the attention reads, the indexer's keys and scores past idx_top_k keys, a norm's
+ * weight; 0 for the rest (rope, routing, conversions, the few activation rows). bench_decode's
+ * byte floor counts the same. pair: dense gate and up ran as one launch ("ffn_up gemv" then marks
+ * nothing). */
+static double layer_bytes(const rt_gpu_model *g, const gl_rank *rk, const gl_layer *L, uint32_t pos,
+                          const char *stage, const char *label, int pair) {
+    const glm5_hparams *hp = &g->hp;
+    const double E = hp->n_embd, KL = hp->kv_lora, R = hp->qk_rope, NOPE = hp->qk_nope, V = hp->v_head;
+    const double ID = hp->idx_head_dim, K = hp->idx_top_k, U = hp->n_expert_used, H = rk->c->H_l;
+    const double keys = (double)pos + 1, sel = K > 0 && keys > K ? K : keys, past = K > 0 && keys > K;
+    if (!strcmp(stage, "attn")) {
+        if (has(label, "attn_norm")) return E * 4;
+        if (has(label, "kv_a gemv")) return wb(&L->kv_a);
+        if (has(label, "latent norm")) return KL * 4;
+        if (has(label, "q_a gemv")) return wb(&L->q_a);
+        if (has(label, "q_a_norm")) return hp->q_lora * 4.0;
+        if (has(label, "q_b gemv")) return wb(&L->q_b);
+        if (has(label, "mla_absorb"))
+            return L->kq ? H * NOPE * KL + H * (NOPE / 16) * KL * 4 : H * NOPE * KL * 4;
+        if (has(label, "mla_attend")) return sel * (KL + R) * (double)g->lat_es;
+        if (has(label, "W_UV")) return L->kq ? H * V * KL + H * V * (KL / 16) * 4 : H * V * KL * 4;
+        if (has(label, "attn_output gemv")) return wb(&L->o);
+        if (!L->has_idx) return 0;
+        if (has(label, "idx_k gemv")) return wb(&L->idx_k);
+        if (has(label, "idx_proj gemv")) return wb(&L->idx_proj);
+        if (has(label, "idx_q_b gemv")) return wb(&L->idx_q_b);
+        if (has(label, "idx rope")) return 2 * ID * 4;
+        if (has(label, "idx_scores")) return past ? keys * ID * 4 : 0;
+        if (has(label, "idx_topk")) return past ? keys * 4 : 0;
+        return 0;
+    }
+    if (!strcmp(stage, "dense") && L->dense) {
+        if (has(label, "ffn_norm")) return E * 4;
+        if (has(label, "ffn_gate + ffn_up")) return wb(&L->ffn_gate) + wb(&L->ffn_up);
+        if (has(label, "ffn_gate gemv")) return wb(&L->ffn_gate);
+        if (has(label, "ffn_up gemv")) return pair ? 0 : wb(&L->ffn_up);
+        if (has(label, "silu_mul")) return wb(&L->ffn_down);
+        return 0;
+    }
+    if (!strcmp(stage, "moe") && !L->dense) {
+        const double FE = rk->c->ffe_l, local = hp->n_expert ? (double)rk->c->n_exp_l / hp->n_expert : 0;
+        if (has(label, "ffn_norm")) return E * 4;
+        if (has(label, "router gemv")) return wb(&L->router);
+        if (!L->sh_contrib && has(label, "shared")) return 0;
+        if (has(label, "shared gate + up")) return wb(&L->sh_gate) + wb(&L->sh_up);
+        if (has(label, "shared gate gemv")) return wb(&L->sh_gate);
+        if (has(label, "shared up gemv")) return wb(&L->sh_up);
+        if (has(label, "shared silu_mul")) return wb(&L->sh_down);
+        /* the routed experts at one token: U slots, each expert's slice here (with EP the
+         * expected share n_exp_l / n_expert of them) */
+        if (has(label, "moe_gate_up")) return U * local * rows_bytes(L->exp_type, (int64_t)E, 2 * FE);
+        if (has(label, "moe_down")) return U * local * rows_bytes(L->exp_down_type, (int64_t)FE, E);
+    }
+    return 0;
+}
+
+/* Bytes the one-token call at position pos read in each of rows[0 .. n_rows) (all its
+ * occurrences: every layer and rank) into out[]. */
+static void prof_row_bytes(const rt_gpu_model *g, uint32_t pos, const prof_row *rows, uint32_t n_rows, double *out) {
+    const double E = g->hp.n_embd;
+    int pair = 0;
+    for (uint32_t j = 0; j < n_rows; j++) pair |= has(rows[j].label, "ffn_gate + ffn_up");
+    for (uint32_t j = 0; j < n_rows; j++) {
+        const prof_row *rw = &rows[j];
+        double b = 0;
+        for (uint32_t r = 0; r < g->T; r++) {
+            const gl_rank *rk = &g->rk[r];
+            if (!strcmp(rw->stage, "step")) {
+                if (has(rw->label, "embedding")) b += wb(&rk->tok_embd) / (rk->tok_embd.m ? rk->tok_embd.m : 1);
+                if (has(rw->label, "output_norm")) b += E * 4;
+                if (has(rw->label, "lm_head") && rk->head_write) b += wb(&rk->head);
+                continue;
+            }
+            for (uint32_t il = 0; il < g->hp.n_layer_main; il++)
+                b += layer_bytes(g, rk, &rk->L[il], pos, rw->stage, rw->label, pair);
+        }
+        out[j] = b;
+    }
+}
+
+static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflops, double copy_gbs, FILE *report,
+                             g5_error *err);
+
+/* The profile line's end: with by, the MB an occurrence reads and its graph us over the bytes'
+ * time at copy_gbs ("-" without bytes or a rate) */
+static void prof_bytes_cols(FILE *report, int by, double bytes, double graph_us, double copy_gbs) {
+    if (!by) {
+        fputc('\n', report);
+        return;
+    }
+    const double byte_us = copy_gbs > 0 ? bytes / (copy_gbs * 1e3) : 0;
+    if (bytes > 0 && byte_us > 0 && graph_us > 0) fprintf(report, " %10.3f %12.1f\n", bytes / 1e6, graph_us / byte_us);
+    else if (bytes > 0) fprintf(report, " %10.3f %12s\n", bytes / 1e6, "-");
+    else fprintf(report, " %10s %12s\n", "-", "-");
+}
+
+g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, double copy_gbs, FILE *report,
+                               g5_error *err) {
     last_call lc;
     CK(last_call_plan(g, n, "profile", &lc, err));
-    return profile_plan(g, &lc.pl, ref_tflops, report, err);
+    return profile_plan(g, &lc.pl, ref_tflops, copy_gbs, report, err);
 }
 
 g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, uint32_t n_seq, FILE *report,
@@ -486,14 +596,15 @@ g5_status rt_gpu_debug_profile_batch(rt_gpu_model *g, rt_gpu_seq *const *seqs, u
             g->rk[r].batch_rows = 1;
             g->rk[r].multi = mp;
         }
-        st = profile_plan(g, &pl, 0, report, err);
+        st = profile_plan(g, &pl, 0, 0, report, err);
         for (uint32_t r = 0; r < g->T; r++) g->rk[r].batch_rows = g->rk[r].multi = 0;
     }
     free(a);
     return st;
 }
 
-static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflops, FILE *report, g5_error *err) {
+static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflops, double copy_gbs, FILE *report,
+                             g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     gl_rank *r0 = &g->rk[0];
     const fplan pl = *plp;
@@ -562,29 +673,45 @@ static g5_status profile_plan(rt_gpu_model *g, const fplan *plp, double ref_tflo
                         "captured into one CUDA graph%s%s\n",
                 n, n == 1 ? "" : "s", pl.n_seg, pl.n_seg == 1 ? "" : "s", hp->n_layer_main, nd, nm, g->T, g->T == 1 ? "" : "s on one device",
                 gnote ? ": graph variant " : "", gnote ? gnote : "");
-        fprintf(report, "  %-6s %-40s %10s %10s %7s %10s %10s\n", "stage", "sub-step", "launch us", "graph us", "count",
-                "launch ms", "graph ms");
+        /* one token: what each sub-step reads (MB an occurrence) and its graph time over those
+         * bytes at copy_gbs (the caller's measured copy rate; 0: no ratio) */
+        const int by = n == 1 && pl.n_seg == 1;
+        double rb[PROF_ROWS] = {0};
+        if (by) prof_row_bytes(g, pl.pos0[0], rows, n_rows, rb);
+        fprintf(report, "  %-6s %-40s %10s %10s %7s %10s %10s%s\n", "stage", "sub-step", "launch us", "graph us", "count",
+                "launch ms", "graph ms", by ? "   MB each  graph/bytes" : "");
         const char *stages[] = {"step", "attn", "dense", "moe", "add"};
         const uint32_t per[] = {1, hp->n_layer_main * g->T, nd * g->T, nm * g->T, 2 * hp->n_layer_main};
         for (int k = 0; k < 5; k++) {
-            double sum[2] = {0, 0};
+            double sum[3] = {0, 0, 0};
             for (uint32_t j = 0; j < n_rows; j++) {
                 const prof_row *rw = &rows[j];
                 if (strcmp(rw->stage, stages[k])) continue;
                 sum[0] += rw->ms[0];
                 sum[1] += rw->ms[1];
-                fprintf(report, "  %-6s %-40s %10.2f %10.2f %7u %10.3f %10.3f\n", rw->stage, rw->label,
-                        rw->cnt[0] ? 1e3 * rw->ms[0] / rw->cnt[0] : 0.0, rw->cnt[1] ? 1e3 * rw->ms[1] / rw->cnt[1] : 0.0,
-                        rw->cnt[0], rw->ms[0], rw->ms[1]);
+                sum[2] += rb[j];
+                const double gus = rw->cnt[1] ? 1e3 * rw->ms[1] / rw->cnt[1] : 0.0;
+                fprintf(report, "  %-6s %-40s %10.2f %10.2f %7u %10.3f %10.3f", rw->stage, rw->label,
+                        rw->cnt[0] ? 1e3 * rw->ms[0] / rw->cnt[0] : 0.0, gus, rw->cnt[0], rw->ms[0], rw->ms[1]);
+                prof_bytes_cols(report, by, rw->cnt[0] ? rb[j] / rw->cnt[0] : 0.0, gus, copy_gbs);
             }
-            if (per[k] && (sum[0] > 0 || sum[1] > 0))
-                fprintf(report, "  %-6s %-40s %10.2f %10.2f %7u %10.3f %10.3f\n", stages[k],
+            if (per[k] && (sum[0] > 0 || sum[1] > 0)) {
+                fprintf(report, "  %-6s %-40s %10.2f %10.2f %7u %10.3f %10.3f", stages[k],
                         k == 0 ? "== step parts, per call" : k == 4 ? "== per collective" : "== per layer (and rank)",
                         1e3 * sum[0] / per[k], 1e3 * sum[1] / per[k], per[k], sum[0], sum[1]);
+                prof_bytes_cols(report, by, sum[2] / per[k], 1e3 * sum[1] / per[k], copy_gbs);
+            }
         }
         fprintf(report, "  totals: launched %.3f ms with the marks, %.3f ms without; graph %.3f ms with the marks, "
                         "%.3f ms without (one launch, mean of 3)\n",
                 marked_ms, plain_ms, gmarked_ms, gplain_ms);
+        if (by) {
+            double tb = 0;
+            for (uint32_t j = 0; j < n_rows; j++) tb += rb[j];
+            fprintf(report, "  bytes: the sub-steps read %.4f GB", tb / 1e9);
+            if (copy_gbs > 0) fprintf(report, ", %.3f ms at %.0f GB/s", tb / (copy_gbs * 1e6), copy_gbs);
+            fprintf(report, " (MB each: one occurrence; graph/bytes: its graph us over that)\n");
+        }
         if (pl.n_seg == 1 && n > 1) prof_class_table(g, &pl, rows, n_rows, ref_tflops, report);
     }
     if (ge_m) cudaGraphExecDestroy(ge_m);

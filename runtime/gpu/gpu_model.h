@@ -465,8 +465,13 @@ g5_status rt_gpu_debug_stage_times(rt_gpu_model *g, uint32_t n, rt_gpu_stage_tim
  * experts, lm_head, other; every label classified explicitly, an unknown one charged to other
  * and named), each class's FLOPs for this call from the hyper-parameters and the ranks' slices,
  * its TFLOP/s and the ratio to ref_tflops, a reference rate the caller measured in the same run
- * (tests/gpu/bench_peer.c: cuBLAS bf16 on an 8192^3 GEMM; 0: not measured, no ratio). */
-g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, FILE *report, g5_error *err);
+ * (tests/gpu/bench_peer.c: cuBLAS bf16 on an 8192^3 GEMM; 0: not measured, no ratio). For one
+ * token of one sequence two more columns: the MB one occurrence of the sub-step reads (its
+ * weights in their stored types, the latent rows attended, the indexer's keys and scores, a
+ * norm's weight; what bench_decode's byte floor counts) and its graph time over those bytes' time
+ * at copy_gbs, the caller's measured copy rate in GB/s (0: no ratio). */
+g5_status rt_gpu_debug_profile(rt_gpu_model *g, uint32_t n, double ref_tflops, double copy_gbs, FILE *report,
+                               g5_error *err);
 /* The same for the last rt_gpu_forward_batch step of seqs[0 .. n_seq) (n_seq >= 2, the same
  * sequences in the same order), launched one by one (its lm_head line: the last row only). */
 /* The last call (as rt_gpu_debug_profile, launched one by one) with a scan after every sub-step

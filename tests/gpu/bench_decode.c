@@ -33,14 +33,14 @@
  * selected keys and all indexer keys of every layer; the indexer scores; at most idx_top_k keys,
  * where every key is selected without a score, no indexer keys or scores, which the runtime does
  * not read there, nor the indexer's query and weight projections, whose outputs nothing then
- * needs: the runtime still computes those, bench/pending/s48-idx-short.patch), computed from the
- * tensors' nbytes, divided by the HBM rate of a device-to-device cudaMemcpy measured in the same
+ * needs and the runtime no longer computes), computed from the tensors' nbytes, divided by the HBM rate of a device-to-device cudaMemcpy measured in the same
  * run, counted as bytes read + bytes written per second (the DRAM traffic rate; the ratio's
  * denominator). Also printed: the copy's read half, and a read-only rate (cublasSasum over the
  * same buffer). Per-stage times come from rt_gpu_debug_stage_times (CUDA events around every
  * stage of a re-run of the last step), and at the first context of the list, once per mode,
  * rt_gpu_debug_profile's table: every sub-step (each GEMV, norm, router, expert kernel, ...) in
- * microseconds, launched one by one and inside a CUDA graph.
+ * microseconds, launched one by one and inside a CUDA graph, with the MB each occurrence reads
+ * and its graph time over those bytes at the measured copy rate.
  *
  * Prefill (--prefill): tokens/s for a 4096-token prompt through rt_gpu_forward, once per product
  * path (--gemm: the GEMV kernels; the prefill GEMM path with f32, f16 compute; "default":
@@ -763,7 +763,7 @@ static void run_decode(rank_model *R, const opts *o, const hbm *h) {
                     print_stage_bytes(&sg, &b, h->copy_rw);
                 }
                 /* the sub-step breakdown at the first context, once per mode */
-                if (c == 0 && (!gr || !o->graph_off)) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_));
+                if (c == 0 && (!gr || !o->graph_off)) GK(rt_gpu_debug_profile(g, 1, 0, h->copy_rw / 1e9, stdout, &err_));
                 free(st);
             }
             printf("   graph launches %llu, captures %llu, instantiations %llu; %llu nodes (launches) per step\n",
@@ -938,7 +938,7 @@ static void prefill_variant(rank_model *R, const opts *o, const char *variant, c
     GK(rt_gpu_debug_stage_times(g, last, &sg, &err_));
     print_stages("   last call's", &sg, hp);
     printf("   logits of the last position: %u of %u not finite, max |finite| %.4g\n", n_bad, V, (double)amax);
-    if (o->prefill_profile) GK(rt_gpu_debug_profile(g, last, blas_tflops, stdout, &err_));
+    if (o->prefill_profile) GK(rt_gpu_debug_profile(g, last, blas_tflops, 0, stdout, &err_));
     if (o->prefill_scan) GK(rt_gpu_debug_scan(g, last, stdout, &err_));
     const double t_prompt = tp * N / done; /* the whole prompt, extrapolated if stopped early */
     printf("PREFILL %-7s %u of %u tokens in %.3f s (calls of %u%s): %.0f tokens/s at %u layers; logits %s; "

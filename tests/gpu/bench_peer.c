@@ -295,7 +295,7 @@ int main(int argc, char **argv) {
         const double blas = blas_bf16_tflops(); /* the class table's reference, in this run */
         printf("ceiling: cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s (best of 5)\n", blas);
         printf("profile of pp%u (%s):\n", pp.v[pp.n - 1], prec);
-        GK(rt_gpu_debug_profile(g, pp.v[pp.n - 1], blas, stdout, &err_));
+        GK(rt_gpu_debug_profile(g, pp.v[pp.n - 1], blas, 0, stdout, &err_));
     }
     for (uint32_t i = 0; i < depth.n; i++) {
         const uint32_t d = depth.v[i];
@@ -356,7 +356,7 @@ int main(int argc, char **argv) {
             }
             samp_free(sc);
         }
-        if (profile) GK(rt_gpu_debug_profile(g, 1, 0, stdout, &err_)); /* the last step, sub-step by sub-step */
+        if (profile) GK(rt_gpu_debug_profile(g, 1, 0, rate / 1e9, stdout, &err_)); /* the last step, sub-step by sub-step */
     }
     for (uint32_t i = 0; i < batch.n; i++) {
         const uint32_t B = batch.v[i];
