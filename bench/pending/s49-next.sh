@@ -48,7 +48,8 @@ bins)
     [ "$r" = 2 ] && ctx=1024
     for f in "$BINS"/dec_*.xz; do
       v=$(basename "${f%.xz}")
-      timeout 150 "/tmp/$v" $DEC --ctx $ctx >"/tmp/$v.$r.log" 2>&1
+      # shellcheck disable=SC2086 # DEC: several options
+      timeout 150 "/tmp/$v" $DEC --ctx "$ctx" >"/tmp/$v.$r.log" 2>&1
       echo "round $r $v rc=$?"
       grep -E '^decode ' "/tmp/$v.$r.log" | sed 's/ median of.*RATIO/, ratio/; s/ (vs.*//' | tr -s ' '
       grep -E "mla_attend  " "/tmp/$v.$r.log" | head -1 | tr -s ' '
