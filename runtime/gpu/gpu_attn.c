@@ -357,10 +357,11 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */
+    const int nolist = bound && all; /* a graph step that selects every key: no list, no top-k launch */
     cuk_mla_attend_args at = {.d = d, .q = rk->q, .qlat = rk->qlat, .lat = gm_seq_lat(g, pl->seq[0], rk->r, il),
                               .lat_type = g->lat_type, .fresh = g->lat_type == CUK_F32 ? NULL : rk->latf,
-                              .pos0_dev = rk->pos, .pos_bound = bound, .sel = bound && all ? NULL : rk->sel,
-                              .ld_sel = K, .n_sel = bound && all ? NULL : rk->n_sel, .max_sel = (int32_t)K,
+                              .pos0_dev = rk->pos, .pos_bound = bound, .sel = nolist ? NULL : rk->sel,
+                              .ld_sel = K, .n_sel = nolist ? NULL : rk->n_sel, .max_sel = (int32_t)K,
                               .scale = (float)(1.0 / sqrt((double)(NOPE + R))), .out = rk->olat,
                               .tc = (uint32_t)rk->attn_tc};
     if (bound) CK(cuk_mla_attend_dev(&at, cs, err));

@@ -473,7 +473,9 @@ static double layer_bytes(const rt_gpu_model *g, const gl_rank *rk, const gl_lay
     const glm5_hparams *hp = &g->hp;
     const double E = hp->n_embd, KL = hp->kv_lora, R = hp->qk_rope, NOPE = hp->qk_nope, V = hp->v_head;
     const double ID = hp->idx_head_dim, K = hp->idx_top_k, U = hp->n_expert_used, H = rk->c->H_l;
-    const double keys = (double)pos + 1, sel = K > 0 && keys > K ? K : keys, past = K > 0 && keys > K;
+    const double keys = (double)pos + 1;
+    const int past = K > 0 && keys > K; /* past idx_top_k keys: scores and a selection */
+    const double sel = past ? K : keys;
     if (!strcmp(stage, "attn")) {
         if (has(label, "attn_norm")) return E * 4;
         if (has(label, "kv_a gemv")) return wb(&L->kv_a);

@@ -33,9 +33,9 @@
  * selected keys and all indexer keys of every layer; the indexer scores; at most idx_top_k keys,
  * where every key is selected without a score, no indexer keys or scores, which the runtime does
  * not read there, nor the indexer's query and weight projections, whose outputs nothing then
- * needs and the runtime no longer computes), computed from the tensors' nbytes, divided by the HBM rate of a device-to-device cudaMemcpy measured in the same
- * run, counted as bytes read + bytes written per second (the DRAM traffic rate; the ratio's
- * denominator). Also printed: the copy's read half, and a read-only rate (cublasSasum over the
+ * needs and the runtime no longer computes), computed from the tensors' nbytes, divided by the
+ * HBM rate of a device-to-device cudaMemcpy measured in the same run, counted as bytes read +
+ * bytes written per second (the DRAM traffic rate; the ratio's denominator). Also printed: the copy's read half, and a read-only rate (cublasSasum over the
  * same buffer). Per-stage times come from rt_gpu_debug_stage_times (CUDA events around every
  * stage of a re-run of the last step), and at the first context of the list, once per mode,
  * rt_gpu_debug_profile's table: every sub-step (each GEMV, norm, router, expert kernel, ...) in
