@@ -21,6 +21,7 @@
 #include "cuda/attn_int.cuh"
 #include "cuda/cuk_internal.cuh"
 #include "cuda/cuk_model.h"
+#include "cuda/rowops.cuh"
 
 #define BAD(...) g5_fail(err, G5_ERR_INVALID_ARG, __VA_ARGS__)
 
@@ -285,6 +286,20 @@ __global__ void __launch_bounds__(AB_THREADS) k_absorb_split(cuk_mla_dims d, con
 
 constexpr int AO_THREADS = 128;
 constexpr int AO_MAXNC = 6; /* 32-row chunks of W_UK a thread holds at most: nope <= 192 (GLM-5's) */
+constexpr int AO_MAX_PAIRS = 64; /* RoPE pairs of a head the launch may rotate (q_rot): rope <= 128 */
+
+/* cuk_mla_absorb_args.q_rot: q's rope part, rotated at *pos (NULL q: none) */
+struct AoRope {
+    float *q;
+    const int32_t *pos;
+    int n_pairs;
+    float inv[AO_MAX_PAIRS]; /* rowops_rope_inv */
+};
+
+int rotates(const cuk_mla_dims *d) {
+    return d && d->n_tok == 1 && d->nope > 0 && d->nope % 32 == 0 && d->nope <= 32 * AO_MAXNC && d->rope >= 2 &&
+           d->rope % 2 == 0 && d->rope <= 2 * AO_MAX_PAIRS;
+}
 
 /* grid (n_head, ceil(kv_lora / AO_THREADS)), AO_THREADS threads, one token (a decode step at batch
  * 1). Thread c of head h loads its whole column W_UK[h][0..N)[c] into registers at once, so all of
@@ -293,12 +308,15 @@ constexpr int AO_MAXNC = 6; /* 32-row chunks of W_UK a thread holds at most: nop
  * operations, the split kernel's bits. N = 32 NC; a column past kv_lora reads the last one again
  * and stores nothing. WQ: the column comes from kv_b's exact int8 form (kq, ksk: a byte an element
  * and a scale per 16 rows, so a quarter of the bytes), each weight the float32 product it is in
- * kv_b, so the sums and bits are the float32 form's. */
+ * kv_b, so the sums and bits are the float32 form's. With rot.q (q itself), thread i < n_pairs of
+ * column block 0 then rotates head h's rope pair i in place, k_rope's arithmetic (rowops.cuh): a
+ * decode step's query is roped here rather than by a launch on the way to the attention. The
+ * absorption reads q's first nope elements only, so the two never touch the same element. */
 template <int NC, bool WQ>
-__global__ void __launch_bounds__(AO_THREADS, 2) k_absorb_one(cuk_mla_dims d, const float *__restrict__ q,
+__global__ void __launch_bounds__(AO_THREADS, 2) k_absorb_one(cuk_mla_dims d, const float *q,
                                                              const float *__restrict__ kvb, int32_t head_rows,
                                                              float *__restrict__ qlat, const int8_t *__restrict__ kq,
-                                                             const float *__restrict__ ksk) {
+                                                             const float *__restrict__ ksk, const AoRope rot) {
     constexpr int N = 32 * NC;
     __shared__ float qs[N];
     const int h = blockIdx.x, c = blockIdx.y * AO_THREADS + threadIdx.x, KL = d.kv_lora;
@@ -326,15 +344,25 @@ __global__ void __launch_bounds__(AO_THREADS, 2) k_absorb_one(cuk_mla_dims d, co
 #pragma unroll
     for (int i = 0; i < N; i++) acc = __fadd_rn(acc, __fmul_rn(qs[i], w[i]));
     if (c < KL) qlat[(int64_t)h * KL + c] = acc;
+    if (rot.q && blockIdx.y == 0 && threadIdx.x < rot.n_pairs) {
+        float *p = rot.q + (int64_t)h * (d.nope + d.rope) + d.nope + 2 * threadIdx.x;
+        float x = p[0], y = p[1];
+        rowops_rope_rot(x, y, rowops_rope_cs(rot.pos[0], rot.inv[threadIdx.x]));
+        p[0] = x;
+        p[1] = y;
+    }
 }
 
 template <int NC> static void absorb_one(const cuk_mla_absorb_args *a, cudaStream_t st) {
     const cuk_mla_dims *d = &a->d;
     const dim3 grid((unsigned)d->n_head, (unsigned)((d->kv_lora + AO_THREADS - 1) / AO_THREADS));
+    AoRope rot = {a->q_rot, a->pos, 0, {}};
+    if (a->q_rot) rot.n_pairs = rowops_rope_inv(a->theta, d->rope, rot.inv);
     if (a->kq)
-        k_absorb_one<NC, true><<<grid, AO_THREADS, 0, st>>>(*d, a->q, a->kvb, a->head_rows, a->qlat, a->kq, a->ksk);
+        k_absorb_one<NC, true>
+            <<<grid, AO_THREADS, 0, st>>>(*d, a->q, a->kvb, a->head_rows, a->qlat, a->kq, a->ksk, rot);
     else
-        k_absorb_one<NC, false><<<grid, AO_THREADS, 0, st>>>(*d, a->q, a->kvb, a->head_rows, a->qlat, NULL, NULL);
+        k_absorb_one<NC, false><<<grid, AO_THREADS, 0, st>>>(*d, a->q, a->kvb, a->head_rows, a->qlat, NULL, NULL, rot);
 }
 
 /* ---- head-group decode attention (the default for decode steps) ---- */
@@ -585,6 +613,8 @@ static int smem_optin(void) {
     return d ? (int)d->smem_optin : 0;
 }
 
+extern "C" int cuk_mla_absorb_rotates(const cuk_mla_dims *d) { return rotates(d); }
+
 extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err) {
     if (!a) return BAD("mla_absorb: no args");
     const cuk_mla_dims *const d = &a->d;
@@ -596,6 +626,14 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream str
     if (!q || !kvb || !qlat) return BAD("mla_absorb: NULL pointer");
     if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
     if (!a->kq != !a->ksk) return BAD("mla_absorb: kq and ksk go together");
+    if (a->q_rot) {
+        if (a->q_rot != q || !rotates(d))
+            return BAD("mla_absorb: q_rot is q itself, for one token (n_tok=%d), nope a multiple of 32 up to %d "
+                       "(nope=%d), rope even up to %d (rope=%d)",
+                       d->n_tok, 32 * AO_MAXNC, d->nope, 2 * AO_MAX_PAIRS, d->rope);
+        if (!a->pos) return BAD("mla_absorb: q_rot without pos");
+        if (!(a->theta > 0.0f)) return BAD("mla_absorb: theta=%g must be positive", (double)a->theta);
+    }
     if (d->n_tok == 1 && d->nope % 32 == 0 && d->nope <= 32 * AO_MAXNC) {
         const cudaStream_t st = (cudaStream_t)stream;
         switch (d->nope / 32) {

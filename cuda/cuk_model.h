@@ -170,8 +170,17 @@ typedef struct cuk_mla_absorb_args {
     float *qlat;             /* [n_tok][n_head][kv_lora] */
     const int8_t *kq;        /* optional: [n_head * head_rows][kv_lora] */
     const float *ksk;        /* with kq: [n_head][nope / 16][kv_lora] */
+    float *q_rot;            /* optional, where cuk_mla_absorb_rotates: q itself, whose rope part
+                                (nope .. nope + rope of each head) the launch also rotates in
+                                place at position *pos, bit for bit cuk_rope: the attention's
+                                query needs no RoPE launch of its own */
+    const int32_t *pos;      /* with q_rot: [1], device */
+    float theta;             /* with q_rot */
 } cuk_mla_absorb_args;
 g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err);
+/* 1 where cuk_mla_absorb takes q_rot: one token, nope a multiple of 32 up to 192 (its one-token
+ * kernel), rope even, 2..128. */
+int cuk_mla_absorb_rotates(const cuk_mla_dims *d);
 
 /* Forward declaration: one sequence's caches and position (below, "several sequences"). */
 typedef struct cuk_seq_row cuk_seq_row;

@@ -927,8 +927,7 @@ extern "C" g5_status cuk_idx_prep(const cuk_idx_prep_args *a, cuk_stream stream,
     if (!(eps >= 0.0f)) return BAD("idx_prep: eps=%g must be >= 0", (double)eps);
     if (!(theta > 0.0f)) return BAD("idx_prep: theta=%g must be positive", (double)theta);
     IpInv inv;
-    const int n_pairs = n_rot / 2;
-    for (int i = 0; i < n_pairs; i++) inv.inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot); /* as cuk_rope */
+    const int n_pairs = rowops_rope_inv(theta, n_rot, inv.inv); /* as cuk_rope */
     k_idx_prep<<<(unsigned)(n_tok < IP_MAX_CTAS ? n_tok : IP_MAX_CTAS), IP_T, 0, (cudaStream_t)stream>>>(
         q, k, w, k_norm_w, k_norm_b, n_tok, n_head, dim, n_pairs, pos, inv, eps, w_scale, a->q2, a->tok_stride2,
         a->n_head2, a->head_stride2, a->rot_off2);

@@ -460,13 +460,8 @@ extern "C" g5_status cuk_add_rms_norm(const cuk_add_rms_norm_args *args, cuk_str
     return launch_norm<NK_ADD_RMS>(p, (cudaStream_t)stream, err);
 }
 
-/* inv_i = 1 / theta^(2i / n_rot) for the n_rot / 2 pairs, on the host with powf as the CPU does;
- * returns the number of pairs. */
-static int rope_inv(float theta, int64_t n_rot, RopeInv *inv) {
-    const int n_pairs = (int)(n_rot / 2);
-    for (int i = 0; i < n_pairs; i++) inv->inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot);
-    return n_pairs;
-}
+/* the pairs' table (rowops_rope_inv); returns the number of pairs */
+static int rope_inv(float theta, int64_t n_rot, RopeInv *inv) { return rowops_rope_inv(theta, (int)n_rot, inv->inv); }
 
 extern "C" int cuk_norm_q8_fits(int64_t dim) {
     if (dim <= 0 || dim % 64 || dim > (1LL << 24)) return 0;

@@ -6,6 +6,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "cuda/cuk_limits.h"
@@ -45,6 +46,14 @@ __device__ __forceinline__ float2 rowops_rope_cs(int32_t pos, float inv) {
     double sd, cd;
     sincos((double)ang, &sd, &cd);
     return make_float2((float)cd, (float)sd);
+}
+
+/* inv_i = 1 / theta^(2i / n_rot) for the n_rot / 2 pairs, on the host with powf as the CPU does:
+ * the table every RoPE launch passes to its kernel. Returns the number of pairs. */
+static inline int rowops_rope_inv(float theta, int n_rot, float *inv) {
+    const int n_pairs = n_rot / 2;
+    for (int i = 0; i < n_pairs; i++) inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot);
+    return n_pairs;
 }
 
 /* Rotates the adjacent pair (a, b) by cs = (cos, sin), no contraction into FMAs. */

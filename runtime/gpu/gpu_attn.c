@@ -73,22 +73,34 @@ static g5_status idx_query(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpla
     return G5_OK;
 }
 
-static g5_status idx_prep(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int all, g5_error *err) {
+static g5_status idx_prep(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl, int all, int qrot,
+                          g5_error *err) {
     const glm5_hparams *hp = &g->hp;
     const gl_layer *L = &rk->L[il];
     const int64_t R = hp->qk_rope, IH = hp->idx_n_head, ID = hp->idx_head_dim;
     const int64_t H = rk->c->H_l, NOPE = hp->qk_nope;
     /* rope(q), layer_norm + rope(k), scale(w): one launch, the four kernels' bits; it also ropes
-     * the attention's query rk->q; every key selected (all): the key and rk->q alone */
+     * the attention's query rk->q unless the absorption does (qrot); every key selected (all): the
+     * key (and rk->q) alone */
     const cuk_idx_prep_args ip = {.q = rk->iq, .k = idx_key_rows(g, rk, il, pl), .w = rk->iw,
                                   .k_norm_w = L->idx_k_norm, .k_norm_b = L->idx_k_norm_b, .n_tok = (int32_t)pl->n,
                                   .n_head = all ? 0 : (int32_t)IH, .dim = (int32_t)ID, .n_rot = (int32_t)R,
                                   .theta = hp->rope_theta, .pos = rk->pos, .eps = RT_IDX_NORM_EPS,
-                                  .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH)), .q2 = rk->q,
+                                  .w_scale = (float)(1.0 / sqrt((double)ID * (double)IH)), .q2 = qrot ? NULL : rk->q,
                                   .tok_stride2 = H * (NOPE + R), .n_head2 = (int32_t)H,
                                   .head_stride2 = (int32_t)(NOPE + R), .rot_off2 = (int32_t)NOPE};
     CK(cuk_idx_prep(&ip, (cuk_stream)rk->st, err));
     PMARK("attn", "idx rope+norm+rope+scale, q rope (cuk_idx_prep)");
+    return G5_OK;
+}
+
+/* A graph step's new latent and key rows into the sequence's caches, one launch */
+static g5_status idx_cache_rows(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fplan *pl,
+                                cuk_cache_write_rows_args *cw, g5_error *err) {
+    cw->key_new = rk->ikf;
+    cw->key_w = g->hp.idx_head_dim;
+    cw->key = gm_seq_idxk(g, pl->seq[0], rk->r, il);
+    CK(cuk_cache_write_rows(cw, (cuk_stream)rk->st, err));
     return G5_OK;
 }
 
@@ -113,11 +125,8 @@ static g5_status idx_select(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     cuk_idx_topk_args ta = {.sc = rk->sc, .n_tok = (int32_t)n, .k = (int32_t)K, .sel = rk->sel, .ld_sel = K,
                             .n_sel = rk->n_sel};
     if (bound) { /* the latent and key rows in one launch, then the kernels' device-position forms */
-        cw->key_new = rk->ikf;
-        cw->key_w = ID;
-        cw->key = gm_seq_idxk(g, pl->seq[0], rk->r, il);
+        CK(idx_cache_rows(g, rk, il, pl, cw, err));
         sa.k = cw->key;
-        CK(cuk_cache_write_rows(cw, cs, err));
         sa.pos0_dev = ta.pos0_dev = rk->pos;
         sa.pos_bound = sa.ld_sc = ta.pos_bound = ta.ld_sc = bound;
         if (bound > K) CK(cuk_idx_scores_dev(&sa, cs, err));
@@ -230,6 +239,14 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     const cuk_seq_row *rows = multi ? rk->mrows + (size_t)il * n : NULL;
     const int64_t mpb = rk->multi;
     const int all = L->has_idx && idx_all_keys(g, rk, pl, multi); /* no indexer query, weights (or top-k) */
+    /* one token: the absorption ropes the attention's query (cuk_mla_absorb_rotates) and runs on
+     * the main chain right after q_b, so neither idx_prep nor a rope launch comes between q_b and
+     * the attention. A graph step that selects every key (all) then needs the indexer only for its
+     * key: its norm + rope and the cache writes follow idx_k on the side stream, and the critical
+     * path is q_a, q_b, absorption, attention. The same kernels on the same inputs: the same bits. */
+    const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
+    const int qrot = !tc && cuk_mla_absorb_rotates(&d);
+    const int key_side = qrot && all && bound;
     CUK_CHECK(cudaSetDevice(rk->dev));
     /* q_a and kv_a read the same h: one two-plane quantization of it serves both, made by the
      * norm's launch (cuk_norm_q8) where its width allows */
@@ -283,6 +300,10 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
      * (idx_query), and idx_prep reads their outputs after gm_aux_wait. */
     const int key_aux = side && n > 1;
     if (L->has_idx && !key_aux) CK(idx_key_proj(g, rk, il, pl, tc, all, err));
+    if (key_side) {
+        CK(idx_prep(g, rk, il, pl, all, qrot, err));
+        CK(idx_cache_rows(g, rk, il, pl, &cw, err));
+    }
     CK(gm_side_end(rk, err));
     if (L->has_idx && key_aux) {
         CK(gm_aux_begin(g, rk, 1, err));
@@ -336,24 +357,30 @@ static g5_status attn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, const fpl
     else CK(gm_gemv_q8x2(rk, &L->q_b, rk->qr, QL, n, rk->q, H * (NOPE + R), err));
     PMARK("attn", "q_b gemv");
     if (L->has_idx && !all && rk->aux != 2) CK(idx_query(g, rk, il, pl, tc, &qq, &qh, qxn ? &xn : NULL, err));
+    const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
+                                    .qlat = rk->qlat, .kq = L->kq, .ksk = L->ksk, .q_rot = qrot ? rk->q : NULL,
+                                    .pos = rk->pos, .theta = theta};
+    if (qrot) { /* reads q_b's output alone: beside the side and third streams' remaining work */
+        CK(cuk_mla_absorb(&ab, cs, err));
+        PMARK("attn", "mla_absorb (+ q rope)");
+    }
     CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     CK(gm_aux_wait(rk, err));
-    if (L->has_idx) { /* q roped by the indexer's preparation launch */
-        CK(idx_prep(g, rk, il, pl, all, err));
-    } else {
+    if (L->has_idx && !key_side) { /* q roped here unless the absorption did it */
+        CK(idx_prep(g, rk, il, pl, all, qrot, err));
+    } else if (!L->has_idx && !qrot) {
         const cuk_rope_args rq = {.x = rk->q, .n_tok = n, .tok_stride = H * (NOPE + R), .n_head = H,
                                   .head_stride = NOPE + R, .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = rk->pos};
         CK(cuk_rope(&rq, cs, err));
         PMARK("attn", "q rope");
     }
-    const cuk_mla_dims d = {(int32_t)n, (int32_t)H, (int32_t)NOPE, (int32_t)R, (int32_t)KL};
-    const cuk_mla_absorb_args ab = {.d = d, .q = rk->q, .kvb = L->kvb, .head_rows = (int32_t)(NOPE + V),
-                                    .qlat = rk->qlat, .kq = L->kq, .ksk = L->ksk};
-    CK(gm_side_begin(g, rk, side && L->has_idx, err));
-    CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, (cuk_stream)rk->st, err));
-    PMARK("attn", "mla_absorb");
-    CK(gm_side_end(rk, err));
-    if (L->has_idx) CK(idx_select(g, rk, il, pl, tc, multi, all, &cw, err));
+    if (!qrot) {
+        CK(gm_side_begin(g, rk, side && L->has_idx, err));
+        CK(tc ? gl_lin_absorb(rk->lin, &ab, err) : cuk_mla_absorb(&ab, (cuk_stream)rk->st, err));
+        PMARK("attn", "mla_absorb");
+        CK(gm_side_end(rk, err));
+    }
+    if (L->has_idx && !key_side) CK(idx_select(g, rk, il, pl, tc, multi, all, &cw, err));
     CK(gm_side_wait(rk, GM_SIDE_JOIN, err));
     /* per sequence: this call's own tokens from their float32 latents (rk->latf), earlier ones
      * from the sequence's cache */

@@ -304,6 +304,7 @@ static const struct {
     {"q_b gemv", PC_DENSE},
     {"q rope", PC_OTHER},
     {"mla_absorb", PC_ATTN},
+    {"mla_absorb (+ q rope)", PC_ATTN},
     {"mla_attend", PC_ATTN},
     {"W_UV gemv (all heads, one launch)", PC_ATTN},
     {"attn_output gemv", PC_DENSE},

@@ -1062,6 +1062,60 @@ static void test_gemv_wide(void) {
     CK(cudaFree(d));
 }
 
+/* The one-token absorption that also ropes the query (q_rot, q itself): the same qlat (l0: the
+ * absorption without it), q's nope part untouched and its rope part cuk_rope's bits at the same
+ * position, from kv_b and from its int8 form; the refused forms. dqh: [H][nope + rope] (qh on the
+ * host, left as it was). */
+static void test_absorb_rot(const float *dqh, const float *qh, const float *dkvb, const int8_t *dkq, const float *dsk,
+                            int H, int NOPE, int R, int KL, int HR, const float *l0) {
+    const size_t nq = (size_t)H * (NOPE + R);
+    const int32_t pos = 70001 + 13 * H;
+    int32_t *dpos = dup_d(&pos, 4);
+    float *dq = dalloc(nq * 4), *dr = dup_d(qh, nq * 4), *dl = dalloc((size_t)H * KL * 4);
+    float *q1 = xmalloc(nq * 4), *qr = xmalloc(nq * 4), *l1 = xmalloc((size_t)H * KL * 4);
+    g5_error err = {0};
+    const float theta = 1000000.0f;
+    const cuk_rope_args ra = {.x = dr, .n_tok = 1, .tok_stride = (int64_t)nq, .n_head = H, .head_stride = NOPE + R,
+                              .rot_off = NOPE, .n_rot = R, .theta = theta, .pos = dpos};
+    T_CHECK(cuk_rope(&ra, NULL, &err) == G5_OK, "absorb q_rot: the reference rope: %s", err.msg);
+    get(qr, dr, nq * 4);
+    const cuk_mla_dims d1 = {1, H, NOPE, R, KL};
+    T_CHECK(cuk_mla_absorb_rotates(&d1), "absorb q_rot: one token of nope %d, rope %d is taken", NOPE, R);
+    for (int wq = 0; wq < 2; wq++) {
+        CK(cudaMemcpy(dq, dqh, nq * 4, cudaMemcpyDeviceToDevice));
+        cuk_mla_absorb_args ab = {.d = d1, .q = dq, .kvb = dkvb, .head_rows = HR, .qlat = dl, .kq = wq ? dkq : NULL,
+                                  .ksk = wq ? dsk : NULL, .q_rot = dq, .pos = dpos, .theta = theta};
+        poison(dl, (size_t)H * KL * 4);
+        T_CHECK(cuk_mla_absorb(&ab, NULL, &err) == G5_OK, "absorb q_rot wq=%d: %s", wq, err.msg);
+        get(l1, dl, (size_t)H * KL * 4);
+        get(q1, dq, nq * 4);
+        T_CHECK(!memcmp(l0, l1, (size_t)H * KL * 4), "absorb q_rot wq=%d H=%d: qlat bit for bit the absorption alone",
+                wq, H);
+        T_CHECK(!memcmp(q1, qr, nq * 4), "absorb q_rot wq=%d H=%d: q bit for bit cuk_rope of its rope part, nope "
+                "part unchanged", wq, H);
+        /* refused: another array than q, no position, two tokens, nope off the one-token kernel */
+        float *other = dr;
+        ab.q_rot = other;
+        T_CHECK(cuk_mla_absorb(&ab, NULL, &err) == G5_ERR_INVALID_ARG, "absorb: q_rot other than q refused");
+        ab.q_rot = dq;
+        ab.pos = NULL;
+        T_CHECK(cuk_mla_absorb(&ab, NULL, &err) == G5_ERR_INVALID_ARG, "absorb: q_rot without pos refused");
+        ab.pos = dpos;
+        ab.theta = 0.0f;
+        T_CHECK(cuk_mla_absorb(&ab, NULL, &err) == G5_ERR_INVALID_ARG, "absorb: q_rot with theta 0 refused");
+        ab.theta = theta;
+        ab.d.n_tok = 2;
+        T_CHECK(!cuk_mla_absorb_rotates(&ab.d) && cuk_mla_absorb(&ab, NULL, &err) == G5_ERR_INVALID_ARG,
+                "absorb: q_rot of two tokens refused");
+        ab.d.n_tok = 1;
+        ab.d.nope = 48;
+        T_CHECK(!cuk_mla_absorb_rotates(&ab.d) && cuk_mla_absorb(&ab, NULL, &err) == G5_ERR_INVALID_ARG,
+                "absorb: q_rot with nope 48 refused");
+    }
+    CK(cudaFree(dpos)); CK(cudaFree(dq)); CK(cudaFree(dr)); CK(cudaFree(dl));
+    free(q1), free(qr), free(l1);
+}
+
 /* kv_b's exact int8 form (cuk_kvb_exact) from random attn_k_b / attn_v_b blocks of each type pair:
  * the kv_b of the CPU's dequantization (W_UK[h][d][c] = k_b[h][c][d]) proves exact (no element
  * counted), every scale x integer read back equals it, one changed float of kv_b is counted; then
@@ -1164,6 +1218,7 @@ static void test_kvb_exact(void) {
         }
         T_CHECK(!memcmp(l0, l1, (size_t)H * KL * 4), "kvb_exact %s/%s: one-token W_UK from the int8 form has the float32 "
                 "kernel's bits", kt->name, vt->name);
+        test_absorb_rot(dqh, qh, dkvb, dkq, dsk, H, NOPE, R, KL, HR, l0);
         note("  kvb_exact %s/%s H=%d: exact, read back, W_UV n=1..32 and W_UK bits equal\n", kt->name, vt->name, H);
         CK(cudaFree(dkb)); CK(cudaFree(dvb)); CK(cudaFree(dkvb)); CK(cudaFree(dkvb2)); CK(cudaFree(dkq));
         CK(cudaFree(dsk)); CK(cudaFree(dsv)); CK(cudaFree(dx)); CK(cudaFree(dy));
