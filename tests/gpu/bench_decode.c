@@ -258,6 +258,42 @@ static double fill_host(rank_model *R, uint32_t n_threads, uint64_t seed) {
     return now_s() - t0;
 }
 
+/* kv_b rebuilt from its layer's attn_k_b / attn_v_b as the converter writes it (glm5_rebuild_kv_b).
+ * With random kv_b bytes the loader's proof of kv_b's exact int8 form fails and decode reads the
+ * float32 kv_b (4 bytes an element, not the 1.25 a real rank blob's step reads and the byte floor
+ * counts). Returns the layers rebuilt. */
+static uint32_t rebuild_kvb(rank_model *R) {
+    const glm5_hparams *hp = &R->hp;
+    const uint32_t NL = hp->n_layer_main;
+    const rt_tensor **kb = xcalloc(NL, sizeof *kb), **vb = xcalloc(NL, sizeof *vb), **kv = xcalloc(NL, sizeof *kv);
+    for (uint64_t i = 0; i < R->n_tab; i++) {
+        unsigned l = 0;
+        if (sscanf(R->tab[i].name, "blk.%u.", &l) != 1 || l >= NL) continue;
+        if (R->role[i] == GLM5_ROLE_ATTN_K_B) kb[l] = &R->tab[i];
+        if (R->role[i] == GLM5_ROLE_ATTN_V_B) vb[l] = &R->tab[i];
+        if (R->role[i] == GLM5_ROLE_ATTN_KV_B) kv[l] = &R->tab[i];
+    }
+    const uint64_t KL = hp->kv_lora, rows = (uint64_t)hp->n_head * (hp->qk_nope + hp->v_head);
+    float *scratch = xcalloc((hp->qk_nope > hp->v_head ? hp->qk_nope : hp->v_head) * KL, sizeof *scratch);
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < NL; l++) {
+        if (!kb[l] || !vb[l] || !kv[l] || kv[l]->type != QT_F32 || kv[l]->nbytes != rows * KL * 4) continue;
+        gguf_tensor t[2];
+        const rt_tensor *src[2] = {kb[l], vb[l]};
+        for (int k = 0; k < 2; k++) {
+            t[k] = (gguf_tensor){.name = src[k]->name, .type = src[k]->type, .n_dims = src[k]->n_dims,
+                                 .nbytes = src[k]->nbytes, .data = src[k]->data};
+            memcpy(t[k].ne, src[k]->ne, sizeof t[k].ne);
+            t[k].n_elems = t[k].ne[0] * t[k].ne[1] * t[k].ne[2] * t[k].ne[3];
+        }
+        GK(glm5_rebuild_kv_b(hp, &t[0], &t[1], 0, hp->n_head, (float *)(uintptr_t)kv[l]->data, scratch, &err_));
+        n++;
+    }
+    free(scratch);
+    free(kb), free(vb), free(kv);
+    return n;
+}
+
 static const shard_tensor *plan_find(const shard_plan *p, const char *name) {
     for (uint64_t i = 0; i < p->n_tensors; i++)
         if (strcmp(p->tensors[i].name, name) == 0) return &p->tensors[i];
@@ -419,6 +455,8 @@ static void build_host(rank_model *R, const opts *o) {
     const double fs = fill_host(R, o->threads, o->seed);
     printf("host weights: %.2f GB in %llu tensors filled by %u threads in %.1f s\n", (double)R->host_bytes / 1e9,
            (unsigned long long)R->n_tab, o->threads, fs);
+    printf("kv_b rebuilt from attn_k_b / attn_v_b (the converter's form) in %u of %u layers\n", rebuild_kvb(R),
+           R->hp.n_layer_main);
     (void)t0;
     const rt_tensor *tabs[1] = {R->tab};
     GK(rt_wset_from_tables(R->meta, 1, 0, tabs, &R->n_tab, &R->ws, &err_));
