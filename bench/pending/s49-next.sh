@@ -8,7 +8,7 @@
 #                                         # 1024) over the trees
 #   bash bench/pending/s49-next.sh rounds # the machine warm: bench_decode and the peer model's tg16
 # Binaries built here (bench_decode of each tree, stripped, xz'd as $BINS/dec_NAME.xz; test
-# binaries as t_NAME.xz; s49-bins.sh makes session 49's), carrying $BINS alone (default
+# binaries as t_NAME.xz), carrying $BINS alone (default
 # .dev/bins2; at most four 13 MB binaries and the tree fit the 64 MiB carry):
 #   bash bench/pending/s49-next.sh bins   # test binaries once; round 1 at ctx 1024 and 32768
 #                                         # (CTX1), round 2 at 1024, the trees alternated

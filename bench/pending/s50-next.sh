@@ -6,10 +6,12 @@
 #                                          # t_mla: test_mla_dec of dec_n): s49-next.sh bins over
 #                                          # them, then an nsys node trace of dec_n's graph steps
 #                                          # (where nsys is there) summarised by s50-nsys.py
-#   bash bench/pending/s50-next.sh testab  # carry gpu-deps and oracle-carry: make test-gpu on the
-#                                          # tree (run_device.sh, no converter bench), then its
-#                                          # bench_decode against one rebuilt with HEAD's
-#                                          # attn_dec.cu (s50-attn_dec.head.cu), two rounds at 1k
+#   bash bench/pending/s50-next.sh testab  # here first: git show HEAD:cuda/attn_dec.cu >
+#                                          # .dev/attn_dec.head.cu; git apply s50-mladec.patch;
+#                                          # carry gpu-deps, oracle-carry and .dev/attn_dec.head.cu:
+#                                          # make test-gpu on the tree (run_device.sh, no converter
+#                                          # bench), then its bench_decode against one rebuilt with
+#                                          # HEAD's attn_dec.cu, two rounds at 1k (about 530 s)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 DEC="--decode --layers 78 --steps 20 --modes fast --graph on --ctx 1024"
@@ -38,7 +40,7 @@ testab)
   grep -E "^[0-9]+ passed" "$OUT/rd.log" | tail -1
   B=build/dev
   cp "$B/gpu/tests/bench_decode" /tmp/dec_n || exit 1
-  cp bench/pending/s50-attn_dec.head.cu cuda/attn_dec.cu
+  cp .dev/attn_dec.head.cu cuda/attn_dec.cu || exit 1
   CC=$([ -x /opt/gcc/bin/gcc ] && echo /opt/gcc/bin/gcc || echo gcc)
   timeout 120 make -j"$(nproc)" CC="$CC" BUILD=$B EXTRA_CFLAGS="-isystem gpu-deps/include -Wno-error" \
     EXTRA_LDFLAGS="-Lgpu-deps/lib" "$B/gpu/tests/bench_decode" >/tmp/bb.log 2>&1 || { tail -5 /tmp/bb.log; exit 1; }
