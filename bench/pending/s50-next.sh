@@ -3,8 +3,10 @@
 #   bash bench/pending/s50-next.sh bins    # carry .dev/bins6 (dec_b: HEAD with bench_decode's kv_b
 #                                          # rebuilt; dec_n: + k_mla_dec's one-round combine and
 #                                          # batched tile conversion; dec_q0: HEAD, kv_b random;
-#                                          # t_mla: test_mla_dec of dec_n): s49-next.sh bins over
-#                                          # them, then an nsys node trace of dec_n's graph steps
+#                                          # t_mla: test_mla_dec of dec_n; b_mla_b / b_mla_n:
+#                                          # bench_mla_dec of both kernels): s49-next.sh bins over
+#                                          # them, bench_mla_dec twice each, then an nsys node
+#                                          # trace of dec_n's graph steps
 #                                          # (where nsys is there) summarised by s50-nsys.py
 #   bash bench/pending/s50-next.sh testab  # here first: git show HEAD:cuda/attn_dec.cu >
 #                                          # .dev/attn_dec.head.cu; git apply s50-mladec.patch;
@@ -18,6 +20,15 @@ DEC="--decode --layers 78 --steps 20 --modes fast --graph on --ctx 1024"
 case "${1:-}" in
 bins)
   BINS=.dev/bins6 CTX1=${CTX1:-1024,32768} bash bench/pending/s49-next.sh bins
+  for r in 1 2; do # bench_mla_dec of HEAD's kernel and the patch's: the kernel alone, graph-timed
+    for v in b_mla_b b_mla_n; do
+      [ -f ".dev/bins6/$v.xz" ] || continue
+      xz -dc ".dev/bins6/$v.xz" >"/tmp/$v" && chmod +x "/tmp/$v"
+      timeout 60 "/tmp/$v" >"$OUT/$v.$r.log" 2>&1
+      echo "round $r $v rc=$?: $(tail -1 "$OUT/$v.$r.log")"
+      grep -E "^\| (8|64) \| 1 \|" "$OUT/$v.$r.log"
+    done
+  done
   # shellcheck disable=SC2012 # a path or none
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   echo "nsys: ${NSYS:-none}"
