@@ -3,13 +3,16 @@
 #   bash bench/pending/s50-next.sh bins    # carry .dev/bins6 (dec_b: HEAD with bench_decode's kv_b
 #                                          # rebuilt; dec_n: + k_mla_dec's one-round combine and
 #                                          # batched tile conversion; dec_q0: HEAD, kv_b random;
-#                                          # t_mla: test_mla_dec of dec_n; b_mla_b / b_mla_n:
-#                                          # bench_mla_dec of both kernels): s49-next.sh bins over
-#                                          # them, bench_mla_dec twice each, then an nsys node
-#                                          # trace of dec_n's graph steps
+#                                          # dec_n2: + the partial tiles' skipped products
+#                                          # (s50-mladec2.patch); t_mla / t_mla2: test_mla_dec of
+#                                          # dec_n / dec_n2; b_mla_b / _n / _n2: bench_mla_dec of
+#                                          # the three kernels): s49-next.sh bins over them,
+#                                          # bench_mla_dec twice each, then an nsys node trace of
+#                                          # dec_n2's graph steps
 #                                          # (where nsys is there) summarised by s50-nsys.py
 #   bash bench/pending/s50-next.sh testab  # here first: git show HEAD:cuda/attn_dec.cu >
-#                                          # .dev/attn_dec.head.cu; git apply s50-mladec.patch;
+#                                          # .dev/attn_dec.head.cu; git apply the winner of
+#                                          # s50-mladec.patch / s50-mladec2.patch;
 #                                          # carry gpu-deps, oracle-carry and .dev/attn_dec.head.cu:
 #                                          # make test-gpu on the tree (run_device.sh, no converter
 #                                          # bench), then its bench_decode against one rebuilt with
@@ -20,8 +23,8 @@ DEC="--decode --layers 78 --steps 20 --modes fast --graph on --ctx 1024"
 case "${1:-}" in
 bins)
   BINS=.dev/bins6 CTX1=${CTX1:-1024,32768} bash bench/pending/s49-next.sh bins
-  for r in 1 2; do # bench_mla_dec of HEAD's kernel and the patch's: the kernel alone, graph-timed
-    for v in b_mla_b b_mla_n; do
+  for r in 1 2; do # bench_mla_dec of HEAD's kernel and the patches': the kernel alone, graph-timed
+    for v in b_mla_b b_mla_n b_mla_n2; do
       [ -f ".dev/bins6/$v.xz" ] || continue
       xz -dc ".dev/bins6/$v.xz" >"/tmp/$v" && chmod +x "/tmp/$v"
       timeout 60 "/tmp/$v" >"$OUT/$v.$r.log" 2>&1
@@ -34,7 +37,7 @@ bins)
   echo "nsys: ${NSYS:-none}"
   [ -n "$NSYS" ] || exit 0
   timeout 200 "$NSYS" profile --cuda-graph-trace=node -t cuda --sample=none --cpuctxsw=none -o /tmp/ns -f true \
-    /tmp/dec_n --decode --layers 78 --steps 5 --warmup 2 --modes fast --graph on --ctx 1024 >/tmp/ns.log 2>&1
+    /tmp/dec_n2 --decode --layers 78 --steps 5 --warmup 2 --modes fast --graph on --ctx 1024 >/tmp/ns.log 2>&1
   echo "nsys rc=$?"
   timeout 120 "$NSYS" stats -q -r cuda_gpu_trace -f csv -o /tmp/ns /tmp/ns.nsys-rep >/tmp/nss.log 2>&1
   echo "stats rc=$?"
