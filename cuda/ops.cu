@@ -460,9 +460,6 @@ extern "C" g5_status cuk_add_rms_norm(const cuk_add_rms_norm_args *args, cuk_str
     return launch_norm<NK_ADD_RMS>(p, (cudaStream_t)stream, err);
 }
 
-/* the pairs' table (rowops_rope_inv); returns the number of pairs */
-static int rope_inv(float theta, int64_t n_rot, RopeInv *inv) { return rowops_rope_inv(theta, (int)n_rot, inv->inv); }
-
 extern "C" int cuk_norm_q8_fits(int64_t dim) {
     if (dim <= 0 || dim % 64 || dim > (1LL << 24)) return 0;
     const RowopsShape sh = rowops_norm_shape(dim);
@@ -534,7 +531,7 @@ extern "C" g5_status cuk_norm_rope(const cuk_norm_rope_args *a, cuk_stream strea
         return BAD("norm_rope: in place with ldx=%lld != ldy=%lld", (long long)a->ldx, (long long)a->ldy);
     NormTail t;
     t.pos = a->pos;
-    t.n_pairs = rope_inv(a->theta, a->n_rot, &t.inv);
+    t.n_pairs = rowops_rope_inv(a->theta, (int)a->n_rot, t.inv.inv);
     const NormArgs p = {(float *)a->x, a->ldx, nullptr, nullptr, 0, a->w, nullptr, a->y, a->ldy, a->n_rows, a->dim, a->eps, 1,
                         nullptr, 0, nullptr, 0};
     return launch_norm_fn(k_norm_rope, p, (cudaStream_t)stream, err, t);
@@ -578,7 +575,7 @@ extern "C" g5_status cuk_rope(const cuk_rope_args *a, cuk_stream stream, g5_erro
                    (long long)tok_span);
     if (!(theta > 0.0f)) return BAD("rope: theta=%g must be positive", (double)theta);
     RopeInv inv;
-    const int n_pairs = rope_inv(theta, n_rot, &inv);
+    const int n_pairs = rowops_rope_inv(theta, (int)n_rot, inv.inv);
     const int64_t np = n_head * n_pairs;
     const int threads = np < ROPE_T ? (int)((np + 31) / 32 * 32) : ROPE_T;
     k_rope<<<(unsigned)(n_tok < ROPE_MAX_CTAS ? n_tok : ROPE_MAX_CTAS), threads, 0, (cudaStream_t)stream>>>(
