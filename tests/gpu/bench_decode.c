@@ -16,8 +16,9 @@
  * out (the GPU path does not run it). The program prints all of this.
  *
  * Weights: random but valid blocks (quant_fill_random, Q4_K/Q5_K centred by quant_centre_blocks;
- * norms near 1, float matrices ~1/sqrt(k))
- * filled by all cores into one host mapping, each tensor in a range of its own (the GPU model's
+ * norms near 1, float matrices ~1/sqrt(k); kv_b rebuilt from attn_k_b / attn_v_b as the
+ * converter writes it, so decode reads kv_b's exact int8 form as with a real blob) filled by all
+ * cores into one host mapping, each tensor in a range of its own (the GPU model's
  * copy path then gives each tensor its own device memory: nothing shares a device range, so no
  * small matrix is read from L2 across layers), pinned when cudaHostRegister allows, then
  * rt_wset_from_tables -> rt_model_create -> rt_gpu_model_create (blobs NULL).
@@ -35,8 +36,8 @@
  * not read there, nor the indexer's query and weight projections, whose outputs nothing then
  * needs and the runtime no longer computes), computed from the tensors' nbytes, divided by the
  * HBM rate of a device-to-device cudaMemcpy measured in the same run, counted as bytes read +
- * bytes written per second (the DRAM traffic rate; the ratio's denominator). Also printed: the copy's read half, and a read-only rate (cublasSasum over the
- * same buffer). Per-stage times come from rt_gpu_debug_stage_times (CUDA events around every
+ * bytes written per second (the DRAM traffic rate; the ratio's denominator). Also printed: the
+ * copy's read half, and a read-only rate (cublasSasum over the same buffer). Per-stage times come from rt_gpu_debug_stage_times (CUDA events around every
  * stage of a re-run of the last step), and at the first context of the list, once per mode,
  * rt_gpu_debug_profile's table: every sub-step (each GEMV, norm, router, expert kernel, ...) in
  * microseconds, launched one by one and inside a CUDA graph, with the MB each occurrence reads
