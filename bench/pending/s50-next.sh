@@ -4,7 +4,8 @@
 #                                          # rebuilt; dec_n: + k_mla_dec's one-round combine and
 #                                          # batched tile conversion; dec_q0: HEAD, kv_b random;
 #                                          # dec_n2: + the partial tiles' skipped products
-#                                          # (s50-mladec2.patch); t_mla / t_mla2: test_mla_dec of
+#                                          # (s50-mladec2.patch, on top of s50-mladec.patch);
+#                                          # t_mla / t_mla2: test_mla_dec of
 #                                          # dec_n / dec_n2; b_mla_b / _n / _n2: bench_mla_dec of
 #                                          # the three kernels): s49-next.sh bins over them,
 #                                          # bench_mla_dec twice each, then an nsys node trace of
@@ -12,7 +13,7 @@
 #                                          # (where nsys is there) summarised by s50-nsys.py
 #   bash bench/pending/s50-next.sh testab  # here first: git show HEAD:cuda/attn_dec.cu >
 #                                          # .dev/attn_dec.head.cu; git apply the winner of
-#                                          # s50-mladec.patch / s50-mladec2.patch;
+#                                          # s50-mladec.patch or it and then s50-mladec2.patch;
 #                                          # carry gpu-deps, oracle-carry and .dev/attn_dec.head.cu:
 #                                          # make test-gpu on the tree (run_device.sh, no converter
 #                                          # bench), then its bench_decode against one rebuilt with
