@@ -58,7 +58,7 @@ constexpr int DKEYS_PER_CTA = 2 * FBN;    /* the cluster is sized for two tiles 
 __host__ __device__ constexpr int dec_smem(int M) { return M * ROWB + 2 * SK_B + M * FBN * 2 + 2 * FBN * 4 + 8 * 16 * 4; }
 static_assert(dec_smem(64) <= 227 * 1024, "k_mla_dec<4> fits sm_90's opt-in");
 static_assert(64 * FDV * 4 <= 2 * SK_B, "the partial O fits the key tiles");
-static_assert((2 + DMAXCL + 1) * 64 * 4 <= 64 * ROWB, "m, l and the weights fit the query tile");
+static_assert(2 * 64 * 4 <= 64 * ROWB, "m and l fit the query tile");
 
 __device__ __forceinline__ uint32_t h2(float a, float b) {
     const __half2 v = __floats2half2_rn(a, b);
@@ -70,9 +70,8 @@ __device__ __forceinline__ void st_f16x8(uint8_t *dst, float4 x, float4 y) {
     *(uint4 *)dst = make_uint4(h2(x.x, x.y), h2(x.z, x.w), h2(y.x, y.y), h2(y.z, y.w));
 }
 
-/* 8 bf16 in place -> 8 fp16 */
-__device__ __forceinline__ void bf16x8_to_f16(uint8_t *p) {
-    uint4 v = *(uint4 *)p;
+/* 8 bf16 -> 8 fp16 */
+__device__ __forceinline__ uint4 bf16x8_to_f16(uint4 v) {
     uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -80,7 +79,7 @@ __device__ __forceinline__ void bf16x8_to_f16(uint8_t *p) {
         const float2 f = __bfloat1622float2(b);
         w[i] = h2(f.x, f.y);
     }
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 /* All threads, four per key: keys u0 .. u0 + 63 of token's list into the tile at (sk, skg: its
@@ -122,19 +121,31 @@ __device__ __forceinline__ int load_tile(uint32_t sk, uint8_t *skg, int *kp, con
     return j;
 }
 
-/* This thread's chunks of a completed bf16 tile (key position j read from the cache) to fp16 */
+/* This thread's chunks of a completed bf16 tile (key position j read from the cache) to fp16, in
+ * batches of CB chunks whose loads are issued together: a store may alias the next chunk's load
+ * for the compiler, so one chunk at a time is 18 dependent shared-memory round trips a tile */
+template <int CB>
 __device__ __forceinline__ void tile_to_f16(uint8_t *skg, int j, int64_t fresh0) {
+    constexpr int N = FCH / 4; /* chunks a thread converts */
+    static_assert(N % CB == 0, "whole batches");
     if (j < 0 || j >= fresh0) return;
     const int key = threadIdx.x >> 2, c0 = threadIdx.x & 3;
-#pragma unroll 2
-    for (int c = c0; c < FCH; c += 4) bf16x8_to_f16(skg + sw(key, c));
+#pragma unroll
+    for (int k0 = 0; k0 < N; k0 += CB) {
+        uint4 v[CB];
+#pragma unroll
+        for (int k = 0; k < CB; k++) v[k] = *(const uint4 *)(skg + sw(key, c0 + 4 * (k0 + k)));
+#pragma unroll
+        for (int k = 0; k < CB; k++) *(uint4 *)(skg + sw(key, c0 + 4 * (k0 + k))) = bf16x8_to_f16(v[k]);
+    }
 }
 
 template <int RB, bool BF16>
 __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     constexpr int M = 16 * RB, KS = 8 / RB, KW = FBN / KS, NKT = KW / 8, NP = 32 / KS;
+    constexpr int TCB = RB == 1 ? 18 : RB == 2 ? 9 : 3; /* tile_to_f16 batches within the registers o leaves */
     extern __shared__ __align__(128) uint8_t smem[];
-    __shared__ int bad, bad_any;
+    __shared__ int bad;
     cg::cluster_group cl = cg::this_cluster();
     const int CL = (int)cl.num_blocks(), rank = (int)cl.block_rank();
     /* the W_UV product after it (cuk_head_gemv, a programmatic launch) may start and load its
@@ -206,7 +217,7 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
             } else {
                 cp_wait<0>();
             }
-            if (BF16) tile_to_f16(skg, jc, kr.fresh0);
+            if (BF16) tile_to_f16<TCB>(skg, jc, kr.fresh0);
             __syncthreads();
 
             /* S[16 rows][KW keys] of this warp */
@@ -301,8 +312,6 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
     float *po = (float *)(void *)skg0;   /* [M][512] */
     float *cm = (float *)(void *)sqg;    /* [M] */
     float *cs = cm + M;                  /* [M] */
-    float *wcl = cs + M;                 /* [DMAXCL][M] */
-    float *lsum = wcl + DMAXCL * M;      /* [M] */
     if (b0 < b1) {
 #pragma unroll
         for (int nt = 0; nt < 2 * NP; nt++)
@@ -313,6 +322,9 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
             }
     }
     __syncthreads();
+    /* a CTA that read a listed position out of range says so through its sums: NaN makes every
+     * row's combined sum NaN, so the whole token is NaN in each CTA's share (a CTA with no tiles
+     * has bad only where the token itself is out of range, the same in all of them) */
     if (ks == 0 && c4 == 0)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -321,58 +333,39 @@ __global__ void __launch_bounds__(DT, 1) k_mla_dec(ac_args a) {
 #pragma unroll
             for (int k = 0; k < FBN / 8; k++) l = __fadd_rn(l, gsum[k * M + r]);
             cm[r] = mrun[i];
-            cs[r] = l;
+            cs[r] = bad ? nanf_() : l;
         }
     cl.sync();
-    /* the combine: per row the weights of the busy CTAs (rank order), then this CTA's share */
-    if (tid < nh) { /* loops over the cluster unrolled: the remote loads issued together */
-        const int r = tid;
+    /* the combine: four columns of a row per thread, the busy CTAs' m, l and float4 of O loaded
+     * together (one round trip through distributed shared memory), the weights in rank order */
+    const float nan = nanf_();
+    for (int i = rank * DT + tid; i < nh * (FDV / 4); i += CL * DT) {
+        const int r = i / (FDV / 4), col = 4 * (i - r * (FDV / 4));
         float mc[DMAXCL], lc[DMAXCL];
+        float4 v[DMAXCL];
 #pragma unroll
         for (int c = 0; c < DMAXCL; c++) {
             mc[c] = c < nbusy ? cl.map_shared_rank(cm, c)[r] : -INFINITY;
             lc[c] = c < nbusy ? cl.map_shared_rank(cs, c)[r] : 0.0f;
+            v[c] = c < nbusy ? *(const float4 *)(cl.map_shared_rank(po, c) + r * FDV + col) : make_float4(0, 0, 0, 0);
         }
         float mx = -INFINITY;
 #pragma unroll
         for (int c = 0; c < DMAXCL; c++) mx = fmaxf(mx, mc[c]);
         float l = 0.0f;
-#pragma unroll
-        for (int c = 0; c < DMAXCL; c++) {
-            if (c >= nbusy) break;
-            const float w = mc[c] == -INFINITY ? 0.0f : __expf(mc[c] - mx);
-            wcl[c * M + r] = w;
-            l = fmaf(w, lc[c], l);
-        }
-        lsum[r] = l;
-    }
-    if (tid == 0) {
-        int any = 0;
-        for (int c = 0; c < CL; c++) any |= *cl.map_shared_rank(&bad, c);
-        bad_any = any;
-    }
-    __syncthreads();
-    const float nan = nanf_();
-    /* four columns per thread, the busy CTAs' float4 loads issued together */
-    for (int i = rank * DT + tid; i < nh * (FDV / 4); i += CL * DT) {
-        const int r = i / (FDV / 4), col = 4 * (i - r * (FDV / 4));
-        float4 v[DMAXCL];
-#pragma unroll
-        for (int c = 0; c < DMAXCL; c++)
-            v[c] = c < nbusy ? *(const float4 *)(cl.map_shared_rank(po, c) + r * FDV + col) : make_float4(0, 0, 0, 0);
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int c = 0; c < DMAXCL; c++) {
             if (c >= nbusy) break;
-            const float w = wcl[c * M + r];
+            const float w = mc[c] == -INFINITY ? 0.0f : __expf(mc[c] - mx);
+            l = fmaf(w, lc[c], l);
             acc.x = fmaf(w, v[c].x, acc.x);
             acc.y = fmaf(w, v[c].y, acc.y);
             acc.z = fmaf(w, v[c].z, acc.z);
             acc.w = fmaf(w, v[c].w, acc.w);
         }
-        const float il = lsum[r];
         *(float4 *)(a.out + ((int64_t)t * H + h0 + r) * FDV + col) =
-            bad_any ? make_float4(nan, nan, nan, nan) : make_float4(acc.x / il, acc.y / il, acc.z / il, acc.w / il);
+            bad || isnan(l) ? make_float4(nan, nan, nan, nan) : make_float4(acc.x / l, acc.y / l, acc.z / l, acc.w / l);
     }
     cl.sync(); /* the others may still read this CTA's shared memory */
 }
