@@ -11,7 +11,8 @@
 # binaries as t_NAME.xz), carrying $BINS alone (default
 # .dev/bins2; at most four 13 MB binaries and the tree fit the 64 MiB carry):
 #   bash bench/pending/s49-next.sh bins   # test binaries once; round 1 at ctx 1024 and 32768
-#                                         # (CTX1), round 2 at 1024, the trees alternated
+#                                         # (CTX1), round 2 at 1024, the trees alternated; ROW:
+#                                         # the profile row shown (default mla_attend)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 BINS=${BINS:-.dev/bins2}
@@ -52,7 +53,7 @@ bins)
       timeout 150 "/tmp/$v" $DEC --ctx "$ctx" >"/tmp/$v.$r.log" 2>&1
       echo "round $r $v rc=$?"
       grep -E '^decode ' "/tmp/$v.$r.log" | sed 's/ median of.*RATIO/, ratio/; s/ (vs.*//' | tr -s ' '
-      grep -E "mla_attend  " "/tmp/$v.$r.log" | head -1 | tr -s ' '
+      grep -E "${ROW:-mla_attend}  " "/tmp/$v.$r.log" | head -1 | tr -s ' '
     done
   done
   for f in "$BINS"/dec_*.xz; do v=$(basename "${f%.xz}"); cp "/tmp/$v.1.log" "$OUT/$v.log"; done
