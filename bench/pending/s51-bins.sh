@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the binaries of a prebuilt A/B (bench/pending/s49-next.sh bins) here, without a GPU:
+#   bash bench/pending/s51-bins.sh DIR NAME[=PATCH[+PATCH..]] ..
+# For each NAME, bench_decode of HEAD with the patches (bench/pending/*.patch, applied in order)
+# as DIR/dec_NAME.xz, stripped and xz'd; T=NAME also writes that tree's test_gemv_q8 as
+# DIR/t_q8.xz. Each tree builds in its own worktree under /tmp (a cold build of everything those
+# targets link; written in session 51, not yet run). Needs gpu-deps/ (GLM5_SHARED=... bash
+# scripts/gpu-deps.sh). Session 51's set (built by hand that session, the same trees):
+#   T=dp bash bench/pending/s51-bins.sh .dev/bins7 b d=s51-down3.patch dp=s51-down3.patch+s51-downpf.patch
+set -eu
+cd "$(dirname "$0")/../.."
+root=$PWD
+dir=$1
+shift
+mkdir -p "$dir"
+for spec in "$@"; do
+  name=${spec%%=*}
+  patches=
+  [ "$spec" != "$name" ] && patches=${spec#*=}
+  wt=/tmp/g5bins-$name
+  git worktree remove --force "$wt" 2>/dev/null || true
+  git worktree add -q --detach "$wt" HEAD
+  for p in ${patches//+/ }; do git -C "$wt" apply "$root/bench/pending/$p"; done
+  tgt="build/lm/gpu/tests/bench_decode"
+  [ "${T:-}" = "$name" ] && tgt="$tgt build/lm/gpu/tests/test_gemv_q8"
+  # shellcheck disable=SC2086 # tgt: one or two targets
+  make -C "$wt" -j"$(nproc)" CC=gcc BUILD=build/lm CUDA_ARCH=90 CUDA_PTX= MPI=0 G5_NO_DEPS=1 \
+    EXTRA_CFLAGS="-isystem $root/gpu-deps/include -Wno-error" EXTRA_LDFLAGS="-L$root/gpu-deps/lib" $tgt >"/tmp/g5bins-$name.log" 2>&1
+  strip -o "/tmp/dec_$name" "$wt/build/lm/gpu/tests/bench_decode"
+  xz -9 -c "/tmp/dec_$name" >"$dir/dec_$name.xz"
+  if [ "${T:-}" = "$name" ]; then
+    strip -o /tmp/t_q8 "$wt/build/lm/gpu/tests/test_gemv_q8"
+    xz -9 -c /tmp/t_q8 >"$dir/t_q8.xz"
+  fi
+  git worktree remove --force "$wt"
+done
+ls -la "$dir"
