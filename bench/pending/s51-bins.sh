@@ -2,11 +2,13 @@
 # Builds the binaries of a prebuilt A/B (bench/pending/s49-next.sh bins) here, without a GPU:
 #   bash bench/pending/s51-bins.sh DIR NAME[=PATCH[+PATCH..]] ..
 # For each NAME, bench_decode of HEAD with the patches (bench/pending/*.patch, applied in order)
-# as DIR/dec_NAME.xz, stripped and xz'd; T=NAME also writes that tree's test_gemv_q8 as
-# DIR/t_q8.xz. Each tree builds in its own worktree under /tmp (a cold build of everything those
-# targets link; written in session 51, not yet run). Needs gpu-deps/ (GLM5_SHARED=... bash
-# scripts/gpu-deps.sh). Session 51's set (built by hand that session, the same trees):
+# as DIR/dec_NAME.xz, stripped and xz'd; T=NAME also writes that tree's test programs TESTS
+# (default test_gemv_q8) as DIR/t_PROG.xz (test_ dropped). Each tree builds in its own worktree
+# under /tmp (a cold build of everything those targets link; written in session 51, not yet run).
+# Needs gpu-deps/ (GLM5_SHARED=... bash scripts/gpu-deps.sh). Session 51's sets (built by hand
+# that session, the same trees; bins7 named its test t_q8):
 #   T=dp bash bench/pending/s51-bins.sh .dev/bins7 b d=s51-down3.patch dp=s51-down3.patch+s51-downpf.patch
+#   T=own TESTS="test_kernels test_rowops" bash bench/pending/s51-bins.sh .dev/bins8 b own=s51-router-norm.patch
 set -eu
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -22,15 +24,18 @@ for spec in "$@"; do
   git worktree add -q --detach "$wt" HEAD
   for p in ${patches//+/ }; do git -C "$wt" apply "$root/bench/pending/$p"; done
   tgt="build/lm/gpu/tests/bench_decode"
-  [ "${T:-}" = "$name" ] && tgt="$tgt build/lm/gpu/tests/test_gemv_q8"
+  tests=${TESTS:-test_gemv_q8}
+  if [ "${T:-}" = "$name" ]; then for t in $tests; do tgt="$tgt build/lm/gpu/tests/$t"; done; fi
   # shellcheck disable=SC2086 # tgt: one or two targets
   make -C "$wt" -j"$(nproc)" CC=gcc BUILD=build/lm CUDA_ARCH=90 CUDA_PTX= MPI=0 G5_NO_DEPS=1 \
     EXTRA_CFLAGS="-isystem $root/gpu-deps/include -Wno-error" EXTRA_LDFLAGS="-L$root/gpu-deps/lib" $tgt >"/tmp/g5bins-$name.log" 2>&1
   strip -o "/tmp/dec_$name" "$wt/build/lm/gpu/tests/bench_decode"
   xz -9 -c "/tmp/dec_$name" >"$dir/dec_$name.xz"
   if [ "${T:-}" = "$name" ]; then
-    strip -o /tmp/t_q8 "$wt/build/lm/gpu/tests/test_gemv_q8"
-    xz -9 -c /tmp/t_q8 >"$dir/t_q8.xz"
+    for t in $tests; do
+      strip -o "/tmp/t_${t#test_}" "$wt/build/lm/gpu/tests/$t"
+      xz -9 -c "/tmp/t_${t#test_}" >"$dir/t_${t#test_}.xz"
+    done
   fi
   git worktree remove --force "$wt"
 done
