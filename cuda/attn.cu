@@ -296,7 +296,7 @@ struct AoRope {
     float inv[AO_MAX_PAIRS]; /* rowops_rope_inv */
 };
 
-int rotates(const cuk_mla_dims *d) {
+extern "C" int cuk_mla_absorb_rotates(const cuk_mla_dims *d) {
     return d && d->n_tok == 1 && d->nope > 0 && d->nope % 32 == 0 && d->nope <= 32 * AO_MAXNC && d->rope >= 2 &&
            d->rope % 2 == 0 && d->rope <= 2 * AO_MAX_PAIRS;
 }
@@ -613,8 +613,6 @@ static int smem_optin(void) {
     return d ? (int)d->smem_optin : 0;
 }
 
-extern "C" int cuk_mla_absorb_rotates(const cuk_mla_dims *d) { return rotates(d); }
-
 extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream stream, g5_error *err) {
     if (!a) return BAD("mla_absorb: no args");
     const cuk_mla_dims *const d = &a->d;
@@ -627,7 +625,7 @@ extern "C" g5_status cuk_mla_absorb(const cuk_mla_absorb_args *a, cuk_stream str
     if (head_rows < d->nope) return BAD("mla_absorb: head_rows=%d < nope=%d", head_rows, d->nope);
     if (!a->kq != !a->ksk) return BAD("mla_absorb: kq and ksk go together");
     if (a->q_rot) {
-        if (a->q_rot != q || !rotates(d))
+        if (a->q_rot != q || !cuk_mla_absorb_rotates(d))
             return BAD("mla_absorb: q_rot is q itself, for one token (n_tok=%d), nope a multiple of 32 up to %d "
                        "(nope=%d), rope even up to %d (rope=%d)",
                        d->n_tok, 32 * AO_MAXNC, d->nope, 2 * AO_MAX_PAIRS, d->rope);

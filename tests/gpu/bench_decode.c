@@ -37,11 +37,12 @@
  * needs and the runtime no longer computes), computed from the tensors' nbytes, divided by the
  * HBM rate of a device-to-device cudaMemcpy measured in the same run, counted as bytes read +
  * bytes written per second (the DRAM traffic rate; the ratio's denominator). Also printed: the
- * copy's read half, and a read-only rate (cublasSasum over the same buffer). Per-stage times come from rt_gpu_debug_stage_times (CUDA events around every
- * stage of a re-run of the last step), and at the first context of the list, once per mode,
- * rt_gpu_debug_profile's table: every sub-step (each GEMV, norm, router, expert kernel, ...) in
- * microseconds, launched one by one and inside a CUDA graph, with the MB each occurrence reads
- * and its graph time over those bytes at the measured copy rate.
+ * copy's read half, and a read-only rate (cublasSasum over the same buffer). Per-stage times come
+ * from rt_gpu_debug_stage_times (CUDA events around every stage of a re-run of the last step),
+ * and at the first context of the list, once per mode, rt_gpu_debug_profile's table: every
+ * sub-step (each GEMV, norm, router, expert kernel, ...) in microseconds, launched one by one and
+ * inside a CUDA graph, with the MB each occurrence reads and its graph time over those bytes at
+ * the measured copy rate.
  *
  * Prefill (--prefill): tokens/s for a 4096-token prompt through rt_gpu_forward, once per product
  * path (--gemm: the GEMV kernels; the prefill GEMM path with f32, f16 compute; "default":

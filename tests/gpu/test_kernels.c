@@ -1094,8 +1094,7 @@ static void test_absorb_rot(const float *dqh, const float *qh, const float *dkvb
         T_CHECK(!memcmp(q1, qr, nq * 4), "absorb q_rot wq=%d H=%d: q bit for bit cuk_rope of its rope part, nope "
                 "part unchanged", wq, H);
         /* refused: another array than q, no position, two tokens, nope off the one-token kernel */
-        float *other = dr;
-        ab.q_rot = other;
+        ab.q_rot = dr;
         T_CHECK(cuk_mla_absorb(&ab, NULL, &err) == G5_ERR_INVALID_ARG, "absorb: q_rot other than q refused");
         ab.q_rot = dq;
         ab.pos = NULL;
