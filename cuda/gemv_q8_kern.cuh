@@ -309,9 +309,13 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
 /* MoE down. Grid: x = ceil(m / (2 G WARPS 32 / seg_for(units))), y = plan group; rows of the
  * pairs' part rows; the warp's rows as k_gemv_q8's. QF: h comes as float32 rows (hf), which the
- * CTA quantizes into shared memory first (stage_rows; P = 1), and the warps read x there. */
+ * CTA quantizes into shared memory first (stage_rows; P = 1), and the warps read x there.
+ * One vector of float32 rows (decode): three CTAs an SM, as k_gemv_q8, so that a token's 8
+ * experts of 6144 rows at a TP 8 rank's k = 256 (384 CTAs) run in one wave, not in 1.45 waves of
+ * the 264 slots that 2 CTAs of Q5_K's 85 registers give (sm_90 ptxas at 80: no spills for Q4_K
+ * and Q5_K; Q8_0 would spill 36-60 bytes and keeps two). */
 template <int T, int NV, int G, int P, bool QF = false>
-__global__ void __launch_bounds__(WARPS * 32, 2)
+__global__ void __launch_bounds__(WARPS * 32, NV == 1 && QF && T != QT_Q8_0 ? 3 : 2)
     k_down_q8(const uint8_t *__restrict__ w, int64_t rb, int64_t m, int units, const int32_t *__restrict__ plan,
               int n_pairs, const int8_t *__restrict__ hq, int64_t ldq, const float *__restrict__ hds, int64_t ldds,
               float *__restrict__ part, int64_t ldp, const float *__restrict__ hf, int64_t ldhf) {
