@@ -5,10 +5,9 @@
 # as DIR/dec_NAME.xz, stripped and xz'd; T=NAME also writes that tree's test programs TESTS
 # (default test_gemv_q8) as DIR/t_PROG.xz (test_ dropped). Each tree builds in its own worktree
 # under /tmp (a cold build of everything those targets link; written in session 51, not yet run).
-# Needs gpu-deps/ (GLM5_SHARED=... bash scripts/gpu-deps.sh). Session 51's sets (built by hand
-# that session, the same trees; bins7 named its test t_q8):
-#   T=dp bash bench/pending/s51-bins.sh .dev/bins7 b d=s51-down3.patch dp=s51-down3.patch+s51-downpf.patch
-#   T=own TESTS="test_kernels test_rowops" bash bench/pending/s51-bins.sh .dev/bins8 b own=s51-router-norm.patch
+# Needs gpu-deps/ (GLM5_SHARED=... bash scripts/gpu-deps.sh). Example (session 51's shape; its
+# patches were decided in session 52 and deleted):
+#   T=v TESTS="test_gemv_q8 test_kernels" bash bench/pending/s51-bins.sh .dev/bins9 b v=NAME.patch
 set -eu
 cd "$(dirname "$0")/../.."
 root=$PWD
