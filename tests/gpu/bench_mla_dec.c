@@ -6,7 +6,7 @@
  * its own cache; per call: us, the selected latent rows' bytes, GB/s and the ratio to a D2D copy
  * measured in the same run (time: 20 launches captured in one CUDA graph, replayed, as a decode
  * step runs them); the two kernels' outputs compared (max abs difference).
- * Usage: bench_mla_dec */
+ * Usage: bench_mla_dec [HEADS SEQS KEYS] (one case alone, e.g. under ncu) */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -118,15 +118,28 @@ static double run(int H, int B, int P, uint32_t tc, float *out_h) {
     return ms * 1e3 / iters;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     copy_gbs = bench_copy_gbs();
-    static const int heads[] = {64, 8}, batches[] = {1, 32}, ctx[] = {512, 4096, 32768};
+    int heads[] = {64, 8}, batches[] = {1, 32}, ctx[] = {512, 4096, 32768}, nh = 2, nb = 2, nc = 3;
+    if (argc == 4) {
+        heads[0] = atoi(argv[1]);
+        batches[0] = atoi(argv[2]);
+        ctx[0] = atoi(argv[3]);
+        nh = nb = nc = 1;
+        if (heads[0] < 1 || heads[0] > 128 || batches[0] < 1 || batches[0] > MAXB || ctx[0] < 1) {
+            fprintf(stderr, "bench_mla_dec: HEADS 1..128, SEQS 1..%d, KEYS >= 1\n", MAXB);
+            return 2;
+        }
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: bench_mla_dec [HEADS SEQS KEYS]\n");
+        return 2;
+    }
     printf("| heads | seqs | keys | f32 kernel us | tensor-core us | MB read | tc GB/s (of copy) | max |diff| |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     int bad = 0;
-    for (int hi = 0; hi < 2; hi++)
-        for (int bi = 0; bi < 2; bi++)
-            for (int ci = 0; ci < 3; ci++) {
+    for (int hi = 0; hi < nh; hi++)
+        for (int bi = 0; bi < nb; bi++)
+            for (int ci = 0; ci < nc; ci++) {
                 const int H = heads[hi], B = batches[bi], P = ctx[ci];
                 const size_t n = (size_t)B * H * KL;
                 float *o0 = malloc(n * 4), *o1 = malloc(n * 4);
