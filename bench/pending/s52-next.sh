@@ -26,7 +26,7 @@ for ctx in 1024 1024 32768; do
     echo "ctx $ctx $v rc=$?"
     grep -E '^decode ' "/tmp/$v.log" | sed 's/ median of.*RATIO/, ratio/; s/ (vs.*//' | tr -s ' '
     grep -E "(q_b gemv|attn_output gemv|idx_q_b[^ ]*)  " "/tmp/$v.log" | tr -s ' '
-    [ "$ctx" = 32768 ] || cp "/tmp/$v.log" "$OUT/$v.log"
+    if [ "$ctx" = 32768 ]; then cp "/tmp/$v.log" "$OUT/$v.32k.log"; else cp "/tmp/$v.log" "$OUT/$v.log"; fi
   done
 done
 if [ -x /tmp/mla ]; then
