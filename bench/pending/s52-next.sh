@@ -13,10 +13,14 @@ OUT=${OUT:-/tmp/s52}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 (cd "$BINS" && for f in *.xz; do xz -dc "$f" >"/tmp/${f%.xz}" && chmod +x "/tmp/${f%.xz}"; done)
-if [ -x /tmp/t_q8 ] && [ "${QUICK:-0}" != 1 ]; then
-  timeout 200 /tmp/t_q8 >"$OUT/t_q8.log" 2>&1
-  echo "t_q8 rc=$?: $(tail -1 "$OUT/t_q8.log")"
-  grep -E "^FAIL" "$OUT/t_q8.log" | head -5
+if [ "${QUICK:-0}" != 1 ]; then
+  for f in "$BINS"/t_*.xz; do # test binaries (t_q8 here; s51-bins.sh names them t_gemv_q8 ..)
+    [ -f "$f" ] || continue
+    v=$(basename "${f%.xz}")
+    timeout 200 "/tmp/$v" >"$OUT/$v.log" 2>&1
+    echo "$v rc=$?: $(tail -1 "$OUT/$v.log")"
+    grep -E "^FAIL" "$OUT/$v.log" | head -5
+  done
 fi
 DEC="--decode --layers 78 --steps 20 --modes fast --graph on"
 for ctx in ${CTXS:-1024 1024 32768}; do
