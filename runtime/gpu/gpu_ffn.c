@@ -204,8 +204,12 @@ static g5_status ffn_stage(rt_gpu_model *g, gl_rank *rk, uint32_t il, uint32_t n
      * over h's copy, and the stage for the join before part is read */
     const int64_t FE = c->ffe_l, SL = L->sh_l;
     /* moe_h_q8: 0 on the GEMM path; bf16 inputs (rk->fast) would share rk->xb between the chains */
-    const int sh_side = L->sh_contrib && (moe8 >> 1) && !rk->fast;
-    CK(gm_side_begin(g, rk, sh_side, err));
+    const int sh_want = L->sh_contrib && (moe8 >> 1) && !rk->fast;
+    CK(gm_side_begin(g, rk, sh_want, err));
+    /* where no side stream forked (the marked profile, g->prof), the shared expert runs with the
+     * routed ones instead: queued first on the main stream, its silu's int8 rows would overwrite
+     * h's int8 copy (offset 0 of rk->q8q outside side work) before the routed gate+up reads it */
+    const int sh_side = sh_want && rk->side == 1;
     if (sh_side) {
         CK(gm_gemv_q8_pair_in(rk, &L->sh_gate, &L->sh_up, &hq, n, rk->ga, rk->gb, SL, err));
         PMARK(S, "shared gate + up gemv (int8 input)");
