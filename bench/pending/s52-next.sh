@@ -34,7 +34,7 @@ for ctx in ${CTXS:-1024 1024 32768}; do
     if [ "$ctx" = 32768 ]; then cp "/tmp/$v.log" "$OUT/$v.32k.log"; else cp "/tmp/$v.log" "$OUT/$v.log"; fi
   done
 done
-if [ -x /tmp/mla ] && [ "${QUICK:-0}" != 1 ]; then
+if [ -f "$BINS/mla.xz" ] && [ "${QUICK:-0}" != 1 ]; then
   NCU=/usr/local/cuda/bin/ncu
   timeout 60 /tmp/mla 8 1 1024 | tail -3
   timeout 200 $NCU -o "$OUT/mla" -f -k regex:k_mla_dec --launch-skip 3 --launch-count 1 --set full /tmp/mla 8 1 1024 \
