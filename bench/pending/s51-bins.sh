@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the binaries of a prebuilt A/B (bench/pending/s49-next.sh bins) here, without a GPU:
+# Builds the binaries of a prebuilt A/B (bench/pending/s52-next.sh) here, without a GPU:
 #   bash bench/pending/s51-bins.sh DIR NAME[=PATCH[+PATCH..]] ..
 # For each NAME, bench_decode of HEAD with the patches (bench/pending/*.patch, applied in order)
 # as DIR/dec_NAME.xz, stripped and xz'd; T=NAME also writes that tree's test programs TESTS

@@ -5,7 +5,9 @@
 #   bash bench/pending/s52-next.sh     # t_q8; bench_decode rounds at ctx 1024 (two) and 32768
 #                                      # (one), the trees alternated; then ncu --set full of one
 #                                      # k_mla_dec launch at 8 heads, one sequence, 1024 keys
-# CTXS (default "1024 1024 32768") the rounds' contexts; QUICK=1 skips t_q8 and ncu.
+# CTXS (default "1024 1024 32768") the rounds' contexts; ROW the profile rows shown (an ERE,
+# default q_b, attn_output, idx_q_b); QUICK=1 skips the test binaries and ncu. It replaces
+# s49-next.sh's `bins` mode.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 BINS=${BINS:-.dev/bins9}
@@ -30,7 +32,7 @@ for ctx in ${CTXS:-1024 1024 32768}; do
     timeout 150 "/tmp/$v" $DEC --ctx "$ctx" >"/tmp/$v.log" 2>&1
     echo "ctx $ctx $v rc=$?"
     grep -E '^decode ' "/tmp/$v.log" | sed 's/ median of.*RATIO/, ratio/; s/ (vs.*//' | tr -s ' '
-    grep -E "(q_b gemv|attn_output gemv|idx_q_b[^ ]*)  " "/tmp/$v.log" | tr -s ' '
+    grep -E "(${ROW:-q_b gemv|attn_output gemv|idx_q_b[^ ]*})  " "/tmp/$v.log" | tr -s ' '
     if [ "$ctx" = 32768 ]; then cp "/tmp/$v.log" "$OUT/$v.32k.log"; else cp "/tmp/$v.log" "$OUT/$v.log"; fi
   done
 done
