@@ -58,7 +58,7 @@ typedef enum rt_eng_precision { RT_ENG_PRECISE = 0, RT_ENG_FAST = 1 } rt_eng_pre
     "on this input (specs/numerics.md); --precision precise computes in float32"
 /* 1 if any of logits[0..n) is finite. */
 int rt_eng_any_finite(const float *logits, uint32_t n);
-/* GPU latent cache type; DEFAULT: f32 when precise, bf16 when fast. */
+/* GPU latent cache type; DEFAULT: f32 when precise, f16 when fast. */
 typedef enum rt_eng_cache {
     RT_ENG_CACHE_DEFAULT = 0, RT_ENG_CACHE_F32, RT_ENG_CACHE_BF16, RT_ENG_CACHE_F16
 } rt_eng_cache;

@@ -35,7 +35,7 @@ static void usage(FILE *f) {
             "                       caches for --max-batch x --ctx-size positions are reserved at load)\n"
             "  --gpu0 K             first CUDA device (default 0)\n"
             "  --precision precise|fast  GPU arithmetic, as glm5-run (default precise)\n"
-            "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, bf16 fast)\n"
+            "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, f16 fast)\n"
             "  --no-verify          skip the blob checksums while loading (CPU and GPU)\n"
             "  --cuda-graph on|off   GPU: decode steps (batched ones too) as CUDA graph launches\n"
             "                       (default on; the same tokens as plain launches; off where one\n"

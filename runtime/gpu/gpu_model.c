@@ -312,7 +312,10 @@ g5_status rt_gpu_model_create(const rt_model *cpu, const rt_gpu_opts *opts, rt_g
     g->has_mtp = rt_model_has_mtp(cpu);
     const int fast = opts->precision != RT_GPU_PRECISE;
     const int bf16act = opts->precision == RT_GPU_BF16ACT;
-    rt_gpu_cache ct = opts->cache ? opts->cache : fast ? RT_GPU_CACHE_BF16 : RT_GPU_CACHE_F32;
+    /* fast: f16, since every fast-mode reader of the cache (k_mla_dec, the flash prefill) computes
+     * in fp16: a bf16 row gains no range there and loses three bits, and its conversion costs the
+     * decode attention a pass over each tile (specs/numerics.md) */
+    rt_gpu_cache ct = opts->cache ? opts->cache : fast ? RT_GPU_CACHE_F16 : RT_GPU_CACHE_F32;
     g->lat_type = ct == RT_GPU_CACHE_BF16 ? CUK_BF16 : ct == RT_GPU_CACHE_F16 ? CUK_F16 : CUK_F32;
     g->lat_es = g->lat_type == CUK_F32 ? 4 : 2;
     g->info.precision = bf16act ? "bf16act" : fast ? "fast" : "precise";

@@ -55,7 +55,7 @@
  * router and the DSA indexer (its q/k/weight projections, the k LayerNorm, its key cache, the
  * scores and the top-k) in float32; weights are dequantized inside the kernels.
  *   RT_GPU_PRECISE  float32 inputs to every weight product, float32 latent cache.
- *   RT_GPU_FAST     the same arithmetic, latent cache in bf16 by default (f16 or f32 on request:
+ *   RT_GPU_FAST     the same arithmetic, latent cache in f16 by default (bf16 or f32 on request:
  *                   half the cache bytes read per decoded token). Within one forward call the
  *                   attention reads the call's own tokens from their float32 latents and only
  *                   earlier calls' tokens from the cache, so a prompt's prefill is the precise
@@ -97,7 +97,7 @@ typedef struct rt_gpu_model rt_gpu_model;
 
 typedef enum rt_gpu_precision { RT_GPU_PRECISE = 0, RT_GPU_FAST = 1, RT_GPU_BF16ACT = 2 } rt_gpu_precision;
 
-/* Latent cache storage; DEFAULT: f32 when precise, bf16 when fast. */
+/* Latent cache storage; DEFAULT: f32 when precise, f16 when fast. */
 typedef enum rt_gpu_cache {
     RT_GPU_CACHE_DEFAULT = 0, RT_GPU_CACHE_F32, RT_GPU_CACHE_BF16, RT_GPU_CACHE_F16
 } rt_gpu_cache;
