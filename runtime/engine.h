@@ -48,7 +48,7 @@ typedef struct rt_eng rt_eng;
 typedef struct rt_eng_seq rt_eng_seq;
 
 typedef enum rt_eng_device { RT_ENG_CPU = 0, RT_ENG_CUDA = 1 } rt_eng_device;
-/* GPU arithmetic (specs/numerics.md): precise float32, or fast (bf16 latent cache by default). */
+/* GPU arithmetic (specs/numerics.md): precise float32, or fast (f16 latent cache by default). */
 typedef enum rt_eng_precision { RT_ENG_PRECISE = 0, RT_ENG_FAST = 1 } rt_eng_precision;
 
 /* What a caller reports when a fast-mode call's logits hold no finite value (rt_eng_any_finite

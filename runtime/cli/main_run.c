@@ -95,7 +95,7 @@ static void usage(FILE *f) {
             "                       on GPU (gpu0 + L * T/P + i) %% n_gpus, NCCL, one GPU per rank\n"
             "  --gpu0 K             first CUDA device (default 0)\n"
             "  --precision precise|fast  GPU arithmetic (precise: float32 activations and cache;\n"
-            "                       fast: bf16 latent cache; see specs/numerics.md)\n"
+            "                       fast: f16 latent cache; see specs/numerics.md)\n"
             "  --kv-cache f32|bf16|f16  GPU latent cache type (default f32 precise, f16 fast)\n"
             "  --products int8|fp16  GPU fast mode's attention and dense products: int8 (default,\n"
             "                       the fastest single stream) or fp16, glm5-serve's with\n"

@@ -207,7 +207,7 @@ static void test_graph_buckets(const char *dir, const char *dir_tp2) {
         /* capacity 2048; keys 1021..1024 (bound 1024), 1025, 1026 (bound 2048), the chunk, then
          * 1047.. (work buffers reallocated): 3 captures */
         {0, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 precise, ctx 1020"},
-        {0, 0, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast (bf16 cache), ctx 1020"},
+        {0, 0, RT_GPU_FAST, 1020, 12, 6, 3, "graph buckets TP=1 fast (f16 cache), ctx 1020"},
         {1, 0, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=2 (device-sum) precise, ctx 1020"},
         /* the same through a one-rank NCCL communicator: its all-reduces inside the captures */
         {0, GV_NCCL, RT_GPU_PRECISE, 1020, 12, 6, 3, "graph buckets TP=1 one-rank NCCL precise, ctx 1020"},

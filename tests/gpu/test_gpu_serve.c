@@ -3,7 +3,7 @@
  *
  * Without arguments (make test-gpu, tests/gpu/run_device.sh): the oracle (../shared/oracle,
  * $GLM5_SHARED) converted to blobs at TP 1 and TP 2; per configuration (precise, fast with its
- * bf16 cache, fast with an f16 cache, TP 2 on one device; precise, fast and TP 2 fast with CUDA
+ * f16 cache, fast with a bf16 cache, TP 2 on one device; precise, fast and TP 2 fast with CUDA
  * graphs: batched steps of up to GM_RGRAPH_MAX rows and the one-token reference both replayed
  * graphs) 18 sequences of different prompt lengths (1 .. 250 tokens: some above the
  * indexer's top-k, so the selection differs per sequence) are prefilled, then decoded for 10
@@ -722,25 +722,25 @@ static int run_batch_tests(void) {
     static const bcfg cfg[] = {
         {"TP=1 precise", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 0},
         {"TP=1 precise, CUDA graphs (batched and one-token steps)", 0, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 1, 0},
-        {"TP=1 fast (bf16 cache), CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 0},
-        {"TP=2 fast (bf16 cache), CUDA graphs", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 0},
-        {"TP=1 fast (bf16 cache)", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
-        {"TP=1 fast, f16 cache", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0, 0},
+        {"TP=1 fast (f16 cache), CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 0},
+        {"TP=2 fast (f16 cache), CUDA graphs", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 0},
+        {"TP=1 fast (f16 cache)", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
+        {"TP=1 fast, bf16 cache", 0, RT_GPU_FAST, RT_GPU_CACHE_BF16, 0, 0},
         {"TP=2 precise", 1, RT_GPU_PRECISE, RT_GPU_CACHE_DEFAULT, 0, 0},
-        {"TP=2 fast (bf16 cache)", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
-        {"TP=1 fast (bf16 cache), fp16 products, CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 1},
-        {"TP=1 fast, f16 cache, fp16 products", 0, RT_GPU_FAST, RT_GPU_CACHE_F16, 0, 1},
-        {"TP=2 fast (bf16 cache), fp16 products", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 1},
+        {"TP=2 fast (f16 cache)", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 0},
+        {"TP=1 fast (f16 cache), fp16 products, CUDA graphs", 0, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 1, 1},
+        {"TP=1 fast, bf16 cache, fp16 products", 0, RT_GPU_FAST, RT_GPU_CACHE_BF16, 0, 1},
+        {"TP=2 fast (f16 cache), fp16 products", 1, RT_GPU_FAST, RT_GPU_CACHE_DEFAULT, 0, 1},
     };
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
         if (have[cfg[i].tp2]) batch_vs_single(&cfg[i], dirs[cfg[i].tp2]);
     static const pcfg pc[] = {
         {"prefix, TP=1 precise", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0, 0},
         {"prefix, TP=1 precise, CUDA graphs", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 1, 0},
-        {"prefix, TP=1 fast (bf16 cache)", 0, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 0},
-        {"prefix, TP=1 fast, f16 cache", 0, RT_ENG_FAST, RT_ENG_CACHE_F16, 0, 0},
+        {"prefix, TP=1 fast (f16 cache)", 0, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 0},
+        {"prefix, TP=1 fast, bf16 cache", 0, RT_ENG_FAST, RT_ENG_CACHE_BF16, 0, 0},
         {"prefix, TP=2 precise", 1, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0, 0},
-        {"prefix, TP=2 fast (bf16 cache)", 1, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 0},
+        {"prefix, TP=2 fast (f16 cache)", 1, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 0},
         {"prefix, TP=1 precise, --draft mtp", 0, RT_ENG_PRECISE, RT_ENG_CACHE_DEFAULT, 0, 1},
         {"prefix, TP=1 fast, --draft mtp", 0, RT_ENG_FAST, RT_ENG_CACHE_DEFAULT, 0, 1},
     };
