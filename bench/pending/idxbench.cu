@@ -12,25 +12,6 @@
 
 #include "bench/pending/pending.cuh"
 
-static float *dev_rand(size_t n, float a, float b) {
-    std::vector<float> h(n);
-    for (auto &x : h) x = unif(a, b);
-    float *d;
-    CK(cudaMalloc(&d, n * 4));
-    CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
-    return d;
-}
-
-/* the graph's bucket for cnt keys (specs/numerics.md) */
-static int64_t bucket(int64_t cnt) {
-    if (cnt <= 16384) {
-        int64_t b = 1024;
-        while (b < cnt) b *= 2;
-        return b;
-    }
-    return (cnt + 8191) / 8192 * 8192;
-}
-
 /* one token's scores at position *dpos, the launch shaped for bound P (row stride P) */
 static void scores_dev(const float *q, const float *w, const float *k, const int32_t *dpos, int64_t P, float *sc) {
     cuk_idx_scores_args a;

@@ -1,7 +1,8 @@
 /* Helpers of the standalone programs in bench/pending (compiled on the CPU machine, run on the
  * device with no build there): CK from tests/gpu/bench_util.h, GXX (bench_util.h's GK for C++:
  * its `= {0}` does not initialize g5_error's enum member there; the call sees `err_`), a
- * deterministic xorshift uniform, and time_us (mean microseconds of reps calls f(0) .. f(reps - 1)
+ * deterministic xorshift uniform, dev_rand (uniform floats in device memory), bucket (the decode
+ * graph's key bucket), and time_us (mean microseconds of reps calls f(0) .. f(reps - 1)
  * after one warm-up call, between two events on the default stream). Exit codes: 1 a failed
  * check, 2 a failed call. */
 #ifndef G5_BENCH_PENDING_CUH
@@ -31,6 +32,26 @@ static inline float unif(float a, float b) {
     pend_rng ^= pend_rng >> 7;
     pend_rng ^= pend_rng << 17;
     return a + (b - a) * (float)((pend_rng >> 40) * (1.0 / 16777216.0));
+}
+
+/* n uniform floats in [a, b) in device memory */
+static inline float *dev_rand(size_t n, float a, float b) {
+    std::vector<float> h(n);
+    for (auto &x : h) x = unif(a, b);
+    float *d;
+    CK(cudaMalloc(&d, n * 4));
+    CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* the decode graph's key bucket for cnt keys (specs/numerics.md) */
+static inline int64_t bucket(int64_t cnt) {
+    if (cnt <= 16384) {
+        int64_t b = 1024;
+        while (b < cnt) b *= 2;
+        return b;
+    }
+    return (cnt + 8191) / 8192 * 8192;
 }
 
 template <typename F> static float time_us(int reps, F f) {

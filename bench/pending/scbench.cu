@@ -166,24 +166,6 @@ __global__ void __launch_bounds__(SM_WARPS * 32, 3)
     cuk::cp_wait<0>();
 }
 
-static float *dev_rand(size_t n, float a, float b) {
-    std::vector<float> h(n);
-    for (auto &x : h) x = unif(a, b);
-    float *d;
-    CK(cudaMalloc(&d, n * 4));
-    CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
-    return d;
-}
-
-static int64_t bucket(int64_t cnt) {
-    if (cnt <= 16384) {
-        int64_t b = 1024;
-        while (b < cnt) b *= 2;
-        return b;
-    }
-    return (cnt + 8191) / 8192 * 8192;
-}
-
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
     cudaDeviceProp prop;

@@ -160,23 +160,27 @@ __global__ void __launch_bounds__(TO_THREADS) k_topk_cmp(const float *__restrict
             if (lane == 0) wgt[warp] = n_above;
             __syncthreads();
             const int n = s_ncand;
-            if (n <= CP_CAP) { /* the remaining passes over the candidates only */
-                while (bits > 0) {
-                    const int w = min(8, bits), shift = bits - w;
-                    for (int i = threadIdx.x; i < 256; i += TO_THREADS) hist[i] = 0;
-                    __syncthreads();
-                    const uint32_t hi = 0xFFFFFFFFu << (shift + w), ph = prefix & hi;
-                    for (int i = threadIdx.x; i < n; i += TO_THREADS) {
-                        const uint32_t key = to_keys[cand[i]];
-                        if ((key & hi) == ph) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
-                    }
-                    __syncthreads();
-                    radix_pick(hist, prefix, shift, &s_prefix, &s_remaining);
-                    __syncthreads();
-                    prefix = s_prefix;
-                    rem = s_remaining;
-                    bits -= w;
+            /* the remaining 8-bit passes: over the candidates, or over every key when they did
+             * not all fit (rows of few distinct values) */
+            const int32_t *idx = n <= CP_CAP ? cand : NULL;
+            const int m = idx ? n : cnt;
+            while (bits > 0) {
+                const int w = min(8, bits), shift = bits - w;
+                for (int i = threadIdx.x; i < 256; i += TO_THREADS) hist[i] = 0;
+                __syncthreads();
+                const uint32_t hi = 0xFFFFFFFFu << (shift + w), ph = prefix & hi;
+                for (int i = threadIdx.x; i < m; i += TO_THREADS) {
+                    const uint32_t key = to_keys[idx ? idx[i] : i];
+                    if ((key & hi) == ph) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
                 }
+                __syncthreads();
+                radix_pick(hist, prefix, shift, &s_prefix, &s_remaining);
+                __syncthreads();
+                prefix = s_prefix;
+                rem = s_remaining;
+                bits -= w;
+            }
+            if (idx) { /* the candidates above / equal to the threshold join their chunks' counts */
                 for (int i = threadIdx.x; i < n; i += TO_THREADS) {
                     const int s = cand[i];
                     const uint32_t key = to_keys[s];
@@ -184,23 +188,6 @@ __global__ void __launch_bounds__(TO_THREADS) k_topk_cmp(const float *__restrict
                     else if (key == prefix) atomicAdd(&weq[s / chunk], 1u);
                 }
                 counted = true;
-            } else { /* too many: k_topk_one's passes over every key */
-                while (bits > 0) {
-                    const int w = min(8, bits), shift = bits - w;
-                    for (int i = threadIdx.x; i < 256; i += TO_THREADS) hist[i] = 0;
-                    __syncthreads();
-                    const uint32_t hi = 0xFFFFFFFFu << (shift + w), ph = prefix & hi;
-                    for (int s = c0 + lane; s < c1; s += 32) {
-                        const uint32_t key = to_keys[s];
-                        if ((key & hi) == ph) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
-                    }
-                    __syncthreads();
-                    radix_pick(hist, prefix, shift, &s_prefix, &s_remaining);
-                    __syncthreads();
-                    prefix = s_prefix;
-                    rem = s_remaining;
-                    bits -= w;
-                }
             }
         }
     }
@@ -242,15 +229,6 @@ __global__ void __launch_bounds__(TO_THREADS) k_topk_cmp(const float *__restrict
         eq_seen += __popc(eqb);
     }
     if (threadIdx.x == 0) n_sel[t] = K;
-}
-
-static float *dev_rand(size_t n, float a, float b) {
-    std::vector<float> h(n);
-    for (auto &x : h) x = unif(a, b);
-    float *d;
-    CK(cudaMalloc(&d, n * 4));
-    CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
-    return d;
 }
 
 typedef void (*topk_fn)(const float *, int64_t, int64_t, const int32_t *, const cuk_seq_row *, int64_t, int32_t,
