@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 53's prepared device call (bench/NOTES.md, session 53), carrying $BINS alone (default
 # .dev/bins12: topkbench, scbench = bench/pending/topkbench.cu and scbench.cu built here against
-# HEAD's cuda/indexer.cu; dec_h, dec_cmp = bench_decode of HEAD and of HEAD + s53-topk-cmp.patch,
-# from bench/pending/s51-bins.sh):
-#   bash bench/pending/s53-next.sh    # topkbench (k_topk_cmp against k_topk_one, selections
+# HEAD's cuda/indexer.cu; dec_h, dec_cmp, dec_tf32 = bench_decode of HEAD, of HEAD +
+# s53-topk-cmp.patch and of HEAD + s53-scores-tf32.patch; t_graph_kernels = test_graph_kernels of
+# the tf32 tree; all from bench/pending/s51-bins.sh):
+#   bash bench/pending/s53-next.sh    # the t_* tests; topkbench (k_topk_cmp against k_topk_one, selections
 #                                     # compared with k_topk's); scbench (TF32 scores and their
 #                                     # fixed-cost ablations); bench_decode rounds at CTXS (default
 #                                     # 32768 16384 1024 32768), the trees alternated; then ncu
@@ -16,6 +17,14 @@ OUT=${OUT:-/tmp/s53}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 (cd "$BINS" && for f in *.xz; do xz -dc "$f" >"/tmp/${f%.xz}" && chmod +x "/tmp/${f%.xz}"; done)
+for f in "$BINS"/t_*.xz; do # test binaries of a patched tree
+  [ -f "$f" ] || continue
+  v=$(basename "${f%.xz}")
+  timeout 200 "/tmp/$v" >"/tmp/$v.log" 2>&1
+  echo "$v rc=$?: $(tail -1 "/tmp/$v.log")"
+  grep -E "FAIL|tf32" "/tmp/$v.log" | head -12
+  cat "/tmp/$v.log" >>"$OUT/bench.log"
+done
 for b in topkbench scbench; do
   [ -x "/tmp/$b" ] || continue
   timeout 120 "/tmp/$b" 200 >"/tmp/$b.log" 2>&1
