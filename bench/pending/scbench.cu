@@ -45,10 +45,12 @@ template <> __device__ __forceinline__ void mma_tf32<true>(float (&c)[4], const 
  * 2c + 1; it weighs and sums its four heads, then xor shuffles over g add the 8 lanes of each c,
  * and lanes 0-3 store. A key's bits depend only on its row: any grid, any token count, the same.
  * Needs n_head <= 32, dim % 8 == 0, dim <= 128, 16-byte aligned q and k. */
-/* V (timing ablations of the fixed cost; only 0 and 1 give the scores): 0 the form above; 1 the
+/* V (timing ablations of the fixed cost; 0, 1 and 5 give the scores): 0 the form above; 1 the
  * query staged through shared memory by the block (coalesced), the fragments read from there;
  * 2 no query loads (zero fragments); 3 no mma (the key values summed instead); 4 as 0 with the
- * mma asm not volatile. */
+ * mma asm not volatile; 5 as 0 with each fragment load unconditional (a valid address, then a
+ * select). The guess to test: V0's 64 loads a lane sit in branches, and the join after each
+ * waits for its load (64 L2 round trips, about 13 us), which V1 and V5 avoid. */
 template <int V>
 __global__ void __launch_bounds__(SM_WARPS * 32, 3)
     k_scores_mma(const float *__restrict__ q, const float *__restrict__ w, const float *k, int32_t n_head, int32_t dim,
@@ -90,10 +92,12 @@ __global__ void __launch_bounds__(SM_WARPS * 32, 3)
     int64_t qld = dim;
     if (V == 1) { /* the block's query into shared memory behind the key buffers: [32][128 + 4] */
         float *qs = sm_buf + (int64_t)SM_WARPS * 2 * SM_KG * SM_ROW;
-        for (int i = threadIdx.x; i < 32 * 32; i += SM_WARPS * 32) {
-            const int h = i >> 5, d4 = i & 31;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (h < n_head && d4 < d4n) v = *(const float4 *)(qt + (int64_t)h * dim + 4 * d4);
+#pragma unroll
+        for (int j = 0; j < 32 * 32 / (SM_WARPS * 32); j++) { /* all loads in flight, then a select */
+            const int i = threadIdx.x + j * SM_WARPS * 32, h = i >> 5, d4 = i & 31;
+            const bool ok = h < n_head && d4 < d4n;
+            float4 v = *(const float4 *)(qt + (ok ? (int64_t)h * dim + 4 * d4 : 0));
+            if (!ok) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             *(float4 *)(qs + h * 132 + 4 * d4) = v;
         }
         __syncthreads();
@@ -110,6 +114,12 @@ __global__ void __launch_bounds__(SM_WARPS * 32, 3)
             if (V == 1) {
                 v0 = *(const float2 *)(qsrc + h0 * qld + d);
                 v1 = *(const float2 *)(qsrc + h1 * qld + d);
+            } else if (V == 5) { /* unconditional loads from a valid address, then a select */
+                const bool ok0 = s < d8n && h0 < n_head, ok1 = s < d8n && h1 < n_head;
+                v0 = *(const float2 *)(qt + (ok0 ? (int64_t)h0 * dim + d : 0));
+                v1 = *(const float2 *)(qt + (ok1 ? (int64_t)h1 * dim + d : 0));
+                if (!ok0) v0 = make_float2(0.0f, 0.0f);
+                if (!ok1) v1 = make_float2(0.0f, 0.0f);
             } else if (V != 2) {
                 if (s < d8n && h0 < n_head) v0 = *(const float2 *)(qt + (int64_t)h0 * dim + d);
                 if (s < d8n && h1 < n_head) v1 = *(const float2 *)(qt + (int64_t)h1 * dim + d);
@@ -183,14 +193,14 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&dpos, 4));
     typedef void (*sc_fn)(const float *, const float *, const float *, int32_t, int32_t, int64_t, const int32_t *,
                           const cuk_seq_row *, int64_t, float *, int64_t);
-    const sc_fn fv[5] = {k_scores_mma<0>, k_scores_mma<1>, k_scores_mma<2>, k_scores_mma<3>, k_scores_mma<4>};
-    for (int v = 0; v < 5; v++)
+    const sc_fn fv[6] = {k_scores_mma<0>, k_scores_mma<1>, k_scores_mma<2>, k_scores_mma<3>, k_scores_mma<4>, k_scores_mma<5>};
+    for (int v = 0; v < 6; v++)
         CK(cudaFuncSetAttribute((const void *)fv[v], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(SM_SMEM + SM_QSMEM)));
     int fails = 0, checks = 0;
     printf("one token, %d heads x %d (w in [-1, 1]), us a launch (mean of %d)\n\n", IH, ID, reps);
-    printf("| keys | bucket | k_scores_tile | mma V0 | V1 (query via shared) | V2 (no query loads) | V3 (no mma) | V4 (not volatile) | "
+    printf("| keys | bucket | k_scores_tile | mma V0 | V1 (query via shared) | V2 (no query loads) | V3 (no mma) | V4 (not volatile) | V5 (V0, loads not branched) | "
            "key bytes at 3.0 TB/s | V0: max |diff| / max |score| | V0: top-%d agree | V1 = V0 |\n", K);
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::vector<float> a0, b0, b1;
     for (int64_t cnt : cnts) {
         const int64_t P = bucket(cnt), ncopy = nrows / P;
@@ -210,8 +220,8 @@ int main(int argc, char **argv) {
             fv[v]<<<dim3(nb, 1), SM_WARPS * 32, SM_SMEM + SM_QSMEM>>>(dq, dw, dk + (int64_t)(i % ncopy) * P * ID, IH, ID, 0,
                                                                     dpos, (const cuk_seq_row *)NULL, P, dsb, P);
         };
-        float tm[5];
-        for (int v = 0; v < 5; v++) tm[v] = time_us(reps, [&](int i) { mma(v, i); });
+        float tm[6];
+        for (int v = 0; v < 6; v++) tm[v] = time_us(reps, [&](int i) { mma(v, i); });
         const float t_ref = time_us(reps, ref);
         a0.assign((size_t)cnt, 0.0f), b0.assign((size_t)cnt, 0.0f), b1.assign((size_t)cnt, 0.0f);
         ref(0);
@@ -246,9 +256,9 @@ int main(int argc, char **argv) {
                    (long long)kk, same ? "=" : "!=");
             fails++;
         }
-        printf("| %lld | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2e | %zu | %s |\n", (long long)cnt,
-               (long long)P, t_ref, tm[0], tm[1], tm[2], tm[3], tm[4], (double)cnt * row_b / 3.0e6, rel, both.size(),
-               same ? "yes" : "NO");
+        printf("| %lld | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2e | %zu | %s |\n",
+               (long long)cnt, (long long)P, t_ref, tm[0], tm[1], tm[2], tm[3], tm[4], tm[5], (double)cnt * row_b / 3.0e6,
+               rel, both.size(), same ? "yes" : "NO");
     }
     printf("scbench: %d passed, %d failed\n", checks - fails, fails);
     return fails ? 1 : 0;
